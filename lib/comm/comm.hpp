@@ -1,0 +1,83 @@
+#pragma once
+// One communication interface for every process group (tensor, pipeline, data, embedding, ...).
+// MPI implements it now; NCCL implements the same interface for the GPU backend. Every call is
+// counted per group (calls, bytes, seconds) so tests can assert the collective pattern of a
+// training step and the log can print where communication time went.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+enum class DType { F32, F64, I32, I64, BF16 };
+enum class ReduceOp { Sum, Max };
+
+size_t dtype_bytes(DType t);
+
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;   // payload bytes this rank contributed (count * dtype size)
+  double seconds = 0;  // wall time inside the call (for non-blocking p2p: inside wait)
+};
+
+// Counts per operation name: "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+// "send", "recv", "barrier".
+struct CommStats {
+  std::map<std::string, OpStats> ops;
+  // All-reduces are also recorded one by one (element count) so tests can check sizes.
+  std::vector<int64_t> all_reduce_counts;
+  void reset() { *this = CommStats{}; }
+  int64_t calls(const std::string& op) const {
+    auto it = ops.find(op);
+    return it == ops.end() ? 0 : it->second.calls;
+  }
+};
+
+// A pending non-blocking send or receive.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  const std::string& name() const { return name_; }
+
+  virtual void all_reduce(void* data, int64_t count, DType type, ReduceOp op) = 0;
+  // recv[size * count] = concatenation of every rank's send[count], in rank order.
+  virtual void all_gather(const void* send, void* recv, int64_t count, DType type) = 0;
+  // send[size * count] summed over ranks; this rank receives block `rank()` of the sum.
+  virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType type) = 0;
+  virtual void broadcast(void* data, int64_t count, DType type, int root) = 0;
+  virtual std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type,
+                                             int peer, int tag) = 0;
+  virtual std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
+                                             int tag) = 0;
+  virtual void barrier() = 0;
+
+  // Typed conveniences.
+  void all_reduce_sum(float* x, int64_t n) { all_reduce(x, n, DType::F32, ReduceOp::Sum); }
+  void all_reduce_max(float* x, int64_t n) { all_reduce(x, n, DType::F32, ReduceOp::Max); }
+  void all_reduce_sum(double* x, int64_t n) { all_reduce(x, n, DType::F64, ReduceOp::Sum); }
+  void all_reduce_max(double* x, int64_t n) { all_reduce(x, n, DType::F64, ReduceOp::Max); }
+
+  CommStats& stats() { return stats_; }
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  explicit Communicator(std::string name) : name_(std::move(name)) {}
+  std::string name_;
+  CommStats stats_;
+};
+
+// A group of one rank: every collective is the identity, still counted (so a single-rank run
+// reports the same call pattern as a parallel one).
+std::unique_ptr<Communicator> make_self_communicator(const std::string& name);
+
+}  // namespace trident

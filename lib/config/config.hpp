@@ -1,0 +1,110 @@
+#pragma once
+// The resolved run configuration: TOML file + `--set section.key=value` overrides, validated.
+// Every key that exists is listed in docs/config.md; unknown keys, wrong types and impossible
+// values are rejected with a trident::Error that names the key and the file.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+struct ModelConfig {
+  int64_t layers = 2;
+  int64_t heads = 4;
+  int64_t width = 64;
+  int64_t vocab_size = 256;
+  int64_t seq_len = 64;
+  int64_t vocab_multiple = 1;  // the vocabulary is padded to a multiple of vocab_multiple * TP
+  int64_t ffn_width() const { return 4 * width; }
+  int64_t head_size() const { return width / heads; }
+};
+
+struct ParallelConfig {
+  int64_t tensor = 1;
+  int64_t pipeline = 1;
+  int64_t data = 1;
+  int64_t ranks_per_node = 0;          // 0: detect with MPI_COMM_TYPE_SHARED
+  std::string schedule = "1f1b";       // "1f1b" | "gpipe"
+  bool sequence_parallel = false;
+  std::vector<int64_t> pipeline_layers;  // empty: even split
+  double dp_bucket_mb = 25.0;
+  int64_t world_size() const { return tensor * pipeline * data; }
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t seed = 1234;
+  int64_t micro_batch = 4;
+  int64_t global_batch = 8;
+  int64_t threads = 0;              // 0: cores available to this rank
+  std::string device = "cpu";       // "cpu" | "cuda"
+  std::string precision = "fp32";   // "fp32" | "bf16"
+  double exit_after_minutes = 0.0;  // 0: no limit
+};
+
+struct OptimConfig {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;                // 0: no clipping
+  int64_t zero_stage = 0;                // 0 | 1
+  bool decay_position_embedding = false; // weight decay on the position table
+};
+
+struct DataConfig {
+  std::string train;  // shard path or glob
+  std::string val;    // shard path or glob; empty: no validation
+  bool shuffle = false;
+};
+
+struct EvalConfig {
+  int64_t interval = 0;  // 0: never
+  int64_t steps = 1;     // global batches per evaluation
+};
+
+struct CheckpointConfig {
+  std::string dir;        // empty: no checkpoints
+  int64_t interval = 0;   // 0: only at the end / on signal
+  int64_t keep = 2;
+};
+
+struct LogConfig {
+  std::string dir = "runs/default";
+  int64_t interval = 1;
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  OptimConfig optim;
+  DataConfig data;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+
+  std::string source;  // the file it came from ("<defaults>" if none)
+
+  // Micro-batches each data-parallel replica runs per step:
+  // global_batch = micro_batch * num_microbatches * parallel.data
+  int64_t num_microbatches() const {
+    return train.global_batch / (train.micro_batch * parallel.data);
+  }
+  int64_t tokens_per_step() const { return train.global_batch * model.seq_len; }
+
+  // The whole resolved configuration as TOML text (every key, defaults included).
+  std::string to_toml() const;
+};
+
+// Reads `path`, applies overrides ("section.key=value"; value parsed as a TOML value, or taken
+// as a string when it is not one), validates. Throws trident::Error naming key and file.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from TOML text (tests, checkpoints); `source` names it in errors.
+Config parse_config(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+
+}  // namespace trident

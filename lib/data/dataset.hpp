@@ -1,0 +1,86 @@
+#pragma once
+// Token shards in llm.c's .bin layout and the global, layout-independent sampling order.
+// docs/data.md specifies both so the order can be reproduced outside Trident.
+//
+// Shard: 256 x int32 header (magic 20240520, version 1, token count, rest 0), then uint16 tokens.
+// Dataset: the shards matching a path or glob, sorted by name. Window w of a shard covers tokens
+// [w*T, w*T + T + 1) (inputs = first T, targets = last T); a shard of n tokens has (n-1)/T
+// windows; windows never cross shards; global window ids run through the shards in order.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+inline constexpr int32_t kShardMagic = 20240520;
+inline constexpr int32_t kShardVersion = 1;
+inline constexpr int64_t kShardHeaderInts = 256;
+
+// A read-only memory-mapped shard. Throws trident::Error naming the file on: missing file,
+// wrong magic/version, truncated (size != header + 2*count bytes).
+class TokenShard {
+ public:
+  explicit TokenShard(const std::string& path);
+  ~TokenShard();
+  TokenShard(const TokenShard&) = delete;
+  TokenShard& operator=(const TokenShard&) = delete;
+  const std::string& path() const { return path_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  const uint16_t* tokens() const { return tokens_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;
+  int64_t num_tokens_ = 0;
+};
+
+// Writes a shard (used by tests and tools). Throws trident::Error on I/O failure.
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+class TokenDataset {
+ public:
+  // pattern: a path or a glob. seq_len: T. vocab_size: every token must be < vocab_size
+  // (checked lazily per window; a token out of range throws naming the shard).
+  // Throws if nothing matches or no shard has a single window (names pattern and T).
+  TokenDataset(const std::string& pattern, int64_t seq_len, int64_t vocab_size);
+  int64_t num_windows() const { return total_windows_; }
+  int64_t seq_len() const { return seq_len_; }
+  // inputs[T] = tokens of the window, targets[T] = the same shifted by one.
+  void window(int64_t window_id, int32_t* inputs, int32_t* targets) const;
+  const std::vector<std::unique_ptr<TokenShard>>& shards() const { return shards_; }
+
+ private:
+  std::vector<std::unique_ptr<TokenShard>> shards_;
+  std::vector<int64_t> first_window_;  // prefix sums of windows per shard
+  int64_t total_windows_ = 0;
+  int64_t seq_len_ = 0;
+  int64_t vocab_size_ = 0;
+};
+
+// Which windows each step trains on: a pure function of (step, position in the global batch).
+// Sample i of step s is stream position p = s*G + i; epoch e = p / W, k = p % W.
+// shuffle=false: window k.  shuffle=true: perm_e[k], perm_e a Fisher-Yates permutation drawn
+// from SplitMix64 seeded with (seed, e) as documented in docs/data.md.
+class BatchSampler {
+ public:
+  BatchSampler(int64_t num_windows, int64_t global_batch, bool shuffle, uint64_t seed);
+  int64_t window_id(int64_t step, int64_t sample) const;
+  // Samples of the global batch that data-parallel rank `dp_rank` of `dp_size` runs as its
+  // micro-batch `micro` of size `micro_batch`: the replica's contiguous block, then in order.
+  // Returns the first sample index (the micro-batch is [first, first + micro_batch)).
+  static int64_t first_sample(int64_t global_batch, int64_t dp_rank, int64_t dp_size,
+                              int64_t micro, int64_t micro_batch);
+
+ private:
+  const std::vector<int64_t>& permutation(int64_t epoch) const;
+  int64_t num_windows_, global_batch_;
+  bool shuffle_;
+  uint64_t seed_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> cached_perm_;
+};
+
+}  // namespace trident

@@ -1,0 +1,44 @@
+#pragma once
+// The 3D process grid. rank = (dp * PP + pp) * TP + tp: tensor ranks are fastest (a tensor
+// group is contiguous and sits inside a node), pipeline ranks cross nodes, data replicas on top.
+// The pure part (coordinates, group membership, layout validation) is separate from the MPI part
+// (communicators) so it can be unit-tested without MPI.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+
+namespace trident {
+
+struct GridShape {
+  int tp = 1, pp = 1, dp = 1;
+  int world() const { return tp * pp * dp; }
+};
+
+struct GridCoord {
+  int tp = 0, pp = 0, dp = 0;
+  bool operator==(const GridCoord&) const = default;
+};
+
+int rank_of(const GridShape& shape, const GridCoord& c);
+GridCoord coord_of(const GridShape& shape, int rank);
+
+// Global ranks of each group containing `rank`, in group-rank order.
+std::vector<int> tensor_group(const GridShape& shape, int rank);     // same pp, dp
+std::vector<int> pipeline_group(const GridShape& shape, int rank);   // same tp, dp
+std::vector<int> data_group(const GridShape& shape, int rank);       // same tp, pp
+std::vector<int> model_group(const GridShape& shape, int rank);      // same dp (tp x pp)
+// First and last pipeline stage with the same tp, dp (one rank when PP == 1).
+std::vector<int> embedding_group(const GridShape& shape, int rank);
+
+// Throws trident::Error with a message naming the offending setting when the layout cannot
+// run: world size != TP*PP*DP, heads or FFN width not divisible by TP, TP not dividing
+// ranks_per_node (a tensor group would cross a node), vocabulary padding impossible, more
+// pipeline stages than layers.
+void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
+                     const ModelConfig& model);
+
+}  // namespace trident

@@ -1,0 +1,109 @@
+#pragma once
+// CPU kernels of the GPT forward and backward pass, llm.c style: explicit functions on raw
+// pointers with the shapes in comments. Every kernel is a template instantiated for float (the
+// trainer) and double (the finite-difference gradient tests).
+//
+// Conventions
+//  * Shapes are row-major. N = B*T rows of the residual stream, C = width.
+//  * Parameter gradients ACCUMULATE (+=): micro-batches add into the same gradient buffer.
+//  * Activation gradients (dinp, dqkv, ...) are OVERWRITTEN.
+//  * Multithreaded loops are deterministic for a given thread count (static partitioning,
+//    fixed reduction order), so two runs of one configuration are bitwise identical.
+//  * Vocab-parallel kernels see only this rank's rows [vocab_begin, vocab_begin + rows) of the
+//    (padded) vocabulary; ids and columns >= vocab_size (padding) never contribute.
+#include <cstdint>
+
+namespace trident::cpu {
+
+// ---------------------------------------------------------------- embeddings
+// out[N,C] = wte[ids[n] - vocab_begin] if vocab_begin <= ids[n] < vocab_begin + rows, else 0.
+// wte: [rows, C], ids: [N]
+template <typename T>
+void token_embedding_forward(T* out, const int32_t* ids, const T* wte, int64_t N, int64_t C,
+                             int64_t vocab_begin, int64_t rows);
+// dwte[rows,C] += dout[n] for every n whose id is in this rank's range.
+template <typename T>
+void token_embedding_backward(T* dwte, const T* dout, const int32_t* ids, int64_t N, int64_t C,
+                              int64_t vocab_begin, int64_t rows);
+// out[B,T,C] += wpe[t]   (wpe: [T_max >= T, C])
+template <typename T>
+void position_embedding_forward(T* out, const T* wpe, int64_t B, int64_t T, int64_t C);
+// dwpe[t,C] += sum_b dout[b,t]
+template <typename T>
+void position_embedding_backward(T* dwpe, const T* dout, int64_t B, int64_t T, int64_t C);
+
+// ---------------------------------------------------------------- layernorm (eps = 1e-5)
+// out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N] for backward.
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t N, int64_t C);
+// dinp[N,C] (overwrite); dweight[C] += ; dbias[C] +=
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+
+// ---------------------------------------------------------------- linear (torch layout)
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]     (bias may be nullptr)
+template <typename T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                    int64_t OC);
+// dinp[N,C] = dout[N,OC] @ weight (overwrite; skipped when dinp == nullptr)
+// dweight[OC,C] += dout^T @ inp;  dbias[OC] += sum_n dout (skipped when dbias == nullptr)
+template <typename T>
+void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t N, int64_t C, int64_t OC);
+
+// ---------------------------------------------------------------- causal self-attention
+// qkv[B,T,3*NH*HS]: per token [q of heads 0..NH-1 | k of heads | v of heads], head h of q at
+// columns [h*HS, (h+1)*HS). out[B,T,NH*HS] (heads concatenated). att[B,NH,T,T] saves the
+// softmax probabilities (row t attends to s <= t; entries s > t are 0). Scale 1/sqrt(HS).
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T, int64_t NH,
+                       int64_t HS);
+// dqkv[B,T,3*NH*HS] (overwrite). scratch: [B,NH,T,T] workspace.
+template <typename T>
+void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
+                        int64_t B, int64_t T, int64_t NH, int64_t HS);
+
+// ---------------------------------------------------------------- GELU, tanh approximation
+// out[N] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t N);
+// dinp[N] = dout * gelu'(inp)   (overwrite)
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N);
+
+// ---------------------------------------------------------------- residual
+// out[N] = a + b
+template <typename T>
+void add_forward(T* out, const T* a, const T* b, int64_t N);
+// acc[N] += x
+template <typename T>
+void add_inplace(T* acc, const T* x, int64_t N);
+
+// ---------------------------------------------------------------- softmax cross-entropy
+// Vocab-parallel in three local passes with the reductions between them done by the caller
+// (identity on one rank; MAX then SUM all-reduce over the tensor group otherwise).
+// logits[N,Vl]: this rank's columns [vocab_begin, vocab_begin+Vl); targets[N] global ids.
+//
+// 1. row_max[N] = max over valid local columns (-inf when this rank has none).
+template <typename T>
+void cross_entropy_local_max(T* row_max, const T* logits, int64_t N, int64_t Vl,
+                             int64_t vocab_begin, int64_t vocab_size);
+// 2. with the global row_max: sums[0..N) = sum_v exp(logit - row_max) over valid local columns,
+//    sums[N..2N) = logits[n, target - vocab_begin] if the target is local, else 0.
+//    (One buffer so that the caller needs one SUM all-reduce of 2N values.)
+template <typename T>
+void cross_entropy_local_sums(T* sums, const T* logits, const int32_t* targets, const T* row_max,
+                              int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size);
+// 3. losses[n] = log(sum_exp[n]) + row_max[n] - target_logit[n]   (sums = [sum_exp | target])
+template <typename T>
+void cross_entropy_loss(T* losses, const T* row_max, const T* sums, int64_t N);
+// dlogits[N,Vl] = (softmax - onehot(target)) * dloss[n]; padding columns get 0.
+// dlogits may alias logits (in place).
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, const T* row_max,
+                            const T* sums, const T* dloss, int64_t N, int64_t Vl,
+                            int64_t vocab_begin, int64_t vocab_size);
+
+}  // namespace trident::cpu

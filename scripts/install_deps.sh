@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs Trident's build and test dependencies from Debian's archive.
+# Idempotent: installs only what is missing, so repeated runs cost ~1 s.
+#   scripts/install_deps.sh            build + test dependencies
+#   scripts/install_deps.sh --demo     + the fortunes corpus and matplotlib (the README demo)
+#   scripts/install_deps.sh --bench    + PyTorch (the CPU reference in bench/)
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-openmp-dev
+  libmpich-dev mpich
+  libhdf5-mpich-dev hdf5-tools
+  libgtest-dev
+  libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
+  python3 python3-numpy python3-h5py
+)
+for arg in "$@"; do
+  case "$arg" in
+    --demo)  packages+=(fortunes python3-matplotlib) ;;
+    --bench) packages+=(python3-torch python3-matplotlib fortunes) ;;
+    *) echo "install_deps.sh: unknown option '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "install_deps.sh: installing ${missing[*]}" >&2
+sudo_cmd=()
+[[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
