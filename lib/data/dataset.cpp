@@ -1,0 +1,303 @@
+// Token shards (llm.c .bin layout), the dataset over a path or glob, and the sampling order.
+// The format and the order are specified in docs/data.md; data_tools/inspect_shard.py
+// re-implements the order and tests/test_data.cpp checks that both agree.
+#include "data/dataset.hpp"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+
+#include "util/error.hpp"
+
+namespace trident {
+
+static_assert(std::endian::native == std::endian::little,
+              "token shards are little-endian and are memory-mapped as they are");
+
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string shard_error(const std::string& path, const std::string& cause) {
+  return "token shard '" + path + "': " + cause;
+}
+
+// Closes a file descriptor on every path out of the constructor.
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool has_glob_chars(const std::string& s) {
+  return s.find_first_of("*?[") != std::string::npos;
+}
+
+// SplitMix64 (Steele, Lea, Flood 2014), exactly as in docs/data.md.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    state += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// TokenShard
+
+TokenShard::TokenShard(const std::string& path) : path_(path) {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) {
+    throw Error(shard_error(path, "cannot open: " + errno_text(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) {
+    throw Error(shard_error(path, "cannot stat: " + errno_text(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(shard_error(path, "not a regular file"));
+  }
+  const auto file_bytes = static_cast<int64_t>(st.st_size);
+  constexpr int64_t header_bytes = kShardHeaderInts * static_cast<int64_t>(sizeof(int32_t));
+  if (file_bytes < header_bytes) {
+    throw Error(shard_error(path, "file is " + std::to_string(file_bytes) +
+                                      " bytes, smaller than the " +
+                                      std::to_string(header_bytes) + "-byte header"));
+  }
+  int32_t header[3] = {0, 0, 0};
+  ssize_t got = ::pread(fd.fd, header, sizeof(header), 0);
+  if (got != static_cast<ssize_t>(sizeof(header))) {
+    throw Error(shard_error(
+        path, "cannot read header: " + (got < 0 ? errno_text(errno) : "short read")));
+  }
+  if (header[0] != kShardMagic) {
+    throw Error(shard_error(path, "wrong magic number " + std::to_string(header[0]) +
+                                      " (expected " + std::to_string(kShardMagic) +
+                                      "); not a token shard"));
+  }
+  if (header[1] != kShardVersion) {
+    throw Error(shard_error(path, "unsupported version " + std::to_string(header[1]) +
+                                      " (expected " + std::to_string(kShardVersion) +
+                                      ", uint16 tokens)"));
+  }
+  if (header[2] < 0) {
+    throw Error(shard_error(path, "negative token count " + std::to_string(header[2])));
+  }
+  num_tokens_ = header[2];
+  const int64_t expected = header_bytes + 2 * num_tokens_;
+  if (file_bytes != expected) {
+    throw Error(shard_error(
+        path, std::string(file_bytes < expected ? "truncated" : "oversized") + ": header says " +
+                  std::to_string(num_tokens_) + " tokens, i.e. " + std::to_string(expected) +
+                  " bytes, but the file has " + std::to_string(file_bytes) + " bytes"));
+  }
+  map_bytes_ = static_cast<size_t>(file_bytes);
+  void* map = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd.fd, 0);
+  if (map == MAP_FAILED) {
+    throw Error(shard_error(path, "cannot mmap: " + errno_text(errno)));
+  }
+  map_ = map;
+  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + header_bytes);
+}
+
+TokenShard::~TokenShard() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    throw Error(shard_error(path, "cannot write " + std::to_string(tokens.size()) +
+                                      " tokens: the header's count is an int32"));
+  }
+  std::vector<int32_t> header(kShardHeaderInts, 0);
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    throw Error(shard_error(path, "cannot create: " + errno_text(errno)));
+  }
+  bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size();
+  if (ok && !tokens.empty()) {
+    ok = std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size();
+  }
+  const int write_errno = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    throw Error(shard_error(path, "write failed: " + errno_text(ok ? errno : write_errno)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TokenDataset
+
+TokenDataset::TokenDataset(const std::string& pattern, int64_t seq_len, int64_t vocab_size)
+    : seq_len_(seq_len), vocab_size_(vocab_size) {
+  if (pattern.empty()) throw Error("token dataset: empty path or pattern");
+  if (seq_len <= 0) {
+    throw Error("token dataset '" + pattern + "': seq_len must be positive, got " +
+                std::to_string(seq_len));
+  }
+  if (vocab_size <= 0) {
+    throw Error("token dataset '" + pattern + "': vocab_size must be positive, got " +
+                std::to_string(vocab_size));
+  }
+
+  std::vector<std::string> paths;
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
+  }
+  ::globfree(&g);
+  if (rc == GLOB_NOMATCH) {
+    if (!has_glob_chars(pattern)) {
+      // A plain path: let the shard say why it cannot be opened (strerror).
+      paths.push_back(pattern);
+    } else {
+      throw Error("token dataset: no file matches '" + pattern + "'");
+    }
+  } else if (rc != 0) {
+    throw Error("token dataset: cannot expand '" + pattern + "' (" +
+                (rc == GLOB_NOSPACE ? "out of memory" : "read error") + ")");
+  }
+  // Byte-wise order, independent of the locale (glob sorts with strcoll).
+  std::sort(paths.begin(), paths.end());
+  paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+
+  first_window_.reserve(paths.size() + 1);
+  for (const auto& p : paths) {
+    auto shard = std::make_unique<TokenShard>(p);
+    const int64_t n = shard->num_tokens();
+    const int64_t windows = n > 0 ? (n - 1) / seq_len_ : 0;
+    first_window_.push_back(total_windows_);
+    total_windows_ += windows;
+    shards_.push_back(std::move(shard));
+  }
+  first_window_.push_back(total_windows_);
+
+  if (total_windows_ == 0) {
+    std::string files;
+    constexpr size_t kListed = 4;
+    for (size_t i = 0; i < shards_.size() && i < kListed; ++i) {
+      if (i > 0) files += ", ";
+      files += "'" + shards_[i]->path() + "' (" + std::to_string(shards_[i]->num_tokens()) +
+               " tokens)";
+    }
+    if (shards_.size() > kListed) {
+      files += " and " + std::to_string(shards_.size() - kListed) + " more";
+    }
+    throw Error("token dataset '" + pattern + "': no training window: " +
+                (shards_.size() == 1 ? "the shard " : "every shard ") + files +
+                " is shorter than one window of T+1 = " + std::to_string(seq_len_ + 1) +
+                " tokens (T = seq_len = " + std::to_string(seq_len_) + ")");
+  }
+}
+
+void TokenDataset::window(int64_t window_id, int32_t* inputs, int32_t* targets) const {
+  if (window_id < 0 || window_id >= total_windows_) {
+    throw Error("token dataset: window " + std::to_string(window_id) + " out of range [0, " +
+                std::to_string(total_windows_) + ")");
+  }
+  // The last shard whose first window is <= window_id (zero-window shards are skipped since
+  // the next shard starts at the same id).
+  const auto it = std::upper_bound(first_window_.begin(), first_window_.end(), window_id);
+  const auto shard_index = static_cast<size_t>(it - first_window_.begin() - 1);
+  const TokenShard& shard = *shards_[shard_index];
+  const int64_t start = (window_id - first_window_[shard_index]) * seq_len_;
+  const uint16_t* tok = shard.tokens() + start;
+  for (int64_t t = 0; t <= seq_len_; ++t) {
+    if (static_cast<int64_t>(tok[t]) >= vocab_size_) {
+      throw Error(shard_error(shard.path(), "token " + std::to_string(tok[t]) +
+                                                " at position " + std::to_string(start + t) +
+                                                " is out of range for vocab_size " +
+                                                std::to_string(vocab_size_)));
+    }
+  }
+  for (int64_t t = 0; t < seq_len_; ++t) {
+    inputs[t] = tok[t];
+    targets[t] = tok[t + 1];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BatchSampler
+
+BatchSampler::BatchSampler(int64_t num_windows, int64_t global_batch, bool shuffle,
+                           uint64_t seed)
+    : num_windows_(num_windows), global_batch_(global_batch), shuffle_(shuffle), seed_(seed) {
+  if (num_windows <= 0) {
+    throw Error("batch sampler: the dataset has no window (num_windows = " +
+                std::to_string(num_windows) + ")");
+  }
+  if (global_batch <= 0) {
+    throw Error("batch sampler: global_batch must be positive, got " +
+                std::to_string(global_batch));
+  }
+}
+
+int64_t BatchSampler::window_id(int64_t step, int64_t sample) const {
+  if (step < 0 || sample < 0 || sample >= global_batch_) {
+    throw Error("batch sampler: (step " + std::to_string(step) + ", sample " +
+                std::to_string(sample) + ") out of range (global_batch " +
+                std::to_string(global_batch_) + ")");
+  }
+  if (step > (std::numeric_limits<int64_t>::max() - sample) / global_batch_) {
+    throw Error("batch sampler: step " + std::to_string(step) + " overflows the sample stream");
+  }
+  const int64_t p = step * global_batch_ + sample;
+  const int64_t epoch = p / num_windows_;
+  const int64_t k = p % num_windows_;
+  if (!shuffle_) return k;
+  return permutation(epoch)[static_cast<size_t>(k)];
+}
+
+const std::vector<int64_t>& BatchSampler::permutation(int64_t epoch) const {
+  if (epoch == cached_epoch_) return cached_perm_;
+  cached_perm_.resize(static_cast<size_t>(num_windows_));
+  std::iota(cached_perm_.begin(), cached_perm_.end(), int64_t{0});
+  SplitMix64 rng{seed_ ^ (0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(epoch) + 1))};
+  for (int64_t i = num_windows_ - 1; i >= 1; --i) {
+    const auto j = static_cast<int64_t>(rng.next() % static_cast<uint64_t>(i + 1));
+    std::swap(cached_perm_[static_cast<size_t>(i)], cached_perm_[static_cast<size_t>(j)]);
+  }
+  cached_epoch_ = epoch;
+  return cached_perm_;
+}
+
+int64_t BatchSampler::first_sample(int64_t global_batch, int64_t dp_rank, int64_t dp_size,
+                                   int64_t micro, int64_t micro_batch) {
+  if (dp_size <= 0 || global_batch <= 0 || global_batch % dp_size != 0) {
+    throw Error("batch sampler: global_batch " + std::to_string(global_batch) +
+                " is not a positive multiple of the data-parallel size " +
+                std::to_string(dp_size));
+  }
+  const int64_t per_replica = global_batch / dp_size;
+  if (dp_rank < 0 || dp_rank >= dp_size || micro < 0 || micro_batch <= 0 ||
+      (micro + 1) * micro_batch > per_replica) {
+    throw Error("batch sampler: micro-batch " + std::to_string(micro) + " of size " +
+                std::to_string(micro_batch) + " on data-parallel rank " +
+                std::to_string(dp_rank) + " of " + std::to_string(dp_size) +
+                " lies outside the replica's " + std::to_string(per_replica) + " samples");
+  }
+  return dp_rank * per_replica + micro * micro_batch;
+}
+
+}  // namespace trident
