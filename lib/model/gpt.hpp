@@ -1,0 +1,118 @@
+#pragma once
+// GPT-2 (pre-LN blocks, final LayerNorm, LM head tied to the token embedding) as held by one
+// rank: a range of layers of one pipeline stage, with Megatron-style tensor parallelism inside.
+//
+// Tensor parallelism (tp ranks of the tensor group; tp = 1 is the single-rank model):
+//  * qkv and mlp.fc1 are column-parallel (each rank owns some heads / some FFN columns),
+//    attn.proj and mlp.fc2 row-parallel: exactly one all-reduce of [N,C] after each of the two
+//    row-parallel matmuls in forward, one after each of the two column-parallel input-gradient
+//    matmuls in backward. Row-parallel biases are added by tensor rank 0 only, before the sum.
+//  * The token embedding is vocab-parallel (each rank owns a block of rows of the padded
+//    vocabulary): lookup then one all-reduce of [N,C]; the LM head reuses it, and the
+//    cross-entropy reduces row max (N values) and [sum-exp | target logit] (2N values) across
+//    the group, never gathering the logits; backward all-reduces the LM head's input gradient.
+//  * LayerNorms, the position table and row-parallel biases are replicated; their gradients are
+//    computed from replicated activations and stay identical on every tensor rank.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "model/params.hpp"
+#include "tensor/buffer.hpp"
+
+namespace trident {
+
+// What part of the model this rank holds.
+struct ModelShard {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t layer_begin = 0;  // [layer_begin, layer_end) of model.layers
+  int64_t layer_end = 0;
+  bool has_embedding = true;  // first pipeline stage
+  bool has_head = true;       // last pipeline stage (final LN, LM head, loss)
+  static ModelShard whole(const ModelConfig& m) { return {0, 1, 0, m.layers, true, true}; }
+};
+
+int64_t padded_vocab_size(const ModelConfig& m, int tp_size);
+
+template <typename F>
+class Gpt {
+ public:
+  // Activations of one micro-batch, kept from its forward until its backward.
+  struct LayerActs {
+    Buffer<F> input;                 // [N,C] residual stream entering the layer
+    Buffer<F> ln1, ln1_mean, ln1_rstd;
+    Buffer<F> qkv;                   // [N, 3*Cl]
+    Buffer<F> att;                   // [B, NHl, T, T]
+    Buffer<F> atty;                  // [N, Cl]
+    Buffer<F> residual1;             // [N,C] input + attention branch
+    Buffer<F> ln2, ln2_mean, ln2_rstd;
+    Buffer<F> fc1;                   // [N, 4Cl] pre-activation
+    Buffer<F> gelu;                  // [N, 4Cl]
+  };
+  struct Activations {
+    int64_t B = 0, T = 0;
+    std::vector<int32_t> tokens, targets;  // [N]
+    std::vector<LayerActs> layers;
+    Buffer<F> output;                // [N,C] residual stream leaving the stage
+    Buffer<F> lnf, lnf_mean, lnf_rstd;
+    Buffer<F> logits;                // [N, Vl] (gradients overwrite it in backward)
+    Buffer<F> row_max, sums, losses; // [N], [2N], [N]
+  };
+
+  Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelShard& shard() const { return shard_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo& param(const std::string& name) const;
+  Buffer<F>& weights() { return weights_; }
+  Buffer<F>& grads() { return grads_; }
+  const Buffer<F>& weights() const { return weights_; }
+  const Buffer<F>& grads() const { return grads_; }
+  int64_t vocab_begin() const { return vocab_begin_; }
+  int64_t local_vocab() const { return local_vocab_; }
+
+  // GPT-2 init from the counter-based RNG keyed by (seed, parameter name, global index).
+  void init_weights(uint64_t seed);
+  void zero_grads();
+
+  Activations make_activations(int64_t B) const;
+  int64_t activation_bytes(int64_t B) const;
+
+  // Forward one micro-batch. First stage: `tokens` [B,F]; other stages: `input` [B,F,C].
+  // Last stage: `targets` [B,F]; returns the mean loss over B*F tokens (0 elsewhere).
+  F forward(Activations& a, const int32_t* tokens, const int32_t* targets, const F* input);
+  // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
+  // `loss_scale` (1/micro-batches); other stages: `d_output` [B,F,C] is the gradient arriving
+  // from the next stage. Non-first stages write the gradient of their input into `d_input`.
+  // Parameter gradients accumulate.
+  void backward(Activations& a, F loss_scale, const F* d_output, F* d_input);
+
+ private:
+  F* w(int index) { return weights_.data() + params_[index].offset; }
+  F* g(int index) { return grads_.data() + params_[index].offset; }
+  int add_param(const std::string& name, std::vector<int64_t> global_shape, int split_dim,
+                std::vector<ShardBlock> blocks, Init init, bool decay);
+  void layer_forward(int64_t l, LayerActs& la, const F* input, F* output, int64_t B, int64_t T);
+  void layer_backward(int64_t l, LayerActs& la, F* d_stream, int64_t B, int64_t T);
+
+  struct LayerParams {
+    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  };
+  ModelConfig config_;
+  ModelShard shard_;
+  Communicator& tp_;
+  int64_t C_, Cl_, Fl_, NHl_, HS_;   // width, local width, local FFN width, local heads, head size
+  int64_t vocab_begin_ = 0, local_vocab_ = 0;
+  std::vector<ParamInfo> params_;
+  std::vector<LayerParams> layer_params_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  Buffer<F> weights_, grads_;
+  // Backward scratch shared by all micro-batches (one backward runs at a time).
+  Buffer<F> d_stream_, d_ln_, d_tmp_, d_qkv_, d_atty_, d_fc1_, d_gelu_, d_att_;
+};
+
+}  // namespace trident
