@@ -1,0 +1,722 @@
+// Configuration loading: TOML file -> Config, `--set` overrides, validation, and back to TOML.
+//
+// Everything per key comes from one table, kKeys (name, member, per-key rule, docs), so adding
+// a key is one row: reading, overrides, per-key validation, to_toml and the docs table all
+// follow it. Only constraints that relate two keys are written out, in check_relations().
+#include "config/config.hpp"
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+#include <toml++/toml.h>
+
+#include "config/schema.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Schema
+
+// Returns the field of a Config: (c.*Section).*Member. One instantiation per key.
+template <auto Section, auto Member>
+auto& member(Config& c) {
+  return (c.*Section).*Member;
+}
+
+using Access = std::variant<int64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
+                            std::string& (*)(Config&), std::vector<int64_t>& (*)(Config&)>;
+enum Kind { kInt, kFloat, kBool, kString, kIntList };  // = Access's alternative index
+
+// A per-key constraint. Numeric bounds apply to integers, floats and each entry of an integer
+// array; one_of compares the value's text (so it also serves integers: {"0", "1"}).
+struct Rule {
+  std::optional<double> lo, hi;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string_view> one_of;
+  bool non_empty = false;
+};
+
+Rule any() { return {}; }
+Rule at_least(double lo) {
+  Rule r;
+  r.lo = lo;
+  return r;
+}
+Rule above(double lo) {
+  Rule r = at_least(lo);
+  r.lo_open = true;
+  return r;
+}
+Rule between(double lo, double hi) {
+  Rule r = at_least(lo);
+  r.hi = hi;
+  return r;
+}
+Rule in_unit_interval() {  // [0, 1)
+  Rule r = between(0, 1);
+  r.hi_open = true;
+  return r;
+}
+Rule one_of(std::initializer_list<std::string_view> v) {
+  Rule r;
+  r.one_of = v;
+  return r;
+}
+Rule non_empty() {
+  Rule r;
+  r.non_empty = true;
+  return r;
+}
+
+struct Key {
+  std::string_view section, name;
+  Access access;
+  Rule rule;
+  std::string_view meaning;
+  std::string_view relations = {};  // constraints involving other keys (check_relations), docs
+  std::string_view why = {};        // appended to a rule violation message
+};
+
+#define TRIDENT_KEY(sec, key) \
+  #sec, #key, Access { &member<&Config::sec, &decltype(Config::sec)::key> }
+
+// clang-format off
+const Key kKeys[] = {
+  {TRIDENT_KEY(model, layers), at_least(1), "Transformer blocks.",
+   "the sum of `parallel.pipeline_layers` when that is given"},
+  {TRIDENT_KEY(model, heads), at_least(1), "Attention heads."},
+  {TRIDENT_KEY(model, width), at_least(1), "Hidden size; the MLP is 4 * width wide.",
+   "divisible by `model.heads`"},
+  {TRIDENT_KEY(model, vocab_size), between(1, 65536), "Vocabulary size.", {},
+   "tokens are stored as uint16"},
+  {TRIDENT_KEY(model, seq_len), at_least(1), "Context length in tokens."},
+  {TRIDENT_KEY(model, vocab_multiple), at_least(1),
+   "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor."},
+
+  {TRIDENT_KEY(parallel, tensor), at_least(1), "Tensor-parallel degree (TP)."},
+  {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
+  {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
+  {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
+   "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
+  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe"}), "Pipeline schedule."},
+  {TRIDENT_KEY(parallel, sequence_parallel), any(),
+   "Sequence parallelism: shard the activations outside the tensor-parallel matmuls along "
+   "the sequence across the tensor group."},
+  {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
+   "Layers per pipeline stage; empty: an even split.",
+   "if not empty: `parallel.pipeline` entries summing to `model.layers`"},
+  {TRIDENT_KEY(parallel, dp_bucket_mb), above(0),
+   "Size of the data-parallel gradient all-reduce buckets, in MiB."},
+
+  {TRIDENT_KEY(train, steps), at_least(1), "Optimizer steps."},
+  {TRIDENT_KEY(train, seed), any(), "Random seed."},
+  {TRIDENT_KEY(train, micro_batch), at_least(1), "Sequences per micro-batch."},
+  {TRIDENT_KEY(train, global_batch), at_least(1), "Sequences per optimizer step, all replicas.",
+   "divisible by `train.micro_batch * parallel.data`"},
+  {TRIDENT_KEY(train, threads), at_least(0), "CPU threads per rank; 0: the cores available."},
+  {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}), "Compute device."},
+  {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
+   "Compute precision."},
+  {TRIDENT_KEY(train, exit_after_minutes), at_least(0),
+   "Stop cleanly after this many minutes; 0: no limit."},
+
+  {TRIDENT_KEY(optim, lr), above(0), "Peak learning rate."},
+  {TRIDENT_KEY(optim, min_lr), at_least(0), "Learning rate at the end of the decay.",
+   "<= `optim.lr`"},
+  {TRIDENT_KEY(optim, warmup_steps), at_least(0), "Linear warm-up steps.", "<= `train.steps`"},
+  {TRIDENT_KEY(optim, weight_decay), at_least(0),
+   "Decoupled (AdamW) weight decay."},
+  {TRIDENT_KEY(optim, beta1), in_unit_interval(), "AdamW first-moment decay."},
+  {TRIDENT_KEY(optim, beta2), in_unit_interval(), "AdamW second-moment decay."},
+  {TRIDENT_KEY(optim, eps), above(0), "AdamW epsilon."},
+  {TRIDENT_KEY(optim, grad_clip), at_least(0), "Global gradient-norm clip; 0: no clipping."},
+  {TRIDENT_KEY(optim, zero_stage), one_of({"0", "1"}),
+   "ZeRO stage: 1 shards optimizer state across data-parallel ranks."},
+  {TRIDENT_KEY(optim, decay_position_embedding), any(),
+   "Also apply weight decay to the position embedding table."},
+
+  {TRIDENT_KEY(data, train), non_empty(), "Training token shards: a path or a glob."},
+  {TRIDENT_KEY(data, val), any(), "Validation token shards: a path or a glob; empty: none."},
+  {TRIDENT_KEY(data, shuffle), any(), "Shuffle the order of training sequences."},
+
+  {TRIDENT_KEY(eval, interval), at_least(0), "Evaluate every this many steps; 0: never."},
+  {TRIDENT_KEY(eval, steps), at_least(1), "Global batches per evaluation."},
+
+  {TRIDENT_KEY(checkpoint, dir), any(), "Checkpoint directory; empty: no checkpoints."},
+  {TRIDENT_KEY(checkpoint, interval), at_least(0),
+   "Checkpoint every this many steps; 0: only at the end and on a signal."},
+  {TRIDENT_KEY(checkpoint, keep), at_least(1), "Most recent checkpoints kept."},
+
+  {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
+  {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},
+};
+// clang-format on
+#undef TRIDENT_KEY
+
+const Key* find_key(std::string_view section, std::string_view name) {
+  for (const Key& k : kKeys)
+    if (k.section == section && k.name == name) return &k;
+  return nullptr;
+}
+
+bool is_section(std::string_view section) {
+  for (const Key& k : kKeys)
+    if (k.section == section) return true;
+  return false;
+}
+
+std::string full_name(const Key& k) {
+  return std::string(k.section) + "." + std::string(k.name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text helpers
+
+// s with control characters escaped (as in TOML strings), so that a message stays on one line.
+std::string one_line(std::string_view s) {
+  std::string out;
+  for (char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7F) {
+      const std::string q = config::toml_string(std::string_view(&ch, 1));
+      out += q.substr(1, q.size() - 2);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw Error(one_line(source) + ": " + what);
+}
+
+std::string int_text(int64_t v) { return std::to_string(v); }
+
+std::string int128_text(__int128 v) {
+  if (v >= INT64_MIN && v <= INT64_MAX) return std::to_string(static_cast<int64_t>(v));
+  bool neg = v < 0;
+  unsigned __int128 u = neg ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+  std::string s;
+  do {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(u % 10)));
+    u /= 10;
+  } while (u);
+  return neg ? "-" + s : s;
+}
+
+// A bound of a rule, as text ("1", "0.5").
+std::string bound_text(double b) {
+  if (b == std::floor(b) && std::fabs(b) < 1e15) return int_text(static_cast<int64_t>(b));
+  return config::toml_float(b);
+}
+
+std::string join_or(const std::vector<std::string_view>& v, const char* quote) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += (i + 1 == v.size()) ? " or " : ", ";
+    s += quote + std::string(v[i]) + quote;
+  }
+  return s;
+}
+
+// The rule as the text after "must be " (messages) or in the docs' constraints column.
+std::string rule_text(const Rule& r, const char* quote) {
+  if (!r.one_of.empty()) return join_or(r.one_of, quote);
+  if (r.non_empty) return "not empty";
+  if (r.lo && r.hi)
+    return "in " + std::string(r.lo_open ? "(" : "[") + bound_text(*r.lo) + ", " +
+           bound_text(*r.hi) + (r.hi_open ? ")" : "]");
+  if (r.lo) return (r.lo_open ? "> " : ">= ") + bound_text(*r.lo);
+  if (r.hi) return (r.hi_open ? "< " : "<= ") + bound_text(*r.hi);
+  return "";
+}
+
+const char* kind_name(int kind) {
+  switch (kind) {
+    case kInt: return "integer";
+    case kFloat: return "float";
+    case kBool: return "boolean";
+    case kString: return "string";
+    default: return "array of integers";
+  }
+}
+
+const char* expected_text(int kind) {
+  switch (kind) {
+    case kInt: return "an integer";
+    case kFloat: return "a float";
+    case kBool: return "a boolean";
+    case kString: return "a string";
+    default: return "an array of integers";
+  }
+}
+
+// A TOML value as short one-line text.
+std::string node_text(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return config::toml_string(node.as_string()->get());
+    case toml::node_type::integer: return int_text(node.as_integer()->get());
+    case toml::node_type::floating_point:
+      return config::toml_float(node.as_floating_point()->get());
+    case toml::node_type::boolean: return node.as_boolean()->get() ? "true" : "false";
+    case toml::node_type::array: {
+      const toml::array& a = *node.as_array();
+      std::string s = "[";
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (i > 0) s += ", ";
+        if (s.size() > 60) {
+          s += "...";
+          break;
+        }
+        s += node_text(a[i]);
+      }
+      return s + "]";
+    }
+    case toml::node_type::table: return "{...}";
+    default: {  // date, time, date-time
+      std::ostringstream os;
+      if (auto d = node.as_date()) os << *d;
+      if (auto t = node.as_time()) os << *t;
+      if (auto dt = node.as_date_time()) os << *dt;
+      return os.str();
+    }
+  }
+}
+
+std::string node_description(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "string " + node_text(node);
+    case toml::node_type::integer: return "integer " + node_text(node);
+    case toml::node_type::floating_point: return "float " + node_text(node);
+    case toml::node_type::boolean: return "boolean " + node_text(node);
+    case toml::node_type::array: return "array " + node_text(node);
+    case toml::node_type::table: return "table";
+    case toml::node_type::date: return "date " + node_text(node);
+    case toml::node_type::time: return "time " + node_text(node);
+    case toml::node_type::date_time: return "date-time " + node_text(node);
+    default: return "nothing";
+  }
+}
+
+// A field's value as TOML text.
+template <typename T>
+std::string value_text(const T& v) {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return int_text(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return config::toml_float(v);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return config::toml_string(v);
+  } else {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + int_text(v[i]);
+    return s + "]";
+  }
+}
+
+// Reads a field of a const Config through the schema (the accessors take Config&; they only
+// form a reference, so reading through them is fine).
+template <typename F>
+decltype(auto) visit_field(const Key& key, const Config& c, F&& f) {
+  return std::visit([&](auto get) { return f(get(const_cast<Config&>(c))); }, key.access);
+}
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
+    else return false;
+    if (i + n >= s.size()) return false;
+    for (size_t j = 1; j <= n; ++j) {
+      auto cc = static_cast<unsigned char>(s[i + j]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+[[noreturn]] void wrong_type(const Key& key, const std::string& name, const toml::node& got,
+                             const std::string& source, const std::string& origin) {
+  fail(source, name + ": expected " + expected_text(static_cast<int>(key.access.index())) +
+                   ", got " + node_description(got) + origin);
+}
+
+// Sets key's field from a TOML node, checking the type. `origin` is appended to errors
+// (" (from --set ...)" for overrides).
+void assign(const Key& key, const toml::node& node, Config& c, const std::string& source,
+            const std::string& origin) {
+  const std::string name = full_name(key);
+  switch (key.access.index()) {
+    case kInt:
+      if (auto v = node.as_integer()) std::get<kInt>(key.access)(c) = v->get();
+      else wrong_type(key, name, node, source, origin);
+      break;
+    case kFloat:
+      if (auto v = node.as_floating_point()) std::get<kFloat>(key.access)(c) = v->get();
+      else if (auto i = node.as_integer())
+        std::get<kFloat>(key.access)(c) = static_cast<double>(i->get());
+      else wrong_type(key, name, node, source, origin);
+      break;
+    case kBool:
+      if (auto v = node.as_boolean()) std::get<kBool>(key.access)(c) = v->get();
+      else wrong_type(key, name, node, source, origin);
+      break;
+    case kString:
+      if (auto v = node.as_string()) std::get<kString>(key.access)(c) = v->get();
+      else wrong_type(key, name, node, source, origin);
+      break;
+    case kIntList: {
+      const toml::array* a = node.as_array();
+      if (!a) wrong_type(key, name, node, source, origin);
+      std::vector<int64_t> values;
+      for (size_t i = 0; i < a->size(); ++i) {
+        const toml::node& e = (*a)[i];
+        if (auto v = e.as_integer()) values.push_back(v->get());
+        else
+          fail(source, name + "[" + std::to_string(i) + "]: expected an integer, got " +
+                           node_description(e) + origin);
+      }
+      std::get<kIntList>(key.access)(c) = std::move(values);
+      break;
+    }
+  }
+}
+
+void read_document(const toml::table& root, Config& c, const std::string& source) {
+  for (auto&& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    if (!is_section(section)) {
+      if (section_node.is_table()) fail(source, "unknown section '" + one_line(section) + "'");
+      fail(source, "unknown key '" + one_line(section) + "'");
+    }
+    const toml::table* table = section_node.as_table();
+    if (!table)
+      fail(source, section + ": expected a table, got " + node_description(section_node));
+    for (auto&& [key_name, node] : *table) {
+      const Key* key = find_key(section, key_name.str());
+      if (!key)
+        fail(source, "unknown key '" + section + "." + one_line(key_name.str()) + "'");
+      assign(*key, node, c, source, "");
+    }
+  }
+}
+
+std::string trim(std::string_view s) {
+  const char* ws = " \t\r\n";
+  size_t b = s.find_first_not_of(ws);
+  if (b == std::string_view::npos) return "";
+  size_t e = s.find_last_not_of(ws);
+  return std::string(s.substr(b, e - b + 1));
+}
+
+bool is_bare_key(std::string_view s) {
+  if (s.empty()) return false;
+  for (char ch : s)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-')) return false;
+  return true;
+}
+
+// "section.key=value": the value is a TOML value, or else (or when a string key gets a
+// non-string TOML value, such as a date-like or numeric path) the text itself.
+void apply_override(const std::string& text, Config& c, const std::string& source) {
+  const std::string origin = " (from --set " + one_line(text) + ")";
+  const size_t eq = text.find('=');
+  const std::string lhs = trim(std::string_view(text).substr(0, eq));
+  const size_t dot = lhs.find('.');
+  if (eq == std::string::npos || dot == std::string::npos ||
+      !is_bare_key(std::string_view(lhs).substr(0, dot)) ||
+      !is_bare_key(std::string_view(lhs).substr(dot + 1)))
+    fail(source, "malformed override '" + one_line(text) + "': expected section.key=value");
+  const std::string section = lhs.substr(0, dot), name = lhs.substr(dot + 1);
+  const Key* key = find_key(section, name);
+  if (!key) {
+    if (!is_section(section))
+      fail(source, "unknown section '" + section + "'" + origin);
+    fail(source, "unknown key '" + lhs + "'" + origin);
+  }
+  const std::string value = trim(std::string_view(text).substr(eq + 1));
+
+  std::optional<toml::table> parsed;
+  try {
+    const std::string doc = "v = " + value;
+    toml::table t = toml::parse(std::string_view(doc), std::string_view("--set"));
+    if (t.size() == 1 && t.contains("v")) parsed = std::move(t);
+  } catch (const toml::parse_error&) {
+  }
+  const toml::node* node = parsed ? parsed->get("v") : nullptr;
+  if (node && !(key->access.index() == kString && !node->is_string())) {
+    assign(*key, *node, c, source, origin);
+    return;
+  }
+  if (!valid_utf8(value)) fail(source, lhs + ": value is not valid UTF-8" + origin);
+  assign(*key, toml::value<std::string>(value), c, source, origin);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+bool violates(const Rule& r, double v) {
+  if (r.lo && (r.lo_open ? !(v > *r.lo) : !(v >= *r.lo))) return true;
+  if (r.hi && (r.hi_open ? !(v < *r.hi) : !(v <= *r.hi))) return true;
+  return false;
+}
+
+bool in_list(const Rule& r, std::string_view v) {
+  for (std::string_view allowed : r.one_of)
+    if (allowed == v) return true;
+  return false;
+}
+
+void check_rule(const Key& key, const Config& c, const std::string& source) {
+  const Rule& r = key.rule;
+  const std::string name = full_name(key);
+  const std::string why = key.why.empty() ? "" : " (" + std::string(key.why) + ")";
+  auto violation = [&](const std::string& who, const std::string& value) {
+    fail(source, who + " (" + value + ") must be " + rule_text(r, "") + why);
+  };
+  visit_field(key, c, [&](const auto& v) {
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (!r.one_of.empty() && !in_list(r, int_text(v))) violation(name, int_text(v));
+      if (violates(r, static_cast<double>(v))) violation(name, int_text(v));
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!std::isfinite(v)) fail(source, name + " (" + value_text(v) + ") must be finite");
+      if (violates(r, v)) violation(name, value_text(v));
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!r.one_of.empty() && !in_list(r, v)) violation(name, value_text(v));
+      if (r.non_empty && v.empty()) fail(source, name + " must not be empty" + why);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      for (size_t i = 0; i < v.size(); ++i)
+        if (violates(r, static_cast<double>(v[i])))
+          violation(name + "[" + std::to_string(i) + "]", int_text(v[i]));
+    }
+  });
+}
+
+// Constraints between keys (each is described in the `relations` text of its key).
+void check_relations(const Config& c, const std::string& source) {
+  const ModelConfig& m = c.model;
+  if (m.width % m.heads != 0)
+    fail(source, "model.width (" + int_text(m.width) + ") must be divisible by model.heads (" +
+                     int_text(m.heads) + ")");
+
+  const TrainConfig& t = c.train;
+  const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;
+  if (t.global_batch % per_step != 0)
+    fail(source, "train.global_batch (" + int_text(t.global_batch) +
+                     ") must be divisible by train.micro_batch * parallel.data (" +
+                     int_text(t.micro_batch) + " * " + int_text(c.parallel.data) + " = " +
+                     int128_text(per_step) + ")");
+
+  const OptimConfig& o = c.optim;
+  if (o.min_lr > o.lr)
+    fail(source, "optim.min_lr (" + value_text(o.min_lr) + ") must be <= optim.lr (" +
+                     value_text(o.lr) + ")");
+  if (o.warmup_steps > t.steps)
+    fail(source, "optim.warmup_steps (" + int_text(o.warmup_steps) +
+                     ") must be <= train.steps (" + int_text(t.steps) + ")");
+
+  const std::vector<int64_t>& pl = c.parallel.pipeline_layers;
+  if (!pl.empty()) {
+    const std::string text = value_text(pl);
+    if (static_cast<int64_t>(pl.size()) != c.parallel.pipeline)
+      fail(source, "parallel.pipeline_layers (" + text + ") must have parallel.pipeline (" +
+                       int_text(c.parallel.pipeline) + ") entries, has " +
+                       std::to_string(pl.size()));
+    __int128 sum = 0;
+    for (int64_t n : pl) sum += n;
+    if (sum != m.layers)
+      fail(source, "parallel.pipeline_layers (" + text + ") must sum to model.layers (" +
+                       int_text(m.layers) + "), sums to " + int128_text(sum));
+  }
+}
+
+void validate(const Config& c, const std::string& source) {
+  for (const Key& key : kKeys) check_rule(key, c, source);
+  check_relations(c, source);
+}
+
+}  // namespace
+
+// -------------------------------------------------------------------------------------------
+// Public API
+
+Config parse_config(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  Config c;
+  c.source = source;
+  toml::table root;
+  try {
+    root = toml::parse(std::string_view(toml_text), std::string_view(source));
+  } catch (const toml::parse_error& e) {
+    const toml::source_position& at = e.source().begin;
+    throw Error(one_line(source) + ":" + std::to_string(at.line) + ":" +
+                std::to_string(at.column) + ": TOML syntax error: " + one_line(e.description()));
+  }
+  read_document(root, c, source);
+  for (const std::string& o : overrides) apply_override(o, c, source);
+  validate(c, source);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail(path, std::string("cannot open file: ") + std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool bad = std::ferror(f);
+  const int err = errno;
+  std::fclose(f);
+  if (bad) fail(path, std::string("cannot read file: ") + std::strerror(err));
+  return parse_config(text, path, overrides);
+}
+
+std::string Config::to_toml() const {
+  std::string out;
+  std::string_view section;
+  for (const Key& key : kKeys) {
+    if (key.section != section) {
+      if (!section.empty()) out += "\n";
+      section = key.section;
+      out.append("[").append(section).append("]\n");
+    }
+    out.append(key.name).append(" = ");
+    out += visit_field(key, *this, [](const auto& v) { return value_text(v); });
+    out += "\n";
+  }
+  return out;
+}
+
+namespace config {
+
+const std::vector<KeyReference>& key_reference() {
+  static const std::vector<KeyReference> reference = [] {
+    std::vector<KeyReference> r;
+    const Config defaults;
+    for (const Key& key : kKeys) {
+      KeyReference k;
+      k.name = full_name(key);
+      k.type = kind_name(static_cast<int>(key.access.index()));
+      k.default_toml = visit_field(key, defaults, [](const auto& v) { return value_text(v); });
+      k.constraints = rule_text(key.rule, "`");
+      if (key.access.index() == kIntList && !k.constraints.empty())
+        k.constraints = "entries " + k.constraints;
+      if (key.access.index() == kFloat)
+        k.constraints = k.constraints.empty() ? "finite" : k.constraints + ", finite";
+      if (!key.why.empty()) k.constraints += " (" + std::string(key.why) + ")";
+      if (!key.relations.empty())
+        k.constraints += (k.constraints.empty() ? "" : "; ") + std::string(key.relations);
+      k.meaning = key.meaning;
+      r.push_back(std::move(k));
+    }
+    return r;
+  }();
+  return reference;
+}
+
+std::string reference_markdown() {
+  std::string s = "| Key | Type | Default | Constraints | Meaning |\n|---|---|---|---|---|\n";
+  for (const KeyReference& k : key_reference())
+    s += "| `" + k.name + "` | " + k.type + " | `" + k.default_toml + "` | " + k.constraints +
+         " | " + k.meaning + " |\n";
+  return s;
+}
+
+std::string toml_float(double v) {
+  if (std::isnan(v)) return std::signbit(v) ? "-nan" : "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  // Shortest round-trip digits, in scientific form: "-d.ddde-XX".
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  std::string_view sci(buf, static_cast<size_t>(res.ptr - buf));
+  std::string out;
+  if (sci.front() == '-') {
+    out = "-";
+    sci.remove_prefix(1);
+  }
+  const size_t e_pos = sci.find('e');
+  std::string digits;
+  for (char ch : sci.substr(0, e_pos))
+    if (ch != '.') digits += ch;
+  int exp = 0;
+  std::string_view exp_text = sci.substr(e_pos + 1);
+  if (exp_text.front() == '+') exp_text.remove_prefix(1);
+  std::from_chars(exp_text.data(), exp_text.data() + exp_text.size(), exp);
+  const int n = static_cast<int>(digits.size());  // value = 0.d1d2...dn * 10^(exp + 1)
+  if (exp >= -4 && exp < 16) {
+    if (exp >= 0) {
+      if (n <= exp + 1) {
+        out += digits + std::string(static_cast<size_t>(exp + 1 - n), '0') + ".0";
+      } else {
+        out += digits.substr(0, static_cast<size_t>(exp + 1)) + "." +
+               digits.substr(static_cast<size_t>(exp + 1));
+      }
+    } else {
+      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    }
+  } else {
+    out += digits.substr(0, 1);
+    if (n > 1) out += "." + digits.substr(1);
+    out += "e" + std::to_string(exp);
+  }
+  return out;
+}
+
+std::string toml_string(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto u = static_cast<unsigned char>(ch);
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (u < 0x20 || u == 0x7F) {
+          char esc[8];
+          std::snprintf(esc, sizeof esc, "\\u%04X", u);
+          out += esc;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace config
+}  // namespace trident

@@ -1,0 +1,677 @@
+// Configuration: defaults, every rejection class (the message names the file and the key),
+// `--set` overrides, to_toml round trip, files, and docs/config.md staying in sync.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include "config/config.hpp"
+#include "config/schema.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+namespace {
+
+const std::string kSrc = "configs/x.toml";
+// The smallest valid file: data.train has no default.
+const std::string kBase = "[data]\ntrain = \"data/train_*.bin\"\n";
+
+// Parses kBase + `extra` (+ overrides) and returns the error message; fails if nothing throws.
+std::string error_of(const std::string& extra, const std::vector<std::string>& overrides = {},
+                     const std::string& base = kBase) {
+  try {
+    parse_config(base + extra, kSrc, overrides);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+    return msg;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a trident::Error: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "accepted:\n" << extra;
+  return "";
+}
+
+// The message must be exactly `expected` (which starts after "configs/x.toml: ").
+#define EXPECT_ERROR(extra, expected) EXPECT_EQ(error_of(extra), kSrc + ": " + (expected))
+#define EXPECT_OVERRIDE_ERROR(overrides, expected) \
+  EXPECT_EQ(error_of("", overrides), kSrc + ": " + (expected))
+
+Config parse(const std::string& extra, const std::vector<std::string>& overrides = {}) {
+  return parse_config(kBase + extra, kSrc, overrides);
+}
+
+// A section with one key set to a value, e.g. section_with("model.layers", "0").
+std::string section_with(const std::string& key, const std::string& value) {
+  const size_t dot = key.find('.');
+  return "[" + key.substr(0, dot) + "]\n" + key.substr(dot + 1) + " = " + value + "\n";
+}
+
+// kBase with data.train replaced, for keys in [data].
+std::string set_key(const std::string& key, const std::string& value) {
+  if (key.rfind("data.", 0) == 0)
+    return "[data]\n" + (key == "data.train" ? "" : std::string("train = \"x.bin\"\n")) +
+           key.substr(5) + " = " + value + "\n";
+  return kBase + section_with(key, value);
+}
+
+std::string error_of_key(const std::string& key, const std::string& value) {
+  return error_of(set_key(key, value), {}, "");
+}
+
+bool bits_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Every field, written out independently of the schema (so a key missing from it shows up).
+void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(a.model.layers, b.model.layers);
+  EXPECT_EQ(a.model.heads, b.model.heads);
+  EXPECT_EQ(a.model.width, b.model.width);
+  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+  EXPECT_EQ(a.model.seq_len, b.model.seq_len);
+  EXPECT_EQ(a.model.vocab_multiple, b.model.vocab_multiple);
+  EXPECT_EQ(a.parallel.tensor, b.parallel.tensor);
+  EXPECT_EQ(a.parallel.pipeline, b.parallel.pipeline);
+  EXPECT_EQ(a.parallel.data, b.parallel.data);
+  EXPECT_EQ(a.parallel.ranks_per_node, b.parallel.ranks_per_node);
+  EXPECT_EQ(a.parallel.schedule, b.parallel.schedule);
+  EXPECT_EQ(a.parallel.sequence_parallel, b.parallel.sequence_parallel);
+  EXPECT_EQ(a.parallel.pipeline_layers, b.parallel.pipeline_layers);
+  EXPECT_TRUE(bits_equal(a.parallel.dp_bucket_mb, b.parallel.dp_bucket_mb));
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
+  EXPECT_EQ(a.train.global_batch, b.train.global_batch);
+  EXPECT_EQ(a.train.threads, b.train.threads);
+  EXPECT_EQ(a.train.device, b.train.device);
+  EXPECT_EQ(a.train.precision, b.train.precision);
+  EXPECT_TRUE(bits_equal(a.train.exit_after_minutes, b.train.exit_after_minutes));
+  EXPECT_TRUE(bits_equal(a.optim.lr, b.optim.lr));
+  EXPECT_TRUE(bits_equal(a.optim.min_lr, b.optim.min_lr));
+  EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
+  EXPECT_TRUE(bits_equal(a.optim.weight_decay, b.optim.weight_decay));
+  EXPECT_TRUE(bits_equal(a.optim.beta1, b.optim.beta1));
+  EXPECT_TRUE(bits_equal(a.optim.beta2, b.optim.beta2));
+  EXPECT_TRUE(bits_equal(a.optim.eps, b.optim.eps));
+  EXPECT_TRUE(bits_equal(a.optim.grad_clip, b.optim.grad_clip));
+  EXPECT_EQ(a.optim.zero_stage, b.optim.zero_stage);
+  EXPECT_EQ(a.optim.decay_position_embedding, b.optim.decay_position_embedding);
+  EXPECT_EQ(a.data.train, b.data.train);
+  EXPECT_EQ(a.data.val, b.data.val);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.eval.interval, b.eval.interval);
+  EXPECT_EQ(a.eval.steps, b.eval.steps);
+  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+  EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
+  EXPECT_EQ(a.checkpoint.keep, b.checkpoint.keep);
+  EXPECT_EQ(a.log.dir, b.log.dir);
+  EXPECT_EQ(a.log.interval, b.log.interval);
+}
+
+// A valid configuration with every field different from its default.
+Config everything_changed() {
+  Config c;
+  c.model = {.layers = 6, .heads = 3, .width = 96, .vocab_size = 50304, .seq_len = 128,
+             .vocab_multiple = 8};
+  c.parallel.tensor = 2;
+  c.parallel.pipeline = 3;
+  c.parallel.data = 2;
+  c.parallel.ranks_per_node = 4;
+  c.parallel.schedule = "gpipe";
+  c.parallel.sequence_parallel = true;
+  c.parallel.pipeline_layers = {1, 2, 3};
+  c.parallel.dp_bucket_mb = 12.5;
+  c.train.steps = 1000;
+  c.train.seed = -7;
+  c.train.micro_batch = 3;
+  c.train.global_batch = 36;
+  c.train.threads = 5;
+  c.train.device = "cuda";
+  c.train.precision = "bf16";
+  c.train.exit_after_minutes = 1.0 / 3.0;
+  c.optim.lr = 0.1 + 0.2;
+  c.optim.min_lr = 6e-5 / 7;
+  c.optim.warmup_steps = 17;
+  c.optim.weight_decay = 1e300;
+  c.optim.beta1 = 0.8;
+  c.optim.beta2 = 0.999;
+  c.optim.eps = 5e-324;
+  c.optim.grad_clip = 0.0;
+  c.optim.zero_stage = 1;
+  c.optim.decay_position_embedding = true;
+  c.data.train = "data/\"quoted\" \\back\\slash\\ x_*.bin";
+  c.data.val = "tab\there\nnewline \x01\x7f ünïcødé €";
+  c.data.shuffle = true;
+  c.eval.interval = 50;
+  c.eval.steps = 3;
+  c.checkpoint.dir = "C:\\ckpt\\'single' \"\"\" # not a comment";
+  c.checkpoint.interval = 100;
+  c.checkpoint.keep = 5;
+  c.log.dir = "";
+  c.log.interval = 10;
+  return c;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::path(testing::TempDir()) /
+          ("trident_test_config_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defaults and derived figures
+
+TEST(ConfigDefaults, MinimalFileGivesStructDefaults) {
+  Config expected;
+  expected.data.train = "data/train_*.bin";
+  const Config c = parse("");
+  expect_same(c, expected);
+  EXPECT_EQ(c.source, kSrc);
+  // The documented defaults, spelled out.
+  EXPECT_EQ(c.model.layers, 2);
+  EXPECT_EQ(c.model.heads, 4);
+  EXPECT_EQ(c.model.width, 64);
+  EXPECT_EQ(c.model.vocab_size, 256);
+  EXPECT_EQ(c.parallel.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.dp_bucket_mb, 25.0);
+  EXPECT_EQ(c.train.device, "cpu");
+  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_EQ(c.optim.lr, 6e-4);
+  EXPECT_EQ(c.log.dir, "runs/default");
+}
+
+TEST(ConfigDefaults, DerivedFigures) {
+  const Config c = parse(
+      "[model]\nseq_len = 32\n[parallel]\ndata = 2\n[train]\nmicro_batch = 3\n"
+      "global_batch = 24\n");
+  EXPECT_EQ(c.num_microbatches(), 4);
+  EXPECT_EQ(c.tokens_per_step(), 24 * 32);
+}
+
+TEST(ConfigDefaults, EmptySectionsAndInlineTablesAreFine) {
+  const Config c = parse_config(
+      "optim = { lr = 0.001, beta1 = 0.5 }\n[model]\n[eval]\n" + kBase, kSrc);
+  EXPECT_EQ(c.optim.lr, 0.001);
+  EXPECT_EQ(c.optim.beta1, 0.5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unknown names
+
+TEST(ConfigReject, UnknownKey) {
+  EXPECT_ERROR("[model]\nwidht = 64\n", "unknown key 'model.widht'");
+  EXPECT_EQ(error_of_key("data.shufle", "true"), kSrc + ": unknown key 'data.shufle'");
+}
+
+TEST(ConfigReject, UnknownSection) {
+  EXPECT_ERROR("[modle]\nwidth = 64\n", "unknown section 'modle'");
+  EXPECT_ERROR("[model.sub]\nx = 1\n", "unknown key 'model.sub'");
+}
+
+TEST(ConfigReject, TopLevelKey) {
+  EXPECT_EQ(error_of("steps = 3\n", {}, ""), kSrc + ": unknown key 'steps'");
+}
+
+TEST(ConfigReject, SectionThatIsNotATable) {
+  EXPECT_EQ(error_of("model = 3\n", {}, ""), kSrc + ": model: expected a table, got integer 3");
+  EXPECT_EQ(error_of("[[model]]\nlayers = 3\n", {}, ""),
+            kSrc + ": model: expected a table, got array [{...}]");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Types
+
+TEST(ConfigReject, StringWhereIntegerExpected) {
+  EXPECT_ERROR("[model]\nheads = \"four\"\n",
+               "model.heads: expected an integer, got string \"four\"");
+}
+
+TEST(ConfigReject, FloatWhereIntegerExpected) {
+  EXPECT_ERROR("[model]\nlayers = 2.5\n", "model.layers: expected an integer, got float 2.5");
+  EXPECT_ERROR("[model]\nlayers = 2.0\n", "model.layers: expected an integer, got float 2.0");
+}
+
+TEST(ConfigReject, BoolAndIntegerAreStrict) {
+  EXPECT_ERROR("[train]\nsteps = true\n", "train.steps: expected an integer, got boolean true");
+  EXPECT_EQ(error_of_key("data.shuffle", "1"),
+            kSrc + ": data.shuffle: expected a boolean, got integer 1");
+  EXPECT_ERROR("[optim]\nlr = false\n", "optim.lr: expected a float, got boolean false");
+}
+
+TEST(ConfigReject, OtherTypeMismatches) {
+  EXPECT_ERROR("[train]\ndevice = 1\n", "train.device: expected a string, got integer 1");
+  EXPECT_ERROR("[optim]\nlr = \"0.1\"\n", "optim.lr: expected a float, got string \"0.1\"");
+  EXPECT_ERROR("[model]\nlayers = [2]\n", "model.layers: expected an integer, got array [2]");
+  EXPECT_ERROR("[model]\nlayers = { n = 2 }\n", "model.layers: expected an integer, got table");
+  EXPECT_ERROR("[log]\ndir = 2024-01-02\n", "log.dir: expected a string, got date 2024-01-02");
+  EXPECT_ERROR("[parallel]\npipeline_layers = 2\n",
+               "parallel.pipeline_layers: expected an array of integers, got integer 2");
+  EXPECT_ERROR("[parallel]\npipeline = 2\npipeline_layers = [1, 1.5]\n",
+               "parallel.pipeline_layers[1]: expected an integer, got float 1.5");
+}
+
+TEST(ConfigTypes, IntegerWhereFloatExpectedIsConverted) {
+  const Config c = parse("[optim]\nlr = 1\nmin_lr = 0\n[parallel]\ndp_bucket_mb = 100\n");
+  EXPECT_EQ(c.optim.lr, 1.0);
+  EXPECT_EQ(c.optim.min_lr, 0.0);
+  EXPECT_EQ(c.parallel.dp_bucket_mb, 100.0);
+}
+
+TEST(ConfigTypes, SyntaxErrorHasLineAndColumn) {
+  const std::string msg = error_of("[model]\nlayers = = 3\n");
+  EXPECT_EQ(msg.rfind(kSrc + ":4:", 0), 0u) << msg;  // kBase is two lines
+  EXPECT_NE(msg.find("syntax error"), std::string::npos) << msg;
+  const std::string dup = error_of("[model]\nlayers = 3\nlayers = 4\n");
+  EXPECT_EQ(dup.rfind(kSrc + ":5:", 0), 0u) << dup;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values of single keys
+
+TEST(ConfigReject, SizesMustBePositive) {
+  for (const char* key :
+       {"model.layers", "model.heads", "model.width", "model.vocab_size", "model.seq_len",
+        "model.vocab_multiple", "parallel.tensor", "parallel.pipeline", "parallel.data",
+        "train.steps", "train.micro_batch", "train.global_batch", "eval.steps",
+        "log.interval"}) {
+    SCOPED_TRACE(key);
+    for (const char* bad : {"0", "-1"}) {
+      const std::string expected = std::string(key) + " (" + bad + ") must be ";
+      const std::string msg = error_of_key(key, bad);
+      EXPECT_EQ(msg.rfind(kSrc + ": " + expected, 0), 0u) << msg;
+    }
+  }
+  EXPECT_EQ(error_of_key("model.layers", "0"), kSrc + ": model.layers (0) must be >= 1");
+}
+
+TEST(ConfigReject, CountsMustBeNonNegative) {
+  for (const char* key : {"train.threads", "parallel.ranks_per_node", "optim.warmup_steps",
+                          "eval.interval", "checkpoint.interval"}) {
+    SCOPED_TRACE(key);
+    EXPECT_EQ(error_of_key(key, "-1"), kSrc + ": " + key + " (-1) must be >= 0");
+    EXPECT_NO_THROW(parse_config(set_key(key, "0"), kSrc));
+  }
+}
+
+TEST(ConfigReject, KeepMustBePositive) {
+  EXPECT_EQ(error_of_key("checkpoint.keep", "0"), kSrc + ": checkpoint.keep (0) must be >= 1");
+  EXPECT_NO_THROW(parse_config(set_key("checkpoint.keep", "1"), kSrc));
+}
+
+TEST(ConfigReject, VocabTooLargeForUint16) {
+  EXPECT_ERROR("[model]\nvocab_size = 65537\n",
+               "model.vocab_size (65537) must be in [1, 65536] (tokens are stored as uint16)");
+  EXPECT_EQ(parse("[model]\nvocab_size = 65536\n").model.vocab_size, 65536);
+}
+
+TEST(ConfigReject, LearningRate) {
+  EXPECT_ERROR("[optim]\nlr = 0\nmin_lr = 0\n", "optim.lr (0.0) must be > 0");
+  EXPECT_ERROR("[optim]\nlr = -0.001\nmin_lr = 0\n", "optim.lr (-0.001) must be > 0");
+  EXPECT_ERROR("[optim]\nmin_lr = -1e-5\n", "optim.min_lr (-1e-5) must be >= 0");
+  EXPECT_ERROR("[optim]\nlr = 0.001\nmin_lr = 0.002\n",
+               "optim.min_lr (0.002) must be <= optim.lr (0.001)");
+  EXPECT_NO_THROW(parse("[optim]\nlr = 0.001\nmin_lr = 0.001\n"));
+  EXPECT_NO_THROW(parse("[optim]\nmin_lr = 0\n"));
+}
+
+TEST(ConfigReject, Betas) {
+  EXPECT_ERROR("[optim]\nbeta1 = 1.0\n", "optim.beta1 (1.0) must be in [0, 1)");
+  EXPECT_ERROR("[optim]\nbeta2 = -0.1\n", "optim.beta2 (-0.1) must be in [0, 1)");
+  EXPECT_ERROR("[optim]\nbeta2 = 1\n", "optim.beta2 (1.0) must be in [0, 1)");
+  EXPECT_NO_THROW(parse("[optim]\nbeta1 = 0\nbeta2 = 0.999999\n"));
+}
+
+TEST(ConfigReject, EpsClipDecay) {
+  EXPECT_ERROR("[optim]\neps = 0\n", "optim.eps (0.0) must be > 0");
+  EXPECT_ERROR("[optim]\ngrad_clip = -1\n", "optim.grad_clip (-1.0) must be >= 0");
+  EXPECT_ERROR("[optim]\nweight_decay = -0.1\n", "optim.weight_decay (-0.1) must be >= 0");
+  EXPECT_NO_THROW(parse("[optim]\ngrad_clip = 0\nweight_decay = 0\n"));
+}
+
+TEST(ConfigReject, NonFiniteFloats) {
+  EXPECT_ERROR("[optim]\nlr = nan\n", "optim.lr (nan) must be finite");
+  EXPECT_ERROR("[parallel]\ndp_bucket_mb = inf\n", "parallel.dp_bucket_mb (inf) must be finite");
+  EXPECT_ERROR("[train]\nexit_after_minutes = -inf\n",
+               "train.exit_after_minutes (-inf) must be finite");
+}
+
+TEST(ConfigReject, ZeroStage) {
+  EXPECT_ERROR("[optim]\nzero_stage = 2\n", "optim.zero_stage (2) must be 0 or 1");
+  EXPECT_ERROR("[optim]\nzero_stage = -1\n", "optim.zero_stage (-1) must be 0 or 1");
+  EXPECT_EQ(parse("[optim]\nzero_stage = 1\n").optim.zero_stage, 1);
+}
+
+TEST(ConfigReject, Choices) {
+  EXPECT_ERROR("[parallel]\nschedule = \"interleaved\"\n",
+               "parallel.schedule (\"interleaved\") must be 1f1b or gpipe");
+  EXPECT_ERROR("[train]\ndevice = \"gpu\"\n", "train.device (\"gpu\") must be cpu or cuda");
+  EXPECT_ERROR("[train]\ndevice = \"CPU\"\n", "train.device (\"CPU\") must be cpu or cuda");
+  EXPECT_ERROR("[train]\nprecision = \"fp16\"\n",
+               "train.precision (\"fp16\") must be fp32 or bf16");
+  const Config c = parse(
+      "[parallel]\nschedule = \"gpipe\"\n[train]\ndevice = \"cuda\"\nprecision = \"bf16\"\n");
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(c.train.device, "cuda");
+  EXPECT_EQ(c.train.precision, "bf16");
+}
+
+TEST(ConfigReject, BucketSize) {
+  EXPECT_ERROR("[parallel]\ndp_bucket_mb = 0\n", "parallel.dp_bucket_mb (0.0) must be > 0");
+  EXPECT_ERROR("[parallel]\ndp_bucket_mb = -2.5\n",
+               "parallel.dp_bucket_mb (-2.5) must be > 0");
+  EXPECT_EQ(parse("[parallel]\ndp_bucket_mb = 0.5\n").parallel.dp_bucket_mb, 0.5);
+}
+
+TEST(ConfigReject, ExitAfterMinutesNegative) {
+  EXPECT_ERROR("[train]\nexit_after_minutes = -1\n",
+               "train.exit_after_minutes (-1.0) must be >= 0");
+}
+
+TEST(ConfigReject, EmptyTrainData) {
+  EXPECT_EQ(error_of("", {}, ""), kSrc + ": data.train must not be empty");
+  EXPECT_EQ(error_of("[data]\ntrain = \"\"\n", {}, ""), kSrc + ": data.train must not be empty");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Relations between keys
+
+TEST(ConfigReject, WidthNotDivisibleByHeads) {
+  EXPECT_ERROR("[model]\nwidth = 100\nheads = 3\n",
+               "model.width (100) must be divisible by model.heads (3)");
+}
+
+TEST(ConfigReject, GlobalBatchNotDivisible) {
+  EXPECT_ERROR("[train]\nglobal_batch = 10\nmicro_batch = 4\n",
+               "train.global_batch (10) must be divisible by train.micro_batch * parallel.data "
+               "(4 * 1 = 4)");
+  EXPECT_ERROR("[train]\nglobal_batch = 12\nmicro_batch = 4\n[parallel]\ndata = 2\n",
+               "train.global_batch (12) must be divisible by train.micro_batch * parallel.data "
+               "(4 * 2 = 8)");
+  EXPECT_ERROR(
+      "[train]\nglobal_batch = 8\nmicro_batch = 9223372036854775807\n[parallel]\ndata = 4\n",
+      "train.global_batch (8) must be divisible by train.micro_batch * parallel.data "
+      "(9223372036854775807 * 4 = 36893488147419103228)");
+}
+
+TEST(ConfigReject, WarmupLongerThanTraining) {
+  EXPECT_ERROR("[train]\nsteps = 10\n[optim]\nwarmup_steps = 11\n",
+               "optim.warmup_steps (11) must be <= train.steps (10)");
+  EXPECT_NO_THROW(parse("[train]\nsteps = 10\n[optim]\nwarmup_steps = 10\n"));
+}
+
+TEST(ConfigReject, PipelineLayers) {
+  EXPECT_ERROR("[parallel]\npipeline = 2\npipeline_layers = [2, 0]\n",
+               "parallel.pipeline_layers[1] (0) must be >= 1");
+  EXPECT_ERROR("[parallel]\npipeline = 2\npipeline_layers = [-1, 3]\n",
+               "parallel.pipeline_layers[0] (-1) must be >= 1");
+  EXPECT_ERROR("[parallel]\npipeline = 2\npipeline_layers = [1, 2]\n",
+               "parallel.pipeline_layers ([1, 2]) must sum to model.layers (2), sums to 3");
+  EXPECT_ERROR("[parallel]\npipeline = 3\npipeline_layers = [1, 1]\n",
+               "parallel.pipeline_layers ([1, 1]) must have parallel.pipeline (3) entries, "
+               "has 2");
+  const Config c = parse("[model]\nlayers = 5\n[parallel]\npipeline = 2\npipeline_layers = [2, 3]\n");
+  EXPECT_EQ(c.parallel.pipeline_layers, (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(parse("[parallel]\npipeline_layers = []\n").parallel.pipeline_layers.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overrides
+
+TEST(ConfigOverride, SetsEveryKind) {
+  const Config c = parse("[model]\nlayers = 3\n",
+                         {"model.layers=4", "optim.lr=1e-3", "optim.min_lr=0", "data.shuffle=true",
+                          "train.device=\"cuda\"", "parallel.pipeline=2",
+                          "parallel.pipeline_layers=[1, 3]", "parallel.dp_bucket_mb=7"});
+  EXPECT_EQ(c.model.layers, 4);
+  EXPECT_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.optim.min_lr, 0.0);
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_EQ(c.train.device, "cuda");
+  EXPECT_EQ(c.parallel.pipeline_layers, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(c.parallel.dp_bucket_mb, 7.0);
+}
+
+TEST(ConfigOverride, UnquotedStrings) {
+  const Config c = parse("", {"data.train=data/x_*.bin", "train.device=cuda",
+                              "checkpoint.dir=/tmp/ck pt", "log.dir = runs/a#1 ",
+                              "data.val=2024-01-02", "parallel.schedule=gpipe"});
+  EXPECT_EQ(c.data.train, "data/x_*.bin");
+  EXPECT_EQ(c.train.device, "cuda");
+  EXPECT_EQ(c.checkpoint.dir, "/tmp/ck pt");
+  EXPECT_EQ(c.log.dir, "runs/a#1");
+  EXPECT_EQ(c.data.val, "2024-01-02");  // a string key takes the text, not a TOML date
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_EQ(parse_config(set_key("data.val", "\"v.bin\""), kSrc, {"data.val="}).data.val, "");
+  EXPECT_EQ(parse("", {"data.val=a=b"}).data.val, "a=b");
+  EXPECT_EQ(parse("", {"data.val=\"quoted \\\"x\\\"\""}).data.val, "quoted \"x\"");
+}
+
+TEST(ConfigOverride, WrongTypes) {
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"model.layers=abc"},
+                        "model.layers: expected an integer, got string \"abc\" "
+                        "(from --set model.layers=abc)");
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"model.layers=2.5"},
+                        "model.layers: expected an integer, got float 2.5 "
+                        "(from --set model.layers=2.5)");
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"data.shuffle=1"},
+                        "data.shuffle: expected a boolean, got integer 1 "
+                        "(from --set data.shuffle=1)");
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"model.layers="},
+                        "model.layers: expected an integer, got string \"\" "
+                        "(from --set model.layers=)");
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"model.layers=1\nmodel.heads=2"},
+                        "model.layers: expected an integer, got string \"1\\nmodel.heads=2\" "
+                        "(from --set model.layers=1\\nmodel.heads=2)");
+}
+
+TEST(ConfigOverride, UnknownKeys) {
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"model.widht=3"},
+                        "unknown key 'model.widht' (from --set model.widht=3)");
+  EXPECT_OVERRIDE_ERROR(std::vector<std::string>{"modle.width=3"},
+                        "unknown section 'modle' (from --set modle.width=3)");
+}
+
+TEST(ConfigOverride, Malformed) {
+  for (const char* bad : {"model.layers", "layers=3", "=3", ".layers=3", "model.=3",
+                          "model.layers.x=3", "model layers=3", ""}) {
+    SCOPED_TRACE(bad);
+    EXPECT_OVERRIDE_ERROR(std::vector<std::string>{bad},
+                          "malformed override '" + std::string(bad) +
+                              "': expected section.key=value");
+  }
+}
+
+TEST(ConfigOverride, AppliesAfterFileBeforeValidation) {
+  // The file alone is invalid; the override repairs it.
+  const Config c = parse("[model]\nwidth = 100\nheads = 3\n", {"model.width=96"});
+  EXPECT_EQ(c.model.width, 96);
+  // The file alone is valid; the override breaks it, and validation names the key.
+  EXPECT_EQ(error_of("[model]\nheads = 4\n", {"model.width=30"}),
+            kSrc + ": model.width (30) must be divisible by model.heads (4)");
+  // An override may set a key the file does not mention; the last one wins.
+  EXPECT_EQ(parse("", {"eval.interval=5", "eval.interval=7"}).eval.interval, 7);
+  // data.train may come from an override alone.
+  EXPECT_EQ(parse_config("", kSrc, {"data.train=t.bin"}).data.train, "t.bin");
+}
+
+// ---------------------------------------------------------------------------------------------
+// to_toml
+
+TEST(ConfigToToml, RoundTripDefaults) {
+  const Config a = parse("");
+  const Config b = parse_config(a.to_toml(), "roundtrip");
+  expect_same(a, b);
+  EXPECT_EQ(a.to_toml(), b.to_toml());
+}
+
+TEST(ConfigToToml, RoundTripEverythingChanged) {
+  const Config a = everything_changed();
+  const std::string text = a.to_toml();
+  Config b;
+  try {
+    b = parse_config(text, "roundtrip");
+  } catch (const Error& e) {
+    FAIL() << e.what() << "\n" << text;
+  }
+  expect_same(a, b);
+  EXPECT_EQ(text, b.to_toml());
+  EXPECT_EQ(b.source, "roundtrip");
+}
+
+TEST(ConfigToToml, EmitsEverySectionAndKey) {
+  const std::string text = parse("").to_toml();
+  const toml::table t = toml::parse(text);
+  size_t keys = 0;
+  for (auto&& [section, node] : t) keys += node.as_table()->size();
+  EXPECT_EQ(keys, config::key_reference().size());
+  EXPECT_EQ(t.size(), 8u);
+  for (const config::KeyReference& k : config::key_reference()) {
+    SCOPED_TRACE(k.name);
+    EXPECT_TRUE(t.at_path(k.name)) << text;
+  }
+  EXPECT_NE(text.find("[model]\nlayers = 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("lr = 0.0006\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("min_lr = 6e-5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("eps = 1e-8\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("pipeline_layers = []\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("dp_bucket_mb = 25.0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("schedule = \"1f1b\"\n"), std::string::npos) << text;
+}
+
+TEST(ConfigToToml, FloatFormatting) {
+  EXPECT_EQ(config::toml_float(6e-4), "0.0006");
+  EXPECT_EQ(config::toml_float(6e-5), "6e-5");
+  EXPECT_EQ(config::toml_float(1e-8), "1e-8");
+  EXPECT_EQ(config::toml_float(0.95), "0.95");
+  EXPECT_EQ(config::toml_float(0.1), "0.1");
+  EXPECT_EQ(config::toml_float(25.0), "25.0");
+  EXPECT_EQ(config::toml_float(0.0), "0.0");
+  EXPECT_EQ(config::toml_float(-0.0), "-0.0");
+  EXPECT_EQ(config::toml_float(-2.5), "-2.5");
+  EXPECT_EQ(config::toml_float(1.0 / 3.0), "0.3333333333333333");
+  EXPECT_EQ(config::toml_float(1e15), "1000000000000000.0");
+  EXPECT_EQ(config::toml_float(1e16), "1e16");
+  EXPECT_EQ(config::toml_float(1.5e300), "1.5e300");
+  EXPECT_EQ(config::toml_float(5e-324), "5e-324");
+}
+
+TEST(ConfigToToml, FloatsReadBackBitExact) {
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<double> exponent(-300, 300);
+  for (int i = 0; i < 20000; ++i) {
+    double v;
+    if (i % 2) {
+      uint64_t bits = rng();
+      std::memcpy(&v, &bits, sizeof v);
+      if (!std::isfinite(v)) continue;
+    } else {
+      v = std::pow(10.0, exponent(rng)) * (rng() % 2 ? 1 : -1);
+    }
+    const std::string text = "v = " + config::toml_float(v);
+    const toml::table t = toml::parse(text);
+    const auto* f = t["v"].as_floating_point();
+    ASSERT_NE(f, nullptr) << text;
+    ASSERT_TRUE(bits_equal(f->get(), v)) << text;
+  }
+}
+
+TEST(ConfigToToml, StringEscaping) {
+  for (const std::string& s : {std::string("plain"), std::string("a \"q\" \\ b"),
+                              std::string("\t\n\r\b\f\x01\x1f\x7f"), std::string("ünï € 😀"),
+                              std::string("'''\"\"\"")}) {
+    const std::string text = "v = " + config::toml_string(s);
+    EXPECT_EQ(text.find('\n'), std::string::npos);
+    const toml::table t = toml::parse(text);
+    ASSERT_TRUE(t["v"].is_string()) << text;
+    EXPECT_EQ(t["v"].as_string()->get(), s) << text;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+TEST(ConfigFile, Missing) {
+  const std::string path = temp_path("does_not_exist.toml");
+  try {
+    load_config(path);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": cannot open file: No such file or directory");
+  }
+}
+
+TEST(ConfigFile, Directory) {
+  try {
+    load_config(testing::TempDir());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(testing::TempDir() + ": cannot", 0), 0u) << e.what();
+  }
+}
+
+TEST(ConfigFile, LoadsWithOverridesAndNamesFileInErrors) {
+  const std::string path = temp_path("run.toml");
+  {
+    std::ofstream f(path);
+    f << "# a run\n[model]\nlayers = 4\n[data]\ntrain = \"d.bin\"\n";
+  }
+  const Config c = load_config(path, {"model.heads=2"});
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.model.layers, 4);
+  EXPECT_EQ(c.model.heads, 2);
+  try {
+    load_config(path, {"model.heads=3"});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": model.width (64) must be divisible by model.heads (3)");
+  }
+  {
+    std::ofstream f(path);
+    f << "[model]\nlayers = 4\n[data]\ntrain = \"d.bin\n";
+  }
+  try {
+    load_config(path);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(path + ":4:", 0), 0u) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Documentation
+
+TEST(ConfigDocs, KeyTableMatchesSchema) {
+  const std::string path = std::string(TRIDENT_SOURCE_DIR) + "/docs/config.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string doc = ss.str();
+  const std::string begin = "<!-- keys:begin (generated: TRIDENT_UPDATE_DOCS=1 test_config) -->\n";
+  const std::string end = "<!-- keys:end -->";
+  const size_t b = doc.find(begin), e = doc.find(end);
+  ASSERT_NE(b, std::string::npos) << path;
+  ASSERT_NE(e, std::string::npos) << path;
+  const std::string table = doc.substr(b + begin.size(), e - b - begin.size());
+  const std::string expected = config::reference_markdown();
+  if (table != expected && std::getenv("TRIDENT_UPDATE_DOCS")) {
+    std::ofstream(path) << doc.substr(0, b + begin.size()) + expected + doc.substr(e);
+    GTEST_SKIP() << "rewrote " << path;
+  }
+  EXPECT_EQ(table, expected) << "docs/config.md is out of date: rerun with TRIDENT_UPDATE_DOCS=1";
+}
+
+}  // namespace
+}  // namespace trident
