@@ -31,13 +31,19 @@ std::vector<int> tensor_group(const GridShape& shape, int rank);     // same pp,
 std::vector<int> pipeline_group(const GridShape& shape, int rank);   // same tp, dp
 std::vector<int> data_group(const GridShape& shape, int rank);       // same tp, pp
 std::vector<int> model_group(const GridShape& shape, int rank);      // same dp (tp x pp)
-// First and last pipeline stage with the same tp, dp (one rank when PP == 1).
+// First and last pipeline stage with the same tp, dp (one rank when PP == 1). For a rank of a
+// middle stage this is its column's group, which does not contain `rank` (not a member).
 std::vector<int> embedding_group(const GridShape& shape, int rank);
+
+// The vocabulary size rounded up to a multiple of vocab_multiple * tp (the embedding and the
+// output layer hold padded/tp rows per tensor rank). Throws trident::Error if any value is < 1.
+int64_t padded_vocab(int64_t vocab_size, int64_t vocab_multiple, int64_t tp);
 
 // Throws trident::Error with a message naming the offending setting when the layout cannot
 // run: world size != TP*PP*DP, heads or FFN width not divisible by TP, TP not dividing
 // ranks_per_node (a tensor group would cross a node), vocabulary padding impossible, more
-// pipeline stages than layers.
+// pipeline stages than layers. ranks_per_node <= 0: the node check is skipped (not known yet).
+// The message is one line and depends only on the arguments, so every rank throws the same.
 void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
                      const ModelConfig& model);
 

@@ -1,0 +1,191 @@
+// dtype sizes and the self communicator (a group of one rank).
+#include "comm/comm.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <sstream>
+
+#include "util/error.hpp"
+
+namespace trident {
+
+size_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::BF16: return 2;
+  }
+  throw Error("dtype_bytes: unknown DType");
+}
+
+namespace {
+
+const std::string kAllReduce = "all_reduce";
+const std::string kAllGather = "all_gather";
+const std::string kReduceScatter = "reduce_scatter";
+const std::string kBroadcast = "broadcast";
+const std::string kSend = "send";
+const std::string kRecv = "recv";
+const std::string kBarrier = "barrier";
+
+void check_count(const std::string& comm, const char* op, int64_t count) {
+  if (count < 0) {
+    std::ostringstream m;
+    m << "communicator '" << comm << "': " << op << " with negative count " << count;
+    throw Error(m.str());
+  }
+}
+
+void check_peer(const std::string& comm, const char* op, int peer) {
+  if (peer != 0) {
+    std::ostringstream m;
+    m << "communicator '" << comm << "' has one rank: " << op << " peer " << peer
+      << " does not exist";
+    throw Error(m.str());
+  }
+}
+
+// Every collective of a one-rank group is a copy at most; all are counted like the MPI ones
+// (bytes = count * dtype size, the count argument of the call).
+class SelfCommunicator final : public Communicator {
+ public:
+  explicit SelfCommunicator(const std::string& name) : Communicator(name) {}
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+
+  void all_reduce(void*, int64_t count, DType type, ReduceOp) override {
+    check_count(name_, "all_reduce", count);
+    count_op(kAllReduce, count, type, 0.0);
+    stats_.all_reduce_counts.push_back(count);
+  }
+  void all_gather(const void* send, void* recv, int64_t count, DType type) override {
+    check_count(name_, "all_gather", count);
+    auto t0 = std::chrono::steady_clock::now();
+    copy(send, recv, count, type);
+    count_op(kAllGather, count, type, since(t0));
+  }
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType type) override {
+    check_count(name_, "reduce_scatter", count);
+    auto t0 = std::chrono::steady_clock::now();
+    copy(send, recv, count, type);
+    count_op(kReduceScatter, count, type, since(t0));
+  }
+  void broadcast(void*, int64_t count, DType type, int root) override {
+    check_count(name_, "broadcast", count);
+    check_peer(name_, "broadcast root", root);
+    count_op(kBroadcast, count, type, 0.0);
+  }
+
+  // A send to oneself is copied when it is posted (matched in order per tag, as MPI does);
+  // a receive completes when a send with its tag has been posted, before or after it.
+  std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type, int peer,
+                                     int tag) override {
+    check_count(name_, "isend", count);
+    check_peer(name_, "isend", peer);
+    const size_t bytes = static_cast<size_t>(count) * dtype_bytes(type);
+    count_op(kSend, count, type, 0.0);
+    for (auto it = pending_recvs_.begin(); it != pending_recvs_.end(); ++it) {
+      if ((*it)->tag == tag) {
+        (*it)->deliver(data, bytes);
+        pending_recvs_.erase(it);
+        return std::make_unique<SendRequest>();
+      }
+    }
+    Message msg;
+    msg.tag = tag;
+    msg.data.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+    mailbox_.push_back(std::move(msg));
+    return std::make_unique<SendRequest>();
+  }
+
+  std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
+                                     int tag) override {
+    check_count(name_, "irecv", count);
+    check_peer(name_, "irecv", peer);
+    count_op(kRecv, count, type, 0.0);
+    auto state = std::make_shared<RecvState>();
+    state->comm = name_;
+    state->buf = data;
+    state->capacity = static_cast<size_t>(count) * dtype_bytes(type);
+    state->tag = tag;
+    for (auto it = mailbox_.begin(); it != mailbox_.end(); ++it) {
+      if (it->tag == tag) {
+        state->deliver(it->data.data(), it->data.size());
+        mailbox_.erase(it);
+        return std::make_unique<RecvRequest>(state);
+      }
+    }
+    pending_recvs_.push_back(state);
+    return std::make_unique<RecvRequest>(state);
+  }
+
+  void barrier() override { count_op(kBarrier, 0, DType::F32, 0.0); }
+
+ private:
+  struct Message {
+    int tag = 0;
+    std::vector<char> data;
+  };
+  struct RecvState {
+    std::string comm;
+    void* buf = nullptr;
+    size_t capacity = 0;
+    int tag = 0;
+    bool done = false;
+    void deliver(const void* src, size_t bytes) {
+      if (bytes > capacity) {
+        std::ostringstream m;
+        m << "communicator '" << comm << "': message of " << bytes
+          << " bytes is larger than the receive buffer of " << capacity << " bytes (tag " << tag
+          << ")";
+        throw Error(m.str());
+      }
+      if (bytes) std::memcpy(buf, src, bytes);
+      done = true;
+    }
+  };
+  struct SendRequest final : CommRequest {
+    void wait() override {}
+  };
+  struct RecvRequest final : CommRequest {
+    explicit RecvRequest(std::shared_ptr<RecvState> s) : state(std::move(s)) {}
+    void wait() override {
+      if (!state->done) {
+        std::ostringstream m;
+        m << "communicator '" << state->comm << "': waiting for a receive (tag " << state->tag
+          << ") that no send on this rank matches: this would deadlock";
+        throw Error(m.str());
+      }
+    }
+    std::shared_ptr<RecvState> state;
+  };
+
+  static double since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  static void copy(const void* send, void* recv, int64_t count, DType type) {
+    const size_t bytes = static_cast<size_t>(count) * dtype_bytes(type);
+    if (bytes && send != recv) std::memmove(recv, send, bytes);
+  }
+  void count_op(const std::string& op, int64_t count, DType type, double seconds) {
+    OpStats& s = stats_.ops[op];
+    s.calls += 1;
+    s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+    s.seconds += seconds;
+  }
+
+  std::deque<Message> mailbox_;
+  std::deque<std::shared_ptr<RecvState>> pending_recvs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
+  return std::make_unique<SelfCommunicator>(name);
+}
+
+}  // namespace trident

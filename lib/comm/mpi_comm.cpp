@@ -1,0 +1,258 @@
+#include "comm/mpi_comm.hpp"
+
+#include <chrono>
+#include <climits>
+#include <sstream>
+
+#include "util/error.hpp"
+
+namespace trident {
+
+namespace {
+
+const std::string kAllReduce = "all_reduce";
+const std::string kAllGather = "all_gather";
+const std::string kReduceScatter = "reduce_scatter";
+const std::string kBroadcast = "broadcast";
+const std::string kSend = "send";
+const std::string kRecv = "recv";
+const std::string kBarrier = "barrier";
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void mpi_fail(const std::string& comm, const char* call, int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  std::ostringstream m;
+  m << "communicator '" << comm << "': " << call << " failed: " << std::string(text, len);
+  throw Error(m.str());
+}
+
+inline void check(int rc, const std::string& comm, const char* call) {
+  if (rc != MPI_SUCCESS) mpi_fail(comm, call, rc);
+}
+
+inline bool fits_int(int64_t n) { return n <= INT_MAX; }
+
+void check_count(const std::string& comm, const char* op, int64_t count) {
+  if (count < 0) {
+    std::ostringstream m;
+    m << "communicator '" << comm << "': " << op << " with negative count " << count;
+    throw Error(m.str());
+  }
+}
+
+void check_peer(const std::string& comm, const char* what, int peer, int size) {
+  if (peer < 0 || peer >= size) {
+    std::ostringstream m;
+    m << "communicator '" << comm << "': " << what << " " << peer << " is not a rank of this "
+      << size << "-rank group";
+    throw Error(m.str());
+  }
+}
+
+MPI_Datatype datatype_for(const std::string& comm, DType t) {
+  if (t == DType::BF16) {
+    throw Error("communicator '" + comm + "': BF16 is not supported on MPI");
+  }
+  return mpi_datatype(t);
+}
+
+}  // namespace
+
+MPI_Datatype mpi_datatype(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::BF16: break;
+  }
+  throw Error("BF16 is not supported on MPI");
+}
+
+// A posted MPI_Isend / MPI_Irecv. wait() adds its time to the communicator's stats.
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(MpiCommunicator* comm, const std::string* op, bool is_recv)
+      : comm_(comm), op_(op), is_recv_(is_recv) {}
+  ~MpiRequest() override {
+    if (req_ == MPI_REQUEST_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    // Never block in a destructor (it may run while an error unwinds): cancel a receive, and
+    // let MPI finish or drop the operation on its own.
+    if (is_recv_) MPI_Cancel(&req_);
+    MPI_Request_free(&req_);
+  }
+  void wait() override {
+    if (req_ == MPI_REQUEST_NULL) return;  // already waited (or an empty request)
+    auto t0 = Clock::now();
+    int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    double dt = since(t0);
+    comm_->stats().ops[*op_].seconds += dt;
+    check(rc, comm_->name(), is_recv_ ? "MPI_Wait (recv)" : "MPI_Wait (send)");
+  }
+  MPI_Request* handle() { return &req_; }
+
+ private:
+  MpiCommunicator* comm_;
+  const std::string* op_;
+  bool is_recv_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+};
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owns)
+    : Communicator(std::move(name)), comm_(comm), owns_(owns) {
+  if (comm_ == MPI_COMM_NULL) {
+    throw Error("communicator '" + name_ + "': MPI_COMM_NULL cannot be wrapped");
+  }
+  check(MPI_Comm_rank(comm_, &rank_), name_, "MPI_Comm_rank");
+  check(MPI_Comm_size(comm_, &size_), name_, "MPI_Comm_size");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (!owns_ || comm_ == MPI_COMM_NULL || comm_ == MPI_COMM_WORLD || comm_ == MPI_COMM_SELF)
+    return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp op) {
+  check_count(name_, "all_reduce", count);
+  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Op mop = op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+  auto t0 = Clock::now();
+  int rc;
+  if (fits_int(count)) {
+    rc = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), dt, mop, comm_);
+  } else {
+    rc = MPI_Allreduce_c(MPI_IN_PLACE, data, static_cast<MPI_Count>(count), dt, mop, comm_);
+  }
+  double dt_s = since(t0);
+  check(rc, name_, "MPI_Allreduce");
+  OpStats& s = stats_.ops[kAllReduce];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  s.seconds += dt_s;
+  stats_.all_reduce_counts.push_back(count);
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DType type) {
+  check_count(name_, "all_gather", count);
+  MPI_Datatype dt = datatype_for(name_, type);
+  const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
+  const void* sbuf = send;
+  if (count > 0 && send == static_cast<const char*>(recv) + block * rank_) sbuf = MPI_IN_PLACE;
+  auto t0 = Clock::now();
+  int rc;
+  if (fits_int(count)) {
+    rc = MPI_Allgather(sbuf, static_cast<int>(count), dt, recv, static_cast<int>(count), dt,
+                       comm_);
+  } else {
+    rc = MPI_Allgather_c(sbuf, static_cast<MPI_Count>(count), dt, recv,
+                         static_cast<MPI_Count>(count), dt, comm_);
+  }
+  double dt_s = since(t0);
+  check(rc, name_, "MPI_Allgather");
+  OpStats& s = stats_.ops[kAllGather];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  s.seconds += dt_s;
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType type) {
+  check_count(name_, "reduce_scatter", count);
+  MPI_Datatype dt = datatype_for(name_, type);
+  const void* sbuf = send == recv ? MPI_IN_PLACE : send;
+  auto t0 = Clock::now();
+  int rc;
+  if (fits_int(count)) {
+    rc = MPI_Reduce_scatter_block(sbuf, recv, static_cast<int>(count), dt, MPI_SUM, comm_);
+  } else {
+    rc = MPI_Reduce_scatter_block_c(sbuf, recv, static_cast<MPI_Count>(count), dt, MPI_SUM,
+                                    comm_);
+  }
+  double dt_s = since(t0);
+  check(rc, name_, "MPI_Reduce_scatter_block");
+  OpStats& s = stats_.ops[kReduceScatter];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  s.seconds += dt_s;
+}
+
+void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root) {
+  check_count(name_, "broadcast", count);
+  check_peer(name_, "broadcast root", root, size_);
+  MPI_Datatype dt = datatype_for(name_, type);
+  auto t0 = Clock::now();
+  int rc;
+  if (fits_int(count)) {
+    rc = MPI_Bcast(data, static_cast<int>(count), dt, root, comm_);
+  } else {
+    rc = MPI_Bcast_c(data, static_cast<MPI_Count>(count), dt, root, comm_);
+  }
+  double dt_s = since(t0);
+  check(rc, name_, "MPI_Bcast");
+  OpStats& s = stats_.ops[kBroadcast];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  s.seconds += dt_s;
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t count, DType type,
+                                                    int peer, int tag) {
+  check_count(name_, "isend", count);
+  check_peer(name_, "isend peer", peer, size_);
+  MPI_Datatype dt = datatype_for(name_, type);
+  auto req = std::make_unique<MpiRequest>(this, &kSend, false);
+  int rc;
+  if (fits_int(count)) {
+    rc = MPI_Isend(data, static_cast<int>(count), dt, peer, tag, comm_, req->handle());
+  } else {
+    rc = MPI_Isend_c(data, static_cast<MPI_Count>(count), dt, peer, tag, comm_, req->handle());
+  }
+  check(rc, name_, "MPI_Isend");
+  OpStats& s = stats_.ops[kSend];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  return req;
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, DType type,
+                                                    int peer, int tag) {
+  check_count(name_, "irecv", count);
+  check_peer(name_, "irecv peer", peer, size_);
+  MPI_Datatype dt = datatype_for(name_, type);
+  auto req = std::make_unique<MpiRequest>(this, &kRecv, true);
+  int rc;
+  if (fits_int(count)) {
+    rc = MPI_Irecv(data, static_cast<int>(count), dt, peer, tag, comm_, req->handle());
+  } else {
+    rc = MPI_Irecv_c(data, static_cast<MPI_Count>(count), dt, peer, tag, comm_, req->handle());
+  }
+  check(rc, name_, "MPI_Irecv");
+  OpStats& s = stats_.ops[kRecv];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  return req;
+}
+
+void MpiCommunicator::barrier() {
+  auto t0 = Clock::now();
+  int rc = MPI_Barrier(comm_);
+  double dt_s = since(t0);
+  check(rc, name_, "MPI_Barrier");
+  OpStats& s = stats_.ops[kBarrier];
+  s.calls += 1;
+  s.seconds += dt_s;
+}
+
+}  // namespace trident

@@ -1,0 +1,65 @@
+#pragma once
+// The MPI implementation of Communicator: one MPI_Comm per process group.
+//
+// Counting (CommStats, per communicator and operation name):
+//   calls   +1 per call (isend/irecv: when posted);
+//   bytes   += count * dtype_bytes(type), `count` being the count argument of the call
+//           (all_gather: the elements this rank sends; reduce_scatter: the elements of the block
+//           this rank receives; broadcast: the same on the root and the receivers);
+//   seconds += wall time inside the call (isend/irecv: inside CommRequest::wait()).
+// All-reduces also append their element count to stats().all_reduce_counts. Counting allocates
+// nothing per call (besides that vector growing, and the first use of an operation name).
+//
+// Element counts may exceed INT_MAX (MPI 4 large-count calls are used then). BF16 throws
+// ("not supported on MPI") for now. Argument errors (bad root or peer, negative count) throw
+// trident::Error; MPI failures also throw trident::Error with MPI's message.
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/comm.hpp"
+
+namespace trident {
+
+// MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T; throws trident::Error for BF16.
+MPI_Datatype mpi_datatype(DType t);
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Wraps `comm` (must not be MPI_COMM_NULL). owns = true: MPI_Comm_free in the destructor
+  // (skipped when MPI is already finalized); never pass owns = true for MPI_COMM_WORLD.
+  MpiCommunicator(MPI_Comm comm, std::string name, bool owns = true);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  // In place (MPI_IN_PLACE).
+  void all_reduce(void* data, int64_t count, DType type, ReduceOp op) override;
+  // send may also be recv + rank() * count elements (in place).
+  void all_gather(const void* send, void* recv, int64_t count, DType type) override;
+  // send == recv is allowed: the input is read from recv[size * count] and this rank's block
+  // is written to recv[0, count) (MPI's in-place rule).
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType type) override;
+  void broadcast(void* data, int64_t count, DType type, int root) override;
+  // The returned request must be waited on (or destroyed: a request destroyed unwaited is
+  // freed, a pending receive cancelled) before this communicator is destroyed. Buffers must
+  // stay valid until wait() returns.
+  std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type, int peer,
+                                     int tag) override;
+  std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
+                                     int tag) override;
+  void barrier() override;
+
+ private:
+  MPI_Comm comm_;
+  bool owns_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace trident

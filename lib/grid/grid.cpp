@@ -1,0 +1,177 @@
+// The pure part of the process grid: coordinates, group membership, layout validation.
+// No MPI here, so every function is unit-tested directly (tests/test_comm_grid.cpp).
+#include "grid/grid.hpp"
+
+#include <sstream>
+
+#include "util/error.hpp"
+
+namespace trident {
+
+namespace {
+
+void check_shape(const GridShape& s) {
+  if (s.tp < 1 || s.pp < 1 || s.dp < 1) {
+    std::ostringstream m;
+    m << "invalid grid shape TP=" << s.tp << " PP=" << s.pp << " DP=" << s.dp
+      << ": every dimension must be >= 1";
+    throw Error(m.str());
+  }
+}
+
+void check_rank(const GridShape& s, int rank) {
+  check_shape(s);
+  if (rank < 0 || rank >= s.world()) {
+    std::ostringstream m;
+    m << "rank " << rank << " is outside the grid TP*PP*DP = " << s.tp << "*" << s.pp << "*"
+      << s.dp << " = " << s.world();
+    throw Error(m.str());
+  }
+}
+
+}  // namespace
+
+int rank_of(const GridShape& shape, const GridCoord& c) {
+  check_shape(shape);
+  if (c.tp < 0 || c.tp >= shape.tp || c.pp < 0 || c.pp >= shape.pp || c.dp < 0 ||
+      c.dp >= shape.dp) {
+    std::ostringstream m;
+    m << "grid coordinate (tp=" << c.tp << ", pp=" << c.pp << ", dp=" << c.dp
+      << ") is outside the grid TP=" << shape.tp << " PP=" << shape.pp << " DP=" << shape.dp;
+    throw Error(m.str());
+  }
+  return (c.dp * shape.pp + c.pp) * shape.tp + c.tp;
+}
+
+GridCoord coord_of(const GridShape& shape, int rank) {
+  check_rank(shape, rank);
+  GridCoord c;
+  c.tp = rank % shape.tp;
+  c.pp = (rank / shape.tp) % shape.pp;
+  c.dp = rank / (shape.tp * shape.pp);
+  return c;
+}
+
+std::vector<int> tensor_group(const GridShape& shape, int rank) {
+  GridCoord c = coord_of(shape, rank);
+  std::vector<int> g;
+  g.reserve(shape.tp);
+  for (int t = 0; t < shape.tp; ++t) g.push_back(rank_of(shape, {t, c.pp, c.dp}));
+  return g;
+}
+
+std::vector<int> pipeline_group(const GridShape& shape, int rank) {
+  GridCoord c = coord_of(shape, rank);
+  std::vector<int> g;
+  g.reserve(shape.pp);
+  for (int p = 0; p < shape.pp; ++p) g.push_back(rank_of(shape, {c.tp, p, c.dp}));
+  return g;
+}
+
+std::vector<int> data_group(const GridShape& shape, int rank) {
+  GridCoord c = coord_of(shape, rank);
+  std::vector<int> g;
+  g.reserve(shape.dp);
+  for (int d = 0; d < shape.dp; ++d) g.push_back(rank_of(shape, {c.tp, c.pp, d}));
+  return g;
+}
+
+std::vector<int> model_group(const GridShape& shape, int rank) {
+  // Group-rank order = pp * TP + tp, i.e. the contiguous block of one data replica.
+  GridCoord c = coord_of(shape, rank);
+  std::vector<int> g;
+  g.reserve(shape.tp * shape.pp);
+  for (int p = 0; p < shape.pp; ++p)
+    for (int t = 0; t < shape.tp; ++t) g.push_back(rank_of(shape, {t, p, c.dp}));
+  return g;
+}
+
+std::vector<int> embedding_group(const GridShape& shape, int rank) {
+  // For a middle-stage rank this is the embedding group of its (tp, dp) column, which does not
+  // contain `rank` itself: such a rank is not a member (ProcessGrid gives it no communicator).
+  GridCoord c = coord_of(shape, rank);
+  std::vector<int> g{rank_of(shape, {c.tp, 0, c.dp})};
+  if (shape.pp > 1) g.push_back(rank_of(shape, {c.tp, shape.pp - 1, c.dp}));
+  return g;
+}
+
+int64_t padded_vocab(int64_t vocab_size, int64_t vocab_multiple, int64_t tp) {
+  if (vocab_size < 1 || vocab_multiple < 1 || tp < 1) {
+    std::ostringstream m;
+    m << "cannot pad the vocabulary: model.vocab_size = " << vocab_size
+      << ", model.vocab_multiple = " << vocab_multiple << ", parallel.tensor = " << tp
+      << " (all must be >= 1)";
+    throw Error(m.str());
+  }
+  const int64_t block = vocab_multiple * tp;
+  return (vocab_size + block - 1) / block * block;
+}
+
+void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
+                     const ModelConfig& model) {
+  auto fail = [](const std::ostringstream& m) { throw Error(m.str()); };
+  if (shape.tp < 1 || shape.pp < 1 || shape.dp < 1) {
+    std::ostringstream m;
+    m << "parallel.tensor, parallel.pipeline and parallel.data must be >= 1 (got " << shape.tp
+      << ", " << shape.pp << ", " << shape.dp << ")";
+    fail(m);
+  }
+  if (static_cast<int64_t>(shape.tp) * shape.pp * shape.dp != world_size) {
+    std::ostringstream m;
+    m << "parallel.tensor * parallel.pipeline * parallel.data = " << shape.tp << "*" << shape.pp
+      << "*" << shape.dp << " = " << static_cast<int64_t>(shape.tp) * shape.pp * shape.dp
+      << " but the job has " << world_size << " ranks";
+    fail(m);
+  }
+  if (model.heads < 1 || model.width < 1 || model.layers < 1) {
+    std::ostringstream m;
+    m << "model.heads = " << model.heads << ", model.width = " << model.width
+      << " and model.layers = " << model.layers << " must all be >= 1";
+    fail(m);
+  }
+  if (model.heads % shape.tp != 0) {
+    std::ostringstream m;
+    m << "model.heads = " << model.heads << " is not divisible by parallel.tensor = " << shape.tp
+      << " (each tensor rank holds heads/TP whole attention heads)";
+    fail(m);
+  }
+  if (model.width % shape.tp != 0) {
+    std::ostringstream m;
+    m << "model.width = " << model.width << " is not divisible by parallel.tensor = " << shape.tp;
+    fail(m);
+  }
+  if (model.ffn_width() % shape.tp != 0) {
+    std::ostringstream m;
+    m << "the FFN width 4*model.width = " << model.ffn_width()
+      << " is not divisible by parallel.tensor = " << shape.tp;
+    fail(m);
+  }
+  if (ranks_per_node > 0 && ranks_per_node % shape.tp != 0) {
+    std::ostringstream m;
+    m << "parallel.tensor = " << shape.tp << " does not divide the " << ranks_per_node
+      << " ranks per node: a tensor-parallel group must not cross a node";
+    fail(m);
+  }
+  if (shape.pp > model.layers) {
+    std::ostringstream m;
+    m << "parallel.pipeline = " << shape.pp << " is more than model.layers = " << model.layers
+      << ": every pipeline stage needs at least one layer";
+    fail(m);
+  }
+  if (model.vocab_size < 1 || model.vocab_multiple < 1) {
+    std::ostringstream m;
+    m << "cannot pad the vocabulary: model.vocab_size = " << model.vocab_size
+      << " and model.vocab_multiple = " << model.vocab_multiple << " must both be >= 1";
+    fail(m);
+  }
+  // Every tensor rank must own at least one row of the padded vocabulary. With the padding
+  // rule this always holds once the values above are positive; kept as the stated invariant.
+  if (padded_vocab(model.vocab_size, model.vocab_multiple, shape.tp) / shape.tp < 1) {
+    std::ostringstream m;
+    m << "padded vocabulary of model.vocab_size = " << model.vocab_size
+      << " gives no row to each of parallel.tensor = " << shape.tp << " ranks";
+    fail(m);
+  }
+}
+
+}  // namespace trident

@@ -1,0 +1,347 @@
+// MpiCommunicator and ProcessGrid on 4 ranks: every collective's result and counters, p2p in a
+// ring, the grid's communicators against the pure functions for every 4-rank layout, node
+// simulation and detection, and layout errors thrown on every rank without hanging.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/mpi_comm.hpp"
+#include "grid/grid.hpp"
+#include "grid/process_grid.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Sets (or unsets) TRIDENT_RANKS_PER_NODE for one scope, restoring "unset" after.
+struct EnvRanksPerNode {
+  explicit EnvRanksPerNode(const char* value) {
+    if (value) setenv("TRIDENT_RANKS_PER_NODE", value, 1);
+    else unsetenv("TRIDENT_RANKS_PER_NODE");
+  }
+  ~EnvRanksPerNode() { unsetenv("TRIDENT_RANKS_PER_NODE"); }
+};
+
+// One communicator over all 4 ranks for the collective tests.
+class MpiComm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    comm = std::make_unique<MpiCommunicator>(dup, "test");
+    ASSERT_EQ(comm->size(), 4);
+    r = comm->rank();
+  }
+  std::unique_ptr<MpiCommunicator> comm;
+  int r = 0;
+};
+
+TEST_F(MpiComm, AllReduceSumAndMax) {
+  std::vector<float> f{1.0f * r, 10.0f + r, -1.0f * r};
+  comm->all_reduce_sum(f.data(), 3);
+  EXPECT_EQ(f, (std::vector<float>{6, 46, -6}));
+  std::vector<double> d{1.0 * r, -1.0 * r};
+  comm->all_reduce_max(d.data(), 2);
+  EXPECT_EQ(d, (std::vector<double>{3, 0}));
+  std::vector<int32_t> i{r, 100 * r};
+  comm->all_reduce(i.data(), 2, DType::I32, ReduceOp::Max);
+  EXPECT_EQ(i, (std::vector<int32_t>{3, 300}));
+  std::vector<int64_t> l{int64_t{1} << 40, r};
+  comm->all_reduce(l.data(), 2, DType::I64, ReduceOp::Sum);
+  EXPECT_EQ(l, (std::vector<int64_t>{int64_t{4} << 40, 6}));
+
+  const CommStats& s = comm->stats();
+  EXPECT_EQ(s.calls("all_reduce"), 4);
+  EXPECT_EQ(s.ops.at("all_reduce").bytes, 3 * 4 + 2 * 8 + 2 * 4 + 2 * 8);
+  EXPECT_EQ(s.all_reduce_counts, (std::vector<int64_t>{3, 2, 2, 2}));
+  EXPECT_GE(s.ops.at("all_reduce").seconds, 0.0);
+  EXPECT_EQ(s.ops.size(), 1u);
+}
+
+TEST_F(MpiComm, AllGatherInRankOrder) {
+  std::vector<int32_t> send{10 * r, 10 * r + 1}, recv(8, -1);
+  comm->all_gather(send.data(), recv.data(), 2, DType::I32);
+  EXPECT_EQ(recv, (std::vector<int32_t>{0, 1, 10, 11, 20, 21, 30, 31}));
+  // In place: this rank's block already sits at recv + rank * count.
+  std::vector<double> buf(4, -1.0);
+  buf[r] = 0.5 * r;
+  comm->all_gather(buf.data() + r, buf.data(), 1, DType::F64);
+  EXPECT_EQ(buf, (std::vector<double>{0, 0.5, 1.0, 1.5}));
+  EXPECT_EQ(comm->stats().calls("all_gather"), 2);
+  EXPECT_EQ(comm->stats().ops.at("all_gather").bytes, 2 * 4 + 1 * 8);
+}
+
+TEST_F(MpiComm, ReduceScatterBlocks) {
+  // send[i] = i + r over 4 blocks of 2: block b of the sum = 4*(2b + j) + 6.
+  std::vector<float> send(8), recv(2, -1);
+  for (int i = 0; i < 8; ++i) send[i] = static_cast<float>(i + r);
+  comm->reduce_scatter(send.data(), recv.data(), 2, DType::F32);
+  EXPECT_EQ(recv, (std::vector<float>{4.0f * (2 * r) + 6, 4.0f * (2 * r + 1) + 6}));
+  // In place (send == recv): this rank's block lands at the front.
+  std::vector<int64_t> inplace(4);
+  for (int i = 0; i < 4; ++i) inplace[i] = i * 100 + r;
+  comm->reduce_scatter(inplace.data(), inplace.data(), 1, DType::I64);
+  EXPECT_EQ(inplace[0], 400 * r + 6);
+  EXPECT_EQ(comm->stats().calls("reduce_scatter"), 2);
+  EXPECT_EQ(comm->stats().ops.at("reduce_scatter").bytes, 2 * 4 + 1 * 8);
+}
+
+TEST_F(MpiComm, BroadcastFromAnyRoot) {
+  std::vector<int64_t> v{r == 2 ? 42 : 0, r == 2 ? -7 : 0, r == 2 ? 5 : 0};
+  comm->broadcast(v.data(), 3, DType::I64, 2);
+  EXPECT_EQ(v, (std::vector<int64_t>{42, -7, 5}));
+  float x = r == 0 ? 3.5f : 0.0f;
+  comm->broadcast(&x, 1, DType::F32, 0);
+  EXPECT_EQ(x, 3.5f);
+  EXPECT_EQ(comm->stats().calls("broadcast"), 2);
+  EXPECT_EQ(comm->stats().ops.at("broadcast").bytes, 3 * 8 + 4);
+  EXPECT_THROW(comm->broadcast(&x, 1, DType::F32, 4), Error);  // checked before any MPI call
+}
+
+TEST_F(MpiComm, IsendIrecvRing) {
+  const int next = (r + 1) % 4, prev = (r + 3) % 4;
+  std::vector<float> out(5), in(5, -1);
+  for (int i = 0; i < 5; ++i) out[i] = 100.0f * r + i;
+  std::vector<double> out2{1.0 * r}, in2{-1};
+  // Receives first, then sends, two tags in flight at once.
+  auto rq = comm->irecv(in.data(), 5, DType::F32, prev, 3);
+  auto rq2 = comm->irecv(in2.data(), 1, DType::F64, next, 4);
+  auto sq = comm->isend(out.data(), 5, DType::F32, next, 3);
+  auto sq2 = comm->isend(out2.data(), 1, DType::F64, prev, 4);
+  sq->wait();
+  sq2->wait();
+  rq->wait();
+  rq2->wait();
+  rq->wait();  // a second wait is a no-op
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(in[i], 100.0f * prev + i);
+  EXPECT_EQ(in2[0], 1.0 * next);
+  const CommStats& s = comm->stats();
+  EXPECT_EQ(s.calls("send"), 2);
+  EXPECT_EQ(s.calls("recv"), 2);
+  EXPECT_EQ(s.ops.at("send").bytes, 5 * 4 + 8);
+  EXPECT_EQ(s.ops.at("recv").bytes, 5 * 4 + 8);
+  EXPECT_GE(s.ops.at("recv").seconds, 0.0);
+  EXPECT_THROW(comm->isend(out.data(), 1, DType::F32, 4, 0), Error);
+  EXPECT_THROW(comm->irecv(in.data(), 1, DType::F32, -1, 0), Error);
+}
+
+TEST_F(MpiComm, BarrierAndBf16) {
+  comm->barrier();
+  EXPECT_EQ(comm->stats().calls("barrier"), 1);
+  EXPECT_EQ(comm->stats().ops.at("barrier").bytes, 0);
+  uint16_t h[2] = {0, 0};
+  try {
+    comm->all_reduce(h, 2, DType::BF16, ReduceOp::Sum);
+    ADD_FAILURE() << "BF16 all_reduce did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BF16 is not supported on MPI"), std::string::npos);
+  }
+  EXPECT_EQ(comm->stats().calls("all_reduce"), 0);  // a rejected call is not counted
+  comm->stats().reset();
+  EXPECT_EQ(comm->stats().calls("barrier"), 0);
+}
+
+// ---- ProcessGrid ----
+
+std::vector<int> members(Communicator& c) {
+  auto& m = dynamic_cast<MpiCommunicator&>(c);
+  MPI_Group g, w;
+  MPI_Comm_group(m.comm(), &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &w);
+  int n = 0;
+  MPI_Group_size(g, &n);
+  std::vector<int> in(n), out(n);
+  std::iota(in.begin(), in.end(), 0);
+  MPI_Group_translate_ranks(g, n, in.data(), w, out.data());
+  MPI_Group_free(&g);
+  MPI_Group_free(&w);
+  return out;
+}
+
+void expect_groups_match(ProcessGrid& grid) {
+  const GridShape& s = grid.shape();
+  const int r = world_rank();
+  EXPECT_EQ(grid.rank(), r);
+  EXPECT_EQ(grid.coord(), coord_of(s, r));
+  EXPECT_EQ(members(grid.world()), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(members(grid.tensor()), tensor_group(s, r));
+  EXPECT_EQ(members(grid.pipeline()), pipeline_group(s, r));
+  EXPECT_EQ(members(grid.data()), data_group(s, r));
+  EXPECT_EQ(members(grid.model()), model_group(s, r));
+  EXPECT_EQ(grid.tensor().rank(), grid.coord().tp);
+  EXPECT_EQ(grid.pipeline().rank(), grid.coord().pp);
+  EXPECT_EQ(grid.data().rank(), grid.coord().dp);
+  EXPECT_EQ(grid.tensor().size(), s.tp);
+  EXPECT_EQ(grid.pipeline().size(), s.pp);
+  EXPECT_EQ(grid.data().size(), s.dp);
+  EXPECT_EQ(grid.model().size(), s.tp * s.pp);
+  EXPECT_EQ(grid.tensor().name(), "tensor");
+  const bool end = grid.is_first_stage() || grid.is_last_stage();
+  ASSERT_EQ(grid.in_embedding_group(), end);
+  if (end) {
+    EXPECT_EQ(members(*grid.embedding()), embedding_group(s, r));
+    EXPECT_EQ(grid.embedding()->rank(), grid.is_first_stage() ? 0 : 1);
+  } else {
+    EXPECT_EQ(grid.embedding(), nullptr);
+  }
+}
+
+TEST(Grid4, CommunicatorsMatchThePureFunctions) {
+  ModelConfig model;
+  model.layers = 4;
+  const std::vector<GridShape> layouts{{2, 2, 1}, {4, 1, 1}, {1, 2, 2}, {2, 1, 2}, {1, 4, 1},
+                                       {1, 1, 4}};
+  EnvRanksPerNode env(nullptr);
+  for (const GridShape& s : layouts) {
+    SCOPED_TRACE("TP=" + std::to_string(s.tp) + " PP=" + std::to_string(s.pp) +
+                 " DP=" + std::to_string(s.dp));
+    ProcessGrid grid(MPI_COMM_WORLD, s, 0, model);
+    expect_groups_match(grid);
+  }
+}
+
+TEST(Grid4, CollectivesRunOnTheRightGroups) {
+  // (2,2,1): a sum of world ranks over each group shows who is in it, and the counters land on
+  // the group that was used.
+  EnvRanksPerNode env(nullptr);
+  ProcessGrid grid(MPI_COMM_WORLD, GridShape{2, 2, 1}, 0, ModelConfig{});
+  const int r = world_rank();
+  int64_t t = r, p = r;
+  grid.tensor().all_reduce(&t, 1, DType::I64, ReduceOp::Sum);
+  grid.pipeline().all_reduce(&p, 1, DType::I64, ReduceOp::Sum);
+  EXPECT_EQ(t, r < 2 ? 0 + 1 : 2 + 3);
+  EXPECT_EQ(p, r % 2 == 0 ? 0 + 2 : 1 + 3);
+  EXPECT_EQ(grid.tensor().stats().all_reduce_counts, std::vector<int64_t>{1});
+  EXPECT_EQ(grid.pipeline().stats().calls("all_reduce"), 1);
+  EXPECT_EQ(grid.data().stats().calls("all_reduce"), 0);
+  EXPECT_EQ(grid.world().stats().calls("all_reduce"), 0);  // construction is not counted
+  std::string table = grid.stats_table();
+  EXPECT_NE(table.find("tensor"), std::string::npos) << table;
+  EXPECT_NE(table.find("pipeline"), std::string::npos) << table;
+  EXPECT_NE(table.find("all_reduce"), std::string::npos) << table;
+  EXPECT_EQ(table.find("data "), std::string::npos) << table;  // unused groups are omitted
+  grid.reset_stats();
+  EXPECT_EQ(grid.tensor().stats().calls("all_reduce"), 0);
+}
+
+TEST(Grid4, DetectedNodeIsOneMachine) {
+  EnvRanksPerNode env(nullptr);
+  ProcessGrid grid(MPI_COMM_WORLD, GridShape{4, 1, 1}, 0, ModelConfig{});
+  EXPECT_FALSE(grid.nodes_simulated());
+  EXPECT_EQ(grid.node(), 0);
+  EXPECT_EQ(grid.num_nodes(), 1);
+  EXPECT_EQ(grid.ranks_per_node(), 4);
+  EXPECT_EQ(grid.local_rank(), world_rank());
+  EXPECT_FALSE(grid.host().empty());
+  std::string d = grid.describe();
+  EXPECT_NE(d.find("TP=4 PP=1 DP=1, 4 ranks on 1 node (detected with MPI_COMM_TYPE_SHARED)"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find(grid.host()), std::string::npos) << d;
+}
+
+TEST(Grid4, EnvironmentSimulatesNodes) {
+  EnvRanksPerNode env("2");
+  ProcessGrid grid(MPI_COMM_WORLD, GridShape{2, 2, 1}, 0, ModelConfig{});
+  const int r = world_rank();
+  EXPECT_TRUE(grid.nodes_simulated());
+  EXPECT_EQ(grid.node(), r / 2);
+  EXPECT_EQ(grid.local_rank(), r % 2);
+  EXPECT_EQ(grid.num_nodes(), 2);
+  EXPECT_EQ(grid.ranks_per_node(), 2);
+  expect_groups_match(grid);
+  std::string d = grid.describe();
+  EXPECT_NE(d.find("4 ranks on 2 nodes (simulated by TRIDENT_RANKS_PER_NODE)"), std::string::npos)
+      << d;
+  // One line per rank after the header lines: "rank node local tp pp dp host".
+  EXPECT_NE(d.find("     3     1      1    1    1    0  "), std::string::npos) << d;
+}
+
+TEST(Grid4, ConfigRanksPerNodeOverridesEnvironment) {
+  EnvRanksPerNode env("4");
+  Config cfg;
+  cfg.parallel.tensor = 1;
+  cfg.parallel.pipeline = 2;
+  cfg.parallel.data = 2;
+  cfg.parallel.ranks_per_node = 1;
+  ProcessGrid grid(MPI_COMM_WORLD, cfg);
+  EXPECT_EQ(grid.node(), world_rank());
+  EXPECT_EQ(grid.num_nodes(), 4);
+  EXPECT_EQ(grid.local_rank(), 0);
+  expect_groups_match(grid);
+  EXPECT_NE(grid.describe().find("simulated by parallel.ranks_per_node"), std::string::npos);
+}
+
+// Constructs the grid, expecting a trident::Error; returns its message ("" if none).
+std::string grid_error(const GridShape& s, int rpn, const ModelConfig& m) {
+  try {
+    ProcessGrid grid(MPI_COMM_WORLD, s, rpn, m);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every rank got the same message (and is still in step: this is a collective).
+void expect_same_everywhere(const std::string& msg) {
+  int len = static_cast<int>(msg.size()), lo = 0, hi = 0;
+  MPI_Allreduce(&len, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&len, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lo, hi);
+  std::string root = msg;
+  root.resize(hi);
+  MPI_Bcast(root.data(), hi, MPI_CHAR, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(root, msg);
+}
+
+TEST(Grid4, InvalidLayoutsThrowOnEveryRank) {
+  EnvRanksPerNode env(nullptr);
+  ModelConfig m;
+  std::string e = grid_error({2, 2, 2}, 0, m);
+  EXPECT_EQ(e, "parallel.tensor * parallel.pipeline * parallel.data = 2*2*2 = 8 but the job has "
+               "4 ranks");
+  expect_same_everywhere(e);
+
+  ModelConfig heads = m;
+  heads.heads = 6;
+  e = grid_error({4, 1, 1}, 0, heads);
+  EXPECT_EQ(e.rfind("model.heads = 6 is not divisible by parallel.tensor = 4", 0), 0u) << e;
+  expect_same_everywhere(e);
+
+  e = grid_error({1, 4, 1}, 0, m);
+  EXPECT_EQ(e.rfind("parallel.pipeline = 4 is more than model.layers = 2", 0), 0u) << e;
+
+  e = grid_error({4, 1, 1}, 2, m);
+  EXPECT_EQ(e, "parallel.tensor = 4 does not divide the 2 ranks per node: a tensor-parallel "
+               "group must not cross a node");
+  expect_same_everywhere(e);
+}
+
+TEST(Grid4, TensorGroupAcrossSimulatedNodesThrows) {
+  EnvRanksPerNode env("2");
+  std::string e = grid_error({4, 1, 1}, 0, ModelConfig{});
+  EXPECT_EQ(e, "parallel.tensor = 4 does not divide the 2 ranks per node: a tensor-parallel "
+               "group must not cross a node");
+  expect_same_everywhere(e);
+}
+
+TEST(Grid4, BadEnvironmentValueThrows) {
+  EnvRanksPerNode env("two");
+  std::string e = grid_error({2, 2, 1}, 0, ModelConfig{});
+  EXPECT_EQ(e, "TRIDENT_RANKS_PER_NODE='two' is not a positive integer");
+  expect_same_everywhere(e);
+}
+
+}  // namespace
+}  // namespace trident

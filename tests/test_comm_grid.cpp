@@ -1,0 +1,351 @@
+// Pure tests of the process grid (no MPI): the rank map, group membership, layout validation,
+// vocabulary padding, and the self communicator.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "grid/grid.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+namespace {
+
+std::vector<GridShape> shapes() {
+  std::vector<GridShape> v;
+  for (int tp : {1, 2, 3, 4, 8})
+    for (int pp : {1, 2, 3, 4})
+      for (int dp : {1, 2, 3, 5}) v.push_back({tp, pp, dp});
+  return v;
+}
+
+std::string str(const GridShape& s) {
+  return "TP=" + std::to_string(s.tp) + " PP=" + std::to_string(s.pp) +
+         " DP=" + std::to_string(s.dp);
+}
+
+TEST(comm_grid, RankOfIsTheDocumentedFormula) {
+  GridShape s{2, 3, 2};
+  EXPECT_EQ(rank_of(s, {0, 0, 0}), 0);
+  EXPECT_EQ(rank_of(s, {1, 0, 0}), 1);
+  EXPECT_EQ(rank_of(s, {0, 1, 0}), 2);
+  EXPECT_EQ(rank_of(s, {1, 2, 0}), 5);
+  EXPECT_EQ(rank_of(s, {0, 0, 1}), 6);
+  EXPECT_EQ(rank_of(s, {1, 2, 1}), 11);
+  EXPECT_EQ(coord_of(s, 9), (GridCoord{1, 1, 1}));
+}
+
+TEST(comm_grid, RankOfAndCoordOfAreInverse) {
+  for (const GridShape& s : shapes()) {
+    SCOPED_TRACE(str(s));
+    for (int r = 0; r < s.world(); ++r) {
+      GridCoord c = coord_of(s, r);
+      ASSERT_EQ(c.tp, r % s.tp);
+      ASSERT_EQ(rank_of(s, c), r);
+    }
+    for (int d = 0; d < s.dp; ++d)
+      for (int p = 0; p < s.pp; ++p)
+        for (int t = 0; t < s.tp; ++t)
+          ASSERT_EQ(coord_of(s, rank_of(s, {t, p, d})), (GridCoord{t, p, d}));
+  }
+}
+
+TEST(comm_grid, OutOfRangeThrows) {
+  GridShape s{2, 2, 1};
+  EXPECT_THROW(coord_of(s, 4), Error);
+  EXPECT_THROW(coord_of(s, -1), Error);
+  EXPECT_THROW(rank_of(s, {2, 0, 0}), Error);
+  EXPECT_THROW(rank_of(s, {0, 0, 1}), Error);
+  EXPECT_THROW(coord_of(GridShape{0, 1, 1}, 0), Error);
+}
+
+// `group(shape, r)` must: contain r, have the expected size, be the same list for each of its
+// members, be ordered by the coordinate `dim` (group rank i has that coordinate = i) with the
+// other coordinates equal to r's, and the distinct groups must partition the world.
+template <typename GroupFn, typename Key>
+void check_partition(const GridShape& s, GroupFn group, int size, Key order_key) {
+  std::vector<int> seen(s.world(), 0);
+  for (int r = 0; r < s.world(); ++r) {
+    std::vector<int> g = group(s, r);
+    ASSERT_EQ(static_cast<int>(g.size()), size) << "rank " << r;
+    ASSERT_NE(std::find(g.begin(), g.end(), r), g.end()) << "rank " << r;
+    for (int i = 0; i < size; ++i) {
+      ASSERT_EQ(order_key(s, r, g[i]), i) << "rank " << r << " member " << i;
+      ASSERT_EQ(group(s, g[i]), g) << "rank " << r << " member " << g[i];
+    }
+    if (g[0] == r) {
+      for (int m : g) seen[m] += 1;  // count each group once (from its first member)
+    }
+  }
+  for (int r = 0; r < s.world(); ++r) ASSERT_EQ(seen[r], 1) << "rank " << r;
+}
+
+TEST(comm_grid, TensorGroupsPartitionTheWorld) {
+  for (const GridShape& s : shapes()) {
+    SCOPED_TRACE(str(s));
+    check_partition(s, tensor_group, s.tp, [](const GridShape& sh, int r, int m) {
+      GridCoord a = coord_of(sh, r), b = coord_of(sh, m);
+      return (a.pp == b.pp && a.dp == b.dp) ? b.tp : -1;
+    });
+    // Contiguous and aligned: a tensor group sits inside any node holding a multiple of TP.
+    for (int r = 0; r < s.world(); ++r) {
+      std::vector<int> g = tensor_group(s, r);
+      for (int i = 0; i < s.tp; ++i) ASSERT_EQ(g[i], r - r % s.tp + i);
+    }
+  }
+}
+
+TEST(comm_grid, PipelineGroupsPartitionTheWorld) {
+  for (const GridShape& s : shapes()) {
+    SCOPED_TRACE(str(s));
+    check_partition(s, pipeline_group, s.pp, [](const GridShape& sh, int r, int m) {
+      GridCoord a = coord_of(sh, r), b = coord_of(sh, m);
+      return (a.tp == b.tp && a.dp == b.dp) ? b.pp : -1;
+    });
+  }
+}
+
+TEST(comm_grid, DataGroupsPartitionTheWorld) {
+  for (const GridShape& s : shapes()) {
+    SCOPED_TRACE(str(s));
+    check_partition(s, data_group, s.dp, [](const GridShape& sh, int r, int m) {
+      GridCoord a = coord_of(sh, r), b = coord_of(sh, m);
+      return (a.tp == b.tp && a.pp == b.pp) ? b.dp : -1;
+    });
+  }
+}
+
+TEST(comm_grid, ModelGroupsPartitionTheWorld) {
+  for (const GridShape& s : shapes()) {
+    SCOPED_TRACE(str(s));
+    check_partition(s, model_group, s.tp * s.pp, [](const GridShape& sh, int r, int m) {
+      GridCoord a = coord_of(sh, r), b = coord_of(sh, m);
+      return a.dp == b.dp ? b.pp * sh.tp + b.tp : -1;
+    });
+    for (int r = 0; r < s.world(); ++r) {
+      std::vector<int> g = model_group(s, r);
+      const int base = coord_of(s, r).dp * s.tp * s.pp;
+      for (int i = 0; i < s.tp * s.pp; ++i) ASSERT_EQ(g[i], base + i);
+    }
+  }
+}
+
+TEST(comm_grid, EmbeddingGroupIsFirstAndLastStage) {
+  for (const GridShape& s : shapes()) {
+    SCOPED_TRACE(str(s));
+    std::vector<int> seen(s.world(), 0);
+    for (int r = 0; r < s.world(); ++r) {
+      GridCoord c = coord_of(s, r);
+      std::vector<int> g = embedding_group(s, r);
+      std::vector<int> want{rank_of(s, {c.tp, 0, c.dp})};
+      if (s.pp > 1) want.push_back(rank_of(s, {c.tp, s.pp - 1, c.dp}));
+      ASSERT_EQ(g, want) << "rank " << r;
+      const bool member = c.pp == 0 || c.pp == s.pp - 1;
+      ASSERT_EQ(std::find(g.begin(), g.end(), r) != g.end(), member) << "rank " << r;
+      if (member) {
+        for (int m : g) ASSERT_EQ(embedding_group(s, m), g);
+        if (g[0] == r) for (int m : g) seen[m] += 1;
+      }
+    }
+    // The groups partition exactly the first- and last-stage ranks.
+    for (int r = 0; r < s.world(); ++r) {
+      GridCoord c = coord_of(s, r);
+      ASSERT_EQ(seen[r], (c.pp == 0 || c.pp == s.pp - 1) ? 1 : 0) << "rank " << r;
+    }
+  }
+}
+
+TEST(comm_grid, GroupsOfOneRankGrid) {
+  GridShape s{1, 1, 1};
+  EXPECT_EQ(tensor_group(s, 0), std::vector<int>{0});
+  EXPECT_EQ(pipeline_group(s, 0), std::vector<int>{0});
+  EXPECT_EQ(data_group(s, 0), std::vector<int>{0});
+  EXPECT_EQ(model_group(s, 0), std::vector<int>{0});
+  EXPECT_EQ(embedding_group(s, 0), std::vector<int>{0});
+}
+
+TEST(comm_grid, GroupsOf222Explicit) {
+  GridShape s{2, 2, 2};
+  EXPECT_EQ(tensor_group(s, 5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(pipeline_group(s, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(data_group(s, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(model_group(s, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(embedding_group(s, 5), (std::vector<int>{5, 7}));
+}
+
+TEST(comm_grid, PaddedVocab) {
+  EXPECT_EQ(padded_vocab(256, 1, 1), 256);
+  EXPECT_EQ(padded_vocab(256, 1, 3), 258);
+  EXPECT_EQ(padded_vocab(50257, 1, 4), 50260);
+  EXPECT_EQ(padded_vocab(50257, 128, 2), 50432);
+  EXPECT_EQ(padded_vocab(50304, 64, 1), 50304);
+  EXPECT_EQ(padded_vocab(3, 1, 8), 8);
+  EXPECT_THROW(padded_vocab(0, 1, 1), Error);
+  EXPECT_THROW(padded_vocab(10, 0, 1), Error);
+  EXPECT_THROW(padded_vocab(10, 1, 0), Error);
+}
+
+std::string layout_error(const GridShape& s, int world, int rpn, const ModelConfig& m) {
+  try {
+    validate_layout(s, world, rpn, m);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(comm_grid, ValidLayoutsPass) {
+  ModelConfig m;  // layers 2, heads 4, width 64, vocab 256
+  EXPECT_NO_THROW(validate_layout({1, 1, 1}, 1, 0, m));
+  EXPECT_NO_THROW(validate_layout({2, 2, 2}, 8, 4, m));
+  EXPECT_NO_THROW(validate_layout({4, 1, 1}, 4, 0, m));
+  EXPECT_NO_THROW(validate_layout({4, 2, 3}, 24, 8, m));
+  m.vocab_size = 50257;
+  m.vocab_multiple = 128;
+  EXPECT_NO_THROW(validate_layout({4, 2, 1}, 8, 4, m));
+}
+
+TEST(comm_grid, LayoutErrorsNameTheSettingAndValues) {
+  ModelConfig m;
+  EXPECT_EQ(layout_error({2, 2, 1}, 8, 0, m),
+            "parallel.tensor * parallel.pipeline * parallel.data = 2*2*1 = 4 but the job has 8 "
+            "ranks");
+  EXPECT_EQ(layout_error({0, 2, 1}, 8, 0, m),
+            "parallel.tensor, parallel.pipeline and parallel.data must be >= 1 (got 0, 2, 1)");
+
+  ModelConfig heads = m;
+  heads.heads = 6;
+  EXPECT_EQ(layout_error({4, 1, 1}, 4, 0, heads),
+            "model.heads = 6 is not divisible by parallel.tensor = 4 (each tensor rank holds "
+            "heads/TP whole attention heads)");
+
+  ModelConfig width = m;
+  width.heads = 8;
+  width.width = 68;
+  EXPECT_EQ(layout_error({8, 1, 1}, 8, 0, width),
+            "model.width = 68 is not divisible by parallel.tensor = 8");
+
+  EXPECT_EQ(layout_error({4, 1, 1}, 4, 2, m),
+            "parallel.tensor = 4 does not divide the 2 ranks per node: a tensor-parallel group "
+            "must not cross a node");
+  EXPECT_EQ(layout_error({2, 1, 3}, 6, 3, m),
+            "parallel.tensor = 2 does not divide the 3 ranks per node: a tensor-parallel group "
+            "must not cross a node");
+
+  EXPECT_EQ(layout_error({1, 4, 1}, 4, 0, m),
+            "parallel.pipeline = 4 is more than model.layers = 2: every pipeline stage needs at "
+            "least one layer");
+
+  ModelConfig vocab = m;
+  vocab.vocab_multiple = 0;
+  EXPECT_EQ(layout_error({2, 1, 1}, 2, 0, vocab),
+            "cannot pad the vocabulary: model.vocab_size = 256 and model.vocab_multiple = 0 must "
+            "both be >= 1");
+
+  ModelConfig zero = m;
+  zero.heads = 0;
+  EXPECT_EQ(layout_error({1, 1, 1}, 1, 0, zero),
+            "model.heads = 0, model.width = 64 and model.layers = 2 must all be >= 1");
+}
+
+TEST(comm_grid, LayoutErrorsAreOneLine) {
+  ModelConfig m;
+  m.heads = 3;
+  for (auto [s, world, rpn] : std::vector<std::tuple<GridShape, int, int>>{
+           {{2, 2, 1}, 8, 0}, {{2, 1, 1}, 2, 0}, {{4, 1, 1}, 4, 2}, {{1, 3, 1}, 3, 0}}) {
+    std::string e = layout_error(s, world, rpn, m);
+    EXPECT_FALSE(e.empty());
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
+TEST(comm_grid, RanksPerNodeZeroSkipsTheNodeCheck) {
+  ModelConfig m;
+  EXPECT_NO_THROW(validate_layout({4, 1, 1}, 4, 0, m));
+  EXPECT_NO_THROW(validate_layout({4, 1, 1}, 4, -1, m));
+  EXPECT_NO_THROW(validate_layout({4, 1, 1}, 4, 8, m));  // a node larger than the job is fine
+}
+
+// ---- the self communicator ----
+
+TEST(comm_self, DtypeBytes) {
+  EXPECT_EQ(dtype_bytes(DType::F32), 4u);
+  EXPECT_EQ(dtype_bytes(DType::F64), 8u);
+  EXPECT_EQ(dtype_bytes(DType::I32), 4u);
+  EXPECT_EQ(dtype_bytes(DType::I64), 8u);
+  EXPECT_EQ(dtype_bytes(DType::BF16), 2u);
+}
+
+TEST(comm_self, CollectivesAreIdentityAndCounted) {
+  auto c = make_self_communicator("tensor");
+  EXPECT_EQ(c->name(), "tensor");
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->size(), 1);
+
+  std::vector<float> x{1, 2, 3};
+  c->all_reduce_sum(x.data(), 3);
+  c->all_reduce_max(x.data(), 2);
+  std::vector<double> d{4, 5};
+  c->all_reduce_sum(d.data(), 2);
+  EXPECT_EQ(x, (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(d, (std::vector<double>{4, 5}));
+
+  std::vector<int64_t> a{7, 8}, b(2, 0);
+  c->all_gather(a.data(), b.data(), 2, DType::I64);
+  EXPECT_EQ(b, a);
+  std::vector<int32_t> e{9, 10, 11}, f(3, 0);
+  c->reduce_scatter(e.data(), f.data(), 3, DType::I32);
+  EXPECT_EQ(f, e);
+  c->broadcast(x.data(), 3, DType::F32, 0);
+  EXPECT_THROW(c->broadcast(x.data(), 3, DType::F32, 1), Error);
+  c->barrier();
+
+  const CommStats& st = c->stats();
+  EXPECT_EQ(st.calls("all_reduce"), 3);
+  EXPECT_EQ(st.ops.at("all_reduce").bytes, 3 * 4 + 2 * 4 + 2 * 8);
+  EXPECT_EQ(st.all_reduce_counts, (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(st.calls("all_gather"), 1);
+  EXPECT_EQ(st.ops.at("all_gather").bytes, 16);
+  EXPECT_EQ(st.calls("reduce_scatter"), 1);
+  EXPECT_EQ(st.ops.at("reduce_scatter").bytes, 12);
+  EXPECT_EQ(st.calls("broadcast"), 1);
+  EXPECT_EQ(st.ops.at("broadcast").bytes, 12);
+  EXPECT_EQ(st.calls("barrier"), 1);
+  EXPECT_EQ(st.calls("send"), 0);
+
+  c->stats().reset();
+  EXPECT_EQ(c->stats().calls("all_reduce"), 0);
+  EXPECT_TRUE(c->stats().all_reduce_counts.empty());
+}
+
+TEST(comm_self, SendToSelfIsDelivered) {
+  auto c = make_self_communicator("pipeline");
+  std::vector<float> s1{1, 2, 3}, s2{4, 5, 6}, r1(3), r2(3);
+  // send before receive, and receive before send; tags match independently.
+  auto a = c->isend(s1.data(), 3, DType::F32, 0, 7);
+  auto b = c->irecv(r2.data(), 3, DType::F32, 0, 8);
+  auto d = c->irecv(r1.data(), 3, DType::F32, 0, 7);
+  auto e = c->isend(s2.data(), 3, DType::F32, 0, 8);
+  a->wait();
+  b->wait();
+  d->wait();
+  e->wait();
+  e->wait();  // a second wait is harmless
+  EXPECT_EQ(r1, s1);
+  EXPECT_EQ(r2, s2);
+  EXPECT_EQ(c->stats().calls("send"), 2);
+  EXPECT_EQ(c->stats().calls("recv"), 2);
+  EXPECT_EQ(c->stats().ops.at("send").bytes, 24);
+  EXPECT_EQ(c->stats().ops.at("recv").bytes, 24);
+
+  EXPECT_THROW(c->isend(s1.data(), 3, DType::F32, 1, 0), Error);
+  auto orphan = c->irecv(r1.data(), 3, DType::F32, 0, 99);
+  EXPECT_THROW(orphan->wait(), Error);  // nothing will ever match: an error, not a hang
+}
+
+}  // namespace
+}  // namespace trident
