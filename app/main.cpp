@@ -1,1 +1,62 @@
-int main() { return 0; }
+// trident: one SPMD executable, launched by mpiexec/srun on N ranks (or alone for one rank).
+//   trident train --config FILE [--set section.key=value ...]
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "commands.hpp"
+#include "util/error.hpp"
+
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// A failure ends the whole job, never a hang: MPI_Abort takes every rank down. Errors that all
+// ranks hit alike (config, layout) are printed by rank 0 alone: the other ranks wait a moment
+// for rank 0's abort before printing their own, so a rank-local failure is still reported.
+[[noreturn]] void fail(const std::string& message) {
+  const int rank = world_rank();
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(3));
+  std::fprintf(stderr, "trident: error%s: %s\n",
+               rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(), message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  CLI::App app{"Trident: 3D-parallel GPT training"};
+  app.require_subcommand(1);
+  trident::TrainOptions train;
+  trident::add_train_command(app, train);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = 0;
+    if (world_rank() == 0) code = app.exit(e);
+    else code = e.get_exit_code();
+    MPI_Finalize();
+    return code;
+  }
+  try {
+    if (app.got_subcommand("train")) trident::run_train(train);
+  } catch (const trident::Error& e) {
+    fail(e.what());
+  } catch (const std::exception& e) {
+    fail(std::string("internal error: ") + e.what());
+  }
+  MPI_Finalize();
+  return 0;
+}

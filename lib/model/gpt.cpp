@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "grid/grid.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "util/error.hpp"
 #include "util/rng.hpp"
@@ -31,7 +32,7 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 }  // namespace
 
 int64_t padded_vocab_size(const ModelConfig& m, int tp_size) {
-  return round_up(m.vocab_size, m.vocab_multiple * tp_size);
+  return padded_vocab(m.vocab_size, m.vocab_multiple, tp_size);
 }
 
 template <typename F>

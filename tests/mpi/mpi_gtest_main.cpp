@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "kernels/cpu/blas.hpp"
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
+  // Several ranks share few cores in these tests: one thread each, or OpenMP's spinning
+  // threads and MPI's busy-polling ranks starve each other.
+  trident::cpu::set_num_threads(1);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) {

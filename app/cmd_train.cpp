@@ -1,0 +1,85 @@
+// trident train: resolve the config, build the grid, print the run's figures, train.
+#include <sched.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "commands.hpp"
+#include "config/config.hpp"
+#include "grid/process_grid.hpp"
+#include "kernels/cpu/blas.hpp"
+#include "model/gpt.hpp"
+#include "model/model_stats.hpp"
+#include "train/trainer.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+void add_train_command(CLI::App& app, TrainOptions& options) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT model");
+  cmd->add_option("--config", options.config, "TOML config file")->required();
+  cmd->add_option("--set", options.overrides, "Override a key: section.key=value (repeatable)")
+      ->take_all();
+}
+
+namespace {
+
+int cores_available() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+void print_figures(const Config& c, int world_size, int threads) {
+  const int64_t params = parameter_count(c.model);
+  const double flops =
+      training_flops_per_token(c.model, padded_vocab_size(c.model, c.parallel.tensor)) *
+      static_cast<double>(c.tokens_per_step());
+  std::printf("# resolved config (from %s)\n%s\n", c.source.c_str(), c.to_toml().c_str());
+  std::printf("parameters: %lld (%.2f M)\n", static_cast<long long>(params), params / 1e6);
+  std::printf("tokens per step: %lld (global batch %lld x seq %lld; %lld micro-batches of %lld "
+              "per replica)\n",
+              static_cast<long long>(c.tokens_per_step()),
+              static_cast<long long>(c.train.global_batch),
+              static_cast<long long>(c.model.seq_len),
+              static_cast<long long>(c.num_microbatches()),
+              static_cast<long long>(c.train.micro_batch));
+  std::printf("training FLOPs per step: %.4g (3 * tokens * (L*(24C^2 + 4TC) + 2CV))\n", flops);
+  std::printf("ranks: %d, threads per rank: %d\n", world_size, threads);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void run_train(const TrainOptions& options) {
+  const Config config = load_config(options.config, options.overrides);
+  if (config.parallel.pipeline > 1)
+    throw Error(config.source + ": parallel.pipeline = " +
+                std::to_string(config.parallel.pipeline) +
+                ": pipeline parallelism is not available in this build yet");
+  ProcessGrid grid(MPI_COMM_WORLD, config);
+
+  // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
+  const int threads = config.train.threads > 0
+                          ? static_cast<int>(config.train.threads)
+                          : std::max(1, cores_available() / std::max(1, grid.ranks_per_node()));
+  cpu::set_num_threads(threads);
+  const bool lead = grid.rank() == 0;
+  if (lead) {
+    print_figures(config, grid.world_size(), threads);
+    std::printf("%s\n", grid.describe().c_str());
+    std::fflush(stdout);
+  }
+
+  const GridCoord c = grid.coord();
+  Trainer trainer(config, {grid.world(), grid.tensor(), grid.data(), grid.model(), c.tp,
+                           grid.shape().tp, c.dp, grid.shape().dp});
+  trainer.run();
+  if (lead) {
+    std::printf("communication of rank 0:\n%s", grid.stats_table().c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace trident

@@ -1,0 +1,141 @@
+#include "train/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+
+#include "model/model_stats.hpp"
+#include "optim/lr_schedule.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+Trainer::Trainer(const Config& config, TrainerGroups groups)
+    : config_(config), groups_(groups) {
+  const ModelConfig& m = config.model;
+  ModelShard shard = ModelShard::whole(m);
+  shard.tp_rank = groups.tp_rank;
+  shard.tp_size = groups.tp_size;
+  model_ = std::make_unique<Gpt<float>>(m, shard, groups.tensor);
+  model_->init_weights(static_cast<uint64_t>(config.train.seed));
+  optimizer_ = std::make_unique<AdamW>(model_->params(),
+                                       static_cast<int64_t>(model_->weights().size()),
+                                       config.optim);
+
+  train_data_ = std::make_unique<TokenDataset>(config.data.train, m.seq_len, m.vocab_size);
+  train_sampler_ = std::make_unique<BatchSampler>(train_data_->num_windows(),
+                                                  config.train.global_batch, config.data.shuffle,
+                                                  static_cast<uint64_t>(config.train.seed));
+  if (!config.data.val.empty()) {
+    val_data_ = std::make_unique<TokenDataset>(config.data.val, m.seq_len, m.vocab_size);
+    // Validation always reads consecutive windows from the start of the val set.
+    val_sampler_ = std::make_unique<BatchSampler>(val_data_->num_windows(),
+                                                  config.train.global_batch, false, 0);
+  }
+  acts_ = model_->make_activations(config.train.micro_batch);
+  tokens_.resize(config.train.micro_batch * m.seq_len);
+  targets_.resize(tokens_.size());
+  flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
+                    static_cast<double>(config.tokens_per_step());
+  if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
+}
+
+void Trainer::load_microbatch(const TokenDataset& data, const BatchSampler& sampler, int64_t step,
+                              int64_t micro) {
+  const int64_t mb = config_.train.micro_batch, T = config_.model.seq_len;
+  const int64_t first = BatchSampler::first_sample(config_.train.global_batch, groups_.dp_rank,
+                                                   groups_.dp_size, micro, mb);
+  for (int64_t b = 0; b < mb; ++b)
+    data.window(sampler.window_id(step, first + b), tokens_.data() + b * T,
+                targets_.data() + b * T);
+}
+
+double Trainer::forward_backward(int64_t step) {
+  const int64_t micro_batches = config_.num_microbatches();
+  Gpt<float>& model = *model_;
+  model.zero_grads();
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < micro_batches; ++micro) {
+    load_microbatch(*train_data_, *train_sampler_, step, micro);
+    loss_sum += model.forward(acts_, tokens_.data(), targets_.data(), nullptr);
+    model.backward(acts_, 1.0f / static_cast<float>(micro_batches), nullptr, nullptr);
+  }
+  // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
+  double loss = loss_sum / static_cast<double>(micro_batches);
+  if (groups_.dp_size > 1) {
+    float* grads = model.grads().data();
+    const int64_t n = static_cast<int64_t>(model.grads().size());
+    groups_.data.all_reduce_sum(&loss, 1);
+    loss /= groups_.dp_size;
+    groups_.data.all_reduce_sum(grads, n);
+    const float inv = 1.0f / static_cast<float>(groups_.dp_size);
+    for (int64_t i = 0; i < n; ++i) grads[i] *= inv;
+  }
+  return loss;
+}
+
+StepMetrics Trainer::apply_update(int64_t step, double loss) {
+  Gpt<float>& model = *model_;
+  float* grads = model.grads().data();
+  // Global gradient norm: every parameter counted once across the model-parallel group.
+  double square_sum = grad_square_sum(model.params(), grads);
+  groups_.model_parallel.all_reduce_sum(&square_sum, 1);
+  const double grad_norm = std::sqrt(square_sum);
+  const double lr = learning_rate(config_.optim, config_.train.steps, step);
+  if (std::isfinite(grad_norm)) {
+    const double clip = config_.optim.grad_clip;
+    const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
+    optimizer_->update(model.weights().data(), grads, step, lr, scale);
+  } else {
+    ++skipped_steps_;  // the same decision on every rank: the norm is a global value
+  }
+  StepMetrics m;
+  m.step = step + 1;
+  m.total_steps = config_.train.steps;
+  m.loss = loss;
+  m.lr = lr;
+  m.grad_norm = grad_norm;
+  m.skipped_steps = skipped_steps_;
+  return m;
+}
+
+StepMetrics Trainer::train_step(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepMetrics m = apply_update(step, forward_backward(step));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.ms_per_step = seconds * 1e3;
+  m.tokens_per_s = static_cast<double>(config_.tokens_per_step()) / seconds;
+  m.gflops_per_rank = flops_per_step_ / seconds / 1e9 / groups_.world.size();
+  return m;
+}
+
+double Trainer::evaluate() {
+  const int64_t micro_batches = config_.num_microbatches();
+  double loss_sum = 0.0;
+  for (int64_t batch = 0; batch < config_.eval.steps; ++batch)
+    for (int64_t micro = 0; micro < micro_batches; ++micro) {
+      load_microbatch(*val_data_, *val_sampler_, batch, micro);
+      loss_sum += model_->forward(acts_, tokens_.data(), targets_.data(), nullptr);
+    }
+  double loss = loss_sum / static_cast<double>(micro_batches * config_.eval.steps);
+  if (groups_.dp_size > 1) {
+    groups_.data.all_reduce_sum(&loss, 1);
+    loss /= groups_.dp_size;
+  }
+  return loss;
+}
+
+void Trainer::run() {
+  const int64_t steps = config_.train.steps;
+  for (int64_t step = 0; step < steps; ++step) {
+    StepMetrics m = train_step(step);
+    const bool last = step + 1 == steps;
+    const int64_t eval_every = config_.eval.interval;
+    if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
+      m.val_loss = evaluate();
+    if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) log_->write(m);
+  }
+}
+
+}  // namespace trident

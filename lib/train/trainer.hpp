@@ -1,0 +1,68 @@
+#pragma once
+// The training loop of one rank: data → micro-batches → forward/backward → gradient reduction
+// → global norm and clipping → AdamW → log. It knows the groups it talks to, not how they were
+// built (the process grid does that).
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "data/dataset.hpp"
+#include "model/gpt.hpp"
+#include "optim/adamw.hpp"
+#include "train/metrics_log.hpp"
+
+namespace trident {
+
+// The communicators the trainer uses, and this rank's place in the grid.
+struct TrainerGroups {
+  Communicator& world;
+  Communicator& tensor;
+  Communicator& data;
+  Communicator& model_parallel;  // tensor x pipeline: the gradient norm's sum
+  int tp_rank = 0, tp_size = 1;
+  int dp_rank = 0, dp_size = 1;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& config, TrainerGroups groups);
+
+  // Trains from step start_step() to train.steps, logging and evaluating as configured.
+  void run();
+  // One optimizer step (0-based `step`): forward_backward, then apply_update.
+  StepMetrics train_step(int64_t step);
+  // Gradients of the global batch of `step`, averaged over micro-batches and replicas (left in
+  // model().grads()); returns the mean loss of the global batch.
+  double forward_backward(int64_t step);
+  // Global norm, clipping and AdamW on the gradients forward_backward left; fills the metrics
+  // other than timing.
+  StepMetrics apply_update(int64_t step, double loss);
+  // Mean validation loss over eval.steps global batches from the start of the val set.
+  double evaluate();
+
+  Gpt<float>& model() { return *model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+  bool is_logging_rank() const { return groups_.world.rank() == 0; }
+
+ private:
+  // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
+  void load_microbatch(const TokenDataset& data, const BatchSampler& sampler, int64_t step,
+                       int64_t micro);
+
+  Config config_;
+  TrainerGroups groups_;
+  std::unique_ptr<Gpt<float>> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<TokenDataset> train_data_, val_data_;
+  std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  Gpt<float>::Activations acts_;
+  std::vector<int32_t> tokens_, targets_;
+  std::unique_ptr<MetricsLog> log_;
+  double flops_per_step_ = 0;
+  int64_t skipped_steps_ = 0;
+};
+
+}  // namespace trident

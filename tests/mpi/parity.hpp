@@ -1,0 +1,84 @@
+#pragma once
+// Helpers for parity tests on several ranks: a shared scratch corpus, a reference run on one
+// rank, and the comparison of sharded gradients with the single-rank (global) ones.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "app_fixture.hpp"
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "train/trainer.hpp"
+
+namespace trident::test {
+
+// A directory every rank sees, with the tiny corpus written once by world rank 0.
+inline std::filesystem::path shared_corpus(const std::string& name) {
+  int rank = 0, pid = ::getpid();
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("trident_mpi_" + name + "_" + std::to_string(pid));
+  if (rank == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    make_tiny_run(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+// The single-rank run of `config` (self communicators), computed on the calling rank.
+struct Reference {
+  std::vector<double> losses;                       // per step
+  std::map<std::string, std::vector<float>> grads;  // after step 1, global layout
+};
+
+inline Reference reference_run(Config config, int64_t steps) {
+  config.parallel.tensor = config.parallel.pipeline = config.parallel.data = 1;
+  auto world = make_self_communicator("world"), tensor = make_self_communicator("tensor"),
+       data = make_self_communicator("data"), model = make_self_communicator("model");
+  Trainer t(config, {*world, *tensor, *data, *model, 0, 1, 0, 1});
+  Reference ref;
+  for (int64_t s = 0; s < steps; ++s) {
+    const double loss = t.forward_backward(s);
+    if (s == 0)
+      for (const ParamInfo& p : t.model().params())
+        ref.grads[p.name].assign(t.model().grads().begin() + p.offset,
+                                 t.model().grads().begin() + p.offset + p.numel());
+    t.apply_update(s, loss);
+    ref.losses.push_back(loss);
+  }
+  return ref;
+}
+
+// Relative error ||g - g_ref|| / ||g_ref|| of every parameter, this rank's shard mapped to
+// global indices and the sums completed over the tensor group. Returns the worst.
+inline double worst_grad_error(const Gpt<float>& model, const Reference& ref,
+                               Communicator& tensor, std::string* worst_name = nullptr) {
+  double worst = 0.0;
+  for (const ParamInfo& p : model.params()) {
+    const std::vector<float>& global = ref.grads.at(p.name);
+    double sums[2] = {0.0, 0.0};  // diff^2, ref^2 over this rank's elements
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const auto gi = p.global_index(i);
+      if (!gi) continue;
+      const double d = static_cast<double>(model.grads()[p.offset + i]) - global[*gi];
+      sums[0] += d * d;
+      sums[1] += static_cast<double>(global[*gi]) * global[*gi];
+    }
+    if (p.split_dim >= 0) tensor.all_reduce_sum(sums, 2);
+    const double rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
+    if (rel > worst) {
+      worst = rel;
+      if (worst_name) *worst_name = p.name;
+    }
+  }
+  return worst;
+}
+
+}  // namespace trident::test
