@@ -9,6 +9,8 @@
 //  * Activation gradients (dinp, dqkv, ...) are OVERWRITTEN.
 //  * Multithreaded loops are deterministic for a given thread count (static partitioning,
 //    fixed reduction order), so two runs of one configuration are bitwise identical.
+//  * Where a kernel takes the sequence length T, the element type is spelled F (a template
+//    parameter may not share its name with a function parameter).
 //  * Vocab-parallel kernels see only this rank's rows [vocab_begin, vocab_begin + rows) of the
 //    (padded) vocabulary; ids and columns >= vocab_size (padding) never contribute.
 #include <cstdint>
@@ -26,11 +28,11 @@ template <typename T>
 void token_embedding_backward(T* dwte, const T* dout, const int32_t* ids, int64_t N, int64_t C,
                               int64_t vocab_begin, int64_t rows);
 // out[B,T,C] += wpe[t]   (wpe: [T_max >= T, C])
-template <typename T>
-void position_embedding_forward(T* out, const T* wpe, int64_t B, int64_t T, int64_t C);
+template <typename F>
+void position_embedding_forward(F* out, const F* wpe, int64_t B, int64_t T, int64_t C);
 // dwpe[t,C] += sum_b dout[b,t]
-template <typename T>
-void position_embedding_backward(T* dwpe, const T* dout, int64_t B, int64_t T, int64_t C);
+template <typename F>
+void position_embedding_backward(F* dwpe, const F* dout, int64_t B, int64_t T, int64_t C);
 
 // ---------------------------------------------------------------- layernorm (eps = 1e-5)
 // out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N] for backward.
@@ -57,12 +59,12 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // qkv[B,T,3*NH*HS]: per token [q of heads 0..NH-1 | k of heads | v of heads], head h of q at
 // columns [h*HS, (h+1)*HS). out[B,T,NH*HS] (heads concatenated). att[B,NH,T,T] saves the
 // softmax probabilities (row t attends to s <= t; entries s > t are 0). Scale 1/sqrt(HS).
-template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T, int64_t NH,
+template <typename F>
+void attention_forward(F* out, F* att, const F* qkv, int64_t B, int64_t T, int64_t NH,
                        int64_t HS);
 // dqkv[B,T,3*NH*HS] (overwrite). scratch: [B,NH,T,T] workspace.
-template <typename T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
+template <typename F>
+void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* att,
                         int64_t B, int64_t T, int64_t NH, int64_t HS);
 
 // ---------------------------------------------------------------- GELU, tanh approximation

@@ -1,0 +1,96 @@
+// Vocab-parallel softmax cross-entropy in three local passes (see ops.hpp). Each rank holds
+// logit columns [vocab_begin, vocab_begin + Vl); only the first `valid` of them are real vocab
+// entries, the rest (columns >= vocab_size) are padding and are never read for the loss.
+// Rows are independent, so the loops are row-parallel and trivially deterministic.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
+
+namespace trident::cpu {
+
+namespace {
+// Number of real (non-padding) vocab columns among this rank's Vl columns.
+inline int64_t valid_columns(int64_t Vl, int64_t vocab_begin, int64_t vocab_size) {
+  return std::clamp<int64_t>(vocab_size - vocab_begin, 0, Vl);
+}
+// Local column of the target, or -1 when another rank (or nobody) holds it.
+inline int64_t local_target(int32_t target, int64_t vocab_begin, int64_t valid) {
+  const int64_t v = static_cast<int64_t>(target) - vocab_begin;
+  return (v >= 0 && v < valid) ? v : -1;
+}
+}  // namespace
+
+template <typename T>
+void cross_entropy_local_max(T* row_max, const T* logits, int64_t N, int64_t Vl,
+                             int64_t vocab_begin, int64_t vocab_size) {
+  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* l = logits + n * Vl;
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t v = 0; v < valid; v++) mx = mx > l[v] ? mx : l[v];  // (std::max: not vectorised)
+    row_max[n] = mx;
+  }
+}
+
+// The sum of exp over up to ~50k columns is accumulated in double.
+template <typename T>
+void cross_entropy_local_sums(T* sums, const T* logits, const int32_t* targets, const T* row_max,
+                              int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size) {
+  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* l = logits + n * Vl;
+    const T m = row_max[n];
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
+    sums[n] = static_cast<T>(acc);
+    const int64_t tl = local_target(targets[n], vocab_begin, valid);
+    sums[N + n] = tl >= 0 ? l[tl] : T(0);
+  }
+}
+
+template <typename T>
+void cross_entropy_loss(T* losses, const T* row_max, const T* sums, int64_t N) {
+#pragma omp parallel for schedule(static) if (N >= 4096)
+  for (int64_t n = 0; n < N; n++) losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
+}
+
+// dlogits[n, v] = dloss[n] * (exp(logit - max) / sum_exp - [v == target]); one pass, in place.
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, const T* row_max,
+                            const T* sums, const T* dloss, int64_t N, int64_t Vl,
+                            int64_t vocab_begin, int64_t vocab_size) {
+  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* l = logits + n * Vl;  // may alias d: every column is read before it is written
+    T* d = dlogits + n * Vl;
+    const T m = row_max[n];
+    const T g = dloss[n];
+    const T scale = g / sums[n];
+#pragma omp simd
+    for (int64_t v = 0; v < valid; v++) d[v] = detail::exp_fast(l[v] - m) * scale;
+    std::fill(d + valid, d + Vl, T(0));
+    const int64_t tl = local_target(targets[n], vocab_begin, valid);
+    if (tl >= 0) d[tl] -= g;
+  }
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                                \
+  template void cross_entropy_local_max<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t); \
+  template void cross_entropy_local_sums<T>(T*, const T*, const int32_t*, const T*, int64_t,  \
+                                            int64_t, int64_t, int64_t);                       \
+  template void cross_entropy_loss<T>(T*, const T*, const T*, int64_t);                       \
+  template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, const T*,   \
+                                          const T*, int64_t, int64_t, int64_t, int64_t);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(double)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cpu

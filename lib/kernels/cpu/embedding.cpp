@@ -1,0 +1,89 @@
+// Token and position embeddings (vocab-parallel token table: this rank holds rows
+// [vocab_begin, vocab_begin + rows) of the padded vocabulary).
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
+
+namespace trident::cpu {
+
+template <typename T>
+void token_embedding_forward(T* out, const int32_t* ids, const T* wte, int64_t N, int64_t C,
+                             int64_t vocab_begin, int64_t rows) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t r = static_cast<int64_t>(ids[n]) - vocab_begin;
+    T* o = out + n * C;
+    if (r >= 0 && r < rows) {
+      std::memcpy(o, wte + r * C, sizeof(T) * C);
+    } else {
+      std::fill(o, o + C, T(0));
+    }
+  }
+}
+
+// Repeated ids make a row-parallel scatter racy, so the threads split the COLUMNS: each owns a
+// column range of every table row and visits the tokens in order n = 0..N-1. Every element of
+// dwte is thus summed in token order whatever the thread count (bitwise reproducible).
+template <typename T>
+void token_embedding_backward(T* dwte, const T* dout, const int32_t* ids, int64_t N, int64_t C,
+                              int64_t vocab_begin, int64_t rows) {
+  constexpr int64_t kAlign = 64 / sizeof(T);  // one cache line per chunk boundary
+  const int64_t blocks = (C + kAlign - 1) / kAlign;
+#pragma omp parallel
+  {
+    const int64_t parts = omp_get_num_threads();
+    const detail::Range rb = detail::split_range(blocks, parts, omp_get_thread_num());
+    const int64_t c0 = rb.begin * kAlign;
+    const int64_t c1 = std::min(C, rb.end * kAlign);
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t r = static_cast<int64_t>(ids[n]) - vocab_begin;
+      if (r < 0 || r >= rows) continue;
+      T* dst = dwte + r * C;
+      const T* src = dout + n * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+    }
+  }
+}
+
+template <typename T>
+void position_embedding_forward(T* out, const T* wpe, int64_t B, int64_t T_, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T_; bt++) {
+    T* o = out + bt * C;
+    const T* w = wpe + (bt % T_) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] += w[c];
+  }
+}
+
+// dwpe[t] += sum_b dout[b, t]: parallel over positions, batch summed in order.
+template <typename T>
+void position_embedding_backward(T* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T_; t++) {
+    T* d = dwpe + t * C;
+    for (int64_t b = 0; b < B; b++) {
+      const T* g = dout + (b * T_ + t) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; c++) d[c] += g[c];
+    }
+  }
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                                  \
+  template void token_embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t,     \
+                                           int64_t, int64_t);                                  \
+  template void token_embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,    \
+                                            int64_t, int64_t);                                 \
+  template void position_embedding_forward<T>(T*, const T*, int64_t, int64_t, int64_t);        \
+  template void position_embedding_backward<T>(T*, const T*, int64_t, int64_t, int64_t);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(double)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cpu

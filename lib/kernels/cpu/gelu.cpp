@@ -1,0 +1,56 @@
+// GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// Written with the logistic function, 0.5 (1 + tanh(u)) = sigma(2u) = 1 / (1 + exp(-2u)), so
+// that one vectorised exp is the only transcendental:
+//   gelu(x)  = x * sigma
+//   gelu'(x) = sigma + x * sigma' ,  sigma' = 2 sigma (1 - sigma) du/dx,
+//   du/dx    = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
+
+namespace trident::cpu {
+
+namespace {
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kCoeff = 0.044715;
+// exp(-2u) is capped at exp(80): sigma then is ~1.8e-35 instead of a subnormal (x < ~ -10).
+constexpr double kMaxExpArg = 80.0;
+constexpr int64_t kParallelMin = 1 << 15;
+}  // namespace
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t N) {
+  const T a = T(kSqrt2OverPi);
+  const T b = T(kCoeff);
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
+  for (int64_t i = 0; i < N; i++) {
+    const T x = inp[i];
+    const T u = a * (x + b * x * x * x);
+    const T sigma = T(1) / (T(1) + detail::exp_fast(detail::min_fast(T(-2) * u, T(kMaxExpArg))));
+    out[i] = x * sigma;
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N) {
+  const T a = T(kSqrt2OverPi);
+  const T b = T(kCoeff);
+#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
+  for (int64_t i = 0; i < N; i++) {
+    const T x = inp[i];
+    const T x2 = x * x;
+    const T u = a * (x + b * x2 * x);
+    const T du = a * (T(1) + T(3) * b * x2);
+    const T sigma = T(1) / (T(1) + detail::exp_fast(detail::min_fast(T(-2) * u, T(kMaxExpArg))));
+    dinp[i] = dout[i] * (sigma + x * T(2) * sigma * (T(1) - sigma) * du);
+  }
+}
+
+#define TRIDENT_INSTANTIATE(T)                                 \
+  template void gelu_forward<T>(T*, const T*, int64_t);        \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(double)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cpu

@@ -1,0 +1,69 @@
+// Linear layer in torch layout (weight [OC, C]): one GEMM per product, OpenBLAS threads inside.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
+
+namespace trident::cpu {
+
+// out = inp @ weight^T + bias. With beta = 0 OpenBLAS first zero-fills `out`; writing the bias
+// rows instead and calling with beta = 1 makes the bias add free.
+template <typename T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                    int64_t OC) {
+  T beta = T(0);
+  if (bias != nullptr) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) std::memcpy(out + n * OC, bias, sizeof(T) * OC);
+    beta = T(1);
+  }
+  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, beta, out, OC);
+}
+
+// dinp = dout @ weight;  dweight += dout^T @ inp;  dbias += sum_n dout[n].
+// dbias: threads split the columns and sum the rows in order (deterministic for any thread
+// count) into a local double sum (N can be many thousand rows), added to dbias once.
+template <typename T>
+void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t N, int64_t C, int64_t OC) {
+  if (dbias != nullptr) {
+    constexpr int64_t kAlign = 64 / sizeof(T);
+    const int64_t blocks = (OC + kAlign - 1) / kAlign;
+#pragma omp parallel
+    {
+      const detail::Range rb =
+          detail::split_range(blocks, omp_get_num_threads(), omp_get_thread_num());
+      const int64_t c0 = rb.begin * kAlign;
+      const int64_t c1 = std::min(OC, rb.end * kAlign);
+      if (c1 > c0) {
+        std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
+        double* a = acc.data();
+        const int64_t w = c1 - c0;
+        for (int64_t n = 0; n < N; n++) {
+          const T* g = dout + n * OC + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < w; c++) a[c] += static_cast<double>(g[c]);
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < w; c++) dbias[c0 + c] += static_cast<T>(a[c]);
+      }
+    }
+  }
+  gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dinp != nullptr) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                                  \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                   int64_t);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(double)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cpu

@@ -1,0 +1,396 @@
+// Finite-difference gradient checks of every CPU kernel (in double), and agreement of the float
+// instantiation with the double one.
+//
+// Each op below is a small struct: make() draws its inputs (all in double, including R, the
+// fixed random weights of the scalar loss L = sum(out * R)), run<T>() casts them to T, runs the
+// forward and the backward with dout = R, and returns the output "out" and the gradients
+// "d<input>" in double. The FD check perturbs every element of every differentiated input by
+// +-h and compares (L(x+h) - L(x-h)) / 2h with the analytic gradient, per tensor, as
+// ||g_fd - g|| / max(||g_fd||, tiny).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace {
+
+using namespace trident::cpu;
+using Vec = std::vector<double>;
+using Tensors = std::map<std::string, Vec>;
+
+constexpr double kFdStep = 1e-6;
+constexpr double kFdTol = 1e-6;      // double: far tighter than the required 1e-4
+constexpr double kFloatTol = 1e-5;   // float instantiation vs double, relative (norm)
+
+Vec random_vec(std::mt19937_64& rng, size_t n, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  Vec v(n);
+  for (double& x : v) x = u(rng);
+  return v;
+}
+
+// Values exactly representable in float, so that float and double runs see the same inputs.
+Vec float_exact(Vec v) {
+  for (double& x : v) x = static_cast<double>(static_cast<float>(x));
+  return v;
+}
+
+template <typename T>
+std::vector<T> cast(const Vec& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+template <typename T>
+Vec to_double(const std::vector<T>& v) {
+  return Vec(v.begin(), v.end());
+}
+
+double norm(const Vec& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+double rel_diff(const Vec& ref, const Vec& x) {
+  EXPECT_EQ(ref.size(), x.size());
+  double s = 0;
+  for (size_t i = 0; i < ref.size(); i++) s += (ref[i] - x[i]) * (ref[i] - x[i]);
+  return std::sqrt(s) / std::max(norm(ref), 1e-30);
+}
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+  return s;
+}
+
+// ------------------------------------------------------------------------------------- ops
+
+struct TokenEmbeddingOp {
+  int64_t N = 10, C = 8, vocab_begin = 3, rows = 6;
+  // Ids below, inside and above this rank's range [3, 9), with repeats.
+  std::vector<int32_t> ids{0, 3, 5, 8, 9, 12, 5, 3, 2, 7};
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"wte", random_vec(rng, rows * C)}, {"R", random_vec(rng, N * C)}};
+  }
+  std::vector<std::string> wrt() const { return {"wte"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto wte = cast<T>(in.at("wte"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N * C), dwte(rows * C, T(0));
+    token_embedding_forward(out.data(), ids.data(), wte.data(), N, C, vocab_begin, rows);
+    token_embedding_backward(dwte.data(), R.data(), ids.data(), N, C, vocab_begin, rows);
+    return {{"out", to_double(out)}, {"dwte", to_double(dwte)}};
+  }
+};
+
+struct PositionEmbeddingOp {
+  int64_t B = 2, T = 5, Tmax = 7, C = 8;  // rows T..Tmax-1 of wpe are unused: zero gradient
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"x", random_vec(rng, B * T * C)},
+            {"wpe", random_vec(rng, Tmax * C)},
+            {"R", random_vec(rng, B * T * C)}};
+  }
+  std::vector<std::string> wrt() const { return {"wpe"}; }
+  template <typename F>
+  Tensors run(const Tensors& in) const {
+    auto out = cast<F>(in.at("x"));
+    auto wpe = cast<F>(in.at("wpe"));
+    auto R = cast<F>(in.at("R"));
+    std::vector<F> dwpe(Tmax * C, F(0));
+    position_embedding_forward(out.data(), wpe.data(), B, T, C);
+    position_embedding_backward(dwpe.data(), R.data(), B, T, C);
+    return {{"out", to_double(out)}, {"dwpe", to_double(dwpe)}};
+  }
+};
+
+struct LayerNormOp {
+  int64_t N = 10, C = 8;
+  Tensors make(std::mt19937_64& rng) const {
+    Vec inp = random_vec(rng, N * C, -2.0, 2.0);
+    for (int64_t n = 0; n < N; n++)  // rows with different offsets and scales
+      for (int64_t c = 0; c < C; c++) inp[n * C + c] = inp[n * C + c] * (0.5 + n) + 0.3 * n;
+    return {{"inp", inp},
+            {"weight", random_vec(rng, C, 0.5, 1.5)},
+            {"bias", random_vec(rng, C)},
+            {"R", random_vec(rng, N * C)}};
+  }
+  std::vector<std::string> wrt() const { return {"inp", "weight", "bias"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto inp = cast<T>(in.at("inp"));
+    auto w = cast<T>(in.at("weight"));
+    auto b = cast<T>(in.at("bias"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N * C), mean(N), rstd(N), dinp(N * C), dw(C, T(0)), db(C, T(0));
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+    layernorm_backward(dinp.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(),
+                       mean.data(), rstd.data(), N, C);
+    return {{"out", to_double(out)},
+            {"dinp", to_double(dinp)},
+            {"dweight", to_double(dw)},
+            {"dbias", to_double(db)}};
+  }
+};
+
+struct LinearOp {
+  int64_t N = 10, C = 8, OC = 12;
+  bool with_bias = true;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"inp", random_vec(rng, N * C)},
+            {"weight", random_vec(rng, OC * C)},
+            {"bias", random_vec(rng, OC)},
+            {"R", random_vec(rng, N * OC)}};
+  }
+  std::vector<std::string> wrt() const {
+    if (with_bias) return {"inp", "weight", "bias"};
+    return {"inp", "weight"};
+  }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto inp = cast<T>(in.at("inp"));
+    auto w = cast<T>(in.at("weight"));
+    auto b = cast<T>(in.at("bias"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N * OC), dinp(N * C), dw(OC * C, T(0)), db(OC, T(0));
+    linear_forward(out.data(), inp.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
+    linear_backward(dinp.data(), dw.data(), with_bias ? db.data() : nullptr, R.data(),
+                    inp.data(), w.data(), N, C, OC);
+    Tensors r{{"out", to_double(out)}, {"dinp", to_double(dinp)}, {"dweight", to_double(dw)}};
+    if (with_bias) r["dbias"] = to_double(db);
+    return r;
+  }
+};
+
+struct AttentionOp {
+  int64_t B = 2, T = 5, NH = 2, HS = 4;
+  double qkv_scale = 1.0;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"qkv", random_vec(rng, B * T * 3 * NH * HS, -qkv_scale, qkv_scale)},
+            {"R", random_vec(rng, B * T * NH * HS)}};
+  }
+  std::vector<std::string> wrt() const { return {"qkv"}; }
+  template <typename F>
+  Tensors run(const Tensors& in) const {
+    auto qkv = cast<F>(in.at("qkv"));
+    auto R = cast<F>(in.at("R"));
+    std::vector<F> out(B * T * NH * HS), att(B * NH * T * T), dqkv(qkv.size()),
+        scratch(att.size());
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), att.data(), B, T, NH,
+                       HS);
+    return {{"out", to_double(out)}, {"att", to_double(att)}, {"dqkv", to_double(dqkv)}};
+  }
+};
+
+struct GeluOp {
+  int64_t N = 64;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"inp", random_vec(rng, N, -5.0, 5.0)}, {"R", random_vec(rng, N)}};
+  }
+  std::vector<std::string> wrt() const { return {"inp"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto inp = cast<T>(in.at("inp"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N), dinp(N);
+    gelu_forward(out.data(), inp.data(), N);
+    gelu_backward(dinp.data(), inp.data(), R.data(), N);
+    return {{"out", to_double(out)}, {"dinp", to_double(dinp)}};
+  }
+};
+
+// out = (a + b) + c via add_forward then add_inplace. Neither has a backward kernel: the
+// gradient of a residual add is dout for every operand (the model adds it into the residual
+// gradient stream with add_inplace), which is what the FD check confirms.
+struct ResidualOp {
+  int64_t N = 80;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"a", random_vec(rng, N)},
+            {"b", random_vec(rng, N)},
+            {"c", random_vec(rng, N)},
+            {"R", random_vec(rng, N)}};
+  }
+  std::vector<std::string> wrt() const { return {"a", "b", "c"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto a = cast<T>(in.at("a"));
+    auto b = cast<T>(in.at("b"));
+    auto c = cast<T>(in.at("c"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N), dres(N, T(0));
+    add_forward(out.data(), a.data(), b.data(), N);
+    add_inplace(out.data(), c.data(), N);
+    add_inplace(dres.data(), R.data(), N);
+    const Vec g = to_double(dres);
+    return {{"out", to_double(out)}, {"da", g}, {"db", g}, {"dc", g}};
+  }
+};
+
+// Single-rank cross-entropy: the three passes with identity reductions, then the backward.
+// Vl = 11 columns of which vocab_size = 9 are real: the 2 padding columns must get zero grad.
+struct CrossEntropyOp {
+  int64_t N = 6, Vl = 11, vocab_size = 9;
+  std::vector<int32_t> targets{0, 8, 3, 3, 5, 1};
+  double logit_scale = 3.0;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"logits", random_vec(rng, N * Vl, -logit_scale, logit_scale)},
+            {"R", random_vec(rng, N, 0.1, 1.0)}};
+  }
+  std::vector<std::string> wrt() const { return {"logits"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto logits = cast<T>(in.at("logits"));
+    auto dloss = cast<T>(in.at("R"));
+    std::vector<T> row_max(N), sums(2 * N), losses(N), dlogits(N * Vl);
+    cross_entropy_local_max(row_max.data(), logits.data(), N, Vl, 0, vocab_size);
+    cross_entropy_local_sums(sums.data(), logits.data(), targets.data(), row_max.data(), N, Vl, 0,
+                             vocab_size);
+    cross_entropy_loss(losses.data(), row_max.data(), sums.data(), N);
+    cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), row_max.data(),
+                           sums.data(), dloss.data(), N, Vl, 0, vocab_size);
+    return {{"out", to_double(losses)}, {"dlogits", to_double(dlogits)}};
+  }
+};
+
+// ------------------------------------------------------------------------------ checkers
+
+// Worst (over the differentiated inputs) FD relative error of op in double.
+template <class Op>
+double fd_worst(const Op& op, const char* name, uint64_t seed = 1) {
+  std::mt19937_64 rng(seed);
+  Tensors in = op.make(rng);
+  const Vec& R = in.at("R");
+  const Tensors analytic = op.template run<double>(in);
+  double worst = 0;
+  for (const std::string& x : op.wrt()) {
+    Vec& v = in.at(x);
+    const Vec& g = analytic.at("d" + x);
+    Vec g_fd(v.size());
+    for (size_t i = 0; i < v.size(); i++) {
+      const double x0 = v[i];
+      v[i] = x0 + kFdStep;
+      const double lp = dot(op.template run<double>(in).at("out"), R);
+      v[i] = x0 - kFdStep;
+      const double lm = dot(op.template run<double>(in).at("out"), R);
+      v[i] = x0;
+      g_fd[i] = (lp - lm) / (2 * kFdStep);
+    }
+    const double rel = rel_diff(g_fd, g);
+    EXPECT_LE(rel, kFdTol) << name << " d" << x;
+    EXPECT_GT(norm(g_fd), 0.0) << name << " d" << x << ": degenerate check";
+    worst = std::max(worst, rel);
+  }
+  std::cout << "[fd] " << std::setw(20) << std::left << name << " worst rel err "
+            << std::scientific << std::setprecision(2) << worst << std::endl;
+  return worst;
+}
+
+// Worst relative difference between the float and the double instantiation, over every
+// returned tensor (forward outputs and gradients), on inputs exactly representable in float.
+template <class Op>
+double float_vs_double(const Op& op, const char* name, double tol = kFloatTol,
+                       uint64_t seed = 7) {
+  std::mt19937_64 rng(seed);
+  Tensors in = op.make(rng);
+  for (auto& [k, v] : in) v = float_exact(v);
+  const Tensors d = op.template run<double>(in);
+  const Tensors f = op.template run<float>(in);
+  double worst = 0;
+  for (const auto& [k, ref] : d) {
+    const double rel = rel_diff(ref, f.at(k));
+    EXPECT_LE(rel, tol) << name << " " << k;
+    worst = std::max(worst, rel);
+  }
+  std::cout << "[float] " << std::setw(20) << std::left << name << " worst rel diff "
+            << std::scientific << std::setprecision(2) << worst << std::endl;
+  return worst;
+}
+
+// ---------------------------------------------------------------------- FD gradient tests
+
+TEST(KernelsGrad, TokenEmbedding) { fd_worst(TokenEmbeddingOp{}, "token_embedding"); }
+TEST(KernelsGrad, PositionEmbedding) { fd_worst(PositionEmbeddingOp{}, "position_embedding"); }
+TEST(KernelsGrad, LayerNorm) { fd_worst(LayerNormOp{}, "layernorm"); }
+TEST(KernelsGrad, Linear) { fd_worst(LinearOp{}, "linear"); }
+TEST(KernelsGrad, LinearNoBias) {
+  LinearOp op;
+  op.with_bias = false;
+  fd_worst(op, "linear (no bias)");
+}
+TEST(KernelsGrad, Attention) { fd_worst(AttentionOp{}, "attention"); }
+TEST(KernelsGrad, AttentionPeakedSoftmax) {
+  AttentionOp op;  // large scores: nearly one-hot rows
+  op.qkv_scale = 3.0;
+  fd_worst(op, "attention (peaked)");
+}
+TEST(KernelsGrad, Gelu) { fd_worst(GeluOp{}, "gelu"); }
+TEST(KernelsGrad, Residual) { fd_worst(ResidualOp{}, "residual"); }
+TEST(KernelsGrad, CrossEntropy) { fd_worst(CrossEntropyOp{}, "cross_entropy"); }
+
+// -------------------------------------------------------- float instantiation vs double
+// Larger shapes than the FD checks so that the vectorised loop bodies (8 floats per AVX2
+// vector), the vectorised exp and the attention's row blocks (128 rows) are all exercised.
+
+TEST(KernelsFloat, TokenEmbedding) {
+  TokenEmbeddingOp op;
+  op.C = 72;
+  float_vs_double(op, "token_embedding");
+}
+TEST(KernelsFloat, PositionEmbedding) {
+  PositionEmbeddingOp op;
+  op.T = 33;
+  op.Tmax = 40;
+  op.C = 72;
+  float_vs_double(op, "position_embedding");
+}
+TEST(KernelsFloat, LayerNorm) {
+  LayerNormOp op;
+  op.N = 70;
+  op.C = 200;
+  float_vs_double(op, "layernorm");
+}
+TEST(KernelsFloat, Linear) {
+  LinearOp op;
+  op.N = 70;
+  op.C = 96;
+  op.OC = 130;
+  float_vs_double(op, "linear");
+}
+TEST(KernelsFloat, Attention) {
+  AttentionOp op;
+  op.B = 1;
+  op.T = 300;
+  op.NH = 2;
+  op.HS = 16;
+  float_vs_double(op, "attention");
+}
+TEST(KernelsFloat, Gelu) {
+  GeluOp op;
+  op.N = 100000;  // above the threshold of the threaded loop
+  float_vs_double(op, "gelu");
+}
+TEST(KernelsFloat, Residual) {
+  ResidualOp op;
+  op.N = 100000;
+  float_vs_double(op, "residual");
+}
+TEST(KernelsFloat, CrossEntropy) {
+  CrossEntropyOp op;
+  op.N = 16;
+  op.Vl = 5000;
+  op.vocab_size = 4990;
+  op.logit_scale = 8.0;
+  op.targets = {0, 4989, 17, 17, 2500, 1, 3, 4000, 4500, 12, 13, 14, 15, 16, 100, 200};
+  float_vs_double(op, "cross_entropy");
+}
+
+}  // namespace

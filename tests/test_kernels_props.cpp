@@ -1,0 +1,565 @@
+// Properties of the CPU kernels beyond their gradients: vocab-parallel cross-entropy split over
+// simulated ranks (with padding), out-of-range embedding ids, attention causality and its
+// row-blocked GEMMs against a naive reference, accumulate/overwrite conventions, bitwise
+// determinism of the threaded float kernels, and the accuracy of the vectorised exp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
+
+namespace {
+
+using namespace trident::cpu;
+
+template <typename T>
+std::vector<T> random_vec(std::mt19937_64& rng, size_t n, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<T> v(n);
+  for (T& x : v) x = static_cast<T>(u(rng));
+  return v;
+}
+
+template <typename T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
+}
+
+template <typename T>
+double max_abs_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); i++)
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return m;
+}
+
+template <typename T>
+std::vector<T> nan_vec(size_t n) {
+  return std::vector<T>(n, std::numeric_limits<T>::quiet_NaN());
+}
+
+// Runs the test body with a given thread count, restoring the previous one.
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : saved_(num_threads()) { set_num_threads(n); }
+  ~ThreadCount() { set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// ------------------------------------------------------------- vocab-parallel cross-entropy
+
+template <typename T>
+struct CeResult {
+  std::vector<T> losses, dlogits;
+};
+
+// The three passes on `ranks` simulated ranks that split the Vtot = ranks * Vl columns; the
+// MAX and SUM all-reduces are done here by hand (in rank order).
+template <typename T>
+CeResult<T> ce_split(const std::vector<T>& logits, const std::vector<int32_t>& targets,
+                     const std::vector<T>& dloss, int64_t N, int64_t Vtot, int64_t vocab_size,
+                     int ranks) {
+  const int64_t Vl = Vtot / ranks;
+  std::vector<std::vector<T>> local(ranks, std::vector<T>(N * Vl));
+  for (int r = 0; r < ranks; r++)
+    for (int64_t n = 0; n < N; n++)
+      std::copy_n(logits.begin() + n * Vtot + r * Vl, Vl, local[r].begin() + n * Vl);
+  std::vector<T> row_max(N, -std::numeric_limits<T>::infinity()), m(N);
+  for (int r = 0; r < ranks; r++) {
+    cross_entropy_local_max(m.data(), local[r].data(), N, Vl, r * Vl, vocab_size);
+    for (int64_t n = 0; n < N; n++) row_max[n] = std::max(row_max[n], m[n]);
+  }
+  std::vector<T> sums(2 * N, T(0)), s(2 * N);
+  for (int r = 0; r < ranks; r++) {
+    cross_entropy_local_sums(s.data(), local[r].data(), targets.data(), row_max.data(), N, Vl,
+                             r * Vl, vocab_size);
+    for (int64_t i = 0; i < 2 * N; i++) sums[i] += s[i];
+  }
+  CeResult<T> res;
+  res.losses.resize(N);
+  cross_entropy_loss(res.losses.data(), row_max.data(), sums.data(), N);
+  res.dlogits.resize(N * Vtot);
+  for (int r = 0; r < ranks; r++) {
+    // in place over this rank's logits, as the trainer does
+    cross_entropy_backward(local[r].data(), local[r].data(), targets.data(), row_max.data(),
+                           sums.data(), dloss.data(), N, Vl, r * Vl, vocab_size);
+    for (int64_t n = 0; n < N; n++)
+      std::copy_n(local[r].begin() + n * Vl, Vl, res.dlogits.begin() + n * Vtot + r * Vl);
+  }
+  return res;
+}
+
+template <typename T>
+void check_ce_split(int64_t vocab_size, double tol) {
+  const int64_t N = 7, Vtot = 24;  // divisible by 1, 2 and 3 ranks
+  std::mt19937_64 rng(11);
+  auto logits = random_vec<T>(rng, N * Vtot, -4.0, 4.0);
+  // Huge values in the padding columns: they must not affect anything.
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t v = vocab_size; v < Vtot; v++) logits[n * Vtot + v] = T(1000 + v);
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; n++) targets[n] = static_cast<int32_t>((n * 5) % vocab_size);
+  targets[N - 1] = static_cast<int32_t>(vocab_size - 1);
+  auto dloss = random_vec<T>(rng, N, 0.1, 1.0);
+
+  // Naive reference in double.
+  std::vector<double> ref_loss(N), ref_grad(N * Vtot, 0.0);
+  for (int64_t n = 0; n < N; n++) {
+    double mx = -1e300;
+    for (int64_t v = 0; v < vocab_size; v++) mx = std::max(mx, double(logits[n * Vtot + v]));
+    double s = 0;
+    for (int64_t v = 0; v < vocab_size; v++) s += std::exp(double(logits[n * Vtot + v]) - mx);
+    ref_loss[n] = std::log(s) + mx - double(logits[n * Vtot + targets[n]]);
+    for (int64_t v = 0; v < vocab_size; v++)
+      ref_grad[n * Vtot + v] = double(dloss[n]) *
+                               (std::exp(double(logits[n * Vtot + v]) - mx) / s -
+                                (v == targets[n] ? 1.0 : 0.0));
+  }
+
+  const CeResult<T> one = ce_split(logits, targets, dloss, N, Vtot, vocab_size, 1);
+  for (int64_t n = 0; n < N; n++) EXPECT_NEAR(one.losses[n], ref_loss[n], tol * 10);
+  for (int64_t i = 0; i < N * Vtot; i++) EXPECT_NEAR(one.dlogits[i], ref_grad[i], tol);
+  for (int ranks : {2, 3}) {
+    const CeResult<T> split = ce_split(logits, targets, dloss, N, Vtot, vocab_size, ranks);
+    EXPECT_LE(max_abs_diff(split.losses, one.losses), tol) << ranks << " ranks";
+    EXPECT_LE(max_abs_diff(split.dlogits, one.dlogits), tol) << ranks << " ranks";
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t v = vocab_size; v < Vtot; v++)
+        EXPECT_EQ(split.dlogits[n * Vtot + v], T(0)) << "padding column " << v;
+  }
+}
+
+TEST(KernelsCrossEntropy, VocabParallelSplitDouble) {
+  check_ce_split<double>(22, 1e-13);  // 2 padding columns, on the last rank
+  check_ce_split<double>(15, 1e-13);  // with 3 ranks the last rank holds only padding
+}
+TEST(KernelsCrossEntropy, VocabParallelSplitFloat) {
+  check_ce_split<float>(22, 2e-6);
+  check_ce_split<float>(15, 2e-6);
+}
+
+TEST(KernelsCrossEntropy, InPlaceEqualsOutOfPlace) {
+  const int64_t N = 9, V = 1000, vocab_size = 990;
+  std::mt19937_64 rng(5);
+  auto logits = random_vec<float>(rng, N * V, -6.0, 6.0);
+  std::vector<int32_t> targets{0, 1, 989, 500, 500, 7, 8, 9, 900};
+  auto dloss = random_vec<float>(rng, N, 0.1, 1.0);
+  std::vector<float> row_max(N), sums(2 * N);
+  cross_entropy_local_max(row_max.data(), logits.data(), N, V, 0, vocab_size);
+  cross_entropy_local_sums(sums.data(), logits.data(), targets.data(), row_max.data(), N, V, 0,
+                           vocab_size);
+  auto out_of_place = nan_vec<float>(N * V);
+  cross_entropy_backward(out_of_place.data(), logits.data(), targets.data(), row_max.data(),
+                         sums.data(), dloss.data(), N, V, 0, vocab_size);
+  cross_entropy_backward(logits.data(), logits.data(), targets.data(), row_max.data(),
+                         sums.data(), dloss.data(), N, V, 0, vocab_size);
+  EXPECT_TRUE(bitwise_equal(out_of_place, logits));
+  // Each row of the gradient sums to zero (softmax minus one-hot).
+  for (int64_t n = 0; n < N; n++) {
+    double s = 0;
+    for (int64_t v = 0; v < V; v++) s += logits[n * V + v];
+    EXPECT_NEAR(s, 0.0, 1e-6);
+  }
+}
+
+// --------------------------------------------------------------------------- embeddings
+
+TEST(KernelsEmbedding, OutOfRangeIdsContributeZero) {
+  const int64_t N = 8, C = 16, vocab_begin = 10, rows = 5;
+  const std::vector<int32_t> ids{-1, 9, 10, 14, 15, 100, 12, 12};
+  std::mt19937_64 rng(3);
+  auto wte = random_vec<double>(rng, rows * C);
+  auto out = nan_vec<double>(N * C);
+  token_embedding_forward(out.data(), ids.data(), wte.data(), N, C, vocab_begin, rows);
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t r = ids[n] - vocab_begin;
+    for (int64_t c = 0; c < C; c++)
+      EXPECT_EQ(out[n * C + c], (r >= 0 && r < rows) ? wte[r * C + c] : 0.0) << n << "," << c;
+  }
+  auto dout = random_vec<double>(rng, N * C);
+  std::vector<double> dwte(rows * C, 0.5);
+  token_embedding_backward(dwte.data(), dout.data(), ids.data(), N, C, vocab_begin, rows);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < C; c++) {
+      double expect = 0.5;
+      for (int64_t n = 0; n < N; n++)
+        if (ids[n] - vocab_begin == r) expect += dout[n * C + c];
+      EXPECT_DOUBLE_EQ(dwte[r * C + c], expect) << r << "," << c;
+    }
+}
+
+// --------------------------------------------------------------------------- attention
+
+// Naive causal attention in double: forward and backward.
+void attention_reference(std::vector<double>& out, std::vector<double>& dqkv,
+                         const std::vector<double>& qkv, const std::vector<double>& dout,
+                         int64_t B, int64_t T, int64_t NH, int64_t HS) {
+  const int64_t C = NH * HS, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(HS));
+  out.assign(B * T * C, 0.0);
+  dqkv.assign(B * T * C3, 0.0);
+  std::vector<double> p(T), dp(T);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < NH; h++)
+      for (int64_t t = 0; t < T; t++) {
+        const double* q = &qkv[(b * T + t) * C3 + h * HS];
+        double mx = -1e300;
+        for (int64_t s = 0; s <= t; s++) {
+          const double* k = &qkv[(b * T + s) * C3 + C + h * HS];
+          double d = 0;
+          for (int64_t i = 0; i < HS; i++) d += q[i] * k[i];
+          p[s] = d * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s <= t; s++) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = 0; s <= t; s++) p[s] /= sum;
+        const double* g = &dout[(b * T + t) * C + h * HS];
+        double pdp = 0;
+        for (int64_t s = 0; s <= t; s++) {
+          const double* v = &qkv[(b * T + s) * C3 + 2 * C + h * HS];
+          double d = 0;
+          for (int64_t i = 0; i < HS; i++) {
+            out[(b * T + t) * C + h * HS + i] += p[s] * v[i];
+            d += g[i] * v[i];
+          }
+          dp[s] = d;
+          pdp += p[s] * d;
+        }
+        for (int64_t s = 0; s <= t; s++) {
+          const double ds = p[s] * (dp[s] - pdp) * scale;
+          const double* k = &qkv[(b * T + s) * C3 + C + h * HS];
+          for (int64_t i = 0; i < HS; i++) {
+            dqkv[(b * T + t) * C3 + h * HS + i] += ds * k[i];
+            dqkv[(b * T + s) * C3 + C + h * HS + i] += ds * q[i];
+            dqkv[(b * T + s) * C3 + 2 * C + h * HS + i] += p[s] * g[i];
+          }
+        }
+      }
+}
+
+TEST(KernelsAttention, BlockedMatchesNaiveReference) {
+  // Sequence lengths around the 128-row blocks of the implementation.
+  for (int64_t T : {1, 2, 127, 128, 129, 300}) {
+    const int64_t B = 2, NH = 3, HS = 8, C = NH * HS;
+    std::mt19937_64 rng(100 + T);
+    auto qkv = random_vec<double>(rng, B * T * 3 * C, -2.0, 2.0);
+    auto dout = random_vec<double>(rng, B * T * C);
+    std::vector<double> ref_out, ref_dqkv;
+    attention_reference(ref_out, ref_dqkv, qkv, dout, B, T, NH, HS);
+    auto out = nan_vec<double>(B * T * C), att = nan_vec<double>(B * NH * T * T);
+    auto dqkv = nan_vec<double>(B * T * 3 * C), scratch = nan_vec<double>(B * NH * T * T);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
+                       NH, HS);
+    EXPECT_LE(max_abs_diff(out, ref_out), 1e-12) << "T=" << T;
+    EXPECT_LE(max_abs_diff(dqkv, ref_dqkv), 1e-12) << "T=" << T;
+    // att: rows are distributions over s <= t, exact zeros above the diagonal.
+    for (int64_t bh = 0; bh < B * NH; bh++)
+      for (int64_t t = 0; t < T; t++) {
+        double s = 0;
+        for (int64_t u = 0; u < T; u++) {
+          const double a = att[(bh * T + t) * T + u];
+          if (u > t) {
+            ASSERT_EQ(a, 0.0) << "T=" << T << " t=" << t << " s=" << u;
+          } else {
+            s += a;
+          }
+        }
+        ASSERT_NEAR(s, 1.0, 1e-12);
+      }
+  }
+}
+
+template <typename F>
+void check_causality(int64_t T, int64_t t0) {
+  const int64_t B = 2, NH = 2, HS = 16, C = NH * HS;
+  std::mt19937_64 rng(9);
+  auto qkv = random_vec<F>(rng, B * T * 3 * C, -2.0, 2.0);
+  std::vector<F> out1(B * T * C), out2(B * T * C), att(B * NH * T * T);
+  attention_forward(out1.data(), att.data(), qkv.data(), B, T, NH, HS);
+  for (int64_t j = 0; j < 3 * C; j++) qkv[(0 * T + t0) * 3 * C + j] += F(0.5);  // batch 0
+  attention_forward(out2.data(), att.data(), qkv.data(), B, T, NH, HS);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      bool same = true;
+      for (int64_t c = 0; c < C; c++)
+        same = same && out1[(b * T + t) * C + c] == out2[(b * T + t) * C + c];
+      if (b == 0 && t >= t0) {
+        EXPECT_FALSE(same) << "t=" << t << " should see token " << t0;
+      } else {
+        EXPECT_TRUE(same) << "b=" << b << " t=" << t << " changed with token " << t0;
+      }
+    }
+}
+
+TEST(KernelsAttention, Causality) {
+  check_causality<double>(5, 3);
+  check_causality<float>(300, 150);  // several row blocks
+  check_causality<float>(300, 0);
+}
+
+// -------------------------------------------------- accumulate (params) / overwrite (acts)
+
+TEST(KernelsConventions, ParamGradsAccumulateActivationGradsOverwrite) {
+  std::mt19937_64 rng(21);
+  const int64_t B = 2, T = 6, C = 16, NH = 2, HS = 8, OC = 24, N = B * T;
+  auto dout = random_vec<double>(rng, N * C);
+  const auto twice = [](const std::vector<double>& once, const std::vector<double>& two,
+                        const char* what) {
+    for (size_t i = 0; i < once.size(); i++)
+      ASSERT_NEAR(two[i], 2 * once[i], 1e-13 * (1 + std::abs(once[i]))) << what << " " << i;
+  };
+  {  // token embedding
+    const std::vector<int32_t> ids{0, 1, 2, 3, 3, 3, 1, 0, 5, 6, 2, 2};
+    std::vector<double> d1(7 * C, 0.0);
+    token_embedding_backward(d1.data(), dout.data(), ids.data(), N, C, 0, 7);
+    auto d2 = d1;
+    token_embedding_backward(d2.data(), dout.data(), ids.data(), N, C, 0, 7);
+    twice(d1, d2, "dwte");
+  }
+  {  // position embedding
+    std::vector<double> d1(T * C, 0.0);
+    position_embedding_backward(d1.data(), dout.data(), B, T, C);
+    auto d2 = d1;
+    position_embedding_backward(d2.data(), dout.data(), B, T, C);
+    twice(d1, d2, "dwpe");
+  }
+  {  // layernorm
+    auto inp = random_vec<double>(rng, N * C), w = random_vec<double>(rng, C),
+         bias = random_vec<double>(rng, C);
+    std::vector<double> out(N * C), mean(N), rstd(N);
+    layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), bias.data(),
+                      N, C);
+    std::vector<double> dinp0(N * C, 0.0), dw1(C, 0.0), db1(C, 0.0);
+    layernorm_backward(dinp0.data(), dw1.data(), db1.data(), dout.data(), inp.data(), w.data(),
+                       mean.data(), rstd.data(), N, C);
+    auto dinp = nan_vec<double>(N * C);
+    auto dw2 = dw1, db2 = db1;
+    layernorm_backward(dinp.data(), dw2.data(), db2.data(), dout.data(), inp.data(), w.data(),
+                       mean.data(), rstd.data(), N, C);
+    twice(dw1, dw2, "ln dweight");
+    twice(db1, db2, "ln dbias");
+    EXPECT_TRUE(bitwise_equal(dinp, dinp0));
+  }
+  {  // linear
+    auto inp = random_vec<double>(rng, N * C), w = random_vec<double>(rng, OC * C);
+    auto g = random_vec<double>(rng, N * OC);
+    std::vector<double> dinp0(N * C, 0.0), dw1(OC * C, 0.0), db1(OC, 0.0);
+    linear_backward(dinp0.data(), dw1.data(), db1.data(), g.data(), inp.data(), w.data(), N, C,
+                    OC);
+    auto dinp = nan_vec<double>(N * C);
+    auto dw2 = dw1, db2 = db1;
+    linear_backward(dinp.data(), dw2.data(), db2.data(), g.data(), inp.data(), w.data(), N, C,
+                    OC);
+    twice(dw1, dw2, "linear dweight");
+    twice(db1, db2, "linear dbias");
+    EXPECT_TRUE(bitwise_equal(dinp, dinp0));
+    // dinp == nullptr and dbias == nullptr are skipped; dweight still accumulates.
+    auto dw3 = dw1;
+    linear_backward<double>(nullptr, dw3.data(), nullptr, g.data(), inp.data(), w.data(), N, C,
+                            OC);
+    twice(dw1, dw3, "linear dweight (no dinp, no dbias)");
+  }
+  {  // attention: dqkv overwritten, scratch contents irrelevant
+    auto qkv = random_vec<double>(rng, N * 3 * C);
+    std::vector<double> out(N * C), att(B * NH * T * T), dq0(N * 3 * C, 0.0),
+        scratch0(B * NH * T * T, 0.0);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_backward(dq0.data(), scratch0.data(), dout.data(), qkv.data(), att.data(), B, T,
+                       NH, HS);
+    auto dq = nan_vec<double>(N * 3 * C), scratch = nan_vec<double>(B * NH * T * T);
+    attention_backward(dq.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, NH,
+                       HS);
+    EXPECT_TRUE(bitwise_equal(dq, dq0));
+  }
+  {  // gelu
+    auto x = random_vec<double>(rng, N * C, -3.0, 3.0);
+    std::vector<double> d0(N * C, 0.0);
+    gelu_backward(d0.data(), x.data(), dout.data(), N * C);
+    auto d = nan_vec<double>(N * C);
+    gelu_backward(d.data(), x.data(), dout.data(), N * C);
+    EXPECT_TRUE(bitwise_equal(d, d0));
+  }
+}
+
+// ------------------------------------------------------------------------- determinism
+
+// Runs every float kernel (forward and backward) at a moderate size and returns all outputs.
+std::vector<std::vector<float>> run_all_float() {
+  const int64_t B = 2, T = 200, NH = 4, HS = 16, C = NH * HS, N = B * T, OC = 3 * C;
+  const int64_t V = 3000, vocab_size = 2990;
+  std::mt19937_64 rng(77);
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; n++) ids[n] = static_cast<int32_t>((n * 7) % 50);  // repeats
+  auto wte = random_vec<float>(rng, 50 * C), wpe = random_vec<float>(rng, T * C);
+  auto lnw = random_vec<float>(rng, C), lnb = random_vec<float>(rng, C);
+  auto w = random_vec<float>(rng, OC * C), bias = random_vec<float>(rng, OC);
+  auto dres = random_vec<float>(rng, N * C);
+  auto logits = random_vec<float>(rng, N * V, -5.0, 5.0);
+  auto dloss = random_vec<float>(rng, N, 0.0, 1.0 / N);
+
+  std::vector<std::vector<float>> r;
+  std::vector<float> x(N * C);
+  token_embedding_forward(x.data(), ids.data(), wte.data(), N, C, 0, 50);
+  position_embedding_forward(x.data(), wpe.data(), B, T, C);
+  std::vector<float> ln(N * C), mean(N), rstd(N);
+  layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), lnw.data(), lnb.data(), N, C);
+  std::vector<float> qkv(N * OC);
+  linear_forward(qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
+  std::vector<float> y(N * C), att(B * NH * T * T);
+  attention_forward(y.data(), att.data(), qkv.data(), B, T, NH, HS);
+  std::vector<float> gl(N * C), res(N * C);
+  gelu_forward(gl.data(), y.data(), N * C);
+  add_forward(res.data(), gl.data(), x.data(), N * C);
+  r.insert(r.end(), {x, ln, mean, rstd, qkv, y, att, gl, res});
+
+  std::vector<float> dy(N * C);
+  gelu_backward(dy.data(), y.data(), dres.data(), N * C);
+  std::vector<float> dqkv(N * OC), scratch(att.size());
+  attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T, NH,
+                     HS);
+  std::vector<float> dln(N * C), dw(OC * C, 0.f), db(OC, 0.f);
+  linear_backward(dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(), N, C, OC);
+  std::vector<float> dx(N * C), dlnw(C, 0.f), dlnb(C, 0.f);
+  layernorm_backward(dx.data(), dlnw.data(), dlnb.data(), dln.data(), x.data(), lnw.data(),
+                     mean.data(), rstd.data(), N, C);
+  add_inplace(dx.data(), dres.data(), N * C);
+  std::vector<float> dwte(50 * C, 0.f), dwpe(T * C, 0.f);
+  token_embedding_backward(dwte.data(), dx.data(), ids.data(), N, C, 0, 50);
+  position_embedding_backward(dwpe.data(), dx.data(), B, T, C);
+  r.insert(r.end(), {dy, dqkv, dln, dw, db, dx, dlnw, dlnb, dwte, dwpe});
+
+  std::vector<float> row_max(N), sums(2 * N), losses(N);
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; n++) targets[n] = static_cast<int32_t>((n * 13) % vocab_size);
+  cross_entropy_local_max(row_max.data(), logits.data(), N, V, 0, vocab_size);
+  cross_entropy_local_sums(sums.data(), logits.data(), targets.data(), row_max.data(), N, V, 0,
+                           vocab_size);
+  cross_entropy_loss(losses.data(), row_max.data(), sums.data(), N);
+  cross_entropy_backward(logits.data(), logits.data(), targets.data(), row_max.data(),
+                         sums.data(), dloss.data(), N, V, 0, vocab_size);
+  r.insert(r.end(), {row_max, sums, losses, logits});
+  return r;
+}
+
+const char* const kOutputNames[] = {
+    "x",     "ln",   "mean", "rstd", "qkv",  "attn_out", "att",  "gelu",  "res",    "dy",
+    "dqkv",  "dln",  "dw",   "db",   "dx",   "dlnw",     "dlnb", "dwte",  "dwpe",   "row_max",
+    "sums",  "loss", "dlogits"};
+
+TEST(KernelsDeterminism, FloatTwoThreadsBitwiseReproducible) {
+  ThreadCount threads(2);
+  ASSERT_EQ(num_threads(), 2);
+  const auto a = run_all_float();
+  const auto b = run_all_float();
+  ASSERT_EQ(a.size(), std::size(kOutputNames));
+  int differing = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    EXPECT_TRUE(bitwise_equal(a[i], b[i])) << kOutputNames[i];
+    differing += !bitwise_equal(a[i], b[i]);
+  }
+  std::cout << "[determinism] 2 threads, two calls: " << a.size() - differing << "/" << a.size()
+            << " outputs bitwise identical" << std::endl;
+}
+
+// Everything except the multithreaded OpenBLAS GEMMs of the linear layer (and what depends
+// on them) is also independent of the thread count: fixed row chunks, column-parallel sums,
+// and single-threaded GEMMs inside the attention tasks.
+TEST(KernelsDeterminism, ThreadCountIndependentWhereDesigned) {
+  std::vector<std::vector<float>> one, two;
+  {
+    ThreadCount threads(1);
+    one = run_all_float();
+  }
+  {
+    ThreadCount threads(2);
+    two = run_all_float();
+  }
+  int same = 0;
+  for (size_t i = 0; i < one.size(); i++) same += bitwise_equal(one[i], two[i]);
+  std::cout << "[determinism] 1 vs 2 threads: " << same << "/" << one.size()
+            << " outputs bitwise identical" << std::endl;
+  // Kernels fed only by thread-count independent inputs.
+  for (const char* name : {"x", "ln", "mean", "rstd", "row_max", "sums", "loss", "dlogits"}) {
+    const size_t i = std::find_if(std::begin(kOutputNames), std::end(kOutputNames),
+                                  [&](const char* s) { return std::strcmp(s, name) == 0; }) -
+                     std::begin(kOutputNames);
+    EXPECT_TRUE(bitwise_equal(one[i], two[i])) << name;
+  }
+  // Same for attention, layernorm backward and the embedding backwards on fixed inputs.
+  const int64_t B = 2, T = 260, NH = 3, HS = 16, C = NH * HS, N = B * T;
+  std::mt19937_64 rng(8);
+  auto qkv = random_vec<float>(rng, N * 3 * C), dout = random_vec<float>(rng, N * C);
+  auto inp = random_vec<float>(rng, N * C), w = random_vec<float>(rng, C);
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; n++) ids[n] = static_cast<int32_t>(n % 17);
+  const auto run = [&] {
+    std::vector<std::vector<float>> r;
+    std::vector<float> out(N * C), att(B * NH * T * T), dqkv(N * 3 * C), scratch(att.size());
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
+                       NH, HS);
+    std::vector<float> ln(N * C), mean(N), rstd(N), dinp(N * C), dw(C, 0.f), db(C, 0.f);
+    layernorm_forward(ln.data(), mean.data(), rstd.data(), inp.data(), w.data(), w.data(), N, C);
+    layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                       mean.data(), rstd.data(), N, C);
+    std::vector<float> dwte(17 * C, 0.f), dwpe(T * C, 0.f);
+    token_embedding_backward(dwte.data(), dout.data(), ids.data(), N, C, 0, 17);
+    position_embedding_backward(dwpe.data(), dout.data(), B, T, C);
+    r.insert(r.end(), {out, att, dqkv, dinp, dw, db, dwte, dwpe});
+    return r;
+  };
+  {
+    ThreadCount threads(1);
+    one = run();
+  }
+  {
+    ThreadCount threads(2);
+    two = run();
+  }
+  const char* names[] = {"attn out", "att", "dqkv", "ln dinp", "ln dw", "ln db", "dwte", "dwpe"};
+  for (size_t i = 0; i < one.size(); i++) EXPECT_TRUE(bitwise_equal(one[i], two[i])) << names[i];
+}
+
+TEST(KernelsThreads, SetAndGet) {
+  ThreadCount threads(1);
+  EXPECT_EQ(num_threads(), 1);
+  set_num_threads(2);
+  EXPECT_EQ(num_threads(), 2);
+}
+
+// --------------------------------------------------------------------------- vector exp
+
+TEST(KernelsVecMath, FastExpAccuracy) {
+  double worst = 0;
+  const int64_t n = 2000001;
+  std::vector<float> x(n), y(n);
+  for (int64_t i = 0; i < n; i++) x[i] = -87.0f + 175.3f * float(i) / float(n - 1);
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) y[i] = trident::cpu::detail::exp_fast(x[i]);
+  for (int64_t i = 0; i < n; i++) {
+    const double ref = std::exp(double(x[i]));
+    worst = std::max(worst, std::abs(y[i] - ref) / ref);
+  }
+  std::cout << "[exp_fast] max rel err over [-87, 88.3]: " << worst << std::endl;
+  EXPECT_LE(worst, 3e-7);  // ~2.5 ulp
+  EXPECT_EQ(trident::cpu::detail::exp_fast(-88.0f), 0.0f);
+  EXPECT_EQ(trident::cpu::detail::exp_fast(-1e30f), 0.0f);
+  EXPECT_EQ(trident::cpu::detail::exp_fast(0.0f), 1.0f);
+  EXPECT_TRUE(std::isfinite(trident::cpu::detail::exp_fast(1e30f)));
+  EXPECT_TRUE(std::isnan(trident::cpu::detail::exp_fast(std::numeric_limits<float>::quiet_NaN())));
+}
+
+}  // namespace
