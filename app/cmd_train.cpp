@@ -54,10 +54,6 @@ void print_figures(const Config& c, int world_size, int threads) {
 
 void run_train(const TrainOptions& options) {
   const Config config = load_config(options.config, options.overrides);
-  if (config.parallel.pipeline > 1)
-    throw Error(config.source + ": parallel.pipeline = " +
-                std::to_string(config.parallel.pipeline) +
-                ": pipeline parallelism is not available in this build yet");
   ProcessGrid grid(MPI_COMM_WORLD, config);
 
   // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
@@ -72,12 +68,11 @@ void run_train(const TrainOptions& options) {
     std::fflush(stdout);
   }
 
-  const GridCoord c = grid.coord();
-  Trainer trainer(config, {grid.world(), grid.tensor(), grid.data(), grid.model(), c.tp,
-                           grid.shape().tp, c.dp, grid.shape().dp});
+  Trainer trainer(config, TrainerGroups::from_grid(grid));
   trainer.run();
+  const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
   if (lead) {
-    std::printf("communication of rank 0:\n%s", grid.stats_table().c_str());
+    std::printf("%scommunication of rank 0:\n%s", pipeline.c_str(), grid.stats_table().c_str());
     std::fflush(stdout);
   }
 }

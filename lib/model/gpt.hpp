@@ -60,6 +60,7 @@ class Gpt {
     Buffer<F> lnf, lnf_mean, lnf_rstd;
     Buffer<F> logits;                // [N, Vl] (gradients overwrite it in backward)
     Buffer<F> row_max, sums, losses; // [N], [2N], [N]
+    F loss = 0;                      // mean loss of the micro-batch (last stage)
   };
 
   Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm);

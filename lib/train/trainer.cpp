@@ -4,20 +4,48 @@
 #include <cmath>
 #include <iostream>
 
+#include "grid/process_grid.hpp"
 #include "model/model_stats.hpp"
 #include "optim/lr_schedule.hpp"
 #include "util/error.hpp"
 
 namespace trident {
 
+TrainerGroups TrainerGroups::from_grid(ProcessGrid& grid) {
+  const GridCoord c = grid.coord();
+  const GridShape s = grid.shape();
+  return {&grid.world(), &grid.tensor(), &grid.pipeline(), &grid.data(), &grid.model(),
+          grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp};
+}
+
+SelfGroups::SelfGroups()
+    : world_(make_self_communicator("world")),
+      tensor_(make_self_communicator("tensor")),
+      pipeline_(make_self_communicator("pipeline")),
+      data_(make_self_communicator("data")),
+      model_(make_self_communicator("model")),
+      embedding_(make_self_communicator("embedding")) {}
+
+TrainerGroups SelfGroups::groups() {
+  return {world_.get(), tensor_.get(), pipeline_.get(), data_.get(), model_.get(),
+          embedding_.get(), 0, 1, 0, 1, 0, 1};
+}
+
 Trainer::Trainer(const Config& config, TrainerGroups groups)
     : config_(config), groups_(groups) {
   const ModelConfig& m = config.model;
-  ModelShard shard = ModelShard::whole(m);
-  shard.tp_rank = groups.tp_rank;
-  shard.tp_size = groups.tp_size;
-  model_ = std::make_unique<Gpt<float>>(m, shard, groups.tensor);
+  const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
+  const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
+  const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
+                         groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1};
+  model_ = std::make_unique<Gpt<float>>(m, shard, *groups.tensor);
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
+  if (groups.pp_size > 1 && groups.embedding) {
+    // The tied embedding starts identical on the first and the last stage: the counter-based
+    // init makes it so already; the broadcast keeps it so whatever produced the weights.
+    const ParamInfo& wte = model_->param("embedding.token.weight");
+    groups.embedding->broadcast(model_->weights().data() + wte.offset, wte.numel(), DType::F32, 0);
+  }
   optimizer_ = std::make_unique<AdamW>(model_->params(),
                                        static_cast<int64_t>(model_->weights().size()),
                                        config.optim);
@@ -32,42 +60,55 @@ Trainer::Trainer(const Config& config, TrainerGroups groups)
     val_sampler_ = std::make_unique<BatchSampler>(val_data_->num_windows(),
                                                   config.train.global_batch, false, 0);
   }
-  acts_ = model_->make_activations(config.train.micro_batch);
-  tokens_.resize(config.train.micro_batch * m.seq_len);
-  targets_.resize(tokens_.size());
+  executor_ = std::make_unique<PipelineExecutor>(
+      *model_, *groups.pipeline, parse_schedule_kind(config.parallel.schedule),
+      config.train.micro_batch);
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
                     static_cast<double>(config.tokens_per_step());
   if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
 }
 
 void Trainer::load_microbatch(const TokenDataset& data, const BatchSampler& sampler, int64_t step,
-                              int64_t micro) {
+                              int64_t micro, int32_t* tokens, int32_t* targets) const {
+  // Only the first stage needs the tokens and only the last the targets; both read the same
+  // windows, so every stage of a pipeline agrees on the micro-batch without a message.
+  const ModelShard& shard = model_->shard();
+  if (!shard.has_embedding && !shard.has_head) return;
   const int64_t mb = config_.train.micro_batch, T = config_.model.seq_len;
   const int64_t first = BatchSampler::first_sample(config_.train.global_batch, groups_.dp_rank,
                                                    groups_.dp_size, micro, mb);
   for (int64_t b = 0; b < mb; ++b)
-    data.window(sampler.window_id(step, first + b), tokens_.data() + b * T,
-                targets_.data() + b * T);
+    data.window(sampler.window_id(step, first + b), tokens + b * T, targets + b * T);
+}
+
+double Trainer::from_last_stage(double value) {
+  if (groups_.pp_size > 1)
+    groups_.pipeline->broadcast(&value, 1, DType::F64, groups_.pp_size - 1);
+  return value;
 }
 
 double Trainer::forward_backward(int64_t step) {
   const int64_t micro_batches = config_.num_microbatches();
   Gpt<float>& model = *model_;
   model.zero_grads();
-  double loss_sum = 0.0;
-  for (int64_t micro = 0; micro < micro_batches; ++micro) {
-    load_microbatch(*train_data_, *train_sampler_, step, micro);
-    loss_sum += model.forward(acts_, tokens_.data(), targets_.data(), nullptr);
-    model.backward(acts_, 1.0f / static_cast<float>(micro_batches), nullptr, nullptr);
+  const double loss_sum = executor_->train(micro_batches, [&](int64_t micro, int32_t* tokens,
+                                                              int32_t* targets) {
+    load_microbatch(*train_data_, *train_sampler_, step, micro, tokens, targets);
+  });
+  if (groups_.pp_size > 1 && groups_.embedding) {
+    // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
+    // hold part of its gradient: sum them so both copies take the same update.
+    const ParamInfo& wte = model.param("embedding.token.weight");
+    groups_.embedding->all_reduce_sum(model.grads().data() + wte.offset, wte.numel());
   }
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
-  double loss = loss_sum / static_cast<double>(micro_batches);
+  double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
   if (groups_.dp_size > 1) {
     float* grads = model.grads().data();
     const int64_t n = static_cast<int64_t>(model.grads().size());
-    groups_.data.all_reduce_sum(&loss, 1);
+    groups_.data->all_reduce_sum(&loss, 1);
     loss /= groups_.dp_size;
-    groups_.data.all_reduce_sum(grads, n);
+    groups_.data->all_reduce_sum(grads, n);
     const float inv = 1.0f / static_cast<float>(groups_.dp_size);
     for (int64_t i = 0; i < n; ++i) grads[i] *= inv;
   }
@@ -79,7 +120,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   float* grads = model.grads().data();
   // Global gradient norm: every parameter counted once across the model-parallel group.
   double square_sum = grad_square_sum(model.params(), grads);
-  groups_.model_parallel.all_reduce_sum(&square_sum, 1);
+  groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
   const double lr = learning_rate(config_.optim, config_.train.steps, step);
   if (std::isfinite(grad_norm)) {
@@ -106,7 +147,7 @@ StepMetrics Trainer::train_step(int64_t step) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.ms_per_step = seconds * 1e3;
   m.tokens_per_s = static_cast<double>(config_.tokens_per_step()) / seconds;
-  m.gflops_per_rank = flops_per_step_ / seconds / 1e9 / groups_.world.size();
+  m.gflops_per_rank = flops_per_step_ / seconds / 1e9 / groups_.world->size();
   return m;
 }
 
@@ -114,13 +155,14 @@ double Trainer::evaluate() {
   const int64_t micro_batches = config_.num_microbatches();
   double loss_sum = 0.0;
   for (int64_t batch = 0; batch < config_.eval.steps; ++batch)
-    for (int64_t micro = 0; micro < micro_batches; ++micro) {
-      load_microbatch(*val_data_, *val_sampler_, batch, micro);
-      loss_sum += model_->forward(acts_, tokens_.data(), targets_.data(), nullptr);
-    }
-  double loss = loss_sum / static_cast<double>(micro_batches * config_.eval.steps);
+    loss_sum += executor_->evaluate(micro_batches, [&](int64_t micro, int32_t* tokens,
+                                                       int32_t* targets) {
+      load_microbatch(*val_data_, *val_sampler_, batch, micro, tokens, targets);
+    });
+  double loss =
+      from_last_stage(loss_sum / static_cast<double>(micro_batches * config_.eval.steps));
   if (groups_.dp_size > 1) {
-    groups_.data.all_reduce_sum(&loss, 1);
+    groups_.data->all_reduce_sum(&loss, 1);
     loss /= groups_.dp_size;
   }
   return loss;
@@ -136,6 +178,30 @@ void Trainer::run() {
       m.val_loss = evaluate();
     if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) log_->write(m);
   }
+}
+
+}  // namespace trident
+
+namespace trident {
+
+std::string Trainer::pipeline_report() {
+  // [bubble fraction, peak in-flight micro-batches, peak activation MB] of every stage.
+  const PipelineStats& st = executor_->stats();
+  double mine[3] = {st.busy_seconds > 0 ? st.wait_seconds / st.busy_seconds : 0.0,
+                    static_cast<double>(st.peak_in_flight), st.peak_activation_bytes / 1e6};
+  std::vector<double> all(3 * groups_.pp_size);
+  groups_.pipeline->all_gather(mine, all.data(), 3, DType::F64);
+  const double p = groups_.pp_size, m = static_cast<double>(config_.num_microbatches());
+  std::string out;
+  char line[256];
+  for (int s = 0; s < groups_.pp_size; ++s) {
+    std::snprintf(line, sizeof line,
+                  "pipeline stage %d: bubble %.3f measured, %.3f theory (p-1)/(m+p-1) | peak "
+                  "%g micro-batches held, %.1f MB activations\n",
+                  s, all[3 * s], (p - 1) / (m + p - 1), all[3 * s + 1], all[3 * s + 2]);
+    out += line;
+  }
+  return out;
 }
 
 }  // namespace trident

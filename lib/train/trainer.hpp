@@ -11,18 +11,36 @@
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
 #include "optim/adamw.hpp"
+#include "pipeline/executor.hpp"
 #include "train/metrics_log.hpp"
 
 namespace trident {
 
+class ProcessGrid;
+
 // The communicators the trainer uses, and this rank's place in the grid.
 struct TrainerGroups {
-  Communicator& world;
-  Communicator& tensor;
-  Communicator& data;
-  Communicator& model_parallel;  // tensor x pipeline: the gradient norm's sum
+  Communicator* world;
+  Communicator* tensor;
+  Communicator* pipeline;
+  Communicator* data;
+  Communicator* model_parallel;  // tensor x pipeline: the gradient norm's sum
+  Communicator* embedding;       // first + last stage; nullptr on middle stages
   int tp_rank = 0, tp_size = 1;
+  int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
+
+  static TrainerGroups from_grid(ProcessGrid& grid);
+};
+
+// Groups of one rank each (the single-rank reference run of parity tests).
+class SelfGroups {
+ public:
+  SelfGroups();
+  TrainerGroups groups();
+
+ private:
+  std::unique_ptr<Communicator> world_, tensor_, pipeline_, data_, model_, embedding_;
 };
 
 class Trainer {
@@ -43,14 +61,19 @@ class Trainer {
   double evaluate();
 
   Gpt<float>& model() { return *model_; }
+  PipelineExecutor& pipeline() { return *executor_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t skipped_steps() const { return skipped_steps_; }
-  bool is_logging_rank() const { return groups_.world.rank() == 0; }
+  bool is_logging_rank() const { return groups_.world->rank() == 0; }
+  // Per-stage pipeline figures gathered on every rank: "stage p: bubble measured x, theory y".
+  std::string pipeline_report();
 
  private:
   // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
   void load_microbatch(const TokenDataset& data, const BatchSampler& sampler, int64_t step,
-                       int64_t micro);
+                       int64_t micro, int32_t* tokens, int32_t* targets) const;
+  // The last stage's value, on every rank of the pipeline group.
+  double from_last_stage(double value);
 
   Config config_;
   TrainerGroups groups_;
@@ -58,8 +81,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<TokenDataset> train_data_, val_data_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
-  Gpt<float>::Activations acts_;
-  std::vector<int32_t> tokens_, targets_;
+  std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<MetricsLog> log_;
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;

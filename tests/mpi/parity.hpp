@@ -40,9 +40,8 @@ struct Reference {
 
 inline Reference reference_run(Config config, int64_t steps) {
   config.parallel.tensor = config.parallel.pipeline = config.parallel.data = 1;
-  auto world = make_self_communicator("world"), tensor = make_self_communicator("tensor"),
-       data = make_self_communicator("data"), model = make_self_communicator("model");
-  Trainer t(config, {*world, *tensor, *data, *model, 0, 1, 0, 1});
+  SelfGroups self;
+  Trainer t(config, self.groups());
   Reference ref;
   for (int64_t s = 0; s < steps; ++s) {
     const double loss = t.forward_backward(s);

@@ -1,0 +1,159 @@
+#include "pipeline/executor.hpp"
+
+#include <chrono>
+#include <map>
+
+#include "util/error.hpp"
+
+namespace trident {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+// Message tags: the forward activation and the backward gradient of a micro-batch.
+int forward_tag(int64_t micro) { return static_cast<int>(2 * micro); }
+int backward_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Gpt<float>& model, Communicator& pipeline, ScheduleKind kind,
+                                   int64_t micro_batch)
+    : model_(model),
+      pipe_(pipeline),
+      kind_(kind),
+      stage_(pipeline.rank()),
+      stages_(pipeline.size()),
+      micro_batch_(micro_batch),
+      stream_elems_(micro_batch * model.config().seq_len * model.config().width) {
+  tokens_.resize(micro_batch * model.config().seq_len);
+  targets_.resize(tokens_.size());
+  recv_buffer_.resize(stream_elems_);
+  grad_buffer_.resize(stream_elems_);
+  send_grad_buffer_.resize(stream_elems_);
+}
+
+int PipelineExecutor::acquire_slot() {
+  if (free_slots_.empty()) {
+    auto slot = std::make_unique<Slot>();
+    slot->acts = model_.make_activations(micro_batch_);
+    slots_.push_back(std::move(slot));
+    free_slots_.push_back(static_cast<int>(slots_.size()) - 1);
+  }
+  const int s = free_slots_.back();
+  free_slots_.pop_back();
+  ++in_flight_;
+  note_memory();
+  return s;
+}
+
+void PipelineExecutor::release_slot(int slot) {
+  wait(slots_[slot]->pending_send);  // its activation buffer may be reused now
+  free_slots_.push_back(slot);
+  --in_flight_;
+}
+
+void PipelineExecutor::note_memory() {
+  stats_.peak_in_flight = std::max<int64_t>(stats_.peak_in_flight, in_flight_);
+  const int64_t message_bytes = 3 * stream_elems_ * static_cast<int64_t>(sizeof(float));
+  stats_.peak_activation_bytes =
+      std::max(stats_.peak_activation_bytes,
+               in_flight_ * model_.activation_bytes(micro_batch_) + message_bytes);
+}
+
+void PipelineExecutor::wait(std::unique_ptr<CommRequest>& request) {
+  if (!request) return;
+  const auto t0 = Clock::now();
+  request->wait();
+  stats_.wait_seconds += seconds_since(t0);
+  request.reset();
+}
+
+void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
+  load(micro, tokens_.data(), targets_.data());
+  Slot& s = *slots_[slot];
+  const float* input = model_.shard().has_embedding ? nullptr : recv_buffer_.data();
+  s.acts.loss = model_.forward(s.acts, tokens_.data(), targets_.data(), input);
+}
+
+double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
+  const auto t0 = Clock::now();
+  const float loss_scale = 1.0f / static_cast<float>(microbatches);
+  std::map<int64_t, int> slot_of;  // micro-batch -> its activation slot
+  double loss_sum = 0.0;
+  for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches)) {
+    switch (op.kind) {
+      case PipeOpKind::RecvForward: {
+        auto request = pipe_.irecv(recv_buffer_.data(), stream_elems_, DType::F32, stage_ - 1,
+                                   forward_tag(op.micro));
+        wait(request);
+        break;
+      }
+      case PipeOpKind::Forward: {
+        const int slot = acquire_slot();
+        slot_of[op.micro] = slot;
+        forward(op.micro, slot, load);
+        loss_sum += slots_[slot]->acts.loss;
+        break;
+      }
+      case PipeOpKind::SendForward: {
+        Slot& s = *slots_[slot_of.at(op.micro)];
+        s.pending_send = pipe_.isend(s.acts.output.data(), stream_elems_, DType::F32,
+                                     stage_ + 1, forward_tag(op.micro));
+        break;
+      }
+      case PipeOpKind::RecvBackward: {
+        auto request = pipe_.irecv(grad_buffer_.data(), stream_elems_, DType::F32, stage_ + 1,
+                                   backward_tag(op.micro));
+        wait(request);
+        break;
+      }
+      case PipeOpKind::Backward: {
+        const int slot = slot_of.at(op.micro);
+        wait(pending_grad_send_);  // send_grad_buffer_ is free again
+        const bool last = model_.shard().has_head, first = model_.shard().has_embedding;
+        model_.backward(slots_[slot]->acts, loss_scale, last ? nullptr : grad_buffer_.data(),
+                        first ? nullptr : send_grad_buffer_.data());
+        release_slot(slot);
+        slot_of.erase(op.micro);
+        break;
+      }
+      case PipeOpKind::SendBackward:
+        pending_grad_send_ = pipe_.isend(send_grad_buffer_.data(), stream_elems_, DType::F32,
+                                         stage_ - 1, backward_tag(op.micro));
+        break;
+    }
+  }
+  wait(pending_grad_send_);
+  if (!slot_of.empty()) throw Error("pipeline schedule left micro-batches without a backward");
+  stats_.busy_seconds += seconds_since(t0);
+  return loss_sum;
+}
+
+double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
+  const double wait_before = stats_.wait_seconds;  // the bubble figures are of training alone
+  double loss_sum = 0.0;
+  const bool first = model_.shard().has_embedding, last = model_.shard().has_head;
+  for (int64_t micro = 0; micro < microbatches; ++micro) {
+    if (!first) {
+      auto request = pipe_.irecv(recv_buffer_.data(), stream_elems_, DType::F32, stage_ - 1,
+                                 forward_tag(micro));
+      wait(request);
+    }
+    const int slot = acquire_slot();
+    forward(micro, slot, load);
+    loss_sum += slots_[slot]->acts.loss;
+    if (!last) {
+      Slot& s = *slots_[slot];
+      s.pending_send = pipe_.isend(s.acts.output.data(), stream_elems_, DType::F32, stage_ + 1,
+                                   forward_tag(micro));
+    }
+    release_slot(slot);  // waits for the send: evaluation keeps one micro-batch in flight
+  }
+  stats_.wait_seconds = wait_before;
+  return loss_sum;
+}
+
+}  // namespace trident

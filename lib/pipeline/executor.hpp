@@ -1,0 +1,68 @@
+#pragma once
+// Runs one stage's pipeline schedule for one training step: forwards and backwards of the
+// stage's model shard, activations to the next stage and gradients to the previous one by
+// non-blocking point-to-point messages, activations stashed from a micro-batch's forward to its
+// backward and freed right after. It knows the schedule's operations, not the model's layers.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "model/gpt.hpp"
+#include "pipeline/schedule.hpp"
+
+namespace trident {
+
+struct PipelineStats {
+  int64_t peak_in_flight = 0;         // micro-batches whose activations were held at once
+  int64_t peak_activation_bytes = 0;  // their stashes plus the message buffers
+  double wait_seconds = 0;            // blocked in pipeline receives and send completions
+  double busy_seconds = 0;            // whole schedule, waits included
+  void reset() { *this = PipelineStats{}; }
+};
+
+class PipelineExecutor {
+ public:
+  // Fills the tokens [B*T] and targets [B*T] of micro-batch `micro` (0-based) of this step.
+  using LoadFn = std::function<void(int64_t micro, int32_t* tokens, int32_t* targets)>;
+
+  PipelineExecutor(Gpt<float>& model, Communicator& pipeline, ScheduleKind kind,
+                   int64_t micro_batch);
+
+  // One training step of `microbatches` micro-batches; parameter gradients accumulate in the
+  // model with each loss scaled by 1/microbatches. Returns the sum of the micro-batch losses on
+  // the last stage, 0 elsewhere.
+  double train(int64_t microbatches, const LoadFn& load);
+  // Forward only (evaluation): returns the sum of the micro-batch losses on the last stage.
+  double evaluate(int64_t microbatches, const LoadFn& load);
+
+  const PipelineStats& stats() const { return stats_; }
+  PipelineStats& stats() { return stats_; }
+
+ private:
+  struct Slot {  // the activations of one micro-batch in flight
+    Gpt<float>::Activations acts;
+    std::unique_ptr<CommRequest> pending_send;  // its forward output, on its way
+  };
+  int acquire_slot();
+  void release_slot(int slot);
+  void wait(std::unique_ptr<CommRequest>& request);
+  void forward(int64_t micro, int slot, const LoadFn& load);
+  void note_memory();
+
+  Gpt<float>& model_;
+  Communicator& pipe_;
+  ScheduleKind kind_;
+  int stage_, stages_;
+  int64_t micro_batch_, stream_elems_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<int> free_slots_;
+  int in_flight_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  Buffer<float> recv_buffer_, grad_buffer_, send_grad_buffer_;
+  std::unique_ptr<CommRequest> pending_grad_send_;
+  PipelineStats stats_;
+};
+
+}  // namespace trident
