@@ -71,8 +71,10 @@ void run_train(const TrainOptions& options) {
   Trainer trainer(config, TrainerGroups::from_grid(grid));
   trainer.run();
   const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
+  const std::string memory = trainer.memory_report();      // collective over all ranks
   if (lead) {
-    std::printf("%scommunication of rank 0:\n%s", pipeline.c_str(), grid.stats_table().c_str());
+    std::printf("%s%scommunication of rank 0:\n%s", pipeline.c_str(), memory.c_str(),
+                grid.stats_table().c_str());
     std::fflush(stdout);
   }
 }

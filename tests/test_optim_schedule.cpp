@@ -43,16 +43,55 @@ TEST(AdamW, OneStepMatchesTheFormulaAndSkipsDecayWhereAsked) {
   b.name = "m.bias";
   b.local_shape = b.global_shape = {2};
   b.offset = 2;
-  AdamW adam({w, b}, 4, o);
+  AdamW adam({w, b}, {{0, 4}}, o);
   std::vector<float> weights = {1.0f, -2.0f, 1.0f, -2.0f};
   std::vector<float> grads = {0.5f, 0.25f, 0.5f, 0.25f};
-  adam.update(weights.data(), grads.data(), 0, o.lr, 1.0);
+  adam.update(weights.data(), grads.data(), o.lr, 1.0);
   // Step 1: m_hat = g, v_hat = g^2 -> update = g/|g| = sign(g) (+ decay on the matrix).
   EXPECT_NEAR(weights[0], 1.0 - 0.1 * (1.0 + 0.5 * 1.0), 1e-6);
   EXPECT_NEAR(weights[1], -2.0 - 0.1 * (1.0 + 0.5 * -2.0), 1e-6);
   EXPECT_NEAR(weights[2], 1.0 - 0.1, 1e-6);
   EXPECT_NEAR(weights[3], -2.0 - 0.1, 1e-6);
   EXPECT_EQ(adam.state_bytes(), 4 * 2 * 4);
+  EXPECT_EQ(adam.updates(), 1);
+  // A shard of the same buffer ([1, 3): half the matrix, half the bias) updates identically.
+  AdamW shard({w, b}, {{1, 3}}, o);
+  std::vector<float> w2 = {1.0f, -2.0f, 1.0f, -2.0f};
+  shard.update(w2.data(), grads.data(), o.lr, 1.0);
+  EXPECT_EQ(w2[0], 1.0f);
+  EXPECT_EQ(w2[1], weights[1]);
+  EXPECT_EQ(w2[2], weights[2]);
+  EXPECT_EQ(w2[3], -2.0f);
+  EXPECT_EQ(shard.state_bytes(), 2 * 2 * 4);
+}
+
+TEST(GradSync, BucketsCoverTheBufferFromTheEndAtParameterBoundaries) {
+  std::vector<ParamInfo> params(4);
+  for (int i = 0; i < 4; ++i) {
+    params[i].local_shape = {100};
+    params[i].offset = 100 * i;
+  }
+  EXPECT_EQ(make_buckets(params, 400, 150),
+            (std::vector<FlatRange>{{300, 400}, {200, 300}, {100, 200}, {0, 100}}));
+  EXPECT_EQ(make_buckets(params, 400, 250), (std::vector<FlatRange>{{200, 400}, {0, 200}}));
+  EXPECT_EQ(make_buckets(params, 400, 10),  // a parameter larger than a bucket stays whole
+            (std::vector<FlatRange>{{300, 400}, {200, 300}, {100, 200}, {0, 100}}));
+  EXPECT_EQ(make_buckets(params, 400, 1000), (std::vector<FlatRange>{{0, 400}}));
+}
+
+TEST(GradSync, ZeroSlicesPartitionEachBucket) {
+  for (int64_t len : {1, 7, 64, 101})
+    for (int dp : {1, 2, 3, 4, 8}) {
+      const FlatRange bucket{1000, 1000 + len};
+      int64_t next = bucket.begin;
+      for (int r = 0; r < dp; ++r) {
+        const FlatRange s = zero_slice(bucket, r, dp);
+        EXPECT_EQ(s.begin, next);
+        EXPECT_LE(s.size(), (len + dp - 1) / dp);
+        next = s.end;
+      }
+      EXPECT_EQ(next, bucket.end);
+    }
 }
 
 TEST(GradNorm, CountsOnlyParametersMarkedCounted) {
@@ -63,5 +102,6 @@ TEST(GradNorm, CountsOnlyParametersMarkedCounted) {
   b.offset = 3;
   b.counted_in_norm = false;  // e.g. a replica another tensor rank counts
   std::vector<float> g = {1, 2, 2, 100};
-  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data()), 9.0);
+  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{0, 4}}), 9.0);
+  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{1, 4}}), 8.0);
 }

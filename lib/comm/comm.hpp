@@ -40,6 +40,8 @@ class CommRequest {
  public:
   virtual ~CommRequest() = default;
   virtual void wait() = 0;
+  // Lets the library make progress without blocking; true once the operation is complete.
+  virtual bool test() = 0;
 };
 
 class Communicator {
@@ -50,6 +52,9 @@ class Communicator {
   const std::string& name() const { return name_; }
 
   virtual void all_reduce(void* data, int64_t count, DType type, ReduceOp op) = 0;
+  // Non-blocking all-reduce in place (counted as an "all_reduce"; its time is the wait's).
+  virtual std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
+                                                   ReduceOp op) = 0;
   // recv[size * count] = concatenation of every rank's send[count], in rank order.
   virtual void all_gather(const void* send, void* recv, int64_t count, DType type) = 0;
   // send[size * count] summed over ranks; this rank receives block `rank()` of the sum.

@@ -99,6 +99,12 @@ class MpiRequest final : public CommRequest {
     comm_->stats().ops[*op_].seconds += dt;
     check(rc, comm_->name(), is_recv_ ? "MPI_Wait (recv)" : "MPI_Wait (send)");
   }
+  bool test() override {
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), comm_->name(), "MPI_Test");
+    return done != 0;
+  }
   MPI_Request* handle() { return &req_; }
 
  private:
@@ -143,6 +149,24 @@ void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp
   s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
   s.seconds += dt_s;
   stats_.all_reduce_counts.push_back(count);
+}
+
+std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t count, DType type,
+                                                          ReduceOp op) {
+  check_count(name_, "iall_reduce", count);
+  if (!fits_int(count))
+    throw Error("communicator '" + name_ + "': iall_reduce of " + std::to_string(count) +
+                " elements exceeds the int count of MPI_Iallreduce; use smaller buckets");
+  MPI_Datatype dt = datatype_for(name_, type);
+  auto req = std::make_unique<MpiRequest>(this, &kAllReduce, false);
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), dt,
+                       op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_, req->handle()),
+        name_, "MPI_Iallreduce");
+  OpStats& s = stats_.ops[kAllReduce];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  stats_.all_reduce_counts.push_back(count);
+  return req;
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DType type) {

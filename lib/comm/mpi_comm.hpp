@@ -41,6 +41,8 @@ class MpiCommunicator final : public Communicator {
   // In place (MPI_IN_PLACE).
   void all_reduce(void* data, int64_t count, DType type, ReduceOp op) override;
   // send may also be recv + rank() * count elements (in place).
+  std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
+                                           ReduceOp op) override;
   void all_gather(const void* send, void* recv, int64_t count, DType type) override;
   // send == recv is allowed: the input is read from recv[size * count] and this rank's block
   // is written to recv[0, count) (MPI's in-place rule).

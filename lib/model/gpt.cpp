@@ -306,17 +306,23 @@ void Gpt<F>::backward(Activations& a, F loss_scale, const F* d_output, F* d_inpu
     all_reduce_sum(tp_, d_ln_.data(), N * C);  // LM head is column-parallel over the vocab
     cpu::layernorm_backward(d, g(lnf_w_), g(lnf_b_), d_ln_.data(), a.output.data(), w(lnf_w_),
                             a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+    report_final(params_[lnf_w_].offset);
   } else {
     copy(d, d_output, N * C);
   }
-  for (int64_t i = num_layers - 1; i >= 0; --i)
+  for (int64_t i = num_layers - 1; i >= 0; --i) {
     layer_backward(shard_.layer_begin + i, a.layers[i], d, B, T_);
+    report_final(params_[layer_params_[i].ln1_w].offset);
+  }
   if (shard_.has_embedding) {
     cpu::position_embedding_backward(g(wpe_), d, B, T_, C);
     cpu::token_embedding_backward(g(wte_), d, a.tokens.data(), N, C, vocab_begin_, local_vocab_);
   } else {
     copy(d_input, d, N * C);
   }
+  // The embeddings (offset 0 onwards) are never reported: under pipeline parallelism the tied
+  // embedding's gradient is only final after its sum over the embedding group, so the
+  // trainer reduces that last bucket itself.
 }
 
 template <typename F>

@@ -14,6 +14,7 @@
 //  * LayerNorms, the position table and row-parallel biases are replicated; their gradients are
 //    computed from replicated activations and stay identical on every tensor rank.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,12 @@ class Gpt {
   // Parameter gradients accumulate.
   void backward(Activations& a, F loss_scale, const F* d_output, F* d_input);
 
+  // Called during backward with a watermark w each time every parameter gradient at flat
+  // offset >= w has received its last contribution of this backward (data parallelism starts
+  // reducing those buckets). Parameters are registered so that backward finishes them from
+  // the end of the buffer; the token embedding at offset 0 is reported last.
+  void set_grads_final_hook(std::function<void(int64_t)> hook) { grads_final_ = std::move(hook); }
+
  private:
   F* w(int index) { return weights_.data() + params_[index].offset; }
   F* g(int index) { return grads_.data() + params_[index].offset; }
@@ -112,6 +119,10 @@ class Gpt {
   std::vector<LayerParams> layer_params_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Buffer<F> weights_, grads_;
+  std::function<void(int64_t)> grads_final_;
+  void report_final(int64_t watermark) {
+    if (grads_final_) grads_final_(watermark);
+  }
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   Buffer<F> d_stream_, d_ln_, d_tmp_, d_qkv_, d_atty_, d_fc1_, d_gelu_, d_att_;
 };

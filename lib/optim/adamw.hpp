@@ -1,12 +1,13 @@
 #pragma once
 // AdamW with decoupled weight decay over a flat parameter buffer, and the gradient-norm sum.
-// The optimizer sees parameters as segments of the flat buffer (offset, length, decay?), so it
-// can update any sub-range of it: the whole buffer now, a data-parallel shard under ZeRO-1.
+// The optimizer keeps moments for the ranges of the flat buffer it owns: the whole buffer, or
+// under ZeRO-1 this data-parallel rank's slices (its state shrinks with DP).
 #include <cstdint>
 #include <vector>
 
 #include "config/config.hpp"
 #include "model/params.hpp"
+#include "optim/grad_sync.hpp"
 #include "tensor/buffer.hpp"
 
 namespace trident {
@@ -17,16 +18,18 @@ bool decays(const ParamInfo& p, const OptimConfig& optim);
 
 class AdamW {
  public:
-  AdamW(const std::vector<ParamInfo>& params, int64_t buffer_size, const OptimConfig& optim);
+  // `owned`: sorted, disjoint ranges of the flat buffer this optimizer updates.
+  AdamW(const std::vector<ParamInfo>& params, std::vector<FlatRange> owned,
+        const OptimConfig& optim);
 
-  // One update of elements [begin, end) of the flat buffers. `step` is 0-based (bias
-  // correction uses step + 1); gradients are multiplied by grad_scale (clipping) first.
-  void update(float* weights, const float* grads, int64_t begin, int64_t end, int64_t step,
-              double lr, double grad_scale);
-  void update(float* weights, const float* grads, int64_t step, double lr, double grad_scale) {
-    update(weights, grads, 0, static_cast<int64_t>(exp_avg_.size()), step, lr, grad_scale);
-  }
+  // One update of the owned elements: gradients times grad_scale (clipping), bias correction
+  // by the number of updates done so far (a skipped step does not count).
+  void update(float* weights, const float* grads, double lr, double grad_scale);
 
+  int64_t updates() const { return updates_; }
+  void set_updates(int64_t n) { updates_ = n; }
+  const std::vector<FlatRange>& owned() const { return owned_; }
+  // Moments of the owned ranges, concatenated in range order.
   Buffer<float>& exp_avg() { return exp_avg_; }
   Buffer<float>& exp_avg_sq() { return exp_avg_sq_; }
   int64_t state_bytes() const {
@@ -39,12 +42,16 @@ class AdamW {
     bool decay;
   };
   std::vector<Segment> segments_;  // sorted, covering every parameter element
+  std::vector<FlatRange> owned_;
   OptimConfig optim_;
+  int64_t updates_ = 0;
   Buffer<float> exp_avg_, exp_avg_sq_;
 };
 
-// Sum of squared gradients over the parameters this rank counts (counted_in_norm), in double.
-// The caller sums it over the model-parallel group and takes the square root.
-double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads);
+// Sum of squared gradients, in double, over the elements of `ranges` that belong to parameters
+// this rank counts (counted_in_norm). The caller sums it over the ranks that share the
+// parameters' gradients and takes the square root.
+double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
+                       const std::vector<FlatRange>& ranges);
 
 }  // namespace trident

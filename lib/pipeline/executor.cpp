@@ -114,8 +114,11 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         const int slot = slot_of.at(op.micro);
         wait(pending_grad_send_);  // send_grad_buffer_ is free again
         const bool last = model_.shard().has_head, first = model_.shard().has_embedding;
+        const bool final_micro = op.micro == microbatches - 1;  // backwards run in order
+        if (final_micro) model_.set_grads_final_hook(last_hook_);
         model_.backward(slots_[slot]->acts, loss_scale, last ? nullptr : grad_buffer_.data(),
                         first ? nullptr : send_grad_buffer_.data());
+        if (final_micro) model_.set_grads_final_hook(nullptr);
         release_slot(slot);
         slot_of.erase(op.micro);
         break;

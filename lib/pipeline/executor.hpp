@@ -37,6 +37,10 @@ class PipelineExecutor {
   // Forward only (evaluation): returns the sum of the micro-batch losses on the last stage.
   double evaluate(int64_t microbatches, const LoadFn& load);
 
+  // Installed on the model during the backward of the step's last micro-batch, the one after
+  // which each parameter gradient is final (see Gpt::set_grads_final_hook).
+  void set_last_backward_hook(std::function<void(int64_t)> hook) { last_hook_ = std::move(hook); }
+
   const PipelineStats& stats() const { return stats_; }
   PipelineStats& stats() { return stats_; }
 
@@ -62,6 +66,7 @@ class PipelineExecutor {
   std::vector<int32_t> tokens_, targets_;
   Buffer<float> recv_buffer_, grad_buffer_, send_grad_buffer_;
   std::unique_ptr<CommRequest> pending_grad_send_;
+  std::function<void(int64_t)> last_hook_;
   PipelineStats stats_;
 };
 

@@ -46,9 +46,11 @@ Trainer::Trainer(const Config& config, TrainerGroups groups)
     const ParamInfo& wte = model_->param("embedding.token.weight");
     groups.embedding->broadcast(model_->weights().data() + wte.offset, wte.numel(), DType::F32, 0);
   }
-  optimizer_ = std::make_unique<AdamW>(model_->params(),
-                                       static_cast<int64_t>(model_->weights().size()),
-                                       config.optim);
+  sync_ = std::make_unique<GradientSync>(model_->params(),
+                                         static_cast<int64_t>(model_->grads().size()),
+                                         *groups.data, config.parallel.dp_bucket_mb,
+                                         config.optim.zero_stage == 1);
+  optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim);
 
   train_data_ = std::make_unique<TokenDataset>(config.data.train, m.seq_len, m.vocab_size);
   train_sampler_ = std::make_unique<BatchSampler>(train_data_->num_windows(),
@@ -63,6 +65,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups)
   executor_ = std::make_unique<PipelineExecutor>(
       *model_, *groups.pipeline, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
+  executor_->set_last_backward_hook(
+      [this](int64_t watermark) { sync_->grads_final_from(model_->grads().data(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
                     static_cast<double>(config.tokens_per_step());
   if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
@@ -95,38 +99,40 @@ double Trainer::forward_backward(int64_t step) {
                                                               int32_t* targets) {
     load_microbatch(*train_data_, *train_sampler_, step, micro, tokens, targets);
   });
+  if (gradient_test_hook_) gradient_test_hook_(step, model.grads().data());
   if (groups_.pp_size > 1 && groups_.embedding) {
     // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
-    // hold part of its gradient: sum them so both copies take the same update.
+    // hold part of its gradient: sum them so both copies take the same update. It sits at
+    // offset 0, in the bucket data parallelism reduces last.
     const ParamInfo& wte = model.param("embedding.token.weight");
     groups_.embedding->all_reduce_sum(model.grads().data() + wte.offset, wte.numel());
   }
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
   double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
   if (groups_.dp_size > 1) {
-    float* grads = model.grads().data();
-    const int64_t n = static_cast<int64_t>(model.grads().size());
     groups_.data->all_reduce_sum(&loss, 1);
     loss /= groups_.dp_size;
-    groups_.data->all_reduce_sum(grads, n);
-    const float inv = 1.0f / static_cast<float>(groups_.dp_size);
-    for (int64_t i = 0; i < n; ++i) grads[i] *= inv;
   }
+  sync_->finish(model.grads().data());
   return loss;
 }
 
 StepMetrics Trainer::apply_update(int64_t step, double loss) {
   Gpt<float>& model = *model_;
   float* grads = model.grads().data();
-  // Global gradient norm: every parameter counted once across the model-parallel group.
-  double square_sum = grad_square_sum(model.params(), grads);
+  // Global gradient norm, every parameter counted once: sharded tensors summed over the tensor
+  // group, replicated ones on tensor rank 0 only, stages over the pipeline group, the tied
+  // embedding on the first stage only; under ZeRO-1 the slices over the data group too.
+  double square_sum = grad_square_sum(model.params(), grads, sync_->owned());
+  if (sync_->zero()) groups_.data->all_reduce_sum(&square_sum, 1);
   groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
   const double lr = learning_rate(config_.optim, config_.train.steps, step);
   if (std::isfinite(grad_norm)) {
     const double clip = config_.optim.grad_clip;
     const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
-    optimizer_->update(model.weights().data(), grads, step, lr, scale);
+    optimizer_->update(model.weights().data(), grads, lr, scale);
+    sync_->all_gather_weights(model.weights().data());
   } else {
     ++skipped_steps_;  // the same decision on every rank: the norm is a global value
   }
@@ -199,6 +205,30 @@ std::string Trainer::pipeline_report() {
                   "pipeline stage %d: bubble %.3f measured, %.3f theory (p-1)/(m+p-1) | peak "
                   "%g micro-batches held, %.1f MB activations\n",
                   s, all[3 * s], (p - 1) / (m + p - 1), all[3 * s + 1], all[3 * s + 2]);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace trident
+
+namespace trident {
+
+std::string Trainer::memory_report() {
+  const double mb = 1e6;
+  double mine[4] = {model_->weights().size() * sizeof(float) / mb,
+                    model_->grads().size() * sizeof(float) / mb,
+                    optimizer_->state_bytes() / mb,
+                    executor_->stats().peak_activation_bytes / mb};
+  std::vector<double> all(4 * groups_.world->size());
+  groups_.world->all_gather(mine, all.data(), 4, DType::F64);
+  std::string out;
+  char line[256];
+  for (int r = 0; r < groups_.world->size(); ++r) {
+    std::snprintf(line, sizeof line,
+                  "memory rank %d: parameters %.2f MB | gradients %.2f MB | optimizer state "
+                  "%.2f MB | peak activations %.2f MB\n",
+                  r, all[4 * r], all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
     out += line;
   }
   return out;

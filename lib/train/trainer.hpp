@@ -11,6 +11,7 @@
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
 #include "optim/adamw.hpp"
+#include "optim/grad_sync.hpp"
 #include "pipeline/executor.hpp"
 #include "train/metrics_log.hpp"
 
@@ -61,6 +62,16 @@ class Trainer {
   double evaluate();
 
   Gpt<float>& model() { return *model_; }
+  GradientSync& gradient_sync() { return *sync_; }
+  // Test hook: runs on this rank after the step's backward, before the gradient reductions
+  // that follow it. Buckets above the first may already be in flight: touch only the first
+  // parameter's gradients (offset 0), as the non-finite-gradient test does.
+  void set_gradient_test_hook(std::function<void(int64_t step, float* grads)> hook) {
+    gradient_test_hook_ = std::move(hook);
+  }
+  // Per-rank memory (parameters, gradients, optimizer state, peak activations), gathered on
+  // every rank; one line per rank.
+  std::string memory_report();
   PipelineExecutor& pipeline() { return *executor_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -78,7 +89,9 @@ class Trainer {
   Config config_;
   TrainerGroups groups_;
   std::unique_ptr<Gpt<float>> model_;
+  std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
+  std::function<void(int64_t, float*)> gradient_test_hook_;
   std::unique_ptr<TokenDataset> train_data_, val_data_;
   std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
   std::unique_ptr<PipelineExecutor> executor_;

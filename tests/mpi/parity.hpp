@@ -12,9 +12,32 @@
 #include "app_fixture.hpp"
 #include "comm/comm.hpp"
 #include "config/config.hpp"
+#include "grid/process_grid.hpp"
 #include "train/trainer.hpp"
 
 namespace trident::test {
+
+// Runs `body(trainer, grid)` on independent groups of tp*pp*dp ranks of MPI_COMM_WORLD, each a
+// whole job with the layout of `config`.
+template <typename Body>
+void on_layout(const Config& config, Body body) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const int size = static_cast<int>(config.parallel.world_size());
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank / size, world_rank, &sub);
+  {
+    ProcessGrid grid(sub, config);
+    Trainer trainer(config, TrainerGroups::from_grid(grid));
+    body(trainer, grid);
+  }
+  MPI_Comm_free(&sub);
+}
+
+inline double max_over_world(double x) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return x;
+}
 
 // A directory every rank sees, with the tiny corpus written once by world rank 0.
 inline std::filesystem::path shared_corpus(const std::string& name) {
@@ -35,42 +58,53 @@ inline std::filesystem::path shared_corpus(const std::string& name) {
 // The single-rank run of `config` (self communicators), computed on the calling rank.
 struct Reference {
   std::vector<double> losses;                       // per step
+  std::vector<double> grad_norms;                   // per step, before clipping
   std::map<std::string, std::vector<float>> grads;  // after step 1, global layout
 };
 
-inline Reference reference_run(Config config, int64_t steps) {
+inline Reference reference_run(Config config, int64_t steps, int64_t grads_step = 0) {
   config.parallel.tensor = config.parallel.pipeline = config.parallel.data = 1;
   SelfGroups self;
   Trainer t(config, self.groups());
   Reference ref;
   for (int64_t s = 0; s < steps; ++s) {
     const double loss = t.forward_backward(s);
-    if (s == 0)
+    if (s == grads_step)
       for (const ParamInfo& p : t.model().params())
         ref.grads[p.name].assign(t.model().grads().begin() + p.offset,
                                  t.model().grads().begin() + p.offset + p.numel());
-    t.apply_update(s, loss);
+    ref.grad_norms.push_back(t.apply_update(s, loss).grad_norm);
     ref.losses.push_back(loss);
   }
   return ref;
 }
 
 // Relative error ||g - g_ref|| / ||g_ref|| of every parameter, this rank's shard mapped to
-// global indices and the sums completed over the tensor group. Returns the worst.
-inline double worst_grad_error(const Gpt<float>& model, const Reference& ref,
-                               Communicator& tensor, std::string* worst_name = nullptr) {
+// global indices and the sums completed over the tensor group (and, under ZeRO-1, where each
+// data-parallel rank holds the averaged gradients of its slices only, over the data group).
+// Returns the worst.
+inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& grid,
+                               std::string* worst_name = nullptr) {
+  const Gpt<float>& model = t.model();
+  const GradientSync& sync = t.gradient_sync();
+  auto owned = [&](int64_t flat) {
+    for (const FlatRange& r : sync.owned())
+      if (flat >= r.begin && flat < r.end) return true;
+    return false;
+  };
   double worst = 0.0;
   for (const ParamInfo& p : model.params()) {
     const std::vector<float>& global = ref.grads.at(p.name);
     double sums[2] = {0.0, 0.0};  // diff^2, ref^2 over this rank's elements
     for (int64_t i = 0; i < p.numel(); ++i) {
       const auto gi = p.global_index(i);
-      if (!gi) continue;
+      if (!gi || !owned(p.offset + i)) continue;
       const double d = static_cast<double>(model.grads()[p.offset + i]) - global[*gi];
       sums[0] += d * d;
       sums[1] += static_cast<double>(global[*gi]) * global[*gi];
     }
-    if (p.split_dim >= 0) tensor.all_reduce_sum(sums, 2);
+    if (p.split_dim >= 0) grid.tensor().all_reduce_sum(sums, 2);
+    if (sync.zero()) grid.data().all_reduce_sum(sums, 2);
     const double rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
     if (rel > worst) {
       worst = rel;

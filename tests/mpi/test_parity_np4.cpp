@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "grid/process_grid.hpp"
@@ -35,39 +36,18 @@ Config layout_config(const std::filesystem::path& dir, const Layout& l,
   return parse_config(tiny_config(dir), "parity.toml", overrides);
 }
 
-// Runs `body(trainer, grid)` on groups of l.tp*l.pp*l.dp ranks (each group a whole job).
-template <typename Body>
-void on_layout(const Config& config, const Layout& l, Body body) {
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  const int size = l.tp * l.pp * l.dp;
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank / size, world_rank, &sub);
-  {
-    ProcessGrid grid(sub, config);
-    Trainer trainer(config, TrainerGroups::from_grid(grid));
-    body(trainer, grid);
-  }
-  MPI_Comm_free(&sub);
-}
-
-double max_over_world(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return x;
-}
-
-void check_parity(const Layout& l) {
+void check_parity(const Layout& l, std::vector<std::string> extra = {}) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const auto dir = shared_corpus("parity");
-  const Config config = layout_config(dir, l);
+  const Config config = layout_config(dir, l, extra);
   const Reference ref = reference_run(config, kSteps);
   double worst_grad = 0.0, worst_loss = 0.0;
   std::string worst_name;
-  on_layout(config, l, [&](Trainer& t, ProcessGrid& grid) {
+  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     for (int64_t s = 0; s < kSteps; ++s) {
       const double loss = t.forward_backward(s);
-      if (s == 0) worst_grad = worst_grad_error(t.model(), ref, grid.tensor(), &worst_name);
+      if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name);
       t.apply_update(s, loss);
       worst_loss = std::max(worst_loss, std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]));
     }
@@ -95,7 +75,7 @@ TEST(TensorParallel, CollectivesPerStepAreMegatrons) {
   const auto dir = shared_corpus("collectives");
   const Layout l{4, 1, 1};
   const Config config = layout_config(dir, l);
-  on_layout(config, l, [&](Trainer& t, ProcessGrid& grid) {
+  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     grid.tensor().stats().reset();
     t.forward_backward(0);
     // Per micro-batch: 2 all-reduces of [N,C] per layer forward and 2 backward, the embedding
@@ -124,7 +104,7 @@ TEST(Pipeline, OneFOneBHoldsStagesMinusStageMicroBatchesGPipeHoldsAll) {
     // 16 sequences in micro-batches of 2: 8 micro-batches per step.
     const Config config = layout_config(
         dir, l, {"parallel.schedule=" + schedule, "train.global_batch=16", "train.steps=2"});
-    on_layout(config, l, [&](Trainer& t, ProcessGrid& grid) {
+    on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
       t.apply_update(0, t.forward_backward(0));
       const int stage = grid.coord().pp;
       const int64_t held = t.pipeline().stats().peak_in_flight;
@@ -133,3 +113,43 @@ TEST(Pipeline, OneFOneBHoldsStagesMinusStageMicroBatchesGPipeHoldsAll) {
     });
   }
 }
+
+// A non-finite gradient on one rank makes every rank skip the step (weights, moments and the
+// update count untouched); training goes on, and the weights equal those of a run that simply
+// left that step's update out.
+TEST(DataParallel, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
+  const auto dir = shared_corpus("nan");
+  for (const std::string zero : {"0", "1"}) {
+    const Layout l{2, 1, 2};
+    const Config config = layout_config(dir, l, {"optim.zero_stage=" + zero, "train.steps=4"});
+    std::vector<float> skipped_weights, reference_weights;
+    std::vector<double> losses_a, losses_b;
+    on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
+      t.set_gradient_test_hook([&](int64_t step, float* grads) {
+        if (step == 2 && grid.rank() == 1) grads[0] = std::nanf("");
+      });
+      for (int64_t s = 0; s < 4; ++s) {
+        const StepMetrics m = t.apply_update(s, t.forward_backward(s));
+        EXPECT_EQ(std::isfinite(m.grad_norm), s != 2) << "step " << s;
+        losses_a.push_back(m.loss);
+      }
+      EXPECT_EQ(t.skipped_steps(), 1);
+      EXPECT_EQ(t.optimizer().updates(), 3);
+      skipped_weights.assign(t.model().weights().begin(), t.model().weights().end());
+    });
+    on_layout(config, [&](Trainer& t, ProcessGrid&) {
+      for (int64_t s = 0; s < 4; ++s) {
+        const double loss = t.forward_backward(s);
+        if (s != 2) t.apply_update(s, loss);  // step 2's update left out
+        losses_b.push_back(loss);
+      }
+      reference_weights.assign(t.model().weights().begin(), t.model().weights().end());
+    });
+    EXPECT_EQ(losses_a, losses_b) << "zero_stage " << zero;
+    EXPECT_TRUE(skipped_weights == reference_weights) << "zero_stage " << zero;
+    for (float w : skipped_weights) ASSERT_TRUE(std::isfinite(w));
+  }
+}
+
+TEST(Parity, Dp2Zero1) { check_parity({1, 1, 2}, {"optim.zero_stage=1"}); }
+TEST(Parity, Tp2Dp2) { check_parity({2, 1, 2}); }

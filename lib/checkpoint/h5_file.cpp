@@ -1,0 +1,976 @@
+#include "checkpoint/h5_file.hpp"
+
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint/ckpt_mpi.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+using ckpt::agree;
+using ckpt::agree_or_throw;
+using ckpt::bcast_string;
+using ckpt::comm_rank;
+using ckpt::comm_size;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers: HDF5 handles and errors, cross-rank error agreement, index (de)serialization.
+namespace {
+
+void h5_init() {
+  H5open();
+  // Errors become trident::Errors; HDF5 must not print its stack on its own.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+herr_t collect_error(unsigned, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  if (e->desc && *e->desc) out->push_back(e->desc);
+  return 0;
+}
+
+// The innermost (most specific) message of HDF5's error stack, which is then cleared.
+std::string h5_detail() {
+  std::vector<std::string> msgs;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &msgs);
+  H5Eclear2(H5E_DEFAULT);
+  if (msgs.empty()) return "HDF5 error";
+  return msgs.back();
+}
+
+// An HDF5 identifier closed by its destructor.
+class Hid {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Hid() = default;
+  Hid(hid_t id, Closer close) : id_(id), close_(close) {}
+  Hid(Hid&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
+  Hid& operator=(Hid&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = o.id_;
+      close_ = o.close_;
+      o.id_ = -1;
+    }
+    return *this;
+  }
+  ~Hid() { reset(); }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now; returns the close call's status (0 if there was nothing to close).
+  herr_t reset() {
+    herr_t rc = 0;
+    if (id_ >= 0 && close_) rc = close_(id_);
+    id_ = -1;
+    return rc;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+uint64_t fnv1a(const std::string& name, const std::vector<int64_t>& shape) {
+  uint64_t h = 1469598103934665603ull;
+  auto add = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  add(name.data(), name.size());
+  for (int64_t d : shape) add(&d, sizeof d);
+  return h;
+}
+
+// "rank R: " prefix for messages only one rank sees.
+std::string rank_prefix(MPI_Comm comm) {
+  return "rank " + std::to_string(comm_rank(comm)) + ": ";
+}
+
+// The N-D selection of `boxes` on `space` (none if empty). Returns "" or the HDF5 error.
+std::string select_boxes(hid_t space, const std::vector<Box>& boxes) {
+  if (boxes.empty()) return H5Sselect_none(space) < 0 ? h5_detail() : "";
+  std::vector<hsize_t> start, count;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    start.assign(boxes[i].start.begin(), boxes[i].start.end());
+    count.assign(boxes[i].count.begin(), boxes[i].count.end());
+    // stride NULL = 1, block NULL = 1: a box of count[] elements.
+    if (H5Sselect_hyperslab(space, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
+                            nullptr, count.data(), nullptr) < 0) {
+      return h5_detail();
+    }
+  }
+  return "";
+}
+
+// Memory runs laid out back to back in global order? Then no staging copy is needed.
+bool local_contiguous(const std::vector<Run>& rs) {
+  for (size_t i = 1; i < rs.size(); ++i) {
+    if (rs[i].local_offset != rs[i - 1].local_offset + rs[i - 1].length) return false;
+  }
+  return true;
+}
+
+std::string dtype_name(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t bits = H5Tget_size(type) * 8;
+  if (cls == H5T_FLOAT) return "float" + std::to_string(bits);
+  if (cls == H5T_INTEGER) {
+    return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+  }
+  if (cls == H5T_STRING) return "string";
+  return "type class " + std::to_string(static_cast<int>(cls));
+}
+
+// ---- index serialization (rank 0 reads the index, the others receive it) ----
+struct Out {
+  std::string buf;
+  void u64(uint64_t v) { buf.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void str(const std::string& s) {
+    u64(s.size());
+    buf += s;
+  }
+};
+struct In {
+  const std::string& buf;
+  size_t pos = 0;
+  uint64_t u64() {
+    uint64_t v = 0;
+    std::memcpy(&v, buf.data() + pos, sizeof v);
+    pos += sizeof v;
+    return v;
+  }
+  std::string str() {
+    const size_t n = u64();
+    std::string s = buf.substr(pos, n);
+    pos += n;
+    return s;
+  }
+};
+
+const char* kChecksumKey = "checksum";
+
+}  // namespace
+
+std::string h5_path(const std::string& name) {
+  std::string out;
+  std::string part;
+  std::istringstream in(name);
+  while (std::getline(in, part, '/')) {
+    if (!part.empty()) out += "/" + part;
+  }
+  return out.empty() ? "/" : out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+struct CheckpointWriter::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  Hid file, dxpl, lcpl, dcpl, vlen_str;
+  std::vector<float> staging;
+  std::set<std::string> written;
+  int slow_ms = 0;
+  bool closed = false;
+};
+
+CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
+                                   const WriterOptions& options)
+    : impl_(std::make_unique<Impl>()), path_(path) {
+  h5_init();
+  Impl& m = *impl_;
+  MPI_Comm_dup(comm, &m.comm);
+  const std::string where = "checkpoint '" + path + "'";
+
+  // Checks on rank 0 that give a clearer message than HDF5's.
+  std::string err;
+  if (comm_rank(m.comm) == 0) {
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    struct stat st{};
+    if (stat(dir.c_str(), &st) != 0) {
+      err = where + ": directory '" + dir + "': " + std::strerror(errno);
+    } else if (!S_ISDIR(st.st_mode)) {
+      err = where + ": '" + dir + "' is not a directory";
+    } else if (access(dir.c_str(), W_OK | X_OK) != 0) {
+      err = where + ": directory '" + dir + "' is not writable: " + std::strerror(errno);
+    } else if (!options.overwrite && stat(path.c_str(), &st) == 0) {
+      err = where + ": already exists";
+    }
+  }
+  err = agree(m.comm, err);
+  if (!err.empty()) {
+    MPI_Comm_free(&m.comm);
+    throw Error(err);
+  }
+
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  MPI_Info info = MPI_INFO_NULL;
+  if (!options.mpi_hints.empty()) {
+    MPI_Info_create(&info);
+    for (const auto& [k, v] : options.mpi_hints) MPI_Info_set(info, k.c_str(), v.c_str());
+  }
+  bool ok = fapl.valid() && H5Pset_fapl_mpio(fapl.get(), m.comm, info) >= 0;
+  if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+  if (ok && options.alignment > 0) {
+    ok = H5Pset_alignment(fapl.get(), static_cast<hsize_t>(options.align_threshold),
+                          static_cast<hsize_t>(options.alignment)) >= 0;
+  }
+  if (ok && options.meta_block_size > 0) {
+    ok = H5Pset_meta_block_size(fapl.get(), static_cast<hsize_t>(options.meta_block_size)) >= 0;
+  }
+  if (ok) ok = H5Pset_coll_metadata_write(fapl.get(), options.collective_metadata_write) >= 0;
+  if (ok) {
+    m.file = Hid(H5Fcreate(path.c_str(), options.overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL,
+                           H5P_DEFAULT, fapl.get()),
+                 H5Fclose);
+    ok = m.file.valid();
+  }
+  err = ok ? "" : where + ": cannot create: " + h5_detail();
+  err = agree(m.comm, err);
+  if (!err.empty()) {
+    // A file created on some ranks only cannot be closed (H5Fclose is collective): it is left
+    // open rather than hanging. MPI-IO's collective open makes that case practically absent.
+    if (m.file.valid()) {
+      (void)m.file.reset();
+    }
+    MPI_Comm_free(&m.comm);
+    throw Error(err);
+  }
+
+  m.dxpl = Hid(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  m.lcpl = Hid(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(m.lcpl.get(), 1);
+  m.dcpl = Hid(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  // Contiguous layout (H5Dget_offset works, one extent per tensor); space allocated at
+  // creation, as parallel HDF5 requires, and never pre-filled: every element gets written.
+  H5Pset_layout(m.dcpl.get(), H5D_CONTIGUOUS);
+  H5Pset_alloc_time(m.dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(m.dcpl.get(), H5D_FILL_TIME_NEVER);
+  m.vlen_str = Hid(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(m.vlen_str.get(), H5T_VARIABLE);
+  H5Tset_cset(m.vlen_str.get(), H5T_CSET_UTF8);
+
+  if (const char* s = std::getenv("TRIDENT_TEST_SLOW_CHECKPOINT_MS")) m.slow_ms = std::atoi(s);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (!m.closed) abandon();
+  if (m.comm != MPI_COMM_NULL) MPI_Comm_free(&m.comm);
+}
+
+void CheckpointWriter::abandon() {
+  Impl& m = *impl_;
+  m.closed = true;
+  if (!m.file.valid()) return;
+  // The file is garbage now. Emptying it first gives back the space its data took, so that
+  // after a full disk the close (metadata flush, EOF extension: sparse) succeeds: with HDF5
+  // 1.10 a failed H5Fclose leaves a half-destroyed file behind that crashes the library's
+  // clean-up at exit. Every rank is past its last data write (an agreement preceded).
+  if (comm_rank(m.comm) == 0) (void)::truncate(path_.c_str(), 0);
+  (void)m.file.reset();  // collective
+  H5Eclear2(H5E_DEFAULT);
+}
+
+namespace {
+
+// Opens `object` (creating it as a group, with its parents, if the path is missing).
+Hid open_or_create_object(hid_t file, hid_t lcpl, const std::string& object,
+                          const std::string& where) {
+  std::string prefix;
+  bool exists = true;
+  std::istringstream in(object);
+  std::string part;
+  while (exists && std::getline(in, part, '/')) {
+    if (part.empty()) continue;
+    prefix += "/" + part;
+    const htri_t e = H5Lexists(file, prefix.c_str(), H5P_DEFAULT);
+    if (e < 0) throw Error(where + ": cannot look up '" + prefix + "': " + h5_detail());
+    exists = e > 0;
+  }
+  if (!exists) {
+    Hid g(H5Gcreate2(file, object.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+    if (!g.valid()) throw Error(where + ": cannot create group: " + h5_detail());
+  }
+  Hid o(H5Oopen(file, object.c_str(), H5P_DEFAULT), H5Oclose);
+  if (!o.valid()) throw Error(where + ": cannot open: " + h5_detail());
+  return o;
+}
+
+void write_scalar_attribute(hid_t obj, const std::string& key, hid_t file_type, hid_t mem_type,
+                            const void* value, const std::string& where) {
+  const htri_t e = H5Aexists(obj, key.c_str());
+  if (e > 0 && H5Adelete(obj, key.c_str()) < 0) {
+    throw Error(where + ": cannot replace attribute: " + h5_detail());
+  }
+  Hid space(H5Screate(H5S_SCALAR), H5Sclose);
+  Hid attr(H5Acreate2(obj, key.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+           H5Aclose);
+  if (e < 0 || !attr.valid() || H5Awrite(attr.get(), mem_type, value) < 0) {
+    throw Error(where + ": cannot write attribute: " + h5_detail());
+  }
+  if (attr.reset() < 0) throw Error(where + ": cannot write attribute: " + h5_detail());
+}
+
+}  // namespace
+
+void CheckpointWriter::write_tensor(const std::string& name_in,
+                                    const std::vector<int64_t>& shape,
+                                    const std::vector<Run>& runs, std::span<const float> local) {
+  Impl& m = *impl_;
+  const std::string name = h5_path(name_in);
+  const std::string where = "checkpoint '" + path_ + "': dataset '" + name + "'";
+  // Argument checks: the same arguments on every rank, hence the same outcome.
+  if (m.closed) throw Error(where + ": the writer is closed");
+  if (name == "/") throw Error("checkpoint '" + path_ + "': a dataset cannot be the root group");
+  if (shape.empty() || shape.size() > H5S_MAX_RANK) {
+    throw Error(where + ": shape " + shape_string(shape) + " must have 1 to 32 dims");
+  }
+  int64_t numel = 0;
+  try {
+    numel = shape_numel(shape);
+  } catch (const Error& e) {
+    throw Error(where + ": " + e.what());
+  }
+  if (m.written.count(name)) throw Error(where + ": written twice");
+
+  // This rank's part: validated, checksummed and staged contiguously in global order.
+  std::vector<Run> rs = runs;
+  std::string err = normalize_runs(rs, numel, static_cast<int64_t>(local.size()), false);
+  if (!err.empty()) err = where + ": " + rank_prefix(m.comm) + err;
+
+  const std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Hid space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Hid dset;
+  if (!space.valid()) {
+    err = where + ": cannot create dataspace: " + h5_detail();
+  } else {
+    dset = Hid(H5Dcreate2(m.file.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), m.lcpl.get(),
+                          m.dcpl.get(), H5P_DEFAULT),
+               H5Dclose);
+    if (!dset.valid() && err.empty()) err = where + ": cannot create: " + h5_detail();
+  }
+  // First agreement: every rank has created the dataset (and has valid runs), and all passed
+  // the same name and shape, before the collective write.
+  const uint64_t h = fnv1a(name, shape);
+  uint64_t pre[2] = {err.empty() ? 0u : 1u, h};
+  MPI_Allreduce(MPI_IN_PLACE, pre, 2, MPI_UINT64_T, MPI_SUM, m.comm);
+  if (pre[0] != 0) agree_or_throw(m.comm, err);
+  if (pre[1] != h * static_cast<uint64_t>(comm_size(m.comm))) {
+    throw Error(where + ": the ranks passed different dataset names or shapes (every rank must "
+                        "write the same datasets, in the same order)");
+  }
+
+  const int64_t n = runs_length(rs);
+  const uint64_t sum = checksum_runs(local, rs);
+  const float* src = nullptr;
+  float dummy = 0;
+  if (n == 0) {
+    src = &dummy;
+  } else if (local_contiguous(rs)) {
+    src = local.data() + rs.front().local_offset;
+  } else {
+    m.staging.resize(static_cast<size_t>(n));
+    int64_t pos = 0;
+    for (const Run& r : rs) {
+      std::copy_n(local.data() + r.local_offset, r.length, m.staging.data() + pos);
+      pos += r.length;
+    }
+    src = m.staging.data();
+  }
+  const hsize_t mem_dims = static_cast<hsize_t>(std::max<int64_t>(n, 1));
+  Hid mem(H5Screate_simple(1, &mem_dims, nullptr), H5Sclose);
+  std::string sel = select_boxes(space.get(), runs_to_boxes(shape, rs));
+  if (sel.empty() && n == 0 && H5Sselect_none(mem.get()) < 0) sel = h5_detail();
+  if (!sel.empty()) {
+    err = where + ": " + rank_prefix(m.comm) + "cannot select: " + sel;
+    H5Sselect_none(space.get());
+    H5Sselect_none(mem.get());
+  }
+  if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), m.dxpl.get(), src) < 0 &&
+      err.empty()) {
+    err = where + ": " + rank_prefix(m.comm) + "write failed: " + h5_detail();
+  }
+
+  // Second agreement: the write succeeded everywhere; checksum and element count combined.
+  uint64_t post[3] = {sum, static_cast<uint64_t>(n), err.empty() ? 0u : 1u};
+  MPI_Allreduce(MPI_IN_PLACE, post, 3, MPI_UINT64_T, MPI_SUM, m.comm);
+  if (post[2] != 0) agree_or_throw(m.comm, err);
+  if (post[1] != static_cast<uint64_t>(numel)) {
+    throw Error(where + ": the ranks wrote " + std::to_string(post[1]) + " elements in total, the " +
+                "dataset has " + std::to_string(numel) +
+                " (each element must be written by exactly one rank)");
+  }
+  const uint64_t checksum = post[0];
+  write_scalar_attribute(dset.get(), kChecksumKey, H5T_STD_U64LE, H5T_NATIVE_UINT64, &checksum,
+                         where);
+  if (dset.reset() < 0) throw Error(where + ": cannot close: " + h5_detail());
+  m.written.insert(name);
+  data_bytes_ += numel * static_cast<int64_t>(sizeof(float));
+  if (m.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(m.slow_ms));
+}
+
+void CheckpointWriter::set_attribute(const std::string& object, const std::string& key,
+                                     int64_t value) {
+  Impl& m = *impl_;
+  const std::string obj = h5_path(object);
+  const std::string where = "checkpoint '" + path_ + "': '" + obj + "' attribute '" + key + "'";
+  if (m.closed) throw Error(where + ": the writer is closed");
+  MPI_Bcast(&value, 1, MPI_INT64_T, 0, m.comm);
+  Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
+  write_scalar_attribute(o.get(), key, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, where);
+}
+
+void CheckpointWriter::set_attribute(const std::string& object, const std::string& key,
+                                     double value) {
+  Impl& m = *impl_;
+  const std::string obj = h5_path(object);
+  const std::string where = "checkpoint '" + path_ + "': '" + obj + "' attribute '" + key + "'";
+  if (m.closed) throw Error(where + ": the writer is closed");
+  MPI_Bcast(&value, 1, MPI_DOUBLE, 0, m.comm);
+  Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
+  write_scalar_attribute(o.get(), key, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, where);
+}
+
+void CheckpointWriter::set_attribute(const std::string& object, const std::string& key,
+                                     const std::string& value_in) {
+  Impl& m = *impl_;
+  const std::string obj = h5_path(object);
+  const std::string where = "checkpoint '" + path_ + "': '" + obj + "' attribute '" + key + "'";
+  if (m.closed) throw Error(where + ": the writer is closed");
+  const std::string value = bcast_string(m.comm, value_in, 0);
+  if (value.find('\0') != std::string::npos) {
+    throw Error(where + ": string value contains a NUL character");
+  }
+  Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
+  const char* p = value.c_str();
+  write_scalar_attribute(o.get(), key, m.vlen_str.get(), m.vlen_str.get(), &p, where);
+}
+
+void CheckpointWriter::close() {
+  Impl& m = *impl_;
+  if (m.closed) return;
+  // Flush first: a flush that fails (full disk) leaves the file closable, a failing H5Fclose
+  // does not (see abandon()).
+  std::string err;
+  if (H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) < 0) {
+    err = "checkpoint '" + path_ + "': " + rank_prefix(m.comm) + "flush failed: " + h5_detail();
+  }
+  err = agree(m.comm, err);
+  if (!err.empty()) {
+    abandon();
+    throw Error(err);
+  }
+  m.closed = true;
+  const herr_t rc = m.file.reset();  // collective
+  err = rc < 0 ? "checkpoint '" + path_ + "': " + rank_prefix(m.comm) + "close failed: " +
+                     h5_detail()
+               : "";
+  agree_or_throw(m.comm, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+struct CheckpointReader::Impl {
+  MPI_Comm comm = MPI_COMM_NULL;
+  Hid file, dxpl;
+  std::vector<float> staging;
+  bool closed = false;
+};
+
+namespace {
+
+using ObjectMap = std::map<std::string, AttributeValue>;
+
+AttributeValue read_attribute_value(hid_t attr) {
+  AttributeValue v;
+  Hid type(H5Aget_type(attr), H5Tclose);
+  Hid space(H5Aget_space(attr), H5Sclose);
+  if (!type.valid() || !space.valid()) {
+    v.text = "unreadable: " + h5_detail();
+    return v;
+  }
+  const hssize_t npoints = H5Sget_simple_extent_npoints(space.get());
+  const H5T_class_t cls = H5Tget_class(type.get());
+  if (npoints != 1) {
+    v.text = dtype_name(type.get()) + " array of " + std::to_string(npoints) + " elements";
+    return v;
+  }
+  if (cls == H5T_INTEGER) {
+    if (H5Tget_sign(type.get()) == H5T_SGN_NONE && H5Tget_size(type.get()) == 8) {
+      if (H5Aread(attr, H5T_NATIVE_UINT64, &v.u) >= 0) v.kind = AttributeValue::Kind::Uint;
+    } else if (H5Aread(attr, H5T_NATIVE_INT64, &v.i) >= 0) {
+      v.kind = AttributeValue::Kind::Int;
+    }
+  } else if (cls == H5T_FLOAT) {
+    if (H5Aread(attr, H5T_NATIVE_DOUBLE, &v.d) >= 0) v.kind = AttributeValue::Kind::Double;
+  } else if (cls == H5T_STRING) {
+    if (H5Tis_variable_str(type.get()) > 0) {
+      Hid mt(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(mt.get(), H5T_VARIABLE);
+      H5Tset_cset(mt.get(), H5Tget_cset(type.get()));
+      char* p = nullptr;
+      if (H5Aread(attr, mt.get(), &p) >= 0) {
+        v.kind = AttributeValue::Kind::String;
+        v.text = p ? p : "";
+        H5free_memory(p);
+      }
+    } else {
+      const size_t n = H5Tget_size(type.get());
+      std::vector<char> buf(n + 1, '\0');
+      Hid mt(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(mt.get(), n + 1);
+      H5Tset_cset(mt.get(), H5Tget_cset(type.get()));
+      if (H5Aread(attr, mt.get(), buf.data()) >= 0) {
+        v.kind = AttributeValue::Kind::String;
+        v.text = std::string(buf.data(), strnlen(buf.data(), n));
+      }
+    }
+  } else {
+    v.text = dtype_name(type.get());
+    return v;
+  }
+  if (v.kind == AttributeValue::Kind::Other) v.text = "unreadable: " + h5_detail();
+  return v;
+}
+
+herr_t collect_attribute(hid_t obj, const char* name, const H5A_info_t*, void* data) {
+  auto* out = static_cast<ObjectMap*>(data);
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!a.valid()) return -1;
+  (*out)[name] = read_attribute_value(a.get());
+  return 0;
+}
+
+struct ScanState {
+  std::map<std::string, AttributeValue>* root_attrs = nullptr;
+  std::vector<std::tuple<std::string, bool, std::vector<int64_t>, std::string, ObjectMap>> objects;
+  std::string error;
+};
+
+herr_t visit_link(hid_t group, const char* name, const H5L_info_t* info, void* data) {
+  auto* st = static_cast<ScanState*>(data);
+  if (info->type != H5L_TYPE_HARD) return 0;  // soft/external links are not followed
+  Hid o(H5Oopen(group, name, H5P_DEFAULT), H5Oclose);
+  if (!o.valid()) {
+    st->error = std::string("cannot open object '/") + name + "': " + h5_detail();
+    return -1;
+  }
+  const H5I_type_t t = H5Iget_type(o.get());
+  if (t != H5I_GROUP && t != H5I_DATASET) return 0;  // named datatypes
+  ObjectMap attrs;
+  if (H5Aiterate2(o.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute, &attrs) < 0) {
+    st->error = std::string("cannot read the attributes of '/") + name + "': " + h5_detail();
+    return -1;
+  }
+  std::vector<int64_t> shape;
+  std::string dtype;
+  if (t == H5I_DATASET) {
+    Hid space(H5Dget_space(o.get()), H5Sclose);
+    Hid type(H5Dget_type(o.get()), H5Tclose);
+    const int nd = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+    if (nd < 0 || !type.valid()) {
+      st->error = std::string("cannot read dataset '/") + name + "': " + h5_detail();
+      return -1;
+    }
+    std::vector<hsize_t> dims(static_cast<size_t>(nd));
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    shape.assign(dims.begin(), dims.end());
+    dtype = dtype_name(type.get());
+  }
+  st->objects.emplace_back("/" + std::string(name), t == H5I_DATASET, std::move(shape),
+                           std::move(dtype), std::move(attrs));
+  return 0;
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm)
+    : impl_(std::make_unique<Impl>()), path_(path) {
+  h5_init();
+  Impl& m = *impl_;
+  MPI_Comm_dup(comm, &m.comm);
+  const std::string where = "checkpoint '" + path + "'";
+
+  // Rank 0 checks the file and reads the index (every object, shape and attribute) with the
+  // serial driver, and broadcasts it: 'E' + message, or 'I' + serialized index.
+  std::string msg;
+  if (comm_rank(m.comm) == 0) {
+    std::string err;
+    Out out;
+    struct stat st{};
+    if (stat(path.c_str(), &st) != 0) {
+      err = where + ": cannot open: " + std::strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+      err = where + ": not a regular file";
+    } else if (H5Fis_hdf5(path.c_str()) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      err = where + ": not an HDF5 file (" + std::to_string(st.st_size) + " bytes)";
+    } else {
+      Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+      ScanState scan;
+      ObjectMap root_attrs;
+      if (!f.valid()) {
+        err = where + ": cannot open (truncated or damaged?): " + h5_detail();
+      } else if (H5Aiterate2(f.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attribute,
+                             &root_attrs) < 0) {
+        err = where + ": cannot read the root attributes: " + h5_detail();
+      } else if (H5Lvisit(f.get(), H5_INDEX_NAME, H5_ITER_INC, visit_link, &scan) < 0) {
+        err = where + ": " + (scan.error.empty() ? "cannot list: " + h5_detail() : scan.error);
+      } else {
+        scan.objects.emplace_back("/", false, std::vector<int64_t>{}, "", std::move(root_attrs));
+        out.u64(scan.objects.size());
+        for (const auto& [name, is_ds, shape, dtype, attrs] : scan.objects) {
+          out.str(name);
+          out.u64(is_ds);
+          out.str(dtype);
+          out.u64(shape.size());
+          for (int64_t d : shape) out.u64(static_cast<uint64_t>(d));
+          out.u64(attrs.size());
+          for (const auto& [k, v] : attrs) {
+            out.str(k);
+            out.u64(static_cast<uint64_t>(v.kind));
+            out.u64(static_cast<uint64_t>(v.i));
+            out.u64(v.u);
+            uint64_t dbits;
+            std::memcpy(&dbits, &v.d, sizeof dbits);
+            out.u64(dbits);
+            out.str(v.text);
+          }
+        }
+      }
+      if (f.reset() < 0 && err.empty()) err = where + ": cannot close: " + h5_detail();
+    }
+    msg = err.empty() ? "I" + out.buf : "E" + err;
+  }
+  msg = bcast_string(m.comm, msg, 0);
+  if (msg[0] == 'E') {
+    MPI_Comm_free(&m.comm);
+    throw Error(msg.substr(1));
+  }
+  const std::string blob = msg.substr(1);
+  In in{blob};
+  const uint64_t nobj = in.u64();
+  for (uint64_t i = 0; i < nobj; ++i) {
+    std::string name = in.str();
+    Object& o = index_[name];
+    o.is_dataset = in.u64() != 0;
+    o.dtype = in.str();
+    o.shape.resize(in.u64());
+    for (int64_t& d : o.shape) d = static_cast<int64_t>(in.u64());
+    const uint64_t nattr = in.u64();
+    for (uint64_t j = 0; j < nattr; ++j) {
+      std::string k = in.str();
+      AttributeValue& v = o.attributes[k];
+      v.kind = static_cast<AttributeValue::Kind>(in.u64());
+      v.i = static_cast<int64_t>(in.u64());
+      v.u = in.u64();
+      const uint64_t dbits = in.u64();
+      std::memcpy(&v.d, &dbits, sizeof dbits);
+      v.text = in.str();
+    }
+  }
+
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  std::string err;
+  if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), m.comm, MPI_INFO_NULL) < 0) {
+    err = where + ": cannot set up MPI-IO: " + h5_detail();
+  } else {
+    m.file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+    if (!m.file.valid()) err = where + ": " + rank_prefix(m.comm) + "cannot open: " + h5_detail();
+  }
+  err = agree(m.comm, err);
+  if (!err.empty()) {
+    // As in the writer: a file open on some ranks only is left open rather than hanging.
+    MPI_Comm_free(&m.comm);
+    throw Error(err);
+  }
+  m.dxpl = Hid(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE);
+}
+
+CheckpointReader::~CheckpointReader() {
+  if (!impl_) return;
+  Impl& m = *impl_;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!m.closed && !finalized) {
+    (void)m.file.reset();
+    H5Eclear2(H5E_DEFAULT);
+  }
+  if (m.comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&m.comm);
+}
+
+void CheckpointReader::close() {
+  Impl& m = *impl_;
+  if (m.closed) return;
+  m.closed = true;
+  const herr_t rc = m.file.reset();
+  agree_or_throw(m.comm, rc < 0 ? "checkpoint '" + path_ + "': " + rank_prefix(m.comm) +
+                                      "close failed: " + h5_detail()
+                                : "");
+}
+
+const CheckpointReader::Object& CheckpointReader::object_entry(const std::string& name) const {
+  auto it = index_.find(h5_path(name));
+  if (it == index_.end()) {
+    throw Error("checkpoint '" + path_ + "': no object '" + h5_path(name) + "'");
+  }
+  return it->second;
+}
+
+const CheckpointReader::Object& CheckpointReader::dataset_entry(const std::string& name) const {
+  auto it = index_.find(h5_path(name));
+  if (it == index_.end() || !it->second.is_dataset) {
+    throw Error("checkpoint '" + path_ + "': no dataset '" + h5_path(name) + "'");
+  }
+  return it->second;
+}
+
+bool CheckpointReader::has_dataset(const std::string& name) const {
+  auto it = index_.find(h5_path(name));
+  return it != index_.end() && it->second.is_dataset;
+}
+
+std::vector<int64_t> CheckpointReader::shape(const std::string& name) const {
+  return dataset_entry(name).shape;
+}
+
+std::vector<std::string> CheckpointReader::datasets() const {
+  std::vector<std::string> out;
+  for (const auto& [name, o] : index_) {
+    if (o.is_dataset) out.push_back(name);
+  }
+  return out;  // std::map order: sorted
+}
+
+bool CheckpointReader::has_attribute(const std::string& object, const std::string& key) const {
+  auto it = index_.find(h5_path(object));
+  return it != index_.end() && it->second.attributes.count(key) > 0;
+}
+
+std::vector<std::string> CheckpointReader::attributes(const std::string& object) const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : object_entry(object).attributes) out.push_back(k);
+  return out;
+}
+
+const AttributeValue& CheckpointReader::attribute(const std::string& object,
+                                                  const std::string& key) const {
+  const Object& o = object_entry(object);
+  auto it = o.attributes.find(key);
+  if (it == o.attributes.end()) {
+    throw Error("checkpoint '" + path_ + "': '" + h5_path(object) + "' has no attribute '" +
+                key + "'");
+  }
+  return it->second;
+}
+
+namespace {
+[[noreturn]] void wrong_type(const std::string& path, const std::string& object,
+                             const std::string& key, const char* wanted,
+                             const AttributeValue& v) {
+  static const char* kinds[] = {"an integer", "an unsigned integer", "a floating-point number",
+                                "a string", "of another type"};
+  std::string found = kinds[static_cast<int>(v.kind)];
+  if (v.kind == AttributeValue::Kind::Other) found += " (" + v.text + ")";
+  throw Error("checkpoint '" + path + "': '" + h5_path(object) + "' attribute '" + key +
+              "' is " + found + ", expected " + wanted);
+}
+}  // namespace
+
+int64_t CheckpointReader::attribute_int(const std::string& object, const std::string& key) const {
+  const AttributeValue& v = attribute(object, key);
+  if (v.kind == AttributeValue::Kind::Int) return v.i;
+  if (v.kind == AttributeValue::Kind::Uint && v.u <= static_cast<uint64_t>(INT64_MAX)) {
+    return static_cast<int64_t>(v.u);
+  }
+  wrong_type(path_, object, key, "an integer (int64)", v);
+}
+
+double CheckpointReader::attribute_double(const std::string& object,
+                                          const std::string& key) const {
+  const AttributeValue& v = attribute(object, key);
+  if (v.kind == AttributeValue::Kind::Double) return v.d;
+  if (v.kind == AttributeValue::Kind::Int) return static_cast<double>(v.i);
+  if (v.kind == AttributeValue::Kind::Uint) return static_cast<double>(v.u);
+  wrong_type(path_, object, key, "a number", v);
+}
+
+std::string CheckpointReader::attribute_string(const std::string& object,
+                                               const std::string& key) const {
+  const AttributeValue& v = attribute(object, key);
+  if (v.kind == AttributeValue::Kind::String) return v.text;
+  wrong_type(path_, object, key, "a string", v);
+}
+
+namespace {
+
+// Collective: opens the dataset on every rank; throws on every rank if any rank failed (or
+// if `local_error` is set on any rank).
+Hid open_dataset(MPI_Comm comm, hid_t file, const std::string& name, const std::string& where,
+                 const std::string& local_error) {
+  std::string err = local_error;
+  Hid d(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!d.valid() && err.empty()) err = where + ": " + rank_prefix(comm) + "cannot open: " + h5_detail();
+  err = agree(comm, err);
+  if (!err.empty()) throw Error(err);
+  return d;
+}
+
+// Collective: reads the (normalized, validated) runs of `dset` into local. Returns this rank's
+// error ("" if none); a rank with an error still takes part (with an empty selection).
+std::string read_runs(MPI_Comm comm, hid_t dset, hid_t dxpl, const std::vector<int64_t>& shape,
+                      const std::vector<Run>& rs, float* local, std::vector<float>& staging,
+                      const std::string& where) {
+  const int64_t n = runs_length(rs);
+  const bool direct = n == 0 || local_contiguous(rs);
+  float dummy = 0;
+  float* dst = &dummy;
+  if (n > 0) {
+    if (direct) {
+      dst = local + rs.front().local_offset;
+    } else {
+      staging.resize(static_cast<size_t>(n));
+      dst = staging.data();
+    }
+  }
+  std::string err;
+  Hid space(H5Dget_space(dset), H5Sclose);
+  const hsize_t mem_dims = static_cast<hsize_t>(std::max<int64_t>(n, 1));
+  Hid mem(H5Screate_simple(1, &mem_dims, nullptr), H5Sclose);
+  std::string sel = select_boxes(space.get(), runs_to_boxes(shape, rs));
+  if (sel.empty() && n == 0 && H5Sselect_none(mem.get()) < 0) sel = h5_detail();
+  if (!sel.empty()) {
+    err = where + ": " + rank_prefix(comm) + "cannot select: " + sel;
+    H5Sselect_none(space.get());
+    H5Sselect_none(mem.get());
+  }
+  if (H5Dread(dset, H5T_NATIVE_FLOAT, mem.get(), space.get(), dxpl, dst) < 0 && err.empty()) {
+    err = where + ": " + rank_prefix(comm) + "read failed: " + h5_detail();
+  }
+  if (err.empty() && !direct) {
+    int64_t pos = 0;
+    for (const Run& r : rs) {
+      std::copy_n(staging.data() + pos, r.length, local + r.local_offset);
+      pos += r.length;
+    }
+  }
+  return err;
+}
+
+}  // namespace
+
+void CheckpointReader::read_tensor(const std::string& name_in,
+                                   const std::vector<int64_t>& expected_shape,
+                                   const std::vector<Run>& runs, std::span<float> local,
+                                   const ChecksumShare& share) {
+  Impl& m = *impl_;
+  const std::string name = h5_path(name_in);
+  const std::string where = "checkpoint '" + path_ + "': dataset '" + name + "'";
+  if (m.closed) throw Error(where + ": the reader is closed");
+  const Object& o = dataset_entry(name);
+  if (o.shape != expected_shape) {
+    throw Error(where + ": shape mismatch: expected " + shape_string(expected_shape) +
+                ", found " + shape_string(o.shape));
+  }
+  if (o.dtype.rfind("float", 0) != 0) {
+    throw Error(where + ": has type " + o.dtype + ", expected floating point");
+  }
+  const int64_t numel = shape_numel(o.shape);
+  const auto local_size = static_cast<int64_t>(local.size());
+
+  std::vector<Run> rs = runs;
+  std::string err = normalize_runs(rs, numel, local_size, true);
+  std::vector<Run> counted;
+  if (err.empty()) {
+    if (share.kind() == ChecksumShare::Kind::All) {
+      counted = rs;
+    } else if (share.kind() == ChecksumShare::Kind::Only) {
+      counted = share.runs();
+      err = normalize_runs(counted, numel, local_size, true);
+      if (err.empty()) err = runs_subset(counted, rs);
+      if (!err.empty()) err = "checksum share: " + err;
+    }
+  }
+  if (!err.empty()) err = where + ": " + rank_prefix(m.comm) + err;
+  Hid dset = open_dataset(m.comm, m.file.get(), name, where, err);  // throws on any error
+
+  err = read_runs(m.comm, dset.get(), m.dxpl.get(), o.shape, rs, local.data(), m.staging, where);
+  const uint64_t sum = err.empty() ? checksum_runs(local, counted) : 0;
+  uint64_t post[3] = {sum, static_cast<uint64_t>(runs_length(counted)), err.empty() ? 0u : 1u};
+  MPI_Allreduce(MPI_IN_PLACE, post, 3, MPI_UINT64_T, MPI_SUM, m.comm);
+  if (post[2] != 0) agree_or_throw(m.comm, err);
+  if (post[1] == 0) return;  // nobody counted: no check
+  if (post[1] != static_cast<uint64_t>(numel)) {
+    throw Error(where + ": the ranks counted " + std::to_string(post[1]) +
+                " elements toward the checksum, the dataset has " + std::to_string(numel) +
+                " (each element must be counted by exactly one rank, see ChecksumShare)");
+  }
+  auto it = o.attributes.find(kChecksumKey);
+  if (it == o.attributes.end()) return;  // written by another tool: nothing to check against
+  if (it->second.kind != AttributeValue::Kind::Uint || it->second.u != post[0]) {
+    throw Error(where + " is corrupt (checksum mismatch)");
+  }
+}
+
+void CheckpointReader::verify(const std::string& name_in, int64_t chunk_elements) {
+  Impl& m = *impl_;
+  const std::string name = h5_path(name_in);
+  const std::string where = "checkpoint '" + path_ + "': dataset '" + name + "'";
+  if (m.closed) throw Error(where + ": the reader is closed");
+  const Object& o = dataset_entry(name);
+  auto it = o.attributes.find(kChecksumKey);
+  if (it == o.attributes.end()) return;
+  if (o.dtype != "float32") throw Error(where + ": has type " + o.dtype + ", expected float32");
+  const int64_t numel = shape_numel(o.shape);
+  const int size = comm_size(m.comm), rank = comm_rank(m.comm);
+  const int64_t per_rank = (numel + size - 1) / size;
+  const int64_t begin = std::min(numel, per_rank * rank);
+  const int64_t end = std::min(numel, begin + per_rank);
+  const int64_t chunk = std::max<int64_t>(1, chunk_elements);
+  const int64_t rounds = (per_rank + chunk - 1) / chunk;  // the same on every rank
+
+  Hid dset = open_dataset(m.comm, m.file.get(), name, where, "");
+  std::vector<float> buf(static_cast<size_t>(std::min(chunk, std::max<int64_t>(end - begin, 0))));
+  uint64_t sum = 0;
+  std::string err;
+  for (int64_t k = 0; k < rounds; ++k) {
+    const int64_t b = std::min(end, begin + k * chunk), e = std::min(end, b + chunk);
+    std::vector<Run> rs;
+    if (e > b && err.empty()) rs.push_back(Run{0, b, e - b});
+    std::string e2 =
+        read_runs(m.comm, dset.get(), m.dxpl.get(), o.shape, rs, buf.data(), m.staging, where);
+    if (err.empty()) err = e2;
+    if (err.empty() && !rs.empty()) sum += checksum_range(buf.data(), b, e - b);
+  }
+  uint64_t post[2] = {sum, err.empty() ? 0u : 1u};
+  MPI_Allreduce(MPI_IN_PLACE, post, 2, MPI_UINT64_T, MPI_SUM, m.comm);
+  if (post[1] != 0) agree_or_throw(m.comm, err);
+  if (it->second.kind != AttributeValue::Kind::Uint || it->second.u != post[0]) {
+    throw Error(where + " is corrupt (checksum mismatch)");
+  }
+}
+
+void CheckpointReader::verify_all(int64_t chunk_elements) {
+  for (const std::string& name : datasets()) verify(name, chunk_elements);
+}
+
+}  // namespace trident

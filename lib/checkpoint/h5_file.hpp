@@ -1,0 +1,193 @@
+#pragma once
+// One checkpoint = one parallel HDF5 file. Every tensor is ONE float32 dataset with its GLOBAL
+// shape (layout-free); each rank writes and reads exactly the pieces it holds, described as
+// runs over the dataset's global row-major flat index space (checkpoint/ckpt_runs.hpp).
+// docs/checkpoint-format.md specifies the file; checkpoint/commit.hpp makes a write atomic.
+//
+// Collectives: every method marked "collective" must be called by every rank of the
+// communicator, in the same order, with the same name/shape/attribute arguments (runs and
+// buffers differ per rank; a rank with nothing to do passes no runs). Errors are
+// trident::Errors of one line naming the file and the dataset or attribute, and are thrown on
+// EVERY rank of the communicator (a failure seen by only some ranks, e.g. a bad run or an I/O
+// error, is agreed on with one all-reduce, the message being the lowest failing rank's), so a
+// failure never leaves ranks hanging in a collective. Non-collective methods (shape, datasets,
+// attributes on the reader) answer from an index that rank 0 read and broadcast at open, so
+// they give the same answer, or the same error, on every rank.
+//
+// Integrity: every dataset carries a uint64 attribute "checksum" (ckpt_runs.hpp); reads verify
+// it when the ranks together count every element exactly once (see ChecksumShare).
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/ckpt_runs.hpp"
+
+namespace trident {
+
+// File-creation tuning. The defaults are what measured best (docs/checkpoint-format.md,
+// "Performance"); MPI-IO hints can also come from the ROMIO_HINTS file as usual.
+struct WriterOptions {
+  bool overwrite = false;                // false: the file must not exist yet
+  int64_t align_threshold = 1 << 20;     // objects >= this many bytes start at a multiple of
+  int64_t alignment = 1 << 20;           //   `alignment` (H5Pset_alignment); 0: no alignment
+  int64_t meta_block_size = 1 << 20;     // H5Pset_meta_block_size; 0: HDF5 default
+  bool collective_metadata_write = true; // H5Pset_coll_metadata_write
+  std::vector<std::pair<std::string, std::string>> mpi_hints;  // MPI_Info for MPI_File_open
+};
+
+class CheckpointWriter {
+ public:
+  // Collective. Creates `path` with the MPI-IO driver (collective transfers). Throws (on every
+  // rank) naming the file if it cannot be created, or if it exists and !options.overwrite.
+  CheckpointWriter(const std::string& path, MPI_Comm comm, const WriterOptions& options = {});
+  // If close() was not called (an error, or an exception elsewhere): abandons the file, i.e.
+  // empties it (rank 0) and closes it (collectively; errors ignored); the caller deletes it.
+  // Every rank must destroy the writer, which holds when every error came from this class
+  // (they are thrown on all ranks).
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Collective. Creates float32 dataset `name` ("/model/h/003/mlp/fc/weight": absolute, groups
+  // created as needed) of `global_shape` (rank 1..32) and writes this rank's `runs` from
+  // `local`. The ranks' runs together must cover every element exactly once (checked: the
+  // total count must equal the element count). Stores attribute "checksum". One all-reduce.
+  void write_tensor(const std::string& name, const std::vector<int64_t>& global_shape,
+                    const std::vector<Run>& runs, std::span<const float> local);
+
+  // Collective. Scalar attribute `key` on `object` ("/" for the root; a group or dataset path;
+  // a missing path is created as a group). Replaces an existing attribute of that name. The
+  // value written is rank 0's (broadcast), so all ranks agree. Strings: variable-length UTF-8.
+  void set_attribute(const std::string& object, const std::string& key, int64_t value);
+  void set_attribute(const std::string& object, const std::string& key, double value);
+  void set_attribute(const std::string& object, const std::string& key, const std::string& value);
+  void set_attribute(const std::string& object, const std::string& key, const char* value) {
+    set_attribute(object, key, std::string(value));
+  }
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, int64_t>)
+  void set_attribute(const std::string& object, const std::string& key, T value) {
+    set_attribute(object, key, static_cast<int64_t>(value));
+  }
+
+  // Collective. Flushes and closes the file; throws on every rank if any rank failed (the
+  // file is then abandoned as by the destructor).
+  void close();
+
+  const std::string& path() const { return path_; }
+  // Bytes of tensor data in the file so far (global, the same on every rank).
+  int64_t data_bytes() const { return data_bytes_; }
+
+ private:
+  void abandon();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  int64_t data_bytes_ = 0;
+};
+
+// Which of the elements a rank reads it counts toward the dataset's checksum check. The
+// check runs when the ranks' counted elements add up to the dataset's element count (each
+// element must be counted by exactly one rank; e.g. a tensor every rank reads whole: all() on
+// one rank, none() on the others), is skipped when no rank counts anything, and is an error
+// otherwise (it would be meaningless).
+class ChecksumShare {
+ public:
+  static ChecksumShare all() { return ChecksumShare(Kind::All, {}); }   // every element read
+  static ChecksumShare none() { return ChecksumShare(Kind::None, {}); }
+  // These runs (local positions as in the read runs; a subset of what is read).
+  static ChecksumShare only(std::vector<Run> runs) {
+    return ChecksumShare(Kind::Only, std::move(runs));
+  }
+  enum class Kind { All, None, Only };
+  Kind kind() const { return kind_; }
+  const std::vector<Run>& runs() const { return runs_; }
+
+ private:
+  ChecksumShare(Kind k, std::vector<Run> r) : kind_(k), runs_(std::move(r)) {}
+  Kind kind_;
+  std::vector<Run> runs_;
+};
+
+// A scalar attribute as stored: integer (signed or not), floating point, string, or other
+// (an HDF5 type Trident does not read; `text` describes it).
+struct AttributeValue {
+  enum class Kind { Int, Uint, Double, String, Other };
+  Kind kind = Kind::Other;
+  int64_t i = 0;
+  uint64_t u = 0;
+  double d = 0;
+  std::string text;  // String: the value; Other: a description of the type
+};
+
+class CheckpointReader {
+ public:
+  // Collective. Opens `path` read-only. Throws (on every rank) naming the file if it is
+  // missing, not a regular file, not HDF5, truncated or otherwise unreadable.
+  CheckpointReader(const std::string& path, MPI_Comm comm);
+  ~CheckpointReader();  // closes collectively if close() was not called
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // ---- local (the index; same answer on every rank) ----
+  bool has_dataset(const std::string& name) const;
+  // Throws "checkpoint 'F': no dataset '/x'" if missing.
+  std::vector<int64_t> shape(const std::string& name) const;
+  // Every dataset path ("/a/b"), sorted.
+  std::vector<std::string> datasets() const;
+  bool has_attribute(const std::string& object, const std::string& key) const;
+  // Attribute keys of `object` ("/", a group or a dataset), sorted; throws if no such object.
+  std::vector<std::string> attributes(const std::string& object) const;
+  // Throw naming file, object and key when missing or of another type (int: any integer that
+  // fits int64; double: any floating point or integer; string: any string).
+  int64_t attribute_int(const std::string& object, const std::string& key) const;
+  double attribute_double(const std::string& object, const std::string& key) const;
+  std::string attribute_string(const std::string& object, const std::string& key) const;
+  const AttributeValue& attribute(const std::string& object, const std::string& key) const;
+
+  // ---- collective ----
+  // Reads this rank's `runs` of dataset `name` into `local`, after checking the dataset exists
+  // and has `expected_shape` (else throws naming dataset, expected and found shapes). Runs of
+  // one rank must not overlap (in the dataset or in `local`); runs of different ranks may.
+  // Verifies the checksum as `share` says; a mismatch throws "checkpoint 'F': dataset '/x' is
+  // corrupt (checksum mismatch)" on every rank. One all-reduce.
+  void read_tensor(const std::string& name, const std::vector<int64_t>& expected_shape,
+                   const std::vector<Run>& runs, std::span<float> local,
+                   const ChecksumShare& share = ChecksumShare::all());
+  // Reads the whole dataset, split over the ranks in pieces of at most `chunk_elements` per
+  // rank per read, and checks its checksum (no-op for a dataset without one). Throws as
+  // read_tensor. verify_all: every dataset, in datasets() order.
+  void verify(const std::string& name, int64_t chunk_elements = int64_t{1} << 24);
+  void verify_all(int64_t chunk_elements = int64_t{1} << 24);
+
+  void close();  // collective
+
+ private:
+  struct Object {
+    bool is_dataset = false;
+    std::vector<int64_t> shape;
+    std::string dtype;  // "float32", ...; datasets only
+    std::map<std::string, AttributeValue> attributes;
+  };
+  const Object& dataset_entry(const std::string& name) const;
+  const Object& object_entry(const std::string& name) const;
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  std::map<std::string, Object> index_;
+};
+
+// Normalizes an HDF5 object path: leading '/' added, repeated and trailing '/' removed.
+std::string h5_path(const std::string& name);
+
+}  // namespace trident

@@ -1,0 +1,87 @@
+// Causal self-attention entry points: argument checks, the dO.O row sums (delta) of the
+// backward, and dispatch to the fp32 SIMT or bf16 tensor-core kernels.
+#include "kernels/cuda/attention.cuh"
+
+namespace trident::cuda {
+
+namespace {
+
+// delta[b,h,t] = sum_d dout[b,t,h,d] * out[b,t,h,d]: one warp per (b, t, h), fp32.
+template <typename T>
+__global__ void attention_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
+                                       const T* __restrict__ out, int B, int T_, int NH, int HS) {
+  const int64_t rows = int64_t(B) * T_ * NH;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (warp >= rows) return;
+  const int64_t bt = warp / NH;  // b * T + t
+  const int h = static_cast<int>(warp % NH);
+  const int64_t C = int64_t(NH) * HS;
+  const T* g = dout + bt * C + int64_t(h) * HS;
+  const T* o = out + bt * C + int64_t(h) * HS;
+  float acc = 0.f;
+  for (int d = lane; d < HS; d += 32) acc += detail::to_f32(g[d]) * detail::to_f32(o[d]);
+  acc = detail::warp_sum(acc);
+  if (lane == 0) {
+    const int64_t b = bt / T_, t = bt % T_;
+    delta[(b * NH + h) * T_ + t] = acc;
+  }
+}
+
+template <typename T>
+void check_alignment(const void* p, const char* name) {
+  if constexpr (sizeof(T) == 2) {
+    if (!detail::aligned16(p))
+      throw Error(std::string("attention (bf16): ") + name + " must be 16-byte aligned");
+  } else {
+    (void)p;
+    (void)name;
+  }
+}
+
+}  // namespace
+
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH) {
+  return static_cast<size_t>(B * NH * T_) * sizeof(float);
+}
+
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
+                       int64_t HS, cudaStream_t stream) {
+  detail::check_attention_dims(B, T_, NH, HS);
+  check_alignment<T>(qkv, "qkv");
+  check_alignment<T>(out, "out");
+  detail::attention_forward_impl(out, lse, qkv, static_cast<int>(B), static_cast<int>(T_),
+                                 static_cast<int>(NH), static_cast<int>(HS), stream);
+}
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        int64_t B, int64_t T_, int64_t NH, int64_t HS, cudaStream_t stream,
+                        void* workspace) {
+  detail::check_attention_dims(B, T_, NH, HS);
+  check_alignment<T>(qkv, "qkv");
+  check_alignment<T>(dqkv, "dqkv");
+  check_alignment<T>(dout, "dout");
+  detail::Scratch scratch(workspace, attention_backward_workspace_bytes(B, T_, NH), stream);
+  float* delta = scratch.as<float>();
+  const int64_t rows = B * T_ * NH;
+  attention_delta_kernel<T><<<detail::grid_for(rows, 8, INT32_MAX), 256, 0, stream>>>(
+      delta, dout, out, static_cast<int>(B), static_cast<int>(T_), static_cast<int>(NH),
+      static_cast<int>(HS));
+  CUDA_CHECK_LAUNCH();
+  detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, static_cast<int>(B),
+                                  static_cast<int>(T_), static_cast<int>(NH),
+                                  static_cast<int>(HS), stream);
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                                 \
+  template void attention_forward<T>(T*, float*, const T*, int64_t, int64_t, int64_t, int64_t, \
+                                     cudaStream_t);                                            \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
+                                      int64_t, int64_t, int64_t, cudaStream_t, void*);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(bf16)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cuda

@@ -1,0 +1,45 @@
+#pragma once
+// Private declarations shared by the attention sources (nvcc only).
+//
+// Layouts: qkv[B,T,3C] with C = NH*HS (per token [q heads | k heads | v heads]); out, dout
+// [B,T,C]; lse, delta [B,NH,T] (fp32). lse is the natural-log logsumexp of the scaled scores
+// (scale = 1/sqrt(HS)), so P[t,s] = exp(scale * q_t.k_s - lse[t]) for s <= t.
+#include "kernels/cuda/common.cuh"
+
+namespace trident::cuda::detail {
+
+// Sets the dynamic shared memory limit of `kernel` to `bytes` (needed above 48 KiB) and checks
+// it against the device's opt-in maximum.
+template <typename Kernel>
+void prepare_smem(Kernel kernel, size_t bytes) {
+  int dev = 0, max_optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  check_dims(bytes <= static_cast<size_t>(max_optin),
+             "attention: kernel needs more shared memory than the device offers");
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)));
+}
+
+inline void check_attention_dims(int64_t B, int64_t T, int64_t NH, int64_t HS) {
+  check_dims(B > 0 && T > 0 && NH > 0, "attention: B, T, NH must be positive");
+  check_dims(HS == 32 || HS == 64 || HS == 128, "attention: HS must be 32, 64 or 128");
+  check_dims(B * NH <= INT32_MAX && T <= (int64_t(1) << 24),
+             "attention: B*NH or T too large");
+  check_dims(B * T * 3 * NH * HS < (int64_t(1) << 62), "attention: tensor too large");
+}
+
+// fp32 SIMT kernels (attention_f32.cu)
+void attention_forward_impl(float* out, float* lse, const float* qkv, int B, int T, int NH,
+                            int HS, cudaStream_t stream);
+void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                             const float* delta, int B, int T, int NH, int HS,
+                             cudaStream_t stream);
+// bf16 tensor-core kernels (attention_bf16.cu)
+void attention_forward_impl(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
+                            int T, int NH, int HS, cudaStream_t stream);
+void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                             const __nv_bfloat16* qkv, const float* lse, const float* delta,
+                             int B, int T, int NH, int HS, cudaStream_t stream);
+
+}  // namespace trident::cuda::detail

@@ -1,0 +1,131 @@
+#pragma once
+// Private helpers of the CUDA kernels (nvcc only).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "kernels/cuda/ops.hpp"
+#include "util/error.hpp"
+
+// After every kernel launch.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+namespace trident::cuda::detail {
+
+// Throws when a size does not fit the 32-bit index a kernel uses, or is negative.
+inline void check_dims(bool ok, const char* what) {
+  if (!ok) throw Error(std::string("trident::cuda: invalid arguments: ") + what);
+}
+
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 16) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return static_cast<unsigned>(blocks);
+}
+
+// Stream-ordered scratch memory: uses the caller's workspace when given, else cudaMallocAsync
+// on the stream, freed (stream-ordered) when the object dies.
+class Scratch {
+ public:
+  Scratch(void* given, size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (given != nullptr || bytes == 0) {
+      ptr_ = given;
+    } else {
+      CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
+      owned_ = true;
+    }
+  }
+  ~Scratch() {
+    if (owned_) cudaFreeAsync(ptr_, stream_);  // (no throw from a destructor)
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename U>
+  U* as(size_t byte_offset = 0) const {
+    return reinterpret_cast<U*>(static_cast<char*>(ptr_) + byte_offset);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+  bool owned_ = false;
+};
+
+inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
+
+// ---------------------------------------------------------------- element conversions
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// 16-byte packets: 4 floats or 8 bf16.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---------------------------------------------------------------- reductions
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reductions (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `shared` holds >= 33 elements. The tree is fixed: deterministic.
+template <typename U, typename Op>
+__device__ __forceinline__ U block_reduce(U v, U* shared, Op op, U identity) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // shared may be reused by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    U w = lane < warps ? shared[lane] : identity;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w = op(w, __shfl_xor_sync(0xffffffffu, w, o));
+    if (lane == 0) shared[32] = w;
+  }
+  __syncthreads();
+  return shared[32];
+}
+
+struct SumOp {
+  template <typename U>
+  __device__ __forceinline__ U operator()(U a, U b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+}  // namespace trident::cuda::detail

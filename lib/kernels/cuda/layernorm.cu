@@ -1,0 +1,154 @@
+// LayerNorm over the last dimension, eps = 1e-5, fp32 statistics.
+//
+// Forward: one warp per row, two-pass statistics (mean, then the centred second moment: no
+// cancellation), like the CPU kernel.
+// Backward: one block per chunk of kRowsPerChunk rows. Its warps compute dinp row by row
+// (dx = rstd (w g - mean_c(w g) - xhat mean_c(w g xhat))); its threads, split over the columns,
+// sum dout * xhat and dout over the chunk's rows in row order into per-chunk partials; a second
+// kernel adds the partials in chunk order to dweight/dbias. Fixed chunking, fixed order:
+// deterministic, no atomics.
+#include "kernels/cuda/common.cuh"
+
+namespace trident::cuda {
+
+namespace {
+
+constexpr float kEps = 1e-5f;
+constexpr int kRowsPerChunk = 256;
+constexpr int kThreads = 256;  // 8 warps
+
+template <typename T>
+__global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean,
+                                         float* __restrict__ rstd, const T* __restrict__ inp,
+                                         const T* __restrict__ weight, const T* __restrict__ bias,
+                                         int64_t N, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const T* x = inp + row * C;
+  float sum = 0.f;
+  for (int64_t c = lane; c < C; c += 32) sum += detail::to_f32(x[c]);
+  const float m = detail::warp_sum(sum) / static_cast<float>(C);
+  float var = 0.f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float d = detail::to_f32(x[c]) - m;
+    var += d * d;
+  }
+  const float s = rsqrtf(detail::warp_sum(var) / static_cast<float>(C) + kEps);
+  T* o = out + row * C;
+  for (int64_t c = lane; c < C; c += 32)
+    o[c] = detail::from_f32<T>((detail::to_f32(x[c]) - m) * s * detail::to_f32(weight[c]) +
+                               detail::to_f32(bias[c]));
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+template <typename T>
+__global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, const T* dout,
+                                          const T* __restrict__ inp, const T* __restrict__ weight,
+                                          const float* __restrict__ mean,
+                                          const float* __restrict__ rstd, int64_t N, int64_t C) {
+  const int64_t r0 = blockIdx.x * int64_t(kRowsPerChunk);
+  const int64_t r1 = min(N, r0 + kRowsPerChunk);
+  // Column partials first (they read dout; dinp is written after the barrier, so dinp may
+  // alias dout).
+  float* pw = partial + blockIdx.x * 2 * C;
+  float* pb = pw + C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float sw = 0.f, sb = 0.f;
+    for (int64_t n = r0; n < r1; n++) {
+      const float g = detail::to_f32(dout[n * C + c]);
+      const float xhat = (detail::to_f32(inp[n * C + c]) - mean[n]) * rstd[n];
+      sw += g * xhat;
+      sb += g;
+    }
+    pw[c] = sw;
+    pb[c] = sb;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int64_t n = r0 + warp; n < r1; n += warps) {
+    const T* x = inp + n * C;
+    const T* g = dout + n * C;
+    const float m = mean[n], s = rstd[n];
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float xhat = (detail::to_f32(x[c]) - m) * s;
+      const float gw = detail::to_f32(weight[c]) * detail::to_f32(g[c]);
+      sum_g += gw;
+      sum_gx += gw * xhat;
+    }
+    const float mean_g = detail::warp_sum(sum_g) / static_cast<float>(C);
+    const float mean_gx = detail::warp_sum(sum_gx) / static_cast<float>(C);
+    T* dx = dinp + n * C;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float xhat = (detail::to_f32(x[c]) - m) * s;
+      const float gw = detail::to_f32(weight[c]) * detail::to_f32(g[c]);
+      dx[c] = detail::from_f32<T>(s * (gw - mean_g - xhat * mean_gx));
+    }
+  }
+}
+
+__global__ void layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
+                                            const float* __restrict__ partial, int64_t chunks,
+                                            int64_t C) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // [0, 2C)
+  if (j >= 2 * C) return;
+  float s = 0.f;
+  for (int64_t k = 0; k < chunks; k++) s += partial[k * 2 * C + j];
+  if (j < C) {
+    dweight[j] += s;
+  } else {
+    dbias[j - C] += s;
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                       const T* bias, int64_t N, int64_t C, cudaStream_t stream) {
+  detail::check_dims(N >= 0 && C > 0, "layernorm_forward: N < 0 or C <= 0");
+  if (N == 0) return;
+  const int rows_per_block = kThreads / 32;
+  layernorm_forward_kernel<T><<<detail::grid_for(N, rows_per_block, INT32_MAX), kThreads, 0,
+                                stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t layernorm_backward_workspace_bytes(int64_t N, int64_t C) {
+  const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  return static_cast<size_t>(chunks * 2 * C) * sizeof(float);
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, cudaStream_t stream, void* workspace) {
+  detail::check_dims(N >= 0 && C > 0, "layernorm_backward: N < 0 or C <= 0");
+  if (N == 0) return;
+  const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  detail::check_dims(chunks <= INT32_MAX, "layernorm_backward: N too large");
+  detail::Scratch scratch(workspace, layernorm_backward_workspace_bytes(N, C), stream);
+  float* partial = scratch.as<float>();
+  layernorm_backward_kernel<T><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+      dinp, partial, dout, inp, weight, mean, rstd, N, C);
+  CUDA_CHECK_LAUNCH();
+  layernorm_param_grad_kernel<<<detail::grid_for(2 * C, 256), 256, 0, stream>>>(
+      dweight, dbias, partial, chunks, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                                 \
+  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, \
+                                     int64_t, cudaStream_t);                                   \
+  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*,       \
+                                      const float*, const float*, int64_t, int64_t,            \
+                                      cudaStream_t, void*);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(bf16)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cuda

@@ -1,0 +1,252 @@
+#pragma once
+// CUDA kernels of the GPT forward and backward pass: the GPU twins of kernels/cpu/ops.hpp.
+// A plain C++ header (usable from .cpp files compiled by the host compiler): it only includes
+// the C runtime API and the bf16 type, both host-compiler clean.
+//
+// Conventions (the same as the CPU kernels unless stated)
+//  * All pointers are DEVICE pointers; every function is asynchronous on `stream` and checks its
+//    launches (CUDA_CHECK(cudaGetLastError()) after each), throwing trident::Error on failure.
+//  * Row-major shapes. N = B*T rows of the residual stream, C = width.
+//  * Parameter gradients ACCUMULATE (+=); activation gradients are OVERWRITTEN.
+//  * Storage type T is float or bf16 (__nv_bfloat16) for activations and weights. Arithmetic is
+//    fp32 everywhere: GEMM accumulation (cuBLAS compute type 32F), LayerNorm statistics (mean,
+//    rstd are float), softmax, attention logsumexp, cross-entropy (row_max, sums, losses are
+//    float), and PARAMETER GRADIENTS ARE ALWAYS float (dweight, dbias, dwte, dwpe), also when T is
+//    bf16: micro-batches accumulate into fp32 gradient buffers that AdamW reads directly (fp32
+//    master weights; convert() makes the bf16 copy, or adamw_update writes it).
+//  * Deterministic: no float atomics anywhere; reductions use a fixed partition and order (they
+//    depend on the shapes only, not on the device's SM count). Two runs on the same GPU model and
+//    library versions give bitwise-identical results (cuBLAS: same algorithm, see docs/gpu.md).
+//  * Scratch: kernels that need temporary memory take an optional `workspace` pointer; when it is
+//    nullptr they allocate it stream-ordered (cudaMallocAsync / cudaFreeAsync on `stream`).
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace trident::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Throws trident::Error("CUDA error at file:line: <expr>: <name>: <description>").
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+
+}  // namespace trident::cuda
+
+// Checks a CUDA runtime call; throws trident::Error with file:line and cudaGetErrorString.
+#define CUDA_CHECK(call)                                                          \
+  do {                                                                            \
+    const cudaError_t trident_cuda_err_ = (call);                                 \
+    if (trident_cuda_err_ != cudaSuccess)                                         \
+      ::trident::cuda::throw_cuda_error(trident_cuda_err_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace trident::cuda {
+
+// ---------------------------------------------------------------- device
+// True when the runtime loads and reports at least one device (never throws).
+bool device_available();
+// "NVIDIA H200 (sm_90, 132 SMs, 139 GiB)" for the current device; "" when none.
+std::string device_summary();
+
+// dst[n] = src[n] with conversion (round to nearest even into bf16).
+// Instantiated for <bf16, float>, <float, bf16>, <float, float>, <bf16, bf16>.
+template <typename Dst, typename Src>
+void convert(Dst* dst, const Src* src, int64_t n, cudaStream_t stream = nullptr);
+
+// ---------------------------------------------------------------- cuBLAS(Lt)
+// One cuBLAS and one cuBLASLt handle plus a 32 MiB GEMM workspace, created once per device
+// (construct it with the device current). The workspace is shared by all calls: use one context
+// per stream when streams run GEMMs concurrently.
+class CublasContext {
+ public:
+  explicit CublasContext(size_t workspace_bytes = size_t(32) << 20);
+  ~CublasContext();
+  CublasContext(const CublasContext&) = delete;
+  CublasContext& operator=(const CublasContext&) = delete;
+
+  // fp32 GEMMs may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32). Off by default: fp32
+  // GEMMs are then true fp32 (the parity reference). bf16 GEMMs always use tensor cores.
+  void set_allow_tf32(bool allow);
+  bool allow_tf32() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class DType : int { F32 = 0, BF16 = 1 };
+template <typename T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::BF16;
+};
+
+// Row-major C[M,N] = alpha * op(A) op(B) + beta * C (+ bias[N] on every row, when bias is not
+// nullptr), like cpu::gemm. op(A) is [M,K] (A stored [K,M] when trans_a), op(B) is [K,N].
+// A and B have type ab, C and bias type c: (F32,F32), (BF16,BF16) and (BF16,F32) are supported.
+// fp32 accumulation always. cuBLASLt with a heuristic-chosen algorithm (fused bias epilogue);
+// falls back to cublasGemmEx plus a bias kernel when Lt finds no algorithm.
+void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, int64_t M,
+             int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+             int64_t ldb, float beta, void* C, int64_t ldc, const void* bias,
+             cudaStream_t stream);
+
+template <typename TAB, typename TC>
+inline void gemm(CublasContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                 float alpha, const TAB* A, int64_t lda, const TAB* B, int64_t ldb, float beta,
+                 TC* C, int64_t ldc, cudaStream_t stream = nullptr, const TC* bias = nullptr) {
+  gemm_ex(ctx, dtype_of<TAB>::value, dtype_of<TC>::value, trans_a, trans_b, M, N, K, alpha, A,
+          lda, B, ldb, beta, C, ldc, bias, stream);
+}
+
+// ---------------------------------------------------------------- linear (torch layout)
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]   (bias may be nullptr; fused epilogue)
+template <typename T>
+void linear_forward(CublasContext& ctx, T* out, const T* inp, const T* weight, const T* bias,
+                    int64_t N, int64_t C, int64_t OC, cudaStream_t stream = nullptr);
+// dinp[N,C] = dout @ weight (overwrite; skipped when nullptr);
+// dweight[OC,C] += dout^T @ inp (fp32, accumulated by the GEMM with beta = 1);
+// dbias[OC] += sum_n dout (fp32, deterministic two-pass column reduction; skipped when nullptr).
+template <typename T>
+void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, const T* dout,
+                     const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
+                     cudaStream_t stream = nullptr, void* workspace = nullptr);
+// dbias[OC] += sum over N rows of dout[N,OC]; workspace: bias_grad_workspace_bytes(N, OC).
+template <typename T>
+void bias_grad_accumulate(float* dbias, const T* dout, int64_t N, int64_t OC,
+                          cudaStream_t stream = nullptr, void* workspace = nullptr);
+size_t bias_grad_workspace_bytes(int64_t N, int64_t OC);
+
+// ---------------------------------------------------------------- embeddings
+// out[N,C] = wte[ids[n] - vocab_begin] if the id is in [vocab_begin, vocab_begin + rows), else 0.
+template <typename T>
+void token_embedding_forward(T* out, const int32_t* ids, const T* wte, int64_t N, int64_t C,
+                             int64_t vocab_begin, int64_t rows, cudaStream_t stream = nullptr);
+// dwte[rows,C] += dout[n] for every n whose id is in range. Deterministic: the (row, n) pairs are
+// stably radix-sorted by row (cub), then each row's tokens are summed in token order n.
+// workspace: token_embedding_backward_workspace_bytes(N).
+template <typename T>
+void token_embedding_backward(float* dwte, const T* dout, const int32_t* ids, int64_t N,
+                              int64_t C, int64_t vocab_begin, int64_t rows,
+                              cudaStream_t stream = nullptr, void* workspace = nullptr);
+size_t token_embedding_backward_workspace_bytes(int64_t N, int64_t rows);
+// out[B,T,C] += wpe[t]
+template <typename T>
+void position_embedding_forward(T* out, const T* wpe, int64_t B, int64_t T_, int64_t C,
+                                cudaStream_t stream = nullptr);
+// dwpe[t,C] += sum_b dout[b,t]   (batch summed in order)
+template <typename T>
+void position_embedding_backward(float* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C,
+                                 cudaStream_t stream = nullptr);
+
+// ---------------------------------------------------------------- layernorm (eps = 1e-5)
+// out[N,C] = (inp - mean) * rstd * weight + bias; mean[N], rstd[N] fp32 (two-pass statistics).
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                       const T* bias, int64_t N, int64_t C, cudaStream_t stream = nullptr);
+// dinp (overwrite); dweight[C] +=, dbias[C] += (fp32; per-block partials over a fixed row
+// chunking, then a second pass in chunk order). workspace: layernorm_backward_workspace_bytes.
+template <typename T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, cudaStream_t stream = nullptr, void* workspace = nullptr);
+size_t layernorm_backward_workspace_bytes(int64_t N, int64_t C);
+
+// ---------------------------------------------------------------- GELU (tanh) and residual
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t N, cudaStream_t stream = nullptr);
+// dinp = dout * gelu'(inp) (overwrite; dinp may alias dout)
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N, cudaStream_t stream = nullptr);
+// out = a + b
+template <typename T>
+void add_forward(T* out, const T* a, const T* b, int64_t N, cudaStream_t stream = nullptr);
+// acc += x
+template <typename T>
+void add_inplace(T* acc, const T* x, int64_t N, cudaStream_t stream = nullptr);
+
+// ---------------------------------------------------------------- softmax cross-entropy
+// The CPU's vocab-parallel three-pass protocol (the caller all-reduces MAX after pass 1 and SUM
+// after pass 2 over the tensor group; identity on one rank). logits[N,Vl] are this rank's
+// columns [vocab_begin, vocab_begin + Vl); columns >= vocab_size are padding. Statistics fp32.
+// One block per row.
+template <typename T>
+void cross_entropy_local_max(float* row_max, const T* logits, int64_t N, int64_t Vl,
+                             int64_t vocab_begin, int64_t vocab_size,
+                             cudaStream_t stream = nullptr);
+// sums[0,N) = sum exp(logit - row_max) over valid local columns; sums[N,2N) = target logit or 0.
+template <typename T>
+void cross_entropy_local_sums(float* sums, const T* logits, const int32_t* targets,
+                              const float* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
+                              int64_t vocab_size, cudaStream_t stream = nullptr);
+// losses[n] = log(sum_exp) + row_max - target_logit
+void cross_entropy_loss(float* losses, const float* row_max, const float* sums, int64_t N,
+                        cudaStream_t stream = nullptr);
+// Single tensor rank (vocab not split): passes 1-3 fused into one read of the logits (online
+// softmax). Writes row_max, sums (same layout as above, so cross_entropy_backward applies
+// unchanged) and losses.
+template <typename T>
+void cross_entropy_forward_fused(float* losses, float* row_max, float* sums, const T* logits,
+                                 const int32_t* targets, int64_t N, int64_t Vl,
+                                 int64_t vocab_size, cudaStream_t stream = nullptr);
+// dlogits = (softmax - onehot(target)) * dloss[n]; padding columns 0; may alias logits.
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
+                            const float* row_max, const float* sums, const float* dloss,
+                            int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size,
+                            cudaStream_t stream = nullptr);
+
+// ---------------------------------------------------------------- causal self-attention
+// qkv[B,T,3*NH*HS] = [q heads | k heads | v heads] per token; out[B,T,NH*HS]; scale 1/sqrt(HS).
+// Flash-attention style: never materialises T x T in global memory. lse[B,NH,T] (fp32) is the
+// per-row logsumexp of the scaled scores, saved for the backward. HS in {32, 64, 128}.
+//  * T = float: exact-fp32 SIMT kernels (no tensor cores).
+//  * T = bf16:  tensor-core kernels (mma.sync m16n8k16 bf16, fp32 accumulate; P and dS are
+//               rounded to bf16 as the A operand of the second GEMM, like FlashAttention-2).
+//               Requires 16-byte aligned qkv/out/dout/dqkv (cudaMalloc'd buffers are).
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
+                       int64_t HS, cudaStream_t stream = nullptr);
+// dqkv (overwrite). Deterministic (no atomics): a dK/dV pass over key blocks and a dQ pass over
+// query blocks, both recomputing P blockwise from lse. workspace (fp32 dO.O row sums):
+// attention_backward_workspace_bytes(B, T_, NH).
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                        int64_t B, int64_t T_, int64_t NH, int64_t HS,
+                        cudaStream_t stream = nullptr, void* workspace = nullptr);
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH);
+
+// ---------------------------------------------------------------- optimizer
+struct AdamWHyper {
+  float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
+  float grad_scale = 1.f;  // gradients are multiplied by it first (clipping)
+  int64_t step = 0;        // 0-based; bias corrections use step + 1 (computed in double)
+};
+// Elementwise AdamW on fp32 master weights, exactly the CPU AdamW::update formula:
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//   w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)
+// with wd = weight_decay where decay_mask[i] != 0 (decay_mask nullptr: everywhere), else 0.
+// When weights_bf16 is not nullptr it receives the updated weights rounded to bf16.
+void adamw_update(float* weights, const float* grads, float* exp_avg, float* exp_avg_sq,
+                  int64_t n, const AdamWHyper& hyper, const uint8_t* decay_mask = nullptr,
+                  bf16* weights_bf16 = nullptr, cudaStream_t stream = nullptr);
+
+// *result (device double) = sum g[i]^2 (or += when accumulate), in fp64 with a fixed two-pass
+// reduction (kGradNormBlocks partials, then one block in order): bitwise reproducible.
+// workspace: grad_square_sum_workspace_bytes().
+void grad_square_sum(double* result, const float* g, int64_t n, bool accumulate = false,
+                     cudaStream_t stream = nullptr, void* workspace = nullptr);
+size_t grad_square_sum_workspace_bytes();
+
+}  // namespace trident::cuda

@@ -1,0 +1,760 @@
+// CUDA kernels against the CPU reference kernels (trident::cpu, float).
+//
+// Every test draws random inputs, runs the CPU kernel and the CUDA kernel on the same values
+// (for the bf16 path the inputs are rounded to bf16 first and the CPU reference runs in fp32 on
+// the rounded values), and compares every output and gradient. The error printed and checked is
+// the max-norm relative error
+//     rel = max_i |gpu_i - ref_i| / max_i |ref_i|
+// (elementwise relative error is meaningless next to zeros). Tolerances: fp32 path 1e-4
+// (attention included), bf16 path 2e-2. Each comparison prints one line:
+//     [ cuda ] <kernel> <tensor> <dtype>  max_abs=... max_ref=... rel=... (tol ...)
+// Without a CUDA device every test is skipped with "no CUDA device: GPU tests skipped".
+#include <gtest/gtest.h>
+
+#ifndef TRIDENT_TEST_CUDA
+
+TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests not built"; }
+
+#else
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/ops.hpp"
+#include "util/error.hpp"
+
+namespace {
+
+namespace gpu = trident::cuda;
+namespace cpu = trident::cpu;
+using gpu::bf16;
+
+#define REQUIRE_CUDA_DEVICE()                                                     \
+  do {                                                                            \
+    if (!gpu::device_available()) GTEST_SKIP() << "no CUDA device: GPU tests skipped"; \
+  } while (0)
+
+// ---------------------------------------------------------------- host helpers
+template <typename S>
+constexpr const char* type_name() {
+  return std::is_same_v<S, float> ? "fp32" : "bf16";
+}
+template <typename S>
+constexpr double tolerance() {
+  return std::is_same_v<S, float> ? 1e-4 : 2e-2;
+}
+
+template <typename S>
+S to_storage(float x) {
+  if constexpr (std::is_same_v<S, float>) {
+    return x;
+  } else {
+    return __float2bfloat16_rn(x);
+  }
+}
+template <typename S>
+float to_float(S x) {
+  if constexpr (std::is_same_v<S, float>) {
+    return x;
+  } else {
+    return __bfloat162float(x);
+  }
+}
+// The values the storage type can hold (what the CPU reference must see).
+template <typename S>
+std::vector<float> quantize(std::vector<float> v) {
+  if constexpr (!std::is_same_v<S, float>)
+    for (float& x : v) x = __bfloat162float(__float2bfloat16_rn(x));
+  return v;
+}
+
+std::vector<float> random_vec(std::mt19937_64& rng, size_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Device buffer of n elements of T.
+template <typename T>
+class DevBuf {
+ public:
+  explicit DevBuf(size_t n) : n_(n) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)));
+  }
+  ~DevBuf() { cudaFree(p_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  void upload_raw(const std::vector<T>& h) {
+    CUDA_CHECK(cudaMemcpy(p_, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download_raw() const {
+    std::vector<T> h(n_);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h.data(), p_, sizeof(T) * n_, cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // float <-> T conversions
+  void upload(const std::vector<float>& h) {
+    std::vector<T> s(h.size());
+    for (size_t i = 0; i < h.size(); i++) s[i] = to_storage<T>(h[i]);
+    upload_raw(s);
+  }
+  std::vector<float> download() const {
+    const std::vector<T> s = download_raw();
+    std::vector<float> h(s.size());
+    for (size_t i = 0; i < s.size(); i++) h[i] = to_float<T>(s[i]);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+template <typename T>
+DevBuf<T>* make_up(const std::vector<float>& h) {
+  auto* d = new DevBuf<T>(h.size());
+  d->upload(h);
+  return d;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Prints and checks the max-norm relative error of gpu against ref. `scale_floor` is a lower
+// bound for the denominator, for tensors whose exact value can be all zeros (the attention dq
+// and dk at T = 1: the softmax of one element has zero gradient, and fp32 rounding leaves
+// ~1e-7): the natural scale of such a gradient is passed instead (max |dv| there).
+void expect_close(const std::string& kernel, const std::string& tensor, const char* dtype,
+                  const std::vector<float>& got, const std::vector<float>& ref, double tol,
+                  double scale_floor = 0.0) {
+  ASSERT_EQ(got.size(), ref.size()) << kernel << " " << tensor;
+  double max_abs = 0.0, max_ref = 0.0;
+  size_t worst = 0, nonfinite = 0;
+  for (size_t i = 0; i < ref.size(); i++) {
+    if (!std::isfinite(got[i])) nonfinite++;
+    const double d = std::abs(static_cast<double>(got[i]) - static_cast<double>(ref[i]));
+    if (d > max_abs) {
+      max_abs = d;
+      worst = i;
+    }
+    max_ref = std::max(max_ref, std::abs(static_cast<double>(ref[i])));
+  }
+  const double rel = max_abs / std::max({max_ref, scale_floor, 1e-30});
+  std::printf("[ cuda ] %-26s %-14s %s  max_abs=%.3e max_ref=%.3e rel=%.3e (tol %.0e)%s\n",
+              kernel.c_str(), tensor.c_str(), dtype, max_abs, max_ref, rel, tol,
+              (rel <= tol && nonfinite == 0) ? "" : "  <-- FAIL");
+  EXPECT_EQ(nonfinite, 0u) << kernel << " " << tensor << ": non-finite GPU values";
+  EXPECT_LE(rel, tol) << kernel << " " << tensor << " " << dtype << ": worst index " << worst
+                      << " gpu=" << (ref.empty() ? 0.f : got[worst])
+                      << " ref=" << (ref.empty() ? 0.f : ref[worst]);
+}
+
+// Columns [c0, c0 + n) of a row-major [rows, cols] matrix.
+std::vector<float> cols_of(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t c0,
+                           int64_t n) {
+  std::vector<float> out(static_cast<size_t>(rows * n));
+  for (int64_t r = 0; r < rows; r++)
+    std::copy_n(m.begin() + r * cols + c0, n, out.begin() + r * n);
+  return out;
+}
+
+// ================================================================ device
+TEST(CudaDevice, Summary) {
+  REQUIRE_CUDA_DEVICE();
+  std::printf("[ cuda ] device: %s\n", gpu::device_summary().c_str());
+  // CUDA_CHECK reports the failing call with file:line through trident::Error.
+  try {
+    CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "CUDA_CHECK did not throw";
+  } catch (const trident::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("test_cuda_kernels.cpp"), std::string::npos) << what;
+    EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
+  }
+  // Bad arguments are rejected before any launch.
+  DevBuf<float> x(16);
+  EXPECT_THROW(gpu::attention_forward<float>(x.get(), x.get(), x.get(), 1, 1, 1, 48),
+               trident::Error);
+}
+
+// ================================================================ gemm
+template <typename TAB, typename TC>
+void check_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, bool bias, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+  const int64_t a_rows = ta ? K : M, b_rows = tb ? N : K;
+  const std::vector<float> A = quantize<TAB>(random_vec(rng, a_rows * lda));
+  const std::vector<float> B = quantize<TAB>(random_vec(rng, b_rows * ldb));
+  const std::vector<float> C0 = quantize<TC>(random_vec(rng, M * ldc));
+  const std::vector<float> bv = quantize<TC>(random_vec(rng, N));
+  const float alpha = 0.7f, beta = 0.3f;
+  std::vector<float> ref = C0;
+  cpu::gemm<float>(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, ref.data(), ldc);
+  if (bias)
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) ref[m * ldc + n] += bv[n];
+  DevBuf<TAB> dA(A.size()), dB(B.size());
+  DevBuf<TC> dC(C0.size()), dbias(N);
+  dA.upload(A);
+  dB.upload(B);
+  dC.upload(C0);
+  dbias.upload(bv);
+  gpu::CublasContext ctx;
+  gpu::gemm<TAB, TC>(ctx, ta, tb, M, N, K, alpha, dA.get(), lda, dB.get(), ldb, beta, dC.get(),
+                     ldc, nullptr, bias ? dbias.get() : nullptr);
+  const std::string name = std::string("gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N") + " " +
+                           std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                           (bias ? "+b" : "");
+  const std::string dt = std::string(type_name<TAB>()) + "->" + type_name<TC>();
+  expect_close(name, "C", dt.c_str(), dC.download(), ref,
+               std::is_same_v<TC, float> && std::is_same_v<TAB, float> ? 1e-4
+               : std::is_same_v<TC, float>                             ? 1e-4
+                                                                       : 2e-2);
+}
+
+TEST(CudaGemm, AllTransposesAndTypes) {
+  REQUIRE_CUDA_DEVICE();
+  uint64_t seed = 1;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      // Odd sizes and odd leading dimensions (unaligned: Lt heuristics or the GemmEx fallback).
+      check_gemm<float, float>(ta, tb, 67, 45, 33, ta == tb, seed++);
+      check_gemm<bf16, bf16>(ta, tb, 67, 45, 33, ta == tb, seed++);
+      check_gemm<bf16, float>(ta, tb, 67, 45, 33, ta != tb, seed++);
+      // Aligned tensor-core friendly sizes with bias.
+      check_gemm<float, float>(ta, tb, 128, 256, 64, true, seed++);
+      check_gemm<bf16, bf16>(ta, tb, 128, 256, 64, true, seed++);
+      check_gemm<bf16, float>(ta, tb, 128, 256, 64, false, seed++);
+    }
+}
+
+// ================================================================ linear
+template <typename S>
+void run_linear(int64_t N, int64_t C, int64_t OC, bool with_bias, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto inp = quantize<S>(random_vec(rng, N * C));
+  const auto w = quantize<S>(random_vec(rng, OC * C));
+  const auto b = quantize<S>(random_vec(rng, OC));
+  const auto dout = quantize<S>(random_vec(rng, N * OC));
+  const auto dw0 = random_vec(rng, OC * C);  // fp32 gradients, accumulated into
+  const auto db0 = random_vec(rng, OC);
+  std::vector<float> out(N * OC), dinp(N * C), dw = dw0, db = db0;
+  cpu::linear_forward<float>(out.data(), inp.data(), w.data(), with_bias ? b.data() : nullptr, N,
+                             C, OC);
+  cpu::linear_backward<float>(dinp.data(), dw.data(), with_bias ? db.data() : nullptr,
+                              dout.data(), inp.data(), w.data(), N, C, OC);
+
+  DevBuf<S> d_inp(inp.size()), d_w(w.size()), d_b(b.size()), d_dout(dout.size()),
+      d_out(out.size()), d_dinp(dinp.size());
+  DevBuf<float> d_dw(dw0.size()), d_db(db0.size());
+  d_inp.upload(inp);
+  d_w.upload(w);
+  d_b.upload(b);
+  d_dout.upload(dout);
+  d_dw.upload(dw0);
+  d_db.upload(db0);
+  gpu::CublasContext ctx;
+  gpu::linear_forward<S>(ctx, d_out.get(), d_inp.get(), d_w.get(), with_bias ? d_b.get() : nullptr,
+                         N, C, OC);
+  gpu::linear_backward<S>(ctx, d_dinp.get(), d_dw.get(), with_bias ? d_db.get() : nullptr,
+                          d_dout.get(), d_inp.get(), d_w.get(), N, C, OC);
+  const std::string k = "linear " + std::to_string(N) + "x" + std::to_string(C) + "->" +
+                        std::to_string(OC);
+  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+  expect_close(k, "dinp", type_name<S>(), d_dinp.download(), dinp, tolerance<S>());
+  // fp32 gradients from fp32 accumulation: tight for both storage types.
+  expect_close(k, "dweight(+=)", type_name<S>(), d_dw.download(), dw, 1e-4);
+  if (with_bias) expect_close(k, "dbias(+=)", type_name<S>(), d_db.download(), db, 1e-4);
+}
+
+TEST(CudaLinear, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_linear<float>(300, 64, 192, true, 11);
+  run_linear<float>(128, 96, 40, false, 12);
+}
+TEST(CudaLinear, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_linear<bf16>(300, 64, 192, true, 13);
+  run_linear<bf16>(128, 96, 40, false, 14);
+}
+
+// ================================================================ embeddings
+template <typename S>
+void run_embedding(int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t rows,
+                   int id_range, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t N = B * T, Tmax = T + 5;
+  std::vector<int32_t> ids(N);
+  std::uniform_int_distribution<int32_t> uid(0, id_range - 1);
+  for (auto& id : ids) id = uid(rng);
+  const auto wte = quantize<S>(random_vec(rng, rows * C));
+  const auto wpe = quantize<S>(random_vec(rng, Tmax * C));
+  const auto dout = quantize<S>(random_vec(rng, N * C));
+  const auto dwte0 = random_vec(rng, rows * C);
+  const auto dwpe0 = random_vec(rng, Tmax * C);
+
+  std::vector<float> out(N * C), dwte = dwte0, dwpe = dwpe0;
+  cpu::token_embedding_forward<float>(out.data(), ids.data(), wte.data(), N, C, vocab_begin, rows);
+  cpu::position_embedding_forward<float>(out.data(), wpe.data(), B, T, C);
+  cpu::token_embedding_backward<float>(dwte.data(), dout.data(), ids.data(), N, C, vocab_begin,
+                                       rows);
+  cpu::position_embedding_backward<float>(dwpe.data(), dout.data(), B, T, C);
+
+  DevBuf<int32_t> d_ids(N);
+  d_ids.upload_raw(ids);
+  DevBuf<S> d_wte(wte.size()), d_wpe(wpe.size()), d_dout(dout.size()), d_out(out.size());
+  DevBuf<float> d_dwte(dwte0.size()), d_dwpe(dwpe0.size());
+  d_wte.upload(wte);
+  d_wpe.upload(wpe);
+  d_dout.upload(dout);
+  d_dwte.upload(dwte0);
+  d_dwpe.upload(dwpe0);
+  gpu::token_embedding_forward<S>(d_out.get(), d_ids.get(), d_wte.get(), N, C, vocab_begin, rows);
+  gpu::position_embedding_forward<S>(d_out.get(), d_wpe.get(), B, T, C);
+  gpu::token_embedding_backward<S>(d_dwte.get(), d_dout.get(), d_ids.get(), N, C, vocab_begin,
+                                   rows);
+  gpu::position_embedding_backward<S>(d_dwpe.get(), d_dout.get(), B, T, C);
+  const std::string k = "embedding N=" + std::to_string(N) + " C=" + std::to_string(C);
+  // The forward is a copy plus one add: rounding of the add only.
+  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+  expect_close(k, "dwte(+=)", type_name<S>(), d_dwte.download(), dwte, 1e-4);
+  expect_close(k, "dwpe(+=)", type_name<S>(), d_dwpe.download(), dwpe, 1e-4);
+
+  // Deterministic backward: same inputs, bitwise the same gradient.
+  const std::vector<float> first = d_dwte.download();
+  d_dwte.upload(dwte0);
+  gpu::token_embedding_backward<S>(d_dwte.get(), d_dout.get(), d_ids.get(), N, C, vocab_begin,
+                                   rows);
+  EXPECT_TRUE(bitwise_equal(first, d_dwte.download())) << k << ": backward not deterministic";
+}
+
+TEST(CudaEmbedding, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_embedding<float>(2, 50, 96, 10, 37, 64, 21);          // ids outside [10, 47) skipped
+  run_embedding<float>(8, 1024, 768, 0, 50304, 16, 22);     // long runs of repeated ids
+  run_embedding<float>(4, 256, 200, 0, 50257, 50257, 23);   // sparse ids
+}
+TEST(CudaEmbedding, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_embedding<bf16>(2, 50, 96, 10, 37, 64, 24);
+  run_embedding<bf16>(8, 1024, 768, 0, 50304, 16, 25);
+}
+
+// ================================================================ layernorm
+template <typename S>
+void run_layernorm(int64_t N, int64_t C, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto x = random_vec(rng, N * C, -2.f, 2.f);
+  for (float& v : x) v += 0.5f;
+  x = quantize<S>(x);
+  const auto w = quantize<S>(random_vec(rng, C, 0.5f, 1.5f));
+  const auto b = quantize<S>(random_vec(rng, C, -0.5f, 0.5f));
+  const auto dout = quantize<S>(random_vec(rng, N * C));
+  const auto dw0 = random_vec(rng, C), db0 = random_vec(rng, C);
+  std::vector<float> out(N * C), mean(N), rstd(N), dinp(N * C), dw = dw0, db = db0;
+  cpu::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                N, C);
+  cpu::layernorm_backward<float>(dinp.data(), dw.data(), db.data(), dout.data(), x.data(),
+                                 w.data(), mean.data(), rstd.data(), N, C);
+  DevBuf<S> d_x(x.size()), d_w(C), d_b(C), d_dout(dout.size()), d_out(out.size()),
+      d_dinp(dinp.size());
+  DevBuf<float> d_mean(N), d_rstd(N), d_dw(C), d_db(C);
+  d_x.upload(x);
+  d_w.upload(w);
+  d_b.upload(b);
+  d_dout.upload(dout);
+  d_dw.upload(dw0);
+  d_db.upload(db0);
+  gpu::layernorm_forward<S>(d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(),
+                            d_b.get(), N, C);
+  gpu::layernorm_backward<S>(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_x.get(),
+                             d_w.get(), d_mean.get(), d_rstd.get(), N, C);
+  const std::string k = "layernorm " + std::to_string(N) + "x" + std::to_string(C);
+  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+  expect_close(k, "mean", type_name<S>(), d_mean.download(), mean, 1e-4);
+  expect_close(k, "rstd", type_name<S>(), d_rstd.download(), rstd, 1e-4);
+  expect_close(k, "dinp", type_name<S>(), d_dinp.download(), dinp, tolerance<S>());
+  expect_close(k, "dweight(+=)", type_name<S>(), d_dw.download(), dw, 1e-4);
+  expect_close(k, "dbias(+=)", type_name<S>(), d_db.download(), db, 1e-4);
+  // Deterministic parameter gradients.
+  const auto first = d_dw.download();
+  d_dw.upload(dw0);
+  gpu::layernorm_backward<S>(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_x.get(),
+                             d_w.get(), d_mean.get(), d_rstd.get(), N, C);
+  EXPECT_TRUE(bitwise_equal(first, d_dw.download())) << k << ": dweight not deterministic";
+}
+
+TEST(CudaLayerNorm, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_layernorm<float>(300, 768, 31);
+  run_layernorm<float>(7, 100, 32);
+  run_layernorm<float>(1030, 64, 33);
+}
+TEST(CudaLayerNorm, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_layernorm<bf16>(300, 768, 34);
+  run_layernorm<bf16>(7, 100, 35);
+}
+
+// ================================================================ GELU, residual
+template <typename S>
+void run_elementwise(int64_t n, int64_t offset, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto x = quantize<S>(random_vec(rng, n, -6.f, 6.f));
+  const auto y = quantize<S>(random_vec(rng, n));
+  const auto g = quantize<S>(random_vec(rng, n));
+  std::vector<float> gelu(n), dgelu(n), sum(n), acc = y;
+  cpu::gelu_forward<float>(gelu.data(), x.data(), n);
+  cpu::gelu_backward<float>(dgelu.data(), x.data(), g.data(), n);
+  cpu::add_forward<float>(sum.data(), x.data(), y.data(), n);
+  cpu::add_inplace<float>(acc.data(), g.data(), n);
+  // `offset` elements in: exercises the unaligned (scalar) path.
+  DevBuf<S> d_x(n + offset), d_y(n + offset), d_g(n + offset), d_o(n + offset);
+  std::vector<float> pad(offset, 0.f), tmp;
+  auto up = [&](DevBuf<S>& d, const std::vector<float>& v) {
+    tmp = pad;
+    tmp.insert(tmp.end(), v.begin(), v.end());
+    d.upload(tmp);
+  };
+  auto down = [&](const DevBuf<S>& d) {
+    const auto all = d.download();
+    return std::vector<float>(all.begin() + offset, all.end());
+  };
+  up(d_x, x);
+  up(d_y, y);
+  up(d_g, g);
+  const std::string k = "elementwise n=" + std::to_string(n) + (offset ? " unaligned" : "");
+  gpu::gelu_forward<S>(d_o.get() + offset, d_x.get() + offset, n);
+  expect_close(k, "gelu", type_name<S>(), down(d_o), gelu, tolerance<S>());
+  gpu::gelu_backward<S>(d_o.get() + offset, d_x.get() + offset, d_g.get() + offset, n);
+  expect_close(k, "gelu_backward", type_name<S>(), down(d_o), dgelu, tolerance<S>());
+  gpu::add_forward<S>(d_o.get() + offset, d_x.get() + offset, d_y.get() + offset, n);
+  expect_close(k, "add", type_name<S>(), down(d_o), sum, tolerance<S>());
+  gpu::add_inplace<S>(d_y.get() + offset, d_g.get() + offset, n);
+  expect_close(k, "add_inplace", type_name<S>(), down(d_y), acc, tolerance<S>());
+}
+
+TEST(CudaElementwise, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_elementwise<float>(10007, 0, 41);
+  run_elementwise<float>(1001, 1, 42);
+}
+TEST(CudaElementwise, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_elementwise<bf16>(10007, 0, 43);
+  run_elementwise<bf16>(1001, 3, 44);
+}
+
+// ================================================================ cross-entropy
+// Vocabulary of vocab_size padded to Vtot columns, split over `ranks` simulated ranks; the
+// MAX and SUM all-reduces between the passes are done here on the host. The reference is the
+// CPU kernels on one rank over all Vtot columns.
+template <typename S>
+void run_cross_entropy(int64_t N, int64_t Vtot, int64_t vocab_size, int ranks, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto logits = quantize<S>(random_vec(rng, N * Vtot, -4.f, 4.f));
+  std::vector<int32_t> targets(N);
+  std::uniform_int_distribution<int32_t> ut(0, static_cast<int32_t>(vocab_size - 1));
+  for (auto& t : targets) t = ut(rng);
+  const std::vector<float> dloss(N, 1.0f / static_cast<float>(N));
+
+  std::vector<float> row_max(N), sums(2 * N), losses(N), dlogits(N * Vtot);
+  cpu::cross_entropy_local_max<float>(row_max.data(), logits.data(), N, Vtot, 0, vocab_size);
+  cpu::cross_entropy_local_sums<float>(sums.data(), logits.data(), targets.data(), row_max.data(),
+                                       N, Vtot, 0, vocab_size);
+  cpu::cross_entropy_loss<float>(losses.data(), row_max.data(), sums.data(), N);
+  cpu::cross_entropy_backward<float>(dlogits.data(), logits.data(), targets.data(), row_max.data(),
+                                     sums.data(), dloss.data(), N, Vtot, 0, vocab_size);
+
+  const int64_t Vl = Vtot / ranks;
+  DevBuf<int32_t> d_targets(N);
+  d_targets.upload_raw(targets);
+  DevBuf<float> d_max(N), d_sums(2 * N), d_loss(N), d_dloss(N);
+  d_dloss.upload(dloss);
+  std::vector<DevBuf<S>*> d_logits;
+  for (int r = 0; r < ranks; r++) d_logits.push_back(make_up<S>(cols_of(logits, N, Vtot, r * Vl, Vl)));
+  // pass 1 + MAX all-reduce
+  std::vector<float> gmax(N, -std::numeric_limits<float>::infinity());
+  for (int r = 0; r < ranks; r++) {
+    gpu::cross_entropy_local_max<S>(d_max.get(), d_logits[r]->get(), N, Vl, r * Vl, vocab_size);
+    const auto m = d_max.download();
+    for (int64_t n = 0; n < N; n++) gmax[n] = std::max(gmax[n], m[n]);
+  }
+  d_max.upload(gmax);
+  // pass 2 + SUM all-reduce
+  std::vector<float> gsums(2 * N, 0.f);
+  for (int r = 0; r < ranks; r++) {
+    gpu::cross_entropy_local_sums<S>(d_sums.get(), d_logits[r]->get(), d_targets.get(),
+                                     d_max.get(), N, Vl, r * Vl, vocab_size);
+    const auto s = d_sums.download();
+    for (int64_t i = 0; i < 2 * N; i++) gsums[i] += s[i];
+  }
+  d_sums.upload(gsums);
+  gpu::cross_entropy_loss(d_loss.get(), d_max.get(), d_sums.get(), N);
+  std::vector<float> got_d(N * Vtot);
+  for (int r = 0; r < ranks; r++) {  // in place
+    gpu::cross_entropy_backward<S>(d_logits[r]->get(), d_logits[r]->get(), d_targets.get(),
+                                   d_max.get(), d_sums.get(), d_dloss.get(), N, Vl, r * Vl,
+                                   vocab_size);
+    const auto d = d_logits[r]->download();
+    for (int64_t n = 0; n < N; n++)
+      std::copy_n(d.begin() + n * Vl, Vl, got_d.begin() + n * Vtot + r * Vl);
+  }
+  for (auto* p : d_logits) delete p;
+  const std::string k = "xent N=" + std::to_string(N) + " V=" + std::to_string(vocab_size) + "/" +
+                        std::to_string(Vtot) + " ranks=" + std::to_string(ranks);
+  expect_close(k, "row_max", type_name<S>(), gmax, row_max, 1e-4);
+  expect_close(k, "sums", type_name<S>(), gsums, sums, 1e-4);
+  expect_close(k, "losses", type_name<S>(), d_loss.download(), losses, 1e-4);
+  expect_close(k, "dlogits(inplace)", type_name<S>(), got_d, dlogits, tolerance<S>());
+  // Padding columns are exactly zero.
+  bool pad_zero = true;
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t v = vocab_size; v < Vtot; v++) pad_zero &= got_d[n * Vtot + v] == 0.f;
+  EXPECT_TRUE(pad_zero) << k << ": padding columns of dlogits not zero";
+
+  if (ranks == 1) {  // fused single-rank forward, and the out-of-place backward
+    DevBuf<S> d_all(N * Vtot), d_dl(N * Vtot);
+    d_all.upload(logits);
+    DevBuf<float> f_max(N), f_sums(2 * N), f_loss(N);
+    gpu::cross_entropy_forward_fused<S>(f_loss.get(), f_max.get(), f_sums.get(), d_all.get(),
+                                        d_targets.get(), N, Vtot, vocab_size);
+    expect_close(k, "fused losses", type_name<S>(), f_loss.download(), losses, 1e-4);
+    expect_close(k, "fused row_max", type_name<S>(), f_max.download(), row_max, 1e-4);
+    expect_close(k, "fused sums", type_name<S>(), f_sums.download(), sums, 1e-4);
+    gpu::cross_entropy_backward<S>(d_dl.get(), d_all.get(), d_targets.get(), f_max.get(),
+                                   f_sums.get(), d_dloss.get(), N, Vtot, 0, vocab_size);
+    expect_close(k, "fused dlogits", type_name<S>(), d_dl.download(), dlogits, tolerance<S>());
+  }
+}
+
+TEST(CudaCrossEntropy, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_cross_entropy<float>(64, 1024, 1000, 1, 51);
+  run_cross_entropy<float>(64, 1024, 1000, 2, 52);  // rank 1: 488 real + 24 padding columns
+  run_cross_entropy<float>(16, 50304, 50257, 1, 53);
+}
+TEST(CudaCrossEntropy, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_cross_entropy<bf16>(64, 1024, 1000, 1, 54);
+  run_cross_entropy<bf16>(64, 1024, 1000, 2, 55);
+}
+
+// ================================================================ AdamW, grad norm
+TEST(CudaOptim, AdamW) {
+  REQUIRE_CUDA_DEVICE();
+  std::mt19937_64 rng(61);
+  const int64_t n = 100003;
+  auto w = random_vec(rng, n);
+  std::vector<float> m(n, 0.f), v(n, 0.f);
+  std::vector<uint8_t> mask(n);
+  for (auto& x : mask) x = static_cast<uint8_t>(rng() & 1);
+  DevBuf<float> d_w(n), d_g(n), d_m(n), d_v(n);
+  DevBuf<uint8_t> d_mask(n);
+  DevBuf<bf16> d_wb(n);
+  d_w.upload(w);
+  d_m.upload(m);
+  d_v.upload(v);
+  d_mask.upload_raw(mask);
+  gpu::AdamWHyper h;
+  h.lr = 1e-3f;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.95f;
+  h.eps = 1e-8f;
+  h.weight_decay = 0.1f;
+  h.grad_scale = 0.5f;
+  for (int64_t step = 0; step < 3; step++) {
+    const auto g = random_vec(rng, n);
+    d_g.upload(g);
+    h.step = step;
+    gpu::adamw_update(d_w.get(), d_g.get(), d_m.get(), d_v.get(), n, h, d_mask.get(),
+                      d_wb.get());
+    // The CPU AdamW::update formula.
+    const double b1 = h.beta1, b2 = h.beta2;
+    const float bias1 = static_cast<float>(1.0 - std::pow(b1, double(step + 1)));
+    const float bias2 = static_cast<float>(1.0 - std::pow(b2, double(step + 1)));
+    for (int64_t i = 0; i < n; i++) {
+      const float gi = g[i] * h.grad_scale;
+      m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
+      v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
+      const float m_hat = m[i] / bias1, v_hat = v[i] / bias2;
+      const float wd = mask[i] ? h.weight_decay : 0.f;
+      w[i] -= h.lr * (m_hat / (std::sqrt(v_hat) + h.eps) + wd * w[i]);
+    }
+  }
+  expect_close("adamw 3 steps", "weights", "fp32", d_w.download(), w, 1e-6);
+  expect_close("adamw 3 steps", "exp_avg", "fp32", d_m.download(), m, 1e-6);
+  expect_close("adamw 3 steps", "exp_avg_sq", "fp32", d_v.download(), v, 1e-6);
+  expect_close("adamw 3 steps", "weights_bf16", "bf16", d_wb.download(), w, 1e-2);
+}
+
+TEST(CudaOptim, GradSquareSum) {
+  REQUIRE_CUDA_DEVICE();
+  std::mt19937_64 rng(62);
+  const int64_t n = 1000003;
+  const auto g = random_vec(rng, n, -3.f, 3.f);
+  double ref = 0.0;
+  for (float x : g) ref += static_cast<double>(x) * x;
+  DevBuf<float> d_g(n);
+  d_g.upload(g);
+  DevBuf<double> d_r(1);
+  gpu::grad_square_sum(d_r.get(), d_g.get(), n);
+  const double first = d_r.download_raw()[0];
+  gpu::grad_square_sum(d_r.get(), d_g.get(), n);
+  const double second = d_r.download_raw()[0];
+  gpu::grad_square_sum(d_r.get(), d_g.get(), 1000, /*accumulate=*/true);
+  double part = 0.0;
+  for (int i = 0; i < 1000; i++) part += static_cast<double>(g[i]) * g[i];
+  const double acc = d_r.download_raw()[0];
+  std::printf("[ cuda ] grad_square_sum n=%lld: gpu=%.17g ref=%.17g rel=%.3e\n",
+              static_cast<long long>(n), first, ref, std::abs(first - ref) / ref);
+  EXPECT_LE(std::abs(first - ref) / ref, 1e-12);
+  EXPECT_EQ(std::memcmp(&first, &second, sizeof(double)), 0) << "grad_square_sum not deterministic";
+  EXPECT_LE(std::abs(acc - (first + part)) / acc, 1e-12);
+}
+
+// ================================================================ attention
+template <typename S>
+void run_attention(int64_t B, int64_t T, int64_t NH, int64_t HS, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t C = NH * HS;
+  const auto qkv = quantize<S>(random_vec(rng, B * T * 3 * C));
+  const auto dout = quantize<S>(random_vec(rng, B * T * C));
+  std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(B * NH * T * T),
+      dqkv(B * T * 3 * C);
+  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+  cpu::attention_backward<float>(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(),
+                                 B, T, NH, HS);
+  DevBuf<S> d_qkv(qkv.size()), d_out(out.size()), d_dout(dout.size()), d_dqkv(dqkv.size());
+  DevBuf<float> d_lse(B * NH * T);
+  d_qkv.upload(qkv);
+  d_dout.upload(dout);
+  CUDA_CHECK(cudaMemset(d_dqkv.get(), 0xff, d_dqkv.size() * sizeof(S)));  // NaN: all written?
+  gpu::attention_forward<S>(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, HS);
+  gpu::attention_backward<S>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
+                             T, NH, HS);
+  const std::string k = "attention B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                        " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS);
+  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+  const auto got = d_dqkv.download();
+  const int64_t rows = B * T;
+  const auto ref_dv = cols_of(dqkv, rows, 3 * C, 2 * C, C);
+  double dv_scale = 0.0;  // the natural gradient scale (dq, dk are exactly 0 at T = 1)
+  for (float x : ref_dv) dv_scale = std::max(dv_scale, std::abs(static_cast<double>(x)));
+  expect_close(k, "dq", type_name<S>(), cols_of(got, rows, 3 * C, 0, C),
+               cols_of(dqkv, rows, 3 * C, 0, C), tolerance<S>(), T == 1 ? dv_scale : 0.0);
+  expect_close(k, "dk", type_name<S>(), cols_of(got, rows, 3 * C, C, C),
+               cols_of(dqkv, rows, 3 * C, C, C), tolerance<S>(), T == 1 ? dv_scale : 0.0);
+  expect_close(k, "dv", type_name<S>(), cols_of(got, rows, 3 * C, 2 * C, C), ref_dv,
+               tolerance<S>());
+  if (T <= 128) {  // logsumexp against a direct double-precision evaluation
+    std::vector<float> lse(B * NH * T);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < NH; h++)
+        for (int64_t t = 0; t < T; t++) {
+          const float* q = qkv.data() + (b * T + t) * 3 * C + h * HS;
+          std::vector<double> s(t + 1);
+          double mx = -1e300;
+          for (int64_t u = 0; u <= t; u++) {
+            const float* kk = qkv.data() + (b * T + u) * 3 * C + C + h * HS;
+            double dot = 0;
+            for (int64_t d = 0; d < HS; d++) dot += double(q[d]) * kk[d];
+            s[u] = dot * scale;
+            mx = std::max(mx, s[u]);
+          }
+          double sum = 0;
+          for (double x : s) sum += std::exp(x - mx);
+          lse[(b * NH + h) * T + t] = static_cast<float>(mx + std::log(sum));
+        }
+    expect_close(k, "lse", type_name<S>(), d_lse.download(), lse,
+                 std::is_same_v<S, float> ? 1e-5 : 1e-3);
+  }
+  if (T >= 1024) {  // deterministic backward
+    gpu::attention_backward<S>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                               B, T, NH, HS);
+    EXPECT_TRUE(bitwise_equal(got, d_dqkv.download())) << k << ": backward not deterministic";
+  }
+}
+
+TEST(CudaAttention, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  for (int64_t T : {1, 64, 100, 1024}) run_attention<float>(2, T, 4, 64, 70 + T);
+  run_attention<float>(2, 100, 4, 32, 81);
+  run_attention<float>(1, 200, 2, 128, 82);
+}
+TEST(CudaAttention, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  for (int64_t T : {1, 64, 100, 1024}) run_attention<bf16>(2, T, 4, 64, 90 + T);
+  run_attention<bf16>(2, 100, 4, 32, 101);
+  run_attention<bf16>(1, 200, 2, 128, 102);
+}
+
+// Timings (informational): GPT-2 124M attention shape, B=8 T=1024 NH=12 HS=64.
+template <typename S>
+void time_attention() {
+  const int64_t B = 8, T = 1024, NH = 12, HS = 64, C = NH * HS;
+  std::mt19937_64 rng(7);
+  DevBuf<S> qkv(B * T * 3 * C), out(B * T * C), dout(B * T * C), dqkv(B * T * 3 * C);
+  DevBuf<float> lse(B * NH * T);
+  qkv.upload(random_vec(rng, qkv.size()));
+  dout.upload(random_vec(rng, dout.size()));
+  cudaEvent_t e0, e1, e2;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventCreate(&e2));
+  gpu::attention_forward<S>(out.get(), lse.get(), qkv.get(), B, T, NH, HS);  // warm-up
+  gpu::attention_backward<S>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, NH,
+                             HS);
+  const int iters = 10;
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; i++)
+    gpu::attention_forward<S>(out.get(), lse.get(), qkv.get(), B, T, NH, HS);
+  CUDA_CHECK(cudaEventRecord(e1));
+  for (int i = 0; i < iters; i++)
+    gpu::attention_backward<S>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, NH,
+                               HS);
+  CUDA_CHECK(cudaEventRecord(e2));
+  CUDA_CHECK(cudaEventSynchronize(e2));
+  float fwd_ms = 0, bwd_ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&fwd_ms, e0, e1));
+  CUDA_CHECK(cudaEventElapsedTime(&bwd_ms, e1, e2));
+  fwd_ms /= iters;
+  bwd_ms /= iters;
+  // Causal: half of the 2 (fwd) or 5 (bwd, useful) T x T x HS GEMMs per head.
+  const double f = 2.0 * B * NH * double(T) * T * HS / 2;
+  std::printf("[ cuda ] attention timing %s B=8 T=1024 NH=12 HS=64: fwd %.3f ms (%.1f TFLOP/s), "
+              "bwd %.3f ms (%.1f TFLOP/s useful)\n",
+              type_name<S>(), fwd_ms, 2 * f / fwd_ms * 1e-9, bwd_ms, 5 * f / bwd_ms * 1e-9);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaEventDestroy(e2);
+}
+
+TEST(CudaAttention, TimingReport) {
+  REQUIRE_CUDA_DEVICE();
+  time_attention<float>();
+  time_attention<bf16>();
+}
+
+}  // namespace
+
+#endif  // TRIDENT_TEST_CUDA
