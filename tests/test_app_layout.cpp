@@ -1,0 +1,70 @@
+// Invalid parallel layouts, launched for real under mpiexec: one clear error line, a non-zero
+// exit, and every rank gone within seconds (never a hang).
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "app_fixture.hpp"
+
+using namespace trident::test;
+
+namespace {
+
+class BadLayout : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = make_tiny_run(dir_);
+  }
+  void expect_layout_error(int ranks, const std::string& sets, const std::string& needle,
+                           const std::string& env = "") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = run_command(env + " " + std::string(TRIDENT_MPIEXEC) + " -n " +
+                                   std::to_string(ranks) + " " +
+                                   trident_cmd("train --config " + config_.string() + " " + sets),
+                               60);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "hung: " << r.output;
+    EXPECT_LT(seconds, 20.0) << r.output;
+    size_t errors = 0;
+    for (size_t p = r.output.find("trident: error"); p != std::string::npos;
+         p = r.output.find("trident: error", p + 1))
+      ++errors;
+    EXPECT_EQ(errors, 1u) << "printed by one rank only: " << r.output;
+    const auto pos = r.output.find("trident: error: ");
+    ASSERT_NE(pos, std::string::npos) << r.output;
+    const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+    EXPECT_NE(line.find(needle), std::string::npos) << line;
+  }
+  std::filesystem::path dir_, config_;
+};
+
+}  // namespace
+
+TEST_F(BadLayout, WorldSizeIsNotTheProductOfTheGrid) {
+  expect_layout_error(2, "--set parallel.tensor=1", "but the job has 2 ranks");
+}
+
+TEST_F(BadLayout, HeadsNotDivisibleByTensor) {
+  expect_layout_error(2, "--set parallel.tensor=2 --set model.heads=1", "model.heads");
+}
+
+TEST_F(BadLayout, TensorGroupWouldCrossANode) {
+  expect_layout_error(4, "--set parallel.tensor=4", "must not cross a node",
+                      "TRIDENT_RANKS_PER_NODE=2");
+}
+
+TEST_F(BadLayout, MorePipelineStagesThanLayers) {
+  expect_layout_error(4, "--set parallel.pipeline=4 --set model.layers=2", "model.layers");
+}
+
+TEST_F(BadLayout, PipelineLayersDoNotAddUp) {
+  expect_layout_error(2, "--set parallel.pipeline=2 --set parallel.pipeline_layers=[1,2]",
+                      "parallel.pipeline_layers");
+}
+
+TEST_F(BadLayout, FewerSequencesThanOneMicroBatchPerReplica) {
+  expect_layout_error(2, "--set parallel.data=2 --set train.global_batch=2", "train.global_batch");
+}
