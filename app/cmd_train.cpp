@@ -73,8 +73,15 @@ void run_train(const TrainOptions& options) {
   const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
   const std::string memory = trainer.memory_report();      // collective over all ranks
   if (lead) {
+    double comm_seconds = 0;
+    for (const Communicator* c : grid.communicators())
+      for (const auto& [op, st] : c->stats().ops) comm_seconds += st.seconds;
     std::printf("%s%scommunication of rank 0:\n%s", pipeline.c_str(), memory.c_str(),
                 grid.stats_table().c_str());
+    std::printf("run summary: %lld steps in %.3f s of training; rank 0 spent %.3f s in "
+                "communication calls (%.1f%% of the training time)\n",
+                static_cast<long long>(config.train.steps), trainer.train_seconds(), comm_seconds,
+                100.0 * comm_seconds / std::max(1e-9, trainer.train_seconds()));
     std::fflush(stdout);
   }
 }

@@ -136,7 +136,7 @@ const Key kKeys[] = {
   {TRIDENT_KEY(optim, lr), above(0), "Peak learning rate."},
   {TRIDENT_KEY(optim, min_lr), at_least(0), "Learning rate at the end of the decay.",
    "<= `optim.lr`"},
-  {TRIDENT_KEY(optim, warmup_steps), at_least(0), "Linear warm-up steps.", "<= `train.steps`"},
+  {TRIDENT_KEY(optim, warmup_steps), at_least(0), "Linear warm-up steps (may exceed `train.steps`: a short run then ends inside the warm-up).", {}},
   {TRIDENT_KEY(optim, weight_decay), at_least(0),
    "Decoupled (AdamW) weight decay."},
   {TRIDENT_KEY(optim, beta1), in_unit_interval(), "AdamW first-moment decay."},
@@ -541,9 +541,6 @@ void check_relations(const Config& c, const std::string& source) {
   if (o.min_lr > o.lr)
     fail(source, "optim.min_lr (" + value_text(o.min_lr) + ") must be <= optim.lr (" +
                      value_text(o.lr) + ")");
-  if (o.warmup_steps > t.steps)
-    fail(source, "optim.warmup_steps (" + int_text(o.warmup_steps) +
-                     ") must be <= train.steps (" + int_text(t.steps) + ")");
 
   const std::vector<int64_t>& pl = c.parallel.pipeline_layers;
   if (!pl.empty()) {

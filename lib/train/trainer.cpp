@@ -178,6 +178,7 @@ void Trainer::run() {
   const int64_t steps = config_.train.steps;
   for (int64_t step = 0; step < steps; ++step) {
     StepMetrics m = train_step(step);
+    train_seconds_ += m.ms_per_step / 1e3;
     const bool last = step + 1 == steps;
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))

@@ -75,6 +75,7 @@ class Trainer {
   PipelineExecutor& pipeline() { return *executor_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  double train_seconds() const { return train_seconds_; }  // in train steps, evaluation excluded
   bool is_logging_rank() const { return groups_.world->rank() == 0; }
   // Per-stage pipeline figures gathered on every rank: "stage p: bubble measured x, theory y".
   std::string pipeline_report();
@@ -98,6 +99,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> log_;
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
+  double train_seconds_ = 0;
 };
 
 }  // namespace trident
