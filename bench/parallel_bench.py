@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""Parallel benchmarks of Trident on one machine (not tests; figures measured side by side).
+
+  bench/parallel_bench.py bubble    pipeline bubble, PP = 2 and 4, m = 1..16, 1F1B vs GPipe,
+                                    measured beside (p-1)/(m+p-1), with peak activation memory
+  bench/parallel_bench.py speedup   the same global batch on 1 rank and on 2 ranks as DP = 2,
+                                    TP = 2 and PP = 2 (m = 8): speedup and communication share
+
+Expects a Release build in build/ (scripts/build.sh). Writes its synthetic corpus and runs
+under build/bench-parallel/. On a 2-core machine PP = 4 oversubscribes the cores (4 ranks on 2
+cores, MPICH busy-polling): its measured bubble then includes time-slicing, which the table
+says.
+"""
+import json
+import os
+import re
+import statistics
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRIDENT = os.path.join(ROOT, "build", "app", "trident")
+WORK = os.path.join(ROOT, "build", "bench-parallel")
+
+
+def write_shard(path, n, seed):
+    x = seed
+    tokens = []
+    for i in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        tokens.append((x >> 33) % 256)
+    with open(path, "wb") as f:
+        header = [20240520, 1, n] + [0] * 253
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % n, *tokens))
+
+
+def run(ranks, sets, name):
+    run_dir = os.path.join(WORK, name)
+    subprocess.run(["rm", "-rf", run_dir], check=True)
+    cmd = ["timeout", "600", "mpiexec", "-n", str(ranks), TRIDENT, "train", "--config",
+           os.path.join(ROOT, "configs", "tiny.toml"),
+           "--set", "data.train=" + os.path.join(WORK, "train.bin"),
+           "--set", "data.val=" + os.path.join(WORK, "train.bin"),
+           "--set", "eval.interval=0", "--set", "log.interval=1",
+           "--set", "log.dir=" + run_dir] + sum((["--set", s] for s in sets), [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("trident failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return out.stdout, rows
+
+
+def median_after_warmup(rows, key, skip=2):
+    values = [r[key] for r in rows[skip:]] or [rows[-1][key]]
+    return statistics.median(values)
+
+
+def bubble():
+    print("| PP | m | schedule | bubble measured (stage 0 / max) | theory (p-1)/(m+p-1) | "
+          "peak micro-batches held (stage 0) | peak activations MB (stage 0) | ms/step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for pp in (2, 4):
+        for m in (1, 2, 4, 8, 16):
+            for schedule in ("1f1b", "gpipe"):
+                sets = ["parallel.pipeline=%d" % pp, "parallel.schedule=" + schedule,
+                        "train.micro_batch=1", "train.global_batch=%d" % m, "train.steps=6",
+                        "train.threads=1", "optim.warmup_steps=1"]
+                out, rows = run(pp, sets, "bubble_pp%d_m%d_%s" % (pp, m, schedule))
+                stages = re.findall(r"pipeline stage (\d+): bubble ([\d.]+) measured, ([\d.]+) "
+                                    r"theory .*?peak (\d+) micro-batches held, ([\d.]+) MB", out)
+                measured = [float(s[1]) for s in stages]
+                print("| %d | %d | %s | %.3f / %.3f | %.3f | %s | %s | %.1f |" % (
+                    pp, m, schedule, measured[0], max(measured), float(stages[0][2]),
+                    stages[0][3], stages[0][4], median_after_warmup(rows, "ms_per_step")))
+            sys.stdout.flush()
+
+
+def speedup():
+    base = ["train.steps=8", "optim.warmup_steps=1", "train.global_batch=16",
+            "train.micro_batch=2"]
+    layouts = [("1 rank, 2 threads", 1, ["train.threads=2"]),
+               ("1 rank, 1 thread", 1, ["train.threads=1"]),
+               ("DP = 2", 2, ["parallel.data=2", "train.threads=1"]),
+               ("TP = 2", 2, ["parallel.tensor=2", "train.threads=1"]),
+               ("PP = 2 (m = 8)", 2, ["parallel.pipeline=2", "train.threads=1"])]
+    results = {}
+    for name, ranks, sets in layouts:
+        out, rows = run(ranks, base + sets, re.sub(r"\W+", "_", name))
+        share = float(re.search(r"\(([\d.]+)% of the training time\)", out).group(1))
+        results[name] = (median_after_warmup(rows, "tokens_per_s"), share)
+    ref = results["1 rank, 2 threads"][0]
+    print("| layout | tokens/s | speedup over 1 rank (2 threads) | communication share (rank 0) |")
+    print("|---|---|---|---|")
+    for name, (tps, share) in results.items():
+        print("| %s | %.0f | %.2fx | %.1f%% |" % (name, tps, tps / ref, share))
+    one = results["1 rank, 1 thread"][0]
+    print("\nAgainst one rank on one core (the per-rank share of the machine):")
+    for name in ("DP = 2", "TP = 2", "PP = 2 (m = 8)"):
+        print("  %s: %.2fx" % (name, results[name][0] / one))
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in ("bubble", "speedup"):
+        sys.exit(__doc__)
+    if not os.access(TRIDENT, os.X_OK):
+        sys.exit("no %s: run scripts/build.sh first" % TRIDENT)
+    os.makedirs(WORK, exist_ok=True)
+    shard = os.path.join(WORK, "train.bin")
+    if not os.path.exists(shard):
+        write_shard(shard, 400000, 12345)
+    {"bubble": bubble, "speedup": speedup}[sys.argv[1]]()
+
+
+if __name__ == "__main__":
+    main()
