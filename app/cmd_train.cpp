@@ -1,10 +1,12 @@
 // trident train: resolve the config, build the grid, print the run's figures, train.
 #include <sched.h>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
 #include "commands.hpp"
+#include "checkpoint/commit.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
 #include "kernels/cpu/blas.hpp"
@@ -20,9 +22,16 @@ void add_train_command(CLI::App& app, TrainOptions& options) {
   cmd->add_option("--config", options.config, "TOML config file")->required();
   cmd->add_option("--set", options.overrides, "Override a key: section.key=value (repeatable)")
       ->take_all();
+  cmd->add_option("--resume", options.resume,
+                  "auto: the latest checkpoint in checkpoint.dir if there is one; or a file");
 }
 
 namespace {
+
+// Set by SIGUSR1/SIGTERM; the trainer polls it between steps. (A signal handler can only
+// reach process-wide state.)
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int signal) { g_stop_signal = signal; }
 
 int cores_available() {
   cpu_set_t set;
@@ -52,7 +61,9 @@ void print_figures(const Config& c, int world_size, int threads) {
 
 }  // namespace
 
-void run_train(const TrainOptions& options) {
+int run_train(const TrainOptions& options) {
+  std::signal(SIGUSR1, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   const Config config = load_config(options.config, options.overrides);
   ProcessGrid grid(MPI_COMM_WORLD, config);
 
@@ -69,7 +80,24 @@ void run_train(const TrainOptions& options) {
   }
 
   Trainer trainer(config, TrainerGroups::from_grid(grid));
-  trainer.run();
+  std::string resume_from;
+  if (options.resume == "auto") {
+    if (config.checkpoint.dir.empty())
+      throw Error("--resume auto needs checkpoint.dir in " + config.source);
+    if (auto latest = latest_checkpoint(config.checkpoint.dir)) resume_from = *latest;
+  } else if (!options.resume.empty()) {
+    resume_from = options.resume;
+  }
+  if (!resume_from.empty()) {
+    trainer.load_checkpoint(resume_from);
+    if (lead) std::printf("resumed from %s at step %lld\n", resume_from.c_str(),
+                          static_cast<long long>(trainer.start_step()));
+  } else if (lead && options.resume == "auto") {
+    std::printf("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
+  }
+  std::fflush(stdout);
+  trainer.set_stop_check([] { return g_stop_signal != 0; });
+  const RunOutcome outcome = trainer.run();
   const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
   const std::string memory = trainer.memory_report();      // collective over all ranks
   if (lead) {
@@ -84,6 +112,7 @@ void run_train(const TrainOptions& options) {
                 100.0 * comm_seconds / std::max(1e-9, trainer.train_seconds()));
     std::fflush(stdout);
   }
+  return outcome == RunOutcome::Stopped ? kExitRequeue : 0;
 }
 
 }  // namespace trident

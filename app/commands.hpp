@@ -6,11 +6,24 @@
 
 namespace trident {
 
+// Exit code of a run that stopped early on a signal or time limit after writing a checkpoint:
+// "checkpointed, please requeue" (EX_TEMPFAIL). Job scripts requeue on it.
+inline constexpr int kExitRequeue = 75;
+
 struct TrainOptions {
   std::string config;
   std::vector<std::string> overrides;
+  std::string resume;  // "", "auto" or a checkpoint path
 };
 void add_train_command(CLI::App& app, TrainOptions& options);
-void run_train(const TrainOptions& options);
+// Returns the process exit code (0, or kExitRequeue).
+int run_train(const TrainOptions& options);
+
+struct CkptOptions {
+  std::string file;
+  bool verify = false;
+};
+void add_ckpt_command(CLI::App& app, CkptOptions& options);
+void run_ckpt_info(const CkptOptions& options);
 
 }  // namespace trident

@@ -1,5 +1,6 @@
 // trident: one SPMD executable, launched by mpiexec/srun on N ranks (or alone for one rank).
-//   trident train --config FILE [--set section.key=value ...]
+//   trident train --config FILE [--set section.key=value ...] [--resume auto|FILE]
+//   trident ckpt info FILE [--verify]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   trident::TrainOptions train;
   trident::add_train_command(app, train);
+  trident::CkptOptions ckpt;
+  trident::add_ckpt_command(app, ckpt);
 
   try {
     app.parse(argc, argv);
@@ -50,13 +53,15 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return code;
   }
+  int exit_code = 0;
   try {
-    if (app.got_subcommand("train")) trident::run_train(train);
+    if (app.got_subcommand("train")) exit_code = trident::run_train(train);
+    if (app.got_subcommand("ckpt")) trident::run_ckpt_info(ckpt);
   } catch (const trident::Error& e) {
     fail(e.what());
   } catch (const std::exception& e) {
     fail(std::string("internal error: ") + e.what());
   }
   MPI_Finalize();
-  return 0;
+  return exit_code;
 }

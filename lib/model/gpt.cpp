@@ -36,7 +36,14 @@ int64_t padded_vocab_size(const ModelConfig& m, int tp_size) {
 }
 
 template <typename F>
-Gpt<F>::Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm)
+std::vector<ParamInfo> Gpt<F>::global_parameters(const ModelConfig& config) {
+  auto self = make_self_communicator("tensor");
+  return Gpt<F>(config, ModelShard::whole(config), *self, false).params_;
+}
+
+template <typename F>
+Gpt<F>::Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
+            bool allocate)
     : config_(config), shard_(shard), tp_(tensor_comm) {
   const int tp = shard.tp_size, r = shard.tp_rank;
   if (config.heads % tp != 0 || config.width % tp != 0)
@@ -105,6 +112,7 @@ Gpt<F>::Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& te
     p.offset = total;
     total += round_up(p.numel(), 16);  // every tensor starts on a 64-byte boundary
   }
+  if (!allocate) return;
   weights_.assign(total, F(0));
   grads_.assign(total, F(0));
 }

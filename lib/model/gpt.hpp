@@ -64,7 +64,12 @@ class Gpt {
     F loss = 0;                      // mean loss of the micro-batch (last stage)
   };
 
-  Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm);
+  Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm)
+      : Gpt(config, shard, tensor_comm, true) {}
+
+  // Every parameter of the global model (names, global shapes), without allocating any of
+  // them: what a checkpoint holds, whatever the layout that writes or reads it.
+  static std::vector<ParamInfo> global_parameters(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
@@ -96,10 +101,13 @@ class Gpt {
   // Called during backward with a watermark w each time every parameter gradient at flat
   // offset >= w has received its last contribution of this backward (data parallelism starts
   // reducing those buckets). Parameters are registered so that backward finishes them from
-  // the end of the buffer; the token embedding at offset 0 is reported last.
+  // the end of the buffer. The embeddings at the start are never reported: under pipeline
+  // parallelism the tied embedding is final only after its sum over the embedding group.
   void set_grads_final_hook(std::function<void(int64_t)> hook) { grads_final_ = std::move(hook); }
 
  private:
+  Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
+      bool allocate);
   F* w(int index) { return weights_.data() + params_[index].offset; }
   F* g(int index) { return grads_.data() + params_[index].offset; }
   int add_param(const std::string& name, std::vector<int64_t> global_shape, int split_dim,

@@ -2,9 +2,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <iostream>
 
+#include "checkpoint/commit.hpp"
+#include "checkpoint/h5_file.hpp"
+#include "comm/mpi_comm.hpp"
 #include "grid/process_grid.hpp"
+#include "train/checkpointing.hpp"
 #include "model/model_stats.hpp"
 #include "optim/lr_schedule.hpp"
 #include "util/error.hpp"
@@ -15,7 +21,8 @@ TrainerGroups TrainerGroups::from_grid(ProcessGrid& grid) {
   const GridCoord c = grid.coord();
   const GridShape s = grid.shape();
   return {&grid.world(), &grid.tensor(), &grid.pipeline(), &grid.data(), &grid.model(),
-          grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp};
+          grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp,
+          dynamic_cast<MpiCommunicator&>(grid.world()).comm()};
 }
 
 SelfGroups::SelfGroups()
@@ -28,7 +35,7 @@ SelfGroups::SelfGroups()
 
 TrainerGroups SelfGroups::groups() {
   return {world_.get(), tensor_.get(), pipeline_.get(), data_.get(), model_.get(),
-          embedding_.get(), 0, 1, 0, 1, 0, 1};
+          embedding_.get(), 0, 1, 0, 1, 0, 1, MPI_COMM_SELF};
 }
 
 Trainer::Trainer(const Config& config, TrainerGroups groups)
@@ -174,9 +181,12 @@ double Trainer::evaluate() {
   return loss;
 }
 
-void Trainer::run() {
+RunOutcome Trainer::run() {
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
   const int64_t steps = config_.train.steps;
-  for (int64_t step = 0; step < steps; ++step) {
+  const CheckpointConfig& ck = config_.checkpoint;
+  for (int64_t step = start_step_; step < steps; ++step) {
     StepMetrics m = train_step(step);
     train_seconds_ += m.ms_per_step / 1e3;
     const bool last = step + 1 == steps;
@@ -184,7 +194,141 @@ void Trainer::run() {
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
     if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) log_->write(m);
+
+    // Stop between steps if any rank was signalled or the time limit has passed: one small
+    // all-reduce so that every rank takes the same decision at the same step.
+    const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
+    int32_t stop = (stop_check_ && stop_check_()) ||
+                   (config_.train.exit_after_minutes > 0 &&
+                    minutes >= config_.train.exit_after_minutes);
+    groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+    const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0;
+    if (!ck.dir.empty() && (periodic || last || stop)) save_checkpoint(step + 1);
+    if (stop && !last) {
+      if (is_logging_rank())
+        std::printf("stopping after step %lld of %lld (signal or time limit)%s\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(steps),
+                    ck.dir.empty() ? "; no checkpoint.dir, nothing saved" : "");
+      return RunOutcome::Stopped;
+    }
   }
+  return RunOutcome::Finished;
+}
+
+std::string Trainer::save_checkpoint(int64_t steps_done) {
+  const Config& c = config_;
+  Gpt<float>& model = *model_;
+  const bool first_replica = groups_.dp_rank == 0;
+  const auto global = Gpt<float>::global_parameters(c.model);
+  const std::string layout = "tensor=" + std::to_string(groups_.tp_size) +
+                             " pipeline=" + std::to_string(groups_.pp_size) +
+                             " data=" + std::to_string(groups_.dp_size) +
+                             " zero_stage=" + std::to_string(c.optim.zero_stage);
+  auto fill = [&](CheckpointWriter& w) {
+    // Every rank walks the global parameter list in the same order (the writes are
+    // collective); a rank writes the parts it owns: its shard, once per replicated copy.
+    std::map<std::string, const ParamInfo*> mine;
+    for (const ParamInfo& p : model.params()) mine[p.name] = &p;
+    const float* weights = model.weights().data();
+    const float* m = optimizer_->exp_avg().data();
+    const float* v = optimizer_->exp_avg_sq().data();
+    const int64_t wn = static_cast<int64_t>(model.weights().size());
+    const int64_t sn = static_cast<int64_t>(optimizer_->exp_avg().size());
+    for (const ParamInfo& g : global) {
+      const auto it = mine.find(g.name);
+      const ParamInfo* p = it == mine.end() ? nullptr : it->second;
+      std::vector<Run> weight_runs, moment_runs;
+      if (p && p->counted_in_norm) {
+        if (first_replica) weight_runs = param_runs(*p, 0, p->numel(), p->offset);
+        if (first_replica || sync_->zero()) moment_runs = state_runs(*p, optimizer_->owned());
+      }
+      w.write_tensor(dataset_path("/model", g.name), g.global_shape, weight_runs,
+                     {weights, static_cast<size_t>(wn)});
+      w.write_tensor(dataset_path("/optim/exp_avg", g.name), g.global_shape, moment_runs,
+                     {m, static_cast<size_t>(sn)});
+      w.write_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
+                     {v, static_cast<size_t>(sn)});
+    }
+    w.set_attribute("/", "format_version", kCheckpointFormatVersion);
+    w.set_attribute("/", "step", steps_done);
+    w.set_attribute("/", "consumed_samples", steps_done * c.train.global_batch);
+    w.set_attribute("/", "consumed_tokens", steps_done * c.tokens_per_step());
+    w.set_attribute("/", "sampler_position", steps_done);  // the next step's global batch
+    w.set_attribute("/", "seed", c.train.seed);
+    w.set_attribute("/", "optimizer_updates", optimizer_->updates());
+    w.set_attribute("/", "skipped_steps", skipped_steps_);
+    w.set_attribute("/", "learning_rate_next", learning_rate(c.optim, c.train.steps, steps_done));
+    w.set_attribute("/", "layout", layout);
+    w.set_attribute("/", "config", c.to_toml());
+    w.set_attribute("/", "model_layers", c.model.layers);
+    w.set_attribute("/", "model_heads", c.model.heads);
+    w.set_attribute("/", "model_width", c.model.width);
+    w.set_attribute("/", "model_vocab_size", c.model.vocab_size);
+    w.set_attribute("/", "model_seq_len", c.model.seq_len);
+  };
+  const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
+  if (is_logging_rank()) {
+    std::vector<std::string> protect = {path};
+    if (!resumed_from_.empty()) protect.push_back(resumed_from_);
+    prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, protect);
+    std::printf("checkpoint %s written (step %lld)\n", path.c_str(),
+                static_cast<long long>(steps_done));
+    std::fflush(stdout);
+  }
+  return path;
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  const Config& c = config_;
+  Gpt<float>& model = *model_;
+  CheckpointReader reader(path, groups_.mpi_world);
+  // The model's shape must be the config's; everything else may differ (the layout above all).
+  const std::pair<const char*, int64_t> dims[] = {
+      {"layers", c.model.layers}, {"heads", c.model.heads}, {"width", c.model.width},
+      {"vocab_size", c.model.vocab_size}, {"seq_len", c.model.seq_len}};
+  for (const auto& [key, value] : dims) {
+    const int64_t stored = reader.attribute_int("/", std::string("model_") + key);
+    if (stored != value)
+      throw Error("checkpoint '" + path + "': model." + key + " = " + std::to_string(stored) +
+                  " in the checkpoint but " + std::to_string(value) + " in " + c.source);
+  }
+  const int64_t version = reader.attribute_int("/", "format_version");
+  if (version != kCheckpointFormatVersion)
+    throw Error("checkpoint '" + path + "': format version " + std::to_string(version) +
+                " (this build reads " + std::to_string(kCheckpointFormatVersion) + ")");
+  const bool first_replica = groups_.dp_rank == 0;
+  float* weights = model.weights().data();
+  const size_t wn = model.weights().size(), sn = optimizer_->exp_avg().size();
+  std::map<std::string, const ParamInfo*> mine;
+  for (const ParamInfo& p : model.params()) mine[p.name] = &p;
+  // Reads are collective like the writes: every rank visits every dataset, in the same order,
+  // with its own runs (none for tensors of other stages).
+  for (const ParamInfo& g : Gpt<float>::global_parameters(c.model)) {
+    const auto it = mine.find(g.name);
+    const ParamInfo* p = it == mine.end() ? nullptr : it->second;
+    // Every rank reads its whole shard; the checksum counts each element on one rank only
+    // (the rank that would write it), so the sums agree with the file's.
+    const auto weight_runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
+    const bool owner = p && p->counted_in_norm;
+    reader.read_tensor(dataset_path("/model", g.name), g.global_shape, weight_runs,
+                       {weights, wn},
+                       owner && first_replica ? ChecksumShare::all() : ChecksumShare::none());
+    const auto moment_runs = p ? state_runs(*p, optimizer_->owned()) : std::vector<Run>{};
+    const ChecksumShare moment_share =
+        owner && (first_replica || sync_->zero()) ? ChecksumShare::all() : ChecksumShare::none();
+    reader.read_tensor(dataset_path("/optim/exp_avg", g.name), g.global_shape, moment_runs,
+                       {optimizer_->exp_avg().data(), sn}, moment_share);
+    reader.read_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
+                       {optimizer_->exp_avg_sq().data(), sn}, moment_share);
+  }
+  start_step_ = reader.attribute_int("/", "step");
+  optimizer_->set_updates(reader.attribute_int("/", "optimizer_updates"));
+  skipped_steps_ = reader.attribute_int("/", "skipped_steps");
+  reader.close();  // verifies the checksums of everything read, on every rank
+  resumed_from_ = path;
+  if (start_step_ > c.train.steps)
+    throw Error("checkpoint '" + path + "' is at step " + std::to_string(start_step_) +
+                ", past train.steps = " + std::to_string(c.train.steps));
 }
 
 }  // namespace trident

@@ -2,9 +2,13 @@
 // The training loop of one rank: data → micro-batches → forward/backward → gradient reduction
 // → global norm and clipping → AdamW → log. It knows the groups it talks to, not how they were
 // built (the process grid does that).
+#include <mpi.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "comm/comm.hpp"
 #include "config/config.hpp"
@@ -30,6 +34,7 @@ struct TrainerGroups {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
+  MPI_Comm mpi_world = MPI_COMM_SELF;  // the job's ranks, for collective checkpoint I/O
 
   static TrainerGroups from_grid(ProcessGrid& grid);
 };
@@ -44,12 +49,27 @@ class SelfGroups {
   std::unique_ptr<Communicator> world_, tensor_, pipeline_, data_, model_, embedding_;
 };
 
+// How a run ended: all steps done, or stopped early (signal, time limit) after a checkpoint.
+enum class RunOutcome { Finished, Stopped };
+
 class Trainer {
  public:
   Trainer(const Config& config, TrainerGroups groups);
 
-  // Trains from step start_step() to train.steps, logging and evaluating as configured.
-  void run();
+  // Trains from start_step() to train.steps, logging, evaluating and checkpointing as
+  // configured. Between steps all ranks agree (one all-reduce) whether any rank's stop check
+  // fired or train.exit_after_minutes has passed; if so they write a checkpoint and return
+  // Stopped.
+  RunOutcome run();
+  int64_t start_step() const { return start_step_; }
+  // Called on every rank between steps; true asks the whole job to checkpoint and stop.
+  void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
+
+  // Collective: writes checkpoint `steps_done` into checkpoint.dir atomically and prunes old
+  // ones; returns its path.
+  std::string save_checkpoint(int64_t steps_done);
+  // Collective: loads a checkpoint written by any layout; training continues at its step.
+  void load_checkpoint(const std::string& path);
   // One optimizer step (0-based `step`): forward_backward, then apply_update.
   StepMetrics train_step(int64_t step);
   // Gradients of the global batch of `step`, averaged over micro-batches and replicas (left in
@@ -100,6 +120,9 @@ class Trainer {
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   double train_seconds_ = 0;
+  int64_t start_step_ = 0;
+  std::string resumed_from_;
+  std::function<bool()> stop_check_;
 };
 
 }  // namespace trident
