@@ -97,6 +97,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.device, b.train.device);
   EXPECT_EQ(a.train.precision, b.train.precision);
   EXPECT_TRUE(bits_equal(a.train.exit_after_minutes, b.train.exit_after_minutes));
+  EXPECT_EQ(a.train.exit_interval, b.train.exit_interval);
   EXPECT_TRUE(bits_equal(a.optim.lr, b.optim.lr));
   EXPECT_TRUE(bits_equal(a.optim.min_lr, b.optim.min_lr));
   EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
@@ -140,6 +141,7 @@ Config everything_changed() {
   c.train.device = "cuda";
   c.train.precision = "bf16";
   c.train.exit_after_minutes = 1.0 / 3.0;
+  c.train.exit_interval = 7;
   c.optim.lr = 0.1 + 0.2;
   c.optim.min_lr = 6e-5 / 7;
   c.optim.warmup_steps = 17;

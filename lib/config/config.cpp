@@ -130,8 +130,10 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}), "Compute device."},
   {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
    "Compute precision."},
+  {TRIDENT_KEY(train, exit_interval), at_least(0),
+   "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps."},
   {TRIDENT_KEY(train, exit_after_minutes), at_least(0),
-   "Stop cleanly after this many minutes; 0: no limit."},
+   "Checkpoint and stop (exit 75) at the first step boundary after this many minutes; 0: no limit."},
 
   {TRIDENT_KEY(optim, lr), above(0), "Peak learning rate."},
   {TRIDENT_KEY(optim, min_lr), at_least(0), "Learning rate at the end of the decay.",

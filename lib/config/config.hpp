@@ -40,6 +40,7 @@ struct TrainConfig {
   std::string device = "cpu";       // "cpu" | "cuda"
   std::string precision = "fp32";   // "fp32" | "bf16"
   double exit_after_minutes = 0.0;  // 0: no limit
+  int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
 };
 
 struct OptimConfig {

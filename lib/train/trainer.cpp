@@ -200,13 +200,15 @@ RunOutcome Trainer::run() {
     const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
     int32_t stop = (stop_check_ && stop_check_()) ||
                    (config_.train.exit_after_minutes > 0 &&
-                    minutes >= config_.train.exit_after_minutes);
+                    minutes >= config_.train.exit_after_minutes) ||
+                   (config_.train.exit_interval > 0 &&
+                    (step + 1) % config_.train.exit_interval == 0);
     groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
     const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0;
     if (!ck.dir.empty() && (periodic || last || stop)) save_checkpoint(step + 1);
     if (stop && !last) {
       if (is_logging_rank())
-        std::printf("stopping after step %lld of %lld (signal or time limit)%s\n",
+        std::printf("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
                     static_cast<long long>(step + 1), static_cast<long long>(steps),
                     ck.dir.empty() ? "; no checkpoint.dir, nothing saved" : "");
       return RunOutcome::Stopped;
