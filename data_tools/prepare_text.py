@@ -198,6 +198,8 @@ def main(argv=None):
     ap.add_argument("--prefix", default="", help="prefix of the output file names")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000,
                     help="start a new shard after this many tokens (default 1e8)")
+    ap.add_argument("--quiet", action="store_true",
+                    help="one line for the skipped files instead of one per file")
     ap.add_argument("--doc-separator", default="\\n",
                     help="bytes after each document, Python escapes allowed (default '\\n')")
     args = ap.parse_args(argv)
@@ -210,8 +212,12 @@ def main(argv=None):
     k = round(1.0 / args.val_fraction) if args.val_fraction > 0 else 0
 
     files, skipped = collect_files(args.inputs)
-    for path, why in skipped:
-        print(f"skip {path} ({why})", file=sys.stderr)
+    if args.quiet and skipped:
+        print(f"skipped {len(skipped)} files (strfile indexes, duplicates, binaries)",
+              file=sys.stderr)
+    else:
+        for path, why in skipped:
+            print(f"skip {path} ({why})", file=sys.stderr)
     if not files:
         sys.exit("prepare_text.py: error: no text file among the inputs")
 
