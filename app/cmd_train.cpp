@@ -108,7 +108,7 @@ int run_train(const TrainOptions& options) {
                 grid.stats_table().c_str());
     std::printf("run summary: %lld steps in %.3f s of training; rank 0 spent %.3f s in "
                 "communication calls (%.1f%% of the training time)\n",
-                static_cast<long long>(config.train.steps), trainer.train_seconds(), comm_seconds,
+                static_cast<long long>(trainer.steps_run()), trainer.train_seconds(), comm_seconds,
                 100.0 * comm_seconds / std::max(1e-9, trainer.train_seconds()));
     std::fflush(stdout);
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Trident's build and test dependencies from Debian's archive.
 # Idempotent: installs only what is missing, so repeated runs cost ~1 s.
-#   scripts/install_deps.sh            build + test dependencies
+#   scripts/install_deps.sh            build + test dependencies (Slurm included)
 #   scripts/install_deps.sh --demo     + the fortunes corpus and matplotlib (the README demo)
 #   scripts/install_deps.sh --bench    + PyTorch (the CPU reference in bench/)
 set -euo pipefail
@@ -14,6 +14,7 @@ packages=(
   libgtest-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   python3 python3-numpy python3-h5py
+  slurmctld slurmd slurm-client munge   # the one-node Slurm cluster of tests/slurm
 )
 for arg in "$@"; do
   case "$arg" in

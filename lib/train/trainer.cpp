@@ -189,6 +189,7 @@ RunOutcome Trainer::run() {
   for (int64_t step = start_step_; step < steps; ++step) {
     StepMetrics m = train_step(step);
     train_seconds_ += m.ms_per_step / 1e3;
+    ++steps_run_;
     const bool last = step + 1 == steps;
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))

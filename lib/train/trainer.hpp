@@ -96,6 +96,7 @@ class Trainer {
   AdamW& optimizer() { return *optimizer_; }
   int64_t skipped_steps() const { return skipped_steps_; }
   double train_seconds() const { return train_seconds_; }  // in train steps, evaluation excluded
+  int64_t steps_run() const { return steps_run_; }          // by run() in this process
   bool is_logging_rank() const { return groups_.world->rank() == 0; }
   // Per-stage pipeline figures gathered on every rank: "stage p: bubble measured x, theory y".
   std::string pipeline_report();
@@ -120,6 +121,7 @@ class Trainer {
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   double train_seconds_ = 0;
+  int64_t steps_run_ = 0;
   int64_t start_step_ = 0;
   std::string resumed_from_;
   std::function<bool()> stop_check_;

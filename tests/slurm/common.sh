@@ -8,6 +8,7 @@
 #   * bounds every wait; on expiry or failure prints the job's scontrol record, its output
 #     file and the daemons' logs;
 #   * exits 0 (pass), 1 (fail) or 77 (skipped: Slurm cannot be installed or run here).
+# shellcheck shell=bash
 set -uo pipefail
 
 ST_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -4,6 +4,7 @@
 #      the job's output file;
 #   b) a config file that does not exist: the job script stops before srun;
 #   c) a run directory that belongs to another job still in the queue: the script refuses it.
+# shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 # Ends FAILED, within LIMIT seconds of submission, with Restarts=0, and stays so.
@@ -15,7 +16,7 @@ expect_failed_fast() {  # NAME JOB LIMIT
   sleep 3  # a requeue would show by now (cred_expire of the test cluster is 5 s; PENDING at once)
   st_job_in_state "$jid" FAILED || st_fail "job $jid is $(st_job_field "$jid" JobState) after failing"
   [[ $(st_job_field "$jid" Restarts) == 0 ]] || st_fail "job $jid was requeued"
-  grep -q 'requeued job' "$(st_out "$name" "$jid")" 2>/dev/null && st_fail "job $jid requeued itself"
+  grep -q 'requeueing job' "$(st_out "$name" "$jid")" 2>/dev/null && st_fail "job $jid requeued itself"
   st_log "job $jid: FAILED, exit $(st_job_field "$jid" ExitCode), restarts 0, after $(( SECONDS - t0 - 3 )) s"
 }
 

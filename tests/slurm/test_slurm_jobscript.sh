@@ -4,11 +4,12 @@
 # and do not depend on the trainer. The jobs run side by side (2 tasks each):
 #   a) SIGTERM to the batch shell (Slurm ending the job: scancel, time limit): passed to the
 #      ranks as SIGUSR1, trident checkpoints and exits 75, but the job is NOT requeued;
-#   b) trident exits 75 by itself (train.exit_after_minutes / the job's end time) at every
+#   b) trident exits 75 by itself (as with train.exit_after_minutes) at every
 #      start: requeued and resumed until TRIDENT_MAX_REQUEUES=1, then FAILED with code 75;
 #   c) exit 75 without a new checkpoint (no progress): not requeued;
 #   d) gpu.sbatch's layout on one node: tensor = tasks per node, pipeline = nodes, cuda device,
 #      and the batch script's arguments reach trident.
+# shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 mock=$ST_SRC/tests/slurm/mock_trident.sh
@@ -62,7 +63,7 @@ st_wait_end "$b" 90
 out_b=$(st_out selfexit "$b")
 st_job_in_state "$b" FAILED || st_fail "job $b is $(st_job_field "$b" JobState), not FAILED"
 [[ $(st_job_field "$b" Restarts) == 1 ]] || st_fail "job $b restarts: $(st_job_field "$b" Restarts), expected 1"
-grep -q "requeued job $b (restart 1): it resumes from step_00000001.h5" "$out_b" || st_fail "job $b was not requeued after step 1"
+grep -q "requeueing job $b (restart 1): it resumes from step_00000001.h5" "$out_b" || st_fail "job $b was not requeued after step 1"
 grep -q 'mock: resumed from step 1' "$out_b" || st_fail "the requeued run did not resume"
 grep -q 'already restarted 1 times (TRIDENT_MAX_REQUEUES=1): not requeueing' "$out_b" \
   || st_fail "TRIDENT_MAX_REQUEUES was not applied"

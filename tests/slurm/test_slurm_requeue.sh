@@ -8,6 +8,7 @@
 #      checkpoint and completes;
 #   3. the job is COMPLETED after exactly one restart, the resumed run's first step is the one
 #      after the checkpoint, and the final loss is bitwise the reference's (the JSON text).
+# shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 steps=12
@@ -51,7 +52,7 @@ st_job_in_state "$jid" COMPLETED || st_fail "job $jid is $(st_job_field "$jid" J
 [[ $(st_job_field "$jid" Restarts) == 1 ]] || st_fail "restarts: $(st_job_field "$jid" Restarts), expected 1"
 grep -q 'batch shell got SIGUSR1: sending SIGUSR1 to srun' "$out" || st_fail "the signal was not forwarded"
 grep -q 'trident exited with code 75' "$out" || st_fail "trident did not exit with 75"
-grep -q "requeued job $jid (restart 1)" "$out" || st_fail "the script did not requeue"
+grep -q "requeueing job $jid (restart 1)" "$out" || st_fail "the script did not requeue"
 grep -q "job $jid (interrupted), restart 1," "$out" || st_fail "no second run in $out"
 grep -q 'training finished' "$out" || st_fail "the second run did not finish"
 

@@ -2,6 +2,7 @@
 # Scenario 1: sbatch jobscripts/cpu.sbatch trains the tiny model on 4 ranks (tensor 2 x
 # pipeline 2) to the end: the job is COMPLETED with exit code 0, not restarted, the layout is
 # logged, metrics.jsonl has every step and the loss falls.
+# shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
 steps=8
