@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using R = trident::Run;
 
 // A fresh directory, removed afterwards.
-class CkptDir : public ::testing::Test {
+class checkpointDir : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string templ = (fs::temp_directory_path() / "trident_ckpt_XXXXXX").string();
@@ -44,7 +44,7 @@ class CkptDir : public ::testing::Test {
   std::string dir;
 };
 
-TEST(CheckpointName, FormatAndParse) {
+TEST(checkpointName, FormatAndParse) {
   EXPECT_EQ(checkpoint_name(100), "step_00000100.h5");
   EXPECT_EQ(checkpoint_name(0), "step_00000000.h5");
   EXPECT_EQ(checkpoint_name(123456789), "step_123456789.h5");
@@ -58,7 +58,7 @@ TEST(CheckpointName, FormatAndParse) {
   EXPECT_EQ(checkpoint_step("xstep_00000100.h5"), std::nullopt);
 }
 
-TEST_F(CkptDir, ListSortsByStepAndIgnoresOtherFiles) {
+TEST_F(checkpointDir, ListSortsByStepAndIgnoresOtherFiles) {
   touch("step_00000200.h5");
   touch("step_00000010.h5");
   touch("step_1000000000.h5");  // more digits: sorted by number, not by name
@@ -75,7 +75,7 @@ TEST_F(CkptDir, ListSortsByStepAndIgnoresOtherFiles) {
   EXPECT_TRUE(list_checkpoints(path("missing")).empty());
 }
 
-TEST_F(CkptDir, LatestFollowsPointerThenFallsBack) {
+TEST_F(checkpointDir, LatestFollowsPointerThenFallsBack) {
   EXPECT_EQ(latest_checkpoint(dir), std::nullopt);
   EXPECT_EQ(latest_checkpoint(path("missing")), std::nullopt);
   touch("step_00000300.h5.tmp-1-ff");  // a write in progress is never selected
@@ -96,7 +96,7 @@ TEST_F(CkptDir, LatestFollowsPointerThenFallsBack) {
   EXPECT_EQ(latest_checkpoint(dir), path("step_00000200.h5"));
 }
 
-TEST_F(CkptDir, PruneKeepsNewestProtectedAndLatest) {
+TEST_F(checkpointDir, PruneKeepsNewestProtectedAndLatest) {
   for (int s : {100, 200, 300, 400, 500}) touch(checkpoint_name(s));
   touch("step_00000050.h5.tmp-1-ff");  // old temp file: never touched
   touch("latest", "step_00000200.h5\n");
@@ -118,7 +118,7 @@ TEST_F(CkptDir, PruneKeepsNewestProtectedAndLatest) {
   EXPECT_TRUE(prune_checkpoints(path("missing"), 1).empty());
 }
 
-TEST_F(CkptDir, PublishRenamesAndPointsLatest) {
+TEST_F(checkpointDir, PublishRenamesAndPointsLatest) {
   touch("step_00000007.h5.tmp-9-1", "data7");
   EXPECT_EQ(publish_checkpoint(path("step_00000007.h5.tmp-9-1"), dir, 7),
             path("step_00000007.h5"));
@@ -162,7 +162,7 @@ std::vector<int64_t> box_elements(const std::vector<int64_t>& shape, const std::
   return out;
 }
 
-TEST(CheckpointRuns, TwoDimRangeIsAtMostThreeBoxes) {
+TEST(checkpointRuns, TwoDimRangeIsAtMostThreeBoxes) {
   const std::vector<int64_t> shape{37, 10};
   // Partial first row, 2 full rows, partial last row.
   auto b = flat_range_boxes(shape, 7, 3 + 20 + 4);
@@ -180,7 +180,7 @@ TEST(CheckpointRuns, TwoDimRangeIsAtMostThreeBoxes) {
   EXPECT_THROW(flat_range_boxes(shape, -1, 2), Error);
 }
 
-TEST(CheckpointRuns, RandomRangesCoverExactlyTheirElements) {
+TEST(checkpointRuns, RandomRangesCoverExactlyTheirElements) {
   std::mt19937_64 rng(7);
   for (int iter = 0; iter < 400; ++iter) {
     std::vector<int64_t> shape(1 + rng() % 4);
@@ -197,7 +197,7 @@ TEST(CheckpointRuns, RandomRangesCoverExactlyTheirElements) {
   }
 }
 
-TEST(CheckpointRuns, ColumnBlockMergesIntoOneBox) {
+TEST(checkpointRuns, ColumnBlockMergesIntoOneBox) {
   // Rank 1 of 4 owning columns [3, 6) of a [37, 10] tensor: 37 runs, one box.
   std::vector<R> runs;
   for (int64_t r = 0; r < 37; ++r) runs.push_back({r * 3, r * 10 + 3, 3});
@@ -212,7 +212,7 @@ TEST(CheckpointRuns, ColumnBlockMergesIntoOneBox) {
   EXPECT_EQ(runs_to_boxes({4, 5, 6}, r3), (std::vector<Box>{{{0, 0, 1}, {4, 5, 2}}}));
 }
 
-TEST(CheckpointRuns, NormalizeSortsMergesAndRejects) {
+TEST(checkpointRuns, NormalizeSortsMergesAndRejects) {
   std::vector<R> runs{{10, 50, 5}, {0, 0, 10}, {15, 55, 5}, {3, 30, 0}};
   ASSERT_EQ(normalize_runs(runs, 100, 20, true), "");
   EXPECT_EQ(runs, (std::vector<R>{{0, 0, 10}, {10, 50, 10}}));
@@ -234,7 +234,7 @@ TEST(CheckpointRuns, NormalizeSortsMergesAndRejects) {
   EXPECT_NE(normalize_runs(negative, 100, 20, true).find("negative"), std::string::npos);
 }
 
-TEST(CheckpointRuns, SubsetOfReadRuns) {
+TEST(checkpointRuns, SubsetOfReadRuns) {
   const std::vector<R> read{{0, 0, 10}, {10, 50, 10}};
   EXPECT_EQ(runs_subset({{2, 2, 8}, {10, 50, 3}}, read), "");
   EXPECT_EQ(runs_subset({}, read), "");
@@ -242,7 +242,7 @@ TEST(CheckpointRuns, SubsetOfReadRuns) {
   EXPECT_NE(runs_subset({{1, 50, 3}}, read), "");   // read, but to other local positions
 }
 
-TEST(CheckpointRuns, ChecksumMatchesTheSpec) {
+TEST(checkpointRuns, ChecksumMatchesTheSpec) {
   // Values computed with the formula of docs/checkpoint-format.md in Python.
   const std::vector<float> v{1.0f, -2.5f, 0.0f, 3.25f};
   EXPECT_EQ(checksum_range(v.data(), 0, 4), 0x995d61e72885f696ull);

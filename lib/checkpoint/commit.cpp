@@ -138,23 +138,33 @@ std::string publish_checkpoint(const std::string& tmp_path, const std::string& d
                                int64_t step) {
   const std::string final_path = join(dir, checkpoint_name(step));
   fsync_path(tmp_path, "checkpoint");
+  struct stat st{};
+  const bool replaces = ::stat(final_path.c_str(), &st) == 0;  // the same step written again
   rename_path(tmp_path, final_path);
-  fsync_path(dir, "checkpoint directory");
-
-  const std::string latest_tmp = join(dir, kLatestTmp);
-  const std::string content = checkpoint_name(step) + "\n";
-  const int fd = ::open(latest_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("checkpoint pointer '" + latest_tmp + "': cannot create: " + errno_text());
-  const bool ok = ::write(fd, content.data(), content.size()) ==
-                      static_cast<ssize_t>(content.size()) &&
-                  ::fsync(fd) == 0;
-  const std::string e = errno_text();
-  if (::close(fd) != 0 || !ok) {
-    ::unlink(latest_tmp.c_str());
-    throw Error("checkpoint pointer '" + latest_tmp + "': cannot write: " + e);
+  try {
+    fsync_path(dir, "checkpoint directory");
+    const std::string latest_tmp = join(dir, kLatestTmp);
+    const std::string content = checkpoint_name(step) + "\n";
+    const int fd = ::open(latest_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw Error("checkpoint pointer '" + latest_tmp + "': cannot create: " + errno_text());
+    }
+    const bool ok = ::write(fd, content.data(), content.size()) ==
+                        static_cast<ssize_t>(content.size()) &&
+                    ::fsync(fd) == 0;
+    const std::string e = errno_text();
+    if (::close(fd) != 0 || !ok) {
+      ::unlink(latest_tmp.c_str());
+      throw Error("checkpoint pointer '" + latest_tmp + "': cannot write: " + e);
+    }
+    rename_path(latest_tmp, join(dir, kLatest));
+    fsync_path(dir, "checkpoint directory");
+  } catch (const Error&) {
+    // `latest` still names the previous checkpoint: take the new file away again, so that a
+    // failed commit leaves the directory as it was (unless it replaced a file of that name).
+    if (!replaces) ::unlink(final_path.c_str());
+    throw;
   }
-  rename_path(latest_tmp, join(dir, kLatest));
-  fsync_path(dir, "checkpoint directory");
   return final_path;
 }
 

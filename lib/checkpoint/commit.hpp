@@ -49,7 +49,9 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep,
 
 // Rank-0 part of the commit (exposed for tests and tools): fsyncs `tmp_path`, renames it to
 // dir/checkpoint_name(step), fsyncs `dir`, points `latest` at it (latest.tmp, fsync, rename,
-// fsync dir). Returns the final path. Throws trident::Error naming the file on failure.
+// fsync dir). Returns the final path. Throws trident::Error naming the file on failure; if
+// `latest` could not be updated, the renamed file is deleted again (unless it replaced an
+// existing file of the same name), so the directory is as before.
 std::string publish_checkpoint(const std::string& tmp_path, const std::string& dir,
                                int64_t step);
 

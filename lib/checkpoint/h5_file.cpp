@@ -46,7 +46,15 @@ std::string h5_detail() {
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &msgs);
   H5Eclear2(H5E_DEFAULT);
   if (msgs.empty()) return "HDF5 error";
-  return msgs.back();
+  // One line (MPI error strings carry newlines).
+  std::string out;
+  for (char c : msgs.back()) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
+    out += c;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
 }
 
 // An HDF5 identifier closed by its destructor.
@@ -68,6 +76,8 @@ class Hid {
   ~Hid() { reset(); }
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  // Forgets the identifier without closing it.
+  void release() { id_ = -1; }
   // Closes now; returns the close call's status (0 if there was nothing to close).
   herr_t reset() {
     herr_t rc = 0;
@@ -178,8 +188,23 @@ std::string h5_path(const std::string& name) {
 struct CheckpointWriter::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   Hid file, dxpl, lcpl, dcpl, vlen_str;
+  bool collective = false;  // collective tensor transfers
   std::vector<float> staging;
   std::set<std::string> written;
+  // Datasets written since the last agreement: this rank's part of each, and its first error.
+  struct Pending {
+    std::string name;
+    int64_t numel;
+    uint64_t hash, sum, count;
+  };
+  std::vector<Pending> pending;
+  std::string error;
+  // Attributes set since the last agreement (written then, with rank 0's values).
+  struct PendingAttribute {
+    std::string object, key;
+    AttributeValue value;
+  };
+  std::vector<PendingAttribute> attributes;
   int slow_ms = 0;
   bool closed = false;
 };
@@ -215,11 +240,13 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
   }
 
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  // Collective MPI-IO writes (metadata at flush, tensor data with collective_data) with
+  // collective buffering forced on: ROMIO then agrees on errors across ranks, without it an I/O
+  // error on some ranks only (a full disk) leaves HDF5 1.10 hanging in a collective.
   MPI_Info info = MPI_INFO_NULL;
-  if (!options.mpi_hints.empty()) {
-    MPI_Info_create(&info);
-    for (const auto& [k, v] : options.mpi_hints) MPI_Info_set(info, k.c_str(), v.c_str());
-  }
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "romio_cb_write", "enable");
+  for (const auto& [k, v] : options.mpi_hints) MPI_Info_set(info, k.c_str(), v.c_str());
   bool ok = fapl.valid() && H5Pset_fapl_mpio(fapl.get(), m.comm, info) >= 0;
   if (info != MPI_INFO_NULL) MPI_Info_free(&info);
   if (ok && options.alignment > 0) {
@@ -241,15 +268,15 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
   if (!err.empty()) {
     // A file created on some ranks only cannot be closed (H5Fclose is collective): it is left
     // open rather than hanging. MPI-IO's collective open makes that case practically absent.
-    if (m.file.valid()) {
-      (void)m.file.reset();
-    }
+    m.file.release();
     MPI_Comm_free(&m.comm);
     throw Error(err);
   }
 
+  m.collective = options.collective_data;
   m.dxpl = Hid(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(m.dxpl.get(),
+                   options.collective_data ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
   m.lcpl = Hid(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(m.lcpl.get(), 1);
   m.dcpl = Hid(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -270,7 +297,10 @@ CheckpointWriter::~CheckpointWriter() {
   Impl& m = *impl_;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (finalized) {  // destroyed after MPI_Finalize: nothing collective can be done any more
+    m.file.release();
+    return;
+  }
   if (!m.closed) abandon();
   if (m.comm != MPI_COMM_NULL) MPI_Comm_free(&m.comm);
 }
@@ -282,7 +312,7 @@ void CheckpointWriter::abandon() {
   // The file is garbage now. Emptying it first gives back the space its data took, so that
   // after a full disk the close (metadata flush, EOF extension: sparse) succeeds: with HDF5
   // 1.10 a failed H5Fclose leaves a half-destroyed file behind that crashes the library's
-  // clean-up at exit. Every rank is past its last data write (an agreement preceded).
+  // clean-up at exit. (A rank still writing its last piece only adds garbage.)
   if (comm_rank(m.comm) == 0) (void)::truncate(path_.c_str(), 0);
   (void)m.file.reset();  // collective
   H5Eclear2(H5E_DEFAULT);
@@ -353,7 +383,10 @@ void CheckpointWriter::write_tensor(const std::string& name_in,
   // This rank's part: validated, checksummed and staged contiguously in global order.
   std::vector<Run> rs = runs;
   std::string err = normalize_runs(rs, numel, static_cast<int64_t>(local.size()), false);
-  if (!err.empty()) err = where + ": " + rank_prefix(m.comm) + err;
+  if (!err.empty()) {
+    err = where + ": " + rank_prefix(m.comm) + err;
+    rs.clear();
+  }
 
   const std::vector<hsize_t> dims(shape.begin(), shape.end());
   Hid space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
@@ -366,106 +399,204 @@ void CheckpointWriter::write_tensor(const std::string& name_in,
                H5Dclose);
     if (!dset.valid() && err.empty()) err = where + ": cannot create: " + h5_detail();
   }
-  // First agreement: every rank has created the dataset (and has valid runs), and all passed
-  // the same name and shape, before the collective write.
-  const uint64_t h = fnv1a(name, shape);
-  uint64_t pre[2] = {err.empty() ? 0u : 1u, h};
-  MPI_Allreduce(MPI_IN_PLACE, pre, 2, MPI_UINT64_T, MPI_SUM, m.comm);
-  if (pre[0] != 0) agree_or_throw(m.comm, err);
-  if (pre[1] != h * static_cast<uint64_t>(comm_size(m.comm))) {
-    throw Error(where + ": the ranks passed different dataset names or shapes (every rank must "
-                        "write the same datasets, in the same order)");
+  const uint64_t hash = fnv1a(name, shape);
+  if (m.collective) {
+    // Collective transfers: every rank must enter H5Dwrite, so first agree that every rank has
+    // its dataset (and valid runs), and that all passed the same name and shape.
+    uint64_t pre[2] = {err.empty() ? 0u : 1u, hash};
+    MPI_Allreduce(MPI_IN_PLACE, pre, 2, MPI_UINT64_T, MPI_SUM, m.comm);
+    if (pre[0] != 0) agree_or_throw(m.comm, err);
+    if (pre[1] != hash * static_cast<uint64_t>(comm_size(m.comm))) {
+      throw Error(where + ": the ranks passed different dataset names or shapes (every rank "
+                          "must write the same datasets, in the same order)");
+    }
   }
 
   const int64_t n = runs_length(rs);
   const uint64_t sum = checksum_runs(local, rs);
-  const float* src = nullptr;
-  float dummy = 0;
-  if (n == 0) {
-    src = &dummy;
-  } else if (local_contiguous(rs)) {
-    src = local.data() + rs.front().local_offset;
-  } else {
-    m.staging.resize(static_cast<size_t>(n));
-    int64_t pos = 0;
-    for (const Run& r : rs) {
-      std::copy_n(local.data() + r.local_offset, r.length, m.staging.data() + pos);
-      pos += r.length;
+  // An empty dataset has no storage (HDF5 fails even an empty collective transfer on it).
+  if (dset.valid() && numel > 0 && (m.collective || n > 0)) {
+    const float* src = nullptr;
+    float dummy = 0;
+    if (n == 0) {
+      src = &dummy;
+    } else if (local_contiguous(rs)) {
+      src = local.data() + rs.front().local_offset;
+    } else {
+      m.staging.resize(static_cast<size_t>(n));
+      int64_t pos = 0;
+      for (const Run& r : rs) {
+        std::copy_n(local.data() + r.local_offset, r.length, m.staging.data() + pos);
+        pos += r.length;
+      }
+      src = m.staging.data();
     }
-    src = m.staging.data();
+    const hsize_t mem_dims = static_cast<hsize_t>(std::max<int64_t>(n, 1));
+    Hid mem(H5Screate_simple(1, &mem_dims, nullptr), H5Sclose);
+    std::string sel = select_boxes(space.get(), runs_to_boxes(shape, rs));
+    if (sel.empty() && n == 0 && H5Sselect_none(mem.get()) < 0) sel = h5_detail();
+    if (!sel.empty()) {
+      if (err.empty()) err = where + ": " + rank_prefix(m.comm) + "cannot select: " + sel;
+      H5Sselect_none(space.get());
+      H5Sselect_none(mem.get());
+    }
+    if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), m.dxpl.get(), src) < 0 &&
+        err.empty()) {
+      err = where + ": " + rank_prefix(m.comm) + "write failed: " + h5_detail();
+    }
   }
-  const hsize_t mem_dims = static_cast<hsize_t>(std::max<int64_t>(n, 1));
-  Hid mem(H5Screate_simple(1, &mem_dims, nullptr), H5Sclose);
-  std::string sel = select_boxes(space.get(), runs_to_boxes(shape, rs));
-  if (sel.empty() && n == 0 && H5Sselect_none(mem.get()) < 0) sel = h5_detail();
-  if (!sel.empty()) {
-    err = where + ": " + rank_prefix(m.comm) + "cannot select: " + sel;
-    H5Sselect_none(space.get());
-    H5Sselect_none(mem.get());
-  }
-  if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), m.dxpl.get(), src) < 0 &&
-      err.empty()) {
-    err = where + ": " + rank_prefix(m.comm) + "write failed: " + h5_detail();
-  }
-
-  // Second agreement: the write succeeded everywhere; checksum and element count combined.
-  uint64_t post[3] = {sum, static_cast<uint64_t>(n), err.empty() ? 0u : 1u};
-  MPI_Allreduce(MPI_IN_PLACE, post, 3, MPI_UINT64_T, MPI_SUM, m.comm);
-  if (post[2] != 0) agree_or_throw(m.comm, err);
-  if (post[1] != static_cast<uint64_t>(numel)) {
-    throw Error(where + ": the ranks wrote " + std::to_string(post[1]) + " elements in total, the " +
-                "dataset has " + std::to_string(numel) +
-                " (each element must be written by exactly one rank)");
-  }
-  const uint64_t checksum = post[0];
-  write_scalar_attribute(dset.get(), kChecksumKey, H5T_STD_U64LE, H5T_NATIVE_UINT64, &checksum,
-                         where);
-  if (dset.reset() < 0) throw Error(where + ": cannot close: " + h5_detail());
+  if (dset.reset() < 0 && err.empty()) err = where + ": cannot close: " + h5_detail();
   m.written.insert(name);
+  m.pending.push_back({name, numel, hash, sum, static_cast<uint64_t>(n)});
+  if (m.error.empty()) m.error = err;
   data_bytes_ += numel * static_cast<int64_t>(sizeof(float));
+  // Collective transfers agree now (a failed collective write must not be followed by more);
+  // independent ones at close(), in one all-reduce for all datasets.
+  if (m.collective) finish_pending();
   if (m.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(m.slow_ms));
+}
+
+void CheckpointWriter::finish_pending() {
+  Impl& m = *impl_;
+  // 1) Same numbers of datasets and attributes on every rank, and nobody failed.
+  const auto k = static_cast<int64_t>(m.pending.size());
+  const auto na = static_cast<int64_t>(m.attributes.size());
+  int64_t a[5] = {k, -k, m.error.empty() ? 0 : 1, na, -na};
+  MPI_Allreduce(MPI_IN_PLACE, a, 5, MPI_INT64_T, MPI_MAX, m.comm);
+  if (a[0] != -a[1]) {
+    throw Error("checkpoint '" + path_ + "': the ranks wrote different numbers of datasets (" +
+                std::to_string(-a[1]) + " to " + std::to_string(a[0]) +
+                "); every rank must write the same datasets, in the same order");
+  }
+  if (a[3] != -a[4]) {
+    throw Error("checkpoint '" + path_ + "': the ranks set different numbers of attributes (" +
+                std::to_string(-a[4]) + " to " + std::to_string(a[3]) +
+                "); every rank must set the same attributes, in the same order");
+  }
+  if (a[2] != 0) agree_or_throw(m.comm, m.error);
+  // 2) Per dataset: the checksum parts, element counts and name/shape hashes, summed.
+  std::vector<uint64_t> v(3 * m.pending.size());
+  for (size_t i = 0; i < m.pending.size(); ++i) {
+    v[3 * i] = m.pending[i].sum;
+    v[3 * i + 1] = m.pending[i].count;
+    v[3 * i + 2] = m.pending[i].hash;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM,
+                m.comm);
+  const auto size = static_cast<uint64_t>(comm_size(m.comm));
+  std::vector<Impl::Pending> pending = std::move(m.pending);
+  m.pending.clear();
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const Impl::Pending& p = pending[i];
+    const std::string where = "checkpoint '" + path_ + "': dataset '" + p.name + "'";
+    if (v[3 * i + 2] != p.hash * size) {
+      throw Error(where + ": the ranks passed different dataset names or shapes (every rank "
+                          "must write the same datasets, in the same order)");
+    }
+    if (v[3 * i + 1] != static_cast<uint64_t>(p.numel)) {
+      throw Error(where + ": the ranks wrote " + std::to_string(v[3 * i + 1]) +
+                  " elements in total, the dataset has " + std::to_string(p.numel) +
+                  " (each element must be written by exactly one rank)");
+    }
+  }
+  // 3) The attributes set since the last agreement, rank 0's values (one broadcast).
+  if (na > 0) {
+    std::string blob;
+    if (comm_rank(m.comm) == 0) {
+      Out out;
+      for (const Impl::PendingAttribute& p : m.attributes) {
+        out.u64(static_cast<uint64_t>(p.value.kind));
+        out.u64(static_cast<uint64_t>(p.value.i));
+        uint64_t dbits;
+        std::memcpy(&dbits, &p.value.d, sizeof dbits);
+        out.u64(dbits);
+        out.str(p.value.text);
+      }
+      blob = std::move(out.buf);
+    }
+    blob = bcast_string(m.comm, blob, 0);
+    In in{blob};
+    std::vector<Impl::PendingAttribute> attrs = std::move(m.attributes);
+    m.attributes.clear();
+    for (Impl::PendingAttribute& p : attrs) {
+      p.value.kind = static_cast<AttributeValue::Kind>(in.u64());
+      p.value.i = static_cast<int64_t>(in.u64());
+      const uint64_t dbits = in.u64();
+      std::memcpy(&p.value.d, &dbits, sizeof dbits);
+      p.value.text = in.str();
+      const std::string where =
+          "checkpoint '" + path_ + "': '" + p.object + "' attribute '" + p.key + "'";
+      Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), p.object, where);
+      if (p.value.kind == AttributeValue::Kind::Int) {
+        write_scalar_attribute(o.get(), p.key, H5T_STD_I64LE, H5T_NATIVE_INT64, &p.value.i,
+                               where);
+      } else if (p.value.kind == AttributeValue::Kind::Double) {
+        write_scalar_attribute(o.get(), p.key, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &p.value.d,
+                               where);
+      } else {
+        const char* text = p.value.text.c_str();
+        write_scalar_attribute(o.get(), p.key, m.vlen_str.get(), m.vlen_str.get(), &text,
+                               where);
+      }
+    }
+  }
+  // 4) The checksums, as attributes (collective metadata operations, same values everywhere).
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const std::string where = "checkpoint '" + path_ + "': dataset '" + pending[i].name + "'";
+    Hid d(H5Dopen2(m.file.get(), pending[i].name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!d.valid()) throw Error(where + ": cannot open: " + h5_detail());
+    write_scalar_attribute(d.get(), kChecksumKey, H5T_STD_U64LE, H5T_NATIVE_UINT64, &v[3 * i],
+                           where);
+    if (d.reset() < 0) throw Error(where + ": cannot close: " + h5_detail());
+  }
 }
 
 void CheckpointWriter::set_attribute(const std::string& object, const std::string& key,
                                      int64_t value) {
-  Impl& m = *impl_;
-  const std::string obj = h5_path(object);
-  const std::string where = "checkpoint '" + path_ + "': '" + obj + "' attribute '" + key + "'";
-  if (m.closed) throw Error(where + ": the writer is closed");
-  MPI_Bcast(&value, 1, MPI_INT64_T, 0, m.comm);
-  Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
-  write_scalar_attribute(o.get(), key, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, where);
+  AttributeValue v;
+  v.kind = AttributeValue::Kind::Int;
+  v.i = value;
+  queue_attribute(object, key, std::move(v));
 }
 
 void CheckpointWriter::set_attribute(const std::string& object, const std::string& key,
                                      double value) {
-  Impl& m = *impl_;
-  const std::string obj = h5_path(object);
-  const std::string where = "checkpoint '" + path_ + "': '" + obj + "' attribute '" + key + "'";
-  if (m.closed) throw Error(where + ": the writer is closed");
-  MPI_Bcast(&value, 1, MPI_DOUBLE, 0, m.comm);
-  Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
-  write_scalar_attribute(o.get(), key, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, where);
+  AttributeValue v;
+  v.kind = AttributeValue::Kind::Double;
+  v.d = value;
+  queue_attribute(object, key, std::move(v));
 }
 
 void CheckpointWriter::set_attribute(const std::string& object, const std::string& key,
-                                     const std::string& value_in) {
+                                     const std::string& value) {
+  AttributeValue v;
+  v.kind = AttributeValue::Kind::String;
+  v.text = value;
+  queue_attribute(object, key, std::move(v));
+}
+
+void CheckpointWriter::queue_attribute(const std::string& object, const std::string& key,
+                                       AttributeValue value) {
   Impl& m = *impl_;
   const std::string obj = h5_path(object);
   const std::string where = "checkpoint '" + path_ + "': '" + obj + "' attribute '" + key + "'";
   if (m.closed) throw Error(where + ": the writer is closed");
-  const std::string value = bcast_string(m.comm, value_in, 0);
-  if (value.find('\0') != std::string::npos) {
+  if (key.empty() || key.find('\0') != std::string::npos) throw Error(where + ": bad name");
+  if (value.kind == AttributeValue::Kind::String && value.text.find('\0') != std::string::npos) {
     throw Error(where + ": string value contains a NUL character");
   }
-  Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
-  const char* p = value.c_str();
-  write_scalar_attribute(o.get(), key, m.vlen_str.get(), m.vlen_str.get(), &p, where);
+  m.attributes.push_back({obj, key, std::move(value)});
 }
 
 void CheckpointWriter::close() {
   Impl& m = *impl_;
   if (m.closed) return;
+  try {
+    finish_pending();
+  } catch (const Error&) {
+    abandon();
+    throw;
+  }
   // Flush first: a flush that fails (full disk) leaves the file closable, a failing H5Fclose
   // does not (see abandon()).
   std::string err;
@@ -491,6 +622,18 @@ void CheckpointWriter::close() {
 struct CheckpointReader::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   Hid file, dxpl;
+  bool collective = false;  // collective tensor transfers
+  // Datasets read since the last finish(): this rank's checksum part of each, and its first
+  // error.
+  struct Pending {
+    std::string name;
+    int64_t numel;
+    uint64_t sum, counted;
+    bool has_checksum;
+    uint64_t checksum;
+  };
+  std::vector<Pending> pending;
+  std::string error;
   std::vector<float> staging;
   bool closed = false;
 };
@@ -602,7 +745,8 @@ herr_t visit_link(hid_t group, const char* name, const H5L_info_t* info, void* d
 
 }  // namespace
 
-CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm)
+CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm,
+                                   const ReaderOptions& options)
     : impl_(std::make_unique<Impl>()), path_(path) {
   h5_init();
   Impl& m = *impl_;
@@ -624,7 +768,11 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm)
       H5Eclear2(H5E_DEFAULT);
       err = where + ": not an HDF5 file (" + std::to_string(st.st_size) + " bytes)";
     } else {
-      Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+      // Serial driver, no file locking (rank 0 only reads; some parallel file systems refuse
+      // flock).
+      Hid serial(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+      H5Pset_file_locking(serial.get(), false, true);
+      Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, serial.get()), H5Fclose);
       ScanState scan;
       ObjectMap root_attrs;
       if (!f.valid()) {
@@ -690,7 +838,12 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm)
 
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   std::string err;
-  if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), m.comm, MPI_INFO_NULL) < 0) {
+  MPI_Info info = MPI_INFO_NULL;  // as in the writer: read errors agreed on in collective reads
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "romio_cb_read", "enable");
+  const bool mpio_ok = fapl.valid() && H5Pset_fapl_mpio(fapl.get(), m.comm, info) >= 0;
+  MPI_Info_free(&info);
+  if (!mpio_ok) {
     err = where + ": cannot set up MPI-IO: " + h5_detail();
   } else {
     m.file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
@@ -699,11 +852,14 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm)
   err = agree(m.comm, err);
   if (!err.empty()) {
     // As in the writer: a file open on some ranks only is left open rather than hanging.
+    m.file.release();
     MPI_Comm_free(&m.comm);
     throw Error(err);
   }
+  m.collective = options.collective_data;
   m.dxpl = Hid(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(m.dxpl.get(),
+                   options.collective_data ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
 }
 
 CheckpointReader::~CheckpointReader() {
@@ -711,21 +867,32 @@ CheckpointReader::~CheckpointReader() {
   Impl& m = *impl_;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!m.closed && !finalized) {
-    (void)m.file.reset();
+  if (finalized) {
+    m.file.release();
+    return;
+  }
+  if (!m.closed) {
+    (void)m.file.reset();  // collective
     H5Eclear2(H5E_DEFAULT);
   }
-  if (m.comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&m.comm);
+  if (m.comm != MPI_COMM_NULL) MPI_Comm_free(&m.comm);
 }
 
 void CheckpointReader::close() {
   Impl& m = *impl_;
   if (m.closed) return;
   m.closed = true;
+  std::string pending_error;
+  try {
+    finish();
+  } catch (const Error& e) {
+    pending_error = e.what();  // the same on every rank
+  }
   const herr_t rc = m.file.reset();
   agree_or_throw(m.comm, rc < 0 ? "checkpoint '" + path_ + "': " + rank_prefix(m.comm) +
                                       "close failed: " + h5_detail()
                                 : "");
+  if (!pending_error.empty()) throw Error(pending_error);
 }
 
 const CheckpointReader::Object& CheckpointReader::object_entry(const std::string& name) const {
@@ -823,24 +990,33 @@ std::string CheckpointReader::attribute_string(const std::string& object,
 
 namespace {
 
-// Collective: opens the dataset on every rank; throws on every rank if any rank failed (or
-// if `local_error` is set on any rank).
+// Opens the dataset. Collective transfers: on every rank, throwing on every rank if any rank
+// failed or has `error` set. Independent: a failure is added to `error` (the caller agrees
+// later) and the handle is invalid.
 Hid open_dataset(MPI_Comm comm, hid_t file, const std::string& name, const std::string& where,
-                 const std::string& local_error) {
-  std::string err = local_error;
-  Hid d(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!d.valid() && err.empty()) err = where + ": " + rank_prefix(comm) + "cannot open: " + h5_detail();
-  err = agree(comm, err);
-  if (!err.empty()) throw Error(err);
+                 bool collective, std::string& error) {
+  Hid d;
+  if (error.empty() || collective) {
+    d = Hid(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+    if (!d.valid() && error.empty()) {
+      error = where + ": " + rank_prefix(comm) + "cannot open: " + h5_detail();
+    }
+  }
+  if (collective) {
+    error = agree(comm, error);
+    if (!error.empty()) throw Error(error);
+  }
   return d;
 }
 
-// Collective: reads the (normalized, validated) runs of `dset` into local. Returns this rank's
-// error ("" if none); a rank with an error still takes part (with an empty selection).
-std::string read_runs(MPI_Comm comm, hid_t dset, hid_t dxpl, const std::vector<int64_t>& shape,
-                      const std::vector<Run>& rs, float* local, std::vector<float>& staging,
-                      const std::string& where) {
+// Reads the (normalized, validated) runs of `dset` into local. Returns this rank's error (""
+// if none). Collective transfers: every rank calls, one with an error or nothing to read with
+// an empty selection; independent: nothing happens without a dataset or runs.
+std::string read_runs(MPI_Comm comm, hid_t dset, hid_t dxpl, bool collective,
+                      const std::vector<int64_t>& shape, const std::vector<Run>& rs, float* local,
+                      std::vector<float>& staging, const std::string& where) {
   const int64_t n = runs_length(rs);
+  if (!collective && (dset < 0 || n == 0)) return "";
   const bool direct = n == 0 || local_contiguous(rs);
   float dummy = 0;
   float* dst = &dummy;
@@ -910,24 +1086,64 @@ void CheckpointReader::read_tensor(const std::string& name_in,
       if (!err.empty()) err = "checksum share: " + err;
     }
   }
-  if (!err.empty()) err = where + ": " + rank_prefix(m.comm) + err;
-  Hid dset = open_dataset(m.comm, m.file.get(), name, where, err);  // throws on any error
-
-  err = read_runs(m.comm, dset.get(), m.dxpl.get(), o.shape, rs, local.data(), m.staging, where);
-  const uint64_t sum = err.empty() ? checksum_runs(local, counted) : 0;
-  uint64_t post[3] = {sum, static_cast<uint64_t>(runs_length(counted)), err.empty() ? 0u : 1u};
-  MPI_Allreduce(MPI_IN_PLACE, post, 3, MPI_UINT64_T, MPI_SUM, m.comm);
-  if (post[2] != 0) agree_or_throw(m.comm, err);
-  if (post[1] == 0) return;  // nobody counted: no check
-  if (post[1] != static_cast<uint64_t>(numel)) {
-    throw Error(where + ": the ranks counted " + std::to_string(post[1]) +
-                " elements toward the checksum, the dataset has " + std::to_string(numel) +
-                " (each element must be counted by exactly one rank, see ChecksumShare)");
+  if (!err.empty()) {
+    err = where + ": " + rank_prefix(m.comm) + err;
+    rs.clear();
+    counted.clear();
   }
+  Hid dset = open_dataset(m.comm, m.file.get(), name, where, m.collective, err);
+  if (err.empty() && numel > 0) {
+    err = read_runs(m.comm, dset.get(), m.dxpl.get(), m.collective, o.shape, rs, local.data(),
+                    m.staging, where);
+  }
+  // Checked at finish(), for all datasets read, in one agreement.
+  const uint64_t sum = err.empty() ? checksum_runs(local, counted) : 0;
   auto it = o.attributes.find(kChecksumKey);
-  if (it == o.attributes.end()) return;  // written by another tool: nothing to check against
-  if (it->second.kind != AttributeValue::Kind::Uint || it->second.u != post[0]) {
-    throw Error(where + " is corrupt (checksum mismatch)");
+  Impl::Pending p{name, numel, sum, static_cast<uint64_t>(runs_length(counted)), false, 0};
+  if (it != o.attributes.end() && it->second.kind == AttributeValue::Kind::Uint) {
+    p.has_checksum = true;
+    p.checksum = it->second.u;
+  }
+  m.pending.push_back(std::move(p));
+  if (m.error.empty()) m.error = err;
+}
+
+void CheckpointReader::finish() {
+  Impl& m = *impl_;
+  const auto k = static_cast<int64_t>(m.pending.size());
+  int64_t a[3] = {k, -k, m.error.empty() ? 0 : 1};
+  MPI_Allreduce(MPI_IN_PLACE, a, 3, MPI_INT64_T, MPI_MAX, m.comm);
+  std::vector<Impl::Pending> pending = std::move(m.pending);
+  m.pending.clear();
+  std::string error = std::move(m.error);
+  m.error.clear();
+  if (a[0] != -a[1]) {
+    throw Error("checkpoint '" + path_ + "': the ranks read different numbers of datasets (" +
+                std::to_string(-a[1]) + " to " + std::to_string(a[0]) +
+                "); every rank must read the same datasets, in the same order");
+  }
+  if (a[2] != 0) agree_or_throw(m.comm, error);
+  std::vector<uint64_t> v(2 * pending.size());
+  for (size_t i = 0; i < pending.size(); ++i) {
+    v[2 * i] = pending[i].sum;
+    v[2 * i + 1] = pending[i].counted;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_SUM,
+                m.comm);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    const Impl::Pending& p = pending[i];
+    const std::string where = "checkpoint '" + path_ + "': dataset '" + p.name + "'";
+    const uint64_t counted = v[2 * i + 1];
+    if (counted == 0) continue;  // nobody counted: no check
+    if (counted != static_cast<uint64_t>(p.numel)) {
+      throw Error(where + ": the ranks counted " + std::to_string(counted) +
+                  " elements toward the checksum, the dataset has " + std::to_string(p.numel) +
+                  " (each element must be counted by exactly one rank, see ChecksumShare)");
+    }
+    // No checksum attribute: written by another tool, nothing to check against.
+    if (p.has_checksum && p.checksum != v[2 * i]) {
+      throw Error(where + " is corrupt (checksum mismatch)");
+    }
   }
 }
 
@@ -948,16 +1164,16 @@ void CheckpointReader::verify(const std::string& name_in, int64_t chunk_elements
   const int64_t chunk = std::max<int64_t>(1, chunk_elements);
   const int64_t rounds = (per_rank + chunk - 1) / chunk;  // the same on every rank
 
-  Hid dset = open_dataset(m.comm, m.file.get(), name, where, "");
+  std::string err;
+  Hid dset = open_dataset(m.comm, m.file.get(), name, where, m.collective, err);
   std::vector<float> buf(static_cast<size_t>(std::min(chunk, std::max<int64_t>(end - begin, 0))));
   uint64_t sum = 0;
-  std::string err;
   for (int64_t k = 0; k < rounds; ++k) {
     const int64_t b = std::min(end, begin + k * chunk), e = std::min(end, b + chunk);
     std::vector<Run> rs;
     if (e > b && err.empty()) rs.push_back(Run{0, b, e - b});
-    std::string e2 =
-        read_runs(m.comm, dset.get(), m.dxpl.get(), o.shape, rs, buf.data(), m.staging, where);
+    std::string e2 = read_runs(m.comm, dset.get(), m.dxpl.get(), m.collective, o.shape, rs,
+                               buf.data(), m.staging, where);
     if (err.empty()) err = e2;
     if (err.empty() && !rs.empty()) sum += checksum_range(buf.data(), b, e - b);
   }

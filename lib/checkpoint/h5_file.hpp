@@ -8,11 +8,15 @@
 // communicator, in the same order, with the same name/shape/attribute arguments (runs and
 // buffers differ per rank; a rank with nothing to do passes no runs). Errors are
 // trident::Errors of one line naming the file and the dataset or attribute, and are thrown on
-// EVERY rank of the communicator (a failure seen by only some ranks, e.g. a bad run or an I/O
-// error, is agreed on with one all-reduce, the message being the lowest failing rank's), so a
-// failure never leaves ranks hanging in a collective. Non-collective methods (shape, datasets,
-// attributes on the reader) answer from an index that rank 0 read and broadcast at open, so
-// they give the same answer, or the same error, on every rank.
+// EVERY rank of the communicator, so a failure never leaves ranks hanging in a collective:
+// argument errors every rank sees alike (a missing dataset, a shape mismatch, a dataset
+// written twice) are thrown at once; failures only some ranks may see (a bad run, an I/O
+// error, a full disk) are agreed on, the message being the lowest failing rank's. Tensor data
+// move with independent MPI-IO transfers by default, so write_tensor and read_tensor exchange
+// no messages at all: their agreement, with the checksums of every tensor, is one pair of
+// all-reduces in CheckpointWriter::close() and CheckpointReader::finish()/close().
+// Non-collective methods (shape, datasets, attributes on the reader) answer from an index that
+// rank 0 read and broadcast at open, so they give the same answer on every rank.
 //
 // Integrity: every dataset carries a uint64 attribute "checksum" (ckpt_runs.hpp); reads verify
 // it when the ranks together count every element exactly once (see ChecksumShare).
@@ -31,21 +35,42 @@
 
 namespace trident {
 
-// File-creation tuning. The defaults are what measured best (docs/checkpoint-format.md,
-// "Performance"); MPI-IO hints can also come from the ROMIO_HINTS file as usual.
+// A scalar attribute as stored: integer (signed or not), floating point, string, or other
+// (an HDF5 type Trident does not read; `text` describes it).
+struct AttributeValue {
+  enum class Kind { Int, Uint, Double, String, Other };
+  Kind kind = Kind::Other;
+  int64_t i = 0;
+  uint64_t u = 0;
+  double d = 0;
+  std::string text;  // String: the value; Other: a description of the type
+};
+
+// File-creation tuning (docs/checkpoint-format.md, "Performance"). MPI-IO hints can also
+// come from the ROMIO_HINTS file as usual.
 struct WriterOptions {
   bool overwrite = false;                // false: the file must not exist yet
   int64_t align_threshold = 1 << 20;     // objects >= this many bytes start at a multiple of
   int64_t alignment = 1 << 20;           //   `alignment` (H5Pset_alignment); 0: no alignment
-  int64_t meta_block_size = 1 << 20;     // H5Pset_meta_block_size; 0: HDF5 default
+  // H5Pset_meta_block_size; 0: HDF5's 2 KiB. Larger blocks keep metadata together but cost
+  // a whole block of disk as soon as a string attribute exists (the global heap is written
+  // out with the block), and measured no faster here.
+  int64_t meta_block_size = 0;
   bool collective_metadata_write = true; // H5Pset_coll_metadata_write
-  std::vector<std::pair<std::string, std::string>> mpi_hints;  // MPI_Info for MPI_File_open
+  // Tensor data transfers: false = independent (H5FD_MPIO_INDEPENDENT), true = collective
+  // (MPI-IO collective buffering: may pay off for many small strided pieces, e.g. column
+  // splits, on a parallel file system; costs two all-reduces per tensor).
+  bool collective_data = false;
+  // MPI_Info for MPI_File_open, after romio_cb_write=enable (which makes ROMIO agree on
+  // errors in collective writes; overriding it risks hangs on a full disk).
+  std::vector<std::pair<std::string, std::string>> mpi_hints;
 };
 
 class CheckpointWriter {
  public:
-  // Collective. Creates `path` with the MPI-IO driver (collective transfers). Throws (on every
-  // rank) naming the file if it cannot be created, or if it exists and !options.overwrite.
+  // Collective. Creates `path` with the MPI-IO driver. Throws (on every rank) naming the file
+  // if it cannot be created (missing or unwritable directory), or if it exists and
+  // !options.overwrite.
   CheckpointWriter(const std::string& path, MPI_Comm comm, const WriterOptions& options = {});
   // If close() was not called (an error, or an exception elsewhere): abandons the file, i.e.
   // empties it (rank 0) and closes it (collectively; errors ignored); the caller deletes it.
@@ -57,14 +82,18 @@ class CheckpointWriter {
 
   // Collective. Creates float32 dataset `name` ("/model/h/003/mlp/fc/weight": absolute, groups
   // created as needed) of `global_shape` (rank 1..32) and writes this rank's `runs` from
-  // `local`. The ranks' runs together must cover every element exactly once (checked: the
-  // total count must equal the element count). Stores attribute "checksum". One all-reduce.
+  // `local` (runs of one rank must not overlap in the dataset). The ranks' runs together must
+  // cover every element exactly once (checked at close(): the total count must equal the
+  // element count). Its "checksum" attribute is written at close(). `local` may be reused as
+  // soon as this returns.
   void write_tensor(const std::string& name, const std::vector<int64_t>& global_shape,
                     const std::vector<Run>& runs, std::span<const float> local);
 
   // Collective. Scalar attribute `key` on `object` ("/" for the root; a group or dataset path;
-  // a missing path is created as a group). Replaces an existing attribute of that name. The
-  // value written is rank 0's (broadcast), so all ranks agree. Strings: variable-length UTF-8.
+  // a missing path is created as a group). Replaces an existing attribute of that name.
+  // Strings: variable-length UTF-8. Written at the next agreement (close(); with
+  // collective_data the next write_tensor), in the order set, with rank 0's values (one
+  // broadcast for all), so the ranks can never disagree.
   void set_attribute(const std::string& object, const std::string& key, int64_t value);
   void set_attribute(const std::string& object, const std::string& key, double value);
   void set_attribute(const std::string& object, const std::string& key, const std::string& value);
@@ -77,8 +106,9 @@ class CheckpointWriter {
     set_attribute(object, key, static_cast<int64_t>(value));
   }
 
-  // Collective. Flushes and closes the file; throws on every rank if any rank failed (the
-  // file is then abandoned as by the destructor).
+  // Collective. Agrees on every write_tensor (errors, element counts, same names and shapes on
+  // all ranks), writes the checksums, flushes and closes the file; throws on every rank if
+  // anything failed anywhere (the file is then abandoned as by the destructor).
   void close();
 
   const std::string& path() const { return path_; }
@@ -87,6 +117,8 @@ class CheckpointWriter {
 
  private:
   void abandon();
+  void finish_pending();
+  void queue_attribute(const std::string& object, const std::string& key, AttributeValue value);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;
@@ -116,22 +148,15 @@ class ChecksumShare {
   std::vector<Run> runs_;
 };
 
-// A scalar attribute as stored: integer (signed or not), floating point, string, or other
-// (an HDF5 type Trident does not read; `text` describes it).
-struct AttributeValue {
-  enum class Kind { Int, Uint, Double, String, Other };
-  Kind kind = Kind::Other;
-  int64_t i = 0;
-  uint64_t u = 0;
-  double d = 0;
-  std::string text;  // String: the value; Other: a description of the type
+struct ReaderOptions {
+  bool collective_data = false;  // as WriterOptions::collective_data
 };
 
 class CheckpointReader {
  public:
   // Collective. Opens `path` read-only. Throws (on every rank) naming the file if it is
   // missing, not a regular file, not HDF5, truncated or otherwise unreadable.
-  CheckpointReader(const std::string& path, MPI_Comm comm);
+  CheckpointReader(const std::string& path, MPI_Comm comm, const ReaderOptions& options = {});
   ~CheckpointReader();  // closes collectively if close() was not called
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
@@ -156,20 +181,25 @@ class CheckpointReader {
 
   // ---- collective ----
   // Reads this rank's `runs` of dataset `name` into `local`, after checking the dataset exists
-  // and has `expected_shape` (else throws naming dataset, expected and found shapes). Runs of
-  // one rank must not overlap (in the dataset or in `local`); runs of different ranks may.
-  // Verifies the checksum as `share` says; a mismatch throws "checkpoint 'F': dataset '/x' is
-  // corrupt (checksum mismatch)" on every rank. One all-reduce.
+  // and has `expected_shape` (else throws at once, naming dataset, expected and found shapes).
+  // Runs of one rank must not overlap (in the dataset or in `local`); runs of different ranks
+  // may. Communicates nothing with independent transfers (the default): failures some ranks
+  // see (a bad run, an I/O error) and the checksum check (as `share` says) come at finish().
   void read_tensor(const std::string& name, const std::vector<int64_t>& expected_shape,
                    const std::vector<Run>& runs, std::span<float> local,
                    const ChecksumShare& share = ChecksumShare::all());
+  // Checks every read_tensor since the last finish(), in one agreement: throws on every rank
+  // the first failure, e.g. "checkpoint 'F': dataset '/x' is corrupt (checksum mismatch)".
+  // What read_tensor read is trustworthy only once finish() (or close()) returned.
+  void finish();
   // Reads the whole dataset, split over the ranks in pieces of at most `chunk_elements` per
-  // rank per read, and checks its checksum (no-op for a dataset without one). Throws as
-  // read_tensor. verify_all: every dataset, in datasets() order.
+  // rank per read, and checks its checksum at once (no-op for a dataset without one).
+  // verify_all: every dataset, in datasets() order.
   void verify(const std::string& name, int64_t chunk_elements = int64_t{1} << 24);
   void verify_all(int64_t chunk_elements = int64_t{1} << 24);
 
-  void close();  // collective
+  // Collective: finish(), then closes the file (throwing what finish() threw, after closing).
+  void close();
 
  private:
   struct Object {

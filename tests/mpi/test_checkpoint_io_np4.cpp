@@ -67,6 +67,7 @@ class CkptIo : public ::testing::Test {
     if (r == 0) fs::remove_all(dir);
   }
   std::string path(const std::string& name) const { return (fs::path(dir) / name).string(); }
+  void round_trip(bool collective);
 
   // Runs of a row-block partition of the [37, 10] tensor; local = those rows.
   Runs row_runs(Part p) const {
@@ -117,10 +118,14 @@ const std::vector<int64_t> kColBounds{0, 3, 6, 8, 10};
 const std::vector<int64_t> kFlatBounds{0, 55, 56, 201, 370};  // crosses rows
 const std::vector<int64_t> kShape{kRows, kCols};
 
-TEST_F(CkptIo, PartitionsRoundTripExactly) {
+TEST_F(CkptIo, PartitionsRoundTripExactly) { round_trip(false); }
+TEST_F(CkptIo, PartitionsRoundTripExactlyCollective) { round_trip(true); }
+
+// Writes each tensor with one partition and reads it back with another.
+void CkptIo::round_trip(bool collective) {
   const std::string file = path("a.h5");
   {
-    CheckpointWriter w(file, MPI_COMM_WORLD);
+    CheckpointWriter w(file, MPI_COMM_WORLD, WriterOptions{.collective_data = collective});
     // 1: by rows.
     Runs rows = row_runs(part(kRowBounds, r));
     w.write_tensor("/model/rows", kShape, rows, fill(1, rows, runs_length(rows)));
@@ -142,6 +147,8 @@ TEST_F(CkptIo, PartitionsRoundTripExactly) {
     const std::vector<int64_t> b1{0, 400, 401, 700, 1000};
     Runs one{R{0, b1[r], b1[r + 1] - b1[r]}};
     w.write_tensor("/opt/m", {1000}, one, fill(5, one, b1[r + 1] - b1[r]));
+    // 6: no elements at all.
+    w.write_tensor("/opt/empty", {0, 4}, {}, {});
 
     w.set_attribute("/", "step", int64_t{123});
     w.set_attribute("/", "lr", 6e-4);
@@ -149,25 +156,28 @@ TEST_F(CkptIo, PartitionsRoundTripExactly) {
     w.set_attribute("/model/rows", "note", "by rows");
     w.set_attribute("/meta/run", "version", 3);  // int -> int64; creates /meta/run
     w.set_attribute("/", "step", int64_t{124});  // replaces
+    w.set_attribute("/", "rank", r);               // rank 0's value is written
     EXPECT_EQ(w.data_bytes(), (4 * kN + 1000) * 4);
     w.close();
   }
 
-  CheckpointReader rd(file, MPI_COMM_WORLD);
+  CheckpointReader rd(file, MPI_COMM_WORLD, ReaderOptions{.collective_data = collective});
   EXPECT_EQ(rd.datasets(), (std::vector<std::string>{"/model/cols", "/model/flat", "/model/replicated",
-                                                     "/model/rows", "/opt/m"}));
+                                                     "/model/rows", "/opt/empty", "/opt/m"}));
+  EXPECT_EQ(rd.shape("/opt/empty"), (std::vector<int64_t>{0, 4}));
   EXPECT_EQ(rd.shape("/model/rows"), kShape);
   EXPECT_EQ(rd.shape("opt/m"), (std::vector<int64_t>{1000}));
   EXPECT_TRUE(rd.has_dataset("/model/flat"));
   EXPECT_FALSE(rd.has_dataset("/model"));
   EXPECT_EQ(rd.attribute_int("/", "step"), 124);
+  EXPECT_EQ(rd.attribute_int("/", "rank"), 0);
   EXPECT_EQ(rd.attribute_double("/", "lr"), 6e-4);
   EXPECT_EQ(rd.attribute_string("/", "config"), "[model]\nn_layer = 2\nname = \"ünïcode\"\n");
   EXPECT_EQ(rd.attribute_string("/model/rows", "note"), "by rows");
   EXPECT_EQ(rd.attribute_int("/meta/run", "version"), 3);
   EXPECT_TRUE(rd.has_attribute("/model/cols", "checksum"));
   EXPECT_FALSE(rd.has_attribute("/", "nope"));
-  EXPECT_EQ(rd.attributes("/"), (std::vector<std::string>{"config", "lr", "step"}));
+  EXPECT_EQ(rd.attributes("/"), (std::vector<std::string>{"config", "lr", "rank", "step"}));
 
   // rows-written tensor read by columns, columns-written by rows (rank 3 reads nothing).
   Runs cols = col_runs(part(kColBounds, r));
@@ -198,6 +208,8 @@ TEST_F(CkptIo, PartitionsRoundTripExactly) {
   Runs one{R{0, b1[r], 250}};
   std::vector<float> e(250);
   rd.read_tensor("/opt/m", {1000}, one, e, ChecksumShare::none());
+  rd.read_tensor("/opt/empty", {0, 4}, {}, {});
+  rd.finish();
   expect_holds(5, one, e);
   rd.verify_all(64);  // several rounds per dataset
   rd.close();
@@ -231,9 +243,14 @@ TEST_F(CkptIo, ChecksumCatchesOneFlippedByte) {
   CheckpointReader rd(file, MPI_COMM_WORLD);
   Runs cols = col_runs(part(kColBounds, r));
   std::vector<float> a(runs_length(cols));
-  expect_error([&] { rd.read_tensor("/x/bad", kShape, cols, a); },
-               {"checkpoint '" + file + "': dataset '/x/bad' is corrupt (checksum mismatch)"});
+  expect_error(
+      [&] {
+        rd.read_tensor("/x/bad", kShape, cols, a);
+        rd.finish();
+      },
+      {"checkpoint '" + file + "': dataset '/x/bad' is corrupt (checksum mismatch)"});
   rd.read_tensor("/x/good", kShape, cols, a);
+  rd.finish();
   expect_holds(2, cols, a);
   expect_error([&] { rd.verify_all(); }, {"'/x/bad' is corrupt"});
 }
@@ -262,23 +279,39 @@ TEST_F(CkptIo, FileErrorsOnEveryRank) {
 
 TEST_F(CkptIo, DatasetErrorsOnEveryRank) {
   const std::string file = path("c.h5");
+  Runs rows = row_runs(part(kRowBounds, r));
+  const auto local = fill(1, rows, runs_length(rows));
   {
     CheckpointWriter w(file, MPI_COMM_WORLD);
-    Runs rows = row_runs(part(kRowBounds, r));
-    const auto local = fill(1, rows, runs_length(rows));
     w.write_tensor("/w", kShape, rows, local);
-    // A bad run on rank 2 only: every rank throws, naming rank 2.
-    Runs bad = rows;
-    if (r == 2) bad[0].length += 1;
-    expect_error([&] { w.write_tensor("/w2", kShape, bad, local); },
-                 {"dataset '/w2'", "rank 2", "goes past the dataset's 370 elements"});
-    // Elements nobody writes: the total count is checked.
-    Runs short_rows = r == 0 ? Runs{} : rows;
-    expect_error([&] { w.write_tensor("/w3", kShape, short_rows, local); },
-                 {"dataset '/w3'", "wrote 250 elements in total, the dataset has 370"});
     expect_error([&] { w.write_tensor("/w", kShape, rows, local); }, {"'/w'", "written twice"});
     w.close();
   }
+  // Errors only some ranks see are agreed on (at close with independent transfers): a bad run
+  // on rank 2 only; elements nobody writes (rank 0 writes nothing).
+  Runs bad = rows;
+  if (r == 2) bad[0].length += 1;
+  expect_error(
+      [&] {
+        CheckpointWriter w(path("c2.h5"), MPI_COMM_WORLD);
+        w.write_tensor("/w2", kShape, bad, local);
+        w.close();
+      },
+      {"dataset '/w2'", "rank 2", "goes past the dataset's 370 elements"});
+  expect_error(
+      [&] {
+        CheckpointWriter w(path("c3.h5"), MPI_COMM_WORLD, WriterOptions{.collective_data = true});
+        w.write_tensor("/w3", kShape, bad, local);  // collective: agreed before writing
+        w.close();
+      },
+      {"dataset '/w3'", "rank 2", "goes past the dataset's 370 elements"});
+  expect_error(
+      [&] {
+        CheckpointWriter w(path("c4.h5"), MPI_COMM_WORLD);
+        w.write_tensor("/w4", kShape, r == 0 ? Runs{} : rows, local);
+        w.close();
+      },
+      {"dataset '/w4'", "wrote 250 elements in total, the dataset has 370"});
   CheckpointReader rd(file, MPI_COMM_WORLD);
   std::vector<float> buf(kN);
   expect_error([&] { rd.read_tensor("/model/nope", kShape, {}, buf); },
@@ -286,12 +319,20 @@ TEST_F(CkptIo, DatasetErrorsOnEveryRank) {
   expect_error([&] { rd.shape("/nope"); }, {"no dataset '/nope'"});
   expect_error([&] { rd.read_tensor("/w", {10, 37}, {}, buf); },
                {"dataset '/w'", "expected [10, 37], found [37, 10]"});
-  Runs bad{R{0, r == 1 ? kN - 5 : 0, 10}};
-  expect_error([&] { rd.read_tensor("/w", kShape, bad, buf, ChecksumShare::none()); },
-               {"dataset '/w'", "rank 1", "past the dataset"});
+  Runs bad_read{R{0, r == 1 ? kN - 5 : 0, 10}};
+  expect_error(
+      [&] {
+        rd.read_tensor("/w", kShape, bad_read, buf, ChecksumShare::none());
+        rd.finish();
+      },
+      {"dataset '/w'", "rank 1", "past the dataset"});
   // Everybody counting a whole replicated read: meaningless, hence an error.
-  expect_error([&] { rd.read_tensor("/w", kShape, {R{0, 0, kN}}, buf); },
-               {"counted 1480 elements toward the checksum, the dataset has 370"});
+  expect_error(
+      [&] {
+        rd.read_tensor("/w", kShape, {R{0, 0, kN}}, buf);
+        rd.finish();
+      },
+      {"counted 1480 elements toward the checksum, the dataset has 370"});
   expect_error([&] { rd.attribute_int("/", "step"); }, {"'/' has no attribute 'step'"});
   expect_error([&] { rd.attribute_string("/w", "checksum"); },
                {"'/w' attribute 'checksum' is an unsigned integer, expected a string"});
