@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -269,19 +270,24 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
     w.set_attribute("/", "model_vocab_size", c.model.vocab_size);
     w.set_attribute("/", "model_seq_len", c.model.seq_len);
   };
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (is_logging_rank()) {
     std::vector<std::string> protect = {path};
     if (!resumed_from_.empty()) protect.push_back(resumed_from_);
     prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, protect);
-    std::printf("checkpoint %s written (step %lld)\n", path.c_str(),
-                static_cast<long long>(steps_done));
+    const double mb = std::filesystem::file_size(path) / 1e6;
+    std::printf("checkpoint %s written (step %lld): %.1f MB in %.3f s, %.1f MB/s\n",
+                path.c_str(), static_cast<long long>(steps_done), mb, seconds, mb / seconds);
     std::fflush(stdout);
   }
   return path;
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
   const Config& c = config_;
   Gpt<float>& model = *model_;
   CheckpointReader reader(path, groups_.mpi_world);
@@ -329,6 +335,13 @@ void Trainer::load_checkpoint(const std::string& path) {
   skipped_steps_ = reader.attribute_int("/", "skipped_steps");
   reader.close();  // verifies the checksums of everything read, on every rank
   resumed_from_ = path;
+  if (is_logging_rank()) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double mb = std::filesystem::file_size(path) / 1e6;
+    std::printf("checkpoint %s read: %.1f MB in %.3f s, %.1f MB/s\n", path.c_str(), mb, seconds,
+                mb / seconds);
+  }
   if (start_step_ > c.train.steps)
     throw Error("checkpoint '" + path + "' is at step " + std::to_string(start_step_) +
                 ", past train.steps = " + std::to_string(c.train.steps));
