@@ -23,13 +23,6 @@ size_t dtype_bytes(DType t) {
 
 namespace {
 
-const std::string kAllReduce = "all_reduce";
-const std::string kAllGather = "all_gather";
-const std::string kReduceScatter = "reduce_scatter";
-const std::string kBroadcast = "broadcast";
-const std::string kSend = "send";
-const std::string kRecv = "recv";
-const std::string kBarrier = "barrier";
 
 void check_count(const std::string& comm, const char* op, int64_t count) {
   if (count < 0) {

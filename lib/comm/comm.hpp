@@ -22,8 +22,16 @@ struct OpStats {
   double seconds = 0;  // wall time inside the call (for non-blocking p2p: inside wait)
 };
 
-// Counts per operation name: "all_reduce", "all_gather", "reduce_scatter", "broadcast",
-// "send", "recv", "barrier".
+// The operation names the counters are kept under.
+inline const std::string kAllReduce = "all_reduce";
+inline const std::string kAllGather = "all_gather";
+inline const std::string kReduceScatter = "reduce_scatter";
+inline const std::string kBroadcast = "broadcast";
+inline const std::string kSend = "send";
+inline const std::string kRecv = "recv";
+inline const std::string kBarrier = "barrier";
+
+// Counts per operation name (the names above).
 struct CommStats {
   std::map<std::string, OpStats> ops;
   // All-reduces are also recorded one by one (element count) so tests can check sizes.

@@ -10,13 +10,6 @@ namespace trident {
 
 namespace {
 
-const std::string kAllReduce = "all_reduce";
-const std::string kAllGather = "all_gather";
-const std::string kReduceScatter = "reduce_scatter";
-const std::string kBroadcast = "broadcast";
-const std::string kSend = "send";
-const std::string kRecv = "recv";
-const std::string kBarrier = "barrier";
 
 using Clock = std::chrono::steady_clock;
 
