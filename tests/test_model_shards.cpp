@@ -70,3 +70,4 @@ TEST(ShardBlocks, GlobalIndexOfColumnSplitAndPadding) {
   EXPECT_EQ(v.global_index(1), 9);
   EXPECT_FALSE(v.global_index(2).has_value());
 }
+

@@ -24,20 +24,35 @@ std::string dataset_path(const std::string& root, const std::string& param_name)
 }
 
 std::vector<Run> param_runs(const ParamInfo& p, int64_t begin, int64_t end, int64_t local_base) {
+  // Candidate runs from the shard map, one per block (row split, replicated) or per row and
+  // block (column split), clipped to [begin, end); adjacent ones merged.
   std::vector<Run> runs;
-  for (int64_t i = begin; i < end; ++i) {
-    const auto g = p.global_index(i);
-    if (!g) continue;
-    Run& last = runs.empty() ? runs.emplace_back() : runs.back();
-    const bool extends = last.length > 0 && last.global_offset + last.length == *g &&
-                         last.local_offset + last.length == local_base + (i - begin);
-    if (extends) {
-      ++last.length;
-    } else if (last.length == 0) {
-      last = {local_base + (i - begin), *g, 1};
-    } else {
-      runs.push_back({local_base + (i - begin), *g, 1});
+  auto add = [&](int64_t local, int64_t global, int64_t length) {
+    const int64_t lo = std::max(local, begin), hi = std::min(local + length, end);
+    if (lo >= hi) return;
+    const Run run{local_base + (lo - begin), global + (lo - local), hi - lo};
+    if (!runs.empty()) {
+      Run& last = runs.back();
+      if (last.local_offset + last.length == run.local_offset &&
+          last.global_offset + last.length == run.global_offset) {
+        last.length += run.length;
+        return;
+      }
     }
+    runs.push_back(run);
+  };
+  const int64_t cols = p.local_shape.size() == 2 ? p.local_shape[1] : 1;
+  const int64_t global_cols = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
+  if (p.split_dim < 0) {
+    add(0, 0, p.numel());
+  } else if (p.split_dim == 0) {
+    for (const ShardBlock& b : p.blocks)
+      add(b.local_begin * cols, b.global_begin * cols, b.length * cols);
+  } else {
+    const int64_t rows = p.local_shape[0];
+    for (int64_t r = 0; r < rows; ++r)
+      for (const ShardBlock& b : p.blocks)
+        add(r * cols + b.local_begin, r * global_cols + b.global_begin, b.length);
   }
   return runs;
 }
