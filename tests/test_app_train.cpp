@@ -146,6 +146,12 @@ TEST_F(BadInput, WrongMagicAndVersion) {
   expect_error(config(), "version");
 }
 
+TEST_F(BadInput, SettingsNotImplementedYetAreRefused) {
+  expect_error(config() + " --set train.device=cuda", "train.device");
+  expect_error(config() + " --set train.precision=bf16", "train.precision");
+  expect_error(config() + " --set parallel.sequence_parallel=true", "parallel.sequence_parallel");
+}
+
 TEST_F(BadInput, TokenOutsideTheVocabulary) {
   expect_error(config() + " --set model.vocab_size=100", "token");
 }

@@ -41,6 +41,17 @@ TrainerGroups SelfGroups::groups() {
 
 Trainer::Trainer(const Config& config, TrainerGroups groups)
     : config_(config), groups_(groups) {
+  // Settings the config accepts but this trainer does not run yet: refuse them rather than
+  // silently training something else.
+  if (config.train.device != "cpu")
+    throw Error(config.source + ": train.device = \"" + config.train.device +
+                "\": the trainer runs on the CPU only so far (the CUDA kernels are built and "
+                "tested, docs/gpu.md, but not wired into the trainer)");
+  if (config.train.precision != "fp32")
+    throw Error(config.source + ": train.precision = \"" + config.train.precision +
+                "\": the CPU trainer computes in fp32 only");
+  if (config.parallel.sequence_parallel)
+    throw Error(config.source + ": parallel.sequence_parallel = true is not implemented yet");
   const ModelConfig& m = config.model;
   const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
