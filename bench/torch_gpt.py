@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""PyTorch reference for Trident's single-rank training-step benchmark.
+
+Trains a GPT-2 (pre-LN blocks, fused qkv Linear, causal attention, GELU tanh, learned
+positions, LM head tied to the token embedding) in fp32 with AdamW on random tokens, and
+reports tokens/s and achieved GFLOP/s as one JSON line on stdout.
+
+FLOPs per training step (the same formula as bench/train_bench.sh and the docs):
+    total = 3 * tokens * (L*(24*C^2 + 4*T*C) + 2*C*V)
+  forward per token and layer: 2*(3C*C + C*C + 4C*C + 4C*C) = 24*C^2 for the four linear
+  layers (qkv, attention out, MLP up, MLP down), 2*2*T*C for Q.K^T and A.V counted over the
+  full T x T (no causal discount); 2*C*V for the LM head; backward = 2 x forward, hence 3x.
+  Embedding, layer norms, softmax, GELU, the loss and the optimizer are not counted.
+
+Threads: OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS must be set before torch
+is imported (the OpenBLAS that Debian's torch calls reads its thread count when it is
+loaded; torch.set_num_threads alone does not stop it using every core). --threads sets them
+here, before the import, unless they are already set in the environment to the same value;
+bench/train_bench.sh also sets them in the subprocess's environment.
+
+  /usr/bin/python3 bench/torch_gpt.py --shape small --threads 1 [--warmup 2 --steps 5]
+  /usr/bin/python3 bench/torch_gpt.py --layers 12 --heads 12 --width 768 --vocab 50304 \
+      --seq 1024 --batch 1 --threads 2
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+SHAPES = {
+    # name: (layers, heads, width, vocab, seq, micro-batch)
+    "124m": (12, 12, 768, 50304, 1024, 1),
+    "small": (4, 4, 256, 50304, 256, 4),
+}
+
+
+def flops_per_step(layers, width, vocab, seq, batch):
+    tokens = batch * seq
+    return 3 * tokens * (layers * (24 * width * width + 4 * seq * width) + 2 * width * vocab)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), help="preset shape (default: small)")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--width", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--batch", type=int, help="micro-batch (sequences per step)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--verbose", action="store_true", help="per-step times on stderr")
+    a = p.parse_args()
+    base = SHAPES[a.shape or ("small" if a.layers is None else "124m")]
+    names = ("layers", "heads", "width", "vocab", "seq", "batch")
+    for name, default in zip(names, base):
+        if getattr(a, name) is None:
+            setattr(a, name, default)
+    if a.width % a.heads:
+        p.error("width must be a multiple of heads")
+    if a.steps < 1 or a.warmup < 0 or a.threads < 1:
+        p.error("need --steps >= 1, --warmup >= 0, --threads >= 1")
+    return a
+
+
+def pin_threads(n):
+    """Set the thread-count variables before torch (and its BLAS) is loaded."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        cur = os.environ.get(var)
+        if cur is not None and cur != str(n):
+            print(f"torch_gpt.py: warning: {var}={cur} in the environment, overriding "
+                  f"with {n}", file=sys.stderr)
+        os.environ[var] = str(n)
+
+
+args = parse_args()
+if "torch" in sys.modules:
+    sys.exit("torch_gpt.py: torch was imported before the thread count was pinned")
+pin_threads(args.threads)
+
+import torch  # noqa: E402  (must follow pin_threads)
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+torch.set_num_threads(args.threads)
+try:
+    torch.set_num_interop_threads(1)
+except RuntimeError:
+    pass
+
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0; 1.13 has none
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width, heads, seq):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)  # fused q, k, v
+        self.proj = nn.Linear(width, width)
+        if not HAS_SDPA:
+            mask = torch.ones(seq, seq, dtype=torch.bool).triu(1)  # True above the diagonal
+            self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.heads
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, h, C // h).transpose(1, 2)  # (B, h, T, d)
+        k = k.view(B, T, h, C // h).transpose(1, 2)
+        v = v.view(B, T, h, C // h).transpose(1, 2)
+        if HAS_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // h))
+            att = att.masked_fill(self.mask[:T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads, seq):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, heads, seq)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = MLP(width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, heads, width, vocab, seq):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(Block(width, heads, seq) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        # GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L).
+        for name, prm in self.named_parameters():
+            if prm.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(prm, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(prm)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def make_optimizer(model, lr):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1},
+              {"params": no_decay, "weight_decay": 0.0}]
+    kw = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    try:
+        return torch.optim.AdamW(groups, foreach=True, **kw), True
+    except TypeError:  # torch without the foreach argument
+        return torch.optim.AdamW(groups, **kw), False
+
+
+def main():
+    torch.manual_seed(args.seed)
+    model = GPT(args.layers, args.heads, args.width, args.vocab, args.seq)
+    model.train()
+    opt, foreach = make_optimizer(model, args.lr)
+    n_params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(args.seed + 1)
+
+    def batch():
+        t = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        x, y = batch()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        losses.append(loss.item())
+        if step >= args.warmup:
+            times.append(dt)
+        if args.verbose:
+            print(f"step {step}: {dt:.3f} s  loss {losses[-1]:.4f}"
+                  f"{'  (warm-up)' if step < args.warmup else ''}", file=sys.stderr)
+
+    tokens = args.batch * args.seq
+    flops = flops_per_step(args.layers, args.width, args.vocab, args.seq, args.batch)
+    med = statistics.median(times)
+    best = min(times)
+    out = {
+        "impl": "pytorch",
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "torch_threads": torch.get_num_threads(),
+        "layers": args.layers, "heads": args.heads, "width": args.width,
+        "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
+        "params": n_params,
+        "tokens_per_step": tokens,
+        "flops_per_step": flops,
+        "warmup": args.warmup, "steps": args.steps,
+        "step_s_median": round(med, 6),
+        "step_s_min": round(best, 6),
+        "tokens_per_s": round(tokens / med, 2),          # from the median step
+        "tokens_per_s_best": round(tokens / best, 2),
+        "gflops": round(flops / med * 1e-9, 2),
+        "gflops_best": round(flops / best * 1e-9, 2),
+        "sdpa": HAS_SDPA,
+        "adamw_foreach": foreach,
+        "loss_first": round(losses[0], 4),
+        "loss_last": round(losses[-1], 4),
+    }
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# Trident single-rank training-step benchmark, against two references, in one run.
+#
+# For each thread count (default 1 2) and shape (default small 124m) it measures
+#   sgemm   the OpenBLAS sgemm ceiling on those threads (bench_sgemm: best GFLOP/s of
+#           large square sgemm; measured once per thread count, it does not depend on shape)
+#   trident tokens/s of `trident train` (median over the logged steps after the first 2)
+#   pytorch tokens/s of the same GPT-2 in PyTorch (bench/torch_gpt.py, fp32, AdamW)
+# and prints a table with Trident/PyTorch tokens/s (target >= 1.5) and
+# Trident GFLOP/s / sgemm ceiling (target >= 0.7).
+#
+# Shapes:  124m  12 layers, 12 heads, width 768, vocab 50304, seq 1024, micro-batch 1
+#          small  4 layers,  4 heads, width 256, vocab 50304, seq  256, micro-batch 4
+#
+# FLOPs per training step (Trident and PyTorch alike; the docs use the same formula):
+#   total = 3 * tokens * (L*(24*C^2 + 4*T*C) + 2*C*V),  tokens = micro_batch * T
+#   forward, per token and layer: 2*(3C*C + C*C + 4C*C + 4C*C) = 24*C^2 for the four linear
+#   layers (qkv, attention out, MLP up, MLP down) plus 2*2*T*C for Q.K^T and A.V counted over
+#   the full T x T (no causal discount); 2*C*V for the LM head; backward = 2 x forward.
+#   Embeddings, layer norms, softmax, GELU, loss and optimizer are not counted.
+#   GFLOP/s = tokens_per_s * total / tokens * 1e-9.
+#   124m: 8.75e11 FLOP per step (1024 tokens); small: 1.02e11 FLOP per step (1024 tokens).
+#
+# Usage: bench/train_bench.sh [options]            (from anywhere; runs in the repo root)
+#   --threads "1 2"      thread counts
+#   --shapes "small 124m"
+#   --out DIR            work/output directory (default build-bench/bench-run)
+#   --no-build           skip cmake/ninja (use the binaries already in build-bench)
+#   --no-deps            skip scripts/install_deps.sh --bench
+#   --no-trident         references only (sgemm + PyTorch); exit 0 without Trident
+# Environment knobs (steps; defaults keep the whole run within ~10 minutes on 2 cores):
+#   TRIDENT_STEPS_SMALL=8 TRIDENT_STEPS_124M=5   (the first 2 logged steps are dropped)
+#   TORCH_WARMUP_SMALL=2 TORCH_STEPS_SMALL=5 TORCH_WARMUP_124M=1 TORCH_STEPS_124M=3
+#   TORCH_MALLOC=tuned|default (glibc malloc settings for PyTorch; see below; default tuned)
+#   TRIDENT_TIMEOUT=900 (seconds per Trident run)   PYTHON=/usr/bin/python3
+#   TRIDENT=path (default build-bench/app/trident)   TRIDENT_CONFIG=path (default configs/tiny.toml)
+# Output: the table on stdout; DIR/results.jsonl (one JSON object per thread/shape),
+# DIR/table.md (the same table in Markdown), DIR/logs/* (every run's output).
+# Exit status: 0 when every run worked; 1 when Trident (or a reference) failed: the table
+# is still printed, with FAIL in the failed cells and the log to read.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+threads_list="1 2"
+shapes_list="small 124m"
+out="$repo/build-bench/bench-run"
+do_build=1 do_deps=1 do_trident=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --threads) threads_list="$2"; shift 2 ;;
+    --shapes) shapes_list="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --no-build) do_build=0; shift ;;
+    --no-deps) do_deps=0; shift ;;
+    --no-trident) do_trident=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "train_bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON=${PYTHON:-/usr/bin/python3}
+TRIDENT_STEPS_SMALL=${TRIDENT_STEPS_SMALL:-8}
+TRIDENT_STEPS_124M=${TRIDENT_STEPS_124M:-5}
+TORCH_WARMUP_SMALL=${TORCH_WARMUP_SMALL:-2}
+TORCH_STEPS_SMALL=${TORCH_STEPS_SMALL:-5}
+TORCH_WARMUP_124M=${TORCH_WARMUP_124M:-1}
+TORCH_STEPS_124M=${TORCH_STEPS_124M:-3}
+TRIDENT_TIMEOUT=${TRIDENT_TIMEOUT:-900}
+
+build="$repo/build-bench"
+trident=${TRIDENT:-$build/app/trident}   # TRIDENT=path overrides (e.g. another build)
+sgemm="$build/bench/bench_sgemm"
+config=${TRIDENT_CONFIG:-$repo/configs/tiny.toml}
+
+die() { echo "train_bench.sh: error: $*" >&2; exit 1; }
+note() { echo "== $*" >&2; }
+
+for t in $threads_list; do [[ $t =~ ^[1-9][0-9]*$ ]] || die "bad thread count '$t'"; done
+for s in $shapes_list; do [[ $s == small || $s == 124m ]] || die "unknown shape '$s' (small, 124m)"; done
+
+# ---------------------------------------------------------------- dependencies and build
+if [[ $do_deps == 1 ]]; then
+  note "dependencies: scripts/install_deps.sh --bench"
+  scripts/install_deps.sh --bench || die "scripts/install_deps.sh --bench failed"
+fi
+"$PYTHON" -c "import torch" 2>/dev/null ||
+  die "$PYTHON cannot import torch (Debian: python3-torch; scripts/install_deps.sh --bench)"
+
+trident_build_ok=1
+if [[ $do_build == 1 ]]; then
+  note "build: cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release; ninja bench_sgemm trident"
+  mkdir -p "$build"
+  if [[ -f $build/CMakeCache.txt ]]; then
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >"$build/bench-cmake.log" 2>&1 ||
+      { cat "$build/bench-cmake.log" >&2; die "cmake configure failed"; }
+  else
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$build/bench-cmake.log" 2>&1 ||
+      { cat "$build/bench-cmake.log" >&2; die "cmake configure failed"; }
+  fi
+  cmake --build "$build" --target bench_sgemm || die "building bench_sgemm failed"
+  if [[ $do_trident == 1 ]]; then
+    if ! cmake --build "$build" --target trident >"$build/bench-trident-build.log" 2>&1; then
+      tail -30 "$build/bench-trident-build.log" >&2
+      echo "train_bench.sh: TRIDENT BUILD FAILED (full log: $build/bench-trident-build.log);" \
+           "measuring the references only, then exiting 1" >&2
+      trident_build_ok=0
+    fi
+  fi
+fi
+[[ -x $sgemm ]] || die "$sgemm missing (build it: cmake --build build-bench --target bench_sgemm)"
+
+# ---------------------------------------------------------------- synthetic data
+mkdir -p "$out/logs"
+shard="$out/random_tokens.bin"
+if [[ ! -f $shard ]]; then
+  note "data: $shard (llm.c format, 1M random tokens < 50304)"
+  "$PYTHON" - "$shard" <<'EOF'
+import sys, numpy as np
+n = 1 << 20                                   # 1M tokens: far more than any run reads
+hdr = np.zeros(256, dtype=np.int32)
+hdr[0], hdr[1], hdr[2] = 20240520, 1, n       # magic, version, token count
+tok = np.random.default_rng(1234).integers(0, 50304, size=n, dtype=np.uint16)
+with open(sys.argv[1] + ".tmp", "wb") as f:
+    f.write(hdr.tobytes()); f.write(tok.tobytes())
+import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+EOF
+fi
+
+# ---------------------------------------------------------------- runs
+shape_args() {  # layers heads width vocab seq batch
+  case "$1" in
+    124m) echo "12 12 768 50304 1024 1" ;;
+    small) echo "4 4 256 50304 256 4" ;;
+  esac
+}
+# PyTorch 1.13 on CPU has no caching allocator: every step mallocs and frees its activations,
+# and glibc serves blocks over 32 MiB (logits: tokens x 50304 x 4 B = 206 MB) with fresh
+# mmap()s, so the default run spends a large share of each step in page faults (measured:
+# a fifth to a third of the small-shape step). Trident allocates once; to compare like with like, PyTorch
+# runs by default with glibc told never to mmap or trim (TORCH_MALLOC=tuned). TORCH_MALLOC=default
+# runs it as installed.
+TORCH_MALLOC=${TORCH_MALLOC:-tuned}
+case "$TORCH_MALLOC" in
+  tuned) torch_malloc_env=(MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 MALLOC_TOP_PAD_=268435456) ;;
+  default) torch_malloc_env=() ;;
+  *) die "TORCH_MALLOC must be 'tuned' or 'default'" ;;
+esac
+
+results="$out/results.jsonl"
+: >"$results"
+failed=()
+
+read -r load1 _ </proc/loadavg
+note "load average before the runs: $load1 (anything near or above 0.5 on 2 cores makes numbers noisy)"
+
+for t in $threads_list; do
+  export OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t MKL_NUM_THREADS=$t
+  note "threads=$t: sgemm ceiling"
+  sg_log="$out/logs/sgemm-t$t.json"
+  if ! "$sgemm" --threads "$t" --reps 3 >"$sg_log" 2>"$out/logs/sgemm-t$t.err"; then
+    echo "train_bench.sh: bench_sgemm --threads $t FAILED (see $out/logs/sgemm-t$t.err)" >&2
+    failed+=("sgemm t=$t"); echo '{}' >"$sg_log"
+  fi
+
+  for shape in $shapes_list; do
+    read -r L H C V T B <<<"$(shape_args "$shape")"
+    if [[ $shape == 124m ]]; then
+      tsteps=$TRIDENT_STEPS_124M pw=$TORCH_WARMUP_124M ps=$TORCH_STEPS_124M
+    else
+      tsteps=$TRIDENT_STEPS_SMALL pw=$TORCH_WARMUP_SMALL ps=$TORCH_STEPS_SMALL
+    fi
+
+    # -- Trident
+    tr_dir="$out/trident-$shape-t$t"
+    tr_log="$out/logs/trident-$shape-t$t.log"
+    tr_status=skipped
+    if [[ $do_trident == 1 ]]; then
+      tr_status=failed
+      rm -rf "$tr_dir"
+      if [[ $trident_build_ok == 0 ]]; then
+        echo "trident was not built (see $build/bench-trident-build.log)" >"$tr_log"
+      elif [[ ! -x $trident ]]; then
+        echo "$trident missing (build: cmake --build build-bench --target trident)" >"$tr_log"
+      elif [[ ! -f $config ]]; then
+        echo "$config missing" >"$tr_log"
+      else
+        note "threads=$t shape=$shape: trident ($tsteps steps)"
+        if timeout "$TRIDENT_TIMEOUT" "$trident" train --config "$config" \
+            --set model.layers="$L" --set model.heads="$H" --set model.width="$C" \
+            --set model.vocab_size="$V" --set model.seq_len="$T" \
+            --set train.micro_batch="$B" --set train.global_batch="$B" \
+            --set train.threads="$t" --set train.steps="$tsteps" \
+            --set optim.warmup_steps=0 --set eval.interval=0 \
+            --set data.train="$shard" --set data.val="$shard" \
+            --set log.dir="$tr_dir" --set log.interval=1 >"$tr_log" 2>&1; then
+          tr_status=ok
+        else
+          rc=$?
+          if [[ $rc == 124 ]]; then
+            echo "[train_bench.sh: trident timed out after ${TRIDENT_TIMEOUT}s (TRIDENT_TIMEOUT)]" >>"$tr_log"
+          else
+            echo "[train_bench.sh: trident exited with status $rc]" >>"$tr_log"
+          fi
+        fi
+      fi
+      if [[ $tr_status != ok ]]; then
+        echo "train_bench.sh: TRIDENT FAILED (threads=$t shape=$shape); last lines of $tr_log:" >&2
+        tail -15 "$tr_log" | sed 's/^/    /' >&2
+        failed+=("trident $shape t=$t")
+      fi
+    fi
+
+    # -- PyTorch (thread variables set in its environment before torch is imported)
+    note "threads=$t shape=$shape: pytorch ($pw warm-up + $ps timed steps)"
+    pt_log="$out/logs/pytorch-$shape-t$t.json"
+    if ! env "${torch_malloc_env[@]}" "$PYTHON" bench/torch_gpt.py --layers "$L" --heads "$H" --width "$C" --vocab "$V" \
+        --seq "$T" --batch "$B" --threads "$t" --warmup "$pw" --steps "$ps" \
+        >"$pt_log" 2>"$out/logs/pytorch-$shape-t$t.err"; then
+      echo "train_bench.sh: PYTORCH FAILED (threads=$t shape=$shape; see $out/logs/pytorch-$shape-t$t.err)" >&2
+      failed+=("pytorch $shape t=$t"); echo '{}' >"$pt_log"
+    fi
+
+    # -- combine
+    combine_rc=0
+    "$PYTHON" - "$t" "$shape" "$L" "$C" "$V" "$T" "$B" "$sg_log" "$tr_status" \
+        "$tr_dir/metrics.jsonl" "$tr_log" "$pt_log" "$tsteps" "$TORCH_MALLOC" >>"$results" <<'EOF' || combine_rc=$?
+import json, statistics, sys
+t, shape, L, C, V, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
+sg_log, tr_status, metrics, tr_log, pt_log, tsteps, torch_malloc = sys.argv[8:15]
+tokens = B * T
+flops = 3 * tokens * (L * (24 * C * C + 4 * T * C) + 2 * C * V)
+def load(p):
+    try:
+        with open(p) as f:
+            return json.loads(f.read().strip().splitlines()[-1])
+    except Exception:
+        return {}
+sg, pt = load(sg_log), load(pt_log)
+r = {"threads": int(t), "shape": shape, "tokens_per_step": tokens, "flops_per_step": flops,
+     "sgemm_gflops": sg.get("ceiling_gflops"), "sgemm_shape": sg.get("ceiling_shape"),
+     "trident_status": tr_status, "trident_log": tr_log,
+     "trident_tokens_per_s": None, "trident_gflops": None, "trident_steps_used": 0,
+     "pytorch_tokens_per_s": pt.get("tokens_per_s"), "pytorch_gflops": pt.get("gflops"),
+     "pytorch_step_s": pt.get("step_s_median"), "pytorch_malloc": torch_malloc}
+if tr_status == "ok":
+    rows = []
+    try:
+        with open(metrics) as f:
+            rows = [json.loads(l) for l in f if l.strip()]
+    except Exception as e:
+        r["trident_status"] = f"failed: cannot read {metrics}: {e}"
+    rows = [x for x in rows if "tokens_per_s" in x]
+    rows.sort(key=lambda x: x.get("step", 0))
+    timed = rows[2:]                       # the first 2 logged steps are warm-up
+    if rows and not timed:
+        timed = rows[-1:]
+        r["trident_note"] = f"only {len(rows)} logged steps; used the last"
+    if timed:
+        tps = statistics.median(float(x["tokens_per_s"]) for x in timed)
+        r["trident_tokens_per_s"] = round(tps, 2)
+        r["trident_gflops"] = round(tps * flops / tokens * 1e-9, 2)
+        r["trident_steps_used"] = len(timed)
+        g = [float(x.get("gflops", x.get("gflops_per_rank"))) for x in timed
+             if x.get("gflops", x.get("gflops_per_rank")) is not None]
+        if g:
+            r["trident_reported_gflops"] = round(statistics.median(g), 2)
+        r["trident_loss_last"] = rows[-1].get("loss")
+    elif r["trident_status"] == "ok":
+        r["trident_status"] = f"failed: no step with tokens_per_s in {metrics}"
+tr, ptk, sgf = r["trident_tokens_per_s"], r["pytorch_tokens_per_s"], r["sgemm_gflops"]
+r["ratio_trident_pytorch"] = round(tr / ptk, 3) if tr and ptk else None
+r["ratio_trident_sgemm"] = round(r["trident_gflops"] / sgf, 3) if tr and sgf else None
+print(json.dumps(r))
+sys.exit(3 if tr_status == "ok" and r["trident_status"] != "ok" else 0)
+EOF
+    if [[ $combine_rc == 3 ]]; then
+      echo "train_bench.sh: TRIDENT FAILED (threads=$t shape=$shape): it exited 0 but" \
+           "$tr_dir/metrics.jsonl has no usable tokens_per_s (see $results)" >&2
+      failed+=("trident-metrics $shape t=$t")
+    elif [[ $combine_rc != 0 ]]; then
+      die "combining the results failed (threads=$t shape=$shape)"
+    fi
+  done
+done
+
+# ---------------------------------------------------------------- table
+"$PYTHON" - "$results" "$out/table.md" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def f(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+def ratio(x, target):
+    return "—" if x is None else f"{x:.2f} {'ok' if x >= target else 'BELOW'}"
+hdr = ["threads", "shape", "sgemm GF/s", "Trident tok/s", "Trident GF/s",
+       "PyTorch tok/s", "PyTorch GF/s", "Trident/PyTorch (≥1.5)", "Trident/sgemm (≥0.7)"]
+body = []
+for r in rows:
+    st = r["trident_status"]
+    tr_tok = f(r["trident_tokens_per_s"]) if st == "ok" else ("skipped" if st == "skipped" else "FAIL")
+    tr_gf = f(r["trident_gflops"]) if st == "ok" else tr_tok
+    body.append([str(r["threads"]), r["shape"], f(r["sgemm_gflops"]), tr_tok, tr_gf,
+                 f(r["pytorch_tokens_per_s"]), f(r["pytorch_gflops"]),
+                 ratio(r["ratio_trident_pytorch"], 1.5), ratio(r["ratio_trident_sgemm"], 0.7)])
+w = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(hdr)]
+line = lambda cells: "  ".join(c.rjust(w[i]) for i, c in enumerate(cells))
+print(line(hdr)); print(line(["-" * x for x in w]))
+for b in body: print(line(b))
+with open(sys.argv[2], "w") as md:
+    md.write("| " + " | ".join(hdr) + " |\n|" + "|".join("---:" for _ in hdr) + "|\n")
+    for b in body: md.write("| " + " | ".join(b) + " |\n")
+EOF
+echo
+echo "results: $results   table (Markdown): $out/table.md   logs: $out/logs/"
+read -r load1 _ </proc/loadavg
+note "load average after the runs: $load1"
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "train_bench.sh: FAILED: ${failed[*]} (logs above and in $out/logs/)" >&2
+  exit 1
+fi
