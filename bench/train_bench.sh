@@ -159,7 +159,7 @@ for t in $threads_list; do
   export OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t MKL_NUM_THREADS=$t
   note "threads=$t: sgemm ceiling"
   sg_log="$out/logs/sgemm-t$t.json"
-  if ! "$sgemm" --threads "$t" --reps 3 >"$sg_log" 2>"$out/logs/sgemm-t$t.err"; then
+  if ! "$sgemm" --threads "$t" --reps 5 >"$sg_log" 2>"$out/logs/sgemm-t$t.err"; then
     echo "train_bench.sh: bench_sgemm --threads $t FAILED (see $out/logs/sgemm-t$t.err)" >&2
     failed+=("sgemm t=$t"); echo '{}' >"$sg_log"
   fi
