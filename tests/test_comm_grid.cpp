@@ -1,15 +1,21 @@
 // Pure tests of the process grid (no MPI): the rank map, group membership, layout validation,
-// vocabulary padding, and the self communicator.
+// vocabulary padding, the self communicator, GPU selection (select_device) and the host bf16
+// conversions that the MPI BF16 reductions use.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "grid/device_select.hpp"
 #include "grid/grid.hpp"
+#include "util/bf16.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -345,6 +351,112 @@ TEST(comm_self, SendToSelfIsDelivered) {
   EXPECT_THROW(c->isend(s1.data(), 3, DType::F32, 1, 0), Error);
   auto orphan = c->irecv(r1.data(), 3, DType::F32, 0, 99);
   EXPECT_THROW(orphan->wait(), Error);  // nothing will ever match: an error, not a hang
+}
+
+// ---- GPU selection ----
+
+std::string select_error(int local_rank, int local_size, int devices, bool nccl) {
+  try {
+    select_device(local_rank, local_size, devices, nccl);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(comm_device_select, OneRankPerGpuIsTheIdentity) {
+  for (bool nccl : {false, true})
+    for (int r = 0; r < 8; ++r) EXPECT_EQ(select_device(r, 8, 8, nccl), r);
+  EXPECT_EQ(select_device(0, 1, 1, true), 0);
+}
+
+TEST(comm_device_select, FewerRanksThanGpusUseTheFirstOnes) {
+  EXPECT_EQ(select_device(0, 2, 8, true), 0);
+  EXPECT_EQ(select_device(1, 2, 8, true), 1);
+  EXPECT_EQ(select_device(1, 2, 8, false), 1);
+}
+
+TEST(comm_device_select, SharedGpusAreRoundRobinByLocalRank) {
+  // 8 ranks on 3 GPUs: 0 1 2 0 1 2 0 1 (3, 3 and 2 ranks per GPU).
+  const std::vector<int> expect{0, 1, 2, 0, 1, 2, 0, 1};
+  std::vector<int> got;
+  for (int r = 0; r < 8; ++r) got.push_back(select_device(r, 8, 3, false));
+  EXPECT_EQ(got, expect);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(select_device(r, 4, 1, false), 0);  // all on one GPU
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(select_device(r, 4, 2, false), r % 2);
+}
+
+TEST(comm_device_select, NcclNeedsOneGpuPerRank) {
+  EXPECT_EQ(select_error(0, 4, 2, true),
+            "4 ranks on this node but only 2 GPUs: parallel.comm = \"nccl\" needs one GPU per "
+            "rank; use parallel.comm = \"mpi\" to share GPUs");
+  // Every rank of the node gets the same error (local_size decides, not local_rank).
+  for (int r = 0; r < 4; ++r) EXPECT_NE(select_error(r, 4, 3, true), "") << r;
+  EXPECT_EQ(select_error(3, 4, 2, false), "");  // the MPI path shares them
+}
+
+TEST(comm_device_select, NoGpuThrows) {
+  for (bool nccl : {false, true}) {
+    std::string e = select_error(0, 1, 0, nccl);
+    EXPECT_EQ(e.rfind("no CUDA device visible to this rank", 0), 0u) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
+TEST(comm_device_select, ArgumentsOutOfRangeThrow) {
+  EXPECT_EQ(select_error(2, 2, 4, false), "select_device: node-local rank 2 is not in [0, 2)");
+  EXPECT_NE(select_error(-1, 2, 4, false), "");
+  EXPECT_NE(select_error(0, 0, 4, false), "");
+  EXPECT_EQ(select_error(0, 1, -1, false), "select_device: device count -1 is negative");
+}
+
+// ---- host bf16 conversion ----
+
+TEST(comm_bf16, ExactValuesRoundTrip) {
+  for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 0.00390625f, 65280.0f}) {
+    const float r = bf16_to_float(float_to_bf16(f));
+    EXPECT_EQ(r, f) << f;
+    EXPECT_EQ(std::signbit(r), std::signbit(f)) << f;
+  }
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
+  // Every bf16 bit pattern that is not NaN converts to float and back unchanged.
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    const float f = bf16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16(f), h) << h;
+  }
+}
+
+TEST(comm_bf16, RoundsToNearestEven) {
+  // bf16 keeps 7 fraction bits: around 1 the spacing is 2^-7 = 0.0078125.
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.00390625f)), 1.0f);         // tie -> even (down)
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.01171875f)), 1.015625f);    // tie -> even (up)
+  const float tie = 1.00390625f;
+  EXPECT_EQ(bf16_to_float(float_to_bf16(std::nextafter(tie, 2.0f))), 1.0078125f);  // above: up
+  EXPECT_EQ(bf16_to_float(float_to_bf16(std::nextafter(tie, 0.0f))), 1.0f);  // below: down
+  EXPECT_EQ(bf16_to_float(float_to_bf16(-1.01171875f)), -1.015625f);  // symmetric in sign
+  // The largest float rounds up to infinity; the largest bf16 stays.
+  EXPECT_EQ(bf16_to_float(float_to_bf16(std::numeric_limits<float>::max())),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(float_to_bf16(bf16_to_float(0x7f7f)), 0x7f7f);
+}
+
+TEST(comm_bf16, InfinityAndNaN) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(float_to_bf16(inf), 0x7f80);
+  EXPECT_EQ(float_to_bf16(-inf), 0xff80);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  // A NaN whose payload is only in the low 16 bits must not become infinity.
+  uint32_t bits = 0x7f800001u;
+  float low_nan;
+  std::memcpy(&low_nan, &bits, sizeof low_nan);
+  ASSERT_TRUE(std::isnan(low_nan));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(low_nan))));
+  bits = 0xffffffffu;  // all ones: the rounding carry would overflow the exponent
+  std::memcpy(&low_nan, &bits, sizeof low_nan);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(low_nan))));
+  EXPECT_TRUE(std::signbit(bf16_to_float(float_to_bf16(low_nan))));
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ TEST(AdamW, OneStepMatchesTheFormulaAndSkipsDecayWhereAsked) {
   b.name = "m.bias";
   b.local_shape = b.global_shape = {2};
   b.offset = 2;
-  AdamW adam({w, b}, {{0, 4}}, o);
+  auto host = make_cpu_device();
+  AdamW adam({w, b}, {{0, 4}}, o, *host);
   std::vector<float> weights = {1.0f, -2.0f, 1.0f, -2.0f};
   std::vector<float> grads = {0.5f, 0.25f, 0.5f, 0.25f};
   adam.update(weights.data(), grads.data(), o.lr, 1.0);
@@ -55,7 +56,7 @@ TEST(AdamW, OneStepMatchesTheFormulaAndSkipsDecayWhereAsked) {
   EXPECT_EQ(adam.state_bytes(), 4 * 2 * 4);
   EXPECT_EQ(adam.updates(), 1);
   // A shard of the same buffer ([1, 3): half the matrix, half the bias) updates identically.
-  AdamW shard({w, b}, {{1, 3}}, o);
+  AdamW shard({w, b}, {{1, 3}}, o, *host);
   std::vector<float> w2 = {1.0f, -2.0f, 1.0f, -2.0f};
   shard.update(w2.data(), grads.data(), o.lr, 1.0);
   EXPECT_EQ(w2[0], 1.0f);
@@ -102,6 +103,7 @@ TEST(GradNorm, CountsOnlyParametersMarkedCounted) {
   b.offset = 3;
   b.counted_in_norm = false;  // e.g. a replica another tensor rank counts
   std::vector<float> g = {1, 2, 2, 100};
-  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{0, 4}}), 9.0);
-  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{1, 4}}), 8.0);
+  auto host = make_cpu_device();
+  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{0, 4}}, *host), 9.0);
+  EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{1, 4}}, *host), 8.0);
 }

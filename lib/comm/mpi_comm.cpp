@@ -4,12 +4,90 @@
 #include <climits>
 #include <sstream>
 
+#include "util/bf16.hpp"
 #include "util/error.hpp"
 
 namespace trident {
 
 namespace {
 
+// ---- BF16 on MPI ----
+// MPI has no bfloat16 type, so BF16 buffers travel as a committed 2-byte contiguous type of
+// their own (created once, on first use), and reductions over it use two user operators that
+// widen each pair of elements to float, combine them and round back to nearest even: a sum is
+// rounded once per combining step (as NCCL's bf16 all-reduce does), a max is exact (it selects
+// one of the inputs; a NaN on either side wins so that divergence is never hidden).
+// The operators are declared commutative, so MPI may pick the combining order, exactly as for
+// MPI_SUM on MPI_FLOAT (rounded sums are not associative: the order may differ from one group
+// size or algorithm to another, but MPICH's all-reduce algorithms give every rank of one call
+// the same bits). They are created with MPI_Op_create_c (large-count user functions) so they
+// also serve the MPI 4 large-count calls used for > INT_MAX elements.
+//
+// Lifetime: the type and operators are freed at the start of MPI_Finalize, by the delete
+// callback of an attribute set on MPI_COMM_SELF (MPI deletes MPI_COMM_SELF's attributes
+// first thing in MPI_Finalize, while MPI is still fully usable). Nothing else frees them, so a
+// communicator may use them for as long as MPI is initialized.
+
+void bf16_sum_fn(void* in, void* inout, MPI_Count* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (MPI_Count i = 0; i < *len; ++i) {
+    b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+  }
+}
+
+void bf16_max_fn(void* in, void* inout, MPI_Count* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (MPI_Count i = 0; i < *len; ++i) {
+    const float x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    if (y != y) continue;              // inout is NaN: it stays
+    if (x != x || x > y) b[i] = a[i];  // in is NaN, or larger
+  }
+}
+
+struct Bf16Mpi {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op sum = MPI_OP_NULL;
+  MPI_Op max = MPI_OP_NULL;
+};
+
+Bf16Mpi g_bf16;  // written once, under the function-local static's guard in bf16_mpi()
+
+int free_bf16_at_finalize(MPI_Comm, int, void*, void*) {
+  if (g_bf16.sum != MPI_OP_NULL) MPI_Op_free(&g_bf16.sum);
+  if (g_bf16.max != MPI_OP_NULL) MPI_Op_free(&g_bf16.max);
+  if (g_bf16.type != MPI_DATATYPE_NULL) MPI_Type_free(&g_bf16.type);
+  return MPI_SUCCESS;
+}
+
+void check_bf16_setup(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(std::string("BF16 on MPI: ") + call + " failed: " + std::string(text, len));
+}
+
+// The type and operators, created on the first call (thread-safe; MPI must be initialized).
+const Bf16Mpi& bf16_mpi() {
+  static const bool ready = [] {
+    check_bf16_setup(MPI_Type_contiguous(2, MPI_BYTE, &g_bf16.type), "MPI_Type_contiguous");
+    check_bf16_setup(MPI_Type_commit(&g_bf16.type), "MPI_Type_commit");
+    check_bf16_setup(MPI_Op_create_c(&bf16_sum_fn, 1, &g_bf16.sum), "MPI_Op_create_c");
+    check_bf16_setup(MPI_Op_create_c(&bf16_max_fn, 1, &g_bf16.max), "MPI_Op_create_c");
+    int keyval = MPI_KEYVAL_INVALID;
+    check_bf16_setup(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_bf16_at_finalize,
+                                            &keyval, nullptr),
+                     "MPI_Comm_create_keyval");
+    check_bf16_setup(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr), "MPI_Comm_set_attr");
+    // The key itself is released when its one attribute is deleted (at MPI_Finalize).
+    check_bf16_setup(MPI_Comm_free_keyval(&keyval), "MPI_Comm_free_keyval");
+    return true;
+  }();
+  (void)ready;
+  return g_bf16;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -49,13 +127,6 @@ void check_peer(const std::string& comm, const char* what, int peer, int size) {
   }
 }
 
-MPI_Datatype datatype_for(const std::string& comm, DType t) {
-  if (t == DType::BF16) {
-    throw Error("communicator '" + comm + "': BF16 is not supported on MPI");
-  }
-  return mpi_datatype(t);
-}
-
 }  // namespace
 
 MPI_Datatype mpi_datatype(DType t) {
@@ -64,9 +135,14 @@ MPI_Datatype mpi_datatype(DType t) {
     case DType::F64: return MPI_DOUBLE;
     case DType::I32: return MPI_INT32_T;
     case DType::I64: return MPI_INT64_T;
-    case DType::BF16: break;
+    case DType::BF16: return bf16_mpi().type;
   }
-  throw Error("BF16 is not supported on MPI");
+  throw Error("mpi_datatype: unknown DType");
+}
+
+MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
+  if (t == DType::BF16) return op == ReduceOp::Sum ? bf16_mpi().sum : bf16_mpi().max;
+  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
 }
 
 // A posted MPI_Isend / MPI_Irecv. wait() adds its time to the communicator's stats.
@@ -126,8 +202,8 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp op) {
   check_count(name_, "all_reduce", count);
-  MPI_Datatype dt = datatype_for(name_, type);
-  MPI_Op mop = op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+  MPI_Datatype dt = mpi_datatype(type);
+  MPI_Op mop = mpi_reduce_op(type, op);
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
@@ -150,10 +226,10 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
   if (!fits_int(count))
     throw Error("communicator '" + name_ + "': iall_reduce of " + std::to_string(count) +
                 " elements exceeds the int count of MPI_Iallreduce; use smaller buckets");
-  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Datatype dt = mpi_datatype(type);
   auto req = std::make_unique<MpiRequest>(this, &kAllReduce, false);
   check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), dt,
-                       op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_, req->handle()),
+                       mpi_reduce_op(type, op), comm_, req->handle()),
         name_, "MPI_Iallreduce");
   OpStats& s = stats_.ops[kAllReduce];
   s.calls += 1;
@@ -164,7 +240,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DType type) {
   check_count(name_, "all_gather", count);
-  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Datatype dt = mpi_datatype(type);
   const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
   const void* sbuf = send;
   if (count > 0 && send == static_cast<const char*>(recv) + block * rank_) sbuf = MPI_IN_PLACE;
@@ -187,14 +263,15 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DT
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType type) {
   check_count(name_, "reduce_scatter", count);
-  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Datatype dt = mpi_datatype(type);
+  MPI_Op sum = mpi_reduce_op(type, ReduceOp::Sum);
   const void* sbuf = send == recv ? MPI_IN_PLACE : send;
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
-    rc = MPI_Reduce_scatter_block(sbuf, recv, static_cast<int>(count), dt, MPI_SUM, comm_);
+    rc = MPI_Reduce_scatter_block(sbuf, recv, static_cast<int>(count), dt, sum, comm_);
   } else {
-    rc = MPI_Reduce_scatter_block_c(sbuf, recv, static_cast<MPI_Count>(count), dt, MPI_SUM,
+    rc = MPI_Reduce_scatter_block_c(sbuf, recv, static_cast<MPI_Count>(count), dt, sum,
                                     comm_);
   }
   double dt_s = since(t0);
@@ -208,7 +285,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
 void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root) {
   check_count(name_, "broadcast", count);
   check_peer(name_, "broadcast root", root, size_);
-  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Datatype dt = mpi_datatype(type);
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
@@ -228,7 +305,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t co
                                                     int peer, int tag) {
   check_count(name_, "isend", count);
   check_peer(name_, "isend peer", peer, size_);
-  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Datatype dt = mpi_datatype(type);
   auto req = std::make_unique<MpiRequest>(this, &kSend, false);
   int rc;
   if (fits_int(count)) {
@@ -247,7 +324,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, D
                                                     int peer, int tag) {
   check_count(name_, "irecv", count);
   check_peer(name_, "irecv peer", peer, size_);
-  MPI_Datatype dt = datatype_for(name_, type);
+  MPI_Datatype dt = mpi_datatype(type);
   auto req = std::make_unique<MpiRequest>(this, &kRecv, true);
   int rc;
   if (fits_int(count)) {

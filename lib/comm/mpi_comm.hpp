@@ -10,9 +10,12 @@
 // All-reduces also append their element count to stats().all_reduce_counts. Counting allocates
 // nothing per call (besides that vector growing, and the first use of an operation name).
 //
-// Element counts may exceed INT_MAX (MPI 4 large-count calls are used then). BF16 throws
-// ("not supported on MPI") for now. Argument errors (bad root or peer, negative count) throw
-// trident::Error; MPI failures also throw trident::Error with MPI's message.
+// Element counts may exceed INT_MAX (MPI 4 large-count calls are used then). Every operation
+// takes every DType. BF16 (raw bfloat16 bits) travels as a 2-byte MPI type of its own and is
+// reduced by user operators that widen to float, combine and round back to nearest even after
+// each combining step (mpi_comm.cpp says more, including when they are freed). Argument errors
+// (bad root or peer, negative count) throw trident::Error; MPI failures also throw
+// trident::Error with MPI's message.
 #include <mpi.h>
 
 #include <memory>
@@ -22,8 +25,11 @@
 
 namespace trident {
 
-// MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T; throws trident::Error for BF16.
+// MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, and for BF16 a committed contiguous type
+// of 2 bytes (created on first use; MPI must be initialized; valid until MPI_Finalize).
 MPI_Datatype mpi_datatype(DType t);
+// MPI_SUM / MPI_MAX, and for BF16 the matching user operator (created with the BF16 type).
+MPI_Op mpi_reduce_op(DType t, ReduceOp op);
 
 class MpiCommunicator final : public Communicator {
  public:

@@ -112,6 +112,9 @@ const Key kKeys[] = {
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
   {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe"}), "Pipeline schedule."},
+  {TRIDENT_KEY(parallel, comm), one_of({"nccl", "mpi"}),
+   "How GPU ranks exchange device buffers: NCCL (one GPU per rank), or MPI through host "
+   "memory (several ranks may share a GPU). The CPU backend always uses MPI."},
   {TRIDENT_KEY(parallel, sequence_parallel), any(),
    "Sequence parallelism: shard the activations outside the tensor-parallel matmuls along "
    "the sequence across the tensor group."},
@@ -127,9 +130,11 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, global_batch), at_least(1), "Sequences per optimizer step, all replicas.",
    "divisible by `train.micro_batch * parallel.data`"},
   {TRIDENT_KEY(train, threads), at_least(0), "CPU threads per rank; 0: the cores available."},
-  {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}), "Compute device."},
+  {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}),
+   "Compute device. cuda: one GPU per rank, picked by the rank's index within its node."},
   {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
-   "Compute precision."},
+   "Compute precision. bf16 (cuda only): bf16 activations and GEMM inputs with fp32 "
+   "accumulation, fp32 master weights, gradients and optimizer state."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),
    "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps."},
   {TRIDENT_KEY(train, exit_after_minutes), at_least(0),

@@ -42,6 +42,13 @@ std::vector<ParamInfo> Gpt<F>::global_parameters(const ModelConfig& config) {
 }
 
 template <typename F>
+std::vector<ParamInfo> Gpt<F>::shard_parameters(const ModelConfig& config,
+                                                const ModelShard& shard) {
+  auto self = make_self_communicator("tensor");
+  return Gpt<F>(config, shard, *self, false).params_;
+}
+
+template <typename F>
 Gpt<F>::Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
             bool allocate)
     : config_(config), shard_(shard), tp_(tensor_comm) {
@@ -145,28 +152,33 @@ const ParamInfo& Gpt<F>::param(const std::string& name) const {
 }
 
 template <typename F>
-void Gpt<F>::init_weights(uint64_t seed) {
+void init_parameter(const ParamInfo& p, uint64_t seed, int64_t layers, F* out) {
   const double std_normal = 0.02;
-  const double std_residual = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
-  for (const ParamInfo& p : params_) {
-    const uint64_t key = stream_key(seed, p.name);
-    F* out = weights_.data() + p.offset;
-    const int64_t n = p.numel();
+  const double std_residual = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  const uint64_t key = stream_key(seed, p.name);
+  const int64_t n = p.numel();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const auto gi = p.global_index(i);
-      double v = 0.0;
-      if (gi) {
-        switch (p.init) {
-          case Init::Normal: v = std_normal * normal01(key, *gi); break;
-          case Init::NormalResidual: v = std_residual * normal01(key, *gi); break;
-          case Init::Zeros: v = 0.0; break;
-          case Init::Ones: v = 1.0; break;
-        }
+  for (int64_t i = 0; i < n; ++i) {
+    const auto gi = p.global_index(i);
+    double v = 0.0;
+    if (gi) {
+      switch (p.init) {
+        case Init::Normal: v = std_normal * normal01(key, *gi); break;
+        case Init::NormalResidual: v = std_residual * normal01(key, *gi); break;
+        case Init::Zeros: v = 0.0; break;
+        case Init::Ones: v = 1.0; break;
       }
-      out[i] = static_cast<F>(v);
     }
+    out[i] = static_cast<F>(v);
   }
+}
+template void init_parameter<float>(const ParamInfo&, uint64_t, int64_t, float*);
+template void init_parameter<double>(const ParamInfo&, uint64_t, int64_t, double*);
+
+template <typename F>
+void Gpt<F>::init_weights(uint64_t seed) {
+  for (const ParamInfo& p : params_)
+    init_parameter(p, seed, config_.layers, weights_.data() + p.offset);
 }
 
 template <typename F>

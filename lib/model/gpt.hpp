@@ -38,6 +38,12 @@ struct ModelShard {
 
 int64_t padded_vocab_size(const ModelConfig& m, int tp_size);
 
+// GPT-2 initial values of this rank's part of `p` (Normal: N(0, 0.02); NormalResidual:
+// N(0, 0.02/sqrt(2 layers)); Zeros; Ones), drawn from the counter-based RNG keyed by (seed,
+// name, global index), so any layout gets the same global tensor. Padding elements are 0.
+template <typename F>
+void init_parameter(const ParamInfo& p, uint64_t seed, int64_t layers, F* out);
+
 template <typename F>
 class Gpt {
  public:
@@ -70,6 +76,10 @@ class Gpt {
   // Every parameter of the global model (names, global shapes), without allocating any of
   // them: what a checkpoint holds, whatever the layout that writes or reads it.
   static std::vector<ParamInfo> global_parameters(const ModelConfig& config);
+  // The parameters `shard` holds with their flat offsets, without allocating them: the layout
+  // of the flat weight and gradient buffers on every device.
+  static std::vector<ParamInfo> shard_parameters(const ModelConfig& config,
+                                                 const ModelShard& shard);
 
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }

@@ -1,14 +1,16 @@
 #pragma once
 // AdamW with decoupled weight decay over a flat parameter buffer, and the gradient-norm sum.
 // The optimizer keeps moments for the ranges of the flat buffer it owns: the whole buffer, or
-// under ZeRO-1 this data-parallel rank's slices (its state shrinks with DP).
+// under ZeRO-1 this data-parallel rank's slices (its state shrinks with DP). Weights, gradients
+// and moments live on the model's Device (host memory or a GPU); the element loop is the
+// device's.
 #include <cstdint>
 #include <vector>
 
 #include "config/config.hpp"
 #include "model/params.hpp"
 #include "optim/grad_sync.hpp"
-#include "tensor/buffer.hpp"
+#include "tensor/device.hpp"
 
 namespace trident {
 
@@ -20,7 +22,7 @@ class AdamW {
  public:
   // `owned`: sorted, disjoint ranges of the flat buffer this optimizer updates.
   AdamW(const std::vector<ParamInfo>& params, std::vector<FlatRange> owned,
-        const OptimConfig& optim);
+        const OptimConfig& optim, Device& device);
 
   // One update of the owned elements: gradients times grad_scale (clipping), bias correction
   // by the number of updates done so far (a skipped step does not count).
@@ -29,12 +31,10 @@ class AdamW {
   int64_t updates() const { return updates_; }
   void set_updates(int64_t n) { updates_ = n; }
   const std::vector<FlatRange>& owned() const { return owned_; }
-  // Moments of the owned ranges, concatenated in range order.
-  Buffer<float>& exp_avg() { return exp_avg_; }
-  Buffer<float>& exp_avg_sq() { return exp_avg_sq_; }
-  int64_t state_bytes() const {
-    return static_cast<int64_t>((exp_avg_.size() + exp_avg_sq_.size()) * sizeof(float));
-  }
+  // Moments of the owned ranges, concatenated in range order, in device memory.
+  DeviceArray<float>& exp_avg() { return exp_avg_; }
+  DeviceArray<float>& exp_avg_sq() { return exp_avg_sq_; }
+  int64_t state_bytes() const { return exp_avg_.bytes() + exp_avg_sq_.bytes(); }
 
  private:
   struct Segment {
@@ -44,14 +44,15 @@ class AdamW {
   std::vector<Segment> segments_;  // sorted, covering every parameter element
   std::vector<FlatRange> owned_;
   OptimConfig optim_;
+  Device& device_;
   int64_t updates_ = 0;
-  Buffer<float> exp_avg_, exp_avg_sq_;
+  DeviceArray<float> exp_avg_, exp_avg_sq_;
 };
 
 // Sum of squared gradients, in double, over the elements of `ranges` that belong to parameters
-// this rank counts (counted_in_norm). The caller sums it over the ranks that share the
-// parameters' gradients and takes the square root.
+// this rank counts (counted_in_norm); `grads` is device memory. The caller sums it over the
+// ranks that share the parameters' gradients and takes the square root.
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
-                       const std::vector<FlatRange>& ranges);
+                       const std::vector<FlatRange>& ranges, Device& device);
 
 }  // namespace trident

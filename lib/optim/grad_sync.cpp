@@ -5,6 +5,10 @@
 
 namespace trident {
 
+namespace {
+int64_t bytes(int64_t floats) { return floats * static_cast<int64_t>(sizeof(float)); }
+}  // namespace
+
 std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_t buffer_size,
                                     int64_t bucket_elems) {
   // Parameter starts, descending: the candidate cut points.
@@ -38,8 +42,8 @@ FlatRange zero_slice(const FlatRange& bucket, int rank, int size) {
 }
 
 GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size,
-                           Communicator& data, double bucket_mb, bool zero)
-    : data_(data), zero_(zero && data.size() > 1) {
+                           Communicator& data, double bucket_mb, bool zero, Device& device)
+    : data_(data), device_(device), zero_(zero && data.size() > 1) {
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
   buckets_ = make_buckets(params, buffer_size, bucket_elems);
@@ -50,8 +54,8 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
       largest = std::max(largest, b.size());
     }
     const int64_t slice = (largest + data.size() - 1) / data.size();
-    staging_.resize(slice * data.size());
-    slice_.resize(slice);
+    staging_ = DeviceArray<float>(device, slice * data.size());
+    slice_ = DeviceArray<float>(device, slice);
     std::sort(owned_.begin(), owned_.end(),
               [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
   } else {
@@ -77,18 +81,17 @@ void GradientSync::finish(float* grads) {
     for (auto& request : pending_) request->wait();
     pending_.clear();
     next_bucket_ = 0;
-    const int64_t n = owned_[0].end;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) grads[i] *= inv;
+    device_.scale(grads, owned_[0].end, inv);
     return;
   }
   for (const FlatRange& b : buckets_) {
     const int64_t slice = (b.size() + dp - 1) / dp;
-    std::memcpy(staging_.data(), grads + b.begin, sizeof(float) * b.size());
-    std::fill(staging_.begin() + b.size(), staging_.begin() + slice * dp, 0.0f);
+    device_.copy(staging_.data(), grads + b.begin, bytes(b.size()));
+    device_.fill_zero(staging_.data() + b.size(), bytes(slice * dp - b.size()));
     data_.reduce_scatter(staging_.data(), slice_.data(), slice, DType::F32);
     const FlatRange mine = zero_slice(b, data_.rank(), dp);
-    for (int64_t i = 0; i < mine.size(); ++i) grads[mine.begin + i] = slice_[i] * inv;
+    device_.copy(grads + mine.begin, slice_.data(), bytes(mine.size()));
+    device_.scale(grads + mine.begin, mine.size(), inv);
   }
 }
 
@@ -98,10 +101,10 @@ void GradientSync::all_gather_weights(float* weights) {
   for (const FlatRange& b : buckets_) {
     const int64_t slice = (b.size() + dp - 1) / dp;
     const FlatRange mine = zero_slice(b, data_.rank(), dp);
-    std::memcpy(slice_.data(), weights + mine.begin, sizeof(float) * mine.size());
-    std::fill(slice_.begin() + mine.size(), slice_.begin() + slice, 0.0f);
+    device_.copy(slice_.data(), weights + mine.begin, bytes(mine.size()));
+    device_.fill_zero(slice_.data() + mine.size(), bytes(slice - mine.size()));
     data_.all_gather(slice_.data(), staging_.data(), slice, DType::F32);
-    std::memcpy(weights + b.begin, staging_.data(), sizeof(float) * b.size());
+    device_.copy(weights + b.begin, staging_.data(), bytes(b.size()));
   }
 }
 

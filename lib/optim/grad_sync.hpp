@@ -19,7 +19,7 @@
 
 #include "comm/comm.hpp"
 #include "model/params.hpp"
-#include "tensor/buffer.hpp"
+#include "tensor/device.hpp"
 
 namespace trident {
 
@@ -41,7 +41,7 @@ FlatRange zero_slice(const FlatRange& bucket, int rank, int size);
 class GradientSync {
  public:
   GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size, Communicator& data,
-               double bucket_mb, bool zero);
+               double bucket_mb, bool zero, Device& device);
 
   // Every gradient at flat offset >= watermark is final for this step: start reducing the
   // buckets that lie entirely above it (not under ZeRO-1, which reduces in finish()).
@@ -60,12 +60,13 @@ class GradientSync {
 
  private:
   Communicator& data_;
+  Device& device_;
   bool zero_;
   std::vector<FlatRange> buckets_;
   std::vector<FlatRange> owned_;
   size_t next_bucket_ = 0;  // buckets_[0, next_bucket_) have been launched this step
   std::vector<std::unique_ptr<CommRequest>> pending_;
-  Buffer<float> staging_, slice_;
+  DeviceArray<float> staging_, slice_;
 };
 
 }  // namespace trident

@@ -19,7 +19,7 @@ int backward_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(Gpt<float>& model, Communicator& pipeline, ScheduleKind kind,
+PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, ScheduleKind kind,
                                    int64_t micro_batch)
     : model_(model),
       pipe_(pipeline),
@@ -27,12 +27,16 @@ PipelineExecutor::PipelineExecutor(Gpt<float>& model, Communicator& pipeline, Sc
       stage_(pipeline.rank()),
       stages_(pipeline.size()),
       micro_batch_(micro_batch),
-      stream_elems_(micro_batch * model.config().seq_len * model.config().width) {
+      stream_elems_(micro_batch * model.config().seq_len * model.config().width),
+      stream_type_(model.stream_dtype()) {
   tokens_.resize(micro_batch * model.config().seq_len);
   targets_.resize(tokens_.size());
-  recv_buffer_.resize(stream_elems_);
-  grad_buffer_.resize(stream_elems_);
-  send_grad_buffer_.resize(stream_elems_);
+  if (stages_ > 1) {
+    const int64_t bytes = stream_elems_ * static_cast<int64_t>(dtype_bytes(stream_type_));
+    recv_buffer_ = model.device().allocate(bytes);
+    grad_buffer_ = model.device().allocate(bytes);
+    send_grad_buffer_ = model.device().allocate(bytes);
+  }
 }
 
 int PipelineExecutor::acquire_slot() {
@@ -57,7 +61,8 @@ void PipelineExecutor::release_slot(int slot) {
 
 void PipelineExecutor::note_memory() {
   stats_.peak_in_flight = std::max<int64_t>(stats_.peak_in_flight, in_flight_);
-  const int64_t message_bytes = 3 * stream_elems_ * static_cast<int64_t>(sizeof(float));
+  const int64_t message_bytes =
+      stages_ > 1 ? 3 * stream_elems_ * static_cast<int64_t>(dtype_bytes(stream_type_)) : 0;
   stats_.peak_activation_bytes =
       std::max(stats_.peak_activation_bytes,
                in_flight_ * model_.activation_bytes(micro_batch_) + message_bytes);
@@ -74,8 +79,8 @@ void PipelineExecutor::wait(std::unique_ptr<CommRequest>& request) {
 void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
   load(micro, tokens_.data(), targets_.data());
   Slot& s = *slots_[slot];
-  const float* input = model_.shard().has_embedding ? nullptr : recv_buffer_.data();
-  s.acts.loss = model_.forward(s.acts, tokens_.data(), targets_.data(), input);
+  const void* input = model_.shard().has_embedding ? nullptr : recv_buffer_.get();
+  s.acts->loss = model_.forward(*s.acts, tokens_.data(), targets_.data(), input);
 }
 
 double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
@@ -86,7 +91,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches)) {
     switch (op.kind) {
       case PipeOpKind::RecvForward: {
-        auto request = pipe_.irecv(recv_buffer_.data(), stream_elems_, DType::F32, stage_ - 1,
+        auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_, stage_ - 1,
                                    forward_tag(op.micro));
         wait(request);
         break;
@@ -95,17 +100,17 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         const int slot = acquire_slot();
         slot_of[op.micro] = slot;
         forward(op.micro, slot, load);
-        loss_sum += slots_[slot]->acts.loss;
+        loss_sum += slots_[slot]->acts->loss;
         break;
       }
       case PipeOpKind::SendForward: {
         Slot& s = *slots_[slot_of.at(op.micro)];
-        s.pending_send = pipe_.isend(s.acts.output.data(), stream_elems_, DType::F32,
+        s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
                                      stage_ + 1, forward_tag(op.micro));
         break;
       }
       case PipeOpKind::RecvBackward: {
-        auto request = pipe_.irecv(grad_buffer_.data(), stream_elems_, DType::F32, stage_ + 1,
+        auto request = pipe_.irecv(grad_buffer_.get(), stream_elems_, stream_type_, stage_ + 1,
                                    backward_tag(op.micro));
         wait(request);
         break;
@@ -116,15 +121,15 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         const bool last = model_.shard().has_head, first = model_.shard().has_embedding;
         const bool final_micro = op.micro == microbatches - 1;  // backwards run in order
         if (final_micro) model_.set_grads_final_hook(last_hook_);
-        model_.backward(slots_[slot]->acts, loss_scale, last ? nullptr : grad_buffer_.data(),
-                        first ? nullptr : send_grad_buffer_.data());
+        model_.backward(*slots_[slot]->acts, loss_scale, last ? nullptr : grad_buffer_.get(),
+                        first ? nullptr : send_grad_buffer_.get());
         if (final_micro) model_.set_grads_final_hook(nullptr);
         release_slot(slot);
         slot_of.erase(op.micro);
         break;
       }
       case PipeOpKind::SendBackward:
-        pending_grad_send_ = pipe_.isend(send_grad_buffer_.data(), stream_elems_, DType::F32,
+        pending_grad_send_ = pipe_.isend(send_grad_buffer_.get(), stream_elems_, stream_type_,
                                          stage_ - 1, backward_tag(op.micro));
         break;
     }
@@ -141,17 +146,17 @@ double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
   const bool first = model_.shard().has_embedding, last = model_.shard().has_head;
   for (int64_t micro = 0; micro < microbatches; ++micro) {
     if (!first) {
-      auto request = pipe_.irecv(recv_buffer_.data(), stream_elems_, DType::F32, stage_ - 1,
+      auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_, stage_ - 1,
                                  forward_tag(micro));
       wait(request);
     }
     const int slot = acquire_slot();
     forward(micro, slot, load);
-    loss_sum += slots_[slot]->acts.loss;
+    loss_sum += slots_[slot]->acts->loss;
     if (!last) {
       Slot& s = *slots_[slot];
-      s.pending_send = pipe_.isend(s.acts.output.data(), stream_elems_, DType::F32, stage_ + 1,
-                                   forward_tag(micro));
+      s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
+                                   stage_ + 1, forward_tag(micro));
     }
     release_slot(slot);  // waits for the send: evaluation keeps one micro-batch in flight
   }

@@ -3,13 +3,15 @@
 // stage's model shard, activations to the next stage and gradients to the previous one by
 // non-blocking point-to-point messages, activations stashed from a micro-batch's forward to its
 // backward and freed right after. It knows the schedule's operations, not the model's layers.
+// Messages are device memory of the model's device in its stream type (the pipeline
+// communicator must accept such buffers).
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "comm/comm.hpp"
-#include "model/gpt.hpp"
+#include "model/stage_model.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace trident {
@@ -27,7 +29,7 @@ class PipelineExecutor {
   // Fills the tokens [B*T] and targets [B*T] of micro-batch `micro` (0-based) of this step.
   using LoadFn = std::function<void(int64_t micro, int32_t* tokens, int32_t* targets)>;
 
-  PipelineExecutor(Gpt<float>& model, Communicator& pipeline, ScheduleKind kind,
+  PipelineExecutor(StageModel& model, Communicator& pipeline, ScheduleKind kind,
                    int64_t micro_batch);
 
   // One training step of `microbatches` micro-batches; parameter gradients accumulate in the
@@ -46,7 +48,7 @@ class PipelineExecutor {
 
  private:
   struct Slot {  // the activations of one micro-batch in flight
-    Gpt<float>::Activations acts;
+    std::unique_ptr<StageModel::Activations> acts;
     std::unique_ptr<CommRequest> pending_send;  // its forward output, on its way
   };
   int acquire_slot();
@@ -55,16 +57,17 @@ class PipelineExecutor {
   void forward(int64_t micro, int slot, const LoadFn& load);
   void note_memory();
 
-  Gpt<float>& model_;
+  StageModel& model_;
   Communicator& pipe_;
   ScheduleKind kind_;
   int stage_, stages_;
   int64_t micro_batch_, stream_elems_;
+  DType stream_type_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<int> free_slots_;
   int in_flight_ = 0;
-  std::vector<int32_t> tokens_, targets_;
-  Buffer<float> recv_buffer_, grad_buffer_, send_grad_buffer_;
+  std::vector<int32_t> tokens_, targets_;  // host memory
+  std::shared_ptr<void> recv_buffer_, grad_buffer_, send_grad_buffer_;  // [B,T,C] each
   std::unique_ptr<CommRequest> pending_grad_send_;
   std::function<void(int64_t)> last_hook_;
   PipelineStats stats_;

@@ -41,15 +41,6 @@ TrainerGroups SelfGroups::groups() {
 
 Trainer::Trainer(const Config& config, TrainerGroups groups)
     : config_(config), groups_(groups) {
-  // Settings the config accepts but this trainer does not run yet: refuse them rather than
-  // silently training something else.
-  if (config.train.device != "cpu")
-    throw Error(config.source + ": train.device = \"" + config.train.device +
-                "\": the trainer runs on the CPU only so far (the CUDA kernels are built and "
-                "tested, docs/gpu.md, but not wired into the trainer)");
-  if (config.train.precision != "fp32")
-    throw Error(config.source + ": train.precision = \"" + config.train.precision +
-                "\": the CPU trainer computes in fp32 only");
   if (config.parallel.sequence_parallel)
     throw Error(config.source + ": parallel.sequence_parallel = true is not implemented yet");
   const ModelConfig& m = config.model;
@@ -57,19 +48,21 @@ Trainer::Trainer(const Config& config, TrainerGroups groups)
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
   const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
                          groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1};
-  model_ = std::make_unique<Gpt<float>>(m, shard, *groups.tensor);
+  backend_ = make_backend(config, groups, shard);
+  model_ = backend_.model.get();
+  Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
-  if (groups.pp_size > 1 && groups.embedding) {
+  if (groups.pp_size > 1 && backend_.embedding) {
     // The tied embedding starts identical on the first and the last stage: the counter-based
     // init makes it so already; the broadcast keeps it so whatever produced the weights.
     const ParamInfo& wte = model_->param("embedding.token.weight");
-    groups.embedding->broadcast(model_->weights().data() + wte.offset, wte.numel(), DType::F32, 0);
+    backend_.embedding->broadcast(model_->weights() + wte.offset, wte.numel(), DType::F32, 0);
   }
-  sync_ = std::make_unique<GradientSync>(model_->params(),
-                                         static_cast<int64_t>(model_->grads().size()),
-                                         *groups.data, config.parallel.dp_bucket_mb,
-                                         config.optim.zero_stage == 1);
-  optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim);
+  model_->weights_changed();
+  sync_ = std::make_unique<GradientSync>(model_->params(), model_->flat_size(), *backend_.data,
+                                         config.parallel.dp_bucket_mb,
+                                         config.optim.zero_stage == 1, device);
+  optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
 
   train_data_ = std::make_unique<TokenDataset>(config.data.train, m.seq_len, m.vocab_size);
   train_sampler_ = std::make_unique<BatchSampler>(train_data_->num_windows(),
@@ -82,10 +75,10 @@ Trainer::Trainer(const Config& config, TrainerGroups groups)
                                                   config.train.global_batch, false, 0);
   }
   executor_ = std::make_unique<PipelineExecutor>(
-      *model_, *groups.pipeline, parse_schedule_kind(config.parallel.schedule),
+      *model_, *backend_.pipeline, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
   executor_->set_last_backward_hook(
-      [this](int64_t watermark) { sync_->grads_final_from(model_->grads().data(), watermark); });
+      [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
                     static_cast<double>(config.tokens_per_step());
   if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
@@ -104,6 +97,25 @@ void Trainer::load_microbatch(const TokenDataset& data, const BatchSampler& samp
     data.window(sampler.window_id(step, first + b), tokens + b * T, targets + b * T);
 }
 
+float* Trainer::host_view(float* data, int64_t n, std::vector<float>& staging) {
+  if (device().is_host()) return data;
+  staging.resize(static_cast<size_t>(n));
+  device().to_host(staging.data(), data, n * static_cast<int64_t>(sizeof(float)));
+  return staging.data();
+}
+
+std::vector<float> Trainer::host_weights() {
+  std::vector<float> out(static_cast<size_t>(model_->flat_size()));
+  device().to_host(out.data(), model_->weights(), model_->flat_size() * 4);
+  return out;
+}
+
+std::vector<float> Trainer::host_grads() {
+  std::vector<float> out(static_cast<size_t>(model_->flat_size()));
+  device().to_host(out.data(), model_->grads(), model_->flat_size() * 4);
+  return out;
+}
+
 double Trainer::from_last_stage(double value) {
   if (groups_.pp_size > 1)
     groups_.pipeline->broadcast(&value, 1, DType::F64, groups_.pp_size - 1);
@@ -112,19 +124,19 @@ double Trainer::from_last_stage(double value) {
 
 double Trainer::forward_backward(int64_t step) {
   const int64_t micro_batches = config_.num_microbatches();
-  Gpt<float>& model = *model_;
+  StageModel& model = *model_;
   model.zero_grads();
   const double loss_sum = executor_->train(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                               int32_t* targets) {
     load_microbatch(*train_data_, *train_sampler_, step, micro, tokens, targets);
   });
-  if (gradient_test_hook_) gradient_test_hook_(step, model.grads().data());
-  if (groups_.pp_size > 1 && groups_.embedding) {
+  if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
+  if (groups_.pp_size > 1 && backend_.embedding) {
     // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
     // hold part of its gradient: sum them so both copies take the same update. It sits at
     // offset 0, in the bucket data parallelism reduces last.
     const ParamInfo& wte = model.param("embedding.token.weight");
-    groups_.embedding->all_reduce_sum(model.grads().data() + wte.offset, wte.numel());
+    backend_.embedding->all_reduce_sum(model.grads() + wte.offset, wte.numel());
   }
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
   double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
@@ -132,17 +144,17 @@ double Trainer::forward_backward(int64_t step) {
     groups_.data->all_reduce_sum(&loss, 1);
     loss /= groups_.dp_size;
   }
-  sync_->finish(model.grads().data());
+  sync_->finish(model.grads());
   return loss;
 }
 
 StepMetrics Trainer::apply_update(int64_t step, double loss) {
-  Gpt<float>& model = *model_;
-  float* grads = model.grads().data();
+  StageModel& model = *model_;
+  float* grads = model.grads();
   // Global gradient norm, every parameter counted once: sharded tensors summed over the tensor
   // group, replicated ones on tensor rank 0 only, stages over the pipeline group, the tied
   // embedding on the first stage only; under ZeRO-1 the slices over the data group too.
-  double square_sum = grad_square_sum(model.params(), grads, sync_->owned());
+  double square_sum = grad_square_sum(model.params(), grads, sync_->owned(), device());
   if (sync_->zero()) groups_.data->all_reduce_sum(&square_sum, 1);
   groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
@@ -150,8 +162,9 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   if (std::isfinite(grad_norm)) {
     const double clip = config_.optim.grad_clip;
     const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
-    optimizer_->update(model.weights().data(), grads, lr, scale);
-    sync_->all_gather_weights(model.weights().data());
+    optimizer_->update(model.weights(), grads, lr, scale);
+    sync_->all_gather_weights(model.weights());
+    model.weights_changed();
   } else {
     ++skipped_steps_;  // the same decision on every rank: the norm is a global value
   }
@@ -232,9 +245,15 @@ RunOutcome Trainer::run() {
 
 std::string Trainer::save_checkpoint(int64_t steps_done) {
   const Config& c = config_;
-  Gpt<float>& model = *model_;
+  StageModel& model = *model_;
   const bool first_replica = groups_.dp_rank == 0;
   const auto global = Gpt<float>::global_parameters(c.model);
+  // HDF5 writes from host memory: a GPU rank copies its shard and moments to the host first.
+  std::vector<float> weight_staging, m_staging, v_staging;
+  const int64_t wn = model.flat_size(), sn = optimizer_->exp_avg().size();
+  const float* weights = host_view(model.weights(), wn, weight_staging);
+  const float* m = host_view(optimizer_->exp_avg().data(), sn, m_staging);
+  const float* v = host_view(optimizer_->exp_avg_sq().data(), sn, v_staging);
   const std::string layout = "tensor=" + std::to_string(groups_.tp_size) +
                              " pipeline=" + std::to_string(groups_.pp_size) +
                              " data=" + std::to_string(groups_.dp_size) +
@@ -244,11 +263,6 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
     // collective); a rank writes the parts it owns: its shard, once per replicated copy.
     std::map<std::string, const ParamInfo*> mine;
     for (const ParamInfo& p : model.params()) mine[p.name] = &p;
-    const float* weights = model.weights().data();
-    const float* m = optimizer_->exp_avg().data();
-    const float* v = optimizer_->exp_avg_sq().data();
-    const int64_t wn = static_cast<int64_t>(model.weights().size());
-    const int64_t sn = static_cast<int64_t>(optimizer_->exp_avg().size());
     for (const ParamInfo& g : global) {
       const auto it = mine.find(g.name);
       const ParamInfo* p = it == mine.end() ? nullptr : it->second;
@@ -300,7 +314,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
 void Trainer::load_checkpoint(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();
   const Config& c = config_;
-  Gpt<float>& model = *model_;
+  StageModel& model = *model_;
   CheckpointReader reader(path, groups_.mpi_world);
   // The model's shape must be the config's; everything else may differ (the layout above all).
   const std::pair<const char*, int64_t> dims[] = {
@@ -317,8 +331,13 @@ void Trainer::load_checkpoint(const std::string& path) {
     throw Error("checkpoint '" + path + "': format version " + std::to_string(version) +
                 " (this build reads " + std::to_string(kCheckpointFormatVersion) + ")");
   const bool first_replica = groups_.dp_rank == 0;
-  float* weights = model.weights().data();
-  const size_t wn = model.weights().size(), sn = optimizer_->exp_avg().size();
+  // HDF5 reads into host memory: a GPU rank reads into staging and copies to the device after.
+  const int64_t wn64 = model.flat_size(), sn64 = optimizer_->exp_avg().size();
+  std::vector<float> weight_staging, m_staging, v_staging;
+  float* weights = host_view(model.weights(), wn64, weight_staging);
+  float* exp_avg = host_view(optimizer_->exp_avg().data(), sn64, m_staging);
+  float* exp_avg_sq = host_view(optimizer_->exp_avg_sq().data(), sn64, v_staging);
+  const size_t wn = static_cast<size_t>(wn64), sn = static_cast<size_t>(sn64);
   std::map<std::string, const ParamInfo*> mine;
   for (const ParamInfo& p : model.params()) mine[p.name] = &p;
   // Reads are collective like the writes: every rank visits every dataset, in the same order,
@@ -337,14 +356,20 @@ void Trainer::load_checkpoint(const std::string& path) {
     const ChecksumShare moment_share =
         owner && (first_replica || sync_->zero()) ? ChecksumShare::all() : ChecksumShare::none();
     reader.read_tensor(dataset_path("/optim/exp_avg", g.name), g.global_shape, moment_runs,
-                       {optimizer_->exp_avg().data(), sn}, moment_share);
+                       {exp_avg, sn}, moment_share);
     reader.read_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
-                       {optimizer_->exp_avg_sq().data(), sn}, moment_share);
+                       {exp_avg_sq, sn}, moment_share);
   }
   start_step_ = reader.attribute_int("/", "step");
   optimizer_->set_updates(reader.attribute_int("/", "optimizer_updates"));
   skipped_steps_ = reader.attribute_int("/", "skipped_steps");
   reader.close();  // verifies the checksums of everything read, on every rank
+  if (!device().is_host()) {
+    device().from_host(model.weights(), weights, wn64 * 4);
+    device().from_host(optimizer_->exp_avg().data(), exp_avg, sn64 * 4);
+    device().from_host(optimizer_->exp_avg_sq().data(), exp_avg_sq, sn64 * 4);
+  }
+  model.weights_changed();
   resumed_from_ = path;
   if (is_logging_rank()) {
     const double seconds =
@@ -388,8 +413,8 @@ namespace trident {
 
 std::string Trainer::memory_report() {
   const double mb = 1e6;
-  double mine[4] = {model_->weights().size() * sizeof(float) / mb,
-                    model_->grads().size() * sizeof(float) / mb,
+  double mine[4] = {model_->flat_size() * sizeof(float) / mb,
+                    model_->flat_size() * sizeof(float) / mb,
                     optimizer_->state_bytes() / mb,
                     executor_->stats().peak_activation_bytes / mb};
   std::vector<double> all(4 * groups_.world->size());

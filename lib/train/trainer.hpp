@@ -14,9 +14,11 @@
 #include "config/config.hpp"
 #include "data/dataset.hpp"
 #include "model/gpt.hpp"
+#include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/grad_sync.hpp"
 #include "pipeline/executor.hpp"
+#include "train/backend.hpp"
 #include "train/metrics_log.hpp"
 
 namespace trident {
@@ -73,7 +75,7 @@ class Trainer {
   // One optimizer step (0-based `step`): forward_backward, then apply_update.
   StepMetrics train_step(int64_t step);
   // Gradients of the global batch of `step`, averaged over micro-batches and replicas (left in
-  // model().grads()); returns the mean loss of the global batch.
+  // model().grads(), device memory); returns the mean loss of the global batch.
   double forward_backward(int64_t step);
   // Global norm, clipping and AdamW on the gradients forward_backward left; fills the metrics
   // other than timing.
@@ -81,11 +83,16 @@ class Trainer {
   // Mean validation loss over eval.steps global batches from the start of the val set.
   double evaluate();
 
-  Gpt<float>& model() { return *model_; }
+  StageModel& model() { return *backend_.model; }
+  Device& device() { return *backend_.device; }
+  // Host copies of this rank's flat weights and gradients (tests, whatever the device).
+  std::vector<float> host_weights();
+  std::vector<float> host_grads();
   GradientSync& gradient_sync() { return *sync_; }
   // Test hook: runs on this rank after the step's backward, before the gradient reductions
   // that follow it. Buckets above the first may already be in flight: touch only the first
-  // parameter's gradients (offset 0), as the non-finite-gradient test does.
+  // parameter's gradients (offset 0), as the non-finite-gradient test does. `grads` is device
+  // memory.
   void set_gradient_test_hook(std::function<void(int64_t step, float* grads)> hook) {
     gradient_test_hook_ = std::move(hook);
   }
@@ -107,10 +114,14 @@ class Trainer {
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
   double from_last_stage(double value);
+  // Host memory holding `n` floats of device memory `data`: the memory itself on the host
+  // device, else a copy in `staging` (checkpoints).
+  float* host_view(float* data, int64_t n, std::vector<float>& staging);
 
   Config config_;
   TrainerGroups groups_;
-  std::unique_ptr<Gpt<float>> model_;
+  Backend backend_;
+  StageModel* model_ = nullptr;  // backend_.model
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
   std::function<void(int64_t, float*)> gradient_test_hook_;

@@ -69,10 +69,11 @@ inline Reference reference_run(Config config, int64_t steps, int64_t grads_step 
   Reference ref;
   for (int64_t s = 0; s < steps; ++s) {
     const double loss = t.forward_backward(s);
-    if (s == grads_step)
+    if (s == grads_step) {
+      const std::vector<float> grads = t.host_grads();
       for (const ParamInfo& p : t.model().params())
-        ref.grads[p.name].assign(t.model().grads().begin() + p.offset,
-                                 t.model().grads().begin() + p.offset + p.numel());
+        ref.grads[p.name].assign(grads.begin() + p.offset, grads.begin() + p.offset + p.numel());
+    }
     ref.grad_norms.push_back(t.apply_update(s, loss).grad_norm);
     ref.losses.push_back(loss);
   }
@@ -85,7 +86,8 @@ inline Reference reference_run(Config config, int64_t steps, int64_t grads_step 
 // Returns the worst.
 inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& grid,
                                std::string* worst_name = nullptr) {
-  const Gpt<float>& model = t.model();
+  const StageModel& model = t.model();
+  const std::vector<float> grads = t.host_grads();
   const GradientSync& sync = t.gradient_sync();
   auto owned = [&](int64_t flat) {
     for (const FlatRange& r : sync.owned())
@@ -99,7 +101,7 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
     for (int64_t i = 0; i < p.numel(); ++i) {
       const auto gi = p.global_index(i);
       if (!gi || !owned(p.offset + i)) continue;
-      const double d = static_cast<double>(model.grads()[p.offset + i]) - global[*gi];
+      const double d = static_cast<double>(grads[p.offset + i]) - global[*gi];
       sums[0] += d * d;
       sums[1] += static_cast<double>(global[*gi]) * global[*gi];
     }

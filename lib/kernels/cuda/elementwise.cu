@@ -106,6 +106,33 @@ void add_inplace(T* acc, const T* x, int64_t N, cudaStream_t stream) {
   launch_binary<T>(acc, acc, x, N, Add{}, stream);
 }
 
+namespace {
+__global__ void scale_kernel(float* __restrict__ x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+__global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = value;
+}
+}  // namespace
+
+void scale_inplace(float* x, int64_t n, float s, cudaStream_t stream) {
+  detail::check_dims(n >= 0, "scale_inplace: n < 0");
+  if (n == 0) return;
+  scale_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(x, n, s);
+  CUDA_CHECK_LAUNCH();
+}
+
+void fill(float* x, int64_t n, float value, cudaStream_t stream) {
+  detail::check_dims(n >= 0, "fill: n < 0");
+  if (n == 0) return;
+  fill_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(x, n, value);
+  CUDA_CHECK_LAUNCH();
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                          \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                   \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);        \

@@ -175,6 +175,10 @@ void add_forward(T* out, const T* a, const T* b, int64_t N, cudaStream_t stream 
 // acc += x
 template <typename T>
 void add_inplace(T* acc, const T* x, int64_t N, cudaStream_t stream = nullptr);
+// x *= s (fp32)
+void scale_inplace(float* x, int64_t n, float s, cudaStream_t stream = nullptr);
+// x[i] = value (fp32)
+void fill(float* x, int64_t n, float value, cudaStream_t stream = nullptr);
 
 // ---------------------------------------------------------------- softmax cross-entropy
 // The CPU's vocab-parallel three-pass protocol (the caller all-reduces MAX after pass 1 and SUM
@@ -232,6 +236,9 @@ struct AdamWHyper {
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
   float grad_scale = 1.f;  // gradients are multiplied by it first (clipping)
   int64_t step = 0;        // 0-based; bias corrections use step + 1 (computed in double)
+  // When both are > 0 they are the bias corrections 1 - beta^t, used as given (the trainer
+  // passes the CPU optimizer's values, computed from the double betas) and `step` is ignored.
+  float bias1 = 0.f, bias2 = 0.f;
 };
 // Elementwise AdamW on fp32 master weights, exactly the CPU AdamW::update formula:
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -61,11 +61,14 @@ void adamw_update(float* weights, const float* grads, float* exp_avg, float* exp
                   int64_t n, const AdamWHyper& h, const uint8_t* decay_mask, bf16* weights_bf16,
                   cudaStream_t stream) {
   detail::check_dims(n >= 0, "adamw_update: n < 0");
-  detail::check_dims(h.step >= 0, "adamw_update: step < 0");
+  detail::check_dims(h.step >= 0 || (h.bias1 > 0.f && h.bias2 > 0.f), "adamw_update: step < 0");
   if (n == 0) return;
   const double b1 = h.beta1, b2 = h.beta2;
-  const float bias1 = static_cast<float>(1.0 - std::pow(b1, static_cast<double>(h.step + 1)));
-  const float bias2 = static_cast<float>(1.0 - std::pow(b2, static_cast<double>(h.step + 1)));
+  const bool given = h.bias1 > 0.f && h.bias2 > 0.f;
+  const float bias1 =
+      given ? h.bias1 : static_cast<float>(1.0 - std::pow(b1, static_cast<double>(h.step + 1)));
+  const float bias2 =
+      given ? h.bias2 : static_cast<float>(1.0 - std::pow(b2, static_cast<double>(h.step + 1)));
   adamw_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(
       weights, grads, exp_avg, exp_avg_sq, n, h.lr, h.beta1, h.beta2, bias1, bias2, h.eps,
       h.weight_decay, h.grad_scale, decay_mask, weights_bf16);

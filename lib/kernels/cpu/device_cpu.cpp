@@ -1,0 +1,72 @@
+// The host as a Device: memory from the aligned allocator, loops parallelised with OpenMP in
+// fixed chunks so every result is the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "tensor/device.hpp"
+
+namespace trident {
+
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  bool is_host() const override { return true; }
+  std::string describe() const override { return "cpu"; }
+
+  std::shared_ptr<void> allocate(int64_t bytes) override {
+    const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+    void* p = ::operator new(n, std::align_val_t(64));
+    std::memset(p, 0, n);
+    return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
+  }
+  void to_host(void* host, const void* src, int64_t bytes) override { copy(host, src, bytes); }
+  void from_host(void* dst, const void* host, int64_t bytes) override { copy(dst, host, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(bytes));
+  }
+  void fill_zero(void* dst, int64_t bytes) override {
+    if (bytes > 0) std::memset(dst, 0, static_cast<size_t>(bytes));
+  }
+  void scale(float* x, int64_t n, float s) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  double square_sum(const float* x, int64_t n) override {
+    // Fixed-size chunks summed in order: bitwise the same for any thread count (an OpenMP
+    // reduction clause combines partial sums in whatever order threads finish).
+    const int64_t chunk = 1 << 14, chunks = (n + chunk - 1) / chunk;
+    std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double sum = 0.0;
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i)
+        sum += static_cast<double>(x[i]) * x[i];
+      partial[c] = sum;
+    }
+    double total = 0.0;
+    for (double s : partial) total += s;
+    return total;
+  }
+  void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
+             const AdamWStep& s) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = grad[i] * s.grad_scale;
+      m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+      v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+      const float m_hat = m[i] / s.bias1, v_hat = v[i] / s.bias2;
+      w[i] -= s.lr * (m_hat / (std::sqrt(v_hat) + s.eps) + s.weight_decay * w[i]);
+    }
+  }
+  void synchronize() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
+
+}  // namespace trident

@@ -1,0 +1,70 @@
+#pragma once
+// What the pipeline executor and the trainer need of one rank's model shard, whichever device
+// runs it: the CPU model (Gpt<float>, host memory) or the GPU model (lib/cuda, fp32 or bf16
+// compute). Parameters are one flat fp32 buffer of master weights and one of gradients, laid
+// out by params() (the same layout on every device), in device() memory.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "model/gpt.hpp"
+#include "model/params.hpp"
+#include "tensor/device.hpp"
+
+namespace trident {
+
+class StageModel {
+ public:
+  // The activations of one micro-batch, kept from its forward until its backward.
+  struct Activations {
+    virtual ~Activations() = default;
+    float loss = 0;  // mean loss of the micro-batch (last stage)
+  };
+
+  virtual ~StageModel() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual const ModelShard& shard() const = 0;
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  const ParamInfo& param(const std::string& name) const;
+  virtual Device& device() = 0;
+
+  // Flat fp32 master weights and gradients (params() offsets), in device() memory.
+  virtual float* weights() = 0;
+  virtual float* grads() = 0;
+  virtual int64_t flat_size() const = 0;
+  // GPT-2 init from the counter-based RNG keyed by (seed, parameter name, global index).
+  virtual void init_weights(uint64_t seed) = 0;
+  virtual void zero_grads() = 0;
+  // To be called after anything but the model wrote weights() (optimizer, checkpoint load,
+  // broadcast): a bf16 model refreshes its compute copy.
+  virtual void weights_changed() {}
+
+  // The type of the residual stream that crosses pipeline stages (F32 or BF16).
+  virtual DType stream_dtype() const = 0;
+  virtual std::unique_ptr<Activations> make_activations(int64_t B) = 0;
+  virtual int64_t activation_bytes(int64_t B) const = 0;
+  // Forward one micro-batch. `tokens`/`targets` [B*T] are host memory (first / last stage);
+  // `input` [B,T,C] is device memory (other stages). Returns the mean loss on the last stage.
+  virtual float forward(Activations& a, const int32_t* tokens, const int32_t* targets,
+                        const void* input) = 0;
+  // Backward of the micro-batch whose forward filled `a` (see Gpt::backward); `d_output` and
+  // `d_input` are device memory.
+  virtual void backward(Activations& a, float loss_scale, const void* d_output,
+                        void* d_input) = 0;
+  // The residual stream leaving the stage after forward(a) (device memory, [B,T,C]).
+  virtual const void* output(const Activations& a) const = 0;
+  // See Gpt::set_grads_final_hook.
+  virtual void set_grads_final_hook(std::function<void(int64_t)> hook) = 0;
+};
+
+// The CPU model (Gpt<float>) as a StageModel on the host device.
+std::unique_ptr<StageModel> make_cpu_stage_model(const ModelConfig& config,
+                                                 const ModelShard& shard,
+                                                 Communicator& tensor_comm, Device& host);
+
+}  // namespace trident

@@ -1,0 +1,73 @@
+#pragma once
+// Where a rank's model state lives, and the few whole-buffer operations the trainer runs on it
+// outside the model: gradient averaging, the gradient norm, AdamW, and copies to and from host
+// memory (checkpoints, the MPI path that stages device buffers through the host).
+//
+// CpuDevice (host memory, kernels/cpu) and CudaDevice (one GPU, kernels/cuda) implement it.
+// Operations on device memory are ordered on the device's one compute stream: copy, fill_zero,
+// scale and adamw may return before they finish; to_host, from_host, square_sum and
+// synchronize return once everything queued before them has finished.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace trident {
+
+// One AdamW step's constants (the same for every element of a segment).
+struct AdamWStep {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  float bias1 = 1, bias2 = 1;  // 1 - beta^t, rounded to float (the CPU formula)
+  float grad_scale = 1;        // gradients are multiplied by it first (clipping)
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // True when device memory is host memory (pointers may be dereferenced on the CPU).
+  virtual bool is_host() const = 0;
+  // "cpu" or "cuda:0 NVIDIA H200 (sm_90, ...)".
+  virtual std::string describe() const = 0;
+
+  // Zero-filled memory of `bytes`, freed when the last handle goes.
+  virtual std::shared_ptr<void> allocate(int64_t bytes) = 0;
+  // Blocking copies between device memory and host memory.
+  virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;
+  // Device-to-device copy and zero fill (stream-ordered).
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void fill_zero(void* dst, int64_t bytes) = 0;
+  // x[i] *= s
+  virtual void scale(float* x, int64_t n, float s) = 0;
+  // Sum of x[i]^2 in double, with a summation order that depends on n only (bitwise
+  // reproducible for any thread count or SM count of the same device kind).
+  virtual double square_sum(const float* x, int64_t n) = 0;
+  // One AdamW update of n elements:
+  //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  //   w -= lr * (m / bias1 / (sqrt(v / bias2) + eps) + weight_decay * w)
+  virtual void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
+                     const AdamWStep& step) = 0;
+  // Waits for everything queued on the device.
+  virtual void synchronize() = 0;
+};
+
+// Typed view of an allocation: memory of n elements of T on `device`.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(Device& device, int64_t n)
+      : memory_(device.allocate(n * static_cast<int64_t>(sizeof(T)))), size_(n) {}
+  T* data() { return static_cast<T*>(memory_.get()); }
+  const T* data() const { return static_cast<const T*>(memory_.get()); }
+  int64_t size() const { return size_; }
+  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(T)); }
+
+ private:
+  std::shared_ptr<void> memory_;
+  int64_t size_ = 0;
+};
+
+// The host: memory from the aligned allocator, loops from kernels/cpu (OpenMP).
+std::unique_ptr<Device> make_cpu_device();
+
+}  // namespace trident

@@ -1,0 +1,57 @@
+#pragma once
+// The device a rank computes on, its model shard there, and the communicators that carry that
+// device's buffers. The trainer talks to host-memory communicators (TrainerGroups) for scalars
+// (losses, norms, stop flags) and to these for weights, gradients and activations.
+//
+//   train.device = "cpu":  host memory, Gpt<float>; the device communicators ARE the groups'.
+//   train.device = "cuda": one GPU (lib/cuda), fp32 or bf16 compute; NCCL communicators
+//                          (parallel.comm = "nccl") or the groups' MPI communicators staged
+//                          through host memory (parallel.comm = "mpi").
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "model/stage_model.hpp"
+#include "tensor/device.hpp"
+
+namespace trident {
+
+struct TrainerGroups;
+
+struct Backend {
+  std::unique_ptr<Device> device;
+  // Communicators for device buffers; embedding is nullptr where the groups' is.
+  Communicator* tensor = nullptr;
+  Communicator* pipeline = nullptr;
+  Communicator* data = nullptr;
+  Communicator* embedding = nullptr;
+  std::vector<std::unique_ptr<Communicator>> owned;  // those not borrowed from the groups
+  std::unique_ptr<StageModel> model;
+
+  // Destroys the model before the communicators and the device it uses.
+  ~Backend() {
+    model.reset();
+    owned.clear();
+  }
+  Backend() = default;
+  Backend(Backend&&) = default;
+  Backend& operator=(Backend&& other) {
+    model.reset();
+    owned.clear();
+    device = std::move(other.device);
+    tensor = other.tensor;
+    pipeline = other.pipeline;
+    data = other.data;
+    embedding = other.embedding;
+    owned = std::move(other.owned);
+    model = std::move(other.model);
+    return *this;
+  }
+};
+
+// Builds the backend train.device and train.precision name; throws trident::Error (naming the
+// key and config.source) for a combination this build or machine cannot run.
+Backend make_backend(const Config& config, const TrainerGroups& groups, const ModelShard& shard);
+
+}  // namespace trident
