@@ -80,6 +80,14 @@ int run_train(const TrainOptions& options) {
   }
 
   Trainer trainer(config, TrainerGroups::from_grid(grid));
+  if (lead) {
+    std::printf("device of rank 0: %s, precision %s%s\n", trainer.device().describe().c_str(),
+                config.train.precision.c_str(),
+                config.train.device == "cuda"
+                    ? (", device buffers over " + config.parallel.comm).c_str()
+                    : "");
+    std::fflush(stdout);
+  }
   std::string resume_from;
   if (options.resume == "auto") {
     if (config.checkpoint.dir.empty())
@@ -106,6 +114,14 @@ int run_train(const TrainOptions& options) {
       for (const auto& [op, st] : c->stats().ops) comm_seconds += st.seconds;
     std::printf("%s%scommunication of rank 0:\n%s", pipeline.c_str(), memory.c_str(),
                 grid.stats_table().c_str());
+    // GPU runs: the device-buffer communicators (NCCL or staged MPI) carry the tensors.
+    for (const auto& c : trainer.device_communicators())
+      for (const auto& [op, st] : c->stats().ops) {
+        std::printf("device communicator %-9s %-14s %8lld calls %12.3f MB %9.3f s\n",
+                    c->name().c_str(), op.c_str(), static_cast<long long>(st.calls),
+                    st.bytes / 1e6, st.seconds);
+        comm_seconds += st.seconds;
+      }
     std::printf("run summary: %lld steps in %.3f s of training; rank 0 spent %.3f s in "
                 "communication calls (%.1f%% of the training time)\n",
                 static_cast<long long>(trainer.steps_run()), trainer.train_seconds(), comm_seconds,

@@ -85,6 +85,10 @@ class Trainer {
 
   StageModel& model() { return *backend_.model; }
   Device& device() { return *backend_.device; }
+  // The communicators of device buffers that are not the groups' own (GPU runs).
+  const std::vector<std::unique_ptr<Communicator>>& device_communicators() const {
+    return backend_.owned;
+  }
   // Host copies of this rank's flat weights and gradients (tests, whatever the device).
   std::vector<float> host_weights();
   std::vector<float> host_grads();
