@@ -68,9 +68,11 @@ void CudaDevice::fill_zero(void* dst, int64_t bytes) {
 
 void CudaDevice::scale(float* x, int64_t n, float s) { cuda::scale_inplace(x, n, s, stream_); }
 
-double CudaDevice::square_sum(const float* x, int64_t n) {
+double CudaDevice::square_sum(const std::vector<Range>& ranges) {
   auto* result = static_cast<double*>(norm_result_.get());
-  cuda::grad_square_sum(result, x, n, false, stream_, norm_workspace_.get());
+  CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
+  for (const Range& r : ranges)  // queued back to back; the host waits once, below
+    cuda::grad_square_sum(result, r.data, r.size, true, stream_, norm_workspace_.get());
   double host = 0.0;
   to_host(&host, result, sizeof(double));
   return host;

@@ -51,15 +51,15 @@ void AdamW::update(float* weights, const float* grads, double lr, double grad_sc
 
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const std::vector<FlatRange>& ranges, Device& device) {
-  double total = 0.0;
+  std::vector<Device::Range> parts;
   for (const ParamInfo& p : params) {
     if (!p.counted_in_norm) continue;
     for (const FlatRange& r : ranges) {
       const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
-      if (lo < hi) total += device.square_sum(grads + lo, hi - lo);
+      if (lo < hi) parts.push_back({grads + lo, hi - lo});
     }
   }
-  return total;
+  return device.square_sum(parts);
 }
 
 }  // namespace trident

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace trident {
 
@@ -38,9 +39,14 @@ class Device {
   virtual void fill_zero(void* dst, int64_t bytes) = 0;
   // x[i] *= s
   virtual void scale(float* x, int64_t n, float s) = 0;
-  // Sum of x[i]^2 in double, with a summation order that depends on n only (bitwise
-  // reproducible for any thread count or SM count of the same device kind).
-  virtual double square_sum(const float* x, int64_t n) = 0;
+  // Sum of x[i]^2 in double over every element of the ranges {x, n}, with a summation order
+  // that depends on the ranges only (bitwise reproducible for any thread count or SM count of
+  // the same device kind). One call per gradient norm: a GPU waits once.
+  struct Range {
+    const float* data;
+    int64_t size;
+  };
+  virtual double square_sum(const std::vector<Range>& ranges) = 0;
   // One AdamW update of n elements:
   //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   //   w -= lr * (m / bias1 / (sqrt(v / bias2) + eps) + weight_decay * w)

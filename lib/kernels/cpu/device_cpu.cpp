@@ -12,6 +12,23 @@ namespace trident {
 
 namespace {
 
+double range_square_sum(const float* x, int64_t n) {
+  // Fixed-size chunks summed in order: bitwise the same for any thread count (an OpenMP
+  // reduction clause combines partial sums in whatever order threads finish).
+  const int64_t chunk = 1 << 14, chunks = (n + chunk - 1) / chunk;
+  std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double sum = 0.0;
+    for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i)
+      sum += static_cast<double>(x[i]) * x[i];
+    partial[c] = sum;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
 class CpuDevice final : public Device {
  public:
   bool is_host() const override { return true; }
@@ -35,20 +52,9 @@ class CpuDevice final : public Device {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] *= s;
   }
-  double square_sum(const float* x, int64_t n) override {
-    // Fixed-size chunks summed in order: bitwise the same for any thread count (an OpenMP
-    // reduction clause combines partial sums in whatever order threads finish).
-    const int64_t chunk = 1 << 14, chunks = (n + chunk - 1) / chunk;
-    std::vector<double> partial(chunks, 0.0);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-      double sum = 0.0;
-      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i)
-        sum += static_cast<double>(x[i]) * x[i];
-      partial[c] = sum;
-    }
+  double square_sum(const std::vector<Range>& ranges) override {
     double total = 0.0;
-    for (double s : partial) total += s;
+    for (const Range& r : ranges) total += range_square_sum(r.data, r.size);
     return total;
   }
   void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
