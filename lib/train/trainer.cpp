@@ -39,7 +39,7 @@ TrainerGroups SelfGroups::groups() {
           embedding_.get(), 0, 1, 0, 1, 0, 1, MPI_COMM_SELF};
 }
 
-Trainer::Trainer(const Config& config, TrainerGroups groups)
+Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make)
     : config_(config), groups_(groups) {
   if (config.parallel.sequence_parallel)
     throw Error(config.source + ": parallel.sequence_parallel = true is not implemented yet");
@@ -48,7 +48,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups)
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
   const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
                          groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1};
-  backend_ = make_backend(config, groups, shard);
+  backend_ = make(config, groups, shard);
   model_ = backend_.model.get();
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));

@@ -56,7 +56,13 @@ enum class RunOutcome { Finished, Stopped };
 
 class Trainer {
  public:
-  Trainer(const Config& config, TrainerGroups groups);
+  // Builds the device, model and device communicators of train.device.
+  using BackendFactory =
+      std::function<Backend(const Config&, const TrainerGroups&, const ModelShard&)>;
+  Trainer(const Config& config, TrainerGroups groups) : Trainer(config, groups, make_backend) {}
+  // With another factory (tests: the CPU model behind the staged communicators of the GPU's
+  // MPI path).
+  Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make);
 
   // Trains from start_step() to train.steps, logging, evaluating and checkpointing as
   // configured. Between steps all ranks agree (one all-reduce) whether any rank's stop check
