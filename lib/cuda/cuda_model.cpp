@@ -79,6 +79,12 @@ class CudaGpt final : public StageModel {
   void layer_forward(int64_t i, LayerActs& la, const T* input, T* output, int64_t B, int64_t T_);
   void layer_backward(int64_t i, LayerActs& la, T* d, int64_t B, int64_t T_);
   void ensure_scratch(int64_t B);
+  // Host ids to the device without waiting for the stream: a copy from pageable memory returns
+  // once the source has been read into the driver's staging memory, so the caller may reuse it.
+  void copy_ids(int32_t* dst, const int32_t* host, int64_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream()));
+  }
   void report_final(int64_t watermark) {
     if (grads_final_) grads_final_(watermark);
   }
@@ -251,7 +257,7 @@ float CudaGpt<T>::forward(Activations& base, const int32_t* tokens, const int32_
   const int64_t num_layers = static_cast<int64_t>(a.layers.size());
   T* x = num_layers > 0 ? a.layers[0].input.data() : a.output.data();
   if (shard_.has_embedding) {
-    dev_.from_host(a.tokens.data(), tokens, N * 4);
+    copy_ids(a.tokens.data(), tokens, N);
     cuda::token_embedding_forward(x, a.tokens.data(), w(wte_), N, C, vocab_begin_, local_vocab_,
                                   s);
     all_reduce_sum(x, N * C);  // each row was looked up by the rank owning its id
@@ -267,7 +273,7 @@ float CudaGpt<T>::forward(Activations& base, const int32_t* tokens, const int32_
 
   // Final LayerNorm, LM head (tied, vocab-parallel), cross-entropy without gathering logits.
   const int64_t V = config_.vocab_size, Vl = local_vocab_;
-  dev_.from_host(a.targets.data(), targets, N * 4);
+  copy_ids(a.targets.data(), targets, N);
   cuda::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.output.data(),
                           w(lnf_w_), w(lnf_b_), N, C, s);
   cuda::linear_forward<T>(dev_.blas(), a.logits.data(), a.lnf.data(), w(wte_), nullptr, N, C, Vl,
