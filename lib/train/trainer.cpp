@@ -181,6 +181,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
 StepMetrics Trainer::train_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m = apply_update(step, forward_backward(step));
+  device().synchronize();  // a GPU step is timed to the end of its optimizer update
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.ms_per_step = seconds * 1e3;
