@@ -43,19 +43,20 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   b.device = std::move(device);
   // A group of one rank keeps the groups' own communicator: the model only all-reduces over
   // it, which is the identity there and touches no memory.
-  auto for_device = [&](Communicator* group) -> Communicator* {
+  auto for_device = [&](Communicator* group, bool point_to_point) -> Communicator* {
     if (group == nullptr || group->size() == 1) return group;
     std::unique_ptr<Communicator> c =
-        nccl ? make_nccl_communicator(mpi_comm_of(*group), group->name(), gpu.stream())
+        nccl ? make_nccl_communicator(mpi_comm_of(*group), group->name(), gpu.stream(),
+                                      point_to_point)
              : make_staged_communicator(*group, gpu, group->name());
     b.owned.push_back(std::move(c));
     return b.owned.back().get();
   };
   // The same order on every rank: NCCL's initialisation is collective over each group.
-  b.tensor = for_device(groups.tensor);
-  b.pipeline = for_device(groups.pipeline);
-  b.data = for_device(groups.data);
-  b.embedding = for_device(groups.embedding);
+  b.tensor = for_device(groups.tensor, false);
+  b.pipeline = for_device(groups.pipeline, true);  // the only group with messages
+  b.data = for_device(groups.data, false);
+  b.embedding = for_device(groups.embedding, false);
   b.model = make_cuda_stage_model(config.model, shard, *b.tensor, gpu,
                                   config.train.precision == "bf16");
   return b;

@@ -141,7 +141,7 @@ class NcclRequest final : public CommRequest {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, std::string name, cudaStream_t stream)
+  NcclCommunicator(MPI_Comm comm, std::string name, cudaStream_t stream, bool point_to_point)
       : Communicator(std::move(name)) {
     h_.compute = stream;
     mpi_check(MPI_Comm_rank(comm, &rank_), name_, "MPI_Comm_rank");
@@ -151,7 +151,7 @@ class NcclCommunicator final : public Communicator {
     // Channels: none for one rank; lower->higher and higher->lower; split by the parity of the
     // lower rank when there are more than 2 ranks.
     parities_ = size_ > 2 ? 2 : 1;
-    const int channels = size_ > 1 ? 2 * parities_ : 0;
+    const int channels = size_ > 1 && point_to_point ? 2 * parities_ : 0;
 
     // Rank 0 makes every unique id; the outcome travels with them, so a failure there is
     // thrown on every rank instead of leaving the others waiting in NCCL.
@@ -313,6 +313,8 @@ class NcclCommunicator final : public Communicator {
 
   // The channel of messages from rank `from` to rank `to` (from != to).
   Channel& channel(int from, int to) {
+    if (h_.p2p.empty())
+      throw Error("communicator '" + name_ + "' was built without point-to-point channels");
     const int direction = from < to ? 0 : 1;
     const int lower = from < to ? from : to;
     return h_.p2p[direction * parities_ + lower % parities_];
@@ -339,8 +341,8 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name,
-                                                     cudaStream_t stream) {
-  return std::make_unique<NcclCommunicator>(comm, std::move(name), stream);
+                                                     cudaStream_t stream, bool point_to_point) {
+  return std::make_unique<NcclCommunicator>(comm, std::move(name), stream, point_to_point);
 }
 
 }  // namespace trident

@@ -37,7 +37,8 @@
 // in the order they are posted, and messages between two ranks in one direction are matched in
 // posting order: TAGS ARE NOT USED FOR MATCHING (NCCL has none), so both sides must post their
 // messages of one direction in the same order. A message to oneself is refused (Error).
-// Groups of one rank create no channels.
+// Groups of one rank create no channels, nor do groups built with point_to_point = false (the
+// tensor and data groups, which only run collectives; a p2p call there throws).
 //
 // Counting: the op names and rules of MpiCommunicator (comm/mpi_comm.hpp): calls and bytes
 // when a call is posted, all_reduce_counts per all-reduce; seconds = host time inside the call
@@ -63,6 +64,7 @@
 namespace trident {
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name,
-                                                     cudaStream_t stream);
+                                                     cudaStream_t stream,
+                                                     bool point_to_point = true);
 
 }  // namespace trident
