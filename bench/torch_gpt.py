@@ -5,6 +5,14 @@ Trains a GPT-2 (pre-LN blocks, fused qkv Linear, causal attention, GELU tanh, le
 positions, LM head tied to the token embedding) in fp32 with AdamW on random tokens, and
 reports tokens/s and achieved GFLOP/s as one JSON line on stdout.
 
+--device cuda runs it on the GPU (eager; bench/gpu_check.sh). --dtype bf16 is standard mixed
+precision: fp32 parameters (the master weights), gradients and AdamW state, the forward and
+the loss under torch.autocast(bfloat16), so matmuls and attention take bf16 inputs with fp32
+accumulation, and layer norms, softmax and the cross-entropy run in fp32 (autocast's policy).
+On CUDA, AdamW is the fused implementation where PyTorch has one (else foreach), TF32 is off,
+and each step is timed between two torch.cuda.synchronize() calls. The defaults (--device cpu
+--dtype fp32) are the CPU benchmark as before.
+
 FLOPs per training step (the same formula as bench/train_bench.sh and the docs):
     total = 3 * tokens * (L*(24*C^2 + 4*T*C) + 2*C*V)
   forward per token and layer: 2*(3C*C + C*C + 4C*C + 4C*C) = 24*C^2 for the four linear
@@ -21,9 +29,11 @@ bench/train_bench.sh also sets them in the subprocess's environment.
   /usr/bin/python3 bench/torch_gpt.py --shape small --threads 1 [--warmup 2 --steps 5]
   /usr/bin/python3 bench/torch_gpt.py --layers 12 --heads 12 --width 768 --vocab 50304 \
       --seq 1024 --batch 1 --threads 2
+  python3 bench/torch_gpt.py --shape 124m --batch 16 --device cuda --dtype bf16 --warmup 3 --steps 15
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -57,6 +67,9 @@ def parse_args():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: autocast(bfloat16) over fp32 master weights (default fp32)")
     p.add_argument("--verbose", action="store_true", help="per-step times on stderr")
     a = p.parse_args()
     base = SHAPES[a.shape or ("small" if a.layers is None else "124m")]
@@ -95,6 +108,12 @@ try:
     torch.set_num_interop_threads(1)
 except RuntimeError:
     pass
+if args.device == "cuda":
+    if not torch.cuda.is_available():
+        sys.exit(f"torch_gpt.py: --device cuda, but torch {torch.__version__} sees no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls in fp32 (the default anyway)
+    torch.backends.cudnn.allow_tf32 = False
+DEVICE = torch.device(args.device)
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0; 1.13 has none
 
@@ -178,22 +197,40 @@ class GPT(nn.Module):
 
 
 def make_optimizer(model, lr):
+    """Returns (optimizer, implementation): "fused" (CUDA, where PyTorch has it), "foreach"
+    or "default"."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1},
               {"params": no_decay, "weight_decay": 0.0}]
     kw = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    if args.device == "cuda":
+        try:
+            return torch.optim.AdamW(groups, fused=True, **kw), "fused"
+        except (TypeError, RuntimeError):  # torch without a fused AdamW
+            pass
     try:
-        return torch.optim.AdamW(groups, foreach=True, **kw), True
+        return torch.optim.AdamW(groups, foreach=True, **kw), "foreach"
     except TypeError:  # torch without the foreach argument
-        return torch.optim.AdamW(groups, **kw), False
+        return torch.optim.AdamW(groups, **kw), "default"
+
+
+def sync():
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def autocast():
+    if args.dtype == "bf16":
+        return torch.autocast(device_type=args.device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def main():
     torch.manual_seed(args.seed)
-    model = GPT(args.layers, args.heads, args.width, args.vocab, args.seq)
+    model = GPT(args.layers, args.heads, args.width, args.vocab, args.seq).to(DEVICE)
     model.train()
-    opt, foreach = make_optimizer(model, args.lr)
+    opt, adamw_impl = make_optimizer(model, args.lr)
     n_params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(args.seed + 1)
 
@@ -203,13 +240,16 @@ def main():
 
     times, losses = [], []
     for step in range(args.warmup + args.steps):
-        x, y = batch()
+        x, y = (t.to(DEVICE) for t in batch())
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with autocast():
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         losses.append(loss.item())
         if step >= args.warmup:
@@ -227,6 +267,8 @@ def main():
         "torch": torch.__version__,
         "threads": args.threads,
         "torch_threads": torch.get_num_threads(),
+        "device": args.device,
+        "dtype": args.dtype,
         "layers": args.layers, "heads": args.heads, "width": args.width,
         "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
         "params": n_params,
@@ -240,10 +282,15 @@ def main():
         "gflops": round(flops / med * 1e-9, 2),
         "gflops_best": round(flops / best * 1e-9, 2),
         "sdpa": HAS_SDPA,
-        "adamw_foreach": foreach,
+        "adamw_foreach": adamw_impl == "foreach",
+        "adamw": adamw_impl,
         "loss_first": round(losses[0], 4),
         "loss_last": round(losses[-1], 4),
     }
+    if args.device == "cuda":
+        out["gpu"] = torch.cuda.get_device_name()
+        out["cuda"] = torch.version.cuda
+        out["max_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print(json.dumps(out), flush=True)
 
 

@@ -1,0 +1,661 @@
+#!/usr/bin/env bash
+# The one-shot GPU check of the CUDA trainer, run ON the device machine (one H200) from the
+# repository root, with gpu_pack/ (bench/gpu_pack.sh) carried beside the working tree:
+#
+#   bash bench/gpu_check.sh
+#
+#   a. the GPU (nvidia-smi), the library path (gpu_pack/lib + the image's CUDA libraries),
+#      mpiexec -n 2
+#   b. the GPU unit tests: every gpu_pack/bin/test_cuda_* (the _npN ones under mpiexec -n N)
+#   c. parity: configs/gpu_parity.toml (2 layers, width 128, seq 128, vocab 256), 10 steps,
+#      train.device = cpu vs cuda fp32 (worst relative loss difference <= 1e-5) and cuda bf16
+#      (<= 2e-2), per step, from the runs' metrics.jsonl
+#   d. TP 2 on 2 ranks sharing the GPU over the MPI path (parallel.comm = "mpi") vs TP 1 on the
+#      GPU, fp32, 10 steps (<= 1e-5)
+#   e. the cuBLAS bf16 GEMM ceiling (gpu_gemm_ceiling): best TFLOP/s
+#   f. GPT-2 124M (configs/gpu_124m.toml: 12 x 768, 12 heads, vocab 50304, seq 1024), bf16,
+#      micro-batch 16 (8 if 16 runs out of memory), 20 steps: tokens/s (median of the steps after
+#      the first 3), TFLOP/s by bench/train_bench.sh's formula, MFU = that / the ceiling of e
+#      (target >= 40%)
+#   g. the PyTorch eager reference (bench/torch_gpt.py --device cuda --dtype bf16), same shape
+#      and batch: tokens/s, and Trident/PyTorch (target >= 1)
+#
+# Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
+# 450 s: each step's limit is cut so that the later steps keep their minimum); a failed step is
+# reported and the next one runs. Output: the log on stdout, the summary table last; under $OUT
+# (default build-gpu/gpu-check-out): gpu_check.md (the table), gpu_check.json (table + raw
+# figures), gpu_check.log (stdout), gemm.json, logs.tar.gz (every command's output, the runs'
+# metrics.jsonl, the gtest JSON).
+#
+# Without a GPU (no nvidia-smi GPU and no /dev/nvidia0), or with --dry-run, it runs what the CPU
+# can: the real CUDA commands are still tried (and fail, which is logged), and each GPU run is
+# replaced by a CPU stand-in (train.device = cpu, a small shape for f and g), so the library
+# path, mpiexec, the log parsing, the comparisons and the table are exercised; those rows say
+# DRY. Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
+#
+# Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
+#          --budget SECONDS, --steps "a b c d e f g" (a subset; a always runs)
+# Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
+#          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+mode=auto
+PACK="$repo/gpu_pack"
+OUT=${OUT:-$repo/build-gpu/gpu-check-out}
+BUDGET=${GPU_CHECK_BUDGET:-450}
+STEPS="a b c d e f g"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --dry-run) mode=dry; shift ;;
+    --gpu) mode=gpu; shift ;;
+    --pack) PACK=$(cd "$2" && pwd); shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --budget) BUDGET="$2"; shift 2 ;;
+    --steps) STEPS="a $2"; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
+LOGS="$WORK/logs"
+RUNS="$WORK/runs"
+mkdir -p "$LOGS" "$RUNS"
+ROWS="$WORK/rows.tsv"
+FACTS="$WORK/facts.json"        # raw figures, one JSON object per line
+: >"$ROWS"; : >"$FACTS"
+T_START=$SECONDS
+DEADLINE=$((SECONDS + BUDGET))
+GPU_BATCH=${GPU_BATCH:-16}
+GPU_STEPS_124M=${GPU_STEPS_124M:-20}
+
+# ---------------------------------------------------------------- helpers
+say() { printf '[gpu_check %4ds] %s\n' "$((SECONDS - T_START))" "$*"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+# row STEP CHECK TARGET MEASURED VERDICT  (VERDICT: PASS FAIL ERROR INFO DRY SKIP)
+row() {
+  local f=("$@")
+  printf '%s\t%s\t%s\t%s\t%s\n' "${f[@]//$'\t'/ }" >>"$ROWS"
+  say "RESULT $1 | $2 | target: $3 | $4 | $5"
+}
+fact() { echo "$1" >>"$FACTS"; }
+# Seconds a step may take: at most NOMINAL, leaving RESERVE seconds for the steps after it,
+# but at least min(NOMINAL, 15) while the budget lasts.
+limit() {
+  local hard=$((DEADLINE - SECONDS)) left=$((DEADLINE - SECONDS - $2)) floor=$(($1 < 15 ? $1 : 15))
+  ((left > $1)) && left=$1
+  ((left < floor)) && left=$floor
+  ((left > hard)) && left=$hard
+  echo "$left"
+}
+# The last error-looking line of a log (for the table).
+errline() {
+  local l
+  l=$(grep -v -e '^\[gpu_check' -e 'MPI_Abort' "$1" 2>/dev/null |
+      grep -iE 'error|fail|terminate|what\(\)|out of memory|exception' | tail -1)
+  [[ -n $l ]] || l=$(grep -v '^\[gpu_check' "$1" 2>/dev/null | grep -v '^ *$' | tail -1)
+  echo "${l:0:140}"
+}
+
+PY=""
+for p in python3 /usr/bin/python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import json, statistics' 2>/dev/null; then PY=$p; break; fi
+done
+[[ -n $PY ]] || { echo "gpu_check.sh: no python3" >&2; exit 1; }
+
+# The parsing and the table, in one helper (standard library only).
+cat >"$WORK/gc.py" <<'PYEOF'
+import json, math, statistics, sys
+
+def load_jsonl(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+def steps_losses(path):
+    out = {}
+    for r in load_jsonl(path):
+        if "loss" in r and "step" in r:  # a NaN loss is written as null
+            out[int(r["step"])] = math.nan if r["loss"] is None else float(r["loss"])
+    return out
+
+def flops_per_token(L, C, V, T):
+    # bench/train_bench.sh: 3 * (L*(24*C^2 + 4*T*C) + 2*C*V)
+    return 3 * (L * (24 * C * C + 4 * T * C) + 2 * C * V)
+
+def cmd_compare(ref, run, nsteps):
+    """Worst relative loss difference |run - ref| / |ref| over the steps; prints one JSON."""
+    a, b = steps_losses(ref), steps_losses(run)
+    nsteps = int(nsteps)
+    res = {"ref_steps": len(a), "run_steps": len(b)}
+    expected = list(range(1, nsteps + 1))
+    missing = [s for s in expected if s not in a or s not in b]
+    if missing:
+        res["error"] = (f"steps missing: reference has {sorted(a)[:3]}..({len(a)}), "
+                        f"run has {sorted(b)[:3]}..({len(b)}); expected 1..{nsteps}")
+        print(json.dumps(res)); return
+    worst, worst_step, per = -1.0, None, []
+    for s in expected:
+        x, y = a[s], b[s]
+        rel = abs(y - x) / max(abs(x), 1e-30) if math.isfinite(x) and math.isfinite(y) else math.inf
+        per.append({"step": s, "ref": x, "run": y, "rel": rel})
+        if rel > worst or not math.isfinite(rel):
+            worst, worst_step = rel, s
+    res.update(worst=worst, worst_step=worst_step, first=per[0]["rel"], per_step=per)
+    print(json.dumps(res))
+
+def cmd_table_losses(result_json):
+    r = json.loads(open(result_json).read())
+    for p in r.get("per_step", []):
+        print(f"    step {p['step']:3d}  ref {p['ref']:.8f}  run {p['run']:.8f}  rel {p['rel']:.3e}")
+
+def cmd_throughput(metrics, skip, L, C, V, T, B):
+    """Median tokens/s over the logged steps after the first `skip`; TFLOP/s by the formula."""
+    L, C, V, T, B, skip = map(int, (L, C, V, T, B, skip))
+    rows = sorted((r for r in load_jsonl(metrics) if "tokens_per_s" in r), key=lambda r: r["step"])
+    res = {"steps_logged": len(rows)}
+    timed = rows[skip:]
+    if not timed:
+        res["error"] = f"{len(rows)} logged steps, need more than {skip}"
+        print(json.dumps(res)); return
+    tps = statistics.median(float(r["tokens_per_s"]) for r in timed)
+    fpt = flops_per_token(L, C, V, T)
+    res.update(steps_used=len(timed), tokens_per_s=tps, flops_per_token=fpt,
+               tflops=tps * fpt / 1e12,
+               ms_per_step=statistics.median(float(r["ms_per_step"]) for r in timed),
+               loss_first=rows[0].get("loss"), loss_last=rows[-1].get("loss"))
+    g = [float(r["gflops_per_rank"]) for r in timed if r.get("gflops_per_rank") is not None]
+    if g:
+        res["trainer_tflops"] = statistics.median(g) / 1e3
+    print(json.dumps(res))
+
+def cmd_gemm(path):
+    try:
+        j = json.loads(open(path).read())
+    except Exception as e:
+        print(json.dumps({"error": f"cannot parse {path}: {e}"})); return
+    if "skipped" in j:
+        print(json.dumps({"skipped": j["skipped"]})); return
+    res = j.get("results", [])
+    sq = [r for r in res if r["name"].startswith("square")]
+    best = max(sq or res, key=lambda r: r["tflops"]) if res else None
+    print(json.dumps({"device": j.get("device"), "best_tflops": best and best["tflops"],
+                      "best_name": best and best["name"],
+                      "best_any_tflops": max((r["tflops"] for r in res), default=None),
+                      "layer_tflops": j.get("gpt2_layer_plus_head_gemms_tflops"),
+                      "layer_ms": j.get("gpt2_layer_plus_head_gemms_ms")}))
+
+def cmd_gtest(json_path, log_path):
+    """Counts from --gtest_output=json, else from the log's [ OK ] / [ FAILED ] / [ SKIPPED ]."""
+    res = {}
+    try:
+        j = json.loads(open(json_path).read())
+        tests = [t for s in j.get("testsuites", []) for t in s.get("testsuite", [])]
+        failed = [f"{t['classname']}.{t['name']}" for t in tests if t.get("failures")]
+        skipped = [t for t in tests if t.get("result") == "SKIPPED"]
+        res = {"source": "json", "tests": len(tests), "failed": len(failed),
+               "skipped": len(skipped), "passed": len(tests) - len(failed) - len(skipped),
+               "failed_names": failed}
+    except Exception:
+        ok = fail = skip = 0
+        names = set()
+        try:
+            for line in open(log_path, errors="replace"):
+                if line.startswith("[       OK ]"): ok += 1
+                elif line.startswith("[  SKIPPED ]") and "(" in line: skip += 1
+                elif line.startswith("[  FAILED  ]") and "(" in line:
+                    fail += 1; names.add(line.split()[3] if len(line.split()) > 3 else line)
+        except OSError:
+            pass
+        res = {"source": "log", "tests": ok + fail + skip, "passed": ok, "failed": fail,
+               "skipped": skip, "failed_names": sorted(names)}
+    print(json.dumps(res))
+
+def cmd_get(js, *keys):
+    """Prints fields of a JSON object separated by \\x1f (not a whitespace character, so that
+    `IFS=$'\\x1f' read` keeps empty fields); '' for a missing one."""
+    try:
+        j = json.loads(js)
+    except Exception:
+        j = {}
+    vals = []
+    for k in keys:
+        v = j.get(k)
+        vals.append("" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v)))
+    print("\x1f".join(vals))
+
+def cmd_table(rows_tsv, facts, md_path, json_path, title):
+    rows = [l.rstrip("\n").split("\t") for l in open(rows_tsv) if l.strip()]
+    hdr = ["step", "check", "target", "measured", "verdict"]
+    # Console: measured cut at 100 characters (the figures come first; the full text is in the
+    # Markdown and the JSON).
+    cut = lambda t: t if len(t) <= 100 else t[:99] + "~"
+    con = [r[:3] + [cut(r[3])] + r[4:] for r in rows]
+    w = [max([len(h)] + [len(r[i]) for r in con]) for i, h in enumerate(hdr)]
+    def line(c):
+        return "  ".join(c[i].ljust(w[i]) for i in range(5)).rstrip()
+    print(line(hdr)); print(line(["-" * x for x in w]))
+    for r in con: print(line(r))
+    with open(md_path, "w") as md:
+        md.write(f"# {title}\n\n| " + " | ".join(hdr) + " |\n|---|---|---|---|---|\n")
+        for r in rows:
+            md.write("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n")
+    fl = []
+    for l in open(facts):
+        try: fl.append(json.loads(l))
+        except Exception: pass
+    with open(json_path, "w") as f:
+        json.dump({"title": title, "rows": [dict(zip(hdr, r)) for r in rows], "facts": fl}, f, indent=1)
+    bad = [r for r in rows if r[4] not in ("PASS", "INFO", "DRY", "SKIP")]
+    sys.exit(1 if bad else 0)
+
+if __name__ == "__main__":
+    globals()["cmd_" + sys.argv[1]](*sys.argv[2:])
+PYEOF
+gc() { "$PY" "$WORK/gc.py" "$@"; }
+get() { gc get "$@"; }   # get JSON KEY... -> values separated by \x1f
+
+main() {
+say "gpu_check.sh in $repo; pack $PACK; out $OUT; work $WORK; budget ${BUDGET}s; steps: $STEPS"
+[[ -d $PACK/bin ]] || { say "no $PACK/bin: run bench/gpu_pack.sh here and carry gpu_pack"; row a pack "gpu_pack/ present" "missing" ERROR; return; }
+say "pack: $(head -2 "$PACK/MANIFEST.txt" 2>/dev/null | tr '\n' ' ')"
+
+# ================================================================ a. GPU, libraries, mpiexec
+have_gpu=0
+gpu_line=""
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi >"$LOGS/nvidia-smi.txt" 2>&1
+  gpu_line=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv,noheader 2>&1 | head -1)
+  timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && have_gpu=1
+elif [[ -e /dev/nvidia0 ]]; then
+  have_gpu=1; gpu_line="(no nvidia-smi; /dev/nvidia0 present)"
+fi
+case $mode in
+  auto) [[ $have_gpu == 1 ]] && mode=gpu || mode=dry ;;
+esac
+DRY=0; [[ $mode == dry ]] && DRY=1
+say "nvidia-smi: ${gpu_line:-no GPU}"
+say "mode: $mode$([[ $DRY == 1 ]] && echo ' (GPU runs replaced by CPU stand-ins; rows marked DRY)')"
+cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+say "host: $(nproc) cores ($cpu_model), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
+fact "$(printf '{"what": "host", "mode": "%s", "gpu": "%s", "cores": %d, "cpu": "%s"}' "$mode" "${gpu_line//\"/}" "$(nproc)" "${cpu_model//\"/}")"
+row a GPU "nvidia-smi" "${gpu_line:-none}" "$([[ $have_gpu == 1 ]] && echo INFO || echo SKIP)"
+
+# The pack: bin/ unpacked whole into $BIN, the compressed libraries (NAME.xz) into
+# $WORK/xzlib, before lib/ on the path; then for every library still unresolved, the image's
+# directory that holds it.
+unxz_to() {  # FILE.xz DEST
+  if command -v xz >/dev/null; then xz -dc "$1" >"$2"
+  else "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+  fi || say "cannot unpack $1"
+}
+BIN="$WORK/bin"
+mkdir -p "$WORK/xzlib" "$BIN"
+for f in "$PACK"/lib/*.xz; do
+  [[ -f $f ]] && unxz_to "$f" "$WORK/xzlib/$(basename "$f" .xz)"
+done
+for f in "$PACK"/bin/*; do
+  if [[ $f == *.xz ]]; then unxz_to "$f" "$BIN/$(basename "$f" .xz)"; else cp "$f" "$BIN/"; fi
+done
+chmod +x "$BIN"/*
+# The image's own LD_LIBRARY_PATH (the driver's libcuda, say) stays on the path, after the pack.
+LIBPATH="$WORK/xzlib:$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+unresolved() {
+  local b
+  for b in "$BIN"/*; do
+    LD_LIBRARY_PATH=$LIBPATH ldd "$b" 2>/dev/null | awk '$3 == "not" {print $1}'
+  done | sort -u
+}
+lib_note=""
+add_dir() {  # NAME DIR
+  [[ ":$LIBPATH:" == *":$2:"* ]] || LIBPATH="$LIBPATH:$2"
+  lib_note+="$1: $2; "
+}
+need=()
+for name in $(unresolved); do
+  found=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
+           /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+    if [[ -e $d/$name ]]; then add_dir "$name" "$d"; found=1; break; fi
+  done
+  [[ -n $found ]] || need+=("$name")
+done
+if [[ ${#need[@]} -gt 0 ]]; then
+  # One search for the rest (e.g. NCCL from the Python environment's nvidia-nccl package).
+  expr=(); for name in "${need[@]}"; do expr+=(-o -name "$name"); done
+  timeout 60 find /usr/local /opt /usr/lib /usr/lib64 /usr/share -xdev \( "${expr[@]:1}" \) \
+    2>/dev/null >"$WORK/found-libs.txt"
+  for name in "${need[@]}"; do
+    hit=$(grep -m1 "/$name\$" "$WORK/found-libs.txt")
+    if [[ -n $hit ]]; then add_dir "$name" "$(dirname "$hit")"
+    elif [[ -e $PACK/fallback/$name ]]; then add_dir "$name" "$PACK/fallback"
+    fi
+  done
+fi
+still=$(unresolved | tr '\n' ' ')
+say "LD_LIBRARY_PATH for the packed binaries: $LIBPATH"
+[[ -x $BIN/trident ]] && LD_LIBRARY_PATH=$LIBPATH ldd "$BIN/trident" 2>&1 |
+  grep -E 'cuda|cublas|nccl|mpich|openblas|hdf5' | sed 's/^/    /'
+if [[ -z $still ]]; then
+  row a libraries "every packed binary resolves" "${lib_note:-all found in the pack or the loader cache}" PASS
+else
+  row a libraries "every packed binary resolves" "missing: $still" FAIL
+fi
+export UCX_MODULE_DIR="$PACK/lib/ucx"   # UCX's transport modules: the packed ones only
+tenv() { env LD_LIBRARY_PATH="$LIBPATH" PATH="$BIN:$PATH" "$@"; }
+MPIEXEC=("$BIN/mpiexec" -launcher fork)
+if tenv timeout -k 5 30 "${MPIEXEC[@]}" -n 2 true >"$LOGS/mpiexec-true.log" 2>&1; then
+  row a "mpiexec -n 2" "starts 2 ranks" "ok" PASS
+else
+  row a "mpiexec -n 2" "starts 2 ranks" "failed (rc $?): $(tail -1 "$LOGS/mpiexec-true.log")" FAIL
+fi
+
+# ================================================================ b. GPU unit tests
+if want b; then
+  compgen -G "$BIN/test_cuda_*" >/dev/null || row b "test_cuda_*" "0 failures" "no test binary in the pack" ERROR
+  for b in "$BIN"/test_cuda_*; do
+    [[ -x $b ]] || continue
+    name=$(basename "$b")
+    launch=()
+    [[ $name =~ _np([0-9]+)$ ]] && launch=("${MPIEXEC[@]}" -n "${BASH_REMATCH[1]}")
+    t=$(limit 120 230)
+    if ((t < 10)); then row b "$name" "0 failures" "not run: no time left" ERROR; continue; fi
+    say "b. $name (limit ${t}s)"
+    t0=$SECONDS
+    tenv timeout -k 10 "$t" "${launch[@]}" "$b" --gtest_output="json:$LOGS/$name.json" >"$LOGS/$name.log" 2>&1
+    rc=$?
+    dt=$((SECONDS - t0))
+    res=$(gc gtest "$LOGS/$name.json" "$LOGS/$name.log")
+    fact "{\"what\": \"$name\", \"rc\": $rc, \"seconds\": $dt, \"counts\": $res}"
+    IFS=$'\x1f' read -r n_tests n_pass n_fail n_skip names <<<"$(get "$res" tests passed failed skipped failed_names)"
+    measured="$n_pass passed, $n_fail failed, $n_skip skipped of $n_tests (rc $rc, ${dt}s)"
+    [[ $rc == 124 || $rc == 137 ]] && measured+=" TIMED OUT"
+    [[ $n_fail != 0 ]] && measured+="; failed: $names"
+    grep -E '^\[ (cuda|timing) \]|FAILED|Failure' "$LOGS/$name.log" | head -20 | sed 's/^/    /'
+    if [[ $DRY == 1 ]]; then
+      v=SKIP; [[ $rc == 0 && ${n_fail:-1} == 0 ]] || v=ERROR
+    elif [[ $rc == 0 && ${n_fail:-1} == 0 && ${n_tests:-0} -gt 0 && ${n_skip:-0} -lt ${n_tests:-0} ]]; then v=PASS
+    else v=FAIL; fi
+    row b "$name" "0 failures" "$measured" "$v"
+  done
+fi
+
+# ================================================================ trident runs
+# run_trident NAME CONFIG LIMIT NRANKS [--set ...]: one run into $RUNS/NAME; rc returned.
+run_trident() {
+  local name=$1 config=$2 t=$3 n=$4; shift 4
+  local launch=()
+  ((n > 1)) && launch=("${MPIEXEC[@]}" -n "$n")
+  rm -rf "${RUNS:?}/$name"
+  if ((t < 5)); then echo "[gpu_check: not run, no time left]" >"$LOGS/$name.log"; return 125; fi
+  say "run $name: ${launch[*]} trident train --config $config $* (limit ${t}s)"
+  local t0=$SECONDS
+  tenv timeout -k 10 "$t" "${launch[@]}" "$BIN/trident" train --config "$config" \
+      --set log.dir="$RUNS/$name" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "[gpu_check: exit status $rc after $((SECONDS - t0)) s]" >>"$LOGS/$name.log"
+  if [[ $rc != 0 ]]; then
+    say "run $name FAILED (rc $rc); last lines:"; tail -6 "$LOGS/$name.log" | sed 's/^/    /'
+  else
+    grep -E '^step ' "$LOGS/$name.log" | tail -2 | sed 's/^/    /'
+  fi
+  return $rc
+}
+# gpu_run NAME CONFIG LIMIT NRANKS [--set ...]: a run on the GPU. If it fails with NCCL in its
+# log and the arguments do not choose parallel.comm, it is rerun once with parallel.comm = mpi.
+# Dry run: the real command first (limit 30 s; it fails, and its last error line goes into the
+# note), then a CPU stand-in under the same NAME: the same arguments without train.device,
+# train.precision and parallel.comm, plus train.device = cpu, train.precision = fp32.
+# Sets run_note.
+gpu_run() {
+  local name=$1 config=$2 t=$3 n=$4; shift 4
+  local rc
+  run_note=""
+  if [[ $DRY == 0 ]]; then
+    run_trident "$name" "$config" "$t" "$n" "$@"
+    rc=$?
+    if [[ $rc != 0 && $rc != 125 && " $* " != *" parallel.comm="* ]] &&
+       grep -v '^\[gpu_check' "$LOGS/$name.log" | grep -qi nccl; then
+      cp "$LOGS/$name.log" "$LOGS/$name-nccl-failed.log"
+      run_note="failed with NCCL (rc $rc; $name-nccl-failed.log), rerun with parallel.comm=mpi"
+      say "$name: $run_note"
+      run_trident "$name" "$config" "$(limit "$t" 0)" "$n" "$@" --set parallel.comm=mpi
+      rc=$?
+    fi
+    return $rc
+  fi
+  run_trident "$name-real" "$config" 30 "$n" "$@"
+  rc=$?
+  run_note="real GPU command: rc $rc, $(grep -v '^\[gpu_check' "$LOGS/$name-real.log" | grep -iE 'error|refus|cuda' | tail -1 | cut -c1-110)"
+  local args=() skip=0 a
+  for a in "$@"; do
+    if [[ $skip == 1 ]]; then skip=0; continue; fi
+    if [[ $a == --set ]]; then args+=("$a"); continue; fi
+    case $a in
+      train.device=*|train.precision=*|parallel.comm=*) unset 'args[${#args[@]}-1]' ;;  # drop "--set KEY=V"
+      *) args+=("$a") ;;
+    esac
+  done
+  run_trident "$name" "$config" "$t" "$n" "${args[@]}" --set train.device=cpu --set train.precision=fp32
+}
+
+PARITY=configs/gpu_parity.toml
+NSTEPS=10
+compare_row() {  # STEP CHECK BOUND REF RUN RUN_RC LABEL
+  local step=$1 check=$2 bound=$3 ref=$4 run=$5 rc=$6 label=$7
+  if [[ $rc != 0 ]]; then
+    row "$step" "$check" "<= $bound" "run failed (rc $rc; $label.log: $(errline "$LOGS/$label.log"))${run_note:+; $run_note}" ERROR; return
+  fi
+  local res
+  res=$(gc compare "$RUNS/$ref/metrics.jsonl" "$RUNS/$run/metrics.jsonl" "$NSTEPS" 2>&1)
+  echo "$res" >"$LOGS/compare-$run.json"
+  fact "{\"what\": \"compare $run vs $ref\", \"bound\": $bound, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d.pop("per_step",None); print(json.dumps(d))' 2>/dev/null || echo null)}"
+  IFS=$'\x1f' read -r worst wstep first err <<<"$(get "$res" worst worst_step first error)"
+  if [[ -n $err || -z $worst ]]; then
+    row "$step" "$check" "<= $bound" "cannot compare: ${err:-$res}" ERROR; return
+  fi
+  gc table_losses "$LOGS/compare-$run.json"
+  local v
+  v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) <= float(sys.argv[2]) else 'FAIL')" "$worst" "$bound")
+  [[ $DRY == 1 ]] && v=DRY
+  row "$step" "$check" "<= $bound" "worst $worst at step $wstep (step 1: $first)${run_note:+; $run_note}" "$v"
+}
+
+# ================================================================ c. GPU vs CPU parity
+c_cpu_rc=1 c_fp32_rc=1
+if want c; then
+  say "c. parity: $PARITY, $NSTEPS steps: cpu, cuda fp32, cuda bf16"
+  run_trident par-cpu "$PARITY" "$(limit 60 210)" 1 --set train.device=cpu
+  c_cpu_rc=$?
+  if [[ $c_cpu_rc == 0 ]]; then
+    res=$(gc throughput "$RUNS/par-cpu/metrics.jsonl" 0 2 128 256 128 8)
+    IFS=$'\x1f' read -r l1 ln nlog <<<"$(get "$res" loss_first loss_last steps_logged)"
+    if [[ $nlog == "$NSTEPS" ]]; then
+      row c "CPU reference run" "$NSTEPS steps logged" "$nlog steps, loss $l1 -> $ln" PASS
+    else
+      row c "CPU reference run" "$NSTEPS steps logged" "$nlog steps logged ($res)" ERROR
+    fi
+  else
+    row c "CPU reference run" "$NSTEPS steps logged" "failed (rc $c_cpu_rc; par-cpu.log: $(errline "$LOGS/par-cpu.log"))" ERROR
+  fi
+  gpu_run par-fp32 "$PARITY" "$(limit 60 190)" 1 --set train.device=cuda --set train.precision=fp32
+  c_fp32_rc=$?
+  compare_row c "GPU fp32 vs CPU, 10 steps: worst rel. loss diff" 1e-5 par-cpu par-fp32 "$c_fp32_rc" par-fp32
+  gpu_run par-bf16 "$PARITY" "$(limit 60 170)" 1 --set train.device=cuda --set train.precision=bf16
+  rc=$?
+  compare_row c "GPU bf16 vs CPU, 10 steps: worst rel. loss diff" 2e-2 par-cpu par-bf16 "$rc" par-bf16
+fi
+
+# ================================================================ d. TP 2, two ranks on one GPU, MPI path
+if want d; then
+  say "d. TP 2: mpiexec -n 2, parallel.comm = mpi, fp32, vs TP 1 on the GPU"
+  ref=par-fp32; ref_label="TP 1 GPU"
+  if [[ $c_fp32_rc != 0 || ! -s $RUNS/par-fp32/metrics.jsonl ]]; then
+    if [[ $c_cpu_rc == 0 ]]; then ref=par-cpu; ref_label="TP 1 CPU (the GPU TP 1 run failed)"
+    else
+      gpu_run par-fp32 "$PARITY" "$(limit 60 170)" 1 --set train.device=cuda --set train.precision=fp32
+      c_fp32_rc=$?
+    fi
+  fi
+  gpu_run par-tp2 "$PARITY" "$(limit 90 140)" 2 --set parallel.tensor=2 --set train.device=cuda \
+      --set train.precision=fp32 --set parallel.comm=mpi
+  rc=$?
+  compare_row d "TP 2 (2 ranks on 1 GPU, comm=mpi) vs $ref_label, fp32: worst rel. loss diff" 1e-5 "$ref" par-tp2 "$rc" par-tp2
+fi
+
+# ================================================================ e. GEMM ceiling
+ceiling=""
+if want e; then
+  t=$(limit 60 120)
+  say "e. gpu_gemm_ceiling 8 20 (limit ${t}s)"
+  tenv timeout -k 5 "$t" "$BIN/gpu_gemm_ceiling" 8 20 >"$LOGS/gemm.json" 2>"$LOGS/gemm.err"
+  rc=$?
+  cp "$LOGS/gemm.json" "$OUT/gemm.json" 2>/dev/null
+  res=$(gc gemm "$LOGS/gemm.json")
+  fact "{\"what\": \"gemm\", \"rc\": $rc, \"result\": $res}"
+  IFS=$'\x1f' read -r best bname layer skipped err <<<"$(get "$res" best_tflops best_name layer_tflops skipped error)"
+  if [[ -n $skipped ]]; then
+    row e "bf16 GEMM ceiling (cuBLAS, 8192^3)" "measured" "skipped: $skipped" "$([[ $DRY == 1 ]] && echo SKIP || echo ERROR)"
+  elif [[ $rc != 0 || -z $best ]]; then
+    row e "bf16 GEMM ceiling (cuBLAS, 8192^3)" "measured" "failed (rc $rc): ${err:-$(tail -1 "$LOGS/gemm.err")}" ERROR
+  else
+    ceiling=$best
+    row e "bf16 GEMM ceiling (cuBLAS, 8192^3)" "measured" "$best TFLOP/s ($bname); GPT-2 layer+head GEMMs at B=8: $layer TFLOP/s" INFO
+  fi
+fi
+
+# ================================================================ f. GPT-2 124M, bf16
+tri_tps="" B=$GPU_BATCH
+if want f; then
+  cfg=configs/gpu_124m.toml
+  if [[ $DRY == 1 ]]; then
+    # Stand-in: a small shape on the CPU (the parsing and the formula are what is exercised).
+    L=2 H=2 C=128 V=50304 T=128 B=2 N=5 SKIP=2
+  else
+    L=12 H=12 C=768 V=50304 T=1024 N=$GPU_STEPS_124M SKIP=3
+  fi
+  if [[ $DRY == 1 ]]; then flabel="stand-in L$L C$C T$T B=$B, CPU fp32"; else flabel="124M bf16 B=$B"; fi
+  shape=(--set model.layers=$L --set model.heads=$H --set model.width=$C --set model.vocab_size=$V
+         --set model.seq_len=$T --set train.steps=$N)
+  say "f. GPT-2 124M bf16, micro-batch $B, $N steps"
+  gpu_run gpt-b$B "$cfg" "$(limit 120 60)" 1 "${shape[@]}" --set train.micro_batch=$B \
+      --set train.global_batch=$B --set train.device=cuda --set train.precision=bf16
+  rc=$?
+  f_note=""
+  if [[ $rc != 0 && $DRY == 0 && $B -gt 8 ]] &&
+     grep -qiE 'out of memory|cudaErrorMemoryAllocation|ALLOC_FAILED' "$LOGS/gpt-b$B.log"; then
+    f_note="B=$B ran out of memory; "
+    B=8 flabel="124M bf16 B=8"
+    gpu_run gpt-b$B "$cfg" "$(limit 100 60)" 1 "${shape[@]}" --set train.micro_batch=$B \
+        --set train.global_batch=$B --set train.device=cuda --set train.precision=bf16
+    rc=$?
+  fi
+  name=gpt-b$B
+  if [[ $rc != 0 && -s $RUNS/$name/metrics.jsonl ]] &&
+     (( $(wc -l <"$RUNS/$name/metrics.jsonl") > SKIP + 1 )); then
+    # Timed out (or died late): the steps it logged still give a rate.
+    f_note+="run ended with rc $rc after $(wc -l <"$RUNS/$name/metrics.jsonl") of $N steps; "
+    rc=0
+  fi
+  if [[ $rc != 0 ]]; then
+    row f "Trident $flabel: tokens/s" "measured" "${f_note}run failed (rc $rc; $name.log: $(errline "$LOGS/$name.log"))" ERROR
+    row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "no Trident figure" ERROR
+  else
+    res=$(gc throughput "$RUNS/$name/metrics.jsonl" "$SKIP" "$L" "$C" "$V" "$T" "$B")
+    fact "{\"what\": \"trident 124m\", \"batch\": $B, \"result\": $res}"
+    IFS=$'\x1f' read -r tps tfl ttfl ms used err <<<"$(get "$res" tokens_per_s tflops trainer_tflops ms_per_step steps_used error)"
+    if [[ -n $err || -z $tps ]]; then
+      row f "Trident $flabel: tokens/s" "measured" "cannot parse: ${err:-$res}" ERROR
+    else
+      tri_tps=$tps
+      v=INFO; [[ $DRY == 1 ]] && v=DRY
+      row f "Trident $flabel: tokens/s (median of $used steps)" "measured" \
+          "${f_note}$tps tok/s, $ms ms/step, $tfl TFLOP/s (trainer's own: $ttfl)" "$v"
+      if [[ -n $ceiling ]]; then
+        mfu=$("$PY" -c "import sys; print(f'{100*float(sys.argv[1])/float(sys.argv[2]):.1f}')" "$tfl" "$ceiling")
+        v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= 40 else 'FAIL')" "$mfu")
+        row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "$mfu% ($tfl / $ceiling TFLOP/s)" "$v"
+      else
+        row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "no ceiling measured" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
+      fi
+    fi
+  fi
+fi
+
+# ================================================================ g. PyTorch eager reference
+if want g; then
+  PYT=""
+  for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    command -v "$p" >/dev/null && timeout 120 "$p" -c 'import torch' 2>/dev/null && { PYT=$p; break; }
+  done
+  if [[ -z ${L:-} ]]; then  # f did not run: its shape
+    if [[ $DRY == 1 ]]; then L=2 H=2 C=128 V=50304 T=128 B=2; else L=12 H=12 C=768 V=50304 T=1024; fi
+  fi
+  if [[ $DRY == 1 ]]; then glabel="stand-in L$L C$C T$T B=$B, CPU autocast bf16"; else glabel="eager 124M bf16 B=$B"; fi
+  if [[ -z $PYT ]]; then
+    row g "PyTorch $glabel: tokens/s" "measured" "no python with torch" ERROR
+  else
+    if [[ $DRY == 1 ]]; then
+      timeout 120 "$PYT" bench/torch_gpt.py --device cuda --dtype bf16 --steps 1 >"$LOGS/torch-real.log" 2>&1
+      g_note="real GPU command: rc $?, $(tail -1 "$LOGS/torch-real.log" | cut -c1-100)"
+      targs=(--device cpu --dtype bf16 --warmup 1 --steps 2 --threads "$(nproc)")
+    else
+      g_note=""
+      targs=(--device cuda --dtype bf16 --warmup 3 --steps 15 --threads 4)
+    fi
+    t=$(limit 150 15)
+    say "g. $PYT bench/torch_gpt.py ${targs[*]} (limit ${t}s)"
+    "$PYT" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | sed 's/^/    /'
+    t0=$SECONDS
+    PYTHONUNBUFFERED=1 timeout -k 10 "$t" "$PYT" bench/torch_gpt.py --layers "$L" --heads "$H" --width "$C" \
+        --vocab "$V" --seq "$T" --batch "$B" "${targs[@]}" >"$LOGS/torch.json" 2>"$LOGS/torch.err"
+    rc=$?
+    pt=$(tail -1 "$LOGS/torch.json" 2>/dev/null)
+    fact "{\"what\": \"pytorch\", \"rc\": $rc, \"seconds\": $((SECONDS - t0)), \"result\": $(echo "${pt:-null}" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
+    [[ -n $pt ]] || pt="{}"
+    IFS=$'\x1f' read -r ptps pgf adamw mem <<<"$(get "$pt" tokens_per_s gflops adamw max_memory_gib)"
+    if [[ $rc != 0 || -z $ptps ]]; then
+      row g "PyTorch $glabel: tokens/s" "measured" "failed (rc $rc): $(tail -1 "$LOGS/torch.err" | cut -c1-120)" ERROR
+      row g "Trident / PyTorch tokens/s" ">= 1.0" "no PyTorch figure" ERROR
+    else
+      v=INFO; [[ $DRY == 1 ]] && v=DRY
+      ptfl=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/1e3:.4g}')" "$pgf")
+      row g "PyTorch $glabel: tokens/s (median)" "measured" \
+          "$ptps tok/s, $ptfl TFLOP/s (AdamW $adamw${mem:+, peak ${mem} GiB})${g_note:+; $g_note}" "$v"
+      if [[ -n $tri_tps ]]; then
+        ratio=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$tri_tps" "$ptps")
+        v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= 1 else 'FAIL')" "$ratio")
+        [[ $DRY == 1 ]] && v=DRY
+        row g "Trident / PyTorch tokens/s" ">= 1.0" "$ratio ($tri_tps / $ptps)" "$v"
+      else
+        row g "Trident / PyTorch tokens/s" ">= 1.0" "no Trident figure" ERROR
+      fi
+    fi
+  fi
+fi
+}
+
+main 2>&1 | tee "$WORK/stdout.log"
+say "done in $((SECONDS - T_START)) s; summary:"
+echo
+title="Trident GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+gc table "$ROWS" "$FACTS" "$OUT/gpu_check.md" "$OUT/gpu_check.json" "$title" | tee -a "$WORK/stdout.log"
+status=${PIPESTATUS[0]}
+cp "$WORK/stdout.log" "$OUT/gpu_check.log"
+for r in "$RUNS"/*/; do
+  [[ -f $r/metrics.jsonl ]] && cp "$r/metrics.jsonl" "$LOGS/$(basename "$r").metrics.jsonl"
+done
+cp "$PACK/MANIFEST.txt" "$LOGS/" 2>/dev/null
+tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null
+echo
+echo "out: $OUT (gpu_check.md, gpu_check.json, gpu_check.log, gemm.json, logs.tar.gz)"
+rm -rf "$WORK"
+exit "$status"
