@@ -65,6 +65,14 @@ TEST_F(BadLayout, PipelineLayersDoNotAddUp) {
                       "parallel.pipeline_layers");
 }
 
+TEST_F(BadLayout, SequenceParallelRowsNotDivisibleByTensor) {
+  // micro_batch 1 x seq_len 33 = 33 rows cannot be split over 2 tensor ranks.
+  expect_layout_error(2,
+                      "--set parallel.tensor=2 --set parallel.sequence_parallel=true "
+                      "--set train.micro_batch=1 --set model.seq_len=33",
+                      "parallel.sequence_parallel");
+}
+
 TEST_F(BadLayout, FewerSequencesThanOneMicroBatchPerReplica) {
   expect_layout_error(2, "--set parallel.data=2 --set train.global_batch=2", "train.global_batch");
 }

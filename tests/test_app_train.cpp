@@ -170,7 +170,6 @@ TEST_F(BadInput, SettingsThisMachineCannotRunAreRefused) {
   expect_error(config() + " --set train.device=cuda --set parallel.comm=mpi", "train.device");
   // bf16 runs on the GPU backend only.
   expect_error(config() + " --set train.precision=bf16", "train.precision");
-  expect_error(config() + " --set parallel.sequence_parallel=true", "parallel.sequence_parallel");
 }
 
 TEST_F(BadInput, TokenOutsideTheVocabulary) {

@@ -42,6 +42,7 @@ class CudaGpt final : public StageModel {
   void weights_changed() override;
 
   DType stream_dtype() const override { return comm_type<T>(); }
+  int64_t stream_elements(int64_t B) const override { return B * config_.seq_len * C_; }
   std::unique_ptr<Activations> make_activations(int64_t B) override;
   int64_t activation_bytes(int64_t B) const override;
   float forward(Activations& a, const int32_t* tokens, const int32_t* targets,
@@ -112,6 +113,9 @@ template <typename T>
 CudaGpt<T>::CudaGpt(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
                     CudaDevice& device)
     : config_(config), shard_(shard), tp_(tensor_comm), dev_(device) {
+  if (shard.sequence_parallel)
+    throw Error("parallel.sequence_parallel = true runs on the CPU backend only so far; the "
+                "CUDA model shards no activations along the sequence");
   params_ = Gpt<float>::shard_parameters(config, shard);  // validates the split
   C_ = config.width;
   Cl_ = C_ / shard.tp_size;

@@ -32,6 +32,9 @@ class CpuStageModel final : public StageModel {
   void zero_grads() override { model_.zero_grads(); }
 
   DType stream_dtype() const override { return DType::F32; }
+  int64_t stream_elements(int64_t B) const override {
+    return model_.stream_rows(B) * model_.config().width;
+  }
   std::unique_ptr<Activations> make_activations(int64_t B) override {
     auto a = std::make_unique<Acts>();
     a->acts = model_.make_activations(B);

@@ -66,6 +66,7 @@ Gpt<F>::Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& te
   local_vocab_ = padded / tp;
   vocab_begin_ = r * local_vocab_;
   const bool tp_lead = r == 0;  // counts replicated tensors in the gradient norm
+  sp_ = shard.sequence_parallel && tp > 1;
 
   // The tied token embedding lives on the first stage (lookup) and the last (LM head); the
   // first stage's copy is the one counted in the gradient norm.
@@ -107,12 +108,14 @@ Gpt<F>::Gpt(const ModelConfig& config, const ModelShard& shard, Communicator& te
     lp.fc2_w = add_param(p + "mlp.fc2.weight", {C_, ffn}, 1, contiguous_blocks(ffn, r, tp),
                          Init::NormalResidual, true);
     lp.fc2_b = replicated("mlp.fc2.bias", C_, Init::Zeros);
+    for (int i : {lp.ln1_w, lp.ln1_b, lp.ln2_w, lp.ln2_b}) params_[i].tensor_partial_grad = sp_;
     layer_params_.push_back(lp);
   }
   if (shard.has_head) {
     lnf_w_ = add_param("final_ln.weight", {C_}, -1, {}, Init::Ones, false);
     lnf_b_ = add_param("final_ln.bias", {C_}, -1, {}, Init::Zeros, false);
     params_[lnf_w_].counted_in_norm = params_[lnf_b_].counted_in_norm = tp_lead;
+    params_[lnf_w_].tensor_partial_grad = params_[lnf_b_].tensor_partial_grad = sp_;
   }
   int64_t total = 0;
   for (ParamInfo& p : params_) {
@@ -187,8 +190,18 @@ void Gpt<F>::zero_grads() {
 }
 
 template <typename F>
+int64_t Gpt<F>::stream_rows(int64_t B) const {
+  const int64_t N = B * config_.seq_len;
+  return sp_ ? N / shard_.tp_size : N;
+}
+
+template <typename F>
 typename Gpt<F>::Activations Gpt<F>::make_activations(int64_t B) const {
-  const int64_t T_ = config_.seq_len, N = B * T_;
+  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  if (sp_ && N % shard_.tp_size != 0)
+    throw Error("sequence parallelism: train.micro_batch * model.seq_len (" + std::to_string(N) +
+                ") must be divisible by parallel.tensor (" + std::to_string(shard_.tp_size) +
+                ")");
   Activations a;
   a.B = B;
   a.T = T_;
@@ -196,25 +209,25 @@ typename Gpt<F>::Activations Gpt<F>::make_activations(int64_t B) const {
   a.targets.resize(N);
   a.layers.resize(shard_.layer_end - shard_.layer_begin);
   for (LayerActs& la : a.layers) {
-    la.input.resize(N * C_);
+    la.input.resize(Ns * C_);
     la.ln1.resize(N * C_);
-    la.ln1_mean.resize(N);
-    la.ln1_rstd.resize(N);
+    la.ln1_mean.resize(Ns);
+    la.ln1_rstd.resize(Ns);
     la.qkv.resize(N * 3 * Cl_);
     la.att.resize(B * NHl_ * T_ * T_);
     la.atty.resize(N * Cl_);
-    la.residual1.resize(N * C_);
+    la.residual1.resize(Ns * C_);
     la.ln2.resize(N * C_);
-    la.ln2_mean.resize(N);
-    la.ln2_rstd.resize(N);
+    la.ln2_mean.resize(Ns);
+    la.ln2_rstd.resize(Ns);
     la.fc1.resize(N * Fl_);
     la.gelu.resize(N * Fl_);
   }
-  a.output.resize(N * C_);
+  a.output.resize(Ns * C_);
   if (shard_.has_head) {
     a.lnf.resize(N * C_);
-    a.lnf_mean.resize(N);
-    a.lnf_rstd.resize(N);
+    a.lnf_mean.resize(Ns);
+    a.lnf_rstd.resize(Ns);
     a.logits.resize(N * local_vocab_);
     a.row_max.resize(N);
     a.sums.resize(2 * N);
@@ -225,26 +238,45 @@ typename Gpt<F>::Activations Gpt<F>::make_activations(int64_t B) const {
 
 template <typename F>
 int64_t Gpt<F>::activation_bytes(int64_t B) const {
-  const int64_t T_ = config_.seq_len, N = B * T_;
-  const int64_t per_layer = 5 * N * C_ + 4 * N + 3 * N * Cl_ + B * NHl_ * T_ * T_ + N * Cl_ +
-                            2 * N * Fl_;
-  int64_t total = static_cast<int64_t>(shard_.layer_end - shard_.layer_begin) * per_layer + N * C_;
-  if (shard_.has_head) total += N * C_ + 2 * N + N * local_vocab_ + 4 * N;
+  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  const int64_t per_layer = 2 * Ns * C_ + 2 * N * C_ + 4 * Ns + 3 * N * Cl_ +
+                            B * NHl_ * T_ * T_ + N * Cl_ + 2 * N * Fl_;
+  int64_t total = static_cast<int64_t>(shard_.layer_end - shard_.layer_begin) * per_layer + Ns * C_;
+  if (shard_.has_head) total += N * C_ + 2 * Ns + N * local_vocab_ + 4 * N;
   return total * static_cast<int64_t>(sizeof(F));
 }
 
 template <typename F>
+void Gpt<F>::reduce_scatter_rows(F* out, F* full, int64_t rows) {
+  tp_.reduce_scatter(full, out, rows * C_, dtype_of<F>());
+}
+
+template <typename F>
+void Gpt<F>::all_gather_rows(F* full, const F* mine, int64_t rows) {
+  tp_.all_gather(mine, full, rows * C_, dtype_of<F>());
+}
+
+template <typename F>
 F Gpt<F>::forward(Activations& a, const int32_t* tokens, const int32_t* targets, const F* input) {
-  const int64_t B = a.B, T_ = a.T, N = B * T_, C = C_;
+  const int64_t B = a.B, T_ = a.T, N = B * T_, C = C_, Ns = stream_rows(B);
   const int64_t num_layers = static_cast<int64_t>(a.layers.size());
   F* stream = num_layers > 0 ? a.layers[0].input.data() : a.output.data();
+  if (sp_) full_.resize(N * C);
   if (shard_.has_embedding) {
     std::memcpy(a.tokens.data(), tokens, sizeof(int32_t) * N);
-    cpu::token_embedding_forward(stream, tokens, w(wte_), N, C, vocab_begin_, local_vocab_);
-    all_reduce_sum(tp_, stream, N * C);  // each row was looked up by the rank owning its id
-    cpu::position_embedding_forward(stream, w(wpe_), B, T_, C);
+    // Each row is looked up by the rank owning its id; the sum over the group completes it.
+    if (sp_) {
+      cpu::token_embedding_forward(full_.data(), tokens, w(wte_), N, C, vocab_begin_,
+                                   local_vocab_);
+      reduce_scatter_rows(stream, full_.data(), Ns);
+      cpu::position_embedding_forward_rows(stream, w(wpe_), shard_row0(B), Ns, T_, C);
+    } else {
+      cpu::token_embedding_forward(stream, tokens, w(wte_), N, C, vocab_begin_, local_vocab_);
+      all_reduce_sum(tp_, stream, N * C);
+      cpu::position_embedding_forward(stream, w(wpe_), B, T_, C);
+    }
   } else {
-    copy(stream, input, N * C);
+    copy(stream, input, Ns * C);
   }
   for (int64_t i = 0; i < num_layers; ++i) {
     F* out = i + 1 < num_layers ? a.layers[i + 1].input.data() : a.output.data();
@@ -255,8 +287,10 @@ F Gpt<F>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
   // Final LayerNorm, LM head (tied, vocab-parallel), cross-entropy without gathering logits.
   const int64_t V = config_.vocab_size, Vl = local_vocab_;
   std::memcpy(a.targets.data(), targets, sizeof(int32_t) * N);
-  cpu::layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), a.output.data(),
-                         w(lnf_w_), w(lnf_b_), N, C);
+  F* lnf_mine = a.lnf.data() + shard_row0(B) * C;
+  cpu::layernorm_forward(lnf_mine, a.lnf_mean.data(), a.lnf_rstd.data(), a.output.data(),
+                         w(lnf_w_), w(lnf_b_), Ns, C);
+  if (sp_) all_gather_rows(a.lnf.data(), lnf_mine, Ns);
   cpu::linear_forward(a.logits.data(), a.lnf.data(), w(wte_), static_cast<const F*>(nullptr), N,
                       C, Vl);
   cpu::cross_entropy_local_max(a.row_max.data(), a.logits.data(), N, Vl, vocab_begin_, V);
@@ -274,31 +308,43 @@ template <typename F>
 void Gpt<F>::layer_forward(int64_t l, LayerActs& la, const F* input, F* output, int64_t B,
                            int64_t T_) {
   const LayerParams& p = layer_params_[l - shard_.layer_begin];
-  const int64_t N = B * T_, C = C_;
+  const int64_t N = B * T_, C = C_, Ns = stream_rows(B), row0 = shard_row0(B);
   const bool tp_lead = shard_.tp_rank == 0;  // adds the row-parallel biases, once
+  // A row-parallel matmul's partial products: summed in place, or reduce-scattered to the
+  // rank's rows under sequence parallelism.
+  F* proj_out = sp_ ? full_.data() : la.residual1.data();
+  F* fc2_out = sp_ ? full_.data() : output;
   // Attention: residual1 = input + proj(attention(qkv(ln1(input))))
-  cpu::layernorm_forward(la.ln1.data(), la.ln1_mean.data(), la.ln1_rstd.data(), input, w(p.ln1_w),
-                         w(p.ln1_b), N, C);
+  cpu::layernorm_forward(la.ln1.data() + row0 * C, la.ln1_mean.data(), la.ln1_rstd.data(), input,
+                         w(p.ln1_w), w(p.ln1_b), Ns, C);
+  if (sp_) all_gather_rows(la.ln1.data(), la.ln1.data() + row0 * C, Ns);
   cpu::linear_forward(la.qkv.data(), la.ln1.data(), w(p.qkv_w), w(p.qkv_b), N, C, 3 * Cl_);
   cpu::attention_forward(la.atty.data(), la.att.data(), la.qkv.data(), B, T_, NHl_, HS_);
-  cpu::linear_forward(la.residual1.data(), la.atty.data(), w(p.proj_w),
-                      tp_lead ? w(p.proj_b) : nullptr, N, Cl_, C);
-  all_reduce_sum(tp_, la.residual1.data(), N * C);  // row-parallel: sum the partial products
-  cpu::add_inplace(la.residual1.data(), input, N * C);
+  cpu::linear_forward(proj_out, la.atty.data(), w(p.proj_w), tp_lead ? w(p.proj_b) : nullptr, N,
+                      Cl_, C);
+  if (sp_)
+    reduce_scatter_rows(la.residual1.data(), proj_out, Ns);
+  else
+    all_reduce_sum(tp_, la.residual1.data(), N * C);  // row-parallel: sum the partial products
+  cpu::add_inplace(la.residual1.data(), input, Ns * C);
   // MLP: output = residual1 + fc2(gelu(fc1(ln2(residual1))))
-  cpu::layernorm_forward(la.ln2.data(), la.ln2_mean.data(), la.ln2_rstd.data(),
-                         la.residual1.data(), w(p.ln2_w), w(p.ln2_b), N, C);
+  cpu::layernorm_forward(la.ln2.data() + row0 * C, la.ln2_mean.data(), la.ln2_rstd.data(),
+                         la.residual1.data(), w(p.ln2_w), w(p.ln2_b), Ns, C);
+  if (sp_) all_gather_rows(la.ln2.data(), la.ln2.data() + row0 * C, Ns);
   cpu::linear_forward(la.fc1.data(), la.ln2.data(), w(p.fc1_w), w(p.fc1_b), N, C, Fl_);
   cpu::gelu_forward(la.gelu.data(), la.fc1.data(), N * Fl_);
-  cpu::linear_forward(output, la.gelu.data(), w(p.fc2_w), tp_lead ? w(p.fc2_b) : nullptr, N, Fl_,
-                      C);
-  all_reduce_sum(tp_, output, N * C);  // row-parallel: sum the partial products
-  cpu::add_inplace(output, la.residual1.data(), N * C);
+  cpu::linear_forward(fc2_out, la.gelu.data(), w(p.fc2_w), tp_lead ? w(p.fc2_b) : nullptr, N,
+                      Fl_, C);
+  if (sp_)
+    reduce_scatter_rows(output, fc2_out, Ns);
+  else
+    all_reduce_sum(tp_, output, N * C);  // row-parallel: sum the partial products
+  cpu::add_inplace(output, la.residual1.data(), Ns * C);
 }
 
 template <typename F>
 void Gpt<F>::backward(Activations& a, F loss_scale, const F* d_output, F* d_input) {
-  const int64_t B = a.B, T_ = a.T, N = B * T_, C = C_;
+  const int64_t B = a.B, T_ = a.T, N = B * T_, C = C_, Ns = stream_rows(B);
   const int64_t num_layers = static_cast<int64_t>(a.layers.size());
   // Scratch sized for the largest micro-batch seen; reused by every backward.
   auto ensure = [](Buffer<F>& buf, int64_t n) {
@@ -312,7 +358,11 @@ void Gpt<F>::backward(Activations& a, F loss_scale, const F* d_output, F* d_inpu
   ensure(d_gelu_, N * Fl_);
   ensure(d_att_, B * NHl_ * T_ * T_);
   ensure(d_stream_, N * C);
-  F* d = d_stream_.data();  // gradient of the residual stream, walked from the top down
+  if (sp_) {
+    ensure(d_full_, N * C);
+    ensure(d_shard_, Ns * C);
+  }
+  F* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
 
   if (shard_.has_head) {
     const int64_t V = config_.vocab_size, Vl = local_vocab_;
@@ -323,22 +373,25 @@ void Gpt<F>::backward(Activations& a, F loss_scale, const F* d_output, F* d_inpu
                                 vocab_begin_, V);
     cpu::linear_backward(d_ln_.data(), g(wte_), static_cast<F*>(nullptr), a.logits.data(),
                          a.lnf.data(), w(wte_), N, C, Vl);
-    all_reduce_sum(tp_, d_ln_.data(), N * C);  // LM head is column-parallel over the vocab
-    cpu::layernorm_backward(d, g(lnf_w_), g(lnf_b_), d_ln_.data(), a.output.data(), w(lnf_w_),
-                            a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+    // The LM head is column-parallel over the vocab: sum the input gradients.
+    const F* d_lnf = sum_input_grads(d_ln_.data(), Ns);
+    cpu::layernorm_backward(d, g(lnf_w_), g(lnf_b_), d_lnf, a.output.data(), w(lnf_w_),
+                            a.lnf_mean.data(), a.lnf_rstd.data(), Ns, C);
     report_final(params_[lnf_w_].offset);
   } else {
-    copy(d, d_output, N * C);
+    copy(d, d_output, Ns * C);
   }
   for (int64_t i = num_layers - 1; i >= 0; --i) {
     layer_backward(shard_.layer_begin + i, a.layers[i], d, B, T_);
     report_final(params_[layer_params_[i].ln1_w].offset);
   }
   if (shard_.has_embedding) {
-    cpu::position_embedding_backward(g(wpe_), d, B, T_, C);
-    cpu::token_embedding_backward(g(wte_), d, a.tokens.data(), N, C, vocab_begin_, local_vocab_);
+    const F* d_all = gathered_stream_grad(d, Ns);
+    cpu::position_embedding_backward(g(wpe_), d_all, B, T_, C);
+    cpu::token_embedding_backward(g(wte_), d_all, a.tokens.data(), N, C, vocab_begin_,
+                                  local_vocab_);
   } else {
-    copy(d_input, d, N * C);
+    copy(d_input, d, Ns * C);
   }
   // The embeddings (offset 0 onwards) are never reported: under pipeline parallelism the tied
   // embedding's gradient is only final after its sum over the embedding group, so the
@@ -346,32 +399,50 @@ void Gpt<F>::backward(Activations& a, F loss_scale, const F* d_output, F* d_inpu
 }
 
 template <typename F>
+const F* Gpt<F>::sum_input_grads(F* partial, int64_t rows) {
+  if (!sp_) {
+    all_reduce_sum(tp_, partial, rows * C_);
+    return partial;
+  }
+  reduce_scatter_rows(d_shard_.data(), partial, rows);
+  return d_shard_.data();
+}
+
+template <typename F>
+const F* Gpt<F>::gathered_stream_grad(const F* d, int64_t rows) {
+  if (!sp_) return d;
+  all_gather_rows(d_full_.data(), d, rows);
+  return d_full_.data();
+}
+
+template <typename F>
 void Gpt<F>::layer_backward(int64_t l, LayerActs& la, F* d, int64_t B, int64_t T_) {
-  // On entry d = dL/d(layer output); on exit d = dL/d(layer input).
+  // On entry d = dL/d(layer output); on exit d = dL/d(layer input) (the rank's rows).
   const LayerParams& p = layer_params_[l - shard_.layer_begin];
-  const int64_t N = B * T_, C = C_;
+  const int64_t N = B * T_, C = C_, Ns = stream_rows(B);
   // MLP branch. fc2 is row-parallel: its input gradient needs no communication.
-  cpu::linear_backward(d_gelu_.data(), g(p.fc2_w), g(p.fc2_b), d, la.gelu.data(), w(p.fc2_w), N,
-                       Fl_, C);
+  cpu::linear_backward(d_gelu_.data(), g(p.fc2_w), g(p.fc2_b), gathered_stream_grad(d, Ns),
+                       la.gelu.data(), w(p.fc2_w), N, Fl_, C);
   cpu::gelu_backward(d_fc1_.data(), la.fc1.data(), d_gelu_.data(), N * Fl_);
   cpu::linear_backward(d_ln_.data(), g(p.fc1_w), g(p.fc1_b), d_fc1_.data(), la.ln2.data(),
                        w(p.fc1_w), N, C, Fl_);
-  all_reduce_sum(tp_, d_ln_.data(), N * C);  // fc1 is column-parallel: sum input gradients
-  cpu::layernorm_backward(d_tmp_.data(), g(p.ln2_w), g(p.ln2_b), d_ln_.data(),
+  // fc1 is column-parallel: sum the input gradients.
+  cpu::layernorm_backward(d_tmp_.data(), g(p.ln2_w), g(p.ln2_b), sum_input_grads(d_ln_.data(), Ns),
                           la.residual1.data(), w(p.ln2_w), la.ln2_mean.data(), la.ln2_rstd.data(),
-                          N, C);
-  cpu::add_inplace(d, d_tmp_.data(), N * C);  // d = dL/d(residual1)
+                          Ns, C);
+  cpu::add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(residual1)
   // Attention branch.
-  cpu::linear_backward(d_atty_.data(), g(p.proj_w), g(p.proj_b), d, la.atty.data(), w(p.proj_w),
-                       N, Cl_, C);
+  cpu::linear_backward(d_atty_.data(), g(p.proj_w), g(p.proj_b), gathered_stream_grad(d, Ns),
+                       la.atty.data(), w(p.proj_w), N, Cl_, C);
   cpu::attention_backward(d_qkv_.data(), d_att_.data(), d_atty_.data(), la.qkv.data(),
                           la.att.data(), B, T_, NHl_, HS_);
   cpu::linear_backward(d_ln_.data(), g(p.qkv_w), g(p.qkv_b), d_qkv_.data(), la.ln1.data(),
                        w(p.qkv_w), N, C, 3 * Cl_);
-  all_reduce_sum(tp_, d_ln_.data(), N * C);  // qkv is column-parallel: sum input gradients
-  cpu::layernorm_backward(d_tmp_.data(), g(p.ln1_w), g(p.ln1_b), d_ln_.data(), la.input.data(),
-                          w(p.ln1_w), la.ln1_mean.data(), la.ln1_rstd.data(), N, C);
-  cpu::add_inplace(d, d_tmp_.data(), N * C);  // d = dL/d(input)
+  // qkv is column-parallel: sum the input gradients.
+  cpu::layernorm_backward(d_tmp_.data(), g(p.ln1_w), g(p.ln1_b), sum_input_grads(d_ln_.data(), Ns),
+                          la.input.data(), w(p.ln1_w), la.ln1_mean.data(), la.ln1_rstd.data(),
+                          Ns, C);
+  cpu::add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(input)
 }
 
 template class Gpt<float>;

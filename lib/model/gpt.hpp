@@ -2,6 +2,12 @@
 // GPT-2 (pre-LN blocks, final LayerNorm, LM head tied to the token embedding) as held by one
 // rank: a range of layers of one pipeline stage, with Megatron-style tensor parallelism inside.
 //
+// Sequence parallelism (ModelShard::sequence_parallel) replaces each forward all-reduce of [N,C]
+// by a reduce-scatter to the rank's rows and the LayerNorm that follows runs on those rows; the
+// next column-parallel matmul all-gathers its input. Backward mirrors it. LayerNorm gradients
+// are then partial per tensor rank (ParamInfo::tensor_partial_grad; the trainer sums them);
+// the embeddings' and row-parallel biases' gradients are computed from all-gathered rows.
+//
 // Tensor parallelism (tp ranks of the tensor group; tp = 1 is the single-rank model):
 //  * qkv and mlp.fc1 are column-parallel (each rank owns some heads / some FFN columns),
 //    attn.proj and mlp.fc2 row-parallel: exactly one all-reduce of [N,C] after each of the two
@@ -33,6 +39,12 @@ struct ModelShard {
   int64_t layer_end = 0;
   bool has_embedding = true;  // first pipeline stage
   bool has_head = true;       // last pipeline stage (final LN, LM head, loss)
+  // Sequence parallelism (tp_size > 1): outside the tensor-parallel matmuls (LayerNorms,
+  // residual adds, the stream between stages) each tensor rank holds rows
+  // [tp_rank * N/tp, (tp_rank + 1) * N/tp) of the N = B*T rows; the all-reduce after a
+  // row-parallel matmul becomes a reduce-scatter and the input of a column-parallel one is
+  // all-gathered (the same bytes, activations 1/tp).
+  bool sequence_parallel = false;
   static ModelShard whole(const ModelConfig& m) { return {0, 1, 0, m.layers, true, true}; }
 };
 
@@ -48,14 +60,16 @@ template <typename F>
 class Gpt {
  public:
   // Activations of one micro-batch, kept from its forward until its backward.
+  // Rows marked [Ns,...] are the rank's sequence shard under sequence parallelism (Ns = N/tp),
+  // all N rows otherwise.
   struct LayerActs {
-    Buffer<F> input;                 // [N,C] residual stream entering the layer
-    Buffer<F> ln1, ln1_mean, ln1_rstd;
+    Buffer<F> input;                 // [Ns,C] residual stream entering the layer
+    Buffer<F> ln1, ln1_mean, ln1_rstd;  // [N,C] (all-gathered), [Ns], [Ns]
     Buffer<F> qkv;                   // [N, 3*Cl]
     Buffer<F> att;                   // [B, NHl, T, T]
     Buffer<F> atty;                  // [N, Cl]
-    Buffer<F> residual1;             // [N,C] input + attention branch
-    Buffer<F> ln2, ln2_mean, ln2_rstd;
+    Buffer<F> residual1;             // [Ns,C] input + attention branch
+    Buffer<F> ln2, ln2_mean, ln2_rstd;  // [N,C] (all-gathered), [Ns], [Ns]
     Buffer<F> fc1;                   // [N, 4Cl] pre-activation
     Buffer<F> gelu;                  // [N, 4Cl]
   };
@@ -63,8 +77,8 @@ class Gpt {
     int64_t B = 0, T = 0;
     std::vector<int32_t> tokens, targets;  // [N]
     std::vector<LayerActs> layers;
-    Buffer<F> output;                // [N,C] residual stream leaving the stage
-    Buffer<F> lnf, lnf_mean, lnf_rstd;
+    Buffer<F> output;                // [Ns,C] residual stream leaving the stage
+    Buffer<F> lnf, lnf_mean, lnf_rstd;  // [N,C] (all-gathered), [Ns], [Ns]
     Buffer<F> logits;                // [N, Vl] (gradients overwrite it in backward)
     Buffer<F> row_max, sums, losses; // [N], [2N], [N]
     F loss = 0;                      // mean loss of the micro-batch (last stage)
@@ -97,9 +111,13 @@ class Gpt {
   void zero_grads();
 
   Activations make_activations(int64_t B) const;
+  // Rows of the residual stream this rank holds for a micro-batch of B sequences: B*T, or
+  // B*T/tp under sequence parallelism (what crosses pipeline stages).
+  int64_t stream_rows(int64_t B) const;
   int64_t activation_bytes(int64_t B) const;
 
-  // Forward one micro-batch. First stage: `tokens` [B,F]; other stages: `input` [B,F,C].
+  // Forward one micro-batch. First stage: `tokens` [B,F]; other stages: `input`
+  // [stream_rows(B), C].
   // Last stage: `targets` [B,F]; returns the mean loss over B*F tokens (0 elsewhere).
   F forward(Activations& a, const int32_t* tokens, const int32_t* targets, const F* input);
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
@@ -143,6 +161,21 @@ class Gpt {
   }
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   Buffer<F> d_stream_, d_ln_, d_tmp_, d_qkv_, d_atty_, d_fc1_, d_gelu_, d_att_;
+  // Sequence parallelism: [N,C] partial sums before their reduce-scatter (forward) and
+  // all-gathered stream gradients (backward); [Ns,C] reduce-scattered input gradients.
+  Buffer<F> full_, d_full_, d_shard_;
+  bool sp_ = false;
+  int64_t shard_row0(int64_t B) const { return sp_ ? shard_.tp_rank * stream_rows(B) : 0; }
+  // out[Ns,C] = this rank's rows of the sum over the tensor group of full[N,C].
+  void reduce_scatter_rows(F* out, F* full, int64_t rows);
+  // full[N,C] = all ranks' rows; this rank's are read from `mine` (may be full + row0 * C).
+  void all_gather_rows(F* full, const F* mine, int64_t rows);
+  // The summed input gradient of a column-parallel matmul from this rank's partial [N,C]: the
+  // whole sum in place, or this rank's rows of it (in d_shard_) under sequence parallelism.
+  const F* sum_input_grads(F* partial, int64_t rows);
+  // The stream gradient of all N rows from this rank's `rows` rows: `d` itself, or the
+  // all-gather (in d_full_) under sequence parallelism.
+  const F* gathered_stream_grad(const F* d, int64_t rows);
 };
 
 }  // namespace trident

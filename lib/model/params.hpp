@@ -39,6 +39,9 @@ struct ParamInfo {
   Init init = Init::Normal;
   bool weight_decay = false;
   bool counted_in_norm = true;         // false on the copies that another rank already counts
+  // Replicated, but each tensor rank's backward sees only its sequence shard (sequence
+  // parallelism): the gradient is summed over the tensor group before it is used.
+  bool tensor_partial_grad = false;
   int64_t offset = 0;                  // into the flat local parameter/gradient buffer
 
   int64_t numel() const;

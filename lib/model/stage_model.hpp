@@ -44,8 +44,10 @@ class StageModel {
   // broadcast): a bf16 model refreshes its compute copy.
   virtual void weights_changed() {}
 
-  // The type of the residual stream that crosses pipeline stages (F32 or BF16).
+  // The type of the residual stream that crosses pipeline stages (F32 or BF16), and its
+  // elements per micro-batch of B sequences (fewer under sequence parallelism).
   virtual DType stream_dtype() const = 0;
+  virtual int64_t stream_elements(int64_t B) const = 0;
   virtual std::unique_ptr<Activations> make_activations(int64_t B) = 0;
   virtual int64_t activation_bytes(int64_t B) const = 0;
   // Forward one micro-batch. `tokens`/`targets` [B*T] are host memory (first / last stage);

@@ -27,7 +27,7 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
       stage_(pipeline.rank()),
       stages_(pipeline.size()),
       micro_batch_(micro_batch),
-      stream_elems_(micro_batch * model.config().seq_len * model.config().width),
+      stream_elems_(model.stream_elements(micro_batch)),
       stream_type_(model.stream_dtype()) {
   tokens_.resize(micro_batch * model.config().seq_len);
   targets_.resize(tokens_.size());

@@ -41,13 +41,17 @@ TrainerGroups SelfGroups::groups() {
 
 Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make)
     : config_(config), groups_(groups) {
-  if (config.parallel.sequence_parallel)
-    throw Error(config.source + ": parallel.sequence_parallel = true is not implemented yet");
   const ModelConfig& m = config.model;
+  const bool sequence_parallel = config.parallel.sequence_parallel && groups.tp_size > 1;
+  if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tp_size != 0)
+    throw Error(config.source + ": parallel.sequence_parallel = true needs train.micro_batch * "
+                "model.seq_len (" + std::to_string(config.train.micro_batch * m.seq_len) +
+                ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
   const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
   const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
-                         groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1};
+                         groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
+                         sequence_parallel};
   backend_ = make(config, groups, shard);
   model_ = backend_.model.get();
   Device& device = *backend_.device;
@@ -77,8 +81,12 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   executor_ = std::make_unique<PipelineExecutor>(
       *model_, *backend_.pipeline, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
-  executor_->set_last_backward_hook(
-      [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
+  // Data-parallel reduction overlaps the last backward, except under sequence parallelism:
+  // there the LayerNorm gradients are complete only after their sum over the tensor group,
+  // which forward_backward runs after the backward.
+  if (!sequence_parallel)
+    executor_->set_last_backward_hook(
+        [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
                     static_cast<double>(config.tokens_per_step());
   if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
@@ -131,6 +139,9 @@ double Trainer::forward_backward(int64_t step) {
     load_microbatch(*train_data_, *train_sampler_, step, micro, tokens, targets);
   });
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
+  // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
+  for (const ParamInfo& p : model.params())
+    if (p.tensor_partial_grad) backend_.tensor->all_reduce_sum(model.grads() + p.offset, p.numel());
   if (groups_.pp_size > 1 && backend_.embedding) {
     // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
     // hold part of its gradient: sum them so both copies take the same update. It sits at

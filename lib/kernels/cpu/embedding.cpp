@@ -52,10 +52,16 @@ void token_embedding_backward(T* dwte, const T* dout, const int32_t* ids, int64_
 
 template <typename T>
 void position_embedding_forward(T* out, const T* wpe, int64_t B, int64_t T_, int64_t C) {
+  position_embedding_forward_rows(out, wpe, 0, B * T_, T_, C);
+}
+
+template <typename T>
+void position_embedding_forward_rows(T* out, const T* wpe, int64_t first_row, int64_t rows,
+                                     int64_t T_, int64_t C) {
 #pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T_; bt++) {
-    T* o = out + bt * C;
-    const T* w = wpe + (bt % T_) * C;
+  for (int64_t i = 0; i < rows; i++) {
+    T* o = out + i * C;
+    const T* w = wpe + ((first_row + i) % T_) * C;
 #pragma omp simd
     for (int64_t c = 0; c < C; c++) o[c] += w[c];
   }
@@ -81,6 +87,8 @@ void position_embedding_backward(T* dwpe, const T* dout, int64_t B, int64_t T_, 
   template void token_embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,    \
                                             int64_t, int64_t);                                 \
   template void position_embedding_forward<T>(T*, const T*, int64_t, int64_t, int64_t);        \
+  template void position_embedding_forward_rows<T>(T*, const T*, int64_t, int64_t, int64_t,    \
+                                                   int64_t);                                   \
   template void position_embedding_backward<T>(T*, const T*, int64_t, int64_t, int64_t);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)

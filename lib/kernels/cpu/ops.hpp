@@ -30,6 +30,11 @@ void token_embedding_backward(T* dwte, const T* dout, const int32_t* ids, int64_
 // out[B,T,C] += wpe[t]   (wpe: [T_max >= T, C])
 template <typename F>
 void position_embedding_forward(F* out, const F* wpe, int64_t B, int64_t T, int64_t C);
+// Rows [first_row, first_row + rows) of the flattened [B,T] grid only (a sequence-parallel
+// shard): out[i,C] += wpe[(first_row + i) % T]
+template <typename F>
+void position_embedding_forward_rows(F* out, const F* wpe, int64_t first_row, int64_t rows,
+                                     int64_t T, int64_t C);
 // dwpe[t,C] += sum_b dout[b,t]
 template <typename F>
 void position_embedding_backward(F* dwpe, const F* dout, int64_t B, int64_t T, int64_t C);
