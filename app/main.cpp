@@ -29,6 +29,9 @@ int world_rank() {
   std::fprintf(stderr, "trident: error%s: %s\n",
                rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(), message.c_str());
   std::fflush(stderr);
+  // MPI_Abort makes mpiexec kill every process at once; give its proxies a moment to forward
+  // the line just written, or under load the job can end with the error message lost.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
