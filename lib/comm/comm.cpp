@@ -21,18 +21,34 @@ size_t dtype_bytes(DType t) {
   throw Error("dtype_bytes: unknown DType");
 }
 
-namespace {
-
-
-void check_count(const std::string& comm, const char* op, int64_t count) {
+void Communicator::check_count(const char* op, int64_t count) const {
   if (count < 0) {
     std::ostringstream m;
-    m << "communicator '" << comm << "': " << op << " with negative count " << count;
+    m << "communicator '" << name_ << "': " << op << " with negative count " << count;
     throw Error(m.str());
   }
 }
 
-void check_peer(const std::string& comm, const char* op, int peer) {
+void Communicator::check_peer(const char* what, int peer) const {
+  if (peer < 0 || peer >= size()) {
+    std::ostringstream m;
+    m << "communicator '" << name_ << "': " << what << " " << peer << " is not a rank of this "
+      << size() << "-rank group";
+    throw Error(m.str());
+  }
+}
+
+void Communicator::count_call(const std::string& op, int64_t count, DType type,
+                              double seconds) {
+  OpStats& s = stats_.ops[op];
+  s.calls += 1;
+  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  s.seconds += seconds;
+}
+
+namespace {
+
+void check_one_rank_peer(const std::string& comm, const char* op, int peer) {
   if (peer != 0) {
     std::ostringstream m;
     m << "communicator '" << comm << "' has one rank: " << op << " peer " << peer
@@ -51,8 +67,8 @@ class SelfCommunicator final : public Communicator {
   int size() const override { return 1; }
 
   void all_reduce(void*, int64_t count, DType type, ReduceOp) override {
-    check_count(name_, "all_reduce", count);
-    count_op(kAllReduce, count, type, 0.0);
+    check_count("all_reduce", count);
+    count_call(kAllReduce, count, type, 0.0);
     stats_.all_reduce_counts.push_back(count);
   }
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
@@ -61,31 +77,31 @@ class SelfCommunicator final : public Communicator {
     return std::make_unique<SendRequest>();  // already complete
   }
   void all_gather(const void* send, void* recv, int64_t count, DType type) override {
-    check_count(name_, "all_gather", count);
+    check_count("all_gather", count);
     auto t0 = std::chrono::steady_clock::now();
     copy(send, recv, count, type);
-    count_op(kAllGather, count, type, since(t0));
+    count_call(kAllGather, count, type, since(t0));
   }
   void reduce_scatter(const void* send, void* recv, int64_t count, DType type) override {
-    check_count(name_, "reduce_scatter", count);
+    check_count("reduce_scatter", count);
     auto t0 = std::chrono::steady_clock::now();
     copy(send, recv, count, type);
-    count_op(kReduceScatter, count, type, since(t0));
+    count_call(kReduceScatter, count, type, since(t0));
   }
   void broadcast(void*, int64_t count, DType type, int root) override {
-    check_count(name_, "broadcast", count);
-    check_peer(name_, "broadcast root", root);
-    count_op(kBroadcast, count, type, 0.0);
+    check_count("broadcast", count);
+    check_one_rank_peer(name_, "broadcast root", root);
+    count_call(kBroadcast, count, type, 0.0);
   }
 
   // A send to oneself is copied when it is posted (matched in order per tag, as MPI does);
   // a receive completes when a send with its tag has been posted, before or after it.
   std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type, int peer,
                                      int tag) override {
-    check_count(name_, "isend", count);
-    check_peer(name_, "isend", peer);
+    check_count("isend", count);
+    check_one_rank_peer(name_, "isend", peer);
     const size_t bytes = static_cast<size_t>(count) * dtype_bytes(type);
-    count_op(kSend, count, type, 0.0);
+    count_call(kSend, count, type, 0.0);
     for (auto it = pending_recvs_.begin(); it != pending_recvs_.end(); ++it) {
       if ((*it)->tag == tag) {
         (*it)->deliver(data, bytes);
@@ -102,9 +118,9 @@ class SelfCommunicator final : public Communicator {
 
   std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
                                      int tag) override {
-    check_count(name_, "irecv", count);
-    check_peer(name_, "irecv", peer);
-    count_op(kRecv, count, type, 0.0);
+    check_count("irecv", count);
+    check_one_rank_peer(name_, "irecv", peer);
+    count_call(kRecv, count, type, 0.0);
     auto state = std::make_shared<RecvState>();
     state->comm = name_;
     state->buf = data;
@@ -121,7 +137,7 @@ class SelfCommunicator final : public Communicator {
     return std::make_unique<RecvRequest>(state);
   }
 
-  void barrier() override { count_op(kBarrier, 0, DType::F32, 0.0); }
+  void barrier() override { count_call(kBarrier, 0, DType::F32, 0.0); }
 
  private:
   struct Message {
@@ -170,12 +186,6 @@ class SelfCommunicator final : public Communicator {
   static void copy(const void* send, void* recv, int64_t count, DType type) {
     const size_t bytes = static_cast<size_t>(count) * dtype_bytes(type);
     if (bytes && send != recv) std::memmove(recv, send, bytes);
-  }
-  void count_op(const std::string& op, int64_t count, DType type, double seconds) {
-    OpStats& s = stats_.ops[op];
-    s.calls += 1;
-    s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-    s.seconds += seconds;
   }
 
   std::deque<Message> mailbox_;

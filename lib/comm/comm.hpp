@@ -85,6 +85,13 @@ class Communicator {
 
  protected:
   explicit Communicator(std::string name) : name_(std::move(name)) {}
+  // Argument checks of every implementation: throw trident::Error naming this communicator
+  // ("communicator 'tensor': all_reduce with negative count -1", "... isend peer 5 is not a
+  // rank of this 2-rank group") before anything is sent or counted.
+  void check_count(const char* op, int64_t count) const;
+  void check_peer(const char* what, int peer) const;
+  // One call of `op`: calls + 1, bytes + count * dtype size, seconds + seconds.
+  void count_call(const std::string& op, int64_t count, DType type, double seconds);
   std::string name_;
   CommStats stats_;
 };

@@ -110,23 +110,6 @@ inline void check(int rc, const std::string& comm, const char* call) {
 
 inline bool fits_int(int64_t n) { return n <= INT_MAX; }
 
-void check_count(const std::string& comm, const char* op, int64_t count) {
-  if (count < 0) {
-    std::ostringstream m;
-    m << "communicator '" << comm << "': " << op << " with negative count " << count;
-    throw Error(m.str());
-  }
-}
-
-void check_peer(const std::string& comm, const char* what, int peer, int size) {
-  if (peer < 0 || peer >= size) {
-    std::ostringstream m;
-    m << "communicator '" << comm << "': " << what << " " << peer << " is not a rank of this "
-      << size << "-rank group";
-    throw Error(m.str());
-  }
-}
-
 }  // namespace
 
 MPI_Datatype mpi_datatype(DType t) {
@@ -201,7 +184,7 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp op) {
-  check_count(name_, "all_reduce", count);
+  check_count("all_reduce", count);
   MPI_Datatype dt = mpi_datatype(type);
   MPI_Op mop = mpi_reduce_op(type, op);
   auto t0 = Clock::now();
@@ -222,7 +205,7 @@ void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp
 
 std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t count, DType type,
                                                           ReduceOp op) {
-  check_count(name_, "iall_reduce", count);
+  check_count("iall_reduce", count);
   if (!fits_int(count))
     throw Error("communicator '" + name_ + "': iall_reduce of " + std::to_string(count) +
                 " elements exceeds the int count of MPI_Iallreduce; use smaller buckets");
@@ -239,7 +222,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DType type) {
-  check_count(name_, "all_gather", count);
+  check_count("all_gather", count);
   MPI_Datatype dt = mpi_datatype(type);
   const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
   const void* sbuf = send;
@@ -262,7 +245,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DT
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType type) {
-  check_count(name_, "reduce_scatter", count);
+  check_count("reduce_scatter", count);
   MPI_Datatype dt = mpi_datatype(type);
   MPI_Op sum = mpi_reduce_op(type, ReduceOp::Sum);
   const void* sbuf = send == recv ? MPI_IN_PLACE : send;
@@ -283,8 +266,8 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
 }
 
 void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root) {
-  check_count(name_, "broadcast", count);
-  check_peer(name_, "broadcast root", root, size_);
+  check_count("broadcast", count);
+  check_peer("broadcast root", root);
   MPI_Datatype dt = mpi_datatype(type);
   auto t0 = Clock::now();
   int rc;
@@ -303,8 +286,8 @@ void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root)
 
 std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t count, DType type,
                                                     int peer, int tag) {
-  check_count(name_, "isend", count);
-  check_peer(name_, "isend peer", peer, size_);
+  check_count("isend", count);
+  check_peer("isend peer", peer);
   MPI_Datatype dt = mpi_datatype(type);
   auto req = std::make_unique<MpiRequest>(this, &kSend, false);
   int rc;
@@ -322,8 +305,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t co
 
 std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, DType type,
                                                     int peer, int tag) {
-  check_count(name_, "irecv", count);
-  check_peer(name_, "irecv peer", peer, size_);
+  check_count("irecv", count);
+  check_peer("irecv peer", peer);
   MPI_Datatype dt = mpi_datatype(type);
   auto req = std::make_unique<MpiRequest>(this, &kRecv, true);
   int rc;

@@ -3,7 +3,6 @@
 #include "comm/staged_comm.hpp"
 
 #include <chrono>
-#include <sstream>
 
 #include "util/error.hpp"
 
@@ -102,7 +101,7 @@ class StagedCommunicator final : public Communicator {
     to_host(h, data, b);
     host_.all_reduce(h, count, type, op);
     from_host(data, h, b);
-    count_op(kAllReduce, b, since(t0));
+    count_call(kAllReduce, count, type, since(t0));
     stats_.all_reduce_counts.push_back(count);
   }
 
@@ -114,7 +113,7 @@ class StagedCommunicator final : public Communicator {
                                                b);
     to_host(req->buffer(), data, b);
     req->set_host_request(host_.iall_reduce(req->buffer(), count, type, op));
-    count_op(kAllReduce, b, 0.0);
+    count_call(kAllReduce, count, type, 0.0);
     stats_.all_reduce_counts.push_back(count);
     return req;
   }
@@ -129,7 +128,7 @@ class StagedCommunicator final : public Communicator {
     to_host(h, send, b);
     host_.all_gather(h, h + b, count, type);
     from_host(recv, h + b, total);
-    count_op(kAllGather, b, since(t0));
+    count_call(kAllGather, count, type, since(t0));
   }
 
   void reduce_scatter(const void* send, void* recv, int64_t count, DType type) override {
@@ -143,7 +142,7 @@ class StagedCommunicator final : public Communicator {
     to_host(h, send, total);
     host_.reduce_scatter(h, h + total, count, type);
     from_host(recv, h + total, b);
-    count_op(kReduceScatter, b, since(t0));
+    count_call(kReduceScatter, count, type, since(t0));
   }
 
   void broadcast(void* data, int64_t count, DType type, int root) override {
@@ -156,7 +155,7 @@ class StagedCommunicator final : public Communicator {
     if (is_root) to_host(h, data, b);
     host_.broadcast(h, count, type, root);
     if (!is_root) from_host(data, h, b);
-    count_op(kBroadcast, b, since(t0));
+    count_call(kBroadcast, count, type, since(t0));
   }
 
   std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type, int peer,
@@ -168,7 +167,7 @@ class StagedCommunicator final : public Communicator {
         std::make_unique<StagedRequest>(device_, stats_, &kSend, new_buffer(b), nullptr, b);
     to_host(req->buffer(), data, b);
     req->set_host_request(host_.isend(req->buffer(), count, type, peer, tag));
-    count_op(kSend, b, 0.0);
+    count_call(kSend, count, type, 0.0);
     return req;
   }
 
@@ -179,33 +178,17 @@ class StagedCommunicator final : public Communicator {
     const int64_t b = nbytes(count, type);
     auto req = std::make_unique<StagedRequest>(device_, stats_, &kRecv, new_buffer(b), data, b);
     req->set_host_request(host_.irecv(req->buffer(), count, type, peer, tag));
-    count_op(kRecv, b, 0.0);
+    count_call(kRecv, count, type, 0.0);
     return req;
   }
 
   void barrier() override {
     auto t0 = Clock::now();
     host_.barrier();
-    count_op(kBarrier, 0, since(t0));
+    count_call(kBarrier, 0, DType::F32, since(t0));
   }
 
  private:
-  void check_count(const char* op, int64_t count) const {
-    if (count < 0) {
-      std::ostringstream m;
-      m << "communicator '" << name_ << "': " << op << " with negative count " << count;
-      throw Error(m.str());
-    }
-  }
-  void check_peer(const char* what, int peer) const {
-    if (peer < 0 || peer >= size()) {
-      std::ostringstream m;
-      m << "communicator '" << name_ << "': " << what << " " << peer
-        << " is not a rank of this " << size() << "-rank group";
-      throw Error(m.str());
-    }
-  }
-
   // The persistent staging buffer of the blocking calls, grown to at least `bytes`.
   char* staging(int64_t bytes) {
     if (bytes > staging_bytes_) {
@@ -226,12 +209,6 @@ class StagedCommunicator final : public Communicator {
     if (bytes > 0) device_.from_host(d, h, bytes);
   }
 
-  void count_op(const std::string& op, int64_t bytes, double seconds) {
-    OpStats& s = stats_.ops[op];
-    s.calls += 1;
-    s.bytes += bytes;
-    s.seconds += seconds;
-  }
 
   Communicator& host_;
   Device& device_;

@@ -190,7 +190,7 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
                              nccl_op(op), h_.main.comm, h_.compute),
                name_, "ncclAllReduce", h_.main.comm);
-    count_op(kAllReduce, count, type, since(t0));
+    count_call(kAllReduce, count, type, since(t0));
     stats_.all_reduce_counts.push_back(count);
   }
 
@@ -203,7 +203,7 @@ class NcclCommunicator final : public Communicator {
                              nccl_op(op), h_.main.comm, h_.main.stream),
                name_, "ncclAllReduce (non-blocking)", h_.main.comm);
     CUDA_CHECK(cudaEventRecord(req->event(), h_.main.stream));
-    count_op(kAllReduce, count, type, 0.0);
+    count_call(kAllReduce, count, type, 0.0);
     stats_.all_reduce_counts.push_back(count);
     return req;
   }
@@ -215,7 +215,7 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(type),
                              h_.main.comm, h_.compute),
                name_, "ncclAllGather", h_.main.comm);
-    count_op(kAllGather, count, type, since(t0));
+    count_call(kAllGather, count, type, since(t0));
   }
 
   void reduce_scatter(const void* send, void* recv, int64_t count, DType type) override {
@@ -237,7 +237,7 @@ class NcclCommunicator final : public Communicator {
                                    ncclSum, h_.main.comm, h_.compute),
                  name_, "ncclReduceScatter", h_.main.comm);
     }
-    count_op(kReduceScatter, count, type, since(t0));
+    count_call(kReduceScatter, count, type, since(t0));
   }
 
   void broadcast(void* data, int64_t count, DType type, int root) override {
@@ -247,7 +247,7 @@ class NcclCommunicator final : public Communicator {
     nccl_check(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(type), root,
                              h_.main.comm, h_.compute),
                name_, "ncclBroadcast", h_.main.comm);
-    count_op(kBroadcast, count, type, since(t0));
+    count_call(kBroadcast, count, type, since(t0));
   }
 
   std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type, int peer,
@@ -261,7 +261,7 @@ class NcclCommunicator final : public Communicator {
                         ch.stream),
                name_, "ncclSend", ch.comm);
     CUDA_CHECK(cudaEventRecord(req->event(), ch.stream));
-    count_op(kSend, count, type, 0.0);
+    count_call(kSend, count, type, 0.0);
     return req;
   }
 
@@ -276,7 +276,7 @@ class NcclCommunicator final : public Communicator {
                         ch.stream),
                name_, "ncclRecv", ch.comm);
     CUDA_CHECK(cudaEventRecord(req->event(), ch.stream));
-    count_op(kRecv, count, type, 0.0);
+    count_call(kRecv, count, type, 0.0);
     return req;
   }
 
@@ -284,25 +284,10 @@ class NcclCommunicator final : public Communicator {
     auto t0 = Clock::now();
     CUDA_CHECK(cudaStreamSynchronize(h_.compute));
     mpi_check(MPI_Barrier(h_.mpi), name_, "MPI_Barrier");
-    count_op(kBarrier, 0, DType::F32, since(t0));
+    count_call(kBarrier, 0, DType::F32, since(t0));
   }
 
  private:
-  void check_count(const char* op, int64_t count) const {
-    if (count < 0) {
-      std::ostringstream m;
-      m << "communicator '" << name_ << "': " << op << " with negative count " << count;
-      throw Error(m.str());
-    }
-  }
-  void check_peer(const char* what, int peer) const {
-    if (peer < 0 || peer >= size_) {
-      std::ostringstream m;
-      m << "communicator '" << name_ << "': " << what << " " << peer
-        << " is not a rank of this " << size_ << "-rank group";
-      throw Error(m.str());
-    }
-  }
   void check_p2p_peer(const char* what, int peer) const {
     check_peer(what, peer);
     if (peer == rank_) {
@@ -326,12 +311,6 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamWaitEvent(s, h_.ready, 0));
   }
 
-  void count_op(const std::string& op, int64_t count, DType type, double seconds) {
-    OpStats& s = stats_.ops[op];
-    s.calls += 1;
-    s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-    s.seconds += seconds;
-  }
 
   Handles h_;
   int rank_ = 0, size_ = 1;
