@@ -116,4 +116,51 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
   return worst;
 }
 
+// The layouts of the parity tests: tiny_config with 4 layers, vocab 250, 20 steps.
+constexpr int64_t kParitySteps = 20;
+
+struct ParityLayout {
+  int tp = 1, pp = 1, dp = 1;
+  std::string name() const {
+    return "TP=" + std::to_string(tp) + " PP=" + std::to_string(pp) + " DP=" + std::to_string(dp);
+  }
+};
+
+inline Config parity_config(const std::filesystem::path& dir, const ParityLayout& l,
+                     std::vector<std::string> extra = {}) {
+  std::vector<std::string> overrides = {
+      "train.steps=20", "eval.interval=0", "model.vocab_size=250", "model.layers=4",
+      "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
+      "parallel.data=" + std::to_string(l.dp), "log.dir=" + (dir / "run").string()};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return parse_config(tiny_config(dir), "parity.toml", overrides);
+}
+
+inline void check_parity(const ParityLayout& l, std::vector<std::string> extra = {}) {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const auto dir = shared_corpus("parity");
+  const Config config = parity_config(dir, l, extra);
+  const Reference ref = reference_run(config, kParitySteps);
+  double worst_grad = 0.0, worst_loss = 0.0;
+  std::string worst_name;
+  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
+    for (int64_t s = 0; s < kParitySteps; ++s) {
+      const double loss = t.forward_backward(s);
+      if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name);
+      t.apply_update(s, loss);
+      worst_loss = std::max(worst_loss, std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]));
+    }
+  });
+  EXPECT_LE(worst_grad, 1e-5) << l.name() << ": " << worst_name;
+  EXPECT_LE(worst_loss, 1e-5) << l.name();
+  worst_grad = max_over_world(worst_grad);
+  worst_loss = max_over_world(worst_loss);
+  if (world_rank == 0)
+    std::printf("[ measured ] %s: gradients after step 1 worst relative error %.3e; losses of "
+                "%lld steps worst relative error %.3e (final loss %.6f)\n",
+                l.name().c_str(), worst_grad, static_cast<long long>(kParitySteps), worst_loss,
+                ref.losses.back());
+}
+
 }  // namespace trident::test
