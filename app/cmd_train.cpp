@@ -10,7 +10,7 @@
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
 #include "kernels/cpu/blas.hpp"
-#include "model/gpt.hpp"
+#include "model/architecture.hpp"
 #include "model/model_stats.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"

@@ -19,6 +19,14 @@ void add_train_command(CLI::App& app, TrainOptions& options);
 // Returns the process exit code (0, or kExitRequeue).
 int run_train(const TrainOptions& options);
 
+struct ModelOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+};
+void add_model_command(CLI::App& app, ModelOptions& options);
+// Prints the config's architecture, parameter count and training FLOPs (rank 0).
+void run_model(const ModelOptions& options);
+
 struct CkptOptions {
   std::string file;
   bool verify = false;

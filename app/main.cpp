@@ -1,6 +1,7 @@
 // trident: one SPMD executable, launched by mpiexec/srun on N ranks (or alone for one rank).
 //   trident train --config FILE [--set section.key=value ...] [--resume auto|FILE]
 //   trident ckpt info FILE [--verify]
+//   trident model --config FILE [--set section.key=value ...]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
   trident::add_train_command(app, train);
   trident::CkptOptions ckpt;
   trident::add_ckpt_command(app, ckpt);
+  trident::ModelOptions model;
+  trident::add_model_command(app, model);
 
   try {
     app.parse(argc, argv);
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("train")) exit_code = trident::run_train(train);
     if (app.got_subcommand("ckpt")) trident::run_ckpt_info(ckpt);
+    if (app.got_subcommand("model")) trident::run_model(model);
   } catch (const trident::Error& e) {
     fail(e.what());
   } catch (const std::exception& e) {

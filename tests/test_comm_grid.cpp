@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "config/config.hpp"
 #include "grid/device_select.hpp"
 #include "grid/grid.hpp"
 #include "util/bf16.hpp"
@@ -256,6 +257,67 @@ TEST(comm_grid, LayoutErrorsNameTheSettingAndValues) {
   zero.heads = 0;
   EXPECT_EQ(layout_error({1, 1, 1}, 1, 0, zero),
             "model.heads = 0, model.width = 64 and model.layers = 2 must all be >= 1");
+}
+
+TEST(comm_grid, KeyValueHeadsAndMlpSplitOverTensorRanks) {
+  ModelConfig m;  // heads 4, width 64
+  m.arch = "llama";
+  m.kv_heads = 2;
+  EXPECT_NO_THROW(validate_layout({2, 1, 1}, 2, 0, m));
+  EXPECT_EQ(layout_error({4, 1, 1}, 4, 0, m),
+            "model.kv_heads = 2 is not divisible by parallel.tensor = 4 (each tensor rank "
+            "holds kv_heads/TP whole key/value heads)");
+  m.kv_heads = 0;  // = heads
+  EXPECT_NO_THROW(validate_layout({4, 1, 1}, 4, 0, m));
+
+  ModelConfig ffn;
+  ffn.heads = 2;
+  ffn.width = 64;
+  ffn.ffn_width = 100;
+  EXPECT_NO_THROW(validate_layout({2, 1, 1}, 2, 0, ffn));
+  EXPECT_EQ(layout_error({4, 1, 1}, 4, 0, {.heads = 4, .width = 64, .ffn_width = 102}),
+            "the MLP size 102 (model.ffn_width) is not divisible by parallel.tensor = 4");
+  // The default size of the architecture: gpt2 4 * 24 = 96, llama 8/3 * 24 -> 256.
+  ModelConfig odd{.heads = 3, .width = 24};
+  EXPECT_NO_THROW(validate_layout({3, 1, 1}, 3, 0, odd));
+  odd.arch = "llama";
+  EXPECT_EQ(layout_error({3, 1, 1}, 3, 0, odd),
+            "the MLP size 256 (model.ffn_width = 0: the default for model.arch = llama) is not "
+            "divisible by parallel.tensor = 3");
+}
+
+// configs/tiny.toml runs on every layout of up to 8 ranks; configs/llama_tiny.toml runs on
+// every one of them too (heads 16, kv_heads 8, ffn_width 352 all split over TP 1, 2, 4, 8).
+TEST(comm_grid, LlamaTinyRunsWhereTinyRuns) {
+  const std::string dir = std::string(TRIDENT_SOURCE_DIR) + "/configs/";
+  int layouts = 0;
+  for (int tp : {1, 2, 4, 8})
+    for (int pp : {1, 2, 4, 8})
+      for (int dp : {1, 2, 4, 8}) {
+        if (tp * pp * dp > 8) continue;
+        const std::vector<std::string> sets = {"parallel.tensor=" + std::to_string(tp),
+                                               "parallel.pipeline=" + std::to_string(pp),
+                                               "parallel.data=" + std::to_string(dp)};
+        SCOPED_TRACE(sets[0] + " " + sets[1] + " " + sets[2]);
+        const Config tiny = load_config(dir + "tiny.toml", sets);
+        EXPECT_NO_THROW(validate_layout({tp, pp, dp}, tp * pp * dp, 8, tiny.model));
+        Config llama;
+        ASSERT_NO_THROW(llama = load_config(dir + "llama_tiny.toml", sets));
+        EXPECT_NO_THROW(validate_layout({tp, pp, dp}, tp * pp * dp, 8, llama.model));
+        ++layouts;
+      }
+  EXPECT_EQ(layouts, 20);
+}
+
+TEST(comm_grid, ClusterConfigsFitTheirLayouts) {
+  const std::string dir = std::string(TRIDENT_SOURCE_DIR) + "/configs/";
+  for (const char* name : {"llama_3.2_1b.toml", "llama_3.1_8b.toml", "gpu_124m.toml"}) {
+    SCOPED_TRACE(name);
+    const Config c = load_config(dir + name);
+    const GridShape s{static_cast<int>(c.parallel.tensor), static_cast<int>(c.parallel.pipeline),
+                      static_cast<int>(c.parallel.data)};
+    EXPECT_NO_THROW(validate_layout(s, static_cast<int>(c.parallel.world_size()), 8, c.model));
+  }
 }
 
 TEST(comm_grid, LayoutErrorsAreOneLine) {

@@ -75,12 +75,18 @@ bool bits_equal(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0;
 
 // Every field, written out independently of the schema (so a key missing from it shows up).
 void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(a.model.arch, b.model.arch);
   EXPECT_EQ(a.model.layers, b.model.layers);
   EXPECT_EQ(a.model.heads, b.model.heads);
+  EXPECT_EQ(a.model.kv_heads, b.model.kv_heads);
   EXPECT_EQ(a.model.width, b.model.width);
+  EXPECT_EQ(a.model.ffn_width, b.model.ffn_width);
   EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
   EXPECT_EQ(a.model.seq_len, b.model.seq_len);
   EXPECT_EQ(a.model.vocab_multiple, b.model.vocab_multiple);
+  EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
+  EXPECT_TRUE(bits_equal(a.model.norm_eps, b.model.norm_eps));
+  EXPECT_TRUE(bits_equal(a.model.rope_theta, b.model.rope_theta));
   EXPECT_EQ(a.parallel.tensor, b.parallel.tensor);
   EXPECT_EQ(a.parallel.pipeline, b.parallel.pipeline);
   EXPECT_EQ(a.parallel.data, b.parallel.data);
@@ -123,8 +129,9 @@ void expect_same(const Config& a, const Config& b) {
 // A valid configuration with every field different from its default.
 Config everything_changed() {
   Config c;
-  c.model = {.layers = 6, .heads = 3, .width = 96, .vocab_size = 50304, .seq_len = 128,
-             .vocab_multiple = 8};
+  c.model = {.arch = "llama", .layers = 6, .heads = 3, .kv_heads = 1, .width = 96,
+             .ffn_width = 200, .vocab_size = 128256, .seq_len = 128, .vocab_multiple = 8,
+             .tie_embeddings = true, .norm_eps = 1e-6, .rope_theta = 500000.5};
   c.parallel.tensor = 2;
   c.parallel.pipeline = 3;
   c.parallel.data = 2;
@@ -185,6 +192,14 @@ TEST(ConfigDefaults, MinimalFileGivesStructDefaults) {
   EXPECT_EQ(c.model.heads, 4);
   EXPECT_EQ(c.model.width, 64);
   EXPECT_EQ(c.model.vocab_size, 256);
+  EXPECT_EQ(c.model.arch, "gpt2");
+  EXPECT_EQ(c.model.kv_heads, 0);
+  EXPECT_EQ(c.model.kv_head_count(), 4);
+  EXPECT_EQ(c.model.ffn_width, 0);
+  EXPECT_EQ(c.model.ffn_size(), 256);
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.norm_eps, 1e-5);
+  EXPECT_EQ(c.model.rope_theta, 10000.0);
   EXPECT_EQ(c.parallel.schedule, "1f1b");
   EXPECT_EQ(c.parallel.dp_bucket_mb, 25.0);
   EXPECT_EQ(c.train.device, "cpu");
@@ -311,10 +326,40 @@ TEST(ConfigReject, KeepMustBePositive) {
   EXPECT_NO_THROW(parse_config(set_key("checkpoint.keep", "1"), kSrc));
 }
 
-TEST(ConfigReject, VocabTooLargeForUint16) {
-  EXPECT_ERROR("[model]\nvocab_size = 65537\n",
-               "model.vocab_size (65537) must be in [1, 65536] (tokens are stored as uint16)");
+// The uint16 limit of the token shards is checked when the shards are opened (TokenDataset),
+// not here: a Llama-3 vocabulary (128256) is a valid configuration.
+TEST(ConfigReject, VocabUpToInt32Max) {
+  EXPECT_ERROR("[model]\nvocab_size = 2147483648\n",
+               "model.vocab_size (2147483648) must be in [1, 2147483647]");
   EXPECT_EQ(parse("[model]\nvocab_size = 65536\n").model.vocab_size, 65536);
+  EXPECT_EQ(parse("[model]\nvocab_size = 65537\n").model.vocab_size, 65537);
+  EXPECT_EQ(parse("[model]\nvocab_size = 128256\n").model.vocab_size, 128256);
+  EXPECT_EQ(parse("[model]\nvocab_size = 2147483647\n").model.vocab_size, 2147483647);
+}
+
+TEST(ConfigReject, ModelArchitecture) {
+  EXPECT_ERROR("[model]\narch = \"mistral\"\n",
+               "model.arch (\"mistral\") must be gpt2 or llama");
+  EXPECT_ERROR("[model]\narch = \"Llama\"\n", "model.arch (\"Llama\") must be gpt2 or llama");
+  EXPECT_ERROR("[model]\narch = \"\"\n", "model.arch (\"\") must be gpt2 or llama");
+  EXPECT_EQ(error_of("", {"model.arch=gpt3"}),
+            kSrc + ": model.arch (\"gpt3\") must be gpt2 or llama");
+  EXPECT_TRUE(parse("[model]\narch = \"llama\"\n").model.is_llama());
+  EXPECT_FALSE(parse("[model]\narch = \"gpt2\"\n").model.is_llama());
+}
+
+TEST(ConfigReject, LlamaKeysSingleValues) {
+  EXPECT_ERROR("[model]\nkv_heads = -1\n", "model.kv_heads (-1) must be >= 0");
+  EXPECT_ERROR("[model]\nffn_width = -1\n", "model.ffn_width (-1) must be >= 0");
+  EXPECT_ERROR("[model]\nnorm_eps = 0\n", "model.norm_eps (0.0) must be > 0");
+  EXPECT_ERROR("[model]\nnorm_eps = -1e-5\n", "model.norm_eps (-1e-5) must be > 0");
+  EXPECT_ERROR("[model]\nrope_theta = 0\n", "model.rope_theta (0.0) must be > 0");
+  EXPECT_ERROR("[model]\nrope_theta = nan\n", "model.rope_theta (nan) must be finite");
+  EXPECT_ERROR("[model]\ntie_embeddings = 1\n",
+               "model.tie_embeddings: expected a boolean, got integer 1");
+  const Config c = parse("[model]\nkv_heads = 0\nffn_width = 0\nrope_theta = 500000\n");
+  EXPECT_EQ(c.model.kv_head_count(), c.model.heads);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
 }
 
 TEST(ConfigReject, LearningRate) {
@@ -391,6 +436,93 @@ TEST(ConfigReject, EmptyTrainData) {
 TEST(ConfigReject, WidthNotDivisibleByHeads) {
   EXPECT_ERROR("[model]\nwidth = 100\nheads = 3\n",
                "model.width (100) must be divisible by model.heads (3)");
+}
+
+TEST(ConfigReject, KvHeadsMustDivideHeads) {
+  EXPECT_ERROR("[model]\nheads = 4\nkv_heads = 3\n",
+               "model.kv_heads (3) must divide model.heads (4): each key/value head serves a "
+               "whole group of query heads");
+  EXPECT_ERROR("[model]\nheads = 4\nkv_heads = 8\n",
+               "model.kv_heads (8) must divide model.heads (4): each key/value head serves a "
+               "whole group of query heads");
+  for (int kv : {1, 2, 4}) {
+    SCOPED_TRACE(kv);
+    const Config c = parse("[model]\nheads = 4\nkv_heads = " + std::to_string(kv) + "\n");
+    EXPECT_EQ(c.model.kv_head_count(), kv);
+  }
+}
+
+TEST(ConfigReject, LlamaHeadSizeMustBeEven) {
+  EXPECT_ERROR("[model]\narch = \"llama\"\nwidth = 60\nheads = 4\n",
+               "model.width / model.heads (60 / 4 = 15) must be even with model.arch = "
+               "\"llama\" (RoPE rotates pairs)");
+  // gpt2 has no rotary embedding: an odd head size is fine.
+  EXPECT_EQ(parse("[model]\nwidth = 60\nheads = 4\n").model.head_size(), 15);
+  EXPECT_EQ(parse("[model]\narch = \"llama\"\nwidth = 64\nheads = 4\n").model.head_size(),
+            16);
+}
+
+TEST(ConfigReject, WidthTooLargeForTheDefaultMlp) {
+  EXPECT_ERROR("[model]\nwidth = 4611686018427387904\nheads = 1\n",
+               "model.width (4611686018427387904) is too large for the default MLP size "
+               "(model.ffn_width = 0)");
+  EXPECT_NO_THROW(parse("[model]\nwidth = 4611686018427387904\nheads = 1\nffn_width = 1\n"));
+}
+
+TEST(ConfigArch, FfnSizeDefaultsByArchitecture) {
+  EXPECT_EQ(parse("[model]\nwidth = 768\nheads = 12\n").model.ffn_size(), 3072);
+  // llama: 8/3 * width rounded up to a multiple of 256.
+  EXPECT_EQ(parse("[model]\narch = \"llama\"\nwidth = 4096\nheads = 32\n").model.ffn_size(),
+            11008);
+  EXPECT_EQ(parse("[model]\narch = \"llama\"\nwidth = 64\n").model.ffn_size(), 256);
+  EXPECT_EQ(parse("[model]\narch = \"llama\"\nffn_width = 100\n").model.ffn_size(), 100);
+  EXPECT_EQ(parse("[model]\nffn_width = 100\n").model.ffn_size(), 100);
+}
+
+TEST(ConfigArch, TieEmbeddingsDefaultsByArchitecture) {
+  EXPECT_TRUE(parse("").model.tie_embeddings);
+  EXPECT_TRUE(parse("[model]\narch = \"gpt2\"\n").model.tie_embeddings);
+  EXPECT_FALSE(parse("[model]\narch = \"llama\"\n").model.tie_embeddings);
+  EXPECT_FALSE(parse("", {"model.arch=llama"}).model.tie_embeddings);
+  // Given in the file or by an override, the value stands, whatever the architecture.
+  EXPECT_TRUE(parse("[model]\narch = \"llama\"\ntie_embeddings = true\n").model.tie_embeddings);
+  EXPECT_FALSE(parse("[model]\ntie_embeddings = false\n").model.tie_embeddings);
+  EXPECT_TRUE(parse("[model]\narch = \"llama\"\n", {"model.tie_embeddings=true"})
+                  .model.tie_embeddings);
+  EXPECT_FALSE(parse("", {"model.tie_embeddings=false", "model.arch=gpt2"}).model.tie_embeddings);
+  EXPECT_TRUE(parse_config("model = { arch = \"llama\", tie_embeddings = true }\n" + kBase, kSrc)
+                  .model.tie_embeddings);
+  // An override of the architecture re-derives an unset default from the final value.
+  EXPECT_TRUE(parse("[model]\narch = \"llama\"\n", {"model.arch=gpt2"}).model.tie_embeddings);
+}
+
+TEST(ConfigArch, ResolvedTieEmbeddingsSurvivesTheRoundTrip) {
+  for (const char* text : {"[model]\narch = \"llama\"\n",
+                           "[model]\narch = \"llama\"\ntie_embeddings = true\n",
+                           "[model]\ntie_embeddings = false\n", ""}) {
+    SCOPED_TRACE(text);
+    const Config a = parse(text);
+    const std::string toml_text = a.to_toml();
+    EXPECT_NE(toml_text.find(std::string("tie_embeddings = ") +
+                             (a.model.tie_embeddings ? "true" : "false") + "\n"),
+              std::string::npos)
+        << toml_text;
+    const Config b = parse_config(toml_text, "roundtrip");
+    expect_same(a, b);
+    EXPECT_EQ(toml_text, b.to_toml());
+  }
+}
+
+TEST(ConfigArch, LlamaAcceptsKeysOnlyGpt2Uses) {
+  // The position-table decay has no table to act on in llama; it is accepted (and unused),
+  // as norm_eps and rope_theta are with gpt2.
+  const Config llama = parse(
+      "[model]\narch = \"llama\"\nvocab_multiple = 64\n"
+      "[optim]\ndecay_position_embedding = true\n");
+  EXPECT_TRUE(llama.optim.decay_position_embedding);
+  const Config gpt2 = parse("[model]\nnorm_eps = 1e-6\nrope_theta = 500000.0\nkv_heads = 2\n");
+  EXPECT_EQ(gpt2.model.norm_eps, 1e-6);
+  EXPECT_EQ(gpt2.model.kv_head_count(), 2);
 }
 
 TEST(ConfigReject, GlobalBatchNotDivisible) {
@@ -540,7 +672,10 @@ TEST(ConfigToToml, EmitsEverySectionAndKey) {
     SCOPED_TRACE(k.name);
     EXPECT_TRUE(t.at_path(k.name)) << text;
   }
-  EXPECT_NE(text.find("[model]\nlayers = 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[model]\narch = \"gpt2\"\nlayers = 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tie_embeddings = true\nnorm_eps = 1e-5\nrope_theta = 10000.0\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("lr = 0.0006\n"), std::string::npos) << text;
   EXPECT_NE(text.find("min_lr = 6e-5\n"), std::string::npos) << text;
   EXPECT_NE(text.find("eps = 1e-8\n"), std::string::npos) << text;
@@ -647,6 +782,49 @@ TEST(ConfigFile, LoadsWithOverridesAndNamesFileInErrors) {
     EXPECT_EQ(std::string(e.what()).rfind(path + ":4:", 0), 0u) << e.what();
   }
   std::filesystem::remove(path);
+}
+
+// Every config shipped in configs/ is valid.
+TEST(ConfigFile, RepositoryConfigsAreValid) {
+  size_t n = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(TRIDENT_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(load_config(entry.path().string()));
+    ++n;
+  }
+  EXPECT_GE(n, 3u);
+}
+
+TEST(ConfigFile, LlamaConfigsHaveThePublishedShapes) {
+  const std::string dir = std::string(TRIDENT_SOURCE_DIR) + "/configs/";
+  const ModelConfig small = load_config(dir + "llama_3.2_1b.toml").model;
+  EXPECT_EQ(small.arch, "llama");
+  EXPECT_EQ(small.layers, 16);
+  EXPECT_EQ(small.width, 2048);
+  EXPECT_EQ(small.heads, 32);
+  EXPECT_EQ(small.kv_head_count(), 8);
+  EXPECT_EQ(small.ffn_size(), 8192);
+  EXPECT_EQ(small.vocab_size, 128256);
+  EXPECT_TRUE(small.tie_embeddings);
+  EXPECT_EQ(small.rope_theta, 500000.0);
+  EXPECT_EQ(small.norm_eps, 1e-5);
+  const ModelConfig big = load_config(dir + "llama_3.1_8b.toml").model;
+  EXPECT_EQ(big.arch, "llama");
+  EXPECT_EQ(big.layers, 32);
+  EXPECT_EQ(big.width, 4096);
+  EXPECT_EQ(big.heads, 32);
+  EXPECT_EQ(big.kv_head_count(), 8);
+  EXPECT_EQ(big.ffn_size(), 14336);
+  EXPECT_EQ(big.vocab_size, 128256);
+  EXPECT_FALSE(big.tie_embeddings);
+  EXPECT_EQ(big.rope_theta, 500000.0);
+  EXPECT_EQ(big.norm_eps, 1e-5);
+  const ModelConfig tiny = load_config(dir + "llama_tiny.toml").model;
+  EXPECT_EQ(tiny.arch, "llama");
+  EXPECT_FALSE(tiny.tie_embeddings);
+  EXPECT_LT(tiny.kv_head_count(), tiny.heads);
 }
 
 // ---------------------------------------------------------------------------------------------

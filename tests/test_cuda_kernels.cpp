@@ -191,8 +191,10 @@ TEST(CudaDevice, Summary) {
   }
   // Bad arguments are rejected before any launch.
   DevBuf<float> x(16);
-  EXPECT_THROW(gpu::attention_forward<float>(x.get(), x.get(), x.get(), 1, 1, 1, 48),
+  EXPECT_THROW(gpu::attention_forward<float>(x.get(), x.get(), x.get(), 1, 1, 1, 1, 48),
                trident::Error);
+  EXPECT_THROW(gpu::attention_forward<float>(x.get(), x.get(), x.get(), 1, 1, 4, 3, 64),
+               trident::Error);  // NH not a multiple of KVH
 }
 
 // ================================================================ gemm
@@ -632,50 +634,72 @@ TEST(CudaOptim, GradSquareSum) {
 }
 
 // ================================================================ attention
+// Grouped-query layout: qkv rows [q (NH heads) | k (KVH heads) | v (KVH heads)], HS each.
+// The MHA layout of the same attention: every query head gets its own copy of its kv head.
+std::vector<float> expand_kv_heads(const std::vector<float>& qkv, int64_t rows, int64_t NH,
+                                   int64_t KVH, int64_t HS) {
+  const int64_t C3 = (NH + 2 * KVH) * HS, C3m = 3 * NH * HS, G = NH / KVH;
+  std::vector<float> out(static_cast<size_t>(rows * C3m));
+  for (int64_t r = 0; r < rows; r++) {
+    const float* src = qkv.data() + r * C3;
+    float* dst = out.data() + r * C3m;
+    std::copy_n(src, NH * HS, dst);
+    for (int64_t h = 0; h < NH; h++) {
+      std::copy_n(src + (NH + h / G) * HS, HS, dst + (NH + h) * HS);
+      std::copy_n(src + (NH + KVH + h / G) * HS, HS, dst + (2 * NH + h) * HS);
+    }
+  }
+  return out;
+}
+
 template <typename S>
-void run_attention(int64_t B, int64_t T, int64_t NH, int64_t HS, uint64_t seed) {
+void run_attention(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const int64_t C = NH * HS;
-  const auto qkv = quantize<S>(random_vec(rng, B * T * 3 * C));
+  const int64_t C = NH * HS, Ckv = KVH * HS, C3 = C + 2 * Ckv;
+  const auto qkv = quantize<S>(random_vec(rng, B * T * C3));
   const auto dout = quantize<S>(random_vec(rng, B * T * C));
   std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(B * NH * T * T),
-      dqkv(B * T * 3 * C);
-  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+      dqkv(B * T * C3);
+  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
   cpu::attention_backward<float>(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(),
-                                 B, T, NH, HS);
+                                 B, T, NH, KVH, HS);
   DevBuf<S> d_qkv(qkv.size()), d_out(out.size()), d_dout(dout.size()), d_dqkv(dqkv.size());
   DevBuf<float> d_lse(B * NH * T);
   d_qkv.upload(qkv);
   d_dout.upload(dout);
   CUDA_CHECK(cudaMemset(d_dqkv.get(), 0xff, d_dqkv.size() * sizeof(S)));  // NaN: all written?
-  gpu::attention_forward<S>(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, HS);
+  gpu::attention_forward<S>(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, KVH, HS);
   gpu::attention_backward<S>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
-                             T, NH, HS);
+                             T, NH, KVH, HS);
   const std::string k = "attention B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                        " NH=" + std::to_string(NH) + " HS=" + std::to_string(HS);
-  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+                        " NH=" + std::to_string(NH) +
+                        (KVH != NH ? " KVH=" + std::to_string(KVH) : std::string()) +
+                        " HS=" + std::to_string(HS);
+  const auto got_out = d_out.download();
+  expect_close(k, "out", type_name<S>(), got_out, out, tolerance<S>());
   const auto got = d_dqkv.download();
   const int64_t rows = B * T;
-  const auto ref_dv = cols_of(dqkv, rows, 3 * C, 2 * C, C);
+  const auto ref_dv = cols_of(dqkv, rows, C3, C + Ckv, Ckv);
   double dv_scale = 0.0;  // the natural gradient scale (dq, dk are exactly 0 at T = 1)
   for (float x : ref_dv) dv_scale = std::max(dv_scale, std::abs(static_cast<double>(x)));
-  expect_close(k, "dq", type_name<S>(), cols_of(got, rows, 3 * C, 0, C),
-               cols_of(dqkv, rows, 3 * C, 0, C), tolerance<S>(), T == 1 ? dv_scale : 0.0);
-  expect_close(k, "dk", type_name<S>(), cols_of(got, rows, 3 * C, C, C),
-               cols_of(dqkv, rows, 3 * C, C, C), tolerance<S>(), T == 1 ? dv_scale : 0.0);
-  expect_close(k, "dv", type_name<S>(), cols_of(got, rows, 3 * C, 2 * C, C), ref_dv,
+  expect_close(k, "dq", type_name<S>(), cols_of(got, rows, C3, 0, C), cols_of(dqkv, rows, C3, 0, C),
+               tolerance<S>(), T == 1 ? dv_scale : 0.0);
+  expect_close(k, "dk", type_name<S>(), cols_of(got, rows, C3, C, Ckv),
+               cols_of(dqkv, rows, C3, C, Ckv), tolerance<S>(), T == 1 ? dv_scale : 0.0);
+  expect_close(k, "dv", type_name<S>(), cols_of(got, rows, C3, C + Ckv, Ckv), ref_dv,
                tolerance<S>());
+  const auto got_lse = d_lse.download();
   if (T <= 128) {  // logsumexp against a direct double-precision evaluation
     std::vector<float> lse(B * NH * T);
     const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
     for (int64_t b = 0; b < B; b++)
       for (int64_t h = 0; h < NH; h++)
         for (int64_t t = 0; t < T; t++) {
-          const float* q = qkv.data() + (b * T + t) * 3 * C + h * HS;
+          const float* q = qkv.data() + (b * T + t) * C3 + h * HS;
           std::vector<double> s(t + 1);
           double mx = -1e300;
           for (int64_t u = 0; u <= t; u++) {
-            const float* kk = qkv.data() + (b * T + u) * 3 * C + C + h * HS;
+            const float* kk = qkv.data() + (b * T + u) * C3 + C + (h / (NH / KVH)) * HS;
             double dot = 0;
             for (int64_t d = 0; d < HS; d++) dot += double(q[d]) * kk[d];
             s[u] = dot * scale;
@@ -685,27 +709,69 @@ void run_attention(int64_t B, int64_t T, int64_t NH, int64_t HS, uint64_t seed) 
           for (double x : s) sum += std::exp(x - mx);
           lse[(b * NH + h) * T + t] = static_cast<float>(mx + std::log(sum));
         }
-    expect_close(k, "lse", type_name<S>(), d_lse.download(), lse,
-                 std::is_same_v<S, float> ? 1e-5 : 1e-3);
+    expect_close(k, "lse", type_name<S>(), got_lse, lse, std::is_same_v<S, float> ? 1e-5 : 1e-3);
   }
-  if (T >= 1024) {  // deterministic backward
+  if (T >= 1024 || KVH != NH) {  // deterministic backward
     gpu::attention_backward<S>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
-                               B, T, NH, HS);
+                               B, T, NH, KVH, HS);
     EXPECT_TRUE(bitwise_equal(got, d_dqkv.download())) << k << ": backward not deterministic";
+  }
+  if (KVH != NH) {
+    // The kv head mapping changes addresses only: the GQA forward and dQ are bitwise the
+    // multi-head kernels' on the expanded layout, and dK/dV are the expanded heads' gradients
+    // summed over each group (in another order, so up to rounding).
+    const int64_t G = NH / KVH;
+    const auto qkv_m = expand_kv_heads(qkv, rows, NH, KVH, HS);
+    DevBuf<S> m_qkv(qkv_m.size()), m_out(out.size()), m_dqkv(qkv_m.size());
+    DevBuf<float> m_lse(B * NH * T);
+    m_qkv.upload(qkv_m);
+    gpu::attention_forward<S>(m_out.get(), m_lse.get(), m_qkv.get(), B, T, NH, NH, HS);
+    gpu::attention_backward<S>(m_dqkv.get(), d_dout.get(), m_qkv.get(), m_out.get(), m_lse.get(),
+                               B, T, NH, NH, HS);
+    EXPECT_TRUE(bitwise_equal(got_out, m_out.download())) << k << ": out != MHA on expanded kv";
+    EXPECT_TRUE(bitwise_equal(got_lse, m_lse.download())) << k << ": lse != MHA on expanded kv";
+    const auto gm = m_dqkv.download();
+    EXPECT_TRUE(bitwise_equal(cols_of(got, rows, C3, 0, C), cols_of(gm, rows, 3 * C, 0, C)))
+        << k << ": dq != MHA on expanded kv";
+    std::vector<float> dkv_sum(static_cast<size_t>(rows * 2 * Ckv), 0.f);
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t h = 0; h < NH; h++)
+        for (int64_t d = 0; d < HS; d++) {
+          dkv_sum[r * 2 * Ckv + (h / G) * HS + d] += gm[r * 3 * C + C + h * HS + d];
+          dkv_sum[r * 2 * Ckv + Ckv + (h / G) * HS + d] += gm[r * 3 * C + 2 * C + h * HS + d];
+        }
+    expect_close(k, "dk,dv vs MHA sum", type_name<S>(), cols_of(got, rows, C3, C, 2 * Ckv),
+                 dkv_sum, tolerance<S>());
   }
 }
 
 TEST(CudaAttention, Fp32) {
   REQUIRE_CUDA_DEVICE();
-  for (int64_t T : {1, 64, 100, 1024}) run_attention<float>(2, T, 4, 64, 70 + T);
-  run_attention<float>(2, 100, 4, 32, 81);
-  run_attention<float>(1, 200, 2, 128, 82);
+  for (int64_t T : {1, 64, 100, 1024}) run_attention<float>(2, T, 4, 4, 64, 70 + T);
+  run_attention<float>(2, 100, 4, 4, 32, 81);
+  run_attention<float>(1, 200, 2, 2, 128, 82);
 }
 TEST(CudaAttention, Bf16) {
   REQUIRE_CUDA_DEVICE();
-  for (int64_t T : {1, 64, 100, 1024}) run_attention<bf16>(2, T, 4, 64, 90 + T);
-  run_attention<bf16>(2, 100, 4, 32, 101);
-  run_attention<bf16>(1, 200, 2, 128, 102);
+  for (int64_t T : {1, 64, 100, 1024}) run_attention<bf16>(2, T, 4, 4, 64, 90 + T);
+  run_attention<bf16>(2, 100, 4, 4, 32, 101);
+  run_attention<bf16>(1, 200, 2, 2, 128, 102);
+}
+// Grouped-query attention: (NH, KVH) = (4, 2) and (4, 1), HS 32 and 64; T = 100 (one or two
+// tiles, lse checked) and T = 300 (several tiles of both kernels: 32 fp32, 64 bf16).
+TEST(CudaAttention, GqaFp32) {
+  REQUIRE_CUDA_DEVICE();
+  uint64_t seed = 110;
+  for (int64_t kvh : {2, 1})
+    for (int64_t hs : {32, 64})
+      for (int64_t T : {1, 100, 300}) run_attention<float>(2, T, 4, kvh, hs, seed++);
+}
+TEST(CudaAttention, GqaBf16) {
+  REQUIRE_CUDA_DEVICE();
+  uint64_t seed = 130;
+  for (int64_t kvh : {2, 1})
+    for (int64_t hs : {32, 64})
+      for (int64_t T : {1, 100, 300}) run_attention<bf16>(2, T, 4, kvh, hs, seed++);
 }
 
 // Timings (informational): GPT-2 124M attention shape, B=8 T=1024 NH=12 HS=64.
@@ -721,17 +787,17 @@ void time_attention() {
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   CUDA_CHECK(cudaEventCreate(&e2));
-  gpu::attention_forward<S>(out.get(), lse.get(), qkv.get(), B, T, NH, HS);  // warm-up
+  gpu::attention_forward<S>(out.get(), lse.get(), qkv.get(), B, T, NH, NH, HS);  // warm-up
   gpu::attention_backward<S>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, NH,
-                             HS);
+                             NH, HS);
   const int iters = 10;
   CUDA_CHECK(cudaEventRecord(e0));
   for (int i = 0; i < iters; i++)
-    gpu::attention_forward<S>(out.get(), lse.get(), qkv.get(), B, T, NH, HS);
+    gpu::attention_forward<S>(out.get(), lse.get(), qkv.get(), B, T, NH, NH, HS);
   CUDA_CHECK(cudaEventRecord(e1));
   for (int i = 0; i < iters; i++)
     gpu::attention_backward<S>(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), B, T, NH,
-                               HS);
+                               NH, HS);
   CUDA_CHECK(cudaEventRecord(e2));
   CUDA_CHECK(cudaEventSynchronize(e2));
   float fwd_ms = 0, bwd_ms = 0;
@@ -753,6 +819,174 @@ TEST(CudaAttention, TimingReport) {
   REQUIRE_CUDA_DEVICE();
   time_attention<float>();
   time_attention<bf16>();
+}
+
+// ================================================================ Llama: RoPE
+// In place on qkv[B,T,(NH+2*KVH)*HS]: the q and k heads rotate, v stays bitwise as it was.
+template <typename S>
+void run_rope(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS, double theta,
+              uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t rows = B * T, C3 = (NH + 2 * KVH) * HS;
+  const auto x = quantize<S>(random_vec(rng, rows * C3));
+  const auto g = quantize<S>(random_vec(rng, rows * C3));
+  std::vector<float> y = x, dx = g;
+  cpu::rope_forward<float>(y.data(), B, T, NH, KVH, HS, theta);
+  cpu::rope_backward<float>(dx.data(), B, T, NH, KVH, HS, theta);
+  DevBuf<S> d_x(x.size()), d_g(g.size());
+  d_x.upload(x);
+  d_g.upload(g);
+  gpu::rope_forward<S>(d_x.get(), B, T, NH, KVH, HS, theta);
+  gpu::rope_backward<S>(d_g.get(), B, T, NH, KVH, HS, theta);
+  const std::string k = "rope B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+                        std::to_string(NH) + " KVH=" + std::to_string(KVH) + " HS=" +
+                        std::to_string(HS);
+  const auto got_y = d_x.download(), got_dx = d_g.download();
+  expect_close(k, "qkv (fwd)", type_name<S>(), got_y, y, tolerance<S>());
+  expect_close(k, "dqkv (bwd)", type_name<S>(), got_dx, dx, tolerance<S>());
+  const int64_t v0 = (NH + KVH) * HS, Cv = KVH * HS;
+  EXPECT_TRUE(bitwise_equal(cols_of(got_y, rows, C3, v0, Cv), cols_of(x, rows, C3, v0, Cv)))
+      << k << ": forward touched v";
+  EXPECT_TRUE(bitwise_equal(cols_of(got_dx, rows, C3, v0, Cv), cols_of(g, rows, C3, v0, Cv)))
+      << k << ": backward touched dv";
+}
+
+TEST(CudaLlama, RopeFp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_rope<float>(2, 300, 4, 2, 64, 10000.0, 201);
+  run_rope<float>(3, 17, 4, 4, 32, 10000.0, 202);     // multi-head layout
+  run_rope<float>(1, 4096, 2, 1, 128, 500000.0, 203); // long positions, Llama-3 theta
+}
+TEST(CudaLlama, RopeBf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_rope<bf16>(2, 300, 4, 2, 64, 10000.0, 204);
+  run_rope<bf16>(1, 4096, 2, 1, 128, 500000.0, 205);
+}
+
+// ================================================================ Llama: RMSNorm
+template <typename S>
+void run_rmsnorm(int64_t N, int64_t C, float eps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto x = quantize<S>(random_vec(rng, N * C, -2.f, 2.f));
+  const auto w = quantize<S>(random_vec(rng, C, 0.5f, 1.5f));
+  const auto dout = quantize<S>(random_vec(rng, N * C));
+  const auto dw0 = random_vec(rng, C);  // fp32 gradient, accumulated into
+  std::vector<float> out(N * C), rstd(N), dinp(N * C), dw = dw0;
+  cpu::rmsnorm_forward<float>(out.data(), rstd.data(), x.data(), w.data(), N, C,
+                              static_cast<double>(eps));
+  cpu::rmsnorm_backward<float>(dinp.data(), dw.data(), dout.data(), x.data(), w.data(),
+                               rstd.data(), N, C);
+  DevBuf<S> d_x(x.size()), d_w(C), d_dout(dout.size()), d_out(out.size()), d_dinp(dinp.size());
+  DevBuf<float> d_rstd(N), d_dw(C);
+  d_x.upload(x);
+  d_w.upload(w);
+  d_dout.upload(dout);
+  d_dw.upload(dw0);
+  gpu::rmsnorm_forward<S>(d_out.get(), d_rstd.get(), d_x.get(), d_w.get(), N, C, eps);
+  gpu::rmsnorm_backward<S>(d_dinp.get(), d_dw.get(), d_dout.get(), d_x.get(), d_w.get(),
+                           d_rstd.get(), N, C);
+  const std::string k = "rmsnorm " + std::to_string(N) + "x" + std::to_string(C);
+  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+  expect_close(k, "rstd", type_name<S>(), d_rstd.download(), rstd, 1e-4);
+  expect_close(k, "dinp", type_name<S>(), d_dinp.download(), dinp, tolerance<S>());
+  expect_close(k, "dweight(+=)", type_name<S>(), d_dw.download(), dw, 1e-4);
+  // Deterministic parameter gradient, also with a caller-provided workspace.
+  const auto first = d_dw.download();
+  DevBuf<unsigned char> ws(gpu::rmsnorm_backward_workspace_bytes(N, C));
+  d_dw.upload(dw0);
+  gpu::rmsnorm_backward<S>(d_dinp.get(), d_dw.get(), d_dout.get(), d_x.get(), d_w.get(),
+                           d_rstd.get(), N, C, nullptr, ws.get());
+  EXPECT_TRUE(bitwise_equal(first, d_dw.download())) << k << ": dweight not deterministic";
+}
+
+TEST(CudaLlama, RmsNormFp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_rmsnorm<float>(300, 768, 1e-5f, 211);
+  run_rmsnorm<float>(7, 100, 1e-6f, 212);
+  run_rmsnorm<float>(1030, 64, 1e-5f, 213);  // 5 row chunks
+}
+TEST(CudaLlama, RmsNormBf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_rmsnorm<bf16>(300, 768, 1e-5f, 214);
+  run_rmsnorm<bf16>(7, 100, 1e-6f, 215);
+}
+
+// ================================================================ Llama: SwiGLU
+// Fh a multiple of 8 with aligned buffers takes the 16-byte vector path; odd Fh (or an offset
+// start) the scalar path. Gates in [-12, 12] reach the saturated ends of silu.
+template <typename S>
+void run_swiglu(int64_t N, int64_t Fh, int64_t offset, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto gu = random_vec(rng, N * 2 * Fh);
+  std::uniform_real_distribution<float> ug(-12.f, 12.f);
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t f = 0; f < Fh; f++) gu[n * 2 * Fh + f] = ug(rng);
+  gu = quantize<S>(gu);
+  const auto dout = quantize<S>(random_vec(rng, N * Fh));
+  std::vector<float> out(N * Fh), dgu(N * 2 * Fh);
+  cpu::swiglu_forward<float>(out.data(), gu.data(), N, Fh);
+  cpu::swiglu_backward<float>(dgu.data(), dout.data(), gu.data(), N, Fh);
+  DevBuf<S> d_gu(gu.size() + offset), d_dout(dout.size() + offset), d_out(out.size() + offset),
+      d_dgu(dgu.size() + offset);
+  std::vector<float> tmp(offset, 0.f);
+  tmp.insert(tmp.end(), gu.begin(), gu.end());
+  d_gu.upload(tmp);
+  tmp.assign(offset, 0.f);
+  tmp.insert(tmp.end(), dout.begin(), dout.end());
+  d_dout.upload(tmp);
+  gpu::swiglu_forward<S>(d_out.get() + offset, d_gu.get() + offset, N, Fh);
+  gpu::swiglu_backward<S>(d_dgu.get() + offset, d_dout.get() + offset, d_gu.get() + offset, N,
+                          Fh);
+  auto down = [&](const DevBuf<S>& d) {
+    const auto all = d.download();
+    return std::vector<float>(all.begin() + offset, all.end());
+  };
+  const std::string k = "swiglu " + std::to_string(N) + "x" + std::to_string(Fh) +
+                        (offset ? " unaligned" : "");
+  expect_close(k, "out", type_name<S>(), down(d_out), out, tolerance<S>());
+  const auto got = down(d_dgu);
+  expect_close(k, "dgate", type_name<S>(), cols_of(got, N, 2 * Fh, 0, Fh),
+               cols_of(dgu, N, 2 * Fh, 0, Fh), tolerance<S>());
+  expect_close(k, "dup", type_name<S>(), cols_of(got, N, 2 * Fh, Fh, Fh),
+               cols_of(dgu, N, 2 * Fh, Fh, Fh), tolerance<S>());
+}
+
+TEST(CudaLlama, SwigluFp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_swiglu<float>(64, 1024, 0, 221);  // vector path
+  run_swiglu<float>(33, 101, 0, 222);   // scalar path (odd Fh)
+  run_swiglu<float>(16, 256, 1, 223);   // scalar path (unaligned)
+}
+TEST(CudaLlama, SwigluBf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_swiglu<bf16>(64, 1024, 0, 224);
+  run_swiglu<bf16>(33, 101, 0, 225);
+  run_swiglu<bf16>(16, 256, 3, 226);
+}
+
+// ================================================================ position rows (sequence shard)
+template <typename S>
+void run_position_rows(int64_t first_row, int64_t rows, int64_t T, int64_t C, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto wpe = quantize<S>(random_vec(rng, (T + 3) * C));
+  const auto out0 = quantize<S>(random_vec(rng, rows * C));
+  std::vector<float> out = out0;
+  cpu::position_embedding_forward_rows<float>(out.data(), wpe.data(), first_row, rows, T, C);
+  DevBuf<S> d_wpe(wpe.size()), d_out(out.size());
+  d_wpe.upload(wpe);
+  d_out.upload(out0);
+  gpu::position_embedding_forward_rows<S>(d_out.get(), d_wpe.get(), first_row, rows, T, C);
+  const std::string k = "position rows [" + std::to_string(first_row) + "," +
+                        std::to_string(first_row + rows) + ") T=" + std::to_string(T);
+  expect_close(k, "out(+=)", type_name<S>(), d_out.download(), out, tolerance<S>());
+}
+
+TEST(CudaEmbedding, PositionRows) {
+  REQUIRE_CUDA_DEVICE();
+  run_position_rows<float>(37, 41, 50, 96, 231);  // crosses a sequence boundary
+  run_position_rows<float>(0, 200, 50, 33, 232);  // whole grid of B = 4, odd C
+  run_position_rows<bf16>(37, 41, 50, 96, 233);
+  run_position_rows<bf16>(150, 75, 50, 768, 234);
 }
 
 }  // namespace

@@ -360,6 +360,18 @@ TEST(TokenDataset, TokenOutOfVocabulary) {
   expect_one_line_with(msg, {path, "256", "position 16"});
 }
 
+// The configuration allows vocabularies beyond uint16 (Llama 3: 128256); the shards do not.
+TEST(TokenDataset, VocabularyLargerThanUint16IsRefusedNamingTheShard) {
+  TempDir dir;
+  write_shard(dir.file("a.bin"), iota_tokens(100));
+  write_shard(dir.file("b.bin"), iota_tokens(100));
+  const auto msg = error_of([&] { TokenDataset ds(dir.file("*.bin"), 8, 128256); });
+  expect_one_line_with(msg, {dir.file("a.bin"), "model.vocab_size = 128256", "uint16", "65536"});
+  EXPECT_EQ(trident::kShardMaxVocab, 65536);
+  EXPECT_NO_THROW(TokenDataset(dir.file("a.bin"), 8, 65536));
+  EXPECT_THROW(TokenDataset(dir.file("a.bin"), 8, 65537), Error);
+}
+
 TEST(TokenDataset, InvalidArguments) {
   TempDir dir;
   write_shard(dir.file("x.bin"), iota_tokens(100));

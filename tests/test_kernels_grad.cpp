@@ -170,11 +170,13 @@ struct LinearOp {
   }
 };
 
+// Grouped-query attention: KVH = NH is multi-head attention, KVH < NH shares each kv head
+// among NH/KVH query heads (their k and v gradients add up).
 struct AttentionOp {
-  int64_t B = 2, T = 5, NH = 2, HS = 4;
+  int64_t B = 2, T = 5, NH = 2, KVH = 2, HS = 4;
   double qkv_scale = 1.0;
   Tensors make(std::mt19937_64& rng) const {
-    return {{"qkv", random_vec(rng, B * T * 3 * NH * HS, -qkv_scale, qkv_scale)},
+    return {{"qkv", random_vec(rng, B * T * (NH + 2 * KVH) * HS, -qkv_scale, qkv_scale)},
             {"R", random_vec(rng, B * T * NH * HS)}};
   }
   std::vector<std::string> wrt() const { return {"qkv"}; }
@@ -184,10 +186,70 @@ struct AttentionOp {
     auto R = cast<F>(in.at("R"));
     std::vector<F> out(B * T * NH * HS), att(B * NH * T * T), dqkv(qkv.size()),
         scratch(att.size());
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
     attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), att.data(), B, T, NH,
-                       HS);
+                       KVH, HS);
     return {{"out", to_double(out)}, {"att", to_double(att)}, {"dqkv", to_double(dqkv)}};
+  }
+};
+
+// RoPE on the q and k heads of a GQA qkv (v passes through). The forward is linear, so the FD
+// gradient is the transpose of the rotation: the check confirms that rope_backward is it.
+// theta = 10 turns every pair by a sizeable angle already at these short positions.
+struct RopeOp {
+  int64_t B = 2, T = 6, NH = 4, KVH = 2, HS = 8;
+  double theta = 10.0;
+  Tensors make(std::mt19937_64& rng) const {
+    const int64_t n = B * T * (NH + 2 * KVH) * HS;
+    return {{"qkv", random_vec(rng, n)}, {"R", random_vec(rng, n)}};
+  }
+  std::vector<std::string> wrt() const { return {"qkv"}; }
+  template <typename F>
+  Tensors run(const Tensors& in) const {
+    auto out = cast<F>(in.at("qkv"));
+    auto dqkv = cast<F>(in.at("R"));
+    rope_forward(out.data(), B, T, NH, KVH, HS, theta);
+    rope_backward(dqkv.data(), B, T, NH, KVH, HS, theta);
+    return {{"out", to_double(out)}, {"dqkv", to_double(dqkv)}};
+  }
+};
+
+struct RmsNormOp {
+  int64_t N = 10, C = 8;
+  double eps = 1e-5;
+  Tensors make(std::mt19937_64& rng) const {
+    Vec inp = random_vec(rng, N * C, -2.0, 2.0);
+    for (int64_t n = 0; n < N; n++)  // rows with different offsets and scales
+      for (int64_t c = 0; c < C; c++) inp[n * C + c] = inp[n * C + c] * (0.5 + n) + 0.3 * n;
+    return {{"inp", inp}, {"weight", random_vec(rng, C, 0.5, 1.5)}, {"R", random_vec(rng, N * C)}};
+  }
+  std::vector<std::string> wrt() const { return {"inp", "weight"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto inp = cast<T>(in.at("inp"));
+    auto w = cast<T>(in.at("weight"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N * C), rstd(N), dinp(N * C), dw(C, T(0));
+    rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), N, C, eps);
+    rmsnorm_backward(dinp.data(), dw.data(), R.data(), inp.data(), w.data(), rstd.data(), N, C);
+    return {{"out", to_double(out)}, {"dinp", to_double(dinp)}, {"dweight", to_double(dw)}};
+  }
+};
+
+struct SwigluOp {
+  int64_t N = 6, Fh = 10;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"gate_up", random_vec(rng, N * 2 * Fh, -5.0, 5.0)}, {"R", random_vec(rng, N * Fh)}};
+  }
+  std::vector<std::string> wrt() const { return {"gate_up"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto gate_up = cast<T>(in.at("gate_up"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> out(N * Fh), dgate_up(N * 2 * Fh);
+    swiglu_forward(out.data(), gate_up.data(), N, Fh);
+    swiglu_backward(dgate_up.data(), R.data(), gate_up.data(), N, Fh);
+    return {{"out", to_double(out)}, {"dgate_up", to_double(dgate_up)}};
   }
 };
 
@@ -332,6 +394,28 @@ TEST(KernelsGrad, AttentionPeakedSoftmax) {
   op.qkv_scale = 3.0;
   fd_worst(op, "attention (peaked)");
 }
+TEST(KernelsGrad, AttentionGqa) {
+  AttentionOp op;  // 2 query heads per kv head
+  op.NH = 4;
+  op.KVH = 2;
+  fd_worst(op, "attention (gqa 4/2)");
+}
+TEST(KernelsGrad, AttentionMqa) {
+  AttentionOp op;  // one kv head for all 4 query heads
+  op.NH = 4;
+  op.KVH = 1;
+  fd_worst(op, "attention (gqa 4/1)");
+}
+TEST(KernelsGrad, AttentionGqaPeakedSoftmax) {
+  AttentionOp op;
+  op.NH = 4;
+  op.KVH = 2;
+  op.qkv_scale = 3.0;
+  fd_worst(op, "attention (gqa, peaked)");
+}
+TEST(KernelsGrad, Rope) { fd_worst(RopeOp{}, "rope"); }
+TEST(KernelsGrad, RmsNorm) { fd_worst(RmsNormOp{}, "rmsnorm"); }
+TEST(KernelsGrad, Swiglu) { fd_worst(SwigluOp{}, "swiglu"); }
 TEST(KernelsGrad, Gelu) { fd_worst(GeluOp{}, "gelu"); }
 TEST(KernelsGrad, Residual) { fd_worst(ResidualOp{}, "residual"); }
 TEST(KernelsGrad, CrossEntropy) { fd_worst(CrossEntropyOp{}, "cross_entropy"); }
@@ -370,8 +454,38 @@ TEST(KernelsFloat, Attention) {
   op.B = 1;
   op.T = 300;
   op.NH = 2;
+  op.KVH = 2;
   op.HS = 16;
   float_vs_double(op, "attention");
+}
+TEST(KernelsFloat, AttentionGqa) {
+  AttentionOp op;
+  op.B = 1;
+  op.T = 300;
+  op.NH = 4;
+  op.KVH = 2;
+  op.HS = 16;
+  float_vs_double(op, "attention (gqa 4/2)");
+}
+TEST(KernelsFloat, Rope) {
+  RopeOp op;  // Llama's theta and positions where float angles would be visibly off
+  op.B = 1;
+  op.T = 2048;
+  op.HS = 64;
+  op.theta = 10000.0;
+  float_vs_double(op, "rope");
+}
+TEST(KernelsFloat, RmsNorm) {
+  RmsNormOp op;
+  op.N = 70;
+  op.C = 200;
+  float_vs_double(op, "rmsnorm");
+}
+TEST(KernelsFloat, Swiglu) {
+  SwigluOp op;
+  op.N = 40;
+  op.Fh = 1000;  // above the threshold of the threaded loop
+  float_vs_double(op, "swiglu");
 }
 TEST(KernelsFloat, Gelu) {
   GeluOp op;

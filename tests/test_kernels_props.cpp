@@ -1,7 +1,10 @@
 // Properties of the CPU kernels beyond their gradients: vocab-parallel cross-entropy split over
 // simulated ranks (with padding), out-of-range embedding ids, attention causality and its
-// row-blocked GEMMs against a naive reference, accumulate/overwrite conventions, bitwise
-// determinism of the threaded float kernels, and the accuracy of the vectorised exp.
+// row-blocked GEMMs against a naive reference, grouped-query attention against multi-head
+// attention (the pre-GQA kernel bit for bit, and on replicated kv heads), RoPE against the
+// Hugging Face formula and its invariants, RMSNorm scale invariance, SwiGLU against its
+// formula, accumulate/overwrite conventions, bitwise determinism of the threaded float
+// kernels, and the accuracy of the vectorised exp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -260,9 +263,9 @@ TEST(KernelsAttention, BlockedMatchesNaiveReference) {
     attention_reference(ref_out, ref_dqkv, qkv, dout, B, T, NH, HS);
     auto out = nan_vec<double>(B * T * C), att = nan_vec<double>(B * NH * T * T);
     auto dqkv = nan_vec<double>(B * T * 3 * C), scratch = nan_vec<double>(B * NH * T * T);
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
     attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
-                       NH, HS);
+                       NH, NH, HS);
     EXPECT_LE(max_abs_diff(out, ref_out), 1e-12) << "T=" << T;
     EXPECT_LE(max_abs_diff(dqkv, ref_dqkv), 1e-12) << "T=" << T;
     // att: rows are distributions over s <= t, exact zeros above the diagonal.
@@ -288,9 +291,9 @@ void check_causality(int64_t T, int64_t t0) {
   std::mt19937_64 rng(9);
   auto qkv = random_vec<F>(rng, B * T * 3 * C, -2.0, 2.0);
   std::vector<F> out1(B * T * C), out2(B * T * C), att(B * NH * T * T);
-  attention_forward(out1.data(), att.data(), qkv.data(), B, T, NH, HS);
+  attention_forward(out1.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
   for (int64_t j = 0; j < 3 * C; j++) qkv[(0 * T + t0) * 3 * C + j] += F(0.5);  // batch 0
-  attention_forward(out2.data(), att.data(), qkv.data(), B, T, NH, HS);
+  attention_forward(out2.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++) {
       bool same = true;
@@ -308,6 +311,441 @@ TEST(KernelsAttention, Causality) {
   check_causality<double>(5, 3);
   check_causality<float>(300, 150);  // several row blocks
   check_causality<float>(300, 0);
+}
+
+// ------------------------------------------------------ grouped-query attention (GQA)
+
+// The multi-head kernel as it was before grouped-query attention (lib/kernels/cpu/attention.cpp
+// at fd13173, only renamed), kept verbatim so that the KVH == NH case of the GQA kernel can be
+// checked to give the same bits.
+namespace pre_gqa {
+
+constexpr int64_t kBlock = 128;
+
+// row[0, len) <- softmax(row[0, len));  row[len, T) <- 0.  (Loops run to a length, not to
+// `s <= t`, which GCC does not vectorise.)
+template <typename T>
+inline void causal_softmax_row(T* row, int64_t len, int64_t T_) {
+  T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t s = 0; s < len; s++) mx = mx > row[s] ? mx : row[s];  // (std::max: scalar code)
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t s = 0; s < len; s++) {
+    const T e = trident::cpu::detail::exp_fast(row[s] - mx);
+    row[s] = e;
+    sum += e;
+  }
+  const T inv = T(1) / sum;
+#pragma omp simd
+  for (int64_t s = 0; s < len; s++) row[s] *= inv;
+  std::fill(row + len, row + T_, T(0));
+}
+
+// Softmax backward of one row: d[s] <- p[s] * (d[s] - sum_s' p[s'] d[s']) for s < len, where d
+// holds dP on entry and dS on exit; d[len, end) <- 0.
+template <typename T>
+inline void softmax_backward_row(T* d, const T* p, int64_t len, int64_t end) {
+  T dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t s = 0; s < len; s++) dot += p[s] * d[s];
+#pragma omp simd
+  for (int64_t s = 0; s < len; s++) d[s] = p[s] * (d[s] - dot);
+  std::fill(d + len, d + end, T(0));
+}
+
+template <typename T>
+void mha_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int64_t NH,
+                       int64_t HS) {
+  const int64_t C = NH * HS;
+  const int64_t C3 = 3 * C;
+  const T scale = T(1) / std::sqrt(T(HS));
+  const int64_t blocks = (T_ + kBlock - 1) / kBlock;
+  const int64_t BH = B * NH;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < BH * blocks; task++) {
+    const int64_t i = blocks - 1 - task / BH;  // largest (last) row blocks first
+    const int64_t bh = task % BH;
+    const int64_t b = bh / NH;
+    const int64_t h = bh % NH;
+    const int64_t r0 = i * kBlock;
+    const int64_t r1 = std::min(T_, r0 + kBlock);
+    const T* q = qkv + b * T_ * C3 + h * HS;
+    const T* k = q + C;
+    const T* v = q + 2 * C;
+    T* P = att + bh * T_ * T_;
+    // S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
+    gemm<T>(false, true, r1 - r0, r1, HS, scale, q + r0 * C3, C3, k, C3, T(0), P + r0 * T_, T_);
+    for (int64_t t = r0; t < r1; t++) causal_softmax_row(P + t * T_, t + 1, T_);
+    // O[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
+    gemm<T>(false, false, r1 - r0, HS, r1, T(1), P + r0 * T_, T_, v, C3, T(0),
+            out + (b * T_ + r0) * C + h * HS, C);
+  }
+}
+
+// With G = dO (the output gradient):
+//   dV = P^T G,   dP = G V^T,   dS = P * (dP - rowsum(P * dP))   (softmax backward),
+//   dQ = scale * dS K,   dK = scale * dS^T Q.
+// Phase 1 (tasks over row blocks i): dP and dS of rows [r0, r1) into scratch, then dQ rows.
+// Phase 2 (tasks over column blocks j, after all of phase 1): dK and dV rows [c0, c1) need
+// dS and P in rows t >= c0 of columns [c0, c1), i.e. row blocks i >= j.
+template <typename T>
+void mha_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
+                        int64_t B, int64_t T_, int64_t NH, int64_t HS) {
+  const int64_t C = NH * HS;
+  const int64_t C3 = 3 * C;
+  const T scale = T(1) / std::sqrt(T(HS));
+  const int64_t blocks = (T_ + kBlock - 1) / kBlock;
+  const int64_t BH = B * NH;
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < BH * blocks; task++) {
+      const int64_t i = blocks - 1 - task / BH;
+      const int64_t bh = task % BH;
+      const int64_t b = bh / NH;
+      const int64_t h = bh % NH;
+      const int64_t r0 = i * kBlock;
+      const int64_t r1 = std::min(T_, r0 + kBlock);
+      const T* k = qkv + b * T_ * C3 + h * HS + C;
+      const T* v = k + C;
+      const T* g = dout + b * T_ * C + h * HS;
+      const T* P = att + bh * T_ * T_;
+      T* dS = scratch + bh * T_ * T_;
+      T* dq = dqkv + b * T_ * C3 + h * HS;
+      // dP[r0:r1, 0:r1] = G[r0:r1] V[0:r1]^T
+      gemm<T>(false, true, r1 - r0, r1, HS, T(1), g + r0 * C, C, v, C3, T(0), dS + r0 * T_, T_);
+      // dS; its masked entries up to column r1 are zeroed: the GEMMs below read them.
+      for (int64_t t = r0; t < r1; t++) softmax_backward_row(dS + t * T_, P + t * T_, t + 1, r1);
+      // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1]
+      gemm<T>(false, false, r1 - r0, HS, r1, scale, dS + r0 * T_, T_, k, C3, T(0), dq + r0 * C3,
+              C3);
+    }
+    // (implicit barrier)
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < BH * blocks; task++) {
+      const int64_t j = task / BH;  // first column blocks have the most rows below them
+      const int64_t bh = task % BH;
+      const int64_t b = bh / NH;
+      const int64_t h = bh % NH;
+      const int64_t c0 = j * kBlock;
+      const int64_t c1 = std::min(T_, c0 + kBlock);
+      const T* q = qkv + b * T_ * C3 + h * HS;
+      const T* g = dout + b * T_ * C + h * HS;
+      const T* P = att + bh * T_ * T_;
+      const T* dS = scratch + bh * T_ * T_;
+      T* dk = dqkv + b * T_ * C3 + h * HS + C;
+      T* dv = dk + C;
+      // dK[c0:c1] = scale * dS[c0:T, c0:c1]^T Q[c0:T]
+      gemm<T>(true, false, c1 - c0, HS, T_ - c0, scale, dS + c0 * T_ + c0, T_, q + c0 * C3, C3,
+              T(0), dk + c0 * C3, C3);
+      // dV[c0:c1] = P[c0:T, c0:c1]^T G[c0:T]
+      gemm<T>(true, false, c1 - c0, HS, T_ - c0, T(1), P + c0 * T_ + c0, T_, g + c0 * C, C, T(0),
+              dv + c0 * C3, C3);
+    }
+  }
+}
+
+}  // namespace pre_gqa
+
+// Runs the GQA kernel forward and backward; returns {out, att, dqkv}.
+template <typename F>
+std::vector<std::vector<F>> run_attention(const std::vector<F>& qkv, const std::vector<F>& dout,
+                                          int64_t B, int64_t T, int64_t NH, int64_t KVH,
+                                          int64_t HS) {
+  auto out = nan_vec<F>(B * T * NH * HS), att = nan_vec<F>(B * NH * T * T);
+  auto dqkv = nan_vec<F>(qkv.size()), scratch = nan_vec<F>(att.size());
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
+  attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, NH,
+                     KVH, HS);
+  return {out, att, dqkv};
+}
+
+template <typename F>
+void check_gqa_equal_heads_is_pre_gqa_mha(int64_t T) {
+  const int64_t B = 2, NH = 3, HS = 16, C = NH * HS;
+  std::mt19937_64 rng(200 + T);
+  auto qkv = random_vec<F>(rng, B * T * 3 * C, -2.0, 2.0);
+  auto dout = random_vec<F>(rng, B * T * C);
+  const auto gqa = run_attention(qkv, dout, B, T, NH, NH, HS);
+  auto out = nan_vec<F>(B * T * C), att = nan_vec<F>(B * NH * T * T);
+  auto dqkv = nan_vec<F>(qkv.size()), scratch = nan_vec<F>(att.size());
+  pre_gqa::mha_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+  pre_gqa::mha_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
+                        NH, HS);
+  EXPECT_TRUE(bitwise_equal(gqa[0], out)) << "out T=" << T;
+  EXPECT_TRUE(bitwise_equal(gqa[1], att)) << "att T=" << T;
+  EXPECT_TRUE(bitwise_equal(gqa[2], dqkv)) << "dqkv T=" << T;
+}
+
+TEST(KernelsAttention, GqaWithKvhEqualNhIsPreGqaMhaBitwise) {
+  for (int64_t T : {5, 128, 300}) {  // one, one full and three row blocks
+    check_gqa_equal_heads_is_pre_gqa_mha<float>(T);
+    check_gqa_equal_heads_is_pre_gqa_mha<double>(T);
+  }
+}
+
+// GQA equals MHA on the qkv whose k and v heads are the GQA kv heads replicated to their query
+// heads; the GQA k/v gradient of a kv head is the sum of the MHA ones over its query heads.
+template <typename F>
+void check_gqa_is_replicated_mha(int64_t T, int64_t NH, int64_t KVH, double tol) {
+  const int64_t B = 2, HS = 16, G = NH / KVH, C = NH * HS;
+  const int64_t CQ = (NH + 2 * KVH) * HS, C3 = 3 * C;
+  std::mt19937_64 rng(300 + T + NH * 10 + KVH);
+  auto qkv = random_vec<F>(rng, B * T * CQ, -2.0, 2.0);
+  auto dout = random_vec<F>(rng, B * T * C);
+  std::vector<F> rep(B * T * C3);
+  for (int64_t n = 0; n < B * T; n++) {
+    const F* src = &qkv[n * CQ];
+    F* dst = &rep[n * C3];
+    std::copy_n(src, C, dst);  // q
+    for (int64_t h = 0; h < NH; h++) {
+      std::copy_n(src + (NH + h / G) * HS, HS, dst + C + h * HS);            // k
+      std::copy_n(src + (NH + KVH + h / G) * HS, HS, dst + 2 * C + h * HS);  // v
+    }
+  }
+  const auto gqa = run_attention(qkv, dout, B, T, NH, KVH, HS);
+  const auto mha = run_attention(rep, dout, B, T, NH, NH, HS);
+  EXPECT_LE(max_abs_diff(gqa[0], mha[0]), tol) << "out";
+  EXPECT_LE(max_abs_diff(gqa[1], mha[1]), tol) << "att";
+  // dq as is, dk/dv of kv head j = sum over h in group j in head order.
+  std::vector<F> expect(B * T * CQ);
+  for (int64_t n = 0; n < B * T; n++) {
+    const F* d = &mha[2][n * C3];
+    F* e = &expect[n * CQ];
+    std::copy_n(d, C, e);
+    for (int64_t j = 0; j < KVH; j++)
+      for (int64_t i = 0; i < HS; i++) {
+        F dk = 0, dv = 0;
+        for (int64_t h = j * G; h < (j + 1) * G; h++) {
+          dk += d[C + h * HS + i];
+          dv += d[2 * C + h * HS + i];
+        }
+        e[(NH + j) * HS + i] = dk;
+        e[(NH + KVH + j) * HS + i] = dv;
+      }
+  }
+  const double diff = max_abs_diff(gqa[2], expect);
+  EXPECT_LE(diff, tol) << "dqkv T=" << T << " NH=" << NH << " KVH=" << KVH;
+  std::cout << "[gqa] " << (sizeof(F) == 4 ? "float " : "double") << " T=" << T << " NH=" << NH
+            << " KVH=" << KVH << ": max |dqkv - replicated MHA group sums| " << diff
+            << std::endl;
+}
+
+TEST(KernelsAttention, GqaEqualsMhaOnReplicatedKv) {
+  for (int64_t T : {7, 300})
+    for (auto [NH, KVH] : {std::pair<int64_t, int64_t>{4, 2}, {4, 1}, {6, 3}}) {
+      check_gqa_is_replicated_mha<double>(T, NH, KVH, 1e-12);
+      check_gqa_is_replicated_mha<float>(T, NH, KVH, 1e-5);
+    }
+}
+
+// A token's k/v must not reach earlier queries of any head of its group.
+TEST(KernelsAttention, GqaCausality) {
+  const int64_t B = 1, T = 300, NH = 4, KVH = 2, HS = 16, CQ = (NH + 2 * KVH) * HS, C = NH * HS;
+  const int64_t t0 = 150;
+  std::mt19937_64 rng(19);
+  auto qkv = random_vec<float>(rng, B * T * CQ, -2.0, 2.0);
+  std::vector<float> out1(B * T * C), out2(B * T * C), att(B * NH * T * T);
+  attention_forward(out1.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
+  for (int64_t j = 0; j < CQ; j++) qkv[t0 * CQ + j] += 0.5f;
+  attention_forward(out2.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < NH; h++) {
+      bool same = true;
+      for (int64_t i = 0; i < HS; i++)
+        same = same && out1[t * C + h * HS + i] == out2[t * C + h * HS + i];
+      EXPECT_EQ(same, t < t0) << "t=" << t << " h=" << h;
+    }
+}
+
+// ------------------------------------------------------------------------------- RoPE
+
+// The Hugging Face Llama formula written out (modeling_llama.py, rotate_half convention):
+//   inv_freq = 1 / theta^(arange(0, HS, 2) / HS);  freqs = outer(t, inv_freq);
+//   emb = cat(freqs, freqs);  cos, sin = emb.cos(), emb.sin();
+//   x_embed = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[HS/2:], x[:HS/2]).
+// Applied to every q head and k head; v is left alone.
+std::vector<double> rope_hf_reference(std::vector<double> qkv, int64_t B, int64_t T, int64_t NH,
+                                      int64_t KVH, int64_t HS, double theta) {
+  const int64_t half = HS / 2, CQ = (NH + 2 * KVH) * HS;
+  std::vector<double> inv_freq(half);
+  for (int64_t k = 0; k < half; k++) inv_freq[k] = 1.0 / std::pow(theta, double(2 * k) / HS);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      std::vector<double> cos(HS), sin(HS);
+      for (int64_t d = 0; d < HS; d++) {
+        const double emb = double(t) * inv_freq[d % half];  // cat(freqs, freqs)
+        cos[d] = std::cos(emb);
+        sin[d] = std::sin(emb);
+      }
+      for (int64_t h = 0; h < NH + KVH; h++) {
+        double* x = &qkv[(b * T + t) * CQ + h * HS];
+        std::vector<double> rot(HS), y(HS);
+        for (int64_t d = 0; d < HS; d++) rot[d] = d < half ? -x[d + half] : x[d - half];
+        for (int64_t d = 0; d < HS; d++) y[d] = x[d] * cos[d] + rot[d] * sin[d];
+        std::copy(y.begin(), y.end(), x);
+      }
+    }
+  return qkv;
+}
+
+TEST(KernelsRope, MatchesHuggingFaceFormula) {
+  const int64_t B = 2, T = 64, NH = 4, KVH = 2, HS = 32, CQ = (NH + 2 * KVH) * HS;
+  for (double theta : {10000.0, 500000.0}) {
+    std::mt19937_64 rng(31);
+    auto x = random_vec<double>(rng, B * T * CQ);
+    const auto ref = rope_hf_reference(x, B, T, NH, KVH, HS, theta);
+    auto d = x;
+    rope_forward(d.data(), B, T, NH, KVH, HS, theta);
+    std::vector<float> f(x.begin(), x.end());
+    rope_forward(f.data(), B, T, NH, KVH, HS, theta);
+    const double dd = max_abs_diff(d, ref);
+    const double df = max_abs_diff(std::vector<double>(f.begin(), f.end()), ref);
+    std::cout << "[rope] theta " << theta << ": max |kernel - HF formula| double " << dd
+              << ", float " << df << std::endl;
+    EXPECT_LE(dd, 1e-14);
+    EXPECT_LE(df, 1e-6);
+  }
+}
+
+TEST(KernelsRope, PairNormsKeptPositionZeroIdentityVUntouched) {
+  const int64_t B = 2, T = 50, NH = 4, KVH = 1, HS = 16, half = HS / 2;
+  const int64_t CQ = (NH + 2 * KVH) * HS;
+  std::mt19937_64 rng(41);
+  const auto x = random_vec<double>(rng, B * T * CQ);
+  auto y = x;
+  rope_forward(y.data(), B, T, NH, KVH, HS, 10000.0);
+  double worst = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      const int64_t row = (b * T + t) * CQ;
+      for (int64_t h = 0; h < NH + KVH; h++)
+        for (int64_t i = 0; i < half; i++) {
+          const int64_t lo = row + h * HS + i, hi = lo + half;
+          const double n0 = x[lo] * x[lo] + x[hi] * x[hi];
+          const double n1 = y[lo] * y[lo] + y[hi] * y[hi];
+          worst = std::max(worst, std::abs(n1 - n0) / n0);
+          if (t == 0) {  // cos 0 = 1, sin 0 = 0: exactly the identity
+            ASSERT_EQ(y[lo], x[lo]) << "b=" << b << " h=" << h << " i=" << i;
+            ASSERT_EQ(y[hi], x[hi]) << "b=" << b << " h=" << h << " i=" << i;
+          }
+        }
+      for (int64_t c = (NH + KVH) * HS; c < CQ; c++) ASSERT_EQ(y[row + c], x[row + c]) << "v";
+    }
+  std::cout << "[rope] max relative change of a pair's squared norm: " << worst << std::endl;
+  EXPECT_LE(worst, 1e-14);
+}
+
+TEST(KernelsRope, BackwardUndoesForwardFloat) {
+  // Long sequence and Llama's theta: large angles, where a float angle would lose digits.
+  const int64_t B = 1, T = 4096, NH = 4, KVH = 2, HS = 64, CQ = (NH + 2 * KVH) * HS;
+  std::mt19937_64 rng(43);
+  const auto x = random_vec<float>(rng, B * T * CQ);
+  auto y = x;
+  rope_forward(y.data(), B, T, NH, KVH, HS, 10000.0);
+  rope_backward(y.data(), B, T, NH, KVH, HS, 10000.0);
+  const double d = max_abs_diff(x, y);
+  std::cout << "[rope] float max |backward(forward(x)) - x|: " << d << std::endl;
+  EXPECT_LE(d, 1e-6);
+}
+
+// ----------------------------------------------------------------------------- RMSNorm
+
+// y(s x) = w x / sqrt(ms + eps / s^2): scale-invariant up to the eps term, whose relative
+// effect is at most eps / (2 ms) |1 - 1/s^2|; with eps = 0 only rounding remains.
+TEST(KernelsRmsNorm, RowScaleInvariance) {
+  const int64_t N = 8, C = 64;
+  std::mt19937_64 rng(51);
+  const auto x = random_vec<double>(rng, N * C);
+  const auto w = random_vec<double>(rng, C, 0.5, 1.5);
+  for (double eps : {0.0, 1e-5})
+    for (double s : {0.5, 3.0, 100.0}) {
+      std::vector<double> xs(x), y(N * C), ys(N * C), r(N), rs(N);
+      for (double& v : xs) v *= s;
+      rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, C, eps);
+      rmsnorm_forward(ys.data(), rs.data(), xs.data(), w.data(), N, C, eps);
+      for (int64_t n = 0; n < N; n++) {
+        double ms = 0;
+        for (int64_t c = 0; c < C; c++) ms += x[n * C + c] * x[n * C + c] / C;
+        const double bound = eps / (2 * ms) * std::abs(1 - 1 / (s * s)) * 1.01 + 1e-15;
+        for (int64_t c = 0; c < C; c++) {
+          const double a = y[n * C + c], b = ys[n * C + c];
+          ASSERT_LE(std::abs(a - b), bound * std::abs(a) + 1e-15)
+              << "eps=" << eps << " s=" << s << " n=" << n << " c=" << c;
+        }
+      }
+    }
+}
+
+TEST(KernelsRmsNorm, MatchesDirectFormulaAndAccumulates) {
+  const int64_t N = 5, C = 300;
+  const double eps = 1e-6;
+  std::mt19937_64 rng(53);
+  const auto xd = random_vec<double>(rng, N * C, -3.0, 3.0);
+  const auto wd = random_vec<double>(rng, C, 0.5, 1.5);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end());
+  std::vector<float> y(N * C), r(N);
+  rmsnorm_forward(y.data(), r.data(), x.data(), w.data(), N, C, eps);
+  double worst = 0;
+  for (int64_t n = 0; n < N; n++) {
+    double ms = 0;
+    for (int64_t c = 0; c < C; c++) ms += double(x[n * C + c]) * x[n * C + c];
+    const double rstd = 1.0 / std::sqrt(ms / C + eps);
+    EXPECT_NEAR(r[n], rstd, 1e-7 * rstd);
+    for (int64_t c = 0; c < C; c++) {
+      const double ref = double(w[c]) * (double(x[n * C + c]) * rstd);
+      worst = std::max(worst, std::abs(y[n * C + c] - ref) / std::max(std::abs(ref), 1e-3));
+    }
+  }
+  EXPECT_LE(worst, 1e-6);
+  // dweight accumulates, dinp is overwritten.
+  const auto dout = random_vec<float>(rng, N * C);
+  std::vector<float> dinp0(N * C, 0.f), dw1(C, 0.f);
+  rmsnorm_backward(dinp0.data(), dw1.data(), dout.data(), x.data(), w.data(), r.data(), N, C);
+  auto dinp = nan_vec<float>(N * C);
+  auto dw2 = dw1;
+  rmsnorm_backward(dinp.data(), dw2.data(), dout.data(), x.data(), w.data(), r.data(), N, C);
+  EXPECT_TRUE(bitwise_equal(dinp, dinp0));
+  for (int64_t c = 0; c < C; c++) EXPECT_EQ(dw2[c], 2 * dw1[c]) << c;  // x + x is exact
+}
+
+// ------------------------------------------------------------------------------ SwiGLU
+
+// Reference values from silu(a) = a / (1 + exp(-a)) in double, including saturated gates.
+template <typename T>
+void check_swiglu_reference(double tol) {
+  const int64_t N = 3, Fh = 40;
+  std::mt19937_64 rng(61);
+  auto gu = random_vec<T>(rng, N * 2 * Fh, -6.0, 6.0);
+  const double extremes[] = {-100.0, -30.0, -1e-3, 0.0, 1e-3, 30.0, 100.0};
+  for (int64_t i = 0; i < int64_t(std::size(extremes)); i++) gu[i] = T(extremes[i]);
+  const auto dout = random_vec<T>(rng, N * Fh);
+  auto out = nan_vec<T>(N * Fh), dgu = nan_vec<T>(N * 2 * Fh);
+  swiglu_forward(out.data(), gu.data(), N, Fh);
+  swiglu_backward(dgu.data(), dout.data(), gu.data(), N, Fh);
+  double worst = 0;
+  const auto check = [&](double got, double ref, const char* what, int64_t i) {
+    const double err = std::abs(got - ref) / std::max(std::abs(ref), 1.0);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, tol) << what << " " << i << " got " << got << " ref " << ref;
+  };
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t i = 0; i < Fh; i++) {
+      const double a = gu[n * 2 * Fh + i], u = gu[n * 2 * Fh + Fh + i], g = dout[n * Fh + i];
+      const double sig = 1.0 / (1.0 + std::exp(-a));
+      const double silu = a / (1.0 + std::exp(-a));
+      check(out[n * Fh + i], silu * u, "out", n * Fh + i);
+      check(dgu[n * 2 * Fh + i], g * u * (sig + a * sig * (1.0 - sig)), "dgate", n * Fh + i);
+      check(dgu[n * 2 * Fh + Fh + i], g * silu, "dup", n * Fh + i);
+    }
+  std::cout << "[swiglu] " << (sizeof(T) == 4 ? "float " : "double")
+            << " max err vs direct formula (relative, absolute below 1): " << worst << std::endl;
+}
+
+TEST(KernelsSwiglu, MatchesDirectFormula) {
+  check_swiglu_reference<double>(1e-14);
+  check_swiglu_reference<float>(1e-6);
 }
 
 // -------------------------------------------------- accumulate (params) / overwrite (acts)
@@ -376,12 +814,12 @@ TEST(KernelsConventions, ParamGradsAccumulateActivationGradsOverwrite) {
     auto qkv = random_vec<double>(rng, N * 3 * C);
     std::vector<double> out(N * C), att(B * NH * T * T), dq0(N * 3 * C, 0.0),
         scratch0(B * NH * T * T, 0.0);
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
     attention_backward(dq0.data(), scratch0.data(), dout.data(), qkv.data(), att.data(), B, T,
-                       NH, HS);
+                       NH, NH, HS);
     auto dq = nan_vec<double>(N * 3 * C), scratch = nan_vec<double>(B * NH * T * T);
     attention_backward(dq.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, NH,
-                       HS);
+                       NH, HS);
     EXPECT_TRUE(bitwise_equal(dq, dq0));
   }
   {  // gelu
@@ -419,7 +857,7 @@ std::vector<std::vector<float>> run_all_float() {
   std::vector<float> qkv(N * OC);
   linear_forward(qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
   std::vector<float> y(N * C), att(B * NH * T * T);
-  attention_forward(y.data(), att.data(), qkv.data(), B, T, NH, HS);
+  attention_forward(y.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
   std::vector<float> gl(N * C), res(N * C);
   gelu_forward(gl.data(), y.data(), N * C);
   add_forward(res.data(), gl.data(), x.data(), N * C);
@@ -429,7 +867,7 @@ std::vector<std::vector<float>> run_all_float() {
   gelu_backward(dy.data(), y.data(), dres.data(), N * C);
   std::vector<float> dqkv(N * OC), scratch(att.size());
   attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T, NH,
-                     HS);
+                     NH, HS);
   std::vector<float> dln(N * C), dw(OC * C, 0.f), db(OC, 0.f);
   linear_backward(dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(), N, C, OC);
   std::vector<float> dx(N * C), dlnw(C, 0.f), dlnb(C, 0.f);
@@ -508,9 +946,9 @@ TEST(KernelsDeterminism, ThreadCountIndependentWhereDesigned) {
   const auto run = [&] {
     std::vector<std::vector<float>> r;
     std::vector<float> out(N * C), att(B * NH * T * T), dqkv(N * 3 * C), scratch(att.size());
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, HS);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NH, HS);
     attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
-                       NH, HS);
+                       NH, NH, HS);
     std::vector<float> ln(N * C), mean(N), rstd(N), dinp(N * C), dw(C, 0.f), db(C, 0.f);
     layernorm_forward(ln.data(), mean.data(), rstd.data(), inp.data(), w.data(), w.data(), N, C);
     layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
@@ -531,6 +969,50 @@ TEST(KernelsDeterminism, ThreadCountIndependentWhereDesigned) {
   }
   const char* names[] = {"attn out", "att", "dqkv", "ln dinp", "ln dw", "ln db", "dwte", "dwpe"};
   for (size_t i = 0; i < one.size(); i++) EXPECT_TRUE(bitwise_equal(one[i], two[i])) << names[i];
+}
+
+// The Llama kernels (GQA attention, RoPE, RMSNorm, SwiGLU) give the same bits for 1 and 2
+// threads and for two calls: static partitions, fixed chunking, one task per dK/dV block.
+TEST(KernelsDeterminism, LlamaKernelsThreadCountIndependent) {
+  const int64_t B = 2, T = 260, NH = 4, KVH = 2, HS = 16, CQ = (NH + 2 * KVH) * HS;
+  const int64_t N = B * T, C = NH * HS, Fh = 96;
+  std::mt19937_64 rng(88);
+  const auto qkv0 = random_vec<float>(rng, N * CQ), dout = random_vec<float>(rng, N * C);
+  const auto w = random_vec<float>(rng, C), gu = random_vec<float>(rng, N * 2 * Fh, -4.0, 4.0);
+  const auto dsw = random_vec<float>(rng, N * Fh);
+  const auto run = [&] {
+    auto qkv = qkv0;
+    rope_forward(qkv.data(), B, T, NH, KVH, HS, 10000.0);
+    auto r = run_attention(qkv, dout, B, T, NH, KVH, HS);
+    auto dqkv = r[2];
+    rope_backward(dqkv.data(), B, T, NH, KVH, HS, 10000.0);
+    std::vector<float> y(N * C), rstd(N), dx(N * C), dw(C, 0.f);
+    rmsnorm_forward(y.data(), rstd.data(), r[0].data(), w.data(), N, C, 1e-5);
+    rmsnorm_backward(dx.data(), dw.data(), dout.data(), r[0].data(), w.data(), rstd.data(), N, C);
+    std::vector<float> o(N * Fh), dgu(N * 2 * Fh);
+    swiglu_forward(o.data(), gu.data(), N, Fh);
+    swiglu_backward(dgu.data(), dsw.data(), gu.data(), N, Fh);
+    r.insert(r.end(), {qkv, dqkv, y, rstd, dx, dw, o, dgu});
+    return r;
+  };
+  std::vector<std::vector<float>> one, two, again;
+  {
+    ThreadCount threads(1);
+    one = run();
+  }
+  {
+    ThreadCount threads(2);
+    two = run();
+    again = run();
+  }
+  const char* names[] = {"attn out", "att",        "dqkv",       "rope qkv",
+                         "rope dqkv", "rmsnorm y",  "rmsnorm rstd", "rmsnorm dx",
+                         "rmsnorm dw", "swiglu out", "swiglu dgu"};
+  ASSERT_EQ(one.size(), std::size(names));
+  for (size_t i = 0; i < one.size(); i++) {
+    EXPECT_TRUE(bitwise_equal(one[i], two[i])) << names[i] << " (1 vs 2 threads)";
+    EXPECT_TRUE(bitwise_equal(two[i], again[i])) << names[i] << " (two calls)";
+  }
 }
 
 TEST(KernelsThreads, SetAndGet) {

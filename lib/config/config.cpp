@@ -95,16 +95,35 @@ struct Key {
 
 // clang-format off
 const Key kKeys[] = {
+  {TRIDENT_KEY(model, arch), one_of({"gpt2", "llama"}),
+   "Architecture. gpt2: LayerNorm, learned position table, GELU MLP, biases. llama: RMSNorm, "
+   "rotary position embedding (RoPE), SwiGLU MLP, no biases. See docs/model.md."},
   {TRIDENT_KEY(model, layers), at_least(1), "Transformer blocks.",
    "the sum of `parallel.pipeline_layers` when that is given"},
-  {TRIDENT_KEY(model, heads), at_least(1), "Attention heads."},
-  {TRIDENT_KEY(model, width), at_least(1), "Hidden size; the MLP is 4 * width wide.",
-   "divisible by `model.heads`"},
-  {TRIDENT_KEY(model, vocab_size), between(1, 65536), "Vocabulary size.", {},
-   "tokens are stored as uint16"},
+  {TRIDENT_KEY(model, heads), at_least(1), "Attention (query) heads."},
+  {TRIDENT_KEY(model, kv_heads), at_least(0),
+   "Key/value heads: grouped-query attention, each key/value head serving heads / kv_heads "
+   "query heads; 0: = `model.heads` (multi-head attention).",
+   "divides `model.heads` when > 0"},
+  {TRIDENT_KEY(model, width), at_least(1),
+   "Hidden size (model dimension); the head size is width / heads.",
+   "divisible by `model.heads`; with `arch = \"llama\"` width / heads is even (RoPE)"},
+  {TRIDENT_KEY(model, ffn_width), at_least(0),
+   "MLP hidden size; 0: the architecture's default, gpt2 4 * width, llama 8/3 * width "
+   "rounded up to a multiple of 256."},
+  {TRIDENT_KEY(model, vocab_size), between(1, 2147483647),
+   "Vocabulary size. Token shards store uint16 ids, so training data can only feed "
+   "vocab_size <= 65536 (checked when the shards are opened)."},
   {TRIDENT_KEY(model, seq_len), at_least(1), "Context length in tokens."},
   {TRIDENT_KEY(model, vocab_multiple), at_least(1),
    "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor."},
+  {TRIDENT_KEY(model, tie_embeddings), any(),
+   "The output head is the token embedding matrix (true) or a separate matrix (false). "
+   "Not given: true for gpt2, false for llama."},
+  {TRIDENT_KEY(model, norm_eps), above(0),
+   "RMSNorm epsilon (llama; gpt2's LayerNorm always uses 1e-5)."},
+  {TRIDENT_KEY(model, rope_theta), above(0),
+   "Rotary position embedding base (llama; unused by gpt2)."},
 
   {TRIDENT_KEY(parallel, tensor), at_least(1), "Tensor-parallel degree (TP)."},
   {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
@@ -155,7 +174,8 @@ const Key kKeys[] = {
   {TRIDENT_KEY(optim, zero_stage), one_of({"0", "1"}),
    "ZeRO stage: 1 shards optimizer state across data-parallel ranks."},
   {TRIDENT_KEY(optim, decay_position_embedding), any(),
-   "Also apply weight decay to the position embedding table."},
+   "Also apply weight decay to the position embedding table (gpt2; llama has none and "
+   "ignores it)."},
 
   {TRIDENT_KEY(data, train), non_empty(), "Training token shards: a path or a glob."},
   {TRIDENT_KEY(data, val), any(), "Validation token shards: a path or a glob; empty: none."},
@@ -455,8 +475,9 @@ bool is_bare_key(std::string_view s) {
 }
 
 // "section.key=value": the value is a TOML value, or else (or when a string key gets a
-// non-string TOML value, such as a date-like or numeric path) the text itself.
-void apply_override(const std::string& text, Config& c, const std::string& source) {
+// non-string TOML value, such as a date-like or numeric path) the text itself. Returns the key
+// it set.
+const Key* apply_override(const std::string& text, Config& c, const std::string& source) {
   const std::string origin = " (from --set " + one_line(text) + ")";
   const size_t eq = text.find('=');
   const std::string lhs = trim(std::string_view(text).substr(0, eq));
@@ -484,10 +505,11 @@ void apply_override(const std::string& text, Config& c, const std::string& sourc
   const toml::node* node = parsed ? parsed->get("v") : nullptr;
   if (node && !(key->access.index() == kString && !node->is_string())) {
     assign(*key, *node, c, source, origin);
-    return;
+    return key;
   }
   if (!valid_utf8(value)) fail(source, lhs + ": value is not valid UTF-8" + origin);
   assign(*key, toml::value<std::string>(value), c, source, origin);
+  return key;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -537,6 +559,18 @@ void check_relations(const Config& c, const std::string& source) {
   if (m.width % m.heads != 0)
     fail(source, "model.width (" + int_text(m.width) + ") must be divisible by model.heads (" +
                      int_text(m.heads) + ")");
+  if (m.kv_heads > 0 && m.heads % m.kv_heads != 0)
+    fail(source, "model.kv_heads (" + int_text(m.kv_heads) +
+                     ") must divide model.heads (" + int_text(m.heads) +
+                     "): each key/value head serves a whole group of query heads");
+  if (m.is_llama() && m.head_size() % 2 != 0)
+    fail(source, "model.width / model.heads (" + int_text(m.width) + " / " +
+                     int_text(m.heads) + " = " + int_text(m.head_size()) +
+                     ") must be even with model.arch = \"llama\" (RoPE rotates pairs)");
+  // ffn_size() computes 8 * width + 255 (llama) or 4 * width (gpt2) when ffn_width is 0.
+  if (m.ffn_width == 0 && m.width > (INT64_MAX - 255) / 8)
+    fail(source, "model.width (" + int_text(m.width) +
+                     ") is too large for the default MLP size (model.ffn_width = 0)");
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;
@@ -589,7 +623,11 @@ Config parse_config(const std::string& toml_text, const std::string& source,
                 std::to_string(at.column) + ": TOML syntax error: " + one_line(e.description()));
   }
   read_document(root, c, source);
-  for (const std::string& o : overrides) apply_override(o, c, source);
+  bool tie_given = root.at_path("model.tie_embeddings").is_boolean();
+  for (const std::string& o : overrides)
+    if (apply_override(o, c, source) == find_key("model", "tie_embeddings")) tie_given = true;
+  // model.tie_embeddings defaults by architecture (an unknown arch is rejected by validate).
+  if (!tie_given) c.model.tie_embeddings = !c.model.is_llama();
   validate(c, source);
   return c;
 }

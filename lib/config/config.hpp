@@ -9,13 +9,29 @@
 namespace trident {
 
 struct ModelConfig {
+  std::string arch = "gpt2";   // "gpt2" | "llama" (model/architecture.hpp)
   int64_t layers = 2;
   int64_t heads = 4;
+  int64_t kv_heads = 0;        // key/value heads (grouped-query attention); 0: = heads
   int64_t width = 64;
+  int64_t ffn_width = 0;       // MLP hidden size; 0: the architecture's default (ffn_size())
   int64_t vocab_size = 256;
   int64_t seq_len = 64;
   int64_t vocab_multiple = 1;  // the vocabulary is padded to a multiple of vocab_multiple * TP
-  int64_t ffn_width() const { return 4 * width; }
+  // Output head shares the token embedding. The loader sets it from the architecture (gpt2:
+  // true, llama: false) when the file does not give it.
+  bool tie_embeddings = true;
+  double norm_eps = 1e-5;      // RMSNorm epsilon (llama); gpt2's LayerNorm uses 1e-5
+  double rope_theta = 10000.0; // rotary embedding base (llama)
+
+  bool is_llama() const { return arch == "llama"; }
+  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  // gpt2: 4 * width; llama: 8/3 * width rounded up to a multiple of 256 (Meta's rule).
+  int64_t ffn_size() const {
+    if (ffn_width > 0) return ffn_width;
+    if (!is_llama()) return 4 * width;
+    return (8 * width / 3 + 255) / 256 * 256;
+  }
   int64_t head_size() const { return width / heads; }
 };
 

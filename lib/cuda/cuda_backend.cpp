@@ -56,7 +56,8 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   b.tensor = for_device(groups.tensor, false);
   b.pipeline = for_device(groups.pipeline, true);  // the only group with messages
   b.data = for_device(groups.data, false);
-  b.embedding = for_device(groups.embedding, false);
+  // The embedding group sums the gradient of a tied embedding's two copies; untied, it is idle.
+  b.embedding = config.model.tie_embeddings ? for_device(groups.embedding, false) : nullptr;
   b.model = make_cuda_stage_model(config.model, shard, *b.tensor, gpu,
                                   config.train.precision == "bf16");
   return b;

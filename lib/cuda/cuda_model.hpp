@@ -1,15 +1,7 @@
 #pragma once
-// The GPT shard of one rank on one GPU: the same model, the same parallel split and the same
-// flat parameter layout as the CPU Gpt (model/gpt.hpp), computed with the CUDA kernels of
-// kernels/cuda.
-//
-// Precision:
-//  * fp32: activations and weights fp32; GEMMs in true fp32 (no TF32), the parity reference
-//    against the CPU.
-//  * bf16: activations, the residual stream, pipeline messages and tensor-parallel all-reduces
-//    in bf16; GEMMs bf16 x bf16 with fp32 accumulation; LayerNorm, softmax, attention and
-//    cross-entropy statistics in fp32. fp32 master weights: the optimizer updates them and the
-//    model keeps a bf16 copy for compute (weights_changed() refreshes it). Gradients are fp32.
+// The transformer shard of one rank on one GPU: the graph of model/transformer.hpp over the
+// CUDA kernel set (cuda/cuda_kernels.hpp, which describes the fp32 and bf16 precisions), the
+// same parallel split and flat parameter layout as on the CPU.
 #include <memory>
 
 #include "comm/comm.hpp"

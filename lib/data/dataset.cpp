@@ -193,6 +193,18 @@ TokenDataset::TokenDataset(const std::string& pattern, int64_t seq_len, int64_t 
   }
   first_window_.push_back(total_windows_);
 
+  // Shards hold uint16 ids: a larger vocabulary (which the configuration allows, e.g. Llama 3's
+  // 128256) would have ids the data cannot express, so a model of it cannot train on them.
+  if (vocab_size_ > kShardMaxVocab && !shards_.empty()) {
+    throw Error(shard_error(shards_.front()->path(),
+                            "stores uint16 token ids (at most " +
+                                std::to_string(kShardMaxVocab) +
+                                " distinct tokens), which cannot represent model.vocab_size = " +
+                                std::to_string(vocab_size_) +
+                                "; set model.vocab_size <= " + std::to_string(kShardMaxVocab) +
+                                " to train on these shards"));
+  }
+
   if (total_windows_ == 0) {
     std::string files;
     constexpr size_t kListed = 4;

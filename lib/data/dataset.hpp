@@ -16,6 +16,8 @@ namespace trident {
 inline constexpr int32_t kShardMagic = 20240520;
 inline constexpr int32_t kShardVersion = 1;
 inline constexpr int64_t kShardHeaderInts = 256;
+// Token ids are uint16: the largest vocabulary shards can feed.
+inline constexpr int64_t kShardMaxVocab = 65536;
 
 // A read-only memory-mapped shard. Throws trident::Error naming the file on: missing file,
 // wrong magic/version, truncated (size != header + 2*count bytes).
@@ -44,7 +46,9 @@ class TokenDataset {
  public:
   // pattern: a path or a glob. seq_len: T. vocab_size: every token must be < vocab_size
   // (checked lazily per window; a token out of range throws naming the shard).
-  // Throws if nothing matches or no shard has a single window (names pattern and T).
+  // Throws if nothing matches, if vocab_size > kShardMaxVocab (uint16 ids cannot represent
+  // it; names model.vocab_size and the first shard) or if no shard has a single window (names
+  // pattern and T).
   TokenDataset(const std::string& pattern, int64_t seq_len, int64_t vocab_size);
   int64_t num_windows() const { return total_windows_; }
   int64_t seq_len() const { return seq_len_; }

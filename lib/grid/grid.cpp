@@ -135,14 +135,25 @@ void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
       << " (each tensor rank holds heads/TP whole attention heads)";
     fail(m);
   }
+  // kv_heads = 0 means heads (checked above), so this fires for an explicit kv_heads only.
+  if (model.kv_head_count() % shape.tp != 0) {
+    std::ostringstream m;
+    m << "model.kv_heads = " << model.kv_head_count()
+      << " is not divisible by parallel.tensor = " << shape.tp
+      << " (each tensor rank holds kv_heads/TP whole key/value heads)";
+    fail(m);
+  }
   if (model.width % shape.tp != 0) {
     std::ostringstream m;
     m << "model.width = " << model.width << " is not divisible by parallel.tensor = " << shape.tp;
     fail(m);
   }
-  if (model.ffn_width() % shape.tp != 0) {
+  if (model.ffn_size() % shape.tp != 0) {
     std::ostringstream m;
-    m << "the FFN width 4*model.width = " << model.ffn_width()
+    m << "the MLP size " << model.ffn_size()
+      << (model.ffn_width > 0 ? " (model.ffn_width)"
+                              : " (model.ffn_width = 0: the default for model.arch = " +
+                                    model.arch + ")")
       << " is not divisible by parallel.tensor = " << shape.tp;
     fail(m);
   }

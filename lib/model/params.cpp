@@ -14,14 +14,19 @@ std::vector<ShardBlock> contiguous_blocks(int64_t extent, int tp_rank, int tp_si
   return {{tp_rank * len, 0, len}};
 }
 
-std::vector<ShardBlock> qkv_blocks(int64_t width, int tp_rank, int tp_size) {
-  if (width % tp_size != 0)
-    throw Error("cannot split width " + std::to_string(width) + " over " +
-                std::to_string(tp_size) + " tensor ranks");
-  const int64_t len = width / tp_size;
+std::vector<ShardBlock> fused_blocks(const std::vector<int64_t>& parts, int tp_rank,
+                                     int tp_size) {
   std::vector<ShardBlock> blocks;
-  for (int64_t part = 0; part < 3; ++part)  // q, k, v
-    blocks.push_back({part * width + tp_rank * len, part * len, len});
+  int64_t global = 0, local = 0;
+  for (int64_t part : parts) {
+    if (part % tp_size != 0)
+      throw Error("cannot split a fused part of " + std::to_string(part) + " rows over " +
+                  std::to_string(tp_size) + " tensor ranks");
+    const int64_t len = part / tp_size;
+    blocks.push_back({global + tp_rank * len, local, len});
+    global += part;
+    local += len;
+  }
   return blocks;
 }
 

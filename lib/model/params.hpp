@@ -23,11 +23,16 @@ struct ShardBlock {
 
 // How the tensor ranks divide a tensor along its split dimension (pure functions, unit-tested):
 //  * contiguous: rank r owns [r*E/tp, (r+1)*E/tp)                    (E % tp == 0)
-//  * fused qkv:  E = 3*W; rank r owns its heads' rows of q, of k and of v: three blocks
+//  * fused:      E = sum of parts (q | k | v, or gate | up); each part is split contiguously and
+//                rank r's pieces are stored one after the other: one block per part
 //  * vocab:      rows padded to `padded`; rank r owns padded rows [r*P, (r+1)*P), P = padded/tp;
 //                only those < E are real (the rest are local padding rows with no global index)
 std::vector<ShardBlock> contiguous_blocks(int64_t extent, int tp_rank, int tp_size);
-std::vector<ShardBlock> qkv_blocks(int64_t width, int tp_rank, int tp_size);
+std::vector<ShardBlock> fused_blocks(const std::vector<int64_t>& parts, int tp_rank, int tp_size);
+// Three equal parts of `width` (multi-head attention's q | k | v).
+inline std::vector<ShardBlock> qkv_blocks(int64_t width, int tp_rank, int tp_size) {
+  return fused_blocks({width, width, width}, tp_rank, tp_size);
+}
 std::vector<ShardBlock> vocab_blocks(int64_t vocab_size, int64_t padded, int tp_rank, int tp_size);
 
 struct ParamInfo {

@@ -1,6 +1,6 @@
 #pragma once
 // What the pipeline executor and the trainer need of one rank's model shard, whichever device
-// runs it: the CPU model (Gpt<float>, host memory) or the GPU model (lib/cuda, fp32 or bf16
+// runs it: the transformer (model/transformer.hpp) on the CPU or the CUDA kernel set (fp32 or bf16
 // compute). Parameters are one flat fp32 buffer of master weights and one of gradients, laid
 // out by params() (the same layout on every device), in device() memory.
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include "comm/comm.hpp"
 #include "config/config.hpp"
-#include "model/gpt.hpp"
+#include "model/architecture.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
 
@@ -54,17 +54,17 @@ class StageModel {
   // `input` [B,T,C] is device memory (other stages). Returns the mean loss on the last stage.
   virtual float forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                         const void* input) = 0;
-  // Backward of the micro-batch whose forward filled `a` (see Gpt::backward); `d_output` and
+  // Backward of the micro-batch whose forward filled `a` (see Transformer::backward); `d_output` and
   // `d_input` are device memory.
   virtual void backward(Activations& a, float loss_scale, const void* d_output,
                         void* d_input) = 0;
   // The residual stream leaving the stage after forward(a) (device memory, [B,T,C]).
   virtual const void* output(const Activations& a) const = 0;
-  // See Gpt::set_grads_final_hook.
+  // See Transformer::set_grads_final_hook.
   virtual void set_grads_final_hook(std::function<void(int64_t)> hook) = 0;
 };
 
-// The CPU model (Gpt<float>) as a StageModel on the host device.
+// The transformer on the CPU kernel set (fp32) as a StageModel on the host device.
 std::unique_ptr<StageModel> make_cpu_stage_model(const ModelConfig& config,
                                                  const ModelShard& shard,
                                                  Communicator& tensor_comm, Device& host);

@@ -40,7 +40,7 @@ class PipelineExecutor {
   double evaluate(int64_t microbatches, const LoadFn& load);
 
   // Installed on the model during the backward of the step's last micro-batch, the one after
-  // which each parameter gradient is final (see Gpt::set_grads_final_hook).
+  // which each parameter gradient is final (see Transformer::set_grads_final_hook).
   void set_last_backward_hook(std::function<void(int64_t)> hook) { last_hook_ = std::move(hook); }
 
   const PipelineStats& stats() const { return stats_; }

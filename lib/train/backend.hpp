@@ -3,7 +3,7 @@
 // device's buffers. The trainer talks to host-memory communicators (TrainerGroups) for scalars
 // (losses, norms, stop flags) and to these for weights, gradients and activations.
 //
-//   train.device = "cpu":  host memory, Gpt<float>; the device communicators ARE the groups'.
+//   train.device = "cpu":  host memory, the CPU transformer; the device communicators ARE the groups'.
 //   train.device = "cuda": one GPU (lib/cuda), fp32 or bf16 compute; NCCL communicators
 //                          (parallel.comm = "nccl") or the groups' MPI communicators staged
 //                          through host memory (parallel.comm = "mpi").

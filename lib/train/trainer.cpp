@@ -56,7 +56,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   model_ = backend_.model.get();
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
-  if (groups.pp_size > 1 && backend_.embedding) {
+  if (groups.pp_size > 1 && backend_.embedding && m.tie_embeddings) {
     // The tied embedding starts identical on the first and the last stage: the counter-based
     // init makes it so already; the broadcast keeps it so whatever produced the weights.
     const ParamInfo& wte = model_->param("embedding.token.weight");
@@ -142,7 +142,7 @@ double Trainer::forward_backward(int64_t step) {
   // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
   for (const ParamInfo& p : model.params())
     if (p.tensor_partial_grad) backend_.tensor->all_reduce_sum(model.grads() + p.offset, p.numel());
-  if (groups_.pp_size > 1 && backend_.embedding) {
+  if (groups_.pp_size > 1 && backend_.embedding && config_.model.tie_embeddings) {
     // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
     // hold part of its gradient: sum them so both copies take the same update. It sits at
     // offset 0, in the bucket data parallelism reduces last.
@@ -259,7 +259,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
   const Config& c = config_;
   StageModel& model = *model_;
   const bool first_replica = groups_.dp_rank == 0;
-  const auto global = Gpt<float>::global_parameters(c.model);
+  const auto global = global_parameters(c.model);
   // HDF5 writes from host memory: a GPU rank copies its shard and moments to the host first.
   std::vector<float> weight_staging, m_staging, v_staging;
   const int64_t wn = model.flat_size(), sn = optimizer_->exp_avg().size();
@@ -354,7 +354,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   for (const ParamInfo& p : model.params()) mine[p.name] = &p;
   // Reads are collective like the writes: every rank visits every dataset, in the same order,
   // with its own runs (none for tensors of other stages).
-  for (const ParamInfo& g : Gpt<float>::global_parameters(c.model)) {
+  for (const ParamInfo& g : global_parameters(c.model)) {
     const auto it = mine.find(g.name);
     const ParamInfo* p = it == mine.end() ? nullptr : it->second;
     // Every rank reads its whole shard; the checksum counts each element on one rank only

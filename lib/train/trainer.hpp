@@ -13,7 +13,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "data/dataset.hpp"
-#include "model/gpt.hpp"
+#include "model/architecture.hpp"
 #include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/grad_sync.hpp"

@@ -143,17 +143,23 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   const Config config = parity_config(dir, l, extra);
   const Reference ref = reference_run(config, kParitySteps);
   double worst_grad = 0.0, worst_loss = 0.0;
-  std::string worst_name;
+  std::string worst_name, per_step;  // per-step loss and gradient-norm errors, shown on failure
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     for (int64_t s = 0; s < kParitySteps; ++s) {
       const double loss = t.forward_backward(s);
       if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name);
-      t.apply_update(s, loss);
-      worst_loss = std::max(worst_loss, std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]));
+      const double norm = t.apply_update(s, loss).grad_norm;
+      const double err = std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]);
+      worst_loss = std::max(worst_loss, err);
+      char line[128];
+      std::snprintf(line, sizeof line, "\n  step %2lld loss %.3e grad norm %.3e (ref %.6f)",
+                    static_cast<long long>(s + 1), err,
+                    std::abs(norm - ref.grad_norms[s]) / ref.grad_norms[s], ref.grad_norms[s]);
+      per_step += line;
     }
   });
   EXPECT_LE(worst_grad, 1e-5) << l.name() << ": " << worst_name;
-  EXPECT_LE(worst_loss, 1e-5) << l.name();
+  EXPECT_LE(worst_loss, 1e-5) << l.name() << per_step;
   worst_grad = max_over_world(worst_grad);
   worst_loss = max_over_world(worst_loss);
   if (world_rank == 0)

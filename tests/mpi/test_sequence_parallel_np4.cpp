@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "grid/process_grid.hpp"
+#include "model/cpu_model.hpp"
 #include "parity.hpp"
 
 using namespace trident;
@@ -58,7 +59,7 @@ TEST(TensorParallel, SequenceParallelTradesAllReducesForGathersAndScatters) {
     no_sp.sequence_parallel = false;
     auto self = make_self_communicator("tensor");
     const int64_t without =
-        Gpt<float>(plain.model, no_sp, *self).activation_bytes(config.train.micro_batch);
+        CpuModel<float>(plain.model, no_sp, *self).activation_bytes(config.train.micro_batch);
     EXPECT_LT(with_sp, without);
     if (grid.rank() == 0)
       std::printf("[ measured ] TP=4 activations per micro-batch: %lld bytes with sequence "

@@ -61,16 +61,55 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int64_t N, int64_t C, int64_t OC);
 
 // ---------------------------------------------------------------- causal self-attention
-// qkv[B,T,3*NH*HS]: per token [q of heads 0..NH-1 | k of heads | v of heads], head h of q at
-// columns [h*HS, (h+1)*HS). out[B,T,NH*HS] (heads concatenated). att[B,NH,T,T] saves the
-// softmax probabilities (row t attends to s <= t; entries s > t are 0). Scale 1/sqrt(HS).
+// Grouped-query attention (KVH = NH is multi-head attention).
+// qkv[B,T,(NH+2*KVH)*HS]: per token [q of heads 0..NH-1 | k of kv heads 0..KVH-1 | v of kv
+// heads], head h of q at columns [h*HS, (h+1)*HS), kv head j of k at (NH+j)*HS, of v at
+// (NH+KVH+j)*HS. Query head h uses kv head h / (NH/KVH) (NH % KVH == 0).
+// out[B,T,NH*HS] (heads concatenated). att[B,NH,T,T] saves the softmax probabilities (row t
+// attends to s <= t; entries s > t are 0). Scale 1/sqrt(HS).
 template <typename F>
 void attention_forward(F* out, F* att, const F* qkv, int64_t B, int64_t T, int64_t NH,
-                       int64_t HS);
-// dqkv[B,T,3*NH*HS] (overwrite). scratch: [B,NH,T,T] workspace.
+                       int64_t KVH, int64_t HS);
+// dqkv[B,T,(NH+2*KVH)*HS] (overwrite; the k and v gradients of a kv head sum over its query
+// heads in head order). scratch: [B,NH,T,T] workspace.
 template <typename F>
 void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* att,
-                        int64_t B, int64_t T, int64_t NH, int64_t HS);
+                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS);
+
+// ---------------------------------------------------------------- rotary embeddings (RoPE)
+// In place on the q heads (NH) and k heads (KVH) of qkv[B,T,(NH+2*KVH)*HS] (layout of
+// attention_forward; v untouched), "rotate half" convention (Hugging Face Llama): within a
+// head the pairs are (i, i + HS/2), i < HS/2, rotated by angle t * theta^(-2i/HS), t the
+// position of the row in its sequence (row index mod T):
+//   x'[i] = x[i] cos - x[i+HS/2] sin;   x'[i+HS/2] = x[i+HS/2] cos + x[i] sin.
+// Angles, cos and sin are computed in double. HS must be even.
+template <typename F>
+void rope_forward(F* qkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
+                  double theta);
+// dqkv in place: the q and k gradients rotated back (the transpose of the forward rotation).
+template <typename F>
+void rope_backward(F* dqkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
+                   double theta);
+
+// ---------------------------------------------------------------- RMSNorm
+// out[N,C] = inp * rstd * weight, rstd[n] = 1 / sqrt(mean_c(inp^2) + eps) (saved for backward;
+// statistics accumulated in double for float).
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                     double eps);
+// dinp[N,C] (overwrite); dweight[C] +=
+template <typename T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                      const T* rstd, int64_t N, int64_t C);
+
+// ---------------------------------------------------------------- SwiGLU
+// gate_up[N, 2*Fh]: each row [gate (Fh) | up (Fh)]. out[N,Fh] = silu(gate) * up,
+// silu(x) = x / (1 + exp(-x)).
+template <typename T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t Fh);
+// dgate_up[N, 2*Fh] (overwrite) from dout[N,Fh].
+template <typename T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t Fh);
 
 // ---------------------------------------------------------------- GELU, tanh approximation
 // out[N] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))

@@ -1,5 +1,7 @@
-// Causal self-attention entry points: argument checks, the dO.O row sums (delta) of the
-// backward, and dispatch to the fp32 SIMT or bf16 tensor-core kernels.
+// Causal (grouped-query) self-attention entry points: argument checks, the dO.O row sums
+// (delta) of the backward, and dispatch to the fp32 SIMT or bf16 tensor-core kernels.
+// out, dout and delta are per query head ([B,T,NH*HS], [B,NH,T]) whatever KVH is, so the delta
+// kernel does not see KVH.
 #include "kernels/cuda/attention.cuh"
 
 namespace trident::cuda {
@@ -47,19 +49,20 @@ size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH) {
 
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
-                       int64_t HS, cudaStream_t stream) {
-  detail::check_attention_dims(B, T_, NH, HS);
+                       int64_t KVH, int64_t HS, cudaStream_t stream) {
+  detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(out, "out");
   detail::attention_forward_impl(out, lse, qkv, static_cast<int>(B), static_cast<int>(T_),
-                                 static_cast<int>(NH), static_cast<int>(HS), stream);
+                                 static_cast<int>(NH), static_cast<int>(KVH),
+                                 static_cast<int>(HS), stream);
 }
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                        int64_t B, int64_t T_, int64_t NH, int64_t HS, cudaStream_t stream,
-                        void* workspace) {
-  detail::check_attention_dims(B, T_, NH, HS);
+                        int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
+                        cudaStream_t stream, void* workspace) {
+  detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(dqkv, "dqkv");
   check_alignment<T>(dout, "dout");
@@ -72,14 +75,14 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   CUDA_CHECK_LAUNCH();
   detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, static_cast<int>(B),
                                   static_cast<int>(T_), static_cast<int>(NH),
-                                  static_cast<int>(HS), stream);
+                                  static_cast<int>(KVH), static_cast<int>(HS), stream);
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                 \
   template void attention_forward<T>(T*, float*, const T*, int64_t, int64_t, int64_t, int64_t, \
-                                     cudaStream_t);                                            \
+                                     int64_t, cudaStream_t);                                   \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
-                                      int64_t, int64_t, int64_t, cudaStream_t, void*);
+                                      int64_t, int64_t, int64_t, int64_t, cudaStream_t, void*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -1,9 +1,16 @@
 #pragma once
 // Private declarations shared by the attention sources (nvcc only).
 //
-// Layouts: qkv[B,T,3C] with C = NH*HS (per token [q heads | k heads | v heads]); out, dout
-// [B,T,C]; lse, delta [B,NH,T] (fp32). lse is the natural-log logsumexp of the scaled scores
+// Layouts (grouped-query attention; KVH = NH is multi-head attention): qkv[B,T,C3] with
+// C3 = (NH + 2*KVH)*HS, per token [q heads (NH) | k heads (KVH) | v heads (KVH)]: q head h at
+// column h*HS, k of kv head j at (NH + j)*HS, v of kv head j at (NH + KVH + j)*HS; query head h
+// uses kv head h / (NH/KVH). dqkv has the layout of qkv. out, dout [B,T,NH*HS]; lse, delta
+// [B,NH,T] (fp32, per query head). lse is the natural-log logsumexp of the scaled scores
 // (scale = 1/sqrt(HS)), so P[t,s] = exp(scale * q_t.k_s - lse[t]) for s <= t.
+// Backward: the dK/dV pass runs one block per (b, kv head, key tile) and loops over the kv
+// head's query heads in head order inside the block (accumulating in registers), so a kv head's
+// gradient is one write, summed in a fixed order: no atomics, and for KVH = NH the loop has one
+// head and the arithmetic is exactly the multi-head kernel's.
 #include "kernels/cuda/common.cuh"
 
 namespace trident::cuda::detail {
@@ -21,25 +28,26 @@ void prepare_smem(Kernel kernel, size_t bytes) {
                                   static_cast<int>(bytes)));
 }
 
-inline void check_attention_dims(int64_t B, int64_t T, int64_t NH, int64_t HS) {
-  check_dims(B > 0 && T > 0 && NH > 0, "attention: B, T, NH must be positive");
+inline void check_attention_dims(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS) {
+  check_dims(B > 0 && T > 0 && NH > 0 && KVH > 0, "attention: B, T, NH, KVH must be positive");
+  check_dims(NH % KVH == 0, "attention: NH must be a multiple of KVH");
   check_dims(HS == 32 || HS == 64 || HS == 128, "attention: HS must be 32, 64 or 128");
   check_dims(B * NH <= INT32_MAX && T <= (int64_t(1) << 24),
              "attention: B*NH or T too large");
-  check_dims(B * T * 3 * NH * HS < (int64_t(1) << 62), "attention: tensor too large");
+  check_dims(B * T * (NH + 2 * KVH) * HS < (int64_t(1) << 62), "attention: tensor too large");
 }
 
 // fp32 SIMT kernels (attention_f32.cu)
 void attention_forward_impl(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                            int HS, cudaStream_t stream);
+                            int KVH, int HS, cudaStream_t stream);
 void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                             const float* delta, int B, int T, int NH, int HS,
+                             const float* delta, int B, int T, int NH, int KVH, int HS,
                              cudaStream_t stream);
 // bf16 tensor-core kernels (attention_bf16.cu)
 void attention_forward_impl(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
-                            int T, int NH, int HS, cudaStream_t stream);
+                            int T, int NH, int KVH, int HS, cudaStream_t stream);
 void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                              const __nv_bfloat16* qkv, const float* lse, const float* delta,
-                             int B, int T, int NH, int HS, cudaStream_t stream);
+                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream);
 
 }  // namespace trident::cuda::detail

@@ -1,4 +1,6 @@
-// Flash-attention-style causal attention on bf16 tensor cores (FlashAttention-2 structure).
+// Flash-attention-style causal (grouped-query) attention on bf16 tensor cores
+// (FlashAttention-2 structure). Layouts in attention.cuh; query head h reads kv head
+// h / (NH/KVH).
 //
 // mma.sync.m16n8k16 (bf16 x bf16 -> fp32) with the fragment layouts of the PTX ISA, for lane
 // = 4 g + c (g = groupID 0..7, c = thread in group 0..3):
@@ -18,8 +20,10 @@
 //
 // Tiles: 64 query rows x 64 keys; 4 warps per block, each owning 16 rows (or 16 keys).
 //  * forward: block = query tile; online softmax in the exp2 domain on the accumulators.
-//  * backward pass 1: block = key tile; S^T = K Q^T and dP^T = V dO^T per query tile at or
-//    below the diagonal; dV += P^T dO, dK += dS^T Q (fp32 accumulators in registers).
+//  * backward pass 1: block = key tile of one kv head; for each of its query heads in head
+//    order, S^T = K Q^T and dP^T = V dO^T per query tile at or below the diagonal;
+//    dV += P^T dO, dK += dS^T Q (fp32 accumulators in registers, summed over the query heads,
+//    written once).
 //  * backward pass 2: block = query tile; S = Q K^T, dP = dO V^T; dQ += dS K.
 // No atomics; every output element is owned by one thread.
 #include <cstdint>
@@ -136,24 +140,28 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_bf16_kernel(bf16_t* __restrict__ out, float* __restrict__ lse,
-                         const bf16_t* __restrict__ qkv, int T, int NH) {
+                         const bf16_t* __restrict__ qkv, int T, int NH, int KVH) {
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]
   bf16_t* Ks = Qs + TILE;                             // [2][64][P]
   bf16_t* Vs = Ks + 2 * TILE;                         // [2][64][P]
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int kvh = h / (NH / KVH);
   const int tile = gridDim.y - 1 - blockIdx.y;  // largest tiles first
   const int q0 = tile * kBlk;
-  const int64_t C = int64_t(NH) * HS, C3 = 3 * C;
-  const bf16_t* base = qkv + int64_t(b) * T * C3 + int64_t(h) * HS;
+  const int64_t C = int64_t(NH) * HS, C3 = int64_t(NH + 2 * KVH) * HS;
+  const bf16_t* rows = qkv + int64_t(b) * T * C3;
+  const bf16_t* qbase = rows + int64_t(h) * HS;
+  const bf16_t* kbase = rows + int64_t(NH + kvh) * HS;
+  const bf16_t* vbase = rows + int64_t(NH + KVH + kvh) * HS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3, wr = warp * 16;
   const float scale_log2 = rsqrtf(static_cast<float>(HS)) * kLog2e;
 
-  load_tile_async<HS>(Qs, base, C3, q0, T);
-  load_tile_async<HS>(Ks, base + C, C3, 0, T);
-  load_tile_async<HS>(Vs, base + 2 * C, C3, 0, T);
+  load_tile_async<HS>(Qs, qbase, C3, q0, T);
+  load_tile_async<HS>(Ks, kbase, C3, 0, T);
+  load_tile_async<HS>(Vs, vbase, C3, 0, T);
   cp_async_commit();
 
   uint32_t qf[KC][4];
@@ -166,8 +174,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= tile; kt++) {
     const int k0 = kt * kBlk, st = kt & 1;
     if (kt < tile) {  // prefetch the next K/V tile into the other stage
-      load_tile_async<HS>(Ks + (st ^ 1) * TILE, base + C, C3, k0 + kBlk, T);
-      load_tile_async<HS>(Vs + (st ^ 1) * TILE, base + 2 * C, C3, k0 + kBlk, T);
+      load_tile_async<HS>(Ks + (st ^ 1) * TILE, kbase, C3, k0 + kBlk, T);
+      load_tile_async<HS>(Vs + (st ^ 1) * TILE, vbase, C3, k0 + kBlk, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -273,7 +281,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                               const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
-                              const float* __restrict__ delta, int T, int NH) {
+                              const float* __restrict__ delta, int T, int NH, int KVH) {
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]  this block's keys
@@ -282,30 +290,36 @@ __global__ void __launch_bounds__(kThreads)
   bf16_t* Gs = Qs + 2 * TILE;                         // [2][64][P]  dO tiles
   float* Ls = reinterpret_cast<float*>(Gs + 2 * TILE);  // [2][64] lse * log2(e)
   float* Ds = Ls + 2 * kBlk;                            // [2][64] delta
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int b = blockIdx.x / KVH, kvh = blockIdx.x % KVH;  // block = (b, kv head, key tile)
+  const int heads = NH / KVH;                                // query heads per kv head
   const int kt = blockIdx.y;  // small key tiles (most work) first
   const int k0 = kt * kBlk;
-  const int64_t C = int64_t(NH) * HS, C3 = 3 * C;
-  const bf16_t* base = qkv + int64_t(b) * T * C3 + int64_t(h) * HS;
-  const bf16_t* gbase = dout + int64_t(b) * T * C + int64_t(h) * HS;
+  const int64_t C = int64_t(NH) * HS, C3 = int64_t(NH + 2 * KVH) * HS;
+  const bf16_t* rows = qkv + int64_t(b) * T * C3;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3, wk = warp * 16;
   const float scale = rsqrtf(static_cast<float>(HS));
   const float scale_log2 = scale * kLog2e;
 
-  auto load_stage = [&](int qt, int st) {
-    const int q0 = qt * kBlk;
-    load_tile_async<HS>(Qs + st * TILE, base, C3, q0, T);
-    load_tile_async<HS>(Gs + st * TILE, gbase, C, q0, T);
+  // Iteration `it` visits query head kvh*heads + it / per_head, query tile kt + it % per_head:
+  // the kv head's query heads in head order, each over its tiles in order. The dK/dV sums over
+  // the heads happen in the accumulators (fixed order, one write at the end); with heads = 1
+  // this is the multi-head loop over qt = kt .. nqt-1. The prefetch crosses head boundaries.
+  const int nqt = (T + kBlk - 1) / kBlk, per_head = nqt - kt, iters = heads * per_head;
+  auto load_stage = [&](int it, int st) {
+    const int h = kvh * heads + it / per_head, bh = b * NH + h;
+    const int q0 = (kt + it % per_head) * kBlk;
+    load_tile_async<HS>(Qs + st * TILE, rows + int64_t(h) * HS, C3, q0, T);
+    load_tile_async<HS>(Gs + st * TILE, dout + int64_t(b) * T * C + int64_t(h) * HS, C, q0, T);
     if (threadIdx.x < kBlk) {
       const int t = q0 + threadIdx.x;
       Ls[st * kBlk + threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : INFINITY;
       Ds[st * kBlk + threadIdx.x] = t < T ? delta[int64_t(bh) * T + t] : 0.f;
     }
   };
-  load_tile_async<HS>(Ks, base + C, C3, k0, T);
-  load_tile_async<HS>(Vs, base + 2 * C, C3, k0, T);
-  load_stage(kt, 0);
+  load_tile_async<HS>(Ks, rows + int64_t(NH + kvh) * HS, C3, k0, T);
+  load_tile_async<HS>(Vs, rows + int64_t(NH + KVH + kvh) * HS, C3, k0, T);
+  load_stage(0, 0);
   cp_async_commit();
   const int s0 = k0 + wk + g, s1 = s0 + 8;  // this thread's key rows
 
@@ -315,11 +329,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
 
-  const int nqt = (T + kBlk - 1) / kBlk;
-  for (int qt = kt; qt < nqt; qt++) {
-    const int q0 = qt * kBlk, st = (qt - kt) & 1;
-    if (qt + 1 < nqt) {
-      load_stage(qt + 1, st ^ 1);
+  for (int it = 0; it < iters; it++) {
+    const int q0 = (kt + it % per_head) * kBlk, st = it & 1;
+    if (it + 1 < iters) {
+      load_stage(it + 1, st ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -381,22 +394,25 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
+  const int64_t dk_col = int64_t(NH + kvh) * HS, dv_col = int64_t(NH + KVH + kvh) * HS;
   if (s0 < T) {
-    bf16_t* row = dqkv + (int64_t(b) * T + s0) * C3 + int64_t(h) * HS;
+    bf16_t* row = dqkv + (int64_t(b) * T + s0) * C3;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-      *reinterpret_cast<uint32_t*>(row + C + dt * 8 + 2 * c) =
+      *reinterpret_cast<uint32_t*>(row + dk_col + dt * 8 + 2 * c) =
           pack_bf16(dk[dt][0] * scale, dk[dt][1] * scale);
-      *reinterpret_cast<uint32_t*>(row + 2 * C + dt * 8 + 2 * c) = pack_bf16(dv[dt][0], dv[dt][1]);
+      *reinterpret_cast<uint32_t*>(row + dv_col + dt * 8 + 2 * c) =
+          pack_bf16(dv[dt][0], dv[dt][1]);
     }
   }
   if (s1 < T) {
-    bf16_t* row = dqkv + (int64_t(b) * T + s1) * C3 + int64_t(h) * HS;
+    bf16_t* row = dqkv + (int64_t(b) * T + s1) * C3;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-      *reinterpret_cast<uint32_t*>(row + C + dt * 8 + 2 * c) =
+      *reinterpret_cast<uint32_t*>(row + dk_col + dt * 8 + 2 * c) =
           pack_bf16(dk[dt][2] * scale, dk[dt][3] * scale);
-      *reinterpret_cast<uint32_t*>(row + 2 * C + dt * 8 + 2 * c) = pack_bf16(dv[dt][2], dv[dt][3]);
+      *reinterpret_cast<uint32_t*>(row + dv_col + dt * 8 + 2 * c) =
+          pack_bf16(dv[dt][2], dv[dt][3]);
     }
   }
 }
@@ -407,7 +423,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                             const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
-                            const float* __restrict__ delta, int T, int NH) {
+                            const float* __restrict__ delta, int T, int NH, int KVH) {
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]
@@ -415,20 +431,24 @@ __global__ void __launch_bounds__(kThreads)
   bf16_t* Ks = Gs + TILE;                             // [2][64][P]
   bf16_t* Vs = Ks + 2 * TILE;                         // [2][64][P]
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int kvh = h / (NH / KVH);
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int q0 = qt * kBlk;
-  const int64_t C = int64_t(NH) * HS, C3 = 3 * C;
-  const bf16_t* base = qkv + int64_t(b) * T * C3 + int64_t(h) * HS;
+  const int64_t C = int64_t(NH) * HS, C3 = int64_t(NH + 2 * KVH) * HS;
+  const bf16_t* rows = qkv + int64_t(b) * T * C3;
+  const bf16_t* qbase = rows + int64_t(h) * HS;
+  const bf16_t* kbase = rows + int64_t(NH + kvh) * HS;
+  const bf16_t* vbase = rows + int64_t(NH + KVH + kvh) * HS;
   const bf16_t* gbase = dout + int64_t(b) * T * C + int64_t(h) * HS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3, wr = warp * 16;
   const float scale = rsqrtf(static_cast<float>(HS));
   const float scale_log2 = scale * kLog2e;
 
-  load_tile_async<HS>(Qs, base, C3, q0, T);
+  load_tile_async<HS>(Qs, qbase, C3, q0, T);
   load_tile_async<HS>(Gs, gbase, C, q0, T);
-  load_tile_async<HS>(Ks, base + C, C3, 0, T);
-  load_tile_async<HS>(Vs, base + 2 * C, C3, 0, T);
+  load_tile_async<HS>(Ks, kbase, C3, 0, T);
+  load_tile_async<HS>(Vs, vbase, C3, 0, T);
   cp_async_commit();
   const int t0 = q0 + wr + g, t1 = t0 + 8;
   const float L0 = t0 < T ? lse[int64_t(bh) * T + t0] * kLog2e : INFINITY;
@@ -443,8 +463,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * kBlk, st = kt & 1;
     if (kt < qt) {
-      load_tile_async<HS>(Ks + (st ^ 1) * TILE, base + C, C3, k0 + kBlk, T);
-      load_tile_async<HS>(Vs + (st ^ 1) * TILE, base + 2 * C, C3, k0 + kBlk, T);
+      load_tile_async<HS>(Ks + (st ^ 1) * TILE, kbase, C3, k0 + kBlk, T);
+      load_tile_async<HS>(Vs + (st ^ 1) * TILE, vbase, C3, k0 + kBlk, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -518,53 +538,55 @@ constexpr size_t tile_bytes() {
 }
 
 template <int HS>
-void forward_hs(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int NH,
+void forward_hs(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int NH, int KVH,
                 cudaStream_t stream) {
   const size_t smem = 5 * tile_bytes<HS>();  // Q + 2 stages of K, V
   prepare_smem(attn_fwd_bf16_kernel<HS>, smem);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kBlk - 1) / kBlk));
-  attn_fwd_bf16_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH);
+  attn_fwd_bf16_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 void backward_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,
-                 const float* delta, int B, int T, int NH, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kBlk - 1) / kBlk));
+                 const float* delta, int B, int T, int NH, int KVH, cudaStream_t stream) {
+  const unsigned tiles = static_cast<unsigned>((T + kBlk - 1) / kBlk);
+  const dim3 grid_kv(static_cast<unsigned>(B * KVH), tiles);  // pass 1: per kv head
+  const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
   // K, V + 2 stages of Q, dO (+ lse, delta)
   const size_t smem1 = 6 * tile_bytes<HS>() + 4 * kBlk * sizeof(float);
   prepare_smem(attn_bwd_dkdv_bf16_kernel<HS>, smem1);
-  attn_bwd_dkdv_bf16_kernel<HS><<<grid, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta,
-                                                                   T, NH);
+  attn_bwd_dkdv_bf16_kernel<HS><<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse,
+                                                                      delta, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
   const size_t smem2 = 6 * tile_bytes<HS>();  // Q, dO + 2 stages of K, V
   prepare_smem(attn_bwd_dq_bf16_kernel<HS>, smem2);
-  attn_bwd_dq_bf16_kernel<HS><<<grid, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, T,
-                                                                 NH);
+  attn_bwd_dq_bf16_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, T,
+                                                                   NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void attention_forward_impl(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int NH,
-                            int HS, cudaStream_t stream) {
+                            int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kBlk - 1) / kBlk <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: forward_hs<32>(out, lse, qkv, B, T, NH, stream); break;
-    case 64: forward_hs<64>(out, lse, qkv, B, T, NH, stream); break;
-    case 128: forward_hs<128>(out, lse, qkv, B, T, NH, stream); break;
+    case 32: forward_hs<32>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 64: forward_hs<64>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 128: forward_hs<128>(out, lse, qkv, B, T, NH, KVH, stream); break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }
 
 void attention_backward_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                             const float* lse, const float* delta, int B, int T, int NH, int HS,
-                             cudaStream_t stream) {
+                             const float* lse, const float* delta, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kBlk - 1) / kBlk <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: backward_hs<32>(dqkv, dout, qkv, lse, delta, B, T, NH, stream); break;
-    case 64: backward_hs<64>(dqkv, dout, qkv, lse, delta, B, T, NH, stream); break;
-    case 128: backward_hs<128>(dqkv, dout, qkv, lse, delta, B, T, NH, stream); break;
+    case 32: backward_hs<32>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
+    case 64: backward_hs<64>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
+    case 128: backward_hs<128>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }

@@ -1,13 +1,16 @@
-// Flash-attention-style causal attention in exact fp32 on the SIMT cores (the parity path).
+// Flash-attention-style causal (grouped-query) attention in exact fp32 on the SIMT cores (the
+// parity path). Layouts in attention.cuh; query head h reads kv head h / (NH/KVH).
 //
 // Tiles of 32 query rows x 32 keys in shared memory; 8 warps per block.
 //  * forward (block = one query tile of one (b, h)): each warp owns 4 query rows; lane j scores
 //    key j of the tile for its rows, an online softmax (running max m, per-lane partial sums l)
 //    rescales the output accumulators, and O += P V with P broadcast by warp shuffles (each lane
 //    owns HS/32 output columns). Saves lse = m + log(l).
-//  * backward, pass 1 (block = one key tile): each warp owns 4 keys; lane t takes query row t of
-//    each query tile at or below the diagonal, recomputes P = exp(scale q.k - lse) and
-//    dS = P (dO.v - delta), and accumulates dV += P^T dO and dK += dS^T Q in registers.
+//  * backward, pass 1 (block = one key tile of one kv head): each warp owns 4 keys; for each
+//    query head of the kv head in head order, lane t takes query row t of each query tile at or
+//    below the diagonal, recomputes P = exp(scale q.k - lse) and dS = P (dO.v - delta), and
+//    accumulates dV += P^T dO and dK += dS^T Q in registers (summed over the query heads there,
+//    written once).
 //  * backward, pass 2 (block = one query tile): each warp owns 4 rows; lane s takes key s of
 //    each key tile, recomputes P and dS, and accumulates dQ += dS K.
 // No atomics: every output element is owned by one thread, summed in a fixed order.
@@ -25,23 +28,27 @@ constexpr int kPerWarp = 4;   // rows (or keys) per warp: 8 warps x 4 = 32
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_f32_kernel(float* __restrict__ out, float* __restrict__ lse,
-                        const float* __restrict__ qkv, int T, int NH) {
+                        const float* __restrict__ qkv, int T, int NH, int KVH) {
   constexpr int DPL = HS / 32, KP = HS + 1;
   extern __shared__ float smem[];
   float* Qs = smem;               // [kTile][HS]   (broadcast reads)
   float* Ks = Qs + kTile * HS;    // [kTile][KP]   (one row per lane)
   float* Vs = Ks + kTile * KP;    // [kTile][HS]
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int kvh = h / (NH / KVH);
   const int tile = gridDim.y - 1 - blockIdx.y;  // largest tiles first
   const int q0 = tile * kTile;
-  const int64_t C = int64_t(NH) * HS, C3 = 3 * C;
-  const float* base = qkv + int64_t(b) * T * C3 + int64_t(h) * HS;
+  const int64_t C = int64_t(NH) * HS, C3 = int64_t(NH + 2 * KVH) * HS;
+  const float* rows = qkv + int64_t(b) * T * C3;
+  const float* qbase = rows + int64_t(h) * HS;
+  const float* kbase = rows + int64_t(NH + kvh) * HS;
+  const float* vbase = rows + int64_t(NH + KVH + kvh) * HS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = rsqrtf(static_cast<float>(HS));
 
   for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
     const int r = idx / HS, d = idx % HS, t = q0 + r;
-    Qs[idx] = t < T ? base[int64_t(t) * C3 + d] : 0.f;
+    Qs[idx] = t < T ? qbase[int64_t(t) * C3 + d] : 0.f;
   }
   float m[kPerWarp], l[kPerWarp], o[kPerWarp][DPL];
 #pragma unroll
@@ -58,8 +65,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
       const int r = idx / HS, d = idx % HS, s = k0 + r;
       const bool in = s < T;
-      Ks[r * KP + d] = in ? base[int64_t(s) * C3 + C + d] : 0.f;
-      Vs[r * HS + d] = in ? base[int64_t(s) * C3 + 2 * C + d] : 0.f;
+      Ks[r * KP + d] = in ? kbase[int64_t(s) * C3 + d] : 0.f;
+      Vs[r * HS + d] = in ? vbase[int64_t(s) * C3 + d] : 0.f;
     }
     __syncthreads();
     float sc[kPerWarp];
@@ -116,7 +123,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_f32_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                              const float* __restrict__ qkv, const float* __restrict__ lse,
-                             const float* __restrict__ delta, int T, int NH) {
+                             const float* __restrict__ delta, int T, int NH, int KVH) {
   constexpr int DPL = HS / 32, P = HS + 1;
   extern __shared__ float smem[];
   float* Ks = smem;                // [kTile][HS] (warp-uniform reads)
@@ -125,20 +132,22 @@ __global__ void __launch_bounds__(kThreads)
   float* dOs = Qs + kTile * P;     // [kTile][P]
   float* Ls = dOs + kTile * P;     // [kTile]
   float* Ds = Ls + kTile;          // [kTile]
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int b = blockIdx.x / KVH, kvh = blockIdx.x % KVH;  // block = (b, kv head, key tile)
+  const int G = NH / KVH;                                    // query heads per kv head
   const int kt = blockIdx.y;  // small key tiles (most query tiles) first
   const int k0 = kt * kTile;
-  const int64_t C = int64_t(NH) * HS, C3 = 3 * C;
-  const float* base = qkv + int64_t(b) * T * C3 + int64_t(h) * HS;
-  const float* gbase = dout + int64_t(b) * T * C + int64_t(h) * HS;
+  const int64_t C = int64_t(NH) * HS, C3 = int64_t(NH + 2 * KVH) * HS;
+  const float* rows = qkv + int64_t(b) * T * C3;
+  const float* kbase = rows + int64_t(NH + kvh) * HS;
+  const float* vbase = rows + int64_t(NH + KVH + kvh) * HS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = rsqrtf(static_cast<float>(HS));
 
   for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
     const int r = idx / HS, d = idx % HS, s = k0 + r;
     const bool in = s < T;
-    Ks[idx] = in ? base[int64_t(s) * C3 + C + d] : 0.f;
-    Vs[idx] = in ? base[int64_t(s) * C3 + 2 * C + d] : 0.f;
+    Ks[idx] = in ? kbase[int64_t(s) * C3 + d] : 0.f;
+    Vs[idx] = in ? vbase[int64_t(s) * C3 + d] : 0.f;
   }
   float dk[kPerWarp][DPL], dv[kPerWarp][DPL];
 #pragma unroll
@@ -146,14 +155,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < DPL; k++) dk[kk][k] = dv[kk][k] = 0.f;
 
-  const int nqt = (T + kTile - 1) / kTile;
-  for (int qt = kt; qt < nqt; qt++) {
-    const int q0 = qt * kTile;
+  // Iteration `it` visits query head kvh*G + it / per_head, query tile kt + it % per_head: the
+  // kv head's query heads in head order, each over its tiles in order. The dK/dV sums over the
+  // heads happen in these registers (fixed order, one write at the end); with G = 1 this is the
+  // multi-head loop over qt = kt .. nqt-1.
+  const int nqt = (T + kTile - 1) / kTile, per_head = nqt - kt;
+  for (int it = 0; it < G * per_head; it++) {
+    const int h = kvh * G + it / per_head, bh = b * NH + h;
+    const int q0 = (kt + it % per_head) * kTile;
+    const float* qbase = rows + int64_t(h) * HS;
+    const float* gbase = dout + int64_t(b) * T * C + int64_t(h) * HS;
     __syncthreads();
     for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
       const int r = idx / HS, d = idx % HS, t = q0 + r;
       const bool in = t < T;
-      Qs[r * P + d] = in ? base[int64_t(t) * C3 + d] : 0.f;
+      Qs[r * P + d] = in ? qbase[int64_t(t) * C3 + d] : 0.f;
       dOs[r * P + d] = in ? gbase[int64_t(t) * C + d] : 0.f;
     }
     if (threadIdx.x < kTile) {
@@ -208,11 +224,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int kk = 0; kk < kPerWarp; kk++) {
     const int s = k0 + warp * kPerWarp + kk;
     if (s < T) {
-      float* row = dqkv + (int64_t(b) * T + s) * C3 + int64_t(h) * HS;
+      float* row = dqkv + (int64_t(b) * T + s) * C3;
+      float* dkrow = row + int64_t(NH + kvh) * HS;
+      float* dvrow = row + int64_t(NH + KVH + kvh) * HS;
 #pragma unroll
       for (int k = 0; k < DPL; k++) {
-        row[C + lane + 32 * k] = dk[kk][k] * scale;
-        row[2 * C + lane + 32 * k] = dv[kk][k];
+        dkrow[lane + 32 * k] = dk[kk][k] * scale;
+        dvrow[lane + 32 * k] = dv[kk][k];
       }
     }
   }
@@ -222,7 +240,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_f32_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                            const float* __restrict__ qkv, const float* __restrict__ lse,
-                           const float* __restrict__ delta, int T, int NH) {
+                           const float* __restrict__ delta, int T, int NH, int KVH) {
   constexpr int DPL = HS / 32, P = HS + 1;
   extern __shared__ float smem[];
   float* Qs = smem;               // [kTile][HS] (warp-uniform reads)
@@ -230,10 +248,14 @@ __global__ void __launch_bounds__(kThreads)
   float* Ks = dOs + kTile * HS;   // [kTile][P]
   float* Vs = Ks + kTile * P;     // [kTile][P]
   const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int kvh = h / (NH / KVH);
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int q0 = qt * kTile;
-  const int64_t C = int64_t(NH) * HS, C3 = 3 * C;
-  const float* base = qkv + int64_t(b) * T * C3 + int64_t(h) * HS;
+  const int64_t C = int64_t(NH) * HS, C3 = int64_t(NH + 2 * KVH) * HS;
+  const float* rows = qkv + int64_t(b) * T * C3;
+  const float* qbase = rows + int64_t(h) * HS;
+  const float* kbase = rows + int64_t(NH + kvh) * HS;
+  const float* vbase = rows + int64_t(NH + KVH + kvh) * HS;
   const float* gbase = dout + int64_t(b) * T * C + int64_t(h) * HS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float scale = rsqrtf(static_cast<float>(HS));
@@ -241,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
     const int r = idx / HS, d = idx % HS, t = q0 + r;
     const bool in = t < T;
-    Qs[idx] = in ? base[int64_t(t) * C3 + d] : 0.f;
+    Qs[idx] = in ? qbase[int64_t(t) * C3 + d] : 0.f;
     dOs[idx] = in ? gbase[int64_t(t) * C + d] : 0.f;
   }
   float Lr[kPerWarp], Dr[kPerWarp], dq[kPerWarp][DPL];
@@ -260,8 +282,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
       const int r = idx / HS, d = idx % HS, s = k0 + r;
       const bool in = s < T;
-      Ks[r * P + d] = in ? base[int64_t(s) * C3 + C + d] : 0.f;
-      Vs[r * P + d] = in ? base[int64_t(s) * C3 + 2 * C + d] : 0.f;
+      Ks[r * P + d] = in ? kbase[int64_t(s) * C3 + d] : 0.f;
+      Vs[r * P + d] = in ? vbase[int64_t(s) * C3 + d] : 0.f;
     }
     __syncthreads();
     float qk[kPerWarp], dp[kPerWarp];
@@ -309,52 +331,54 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int HS>
-void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int NH,
+void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH,
                 cudaStream_t stream) {
   const size_t smem = sizeof(float) * (kTile * HS + kTile * (HS + 1) + kTile * HS);
   prepare_smem(attn_fwd_f32_kernel<HS>, smem);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kTile - 1) / kTile));
-  attn_fwd_f32_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH);
+  attn_fwd_f32_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 void backward_hs(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                 const float* delta, int B, int T, int NH, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kTile - 1) / kTile));
+                 const float* delta, int B, int T, int NH, int KVH, cudaStream_t stream) {
+  const unsigned tiles = static_cast<unsigned>((T + kTile - 1) / kTile);
+  const dim3 grid_kv(static_cast<unsigned>(B * KVH), tiles);  // pass 1: per kv head
+  const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
   const size_t smem1 = sizeof(float) * (2 * kTile * HS + 2 * kTile * (HS + 1) + 2 * kTile);
   prepare_smem(attn_bwd_dkdv_f32_kernel<HS>, smem1);
-  attn_bwd_dkdv_f32_kernel<HS><<<grid, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta, T,
-                                                                  NH);
+  attn_bwd_dkdv_f32_kernel<HS><<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta,
+                                                                     T, NH, KVH);
   CUDA_CHECK_LAUNCH();
   const size_t smem2 = sizeof(float) * (2 * kTile * HS + 2 * kTile * (HS + 1));
   prepare_smem(attn_bwd_dq_f32_kernel<HS>, smem2);
-  attn_bwd_dq_f32_kernel<HS><<<grid, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, T,
-                                                                NH);
+  attn_bwd_dq_f32_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, T,
+                                                                  NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void attention_forward_impl(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                            int HS, cudaStream_t stream) {
+                            int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kTile - 1) / kTile <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: forward_hs<32>(out, lse, qkv, B, T, NH, stream); break;
-    case 64: forward_hs<64>(out, lse, qkv, B, T, NH, stream); break;
-    case 128: forward_hs<128>(out, lse, qkv, B, T, NH, stream); break;
+    case 32: forward_hs<32>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 64: forward_hs<64>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 128: forward_hs<128>(out, lse, qkv, B, T, NH, KVH, stream); break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }
 
 void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                             const float* delta, int B, int T, int NH, int HS,
+                             const float* delta, int B, int T, int NH, int KVH, int HS,
                              cudaStream_t stream) {
   check_dims((T + kTile - 1) / kTile <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: backward_hs<32>(dqkv, dout, qkv, lse, delta, B, T, NH, stream); break;
-    case 64: backward_hs<64>(dqkv, dout, qkv, lse, delta, B, T, NH, stream); break;
-    case 128: backward_hs<128>(dqkv, dout, qkv, lse, delta, B, T, NH, stream); break;
+    case 32: backward_hs<32>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
+    case 64: backward_hs<64>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
+    case 128: backward_hs<128>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }

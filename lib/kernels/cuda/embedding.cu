@@ -74,14 +74,18 @@ size_t sort_temp_bytes(int64_t N, int64_t rows) {
   return temp;
 }
 
+// out[r, C] += wpe[(first_row + r) % T_] for rows r < rows of the flattened [B,T] grid that
+// start at row first_row (the whole grid: first_row = 0, rows = B*T).
 template <typename T>
 __global__ void position_embedding_forward_kernel(T* __restrict__ out, const T* __restrict__ wpe,
-                                                  int64_t BT, int64_t T_, int64_t C) {
-  const int64_t total = BT * C;
+                                                  int64_t first_row, int64_t rows, int64_t T_,
+                                                  int64_t C) {
+  const int64_t total = rows * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t bt = i / C, c = i % C;
-    out[i] = detail::from_f32<T>(detail::to_f32(out[i]) + detail::to_f32(wpe[(bt % T_) * C + c]));
+    const int64_t r = i / C, c = i % C;
+    const int64_t t = (first_row + r) % T_;
+    out[i] = detail::from_f32<T>(detail::to_f32(out[i]) + detail::to_f32(wpe[t * C + c]));
   }
 }
 
@@ -157,7 +161,18 @@ void position_embedding_forward(T* out, const T* wpe, int64_t B, int64_t T_, int
   detail::check_dims(B >= 0 && T_ >= 0 && C >= 0, "position_embedding_forward: negative size");
   if (B * T_ * C == 0) return;
   position_embedding_forward_kernel<T>
-      <<<detail::grid_for(B * T_ * C, 256), 256, 0, stream>>>(out, wpe, B * T_, T_, C);
+      <<<detail::grid_for(B * T_ * C, 256), 256, 0, stream>>>(out, wpe, 0, B * T_, T_, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void position_embedding_forward_rows(T* out, const T* wpe, int64_t first_row, int64_t rows,
+                                     int64_t T_, int64_t C, cudaStream_t stream) {
+  detail::check_dims(first_row >= 0 && rows >= 0 && T_ > 0 && C >= 0,
+                     "position_embedding_forward_rows: negative size or T <= 0");
+  if (rows * C == 0) return;
+  position_embedding_forward_kernel<T>
+      <<<detail::grid_for(rows * C, 256), 256, 0, stream>>>(out, wpe, first_row, rows, T_, C);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -178,6 +193,8 @@ void position_embedding_backward(float* dwpe, const T* dout, int64_t B, int64_t 
                                             int64_t, int64_t, int64_t, cudaStream_t, void*);   \
   template void position_embedding_forward<T>(T*, const T*, int64_t, int64_t, int64_t,         \
                                               cudaStream_t);                                   \
+  template void position_embedding_forward_rows<T>(T*, const T*, int64_t, int64_t, int64_t,    \
+                                                   int64_t, cudaStream_t);                     \
   template void position_embedding_backward<T>(float*, const T*, int64_t, int64_t, int64_t,    \
                                                cudaStream_t);
 TRIDENT_INSTANTIATE(float)

@@ -212,7 +212,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
                             cudaStream_t stream = nullptr);
 
 // ---------------------------------------------------------------- causal self-attention
-// qkv[B,T,3*NH*HS] = [q heads | k heads | v heads] per token; out[B,T,NH*HS]; scale 1/sqrt(HS).
+// Grouped-query attention (KVH = NH is multi-head attention), the CPU layout:
+// qkv[B,T,(NH+2*KVH)*HS] = [q heads (NH) | k heads (KVH) | v heads (KVH)] per token; query head
+// h uses kv head h / (NH/KVH). out[B,T,NH*HS]; scale 1/sqrt(HS).
 // Flash-attention style: never materialises T x T in global memory. lse[B,NH,T] (fp32) is the
 // per-row logsumexp of the scaled scores, saved for the backward. HS in {32, 64, 128}.
 //  * T = float: exact-fp32 SIMT kernels (no tensor cores).
@@ -221,15 +223,53 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
 //               Requires 16-byte aligned qkv/out/dout/dqkv (cudaMalloc'd buffers are).
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
-                       int64_t HS, cudaStream_t stream = nullptr);
-// dqkv (overwrite). Deterministic (no atomics): a dK/dV pass over key blocks and a dQ pass over
-// query blocks, both recomputing P blockwise from lse. workspace (fp32 dO.O row sums):
+                       int64_t KVH, int64_t HS, cudaStream_t stream = nullptr);
+// dqkv (overwrite). Deterministic (no atomics): a dK/dV pass over key blocks (summing the query
+// heads of a kv head in head order) and a dQ pass over query blocks, both recomputing P
+// blockwise from lse. workspace (fp32 dO.O row sums):
 // attention_backward_workspace_bytes(B, T_, NH).
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                        int64_t B, int64_t T_, int64_t NH, int64_t HS,
+                        int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
                         cudaStream_t stream = nullptr, void* workspace = nullptr);
 size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH);
+
+// ---------------------------------------------------------------- Llama ops (CPU twins in
+// kernels/cpu/ops.hpp, same conventions)
+// RoPE in place on the q and k heads of qkv[B,T,(NH+2*KVH)*HS], rotate-half pairs (i, i+HS/2),
+// angle t * theta^(-2i/HS) with t = row mod T; angle, cos and sin computed in double; the
+// rotation itself in fp32, stored as T.
+template <typename T>
+void rope_forward(T* qkv, int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
+                  double theta, cudaStream_t stream = nullptr);
+// dqkv in place: the q and k gradients rotated back.
+template <typename T>
+void rope_backward(T* dqkv, int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
+                   double theta, cudaStream_t stream = nullptr);
+// out[N,C] = inp * rstd * weight, rstd[N] fp32 = 1/sqrt(mean(inp^2) + eps) (fp32 statistics).
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                     float eps, cudaStream_t stream = nullptr);
+// dinp (overwrite); dweight[C] += (fp32, deterministic: fixed row chunking, chunk order).
+// workspace: rmsnorm_backward_workspace_bytes(N, C).
+template <typename T>
+void rmsnorm_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
+                      const float* rstd, int64_t N, int64_t C, cudaStream_t stream = nullptr,
+                      void* workspace = nullptr);
+size_t rmsnorm_backward_workspace_bytes(int64_t N, int64_t C);
+// gate_up[N, 2*Fh] rows [gate | up]; out[N,Fh] = silu(gate) * up (fp32 arithmetic).
+template <typename T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t Fh,
+                    cudaStream_t stream = nullptr);
+// dgate_up[N, 2*Fh] (overwrite) from dout[N,Fh].
+template <typename T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t Fh,
+                     cudaStream_t stream = nullptr);
+// Sequence-parallel shard of the position table: out[i,C] += wpe[(first_row + i) % T_] for
+// i < rows.
+template <typename T>
+void position_embedding_forward_rows(T* out, const T* wpe, int64_t first_row, int64_t rows,
+                                     int64_t T_, int64_t C, cudaStream_t stream = nullptr);
 
 // ---------------------------------------------------------------- optimizer
 struct AdamWHyper {

@@ -1,5 +1,6 @@
-// Whole-model tests: gradient check of every parameter of a tiny GPT in double, float-vs-double
-// agreement, GPT-2 initialisation, and layout-independent initialisation of tensor shards.
+// Whole-model tests, both architectures: gradient check of every parameter of a tiny model in
+// double, float-vs-double agreement, initialisation, and layout-independent initialisation of
+// tensor shards.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,23 +9,37 @@
 #include <numeric>
 
 #include "comm/comm.hpp"
-#include "model/gpt.hpp"
+#include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 
 using namespace trident;
 
 namespace {
 
-ModelConfig tiny_model() {
+// "gpt2", "llama", or "gpt2-gqa" (gpt2 with one kv head: biases on grouped-query attention).
+ModelConfig tiny_model(const std::string& variant = "gpt2") {
+  const std::string arch = variant == "gpt2-gqa" ? "gpt2" : variant;
   ModelConfig m;
+  m.arch = arch;
   m.layers = 2;
   m.heads = 2;
   m.width = 8;
   m.vocab_size = 11;      // padded to 12 with vocab_multiple 4: exercises padding rows
   m.vocab_multiple = 4;
   m.seq_len = 5;
+  if (arch == "llama") {  // grouped-query attention, an untied head, a non-default FFN
+    m.heads = 4;
+    m.kv_heads = 2;
+    m.width = 16;
+    m.ffn_width = 12;
+    m.tie_embeddings = false;
+    m.rope_theta = 100.0;  // larger angles at these short positions
+  }
+  if (variant == "gpt2-gqa") m.kv_heads = 1;
   return m;
 }
+
+class WholeModel : public ::testing::TestWithParam<std::string> {};
 
 std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
   std::vector<int32_t> v(n);
@@ -34,13 +49,13 @@ std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
 
 }  // namespace
 
-TEST(GptGradient, EveryParameterMatchesCentralDifferencesInDouble) {
-  const ModelConfig m = tiny_model();
+TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
+  const ModelConfig m = tiny_model(GetParam());
   auto comm = make_self_communicator("tensor");
-  Gpt<double> model(m, ModelShard::whole(m), *comm);
+  CpuModel<double> model(m, ModelShard::whole(m), *comm);
   model.init_weights(7);
   // Larger-than-init weights so that every path carries a visible gradient.
-  for (double& w : model.weights()) w *= 5.0;
+  for (int64_t i = 0; i < model.flat_size(); ++i) model.weights()[i] *= 5.0;
   const int64_t B = 2, N = B * m.seq_len;
   auto acts = model.make_activations(B);
   const auto tokens = sequence(N, m.vocab_size, 1), targets = sequence(N, m.vocab_size, 2);
@@ -48,9 +63,10 @@ TEST(GptGradient, EveryParameterMatchesCentralDifferencesInDouble) {
   model.zero_grads();
   model.forward(acts, tokens.data(), targets.data(), nullptr);
   model.backward(acts, 1.0, nullptr, nullptr);
-  const Buffer<double> analytic = model.grads();
+  const std::vector<double> analytic(model.grads(), model.grads() + model.flat_size());
 
   const double h = 1e-5;
+  int64_t compared = 0;
   double worst = 0.0;
   std::string worst_name;
   for (const ParamInfo& p : model.params()) {
@@ -69,6 +85,7 @@ TEST(GptGradient, EveryParameterMatchesCentralDifferencesInDouble) {
         EXPECT_EQ(analytic[p.offset + i], 0.0) << p.name;
         continue;
       }
+      ++compared;
       diff2 += (numeric - analytic[p.offset + i]) * (numeric - analytic[p.offset + i]);
       ref2 += numeric * numeric;
     }
@@ -77,15 +94,18 @@ TEST(GptGradient, EveryParameterMatchesCentralDifferencesInDouble) {
     EXPECT_LE(rel, 1e-6) << p.name;
     if (rel > worst) worst = rel, worst_name = p.name;
   }
-  std::printf("[ measured ] whole-model gradient check, worst relative error %.3e (%s)\n", worst,
-              worst_name.c_str());
+  ASSERT_GT(compared, 0);
+  std::printf("[ measured ] %s whole-model gradient check: %lld parameters, %lld elements, worst "
+              "relative error %.3e (%s)\n",
+              GetParam().c_str(), static_cast<long long>(model.params().size()),
+              static_cast<long long>(compared), worst, worst_name.c_str());
 }
 
-TEST(GptGradient, FloatModelAgreesWithDouble) {
-  const ModelConfig m = tiny_model();
+TEST_P(WholeModel, FloatModelAgreesWithDouble) {
+  const ModelConfig m = tiny_model(GetParam());
   auto comm = make_self_communicator("tensor");
-  Gpt<double> md(m, ModelShard::whole(m), *comm);
-  Gpt<float> mf(m, ModelShard::whole(m), *comm);
+  CpuModel<double> md(m, ModelShard::whole(m), *comm);
+  CpuModel<float> mf(m, ModelShard::whole(m), *comm);
   md.init_weights(3);
   mf.init_weights(3);
   const int64_t B = 2, N = B * m.seq_len;
@@ -100,14 +120,18 @@ TEST(GptGradient, FloatModelAgreesWithDouble) {
   md.backward(ad, 1.0, nullptr, nullptr);
   mf.backward(af, 1.0f, nullptr, nullptr);
   double diff2 = 0, ref2 = 0;
-  for (size_t i = 0; i < md.grads().size(); ++i) {
+  ASSERT_EQ(md.flat_size(), mf.flat_size());
+  for (int64_t i = 0; i < md.flat_size(); ++i) {
     diff2 += std::pow(md.grads()[i] - mf.grads()[i], 2);
     ref2 += std::pow(md.grads()[i], 2);
   }
   EXPECT_LE(std::sqrt(diff2 / ref2), 1e-5);
 }
 
-TEST(GptInit, Gpt2Initialisation) {
+INSTANTIATE_TEST_SUITE_P(Arch, WholeModel, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(GroupedQuery, WholeModel, ::testing::Values("gpt2-gqa"));
+
+TEST(ModelInit, Gpt2Initialisation) {
   ModelConfig m;
   m.layers = 4;
   m.heads = 4;
@@ -115,7 +139,7 @@ TEST(GptInit, Gpt2Initialisation) {
   m.vocab_size = 256;
   m.seq_len = 32;
   auto comm = make_self_communicator("tensor");
-  Gpt<float> model(m, ModelShard::whole(m), *comm);
+  CpuModel<float> model(m, ModelShard::whole(m), *comm);
   model.init_weights(1);
   auto stats = [&](const std::string& name) {
     const ParamInfo& p = model.param(name);
@@ -141,21 +165,25 @@ TEST(GptInit, Gpt2Initialisation) {
   int64_t global = 0;
   for (const ParamInfo& p : model.params()) global += p.global_numel();
   EXPECT_EQ(global, parameter_count(m));
-  Gpt<float> other_seed(m, ModelShard::whole(m), *comm);
+  CpuModel<float> other_seed(m, ModelShard::whole(m), *comm);
   other_seed.init_weights(2);
-  EXPECT_NE(model.weights(), other_seed.weights());
+  EXPECT_FALSE(std::equal(model.weights(), model.weights() + model.flat_size(),
+                          other_seed.weights()));
 }
 
-TEST(GptInit, TensorShardsHoldExactlyTheSingleRankValues) {
+TEST_P(WholeModel, TensorShardsHoldExactlyTheSingleRankValues) {
   ModelConfig m;
+  m.arch = GetParam() == "llama" ? "llama" : "gpt2";
+  m.kv_heads = GetParam() == "gpt2" ? 0 : 4;  // 8 query heads in 4 groups
+  m.tie_embeddings = !m.is_llama();
   m.layers = 2;
-  m.heads = 4;
+  m.heads = GetParam() == "gpt2" ? 4 : 8;
   m.width = 32;
   m.vocab_size = 50;
   m.vocab_multiple = 8;
   m.seq_len = 8;
   auto comm = make_self_communicator("tensor");
-  Gpt<float> whole(m, ModelShard::whole(m), *comm);
+  CpuModel<float> whole(m, ModelShard::whole(m), *comm);
   whole.init_weights(11);
   for (int tp : {2, 4}) {
     std::map<std::string, std::vector<int>> seen;  // global element -> times held across ranks
@@ -163,7 +191,7 @@ TEST(GptInit, TensorShardsHoldExactlyTheSingleRankValues) {
       ModelShard shard = ModelShard::whole(m);
       shard.tp_rank = r;
       shard.tp_size = tp;
-      Gpt<float> part(m, shard, *comm);
+      CpuModel<float> part(m, shard, *comm);
       part.init_weights(11);
       for (const ParamInfo& p : part.params()) {
         const ParamInfo& q = whole.param(p.name);
@@ -188,4 +216,61 @@ TEST(GptInit, TensorShardsHoldExactlyTheSingleRankValues) {
         ASSERT_EQ(count[i], expected) << name << " element " << i << " tp=" << tp;
     }
   }
+}
+
+TEST(ModelInit, LlamaInitialisationAndParameterCount) {
+  for (const bool tied : {false, true}) {
+    ModelConfig m;
+    m.arch = "llama";
+    m.layers = 3;
+    m.heads = 8;
+    m.kv_heads = 2;
+    m.width = 128;
+    m.ffn_width = 320;
+    m.vocab_size = 300;
+    m.seq_len = 16;
+    m.tie_embeddings = tied;
+    auto comm = make_self_communicator("tensor");
+    CpuModel<float> model(m, ModelShard::whole(m), *comm);
+    model.init_weights(5);
+    auto stddev = [&](const std::string& name) {
+      const ParamInfo& p = model.param(name);
+      double s2 = 0;
+      for (int64_t i = 0; i < p.numel(); ++i) s2 += std::pow(model.weights()[p.offset + i], 2);
+      return std::sqrt(s2 / p.numel());
+    };
+    // Hugging Face's Llama init: every matrix N(0, 0.02), norms 1; no biases, no position table.
+    EXPECT_NEAR(stddev("layers.2.attn.proj.weight"), 0.02, 0.001);
+    EXPECT_NEAR(stddev("layers.2.mlp.down.weight"), 0.02, 0.001);
+    EXPECT_NEAR(stddev("layers.0.mlp.gate_up.weight"), 0.02, 0.001);
+    EXPECT_EQ(stddev("layers.1.attn_norm.weight"), 1.0);
+    EXPECT_EQ(stddev("final_norm.weight"), 1.0);
+    EXPECT_EQ(model.param("layers.0.attn.qkv.weight").global_shape,
+              (std::vector<int64_t>{128 + 2 * 2 * 16, 128}));
+    EXPECT_EQ(model.param("layers.0.mlp.gate_up.weight").global_shape,
+              (std::vector<int64_t>{2 * 320, 128}));
+    for (const ParamInfo& p : model.params()) {
+      EXPECT_EQ(p.name.find("bias"), std::string::npos) << p.name;
+      EXPECT_NE(p.name, "embedding.position.weight");
+    }
+    EXPECT_EQ(tied, model.layout().lm_head == model.layout().token_embedding);
+    // The parameter list and the closed-form count agree.
+    int64_t global = 0;
+    for (const ParamInfo& p : model.params()) global += p.global_numel();
+    EXPECT_EQ(global, parameter_count(m)) << "tied " << tied;
+  }
+}
+
+TEST(ModelLayout, BadSplitsAreRefusedNamingTheKey) {
+  ModelConfig m = tiny_model("llama");
+  ModelShard s = ModelShard::whole(m);
+  s.tp_size = 4;  // kv_heads 2 over 4 tensor ranks
+  try {
+    parameter_layout(m, s);
+    FAIL() << "kv_heads 2 over 4 tensor ranks was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("model.kv_heads"), std::string::npos) << e.what();
+  }
+  m.kv_heads = 3;  // does not divide 4 heads
+  EXPECT_THROW(parameter_layout(m, ModelShard::whole(m)), std::exception);
 }

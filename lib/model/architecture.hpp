@@ -1,0 +1,86 @@
+#pragma once
+// The model's parameters as a pure function of (config, shard): names, global shapes, shard
+// maps, initialisation and flat offsets, for both architectures. Checkpoints, the optimizer,
+// parity tests and both kernel sets read the layout from here; no model is built to learn it.
+//
+//   gpt2  (GPT-2): learned position table, pre-LN blocks with LayerNorm (weight and bias),
+//         biased linears, GELU (tanh) MLP fc1 -> fc2, multi-head attention.
+//   llama (Llama family, as Hugging Face LlamaForCausalLM): RMSNorm (weight only), rotary
+//         embeddings on q and k, SwiGLU MLP down(silu(gate(x)) * up(x)), grouped-query
+//         attention with model.kv_heads, no biases, no position table.
+// Both: vocab-parallel token embedding and LM head (tied to the embedding when
+// model.tie_embeddings), a final norm; Megatron's tensor-parallel split of every block.
+//
+// Tensor names (global shapes; C width, H = heads * head_size = C, K = kv_heads * head_size,
+// F = ffn_size(), V vocab):
+//   embedding.token.weight [V,C]           embedding.position.weight [T,C] (gpt2)
+//   layers.L.ln1.{weight,bias} [C]          layers.L.attn_norm.weight [C]       (gpt2 / llama)
+//   layers.L.attn.qkv.{weight [H+2K,C], bias [H+2K] (gpt2)}    rows [q | k | v]
+//   layers.L.attn.proj.{weight [C,H], bias [C] (gpt2)}
+//   layers.L.ln2.{weight,bias} [C]          layers.L.mlp_norm.weight [C]
+//   layers.L.mlp.fc1.{weight [F,C], bias}   layers.L.mlp.gate_up.weight [2F,C]  rows [gate | up]
+//   layers.L.mlp.fc2.{weight [C,F], bias}   layers.L.mlp.down.weight [C,F]
+//   final_ln.{weight,bias} [C]              final_norm.weight [C]
+//   lm_head.weight [V,C] (untied only)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "model/params.hpp"
+
+namespace trident {
+
+// What part of the model this rank holds.
+struct ModelShard {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t layer_begin = 0;  // [layer_begin, layer_end) of model.layers
+  int64_t layer_end = 0;
+  bool has_embedding = true;  // first pipeline stage
+  bool has_head = true;       // last pipeline stage (final norm, LM head, loss)
+  // Sequence parallelism (tp_size > 1): outside the tensor-parallel matmuls (norms, residual
+  // adds, the stream between stages) each tensor rank holds rows
+  // [tp_rank * N/tp, (tp_rank + 1) * N/tp) of the N = B*T rows; the all-reduce after a
+  // row-parallel matmul becomes a reduce-scatter and the input of a column-parallel one is
+  // all-gathered (the same bytes, activations 1/tp).
+  bool sequence_parallel = false;
+  static ModelShard whole(const ModelConfig& m) { return {0, 1, 0, m.layers, true, true}; }
+};
+
+int64_t padded_vocab_size(const ModelConfig& m, int tp_size);
+
+// Indices into ParamLayout::params of one block's tensors; -1 where the architecture has none.
+struct BlockParams {
+  int norm1_w = -1, norm1_b = -1;  // before attention: LayerNorm (gpt2) / RMSNorm (llama)
+  int qkv_w = -1, qkv_b = -1;      // column-parallel, fused [q | k | v]
+  int proj_w = -1, proj_b = -1;    // row-parallel attention output
+  int norm2_w = -1, norm2_b = -1;  // before the MLP
+  int up_w = -1, up_b = -1;        // column-parallel: fc1 (gpt2) / fused [gate | up] (llama)
+  int down_w = -1, down_b = -1;    // row-parallel: fc2 (gpt2) / down (llama)
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> params;  // in flat-buffer order, offsets set
+  int64_t flat_size = 0;          // elements of the flat weight / gradient buffer
+  int token_embedding = -1, position_embedding = -1;
+  std::vector<BlockParams> blocks;  // shard.layer_begin .. layer_end
+  int final_norm_w = -1, final_norm_b = -1;
+  int lm_head = -1;  // the token embedding when tied
+};
+
+// The parameters `shard` holds. Throws trident::Error (naming the keys) when the model does
+// not split over shard.tp_size tensor ranks.
+ParamLayout parameter_layout(const ModelConfig& config, const ModelShard& shard);
+// Every parameter of the global model (names, global shapes): what a checkpoint holds,
+// whatever the layout that writes or reads it.
+std::vector<ParamInfo> global_parameters(const ModelConfig& config);
+
+// Initial values of this rank's part of `p` (Normal: N(0, 0.02); NormalResidual:
+// N(0, 0.02/sqrt(2 layers)), gpt2's output projections; Zeros; Ones), drawn from the
+// counter-based RNG keyed by (seed, name, global index), so any layout gets the same global
+// tensor. Padding elements are 0.
+template <typename F>
+void init_parameter(const ParamInfo& p, uint64_t seed, int64_t layers, F* out);
+
+}  // namespace trident

@@ -1,0 +1,162 @@
+#pragma once
+// The CPU kernel set of the transformer graph (model/transformer.hpp): kernels/cpu behind the
+// interface the graph calls. Everything lives in host memory and is computed in F (float for
+// training, double for the finite-difference gradient tests). The CUDA kernel set
+// (cuda/cuda_kernels.hpp) implements the same member functions with the same shapes and the
+// same accumulate/overwrite rules; kernels/cpu/ops.hpp documents each one.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+
+#include "comm/comm.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "tensor/buffer.hpp"
+#include "tensor/device.hpp"
+
+namespace trident {
+
+template <typename F>
+class CpuKernels {
+ public:
+  using T = F;      // activations and compute weights
+  using G = F;      // master weights and parameter gradients
+  using S = F;      // statistics: norm mean / rstd, cross-entropy max, sums and losses
+  using Saved = F;  // what attention keeps for its backward: the probabilities [B,NH,T,T]
+  static constexpr DType act_dtype = std::is_same_v<F, float> ? DType::F32 : DType::F64;
+  static constexpr DType stat_dtype = act_dtype;
+
+  // On a host device of its own (tests, tools), or on the trainer's.
+  CpuKernels() : dev_(make_cpu_device()) {}
+  explicit CpuKernels(Device& host) : dev_(&host, [](Device*) {}) {}
+  Device& device() { return *dev_; }
+  static int64_t attention_saved_size(int64_t B, int64_t T, int64_t NH) { return B * NH * T * T; }
+  // Bytes of scratch the kernels keep beside the activations (attention backward's [B,NH,T,T]).
+  static int64_t scratch_bytes(int64_t B, int64_t T, int64_t NH) {
+    return B * NH * T * T * static_cast<int64_t>(sizeof(F));
+  }
+
+  void upload_ids(int32_t* dst, const int32_t* host, int64_t n) {
+    std::memcpy(dst, host, sizeof(int32_t) * n);
+  }
+  // Sum of losses[0, n) in double, in index order.
+  double sum(const S* losses, int64_t n) {
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) total += static_cast<double>(losses[i]);
+    return total;
+  }
+  void fill(S* x, int64_t n, S value) {
+    for (int64_t i = 0; i < n; ++i) x[i] = value;
+  }
+  void copy(T* dst, const T* src, int64_t n) { std::memcpy(dst, src, sizeof(T) * n); }
+  void add_inplace(T* acc, const T* x, int64_t n) { cpu::add_inplace(acc, x, n); }
+
+  void linear_forward(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
+                      int64_t OC) {
+    cpu::linear_forward(out, inp, w, b, N, C, OC);
+  }
+  void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
+                       int64_t C, int64_t OC) {
+    cpu::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  }
+
+  void layernorm_forward(T* out, S* mean, S* rstd, const T* inp, const T* w, const T* b,
+                         int64_t N, int64_t C) {
+    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                          const S* mean, const S* rstd, int64_t N, int64_t C) {
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void rmsnorm_forward(T* out, S* rstd, const T* inp, const T* w, int64_t N, int64_t C,
+                       double eps) {
+    cpu::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(T* dinp, G* dw, const T* dout, const T* inp, const T* w, const S* rstd,
+                        int64_t N, int64_t C) {
+    cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+
+  void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
+                         int64_t KVH, int64_t HS) {
+    cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS);
+  }
+  // `out` (the forward's output) is what the GPU kernels recompute from; the CPU keeps the
+  // probabilities instead and does not read it.
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* /*out*/,
+                          const Saved* saved, int64_t B, int64_t Tn, int64_t NH, int64_t KVH,
+                          int64_t HS) {
+    const int64_t n = B * NH * Tn * Tn;
+    if (static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(n);
+    cpu::attention_backward(dqkv, scratch_.data(), dout, qkv, saved, B, Tn, NH, KVH, HS);
+  }
+  void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
+                    double theta) {
+    cpu::rope_forward(qkv, B, Tn, NH, KVH, HS, theta);
+  }
+  void rope_backward(T* dqkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
+                     double theta) {
+    cpu::rope_backward(dqkv, B, Tn, NH, KVH, HS, theta);
+  }
+
+  void gelu_forward(T* out, const T* inp, int64_t n) { cpu::gelu_forward(out, inp, n); }
+  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+    cpu::gelu_backward(dinp, inp, dout, n);
+  }
+  void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t Fh) {
+    cpu::swiglu_forward(out, gate_up, N, Fh);
+  }
+  void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t Fh) {
+    cpu::swiglu_backward(dgate_up, dout, gate_up, N, Fh);
+  }
+
+  void token_embedding_forward(T* out, const int32_t* ids, const T* wte, int64_t N, int64_t C,
+                               int64_t vocab_begin, int64_t rows) {
+    cpu::token_embedding_forward(out, ids, wte, N, C, vocab_begin, rows);
+  }
+  void token_embedding_backward(G* dwte, const T* dout, const int32_t* ids, int64_t N, int64_t C,
+                                int64_t vocab_begin, int64_t rows) {
+    cpu::token_embedding_backward(dwte, dout, ids, N, C, vocab_begin, rows);
+  }
+  // out[i] += wpe[(first_row + i) % Tn] for the rank's rows.
+  void position_embedding_forward(T* out, const T* wpe, int64_t first_row, int64_t rows,
+                                  int64_t Tn, int64_t C) {
+    if (first_row == 0 && rows % Tn == 0)
+      cpu::position_embedding_forward(out, wpe, rows / Tn, Tn, C);
+    else
+      cpu::position_embedding_forward_rows(out, wpe, first_row, rows, Tn, C);
+  }
+  void position_embedding_backward(G* dwpe, const T* dout, int64_t B, int64_t Tn, int64_t C) {
+    cpu::position_embedding_backward(dwpe, dout, B, Tn, C);
+  }
+
+  // The vocab-parallel cross-entropy's local passes (kernels/cpu/ops.hpp); the graph reduces
+  // between them. The CPU has no fused single-rank variant.
+  static constexpr bool has_fused_cross_entropy = false;
+  void cross_entropy_forward_fused(S*, S*, S*, const T*, const int32_t*, int64_t, int64_t,
+                                   int64_t) {}
+  void cross_entropy_local_max(S* row_max, const T* logits, int64_t N, int64_t Vl,
+                               int64_t vocab_begin, int64_t V) {
+    cpu::cross_entropy_local_max(row_max, logits, N, Vl, vocab_begin, V);
+  }
+  void cross_entropy_local_sums(S* sums, const T* logits, const int32_t* targets,
+                                const S* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
+                                int64_t V) {
+    cpu::cross_entropy_local_sums(sums, logits, targets, row_max, N, Vl, vocab_begin, V);
+  }
+  void cross_entropy_loss(S* losses, const S* row_max, const S* sums, int64_t N) {
+    cpu::cross_entropy_loss(losses, row_max, sums, N);
+  }
+  void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
+                              const S* row_max, const S* sums, const S* dloss, int64_t N,
+                              int64_t Vl, int64_t vocab_begin, int64_t V) {
+    cpu::cross_entropy_backward(dlogits, logits, targets, row_max, sums, dloss, N, Vl,
+                                vocab_begin, V);
+  }
+
+ private:
+  std::shared_ptr<Device> dev_;
+  Buffer<F> scratch_;  // attention backward, sized for the largest micro-batch seen
+};
+
+}  // namespace trident

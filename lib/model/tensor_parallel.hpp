@@ -1,0 +1,203 @@
+#pragma once
+// Megatron-style tensor parallelism, written once for every model and both kernel sets
+// (K = CpuKernels<F> or CudaKernels<T>): which collective runs where, and who adds a bias.
+//
+// N = B*T rows of a micro-batch. Without sequence parallelism every tensor rank holds all N
+// rows of the residual stream; with it, rank r holds rows [r*N/tp, (r+1)*N/tp) ("its rows").
+//
+//                       forward                            backward
+//  column-parallel   input: all-gather rows (SP)        input grad: all-reduce, or
+//  Y_r = X W_r^T+b_r  weight rows (output features)      reduce-scatter to its rows (SP)
+//                     split over ranks; bias split too
+//  row-parallel      output: all-reduce, or             output grad: all-gather rows (SP)
+//  Y = sum_r X_r W_r^T  reduce-scatter to its rows (SP);  input grad needs no collective
+//                     weight columns split; the bias is
+//                     replicated and added by rank 0 only
+//  vocab-parallel    each rank looks up the ids in its   gathered rows' gradient into its
+//  embedding          vocabulary block; output like a     rows of the table
+//                     row-parallel one
+//  vocab-parallel    max and [sum-exp | target logit] all-reduced over the group: the logits
+//  cross-entropy      [N, V] are never gathered
+//
+// A column-parallel layer's input buffer is [N,C]: a norm writes the rank's rows into it at
+// first_row(N) and forward() completes it (under SP), so backward finds the whole input there.
+#include <cstdint>
+
+#include "comm/comm.hpp"
+#include "model/architecture.hpp"
+#include "tensor/device.hpp"
+
+namespace trident {
+
+// The tensor group as the layers see it, with the scratch its collectives need.
+template <class K>
+class TensorParallel {
+ public:
+  using T = typename K::T;
+  using S = typename K::S;
+
+  TensorParallel(Communicator& comm, const ModelShard& shard, K& kernels)
+      : comm_(comm),
+        k_(kernels),
+        rank_(shard.tp_rank),
+        size_(shard.tp_size),
+        sp_(shard.sequence_parallel && shard.tp_size > 1) {}
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool sequence_parallel() const { return sp_; }
+  // Rows of the residual stream this rank holds, and the first of them.
+  int64_t rows(int64_t N) const { return sp_ ? N / size_ : N; }
+  int64_t first_row(int64_t N) const { return sp_ ? rank_ * rows(N) : 0; }
+
+  // Where a row-parallel layer writes its partial products [N,C] before reduce_partials: the
+  // output itself (all-reduced in place), or scratch (reduce-scattered into the output).
+  T* partial_buffer(T* out, int64_t N, int64_t C) { return sp_ ? scratch(full_, N * C) : out; }
+  // out[rows(N), C] = this rank's rows of the sum over the group of partial[N,C].
+  void reduce_partials(T* out, T* partial, int64_t N, int64_t C) {
+    if (sp_)
+      comm_.reduce_scatter(partial, out, rows(N) * C, K::act_dtype);
+    else
+      comm_.all_reduce(out, N * C, K::act_dtype, ReduceOp::Sum);
+  }
+  // x[N,C] holds this rank's rows at first_row(N): fetch the others' (SP only).
+  void gather_input(T* x, int64_t N, int64_t C) {
+    if (sp_) comm_.all_gather(x + first_row(N) * C, x, rows(N) * C, K::act_dtype);
+  }
+  // The rank's rows of the sum over the group of a column-parallel layer's input gradient
+  // partial[N,C]: summed in place, or reduce-scattered into scratch (SP).
+  const T* reduce_input_grad(T* partial, int64_t N, int64_t C) {
+    if (!sp_) {
+      comm_.all_reduce(partial, N * C, K::act_dtype, ReduceOp::Sum);
+      return partial;
+    }
+    T* mine = scratch(d_rows_, rows(N) * C);
+    comm_.reduce_scatter(partial, mine, rows(N) * C, K::act_dtype);
+    return mine;
+  }
+  // The gradient of all N rows from this rank's rows d[rows(N), C]: d itself, or the
+  // all-gather into scratch (SP).
+  const T* gather_output_grad(const T* d, int64_t N, int64_t C) {
+    if (!sp_) return d;
+    T* all = scratch(d_full_, N * C);
+    comm_.all_gather(d, all, rows(N) * C, K::act_dtype);
+    return all;
+  }
+  void all_reduce_max(S* x, int64_t n) { comm_.all_reduce(x, n, K::stat_dtype, ReduceOp::Max); }
+  void all_reduce_sum(S* x, int64_t n) { comm_.all_reduce(x, n, K::stat_dtype, ReduceOp::Sum); }
+
+ private:
+  T* scratch(DeviceArray<T>& buf, int64_t n) {
+    if (buf.size() < n) buf = DeviceArray<T>(k_.device(), n);
+    return buf.data();
+  }
+  Communicator& comm_;
+  K& k_;
+  int rank_, size_;
+  bool sp_;
+  DeviceArray<T> full_, d_full_, d_rows_;
+};
+
+// One parameter tensor of a layer: compute weights and fp32 (or F) gradients; bias parts are
+// nullptr where the architecture has no bias.
+template <class K>
+struct LinearParams {
+  const typename K::T* w = nullptr;
+  const typename K::T* b = nullptr;
+  typename K::G* dw = nullptr;
+  typename K::G* db = nullptr;
+};
+
+// Y[N, out_local] = X[N, in] W_r^T + b_r: this rank's block of output features.
+template <class K>
+struct ColumnParallelLinear {
+  using T = typename K::T;
+  int64_t in = 0, out_local = 0;
+
+  // x[N, in]: this rank's rows at first_row(N) on entry; all rows on return (kept for backward).
+  void forward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* y, T* x,
+               int64_t N) const {
+    tp.gather_input(x, N, in);
+    k.linear_forward(y, x, p.w, p.b, N, in, out_local);
+  }
+  // Accumulates dW, db; returns the rank's rows of dL/dX (in dx_partial [N, in] or scratch).
+  const T* backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx_partial,
+                    const T* dy, const T* x, int64_t N) const {
+    k.linear_backward(dx_partial, p.dw, p.db, dy, x, p.w, N, in, out_local);
+    return tp.reduce_input_grad(dx_partial, N, in);
+  }
+};
+
+// Y[rows, out] = sum_r X_r[N, in_local] W_r^T + b: the input features are split; the bias is
+// replicated and added once, by tensor rank 0, before the sum.
+template <class K>
+struct RowParallelLinear {
+  using T = typename K::T;
+  int64_t in_local = 0, out = 0;
+
+  void forward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* y_rows, const T* x,
+               int64_t N) const {
+    T* partial = tp.partial_buffer(y_rows, N, out);
+    k.linear_forward(partial, x, p.w, tp.rank() == 0 ? p.b : nullptr, N, in_local, out);
+    tp.reduce_partials(y_rows, partial, N, out);
+  }
+  // dx[N, in_local] (overwrite); dW, db accumulate (db from all rows: the same on every rank).
+  void backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx, const T* dy_rows,
+                const T* x, int64_t N) const {
+    k.linear_backward(dx, p.dw, p.db, tp.gather_output_grad(dy_rows, N, out), x, p.w, N, in_local,
+                      out);
+  }
+};
+
+// Token lookup in a vocab-parallel table: this rank holds rows [vocab_begin, vocab_begin +
+// rows) of the padded vocabulary; ids outside look up zeros, and the sum over the group
+// completes every row.
+template <class K>
+struct VocabParallelEmbedding {
+  using T = typename K::T;
+  int64_t width = 0, vocab_begin = 0, rows = 0;
+
+  void forward(TensorParallel<K>& tp, K& k, const T* table, T* out_rows, const int32_t* ids,
+               int64_t N) const {
+    T* partial = tp.partial_buffer(out_rows, N, width);
+    k.token_embedding_forward(partial, ids, table, N, width, vocab_begin, rows);
+    tp.reduce_partials(out_rows, partial, N, width);
+  }
+  // d_all: the gradient of all N rows (TensorParallel::gather_output_grad).
+  void backward(K& k, typename K::G* dtable, const T* d_all, const int32_t* ids,
+                int64_t N) const {
+    k.token_embedding_backward(dtable, d_all, ids, N, width, vocab_begin, rows);
+  }
+};
+
+// Softmax cross-entropy over vocab-parallel logits [N, local] without gathering them: three
+// local passes with a MAX and a SUM all-reduce between them (one fused pass where the kernel
+// set has one and the vocabulary is not split).
+template <class K>
+struct VocabParallelCrossEntropy {
+  using T = typename K::T;
+  using S = typename K::S;
+  int64_t local = 0, vocab_begin = 0, vocab_size = 0;
+
+  // losses[N], row_max[N], sums[2N] (kept for backward).
+  void forward(TensorParallel<K>& tp, K& k, S* losses, S* row_max, S* sums, const T* logits,
+               const int32_t* targets, int64_t N) const {
+    if (tp.size() == 1 && K::has_fused_cross_entropy) {
+      k.cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, local, vocab_size);
+      return;
+    }
+    k.cross_entropy_local_max(row_max, logits, N, local, vocab_begin, vocab_size);
+    tp.all_reduce_max(row_max, N);
+    k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin, vocab_size);
+    tp.all_reduce_sum(sums, 2 * N);
+    k.cross_entropy_loss(losses, row_max, sums, N);
+  }
+  // dlogits[N, local] (may alias logits) = (softmax - onehot) * dloss[n].
+  void backward(K& k, T* dlogits, const T* logits, const int32_t* targets, const S* row_max,
+                const S* sums, const S* dloss, int64_t N) const {
+    k.cross_entropy_backward(dlogits, logits, targets, row_max, sums, dloss, N, local,
+                             vocab_begin, vocab_size);
+  }
+};
+
+}  // namespace trident

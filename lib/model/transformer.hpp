@@ -1,0 +1,144 @@
+#pragma once
+// The transformer as held by one rank: a range of layers of one pipeline stage with
+// Megatron-style tensor parallelism inside (model/tensor_parallel.hpp), for both
+// architectures (model/architecture.hpp), written once over a kernel set K:
+//   CpuKernels<float>   the CPU trainer          (model/cpu_kernels.hpp)
+//   CpuKernels<double>  finite-difference tests
+//   CudaKernels<float>, CudaKernels<bf16>        (cuda/cuda_kernels.hpp)
+// K supplies the element types (T activations and compute weights, G master weights and
+// gradients, S statistics), the device memory and the kernels; the graph below decides what is
+// computed, in which order, and where the tensor group communicates.
+//
+// One block (pre-norm; x is this rank's rows of the residual stream):
+//   h   = x + proj(attention(rope(qkv(norm1(x)))))     rope: llama only
+//   out = h + down(act(up(norm2(h))))                   act: gelu(fc1) / silu(gate) * up
+// qkv and up are column-parallel, proj and down row-parallel: one collective after each
+// row-parallel layer in forward and one after each column-parallel input gradient in backward.
+//
+// The definitions are in transformer_impl.hpp, instantiated where the kernel set is compiled
+// (model/cpu_model.cpp, cuda/cuda_model.cpp).
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "model/architecture.hpp"
+#include "model/tensor_parallel.hpp"
+#include "tensor/device.hpp"
+
+namespace trident {
+
+template <class K>
+class Transformer {
+ public:
+  using T = typename K::T;
+  using G = typename K::G;
+  using S = typename K::S;
+  using Saved = typename K::Saved;
+
+  // Activations of one micro-batch, kept from its forward until its backward. [Ns,...] rows are
+  // the rank's sequence shard under sequence parallelism (Ns = N/tp), all N rows otherwise.
+  struct LayerActs {
+    DeviceArray<T> input;                  // [Ns,C] residual stream entering the layer
+    DeviceArray<T> norm1;                  // [N,C] normed input (gathered by the qkv layer)
+    DeviceArray<S> norm1_mean, norm1_rstd; // [Ns] (mean: LayerNorm only)
+    DeviceArray<T> qkv;                    // [N, (NHl + 2 KVHl) HS], q and k rotated (llama)
+    DeviceArray<Saved> att;                // what K's attention keeps for backward
+    DeviceArray<T> atty;                   // [N, NHl HS] attention output
+    DeviceArray<T> residual1;              // [Ns,C] input + attention branch
+    DeviceArray<T> norm2;                  // [N,C]
+    DeviceArray<S> norm2_mean, norm2_rstd; // [Ns]
+    DeviceArray<T> up;                     // [N, Ul]: fc1 pre-activation / [gate | up]
+    DeviceArray<T> act;                    // [N, Fl]: gelu(fc1) / silu(gate) * up
+  };
+  struct Activations {
+    int64_t B = 0;
+    DeviceArray<int32_t> tokens, targets;  // [N]
+    std::vector<LayerActs> layers;
+    DeviceArray<T> output;                 // [Ns,C] residual stream leaving the stage
+    DeviceArray<T> final_norm;             // [N,C]
+    DeviceArray<S> final_mean, final_rstd; // [Ns]
+    DeviceArray<T> logits;                 // [N, Vl] (gradients overwrite it in backward)
+    DeviceArray<S> row_max, sums, losses;  // [N], [2N], [N] (losses: dloss in backward)
+  };
+
+  Transformer(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
+              K kernels);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelShard& shard() const { return shard_; }
+  const ParamLayout& layout() const { return layout_; }
+  const std::vector<ParamInfo>& params() const { return layout_.params; }
+  const ParamInfo& param(const std::string& name) const;
+  K& kernels() { return k_; }
+
+  // Flat master weights and gradients (params() offsets), in K's device memory.
+  G* weights() { return master_.data(); }
+  G* grads() { return grads_.data(); }
+  int64_t flat_size() const { return layout_.flat_size; }
+  // Init from the counter-based RNG keyed by (seed, parameter name, global index).
+  void init_weights(uint64_t seed);
+  void zero_grads();
+  // After anything but the model wrote weights(): a bf16 model refreshes its compute copy.
+  void weights_changed();
+
+  Activations make_activations(int64_t B);
+  // Rows of the residual stream this rank holds for B sequences (what crosses stages).
+  int64_t stream_rows(int64_t B) const { return tp_.rows(B * config_.seq_len); }
+  int64_t activation_bytes(int64_t B) const;
+
+  // Forward one micro-batch. First stage: `tokens` [B*T] (host memory); other stages: `input`
+  // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); returns the mean
+  // loss over the B*T tokens (0 elsewhere).
+  double forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input);
+  // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
+  // `loss_scale` (1/micro-batches); other stages: `d_output` [stream_rows(B), C] arrives from the
+  // next stage. Non-first stages write the gradient of their input into `d_input`. Parameter
+  // gradients accumulate.
+  void backward(Activations& a, S loss_scale, const T* d_output, T* d_input);
+
+  // Called during backward with a watermark w each time every parameter gradient at flat offset
+  // >= w has received its last contribution of this backward (data parallelism starts reducing
+  // those buckets). The token embedding at offset 0 is never reported: under pipeline
+  // parallelism a tied embedding is final only after its sum over the embedding group.
+  void set_grads_final_hook(std::function<void(int64_t)> hook) { grads_final_ = std::move(hook); }
+
+ private:
+  const T* w(int i) const;
+  G* g(int i) { return i < 0 ? nullptr : grads_.data() + layout_.params[i].offset; }
+  LinearParams<K> linear(int weight, int bias);
+  void norm_forward(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t rows);
+  void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const S* mean,
+                     const S* rstd, int64_t rows);
+  void layer_forward(size_t i, LayerActs& la, const T* input, T* output, int64_t B);
+  void layer_backward(size_t i, LayerActs& la, T* d, int64_t B);
+  void head_forward(Activations& a, const int32_t* targets);
+  void head_backward(Activations& a, S loss_scale, T* d);
+  void ensure_scratch(int64_t B);
+  void report_final(int param) {
+    if (grads_final_) grads_final_(layout_.params[param].offset);
+  }
+
+  ModelConfig config_;
+  ModelShard shard_;
+  ParamLayout layout_;
+  K k_;
+  TensorParallel<K> tp_;
+  bool llama_;
+  // Widths on this rank: model, attention (heads), kv heads, fused qkv, MLP hidden, MLP up.
+  int64_t C_, NHl_, KVHl_, HS_, Hl_, QKVl_, Fl_, Ul_;
+  ColumnParallelLinear<K> qkv_, up_, head_;
+  RowParallelLinear<K> proj_, down_;
+  VocabParallelEmbedding<K> embedding_;
+  VocabParallelCrossEntropy<K> loss_;
+  DeviceArray<G> master_, grads_;
+  DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
+  std::function<void(int64_t)> grads_final_;
+  // Backward scratch shared by all micro-batches (one backward runs at a time).
+  int64_t scratch_rows_ = 0;
+  DeviceArray<T> d_stream_, d_norm_, d_tmp_, d_qkv_, d_atty_, d_up_, d_act_;
+};
+
+}  // namespace trident

@@ -1,0 +1,317 @@
+#pragma once
+// Definitions of Transformer<K> (model/transformer.hpp). Included by the files that instantiate
+// it for a kernel set: model/cpu_model.cpp and cuda/cuda_model.cpp.
+#include <type_traits>
+#include <vector>
+
+#include "model/transformer.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+template <class K>
+Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
+                            Communicator& tensor_comm, K kernels)
+    : config_(config),
+      shard_(shard),
+      layout_(parameter_layout(config, shard)),
+      k_(std::move(kernels)),
+      tp_(tensor_comm, shard, k_),
+      llama_(config.is_llama()) {
+  const int tp = shard.tp_size;
+  C_ = config.width;
+  HS_ = config.head_size();
+  NHl_ = config.heads / tp;
+  KVHl_ = config.kv_head_count() / tp;
+  Hl_ = NHl_ * HS_;
+  QKVl_ = (NHl_ + 2 * KVHl_) * HS_;
+  Fl_ = config.ffn_size() / tp;
+  Ul_ = llama_ ? 2 * Fl_ : Fl_;
+  if (llama_ && HS_ % 2 != 0)
+    throw Error("model.width / model.heads = " + std::to_string(HS_) +
+                ": rotary embeddings need an even head size");
+  qkv_ = {C_, QKVl_};
+  up_ = {C_, Ul_};
+  proj_ = {Hl_, C_};
+  down_ = {Fl_, C_};
+  const int64_t local_vocab = padded_vocab_size(config, tp) / tp;
+  const int64_t vocab_begin = shard.tp_rank * local_vocab;
+  head_ = {C_, local_vocab};
+  embedding_ = {C_, vocab_begin, local_vocab};
+  loss_ = {local_vocab, vocab_begin, config.vocab_size};
+  Device& dev = k_.device();
+  master_ = DeviceArray<G>(dev, layout_.flat_size);
+  grads_ = DeviceArray<G>(dev, layout_.flat_size);
+  if constexpr (!std::is_same_v<T, G>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
+}
+
+template <class K>
+const ParamInfo& Transformer<K>::param(const std::string& name) const {
+  for (const ParamInfo& p : layout_.params)
+    if (p.name == name) return p;
+  throw Error("no parameter named '" + name + "' on this rank");
+}
+
+template <class K>
+const typename K::T* Transformer<K>::w(int i) const {
+  if (i < 0) return nullptr;
+  const int64_t offset = layout_.params[i].offset;
+  if constexpr (std::is_same_v<T, G>)
+    return master_.data() + offset;
+  else
+    return compute_.data() + offset;
+}
+
+template <class K>
+LinearParams<K> Transformer<K>::linear(int weight, int bias) {
+  return {w(weight), w(bias), g(weight), g(bias)};
+}
+
+template <class K>
+void Transformer<K>::init_weights(uint64_t seed) {
+  Device& dev = k_.device();
+  std::vector<G> host;
+  for (const ParamInfo& p : layout_.params) {
+    G* dst = master_.data() + p.offset;
+    if (dev.is_host()) {
+      init_parameter(p, seed, config_.layers, dst);
+      continue;
+    }
+    // One tensor of this rank's shard at a time through host memory.
+    host.resize(static_cast<size_t>(p.numel()));
+    init_parameter(p, seed, config_.layers, host.data());
+    dev.from_host(dst, host.data(), p.numel() * static_cast<int64_t>(sizeof(G)));
+  }
+  weights_changed();
+}
+
+template <class K>
+void Transformer<K>::zero_grads() {
+  k_.device().fill_zero(grads_.data(), grads_.bytes());
+}
+
+template <class K>
+void Transformer<K>::weights_changed() {
+  if constexpr (!std::is_same_v<T, G>) k_.convert(compute_.data(), master_.data(), master_.size());
+}
+
+template <class K>
+typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B) {
+  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  if (tp_.sequence_parallel() && N % shard_.tp_size != 0)
+    throw Error("sequence parallelism: train.micro_batch * model.seq_len (" + std::to_string(N) +
+                ") must be divisible by parallel.tensor (" + std::to_string(shard_.tp_size) +
+                ")");
+  Device& dev = k_.device();
+  Activations a;
+  a.B = B;
+  a.tokens = DeviceArray<int32_t>(dev, N);
+  a.targets = DeviceArray<int32_t>(dev, N);
+  const bool layernorm = !llama_;
+  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) {
+    LayerActs la;
+    la.input = DeviceArray<T>(dev, Ns * C);
+    la.norm1 = DeviceArray<T>(dev, N * C);
+    if (layernorm) la.norm1_mean = DeviceArray<S>(dev, Ns);
+    la.norm1_rstd = DeviceArray<S>(dev, Ns);
+    la.qkv = DeviceArray<T>(dev, N * QKVl_);
+    la.att = DeviceArray<Saved>(dev, K::attention_saved_size(B, T_, NHl_));
+    la.atty = DeviceArray<T>(dev, N * Hl_);
+    la.residual1 = DeviceArray<T>(dev, Ns * C);
+    la.norm2 = DeviceArray<T>(dev, N * C);
+    if (layernorm) la.norm2_mean = DeviceArray<S>(dev, Ns);
+    la.norm2_rstd = DeviceArray<S>(dev, Ns);
+    la.up = DeviceArray<T>(dev, N * Ul_);
+    la.act = DeviceArray<T>(dev, N * Fl_);
+    a.layers.push_back(std::move(la));
+  }
+  a.output = DeviceArray<T>(dev, Ns * C);
+  if (shard_.has_head) {
+    a.final_norm = DeviceArray<T>(dev, N * C);
+    if (layernorm) a.final_mean = DeviceArray<S>(dev, Ns);
+    a.final_rstd = DeviceArray<S>(dev, Ns);
+    a.logits = DeviceArray<T>(dev, N * head_.out_local);
+    a.row_max = DeviceArray<S>(dev, N);
+    a.sums = DeviceArray<S>(dev, 2 * N);
+    a.losses = DeviceArray<S>(dev, N);
+  }
+  return a;
+}
+
+template <class K>
+int64_t Transformer<K>::activation_bytes(int64_t B) const {
+  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
+  const int64_t per_layer = t * (2 * Ns * C + 2 * N * C + N * QKVl_ + N * Hl_ + N * Ul_ +
+                                 N * Fl_) +
+                            s * 2 * stats * Ns +
+                            static_cast<int64_t>(sizeof(Saved)) *
+                                K::attention_saved_size(B, T_, NHl_);
+  int64_t total = (shard_.layer_end - shard_.layer_begin) * per_layer + t * Ns * C + 8 * N;
+  if (shard_.has_head) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
+  return total;
+}
+
+template <class K>
+void Transformer<K>::norm_forward(T* out, S* mean, S* rstd, const T* inp, int wi, int bi,
+                                  int64_t rows) {
+  if (llama_)
+    k_.rmsnorm_forward(out, rstd, inp, w(wi), rows, C_, config_.norm_eps);
+  else
+    k_.layernorm_forward(out, mean, rstd, inp, w(wi), w(bi), rows, C_);
+}
+
+template <class K>
+void Transformer<K>::norm_backward(T* dinp, const T* dout, const T* inp, int wi, int bi,
+                                   const S* mean, const S* rstd, int64_t rows) {
+  if (llama_)
+    k_.rmsnorm_backward(dinp, g(wi), dout, inp, w(wi), rstd, rows, C_);
+  else
+    k_.layernorm_backward(dinp, g(wi), g(bi), dout, inp, w(wi), mean, rstd, rows, C_);
+}
+
+template <class K>
+double Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
+                               const T* input) {
+  const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
+  if (shard_.has_embedding) {
+    k_.upload_ids(a.tokens.data(), tokens, N);
+    embedding_.forward(tp_, k_, w(layout_.token_embedding), x, a.tokens.data(), N);
+    if (layout_.position_embedding >= 0)
+      k_.position_embedding_forward(x, w(layout_.position_embedding), tp_.first_row(N), Ns, T_,
+                                    C_);
+  } else {
+    k_.copy(x, input, Ns * C_);
+  }
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    T* out = i + 1 < a.layers.size() ? a.layers[i + 1].input.data() : a.output.data();
+    layer_forward(i, a.layers[i], a.layers[i].input.data(), out, B);
+  }
+  if (!shard_.has_head) return 0.0;
+  head_forward(a, targets);
+  return k_.sum(a.losses.data(), N) / static_cast<double>(N);
+}
+
+template <class K>
+void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* output,
+                                   int64_t B) {
+  const BlockParams& p = layout_.blocks[i];
+  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  const int64_t row0 = tp_.first_row(N);
+  // Attention: residual1 = input + proj(attention(rope(qkv(norm1(input)))))
+  norm_forward(la.norm1.data() + row0 * C, la.norm1_mean.data(), la.norm1_rstd.data(), input,
+               p.norm1_w, p.norm1_b, Ns);
+  qkv_.forward(tp_, k_, linear(p.qkv_w, p.qkv_b), la.qkv.data(), la.norm1.data(), N);
+  if (llama_) k_.rope_forward(la.qkv.data(), B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
+  k_.attention_forward(la.atty.data(), la.att.data(), la.qkv.data(), B, T_, NHl_, KVHl_, HS_);
+  proj_.forward(tp_, k_, linear(p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
+  k_.add_inplace(la.residual1.data(), input, Ns * C);
+  // MLP: output = residual1 + down(act(up(norm2(residual1))))
+  norm_forward(la.norm2.data() + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
+               la.residual1.data(), p.norm2_w, p.norm2_b, Ns);
+  up_.forward(tp_, k_, linear(p.up_w, p.up_b), la.up.data(), la.norm2.data(), N);
+  if (llama_)
+    k_.swiglu_forward(la.act.data(), la.up.data(), N, Fl_);
+  else
+    k_.gelu_forward(la.act.data(), la.up.data(), N * Fl_);
+  down_.forward(tp_, k_, linear(p.down_w, p.down_b), output, la.act.data(), N);
+  k_.add_inplace(output, la.residual1.data(), Ns * C);
+}
+
+template <class K>
+void Transformer<K>::head_forward(Activations& a, const int32_t* targets) {
+  // Final norm, LM head (vocab-parallel), cross-entropy without gathering the logits.
+  const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
+  k_.upload_ids(a.targets.data(), targets, N);
+  norm_forward(a.final_norm.data() + tp_.first_row(N) * C_, a.final_mean.data(),
+               a.final_rstd.data(), a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
+               Ns);
+  head_.forward(tp_, k_, linear(layout_.lm_head, -1), a.logits.data(), a.final_norm.data(), N);
+  loss_.forward(tp_, k_, a.losses.data(), a.row_max.data(), a.sums.data(), a.logits.data(),
+                a.targets.data(), N);
+}
+
+template <class K>
+void Transformer<K>::ensure_scratch(int64_t B) {
+  const int64_t N = B * config_.seq_len;
+  if (N <= scratch_rows_) return;
+  scratch_rows_ = N;
+  Device& dev = k_.device();
+  d_stream_ = DeviceArray<T>(dev, N * C_);
+  d_norm_ = DeviceArray<T>(dev, N * C_);
+  d_tmp_ = DeviceArray<T>(dev, N * C_);
+  d_qkv_ = DeviceArray<T>(dev, N * QKVl_);
+  d_atty_ = DeviceArray<T>(dev, N * Hl_);
+  d_up_ = DeviceArray<T>(dev, N * Ul_);
+  d_act_ = DeviceArray<T>(dev, N * Fl_);
+}
+
+template <class K>
+void Transformer<K>::backward(Activations& a, S loss_scale, const T* d_output, T* d_input) {
+  const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  ensure_scratch(B);
+  T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
+  if (shard_.has_head)
+    head_backward(a, loss_scale, d);
+  else
+    k_.copy(d, d_output, Ns * C_);
+  for (size_t i = a.layers.size(); i-- > 0;) {
+    layer_backward(i, a.layers[i], d, B);
+    report_final(layout_.blocks[i].norm1_w);
+  }
+  if (shard_.has_embedding) {
+    const T* d_all = tp_.gather_output_grad(d, N, C_);
+    if (layout_.position_embedding >= 0)
+      k_.position_embedding_backward(g(layout_.position_embedding), d_all, B, T_, C_);
+    embedding_.backward(k_, g(layout_.token_embedding), d_all, a.tokens.data(), N);
+  } else {
+    k_.copy(d_input, d, Ns * C_);
+  }
+}
+
+template <class K>
+void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d) {
+  const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
+  // dloss/dlosses[n] = loss_scale / N (the forward returned the mean over N tokens).
+  S* dloss = a.losses.data();
+  k_.fill(dloss, N, loss_scale / static_cast<S>(N));
+  loss_.backward(k_, a.logits.data(), a.logits.data(), a.targets.data(), a.row_max.data(),
+                 a.sums.data(), dloss, N);
+  const T* d_final = head_.backward(tp_, k_, linear(layout_.lm_head, -1), d_norm_.data(),
+                                    a.logits.data(), a.final_norm.data(), N);
+  if (layout_.lm_head != layout_.token_embedding) report_final(layout_.lm_head);
+  norm_backward(d, d_final, a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
+                a.final_mean.data(), a.final_rstd.data(), Ns);
+  report_final(layout_.final_norm_w);
+}
+
+template <class K>
+void Transformer<K>::layer_backward(size_t i, LayerActs& la, T* d, int64_t B) {
+  // On entry d = dL/d(layer output); on exit d = dL/d(layer input) (the rank's rows).
+  const BlockParams& p = layout_.blocks[i];
+  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  // MLP branch.
+  down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
+  if (llama_)
+    k_.swiglu_backward(d_up_.data(), d_act_.data(), la.up.data(), N, Fl_);
+  else
+    k_.gelu_backward(d_up_.data(), la.up.data(), d_act_.data(), N * Fl_);
+  const T* d_norm2 = up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up_.data(),
+                                  la.norm2.data(), N);
+  norm_backward(d_tmp_.data(), d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
+                la.norm2_mean.data(), la.norm2_rstd.data(), Ns);
+  k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(residual1)
+  // Attention branch.
+  proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
+  k_.attention_backward(d_qkv_.data(), d_atty_.data(), la.qkv.data(), la.atty.data(),
+                        la.att.data(), B, T_, NHl_, KVHl_, HS_);
+  if (llama_) k_.rope_backward(d_qkv_.data(), B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
+  const T* d_norm1 = qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(),
+                                   d_qkv_.data(), la.norm1.data(), N);
+  norm_backward(d_tmp_.data(), d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
+                la.norm1_mean.data(), la.norm1_rstd.data(), Ns);
+  k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(input)
+}
+
+}  // namespace trident

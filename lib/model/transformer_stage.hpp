@@ -1,0 +1,71 @@
+#pragma once
+// Transformer<K> behind the StageModel interface, for any kernel set whose master weights and
+// gradients are fp32 (the CPU trainer, both GPU precisions). Included where the kernel set is
+// instantiated (model/cpu_model.cpp, cuda/cuda_model.cpp).
+#include <memory>
+#include <type_traits>
+
+#include "model/stage_model.hpp"
+#include "model/transformer_impl.hpp"
+
+namespace trident {
+
+template <class K>
+class TransformerStage final : public StageModel {
+  static_assert(std::is_same_v<typename K::G, float>, "StageModel weights are fp32");
+  using T = typename K::T;
+
+ public:
+  TransformerStage(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
+                   K kernels)
+      : model_(config, shard, tensor_comm, std::move(kernels)) {}
+
+  const ModelConfig& config() const override { return model_.config(); }
+  const ModelShard& shard() const override { return model_.shard(); }
+  const std::vector<ParamInfo>& params() const override { return model_.params(); }
+  Device& device() override { return model_.kernels().device(); }
+  float* weights() override { return model_.weights(); }
+  float* grads() override { return model_.grads(); }
+  int64_t flat_size() const override { return model_.flat_size(); }
+  void init_weights(uint64_t seed) override { model_.init_weights(seed); }
+  void zero_grads() override { model_.zero_grads(); }
+  void weights_changed() override { model_.weights_changed(); }
+
+  DType stream_dtype() const override { return K::act_dtype; }
+  int64_t stream_elements(int64_t B) const override {
+    return model_.stream_rows(B) * model_.config().width;
+  }
+  std::unique_ptr<Activations> make_activations(int64_t B) override {
+    auto a = std::make_unique<Acts>();
+    a->acts = model_.make_activations(B);
+    return a;
+  }
+  int64_t activation_bytes(int64_t B) const override { return model_.activation_bytes(B); }
+  float forward(Activations& a, const int32_t* tokens, const int32_t* targets,
+                const void* input) override {
+    return static_cast<float>(
+        model_.forward(acts(a), tokens, targets, static_cast<const T*>(input)));
+  }
+  void backward(Activations& a, float loss_scale, const void* d_output, void* d_input) override {
+    model_.backward(acts(a), loss_scale, static_cast<const T*>(d_output),
+                    static_cast<T*>(d_input));
+  }
+  const void* output(const Activations& a) const override {
+    return static_cast<const Acts&>(a).acts.output.data();
+  }
+  void set_grads_final_hook(std::function<void(int64_t)> hook) override {
+    model_.set_grads_final_hook(std::move(hook));
+  }
+
+ private:
+  struct Acts : Activations {
+    typename Transformer<K>::Activations acts;
+  };
+  static typename Transformer<K>::Activations& acts(Activations& a) {
+    return static_cast<Acts&>(a).acts;
+  }
+
+  Transformer<K> model_;
+};
+
+}  // namespace trident
