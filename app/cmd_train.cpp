@@ -46,7 +46,8 @@ void print_figures(const Config& c, int world_size, int threads) {
       training_flops_per_token(c.model, padded_vocab_size(c.model, c.parallel.tensor)) *
       static_cast<double>(c.tokens_per_step());
   std::printf("# resolved config (from %s)\n%s\n", c.source.c_str(), c.to_toml().c_str());
-  std::printf("parameters: %lld (%.2f M)\n", static_cast<long long>(params), params / 1e6);
+  std::printf("model: %s, parameters: %lld (%.2f M)\n", c.model.arch.c_str(),
+              static_cast<long long>(params), params / 1e6);
   std::printf("tokens per step: %lld (global batch %lld x seq %lld; %lld micro-batches of %lld "
               "per replica)\n",
               static_cast<long long>(c.tokens_per_step()),
@@ -54,7 +55,8 @@ void print_figures(const Config& c, int world_size, int threads) {
               static_cast<long long>(c.model.seq_len),
               static_cast<long long>(c.num_microbatches()),
               static_cast<long long>(c.train.micro_batch));
-  std::printf("training FLOPs per step: %.4g (3 * tokens * (L*(24C^2 + 4TC) + 2CV))\n", flops);
+  std::printf("training FLOPs per step: %.4g (matmuls, forward + backward; docs/model.md)\n",
+              flops);
   std::printf("ranks: %d, threads per rank: %d\n", world_size, threads);
   std::fflush(stdout);
 }

@@ -9,7 +9,8 @@
 #   b. the GPU unit tests: every gpu_pack/bin/test_cuda_* (the _npN ones under mpiexec -n N)
 #   c. parity: configs/gpu_parity.toml (2 layers, width 128, seq 128, vocab 256), 10 steps,
 #      train.device = cpu vs cuda fp32 (worst relative loss difference <= 1e-5) and cuda bf16
-#      (<= 2e-2), per step, from the runs' metrics.jsonl
+#      (<= 2e-2), per step, from the runs' metrics.jsonl; the same shape as a Llama
+#      (model.arch = llama, grouped-query attention) cpu vs cuda fp32 (<= 1e-5)
 #   d. TP 2 on 2 ranks sharing the GPU over the MPI path (parallel.comm = "mpi") vs TP 1 on the
 #      GPU, fp32, 10 steps (<= 1e-5)
 #   e. the cuBLAS bf16 GEMM ceiling (gpu_gemm_ceiling): best TFLOP/s
@@ -492,6 +493,14 @@ if want c; then
   gpu_run par-bf16 "$PARITY" "$(limit 60 170)" 1 --set train.device=cuda --set train.precision=bf16
   rc=$?
   compare_row c "GPU bf16 vs CPU, 10 steps: worst rel. loss diff" 2e-2 par-cpu par-bf16 "$rc" par-bf16
+  # The Llama architecture on the same shape: 2 query heads of 64 sharing 1 kv head.
+  llama=(--set model.arch=llama --set model.kv_heads=1 --set model.ffn_width=256)
+  run_trident par-llama-cpu "$PARITY" "$(limit 45 150)" 1 --set train.device=cpu "${llama[@]}"
+  rc=$?
+  gpu_run par-llama-fp32 "$PARITY" "$(limit 45 130)" 1 --set train.device=cuda \
+      --set train.precision=fp32 "${llama[@]}"
+  rc=$((rc == 0 ? $? : rc))
+  compare_row c "llama GPU fp32 vs CPU, 10 steps: worst rel. loss diff" 1e-5 par-llama-cpu par-llama-fp32 "$rc" par-llama-fp32
 fi
 
 # ================================================================ d. TP 2, two ranks on one GPU, MPI path

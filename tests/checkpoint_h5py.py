@@ -12,31 +12,52 @@ import sys
 import h5py
 
 
-def expected_shapes(layers, width, vocab, seq):
-    shapes = {
-        "embedding/token/weight": (vocab, width),
-        "embedding/position/weight": (seq, width),
-        "final_ln/weight": (width,),
-        "final_ln/bias": (width,),
-    }
+def expected_shapes(attrs):
+    """Every parameter's global shape, from the model attributes of the root (checkpoints
+    written before the architecture keys existed are gpt2 with its defaults)."""
+    layers, width = int(attrs["model_layers"]), int(attrs["model_width"])
+    vocab, seq, heads = int(attrs["model_vocab_size"]), int(attrs["model_seq_len"]), int(attrs["model_heads"])
+    arch = attrs["model_arch"] if "model_arch" in attrs else "gpt2"
+    arch = arch.decode() if isinstance(arch, bytes) else str(arch)
+    kv_heads = int(attrs["model_kv_heads"]) if "model_kv_heads" in attrs else heads
+    ffn = int(attrs["model_ffn_width"]) if "model_ffn_width" in attrs else 4 * width
+    tied = bool(int(attrs["model_tie_embeddings"])) if "model_tie_embeddings" in attrs else True
+    qkv = width + 2 * kv_heads * (width // heads)  # rows of q (all heads), then k, then v
+    shapes = {"embedding/token/weight": (vocab, width)}
+    if not tied:
+        shapes["lm_head/weight"] = (vocab, width)
+    if arch == "gpt2":
+        shapes.update({"embedding/position/weight": (seq, width),
+                       "final_ln/weight": (width,), "final_ln/bias": (width,)})
+    else:
+        shapes["final_norm/weight"] = (width,)
     for layer in range(layers):
         p = "layers/%03d/" % layer
-        shapes.update({
-            p + "ln1/weight": (width,), p + "ln1/bias": (width,),
-            p + "attn/qkv/weight": (3 * width, width), p + "attn/qkv/bias": (3 * width,),
-            p + "attn/proj/weight": (width, width), p + "attn/proj/bias": (width,),
-            p + "ln2/weight": (width,), p + "ln2/bias": (width,),
-            p + "mlp/fc1/weight": (4 * width, width), p + "mlp/fc1/bias": (4 * width,),
-            p + "mlp/fc2/weight": (width, 4 * width), p + "mlp/fc2/bias": (width,),
-        })
+        if arch == "gpt2":
+            shapes.update({
+                p + "ln1/weight": (width,), p + "ln1/bias": (width,),
+                p + "attn/qkv/weight": (qkv, width), p + "attn/qkv/bias": (qkv,),
+                p + "attn/proj/weight": (width, width), p + "attn/proj/bias": (width,),
+                p + "ln2/weight": (width,), p + "ln2/bias": (width,),
+                p + "mlp/fc1/weight": (ffn, width), p + "mlp/fc1/bias": (ffn,),
+                p + "mlp/fc2/weight": (width, ffn), p + "mlp/fc2/bias": (width,),
+            })
+        else:
+            shapes.update({
+                p + "attn_norm/weight": (width,),
+                p + "attn/qkv/weight": (qkv, width),
+                p + "attn/proj/weight": (width, width),
+                p + "mlp_norm/weight": (width,),
+                p + "mlp/gate_up/weight": (2 * ffn, width),
+                p + "mlp/down/weight": (width, ffn),
+            })
     return shapes
 
 
 def check(path):
     with h5py.File(path, "r") as f:
         attrs = f.attrs
-        shapes = expected_shapes(int(attrs["model_layers"]), int(attrs["model_width"]),
-                                 int(attrs["model_vocab_size"]), int(attrs["model_seq_len"]))
+        shapes = expected_shapes(attrs)
         problems = []
         found = []
         f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)

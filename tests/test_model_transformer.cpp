@@ -2,6 +2,7 @@
 // double, float-vs-double agreement, initialisation, and layout-independent initialisation of
 // tensor shards.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdio>
@@ -50,6 +51,9 @@ std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
 }  // namespace
 
 TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
+  // Thousands of tiny forwards: one thread, so that an OpenMP barrier never waits for a thread
+  // that the busy-polling MPI tests running beside it (ctest -j 2) have descheduled.
+  omp_set_num_threads(1);
   const ModelConfig m = tiny_model(GetParam());
   auto comm = make_self_communicator("tensor");
   CpuModel<double> model(m, ModelShard::whole(m), *comm);

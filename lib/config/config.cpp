@@ -135,7 +135,7 @@ const Key kKeys[] = {
    "How GPU ranks exchange device buffers: NCCL (one GPU per rank), or MPI through host "
    "memory (several ranks may share a GPU). The CPU backend always uses MPI."},
   {TRIDENT_KEY(parallel, sequence_parallel), any(),
-   "Sequence parallelism (CPU backend, TP > 1): shard the activations outside the "
+   "Sequence parallelism (TP > 1): shard the activations outside the "
    "tensor-parallel matmuls along the sequence across the tensor group (reduce-scatter and "
    "all-gather in place of the all-reduces).",
    "`train.micro_batch * model.seq_len` divisible by `parallel.tensor`"},

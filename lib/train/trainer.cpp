@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <iostream>
 
 #include "checkpoint/commit.hpp"
@@ -306,6 +307,10 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
     w.set_attribute("/", "model_width", c.model.width);
     w.set_attribute("/", "model_vocab_size", c.model.vocab_size);
     w.set_attribute("/", "model_seq_len", c.model.seq_len);
+    w.set_attribute("/", "model_arch", c.model.arch);
+    w.set_attribute("/", "model_kv_heads", c.model.kv_head_count());
+    w.set_attribute("/", "model_ffn_width", c.model.ffn_size());
+    w.set_attribute("/", "model_tie_embeddings", static_cast<int64_t>(c.model.tie_embeddings));
   };
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
@@ -334,6 +339,24 @@ void Trainer::load_checkpoint(const std::string& path) {
       {"vocab_size", c.model.vocab_size}, {"seq_len", c.model.seq_len}};
   for (const auto& [key, value] : dims) {
     const int64_t stored = reader.attribute_int("/", std::string("model_") + key);
+    if (stored != value)
+      throw Error("checkpoint '" + path + "': model." + key + " = " + std::to_string(stored) +
+                  " in the checkpoint but " + std::to_string(value) + " in " + c.source);
+  }
+  // The architecture's keys, resolved (kv_heads 0 and ffn_width 0 stand for their defaults);
+  // checkpoints written before they existed are gpt2 with its defaults.
+  const std::string arch =
+      reader.has_attribute("/", "model_arch") ? reader.attribute_string("/", "model_arch") : "gpt2";
+  if (arch != c.model.arch)
+    throw Error("checkpoint '" + path + "': model.arch = \"" + arch +
+                "\" in the checkpoint but \"" + c.model.arch + "\" in " + c.source);
+  const std::tuple<const char*, const char*, int64_t, int64_t> resolved[] = {
+      {"model_kv_heads", "kv_heads", c.model.heads, c.model.kv_head_count()},
+      {"model_ffn_width", "ffn_width", 4 * c.model.width, c.model.ffn_size()},
+      {"model_tie_embeddings", "tie_embeddings", 1, c.model.tie_embeddings ? 1 : 0}};
+  for (const auto& [attribute, key, before, value] : resolved) {
+    const int64_t stored =
+        reader.has_attribute("/", attribute) ? reader.attribute_int("/", attribute) : before;
     if (stored != value)
       throw Error("checkpoint '" + path + "': model." + key + " = " + std::to_string(stored) +
                   " in the checkpoint but " + std::to_string(value) + " in " + c.source);

@@ -4,7 +4,8 @@
 // host device, so every activation, gradient and weight message takes the staged path the GPU
 // ranks take (posting, copy-back on wait/test, ZeRO-1 reduce-scatter and all-gather, the
 // data-parallel overlap hook). Staging only copies, so the losses must equal the plain MPI
-// run's bit for bit, on TP2xPP2, PP2xDP2 with ZeRO-1 and TP2xDP2.
+// run's bit for bit, on TP2xPP2, PP2xDP2 with ZeRO-1 and TP2xDP2, and for the Llama
+// architecture with sequence parallelism on TP2xPP2 and TP2xDP2 with ZeRO-1.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -83,6 +84,23 @@ TEST(StagedTrain, PipelineAndZeroDataParallelMatchMpiBitwise) {
 
 TEST(StagedTrain, TensorAndDataParallelMatchMpiBitwise) {
   check("TP2xDP2", {"parallel.tensor=2", "parallel.data=2", "parallel.dp_bucket_mb=0.01"});
+}
+
+const std::vector<std::string> kLlama = {"model.arch=llama", "model.heads=8", "model.kv_heads=4",
+                                         "model.ffn_width=64", "parallel.sequence_parallel=true"};
+
+std::vector<std::string> llama(std::vector<std::string> layout) {
+  layout.insert(layout.end(), kLlama.begin(), kLlama.end());
+  return layout;
+}
+
+TEST(StagedTrain, LlamaSequenceParallelTensorAndPipelineMatchMpiBitwise) {
+  check("llama SP TP2xPP2", llama({"parallel.tensor=2", "parallel.pipeline=2"}));
+}
+
+TEST(StagedTrain, LlamaSequenceParallelTensorAndZeroDataParallelMatchMpiBitwise) {
+  check("llama SP TP2xDP2 ZeRO-1",
+        llama({"parallel.tensor=2", "parallel.data=2", "optim.zero_stage=1"}));
 }
 
 }  // namespace
