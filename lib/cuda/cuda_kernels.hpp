@@ -11,7 +11,10 @@
 //    model keeps a bf16 compute copy (convert).
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <type_traits>
 
 #include "comm/comm.hpp"
@@ -35,18 +38,19 @@ class CudaKernels {
   Device& device() { return dev_; }
   static int64_t attention_saved_size(int64_t B, int64_t Tn, int64_t NH) { return B * NH * Tn; }
 
-  // Host ids to the device without waiting for the stream: a copy from pageable memory returns
-  // once the source has been read into the driver's staging memory, so the caller may reuse it.
+  // Host ids to the device without waiting for the stream: copied into a pinned buffer (a ring
+  // of them, each reused once its previous copy has finished), from which the copy runs
+  // asynchronously, so the caller may reuse `host` at once.
   void upload_ids(int32_t* dst, const int32_t* host, int64_t n) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(n) * sizeof(int32_t),
+    PinnedStaging& st = *staging_[next_staging_++ % staging_.size()];
+    int32_t* pinned = st.reserve(n);
+    std::memcpy(pinned, host, static_cast<size_t>(n) * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(dst, pinned, static_cast<size_t>(n) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, s()));
+    CUDA_CHECK(cudaEventRecord(st.copied, s()));
   }
-  double sum(const S* losses, int64_t n) {
-    host_.resize(static_cast<size_t>(n));
-    dev_.to_host(host_.data(), losses, n * 4);
-    double total = 0.0;
-    for (float l : host_) total += static_cast<double>(l);
-    return total;
+  void accumulate_mean(double* acc, const S* x, int64_t n) {
+    cuda::accumulate_mean(acc, x, n, s());
   }
   void fill(S* x, int64_t n, S value) { cuda::fill(x, n, value, s()); }
   void copy(T* dst, const T* src, int64_t n) {
@@ -169,9 +173,42 @@ class CudaKernels {
     return workspace_.data();
   }
 
+  // Page-locked host memory for one id upload, and the event of its last copy.
+  struct PinnedStaging {
+    int32_t* data = nullptr;
+    int64_t capacity = 0;
+    cudaEvent_t copied = nullptr;
+    PinnedStaging() { CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming)); }
+    ~PinnedStaging() {
+      if (data != nullptr) cudaFreeHost(data);
+      cudaEventDestroy(copied);
+    }
+    PinnedStaging(const PinnedStaging&) = delete;
+    PinnedStaging& operator=(const PinnedStaging&) = delete;
+    // At least n ids, once the previous copy out of this buffer has finished.
+    int32_t* reserve(int64_t n) {
+      CUDA_CHECK(cudaEventSynchronize(copied));
+      if (n > capacity) {
+        if (data != nullptr) CUDA_CHECK(cudaFreeHost(data));
+        data = nullptr;
+        CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data),
+                                  static_cast<size_t>(n) * sizeof(int32_t)));
+        capacity = n;
+      }
+      return data;
+    }
+  };
+  static std::array<std::unique_ptr<PinnedStaging>, 4> make_staging() {
+    std::array<std::unique_ptr<PinnedStaging>, 4> ring;
+    for (auto& s : ring) s = std::make_unique<PinnedStaging>();
+    return ring;
+  }
+
   CudaDevice& dev_;
   DeviceArray<unsigned char> workspace_;
-  std::vector<float> host_;
+  // Tokens and targets of two micro-batches in flight.
+  std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
+  size_t next_staging_ = 0;
 };
 
 }  // namespace trident

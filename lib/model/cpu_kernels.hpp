@@ -39,11 +39,11 @@ class CpuKernels {
   void upload_ids(int32_t* dst, const int32_t* host, int64_t n) {
     std::memcpy(dst, host, sizeof(int32_t) * n);
   }
-  // Sum of losses[0, n) in double, in index order.
-  double sum(const S* losses, int64_t n) {
+  // *acc += mean of x[0, n), summed in double in index order.
+  void accumulate_mean(double* acc, const S* x, int64_t n) {
     double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) total += static_cast<double>(losses[i]);
-    return total;
+    for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]);
+    *acc += total / static_cast<double>(n);
   }
   void fill(S* x, int64_t n, S value) {
     for (int64_t i = 0; i < n; ++i) x[i] = value;

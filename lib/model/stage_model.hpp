@@ -22,7 +22,6 @@ class StageModel {
   // The activations of one micro-batch, kept from its forward until its backward.
   struct Activations {
     virtual ~Activations() = default;
-    float loss = 0;  // mean loss of the micro-batch (last stage)
   };
 
   virtual ~StageModel() = default;
@@ -51,9 +50,13 @@ class StageModel {
   virtual std::unique_ptr<Activations> make_activations(int64_t B) = 0;
   virtual int64_t activation_bytes(int64_t B) const = 0;
   // Forward one micro-batch. `tokens`/`targets` [B*T] are host memory (first / last stage);
-  // `input` [B,T,C] is device memory (other stages). Returns the mean loss on the last stage.
-  virtual float forward(Activations& a, const int32_t* tokens, const int32_t* targets,
-                        const void* input) = 0;
+  // `input` [B,T,C] is device memory (other stages). The last stage adds the micro-batch's
+  // mean loss to a sum kept in device memory.
+  virtual void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
+                       const void* input) = 0;
+  // The sum of the micro-batches' mean losses since the last call (0 off the last stage), and
+  // resets it: one device-to-host read per step.
+  virtual double take_loss_sum() = 0;
   // Backward of the micro-batch whose forward filled `a` (see Transformer::backward); `d_output` and
   // `d_input` are device memory.
   virtual void backward(Activations& a, float loss_scale, const void* d_output,

@@ -90,9 +90,12 @@ class Transformer {
   int64_t activation_bytes(int64_t B) const;
 
   // Forward one micro-batch. First stage: `tokens` [B*T] (host memory); other stages: `input`
-  // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); returns the mean
-  // loss over the B*T tokens (0 elsewhere).
-  double forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input);
+  // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); the mean loss over
+  // the B*T tokens is added to a sum in device memory (no host synchronisation).
+  void forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input);
+  // The sum of the mean losses of the forwards since the last call (0 off the last stage); resets
+  // it. The one device-to-host read of the losses.
+  double take_loss_sum();
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
   // `loss_scale` (1/micro-batches); other stages: `d_output` [stream_rows(B), C] arrives from the
   // next stage. Non-first stages write the gradient of their input into `d_input`. Parameter
@@ -135,6 +138,7 @@ class Transformer {
   VocabParallelCrossEntropy<K> loss_;
   DeviceArray<G> master_, grads_;
   DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
+  DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   std::function<void(int64_t)> grads_final_;
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   int64_t scratch_rows_ = 0;

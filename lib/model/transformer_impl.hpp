@@ -43,6 +43,16 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   master_ = DeviceArray<G>(dev, layout_.flat_size);
   grads_ = DeviceArray<G>(dev, layout_.flat_size);
   if constexpr (!std::is_same_v<T, G>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
+  loss_sum_ = DeviceArray<double>(dev, 1);
+}
+
+template <class K>
+double Transformer<K>::take_loss_sum() {
+  double sum = 0.0;
+  Device& dev = k_.device();
+  dev.to_host(&sum, loss_sum_.data(), sizeof(double));
+  dev.fill_zero(loss_sum_.data(), sizeof(double));
+  return sum;
 }
 
 template <class K>
@@ -171,8 +181,8 @@ void Transformer<K>::norm_backward(T* dinp, const T* dout, const T* inp, int wi,
 }
 
 template <class K>
-double Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
-                               const T* input) {
+void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
+                             const T* input) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
   if (shard_.has_embedding) {
@@ -188,9 +198,9 @@ double Transformer<K>::forward(Activations& a, const int32_t* tokens, const int3
     T* out = i + 1 < a.layers.size() ? a.layers[i + 1].input.data() : a.output.data();
     layer_forward(i, a.layers[i], a.layers[i].input.data(), out, B);
   }
-  if (!shard_.has_head) return 0.0;
+  if (!shard_.has_head) return;
   head_forward(a, targets);
-  return k_.sum(a.losses.data(), N) / static_cast<double>(N);
+  k_.accumulate_mean(loss_sum_.data(), a.losses.data(), N);
 }
 
 template <class K>

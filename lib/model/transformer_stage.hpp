@@ -41,11 +41,11 @@ class TransformerStage final : public StageModel {
     return a;
   }
   int64_t activation_bytes(int64_t B) const override { return model_.activation_bytes(B); }
-  float forward(Activations& a, const int32_t* tokens, const int32_t* targets,
-                const void* input) override {
-    return static_cast<float>(
-        model_.forward(acts(a), tokens, targets, static_cast<const T*>(input)));
+  void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
+               const void* input) override {
+    model_.forward(acts(a), tokens, targets, static_cast<const T*>(input));
   }
+  double take_loss_sum() override { return model_.take_loss_sum(); }
   void backward(Activations& a, float loss_scale, const void* d_output, void* d_input) override {
     model_.backward(acts(a), loss_scale, static_cast<const T*>(d_output),
                     static_cast<T*>(d_input));

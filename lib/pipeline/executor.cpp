@@ -80,14 +80,13 @@ void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
   load(micro, tokens_.data(), targets_.data());
   Slot& s = *slots_[slot];
   const void* input = model_.shard().has_embedding ? nullptr : recv_buffer_.get();
-  s.acts->loss = model_.forward(*s.acts, tokens_.data(), targets_.data(), input);
+  model_.forward(*s.acts, tokens_.data(), targets_.data(), input);
 }
 
 double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   const auto t0 = Clock::now();
   const float loss_scale = 1.0f / static_cast<float>(microbatches);
   std::map<int64_t, int> slot_of;  // micro-batch -> its activation slot
-  double loss_sum = 0.0;
   for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches)) {
     switch (op.kind) {
       case PipeOpKind::RecvForward: {
@@ -100,7 +99,6 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         const int slot = acquire_slot();
         slot_of[op.micro] = slot;
         forward(op.micro, slot, load);
-        loss_sum += slots_[slot]->acts->loss;
         break;
       }
       case PipeOpKind::SendForward: {
@@ -137,12 +135,11 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   wait(pending_grad_send_);
   if (!slot_of.empty()) throw Error("pipeline schedule left micro-batches without a backward");
   stats_.busy_seconds += seconds_since(t0);
-  return loss_sum;
+  return model_.take_loss_sum();
 }
 
 double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
   const double wait_before = stats_.wait_seconds;  // the bubble figures are of training alone
-  double loss_sum = 0.0;
   const bool first = model_.shard().has_embedding, last = model_.shard().has_head;
   for (int64_t micro = 0; micro < microbatches; ++micro) {
     if (!first) {
@@ -152,7 +149,6 @@ double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
     }
     const int slot = acquire_slot();
     forward(micro, slot, load);
-    loss_sum += slots_[slot]->acts->loss;
     if (!last) {
       Slot& s = *slots_[slot];
       s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
@@ -161,7 +157,7 @@ double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
     release_slot(slot);  // waits for the send: evaluation keeps one micro-batch in flight
   }
   stats_.wait_seconds = wait_before;
-  return loss_sum;
+  return model_.take_loss_sum();
 }
 
 }  // namespace trident

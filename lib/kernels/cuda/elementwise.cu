@@ -117,7 +117,28 @@ __global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
        i += int64_t(gridDim.x) * blockDim.x)
     x[i] = value;
 }
+// One block: each thread sums a fixed stride of x in double, then a tree in fixed order.
+constexpr int kMeanThreads = 256;
+__global__ void accumulate_mean_kernel(double* __restrict__ acc, const float* __restrict__ x,
+                                       int64_t n) {
+  __shared__ double part[kMeanThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kMeanThreads) s += static_cast<double>(x[i]);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  for (int width = kMeanThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) part[threadIdx.x] += part[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *acc += part[0] / static_cast<double>(n);
+}
 }  // namespace
+
+void accumulate_mean(double* acc, const float* x, int64_t n, cudaStream_t stream) {
+  detail::check_dims(n > 0, "accumulate_mean: n <= 0");
+  accumulate_mean_kernel<<<1, kMeanThreads, 0, stream>>>(acc, x, n);
+  CUDA_CHECK_LAUNCH();
+}
 
 void scale_inplace(float* x, int64_t n, float s, cudaStream_t stream) {
   detail::check_dims(n >= 0, "scale_inplace: n < 0");

@@ -179,6 +179,9 @@ void add_inplace(T* acc, const T* x, int64_t N, cudaStream_t stream = nullptr);
 void scale_inplace(float* x, int64_t n, float s, cudaStream_t stream = nullptr);
 // x[i] = value (fp32)
 void fill(float* x, int64_t n, float value, cudaStream_t stream = nullptr);
+// *acc += mean of x[0, n) (double accumulation in a fixed order: bitwise reproducible). The
+// losses of a step stay on the device until the step reads their sum once.
+void accumulate_mean(double* acc, const float* x, int64_t n, cudaStream_t stream = nullptr);
 
 // ---------------------------------------------------------------- softmax cross-entropy
 // The CPU's vocab-parallel three-pass protocol (the caller all-reduces MAX after pass 1 and SUM
