@@ -116,6 +116,27 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
   return worst;
 }
 
+// Trains steps [from, to) and returns their losses.
+inline std::vector<double> train_steps(Trainer& t, int64_t from, int64_t to) {
+  std::vector<double> losses;
+  for (int64_t s = from; s < to; ++s) losses.push_back(t.apply_update(s, t.forward_backward(s)).loss);
+  return losses;
+}
+
+// The checkpoint tests' config: tiny_config with 4 layers, 20 steps of 4 micro-batches, the
+// layout (tp, pp, dp, ZeRO stage), checkpoints in dir/ckpt, and `extra` overrides.
+inline Config checkpoint_config(const std::filesystem::path& dir, int tp, int pp, int dp, int zero,
+                                const std::string& ckpt, std::vector<std::string> extra = {}) {
+  std::vector<std::string> overrides = {
+      "train.steps=20", "eval.interval=0", "model.layers=4", "train.global_batch=8",
+      "train.micro_batch=2", "parallel.tensor=" + std::to_string(tp),
+      "parallel.pipeline=" + std::to_string(pp), "parallel.data=" + std::to_string(dp),
+      "optim.zero_stage=" + std::to_string(zero), "checkpoint.dir=" + (dir / ckpt).string(),
+      "log.dir=" + (dir / ("run_" + ckpt)).string()};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return parse_config(tiny_config(dir), "ckpt.toml", overrides);
+}
+
 // The layouts of the parity tests: tiny_config with 4 layers, vocab 250, 20 steps.
 constexpr int64_t kParitySteps = 20;
 

@@ -17,22 +17,7 @@ constexpr int64_t kSteps = 20, kSaveAt = 10;
 
 Config config_for(const std::filesystem::path& dir, int tp, int pp, int dp, int zero,
                   const std::string& ckpt) {
-  return parse_config(tiny_config(dir), "ckpt.toml",
-                      {"train.steps=20", "eval.interval=0", "model.layers=4",
-                       "train.global_batch=8", "train.micro_batch=2", "parallel.dp_bucket_mb=0.05",
-                       "parallel.tensor=" + std::to_string(tp),
-                       "parallel.pipeline=" + std::to_string(pp),
-                       "parallel.data=" + std::to_string(dp),
-                       "optim.zero_stage=" + std::to_string(zero),
-                       "checkpoint.dir=" + (dir / ckpt).string(),
-                       "log.dir=" + (dir / ("run_" + ckpt)).string()});
-}
-
-// Trains steps [from, to) and returns their losses.
-std::vector<double> train(Trainer& t, int64_t from, int64_t to) {
-  std::vector<double> losses;
-  for (int64_t s = from; s < to; ++s) losses.push_back(t.apply_update(s, t.forward_backward(s)).loss);
-  return losses;
+  return checkpoint_config(dir, tp, pp, dp, zero, ckpt, {"parallel.dp_bucket_mb=0.05"});
 }
 
 }  // namespace
@@ -41,16 +26,16 @@ TEST(CheckpointResume, SameLayoutIsBitwiseIdentical) {
   const auto dir = shared_corpus("ckpt_same");
   const Config config = config_for(dir, 2, 2, 2, 0, "same");
   std::vector<double> straight, resumed;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) { straight = train(t, 0, kSteps); });
+  on_layout(config, [&](Trainer& t, ProcessGrid&) { straight = train_steps(t, 0, kSteps); });
   std::string path;
   on_layout(config, [&](Trainer& t, ProcessGrid&) {
-    resumed = train(t, 0, kSaveAt);
+    resumed = train_steps(t, 0, kSaveAt);
     path = t.save_checkpoint(kSaveAt);
   });
   on_layout(config, [&](Trainer& t, ProcessGrid&) {
     t.load_checkpoint(path);
     ASSERT_EQ(t.start_step(), kSaveAt);
-    const auto rest = train(t, kSaveAt, kSteps);
+    const auto rest = train_steps(t, kSaveAt, kSteps);
     resumed.insert(resumed.end(), rest.begin(), rest.end());
   });
   EXPECT_EQ(straight, resumed);  // every loss bit for bit
@@ -62,9 +47,9 @@ TEST(CheckpointResume, Zero1CheckpointOf222ResumesOnOtherLayouts) {
   std::vector<double> uninterrupted;
   std::string path;
   on_layout(source, [&](Trainer& t, ProcessGrid&) {
-    uninterrupted = train(t, 0, kSaveAt);
+    uninterrupted = train_steps(t, 0, kSaveAt);
     path = t.save_checkpoint(kSaveAt);
-    const auto rest = train(t, kSaveAt, kSteps);
+    const auto rest = train_steps(t, kSaveAt, kSteps);
     uninterrupted.insert(uninterrupted.end(), rest.begin(), rest.end());
   });
   int rank = 0;
@@ -75,7 +60,7 @@ TEST(CheckpointResume, Zero1CheckpointOf222ResumesOnOtherLayouts) {
     double worst = 0.0;
     on_layout(target, [&](Trainer& t, ProcessGrid&) {
       t.load_checkpoint(path);
-      const auto losses = train(t, kSaveAt, kSteps);
+      const auto losses = train_steps(t, kSaveAt, kSteps);
       for (int64_t i = 0; i < kSteps - kSaveAt; ++i)
         worst = std::max(worst, std::abs(losses[i] - uninterrupted[kSaveAt + i]) /
                                     uninterrupted[kSaveAt + i]);
