@@ -21,7 +21,6 @@ std::vector<std::string> llama(std::vector<std::string> extra = {}) {
 }  // namespace
 
 TEST(LlamaParity, Tp2) { check_parity({2, 1, 1}, llama()); }
-TEST(LlamaParity, Tp4KvHeadsTwiceTensor) { check_parity({4, 1, 1}, llama({"model.kv_heads=8"})); }
 TEST(LlamaParity, Tp4KvHeadsEqualTensor) { check_parity({4, 1, 1}, llama()); }
 TEST(LlamaParity, Pp2) { check_parity({1, 2, 1}, llama()); }
 TEST(LlamaParity, Tp2Pp2) { check_parity({2, 2, 1}, llama()); }

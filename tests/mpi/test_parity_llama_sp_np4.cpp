@@ -21,9 +21,6 @@ std::vector<std::string> llama_sp(std::vector<std::string> extra = {}) {
 }  // namespace
 
 TEST(LlamaParity, Tp2SequenceParallel) { check_parity({2, 1, 1}, llama_sp()); }
-TEST(LlamaParity, Tp4KvHeadsTwiceTensorSequenceParallel) {
-  check_parity({4, 1, 1}, llama_sp({"model.kv_heads=8"}));
-}
 TEST(LlamaParity, Tp4KvHeadsEqualTensorSequenceParallel) { check_parity({4, 1, 1}, llama_sp()); }
 TEST(LlamaParity, Pp2SequenceParallel) { check_parity({1, 2, 1}, llama_sp()); }
 TEST(LlamaParity, Tp2Pp2SequenceParallel) { check_parity({2, 2, 1}, llama_sp()); }
