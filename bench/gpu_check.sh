@@ -12,7 +12,12 @@
 #      (<= 2e-2), per step, from the runs' metrics.jsonl; the same shape as a Llama
 #      (model.arch = llama, grouped-query attention) cpu vs cuda fp32 (<= 1e-5)
 #   d. TP 2 on 2 ranks sharing the GPU over the MPI path (parallel.comm = "mpi") vs TP 1 on the
-#      GPU, fp32, 10 steps (<= 1e-5)
+#      GPU, fp32, 10 steps (<= 1e-5); then GPU selection by identity with ONE visible GPU per
+#      rank (CUDA_VISIBLE_DEVICES=0 on both ranks, the form srun --gpus-per-task=1 gives): DP 2,
+#      3 steps under parallel.comm = "mpi" must train and report the GPU "shared by ranks 0, 1"
+#      with 0 NCCL communicators; the same under "nccl" must be refused at start, in seconds,
+#      with the one-line error naming ranks 0 and 1 and the GPU's UUID (a real duplicate: one
+#      H200). Distinct GPUs under NCCL (the usual cluster binding) need 2 GPUs: not checked here.
 #   e. the cuBLAS bf16 GEMM ceiling (gpu_gemm_ceiling): best TFLOP/s
 #   f. GPT-2 124M (configs/gpu_124m.toml: 12 x 768, 12 heads, vocab 50304, seq 1024), bf16,
 #      micro-batch 16 (8 if 16 runs out of memory), 20 steps: tokens/s (median of the steps after
@@ -518,6 +523,40 @@ if want d; then
       --set train.precision=fp32 --set parallel.comm=mpi
   rc=$?
   compare_row d "TP 2 (2 ranks on 1 GPU, comm=mpi) vs $ref_label, fp32: worst rel. loss diff" 1e-5 "$ref" par-tp2 "$rc" par-tp2
+
+  # One visible GPU per rank. What it proves on one H200: a rank that sees exactly one GPU
+  # starts; the UUID all-gather runs on the real device and finds both ranks on the same GPU
+  # (allowed over MPI, refused under NCCL with the documented line, before any NCCL call).
+  # What it cannot prove: two ranks on two distinct GPUs accepted under NCCL (one GPU here).
+  say "d. one visible GPU per rank: CUDA_VISIBLE_DEVICES=0 on 2 ranks, DP 2, comm=mpi then nccl"
+  onegpu=(--set parallel.data=2 --set train.steps=3 --set train.device=cuda
+          --set train.precision=fp32)
+  CUDA_VISIBLE_DEVICES=0 gpu_run par-1gpu-mpi "$PARITY" "$(limit 60 120)" 2 "${onegpu[@]}" \
+      --set parallel.comm=mpi
+  rc=$?
+  dev=$(grep -m1 '^device of rank 0' "$LOGS/par-1gpu-mpi.log" 2>/dev/null | cut -c1-220)
+  nsteps=$(grep -c '^step ' "$LOGS/par-1gpu-mpi.log" 2>/dev/null)
+  if [[ $DRY == 1 ]]; then
+    row d "1 visible GPU per rank, comm=mpi: trains, GPU shared by ranks 0, 1" "rc 0, shared, 0 NCCL comms" "CPU stand-in rc $rc, $nsteps steps; ${run_note}" DRY
+  elif [[ $rc == 0 && $dev == *"shared by ranks 0, 1"* && $dev == *"NCCL communicators: 0"* ]]; then
+    row d "1 visible GPU per rank, comm=mpi: trains, GPU shared by ranks 0, 1" "rc 0, shared, 0 NCCL comms" "$nsteps step lines; $dev" PASS
+  else
+    row d "1 visible GPU per rank, comm=mpi: trains, GPU shared by ranks 0, 1" "rc 0, shared, 0 NCCL comms" "rc $rc; ${dev:-no device line}; $(errline "$LOGS/par-1gpu-mpi.log")" FAIL
+  fi
+  t0=$SECONDS
+  CUDA_VISIBLE_DEVICES=0 run_trident par-1gpu-nccl "$PARITY" "$(limit 45 100)" 2 "${onegpu[@]}" \
+      --set parallel.comm=nccl
+  rc=$?
+  dt=$((SECONDS - t0))
+  refusal=$(grep -m1 -o 'parallel.comm = "nccl": ranks 0 and 1 (host [^)]*) both use GPU [^ :,]*' \
+            "$LOGS/par-1gpu-nccl.log" 2>/dev/null)
+  if [[ $DRY == 1 ]]; then
+    row d "1 GPU for 2 ranks under nccl: refused at start" "one-line refusal, no hang" "rc $rc after ${dt}s: $(errline "$LOGS/par-1gpu-nccl.log")" DRY
+  elif [[ $rc != 0 && $rc != 124 && $rc != 137 && -n $refusal ]]; then
+    row d "1 GPU for 2 ranks under nccl: refused at start" "one-line refusal, no hang" "rc $rc after ${dt}s: $refusal" PASS
+  else
+    row d "1 GPU for 2 ranks under nccl: refused at start" "one-line refusal, no hang" "rc $rc after ${dt}s: $(errline "$LOGS/par-1gpu-nccl.log")" FAIL
+  fi
 fi
 
 # ================================================================ e. GEMM ceiling

@@ -416,60 +416,197 @@ TEST(comm_self, SendToSelfIsDelivered) {
 }
 
 // ---- GPU selection ----
+// The choice (select_device: node-local rank modulo the GPUs a rank sees) and the check
+// (check_gpu_sharing: the identities every rank reports), composed as the GPU backend does on a
+// simulated job: each rank is (host, node-local rank, ranks on its node, the UUIDs it sees).
 
-std::string select_error(int local_rank, int local_size, int devices, bool nccl) {
+std::string select_error(int local_rank, int local_size, int visible) {
   try {
-    select_device(local_rank, local_size, devices, nccl);
+    select_device(local_rank, local_size, visible);
   } catch (const Error& e) {
     return e.what();
   }
   return "";
 }
 
-TEST(comm_device_select, OneRankPerGpuIsTheIdentity) {
-  for (bool nccl : {false, true})
-    for (int r = 0; r < 8; ++r) EXPECT_EQ(select_device(r, 8, 8, nccl), r);
-  EXPECT_EQ(select_device(0, 1, 1, true), 0);
+struct SimRank {
+  std::string host;
+  int local_rank, local_size;
+  std::vector<std::string> visible;  // UUIDs, in the order CUDA numbers them for this rank
+};
+
+std::vector<GpuClaim> claims_of(const std::vector<SimRank>& ranks) {
+  std::vector<GpuClaim> claims;
+  for (const SimRank& r : ranks) {
+    const int ordinal = select_device(r.local_rank, r.local_size,
+                                      static_cast<int>(r.visible.size()));
+    claims.push_back({r.host, r.visible[ordinal], "", ordinal,
+                      static_cast<int>(r.visible.size())});
+  }
+  return claims;
 }
 
-TEST(comm_device_select, FewerRanksThanGpusUseTheFirstOnes) {
-  EXPECT_EQ(select_device(0, 2, 8, true), 0);
-  EXPECT_EQ(select_device(1, 2, 8, true), 1);
-  EXPECT_EQ(select_device(1, 2, 8, false), 1);
+std::string sharing_error(const std::vector<SimRank>& ranks, bool nccl) {
+  try {
+    check_gpu_sharing(claims_of(ranks), nccl);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Node n's GPU g.
+std::string uuid(int node, int gpu) {
+  return "GPU-" + std::to_string(node) + std::to_string(gpu) + "000000-0000-0000-0000-000000000000";
+}
+
+TEST(comm_device_select, OneRankPerGpuIsTheIdentity) {
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(select_device(r, 8, 8), r);
+  EXPECT_EQ(select_device(0, 1, 1), 0);
+}
+
+TEST(comm_device_select, OneVisibleGpuIsAlwaysTheOne) {
+  // srun --gpus-per-task=1 / --gpu-bind=single:1 / a per-rank CUDA_VISIBLE_DEVICES.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(select_device(r, 4, 1), 0);
 }
 
 TEST(comm_device_select, SharedGpusAreRoundRobinByLocalRank) {
   // 8 ranks on 3 GPUs: 0 1 2 0 1 2 0 1 (3, 3 and 2 ranks per GPU).
   const std::vector<int> expect{0, 1, 2, 0, 1, 2, 0, 1};
   std::vector<int> got;
-  for (int r = 0; r < 8; ++r) got.push_back(select_device(r, 8, 3, false));
+  for (int r = 0; r < 8; ++r) got.push_back(select_device(r, 8, 3));
   EXPECT_EQ(got, expect);
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(select_device(r, 4, 1, false), 0);  // all on one GPU
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(select_device(r, 4, 2, false), r % 2);
-}
-
-TEST(comm_device_select, NcclNeedsOneGpuPerRank) {
-  EXPECT_EQ(select_error(0, 4, 2, true),
-            "4 ranks on this node but only 2 GPUs: parallel.comm = \"nccl\" needs one GPU per "
-            "rank; use parallel.comm = \"mpi\" to share GPUs");
-  // Every rank of the node gets the same error (local_size decides, not local_rank).
-  for (int r = 0; r < 4; ++r) EXPECT_NE(select_error(r, 4, 3, true), "") << r;
-  EXPECT_EQ(select_error(3, 4, 2, false), "");  // the MPI path shares them
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(select_device(r, 4, 2), r % 2);
 }
 
 TEST(comm_device_select, NoGpuThrows) {
-  for (bool nccl : {false, true}) {
-    std::string e = select_error(0, 1, 0, nccl);
-    EXPECT_EQ(e.rfind("no CUDA device visible to this rank", 0), 0u) << e;
-    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
-  }
+  std::string e = select_error(0, 1, 0);
+  EXPECT_EQ(e.rfind("no CUDA device visible to this rank", 0), 0u) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
 }
 
 TEST(comm_device_select, ArgumentsOutOfRangeThrow) {
-  EXPECT_EQ(select_error(2, 2, 4, false), "select_device: node-local rank 2 is not in [0, 2)");
-  EXPECT_NE(select_error(-1, 2, 4, false), "");
-  EXPECT_NE(select_error(0, 0, 4, false), "");
-  EXPECT_EQ(select_error(0, 1, -1, false), "select_device: device count -1 is negative");
+  EXPECT_EQ(select_error(2, 2, 4), "select_device: node-local rank 2 is not in [0, 2)");
+  EXPECT_NE(select_error(-1, 2, 4), "");
+  EXPECT_NE(select_error(0, 0, 4), "");
+  EXPECT_EQ(select_error(0, 1, -1), "select_device: device count -1 is negative");
+}
+
+TEST(comm_device_select, UuidFormat) {
+  unsigned char b[16];
+  for (int i = 0; i < 16; ++i) b[i] = static_cast<unsigned char>(0x10 * (i % 16) + i);
+  EXPECT_EQ(format_gpu_uuid(b), "GPU-00112233-4455-6677-8899-aabbccddeeff");
+  unsigned char zero[16] = {};
+  EXPECT_EQ(format_gpu_uuid(zero), "");
+  // No UUID: the PCI bus id, qualified by the host (bus ids repeat across nodes).
+  EXPECT_EQ(gpu_identity({"n1", "", "0000:17:00.0", 0, 1}), "n1/pci:0000:17:00.0");
+  EXPECT_EQ(gpu_identity({"n1", "GPU-x", "0000:17:00.0", 0, 1}), "GPU-x");
+}
+
+TEST(comm_device_select, OneGpuPerTaskPassesUnderNccl) {
+  // 2 nodes x 4 ranks, each rank bound to one GPU: every rank sees 1 GPU, all distinct. The old
+  // count rule refused this ("4 ranks on this node but only 1 GPUs").
+  std::vector<SimRank> ranks;
+  for (int n = 0; n < 2; ++n)
+    for (int l = 0; l < 4; ++l) ranks.push_back({"node" + std::to_string(n), l, 4, {uuid(n, l)}});
+  for (bool nccl : {true, false}) {
+    const GpuSharing s = check_gpu_sharing(claims_of(ranks), nccl);
+    EXPECT_EQ(s.gpus, 8);
+    EXPECT_EQ(s.max_ranks_per_gpu, 1);
+    for (int r = 0; r < 8; ++r) EXPECT_EQ(s.describe(r), "own GPU");
+  }
+  for (const GpuClaim& c : claims_of(ranks)) EXPECT_EQ(c.ordinal, 0);
+}
+
+TEST(comm_device_select, AllGpusVisiblePassesUnderNccl) {
+  // Every rank of a node sees the node's 4 GPUs: rank l takes GPU l.
+  std::vector<SimRank> ranks;
+  for (int n = 0; n < 2; ++n)
+    for (int l = 0; l < 4; ++l)
+      ranks.push_back({"node" + std::to_string(n), l, 4,
+                       {uuid(n, 0), uuid(n, 1), uuid(n, 2), uuid(n, 3)}});
+  const std::vector<GpuClaim> claims = claims_of(ranks);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(claims[r].ordinal, r % 4);
+  const GpuSharing s = check_gpu_sharing(claims, true);
+  EXPECT_EQ(s.gpus, 8);
+  EXPECT_EQ(s.max_ranks_per_gpu, 1);
+  // Fewer ranks than GPUs: the first ones.
+  const GpuSharing two = check_gpu_sharing(
+      claims_of({{"n", 0, 2, {uuid(0, 0), uuid(0, 1), uuid(0, 2)}},
+                 {"n", 1, 2, {uuid(0, 0), uuid(0, 1), uuid(0, 2)}}}),
+      true);
+  EXPECT_EQ(two.gpus, 2);
+}
+
+TEST(comm_device_select, SharedGpusPassWithMpiStaging) {
+  // 4 ranks, one GPU visible to all (the H200 check: CUDA_VISIBLE_DEVICES=0 on every rank).
+  std::vector<SimRank> ranks;
+  for (int l = 0; l < 4; ++l) ranks.push_back({"h200", l, 4, {uuid(0, 0)}});
+  const GpuSharing s = check_gpu_sharing(claims_of(ranks), false);
+  EXPECT_EQ(s.gpus, 1);
+  EXPECT_EQ(s.max_ranks_per_gpu, 4);
+  EXPECT_EQ(s.sharers[2], (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(s.describe(2),
+            "shared by ranks 0, 1, 2, 3 (parallel.comm = \"mpi\": staged through host memory)");
+  // Two GPUs, 4 ranks seeing both: two per GPU.
+  std::vector<SimRank> pairs;
+  for (int l = 0; l < 4; ++l) pairs.push_back({"n", l, 4, {uuid(0, 0), uuid(0, 1)}});
+  const GpuSharing p = check_gpu_sharing(claims_of(pairs), false);
+  EXPECT_EQ(p.gpus, 2);
+  EXPECT_EQ(p.sharers[1], (std::vector<int>{1, 3}));
+}
+
+TEST(comm_device_select, RealDuplicateIsRefusedUnderNcclInOneLine) {
+  // Ranks 0 and 2 on one GPU, ranks 1 and 3 on another (4 ranks seeing 2 GPUs).
+  std::vector<SimRank> ranks;
+  for (int l = 0; l < 4; ++l) ranks.push_back({"gpu07", l, 4, {uuid(0, 0), uuid(0, 1)}});
+  const std::string e = sharing_error(ranks, true);
+  EXPECT_EQ(e,
+            "parallel.comm = \"nccl\": ranks 0 and 2 (host gpu07) both use GPU " + uuid(0, 0) +
+                ", and 1 more GPUs are shared: NCCL needs a GPU of its own for every rank; bind "
+                "one GPU per rank (srun --gpus-per-task=1, --gpu-bind or CUDA_VISIBLE_DEVICES; "
+                "docs/gpu.md) or use parallel.comm = \"mpi\" to share GPUs");
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  std::printf("NCCL refusal: %s\n", e.c_str());
+  // A binding mistake: two tasks given the same GPU although each sees only one.
+  const std::string bound = sharing_error(
+      {{"n", 0, 3, {uuid(0, 0)}}, {"n", 1, 3, {uuid(0, 1)}}, {"n", 2, 3, {uuid(0, 1)}}}, true);
+  EXPECT_EQ(bound.rfind("parallel.comm = \"nccl\": ranks 1 and 2 (host n) both use GPU " +
+                            uuid(0, 1) + ": NCCL needs",
+                        0),
+            0u)
+      << bound;
+  // Three on one: "ranks 0, 1 and 2 ... all use".
+  const std::string three =
+      sharing_error({{"n", 0, 3, {uuid(0, 0)}}, {"n", 1, 3, {uuid(0, 0)}},
+                     {"n", 2, 3, {uuid(0, 0)}}},
+                    true);
+  EXPECT_NE(three.find("ranks 0, 1 and 2 (host n) all use GPU"), std::string::npos) << three;
+  // Without UUIDs the PCI bus id decides, per host: the same bus id on two hosts is two GPUs.
+  EXPECT_NO_THROW(check_gpu_sharing(
+      {{"a", "", "0000:17:00.0", 0, 1}, {"b", "", "0000:17:00.0", 0, 1}}, true));
+  EXPECT_THROW(check_gpu_sharing(
+                   {{"a", "", "0000:17:00.0", 0, 1}, {"a", "", "0000:17:00.0", 0, 1}}, true),
+               Error);
+  EXPECT_THROW(check_gpu_sharing({{"a", "", "", 0, 1}}, false), Error);  // no identity
+}
+
+TEST(comm_device_select, RanksPerNodeSimulation) {
+  // parallel.ranks_per_node = 2 on ONE machine with 2 GPUs, 4 ranks: the grid gives local
+  // ranks 0 1 0 1, so ranks 0 and 2 (and 1 and 3) choose the same physical GPU. The identity
+  // check sees it (the UUIDs are the machine's): refused under NCCL, shared under MPI.
+  std::vector<SimRank> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back({"box", r % 2, 2, {uuid(0, 0), uuid(0, 1)}});
+  const std::vector<GpuClaim> claims = claims_of(ranks);
+  EXPECT_EQ(claims[2].ordinal, 0);
+  EXPECT_EQ(claims[3].ordinal, 1);
+  EXPECT_NE(sharing_error(ranks, true).find("ranks 0 and 2 (host box) both use GPU"),
+            std::string::npos);
+  EXPECT_EQ(check_gpu_sharing(claims, false).max_ranks_per_gpu, 2);
+  // The same simulation on a machine where each rank is bound to its own GPU: accepted.
+  std::vector<SimRank> bound;
+  for (int r = 0; r < 4; ++r) bound.push_back({"box", r % 2, 2, {uuid(0, r)}});
+  EXPECT_EQ(check_gpu_sharing(claims_of(bound), true).gpus, 4);
 }
 
 // ---- host bf16 conversion ----

@@ -4,6 +4,10 @@
 // max, bit for bit), all_gather (also in place), reduce_scatter (also in place), broadcast,
 // iall_reduce (wait() orders the compute stream after it; test() reports completion), the
 // counters, barrier, and the refused arguments (bad root, message to oneself, negative count).
+// Also: only the NCCL communicators a group uses are created (NcclUse, counted without a GPU),
+// a point-to-point-only group refuses collectives, the communicator joins the device's
+// CommWatch (counted, last operation recorded, gone on destruction), and after an abort every
+// call throws and destruction returns (no wait).
 // Multi-rank NCCL needs one GPU per rank and is exercised by the GPU trainer's runs.
 //
 // Without a CUDA device every test is skipped with "no CUDA device: NCCL tests skipped"; MPI is
@@ -24,6 +28,7 @@ TEST(CudaNccl, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: NCCL tests not 
 #include <string>
 #include <vector>
 
+#include "comm/comm_watch.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "util/bf16.hpp"
@@ -202,6 +207,50 @@ TEST_F(Nccl, BarrierAndRefusedArguments) {
   EXPECT_THROW(comm->all_reduce(d.p, -1, DType::F32, ReduceOp::Sum), trident::Error);
   EXPECT_EQ(comm->stats().calls("send"), 0);
   EXPECT_EQ(comm->stats().calls("all_reduce"), 0);
+}
+
+// No GPU needed: how many NCCL communicators each kind of group creates.
+TEST(NcclCount, OnlyTheUsedCommunicators) {
+  using trident::NcclUse;
+  using trident::nccl_handle_count;
+  EXPECT_EQ(nccl_handle_count(8, NcclUse::Collectives), 1);   // tensor, data, embedding
+  EXPECT_EQ(nccl_handle_count(2, NcclUse::PointToPoint), 2);  // pipeline of 2 stages
+  EXPECT_EQ(nccl_handle_count(4, NcclUse::PointToPoint), 4);  // pipeline of 3+ stages
+  EXPECT_EQ(nccl_handle_count(4, NcclUse::Both), 5);          // (before: the pipeline's)
+}
+
+TEST_F(Nccl, PointToPointOnlyGroupHasNoCollectives) {
+  auto watch = std::make_shared<trident::CommWatch>(0, 30.0);
+  auto p2p = trident::make_nccl_communicator(MPI_COMM_SELF, "pipeline", stream,
+                                             trident::NcclUse::PointToPoint, watch);
+  EXPECT_EQ(watch->handle_count(), 0);  // one rank: no channels, and no collectives
+  DeviceBuffer<float> d(4);
+  try {
+    p2p->all_reduce(d.p, 4, DType::F32, ReduceOp::Sum);
+    ADD_FAILURE() << "a point-to-point-only group ran a collective";
+  } catch (const trident::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("point-to-point messages only"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(Nccl, JoinsTheWatchAndAbortEndsIt) {
+  auto watch = std::make_shared<trident::CommWatch>(0, 30.0);
+  auto c = trident::make_nccl_communicator(MPI_COMM_SELF, "data", stream,
+                                           trident::NcclUse::Collectives, watch);
+  EXPECT_EQ(watch->summary(), "1 (data 1)");
+  EXPECT_TRUE(watch->active());
+  DeviceBuffer<float> d(4);
+  c->all_reduce(d.p, 4, DType::F32, ReduceOp::Sum);
+  EXPECT_EQ(watch->last_operations(), "communicator 'data' all_reduce (call 1)");
+  // A bounded wait on the real stream that carries the all-reduce: completes.
+  watch->wait([this] { return cudaStreamQuery(stream) == cudaSuccess; }, "test wait");
+  EXPECT_EQ(watch->async_error(), "");
+  watch->abort_all("test");  // ncclCommAbort
+  EXPECT_FALSE(watch->active());
+  EXPECT_THROW(c->all_reduce(d.p, 4, DType::F32, ReduceOp::Sum), trident::Error);
+  c.reset();  // returns without waiting or destroying an aborted communicator
+  EXPECT_EQ(watch->summary(), "0");
 }
 
 }  // namespace

@@ -1,11 +1,17 @@
 #include "cuda/cuda_backend.hpp"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/comm_watch.hpp"
 #include "comm/mpi_comm.hpp"
 #include "comm/staged_comm.hpp"
 #include "cuda/cuda_device.hpp"
 #include "cuda/cuda_model.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "grid/device_select.hpp"
+#include "grid/process_grid.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 
@@ -21,43 +27,135 @@ MPI_Comm mpi_comm_of(Communicator& group) {
   return mpi->comm();
 }
 
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(std::string("GPU selection: ") + call + " failed: " + std::string(text, len));
+}
+
+// What a rank sends in the GPU all-gather (fixed size).
+struct ClaimRecord {
+  int32_t ok;       // 0: this rank could not choose a GPU (its error is thrown on every rank)
+  int32_t ordinal;
+  int32_t visible;
+  char uuid[48];
+  char pci[32];
+  char host[MPI_MAX_PROCESSOR_NAME];
+  char error[512];  // why it could not (ok = 0)
+};
+
+void copy_text(char* dst, size_t size, const std::string& src) {
+  std::memset(dst, 0, size);
+  std::memcpy(dst, src.data(), std::min(size - 1, src.size()));
+}
+
+// The GPU of this rank: chosen from the node-local rank (the grid's), then checked against the
+// GPUs every other rank chose (one all-gather over `world`). The same error on every rank.
+struct Choice {
+  int ordinal = 0;
+  std::string identity;  // "GPU-..., own GPU"
+};
+
+Choice choose_gpu(MPI_Comm world, bool nccl) {
+  int rank = 0, size = 1;
+  check_mpi(MPI_Comm_rank(world, &rank), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
+  // The node-local rank from the process grid (the one node detection); a world that no grid
+  // made (the single-rank reference groups) is one node.
+  NodePlacement place;
+  if (const NodePlacement* p = node_placement(world)) {
+    place = *p;
+  } else {
+    place.local_rank = rank;
+    place.local_size = size;
+  }
+
+  ClaimRecord mine{};
+  int visible = 0;
+  if (!cuda::device_available() || cudaGetDeviceCount(&visible) != cudaSuccess) {
+    cudaGetLastError();
+    visible = 0;
+  }
+  try {
+    mine.ordinal = select_device(place.local_rank, place.local_size, visible);
+    mine.visible = visible;
+    cudaDeviceProp prop{};
+    char pci[32] = {0};
+    if (cudaGetDeviceProperties(&prop, mine.ordinal) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(pci, sizeof pci, mine.ordinal) != cudaSuccess) {
+      cudaGetLastError();
+      throw Error("cannot read the properties of CUDA device " + std::to_string(mine.ordinal));
+    }
+    copy_text(mine.uuid, sizeof mine.uuid,
+              format_gpu_uuid(reinterpret_cast<const unsigned char*>(prop.uuid.bytes)));
+    copy_text(mine.pci, sizeof mine.pci, pci);
+    mine.ok = 1;
+  } catch (const Error& e) {
+    copy_text(mine.error, sizeof mine.error, e.what());  // sent to every rank
+    mine.ok = 0;
+  }
+  int len = 0;
+  MPI_Get_processor_name(mine.host, &len);
+  mine.host[std::min(len, MPI_MAX_PROCESSOR_NAME - 1)] = '\0';
+
+  std::vector<ClaimRecord> all(size);
+  check_mpi(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, world),
+            "MPI_Allgather");
+  // The first failing rank's reason, on every rank (rank 0 prints it and ends the job).
+  for (int r = 0; r < size; ++r) {
+    if (!all[r].ok) {
+      all[r].error[sizeof all[r].error - 1] = '\0';
+      throw Error("rank " + std::to_string(r) + " (host " + all[r].host + "): " + all[r].error);
+    }
+  }
+  std::vector<GpuClaim> claims(size);
+  for (int r = 0; r < size; ++r)
+    claims[r] = {all[r].host, all[r].uuid, all[r].pci, all[r].ordinal, all[r].visible};
+  const GpuSharing sharing = check_gpu_sharing(claims, nccl);
+  return {mine.ordinal, gpu_identity(claims[rank]) + ", " + sharing.describe(rank)};
+}
+
 }  // namespace
 
 Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
                           const ModelShard& shard) {
   const bool nccl = config.parallel.comm == "nccl";
-  int devices = 0;
-  if (!cuda::device_available() || cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  int local_size = 1;
-  const int local_rank = node_local_rank(groups.mpi_world, &local_size);
-  int ordinal = 0;
+  Choice gpu_choice;
   try {
-    ordinal = select_device(local_rank, local_size, devices, nccl);
+    gpu_choice = choose_gpu(groups.mpi_world, nccl);
   } catch (const Error& e) {
     throw Error(config.source + ": train.device = \"cuda\": " + e.what());
   }
 
   Backend b;
-  auto device = std::make_unique<CudaDevice>(ordinal);
+  // The communicators whose work the device's stream carries: its waits are bounded by them.
+  b.watch = std::make_shared<CommWatch>(groups.world->rank());
+  auto device = std::make_unique<CudaDevice>(gpu_choice.ordinal, b.watch);
   CudaDevice& gpu = *device;
+  gpu.set_identity(gpu_choice.identity);
   b.device = std::move(device);
   // A group of one rank keeps the groups' own communicator: the model only all-reduces over
   // it, which is the identity there and touches no memory.
-  auto for_device = [&](Communicator* group, bool point_to_point) -> Communicator* {
+  auto for_device = [&](Communicator* group, NcclUse use) -> Communicator* {
     if (group == nullptr || group->size() == 1) return group;
     std::unique_ptr<Communicator> c =
-        nccl ? make_nccl_communicator(mpi_comm_of(*group), group->name(), gpu.stream(),
-                                      point_to_point)
+        nccl ? make_nccl_communicator(mpi_comm_of(*group), group->name(), gpu.stream(), use,
+                                      b.watch)
              : make_staged_communicator(*group, gpu, group->name());
     b.owned.push_back(std::move(c));
     return b.owned.back().get();
   };
-  // The same order on every rank: NCCL's initialisation is collective over each group.
-  b.tensor = for_device(groups.tensor, false);
-  b.pipeline = for_device(groups.pipeline, true);  // the only group with messages
-  b.data = for_device(groups.data, false);
+  // The same order on every rank: NCCL's initialisation is collective over each group. Only
+  // what is used is created: the pipeline group only sends and receives (its channels, no
+  // communicator for collectives); the others only run collectives.
+  b.tensor = for_device(groups.tensor, NcclUse::Collectives);
+  b.pipeline = for_device(groups.pipeline, NcclUse::PointToPoint);
+  b.data = for_device(groups.data, NcclUse::Collectives);
   // The embedding group sums the gradient of a tied embedding's two copies; untied, it is idle.
-  b.embedding = config.model.tie_embeddings ? for_device(groups.embedding, false) : nullptr;
+  b.embedding =
+      config.model.tie_embeddings ? for_device(groups.embedding, NcclUse::Collectives) : nullptr;
   b.model = make_cuda_stage_model(config.model, shard, *b.tensor, gpu,
                                   config.train.precision == "bf16");
   return b;

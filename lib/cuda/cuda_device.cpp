@@ -1,10 +1,80 @@
 #include "cuda/cuda_device.hpp"
 
+#include <vector>
+
 #include "util/error.hpp"
 
 namespace trident {
 
-CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
+namespace {
+
+// cudaStreamQuery / cudaEventQuery as a poll: true when done, false when not yet, throws on
+// a CUDA error.
+bool finished(cudaError_t e) {
+  if (e == cudaSuccess) return true;
+  if (e == cudaErrorNotReady) return false;
+  CUDA_CHECK(e);
+  return false;
+}
+
+// Intervals between pairs of CUDA events recorded on one stream; the events are reused.
+class CudaIntervalTimer final : public IntervalTimer {
+ public:
+  explicit CudaIntervalTimer(CudaDevice& device) : device_(device) {}
+  ~CudaIntervalTimer() override {
+    for (auto& [a, b] : events_) {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  }
+  CudaIntervalTimer(const CudaIntervalTimer&) = delete;
+  CudaIntervalTimer& operator=(const CudaIntervalTimer&) = delete;
+
+  void begin() override {
+    if (used_ == events_.size()) {
+      cudaEvent_t a = nullptr, b = nullptr;
+      CUDA_CHECK(cudaEventCreate(&a));
+      const cudaError_t e = cudaEventCreate(&b);
+      if (e != cudaSuccess) {
+        cudaEventDestroy(a);
+        CUDA_CHECK(e);
+      }
+      events_.emplace_back(a, b);
+    }
+    CUDA_CHECK(cudaEventRecord(events_[used_].first, device_.stream()));
+    open_ = true;
+  }
+  void end() override {
+    if (!open_) return;
+    CUDA_CHECK(cudaEventRecord(events_[used_].second, device_.stream()));
+    ++used_;
+    open_ = false;
+  }
+  double take_seconds() override {
+    if (open_) end();
+    if (used_ == 0) return 0.0;
+    device_.wait_event(events_[used_ - 1].second, "interval timer");
+    double ms = 0;
+    for (size_t i = 0; i < used_; ++i) {
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, events_[i].first, events_[i].second));
+      ms += t;
+    }
+    used_ = 0;
+    return ms / 1e3;
+  }
+
+ private:
+  CudaDevice& device_;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
+  size_t used_ = 0;
+  bool open_ = false;
+};
+
+}  // namespace
+
+CudaDevice::CudaDevice(int ordinal, std::shared_ptr<CommWatch> watch)
+    : ordinal_(ordinal), watch_(watch ? std::move(watch) : std::make_shared<CommWatch>(0)) {
   CUDA_CHECK(cudaSetDevice(ordinal));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   blas_ = std::make_unique<cuda::CublasContext>();
@@ -13,7 +83,16 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
 }
 
 CudaDevice::~CudaDevice() {
-  cudaStreamSynchronize(stream_);  // no throw from a destructor
+  // After an abort (or while an exception unwinds with communicators live: before_teardown
+  // aborts them) the stream is not waited for; otherwise bounded, no throw.
+  if (!watch_->before_teardown()) {
+    if (watch_->active() || watch_->aborted()) {
+      watch_->wait_quietly([this] { return cudaStreamQuery(stream_) != cudaErrorNotReady; },
+                           "cuda:" + std::to_string(ordinal_) + " teardown");
+    } else {
+      cudaStreamSynchronize(stream_);
+    }
+  }
   norm_result_.reset();
   norm_workspace_.reset();
   blas_.reset();
@@ -21,7 +100,31 @@ CudaDevice::~CudaDevice() {
 }
 
 std::string CudaDevice::describe() const {
-  return "cuda:" + std::to_string(ordinal_) + " " + cuda::device_summary();
+  std::string s = "cuda:" + std::to_string(ordinal_) + " " + cuda::device_summary();
+  if (!identity_.empty()) s += ", " + identity_;
+  return s + "; NCCL communicators: " + watch_->summary();
+}
+
+void CudaDevice::wait_stream(const char* what) {
+  if (!watch_->active() && !watch_->aborted()) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  watch_->wait([this] { return finished(cudaStreamQuery(stream_)); },
+               std::string(what) + " on cuda:" + std::to_string(ordinal_));
+}
+
+void CudaDevice::wait_event(cudaEvent_t event, const char* what) {
+  if (!watch_->active() && !watch_->aborted()) {
+    CUDA_CHECK(cudaEventSynchronize(event));
+    return;
+  }
+  watch_->wait([event] { return finished(cudaEventQuery(event)); },
+               std::string(what) + " on cuda:" + std::to_string(ordinal_));
+}
+
+std::unique_ptr<IntervalTimer> CudaDevice::make_interval_timer() {
+  return std::make_unique<CudaIntervalTimer>(*this);
 }
 
 std::shared_ptr<void> CudaDevice::allocate(int64_t bytes) {
@@ -38,21 +141,25 @@ std::shared_ptr<void> CudaDevice::allocate(int64_t bytes) {
                 "; use smaller micro-batches or more tensor/pipeline ranks");
   }
   CUDA_CHECK(cudaMemsetAsync(p, 0, n, stream_));
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  // An error unwinding with communicators live: abort them before cudaFree waits for the device.
+  return std::shared_ptr<void>(p, [watch = watch_](void* q) {
+    watch->before_teardown();
+    cudaFree(q);
+  });
 }
 
 void CudaDevice::to_host(void* host, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
   CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,
                              stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  wait_stream("to_host");
 }
 
 void CudaDevice::from_host(void* dst, const void* host, int64_t bytes) {
   if (bytes <= 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
                              stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may be pageable and reused
+  wait_stream("from_host");  // the host buffer may be pageable and reused
 }
 
 void CudaDevice::copy(void* dst, const void* src, int64_t bytes) {
@@ -74,7 +181,8 @@ double CudaDevice::square_sum(const std::vector<Range>& ranges) {
   for (const Range& r : ranges)  // queued back to back; the host waits once, below
     cuda::grad_square_sum(result, r.data, r.size, true, stream_, norm_workspace_.get());
   double host = 0.0;
-  to_host(&host, result, sizeof(double));
+  CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  wait_stream("square_sum (gradient norm)");
   return host;
 }
 
@@ -92,6 +200,6 @@ void CudaDevice::adamw(float* w, const float* grad, float* m, float* v, int64_t 
   cuda::adamw_update(w, grad, m, v, n, h, nullptr, nullptr, stream_);
 }
 
-void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaDevice::synchronize() { wait_stream("synchronize"); }
 
 }  // namespace trident

@@ -43,6 +43,7 @@ class CudaKernels {
   // asynchronously, so the caller may reuse `host` at once.
   void upload_ids(int32_t* dst, const int32_t* host, int64_t n) {
     PinnedStaging& st = *staging_[next_staging_++ % staging_.size()];
+    dev_.wait_event(st.copied, "token upload");  // its previous copy (bounded: NCCL may be queued)
     int32_t* pinned = st.reserve(n);
     std::memcpy(pinned, host, static_cast<size_t>(n) * sizeof(int32_t));
     CUDA_CHECK(cudaMemcpyAsync(dst, pinned, static_cast<size_t>(n) * sizeof(int32_t),
@@ -185,9 +186,8 @@ class CudaKernels {
     }
     PinnedStaging(const PinnedStaging&) = delete;
     PinnedStaging& operator=(const PinnedStaging&) = delete;
-    // At least n ids, once the previous copy out of this buffer has finished.
+    // At least n ids; the previous copy out of this buffer must have finished (`copied`).
     int32_t* reserve(int64_t n) {
-      CUDA_CHECK(cudaEventSynchronize(copied));
       if (n > capacity) {
         if (data != nullptr) CUDA_CHECK(cudaFreeHost(data));
         data = nullptr;

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/ops.hpp"  // CUDA_CHECK
@@ -62,6 +64,19 @@ struct Channel {
   cudaStream_t stream = nullptr;
 };
 
+// "<ncclGetErrorString> (<ncclGetLastError>)" of a channel's asynchronous error, or "".
+std::string async_error_of(const Channel& c, const char* which) {
+  if (c.comm == nullptr) return "";
+  ncclResult_t async = ncclSuccess;
+  const ncclResult_t rc = ncclCommGetAsyncError(c.comm, &async);
+  if (rc != ncclSuccess) async = rc;
+  if (async == ncclSuccess || async == ncclInProgress) return "";
+  std::string e = std::string(which) + ": " + ncclGetErrorString(async);
+  const char* detail = ncclGetLastError(c.comm);
+  if (detail != nullptr && *detail != '\0') e += std::string(" (") + detail + ")";
+  return e;
+}
+
 // Everything the communicator owns, released in its destructor, which also runs when the
 // communicator's constructor throws half way (a fully constructed member).
 struct Handles {
@@ -70,20 +85,55 @@ struct Handles {
   std::vector<Channel> p2p;        // point-to-point channels
   cudaEvent_t ready = nullptr;     // recorded on `compute` before each non-blocking operation
   MPI_Comm mpi = MPI_COMM_NULL;    // a duplicate of the construction communicator (barrier)
+  std::shared_ptr<CommWatch> watch;
+  int watch_id = -1;
+  bool aborted = false;
+  std::string name;
+
+  // ncclCommAbort of every NCCL communicator (the watch calls it at most once; the destructor
+  // when an error unwinds). Streams stay: they drain once the NCCL kernels have ended.
+  void abort() {
+    aborted = true;
+    if (main.comm != nullptr) ncclCommAbort(main.comm);
+    main.comm = nullptr;
+    for (Channel& c : p2p) {
+      if (c.comm != nullptr) ncclCommAbort(c.comm);
+      c.comm = nullptr;
+    }
+  }
+
+  std::string async_error() const {
+    std::string e = async_error_of(main, "collectives");
+    for (size_t i = 0; e.empty() && i < p2p.size(); ++i)
+      e = async_error_of(p2p[i], "point-to-point channel");
+    return e;
+  }
+
+  // True once every stream this communicator enqueues on has run what it was given.
+  bool streams_idle() const {
+    auto idle = [](cudaStream_t s) { return cudaStreamQuery(s) != cudaErrorNotReady; };
+    if (main.comm != nullptr && !idle(compute)) return false;  // nullptr is a valid stream
+    if (main.stream != nullptr && !idle(main.stream)) return false;
+    for (const Channel& c : p2p)
+      if (c.stream != nullptr && !idle(c.stream)) return false;
+    return true;
+  }
 
   ~Handles() {
     // While an exception unwinds a peer may have failed: waiting for streams or destroying
-    // (which completes pending work) could hang, so abort instead.
-    const bool unwinding = std::uncaught_exceptions() > 0;
-    if (!unwinding) {
-      if (main.comm != nullptr) cudaStreamSynchronize(compute);  // nullptr is a valid stream
-      if (main.stream != nullptr) cudaStreamSynchronize(main.stream);
-      for (const Channel& c : p2p) {
-        if (c.stream != nullptr) cudaStreamSynchronize(c.stream);
-      }
+    // (which completes pending work) could hang, so abort instead. After an abort (the watch's,
+    // on a failed wait) there is nothing left to wait for. Otherwise wait, bounded.
+    bool failing = aborted;
+    if (watch) failing = watch->before_teardown() || failing;
+    if (std::uncaught_exceptions() > 0) failing = true;  // also a constructor that threw
+    if (!failing && watch && (main.comm != nullptr || !p2p.empty())) {
+      failing = !watch->wait_quietly([this] { return streams_idle(); },
+                                     "teardown of communicator '" + name + "'");
     }
-    auto release = [unwinding](Channel& c) {
-      if (c.comm != nullptr) unwinding ? ncclCommAbort(c.comm) : ncclCommDestroy(c.comm);
+    if (watch) watch->remove(watch_id);  // the watch never calls back after this
+    if (failing) abort();
+    auto release = [](Channel& c) {
+      if (c.comm != nullptr) ncclCommDestroy(c.comm);
       if (c.stream != nullptr) cudaStreamDestroy(c.stream);
       c = Channel{};
     };
@@ -99,8 +149,9 @@ struct Handles {
 // A non-blocking operation: its completion event, recorded on the stream it ran on.
 class NcclRequest final : public CommRequest {
  public:
-  NcclRequest(Communicator* comm, const std::string* op, cudaStream_t compute, ncclComm_t nccl)
-      : comm_(comm), op_(op), compute_(compute), nccl_(nccl) {
+  NcclRequest(Communicator* comm, const std::string* op, cudaStream_t compute,
+              CommWatch* watch)
+      : comm_(comm), op_(op), compute_(compute), watch_(watch) {
     CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
   ~NcclRequest() override {
@@ -111,6 +162,7 @@ class NcclRequest final : public CommRequest {
 
   cudaEvent_t event() const { return done_; }
 
+  // Never blocks the host: the compute stream waits (its host waits are the bounded ones).
   void wait() override {
     if (waited_) return;
     auto t0 = Clock::now();
@@ -123,10 +175,7 @@ class NcclRequest final : public CommRequest {
     const cudaError_t e = cudaEventQuery(done_);
     if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) CUDA_CHECK(e);
-    ncclResult_t async = ncclSuccess;
-    nccl_check(ncclCommGetAsyncError(nccl_, &async), comm_->name(), "ncclCommGetAsyncError",
-               nccl_);
-    nccl_check(async, comm_->name(), "asynchronous NCCL operation", nccl_);
+    watch_->check("test of " + *op_ + " on communicator '" + comm_->name() + "'");
     return false;
   }
 
@@ -134,24 +183,31 @@ class NcclRequest final : public CommRequest {
   Communicator* comm_;
   const std::string* op_;
   cudaStream_t compute_;
-  ncclComm_t nccl_;
+  CommWatch* watch_;
   cudaEvent_t done_ = nullptr;
   bool waited_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, std::string name, cudaStream_t stream, bool point_to_point)
+  NcclCommunicator(MPI_Comm comm, std::string name, cudaStream_t stream, NcclUse use,
+                   std::shared_ptr<CommWatch> watch)
       : Communicator(std::move(name)) {
     h_.compute = stream;
+    h_.name = name_;
     mpi_check(MPI_Comm_rank(comm, &rank_), name_, "MPI_Comm_rank");
     mpi_check(MPI_Comm_size(comm, &size_), name_, "MPI_Comm_size");
     mpi_check(MPI_Comm_dup(comm, &h_.mpi), name_, "MPI_Comm_dup");
+    h_.watch = watch ? std::move(watch) : std::make_shared<CommWatch>(rank_);
 
     // Channels: none for one rank; lower->higher and higher->lower; split by the parity of the
-    // lower rank when there are more than 2 ranks.
+    // lower rank when there are more than 2 ranks. The collectives' communicator only where
+    // collectives are used.
     parities_ = size_ > 2 ? 2 : 1;
-    const int channels = size_ > 1 && point_to_point ? 2 * parities_ : 0;
+    const bool collectives = use != NcclUse::PointToPoint;
+    const int channels = size_ > 1 && use != NcclUse::Collectives ? 2 * parities_ : 0;
+    const int first_channel = collectives ? 1 : 0;
+    const int ids_needed = first_channel + channels;
 
     // Rank 0 makes every unique id; the outcome travels with them, so a failure there is
     // thrown on every rank instead of leaving the others waiting in NCCL.
@@ -161,7 +217,7 @@ class NcclCommunicator final : public Communicator {
       ncclUniqueId id[5];
     } ids{};
     if (rank_ == 0) {
-      for (int i = 0; i <= channels && ids.ok; ++i) {
+      for (int i = 0; i < ids_needed && ids.ok; ++i) {
         ids.rc = ncclGetUniqueId(&ids.id[i]);
         ids.ok = ids.rc == ncclSuccess;
       }
@@ -170,15 +226,20 @@ class NcclCommunicator final : public Communicator {
     if (!ids.ok) nccl_fail(name_, "ncclGetUniqueId (on rank 0)", ids.rc, nullptr);
 
     CUDA_CHECK(cudaEventCreateWithFlags(&h_.ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&h_.main.stream, cudaStreamNonBlocking));
-    nccl_check(ncclCommInitRank(&h_.main.comm, size_, ids.id[0], rank_), name_,
-               "ncclCommInitRank");
+    if (collectives) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&h_.main.stream, cudaStreamNonBlocking));
+      nccl_check(ncclCommInitRank(&h_.main.comm, size_, ids.id[0], rank_), name_,
+                 "ncclCommInitRank");
+    }
     h_.p2p.resize(channels);
     for (int i = 0; i < channels; ++i) {
       CUDA_CHECK(cudaStreamCreateWithFlags(&h_.p2p[i].stream, cudaStreamNonBlocking));
-      nccl_check(ncclCommInitRank(&h_.p2p[i].comm, size_, ids.id[1 + i], rank_), name_,
-                 "ncclCommInitRank (point-to-point channel)");
+      nccl_check(ncclCommInitRank(&h_.p2p[i].comm, size_, ids.id[first_channel + i], rank_),
+                 name_, "ncclCommInitRank (point-to-point channel)");
     }
+    Handles* h = &h_;
+    h_.watch_id = h_.watch->add(
+        name_, ids_needed, [h] { return h->async_error(); }, [h] { h->abort(); });
   }
 
   int rank() const override { return rank_; }
@@ -186,10 +247,12 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce(void* data, int64_t count, DType type, ReduceOp op) override {
     check_count("all_reduce", count);
+    ncclComm_t c = collective("all_reduce");
     auto t0 = Clock::now();
     nccl_check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
-                             nccl_op(op), h_.main.comm, h_.compute),
-               name_, "ncclAllReduce", h_.main.comm);
+                             nccl_op(op), c, h_.compute),
+               name_, "ncclAllReduce", c);
+    posted(kAllReduce);
     count_call(kAllReduce, count, type, since(t0));
     stats_.all_reduce_counts.push_back(count);
   }
@@ -197,12 +260,14 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
                                            ReduceOp op) override {
     check_count("iall_reduce", count);
-    auto req = std::make_unique<NcclRequest>(this, &kAllReduce, h_.compute, h_.main.comm);
+    ncclComm_t c = collective("iall_reduce");
+    auto req = std::make_unique<NcclRequest>(this, &kAllReduce, h_.compute, h_.watch.get());
     after_compute(h_.main.stream);
     nccl_check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(type),
-                             nccl_op(op), h_.main.comm, h_.main.stream),
-               name_, "ncclAllReduce (non-blocking)", h_.main.comm);
+                             nccl_op(op), c, h_.main.stream),
+               name_, "ncclAllReduce (non-blocking)", c);
     CUDA_CHECK(cudaEventRecord(req->event(), h_.main.stream));
+    posted(kAllReduce);
     count_call(kAllReduce, count, type, 0.0);
     stats_.all_reduce_counts.push_back(count);
     return req;
@@ -210,16 +275,19 @@ class NcclCommunicator final : public Communicator {
 
   void all_gather(const void* send, void* recv, int64_t count, DType type) override {
     check_count("all_gather", count);
+    ncclComm_t c = collective("all_gather");
     auto t0 = Clock::now();
     // send == recv + rank * count is NCCL's in-place form too.
-    nccl_check(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(type),
-                             h_.main.comm, h_.compute),
-               name_, "ncclAllGather", h_.main.comm);
+    nccl_check(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(type), c,
+                             h_.compute),
+               name_, "ncclAllGather", c);
+    posted(kAllGather);
     count_call(kAllGather, count, type, since(t0));
   }
 
   void reduce_scatter(const void* send, void* recv, int64_t count, DType type) override {
     check_count("reduce_scatter", count);
+    ncclComm_t c = collective("reduce_scatter");
     auto t0 = Clock::now();
     const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
     if (send == recv && rank_ > 0) {
@@ -227,26 +295,29 @@ class NcclCommunicator final : public Communicator {
       // not NCCL's (result at recv + rank * count): reduce in NCCL's form, then move the block.
       char* mine = static_cast<char*>(recv) + block * rank_;
       nccl_check(ncclReduceScatter(recv, mine, static_cast<size_t>(count), nccl_type(type),
-                                   ncclSum, h_.main.comm, h_.compute),
-                 name_, "ncclReduceScatter", h_.main.comm);
+                                   ncclSum, c, h_.compute),
+                 name_, "ncclReduceScatter", c);
       if (block > 0) {
         CUDA_CHECK(cudaMemcpyAsync(recv, mine, block, cudaMemcpyDeviceToDevice, h_.compute));
       }
     } else {
       nccl_check(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(type),
-                                   ncclSum, h_.main.comm, h_.compute),
-                 name_, "ncclReduceScatter", h_.main.comm);
+                                   ncclSum, c, h_.compute),
+                 name_, "ncclReduceScatter", c);
     }
+    posted(kReduceScatter);
     count_call(kReduceScatter, count, type, since(t0));
   }
 
   void broadcast(void* data, int64_t count, DType type, int root) override {
     check_count("broadcast", count);
     check_peer("broadcast root", root);
+    ncclComm_t c = collective("broadcast");
     auto t0 = Clock::now();
-    nccl_check(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(type), root,
-                             h_.main.comm, h_.compute),
-               name_, "ncclBroadcast", h_.main.comm);
+    nccl_check(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(type), root, c,
+                             h_.compute),
+               name_, "ncclBroadcast", c);
+    posted(kBroadcast);
     count_call(kBroadcast, count, type, since(t0));
   }
 
@@ -255,12 +326,13 @@ class NcclCommunicator final : public Communicator {
     check_count("isend", count);
     check_p2p_peer("isend peer", peer);
     Channel& ch = channel(rank_, peer);
-    auto req = std::make_unique<NcclRequest>(this, &kSend, h_.compute, ch.comm);
+    auto req = std::make_unique<NcclRequest>(this, &kSend, h_.compute, h_.watch.get());
     after_compute(ch.stream);
     nccl_check(ncclSend(data, static_cast<size_t>(count), nccl_type(type), peer, ch.comm,
                         ch.stream),
                name_, "ncclSend", ch.comm);
     CUDA_CHECK(cudaEventRecord(req->event(), ch.stream));
+    posted("send to " + std::to_string(peer));
     count_call(kSend, count, type, 0.0);
     return req;
   }
@@ -270,24 +342,50 @@ class NcclCommunicator final : public Communicator {
     check_count("irecv", count);
     check_p2p_peer("irecv peer", peer);
     Channel& ch = channel(peer, rank_);
-    auto req = std::make_unique<NcclRequest>(this, &kRecv, h_.compute, ch.comm);
+    auto req = std::make_unique<NcclRequest>(this, &kRecv, h_.compute, h_.watch.get());
     after_compute(ch.stream);
     nccl_check(ncclRecv(data, static_cast<size_t>(count), nccl_type(type), peer, ch.comm,
                         ch.stream),
                name_, "ncclRecv", ch.comm);
     CUDA_CHECK(cudaEventRecord(req->event(), ch.stream));
+    posted("recv from " + std::to_string(peer));
     count_call(kRecv, count, type, 0.0);
     return req;
   }
 
   void barrier() override {
+    check_live();
     auto t0 = Clock::now();
-    CUDA_CHECK(cudaStreamSynchronize(h_.compute));
+    h_.watch->wait(
+        [this] {
+          const cudaError_t e = cudaStreamQuery(h_.compute);
+          if (e == cudaErrorNotReady) return false;
+          CUDA_CHECK(e);
+          return true;
+        },
+        "barrier of communicator '" + name_ + "' (waiting for the compute stream)");
     mpi_check(MPI_Barrier(h_.mpi), name_, "MPI_Barrier");
     count_call(kBarrier, 0, DType::F32, since(t0));
   }
 
  private:
+  void check_live() const {
+    if (h_.aborted)
+      throw Error("communicator '" + name_ + "' was aborted after a communication failure on "
+                  "this rank");
+  }
+
+  // The collectives' communicator (not created for a point-to-point-only group).
+  ncclComm_t collective(const char* op) const {
+    check_live();
+    if (h_.main.comm == nullptr)
+      throw Error("communicator '" + name_ + "': " + op + ": this group was built for "
+                  "point-to-point messages only (no NCCL communicator for collectives)");
+    return h_.main.comm;
+  }
+
+  void posted(const std::string& op) { h_.watch->posted(h_.watch_id, op); }
+
   void check_p2p_peer(const char* what, int peer) const {
     check_peer(what, peer);
     if (peer == rank_) {
@@ -298,6 +396,7 @@ class NcclCommunicator final : public Communicator {
 
   // The channel of messages from rank `from` to rank `to` (from != to).
   Channel& channel(int from, int to) {
+    check_live();
     if (h_.p2p.empty())
       throw Error("communicator '" + name_ + "' was built without point-to-point channels");
     const int direction = from < to ? 0 : 1;
@@ -311,7 +410,6 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamWaitEvent(s, h_.ready, 0));
   }
 
-
   Handles h_;
   int rank_ = 0, size_ = 1;
   int parities_ = 1;
@@ -319,9 +417,17 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+int nccl_handle_count(int size, NcclUse use) {
+  if (size <= 1) return use == NcclUse::PointToPoint ? 0 : 1;
+  const int channels = use == NcclUse::Collectives ? 0 : (size > 2 ? 4 : 2);
+  return (use == NcclUse::PointToPoint ? 0 : 1) + channels;
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name,
-                                                     cudaStream_t stream, bool point_to_point) {
-  return std::make_unique<NcclCommunicator>(comm, std::move(name), stream, point_to_point);
+                                                     cudaStream_t stream, NcclUse use,
+                                                     std::shared_ptr<CommWatch> watch) {
+  return std::make_unique<NcclCommunicator>(comm, std::move(name), stream, use,
+                                            std::move(watch));
 }
 
 }  // namespace trident

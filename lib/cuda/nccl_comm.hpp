@@ -13,8 +13,8 @@
 // Streams. Every blocking collective (all_reduce, all_gather, reduce_scatter, broadcast) is
 // enqueued on `stream`, the caller's compute stream, and returns without waiting: work enqueued
 // on `stream` afterwards sees the result, so no host synchronisation is needed; host code that
-// reads the result must synchronise `stream` first. barrier() is a host barrier: it
-// synchronises `stream`, then runs MPI_Barrier on a duplicate of `comm`.
+// reads the result must synchronise `stream` first. barrier() is a host barrier: it waits for
+// `stream` (bounded, see below), then runs MPI_Barrier on a duplicate of `comm`.
 //
 // Non-blocking operations (iall_reduce, isend, irecv) run on private streams: each records an
 // event on `stream` that its private stream waits for (so it sees everything enqueued before
@@ -37,8 +37,13 @@
 // in the order they are posted, and messages between two ranks in one direction are matched in
 // posting order: TAGS ARE NOT USED FOR MATCHING (NCCL has none), so both sides must post their
 // messages of one direction in the same order. A message to oneself is refused (Error).
-// Groups of one rank create no channels, nor do groups built with point_to_point = false (the
-// tensor and data groups, which only run collectives; a p2p call there throws).
+// Groups of one rank create no channels.
+//
+// Only the NCCL communicators a group uses are created (NcclUse): Collectives (tensor, data,
+// embedding groups: one communicator, no channels; a p2p call throws), PointToPoint (the
+// pipeline group: the channels only, no communicator for collectives; a collective throws), or
+// Both. NCCL communicators per rank: 1 per collective group of more than one rank, plus 2 (two
+// ranks) or 4 channels for the pipeline group.
 //
 // Counting: the op names and rules of MpiCommunicator (comm/mpi_comm.hpp): calls and bytes
 // when a call is posted, all_reduce_counts per all-reduce; seconds = host time inside the call
@@ -49,10 +54,16 @@
 // NCCL call and ncclGetErrorString (plus ncclGetLastError's detail); CUDA failures throw
 // through CUDA_CHECK. Types: F32, F64, I32, I64, BF16 (ncclBfloat16, reduced by NCCL).
 //
-// Destruction synchronises `stream` and the private streams, then ncclCommDestroy's every NCCL
-// communicator; when it runs while an exception unwinds (a peer may be gone, so waiting could
-// hang) it calls ncclCommAbort instead and does not synchronise. Requests must be waited on or
-// destroyed first. `stream` must outlive the communicator.
+// Failure and teardown (comm/comm_watch.hpp). The communicator joins `watch` (the device's): its
+// asynchronous errors (ncclCommGetAsyncError on each of its NCCL communicators) are polled by
+// every bounded wait of the device, its abort (ncclCommAbort of each) is called on failure, and
+// it records each operation posted (for the error message). test() throws (after aborting every
+// communicator of the watch) on an asynchronous error; barrier() waits for `stream` bounded.
+// Once aborted, every call throws. Destruction: after an abort, or while an exception unwinds
+// (a peer may be gone, so waiting could hang), it aborts what is left and never synchronises;
+// otherwise it waits for its streams (bounded, no throw) and ncclCommDestroy's its
+// communicators. Requests must be waited on or destroyed first. `stream` must outlive the
+// communicator.
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
@@ -60,11 +71,19 @@
 #include <string>
 
 #include "comm/comm.hpp"
+#include "comm/comm_watch.hpp"
 
 namespace trident {
 
+enum class NcclUse { Collectives, PointToPoint, Both };
+
+// watch nullptr: a watch of its own (rank = the rank in `comm`).
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name,
                                                      cudaStream_t stream,
-                                                     bool point_to_point = true);
+                                                     NcclUse use = NcclUse::Both,
+                                                     std::shared_ptr<CommWatch> watch = nullptr);
+
+// The NCCL communicators make_nccl_communicator creates for a group of `size` ranks.
+int nccl_handle_count(int size, NcclUse use);
 
 }  // namespace trident

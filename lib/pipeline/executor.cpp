@@ -29,6 +29,10 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
       micro_batch_(micro_batch),
       stream_elems_(model.stream_elements(micro_batch)),
       stream_type_(model.stream_dtype()) {
+  if (auto* timed = dynamic_cast<TimedDevice*>(&model.device())) {
+    wait_timer_ = timed->make_interval_timer();
+    busy_timer_ = timed->make_interval_timer();
+  }
   tokens_.resize(micro_batch * model.config().seq_len);
   targets_.resize(tokens_.size());
   if (stages_ > 1) {
@@ -70,9 +74,15 @@ void PipelineExecutor::note_memory() {
 
 void PipelineExecutor::wait(std::unique_ptr<CommRequest>& request) {
   if (!request) return;
-  const auto t0 = Clock::now();
-  request->wait();
-  stats_.wait_seconds += seconds_since(t0);
+  if (wait_timer_ && !evaluating_) {
+    wait_timer_->begin();  // when the stream has run everything before the wait ...
+    request->wait();
+    wait_timer_->end();    // ... to when the message let it go on
+  } else {
+    const auto t0 = Clock::now();
+    request->wait();
+    stats_.wait_seconds += seconds_since(t0);
+  }
   request.reset();
 }
 
@@ -83,8 +93,16 @@ void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
   model_.forward(*s.acts, tokens_.data(), targets_.data(), input);
 }
 
+void PipelineExecutor::collect_device_times() {
+  if (!busy_timer_) return;
+  stats_.wait_seconds += wait_timer_->take_seconds();
+  stats_.busy_seconds += busy_timer_->take_seconds();
+}
+
 double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   const auto t0 = Clock::now();
+  collect_device_times();  // the previous step's (finished: no wait)
+  if (busy_timer_) busy_timer_->begin();
   const float loss_scale = 1.0f / static_cast<float>(microbatches);
   std::map<int64_t, int> slot_of;  // micro-batch -> its activation slot
   for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches)) {
@@ -134,12 +152,14 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   }
   wait(pending_grad_send_);
   if (!slot_of.empty()) throw Error("pipeline schedule left micro-batches without a backward");
-  stats_.busy_seconds += seconds_since(t0);
+  if (busy_timer_) busy_timer_->end();  // read with the next step (collect_device_times)
+  else stats_.busy_seconds += seconds_since(t0);
   return model_.take_loss_sum();
 }
 
 double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
   const double wait_before = stats_.wait_seconds;  // the bubble figures are of training alone
+  evaluating_ = true;
   const bool first = model_.shard().has_embedding, last = model_.shard().has_head;
   for (int64_t micro = 0; micro < microbatches; ++micro) {
     if (!first) {
@@ -156,6 +176,7 @@ double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
     }
     release_slot(slot);  // waits for the send: evaluation keeps one micro-batch in flight
   }
+  evaluating_ = false;
   stats_.wait_seconds = wait_before;
   return model_.take_loss_sum();
 }

@@ -13,9 +13,16 @@
 #include "comm/comm.hpp"
 #include "model/stage_model.hpp"
 #include "pipeline/schedule.hpp"
+#include "util/interval_timer.hpp"
 
 namespace trident {
 
+// Times. On a host device (CPU) they are host wall time. On a device that times its own stream
+// (util/interval_timer.hpp: the GPU) they are the STREAM's time, measured with events: a wait
+// under NCCL only makes the stream wait, so host time around it reads near zero while the GPU
+// idles; the events measure that idling, so the bubble (wait / busy) is the GPU's. The event
+// times of a step are read when the next step starts (the trainer has waited for the device at
+// the end of the step, so nothing waits) or when stats() is called. Evaluation is not timed.
 struct PipelineStats {
   int64_t peak_in_flight = 0;         // micro-batches whose activations were held at once
   int64_t peak_activation_bytes = 0;  // their stashes plus the message buffers
@@ -43,8 +50,13 @@ class PipelineExecutor {
   // which each parameter gradient is final (see Transformer::set_grads_final_hook).
   void set_last_backward_hook(std::function<void(int64_t)> hook) { last_hook_ = std::move(hook); }
 
+  // The non-const form first adds the device times not read yet (waits, bounded, for the
+  // stream to pass the step's last mark); the const form returns what has been read.
   const PipelineStats& stats() const { return stats_; }
-  PipelineStats& stats() { return stats_; }
+  PipelineStats& stats() {
+    collect_device_times();
+    return stats_;
+  }
 
  private:
   struct Slot {  // the activations of one micro-batch in flight
@@ -56,6 +68,7 @@ class PipelineExecutor {
   void wait(std::unique_ptr<CommRequest>& request);
   void forward(int64_t micro, int slot, const LoadFn& load);
   void note_memory();
+  void collect_device_times();
 
   StageModel& model_;
   Communicator& pipe_;
@@ -71,6 +84,9 @@ class PipelineExecutor {
   std::unique_ptr<CommRequest> pending_grad_send_;
   std::function<void(int64_t)> last_hook_;
   PipelineStats stats_;
+  // The device's stream timers (nullptr: host wall clock), for the waits and the whole step.
+  std::unique_ptr<IntervalTimer> wait_timer_, busy_timer_;
+  bool evaluating_ = false;  // evaluate(): waits on the host clock, discarded
 };
 
 }  // namespace trident

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/comm_watch.hpp"
 #include "config/config.hpp"
 #include "model/stage_model.hpp"
 #include "tensor/device.hpp"
@@ -28,17 +29,21 @@ struct Backend {
   Communicator* embedding = nullptr;
   std::vector<std::unique_ptr<Communicator>> owned;  // those not borrowed from the groups
   std::unique_ptr<StageModel> model;
+  // GPU runs: the communicators whose work the device's stream carries (comm/comm_watch.hpp),
+  // shared with the device, its memory and the NCCL communicators; nullptr on the CPU.
+  std::shared_ptr<CommWatch> watch;
 
-  // Destroys the model before the communicators and the device it uses.
-  ~Backend() {
-    model.reset();
-    owned.clear();
-  }
+  // Teardown, in this order: while an exception unwinds, the communicators are aborted FIRST
+  // (a kernel of theirs may wait for a peer that is gone, and freeing device memory or
+  // synchronising would wait for it); then the model (device memory), the communicators, and
+  // the device they all use. Device memory held elsewhere (the trainer's optimizer and
+  // gradient buffers, destroyed before the backend) is freed through the same watch, which
+  // aborts before the first free.
+  ~Backend() { release(); }
   Backend() = default;
   Backend(Backend&&) = default;
   Backend& operator=(Backend&& other) {
-    model.reset();
-    owned.clear();
+    release();
     device = std::move(other.device);
     tensor = other.tensor;
     pipeline = other.pipeline;
@@ -46,7 +51,16 @@ struct Backend {
     embedding = other.embedding;
     owned = std::move(other.owned);
     model = std::move(other.model);
+    watch = std::move(other.watch);
     return *this;
+  }
+
+ private:
+  void release() {
+    if (watch) watch->before_teardown();
+    model.reset();
+    owned.clear();
+    device.reset();
   }
 };
 

@@ -9,7 +9,8 @@
 // iall_reduce (result copied back exactly once, through test() or wait()), all_gather and
 // reduce_scatter (also in place), broadcast (root copies up only, receivers down only),
 // isend/irecv pairs (a send copies at post time), argument errors, and the counters against an
-// MpiCommunicator running the same calls. Also node_local_rank (grid/device_select.hpp).
+// MpiCommunicator running the same calls. Also the node placement the GPU backend takes from the
+// process grid (grid/process_grid.hpp node_placement: one node detection for both backends).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -23,6 +24,7 @@
 #include "comm/mpi_comm.hpp"
 #include "comm/staged_comm.hpp"
 #include "grid/device_select.hpp"
+#include "grid/process_grid.hpp"
 #include "tensor/device.hpp"
 #include "util/bf16.hpp"
 #include "util/error.hpp"
@@ -436,14 +438,35 @@ TEST_F(Staged, CountsLikeMpiCommunicator) {
   EXPECT_EQ(b.calls("barrier"), 1);
 }
 
-TEST(NodeLocalRank, OneMachine) {
-  int world = 0, rank = 0, local_size = 0;
+TEST(NodePlacement, TakenFromTheGrid) {
+  int world = 0, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  EXPECT_EQ(node_local_rank(MPI_COMM_WORLD, &local_size), rank);  // both ranks on this machine
-  EXPECT_EQ(local_size, world);
-  EXPECT_EQ(node_local_rank(MPI_COMM_WORLD, nullptr), rank);
-  EXPECT_EQ(select_device(node_local_rank(MPI_COMM_WORLD, nullptr), world, 1, false), 0);
+  EXPECT_EQ(node_placement(MPI_COMM_WORLD), nullptr);  // no grid made it
+  EXPECT_EQ(node_placement(MPI_COMM_SELF), nullptr);
+  {
+    ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, world}, 0, ModelConfig{});
+    const NodePlacement* p =
+        node_placement(dynamic_cast<MpiCommunicator&>(grid.world()).comm());
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->local_rank, rank);  // both ranks on this machine (detected)
+    EXPECT_EQ(p->local_size, world);
+    EXPECT_EQ(p->num_nodes, 1);
+    EXPECT_FALSE(p->simulated);
+    EXPECT_EQ(select_device(p->local_rank, p->local_size, 1), 0);  // one GPU: shared
+  }
+  {
+    // parallel.ranks_per_node = 1: each rank its own simulated node, node-local rank 0.
+    ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, world}, 1, ModelConfig{});
+    const NodePlacement* p =
+        node_placement(dynamic_cast<MpiCommunicator&>(grid.world()).comm());
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->local_rank, 0);
+    EXPECT_EQ(p->local_size, 1);
+    EXPECT_EQ(p->node, rank);
+    EXPECT_EQ(p->num_nodes, world);
+    EXPECT_TRUE(p->simulated);
+  }
 }
 
 }  // namespace
