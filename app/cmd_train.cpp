@@ -1,8 +1,11 @@
 // trident train: resolve the config, build the grid, print the run's figures, train.
 #include <sched.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <iostream>
 
 #include "commands.hpp"
@@ -28,10 +31,28 @@ void add_train_command(CLI::App& app, TrainOptions& options) {
 
 namespace {
 
-// Set by SIGUSR1/SIGTERM; the trainer polls it between steps. (A signal handler can only
-// reach process-wide state.)
+// Set by SIGUSR1/SIGTERM; the trainer polls it between steps and between evaluation batches,
+// run_train between the phases of start-up. (A signal handler can only reach process-wide
+// state.)
 volatile std::sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int signal) { g_stop_signal = signal; }
+
+// Whether any rank was asked to stop, agreed by all (the signal reaches ranks at different
+// moments; every rank must leave at the same point or the others wait in a collective).
+bool stop_requested_by_any_rank() {
+  int32_t stop = g_stop_signal != 0;
+  MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD);
+  return stop != 0;
+}
+
+// The exit code of a run stopped early: 75 ("checkpointed, please requeue") when it has a
+// checkpoint.dir to be resumed from. Without one nothing was saved (train.exit_interval and
+// train.exit_after_minutes need checkpoint.dir, so only a signal gets here) and the run ends as
+// the signal would have ended it: 128 + the signal (143 for SIGTERM, 138 for SIGUSR1).
+int stop_exit_code(const Config& config) {
+  if (!config.checkpoint.dir.empty()) return kExitRequeue;
+  return 128 + (g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM);
+}
 
 int cores_available() {
   cpu_set_t set;
@@ -66,7 +87,25 @@ void print_figures(const Config& c, int world_size, int threads) {
 int run_train(const TrainOptions& options) {
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG, reported like a full disk,
+  // instead of the process being killed without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
+  // A stop requested during start-up (a large model's allocation and initialisation, reading
+  // a checkpoint) ends the run before its first step: nothing to save, the state on disk is as
+  // it was. Checked between the phases, agreed by all ranks; the same exit code as a stop
+  // between steps.
+  auto stopped_in_start_up = [](const char* phase) {
+    if (!stop_requested_by_any_rank()) return false;
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+      std::printf("stopping during start-up (%s; signal): no step run, nothing saved\n", phase);
+      std::fflush(stdout);
+    }
+    return true;
+  };
   const Config config = load_config(options.config, options.overrides);
+  if (stopped_in_start_up("after reading the config")) return stop_exit_code(config);
   ProcessGrid grid(MPI_COMM_WORLD, config);
 
   // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
@@ -81,7 +120,16 @@ int run_train(const TrainOptions& options) {
     std::fflush(stdout);
   }
 
+  // Tests: a start-up that takes this long (as a large model's initialisation would), so that
+  // a signal can be sent during it.
+  if (const char* ms = std::getenv("TRIDENT_TEST_SLOW_START_MS")) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::atoi(ms));
+    while (g_stop_signal == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (stopped_in_start_up("before building the model")) return stop_exit_code(config);
   Trainer trainer(config, TrainerGroups::from_grid(grid));
+  if (stopped_in_start_up("after building the model")) return stop_exit_code(config);
   if (lead) {
     std::printf("device of rank 0: %s, precision %s%s\n", trainer.device().describe().c_str(),
                 config.train.precision.c_str(),
@@ -106,6 +154,7 @@ int run_train(const TrainOptions& options) {
     std::printf("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
   }
   std::fflush(stdout);
+  if (stopped_in_start_up("before the first step")) return stop_exit_code(config);
   trainer.set_stop_check([] { return g_stop_signal != 0; });
   const RunOutcome outcome = trainer.run();
   const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
@@ -124,13 +173,33 @@ int run_train(const TrainOptions& options) {
                     st.bytes / 1e6, st.seconds);
         comm_seconds += st.seconds;
       }
+    // A share of the training time only when there was some (a run resumed at its last step
+    // trains nothing: its communication is the start-up's).
+    char share[64] = "";
+    if (trainer.steps_run() > 0 && trainer.train_seconds() > 0)
+      std::snprintf(share, sizeof share, " (%.1f%% of the training time)",
+                    100.0 * comm_seconds / trainer.train_seconds());
     std::printf("run summary: %lld steps in %.3f s of training; rank 0 spent %.3f s in "
-                "communication calls (%.1f%% of the training time)\n",
+                "communication calls%s\n",
                 static_cast<long long>(trainer.steps_run()), trainer.train_seconds(), comm_seconds,
-                100.0 * comm_seconds / std::max(1e-9, trainer.train_seconds()));
+                share);
     std::fflush(stdout);
   }
-  return outcome == RunOutcome::Stopped ? kExitRequeue : 0;
+  // Lost log lines (a full disk) did not stop training; they make the run fail at its end.
+  std::string log_failure = trainer.log_failure();
+  if (lead && log_failure.empty() && (std::fflush(stdout) != 0 || std::ferror(stdout)))
+    log_failure = "writing the log to standard output failed";
+  int32_t failed = !log_failure.empty();
+  grid.world().all_reduce(&failed, 1, DType::I32, ReduceOp::Max);
+  if (failed) {
+    if (lead) {
+      std::fprintf(stderr, "trident: error: the run's log is incomplete: %s\n",
+                   log_failure.c_str());
+      std::fflush(stderr);
+    }
+    return 1;
+  }
+  return outcome == RunOutcome::Stopped ? stop_exit_code(config) : 0;
 }
 
 }  // namespace trident

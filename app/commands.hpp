@@ -16,7 +16,8 @@ struct TrainOptions {
   std::string resume;  // "", "auto" or a checkpoint path
 };
 void add_train_command(CLI::App& app, TrainOptions& options);
-// Returns the process exit code (0, or kExitRequeue).
+// Returns the process exit code: 0; kExitRequeue after a stop with checkpoint.dir; 128 + the
+// signal after a stop on a signal without checkpoint.dir (nothing saved); 1 if log writes failed.
 int run_train(const TrainOptions& options);
 
 struct ModelOptions {

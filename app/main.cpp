@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "commands.hpp"
@@ -37,6 +39,39 @@ int world_rank() {
   std::_Exit(1);
 }
 
+// The command level (the app or a subcommand such as `ckpt`) that required a subcommand and
+// got none, when the first word left over is no option: that word ("" otherwise).
+std::string unknown_command(CLI::App& app, const CLI::ParseError& e) {
+  if (dynamic_cast<const CLI::RequiredError*>(&e) == nullptr) return "";
+  CLI::App* level = &app;
+  while (true) {
+    const auto chosen = level->get_subcommands();
+    if (chosen.empty()) break;
+    level = chosen.front();
+  }
+  if (level->get_require_subcommand_min() == 0) return "";
+  for (CLI::App* a = level; a != nullptr; a = a->get_parent()) {
+    const std::vector<std::string> rest = a->remaining();
+    if (!rest.empty()) return rest.front().empty() || rest.front()[0] == '-' ? "" : rest.front();
+  }
+  return "";
+}
+
+// "trident's commands: train, ckpt, model" ("trident ckpt's commands: info"): those of the
+// level the error is about.
+std::string command_list(CLI::App& app) {
+  std::string name = "trident";
+  CLI::App* level = &app;
+  while (!level->get_subcommands().empty()) {
+    level = level->get_subcommands().front();
+    name += " " + level->get_name();
+  }
+  std::string out = name + "'s commands: ";
+  const auto all = level->get_subcommands({});
+  for (size_t i = 0; i < all.size(); ++i) out += (i == 0 ? "" : ", ") + all[i]->get_name();
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,6 +88,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A word that is no command: CLI11 would only say "A subcommand is required". Name it.
+    if (const std::string word = unknown_command(app, e); !word.empty()) {
+      if (world_rank() == 0)
+        std::fprintf(stderr, "trident: error: unknown command '%s' (%s; see --help)\n",
+                     word.c_str(), command_list(app).c_str());
+      MPI_Finalize();
+      return 1;
+    }
     int code = 0;
     if (world_rank() == 0) code = app.exit(e);
     else code = e.get_exit_code();

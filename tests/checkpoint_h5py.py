@@ -1,15 +1,67 @@
 #!/usr/bin/python3
 """Reads a Trident checkpoint with h5py alone (no Trident code) and checks it against the
 config it was written with: every parameter and optimizer dataset has the global shape the
-config implies (docs/checkpoint-format.md). Also: `offset FILE DATASET` prints the byte offset
-of a dataset's data in the file (for the corruption test).
+config implies, every dataset's checksum and the root's attributes_checksum are what
+docs/checkpoint-format.md says. Also: `offset FILE DATASET` prints the byte offset of a
+dataset's data in the file (for the corruption test), and `tamper` damages a checkpoint in the
+ways the tests need.
 
-  checkpoint_h5py.py check FILE      exit 0 if every shape is right, else print the mismatches
+  checkpoint_h5py.py check FILE      exit 0 if every shape and checksum is right, else print
+                                     the problems
   checkpoint_h5py.py offset FILE DATASET
+  checkpoint_h5py.py tamper FILE delete-checksum DATASET
+  checkpoint_h5py.py tamper FILE checksum-type DATASET string|float
+  checkpoint_h5py.py tamper FILE delete DATASET
+  checkpoint_h5py.py tamper FILE set DATASET FLAT_INDEX VALUE [rechecksum]
+        (rechecksum: store the checksum of the new values, so that only the value is wrong)
+  checkpoint_h5py.py tamper FILE attr NAME INTEGER [reseal]
+        (reseal: store the attributes_checksum of the new attributes)
+  checkpoint_h5py.py tamper FILE attr-string NAME TEXT [reseal]
 """
 import sys
 
 import h5py
+import numpy as np
+
+U = np.uint64
+
+
+def mix64(z):
+    z = (z ^ (z >> U(30))) * U(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> U(27))) * U(0x94D049BB133111EB)
+    return z ^ (z >> U(31))
+
+
+def checksum(values):
+    """The checksum of a whole dataset (docs/checkpoint-format.md, "Integrity")."""
+    bits = np.ascontiguousarray(values, dtype="<f4").ravel().view("<u4").astype(U)
+    index = np.arange(bits.size, dtype=U)
+    with np.errstate(over="ignore"):
+        return int(mix64(index * U(0x9E3779B97F4A7C15) ^ bits).sum(dtype=U))
+
+
+def attributes_checksum(attrs):
+    """FNV-1a 64 over `name NUL kind NUL value NUL` of every attribute but attributes_checksum,
+    in byte order of the names (docs/checkpoint-format.md, "Attributes")."""
+    h = 0xCBF29CE484222325
+    for name in sorted(attrs.keys(), key=lambda k: k.encode()):
+        if name == "attributes_checksum":
+            continue
+        v = attrs[name]
+        if isinstance(v, (bytes, str)):
+            kind, text = "s", v.decode() if isinstance(v, bytes) else v
+        elif isinstance(v, np.unsignedinteger) and v.dtype.itemsize == 8:
+            kind, text = "u", str(int(v))
+        elif isinstance(v, (np.integer, int)):
+            kind, text = "i", str(int(v))
+        elif isinstance(v, (np.floating, float)):
+            kind, text = "f", "%.17g" % float(v)
+        else:
+            raise ValueError("attribute %s of type %s" % (name, type(v)))
+        for field in (name, kind, text):
+            for b in field.encode() + b"\0":
+                h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
 
 
 def expected_shapes(attrs):
@@ -73,6 +125,15 @@ def check(path):
         extra = set(found) - {r + "/" + n for r in ("model", "optim/exp_avg", "optim/exp_avg_sq")
                               for n in shapes}
         problems += ["unexpected dataset " + e for e in sorted(extra)]
+        for name in found:
+            d = f[name]
+            if "checksum" not in d.attrs:
+                problems.append("%s has no checksum" % name)
+            elif checksum(d[...]) != int(d.attrs["checksum"]):
+                problems.append("%s: checksum mismatch" % name)
+        if int(attrs["format_version"]) >= 2 and \
+                int(attrs["attributes_checksum"]) != attributes_checksum(attrs):
+            problems.append("root attributes: attributes_checksum mismatch")
         for line in problems:
             print(line)
         print("%d datasets checked, %d problems; step %d, layout %s" % (
@@ -80,7 +141,36 @@ def check(path):
         return 1 if problems else 0
 
 
+def tamper(path, action, args):
+    with h5py.File(path, "r+") as f:
+        if action == "delete-checksum":
+            del f[args[0]].attrs["checksum"]
+        elif action == "checksum-type":
+            d = f[args[0]]
+            old = int(d.attrs["checksum"])
+            d.attrs["checksum"] = str(old) if args[1] == "string" else float(old)
+        elif action == "delete":
+            del f[args[0]]
+        elif action == "set":
+            d = f[args[0]]
+            values = d[...]
+            values.reshape(-1)[int(args[1])] = float(args[2])
+            d[...] = values
+            if args[3:] == ["rechecksum"]:
+                d.attrs.modify("checksum", np.uint64(checksum(values)))
+        elif action in ("attr", "attr-string"):
+            value = np.int64(int(args[1])) if action == "attr" else args[1]
+            f.attrs[args[0]] = value
+            if args[2:] == ["reseal"]:
+                f.attrs.modify("attributes_checksum", np.uint64(attributes_checksum(f.attrs)))
+        else:
+            sys.exit("unknown tamper action " + action)
+
+
 def main():
+    if len(sys.argv) >= 4 and sys.argv[1] == "tamper":
+        tamper(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
     if len(sys.argv) == 3 and sys.argv[1] == "check":
         sys.exit(check(sys.argv[2]))
     if len(sys.argv) == 4 and sys.argv[1] == "offset":

@@ -1,6 +1,10 @@
 // Checkpoints through the trident binary: resume is bitwise on one rank, a job killed while
 // writing leaves the previous checkpoint selected, corruption and bad files are reported
-// naming the file (and dataset), and outside tools (h5py) read the global datasets.
+// naming the file (and dataset), and outside tools (h5py) read the global datasets. A damaged
+// checkpoint (checksum attribute gone or retyped, root attributes changed or inconsistent, a
+// dataset missing, NaN or negative second moments) is refused by `ckpt info --verify` and by
+// a resume with the same line; another data order is refused unless allowed; a full disk ends
+// a job with one error line and exit 1 at 1 and 2 ranks, losing nothing saved before.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -139,4 +143,214 @@ TEST_F(Checkpoint, BadFilesAndMismatchesAreClearErrors) {
   expect_error(run_command(train("--set checkpoint.dir=" + (dir_ / "config.toml" / "ck").string())),
                "config.toml/ck");
   EXPECT_EQ(read_file(dir_ / "ckpt" / "latest"), "step_00000002.h5\n");
+}
+
+// ---- Second wave (issue 22): damaged and mismatched checkpoints, a full disk.
+
+namespace {
+
+// The "trident: error: ..." line of a run ("" if there is none).
+std::string error_line(const RunResult& r) {
+  const auto pos = r.output.find("trident: error: ");
+  if (pos == std::string::npos) return "";
+  return r.output.substr(pos, r.output.find('\n', pos) - pos);
+}
+
+class DamagedCheckpoint : public Checkpoint {
+ protected:
+  void SetUp() override {
+    Checkpoint::SetUp();
+    const auto r = run_command(train("--set train.steps=2 --set log.dir=" + (dir_ / "run").string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  // A copy of checkpoint 2 damaged by `tests/checkpoint_h5py.py tamper FILE <action>` for each
+  // action in turn.
+  fs::path tampered(const std::string& name, const std::vector<std::string>& actions) const {
+    const fs::path file = dir_ / name;
+    fs::copy_file(checkpoint(2), file, fs::copy_options::overwrite_existing);
+    for (const std::string& action : actions) {
+      const auto r = run_command("/usr/bin/python3 " + std::string(TRIDENT_SOURCE_DIR) +
+                                 "/tests/checkpoint_h5py.py tamper " + file.string() + " " +
+                                 action);
+      EXPECT_EQ(r.exit_code, 0) << action << ": " << r.output;
+    }
+    return file;
+  }
+  // `trident ckpt info --verify` and a resume both refuse `file` with the same line, which
+  // names the file and holds `needle`; exit 1.
+  void expect_refused(const fs::path& file, const std::string& needle,
+                      const std::string& sets = "") const {
+    const auto verify = run_command(trident_cmd("ckpt info --verify " + file.string()));
+    const auto resume = run_command(train(sets + " --set train.steps=4 --set log.dir=" +
+                                          (dir_ / "resumed").string() + " --resume " +
+                                          file.string()));
+    for (const RunResult* r : {&verify, &resume}) {
+      EXPECT_EQ(r->exit_code, 1) << r->output;
+      const std::string line = error_line(*r);
+      EXPECT_NE(line.find("checkpoint '" + file.string() + "'"), std::string::npos) << line;
+      EXPECT_NE(line.find(needle), std::string::npos) << line << "\nexpected: " << needle;
+      EXPECT_EQ(r->output.find("resumed from"), std::string::npos) << r->output;
+    }
+    EXPECT_EQ(error_line(verify), error_line(resume)) << "verify and resume check alike";
+  }
+};
+
+}  // namespace
+
+TEST_F(DamagedCheckpoint, MissingOrMistypedChecksumIsAnErrorForVerifyAndResume) {
+  const std::string ds = "/model/layers/001/mlp/fc1/weight";
+  expect_refused(tampered("no_checksum.h5", {"delete-checksum " + ds, "set " + ds + " 0 1.5"}),
+                 "dataset '" + ds + "' has no 'checksum' attribute");
+  expect_refused(tampered("string_checksum.h5",
+                          {"checksum-type " + ds + " string", "set " + ds + " 0 1.5"}),
+                 "dataset '" + ds + "': its 'checksum' attribute is a string, expected uint64");
+  expect_refused(tampered("float_checksum.h5",
+                          {"checksum-type " + ds + " float", "set " + ds + " 0 1.5"}),
+                 "its 'checksum' attribute is a floating-point number, expected uint64");
+}
+
+TEST_F(DamagedCheckpoint, RootAttributesAreSealedAndCheckedAgainstEachOther) {
+  // A bit flip of step (2 -> 6), with and without the seal redone.
+  expect_refused(tampered("step_flip.h5", {"attr step 6"}),
+                 "optimizer_updates + skipped_steps = 2, but step = 6");
+  expect_refused(tampered("step_flip_resealed.h5", {"attr step 6 reseal"}),
+                 "optimizer_updates + skipped_steps = 2, but step = 6");
+  expect_refused(tampered("updates.h5", {"attr optimizer_updates -3"}),
+                 "optimizer_updates = -3 is negative");
+  expect_refused(tampered("negative_step.h5", {"attr step -5"}), "step = -5 is negative");
+  expect_refused(tampered("seed.h5", {"attr seed 43 reseal"}),
+                 "seed = 43, but the stored config's train.seed = 42");
+  expect_refused(tampered("samples.h5", {"attr consumed_samples 17 reseal"}),
+                 "consumed_samples = 17, but step * train.global_batch (2 * 8) = 16");
+  // What no cross-check covers, the seal does.
+  expect_refused(tampered("layout.h5", {"attr-string layout tensor=9"}),
+                 "the attributes of '/' are corrupt (attributes_checksum mismatch)");
+}
+
+TEST_F(DamagedCheckpoint, VerifyChecksTheCompleteSchema) {
+  expect_refused(tampered("deleted.h5", {"delete /optim/exp_avg/layers/001/ln1/bias"}),
+                 "no dataset '/optim/exp_avg/layers/001/ln1/bias' (the stored config's model "
+                 "has it)");
+  expect_refused(tampered("deleted_weight.h5", {"delete /model/final_ln/weight"}),
+                 "no dataset '/model/final_ln/weight'");
+}
+
+TEST_F(DamagedCheckpoint, NonFiniteOrNegativeStateIsRefused) {
+  // Checksums redone: the data are intact, their values are not usable.
+  const std::string w = "/model/layers/000/mlp/fc1/weight";
+  expect_refused(tampered("nan.h5", {"set " + w + " 5 nan rechecksum"}),
+                 "dataset '" + w + "' holds nan at element 5");
+  expect_refused(tampered("inf.h5", {"set /optim/exp_avg/final_ln/bias 2 -inf rechecksum"}),
+                 "dataset '/optim/exp_avg/final_ln/bias' holds -inf at element 2");
+  expect_refused(
+      tampered("negative_v.h5",
+               {"set /optim/exp_avg_sq/layers/000/mlp/fc1/weight 7 -0.25 rechecksum"}),
+      "dataset '/optim/exp_avg_sq/layers/000/mlp/fc1/weight' holds -0.25 at element 7 (must be "
+      ">= 0)");
+}
+
+TEST_F(DamagedCheckpoint, AnotherDataOrderIsRefusedUnlessAllowed) {
+  const std::string file = checkpoint(2).string();
+  auto resume = [&](const std::string& sets) {
+    return run_command(train(sets + " --set train.steps=4 --set log.dir=" +
+                             (dir_ / "resumed").string() + " --resume " + file));
+  };
+  const std::pair<std::string, std::string> changes[] = {
+      {"--set train.global_batch=16", "train.global_batch 8 -> 16"},
+      {"--set train.seed=7", "train.seed 42 -> 7"},
+      {"--set data.shuffle=true", "data.shuffle false -> true"}};
+  for (const auto& [sets, what] : changes) {
+    const auto r = resume(sets);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(error_line(r).find("checkpoint '" + file + "' was written with another data order (" +
+                                 what + " in " + config_.string() +
+                                 "): resuming would not continue where it stopped; set "
+                                 "checkpoint.allow_data_change = true to resume anyway"),
+              std::string::npos)
+        << r.output;
+  }
+  const auto allowed = resume("--set train.seed=7 --set checkpoint.allow_data_change=true");
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  EXPECT_NE(allowed.output.find("note: resuming with another data order (train.seed 42 -> 7; "
+                                "checkpoint.allow_data_change)"),
+            std::string::npos)
+      << allowed.output;
+  EXPECT_NE(allowed.output.find("at step 2"), std::string::npos) << allowed.output;
+}
+
+// A full disk while a checkpoint is written: one error line naming the temporary file and
+// the cause, exit 1 and no crash at 1 rank (alone and under mpiexec) and at 2; the
+// checkpoints written before are intact and `latest` still names the newest of them.
+class DiskFull : public Checkpoint {
+ protected:
+  struct Launch {
+    std::string prefix, sets;
+  };
+  std::vector<Launch> launches() const {
+    return {{"", ""},
+            {std::string(TRIDENT_MPIEXEC) + " -n 1", ""},
+            {std::string(TRIDENT_MPIEXEC) + " -n 2", "--set parallel.data=2"}};
+  }
+  // Runs `launch` from `from_step` (0: fresh) to step 4 with a checkpoint every step into `ck`,
+  // and checks the failure at the checkpoint of `failing_step`.
+  void expect_clean_failure(const Launch& launch, const fs::path& ck, int64_t failing_step,
+                            const std::string& cause, const std::string& env = "") const {
+    const auto r = run_command(
+        env + " " + launch.prefix + " " +
+            trident_cmd("train --config " + config_.string() + " " + launch.sets +
+                        " --set train.steps=4 --set eval.interval=0 --set checkpoint.interval=1"
+                        " --set checkpoint.dir=" + ck.string() + " --set log.dir=" +
+                        (dir_ / "run").string() + " --resume auto"),
+        60);
+    EXPECT_EQ(r.exit_code, 1) << launch.prefix << ":\n" << r.output;
+    char tmp[64];
+    std::snprintf(tmp, sizeof tmp, "step_%08lld.h5.tmp-", static_cast<long long>(failing_step));
+    const std::string line = error_line(r);
+    EXPECT_NE(line.find(ck.string() + "/" + tmp), std::string::npos) << r.output;
+    EXPECT_NE(line.find("write failed"), std::string::npos) << line;
+    EXPECT_NE(line.find(cause), std::string::npos) << line;
+    EXPECT_EQ(r.output.find("Segmentation"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("signal"), std::string::npos) << r.output;
+    // Nothing saved before is lost, nothing half-written is left.
+    char last[64];
+    std::snprintf(last, sizeof last, "step_%08lld.h5", static_cast<long long>(failing_step - 1));
+    EXPECT_EQ(read_file(ck / "latest"), std::string(last) + "\n");
+    for (const auto& e : fs::directory_iterator(ck))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+    const auto verify = run_command(trident_cmd("ckpt info --verify " + (ck / last).string()));
+    EXPECT_EQ(verify.exit_code, 0) << verify.output;
+  }
+};
+
+TEST_F(DiskFull, OnASmallFileSystemEndsWithOneErrorAtEveryRankCount) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root (ThroughAFileSizeLimit runs)";
+  // Room for two checkpoints and a half: steps 1 and 2 are written, step 3 fills the disk.
+  auto r = run_command(train("--set train.steps=1 --set log.dir=" + (dir_ / "m").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto size = fs::file_size(checkpoint(1));
+  const fs::path mnt = dir_ / "small";
+  fs::create_directories(mnt);
+  r = run_command("mount -t tmpfs -o size=" + std::to_string(size * 5 / 2 / 1024) + "k tmpfs " +
+                  mnt.string());
+  if (r.exit_code != 0) GTEST_SKIP() << "cannot mount a tmpfs: " << r.output;
+  struct Unmount {
+    fs::path at;
+    ~Unmount() { run_command("umount " + at.string()); }
+  } unmount{mnt};
+  int i = 0;
+  for (const Launch& launch : launches()) {
+    const fs::path ck = mnt / ("ck" + std::to_string(i++));
+    expect_clean_failure(launch, ck, 3, "No space left on device");
+    fs::remove_all(ck);  // room for the next launch
+  }
+}
+
+TEST_F(DiskFull, ThroughAFileSizeLimitEndsWithOneErrorAtEveryRankCount) {
+  // Checkpoint 1 without a limit, then every later write past half its size fails.
+  auto r = run_command(train("--set train.steps=1 --set log.dir=" + (dir_ / "m").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto limit = fs::file_size(checkpoint(1)) / 2;
+  for (const Launch& launch : launches())
+    expect_clean_failure(launch, dir_ / "ckpt", 2, "File too large",
+                         "TRIDENT_TEST_CHECKPOINT_FILE_LIMIT=" + std::to_string(limit));
 }

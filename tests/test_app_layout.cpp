@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "app_fixture.hpp"
+#include "tmpfs_mount.hpp"
 
 using namespace trident::test;
 
@@ -16,8 +17,9 @@ class BadLayout : public ::testing::Test {
     dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     config_ = make_tiny_run(dir_);
   }
-  void expect_layout_error(int ranks, const std::string& sets, const std::string& needle,
-                           const std::string& env = "") {
+  // Returns the run's output.
+  std::string expect_layout_error(int ranks, const std::string& sets, const std::string& needle,
+                                  const std::string& env = "") {
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = run_command(env + " " + std::string(TRIDENT_MPIEXEC) + " -n " +
                                    std::to_string(ranks) + " " +
@@ -34,9 +36,11 @@ class BadLayout : public ::testing::Test {
       ++errors;
     EXPECT_EQ(errors, 1u) << "printed by one rank only: " << r.output;
     const auto pos = r.output.find("trident: error: ");
-    ASSERT_NE(pos, std::string::npos) << r.output;
+    EXPECT_NE(pos, std::string::npos) << r.output;
+    if (pos == std::string::npos) return r.output;
     const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
     EXPECT_NE(line.find(needle), std::string::npos) << line;
+    return r.output;
   }
   std::filesystem::path dir_, config_;
 };
@@ -75,4 +79,35 @@ TEST_F(BadLayout, SequenceParallelRowsNotDivisibleByTensor) {
 
 TEST_F(BadLayout, FewerSequencesThanOneMicroBatchPerReplica) {
   expect_layout_error(2, "--set parallel.data=2 --set train.global_batch=2", "train.global_batch");
+}
+
+// Issue 22 item 8: a checkpoint.dir that is not a directory, or one in which no file can be
+// created, was found only at the first save, after training up to it. Now it is found at start,
+// before the model is built, with one line naming checkpoint.dir, on every rank count.
+TEST_F(BadLayout, UnusableCheckpointDirIsFoundAtStartOnEveryRankCount) {
+  const auto file = dir_ / "a_file";
+  trident::test::write_file(file, "not a directory\n");
+  trident::test::TmpfsMount read_only(dir_ / "read_only", "size=64k,ro");
+  if (!read_only.mounted() && ::geteuid() != 0)
+    std::filesystem::permissions(read_only.dir(), std::filesystem::perms::owner_read |
+                                                      std::filesystem::perms::owner_exec);
+  const bool unwritable = read_only.mounted() || ::geteuid() != 0;
+  const std::pair<int, std::string> layouts[] = {
+      {1, ""}, {2, "--set parallel.data=2"}, {4, "--set parallel.data=2 --set parallel.pipeline=2"}};
+  for (const auto& [ranks, layout] : layouts) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    std::string out = expect_layout_error(
+        ranks, layout + " --set checkpoint.dir=" + file.string(),
+        "trident: error: checkpoint.dir '" + file.string() + "' is not a directory");
+    EXPECT_EQ(out.find("\nstep "), std::string::npos) << "trained before failing: " << out;
+    out = expect_layout_error(ranks, layout + " --set checkpoint.dir=" + (file / "sub").string(),
+                              "trident: error: checkpoint.dir '" + (file / "sub").string() +
+                                  "': cannot create: Not a directory");
+    if (!unwritable) continue;
+    out = expect_layout_error(ranks, layout + " --set checkpoint.dir=" + read_only.dir().string(),
+                              "trident: error: checkpoint.dir '" + read_only.dir().string() +
+                                  "' is not writable: ");
+    EXPECT_EQ(out.find("\nstep "), std::string::npos) << "trained before failing: " << out;
+  }
+  if (!unwritable) GTEST_SKIP() << "root without a tmpfs mount: the read-only case was not run";
 }

@@ -2,11 +2,16 @@
 // input ends it with one clear error line and a non-zero exit code (never a crash or a hang).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "app_fixture.hpp"
+#include "tmpfs_mount.hpp"
 
 using namespace trident;
 using namespace trident::test;
@@ -70,8 +75,10 @@ class BadInput : public ::testing::Test {
     config_ = make_tiny_run(dir_);
   }
   // Runs trident, expects failure with a one-line "trident: error: ..." containing `needle`.
-  void expect_error(const std::string& args, const std::string& needle) {
-    const auto r = run_command(trident_cmd("train " + args), 60);
+  // `prefix`: shell commands before the run (a resource limit).
+  void expect_error(const std::string& args, const std::string& needle,
+                    const std::string& prefix = "") {
+    const auto r = run_command(prefix + trident_cmd("train " + args), 60);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "timed out: " << r.output;
     EXPECT_LT(r.exit_code, 128) << "killed by a signal: " << r.output;
@@ -186,4 +193,203 @@ TEST_F(BadInput, ErrorIsPrintedOnceOnSeveralRanks) {
        p = r.output.find("trident: error", p + 1))
     ++count;
   EXPECT_EQ(count, 1u) << r.output;
+}
+
+// ---------------------------------------------------------------- issue 22: hostile input
+
+// Items 3 and 12: a FIFO as --config or as data.train blocked in open (forever, ignoring
+// SIGTERM); /dev/zero as --config was read until the memory ran out. Refused at once, unread.
+TEST_F(BadInput, FifoOrDeviceAsConfigOrShardIsRefusedUnread) {
+  const auto fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error("--config " + fifo.string(),
+               fifo.string() + ": not a regular file (a FIFO): --config needs a TOML file");
+  expect_error("--config /dev/zero",
+               "/dev/zero: not a regular file (a character device): --config needs a TOML file");
+  expect_error(config() + " --set data.train=" + fifo.string(),
+               "token shard '" + fifo.string() + "': not a regular file (a FIFO)");
+}
+
+// Item 13: sizes no node can hold ended in "internal error: std::bad_alloc", naming no key.
+// They are refused before anything is allocated, naming the key (sizes far beyond any
+// machine's memory, so that the case means the same on every machine).
+// (Under a 4 GiB address-space limit: without the check, the layers were allocated one by
+// one until the machine's memory ran out.)
+TEST_F(BadInput, SizesNoMachineCanHoldNameTheirKey) {
+  const std::string limit = "ulimit -v 4194304; ";
+  expect_error(config() + " --set model.layers=100000000", "model.layers = 100000000", limit);
+  expect_error(config() + " --set model.seq_len=1000000000", "model.seq_len = 1000000000", limit);
+  expect_error(config() + " --set model.vocab_size=2000000000 --set model.width=4096",
+               "model.vocab_size = 2000000000", limit);
+  expect_error(config() + " --set model.width=2147483648", "model.width = 2147483648", limit);
+  expect_error(config() + " --set model.seq_len=10000000000", "model.seq_len (10000000000)",
+               limit);
+  const auto r = run_command(
+      limit + trident_cmd("train " + config() + " --set model.layers=100000000"), 60);
+  EXPECT_NE(r.output.find("physical memory of this node"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("bad_alloc"), std::string::npos) << r.output;
+}
+
+// Item 11: train.threads = 100000 spun for ten minutes creating threads.
+TEST_F(BadInput, ThreadCountIsBounded) {
+  expect_error(config() + " --set train.threads=100000",
+               "train.threads (100000) must be in [0, 1024]");
+}
+
+// Item 10: a shard truncated while the run reads it (another job rewriting the data) killed
+// the run with SIGBUS (exit 135, no message): the shards were memory-mapped. Now the next read
+// of a lost window is the usual one-line shard error.
+TEST(TrainApp, ShardTruncatedDuringTheRunIsAShardError) {
+  const auto dir = scratch_dir("train_truncated_live");
+  const auto config = make_tiny_run(dir);
+  const auto big = dir / "big.bin", out = dir / "out.txt";
+  write_shard(big.string(), synthetic_tokens(200000, 9));
+  const auto r = run_command(
+      trident_cmd("train --config " + config.string() +
+                  " --set train.steps=1000000 --set eval.interval=0 --set data.train=" +
+                  big.string()) +
+          " > " + out.string() + " 2>&1 & pid=$!; trap 'kill -KILL $pid' TERM; " +
+          "for i in $(seq 400); do grep -q '^step ' " + out.string() +
+          " && break; sleep 0.05; done; truncate -s 1100 " + big.string() +
+          "; wait $pid; rc=$?; cat " + out.string() + "; exit $rc",
+      60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const auto pos = r.output.find("trident: error: ");
+  ASSERT_NE(pos, std::string::npos) << r.output;
+  const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+  EXPECT_NE(line.find("token shard '" + big.string() + "': truncated while in use: tokens ["),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("but the file now has 1100 bytes (it had 401024 when opened)"),
+            std::string::npos)
+      << line;
+}
+
+namespace {
+
+// The lines of `text` that contain `needle`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(needle) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+// Item 9: metrics.jsonl on a full disk was cut mid-line and the run exited 0. Now the first
+// failed write is reported once, training goes on to the end, the file keeps whole lines only,
+// and the run ends with one error line and exit code 1. A 4 KiB tmpfs when the test may mount
+// one (root), else a 4 KiB file-size limit.
+TEST(TrainApp, FullDiskLosesLogLinesButNotTheRunAndFailsIt) {
+  const auto dir = scratch_dir("train_full_disk");
+  const auto config = make_tiny_run(dir);
+  TmpfsMount disk(dir / "disk", "size=4k");
+  const std::string limit = disk.mounted() ? "" : "ulimit -f 4; ";
+  const std::string cause = disk.mounted() ? "No space left on device" : "File too large";
+  const auto run = disk.dir() / "run";
+  const auto jsonl = (run / "metrics.jsonl").string();
+  auto r = run_command(limit + trident_cmd("train --config " + config.string() +
+                                           " --set train.steps=40 --set eval.interval=0"
+                                           " --set log.dir=" + run.string()),
+                       60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("step     40/40 | loss"), std::string::npos) << "trained to the end";
+  const auto warnings = lines_with(r.output, "trident: warning: ");
+  ASSERT_EQ(warnings.size(), 1u) << r.output;
+  EXPECT_NE(warnings[0].find("cannot write '" + jsonl + "' (step "), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find(cause), std::string::npos) << warnings[0];
+  const auto errors = lines_with(r.output, "trident: error: ");
+  ASSERT_EQ(errors.size(), 1u) << r.output;
+  EXPECT_NE(errors[0].find("trident: error: the run's log is incomplete: "), std::string::npos);
+  EXPECT_NE(errors[0].find(" of 40 log lines were not written to '" + jsonl + "' (first at step "),
+            std::string::npos)
+      << errors[0];
+  // Whole lines only, the steps before the first failure.
+  std::ifstream in(jsonl);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  const auto rows = read_metrics(run);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i]["step"], i + 1);
+
+  // The log on standard output, redirected to the full disk: the same, for stdout.
+  fs::remove_all(run);
+  r = run_command(limit + trident_cmd("train --config " + config.string() +
+                                      " --set train.steps=40 --set eval.interval=0"
+                                      " --set log.dir=" + (dir / "run2").string()) +
+                      " > " + (disk.dir() / "stdout.txt").string(),
+                  60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(lines_with(r.output, "trident: warning: cannot write the log to standard output")
+                .size(),
+            1u)
+      << r.output;
+  const auto stdout_errors = lines_with(r.output, "trident: error: ");
+  ASSERT_EQ(stdout_errors.size(), 1u) << r.output;
+  EXPECT_NE(stdout_errors[0].find("log lines were not written to standard output"),
+            std::string::npos)
+      << stdout_errors[0];
+  EXPECT_EQ(read_metrics(dir / "run2").size(), 40u);  // metrics.jsonl was not on that disk
+}
+
+// Item 11: a stop request was honoured only at step boundaries, so a long evaluation
+// (eval.steps = 10^12) ignored SIGTERM. Now evaluation stops between batches; the run then
+// checkpoints at that step and exits 75, as at any step boundary.
+TEST(TrainApp, StopSignalInsideALongEvaluation) {
+  const auto dir = scratch_dir("train_stop_in_eval");
+  const auto config = make_tiny_run(dir);
+  const auto out = dir / "out.txt", ckpt = dir / "ckpt";
+  const auto r = run_command(
+      trident_cmd("train --config " + config.string() +
+                  " --set train.steps=100 --set eval.interval=2 --set eval.steps=1000000000000"
+                  " --set checkpoint.dir=" + ckpt.string()) +
+          " > " + out.string() + " 2>&1 & pid=$!; trap 'kill -KILL $pid' TERM; " +
+          "for i in $(seq 400); do grep -q '^step ' " + out.string() +
+          " && break; sleep 0.05; done; sleep 1; kill -TERM $pid; wait $pid; " +
+          "rc=$?; cat " + out.string() + "; exit $rc",
+      60);
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("evaluation stopped after "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" of 1000000000000 batches (stop requested)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("stopping after step 2 of 100"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(ckpt / "step_00000002.h5")) << r.output;
+}
+
+// Item 11: a stop request during start-up (a large model's initialisation; here made long by
+// a test hook) was acted on only after the first step. Now the run stops before it, on every
+// rank even when only one was signalled, with nothing saved and the exit code of a stop.
+TEST(TrainApp, StopSignalDuringStartUp) {
+  const auto dir = scratch_dir("train_stop_at_start");
+  const auto config = make_tiny_run(dir);
+  const auto out = dir / "out.txt", ckpt = dir / "ckpt";
+  for (const int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    // Each rank writes its pid (the shell's, which exec keeps for trident); the last rank is
+    // signalled alone.
+    const std::string pid_file = (dir / "pid_").string();
+    const std::string last_rank = pid_file + std::to_string(ranks - 1);
+    fs::remove(last_rank);
+    const auto r = run_command(
+        "TRIDENT_TEST_SLOW_START_MS=5000 " + std::string(TRIDENT_MPIEXEC) + " -n " +
+            std::to_string(ranks) + " bash -c 'echo $$ > " + pid_file +
+            "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}; exec " +
+            trident_cmd("train --config " + config.string() + " --set parallel.data=" +
+                        std::to_string(ranks) + " --set checkpoint.dir=" + ckpt.string()) +
+            "' > " + out.string() + " 2>&1 & pid=$!; trap 'kill -KILL $pid' TERM; " +
+            "for i in $(seq 400); do grep -q '^ranks: ' " + out.string() + " && test -s " +
+            last_rank + " && break; sleep 0.05; done; kill -TERM $(cat " + last_rank +
+            "); wait $pid; rc=$?; cat " + out.string() + "; exit $rc",
+        60);
+    EXPECT_EQ(r.exit_code, 75) << r.output;
+    EXPECT_NE(r.output.find("stopping during start-up (before building the model; signal): no "
+                            "step run, nothing saved"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("\nstep "), std::string::npos) << "no step ran: " << r.output;
+    EXPECT_FALSE(fs::exists(ckpt / "latest")) << r.output;
+  }
 }

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <fstream>
 #include <random>
 #include <set>
@@ -15,6 +17,7 @@
 
 #include "checkpoint/ckpt_runs.hpp"
 #include "checkpoint/commit.hpp"
+#include "checkpoint/h5_file.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -253,6 +256,56 @@ TEST(checkpointRuns, ChecksumMatchesTheSpec) {
   EXPECT_EQ(checksum_runs(local, {{2, 0, 2}, {0, 2, 2}}), 0x995d61e72885f696ull);
   const float neg_zero = -0.0f;
   EXPECT_EQ(checksum_range(&neg_zero, 0, 1), 0xec105bf588587c9full);  // bits, not value
+}
+
+TEST(checkpointAttributes, SealMatchesTheSpec) {
+  // Value computed with attributes_checksum() of tests/checkpoint_h5py.py (the Python of
+  // docs/checkpoint-format.md) from the same attributes as h5py reads them.
+  std::map<std::string, AttributeValue> a;
+  auto add = [&](const char* key, AttributeValue::Kind kind) -> AttributeValue& {
+    AttributeValue& v = a[key];
+    v.kind = kind;
+    return v;
+  };
+  add("step", AttributeValue::Kind::Int).i = 3;
+  add("lr", AttributeValue::Kind::Double).d = 0.1;
+  add("layout", AttributeValue::Kind::String).text = "tensor=2";
+  add("checksum", AttributeValue::Kind::Uint).u = UINT64_MAX;
+  add("neg", AttributeValue::Kind::Int).i = -7;
+  add(kAttributesChecksumKey, AttributeValue::Kind::Uint).u = 5;  // not part of itself
+  EXPECT_EQ(attributes_checksum(a), 0x1f78f573ebeda4dcull);
+  EXPECT_EQ(attributes_checksum({}), 0xcbf29ce484222325ull);  // FNV-1a's offset basis
+  // Any change of a name, a value or a type changes it.
+  const uint64_t sealed = attributes_checksum(a);
+  auto changed = [&](auto&& change) {
+    auto b = a;
+    change(b);
+    return attributes_checksum(b);
+  };
+  EXPECT_NE(changed([](auto& b) { b["step"].i = 7; }), sealed);
+  EXPECT_NE(changed([](auto& b) { b["step"].kind = AttributeValue::Kind::Double, b["step"].d = 3; }),
+            sealed);
+  EXPECT_NE(changed([](auto& b) { b["layout"].text = "tensor=9"; }), sealed);
+  EXPECT_NE(changed([](auto& b) { b.erase("neg"); }), sealed);
+  AttributeValue other;  // a type Trident does not read
+  other.text = "int32 array of 3 elements";
+  EXPECT_THROW(changed([&](auto& b) { b["x"] = other; }), Error);
+}
+
+TEST(checkpointValues, FirstOffendingElementIsNamed) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v{1.0f, -0.0f, -2.0f, nan, inf};
+  EXPECT_EQ(check_values(v.data(), 0, 5, ValueCheck::Any), "");
+  EXPECT_EQ(check_values(v.data(), 0, 3, ValueCheck::Finite), "");
+  EXPECT_EQ(check_values(v.data(), 10, 5, ValueCheck::Finite), "holds nan at element 13");
+  EXPECT_EQ(check_values(v.data() + 4, 4, 1, ValueCheck::Finite), "holds inf at element 4");
+  EXPECT_EQ(check_values(v.data(), 0, 2, ValueCheck::FiniteNonNegative), "");  // -0.0 is >= 0
+  EXPECT_EQ(check_values(v.data(), 0, 5, ValueCheck::FiniteNonNegative),
+            "holds -2 at element 2 (must be >= 0)");
+  // Over runs: global order, local positions anywhere.
+  EXPECT_EQ(check_values_runs(v, {{3, 100, 1}, {2, 50, 1}}, ValueCheck::FiniteNonNegative),
+            "holds -2 at element 50 (must be >= 0)");
 }
 
 }  // namespace

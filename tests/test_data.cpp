@@ -148,7 +148,16 @@ TEST(TokenShard, RoundTrip) {
   TokenShard shard(path);
   EXPECT_EQ(shard.path(), path);
   ASSERT_EQ(shard.num_tokens(), static_cast<int64_t>(tokens.size()));
-  for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(shard.tokens()[i], tokens[i]) << i;
+  std::vector<uint16_t> back(tokens.size());
+  shard.read(0, static_cast<int64_t>(tokens.size()), back.data());
+  EXPECT_EQ(back, tokens);
+  uint16_t two[2] = {0, 0};
+  shard.read(3, 2, two);
+  EXPECT_EQ(two[0], 256);
+  EXPECT_EQ(two[1], 65535);
+  // Outside the shard: an error naming it, never a read past the end.
+  expect_one_line_with(error_of([&] { shard.read(6, 2, two); }), {path, "out of range"});
+  expect_one_line_with(error_of([&] { shard.read(-1, 1, two); }), {path, "out of range"});
 }
 
 TEST(TokenShard, EmptyShardRoundTrip) {
@@ -164,8 +173,10 @@ TEST(TokenShard, ReadsAHandWrittenShard) {
   write_raw(path, good_header(3), {10, 20, 30});
   TokenShard shard(path);
   ASSERT_EQ(shard.num_tokens(), 3);
-  EXPECT_EQ(shard.tokens()[0], 10);
-  EXPECT_EQ(shard.tokens()[2], 30);
+  uint16_t t[3] = {0, 0, 0};
+  shard.read(0, 3, t);
+  EXPECT_EQ(t[0], 10);
+  EXPECT_EQ(t[2], 30);
 }
 
 TEST(TokenShard, MissingFile) {
@@ -179,6 +190,58 @@ TEST(TokenShard, Directory) {
   TempDir dir;
   auto msg = error_of([&] { TokenShard s(dir.path()); });
   expect_one_line_with(msg, {dir.path(), "not a regular file"});
+}
+
+// Issue 22 item 3: a FIFO (or a device) as a shard is refused before it is opened: opening a
+// FIFO for reading would block until a writer comes, ignoring SIGTERM. The test runs in a
+// child with an alarm so that the old behaviour (blocking) fails it instead of hanging.
+TEST(TokenShard, FifoAndDeviceAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const auto fifo = dir.file("train_000.bin");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_EXIT(
+      {
+        ::alarm(5);
+        try {
+          TokenDataset ds(dir.file("train_*.bin"), 4, 256);
+        } catch (const Error& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(0);
+        }
+        std::exit(1);
+      },
+      ::testing::ExitedWithCode(0), "train_000.bin': not a regular file \\(a FIFO\\)");
+  expect_one_line_with(error_of([] { TokenShard s("/dev/zero"); }),
+                       {"/dev/zero", "not a regular file (a character device)"});
+}
+
+// Issue 22 item 10: a shard truncated while a run reads it (another job rewriting the data)
+// is an error naming the file. Shards used to be memory-mapped, and touching the lost pages
+// raised SIGBUS (exit 135, no message); the check runs in a child so that a signal fails the
+// test rather than the whole binary.
+TEST(TokenShard, TruncatedWhileInUseIsAnErrorNotSigbus) {
+  TempDir dir;
+  const auto path = dir.file("live.bin");
+  write_shard(path, iota_tokens(40000));
+  const auto truncate_while_reading = [&] {
+    TokenDataset ds(path, 64, 65536);
+    std::vector<int32_t> in(64), out(64);
+    ds.window(600, in.data(), out.data());  // fine while the file is whole
+    fs::resize_file(path, 1024 + 2 * 1000);  // keeps 1000 tokens
+    ds.window(0, in.data(), out.data());     // still inside what is left
+    try {
+      ds.window(600, in.data(), out.data());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::exit(0);
+    }
+    std::exit(1);
+  };
+  EXPECT_EXIT(truncate_while_reading(),
+      ::testing::ExitedWithCode(0),
+      "token shard '.*live.bin': truncated while in use: tokens \\[38400, 38465\\) lie in "
+      "bytes \\[77824, 77954\\), but the file now has 3024 bytes \\(it had 81024 when "
+      "opened\\)");
 }
 
 TEST(TokenShard, SmallerThanHeader) {

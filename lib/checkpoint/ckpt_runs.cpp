@@ -1,6 +1,7 @@
 #include "checkpoint/ckpt_runs.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -222,6 +223,60 @@ uint64_t checksum_runs(std::span<const float> local, const std::vector<Run>& run
   uint64_t sum = 0;
   for (const Run& r : runs) sum += checksum_range(local.data() + r.local_offset, r.global_offset, r.length);
   return sum;
+}
+
+namespace {
+
+// Index of the first element of values[0, n) that fails `check` (n if none).
+int64_t first_failing(const float* values, int64_t n, ValueCheck check) {
+  if (check == ValueCheck::Any) return n;
+  const bool non_negative = check == ValueCheck::FiniteNonNegative;
+  int64_t first = n;
+#pragma omp parallel for reduction(min : first) schedule(static) if (n > (int64_t{1} << 20))
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = values[i];
+    if (!std::isfinite(v) || (non_negative && v < 0.0f)) first = std::min(first, i);
+  }
+  return first;
+}
+
+std::string describe_failure(float v, int64_t global_index) {
+  std::ostringstream out;
+  out << "holds ";
+  if (std::isnan(v)) {
+    out << "nan";
+  } else if (std::isinf(v)) {
+    out << (v < 0 ? "-inf" : "inf");
+  } else {
+    out.precision(9);
+    out << v;
+  }
+  out << " at element " << global_index;
+  if (std::isfinite(v)) out << " (must be >= 0)";
+  return out.str();
+}
+
+}  // namespace
+
+std::string check_values(const float* values, int64_t global_offset, int64_t n,
+                         ValueCheck check) {
+  const int64_t i = first_failing(values, n, check);
+  return i == n ? "" : describe_failure(values[i], global_offset + i);
+}
+
+std::string check_values_runs(std::span<const float> local, const std::vector<Run>& runs,
+                              ValueCheck check) {
+  // The failing element of lowest global index, whatever the order of the runs.
+  int64_t best = -1;
+  float value = 0;
+  for (const Run& r : runs) {
+    const int64_t i = first_failing(local.data() + r.local_offset, r.length, check);
+    if (i < r.length && (best < 0 || r.global_offset + i < best)) {
+      best = r.global_offset + i;
+      value = local[static_cast<size_t>(r.local_offset + i)];
+    }
+  }
+  return best < 0 ? "" : describe_failure(value, best);
 }
 
 }  // namespace trident

@@ -73,4 +73,18 @@ uint64_t checksum_runs(std::span<const float> local, const std::vector<Run>& run
 // Partial checksum of global elements [global_offset, +n) holding values[0, n).
 uint64_t checksum_range(const float* values, int64_t global_offset, int64_t n);
 
+// ---- value checks: what a reader requires of the values it reads, besides the checksum.
+enum class ValueCheck {
+  Any,                // nothing
+  Finite,             // no NaN or infinity
+  FiniteNonNegative,  // and no negative value (-0.0 is allowed)
+};
+// "" if values[0, n) (global elements [global_offset, +n)) pass `check`, else what the first
+// offending element is: "holds nan at element 123" / "holds -0.5 at element 7 (must be >= 0)".
+std::string check_values(const float* values, int64_t global_offset, int64_t n,
+                         ValueCheck check);
+// The same for the elements the runs cover (values read from `local`).
+std::string check_values_runs(std::span<const float> local, const std::vector<Run>& runs,
+                              ValueCheck check);
+
 }  // namespace trident

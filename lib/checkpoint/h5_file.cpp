@@ -1,12 +1,14 @@
 #include "checkpoint/h5_file.hpp"
 
 #include <hdf5.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -29,6 +31,12 @@ using ckpt::comm_size;
 namespace {
 
 void h5_init() {
+  // No clean-up of HDF5 at exit(): after a failed H5Fclose (see CheckpointWriter::abandon) the
+  // library's exit handler dereferences the half-destroyed file and crashes the process,
+  // e.g. in a 1-rank job, where MPI_Abort ends the process through exit(). The library is
+  // still shut down at MPI_Finalize (HDF5 hooks MPI_COMM_SELF's deletion), and every file
+  // Trident opens is closed before that. Effective only before the library's first use.
+  H5dont_atexit();
   H5open();
   // Errors become trident::Errors; HDF5 must not print its stack on its own.
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -172,6 +180,36 @@ const char* kChecksumKey = "checksum";
 
 }  // namespace
 
+uint64_t attributes_checksum(const std::map<std::string, AttributeValue>& attributes) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64: offset basis; prime 0x100000001b3
+  auto add = [&](const std::string& bytes) {
+    for (unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
+    h = (h ^ 0u) * 1099511628211ull;  // the NUL after each field
+  };
+  for (const auto& [key, v] : attributes) {  // std::map: byte order of the names
+    if (key == kAttributesChecksumKey) continue;
+    std::string kind, text;
+    switch (v.kind) {
+      case AttributeValue::Kind::Int: kind = "i"; text = std::to_string(v.i); break;
+      case AttributeValue::Kind::Uint: kind = "u"; text = std::to_string(v.u); break;
+      case AttributeValue::Kind::Double: {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.17g", v.d);
+        kind = "f";
+        text = buf;
+        break;
+      }
+      case AttributeValue::Kind::String: kind = "s"; text = v.text; break;
+      case AttributeValue::Kind::Other:
+        throw Error("attribute '" + key + "' is of a type Trident does not read (" + v.text + ")");
+    }
+    add(key);
+    add(kind);
+    add(text);
+  }
+  return h;
+}
+
 std::string h5_path(const std::string& name) {
   std::string out;
   std::string part;
@@ -205,8 +243,19 @@ struct CheckpointWriter::Impl {
     AttributeValue value;
   };
   std::vector<PendingAttribute> attributes;
+  // Every attribute written so far, by object (rank 0's values), and the objects to seal.
+  std::map<std::string, std::map<std::string, AttributeValue>> written_attributes;
+  std::vector<std::string> sealed;
   int slow_ms = 0;
   bool closed = false;
+  // TRIDENT_TEST_CHECKPOINT_FILE_LIMIT: the file-size limit in force from creation to the end
+  // of close() or abandon(), and the one it replaced.
+  bool limited = false;
+  struct rlimit saved_limit {};
+  void restore_file_limit() {
+    if (limited) setrlimit(RLIMIT_FSIZE, &saved_limit);
+    limited = false;
+  }
 };
 
 CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
@@ -290,6 +339,17 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
   H5Tset_cset(m.vlen_str.get(), H5T_CSET_UTF8);
 
   if (const char* s = std::getenv("TRIDENT_TEST_SLOW_CHECKPOINT_MS")) m.slow_ms = std::atoi(s);
+  // Test hook: a full disk without a small file system (which needs root to mount). Writes past
+  // N bytes fail with EFBIG (SIGXFSZ ignored), the abandoning close included, as on a disk that
+  // is full.
+  if (const char* s = std::getenv("TRIDENT_TEST_CHECKPOINT_FILE_LIMIT")) {
+    if (getrlimit(RLIMIT_FSIZE, &m.saved_limit) == 0) {
+      std::signal(SIGXFSZ, SIG_IGN);
+      struct rlimit small = m.saved_limit;
+      small.rlim_cur = static_cast<rlim_t>(std::max(0ll, std::atoll(s)));
+      m.limited = setrlimit(RLIMIT_FSIZE, &small) == 0;
+    }
+  }
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -302,6 +362,7 @@ CheckpointWriter::~CheckpointWriter() {
     return;
   }
   if (!m.closed) abandon();
+  m.restore_file_limit();
   if (m.comm != MPI_COMM_NULL) MPI_Comm_free(&m.comm);
 }
 
@@ -538,6 +599,7 @@ void CheckpointWriter::finish_pending() {
         write_scalar_attribute(o.get(), p.key, m.vlen_str.get(), m.vlen_str.get(), &text,
                                where);
       }
+      m.written_attributes[p.object][p.key] = p.value;
     }
   }
   // 4) The checksums, as attributes (collective metadata operations, same values everywhere).
@@ -588,11 +650,34 @@ void CheckpointWriter::queue_attribute(const std::string& object, const std::str
   m.attributes.push_back({obj, key, std::move(value)});
 }
 
+void CheckpointWriter::seal_attributes(const std::string& object) {
+  Impl& m = *impl_;
+  const std::string obj = h5_path(object);
+  if (m.closed) {
+    throw Error("checkpoint '" + path_ + "': '" + obj + "': seal_attributes: the writer is closed");
+  }
+  if (std::find(m.sealed.begin(), m.sealed.end(), obj) == m.sealed.end()) m.sealed.push_back(obj);
+}
+
 void CheckpointWriter::close() {
   Impl& m = *impl_;
   if (m.closed) return;
   try {
     finish_pending();
+    // The seals, last: over every attribute of the object (the same values on every rank).
+    for (const std::string& obj : m.sealed) {
+      const std::string where =
+          "checkpoint '" + path_ + "': '" + obj + "' attribute '" + kAttributesChecksumKey + "'";
+      uint64_t sum = 0;
+      try {
+        sum = attributes_checksum(m.written_attributes[obj]);
+      } catch (const Error& e) {
+        throw Error(where + ": " + e.what());
+      }
+      Hid o = open_or_create_object(m.file.get(), m.lcpl.get(), obj, where);
+      write_scalar_attribute(o.get(), kAttributesChecksumKey, H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                             &sum, where);
+    }
   } catch (const Error&) {
     abandon();
     throw;
@@ -610,6 +695,7 @@ void CheckpointWriter::close() {
   }
   m.closed = true;
   const herr_t rc = m.file.reset();  // collective
+  m.restore_file_limit();
   err = rc < 0 ? "checkpoint '" + path_ + "': " + rank_prefix(m.comm) + "close failed: " +
                      h5_detail()
                : "";
@@ -629,11 +715,12 @@ struct CheckpointReader::Impl {
     std::string name;
     int64_t numel;
     uint64_t sum, counted;
-    bool has_checksum;
-    uint64_t checksum;
+    uint64_t checksum;  // the stored one
   };
   std::vector<Pending> pending;
-  std::string error;
+  std::string error;        // I/O and argument errors of this rank (first one)
+  std::string value_error;  // values that fail options.value_check (first one)
+  std::function<ValueCheck(const std::string&)> value_check;
   std::vector<float> staging;
   bool closed = false;
 };
@@ -857,6 +944,7 @@ CheckpointReader::CheckpointReader(const std::string& path, MPI_Comm comm,
     throw Error(err);
   }
   m.collective = options.collective_data;
+  m.value_check = options.value_check;
   m.dxpl = Hid(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(m.dxpl.get(),
                    options.collective_data ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
@@ -948,6 +1036,45 @@ const AttributeValue& CheckpointReader::attribute(const std::string& object,
                 key + "'");
   }
   return it->second;
+}
+
+std::string CheckpointReader::dtype(const std::string& name) const {
+  return dataset_entry(name).dtype;
+}
+
+uint64_t CheckpointReader::checksum(const std::string& name) const {
+  const Object& o = dataset_entry(name);
+  const std::string where = "checkpoint '" + path_ + "': dataset '" + h5_path(name) + "'";
+  auto it = o.attributes.find(kChecksumKey);
+  if (it == o.attributes.end()) throw Error(where + " has no '" + kChecksumKey + "' attribute");
+  if (it->second.kind != AttributeValue::Kind::Uint) {
+    static const char* kinds[] = {"an integer", "an unsigned integer", "a floating-point number",
+                                  "a string", "of another type"};
+    throw Error(where + ": its '" + kChecksumKey + "' attribute is " +
+                kinds[static_cast<int>(it->second.kind)] + ", expected uint64");
+  }
+  return it->second.u;
+}
+
+void CheckpointReader::verify_attributes(const std::string& object) const {
+  const Object& o = object_entry(object);
+  const std::string where = "checkpoint '" + path_ + "': the attributes of '" + h5_path(object) + "'";
+  auto it = o.attributes.find(kAttributesChecksumKey);
+  if (it == o.attributes.end()) {
+    throw Error(where + " are not sealed (no '" + kAttributesChecksumKey + "' attribute)");
+  }
+  if (it->second.kind != AttributeValue::Kind::Uint) {
+    throw Error(where + ": '" + kAttributesChecksumKey + "' is not a uint64");
+  }
+  uint64_t sum = 0;
+  try {
+    sum = attributes_checksum(o.attributes);
+  } catch (const Error& e) {
+    throw Error(where + ": " + e.what());
+  }
+  if (sum != it->second.u) {
+    throw Error(where + " are corrupt (" + kAttributesChecksumKey + " mismatch)");
+  }
 }
 
 namespace {
@@ -1070,6 +1197,7 @@ void CheckpointReader::read_tensor(const std::string& name_in,
   if (o.dtype.rfind("float", 0) != 0) {
     throw Error(where + ": has type " + o.dtype + ", expected floating point");
   }
+  const uint64_t stored = checksum(name);
   const int64_t numel = shape_numel(o.shape);
   const auto local_size = static_cast<int64_t>(local.size());
 
@@ -1098,13 +1226,11 @@ void CheckpointReader::read_tensor(const std::string& name_in,
   }
   // Checked at finish(), for all datasets read, in one agreement.
   const uint64_t sum = err.empty() ? checksum_runs(local, counted) : 0;
-  auto it = o.attributes.find(kChecksumKey);
-  Impl::Pending p{name, numel, sum, static_cast<uint64_t>(runs_length(counted)), false, 0};
-  if (it != o.attributes.end() && it->second.kind == AttributeValue::Kind::Uint) {
-    p.has_checksum = true;
-    p.checksum = it->second.u;
+  if (err.empty() && m.value_error.empty() && m.value_check) {
+    const std::string bad = check_values_runs(local, rs, m.value_check(name));
+    if (!bad.empty()) m.value_error = where + " " + bad;
   }
-  m.pending.push_back(std::move(p));
+  m.pending.push_back({name, numel, sum, static_cast<uint64_t>(runs_length(counted)), stored});
   if (m.error.empty()) m.error = err;
 }
 
@@ -1117,6 +1243,8 @@ void CheckpointReader::finish() {
   m.pending.clear();
   std::string error = std::move(m.error);
   m.error.clear();
+  std::string value_error = std::move(m.value_error);
+  m.value_error.clear();
   if (a[0] != -a[1]) {
     throw Error("checkpoint '" + path_ + "': the ranks read different numbers of datasets (" +
                 std::to_string(-a[1]) + " to " + std::to_string(a[0]) +
@@ -1140,11 +1268,10 @@ void CheckpointReader::finish() {
                   " elements toward the checksum, the dataset has " + std::to_string(p.numel) +
                   " (each element must be counted by exactly one rank, see ChecksumShare)");
     }
-    // No checksum attribute: written by another tool, nothing to check against.
-    if (p.has_checksum && p.checksum != v[2 * i]) {
-      throw Error(where + " is corrupt (checksum mismatch)");
-    }
+    if (p.checksum != v[2 * i]) throw Error(where + " is corrupt (checksum mismatch)");
   }
+  // Intact data that the caller does not accept (ReaderOptions::value_check).
+  agree_or_throw(m.comm, value_error);
 }
 
 void CheckpointReader::verify(const std::string& name_in, int64_t chunk_elements) {
@@ -1153,9 +1280,10 @@ void CheckpointReader::verify(const std::string& name_in, int64_t chunk_elements
   const std::string where = "checkpoint '" + path_ + "': dataset '" + name + "'";
   if (m.closed) throw Error(where + ": the reader is closed");
   const Object& o = dataset_entry(name);
-  auto it = o.attributes.find(kChecksumKey);
-  if (it == o.attributes.end()) return;
+  const uint64_t stored = checksum(name);
   if (o.dtype != "float32") throw Error(where + ": has type " + o.dtype + ", expected float32");
+  const ValueCheck check = m.value_check ? m.value_check(name) : ValueCheck::Any;
+  std::string value_error;
   const int64_t numel = shape_numel(o.shape);
   const int size = comm_size(m.comm), rank = comm_rank(m.comm);
   const int64_t per_rank = (numel + size - 1) / size;
@@ -1175,14 +1303,19 @@ void CheckpointReader::verify(const std::string& name_in, int64_t chunk_elements
     std::string e2 = read_runs(m.comm, dset.get(), m.dxpl.get(), m.collective, o.shape, rs,
                                buf.data(), m.staging, where);
     if (err.empty()) err = e2;
-    if (err.empty() && !rs.empty()) sum += checksum_range(buf.data(), b, e - b);
+    if (err.empty() && !rs.empty()) {
+      sum += checksum_range(buf.data(), b, e - b);
+      if (value_error.empty()) {
+        const std::string bad = check_values(buf.data(), b, e - b, check);
+        if (!bad.empty()) value_error = where + " " + bad;
+      }
+    }
   }
   uint64_t post[2] = {sum, err.empty() ? 0u : 1u};
   MPI_Allreduce(MPI_IN_PLACE, post, 2, MPI_UINT64_T, MPI_SUM, m.comm);
   if (post[1] != 0) agree_or_throw(m.comm, err);
-  if (it->second.kind != AttributeValue::Kind::Uint || it->second.u != post[0]) {
-    throw Error(where + " is corrupt (checksum mismatch)");
-  }
+  if (stored != post[0]) throw Error(where + " is corrupt (checksum mismatch)");
+  agree_or_throw(m.comm, value_error);
 }
 
 void CheckpointReader::verify_all(int64_t chunk_elements) {

@@ -19,10 +19,14 @@
 // rank 0 read and broadcast at open, so they give the same answer on every rank.
 //
 // Integrity: every dataset carries a uint64 attribute "checksum" (ckpt_runs.hpp); reads verify
-// it when the ranks together count every element exactly once (see ChecksumShare).
+// it when the ranks together count every element exactly once (see ChecksumShare), and a
+// dataset without one (or with one of another type) is an error. A group's attributes can be
+// sealed likewise (seal_attributes: a uint64 "attributes_checksum" over all of them), and
+// reads can require values to be finite (ReaderOptions::value_check).
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -45,6 +49,14 @@ struct AttributeValue {
   double d = 0;
   std::string text;  // String: the value; Other: a description of the type
 };
+
+// The attribute seal_attributes() writes, and its value: FNV-1a (64 bit) over, for each
+// attribute but this one in byte order of the names, `name NUL kind NUL value NUL`, kind
+// being i (Int), u (Uint), f (Double) or s (String) and value the decimal integer, the double
+// as printf "%.17g", or the string's bytes (docs/checkpoint-format.md). Throws for an
+// attribute of kind Other (Trident never writes one).
+inline constexpr const char* kAttributesChecksumKey = "attributes_checksum";
+uint64_t attributes_checksum(const std::map<std::string, AttributeValue>& attributes);
 
 // File-creation tuning (docs/checkpoint-format.md, "Performance"). MPI-IO hints can also
 // come from the ROMIO_HINTS file as usual.
@@ -105,6 +117,11 @@ class CheckpointWriter {
   void set_attribute(const std::string& object, const std::string& key, T value) {
     set_attribute(object, key, static_cast<int64_t>(value));
   }
+  // Collective. At close(), after every attribute is written, stores the uint64 attribute
+  // kAttributesChecksumKey on `object` (a group; "/" for the root): attributes_checksum() of
+  // the attributes set on it through this writer (which must be all it has).
+  // CheckpointReader::verify_attributes checks it.
+  void seal_attributes(const std::string& object);
 
   // Collective. Agrees on every write_tensor (errors, element counts, same names and shapes on
   // all ranks), writes the checksums, flushes and closes the file; throws on every rank if
@@ -150,6 +167,10 @@ class ChecksumShare {
 
 struct ReaderOptions {
   bool collective_data = false;  // as WriterOptions::collective_data
+  // What the values of a dataset must satisfy (by its path; empty: ValueCheck::Any for all).
+  // read_tensor checks every element it reads (agreed on at finish(), after the checksums),
+  // verify every element: "checkpoint 'F': dataset '/x' holds nan at element 12".
+  std::function<ValueCheck(const std::string& dataset)> value_check;
 };
 
 class CheckpointReader {
@@ -169,9 +190,18 @@ class CheckpointReader {
   std::vector<int64_t> shape(const std::string& name) const;
   // Every dataset path ("/a/b"), sorted.
   std::vector<std::string> datasets() const;
+  // "float32", "int64", ... of a dataset (throws like shape()).
+  std::string dtype(const std::string& name) const;
+  // The dataset's "checksum" attribute; throws naming the dataset if it has none or one that
+  // is not a uint64: "checkpoint 'F': dataset '/x' has no 'checksum' attribute".
+  uint64_t checksum(const std::string& name) const;
   bool has_attribute(const std::string& object, const std::string& key) const;
   // Attribute keys of `object` ("/", a group or a dataset), sorted; throws if no such object.
   std::vector<std::string> attributes(const std::string& object) const;
+  // Checks the kAttributesChecksumKey attribute of `object` (seal_attributes) against its
+  // other attributes; throws naming the file and object if it is missing, mistyped or wrong:
+  // "checkpoint 'F': the attributes of '/' are corrupt (attributes_checksum mismatch)".
+  void verify_attributes(const std::string& object) const;
   // Throw naming file, object and key when missing or of another type (int: any integer that
   // fits int64; double: any floating point or integer; string: any string).
   int64_t attribute_int(const std::string& object, const std::string& key) const;
@@ -180,8 +210,9 @@ class CheckpointReader {
   const AttributeValue& attribute(const std::string& object, const std::string& key) const;
 
   // ---- collective ----
-  // Reads this rank's `runs` of dataset `name` into `local`, after checking the dataset exists
-  // and has `expected_shape` (else throws at once, naming dataset, expected and found shapes).
+  // Reads this rank's `runs` of dataset `name` into `local`, after checking the dataset exists,
+  // has `expected_shape` and a uint64 "checksum" attribute (else throws at once, naming the
+  // dataset and what is wrong).
   // Runs of one rank must not overlap (in the dataset or in `local`); runs of different ranks
   // may. Communicates nothing with independent transfers (the default): failures some ranks
   // see (a bad run, an I/O error) and the checksum check (as `share` says) come at finish().
@@ -193,8 +224,8 @@ class CheckpointReader {
   // What read_tensor read is trustworthy only once finish() (or close()) returned.
   void finish();
   // Reads the whole dataset, split over the ranks in pieces of at most `chunk_elements` per
-  // rank per read, and checks its checksum at once (no-op for a dataset without one).
-  // verify_all: every dataset, in datasets() order.
+  // rank per read, and checks its checksum (an error if it has none) and its values
+  // (options.value_check) at once. verify_all: every dataset, in datasets() order.
   void verify(const std::string& name, int64_t chunk_elements = int64_t{1} << 24);
   void verify_all(int64_t chunk_elements = int64_t{1} << 24);
 

@@ -5,6 +5,11 @@
 // follow it. Only constraints that relate two keys are written out, in check_relations().
 #include "config/config.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -14,6 +19,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <type_traits>
@@ -116,7 +122,8 @@ const Key kKeys[] = {
    "vocab_size <= 65536 (checked when the shards are opened)."},
   {TRIDENT_KEY(model, seq_len), at_least(1), "Context length in tokens."},
   {TRIDENT_KEY(model, vocab_multiple), at_least(1),
-   "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor."},
+   "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor. Not given "
+   "with train.device = \"cuda\": 128 (tensor-core tiles of the LM head)."},
   {TRIDENT_KEY(model, tie_embeddings), any(),
    "The output head is the token embedding matrix (true) or a separate matrix (false). "
    "Not given: true for gpt2, false for llama."},
@@ -150,16 +157,23 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, micro_batch), at_least(1), "Sequences per micro-batch."},
   {TRIDENT_KEY(train, global_batch), at_least(1), "Sequences per optimizer step, all replicas.",
    "divisible by `train.micro_batch * parallel.data`"},
-  {TRIDENT_KEY(train, threads), at_least(0), "CPU threads per rank; 0: the cores available."},
+  {TRIDENT_KEY(train, threads), between(0, 1024),
+   "CPU threads per rank; 0: the cores available.", {},
+   "more threads than a node has cores only slow a run down"},
   {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}),
    "Compute device. cuda: one GPU per rank, picked by the rank's index within its node."},
   {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
    "Compute precision. bf16 (cuda only): bf16 activations and GEMM inputs with fp32 "
    "accumulation, fp32 master weights, gradients and optimizer state."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),
-   "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps."},
+   "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps.",
+   "if > 0: `checkpoint.dir` set"},
   {TRIDENT_KEY(train, exit_after_minutes), at_least(0),
-   "Checkpoint and stop (exit 75) at the first step boundary after this many minutes; 0: no limit."},
+   "Checkpoint and stop (exit 75) at the first step boundary after this many minutes; 0: no limit.",
+   "if > 0: `checkpoint.dir` set"},
+  {TRIDENT_KEY(train, max_consecutive_skips), at_least(0),
+   "End the run with an error (exit 1, nothing saved) when this many steps in a row were "
+   "skipped for a non-finite gradient norm: training has diverged. 0: never."},
 
   {TRIDENT_KEY(optim, lr), above(0), "Peak learning rate."},
   {TRIDENT_KEY(optim, min_lr), at_least(0), "Learning rate at the end of the decay.",
@@ -184,10 +198,17 @@ const Key kKeys[] = {
   {TRIDENT_KEY(eval, interval), at_least(0), "Evaluate every this many steps; 0: never."},
   {TRIDENT_KEY(eval, steps), at_least(1), "Global batches per evaluation."},
 
-  {TRIDENT_KEY(checkpoint, dir), any(), "Checkpoint directory; empty: no checkpoints."},
+  {TRIDENT_KEY(checkpoint, dir), any(),
+   "Checkpoint directory; empty: no checkpoints. Checked when training starts, before the "
+   "model is built: created if missing, and it must be a directory in which a file can be "
+   "created."},
   {TRIDENT_KEY(checkpoint, interval), at_least(0),
    "Checkpoint every this many steps; 0: only at the end and on a signal."},
   {TRIDENT_KEY(checkpoint, keep), at_least(1), "Most recent checkpoints kept."},
+  {TRIDENT_KEY(checkpoint, allow_data_change), any(),
+   "Resume from a checkpoint written with another `train.global_batch`, `train.seed` or "
+   "`data.shuffle` (refused otherwise): the run goes on at the checkpoint's step in the new "
+   "sample order, so some samples may be seen twice and others never (docs/checkpoint-format.md)."},
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},
@@ -579,6 +600,29 @@ void check_relations(const Config& c, const std::string& source) {
                      ") must be divisible by train.micro_batch * parallel.data (" +
                      int_text(t.micro_batch) + " * " + int_text(c.parallel.data) + " = " +
                      int128_text(per_step) + ")");
+  // Sizes the code counts in int64: the tokens of a step, and the largest tensor of one
+  // micro-batch (the attention matrix [micro_batch, heads, seq_len, seq_len] of the CPU
+  // kernels). Whether a rank's share fits in memory is checked when training starts.
+  const __int128 step_tokens = static_cast<__int128>(t.global_batch) * m.seq_len;
+  if (step_tokens > INT64_MAX)
+    fail(source, "train.global_batch * model.seq_len (" + int_text(t.global_batch) + " * " +
+                     int_text(m.seq_len) + " = " + int128_text(step_tokens) +
+                     " tokens per step) overflows a 64-bit count");
+  const long double attention = static_cast<long double>(t.micro_batch) * m.heads *
+                                static_cast<long double>(m.seq_len) * m.seq_len;
+  if (attention > static_cast<long double>(INT64_MAX))
+    fail(source, "model.seq_len (" + int_text(m.seq_len) +
+                     ") is too large: the attention matrix of one micro-batch, train.micro_batch "
+                     "* model.heads * model.seq_len^2 = " + int_text(t.micro_batch) + " * " +
+                     int_text(m.heads) + " * " + int_text(m.seq_len) +
+                     "^2 elements, overflows a 64-bit size");
+
+  // A stop of its own is a stop to be resumed (exit 75, "checkpointed, please requeue"):
+  // without a checkpoint there would be nothing to resume from.
+  if (c.checkpoint.dir.empty() && (t.exit_interval > 0 || t.exit_after_minutes > 0))
+    fail(source, std::string(t.exit_interval > 0 ? "train.exit_interval" : "train.exit_after_minutes") +
+                     " stops the run to be resumed, which needs checkpoint.dir (empty: nothing "
+                     "would be saved)");
 
   const OptimConfig& o = c.optim;
   if (o.min_lr > o.lr)
@@ -623,26 +667,61 @@ Config parse_config(const std::string& toml_text, const std::string& source,
                 std::to_string(at.column) + ": TOML syntax error: " + one_line(e.description()));
   }
   read_document(root, c, source);
-  bool tie_given = root.at_path("model.tie_embeddings").is_boolean();
-  for (const std::string& o : overrides)
-    if (apply_override(o, c, source) == find_key("model", "tie_embeddings")) tie_given = true;
+  std::set<const Key*> overridden;
+  for (const std::string& o : overrides) overridden.insert(apply_override(o, c, source));
+  // Keys whose default depends on other keys take it unless the file or an override sets them.
+  auto given = [&](const char* section, const char* name) {
+    return static_cast<bool>(root.at_path(std::string(section) + "." + name)) ||
+           overridden.count(find_key(section, name)) > 0;
+  };
   // model.tie_embeddings defaults by architecture (an unknown arch is rejected by validate).
-  if (!tie_given) c.model.tie_embeddings = !c.model.is_llama();
+  if (!given("model", "tie_embeddings")) c.model.tie_embeddings = !c.model.is_llama();
+  // On GPUs each tensor rank's LM-head rows are padded to a multiple of 128 (tensor-core tiles).
+  if (!given("model", "vocab_multiple") && c.train.device == "cuda") c.model.vocab_multiple = 128;
   validate(c, source);
   return c;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(path, std::string("cannot open file: ") + std::strerror(errno));
-  std::string text;
+  // A config is a small regular file. stat before opening: opening a FIFO for reading blocks
+  // until a writer comes (ignoring SIGTERM meanwhile), and /dev/zero never ends; O_NONBLOCK
+  // covers a FIFO put in the file's place in between, and the size read is capped.
+  constexpr int64_t kMaxBytes = int64_t{16} << 20;
+  auto not_regular = [&](mode_t mode) {
+    const char* kind = S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO"
+                       : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
+                       : S_ISSOCK(mode) ? "a socket" : "not a file";
+    fail(path, std::string("not a regular file (") + kind + "): --config needs a TOML file");
+  };
+  auto too_large = [&](const std::string& size) {
+    fail(path, "config file is " + size + ", more than the " + int_text(kMaxBytes >> 20) +
+                   " MiB a config may have: --config needs a TOML file");
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail(path, std::string("cannot open file: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) not_regular(st.st_mode);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail(path, std::string("cannot open file: ") + std::strerror(errno));
+  std::string text, error;
+  if (::fstat(fd, &st) != 0) error = std::string("cannot stat file: ") + std::strerror(errno);
+  else if (!S_ISREG(st.st_mode)) error = "not regular";
+  else if (st.st_size > kMaxBytes) error = "too large";
   char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const bool bad = std::ferror(f);
-  const int err = errno;
-  std::fclose(f);
-  if (bad) fail(path, std::string("cannot read file: ") + std::strerror(err));
+  while (error.empty()) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) error = std::string("cannot read file: ") + std::strerror(errno);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text.size()) > kMaxBytes) error = "too large";  // it grew
+  }
+  ::close(fd);
+  if (error == "not regular") not_regular(st.st_mode);
+  if (error == "too large")
+    too_large(std::to_string(std::max<int64_t>(st.st_size, static_cast<int64_t>(text.size()))) +
+              " bytes");
+  if (!error.empty()) fail(path, error);
   return parse_config(text, path, overrides);
 }
 

@@ -58,6 +58,7 @@ struct TrainConfig {
   std::string precision = "fp32";   // "fp32" | "bf16"
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
+  int64_t max_consecutive_skips = 10;  // end the run after this many skipped steps in a row; 0: never
 };
 
 struct OptimConfig {
@@ -88,6 +89,7 @@ struct CheckpointConfig {
   std::string dir;        // empty: no checkpoints
   int64_t interval = 0;   // 0: only at the end / on signal
   int64_t keep = 2;
+  bool allow_data_change = false;  // resume despite another global_batch / seed / shuffle
 };
 
 struct LogConfig {
@@ -119,7 +121,8 @@ struct Config {
 };
 
 // Reads `path`, applies overrides ("section.key=value"; value parsed as a TOML value, or taken
-// as a string when it is not one), validates. Throws trident::Error naming key and file.
+// as a string when it is not one), validates. Throws trident::Error naming key and file; a
+// `path` that is not a regular file (a FIFO, /dev/zero) or is over 16 MiB is refused unread.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same from TOML text (tests, checkpoints); `source` names it in errors.
 Config parse_config(const std::string& toml_text, const std::string& source,

@@ -5,7 +5,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,13 +16,14 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "util/error.hpp"
 
 namespace trident {
 
 static_assert(std::endian::native == std::endian::little,
-              "token shards are little-endian and are memory-mapped as they are");
+              "token shards are little-endian and are read as they are");
 
 namespace {
 
@@ -33,13 +33,26 @@ std::string shard_error(const std::string& path, const std::string& cause) {
   return "token shard '" + path + "': " + cause;
 }
 
-// Closes a file descriptor on every path out of the constructor.
+// Closes a file descriptor on every path out of the constructor unless released.
 struct FdGuard {
   int fd;
   ~FdGuard() {
     if (fd >= 0) ::close(fd);
   }
+  int release() { return std::exchange(fd, -1); }
 };
+
+// What a file that is not a regular file is, for the error message.
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a file";
+}
+
+constexpr int64_t kHeaderBytes = kShardHeaderInts * static_cast<int64_t>(sizeof(int32_t));
 
 bool has_glob_chars(const std::string& s) {
   return s.find_first_of("*?[") != std::string::npos;
@@ -63,23 +76,30 @@ struct SplitMix64 {
 // TokenShard
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // stat before open: opening a FIFO for reading blocks until a writer appears (and ignores
+  // SIGTERM meanwhile); O_NONBLOCK covers a FIFO put in the file's place in between.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw Error(shard_error(path, "cannot open: " + errno_text(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(shard_error(path, "not a regular file (" + file_kind(st.st_mode) + ")"));
+  }
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (fd.fd < 0) {
     throw Error(shard_error(path, "cannot open: " + errno_text(errno)));
   }
-  struct stat st {};
   if (::fstat(fd.fd, &st) != 0) {
     throw Error(shard_error(path, "cannot stat: " + errno_text(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    throw Error(shard_error(path, "not a regular file"));
+    throw Error(shard_error(path, "not a regular file (" + file_kind(st.st_mode) + ")"));
   }
   const auto file_bytes = static_cast<int64_t>(st.st_size);
-  constexpr int64_t header_bytes = kShardHeaderInts * static_cast<int64_t>(sizeof(int32_t));
-  if (file_bytes < header_bytes) {
+  if (file_bytes < kHeaderBytes) {
     throw Error(shard_error(path, "file is " + std::to_string(file_bytes) +
                                       " bytes, smaller than the " +
-                                      std::to_string(header_bytes) + "-byte header"));
+                                      std::to_string(kHeaderBytes) + "-byte header"));
   }
   int32_t header[3] = {0, 0, 0};
   ssize_t got = ::pread(fd.fd, header, sizeof(header), 0);
@@ -101,24 +121,53 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     throw Error(shard_error(path, "negative token count " + std::to_string(header[2])));
   }
   num_tokens_ = header[2];
-  const int64_t expected = header_bytes + 2 * num_tokens_;
+  const int64_t expected = kHeaderBytes + 2 * num_tokens_;
   if (file_bytes != expected) {
     throw Error(shard_error(
         path, std::string(file_bytes < expected ? "truncated" : "oversized") + ": header says " +
                   std::to_string(num_tokens_) + " tokens, i.e. " + std::to_string(expected) +
                   " bytes, but the file has " + std::to_string(file_bytes) + " bytes"));
   }
-  map_bytes_ = static_cast<size_t>(file_bytes);
-  void* map = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd.fd, 0);
-  if (map == MAP_FAILED) {
-    throw Error(shard_error(path, "cannot mmap: " + errno_text(errno)));
-  }
-  map_ = map;
-  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + header_bytes);
+  fd_ = fd.release();
 }
 
 TokenShard::~TokenShard() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TokenShard::read(int64_t first, int64_t count, uint16_t* out) const {
+  if (first < 0 || count < 0 || first > num_tokens_ - count) {
+    throw Error(shard_error(path_, "tokens [" + std::to_string(first) + ", " +
+                                       std::to_string(first + count) + ") out of range [0, " +
+                                       std::to_string(num_tokens_) + ")"));
+  }
+  // pread, not a memory map: a shard truncated while the run reads it is a short read here
+  // (an error naming the file), where a mapping would raise SIGBUS.
+  auto* dst = reinterpret_cast<char*>(out);
+  const int64_t begin = kHeaderBytes + 2 * first, bytes = 2 * count;
+  int64_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = ::pread(fd_, dst + done, static_cast<size_t>(bytes - done),
+                                static_cast<off_t>(begin + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      throw Error(shard_error(path_, "cannot read bytes [" + std::to_string(begin + done) +
+                                         ", " + std::to_string(begin + bytes) +
+                                         "): " + errno_text(errno)));
+    }
+    if (got == 0) {
+      struct stat st {};
+      const std::string now =
+          ::fstat(fd_, &st) == 0 ? std::to_string(st.st_size) + " bytes" : "fewer bytes";
+      throw Error(shard_error(
+          path_, "truncated while in use: tokens [" + std::to_string(first) + ", " +
+                     std::to_string(first + count) + ") lie in bytes [" + std::to_string(begin) +
+                     ", " + std::to_string(begin + bytes) + "), but the file now has " + now +
+                     " (it had " + std::to_string(kHeaderBytes + 2 * num_tokens_) +
+                     " when opened)"));
+    }
+    done += got;
+  }
 }
 
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
@@ -234,7 +283,10 @@ void TokenDataset::window(int64_t window_id, int32_t* inputs, int32_t* targets) 
   const auto shard_index = static_cast<size_t>(it - first_window_.begin() - 1);
   const TokenShard& shard = *shards_[shard_index];
   const int64_t start = (window_id - first_window_[shard_index]) * seq_len_;
-  const uint16_t* tok = shard.tokens() + start;
+  // One read per window (a few KB): the page cache serves all ranks of a node.
+  thread_local std::vector<uint16_t> tok;
+  tok.resize(static_cast<size_t>(seq_len_ + 1));
+  shard.read(start, seq_len_ + 1, tok.data());
   for (int64_t t = 0; t <= seq_len_; ++t) {
     if (static_cast<int64_t>(tok[t]) >= vocab_size_) {
       throw Error(shard_error(shard.path(), "token " + std::to_string(tok[t]) +

@@ -19,8 +19,10 @@ inline constexpr int64_t kShardHeaderInts = 256;
 // Token ids are uint16: the largest vocabulary shards can feed.
 inline constexpr int64_t kShardMaxVocab = 65536;
 
-// A read-only memory-mapped shard. Throws trident::Error naming the file on: missing file,
-// wrong magic/version, truncated (size != header + 2*count bytes).
+// A read-only shard, read with pread(2) (never memory-mapped: a shard truncated or rewritten
+// while a run reads it must give an error, not SIGBUS). Throws trident::Error naming the file
+// on: missing file, not a regular file (checked before opening, so a FIFO cannot block), wrong
+// magic/version, truncated (size != header + 2*count bytes).
 class TokenShard {
  public:
   explicit TokenShard(const std::string& path);
@@ -29,13 +31,13 @@ class TokenShard {
   TokenShard& operator=(const TokenShard&) = delete;
   const std::string& path() const { return path_; }
   int64_t num_tokens() const { return num_tokens_; }
-  const uint16_t* tokens() const { return tokens_; }
+  // Copies tokens [first, first + count) into out. Throws naming the file if the range is
+  // outside [0, num_tokens()) or the file no longer holds it (truncated since it was opened).
+  void read(int64_t first, int64_t count, uint16_t* out) const;
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  int fd_ = -1;
   int64_t num_tokens_ = 0;
 };
 

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
+
+#include "model/architecture.hpp"
+#include "util/error.hpp"
 
 namespace trident {
 
@@ -69,6 +73,136 @@ std::vector<Run> state_runs(const ParamInfo& p, const std::vector<FlatRange>& ow
     state_offset += r.size();
   }
   return runs;
+}
+
+}  // namespace trident
+
+namespace trident {
+
+namespace {
+
+const char* kRoots[] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
+
+}  // namespace
+
+ValueCheck checkpoint_value_check(const std::string& dataset) {
+  return dataset.rfind("/optim/exp_avg_sq/", 0) == 0 ? ValueCheck::FiniteNonNegative
+                                                      : ValueCheck::Finite;
+}
+
+ReaderOptions checkpoint_reader_options() {
+  ReaderOptions options;
+  options.value_check = checkpoint_value_check;
+  return options;
+}
+
+CheckpointMeta check_checkpoint(const CheckpointReader& r) {
+  const std::string file = "checkpoint '" + r.path() + "'";
+  auto fail = [&](const std::string& what) { throw Error(file + ": " + what); };
+  CheckpointMeta meta;
+  meta.format_version = r.attribute_int("/", "format_version");
+  if (meta.format_version < kCheckpointOldestFormatVersion ||
+      meta.format_version > kCheckpointFormatVersion)
+    fail("format version " + std::to_string(meta.format_version) + " (this build reads " +
+         std::to_string(kCheckpointOldestFormatVersion) + " to " +
+         std::to_string(kCheckpointFormatVersion) + ")");
+  auto count = [&](const char* key) {
+    const int64_t v = r.attribute_int("/", key);
+    if (v < 0) fail(std::string(key) + " = " + std::to_string(v) + " is negative");
+    return v;
+  };
+  meta.step = count("step");
+  meta.optimizer_updates = count("optimizer_updates");
+  meta.skipped_steps = count("skipped_steps");
+  const int64_t consumed_samples = count("consumed_samples");
+  const int64_t consumed_tokens = count("consumed_tokens");
+  const int64_t sampler_position = count("sampler_position");
+  const int64_t seed = r.attribute_int("/", "seed");
+  (void)r.attribute_double("/", "learning_rate_next");
+  (void)r.attribute_string("/", "layout");
+  meta.config = parse_config(r.attribute_string("/", "config"), file + " attribute 'config'");
+  const Config& c = meta.config;
+
+  // The counters against each other and against the stored config.
+  auto mismatch = [&](const std::string& what, __int128 found, __int128 expected,
+                      const std::string& how) {
+    if (found == expected) return;
+    fail(what + " = " + std::to_string(static_cast<long long>(found)) + ", but " + how +
+         " = " + std::to_string(static_cast<long long>(expected)));
+  };
+  mismatch("optimizer_updates + skipped_steps",
+           static_cast<__int128>(meta.optimizer_updates) + meta.skipped_steps, meta.step,
+           "step");
+  mismatch("consumed_samples", consumed_samples,
+           static_cast<__int128>(meta.step) * c.train.global_batch,
+           "step * train.global_batch (" + std::to_string(meta.step) + " * " +
+               std::to_string(c.train.global_batch) + ")");
+  mismatch("consumed_tokens", consumed_tokens,
+           static_cast<__int128>(meta.step) * c.train.global_batch * c.model.seq_len,
+           "step * train.global_batch * model.seq_len");
+  mismatch("sampler_position", sampler_position, meta.step, "step");
+  mismatch("seed", seed, c.train.seed, "the stored config's train.seed");
+  if (meta.step > c.train.steps)
+    fail("step = " + std::to_string(meta.step) + " is past the stored config's train.steps = " +
+         std::to_string(c.train.steps));
+  const std::pair<const char*, int64_t> dims[] = {
+      {"model_layers", c.model.layers},        {"model_heads", c.model.heads},
+      {"model_width", c.model.width},          {"model_vocab_size", c.model.vocab_size},
+      {"model_seq_len", c.model.seq_len},      {"model_kv_heads", c.model.kv_head_count()},
+      {"model_ffn_width", c.model.ffn_size()},
+      {"model_tie_embeddings", c.model.tie_embeddings ? 1 : 0}};
+  for (const auto& [key, value] : dims) {
+    // model_kv_heads, model_ffn_width, model_tie_embeddings, model_arch: absent in files
+    // written before the architectures existed.
+    if (meta.format_version < 2 && !r.has_attribute("/", key)) continue;
+    mismatch(key, r.attribute_int("/", key), value, "the stored config's model." +
+                                                         std::string(key + 6));
+  }
+  if (meta.format_version >= 2 || r.has_attribute("/", "model_arch")) {
+    const std::string arch = r.attribute_string("/", "model_arch");
+    if (arch != c.model.arch)
+      fail("model_arch = \"" + arch + "\", but the stored config's model.arch = \"" +
+           c.model.arch + "\"");
+  }
+  if (meta.format_version >= 2) r.verify_attributes("/");
+
+  // The complete schema of the stored model.
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (const ParamInfo& p : global_parameters(c.model))
+    for (const char* root : kRoots) expected[dataset_path(root, p.name)] = p.global_shape;
+  for (const auto& [name, shape] : expected) {
+    if (!r.has_dataset(name))
+      fail("no dataset '" + name + "' (the stored config's model has it)");
+    if (r.shape(name) != shape)
+      fail("dataset '" + name + "' has shape " + shape_string(r.shape(name)) +
+           ", the stored config's model needs " + shape_string(shape));
+    if (r.dtype(name) != "float32")
+      fail("dataset '" + name + "' has type " + r.dtype(name) + ", expected float32");
+    (void)r.checksum(name);
+  }
+  for (const std::string& name : r.datasets())
+    if (!expected.count(name))
+      fail("unexpected dataset '" + name + "' (not in the stored config's model)");
+  return meta;
+}
+
+CheckpointMeta verify_checkpoint(CheckpointReader& reader) {
+  CheckpointMeta meta = check_checkpoint(reader);
+  reader.verify_all();
+  return meta;
+}
+
+std::string data_order_changes(const Config& written, const Config& now) {
+  std::string out;
+  auto add = [&](const char* key, const std::string& before, const std::string& after) {
+    if (before == after) return;
+    out += (out.empty() ? "" : ", ") + std::string(key) + " " + before + " -> " + after;
+  };
+  add("train.global_batch", std::to_string(written.train.global_batch),
+      std::to_string(now.train.global_batch));
+  add("train.seed", std::to_string(written.train.seed), std::to_string(now.train.seed));
+  add("data.shuffle", written.data.shuffle ? "true" : "false", now.data.shuffle ? "true" : "false");
+  return out;
 }
 
 }  // namespace trident

@@ -7,12 +7,51 @@
 #include <vector>
 
 #include "checkpoint/ckpt_runs.hpp"
+#include "checkpoint/h5_file.hpp"
+#include "config/config.hpp"
 #include "model/params.hpp"
 #include "optim/grad_sync.hpp"
 
 namespace trident {
 
-inline constexpr int64_t kCheckpointFormatVersion = 1;
+// 2: the root's attributes are sealed (attributes_checksum). 1 is still read (no seal; every
+// other check applies).
+inline constexpr int64_t kCheckpointFormatVersion = 2;
+inline constexpr int64_t kCheckpointOldestFormatVersion = 1;
+
+// What a model checkpoint's root attributes say, once check_checkpoint accepted them.
+struct CheckpointMeta {
+  int64_t format_version = 0;
+  int64_t step = 0;               // optimizer steps done: training resumes at this step
+  int64_t optimizer_updates = 0;  // AdamW updates (bias correction)
+  int64_t skipped_steps = 0;
+  Config config;                  // the config it was written with (attribute "config")
+};
+
+// The checks of a model checkpoint that need no tensor data; resume and `trident ckpt info
+// --verify` both run them, then read every dataset with checkpoint_reader_options() (checksum
+// and values). Local (the reader's index: the same on every rank). Throws one line naming the
+// file: format version; types and values of the root attributes and their seal (version >= 2);
+// that they agree with each other and with the stored config (step >= 0, optimizer_updates +
+// skipped_steps = step, consumed_samples = step * train.global_batch, consumed_tokens,
+// sampler_position = step, seed = train.seed, step <= train.steps, model_* = the model keys);
+// the complete schema: every dataset of the stored model (weights and both moments) with its
+// shape, float32 and a uint64 checksum, and no other dataset.
+CheckpointMeta check_checkpoint(const CheckpointReader& reader);
+
+// What a model checkpoint's values must be: finite, second moments also >= 0.
+ValueCheck checkpoint_value_check(const std::string& dataset);
+// Reader options for a model checkpoint (value_check = checkpoint_value_check).
+ReaderOptions checkpoint_reader_options();
+
+// Collective: check_checkpoint, then every dataset read whole (checksum and values). For
+// `trident ckpt info --verify`; the reader must have checkpoint_reader_options().
+CheckpointMeta verify_checkpoint(CheckpointReader& reader);
+
+// The keys that decide which samples each step reads (train.global_batch, train.seed,
+// data.shuffle) that differ between the config a checkpoint was written with and `now`:
+// "train.global_batch 8 -> 16, data.shuffle true -> false"; "" if none does.
+std::string data_order_changes(const Config& written, const Config& now);
 
 // "layers.3.mlp.fc1.weight" under "/model" -> "/model/layers/003/mlp/fc1/weight".
 std::string dataset_path(const std::string& root, const std::string& param_name);

@@ -1,23 +1,41 @@
 #include "train/metrics_log.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "util/error.hpp"
 
 namespace trident {
 
-MetricsLog::MetricsLog(const std::string& dir) {
+MetricsLog::MetricsLog(const std::string& dir) : path_(dir + "/metrics.jsonl") {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("log.dir '" + dir + "': cannot create directory: " + ec.message());
-  const std::string path = dir + "/metrics.jsonl";
-  jsonl_.open(path, std::ios::app);
-  if (!jsonl_) throw Error("cannot open '" + path + "' for writing: " + std::strerror(errno));
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd_ < 0) throw Error("cannot open '" + path_ + "' for writing: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw Error("cannot open '" + path_ + "' for writing: not a regular file");
+  }
+  // A file cut mid-line (by an older build on a full disk) gets its line ended, so that the
+  // lines appended now stay whole.
+  char last = '\n';
+  if (st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n') {
+    const ssize_t ignored = ::write(fd_, "\n", 1);  // if it fails, so will the first line
+    (void)ignored;
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string MetricsLog::format_line(const StepMetrics& m) {
@@ -37,8 +55,27 @@ std::string MetricsLog::format_line(const StepMetrics& m) {
   return line;
 }
 
+void MetricsLog::lost(Losses& losses, const std::string& what, int64_t step, int err) {
+  if (losses.lines++ > 0) return;
+  losses.first_step = step;
+  losses.first_error = std::strerror(err);
+  std::fprintf(stderr,
+               "trident: warning: cannot write %s (step %lld): %s; training continues, and the "
+               "run will end with exit code 1\n",
+               what.c_str(), static_cast<long long>(step), losses.first_error.c_str());
+  std::fflush(stderr);
+}
+
 void MetricsLog::write(const StepMetrics& m) {
-  std::cout << format_line(m) << std::endl;
+  ++lines_;
+  const std::string line = format_line(m) + "\n";
+  errno = 0;
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    lost(stdout_, "the log to standard output", m.step, errno ? errno : EIO);
+    std::clearerr(stdout);
+  }
+
   nlohmann::json j = {{"step", m.step},
                       {"loss", m.loss},
                       {"lr", m.lr},
@@ -48,8 +85,39 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"gflops_per_rank", m.gflops_per_rank},
                       {"skipped_steps", m.skipped_steps}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
-  jsonl_ << j.dump() << '\n';
-  jsonl_.flush();
+  const std::string text = j.dump() + "\n";
+  struct stat st {};
+  const bool sized = ::fstat(fd_, &st) == 0;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      // Remove the part of the line that was written: the file holds whole lines only.
+      if (sized && done > 0) {
+        const int ignored = ::ftruncate(fd_, st.st_size);
+        (void)ignored;
+      }
+      lost(jsonl_, "'" + path_ + "'", m.step, err);
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::string MetricsLog::failure() const {
+  std::string out;
+  auto add = [&](const Losses& l, const std::string& what) {
+    if (l.lines == 0) return;
+    if (!out.empty()) out += "; ";
+    out += std::to_string(l.lines) + " of " + std::to_string(lines_) + " log lines were not " +
+           "written to " + what + " (first at step " + std::to_string(l.first_step) + ": " +
+           l.first_error + ")";
+  };
+  add(jsonl_, "'" + path_ + "'");
+  add(stdout_, "standard output");
+  return out;
 }
 
 }  // namespace trident

@@ -1,8 +1,12 @@
 #pragma once
 // The run's log: one Megatron-style line per logged step on stdout and one JSON object per
 // logged step in <log.dir>/metrics.jsonl. Only the rank that owns the logger writes.
+//
+// A failed write (a full disk, a file-size limit) does not stop training: it is reported once
+// per destination on stderr, a metrics.jsonl line that was only partly written is removed again
+// (the file only ever holds whole lines), and failure() says what was lost so that the run can
+// end with a non-zero exit code.
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -21,11 +25,29 @@ class MetricsLog {
  public:
   // Opens (appends to) dir/metrics.jsonl. Throws trident::Error naming the path on failure.
   explicit MetricsLog(const std::string& dir);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
   void write(const StepMetrics& m);
   static std::string format_line(const StepMetrics& m);
+  // "" while every line reached both destinations; else one line: how many lines of which
+  // destination were lost, and the first error.
+  std::string failure() const;
+  const std::string& path() const { return path_; }
 
  private:
-  std::ofstream jsonl_;
+  struct Losses {
+    int64_t lines = 0;
+    int64_t first_step = 0;
+    std::string first_error;
+  };
+  // Counts a failed write of step `step` to `what`; reports the first one on stderr.
+  void lost(Losses& losses, const std::string& what, int64_t step, int err);
+
+  std::string path_;
+  int fd_ = -1;
+  int64_t lines_ = 0;
+  Losses jsonl_, stdout_;
 };
 
 }  // namespace trident

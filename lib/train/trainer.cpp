@@ -13,6 +13,8 @@
 #include "comm/mpi_comm.hpp"
 #include "grid/process_grid.hpp"
 #include "train/checkpointing.hpp"
+#include "train/startup_checks.hpp"
+#include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
 #include "optim/lr_schedule.hpp"
 #include "util/error.hpp"
@@ -53,6 +55,16 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
                          groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
                          sequence_parallel};
+  // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
+  // at the first save, after training up to it) and a rank whose share of the model and
+  // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
+  {
+    const int rank = groups.world->rank();
+    std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
+    if (problem.empty())
+      problem = rank_memory_problem(config, shard, rank, groups.dp_size, physical_memory_bytes());
+    ckpt::agree_or_throw(groups.mpi_world, problem);
+  }
   backend_ = make(config, groups, shard);
   model_ = backend_.model.get();
   Device& device = *backend_.device;
@@ -177,8 +189,10 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
     optimizer_->update(model.weights(), grads, lr, scale);
     sync_->all_gather_weights(model.weights());
     model.weights_changed();
+    consecutive_skipped_ = 0;
   } else {
     ++skipped_steps_;  // the same decision on every rank: the norm is a global value
+    ++consecutive_skipped_;
   }
   StepMetrics m;
   m.step = step + 1;
@@ -202,14 +216,27 @@ StepMetrics Trainer::train_step(int64_t step) {
   return m;
 }
 
-double Trainer::evaluate() {
+std::optional<double> Trainer::evaluate() {
   const int64_t micro_batches = config_.num_microbatches();
   double loss_sum = 0.0;
-  for (int64_t batch = 0; batch < config_.eval.steps; ++batch)
+  for (int64_t batch = 0; batch < config_.eval.steps; ++batch) {
+    // A stop request is honoured between evaluation batches too (eval.steps may be large):
+    // all ranks agree, as between steps, and the evaluation is abandoned.
+    int32_t stop = stop_check_ && stop_check_();
+    groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+    if (stop) {
+      if (is_logging_rank()) {
+        std::printf("evaluation stopped after %lld of %lld batches (stop requested)\n",
+                    static_cast<long long>(batch), static_cast<long long>(config_.eval.steps));
+        std::fflush(stdout);
+      }
+      return std::nullopt;
+    }
     loss_sum += executor_->evaluate(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                        int32_t* targets) {
       load_microbatch(*val_data_, *val_sampler_, batch, micro, tokens, targets);
     });
+  }
   double loss =
       from_last_stage(loss_sum / static_cast<double>(micro_batches * config_.eval.steps));
   if (groups_.dp_size > 1) {
@@ -233,6 +260,15 @@ RunOutcome Trainer::run() {
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
     if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) log_->write(m);
+    // Every step skipped for a while: the state cannot recover by itself (it does not change),
+    // so end the run rather than spend the job on it. The same count on every rank.
+    const int64_t skip_limit = config_.train.max_consecutive_skips;
+    if (skip_limit > 0 && consecutive_skipped_ >= skip_limit)
+      throw Error("training diverged: the gradient norm was not finite in " +
+                  std::to_string(consecutive_skipped_) + " steps in a row (steps " +
+                  std::to_string(step + 2 - consecutive_skipped_) + " to " +
+                  std::to_string(step + 1) + ", all skipped; train.max_consecutive_skips = " +
+                  std::to_string(skip_limit) + ")");
 
     // Stop between steps if any rank was signalled or the time limit has passed: one small
     // all-reduce so that every rank takes the same decision at the same step.
@@ -311,6 +347,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
     w.set_attribute("/", "model_kv_heads", c.model.kv_head_count());
     w.set_attribute("/", "model_ffn_width", c.model.ffn_size());
     w.set_attribute("/", "model_tie_embeddings", static_cast<int64_t>(c.model.tie_embeddings));
+    w.seal_attributes("/");  // attributes_checksum over all of the above
   };
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
@@ -332,7 +369,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   const auto t0 = std::chrono::steady_clock::now();
   const Config& c = config_;
   StageModel& model = *model_;
-  CheckpointReader reader(path, groups_.mpi_world);
+  // The same checks as `trident ckpt info --verify`: the metadata and schema here, the
+  // checksums and values of every tensor as it is read (checkpoint_reader_options).
+  CheckpointReader reader(path, groups_.mpi_world, checkpoint_reader_options());
+  const CheckpointMeta meta = check_checkpoint(reader);
   // The model's shape must be the config's; everything else may differ (the layout above all).
   const std::pair<const char*, int64_t> dims[] = {
       {"layers", c.model.layers}, {"heads", c.model.heads}, {"width", c.model.width},
@@ -361,10 +401,19 @@ void Trainer::load_checkpoint(const std::string& path) {
       throw Error("checkpoint '" + path + "': model." + key + " = " + std::to_string(stored) +
                   " in the checkpoint but " + std::to_string(value) + " in " + c.source);
   }
-  const int64_t version = reader.attribute_int("/", "format_version");
-  if (version != kCheckpointFormatVersion)
-    throw Error("checkpoint '" + path + "': format version " + std::to_string(version) +
-                " (this build reads " + std::to_string(kCheckpointFormatVersion) + ")");
+  // Which samples step `meta.step` reads depends on the global batch, the seed and shuffling
+  // (the sampler is a pure function of them and the step): with another value the run would
+  // not go on with the samples it has not seen yet.
+  const std::string changes = data_order_changes(meta.config, c);
+  if (!changes.empty() && !c.checkpoint.allow_data_change)
+    throw Error("checkpoint '" + path + "' was written with another data order (" + changes +
+                " in " + c.source + "): resuming would not continue where it stopped; set "
+                "checkpoint.allow_data_change = true to resume anyway");
+  if (!changes.empty() && is_logging_rank())
+    std::printf("note: resuming with another data order (%s; checkpoint.allow_data_change): "
+                "step %lld reads the new order's batch %lld\n",
+                changes.c_str(), static_cast<long long>(meta.step),
+                static_cast<long long>(meta.step));
   const bool first_replica = groups_.dp_rank == 0;
   // HDF5 reads into host memory: a GPU rank reads into staging and copies to the device after.
   const int64_t wn64 = model.flat_size(), sn64 = optimizer_->exp_avg().size();
@@ -395,10 +444,10 @@ void Trainer::load_checkpoint(const std::string& path) {
     reader.read_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
                        {exp_avg_sq, sn}, moment_share);
   }
-  start_step_ = reader.attribute_int("/", "step");
-  optimizer_->set_updates(reader.attribute_int("/", "optimizer_updates"));
-  skipped_steps_ = reader.attribute_int("/", "skipped_steps");
-  reader.close();  // verifies the checksums of everything read, on every rank
+  reader.close();  // verifies the checksums and values of everything read, on every rank
+  start_step_ = meta.step;
+  optimizer_->set_updates(meta.optimizer_updates);
+  skipped_steps_ = meta.skipped_steps;
   if (!device().is_host()) {
     device().from_host(model.weights(), weights, wn64 * 4);
     device().from_host(optimizer_->exp_avg().data(), exp_avg, sn64 * 4);

@@ -65,18 +65,24 @@ class Trainer {
   Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make);
 
   // Trains from start_step() to train.steps, logging, evaluating and checkpointing as
-  // configured. Between steps all ranks agree (one all-reduce) whether any rank's stop check
+  // configured. Throws (every rank) when train.max_consecutive_skips steps in a row were
+  // skipped for a non-finite gradient norm. Between steps all ranks agree (one all-reduce) whether any rank's stop check
   // fired or train.exit_after_minutes has passed; if so they write a checkpoint and return
   // Stopped.
   RunOutcome run();
   int64_t start_step() const { return start_step_; }
-  // Called on every rank between steps; true asks the whole job to checkpoint and stop.
+  // Called on every rank between steps and between evaluation batches; true asks the whole
+  // job to checkpoint and stop (it must stay true once it was: a stop inside an evaluation is
+  // acted on at the step boundary that follows).
   void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
 
   // Collective: writes checkpoint `steps_done` into checkpoint.dir atomically and prunes old
   // ones; returns its path.
   std::string save_checkpoint(int64_t steps_done);
   // Collective: loads a checkpoint written by any layout; training continues at its step.
+  // Runs check_checkpoint (train/checkpointing.hpp), refuses a model other than the config's
+  // and, unless checkpoint.allow_data_change, another data order (train.global_batch,
+  // train.seed, data.shuffle); the tensors must be intact (checksums) and finite.
   void load_checkpoint(const std::string& path);
   // One optimizer step (0-based `step`): forward_backward, then apply_update.
   StepMetrics train_step(int64_t step);
@@ -86,8 +92,9 @@ class Trainer {
   // Global norm, clipping and AdamW on the gradients forward_backward left; fills the metrics
   // other than timing.
   StepMetrics apply_update(int64_t step, double loss);
-  // Mean validation loss over eval.steps global batches from the start of the val set.
-  double evaluate();
+  // Mean validation loss over eval.steps global batches from the start of the val set;
+  // nullopt if a stop was requested (the stop check, agreed by all ranks between batches).
+  std::optional<double> evaluate();
 
   StageModel& model() { return *backend_.model; }
   Device& device() { return *backend_.device; }
@@ -115,6 +122,8 @@ class Trainer {
   double train_seconds() const { return train_seconds_; }  // in train steps, evaluation excluded
   int64_t steps_run() const { return steps_run_; }          // by run() in this process
   bool is_logging_rank() const { return groups_.world->rank() == 0; }
+  // "" unless writes of the run's log failed on this rank (MetricsLog::failure).
+  std::string log_failure() const { return log_ ? log_->failure() : ""; }
   // Per-stage pipeline figures gathered on every rank: "stage p: bubble measured x, theory y".
   std::string pipeline_report();
 
@@ -141,6 +150,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> log_;
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
+  int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one
   double train_seconds_ = 0;
   int64_t steps_run_ = 0;
   int64_t start_step_ = 0;

@@ -3,7 +3,9 @@
 // replicated (written by one rank), 1-D; read back with other partitions, values exact; the
 // checksum catches one flipped byte; attributes round-trip; every error (missing/non-HDF5/
 // truncated file, missing dataset, shape mismatch, a bad run on one rank, a simulated full
-// disk) is thrown on every rank; the atomic commit leaves `latest` untouched on failure.
+// disk) is thrown on every rank; the atomic commit leaves `latest` untouched on failure; a
+// missing checksum attribute is an error, values are checked (ReaderOptions::value_check) and
+// sealed root attributes catch a change.
 // Collectives are few per test: MPICH busy-polls and 4 ranks share 2 cores.
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -399,6 +402,61 @@ TEST_F(CkptIo, CommitIsAtomic) {
   MPI_Barrier(MPI_COMM_WORLD);
   expect_error([&] { write_checkpoint(path("a.h5/sub"), 1, MPI_COMM_WORLD, writes(1)); },
                {"checkpoint directory '" + path("a.h5/sub") + "'"});
+}
+
+TEST_F(CkptIo, ChecksumsRequiredValuesCheckedAttributesSealed) {
+  const std::string file = path("v.h5");
+  const int64_t nan_at = 25 * kCols + 3;  // in rank 2's rows when written
+  {
+    CheckpointWriter w(file, MPI_COMM_WORLD);
+    const Runs rows = row_runs(part(kRowBounds, r));
+    std::vector<float> local = fill(1, rows, runs_length(rows));
+    if (r == 2) local[nan_at - kRowBounds[2] * kCols] = std::nanf("");
+    w.write_tensor("/w", kShape, rows, local);
+    w.write_tensor("/v", {4}, r == 0 ? Runs{R{0, 0, 4}} : Runs{},
+                   std::vector<float>{1.0f, 2.0f, -3.0f, 4.0f});
+    w.set_attribute("/", "step", int64_t{5});
+    w.set_attribute("/", "name", "x");
+    w.seal_attributes("/");
+    w.close();
+  }
+  ReaderOptions opts;
+  opts.value_check = [](const std::string& name) {
+    return name == "/v" ? ValueCheck::FiniteNonNegative : ValueCheck::Finite;
+  };
+  {
+    CheckpointReader rd(file, MPI_COMM_WORLD, opts);
+    rd.verify_attributes("/");
+    // Each rank reads another part than it wrote; whoever reads the NaN, every rank throws.
+    const Part mine = part(kFlatBounds, r);
+    std::vector<float> buf(static_cast<size_t>(mine.end - mine.begin));
+    const Runs flat = mine.end > mine.begin ? Runs{R{0, mine.begin, mine.end - mine.begin}} : Runs{};
+    expect_error([&] { rd.read_tensor("/w", kShape, flat, buf); rd.finish(); },
+                 {"dataset '/w' holds nan at element " + std::to_string(nan_at)});
+    expect_error([&] { rd.verify("/w"); }, {"dataset '/w' holds nan"});
+    expect_error([&] { rd.verify("/v"); }, {"dataset '/v' holds -3 at element 2 (must be >= 0)"});
+    rd.close();
+  }
+  // Rank 0 damages the file with HDF5 itself: /w loses its checksum, the root an attribute.
+  if (r == 0) {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    EXPECT_GE(H5Adelete_by_name(f, "/w", "checksum", H5P_DEFAULT), 0);
+    EXPECT_GE(H5Adelete(f, "name"), 0);
+    EXPECT_GE(H5Fclose(f), 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  CheckpointReader rd(file, MPI_COMM_WORLD, opts);
+  expect_error([&] { rd.verify_attributes("/"); },
+               {"the attributes of '/' are corrupt (attributes_checksum mismatch)"});
+  expect_error([&] { rd.verify("/w"); }, {"dataset '/w' has no 'checksum' attribute"});
+  std::vector<float> all(kN);
+  expect_error(
+      [&] {
+        rd.read_tensor("/w", kShape, {R{0, 0, kN}}, all,
+                       r == 0 ? ChecksumShare::all() : ChecksumShare::none());
+      },
+      {"dataset '/w' has no 'checksum' attribute"});
+  rd.close();
 }
 
 TEST_F(CkptIo, SlowHookSleepsAfterEachDataset) {

@@ -1,0 +1,125 @@
+#include "train/startup_checks.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "model/model_stats.hpp"
+
+namespace trident {
+namespace {
+
+std::string gb(double bytes) {
+  char buf[64];
+  const double g = bytes / 1e9;
+  std::snprintf(buf, sizeof buf, g < 1e5 ? "%.1f GB" : "%.3g GB", g);
+  return buf;
+}
+
+std::string count(double n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g", n);
+  return buf;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_problem(const std::string& dir) {
+  if (dir.empty()) return "";
+  const std::string what = "checkpoint.dir '" + dir + "'";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    return what + ": cannot create: " + (ec ? ec.message() : std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return what + " is not a directory";
+  // A probe file, created and removed: the only test that also holds for root, read-only
+  // mounts and ACLs.
+  std::random_device rd;
+  char name[64];
+  std::snprintf(name, sizeof name, "/.trident-write-test-%d-%08x", static_cast<int>(::getpid()),
+                static_cast<unsigned>(rd()));
+  const std::string probe = dir + name;
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return what + " is not writable: " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
+RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size) {
+  const ModelConfig& m = config.model;
+  const double tp = std::max(1, shard.tp_size);
+  // Per layer and the rest (embeddings, final norm, an untied head), from the exact count.
+  ModelConfig one = m, two = m;
+  one.layers = 1;
+  two.layers = 2;
+  const double per_layer =
+      static_cast<double>(parameter_count(two)) - static_cast<double>(parameter_count(one));
+  const double rest = static_cast<double>(parameter_count(one)) - per_layer;
+  const double layers = static_cast<double>(shard.layer_end - shard.layer_begin);
+  RankMemory r;
+  r.parameters = (layers * per_layer + (shard.has_embedding || shard.has_head ? rest : 0.0)) / tp;
+  const bool zero = config.optim.zero_stage == 1;
+  // fp32 weights and gradients; AdamW's two fp32 moments, sharded over the replicas by ZeRO-1.
+  r.state_bytes = r.parameters * (4.0 + 4.0 + 8.0 / (zero ? std::max(1, dp_size) : 1));
+
+  const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
+  const double B = static_cast<double>(config.train.micro_batch);
+  const double T = static_cast<double>(m.seq_len), N = B * T, C = static_cast<double>(m.width);
+  const double heads = static_cast<double>(m.heads) / tp, hs = static_cast<double>(m.head_size());
+  const double qkv = (static_cast<double>(m.heads) + 2.0 * static_cast<double>(m.kv_head_count())) *
+                     hs / tp;
+  const double F = static_cast<double>(m.ffn_size()) / tp, U = m.is_llama() ? 2 * F : F;
+  const double rows = shard.sequence_parallel ? N / tp : N;
+  // The saved tensors of one layer; the CPU kernels keep the attention matrix [B, NH, T, T],
+  // the GPU ones a row statistic [B, NH, T].
+  const double attention = config.train.device == "cpu" ? B * heads * T * T : B * heads * T;
+  const double per_layer_act =
+      act * (4 * rows * C + N * (qkv + heads * hs + U + F)) + 4.0 * attention;
+  r.activation_bytes = layers * per_layer_act + act * rows * C;
+  if (config.train.device == "cpu") r.activation_bytes += 4.0 * B * heads * T * T;  // scratch
+  if (shard.has_head) {
+    const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
+    r.activation_bytes += act * N * (C + vocab);
+  }
+  return r;
+}
+
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<double>(pages) * static_cast<double>(page);
+}
+
+std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
+                                int dp_size, double memory_bytes) {
+  const RankMemory r = estimate_rank_memory(config, shard, dp_size);
+  if (memory_bytes <= 0 || r.total() <= memory_bytes) return "";
+  const ModelConfig& m = config.model;
+  const std::string model =
+      "this rank's share of the model (model.layers = " + std::to_string(m.layers) +
+      ", model.width = " + std::to_string(m.width) + ", model.vocab_size = " +
+      std::to_string(m.vocab_size) + " over parallel.tensor = " +
+      std::to_string(config.parallel.tensor) + " x parallel.pipeline = " +
+      std::to_string(config.parallel.pipeline) + ": " + count(r.parameters) +
+      " parameters) needs " + gb(r.state_bytes) + " for weights, gradients and AdamW state";
+  const std::string activations =
+      "one micro-batch of activations (model.seq_len = " + std::to_string(m.seq_len) +
+      ", train.micro_batch = " + std::to_string(config.train.micro_batch) + ") needs " +
+      gb(r.activation_bytes);
+  const bool model_first = r.state_bytes >= r.activation_bytes;
+  return "not enough memory on rank " + std::to_string(rank) + ": " +
+         (model_first ? model : activations) + ", and " + (model_first ? activations : model) +
+         "; at least " + gb(r.total()) + " in all, more than the " + gb(memory_bytes) +
+         " of physical memory of this node";
+}
+
+}  // namespace trident

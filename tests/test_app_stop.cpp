@@ -1,0 +1,112 @@
+// How a run ends when it cannot or should not go on, through the trident binary: a run whose
+// steps are all skipped ends with an error, a stop of its own needs somewhere to save (never
+// "checkpointed, please requeue" with nothing saved), an unknown command is named, and a run
+// resumed at its last step reports no share of a training time it did not have.
+#include <gtest/gtest.h>
+
+#include "app_fixture.hpp"
+
+using namespace trident::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+class Stop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = make_tiny_run(dir_);
+  }
+  RunResult train(const std::string& sets, const std::string& prefix = "") const {
+    return run_command(prefix + " " +
+                           trident_cmd("train --config " + config_.string() +
+                                       " --set eval.interval=0 --set log.dir=" +
+                                       (dir_ / "run").string() + " " + sets),
+                       60);
+  }
+  // The "trident: error: ..." line ("" if none).
+  static std::string error_line(const RunResult& r) {
+    const auto pos = r.output.find("trident: error: ");
+    if (pos == std::string::npos) return "";
+    return r.output.substr(pos, r.output.find('\n', pos) - pos);
+  }
+  fs::path dir_, config_;
+};
+
+}  // namespace
+
+TEST_F(Stop, StepsAllSkippedEndTheRunWithAnError) {
+  // A learning rate of 1e30 blows the weights up at the first update; from then on every
+  // gradient norm is NaN and every step is skipped (the state no longer changes).
+  const auto r = train("--set train.steps=60 --set optim.lr=1e30 --set optim.warmup_steps=0");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(error_line(r).find("training diverged: the gradient norm was not finite in 10 steps "
+                               "in a row (steps 2 to 11, all skipped; "
+                               "train.max_consecutive_skips = 10)"),
+            std::string::npos)
+      << r.output;
+  const auto rows = read_metrics(dir_ / "run");
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.back()["step"], 11) << "the run ends at the 10th skipped step";
+  // The limit is a key; 0 turns it off (the run then goes on to its last step).
+  const auto limited = train("--set train.steps=8 --set optim.lr=1e30 --set optim.warmup_steps=0 "
+                             "--set train.max_consecutive_skips=3");
+  EXPECT_NE(error_line(limited).find("in 3 steps in a row (steps 2 to 4"), std::string::npos)
+      << limited.output;
+  const auto off = train("--set train.steps=8 --set optim.lr=1e30 --set optim.warmup_steps=0 "
+                         "--set train.max_consecutive_skips=0");
+  EXPECT_EQ(off.exit_code, 0) << off.output;
+}
+
+TEST_F(Stop, ExitIntervalOrTimeLimitNeedACheckpointDir) {
+  for (const char* key : {"train.exit_interval=2", "train.exit_after_minutes=0.5"}) {
+    const auto r = train("--set train.steps=4 --set " + std::string(key));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const std::string name = std::string(key).substr(0, std::string(key).find('='));
+    EXPECT_NE(error_line(r).find(config_.string() + ": " + name +
+                                 " stops the run to be resumed, which needs checkpoint.dir "
+                                 "(empty: nothing would be saved)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("step "), std::string::npos) << "refused before training";
+  }
+  // With a checkpoint directory: checkpoint, exit 75.
+  const auto ok = train("--set train.steps=4 --set train.exit_interval=2 --set checkpoint.dir=" +
+                        (dir_ / "ckpt").string());
+  EXPECT_EQ(ok.exit_code, 75) << ok.output;
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_00000002.h5"));
+}
+
+TEST_F(Stop, SignalWithoutACheckpointDirIsNotARequeue) {
+  // SIGTERM after a moment (during start-up or between steps): nothing can be saved, so the
+  // run exits 128 + 15, not 75.
+  const auto r = train("--set train.steps=1000000", "timeout --preserve-status -s TERM 3");
+  EXPECT_EQ(r.exit_code, 143) << r.output;
+  EXPECT_NE(r.output.find("nothing saved"), std::string::npos) << r.output;
+}
+
+TEST_F(Stop, UnknownCommandIsNamed) {
+  auto r = run_command(trident_cmd("frobnicate"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(error_line(r).find("unknown command 'frobnicate' (trident's commands: train, ckpt, "
+                               "model; see --help)"),
+            std::string::npos)
+      << r.output;
+  r = run_command(trident_cmd("ckpt frobnicate x.h5"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(error_line(r).find("unknown command 'frobnicate' (trident ckpt's commands: info"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(Stop, ResumeAtTheLastStepReportsNoTrainingTimeShare) {
+  const std::string ck = "--set train.steps=2 --set checkpoint.dir=" + (dir_ / "ckpt").string();
+  auto r = train(ck);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(ck + " --resume auto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto pos = r.output.find("run summary: 0 steps in 0.000 s of training");
+  ASSERT_NE(pos, std::string::npos) << r.output;
+  const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+  EXPECT_EQ(line.find('%'), std::string::npos) << line;
+}

@@ -1,0 +1,117 @@
+// The start-up checks of a run (lib/train/startup_checks.hpp): checkpoint.dir usable, and a
+// rank's share of the model and activations against the node's memory (issue 22, items 8, 13).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "config/config.hpp"
+#include "model/model_stats.hpp"
+#include "train/startup_checks.hpp"
+
+using namespace trident;
+namespace fs = std::filesystem;
+
+namespace {
+
+Config tiny(const std::vector<std::string>& sets = {}) {
+  return parse_config(
+      "[model]\nlayers = 4\nheads = 4\nwidth = 64\nvocab_size = 256\nseq_len = 64\n"
+      "[train]\nmicro_batch = 2\nglobal_batch = 8\n[data]\ntrain = \"x.bin\"\n",
+      "tiny.toml", sets);
+}
+
+fs::path scratch(const std::string& name) {
+  const auto dir = fs::temp_directory_path() /
+                   ("trident_startup_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+}  // namespace
+
+TEST(CheckpointDir, CreatedWhenMissingAndLeftEmpty) {
+  const auto dir = scratch("create");
+  EXPECT_EQ(checkpoint_dir_problem(""), "");  // no checkpoints: nothing to check
+  const auto nested = dir / "a" / "b";
+  EXPECT_EQ(checkpoint_dir_problem(nested.string()), "");
+  EXPECT_TRUE(fs::is_directory(nested));
+  EXPECT_TRUE(fs::is_empty(nested)) << "the probe file is removed again";
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointDir, NotADirectoryOrUnderAFile) {
+  const auto dir = scratch("file");
+  const auto file = dir / "f";
+  std::ofstream(file) << "x";
+  EXPECT_EQ(checkpoint_dir_problem(file.string()),
+            "checkpoint.dir '" + file.string() + "' is not a directory");
+  EXPECT_EQ(checkpoint_dir_problem((file / "sub").string()),
+            "checkpoint.dir '" + (file / "sub").string() + "': cannot create: Not a directory");
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointDir, ReadOnlyWhenPermissionBitsApply) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root ignores permission bits (test_app_layout mounts "
+                                        "a read-only tmpfs instead)";
+  const auto dir = scratch("ro");
+  fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);
+  EXPECT_EQ(checkpoint_dir_problem(dir.string()),
+            "checkpoint.dir '" + dir.string() + "' is not writable: Permission denied");
+  fs::permissions(dir, fs::perms::owner_all);
+  fs::remove_all(dir);
+}
+
+TEST(RankMemory, ShareOfTheModel) {
+  const Config c = tiny();
+  const double total = static_cast<double>(parameter_count(c.model));
+  const RankMemory whole = estimate_rank_memory(c, ModelShard::whole(c.model), 1);
+  EXPECT_DOUBLE_EQ(whole.parameters, total);
+  EXPECT_DOUBLE_EQ(whole.state_bytes, 16 * total);  // weights, gradients, two moments
+  EXPECT_GT(whole.activation_bytes, 0);
+
+  ModelShard half = ModelShard::whole(c.model);
+  half.tp_size = 2;
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(c, half, 1).parameters, total / 2);
+
+  const Config zero = tiny({"optim.zero_stage=1"});
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(zero, ModelShard::whole(c.model), 4).state_bytes,
+                   (4 + 4 + 2) * total);
+
+  ModelShard middle = ModelShard::whole(c.model);  // a middle stage: layers only
+  middle.layer_begin = 1, middle.layer_end = 3, middle.has_embedding = false,
+  middle.has_head = false;
+  const RankMemory m = estimate_rank_memory(c, middle, 1);
+  EXPECT_LT(m.parameters, total / 2);
+  EXPECT_LT(m.activation_bytes, whole.activation_bytes);
+}
+
+TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {
+  const Config c = tiny();
+  const ModelShard shard = ModelShard::whole(c.model);
+  EXPECT_EQ(rank_memory_problem(c, shard, 0, 1, 1e12), "");
+  EXPECT_EQ(rank_memory_problem(c, shard, 0, 1, 0), "") << "unknown memory: no check";
+
+  const std::string model = rank_memory_problem(c, shard, 3, 1, 1e3);
+  EXPECT_EQ(model.rfind("not enough memory on rank 3: this rank's share of the model "
+                        "(model.layers = 4, model.width = 64, model.vocab_size = 256 over "
+                        "parallel.tensor = 1 x parallel.pipeline = 1: ",
+                        0),
+            0u)
+      << model;
+  EXPECT_NE(model.find("of physical memory of this node"), std::string::npos) << model;
+  EXPECT_EQ(model.find('\n'), std::string::npos);
+
+  // Activations first when they dominate: the CPU kernels' attention matrix grows as T^2.
+  const Config longer = tiny({"model.seq_len=1000000000"});
+  const std::string act =
+      rank_memory_problem(longer, ModelShard::whole(longer.model), 0, 1, 1e12);
+  EXPECT_EQ(act.rfind("not enough memory on rank 0: one micro-batch of activations "
+                      "(model.seq_len = 1000000000, train.micro_batch = 2) needs ",
+                      0),
+            0u)
+      << act;
+  EXPECT_GT(physical_memory_bytes(), 1e8);
+}
