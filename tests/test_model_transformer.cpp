@@ -12,6 +12,7 @@
 #include "comm/comm.hpp"
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
+#include "model/stage_model.hpp"
 
 using namespace trident;
 
@@ -281,4 +282,63 @@ TEST(ModelLayout, BadSplitsAreRefusedNamingTheKey) {
   }
   m.kv_heads = 3;  // does not divide 4 heads
   EXPECT_THROW(parameter_layout(m, ModelShard::whole(m)), std::exception);
+}
+
+namespace {
+
+// The host device, counting the copies to host memory (a GPU's synchronising reads).
+class CountingDevice final : public Device {
+ public:
+  bool is_host() const override { return true; }
+  std::string describe() const override { return "counting cpu"; }
+  std::shared_ptr<void> allocate(int64_t bytes) override { return host_->allocate(bytes); }
+  void to_host(void* host, const void* src, int64_t bytes) override {
+    ++reads;
+    host_->to_host(host, src, bytes);
+  }
+  void from_host(void* dst, const void* host, int64_t bytes) override {
+    host_->from_host(dst, host, bytes);
+  }
+  void copy(void* dst, const void* src, int64_t bytes) override { host_->copy(dst, src, bytes); }
+  void fill_zero(void* dst, int64_t bytes) override { host_->fill_zero(dst, bytes); }
+  void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
+  double square_sum(const std::vector<Range>& ranges) override { return host_->square_sum(ranges); }
+  void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
+             const AdamWStep& step) override {
+    host_->adamw(w, grad, m, v, n, step);
+  }
+  void synchronize() override { host_->synchronize(); }
+  int reads = 0;
+
+ private:
+  std::unique_ptr<Device> host_ = make_cpu_device();
+};
+
+}  // namespace
+
+// The micro-batches' losses stay in device memory: forwards read nothing back, and one read
+// per step returns their sum (the GPU waits once per step for its losses).
+TEST(StageModelLoss, ForwardsReadNothingBackAndTheStepReadsTheSumOnce) {
+  const ModelConfig m = tiny_model("llama");
+  auto comm = make_self_communicator("tensor");
+  CountingDevice device;
+  auto model = make_cpu_stage_model(m, ModelShard::whole(m), *comm, device);
+  model->init_weights(3);
+  CpuModel<double> reference(m, ModelShard::whole(m), *comm);
+  reference.init_weights(3);
+  const int64_t B = 2, N = B * m.seq_len;
+  auto acts = model->make_activations(B);
+  auto ref_acts = reference.make_activations(B);
+  double expected = 0.0;
+  for (int64_t micro = 0; micro < 4; ++micro) {
+    const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 9);
+    model->forward(*acts, tokens.data(), targets.data(), nullptr);
+    reference.forward(ref_acts, tokens.data(), targets.data(), nullptr);
+    expected += reference.take_loss_sum();
+  }
+  EXPECT_EQ(device.reads, 0);
+  const double sum = model->take_loss_sum();
+  EXPECT_EQ(device.reads, 1);
+  EXPECT_NEAR(sum, expected, 1e-5 * expected);
+  EXPECT_EQ(model->take_loss_sum(), 0.0);  // the read resets the sum
 }
