@@ -137,6 +137,26 @@ inline Config checkpoint_config(const std::filesystem::path& dir, int tp, int pp
   return parse_config(tiny_config(dir), "ckpt.toml", overrides);
 }
 
+// `steps` straight, against `save_at` steps, a checkpoint, and the rest in a fresh trainer that
+// loads it: every loss bit for bit.
+inline void expect_bitwise_resume(const Config& config, int64_t steps, int64_t save_at) {
+  std::vector<double> straight, resumed;
+  on_layout(config, [&](Trainer& t, ProcessGrid&) { straight = train_steps(t, 0, steps); });
+  std::string path;
+  on_layout(config, [&](Trainer& t, ProcessGrid&) {
+    resumed = train_steps(t, 0, save_at);
+    path = t.save_checkpoint(save_at);
+  });
+  on_layout(config, [&](Trainer& t, ProcessGrid&) {
+    t.load_checkpoint(path);
+    ASSERT_EQ(t.start_step(), save_at);
+    const auto rest = train_steps(t, save_at, steps);
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+  });
+  ASSERT_EQ(straight.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(straight, resumed);  // every loss bit for bit
+}
+
 // The layouts of the parity tests: tiny_config with 4 layers, vocab 250, 20 steps.
 constexpr int64_t kParitySteps = 20;
 

@@ -27,22 +27,7 @@ Config llama_for(const std::filesystem::path& dir, int tp, int pp, int dp, int z
 
 TEST(LlamaCheckpoint, SameLayoutIsBitwiseIdentical) {
   const auto dir = shared_corpus("llama_ckpt_same");
-  const Config config = llama_for(dir, 2, 2, 1, 0, "same");
-  std::vector<double> straight, resumed;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) { straight = train_steps(t, 0, kSteps); });
-  std::string path;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) {
-    resumed = train_steps(t, 0, kSaveAt);
-    path = t.save_checkpoint(kSaveAt);
-  });
-  on_layout(config, [&](Trainer& t, ProcessGrid&) {
-    t.load_checkpoint(path);
-    ASSERT_EQ(t.start_step(), kSaveAt);
-    const auto rest = train_steps(t, kSaveAt, kSteps);
-    resumed.insert(resumed.end(), rest.begin(), rest.end());
-  });
-  ASSERT_EQ(straight.size(), static_cast<size_t>(kSteps));
-  EXPECT_EQ(straight, resumed);  // every loss bit for bit
+  expect_bitwise_resume(llama_for(dir, 2, 2, 1, 0, "same"), kSteps, kSaveAt);
 }
 
 TEST(LlamaCheckpoint, Tp2Pp2CheckpointResumesOnOtherLayouts) {

@@ -24,21 +24,7 @@ Config config_for(const std::filesystem::path& dir, int tp, int pp, int dp, int 
 
 TEST(CheckpointResume, SameLayoutIsBitwiseIdentical) {
   const auto dir = shared_corpus("ckpt_same");
-  const Config config = config_for(dir, 2, 2, 2, 0, "same");
-  std::vector<double> straight, resumed;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) { straight = train_steps(t, 0, kSteps); });
-  std::string path;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) {
-    resumed = train_steps(t, 0, kSaveAt);
-    path = t.save_checkpoint(kSaveAt);
-  });
-  on_layout(config, [&](Trainer& t, ProcessGrid&) {
-    t.load_checkpoint(path);
-    ASSERT_EQ(t.start_step(), kSaveAt);
-    const auto rest = train_steps(t, kSaveAt, kSteps);
-    resumed.insert(resumed.end(), rest.begin(), rest.end());
-  });
-  EXPECT_EQ(straight, resumed);  // every loss bit for bit
+  expect_bitwise_resume(config_for(dir, 2, 2, 2, 0, "same"), kSteps, kSaveAt);
 }
 
 TEST(CheckpointResume, Zero1CheckpointOf222ResumesOnOtherLayouts) {

@@ -77,32 +77,43 @@ double worst_grad_relative(const Reference& got, const Reference& ref, std::stri
   return worst;
 }
 
+// One GPU against the CPU on the same model (`extra`): fp32 losses and step-1 gradients, or bf16
+// losses only.
+void check_against_cpu(const std::string& label, const std::vector<std::string>& extra,
+                       bool bf16) {
+  const auto dir = shared_corpus("gpu_" + label);
+  const Reference cpu = reference_run(gpu_config(dir, extra), kSteps);
+  std::vector<std::string> gpu = extra;
+  gpu.push_back("train.device=cuda");
+  if (bf16) gpu.push_back("train.precision=bf16");
+  const Reference got = reference_run(gpu_config(dir, gpu), kSteps);
+  const double losses = worst_relative(got.losses, cpu.losses);
+  if (bf16) {
+    std::printf("[ measured ] GPU %s bf16 vs CPU fp32: losses %.3g over %lld steps (first %.6f vs "
+                "%.6f, last %.6f vs %.6f)\n", label.c_str(), losses,
+                static_cast<long long>(kSteps), got.losses.front(), cpu.losses.front(),
+                got.losses.back(), cpu.losses.back());
+    EXPECT_LE(losses, 2e-2) << label;
+    EXPECT_LT(got.losses.back(), got.losses.front()) << label;
+    return;
+  }
+  std::string name;
+  const double grads = worst_grad_relative(got, cpu, &name);
+  std::printf("[ measured ] GPU %s fp32 vs CPU: losses %.3g over %lld steps, gradients after "
+              "step 1 %.3g (%s)\n", label.c_str(), losses, static_cast<long long>(kSteps), grads,
+              name.c_str());
+  EXPECT_LE(losses, 1e-5) << label;
+  EXPECT_LE(grads, 1e-4) << label << ": " << name;
+}
+
 TEST(GpuTrainer, Fp32MatchesTheCpu) {
   REQUIRE_GPU();
-  const auto dir = shared_corpus("gpu_fp32");
-  const Reference cpu = reference_run(gpu_config(dir, {}), kSteps);
-  const Reference gpu = reference_run(gpu_config(dir, {"train.device=cuda"}), kSteps);
-  std::string name;
-  const double grads = worst_grad_relative(gpu, cpu, &name);
-  const double losses = worst_relative(gpu.losses, cpu.losses);
-  std::printf("[ measured ] GPU fp32 vs CPU: losses %.3g over %lld steps, gradients after step 1 "
-              "%.3g (%s)\n", losses, static_cast<long long>(kSteps), grads, name.c_str());
-  EXPECT_LE(losses, 1e-5);
-  EXPECT_LE(grads, 1e-4) << name;
+  check_against_cpu("gpt2", {}, false);
 }
 
 TEST(GpuTrainer, Bf16TracksTheCpu) {
   REQUIRE_GPU();
-  const auto dir = shared_corpus("gpu_bf16");
-  const Reference cpu = reference_run(gpu_config(dir, {}), kSteps);
-  const Reference gpu =
-      reference_run(gpu_config(dir, {"train.device=cuda", "train.precision=bf16"}), kSteps);
-  const double losses = worst_relative(gpu.losses, cpu.losses);
-  std::printf("[ measured ] GPU bf16 vs CPU fp32: losses %.3g over %lld steps (first %.6f vs "
-              "%.6f, last %.6f vs %.6f)\n", losses, static_cast<long long>(kSteps),
-              gpu.losses.front(), cpu.losses.front(), gpu.losses.back(), cpu.losses.back());
-  EXPECT_LE(losses, 2e-2);
-  EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+  check_against_cpu("gpt2", {}, true);
 }
 
 // Two ranks on the one GPU, device buffers through MPI, against the one-GPU run.
@@ -151,28 +162,12 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 TEST(GpuTrainer, LlamaFp32MatchesTheCpu) {
   REQUIRE_GPU();
-  const auto dir = shared_corpus("gpu_llama_fp32");
-  const Reference cpu = reference_run(gpu_config(dir, kLlama), kSteps);
-  const Reference gpu = reference_run(gpu_config(dir, with(kLlama, {"train.device=cuda"})), kSteps);
-  std::string name;
-  const double grads = worst_grad_relative(gpu, cpu, &name);
-  const double losses = worst_relative(gpu.losses, cpu.losses);
-  std::printf("[ measured ] GPU llama fp32 vs CPU: losses %.3g over %lld steps, gradients after "
-              "step 1 %.3g (%s)\n", losses, static_cast<long long>(kSteps), grads, name.c_str());
-  EXPECT_LE(losses, 1e-5);
-  EXPECT_LE(grads, 1e-4) << name;
+  check_against_cpu("llama", kLlama, false);
 }
 
 TEST(GpuTrainer, LlamaBf16TracksTheCpu) {
   REQUIRE_GPU();
-  const auto dir = shared_corpus("gpu_llama_bf16");
-  const Reference cpu = reference_run(gpu_config(dir, kLlama), kSteps);
-  const Reference gpu = reference_run(
-      gpu_config(dir, with(kLlama, {"train.device=cuda", "train.precision=bf16"})), kSteps);
-  const double losses = worst_relative(gpu.losses, cpu.losses);
-  std::printf("[ measured ] GPU llama bf16 vs CPU fp32: losses %.3g over %lld steps\n", losses,
-              static_cast<long long>(kSteps));
-  EXPECT_LE(losses, 2e-2);
+  check_against_cpu("llama", kLlama, true);
 }
 
 TEST(GpuTrainer, SequenceParallelOverMpiMatchesOneGpu) {
