@@ -28,7 +28,7 @@
 
 namespace trident {
 
-class CudaDevice final : public Device, public TimedDevice {
+class CudaDevice final : public Device {
  public:
   // Makes `ordinal` the calling thread's current device and creates the stream and cuBLAS
   // handles on it. `watch`: the communicators whose work this device's stream carries (the GPU

@@ -29,10 +29,8 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
       micro_batch_(micro_batch),
       stream_elems_(model.stream_elements(micro_batch)),
       stream_type_(model.stream_dtype()) {
-  if (auto* timed = dynamic_cast<TimedDevice*>(&model.device())) {
-    wait_timer_ = timed->make_interval_timer();
-    busy_timer_ = timed->make_interval_timer();
-  }
+  wait_timer_ = model.device().make_interval_timer();  // nullptr on the CPU: wall clock
+  busy_timer_ = model.device().make_interval_timer();
   tokens_.resize(micro_batch * model.config().seq_len);
   targets_.resize(tokens_.size());
   if (stages_ > 1) {

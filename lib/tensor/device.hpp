@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "util/interval_timer.hpp"
+
 namespace trident {
 
 // One AdamW step's constants (the same for every element of a segment).
@@ -54,6 +56,9 @@ class Device {
                      const AdamWStep& step) = 0;
   // Waits for everything queued on the device.
   virtual void synchronize() = 0;
+  // A timer of the device's own stream, where the device runs ahead of the host (a GPU);
+  // nullptr where host wall time is device time (the CPU).
+  virtual std::unique_ptr<IntervalTimer> make_interval_timer() { return nullptr; }
 };
 
 // Typed view of an allocation: memory of n elements of T on `device`.

@@ -62,7 +62,10 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
     const int rank = groups.world->rank();
     std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
     if (problem.empty())
-      problem = rank_memory_problem(config, shard, rank, groups.dp_size, physical_memory_bytes());
+      // Host memory holds the model on the CPU only; a GPU rank's model lives in device memory,
+      // whose allocation failures name the device.
+      problem = rank_memory_problem(config, shard, rank, groups.dp_size,
+                                    config.train.device == "cpu" ? physical_memory_bytes() : 0.0);
     ckpt::agree_or_throw(groups.mpi_world, problem);
   }
   backend_ = make(config, groups, shard);

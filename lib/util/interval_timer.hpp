@@ -4,9 +4,9 @@
 // an IntervalTimer marks points on the device's stream instead (CUDA events) and measures the
 // time the STREAM took between them.
 //
-// A Device that can time its stream also derives from TimedDevice (cuda/cuda_device.hpp); the
-// pipeline executor asks for one with dynamic_cast and keeps the host wall clock otherwise (the
-// CPU path, where host time is device time).
+// Device::make_interval_timer (tensor/device.hpp) gives one where the device runs ahead of the
+// host (the GPU); the host device gives none and the pipeline executor keeps the host wall
+// clock (on the CPU host time is device time).
 #include <memory>
 
 namespace trident {
@@ -21,12 +21,6 @@ class IntervalTimer {
   // The summed seconds of every interval marked since the last call; waits (bounded, see
   // comm/comm_watch.hpp) until the stream has passed the last mark.
   virtual double take_seconds() = 0;
-};
-
-class TimedDevice {
- public:
-  virtual ~TimedDevice() = default;
-  virtual std::unique_ptr<IntervalTimer> make_interval_timer() = 0;
 };
 
 }  // namespace trident
