@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -392,4 +393,74 @@ TEST(TrainApp, StopSignalDuringStartUp) {
     EXPECT_EQ(r.output.find("\nstep "), std::string::npos) << "no step ran: " << r.output;
     EXPECT_FALSE(fs::exists(ckpt / "latest")) << r.output;
   }
+}
+
+// ---------------------------------------------------------------- Megatron indexed datasets
+
+// data.train / data.val given as the prefix of a .bin/.idx pair (docs/data.md): the tiny
+// config trains on it, and on the same tokens as the llm.c shards it gives the same losses and
+// validation losses (same windows, same order), for uint16 and int32 token files.
+TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
+  const auto dir = scratch_dir("train_indexed");
+  const auto config = make_tiny_run(dir);
+  // Documents of varied lengths that concatenate to the tokens of a shard.
+  auto split = [](const std::vector<uint16_t>& tokens) {
+    std::vector<std::vector<int32_t>> docs;
+    for (size_t at = 0, len = 37; at < tokens.size(); at += len, len = 37 + (len * 13) % 211)
+      docs.emplace_back(tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                        tokens.begin() +
+                            static_cast<std::ptrdiff_t>(std::min(at + len, tokens.size())));
+    return docs;
+  };
+  const auto train = split(synthetic_tokens(20000, 1));  // = train_000.bin
+  const auto val = split(synthetic_tokens(4000, 3));     // = val.bin
+  write_indexed_dataset((dir / "idx16").string(), train, kIndexDTypeUInt16);
+  write_indexed_dataset((dir / "idx32").string(), train, kIndexDTypeInt32);
+  write_indexed_dataset((dir / "vidx32").string(), val, kIndexDTypeInt32);
+  std::vector<std::vector<std::string>> losses;
+  std::vector<double> val_losses;
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"train_000.bin", "val.bin"}, {"idx16", "vidx32"}, {"idx32", "vidx32"}};
+  for (const auto& [train_name, val_name] : runs) {
+    const auto run = dir / ("run_" + train_name);
+    const auto r = run_command(trident_cmd(
+        "train --config " + config.string() + " --set train.steps=2 --set eval.interval=2" +
+        " --set data.train=" + (dir / train_name).string() +
+        " --set data.val=" + (dir / val_name).string() + " --set log.dir=" + run.string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    losses.push_back(loss_strings(run));
+    ASSERT_EQ(losses.back().size(), 2u);
+    const auto rows = read_metrics(run);
+    ASSERT_TRUE(rows[1].contains("val_loss"));
+    val_losses.push_back(rows[1]["val_loss"].get<double>());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(val_losses[0], val_losses[1]);
+  EXPECT_EQ(val_losses[0], val_losses[2]);
+  // int32 token files lift the uint16 limit on model.vocab_size (the shards keep it).
+  const auto r = run_command(trident_cmd(
+      "train --config " + config.string() + " --set train.steps=1 --set model.vocab_size=70000" +
+      " --set data.train=" + (dir / "idx32").string() + " --set data.val=" +
+      (dir / "vidx32").string() + " --set log.dir=" + (dir / "run_big_vocab").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST_F(BadInput, BadMegatronIndexNamesTheFile) {
+  write_indexed_dataset((dir_ / "mega").string(), {{1, 2, 3}, {4, 5}}, kIndexDTypeUInt16);
+  {
+    std::fstream f(dir_ / "mega.idx", std::ios::in | std::ios::out | std::ios::binary);
+    f.write("XXIDIDX", 7);
+  }
+  expect_error(config() + " --set data.train=" + (dir_ / "mega").string(), "mega.idx");
+  write_indexed_dataset((dir_ / "mega").string(), {{1, 2, 3}, {4, 5}}, kIndexDTypeInt32);
+  fs::resize_file(dir_ / "mega.bin", 6);
+  expect_error(config() + " --set data.val=" + (dir_ / "mega").string(), "mega.bin");
+  // Token ids at or above model.vocab_size (int32 data, vocabulary beyond uint16).
+  std::vector<std::vector<int32_t>> docs = {{}};
+  for (int i = 0; i < 200; ++i) docs[0].push_back(i % 250);
+  docs[0][150] = 300;
+  write_indexed_dataset((dir_ / "mega").string(), docs, kIndexDTypeInt32);
+  expect_error(config() + " --set data.train=" + (dir_ / "mega").string(),
+               "token 300 at position 150");
 }

@@ -118,8 +118,9 @@ const Key kKeys[] = {
    "MLP hidden size; 0: the architecture's default, gpt2 4 * width, llama 8/3 * width "
    "rounded up to a multiple of 256."},
   {TRIDENT_KEY(model, vocab_size), between(1, 2147483647),
-   "Vocabulary size. Token shards store uint16 ids, so training data can only feed "
-   "vocab_size <= 65536 (checked when the shards are opened)."},
+   "Vocabulary size. llm.c token shards and uint16 indexed datasets can only feed "
+   "vocab_size <= 65536; int32 Megatron indexed datasets any size (checked when the data "
+   "are opened)."},
   {TRIDENT_KEY(model, seq_len), at_least(1), "Context length in tokens."},
   {TRIDENT_KEY(model, vocab_multiple), at_least(1),
    "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor. Not given "

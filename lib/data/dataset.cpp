@@ -216,6 +216,29 @@ TokenDataset::TokenDataset(const std::string& pattern, int64_t seq_len, int64_t 
     for (size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
   }
   ::globfree(&g);
+  struct stat idx_st {};
+  if (rc == GLOB_NOMATCH && ::stat((pattern + ".idx").c_str(), &idx_st) == 0) {
+    // A Megatron indexed dataset's prefix: the pattern names no file, PATTERN.idx exists.
+    indexed_ = std::make_unique<IndexedDataset>(pattern);
+    const int64_t n = indexed_->num_tokens();
+    total_windows_ = n > 0 ? (n - 1) / seq_len_ : 0;
+    first_window_ = {0, total_windows_};
+    if (indexed_->dtype_code() == kIndexDTypeUInt16 && vocab_size_ > kShardMaxVocab) {
+      throw Error("indexed dataset '" + indexed_->bin_path() +
+                  "': stores uint16 token ids (at most " + std::to_string(kShardMaxVocab) +
+                  " distinct tokens), which cannot represent model.vocab_size = " +
+                  std::to_string(vocab_size_) + "; set model.vocab_size <= " +
+                  std::to_string(kShardMaxVocab) + " or write the dataset with int32 tokens");
+    }
+    if (total_windows_ == 0) {
+      throw Error("token dataset '" + pattern + "': no training window: the indexed dataset '" +
+                  indexed_->bin_path() + "' (" + std::to_string(n) +
+                  " tokens) is shorter than one window of T+1 = " +
+                  std::to_string(seq_len_ + 1) + " tokens (T = seq_len = " +
+                  std::to_string(seq_len_) + ")");
+    }
+    return;
+  }
   if (rc == GLOB_NOMATCH) {
     if (!has_glob_chars(pattern)) {
       // A plain path: let the shard say why it cannot be opened (strerror).
@@ -277,6 +300,10 @@ void TokenDataset::window(int64_t window_id, int32_t* inputs, int32_t* targets) 
     throw Error("token dataset: window " + std::to_string(window_id) + " out of range [0, " +
                 std::to_string(total_windows_) + ")");
   }
+  if (indexed_) {
+    window_indexed(window_id, inputs, targets);
+    return;
+  }
   // The last shard whose first window is <= window_id (zero-window shards are skipped since
   // the next shard starts at the same id).
   const auto it = std::upper_bound(first_window_.begin(), first_window_.end(), window_id);
@@ -299,6 +326,24 @@ void TokenDataset::window(int64_t window_id, int32_t* inputs, int32_t* targets) 
     inputs[t] = tok[t];
     targets[t] = tok[t + 1];
   }
+}
+
+void TokenDataset::window_indexed(int64_t window_id, int32_t* inputs, int32_t* targets) const {
+  // Window w covers stream tokens [w*T, w*T + T + 1) of the concatenated documents.
+  const int64_t start = window_id * seq_len_;
+  thread_local std::vector<int32_t> tok;
+  tok.resize(static_cast<size_t>(seq_len_ + 1));
+  indexed_->read(start, seq_len_ + 1, tok.data());
+  for (int64_t t = 0; t <= seq_len_; ++t) {
+    const int32_t v = tok[static_cast<size_t>(t)];
+    if (v < 0 || static_cast<int64_t>(v) >= vocab_size_) {
+      throw Error("indexed dataset '" + indexed_->bin_path() + "': token " + std::to_string(v) +
+                  " at position " + std::to_string(start + t) +
+                  " is out of range for vocab_size " + std::to_string(vocab_size_));
+    }
+  }
+  std::copy(tok.begin(), tok.begin() + seq_len_, inputs);
+  std::copy(tok.begin() + 1, tok.end(), targets);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "data/indexed_dataset.hpp"
+
 namespace trident {
 
 inline constexpr int32_t kShardMagic = 20240520;
@@ -46,19 +48,26 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 
 class TokenDataset {
  public:
-  // pattern: a path or a glob. seq_len: T. vocab_size: every token must be < vocab_size
-  // (checked lazily per window; a token out of range throws naming the shard).
+  // pattern: a path or a glob of shards, or the prefix of a Megatron indexed dataset (used
+  // when PATTERN.idx exists and the pattern itself matches no file); then windows are cut
+  // from the concatenated token stream of all its documents (docs/data.md). seq_len: T.
+  // vocab_size: every token must be in [0, vocab_size) (checked lazily per window; a token
+  // out of range throws naming the shard or the indexed dataset's .bin).
   // Throws if nothing matches, if vocab_size > kShardMaxVocab (uint16 ids cannot represent
-  // it; names model.vocab_size and the first shard) or if no shard has a single window (names
-  // pattern and T).
+  // it; names model.vocab_size and the first shard; for an indexed dataset only when its dtype
+  // is uint16) or if no shard has a single window (names pattern and T).
   TokenDataset(const std::string& pattern, int64_t seq_len, int64_t vocab_size);
   int64_t num_windows() const { return total_windows_; }
   int64_t seq_len() const { return seq_len_; }
   // inputs[T] = tokens of the window, targets[T] = the same shifted by one.
   void window(int64_t window_id, int32_t* inputs, int32_t* targets) const;
   const std::vector<std::unique_ptr<TokenShard>>& shards() const { return shards_; }
+  // The indexed dataset, or nullptr when the dataset is made of shards.
+  const IndexedDataset* indexed() const { return indexed_.get(); }
 
  private:
+  void window_indexed(int64_t window_id, int32_t* inputs, int32_t* targets) const;
+  std::unique_ptr<IndexedDataset> indexed_;
   std::vector<std::unique_ptr<TokenShard>> shards_;
   std::vector<int64_t> first_window_;  // prefix sums of windows per shard
   int64_t total_windows_ = 0;
