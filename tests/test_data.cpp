@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
 #include "data/dataset.hpp"
 #include "util/error.hpp"
 
@@ -30,25 +31,9 @@ using trident::write_shard;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/trident_data_XXXXXX";
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (::mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// Each test directory: "trident_data_XXXXXX".
+struct TempDir : trident::test::TempDir {
+  TempDir() : trident::test::TempDir("trident_data") {}
 };
 
 // The message of the trident::Error `fn` throws ("" and a test failure if it throws none).

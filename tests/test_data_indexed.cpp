@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.hpp"
 #include "data/dataset.hpp"
 #include "data/indexed_dataset.hpp"
 #include "util/error.hpp"
@@ -28,24 +29,9 @@ using trident::write_shard;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/trident_idx_XXXXXX";
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (::mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+// Each test directory: "trident_idx_XXXXXX".
+struct TempDir : trident::test::TempDir {
+  TempDir() : trident::test::TempDir("trident_idx") {}
 };
 
 std::string error_of(const std::function<void()>& fn) {
