@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs Trident's build and test dependencies from Debian's archive.
+# Installs Trident's build and test dependencies from Debian's archive, and the Python tools'
+# packages from PyPI (`tokenizers`, `safetensors`) into the venv .venv/ of the repository
+# (made with --system-site-packages, so Debian's numpy and h5py are seen through it).
 # Idempotent: installs only what is missing, so repeated runs cost ~1 s.
 #   scripts/install_deps.sh            build + test dependencies (Slurm included)
 #   scripts/install_deps.sh --demo     + the fortunes corpus and matplotlib (the README demo)
@@ -13,7 +15,7 @@ packages=(
   libhdf5-mpich-dev hdf5-tools
   libgtest-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-venv python3-pip
   slurmctld slurmd slurm-client munge   # the one-node Slurm cluster of tests/slurm
 )
 for arg in "$@"; do
@@ -28,11 +30,20 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "install_deps.sh: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 
-echo "install_deps.sh: installing ${missing[*]}" >&2
-sudo_cmd=()
-[[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# The Python tools' venv (data_tools/, the export checks in tests/): pinned PyPI versions.
+venv=$(cd "$(dirname "$0")/.." && pwd)/.venv
+pypi=(tokenizers==0.23.3 safetensors==0.8.0)
+if ! "$venv/bin/python" -c 'import tokenizers, safetensors.numpy, numpy, h5py' 2>/dev/null; then
+  echo "install_deps.sh: creating $venv (${pypi[*]})" >&2
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${pypi[@]}"
+fi
