@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# Installs Trident's build and test dependencies from Debian's archive, and the Python tools'
-# packages from PyPI (`tokenizers`, `safetensors`) into the venv .venv/ of the repository
-# (made with --system-site-packages, so Debian's numpy and h5py are seen through it).
+# Installs Trident's dependencies from Debian's archive, and the Python tools' packages from
+# PyPI (`tokenizers`, `safetensors`) into the venv .venv/ of the repository (made with
+# --system-site-packages, so Debian's numpy and h5py are seen through it).
 # Idempotent: installs only what is missing, so repeated runs cost ~1 s.
 #   scripts/install_deps.sh            build + test dependencies (Slurm included)
-#   scripts/install_deps.sh --demo     + the fortunes corpus and matplotlib (the README demo)
-#   scripts/install_deps.sh --bench    + PyTorch (the CPU reference in bench/)
+#   scripts/install_deps.sh --demo     build + the README demo's (fortunes corpus, matplotlib);
+#                                      no test packages, so a first demo run installs less
+#   scripts/install_deps.sh --bench    build + test + PyTorch (the CPU reference in bench/)
 set -euo pipefail
 
-packages=(
+build_packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-openmp-dev
   libmpich-dev mpich
-  libhdf5-mpich-dev hdf5-tools
-  libgtest-dev
+  libhdf5-mpich-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
-  python3 python3-numpy python3-h5py python3-venv python3-pip
+  python3 python3-venv python3-pip
+)
+test_packages=(
+  libgtest-dev hdf5-tools python3-numpy python3-h5py
   slurmctld slurmd slurm-client munge   # the one-node Slurm cluster of tests/slurm
 )
+packages=("${build_packages[@]}" "${test_packages[@]}")
 for arg in "$@"; do
   case "$arg" in
-    --demo)  packages+=(fortunes python3-matplotlib) ;;
+    --demo)  packages=("${build_packages[@]}" fortunes python3-matplotlib) ;;
     --bench) packages+=(python3-torch python3-matplotlib fortunes) ;;
     *) echo "install_deps.sh: unknown option '$arg'" >&2; exit 2 ;;
   esac
@@ -42,7 +46,7 @@ fi
 # The Python tools' venv (data_tools/, the export checks in tests/): pinned PyPI versions.
 venv=$(cd "$(dirname "$0")/.." && pwd)/.venv
 pypi=(tokenizers==0.23.3 safetensors==0.8.0)
-if ! "$venv/bin/python" -c 'import tokenizers, safetensors.numpy, numpy, h5py' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import tokenizers, safetensors' 2>/dev/null; then
   echo "install_deps.sh: creating $venv (${pypi[*]})" >&2
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "${pypi[@]}"
