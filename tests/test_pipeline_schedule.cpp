@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pipeline/schedule.hpp"
+#include "pipeline/simulator.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -77,10 +78,15 @@ TEST(pipeline_schedule, ParsesKindsAndNamesOps) {
   EXPECT_EQ(parse_schedule_kind("gpipe"), ScheduleKind::GPipe);
   EXPECT_EQ(to_string(ScheduleKind::OneFOneB), "1f1b");
   EXPECT_EQ(to_string(ScheduleKind::GPipe), "gpipe");
-  for (const char* bad : {"", "1F1B", "GPipe", "interleaved"}) {
+  EXPECT_EQ(parse_schedule_kind("interleaved"), ScheduleKind::Interleaved);
+  EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::ZeroBubbleH1);
+  EXPECT_EQ(to_string(ScheduleKind::Interleaved), "interleaved");
+  EXPECT_EQ(to_string(ScheduleKind::ZeroBubbleH1), "zb-h1");
+  for (const char* bad : {"", "1F1B", "GPipe", "zb-h2", "zbh1"}) {
     const std::string msg = error_of([&] { parse_schedule_kind(bad); });
     EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << bad << ": " << msg;
-    EXPECT_NE(msg.find("\"1f1b\" or \"gpipe\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"1f1b\", \"gpipe\", \"interleaved\" or \"zb-h1\""), std::string::npos)
+        << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
   EXPECT_EQ(to_string(PipeOp{PipeOpKind::Forward, 3}), "F3");
@@ -91,6 +97,9 @@ TEST(pipeline_schedule, ParsesKindsAndNamesOps) {
   EXPECT_EQ(to_string(PipeOp{PipeOpKind::SendBackward, 7}), "SB7");
   EXPECT_EQ(to_string(std::vector<PipeOp>{{PipeOpKind::Forward, 0}, {PipeOpKind::Backward, 0}}),
             "F0 B0");
+  EXPECT_EQ(to_string(PipeOp{PipeOpKind::BackwardInput, 4}), "BI4");
+  EXPECT_EQ(to_string(PipeOp{PipeOpKind::BackwardWeight, 4, 0}), "W4");
+  EXPECT_EQ(to_string(PipeOp{PipeOpKind::Forward, 5, 2}), "F5:2");
 }
 
 TEST(pipeline_schedule, RejectsBadArguments) {
@@ -317,7 +326,224 @@ TEST(pipeline_schedule, SimulatorCatchesBrokenSchedules) {
   EXPECT_NE(r.error.find("finished without Forward 1"), std::string::npos) << r.error;
 }
 
-// ---- 4. stage partition ---------------------------------------------------------------------
+// ---- 4. interleaved 1F1B and ZB-H1 ----------------------------------------------------------
+
+// Compute ops of a list, in order.
+std::string compute_order(const std::vector<PipeOp>& ops) {
+  std::vector<PipeOp> c;
+  for (const PipeOp& op : ops)
+    if (op.kind == PipeOpKind::Forward || op.kind == PipeOpKind::Backward ||
+        op.kind == PipeOpKind::BackwardInput || op.kind == PipeOpKind::BackwardWeight)
+      c.push_back(op);
+  return to_string(c);
+}
+
+TEST(pipeline_schedule, InterleavedFollowsMegatronOrder) {
+  using K = ScheduleKind;
+  // p = 2, v = 2, M = 4. Stage 0: warmup (2-0-1)*2 + (2-1)*2 = 4 forwards; stage 1: 2.
+  // Forward k runs chunk (k mod 4) / 2 on micro-batch (k / 4) * 2 + k mod 2; backward k the
+  // chunks in reverse.
+  EXPECT_EQ(compute_order(pipeline_schedule(K::Interleaved, 0, 2, 4, 2)),
+            "F0 F1 F0:1 F1:1 F2 B0:1 F3 B1:1 F2:1 B0 F3:1 B1 B2:1 B3:1 B2 B3");
+  EXPECT_EQ(compute_order(pipeline_schedule(K::Interleaved, 1, 2, 4, 2)),
+            "F0 F1 F0:1 B0:1 F1:1 B1:1 F2 B0 F3 B1 F2:1 B2:1 F3:1 B3:1 B2 B3");
+  // Communication: chunk 1 of stage 0 receives from stage 1's chunk 0; the last virtual stage
+  // (stage 1, chunk 1) neither sends forward nor receives backward.
+  EXPECT_EQ(to_string(pipeline_schedule(K::Interleaved, 1, 2, 2, 2)),
+            "RF0 F0 SF0 RF1 F1 SF1 RF0:1 F0:1 RF1:1 F1:1 B0:1 SB0:1 B1:1 SB1:1 RB0 B0 SB0 RB1 B1 "
+            "SB1");
+  // M = p: every forward first (Megatron's all-warmup case).
+  EXPECT_EQ(compute_order(pipeline_schedule(K::Interleaved, 0, 2, 2, 2)),
+            "F0 F1 F0:1 F1:1 B0:1 B1:1 B0 B1");
+}
+
+TEST(pipeline_schedule, ZeroBubbleH1DefersWeightGradientsByStage) {
+  using K = ScheduleKind;
+  // 4 stages x 6 micro-batches: stage s keeps up to s weight gradients pending.
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH1, 0, 4, 6)),
+            "F0 F1 F2 F3 BI0 W0 F4 BI1 W1 F5 BI2 W2 BI3 W3 BI4 W4 BI5 W5");
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH1, 3, 4, 6)),
+            "F0 BI0 F1 BI1 F2 BI2 F3 BI3 W0 F4 BI4 W1 F5 BI5 W2 W3 W4 W5");
+  EXPECT_EQ(to_string(pipeline_schedule(K::ZeroBubbleH1, 1, 2, 2)),
+            "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1");
+}
+
+TEST(pipeline_schedule, VirtualStageArgumentsAreChecked) {
+  using K = ScheduleKind;
+  auto check = [](const std::string& msg, const std::string& want) {
+    EXPECT_NE(msg.find(want), std::string::npos) << "message: " << msg << "\nwanted: " << want;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  };
+  check(error_of([] { pipeline_schedule(K::Interleaved, 0, 2, 3, 2); }),
+        "needs the micro-batches per step (3 = train.global_batch / (train.micro_batch * "
+        "parallel.data)) to be a multiple of parallel.pipeline = 2");
+  check(error_of([] { pipeline_schedule(K::Interleaved, 0, 2, 4, 1); }),
+        "parallel.virtual_stages = 1: the interleaved schedule needs at least 2 model chunks");
+  check(error_of([] { pipeline_schedule(K::Interleaved, 0, 1, 4, 2); }),
+        "parallel.schedule = \"interleaved\" needs parallel.pipeline >= 2, it is 1");
+  check(error_of([] { pipeline_schedule(K::OneFOneB, 0, 2, 4, 2); }),
+        "parallel.virtual_stages = 2 needs parallel.schedule = \"interleaved\" (it is \"1f1b\")");
+  check(error_of([] { schedule_peak_bound(K::ZeroBubbleH1, 0, 2, 4, 3); }),
+        "parallel.virtual_stages = 3 needs parallel.schedule");
+}
+
+// The shapes the invariants are checked on: p <= 8, M <= 16, v <= 4 (interleaved: p >= 2 and
+// M a multiple of p; the others v = 1).
+struct Shape {
+  ScheduleKind kind;
+  int stages;
+  int64_t micro;
+  int chunks;
+};
+std::vector<Shape> split_and_interleaved_shapes() {
+  std::vector<Shape> shapes;
+  for (int p = 1; p <= 8; ++p)
+    for (int64_t m = 1; m <= 16; ++m) {
+      shapes.push_back({ScheduleKind::ZeroBubbleH1, p, m, 1});
+      for (int v = 2; v <= 4; ++v)
+        if (p >= 2 && m % p == 0) shapes.push_back({ScheduleKind::Interleaved, p, m, v});
+    }
+  return shapes;
+}
+std::string where(const Shape& x) {
+  return where(x.kind, -1, x.stages, x.micro) + " v=" + std::to_string(x.chunks);
+}
+
+TEST(pipeline_schedule, InterleavedAndZbH1RunEveryOpOnceInOrderAndComplete) {
+  int64_t lists = 0;
+  for (const Shape& x : split_and_interleaved_shapes()) {
+    SCOPED_TRACE(where(x));
+    std::vector<std::vector<PipeOp>> all;
+    for (int stage = 0; stage < x.stages; ++stage) {
+      const std::vector<PipeOp> ops = pipeline_schedule(x.kind, stage, x.stages, x.micro, x.chunks);
+      ++lists;
+      // Per chunk: forwards, input gradients (whole or split) and weight gradients each run
+      // every micro-batch once, in micro-batch order; F before its B before its W.
+      const bool split = x.kind == ScheduleKind::ZeroBubbleH1;
+      for (int c = 0; c < x.chunks; ++c) {
+        std::vector<int64_t> f, b, w;
+        std::vector<int64_t> f_at(static_cast<size_t>(x.micro), -1), b_at = f_at, w_at = f_at;
+        for (size_t i = 0; i < ops.size(); ++i) {
+          const PipeOp& op = ops[i];
+          if (op.chunk != c) continue;
+          const auto m = static_cast<size_t>(op.micro);
+          if (op.kind == PipeOpKind::Forward) f.push_back(op.micro), f_at[m] = int64_t(i);
+          if (op.kind == (split ? PipeOpKind::BackwardInput : PipeOpKind::Backward))
+            b.push_back(op.micro), b_at[m] = int64_t(i);
+          if (op.kind == PipeOpKind::BackwardWeight) w.push_back(op.micro), w_at[m] = int64_t(i);
+          EXPECT_NE(op.kind, split ? PipeOpKind::Backward : PipeOpKind::BackwardInput);
+        }
+        EXPECT_EQ(f, iota(x.micro)) << "chunk " << c;
+        EXPECT_EQ(b, iota(x.micro)) << "chunk " << c;
+        EXPECT_EQ(w, split ? iota(x.micro) : std::vector<int64_t>{}) << "chunk " << c;
+        for (size_t m = 0; m < f_at.size(); ++m) {
+          EXPECT_LT(f_at[m], b_at[m]) << "F before B, micro " << m;
+          if (split) EXPECT_LT(b_at[m], w_at[m]) << "B before W, micro " << m;
+        }
+      }
+      EXPECT_EQ(peak_in_flight(ops),
+                schedule_peak_bound(x.kind, stage, x.stages, x.micro, x.chunks))
+          << "stage " << stage;
+      all.push_back(ops);
+    }
+    // Together: every send received in order, no deadlock, the simulator's memory = the bound.
+    const PipeSimResult r = simulate_pipeline(all, x.micro, {}, x.chunks);
+    ASSERT_TRUE(r.ok) << r.error;
+    for (int s = 0; s < x.stages; ++s)
+      EXPECT_EQ(r.peak_in_flight[static_cast<size_t>(s)],
+                schedule_peak_bound(x.kind, s, x.stages, x.micro, x.chunks));
+  }
+  // ZB-H1: sum over p = 1..8 of 16 p = 576 stage lists; interleaved: sum over p = 2..8 of
+  // p * floor(16 / p) * 3 values of v = 312.
+  EXPECT_EQ(lists, 576 + 312);
+}
+
+TEST(pipeline_schedule, BubblesMatchTheClosedForms) {
+  // Unit costs F = B = W = 1 (a whole backward costs 2). 1F1B: (p-1)/(M+p-1);
+  // interleaved (each chunk op costs the same): (p-1)/(vM+p-1); ZB-H1: (p-1)/(3M+p-1) —
+  // the paper's (p-1)(F+B-W) idle time against 1F1B's (p-1)(F+B+W).
+  const PipeSimCosts unit{1.0, 2.0, 0.0, 1.0};
+  int64_t compared = 0;
+  for (int p = 2; p <= 8; ++p)
+    for (int64_t m = p; m <= 16; ++m) {
+      const double pm1 = p - 1;
+      const PipeSimResult one = simulate_pipeline(ScheduleKind::OneFOneB, p, m, unit);
+      const PipeSimResult zb = simulate_pipeline(ScheduleKind::ZeroBubbleH1, p, m, unit);
+      ASSERT_TRUE(one.ok && zb.ok) << one.error << zb.error;
+      EXPECT_NEAR(one.bubble_fraction(), pm1 / (double(m) + pm1), 1e-12) << p << " " << m;
+      EXPECT_NEAR(zb.bubble_fraction(), pm1 / (3.0 * double(m) + pm1), 1e-12) << p << " " << m;
+      EXPECT_DOUBLE_EQ(zb.makespan, 3.0 * double(m) + pm1) << p << " " << m;
+      compared += 2;
+      if (m % p != 0) continue;
+      for (int v = 2; v <= 4; ++v) {
+        const PipeSimResult il = simulate_pipeline(ScheduleKind::Interleaved, p, m, unit, v);
+        ASSERT_TRUE(il.ok) << il.error;
+        EXPECT_NEAR(il.bubble_fraction(), pm1 / (double(v) * double(m) + pm1), 1e-12)
+            << p << " " << m << " v " << v;
+        ++compared;
+      }
+    }
+  EXPECT_GT(compared, 200);
+}
+
+TEST(pipeline_schedule, PrintsScheduleComparison) {
+  const PipeSimCosts unit{1.0, 2.0, 0.0, 1.0};
+  for (const Shape& x : {Shape{ScheduleKind::Interleaved, 4, 8, 2},
+                         Shape{ScheduleKind::ZeroBubbleH1, 4, 8, 1}}) {
+    const PipeSimResult r = simulate_pipeline(x.kind, x.stages, x.micro, unit, x.chunks);
+    ASSERT_TRUE(r.ok) << r.error;
+    std::printf("%s, 4 stages x 8 micro-batches, v = %d (F = B = W = 1), makespan %g:\n%s",
+                to_string(x.kind).c_str(), x.chunks, r.makespan, render(r).c_str());
+  }
+  std::printf("\n%-12s %3s %4s %3s %10s %10s %11s\n", "schedule", "p", "M", "v", "bubble",
+              "theory", "peak s0");
+  for (int p : {2, 4, 8})
+    for (int64_t m : {8, 16, 32})
+      for (const Shape& x : {Shape{ScheduleKind::GPipe, p, m, 1}, Shape{ScheduleKind::OneFOneB, p, m, 1},
+                             Shape{ScheduleKind::Interleaved, p, m, 2},
+                             Shape{ScheduleKind::Interleaved, p, m, 4},
+                             Shape{ScheduleKind::ZeroBubbleH1, p, m, 1}}) {
+        const PipeSimResult r = simulate_pipeline(x.kind, p, m, unit, x.chunks);
+        ASSERT_TRUE(r.ok) << r.error;
+        const double pm1 = p - 1;
+        const double theory = x.kind == ScheduleKind::ZeroBubbleH1 ? pm1 / (3.0 * m + pm1)
+                                                                   : pm1 / (x.chunks * m + pm1);
+        std::printf("%-12s %3d %4lld %3d %10.4f %10.4f %8lld/%d\n", to_string(x.kind).c_str(), p,
+                    static_cast<long long>(m), x.chunks, r.bubble_fraction(), theory,
+                    static_cast<long long>(r.peak_in_flight[0]), x.chunks);
+      }
+}
+
+TEST(pipeline_schedule, SimulatorCatchesBrokenSplitAndChunkedSchedules) {
+  using K = PipeOpKind;
+  PipeSimResult r = simulate_pipeline({{{K::Forward, 0}, {K::BackwardWeight, 0}}}, 1);
+  EXPECT_NE(r.error.find("weight gradient before its input gradient"), std::string::npos) << r.error;
+  r = simulate_pipeline({{{K::Forward, 0}, {K::BackwardInput, 0}}}, 1);
+  EXPECT_NE(r.error.find("finished without BackwardWeight 0"), std::string::npos) << r.error;
+  r = simulate_pipeline({{{K::Forward, 0}, {K::BackwardInput, 0}, {K::Backward, 0}}}, 1);
+  EXPECT_NE(r.error.find("backwarded twice"), std::string::npos) << r.error;
+  r = simulate_pipeline({{{K::Forward, 0, 1}, {K::Backward, 0, 1}}}, 1);
+  EXPECT_NE(r.error.find("chunk out of range [0, 1)"), std::string::npos) << r.error;
+  // Two chunks on two stages: stage 0's chunk 1 must receive from stage 1's chunk 0; receiving
+  // chunk 1 before chunk 0's message was consumed is a mismatch.
+  std::vector<std::vector<PipeOp>> lists;
+  for (int s = 0; s < 2; ++s) lists.push_back(pipeline_schedule(ScheduleKind::Interleaved, s, 2, 2, 2));
+  ASSERT_TRUE(simulate_pipeline(lists, 2, {}, 2).ok);
+  std::vector<PipeOp>& stage0 = lists[0];
+  const auto at = [&](PipeOp op) {
+    return static_cast<size_t>(std::find(stage0.begin(), stage0.end(), op) - stage0.begin());
+  };
+  const size_t first = at({K::RecvForward, 0, 1}), second = at({K::RecvForward, 1, 1});
+  ASSERT_EQ(second, first + 3);  // RF0:1 F0:1 SF0:1 RF1:1 F1:1 SF1:1
+  std::rotate(stage0.begin() + first, stage0.begin() + second, stage0.begin() + second + 3);
+  r = simulate_pipeline(lists, 2, {}, 2);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("(RF1:1): the next message on the channel is micro-batch 0 of chunk 1"),
+            std::string::npos)
+      << r.error;
+}
+
+// ---- 5. stage partition ---------------------------------------------------------------------
 
 TEST(pipeline_schedule, EvenSplitPutsExtrasJustBeforeTheLastStage) {
   EXPECT_EQ(stage_layer_counts(12, 4, {}), (std::vector<int64_t>{3, 3, 3, 3}));

@@ -29,6 +29,11 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
       micro_batch_(micro_batch),
       stream_elems_(model.stream_elements(micro_batch)),
       stream_type_(model.stream_dtype()) {
+  // The executor runs one model chunk per stage and whole backwards (the schedules of
+  // pipeline/schedule.hpp with virtual stages or split backwards are not executed yet).
+  if (kind != ScheduleKind::OneFOneB && kind != ScheduleKind::GPipe)
+    throw Error("parallel.schedule = \"" + to_string(kind) +
+                "\" is not run by the pipeline executor yet (\"1f1b\" and \"gpipe\" are)");
   wait_timer_ = model.device().make_interval_timer();  // nullptr on the CPU: wall clock
   busy_timer_ = model.device().make_interval_timer();
   tokens_.resize(micro_batch * model.config().seq_len);
@@ -142,6 +147,10 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         slot_of.erase(op.micro);
         break;
       }
+      case PipeOpKind::BackwardInput:
+      case PipeOpKind::BackwardWeight:
+        throw Error("pipeline executor: split backward ops are not supported yet (" +
+                    to_string(op) + ")");
       case PipeOpKind::SendBackward:
         pending_grad_send_ = pipe_.isend(send_grad_buffer_.get(), stream_elems_, stream_type_,
                                          stage_ - 1, backward_tag(op.micro));

@@ -1,8 +1,6 @@
 #include "pipeline/schedule.hpp"
 
 #include <algorithm>
-#include <deque>
-#include <sstream>
 
 #include "util/error.hpp"
 
@@ -26,12 +24,21 @@ std::string list_text(const std::vector<int64_t>& v) {
 ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "gpipe") return ScheduleKind::GPipe;
+  if (name == "interleaved") return ScheduleKind::Interleaved;
+  if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
   throw Error("parallel.schedule = \"" + name +
-              "\" is not a pipeline schedule (expected \"1f1b\" or \"gpipe\")");
+              "\" is not a pipeline schedule (expected \"1f1b\", \"gpipe\", \"interleaved\" "
+              "or \"zb-h1\")");
 }
 
 std::string to_string(ScheduleKind kind) {
-  return kind == ScheduleKind::OneFOneB ? "1f1b" : "gpipe";
+  switch (kind) {
+    case ScheduleKind::OneFOneB: return "1f1b";
+    case ScheduleKind::GPipe: return "gpipe";
+    case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::ZeroBubbleH1: return "zb-h1";
+  }
+  return "?";
 }
 
 std::string to_string(PipeOpKind kind) {
@@ -42,11 +49,21 @@ std::string to_string(PipeOpKind kind) {
     case PipeOpKind::RecvBackward: return "RB";
     case PipeOpKind::Backward: return "B";
     case PipeOpKind::SendBackward: return "SB";
+    case PipeOpKind::BackwardInput: return "BI";
+    case PipeOpKind::BackwardWeight: return "W";
   }
   return "?";
 }
 
-std::string to_string(const PipeOp& op) { return to_string(op.kind) + std::to_string(op.micro); }
+std::string to_string(const PipeOp& op) {
+  std::string s = to_string(op.kind);
+  s += std::to_string(op.micro);
+  if (op.chunk != 0) {
+    s += ':';
+    s += std::to_string(op.chunk);
+  }
+  return s;
+}
 
 std::string to_string(const std::vector<PipeOp>& ops) {
   std::string s;
@@ -57,10 +74,12 @@ std::string to_string(const std::vector<PipeOp>& ops) {
   return s;
 }
 
-// ---- schedule -------------------------------------------------------------------------------
+// ---- schedules ------------------------------------------------------------------------------
 
-std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages,
-                                      int64_t microbatches) {
+namespace {
+
+void check_schedule_arguments(ScheduleKind kind, int stage, int stages, int64_t microbatches,
+                              int virtual_stages) {
   if (stages < 1)
     throw Error("parallel.pipeline = " + std::to_string(stages) + " must be >= 1");
   if (stage < 0 || stage >= stages)
@@ -70,41 +89,157 @@ std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages,
     throw Error("a pipeline step needs at least one micro-batch, got " +
                 std::to_string(microbatches) +
                 " (train.global_batch / (train.micro_batch * parallel.data))");
-
-  const bool first = stage == 0;
-  const bool last = stage == stages - 1;
-  std::vector<PipeOp> ops;
-  ops.reserve(static_cast<size_t>(microbatches) * 6);
-  auto forward = [&](int64_t m) {
-    if (!first) ops.push_back({PipeOpKind::RecvForward, m});
-    ops.push_back({PipeOpKind::Forward, m});
-    if (!last) ops.push_back({PipeOpKind::SendForward, m});
-  };
-  auto backward = [&](int64_t m) {
-    if (!last) ops.push_back({PipeOpKind::RecvBackward, m});
-    ops.push_back({PipeOpKind::Backward, m});
-    if (!first) ops.push_back({PipeOpKind::SendBackward, m});
-  };
-
-  int64_t next_forward = 0;
-  int64_t next_backward = 0;
-  switch (kind) {
-    case ScheduleKind::GPipe:
-      while (next_forward < microbatches) forward(next_forward++);
-      while (next_backward < microbatches) backward(next_backward++);
-      break;
-    case ScheduleKind::OneFOneB: {
-      const int64_t warmup = std::min<int64_t>(stages - stage - 1, microbatches);
-      for (int64_t i = 0; i < warmup; ++i) forward(next_forward++);
-      for (int64_t i = 0; i < microbatches - warmup; ++i) {
-        forward(next_forward++);
-        backward(next_backward++);
-      }
-      while (next_backward < microbatches) backward(next_backward++);
-      break;
-    }
+  const std::string v = "parallel.virtual_stages = " + std::to_string(virtual_stages);
+  if (kind != ScheduleKind::Interleaved) {
+    if (virtual_stages != 1)
+      throw Error(v + " needs parallel.schedule = \"interleaved\" (it is \"" + to_string(kind) +
+                  "\")");
+    return;
   }
-  return ops;
+  if (virtual_stages < 2)
+    throw Error(v + ": the interleaved schedule needs at least 2 model chunks per stage");
+  if (stages < 2)
+    throw Error("parallel.schedule = \"interleaved\" needs parallel.pipeline >= 2, it is " +
+                std::to_string(stages));
+  if (microbatches % stages != 0)
+    throw Error("parallel.schedule = \"interleaved\" needs the micro-batches per step (" +
+                std::to_string(microbatches) +
+                " = train.global_batch / (train.micro_batch * parallel.data)) to be a multiple "
+                "of parallel.pipeline = " + std::to_string(stages));
+}
+
+// Appends the ops of one stage, with the receives and sends its place in the chain of virtual
+// stages asks for.
+class OpListBuilder {
+ public:
+  OpListBuilder(int stage, int stages, int chunks) : stage_(stage), stages_(stages), chunks_(chunks) {}
+
+  void forward(int64_t m, int c) {
+    if (!first_virtual(c)) ops_.push_back({PipeOpKind::RecvForward, m, c});
+    ops_.push_back({PipeOpKind::Forward, m, c});
+    if (!last_virtual(c)) ops_.push_back({PipeOpKind::SendForward, m, c});
+  }
+  // kind: Backward (whole) or BackwardInput (the weight gradient comes later, weight()).
+  void backward(int64_t m, int c, PipeOpKind kind = PipeOpKind::Backward) {
+    if (!last_virtual(c)) ops_.push_back({PipeOpKind::RecvBackward, m, c});
+    ops_.push_back({kind, m, c});
+    if (!first_virtual(c)) ops_.push_back({PipeOpKind::SendBackward, m, c});
+  }
+  void weight(int64_t m, int c) { ops_.push_back({PipeOpKind::BackwardWeight, m, c}); }
+  std::vector<PipeOp> take() { return std::move(ops_); }
+
+ private:
+  bool first_virtual(int c) const { return stage_ == 0 && c == 0; }
+  bool last_virtual(int c) const { return stage_ == stages_ - 1 && c == chunks_ - 1; }
+  int stage_, stages_, chunks_;
+  std::vector<PipeOp> ops_;
+};
+
+int64_t one_f_one_b_warmup(int stage, int stages, int64_t microbatches) {
+  return std::min<int64_t>(stages - stage - 1, microbatches);
+}
+
+// Megatron-LM's interleaved warmup: forwards before the first backward.
+int64_t interleaved_warmup(int stage, int stages, int64_t microbatches, int chunks) {
+  const int64_t total = microbatches * chunks;
+  if (microbatches == stages) return total;
+  return std::min<int64_t>(int64_t{stages - stage - 1} * 2 + int64_t{chunks - 1} * stages, total);
+}
+
+// The micro-batch and chunk of a stage's k-th forward (backward: chunks in reverse).
+int64_t interleaved_micro(int64_t k, int stages, int chunks) {
+  const int64_t group = int64_t{stages} * chunks;
+  return (k / group) * stages + k % stages;
+}
+int interleaved_chunk(int64_t k, int stages, int chunks, bool forward) {
+  const int c = static_cast<int>((k % (int64_t{stages} * chunks)) / stages);
+  return forward ? c : chunks - 1 - c;
+}
+
+std::vector<PipeOp> gpipe(int stage, int stages, int64_t microbatches) {
+  OpListBuilder b(stage, stages, 1);
+  for (int64_t m = 0; m < microbatches; ++m) b.forward(m, 0);
+  for (int64_t m = 0; m < microbatches; ++m) b.backward(m, 0);
+  return b.take();
+}
+
+std::vector<PipeOp> one_f_one_b(int stage, int stages, int64_t microbatches) {
+  OpListBuilder b(stage, stages, 1);
+  const int64_t warmup = one_f_one_b_warmup(stage, stages, microbatches);
+  int64_t next_forward = 0, next_backward = 0;
+  for (int64_t i = 0; i < warmup; ++i) b.forward(next_forward++, 0);
+  for (int64_t i = 0; i < microbatches - warmup; ++i) {
+    b.forward(next_forward++, 0);
+    b.backward(next_backward++, 0);
+  }
+  while (next_backward < microbatches) b.backward(next_backward++, 0);
+  return b.take();
+}
+
+std::vector<PipeOp> interleaved(int stage, int stages, int64_t microbatches, int chunks) {
+  OpListBuilder b(stage, stages, chunks);
+  const int64_t total = microbatches * chunks;
+  const int64_t warmup = interleaved_warmup(stage, stages, microbatches, chunks);
+  auto forward = [&](int64_t k) {
+    b.forward(interleaved_micro(k, stages, chunks), interleaved_chunk(k, stages, chunks, true));
+  };
+  auto backward = [&](int64_t k) {
+    b.backward(interleaved_micro(k, stages, chunks), interleaved_chunk(k, stages, chunks, false));
+  };
+  for (int64_t k = 0; k < warmup; ++k) forward(k);
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    forward(warmup + k);
+    backward(k);
+  }
+  for (int64_t k = total - warmup; k < total; ++k) backward(k);
+  return b.take();
+}
+
+std::vector<PipeOp> zero_bubble_h1(int stage, int stages, int64_t microbatches) {
+  OpListBuilder b(stage, stages, 1);
+  const int64_t warmup = one_f_one_b_warmup(stage, stages, microbatches);
+  const int64_t deferrable = stage;  // weight gradients this stage may keep pending
+  int64_t next_forward = 0, next_backward = 0, next_weight = 0;
+  auto backward = [&] {
+    b.backward(next_backward++, 0, PipeOpKind::BackwardInput);
+    if (next_backward - next_weight > deferrable) b.weight(next_weight++, 0);
+  };
+  for (int64_t i = 0; i < warmup; ++i) b.forward(next_forward++, 0);
+  for (int64_t i = 0; i < microbatches - warmup; ++i) {
+    b.forward(next_forward++, 0);
+    backward();
+  }
+  while (next_backward < microbatches) backward();
+  while (next_weight < microbatches) b.weight(next_weight++, 0);
+  return b.take();
+}
+
+}  // namespace
+
+std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages,
+                                      int64_t microbatches, int virtual_stages) {
+  check_schedule_arguments(kind, stage, stages, microbatches, virtual_stages);
+  switch (kind) {
+    case ScheduleKind::GPipe: return gpipe(stage, stages, microbatches);
+    case ScheduleKind::OneFOneB: return one_f_one_b(stage, stages, microbatches);
+    case ScheduleKind::Interleaved: return interleaved(stage, stages, microbatches, virtual_stages);
+    case ScheduleKind::ZeroBubbleH1: return zero_bubble_h1(stage, stages, microbatches);
+  }
+  throw Error("unknown pipeline schedule");
+}
+
+int64_t schedule_peak_bound(ScheduleKind kind, int stage, int stages, int64_t microbatches,
+                            int virtual_stages) {
+  check_schedule_arguments(kind, stage, stages, microbatches, virtual_stages);
+  switch (kind) {
+    case ScheduleKind::GPipe: return microbatches;
+    case ScheduleKind::OneFOneB: return std::min<int64_t>(stages - stage, microbatches);
+    case ScheduleKind::ZeroBubbleH1: return std::min<int64_t>(stages, microbatches);
+    case ScheduleKind::Interleaved:
+      return std::min(interleaved_warmup(stage, stages, microbatches, virtual_stages) + 1,
+                      microbatches * virtual_stages);
+  }
+  throw Error("unknown pipeline schedule");
 }
 
 int64_t peak_in_flight(const std::vector<PipeOp>& ops) {
@@ -112,7 +247,7 @@ int64_t peak_in_flight(const std::vector<PipeOp>& ops) {
   int64_t peak = 0;
   for (const PipeOp& op : ops) {
     if (op.kind == PipeOpKind::Forward) peak = std::max(peak, ++now);
-    if (op.kind == PipeOpKind::Backward) --now;
+    if (op.kind == PipeOpKind::Backward || op.kind == PipeOpKind::BackwardWeight) --now;
   }
   return peak;
 }
@@ -168,242 +303,6 @@ std::pair<int64_t, int64_t> stage_layer_range(const std::vector<int64_t>& counts
   int64_t begin = 0;
   for (int s = 0; s < stage; ++s) begin += counts[static_cast<size_t>(s)];
   return {begin, begin + counts[static_cast<size_t>(stage)]};
-}
-
-// ---- simulation -----------------------------------------------------------------------------
-
-double PipeSimResult::bubble_fraction() const {
-  if (busy.empty() || makespan <= 0.0) return 0.0;
-  double total = 0.0;
-  for (double b : busy) total += b;
-  return 1.0 - total / (static_cast<double>(busy.size()) * makespan);
-}
-
-namespace {
-
-struct Message {
-  int64_t micro;
-  double ready;
-};
-
-// Per-stage, per-micro-batch progress flags.
-struct MicroState {
-  bool received_forward = false, forwarded = false, sent_forward = false;
-  bool received_backward = false, backwarded = false, sent_backward = false;
-};
-
-class Simulator {
- public:
-  Simulator(const std::vector<std::vector<PipeOp>>& ops, int64_t microbatches,
-            const PipeSimCosts& costs)
-      : ops_(ops), micro_(microbatches), costs_(costs), stages_(static_cast<int>(ops.size())) {}
-
-  PipeSimResult run() {
-    if (stages_ < 1) return fail("no stages to simulate");
-    if (micro_ < 1) return fail("microbatches = " + std::to_string(micro_) + " must be >= 1");
-    next_.assign(stages_, 0);
-    clock_.assign(stages_, 0.0);
-    in_flight_.assign(stages_, 0);
-    state_.assign(stages_, std::vector<MicroState>(static_cast<size_t>(micro_)));
-    forward_channel_.assign(stages_, {});
-    backward_channel_.assign(stages_, {});
-    result_.busy.assign(stages_, 0.0);
-    result_.peak_in_flight.assign(stages_, 0);
-    result_.timeline.assign(stages_, {});
-
-    for (;;) {
-      bool progress = false;
-      bool done = true;
-      for (int s = 0; s < stages_; ++s) {
-        if (next_[s] >= ops_[s].size()) continue;
-        done = false;
-        std::string error;
-        const bool stepped = step(s, error);
-        if (!error.empty()) return fail(error);
-        if (stepped) {
-          ++next_[s];
-          progress = true;
-        }
-      }
-      if (done) break;
-      if (!progress) return fail("deadlock: every unfinished stage is blocked in a receive");
-    }
-
-    for (int s = 0; s + 1 < stages_; ++s) {
-      if (!forward_channel_[s].empty())
-        return fail("stage " + std::to_string(s) + " sent forward messages nobody received");
-      if (!backward_channel_[s].empty())
-        return fail("stage " + std::to_string(s + 1) + " sent backward messages nobody received");
-    }
-    for (int s = 0; s < stages_; ++s)
-      for (int64_t m = 0; m < micro_; ++m) {
-        const MicroState& st = state_[s][static_cast<size_t>(m)];
-        if (!st.forwarded || !st.backwarded)
-          return fail("stage " + std::to_string(s) + " finished without " +
-                      (st.forwarded ? "Backward " : "Forward ") + std::to_string(m));
-      }
-    result_.ok = true;
-    result_.makespan = *std::max_element(clock_.begin(), clock_.end());
-    return result_;
-  }
-
- private:
-  // Executes the next op of stage s. false with `error` empty: blocked in a receive.
-  bool step(int s, std::string& error) {
-    const PipeOp& op = ops_[s][next_[s]];
-    auto where = [&] {
-      return "stage " + std::to_string(s) + " op " + std::to_string(next_[s]) + " (" +
-             to_string(op) + "): ";
-    };
-    if (op.micro < 0 || op.micro >= micro_) {
-      error = where() + "micro-batch out of range [0, " + std::to_string(micro_) + ")";
-      return false;
-    }
-    MicroState& st = state_[s][static_cast<size_t>(op.micro)];
-    const bool first = s == 0;
-    const bool last = s == stages_ - 1;
-    auto receive = [&](std::deque<Message>& channel, bool& flag) {
-      if (flag) {
-        error = where() + "received twice";
-        return false;
-      }
-      if (channel.empty()) return false;  // blocked
-      if (channel.front().micro != op.micro) {
-        error = where() + "the next message on the channel is micro-batch " +
-                std::to_string(channel.front().micro) + ", sent before this one's";
-        return false;
-      }
-      clock_[s] = std::max(clock_[s], channel.front().ready);
-      channel.pop_front();
-      flag = true;
-      return true;
-    };
-    auto send = [&](std::deque<Message>& channel, bool& flag) {
-      if (flag) {
-        error = where() + "sent twice";
-        return false;
-      }
-      channel.push_back({op.micro, clock_[s] + costs_.comm});
-      flag = true;
-      return true;
-    };
-    auto compute = [&](double cost) {
-      const double start = clock_[s];
-      clock_[s] += cost;
-      result_.busy[s] += cost;
-      result_.timeline[s].push_back({op, start, clock_[s]});
-    };
-
-    switch (op.kind) {
-      case PipeOpKind::RecvForward:
-        if (first) break;
-        return receive(forward_channel_[s - 1], st.received_forward);
-      case PipeOpKind::Forward:
-        if (st.forwarded) {
-          error = where() + "forwarded twice";
-          return false;
-        }
-        if (!first && !st.received_forward) {
-          error = where() + "its input was not received";
-          return false;
-        }
-        compute(costs_.forward);
-        st.forwarded = true;
-        result_.peak_in_flight[s] = std::max(result_.peak_in_flight[s], ++in_flight_[s]);
-        return true;
-      case PipeOpKind::SendForward:
-        if (last) break;
-        if (!st.forwarded) {
-          error = where() + "sends an activation not computed yet";
-          return false;
-        }
-        return send(forward_channel_[s], st.sent_forward);
-      case PipeOpKind::RecvBackward:
-        if (last) break;
-        return receive(backward_channel_[s], st.received_backward);
-      case PipeOpKind::Backward:
-        if (st.backwarded) {
-          error = where() + "backwarded twice";
-          return false;
-        }
-        if (!st.forwarded) {
-          error = where() + "backward before its forward";
-          return false;
-        }
-        if (!last && !st.received_backward) {
-          error = where() + "its output gradient was not received";
-          return false;
-        }
-        compute(costs_.backward);
-        st.backwarded = true;
-        --in_flight_[s];
-        return true;
-      case PipeOpKind::SendBackward:
-        if (first) break;
-        if (!st.backwarded) {
-          error = where() + "sends a gradient not computed yet";
-          return false;
-        }
-        return send(backward_channel_[s - 1], st.sent_backward);
-    }
-    const bool to_previous =
-        op.kind == PipeOpKind::RecvForward || op.kind == PipeOpKind::SendBackward;
-    error = where() + (to_previous ? "the first stage has no previous stage"
-                                   : "the last stage has no next stage");
-    return false;
-  }
-
-  PipeSimResult fail(const std::string& what) {
-    std::ostringstream m;
-    m << what << "\n";
-    for (int s = 0; s < static_cast<int>(next_.size()); ++s) {
-      m << "  stage " << s << ": op " << next_[s] << " of " << ops_[s].size();
-      if (next_[s] < ops_[s].size()) m << " (" << to_string(ops_[s][next_[s]]) << ")";
-      m << ", clock " << clock_[s] << ", in flight " << in_flight_[s] << "\n";
-    }
-    auto channel_text = [](const std::deque<Message>& c) {
-      std::string t = "[";
-      for (size_t i = 0; i < c.size(); ++i) {
-        if (i) t += ' ';
-        t += std::to_string(c[i].micro);
-      }
-      return t + "]";
-    };
-    for (int s = 0; s + 1 < static_cast<int>(forward_channel_.size()); ++s) {
-      m << "  channel " << s << "->" << s + 1 << " forward " << channel_text(forward_channel_[s])
-        << ", " << s + 1 << "->" << s << " backward " << channel_text(backward_channel_[s])
-        << "\n";
-    }
-    result_.ok = false;
-    result_.error = m.str();
-    return result_;
-  }
-
-  const std::vector<std::vector<PipeOp>>& ops_;
-  const int64_t micro_;
-  const PipeSimCosts costs_;
-  const int stages_;
-  std::vector<size_t> next_;
-  std::vector<double> clock_;
-  std::vector<int64_t> in_flight_;
-  std::vector<std::vector<MicroState>> state_;
-  // forward_channel_[s]: s -> s+1 activations; backward_channel_[s]: s+1 -> s gradients.
-  std::vector<std::deque<Message>> forward_channel_, backward_channel_;
-  PipeSimResult result_;
-};
-
-}  // namespace
-
-PipeSimResult simulate_pipeline(const std::vector<std::vector<PipeOp>>& stage_ops,
-                                int64_t microbatches, const PipeSimCosts& costs) {
-  return Simulator(stage_ops, microbatches, costs).run();
-}
-
-PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,
-                                const PipeSimCosts& costs) {
-  std::vector<std::vector<PipeOp>> ops;
-  for (int s = 0; s < stages; ++s) ops.push_back(pipeline_schedule(kind, s, stages, microbatches));
-  return simulate_pipeline(ops, microbatches, costs);
 }
 
 }  // namespace trident

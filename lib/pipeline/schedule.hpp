@@ -2,12 +2,13 @@
 // Pipeline parallelism, the pure part: which layers each stage holds, and the ordered list of
 // operations one stage performs in one training step (docs/pipeline.md). No MPI, no tensors:
 // the executor walks the op list, doing sends as non-blocking isends (completed later) and
-// receives as blocking receives. simulate_pipeline() runs all stages' lists together under the
-// same rules, to prove a schedule completes and to estimate its bubble.
+// receives as blocking receives. pipeline/simulator.hpp runs all stages' lists together under
+// the same rules, to prove a schedule completes and to measure its bubble.
 //
-// Room for interleaved 1F1B (virtual stages) later: PipeOp would gain a `chunk` field (the
-// model chunk the op runs on, default 0, so `PipeOp{kind, micro}` stays valid) and
-// pipeline_schedule() a chunk count; the simulator's channels would then also key on the chunk.
+// Virtual stages (the interleaved schedule): the layers are cut into stages * v chunks and
+// stage s holds chunks s, s + p, s + 2p, ... (its local chunk c is the model's virtual stage
+// c * p + s). An op names its local chunk; activations flow virtual stage k -> k + 1, so the
+// last stage's chunk c feeds the first stage's chunk c + 1.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -15,44 +16,81 @@
 
 namespace trident {
 
-// The six operations of a stage. Forward/Backward compute one micro-batch; the others move the
-// activation (forward direction, stage s -> s+1) or its gradient (backward, s+1 -> s).
-enum class PipeOpKind { RecvForward, Forward, SendForward, RecvBackward, Backward, SendBackward };
+// The operations of a stage. Forward/Backward compute one micro-batch of one chunk; the
+// receives and sends move the activation (forward direction, virtual stage k -> k+1) or its
+// gradient (backward, k+1 -> k). Backward computes both the input gradient and the weight
+// gradient; the zero-bubble schedules split it into BackwardInput (the input gradient: on the
+// critical path, the previous stage waits for it) and BackwardWeight (the weight gradient,
+// which nothing downstream waits for, so it can be deferred into the bubble).
+enum class PipeOpKind {
+  RecvForward, Forward, SendForward, RecvBackward, Backward, SendBackward,
+  BackwardInput, BackwardWeight
+};
 
 struct PipeOp {
   PipeOpKind kind;
-  int64_t micro;  // micro-batch index, 0 .. microbatches-1
+  int64_t micro;   // micro-batch index, 0 .. microbatches-1
+  int chunk = 0;   // the stage's local model chunk, 0 .. virtual_stages-1
   bool operator==(const PipeOp&) const = default;
 };
 
-enum class ScheduleKind { OneFOneB, GPipe };
+enum class ScheduleKind { OneFOneB, GPipe, Interleaved, ZeroBubbleH1 };
 
-// "1f1b" | "gpipe" (the values of parallel.schedule); anything else: trident::Error.
+// "1f1b" | "gpipe" | "interleaved" | "zb-h1"; anything else: trident::Error naming
+// parallel.schedule.
 ScheduleKind parse_schedule_kind(const std::string& name);
-std::string to_string(ScheduleKind kind);  // "1f1b" | "gpipe"
+std::string to_string(ScheduleKind kind);
 
-// Short names for logs and test failures: RF, F, SF, RB, B, SB; an op adds its micro-batch
-// ("F3", "RB2"); a list is its ops separated by spaces.
+// Short names for logs and test failures: RF, F, SF, RB, B, SB, BI (BackwardInput), W; an op
+// adds its micro-batch ("F3", "RB2") and, for a chunk other than 0, ":chunk" ("F3:1"); a list
+// is its ops separated by spaces.
 std::string to_string(PipeOpKind kind);
 std::string to_string(const PipeOp& op);
 std::string to_string(const std::vector<PipeOp>& ops);
 
 // The ordered operations of stage `stage` (0-based, of `stages`) for one training step of
-// `microbatches` micro-batches. Pure. A forward of micro-batch m is
-//   [RecvForward m (not on the first stage), Forward m, SendForward m (not on the last stage)]
+// `microbatches` (M) micro-batches, the stage holding `virtual_stages` (v) chunks. Pure.
+// A forward of micro-batch m on chunk c is
+//   [RecvForward (not on virtual stage 0), Forward, SendForward (not on the last virtual stage)]
 // and a backward is
-//   [RecvBackward m (not on the last stage), Backward m, SendBackward m (not on the first stage)];
-// the last stage computes the loss in Forward and starts Backward from it.
-//   GPipe: the forwards of micro-batches 0..M-1, then the backwards in the same order 0..M-1.
+//   [RecvBackward (not on the last virtual stage), Backward | BackwardInput,
+//    SendBackward (not on virtual stage 0)];
+// the last virtual stage computes the loss in Forward and starts the backward from it.
+//   GPipe: the forwards of micro-batches 0..M-1, then the backwards in the same order.
 //   1F1B:  warmup = min(stages - stage - 1, M) forwards, then M - warmup times (next forward,
 //          oldest backward), then the remaining warmup backwards.
-// Both schedules run forwards and backwards in micro-batch order, so gradients accumulate in
-// the same order (and to the same bits) under either schedule.
-// trident::Error when stages < 1, stage is not in [0, stages) or microbatches < 1.
-std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages, int64_t microbatches);
+//   Interleaved (Megatron-LM's interleaved 1F1B, v >= 2, p >= 2, M a multiple of p): the k-th
+//          forward of a stage (k < M v) runs chunk (k mod p v) / p on micro-batch
+//          (k / p v) p + k mod p; the k-th backward the same micro-batch on chunk
+//          v - 1 - (k mod p v) / p. Warmup: all M v forwards first when M = p, else
+//          min((p - stage - 1) * 2 + (v - 1) * p, M v); then (next forward, oldest backward)
+//          pairs; then the remaining backwards.
+//   ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", the handcrafted schedule H1): 1F1B's
+//          order with every Backward split into BackwardInput in 1F1B's place and
+//          BackwardWeight deferred: stage s keeps up to s weight gradients pending (run after
+//          the input gradient that makes more than s pending), and runs the rest at the end.
+//          The later stages, which hold fewer micro-batches under 1F1B, thereby hold at most
+//          min(stages, M), the first stage's 1F1B peak, and their deferred weight gradients fill
+//          the cooldown bubble: with unit F = B = W the bubble is (p-1)/(3M+p-1), a third of
+//          1F1B's.
+// Every schedule runs the forwards and the backwards (and weight gradients) of a chunk in
+// micro-batch order, so gradients accumulate in the same order (and to the same bits).
+// trident::Error (one line naming the keys) when stages < 1, stage is not in [0, stages),
+// microbatches < 1, virtual_stages is not 1 for a schedule other than interleaved, or for
+// interleaved when virtual_stages < 2, stages < 2 or microbatches is not a multiple of stages.
+std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages,
+                                      int64_t microbatches, int virtual_stages = 1);
 
-// Most micro-batches whose Forward has run and whose Backward has not, over the list: the
-// activations the stage must hold at once (1F1B: min(stages - stage, M); GPipe: M).
+// The activation stashes a stage holds at once under the schedule: chunk micro-batches whose
+// Forward has run and whose Backward (or BackwardWeight, which still needs the stash) has not.
+// In units of one chunk's activations (a stage's activations / v):
+//   GPipe M;  1F1B min(stages - stage, M);  ZB-H1 min(stages, M);
+//   interleaved min(warmup + 1, M v) with warmup as above.
+int64_t schedule_peak_bound(ScheduleKind kind, int stage, int stages, int64_t microbatches,
+                            int virtual_stages = 1);
+
+// Most chunk micro-batches whose Forward has run and whose Backward (or BackwardWeight) has not,
+// over the list: the activations the stage must hold at once (schedule_peak_bound).
 int64_t peak_in_flight(const std::vector<PipeOp>& ops);
 
 // Layers per stage. `explicit_counts` non-empty (parallel.pipeline_layers): used as given after
@@ -71,47 +109,5 @@ std::vector<int64_t> stage_layer_counts(int64_t layers, int stages,
 // [begin, end) global layer indices of stage `stage` under `counts`. trident::Error when
 // `stage` is not in [0, counts.size()).
 std::pair<int64_t, int64_t> stage_layer_range(const std::vector<int64_t>& counts, int stage);
-
-// ---- Simulation of all stages of one pipeline together -------------------------------------
-// Each stage executes its op list in order. A send is non-blocking: it appends the message
-// (micro-batch, ready time) to the FIFO channel (from, to, direction). A receive blocks until
-// its channel is non-empty, then takes the front message, which must carry the receive's
-// micro-batch (MPI with one tag per direction matches in send order). Stages are stepped
-// round-robin, one op each per round. Time: each stage has a clock; Forward and Backward
-// advance it by their cost, a send stamps its message ready at clock + comm and does not
-// advance it, a receive advances it to at least the message's ready time.
-// Also checked: an op's own preconditions (Forward m after RecvForward m; SendForward m after
-// Forward m; Backward m after Forward m and RecvBackward m; SendBackward m after Backward m),
-// no receive from / send to a stage that does not exist, every channel empty at the end, every
-// micro-batch forwarded and backwarded once on every stage.
-struct PipeSimCosts {
-  double forward = 1.0;
-  double backward = 2.0;
-  double comm = 0.0;
-};
-
-struct PipeSimInterval {
-  PipeOp op;  // Forward or Backward
-  double start;
-  double end;
-};
-
-struct PipeSimResult {
-  bool ok = false;
-  std::string error;  // when !ok: what went wrong and the state of every stage and channel
-  double makespan = 0.0;                              // the latest stage clock at the end
-  std::vector<double> busy;                           // per stage: compute time
-  std::vector<int64_t> peak_in_flight;                // per stage
-  std::vector<std::vector<PipeSimInterval>> timeline; // per stage: compute intervals in order
-  // Fraction of stage-time spent idle: 1 - sum(busy) / (stages * makespan).
-  double bubble_fraction() const;
-};
-
-PipeSimResult simulate_pipeline(const std::vector<std::vector<PipeOp>>& stage_ops,
-                                int64_t microbatches, const PipeSimCosts& costs = {});
-
-// All stages of one schedule, simulated.
-PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,
-                                const PipeSimCosts& costs = {});
 
 }  // namespace trident
