@@ -184,12 +184,17 @@ def case_byte_level(tmp, args):
 BIG_EOD = "</doc>"
 
 
+BIG_VOCAB = 70004
+
+
 def make_big_tokenizer(path):
-    """A byte-level BPE with 70003 ids, so Megatron writes int32 and llm.c uint32 tokens, whose
-    text actually uses ids above 65535: merges 'th' (70000), 'the' (70001) and the special
-    '</doc>' (70002). Ids 256..69999 are fillers that no merge reaches. It has no
+    """A byte-level BPE with 70004 ids, so Megatron writes int32 and llm.c uint32 tokens, whose
+    text actually uses ids above 65535: merges 'th' (70000), 'the' (70001), the special
+    '</doc>' (70002) and a beginning-of-text '<s>' (70003) that its post-processor puts before
+    every text, as Llama 3's does (Megatron's HuggingFace tokenizer encodes with the special
+    tokens, so the tool must too). Ids 256..69999 are fillers that no merge reaches. It has no
     '<|endoftext|>', so --eod-token must name '</doc>'."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     for i in range(len(vocab), 70000):
@@ -198,9 +203,12 @@ def make_big_tokenizer(path):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[("t", "h"), ("th", "e")]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([BIG_EOD])
+    tok.add_special_tokens([BIG_EOD, "<s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", 70003)])
     tok.save(path)
-    check(tok.token_to_id(BIG_EOD) == 70002, "big tokenizer layout")
+    check(tok.token_to_id(BIG_EOD) == 70002 and tok.encode("the").ids == [70003, 70001]
+          and tok.get_vocab_size(True) == BIG_VOCAB, "big tokenizer layout")
     return path
 
 
@@ -449,7 +457,7 @@ def case_llmc(tmp, args):
                 llmc_reference(os.path.join(ref, shard), chunk, desc)
                 same_bytes(path, os.path.join(ref, shard))
         if name == "big":
-            check(stats["token_dtype"] == "uint32" and stats["vocab_size"] == 70003, stats)
+            check(stats["token_dtype"] == "uint32" and stats["vocab_size"] == BIG_VOCAB, stats)
         # The unigram entropy of the training stream (the demo's baseline).
         import collections
         import math
