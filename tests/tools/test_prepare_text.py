@@ -35,7 +35,6 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "data_tools", "prepare_text.py")
-SYSTEM_PYTHON = "/usr/bin/python3"
 SKIP = 77
 FORTUNES = "/usr/share/games/fortunes"
 
@@ -130,6 +129,9 @@ GOLDEN_FORTUNES_STATS = {"train_tokens": 2430909, "val_tokens": 130535,
 
 
 def case_byte_level(tmp, args):
+    # CTest runs this case with the system interpreter (TRIDENT_SYSTEM_PYTHON, /usr/bin/python3):
+    # the tool runs on it too, as the demo runs it.
+    system_python = sys.executable
     corpus = os.path.join(tmp, "corpus")
     write_corpus(corpus)
     # A `tokenizers` that cannot be imported: the byte-level path must not import it.
@@ -139,7 +141,7 @@ def case_byte_level(tmp, args):
         f.write("raise ImportError('tokenizers must not be imported on the byte-level path')\n")
     env = {"PYTHONPATH": poison}
     out = os.path.join(tmp, "out")
-    run_tool(SYSTEM_PYTHON, [corpus, "--out-dir", out, "--shard-tokens", "3000",
+    run_tool(system_python, [corpus, "--out-dir", out, "--shard-tokens", "3000",
                              "--val-fraction", "0.1", "--prefix", "s_"], env)
     written = sorted(n for n in os.listdir(out) if n.endswith(".bin"))
     check(written == sorted(GOLDEN_SMALL), f"shards {written}, expected {sorted(GOLDEN_SMALL)}")
@@ -153,7 +155,7 @@ def case_byte_level(tmp, args):
           f"new stats keys: {stats}")
 
     # The byte-level path also writes Megatron's format: documents + separator as sequences.
-    p = run_tool(SYSTEM_PYTHON, [corpus, "--out-dir", out, "--val-fraction", "0.1",
+    p = run_tool(system_python, [corpus, "--out-dir", out, "--val-fraction", "0.1",
                                  "--prefix", "s_", "--output-format", "megatron"], env)
     check(sorted(os.listdir(out)) == ["s_stats.json", "s_train.bin", "s_train.idx",
                                       "s_val.bin", "s_val.idx"],
@@ -168,7 +170,7 @@ def case_byte_level(tmp, args):
               "were not checked")
         return
     out = os.path.join(tmp, "fortunes")
-    p = run_tool(SYSTEM_PYTHON, [FORTUNES, "--out-dir", out, "--quiet"], env)
+    p = run_tool(system_python, [FORTUNES, "--out-dir", out, "--quiet"], env)
     for name, digest in GOLDEN_FORTUNES.items():
         check(sha256(os.path.join(out, name)) == digest, f"fortunes {name} differs from before")
     stats = json.load(open(os.path.join(out, "stats.json")))
