@@ -19,6 +19,7 @@
 #include "model/architecture.hpp"
 #include "model/cpu_model.hpp"
 #include "train/checkpointing.hpp"
+#include "util/error.hpp"
 
 using namespace trident;
 
