@@ -191,6 +191,9 @@ def main():
         total = sum(a.size * size for a in want.values())
         check(index["metadata"].get("total_size") == total,
               f"metadata.total_size {index['metadata'].get('total_size')}, expected {total}")
+        params = sum(a.size for a in want.values())
+        check(index["metadata"].get("total_parameters") == params,
+              f"metadata.total_parameters {index['metadata'].get('total_parameters')}, expected {params}")
         check(set(index["weight_map"]) == set(want), "weight_map names differ from the model's")
     got = {}
     for file, names in files.items():

@@ -95,15 +95,21 @@ struct Shard {
   SafetensorsLayout layout;
 };
 
-// huggingface_hub's split_state_dict_into_shards: tensors in state_dict order; one bigger than
-// the limit gets a shard of its own; otherwise a new shard starts when the tensor would tip
-// the current one over. Names as transformers gives them.
+// huggingface_hub's split_state_dict_into_shards as transformers 5's save_pretrained calls it:
+// tensors in name order; one bigger than the limit gets a shard of its own; otherwise a new
+// shard starts when the tensor would tip the current one over. File names as transformers
+// gives them. (Checked: the same files, byte for byte, as save_pretrained of transformers
+// 5.24 with the same max_shard_size.)
 std::vector<Shard> plan_shards(const std::vector<HfTensor>& tensors, TensorDType dtype,
                                int64_t max_bytes) {
+  std::vector<size_t> by_name(tensors.size());
+  for (size_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
+  std::sort(by_name.begin(), by_name.end(),
+            [&](size_t a, size_t b) { return tensors[a].hf_name < tensors[b].hf_name; });
   std::vector<Shard> shards;
   Shard current;
   int64_t current_bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (size_t i : by_name) {
     const int64_t bytes = tensors[i].numel() * dtype_bytes(dtype);
     if (bytes > max_bytes) {
       shards.push_back({"", {i}, {}});
@@ -175,13 +181,15 @@ void finish_export_files(const fs::path& dir, const std::vector<Shard>& shards,
   if (shards.size() > 1) {
     // As transformers writes it: json.dumps(index, indent=2, sort_keys=True) + "\n".
     nlohmann::json index;
-    int64_t total = 0;
+    int64_t total_bytes = 0, total_parameters = 0;
     for (const Shard& s : shards)
       for (size_t i : s.tensors) {
         index["weight_map"][tensors[i].hf_name] = s.file;
-        total += tensors[i].numel() * dtype_bytes(dtype);
+        total_bytes += tensors[i].numel() * dtype_bytes(dtype);
+        total_parameters += tensors[i].numel();
       }
-    index["metadata"]["total_size"] = total;
+    index["metadata"]["total_size"] = total_bytes;
+    index["metadata"]["total_parameters"] = total_parameters;  // transformers 5 adds it
     write_text_file(dir / "model.safetensors.index.json", index.dump(2) + "\n");
   }
   const nlohmann::json config = hf_config(model, dtype == TensorDType::BF16 ? "bfloat16" : "float32");
