@@ -234,7 +234,7 @@ int64_t export_hf(const std::string& checkpoint, const std::string& out_dir,
   if (rank == 0) {
     try {
       create_shard_files(dir, shards, suffix);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // rank 0 alone: anything it throws must be agreed on
       error = e.what();
     }
   }
@@ -511,6 +511,8 @@ std::string import_hf(const std::string& in_dir, const std::string& out_file,
       plan_text = plan_to_text(plan_import(fs::path(in_dir), options));
     } catch (const Error& e) {
       error = e.what();
+    } catch (const std::exception& e) {  // rank 0 alone: never leave the others waiting
+      error = "'" + in_dir + "': " + e.what();
     }
   }
   ckpt::agree_or_throw(comm, error);

@@ -57,7 +57,8 @@ void write_checkpoint_attributes(CheckpointWriter& writer, const Config& config,
 // The first model key (in schema order, kv_heads and ffn_width resolved) on which a
 // checkpoint's stored model and a run's differ, as one phrase:
 // "model.width = 64 in the checkpoint but 32 in run.toml"; "" when they describe the same
-// model. vocab_multiple is not compared (padding, a layout matter).
+// model. vocab_multiple is not compared (padding, a layout matter), nor norm_eps and
+// rope_theta between two gpt2 models (which use neither).
 std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run,
                                     const std::string& run_source);
 
