@@ -89,7 +89,8 @@ def main():
                     if p.dim() == 2:
                         p.mul_(10.0)
         for arch, model in models.items():
-            for dtype, torch_dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+            for dtype, torch_dtype in (("f32", torch.float32), ("bf16", torch.bfloat16),
+                                       ("f16", torch.float16)):
                 hf_dir = os.path.join(work, f"{arch}_{dtype}")
                 model.to(torch_dtype).save_pretrained(hf_dir)
                 ckpt = os.path.join(work, f"{arch}_{dtype}.h5")
