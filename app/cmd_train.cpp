@@ -150,8 +150,14 @@ int run_train(const TrainOptions& options) {
     trainer.load_checkpoint(resume_from);
     if (lead) std::printf("resumed from %s at step %lld\n", resume_from.c_str(),
                           static_cast<long long>(trainer.start_step()));
-  } else if (lead && options.resume == "auto") {
-    std::printf("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
+    // A resumed run has trained past its initial weights: the checkpoint holds them.
+    if (lead && !config.train.init_from.empty())
+      std::printf("train.init_from = %s ignored: resuming from %s\n",
+                  config.train.init_from.c_str(), resume_from.c_str());
+  } else {
+    if (lead && options.resume == "auto")
+      std::printf("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
+    if (!config.train.init_from.empty()) trainer.init_weights_from(config.train.init_from);
   }
   std::fflush(stdout);
   if (stopped_in_start_up("before the first step")) return stop_exit_code(config);

@@ -1,6 +1,7 @@
 #pragma once
 // The subcommands of the trident executable.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,5 +35,28 @@ struct CkptOptions {
 };
 void add_ckpt_command(CLI::App& app, CkptOptions& options);
 void run_ckpt_info(const CkptOptions& options);
+
+struct ExportOptions {
+  std::string format;
+  std::string checkpoint;
+  std::string out_dir;
+  std::string dtype = "f32";
+  std::string max_shard_size = "5GB";
+  int64_t chunk_elements = int64_t{1} << 22;
+};
+void add_export_command(CLI::App& app, ExportOptions& options);
+// Collective: writes the Hugging Face directory (interop/hf_convert.hpp).
+void run_export(const ExportOptions& options);
+
+struct ImportOptions {
+  std::string format;
+  std::string in_dir;
+  std::string out_file;
+  int64_t seq_len = 0;  // 0: config.json's
+  int64_t chunk_elements = int64_t{1} << 22;
+};
+void add_import_command(CLI::App& app, ImportOptions& options);
+// Collective: writes the checkpoint (interop/hf_convert.hpp).
+void run_import(const ImportOptions& options);
 
 }  // namespace trident

@@ -2,6 +2,9 @@
 //   trident train --config FILE [--set section.key=value ...] [--resume auto|FILE]
 //   trident ckpt info FILE [--verify]
 //   trident model --config FILE [--set section.key=value ...]
+//   trident export --format hf CKPT OUT_DIR [--dtype f32|bf16] [--max-shard-size 5GB]
+//   trident import --format hf IN_DIR OUT.h5 [--seq-len N]
+// export/import convert to and from Hugging Face transformers directories (docs/interop.md).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -84,6 +87,10 @@ int main(int argc, char** argv) {
   trident::add_ckpt_command(app, ckpt);
   trident::ModelOptions model;
   trident::add_model_command(app, model);
+  trident::ExportOptions export_options;
+  trident::add_export_command(app, export_options);
+  trident::ImportOptions import_options;
+  trident::add_import_command(app, import_options);
 
   try {
     app.parse(argc, argv);
@@ -107,6 +114,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) exit_code = trident::run_train(train);
     if (app.got_subcommand("ckpt")) trident::run_ckpt_info(ckpt);
     if (app.got_subcommand("model")) trident::run_model(model);
+    if (app.got_subcommand("export")) trident::run_export(export_options);
+    if (app.got_subcommand("import")) trident::run_import(import_options);
   } catch (const trident::Error& e) {
     fail(e.what());
   } catch (const std::exception& e) {

@@ -9,6 +9,9 @@ ways the tests need.
   checkpoint_h5py.py check FILE      exit 0 if every shape and checksum is right, else print
                                      the problems
   checkpoint_h5py.py offset FILE DATASET
+  checkpoint_h5py.py same-weights A B   exit 0 if A and B hold the same /model datasets with
+                                     bitwise equal values (import of an export), else print
+                                     the differences; B's optimizer moments must be zeros
   checkpoint_h5py.py tamper FILE delete-checksum DATASET
   checkpoint_h5py.py tamper FILE checksum-type DATASET string|float
   checkpoint_h5py.py tamper FILE delete DATASET
@@ -167,7 +170,35 @@ def tamper(path, action, args):
             sys.exit("unknown tamper action " + action)
 
 
+def same_weights(a_path, b_path):
+    problems = []
+    with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
+        def datasets(f, root):
+            names = []
+            f[root].visititems(lambda n, o: names.append(root + "/" + n)
+                               if isinstance(o, h5py.Dataset) else None)
+            return sorted(names)
+        names_a, names_b = datasets(a, "/model"), datasets(b, "/model")
+        if names_a != names_b:
+            problems.append(f"datasets differ: only in A {sorted(set(names_a) - set(names_b))}, "
+                            f"only in B {sorted(set(names_b) - set(names_a))}")
+        for name in sorted(set(names_a) & set(names_b)):
+            x, y = a[name][...], b[name][...]
+            if x.shape != y.shape or not np.array_equal(x.view("<u4"), y.view("<u4")):
+                problems.append(f"{name}: values differ")
+        for name in datasets(b, "/optim"):
+            if np.any(b[name][...] != 0):
+                problems.append(f"{b_path}: {name} is not zero")
+    for p in problems:
+        print(p)
+    if not problems:
+        print(f"same weights: {len(names_a)} datasets bitwise equal")
+    return 1 if problems else 0
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "same-weights":
+        sys.exit(same_weights(sys.argv[2], sys.argv[3]))
     if len(sys.argv) >= 4 and sys.argv[1] == "tamper":
         tamper(sys.argv[2], sys.argv[3], sys.argv[4:])
         return

@@ -421,9 +421,15 @@ void write_scalar_attribute(hid_t obj, const std::string& key, hid_t file_type, 
 
 }  // namespace
 
-void CheckpointWriter::write_tensor(const std::string& name_in,
+void CheckpointWriter::write_tensor(const std::string& name,
                                     const std::vector<int64_t>& shape,
                                     const std::vector<Run>& runs, std::span<const float> local) {
+  write_tensor_in_passes(name, shape, 1, [&](int64_t) { return TensorPiece{runs, local}; });
+}
+
+void CheckpointWriter::write_tensor_in_passes(const std::string& name_in,
+                                              const std::vector<int64_t>& shape, int64_t passes,
+                                              const std::function<TensorPiece(int64_t)>& piece) {
   Impl& m = *impl_;
   const std::string name = h5_path(name_in);
   const std::string where = "checkpoint '" + path_ + "': dataset '" + name + "'";
@@ -441,14 +447,7 @@ void CheckpointWriter::write_tensor(const std::string& name_in,
   }
   if (m.written.count(name)) throw Error(where + ": written twice");
 
-  // This rank's part: validated, checksummed and staged contiguously in global order.
-  std::vector<Run> rs = runs;
-  std::string err = normalize_runs(rs, numel, static_cast<int64_t>(local.size()), false);
-  if (!err.empty()) {
-    err = where + ": " + rank_prefix(m.comm) + err;
-    rs.clear();
-  }
-
+  std::string err;
   const std::vector<hsize_t> dims(shape.begin(), shape.end());
   Hid space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Hid dset;
@@ -463,7 +462,7 @@ void CheckpointWriter::write_tensor(const std::string& name_in,
   const uint64_t hash = fnv1a(name, shape);
   if (m.collective) {
     // Collective transfers: every rank must enter H5Dwrite, so first agree that every rank has
-    // its dataset (and valid runs), and that all passed the same name and shape.
+    // its dataset, and that all passed the same name and shape.
     uint64_t pre[2] = {err.empty() ? 0u : 1u, hash};
     MPI_Allreduce(MPI_IN_PLACE, pre, 2, MPI_UINT64_T, MPI_SUM, m.comm);
     if (pre[0] != 0) agree_or_throw(m.comm, err);
@@ -473,42 +472,55 @@ void CheckpointWriter::write_tensor(const std::string& name_in,
     }
   }
 
-  const int64_t n = runs_length(rs);
-  const uint64_t sum = checksum_runs(local, rs);
-  // An empty dataset has no storage (HDF5 fails even an empty collective transfer on it).
-  if (dset.valid() && numel > 0 && (m.collective || n > 0)) {
-    const float* src = nullptr;
-    float dummy = 0;
-    if (n == 0) {
-      src = &dummy;
-    } else if (local_contiguous(rs)) {
-      src = local.data() + rs.front().local_offset;
-    } else {
-      m.staging.resize(static_cast<size_t>(n));
-      int64_t pos = 0;
-      for (const Run& r : rs) {
-        std::copy_n(local.data() + r.local_offset, r.length, m.staging.data() + pos);
-        pos += r.length;
+  uint64_t sum = 0, count = 0;
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    const TensorPiece part = piece(pass);
+    const std::span<const float> local = part.local;
+    // This rank's part: validated, checksummed and staged contiguously in global order.
+    std::vector<Run> rs = part.runs;
+    if (std::string bad = normalize_runs(rs, numel, static_cast<int64_t>(local.size()), false);
+        !bad.empty()) {
+      if (err.empty()) err = where + ": " + rank_prefix(m.comm) + bad;
+      rs.clear();
+    }
+    const int64_t n = runs_length(rs);
+    sum += checksum_runs(local, rs);
+    count += static_cast<uint64_t>(n);
+    // An empty dataset has no storage (HDF5 fails even an empty collective transfer on it).
+    if (dset.valid() && numel > 0 && (m.collective || n > 0)) {
+      const float* src = nullptr;
+      float dummy = 0;
+      if (n == 0) {
+        src = &dummy;
+      } else if (local_contiguous(rs)) {
+        src = local.data() + rs.front().local_offset;
+      } else {
+        m.staging.resize(static_cast<size_t>(n));
+        int64_t pos = 0;
+        for (const Run& r : rs) {
+          std::copy_n(local.data() + r.local_offset, r.length, m.staging.data() + pos);
+          pos += r.length;
+        }
+        src = m.staging.data();
       }
-      src = m.staging.data();
-    }
-    const hsize_t mem_dims = static_cast<hsize_t>(std::max<int64_t>(n, 1));
-    Hid mem(H5Screate_simple(1, &mem_dims, nullptr), H5Sclose);
-    std::string sel = select_boxes(space.get(), runs_to_boxes(shape, rs));
-    if (sel.empty() && n == 0 && H5Sselect_none(mem.get()) < 0) sel = h5_detail();
-    if (!sel.empty()) {
-      if (err.empty()) err = where + ": " + rank_prefix(m.comm) + "cannot select: " + sel;
-      H5Sselect_none(space.get());
-      H5Sselect_none(mem.get());
-    }
-    if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), m.dxpl.get(), src) < 0 &&
-        err.empty()) {
-      err = where + ": " + rank_prefix(m.comm) + "write failed: " + h5_detail();
+      const hsize_t mem_dims = static_cast<hsize_t>(std::max<int64_t>(n, 1));
+      Hid mem(H5Screate_simple(1, &mem_dims, nullptr), H5Sclose);
+      std::string sel = select_boxes(space.get(), runs_to_boxes(shape, rs));
+      if (sel.empty() && n == 0 && H5Sselect_none(mem.get()) < 0) sel = h5_detail();
+      if (!sel.empty()) {
+        if (err.empty()) err = where + ": " + rank_prefix(m.comm) + "cannot select: " + sel;
+        H5Sselect_none(space.get());
+        H5Sselect_none(mem.get());
+      }
+      if (H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), m.dxpl.get(), src) < 0 &&
+          err.empty()) {
+        err = where + ": " + rank_prefix(m.comm) + "write failed: " + h5_detail();
+      }
     }
   }
   if (dset.reset() < 0 && err.empty()) err = where + ": cannot close: " + h5_detail();
   m.written.insert(name);
-  m.pending.push_back({name, numel, hash, sum, static_cast<uint64_t>(n)});
+  m.pending.push_back({name, numel, hash, sum, count});
   if (m.error.empty()) m.error = err;
   data_bytes_ += numel * static_cast<int64_t>(sizeof(float));
   // Collective transfers agree now (a failed collective write must not be followed by more);

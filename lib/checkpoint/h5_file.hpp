@@ -100,6 +100,18 @@ class CheckpointWriter {
   // soon as this returns.
   void write_tensor(const std::string& name, const std::vector<int64_t>& global_shape,
                     const std::vector<Run>& runs, std::span<const float> local);
+  // The same dataset written in `passes` collective rounds, so that no rank needs its whole
+  // part in memory at once (import of foreign checkpoints: bounded chunks). In round p every
+  // rank calls piece(p) (the same number of rounds on every rank) for its runs of that round
+  // and the buffer they index; the buffer may be reused once piece is called again. The runs
+  // of all rounds and ranks together must cover every element exactly once (the count is
+  // checked at close(), as for write_tensor).
+  struct TensorPiece {
+    std::vector<Run> runs;
+    std::span<const float> local;
+  };
+  void write_tensor_in_passes(const std::string& name, const std::vector<int64_t>& global_shape,
+                              int64_t passes, const std::function<TensorPiece(int64_t)>& piece);
 
   // Collective. Scalar attribute `key` on `object` ("/" for the root; a group or dataset path;
   // a missing path is created as a group). Replaces an existing attribute of that name.

@@ -175,6 +175,12 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, max_consecutive_skips), at_least(0),
    "End the run with an error (exit 1, nothing saved) when this many steps in a row were "
    "skipped for a non-finite gradient norm: training has diverged. 0: never."},
+  {TRIDENT_KEY(train, init_from), any(),
+   "A model checkpoint (any Trident checkpoint, or one `trident import` made) whose weights "
+   "a fresh run starts from instead of the random init; the step counter, the optimizer "
+   "state and the data order start fresh. Its model must be this config's (checked key by "
+   "key). Any layout reads it. Ignored, with a log line, when the run resumes (`--resume`): "
+   "the resume checkpoint wins. Empty: random init."},
 
   {TRIDENT_KEY(optim, lr), above(0), "Peak learning rate."},
   {TRIDENT_KEY(optim, min_lr), at_least(0), "Learning rate at the end of the decay.",

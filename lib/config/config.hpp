@@ -59,6 +59,7 @@ struct TrainConfig {
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
   int64_t max_consecutive_skips = 10;  // end the run after this many skipped steps in a row; 0: never
+  std::string init_from;  // checkpoint whose weights a fresh run starts from; empty: init
 };
 
 struct OptimConfig {

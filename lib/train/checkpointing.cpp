@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "model/architecture.hpp"
+#include "optim/lr_schedule.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -184,6 +185,67 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
     if (!expected.count(name))
       fail("unexpected dataset '" + name + "' (not in the stored config's model)");
   return meta;
+}
+
+void write_checkpoint_attributes(CheckpointWriter& w, const Config& c,
+                                 const CheckpointProgress& progress) {
+  const int64_t step = progress.step;
+  w.set_attribute("/", "format_version", kCheckpointFormatVersion);
+  w.set_attribute("/", "step", step);
+  w.set_attribute("/", "consumed_samples", step * c.train.global_batch);
+  w.set_attribute("/", "consumed_tokens", step * c.tokens_per_step());
+  w.set_attribute("/", "sampler_position", step);  // the next step's global batch
+  w.set_attribute("/", "seed", c.train.seed);
+  w.set_attribute("/", "optimizer_updates", progress.optimizer_updates);
+  w.set_attribute("/", "skipped_steps", progress.skipped_steps);
+  w.set_attribute("/", "learning_rate_next", learning_rate(c.optim, c.train.steps, step));
+  w.set_attribute("/", "layout", progress.layout);
+  w.set_attribute("/", "config", c.to_toml());
+  w.set_attribute("/", "model_layers", c.model.layers);
+  w.set_attribute("/", "model_heads", c.model.heads);
+  w.set_attribute("/", "model_width", c.model.width);
+  w.set_attribute("/", "model_vocab_size", c.model.vocab_size);
+  w.set_attribute("/", "model_seq_len", c.model.seq_len);
+  w.set_attribute("/", "model_arch", c.model.arch);
+  w.set_attribute("/", "model_kv_heads", c.model.kv_head_count());
+  w.set_attribute("/", "model_ffn_width", c.model.ffn_size());
+  w.set_attribute("/", "model_tie_embeddings", static_cast<int64_t>(c.model.tie_embeddings));
+  w.seal_attributes("/");  // attributes_checksum over all of the above
+}
+
+std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run,
+                                    const std::string& run_source) {
+  auto text = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return std::string(buf);
+  };
+  auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  // In schema order (config.hpp), each resolved as the model uses it.
+  const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
+      {"arch", {quoted(checkpoint.arch), quoted(run.arch)}},
+      {"layers", {std::to_string(checkpoint.layers), std::to_string(run.layers)}},
+      {"heads", {std::to_string(checkpoint.heads), std::to_string(run.heads)}},
+      {"kv_heads",
+       {std::to_string(checkpoint.kv_head_count()), std::to_string(run.kv_head_count())}},
+      {"width", {std::to_string(checkpoint.width), std::to_string(run.width)}},
+      {"ffn_width", {std::to_string(checkpoint.ffn_size()), std::to_string(run.ffn_size())}},
+      {"vocab_size", {std::to_string(checkpoint.vocab_size), std::to_string(run.vocab_size)}},
+      {"seq_len", {std::to_string(checkpoint.seq_len), std::to_string(run.seq_len)}},
+      {"tie_embeddings", {flag(checkpoint.tie_embeddings), flag(run.tie_embeddings)}},
+      {"norm_eps", {text(checkpoint.norm_eps), text(run.norm_eps)}},
+      {"rope_theta", {text(checkpoint.rope_theta), text(run.rope_theta)}}};
+  const bool rope_model = checkpoint.is_llama() || run.is_llama();
+  for (const auto& [key, values] : keys) {
+    // gpt2 has neither RMSNorm nor rotary embeddings: their keys mean nothing to it.
+    const bool llama_only = std::string(key) == "norm_eps" || std::string(key) == "rope_theta";
+    if (llama_only && !rope_model) continue;
+    if (values.first != values.second)
+      return "model." + std::string(key) + " = " + values.first + " in the checkpoint but " +
+             values.second + " in " + run_source;
+  }
+  return "";
 }
 
 CheckpointMeta verify_checkpoint(CheckpointReader& reader) {

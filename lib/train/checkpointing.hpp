@@ -39,6 +39,29 @@ struct CheckpointMeta {
 // shape, float32 and a uint64 checksum, and no other dataset.
 CheckpointMeta check_checkpoint(const CheckpointReader& reader);
 
+// Where training stands when a checkpoint is written: the counters of its root attributes.
+struct CheckpointProgress {
+  int64_t step = 0;               // optimizer steps done
+  int64_t optimizer_updates = 0;  // AdamW updates (step minus the skipped steps)
+  int64_t skipped_steps = 0;
+  std::string layout;             // "tensor=2 pipeline=2 data=2 zero_stage=1"; who wrote it
+};
+
+// Collective (a CheckpointWriter call): every root attribute of a model checkpoint (the table
+// in docs/checkpoint-format.md: format version, counters, config, model_*), then the seal.
+// The one place that writes them: the trainer's checkpoints and `trident import` both call it,
+// so check_checkpoint accepts both.
+void write_checkpoint_attributes(CheckpointWriter& writer, const Config& config,
+                                 const CheckpointProgress& progress);
+
+// The first model key (in schema order, kv_heads and ffn_width resolved) on which a
+// checkpoint's stored model and a run's differ, as one phrase:
+// "model.width = 64 in the checkpoint but 32 in run.toml"; "" when they describe the same
+// model. vocab_multiple is not compared (padding, a layout matter), nor norm_eps and
+// rope_theta between two gpt2 models (which use neither).
+std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run,
+                                    const std::string& run_source);
+
 // What a model checkpoint's values must be: finite, second moments also >= 0.
 ValueCheck checkpoint_value_check(const std::string& dataset);
 // Reader options for a model checkpoint (value_check = checkpoint_value_check).

@@ -330,27 +330,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
       w.write_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
                      {v, static_cast<size_t>(sn)});
     }
-    w.set_attribute("/", "format_version", kCheckpointFormatVersion);
-    w.set_attribute("/", "step", steps_done);
-    w.set_attribute("/", "consumed_samples", steps_done * c.train.global_batch);
-    w.set_attribute("/", "consumed_tokens", steps_done * c.tokens_per_step());
-    w.set_attribute("/", "sampler_position", steps_done);  // the next step's global batch
-    w.set_attribute("/", "seed", c.train.seed);
-    w.set_attribute("/", "optimizer_updates", optimizer_->updates());
-    w.set_attribute("/", "skipped_steps", skipped_steps_);
-    w.set_attribute("/", "learning_rate_next", learning_rate(c.optim, c.train.steps, steps_done));
-    w.set_attribute("/", "layout", layout);
-    w.set_attribute("/", "config", c.to_toml());
-    w.set_attribute("/", "model_layers", c.model.layers);
-    w.set_attribute("/", "model_heads", c.model.heads);
-    w.set_attribute("/", "model_width", c.model.width);
-    w.set_attribute("/", "model_vocab_size", c.model.vocab_size);
-    w.set_attribute("/", "model_seq_len", c.model.seq_len);
-    w.set_attribute("/", "model_arch", c.model.arch);
-    w.set_attribute("/", "model_kv_heads", c.model.kv_head_count());
-    w.set_attribute("/", "model_ffn_width", c.model.ffn_size());
-    w.set_attribute("/", "model_tie_embeddings", static_cast<int64_t>(c.model.tie_embeddings));
-    w.seal_attributes("/");  // attributes_checksum over all of the above
+    write_checkpoint_attributes(w, c, {steps_done, optimizer_->updates(), skipped_steps_, layout});
   };
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
@@ -468,6 +448,44 @@ void Trainer::load_checkpoint(const std::string& path) {
   if (start_step_ > c.train.steps)
     throw Error("checkpoint '" + path + "' is at step " + std::to_string(start_step_) +
                 ", past train.steps = " + std::to_string(c.train.steps));
+}
+
+void Trainer::init_weights_from(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StageModel& model = *model_;
+  CheckpointReader reader(path, groups_.mpi_world, checkpoint_reader_options());
+  const CheckpointMeta meta = check_checkpoint(reader);
+  if (const std::string diff = model_config_difference(meta.config.model, config_.model,
+                                                       config_.source);
+      !diff.empty())
+    throw Error("train.init_from '" + path + "': " + diff);
+  std::vector<float> staging;
+  const int64_t wn = model.flat_size();
+  float* weights = host_view(model.weights(), wn, staging);
+  std::map<std::string, const ParamInfo*> mine;
+  for (const ParamInfo& p : model.params()) mine[p.name] = &p;
+  // Collective like load_checkpoint: every rank visits every weight dataset in the same order,
+  // reading its whole shard; the rank that would write an element counts it in the checksum.
+  for (const ParamInfo& g : global_parameters(config_.model)) {
+    const auto it = mine.find(g.name);
+    const ParamInfo* p = it == mine.end() ? nullptr : it->second;
+    const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
+    const bool owner = p && p->counted_in_norm && groups_.dp_rank == 0;
+    reader.read_tensor(dataset_path("/model", g.name), g.global_shape, runs,
+                       {weights, static_cast<size_t>(wn)},
+                       owner ? ChecksumShare::all() : ChecksumShare::none());
+  }
+  reader.close();  // verifies the checksums and values of everything read, on every rank
+  if (!device().is_host()) device().from_host(model.weights(), weights, wn * 4);
+  model.weights_changed();
+  if (is_logging_rank()) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("weights initialised from %s (train.init_from; written at step %lld): "
+                "step 0, fresh optimizer state, in %.3f s\n",
+                path.c_str(), static_cast<long long>(meta.step), seconds);
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace trident

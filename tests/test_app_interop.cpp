@@ -1,0 +1,330 @@
+// `trident export --format hf` and `trident import --format hf` (docs/interop.md), and
+// train.init_from, run for real: round trips are bitwise for every architecture variant and for
+// a checkpoint written by a TP2 x PP2 run; exports under one and several ranks are the same
+// bytes; the files match the checkpoint as an independent Python reader (safetensors, h5py)
+// sees them; a run from an imported checkpoint trains alike on another layout; the import's
+// and init_from's errors are one line naming the file or key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <regex>
+
+#include "app_fixture.hpp"
+
+using namespace trident::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSource = TRIDENT_SOURCE_DIR;
+const std::string kH5py = "/usr/bin/python3 " + kSource + "/tests/checkpoint_h5py.py";
+const std::string kVenvPython = kSource + "/.venv/bin/python";
+
+std::string mpiexec(int ranks, const std::string& args) {
+  if (ranks == 1) return trident_cmd(args);
+  return std::string(TRIDENT_MPIEXEC) + " -n " + std::to_string(ranks) + " " + trident_cmd(args);
+}
+
+// The one "trident: error: ..." line of a failed command ("" if there is none or several).
+std::string error_line(const std::string& output) {
+  const auto pos = output.find("trident: error");
+  if (pos == std::string::npos || output.find("trident: error", pos + 1) != std::string::npos)
+    return "";
+  return output.substr(pos, output.find('\n', pos) - pos);
+}
+
+class Interop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(std::string("interop_") +
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = make_tiny_run(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Trains `steps` steps on `ranks` ranks with the extra --set options and returns the final
+  // checkpoint.
+  fs::path train(const std::string& name, const std::string& sets, int ranks = 1,
+                 int steps = 2) {
+    const auto r = run_command(
+        mpiexec(ranks, "train --config " + config_.string() + " --set train.steps=" +
+                           std::to_string(steps) + " --set checkpoint.dir=" +
+                           (dir_ / name).string() + " --set log.dir=" +
+                           (dir_ / (name + "_run")).string() + " " + sets),
+        110);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    char file[32];
+    std::snprintf(file, sizeof file, "step_%08d.h5", steps);
+    return dir_ / name / file;
+  }
+  RunResult run(int ranks, const std::string& args) { return run_command(mpiexec(ranks, args), 110); }
+  void expect_ok(int ranks, const std::string& args) {
+    const auto r = run(ranks, args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+  }
+  // export, then import into `name`.h5; returns the imported checkpoint.
+  fs::path round_trip(const fs::path& checkpoint, const std::string& name, int export_ranks = 1,
+                      int import_ranks = 1, const std::string& export_options = "") {
+    const fs::path out = dir_ / (name + "_hf"), back = dir_ / (name + ".h5");
+    expect_ok(export_ranks, "export --format hf " + checkpoint.string() + " " + out.string() +
+                                " --chunk-elements 100 " + export_options);
+    expect_ok(import_ranks,
+              "import --format hf " + out.string() + " " + back.string() + " --chunk-elements 70");
+    return back;
+  }
+  void expect_same_weights(const fs::path& a, const fs::path& b) {
+    const auto r = run_command(kH5py + " same-weights " + a.string() + " " + b.string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("bitwise equal"), std::string::npos) << r.output;
+  }
+  void expect_verified_at_step_0(const fs::path& checkpoint) {
+    const auto r = run(1, "ckpt info --verify " + checkpoint.string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("  step = 0\n"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("verified"), std::string::npos) << r.output;
+  }
+  std::vector<double> losses(const std::string& run_name) {
+    std::vector<double> out;
+    for (const auto& row : read_metrics(dir_ / run_name)) out.push_back(row["loss"].get<double>());
+    return out;
+  }
+
+  fs::path dir_, config_;
+};
+
+// ------------------------------------------------------------------------------------------
+// Round trips
+
+struct Variant {
+  const char* name;
+  const char* sets;
+};
+
+class RoundTrip : public Interop, public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(RoundTrip, ImportOfExportHasEveryWeightBitwise) {
+  const fs::path ckpt = train("ckpt", GetParam().sets);
+  const fs::path back = round_trip(ckpt, "back");
+  expect_same_weights(ckpt, back);
+  expect_verified_at_step_0(back);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, RoundTrip,
+    ::testing::Values(Variant{"Gpt2Tied", ""},
+                      Variant{"Gpt2Untied", "--set model.tie_embeddings=false"},
+                      Variant{"LlamaUntiedGqa", "--set model.arch=llama --set model.kv_heads=2"},
+                      Variant{"LlamaTied", "--set model.arch=llama --set model.tie_embeddings=true"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(Interop, RoundTripOfATp2Pp2CheckpointOnSeveralRanks) {
+  const fs::path ckpt = train("ckpt",
+                              "--set model.arch=llama --set model.kv_heads=2 "
+                              "--set parallel.tensor=2 --set parallel.pipeline=2",
+                              4);
+  // Sharded on the way out, so that the import reads an index and several files.
+  const fs::path back = round_trip(ckpt, "back", 2, 3, "--max-shard-size 40KB");
+  expect_same_weights(ckpt, back);
+  expect_verified_at_step_0(back);
+}
+
+// ------------------------------------------------------------------------------------------
+// Exports: the same bytes on any number of ranks
+
+void expect_same_files(const fs::path& a, const fs::path& b) {
+  std::vector<std::string> names_a, names_b;
+  for (const auto& e : fs::directory_iterator(a)) names_a.push_back(e.path().filename());
+  for (const auto& e : fs::directory_iterator(b)) names_b.push_back(e.path().filename());
+  std::sort(names_a.begin(), names_a.end());
+  std::sort(names_b.begin(), names_b.end());
+  EXPECT_EQ(names_a, names_b);
+  EXPECT_FALSE(names_a.empty());
+  for (const std::string& name : names_a) {
+    const auto r = run_command("cmp " + (a / name).string() + " " + (b / name).string());
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+  }
+}
+
+TEST_F(Interop, ExportOnOneAndOnSeveralRanksWritesTheSameBytes) {
+  const fs::path ckpt = train("ckpt", "--set model.tie_embeddings=false");
+  for (const std::string options : {"", "--dtype bf16", "--max-shard-size 30KB"}) {
+    SCOPED_TRACE(options);
+    const fs::path one = dir_ / "one", three = dir_ / "three";
+    fs::remove_all(one);
+    fs::remove_all(three);
+    expect_ok(1, "export --format hf " + ckpt.string() + " " + one.string() + " " + options);
+    expect_ok(3, "export --format hf " + ckpt.string() + " " + three.string() +
+                     " --chunk-elements 50 " + options);
+    expect_same_files(one, three);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The files as an independent reader sees them
+
+TEST_F(Interop, ExportMatchesTheCheckpointInPython) {
+  if (!fs::exists(kVenvPython)) GTEST_SKIP() << kVenvPython << " missing: run scripts/install_deps.sh";
+  const fs::path gpt2 = train("gpt2", "");
+  const fs::path llama = train("llama", "--set model.arch=llama --set model.kv_heads=2");
+  const std::string check = kVenvPython + " " + kSource + "/tests/hf_export_check.py ";
+  struct Case {
+    fs::path checkpoint;
+    std::string options, check_options;
+  };
+  const Case cases[] = {{gpt2, "", ""},
+                        {gpt2, "--dtype bf16", "--dtype bf16"},
+                        {llama, "", ""},
+                        {llama, "--max-shard-size 40KB", "--sharded"},
+                        {llama, "--dtype bf16 --max-shard-size 20000", "--dtype bf16 --sharded"}};
+  int i = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.checkpoint.string() + " " + c.options);
+    const fs::path out = dir_ / ("out" + std::to_string(i++));
+    expect_ok(1, "export --format hf " + c.checkpoint.string() + " " + out.string() + " " +
+                     c.options);
+    const auto r = run_command(check + c.checkpoint.string() + " " + out.string() + " " +
+                               c.check_options);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("OK: "), std::string::npos) << r.output;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// train.init_from
+
+TEST_F(Interop, RunFromAnImportedCheckpointTrainsAlikeOnOtherLayouts) {
+  // Tied llama with grouped-query attention: the tied embedding lives on the first and the last
+  // pipeline stage, both read it from the checkpoint.
+  const std::string llama =
+      "--set model.arch=llama --set model.kv_heads=2 --set model.tie_embeddings=true ";
+  const fs::path ckpt = train("ckpt", llama);
+  const fs::path imported = round_trip(ckpt, "imported");
+  const std::string from = "--set train.init_from=" + imported.string() + " ";
+  auto run_from = [&](int ranks, const std::string& layout, const std::string& log) {
+    const auto r = run(ranks, "train --config " + config_.string() + " --set train.steps=3 " +
+                                  llama + from + layout + " --set log.dir=" + (dir_ / log).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("weights initialised from " + imported.string()), std::string::npos)
+        << r.output;
+    return losses(log);
+  };
+  const auto one = run_from(1, "", "one");
+  const std::pair<int, std::string> layouts[] = {
+      {4, "--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence_parallel=true"},
+      {2, "--set parallel.data=2 --set optim.zero_stage=1"}};
+  for (const auto& [ranks, layout] : layouts) {
+    SCOPED_TRACE(layout);
+    const auto other = run_from(ranks, layout, "other_" + std::to_string(ranks));
+    ASSERT_EQ(one.size(), 3u);
+    ASSERT_EQ(other.size(), 3u);
+    for (size_t s = 0; s < one.size(); ++s)  // the parity tests' tolerance
+      EXPECT_LE(std::abs(one[s] - other[s]) / std::abs(one[s]), 1e-5) << "step " << s + 1;
+  }
+  // The weights came from the checkpoint: the first step's loss is not a fresh init's (the
+  // checkpoint's own run started from that init, on the same first batch).
+  const auto fresh = losses("ckpt_run");
+  ASSERT_FALSE(fresh.empty());
+  EXPECT_LT(one[0], fresh[0] - 1e-3);
+}
+
+TEST_F(Interop, InitFromAnotherModelIsOneLineNamingTheKey) {
+  const fs::path ckpt = train("ckpt", "");
+  const auto r = run(2, "train --config " + config_.string() + " --set parallel.data=2 " +
+                            "--set model.width=64 --set train.init_from=" + ckpt.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const std::string line = error_line(r.output);
+  EXPECT_NE(line.find("train.init_from '" + ckpt.string() + "': model.width = 32 in the "
+                      "checkpoint but 64 in " + config_.string()),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_F(Interop, ResumeWinsOverInitFrom) {
+  const fs::path ckpt = train("ckpt", "");
+  const auto r = run(1, "train --config " + config_.string() + " --set train.steps=3 " +
+                            "--set checkpoint.dir=" + (dir_ / "ckpt").string() +
+                            " --set train.init_from=" + ckpt.string() + " --resume auto");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.init_from = " + ckpt.string() + " ignored: resuming from"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("weights initialised from"), std::string::npos) << r.output;
+}
+
+// ------------------------------------------------------------------------------------------
+// Import errors: one line naming the file
+
+class ImportError : public Interop {
+ protected:
+  void SetUp() override {
+    Interop::SetUp();
+    hf_ = dir_ / "hf";
+    expect_ok(1, "export --format hf " + train("ckpt", "").string() + " " + hf_.string());
+  }
+  void expect_import_error(const std::string& needle, int ranks = 2) {
+    const auto r = run(ranks, "import --format hf " + hf_.string() + " " + (dir_ / "x.h5").string());
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "hung: " << r.output;
+    const std::string line = error_line(r.output);
+    EXPECT_NE(line.find(needle), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "x.h5"));
+  }
+  void edit_config(const std::string& from, const std::string& to) {
+    std::string text = read_file(hf_ / "config.json");
+    const auto pos = text.find(from);
+    ASSERT_NE(pos, std::string::npos) << text;
+    text.replace(pos, from.size(), to);
+    write_file(hf_ / "config.json", text);
+  }
+  fs::path hf_;
+};
+
+TEST_F(ImportError, MissingConfigJson) {
+  fs::remove(hf_ / "config.json");
+  expect_import_error("'" + (hf_ / "config.json").string() + "': cannot open");
+}
+
+TEST_F(ImportError, UnknownModelType) {
+  edit_config("\"model_type\": \"gpt2\"", "\"model_type\": \"bert\"");
+  expect_import_error("'" + (hf_ / "config.json").string() +
+                      "': model_type = \"bert\" is not supported");
+}
+
+TEST_F(ImportError, RopeScalingInLlama) {
+  edit_config("\"model_type\": \"gpt2\"", "\"model_type\": \"llama\", \"rope_scaling\": {\"factor\": 8.0}");
+  expect_import_error("'" + (hf_ / "config.json").string() + "': rope_scaling");
+}
+
+TEST_F(ImportError, TensorOfTheWrongShape) {
+  // The file holds n_positions = 32 rows of position table; config.json now says 64.
+  edit_config("\"n_positions\": 32", "\"n_positions\": 64");
+  expect_import_error("'" + (hf_ / "model.safetensors").string() +
+                      "': tensor 'transformer.wpe.weight' has shape [32, 32]");
+}
+
+TEST_F(ImportError, UnsupportedDtype) {
+  // A file whose embedding is int64: the header alone decides.
+  const std::string json =
+      R"({"__metadata__":{"format":"pt"},"transformer.wte.weight":{"dtype":"I64","shape":[256,32],"data_offsets":[0,65536]}})";
+  std::string header = json + std::string((8 - json.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes += header + std::string(65536, '\0');
+  std::ofstream(hf_ / "model.safetensors", std::ios::binary) << bytes;
+  expect_import_error("'" + (hf_ / "model.safetensors").string() +
+                      "': tensor 'transformer.wte.weight' has dtype I64");
+}
+
+TEST_F(ImportError, ExistingOutputFile) {
+  write_file(dir_ / "x.h5", "keep me");
+  const auto r = run(1, "import --format hf " + hf_.string() + " " + (dir_ / "x.h5").string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(error_line(r.output).find((dir_ / "x.h5").string()), std::string::npos) << r.output;
+  EXPECT_EQ(read_file(dir_ / "x.h5"), "keep me");
+}
+
+}  // namespace

@@ -1,0 +1,129 @@
+// The safetensors layer of the Hugging Face export/import (lib/interop/safetensors.hpp): the
+// header bytes the reference implementation writes, dtype conversions, and one-line errors for
+// files that are not safetensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "interop/safetensors.hpp"
+#include "run_util.hpp"
+#include "util/error.hpp"
+
+using namespace trident;
+
+namespace {
+
+uint16_t to_f16(float f) {
+  std::byte b[2];
+  convert_from_float32(TensorDType::F16, &f, 1, b);
+  uint16_t h;
+  std::memcpy(&h, b, 2);
+  return h;
+}
+
+float from_f16(uint16_t h) {
+  float f;
+  convert_to_float32(TensorDType::F16, reinterpret_cast<const std::byte*>(&h), 1, &f);
+  return f;
+}
+
+}  // namespace
+
+TEST(Safetensors, HeaderIsWhatTheReferenceWrites) {
+  // safetensors.numpy.save_file({"b": zeros((2, 3), f32), "a": zeros(2, f32)},
+  // metadata={"format": "pt"}) writes these bytes (names sorted, compact JSON, spaces to a
+  // multiple of 8).
+  const SafetensorsLayout l = plan_safetensors({{"b", {2, 3}}, {"a", {2}}}, TensorDType::F32);
+  const std::string json =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"F32","shape":[2,3],"data_offsets":[8,32]}})";
+  const size_t padded = (json.size() + 7) / 8 * 8;
+  ASSERT_EQ(l.header.size(), 8 + padded);
+  uint64_t n = 0;
+  std::memcpy(&n, l.header.data(), 8);
+  EXPECT_EQ(n, padded);
+  EXPECT_EQ(l.header.substr(8), json + std::string(padded - json.size(), ' '));
+  EXPECT_EQ(l.data_start, static_cast<int64_t>(8 + padded));
+  EXPECT_EQ(l.file_size, l.data_start + 32);
+  ASSERT_EQ(l.entries.size(), 2u);
+  EXPECT_EQ(l.entries[0].name, "a");
+  EXPECT_EQ(l.entry("b").begin, 8);
+}
+
+TEST(Safetensors, Float16ConversionRoundsToNearestEven) {
+  EXPECT_EQ(to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(to_f16(-2.0f), 0xC000);
+  EXPECT_EQ(to_f16(65504.0f), 0x7BFF);                   // largest half
+  EXPECT_EQ(to_f16(65520.0f), 0x7C00);                   // rounds to inf
+  EXPECT_EQ(to_f16(std::ldexp(1.0f, -24)), 0x0001);      // smallest subnormal
+  EXPECT_EQ(to_f16(std::ldexp(1.0f, -25)), 0x0000);      // tie to even: 0
+  EXPECT_EQ(to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie to even: down
+  EXPECT_EQ(to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie to even: up
+  EXPECT_EQ(to_f16(1.0f / 3.0f), 0x3555);
+  EXPECT_TRUE(std::isnan(from_f16(to_f16(std::numeric_limits<float>::quiet_NaN()))));
+  // Every half converts to float and back unchanged (NaNs stay NaNs).
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = from_f16(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(to_f16(f), h) << std::hex << h;
+  }
+  EXPECT_EQ(from_f16(0x3C00), 1.0f);
+  EXPECT_EQ(from_f16(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(from_f16(0xFC00), -std::numeric_limits<float>::infinity());
+}
+
+TEST(Safetensors, Bfloat16IsTheUpperHalfRoundedToNearestEven) {
+  const float values[] = {1.0f, -3.5f, 1.0f + std::ldexp(1.0f, -8), 1e-40f};
+  std::byte bytes[8];
+  convert_from_float32(TensorDType::BF16, values, 4, bytes);
+  float back[4];
+  convert_to_float32(TensorDType::BF16, bytes, 4, back);
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], -3.5f);
+  EXPECT_EQ(back[2], 1.0f);  // the tie goes to the even neighbour
+  uint16_t first;
+  std::memcpy(&first, bytes, 2);
+  EXPECT_EQ(first, 0x3F80);
+}
+
+TEST(Safetensors, ReadsItsOwnLayoutAndRejectsDamagedFiles) {
+  const auto dir = trident::test::scratch_dir("safetensors");
+  const SafetensorsLayout l = plan_safetensors({{"w", {3, 2}}, {"v", {4}}}, TensorDType::BF16);
+  const auto path = (dir / "m.safetensors").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << l.header << std::string(l.file_size - l.data_start, '\0');
+  }
+  const auto tensors = read_safetensors_header(path);
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_EQ(tensors.at("w").shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(tensors.at("w").dtype_text, "BF16");
+  EXPECT_EQ(tensors.at("w").offset, l.data_start + l.entry("w").begin);
+  EXPECT_EQ(tensors.at("v").bytes, 8);
+
+  auto expect_error = [&](const std::string& contents, const std::string& needle) {
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out << contents;
+    }
+    try {
+      read_safetensors_header(path);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("safetensors '" + path + "': "), std::string::npos) << what;
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  };
+  expect_error("abc", "not a safetensors file (3 bytes)");
+  expect_error(l.header.substr(0, 20), "header length");
+  expect_error(l.header + std::string(4, '\0'), "run past the file");  // truncated data
+  std::string not_json = l.header;
+  not_json[9] = '[';
+  expect_error(not_json + std::string(l.file_size - l.data_start, '\0'), "not JSON");
+  std::filesystem::remove_all(dir);
+}
