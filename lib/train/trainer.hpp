@@ -82,7 +82,8 @@ class Trainer {
   // Collective: loads a checkpoint written by any layout; training continues at its step.
   // Runs check_checkpoint (train/checkpointing.hpp), refuses a model other than the config's
   // and, unless checkpoint.allow_data_change, another data order (train.global_batch,
-  // train.seed, data.shuffle); the tensors must be intact (checksums) and finite.
+  // train.seed, data.shuffle, data.train blend weights); the tensors must be intact
+  // (checksums) and finite.
   void load_checkpoint(const std::string& path);
   // One optimizer step (0-based `step`): forward_backward, then apply_update.
   StepMetrics train_step(int64_t step);
