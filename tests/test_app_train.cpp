@@ -399,7 +399,8 @@ TEST(TrainApp, StopSignalDuringStartUp) {
 
 // data.train / data.val given as the prefix of a .bin/.idx pair (docs/data.md): the tiny
 // config trains on it, and on the same tokens as the llm.c shards it gives the same losses and
-// validation losses (same windows, same order), for uint16 and int32 token files.
+// validation losses (same windows, same order), for uint16 and int32 token files; so does a
+// uint32 shard (llm.c's Llama 3 layout).
 TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
   const auto dir = scratch_dir("train_indexed");
   const auto config = make_tiny_run(dir);
@@ -417,10 +418,15 @@ TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
   write_indexed_dataset((dir / "idx16").string(), train, kIndexDTypeUInt16);
   write_indexed_dataset((dir / "idx32").string(), train, kIndexDTypeInt32);
   write_indexed_dataset((dir / "vidx32").string(), val, kIndexDTypeInt32);
+  // And llm.c's uint32 layout (magic 20240801, version 7) of the same tokens.
+  const auto narrow = synthetic_tokens(20000, 1);
+  write_shard_u32((dir / "wide_000.bin").string(),
+                  std::vector<uint32_t>(narrow.begin(), narrow.end()));
   std::vector<std::vector<std::string>> losses;
   std::vector<double> val_losses;
   const std::vector<std::pair<std::string, std::string>> runs = {
-      {"train_000.bin", "val.bin"}, {"idx16", "vidx32"}, {"idx32", "vidx32"}};
+      {"train_000.bin", "val.bin"}, {"idx16", "vidx32"}, {"idx32", "vidx32"},
+      {"wide_000.bin", "val.bin"}};
   for (const auto& [train_name, val_name] : runs) {
     const auto run = dir / ("run_" + train_name);
     const auto r = run_command(trident_cmd(
@@ -436,8 +442,16 @@ TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(losses[0], losses[3]);
   EXPECT_EQ(val_losses[0], val_losses[1]);
   EXPECT_EQ(val_losses[0], val_losses[2]);
+  EXPECT_EQ(val_losses[0], val_losses[3]);
+  // uint32 shards lift the uint16 limit on model.vocab_size too.
+  const auto wide = run_command(trident_cmd(
+      "train --config " + config.string() + " --set train.steps=1 --set model.vocab_size=70000" +
+      " --set data.train=" + (dir / "wide_000.bin").string() + " --set data.val=" +
+      (dir / "vidx32").string() + " --set log.dir=" + (dir / "run_wide_vocab").string()));
+  EXPECT_EQ(wide.exit_code, 0) << wide.output;
   // int32 token files lift the uint16 limit on model.vocab_size (the shards keep it).
   const auto r = run_command(trident_cmd(
       "train --config " + config.string() + " --set train.steps=1 --set model.vocab_size=70000" +
