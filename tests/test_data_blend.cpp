@@ -105,6 +105,7 @@ TEST(BlendParse, BadEntriesNameTheKeyAndTheEntry) {
       {{"1:a", "2:"}, "data.train[1] = \"2:\": no dataset after the weight"},
       {{"1:a", "2:a"}, "data.train[1] = \"2:a\": the dataset 'a' is already in the blend"},
       {{"1:a", " 2:b"}, "data.train[1] = \" 2:b\": expected WEIGHT:PATH"},
+      {{""}, "data.train[0] = \"\": empty entry"},
   };
   for (const Case& c : cases)
     expect_one_line_with(error_of([&] { parse_blend(c.entries, "data.train"); }), {c.want});

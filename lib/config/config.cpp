@@ -121,9 +121,9 @@ const Key kKeys[] = {
    "MLP hidden size; 0: the architecture's default, gpt2 4 * width, llama 8/3 * width "
    "rounded up to a multiple of 256."},
   {TRIDENT_KEY(model, vocab_size), between(1, 2147483647),
-   "Vocabulary size. llm.c token shards and uint16 indexed datasets can only feed "
-   "vocab_size <= 65536; int32 Megatron indexed datasets any size (checked when the data "
-   "are opened)."},
+   "Vocabulary size. uint16 token shards (llm.c magic 20240520) and uint16 indexed datasets "
+   "can only feed vocab_size <= 65536; uint32 shards (magic 20240801) and int32 Megatron "
+   "indexed datasets any size (checked when the data are opened)."},
   {TRIDENT_KEY(model, seq_len), at_least(1), "Context length in tokens."},
   {TRIDENT_KEY(model, vocab_multiple), at_least(1),
    "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor. Not given "

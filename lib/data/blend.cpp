@@ -66,7 +66,8 @@ std::vector<BlendComponent> parse_blend(const std::vector<std::string>& entries,
       c.weight = *weight;
       c.source = entry.substr(entry.find(':') + 1);
     }
-    if (c.source.empty()) bad_entry(key, i, entry, "no dataset after the weight");
+    if (c.source.empty())
+      bad_entry(key, i, entry, weight ? "no dataset after the weight" : "empty entry");
     if (!seen.insert(c.source).second)
       bad_entry(key, i, entry, "the dataset '" + c.source + "' is already in the blend");
     out.push_back(std::move(c));
