@@ -502,9 +502,11 @@ TEST(TrainApp, TrainsOnABlendLogsItsSharesAndResumesIt) {
   const auto r = train("straight", "");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const std::string& want : std::vector<std::string>{
-           "data.train: blend of 2 datasets\n", "data.train [0] '" + (dir / "train_*.bin").string() +
-        "': weight 3, share 75.00%, 998 windows\n", "data.train [1] '" + (dir / "web").string() +
-        "': weight 1, share 25.00%, 281 windows\n", "data.val: blend of 2 datasets\n",
+           "data.train: blend of 2 datasets\n",
+           "data.train [0] '" + (dir / "train_*.bin").string() +
+               "': weight 3, share 75.00%, 998 windows\n",
+           "data.train [1] '" + (dir / "web").string() + "': weight 1, share 25.00%, 281 windows\n",
+           "data.val: blend of 2 datasets\n",
         "data.train: samples per dataset in steps [0, 4): [0] 24 (75.00%, target 75.00%), "
         "[1] 8 (25.00%, target 25.00%)\n"})
     EXPECT_NE(r.output.find(want), std::string::npos) << "'" << want << "' not in:\n" << r.output;

@@ -462,7 +462,8 @@ TEST(ConfigBlend, ArraysOfWeightedEntries) {
   const Config c = parse_config(
       "[data]\ntrain = [\"0.7:data/web/part\", \"0.3:data/code/train_*.bin\"]\n"
       "val = [\"1:v1.bin\", \"1:v2\"]\n", kSrc);
-  EXPECT_EQ(c.data.train, (std::vector<std::string>{"0.7:data/web/part", "0.3:data/code/train_*.bin"}));
+  EXPECT_EQ(c.data.train,
+            (std::vector<std::string>{"0.7:data/web/part", "0.3:data/code/train_*.bin"}));
   EXPECT_EQ(c.data.val, (std::vector<std::string>{"1:v1.bin", "1:v2"}));
   // to_toml writes a blend as an array and reads it back; one entry stays a plain string.
   EXPECT_NE(c.to_toml().find("train = [\"0.7:data/web/part\", \"0.3:data/code/train_*.bin\"]"),

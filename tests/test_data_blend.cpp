@@ -218,6 +218,21 @@ TEST(BlendedSampler, OneDatasetIsTheUnblendedOrderAndEachDatasetKeepsItsOwnOrder
   EXPECT_EQ(k[0] + k[1] + k[2], 600);
 }
 
+// docs/data.md's check values (computed there from the spec by data_tools/inspect_shard.py).
+TEST(BlendedSampler, KnownAnswers) {
+  BlendedSampler s({10, 5}, {0.7, 0.3}, 8, true, 1234);
+  const std::vector<std::string> want = {"0:4 1:2 0:6 0:5 1:1 0:2 0:7 1:4",
+                                         "0:0 0:1 0:8 1:3 0:9 0:3 1:0 0:4"};
+  for (int64_t step = 0; step < 2; ++step) {
+    std::string got;
+    for (int64_t i = 0; i < 8; ++i) {
+      const auto x = s.sample(step, i);
+      got += (i ? " " : "") + std::to_string(x.dataset) + ":" + std::to_string(x.window);
+    }
+    EXPECT_EQ(got, want[static_cast<size_t>(step)]) << "step " << step;
+  }
+}
+
 // The resume cost the header states: positions are advanced one by one, O(K) each.
 TEST(BlendSchedule, ResumeAtALateStepIsCheap) {
   const int64_t late = int64_t{50} * 1000 * 1000;  // e.g. step 97 656 at global_batch 512
@@ -256,7 +271,8 @@ TEST(BlendedDataset, ReadsEachSampleFromItsDataset) {
       from_b += s.dataset;
     }
   EXPECT_EQ(from_b, 10);  // a quarter of 40
-  EXPECT_EQ(data.describe_counts(40), "[0] 30 (75.00%, target 75.00%), [1] 10 (25.00%, target 25.00%)");
+  EXPECT_EQ(data.describe_counts(40),
+            "[0] 30 (75.00%, target 75.00%), [1] 10 (25.00%, target 25.00%)");
   EXPECT_NE(data.describe("data.train").find("data.train [1] '" + dir.file("b") +
                                              "': weight 1, share 25.00%, 5 windows"),
             std::string::npos)

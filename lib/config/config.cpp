@@ -217,8 +217,9 @@ const Key kKeys[] = {
   {TRIDENT_KEY(checkpoint, keep), at_least(1), "Most recent checkpoints kept."},
   {TRIDENT_KEY(checkpoint, allow_data_change), any(),
    "Resume from a checkpoint written with another `train.global_batch`, `train.seed`, "
-   "`data.shuffle` or `data.train` blend weights (refused otherwise): the run goes on at the checkpoint's step in the new "
-   "sample order, so some samples may be seen twice and others never (docs/checkpoint-format.md)."},
+   "`data.shuffle` or `data.train` blend weights (refused otherwise): the run goes on at the "
+   "checkpoint's step in the new sample order, so some samples may be seen twice and others "
+   "never (docs/checkpoint-format.md)."},
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},

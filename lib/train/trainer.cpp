@@ -109,8 +109,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
 }
 
 void Trainer::log_blend_shares() const {
-  const std::pair<const char*, const BlendedDataset*> blends[] = {{"data.train", train_data_.get()},
-                                                                  {"data.val", val_data_.get()}};
+  const std::pair<const char*, const BlendedDataset*> blends[] = {
+      {"data.train", train_data_.get()}, {"data.val", val_data_.get()}};
   for (const auto& [key, data] : blends) {
     if (data == nullptr || data->size() < 2) continue;
     std::printf("%s: blend of %zu datasets\n%s", key, data->size(), data->describe(key).c_str());
@@ -281,8 +281,9 @@ RunOutcome Trainer::run() {
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
     if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) {
+      const int64_t samples_done = (step + 1) * config_.train.global_batch;
       if (train_data_->size() > 1)
-        m.data_counts = train_data_->sampler().counts_before((step + 1) * config_.train.global_batch);
+        m.data_counts = train_data_->sampler().counts_before(samples_done);
       log_->write(m);
     }
     if (last) log_blend_counts(step + 1);

@@ -242,8 +242,8 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   if (world_rank == 0)
     std::printf("[ measured ] %s on %s: gradients after step 1 worst relative error %.3e; "
                 "losses of %lld steps worst relative error %.3e (final loss %.6f)\n",
-                l.name().c_str(), data_name(data), worst_grad, static_cast<long long>(kParitySteps), worst_loss,
-                ref.losses.back());
+                l.name().c_str(), data_name(data), worst_grad,
+                static_cast<long long>(kParitySteps), worst_loss, ref.losses.back());
 }
 
 }  // namespace trident::test
