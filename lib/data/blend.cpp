@@ -127,12 +127,14 @@ void BlendSchedule::seek(int64_t position) const {
       mark_counts_ = counts_;
     }
   }
+  // The next multiple of the stride, kept rather than a division per position.
+  int64_t next_mark = (position_ / mark_stride_ + 1) * mark_stride_;
   while (position_ < position) {
     ++counts_[static_cast<size_t>(choose())];
-    ++position_;
-    if (position_ % mark_stride_ == 0) {
+    if (++position_ == next_mark) {
       mark_position_ = position_;
       mark_counts_ = counts_;
+      next_mark += mark_stride_;
     }
   }
 }
