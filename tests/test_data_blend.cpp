@@ -109,6 +109,8 @@ TEST(BlendParse, BadEntriesNameTheKeyAndTheEntry) {
   };
   for (const Case& c : cases)
     expect_one_line_with(error_of([&] { parse_blend(c.entries, "data.train"); }), {c.want});
+  expect_one_line_with(error_of([&] { parse_blend({"1e308:a", "1e308:b"}, "data.val"); }),
+                       {"data.val: the weights' sum overflows a double"});
 }
 
 // Megatron's greedy rule keeps every dataset within one sample of its share from above:

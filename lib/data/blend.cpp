@@ -72,6 +72,11 @@ std::vector<BlendComponent> parse_blend(const std::vector<std::string>& entries,
       bad_entry(key, i, entry, "the dataset '" + c.source + "' is already in the blend");
     out.push_back(std::move(c));
   }
+  // Finite weights whose sum is not (1e308 + 1e308) would normalise to zeros.
+  double sum = 0;
+  for (const BlendComponent& c : out) sum += c.weight;
+  if (!std::isfinite(sum))
+    throw Error(std::string(key) + ": the weights' sum overflows a double; scale them down");
   return out;
 }
 
