@@ -46,6 +46,8 @@ import numpy as np
 import torch
 
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
+# llm.c's two layouts: magic -> (version, token dtype).
+SHARD_LAYOUTS = {SHARD_MAGIC: (SHARD_VERSION, "<u2"), 20240801: (7, "<u4")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,10 +250,11 @@ def finish_head(model, ck, s):
 def read_shard(path):
     raw = np.fromfile(path, dtype=np.uint8)
     header = raw[:HEADER_INTS * 4].view("<i4")
-    if header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
+    layout = SHARD_LAYOUTS.get(int(header[0]))
+    if layout is None or header[1] != layout[0]:
         raise SystemExit(f"{path}: not a token shard (magic {header[0]}, version {header[1]})")
     n = int(header[2])
-    tokens = raw[HEADER_INTS * 4:].view("<u2")
+    tokens = raw[HEADER_INTS * 4:].view(layout[1])
     if tokens.size != n:
         raise SystemExit(f"{path}: header says {n} tokens, file has {tokens.size}")
     return tokens
@@ -311,6 +314,10 @@ def main():
     global_batch = int(cfg["train"]["global_batch"])
     eval_steps = int(cfg["eval"]["steps"])
     val = args.val or cfg["data"]["val"]
+    if isinstance(val, list):  # a blend (docs/data.md): its windows are not a plain glob's
+        if len(val) != 1:
+            raise SystemExit("the stored data.val is a blend; give one shard glob with --val")
+        val = val[0]
     metrics = args.metrics or os.path.join(cfg["log"]["dir"], "metrics.jsonl")
 
     print(f"checkpoint: {ck.path} (step {ck.step}, layout {ck.layout})")

@@ -6,6 +6,11 @@ Usage:
       [--window K] [--windows N] [--ids]
   /usr/bin/python3 data_tools/inspect_shard.py [SHARD_OR_GLOB | --num-windows W] --order
       --steps S --global-batch G [--start-step S0] [--shuffle --seed X] [--seq-len T]
+  /usr/bin/python3 data_tools/inspect_shard.py --order --weights W0 W1 ... --num-windows N0 N1 ...
+      --steps S --global-batch G [--start-step S0] [--shuffle --seed X]
+
+Shards: llm.c's uint16 layout (magic 20240520, version 1) and uint32 layout (magic 20240801,
+version 7) are both read.
 
 Without --order: prints each matched shard's header (magic, version, token count, file size
 and whether they are consistent), then N windows (default 1) of T+1 tokens starting at
@@ -20,6 +25,13 @@ docs/data.md (identical to trident::BatchSampler). W is the dataset's number of 
 for --seq-len (default 64), or --num-windows. --seed takes any integer; it is reduced
 modulo 2^64 (so -1 is 2^64-1), as the trainer converts train.seed to uint64.
 
+With --order --weights (a blend, data.train = ["W0:...", "W1:...", ...]): --num-windows gives
+each dataset's window count, in the blend's order, and each sample prints as "d:w" (dataset d,
+its window w): position p = s*G + i draws from the dataset with the largest
+w[d] * max(p, 1) - count[d] (Megatron-LM's rule; weights normalised by their sum; ties: lowest
+d), and that dataset's sample count[d] is its window by the order above with the seed
+seed ^ (0xD1B54A32D192ED03 * d) (docs/data.md, "Blends"). Identical to trident::BlendedSampler.
+
 Exit status: 0, or 1 when a shard is inconsistent.
 """
 
@@ -29,8 +41,13 @@ import os
 import struct
 import sys
 
-MAGIC = 20240520
+MAGIC = 20240520          # llm.c "gpt-2": uint16 tokens
 VERSION = 1
+MAGIC_U32 = 20240801      # llm.c "llama-3": uint32 tokens
+VERSION_U32 = 7
+TOKEN_BYTES = {MAGIC: 2, MAGIC_U32: 4}
+VERSIONS = {MAGIC: VERSION, MAGIC_U32: VERSION_U32}
+BLEND_SEED_MULTIPLIER = 0xD1B54A32D192ED03
 HEADER_INTS = 256
 HEADER_BYTES = 4 * HEADER_INTS
 MASK64 = (1 << 64) - 1
@@ -81,6 +98,54 @@ class Sampler:
         return self._perm[k]
 
 
+    def window_at(self, p):
+        """The window at stream position p (a blended dataset's own sample p)."""
+        return self.window_id(p // self.G, p % self.G)
+
+
+def normalised(weights):
+    total = 0.0
+    for w in weights:          # summed in order, as trident::normalised_weights
+        total += w
+    return [w / total for w in weights]
+
+
+class BlendedSampler:
+    """(dataset, window) of sample i of step s in a blend (docs/data.md, "Blends")."""
+
+    def __init__(self, num_windows, weights, global_batch, shuffle, seed):
+        if len(num_windows) != len(weights):
+            raise ValueError("one --num-windows per --weights entry")
+        if any(not (w > 0 and w != float("inf")) for w in weights):
+            raise ValueError("weights must be finite and > 0")
+        self.G = global_batch
+        self.weights = normalised(weights)
+        self.datasets = [
+            Sampler(W, 1, shuffle, (seed & MASK64) ^ ((BLEND_SEED_MULTIPLIER * d) & MASK64))
+            for d, W in enumerate(num_windows)]
+        self.position, self.counts = 0, [0] * len(weights)
+
+    def _choose(self):
+        # Megatron-LM's build_blending_indices: largest error, strict '>' (ties: lowest d).
+        p = float(max(self.position, 1))
+        best, best_error = 0, self.weights[0] * p - float(self.counts[0])
+        for d in range(1, len(self.weights)):
+            error = self.weights[d] * p - float(self.counts[d])
+            if error > best_error:
+                best, best_error = d, error
+        return best
+
+    def sample(self, step, i):
+        p = step * self.G + i
+        if p < self.position:
+            self.position, self.counts = 0, [0] * len(self.weights)
+        while self.position < p:
+            self.counts[self._choose()] += 1
+            self.position += 1
+        d = self._choose()
+        return d, self.datasets[d].window_at(self.counts[d])
+
+
 # ---- shards -------------------------------------------------------------------------------
 
 class Shard:
@@ -98,13 +163,15 @@ class Shard:
             return
         self.header = struct.unpack(f"<{HEADER_INTS}i", raw)
         self.magic, self.version, self.count = self.header[:3]
-        if self.magic != MAGIC:
-            self.problems.append(f"wrong magic {self.magic} (expected {MAGIC})")
-        if self.version != VERSION:
-            self.problems.append(f"wrong version {self.version} (expected {VERSION})")
+        self.token_bytes = TOKEN_BYTES.get(self.magic, 2)
+        if self.magic not in TOKEN_BYTES:
+            self.problems.append(f"wrong magic {self.magic} (expected {MAGIC} or {MAGIC_U32})")
+        elif self.version != VERSIONS[self.magic]:
+            self.problems.append(f"wrong version {self.version} for magic {self.magic} "
+                                 f"(expected {VERSIONS[self.magic]})")
         if self.count < 0:
             self.problems.append(f"negative token count {self.count}")
-        self.expected_size = HEADER_BYTES + 2 * max(self.count, 0)
+        self.expected_size = HEADER_BYTES + self.token_bytes * max(self.count, 0)
         if self.size != self.expected_size:
             kind = "truncated" if self.size < self.expected_size else "oversized"
             self.problems.append(f"{kind}: expected {self.expected_size} bytes, "
@@ -122,21 +189,24 @@ class Shard:
 
     def tokens(self, start, n):
         with open(self.path, "rb") as f:
-            f.seek(HEADER_BYTES + 2 * start)
-            raw = f.read(2 * n)
-        return list(struct.unpack(f"<{len(raw) // 2}H", raw))
+            f.seek(HEADER_BYTES + self.token_bytes * start)
+            raw = f.read(self.token_bytes * n)
+        code = "H" if self.token_bytes == 2 else "I"
+        return list(struct.unpack(f"<{len(raw) // self.token_bytes}{code}", raw))
 
     def describe(self):
         lines = [f"{self.path}:"]
         if self.header is None:
             lines.append(f"  file size  {self.size} bytes")
         else:
-            lines.append(f"  magic      {self.magic}" + ("" if self.magic == MAGIC else
-                                                         f"  (expected {MAGIC})"))
-            lines.append(f"  version    {self.version}")
+            lines.append(f"  magic      {self.magic}" + (
+                "" if self.magic in TOKEN_BYTES else f"  (expected {MAGIC} or {MAGIC_U32})"))
+            width = {2: "uint16", 4: "uint32"}[self.token_bytes]
+            lines.append(f"  version    {self.version}" + (
+                f" ({width} tokens)" if self.magic in TOKEN_BYTES else ""))
             lines.append(f"  tokens     {self.count}")
             lines.append(f"  file size  {self.size} bytes (expected {self.expected_size} = "
-                         f"{HEADER_BYTES} + 2 x {self.count})")
+                         f"{HEADER_BYTES} + {self.token_bytes} x {self.count})")
         lines.append("  check      " + ("OK" if self.ok else "FAILED: " + "; ".join(self.problems)))
         return "\n".join(lines)
 
@@ -158,6 +228,22 @@ def decode(tokens):
     return None
 
 
+def print_blended_order(ap, args):
+    if args.num_windows is None or len(args.num_windows) != len(args.weights):
+        ap.error("--weights needs --num-windows with one count per weight")
+    if any(w <= 0 for w in args.num_windows):
+        ap.error("every --num-windows count must be positive")
+    try:
+        sampler = BlendedSampler(args.num_windows, args.weights, args.global_batch,
+                                 args.shuffle, args.seed)
+    except ValueError as e:
+        ap.error(str(e))
+    for s in range(args.start_step, args.start_step + args.steps):
+        pairs = (sampler.sample(s, i) for i in range(args.global_batch))
+        print(f"step {s}: " + " ".join(f"{d}:{w}" for d, w in pairs))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Inspect token shards and reproduce the training sample order.",
@@ -173,8 +259,11 @@ def main(argv=None):
     ap.add_argument("--global-batch", "-G", type=int, help="G, windows per step")
     ap.add_argument("--shuffle", action="store_true", help="data.shuffle = true")
     ap.add_argument("--seed", type=int, default=1234, help="train.seed (default 1234)")
-    ap.add_argument("--num-windows", "-W", type=int,
-                    help="number of windows W (instead of reading the shards)")
+    ap.add_argument("--num-windows", "-W", type=int, nargs="+",
+                    help="number of windows W (instead of reading the shards); with --weights "
+                         "one per dataset of the blend")
+    ap.add_argument("--weights", type=float, nargs="+",
+                    help="a blend's weights (data.train = [\"W0:...\", ...]); prints d:w")
     args = ap.parse_args(argv)
     if args.seq_len <= 0:
         ap.error("--seq-len must be positive")
@@ -192,8 +281,12 @@ def main(argv=None):
             ap.error("--order needs a positive --global-batch")
         if args.steps < 0 or args.start_step < 0:
             ap.error("--steps and --start-step must be >= 0")
+        if args.weights is not None:
+            return print_blended_order(ap, args)
         if args.num_windows is not None:
-            W = args.num_windows
+            if len(args.num_windows) != 1:
+                ap.error("--num-windows takes one count without --weights")
+            W = args.num_windows[0]
         elif shards:
             bad = [s for s in shards if not s.ok]
             for s in bad:

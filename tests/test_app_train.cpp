@@ -399,7 +399,8 @@ TEST(TrainApp, StopSignalDuringStartUp) {
 
 // data.train / data.val given as the prefix of a .bin/.idx pair (docs/data.md): the tiny
 // config trains on it, and on the same tokens as the llm.c shards it gives the same losses and
-// validation losses (same windows, same order), for uint16 and int32 token files.
+// validation losses (same windows, same order), for uint16 and int32 token files; so does a
+// uint32 shard (llm.c's Llama 3 layout).
 TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
   const auto dir = scratch_dir("train_indexed");
   const auto config = make_tiny_run(dir);
@@ -417,10 +418,15 @@ TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
   write_indexed_dataset((dir / "idx16").string(), train, kIndexDTypeUInt16);
   write_indexed_dataset((dir / "idx32").string(), train, kIndexDTypeInt32);
   write_indexed_dataset((dir / "vidx32").string(), val, kIndexDTypeInt32);
+  // And llm.c's uint32 layout (magic 20240801, version 7) of the same tokens.
+  const auto narrow = synthetic_tokens(20000, 1);
+  write_shard_u32((dir / "wide_000.bin").string(),
+                  std::vector<uint32_t>(narrow.begin(), narrow.end()));
   std::vector<std::vector<std::string>> losses;
   std::vector<double> val_losses;
   const std::vector<std::pair<std::string, std::string>> runs = {
-      {"train_000.bin", "val.bin"}, {"idx16", "vidx32"}, {"idx32", "vidx32"}};
+      {"train_000.bin", "val.bin"}, {"idx16", "vidx32"}, {"idx32", "vidx32"},
+      {"wide_000.bin", "val.bin"}};
   for (const auto& [train_name, val_name] : runs) {
     const auto run = dir / ("run_" + train_name);
     const auto r = run_command(trident_cmd(
@@ -436,8 +442,16 @@ TEST(TrainApp, TrainsOnAMegatronIndexedDatasetLikeOnTheSameShard) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(losses[0], losses[3]);
   EXPECT_EQ(val_losses[0], val_losses[1]);
   EXPECT_EQ(val_losses[0], val_losses[2]);
+  EXPECT_EQ(val_losses[0], val_losses[3]);
+  // uint32 shards lift the uint16 limit on model.vocab_size too.
+  const auto wide = run_command(trident_cmd(
+      "train --config " + config.string() + " --set train.steps=1 --set model.vocab_size=70000" +
+      " --set data.train=" + (dir / "wide_000.bin").string() + " --set data.val=" +
+      (dir / "vidx32").string() + " --set log.dir=" + (dir / "run_wide_vocab").string()));
+  EXPECT_EQ(wide.exit_code, 0) << wide.output;
   // int32 token files lift the uint16 limit on model.vocab_size (the shards keep it).
   const auto r = run_command(trident_cmd(
       "train --config " + config.string() + " --set train.steps=1 --set model.vocab_size=70000" +
@@ -463,4 +477,68 @@ TEST_F(BadInput, BadMegatronIndexNamesTheFile) {
   write_indexed_dataset((dir_ / "mega").string(), docs, kIndexDTypeInt32);
   expect_error(config() + " --set data.train=" + (dir_ / "mega").string(),
                "token 300 at position 150");
+}
+
+// ---------------------------------------------------------------- blends
+
+// data.train and data.val as blends (docs/data.md): the start lists each dataset's share, the
+// end the samples each gave, metrics.jsonl counts them per logged step; a run stopped and
+// resumed continues the blended order bit for bit, and another weight is a data-order change.
+TEST(TrainApp, TrainsOnABlendLogsItsSharesAndResumesIt) {
+  const auto dir = scratch_dir("train_blend");
+  const auto config = make_tiny_run(dir);
+  std::vector<std::vector<int32_t>> docs = {{}};
+  for (uint16_t t : synthetic_tokens(9000, 5)) docs[0].push_back(t);
+  write_indexed_dataset((dir / "web").string(), docs, kIndexDTypeInt32);
+  const std::string blend = "--set data.train='[\"3:" + (dir / "train_*.bin").string() +
+                            "\", \"1:" + (dir / "web").string() + "\"]'" +
+                            " --set data.val='[\"1:" + (dir / "val.bin").string() + "\", \"1:" +
+                            (dir / "web").string() + "\"]' --set data.shuffle=true";
+  auto train = [&](const std::string& run, const std::string& extra) {
+    return run_command(trident_cmd("train --config " + config.string() + " " + blend +
+                                   " --set train.steps=4 --set eval.interval=2 --set log.dir=" +
+                                   (dir / run).string() + " " + extra));
+  };
+  const auto r = train("straight", "");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string& want : std::vector<std::string>{
+           "data.train: blend of 2 datasets\n",
+           "data.train [0] '" + (dir / "train_*.bin").string() +
+               "': weight 3, share 75.00%, 998 windows\n",
+           "data.train [1] '" + (dir / "web").string() + "': weight 1, share 25.00%, 281 windows\n",
+           "data.val: blend of 2 datasets\n",
+        "data.train: samples per dataset in steps [0, 4): [0] 24 (75.00%, target 75.00%), "
+        "[1] 8 (25.00%, target 25.00%)\n"})
+    EXPECT_NE(r.output.find(want), std::string::npos) << "'" << want << "' not in:\n" << r.output;
+  const auto rows = read_metrics(dir / "straight");
+  ASSERT_EQ(rows.size(), 4u);
+  // Megatron's draws for 0.75/0.25 at positions 0..7: 0 1 0 0 0 1 0 0 (ties go to dataset 0).
+  EXPECT_EQ(rows[0]["data_counts"], nlohmann::json::array({6, 2}));
+  EXPECT_EQ(rows[3]["data_counts"], nlohmann::json::array({24, 8}));
+  EXPECT_TRUE(rows[1].contains("val_loss"));
+
+  const std::string ckpt = " --set checkpoint.dir=" + (dir / "ckpt").string();
+  auto first = train("resumed", ckpt + " --set train.exit_interval=2");
+  ASSERT_EQ(first.exit_code, 75) << first.output;
+  auto second = train("resumed", ckpt + " --resume auto");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(loss_strings(dir / "resumed"), loss_strings(dir / "straight"));
+  // Other weights draw another order: refused unless checkpoint.allow_data_change.
+  const auto changed = run_command(trident_cmd(
+      "train --config " + config.string() + " --set data.train='[\"1:" +
+      (dir / "train_*.bin").string() + "\", \"1:" + (dir / "web").string() +
+      "\"]' --set data.shuffle=true --set train.steps=6" + ckpt + " --resume auto --set log.dir=" +
+      (dir / "changed").string()));
+  EXPECT_NE(changed.exit_code, 0) << changed.output;
+  EXPECT_NE(changed.output.find("data.train weights [0.75, 0.25] -> [0.5, 0.5]"),
+            std::string::npos) << changed.output;
+}
+
+TEST_F(BadInput, BadBlendEntryNamesTheKeyTheEntryAndTheFile) {
+  expect_error(config() + " --set data.train='[\"0.7:a.bin\", \"-1:b.bin\"]'",
+               config_.string() + ": data.train[1] = \"-1:b.bin\": the weight must be > 0");
+  // A dataset of the blend that does not open is named as for a plain data.train.
+  expect_error(config() + " --set data.train='[\"0.7:" + (dir_ / "train_*.bin").string() +
+                   "\", \"0.3:" + (dir_ / "absent_*.bin").string() + "\"]'",
+               "no file matches '" + (dir_ / "absent_*.bin").string() + "'");
 }

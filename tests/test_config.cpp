@@ -161,8 +161,8 @@ Config everything_changed() {
   c.optim.grad_clip = 0.0;
   c.optim.zero_stage = 1;
   c.optim.decay_position_embedding = true;
-  c.data.train = "data/\"quoted\" \\back\\slash\\ x_*.bin";
-  c.data.val = "tab\there\nnewline \x01\x7f ünïcødé €";
+  c.data.train = {"data/\"quoted\" \\back\\slash\\ x_*.bin"};
+  c.data.val = {"2:tab\there\nnewline \x01\x7f ünïcødé €", "0.5:b.bin"};  // a blend
   c.data.shuffle = true;
   c.eval.interval = 50;
   c.eval.steps = 3;
@@ -185,7 +185,7 @@ std::string temp_path(const std::string& name) {
 
 TEST(ConfigDefaults, MinimalFileGivesStructDefaults) {
   Config expected;
-  expected.data.train = "data/train_*.bin";
+  expected.data.train = {"data/train_*.bin"};
   const Config c = parse("");
   expect_same(c, expected);
   EXPECT_EQ(c.source, kSrc);
@@ -454,6 +454,41 @@ TEST(ConfigReject, ExitAfterMinutesNegative) {
 TEST(ConfigReject, EmptyTrainData) {
   EXPECT_EQ(error_of("", {}, ""), kSrc + ": data.train must not be empty");
   EXPECT_EQ(error_of("[data]\ntrain = \"\"\n", {}, ""), kSrc + ": data.train must not be empty");
+  EXPECT_EQ(error_of("[data]\ntrain = []\n", {}, ""), kSrc + ": data.train must not be empty");
+}
+
+// Blends (docs/data.md): an array of "WEIGHT:SOURCE", from the file or from --set.
+TEST(ConfigBlend, ArraysOfWeightedEntries) {
+  const Config c = parse_config(
+      "[data]\ntrain = [\"0.7:data/web/part\", \"0.3:data/code/train_*.bin\"]\n"
+      "val = [\"1:v1.bin\", \"1:v2\"]\n", kSrc);
+  EXPECT_EQ(c.data.train,
+            (std::vector<std::string>{"0.7:data/web/part", "0.3:data/code/train_*.bin"}));
+  EXPECT_EQ(c.data.val, (std::vector<std::string>{"1:v1.bin", "1:v2"}));
+  // to_toml writes a blend as an array and reads it back; one entry stays a plain string.
+  EXPECT_NE(c.to_toml().find("train = [\"0.7:data/web/part\", \"0.3:data/code/train_*.bin\"]"),
+            std::string::npos) << c.to_toml();
+  EXPECT_EQ(parse_config(c.to_toml(), kSrc).data.train, c.data.train);
+  EXPECT_NE(parse("").to_toml().find("train = \"data/train_*.bin\"\nval = \"\"\n"),
+            std::string::npos);
+  EXPECT_EQ(parse("", {"data.train=[\"2:a.bin\", \"1:b\"]"}).data.train,
+            (std::vector<std::string>{"2:a.bin", "1:b"}));
+}
+
+TEST(ConfigBlend, BadEntriesNameTheFileTheKeyAndTheEntry) {
+  EXPECT_EQ(error_of("[data]\ntrain = [\"0.7:a\", \"b.bin\"]\n", {}, ""),
+            kSrc + ": data.train[1] = \"b.bin\": expected WEIGHT:PATH (a weight, a colon, a "
+                   "shard path or glob or an indexed dataset's prefix)");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"-0.7:a\", \"1:b\"]\n", {}, ""),
+            kSrc + ": data.train[0] = \"-0.7:a\": the weight must be > 0");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"1:a\", \"nan:b\"]\n", {}, ""),
+            kSrc + ": data.train[1] = \"nan:b\": the weight is not a finite number");
+  EXPECT_EQ(error_of("", {"data.val=[\"1:v\", \"2:v\"]"}),
+            kSrc + ": data.val[1] = \"2:v\": the dataset 'v' is already in the blend");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"1:a\", 2]\n", {}, ""),
+            kSrc + ": data.train[1]: expected a string, got integer 2");
+  EXPECT_EQ(error_of("[data]\ntrain = 3\n", {}, ""),
+            kSrc + ": data.train: expected a string or an array of strings, got integer 3");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -604,15 +639,17 @@ TEST(ConfigOverride, UnquotedStrings) {
   const Config c = parse("", {"data.train=data/x_*.bin", "train.device=cuda",
                               "checkpoint.dir=/tmp/ck pt", "log.dir = runs/a#1 ",
                               "data.val=2024-01-02", "parallel.schedule=gpipe"});
-  EXPECT_EQ(c.data.train, "data/x_*.bin");
+  EXPECT_EQ(c.data.train, std::vector<std::string>{"data/x_*.bin"});
   EXPECT_EQ(c.train.device, "cuda");
   EXPECT_EQ(c.checkpoint.dir, "/tmp/ck pt");
   EXPECT_EQ(c.log.dir, "runs/a#1");
-  EXPECT_EQ(c.data.val, "2024-01-02");  // a string key takes the text, not a TOML date
+  // a string key takes the text, not a TOML date
+  EXPECT_EQ(c.data.val, std::vector<std::string>{"2024-01-02"});
   EXPECT_EQ(c.parallel.schedule, "gpipe");
-  EXPECT_EQ(parse_config(set_key("data.val", "\"v.bin\""), kSrc, {"data.val="}).data.val, "");
-  EXPECT_EQ(parse("", {"data.val=a=b"}).data.val, "a=b");
-  EXPECT_EQ(parse("", {"data.val=\"quoted \\\"x\\\"\""}).data.val, "quoted \"x\"");
+  EXPECT_TRUE(parse_config(set_key("data.val", "\"v.bin\""), kSrc, {"data.val="}).data.val.empty());
+  EXPECT_EQ(parse("", {"data.val=a=b"}).data.val, std::vector<std::string>{"a=b"});
+  EXPECT_EQ(parse("", {"data.val=\"quoted \\\"x\\\"\""}).data.val,
+            std::vector<std::string>{"quoted \"x\""});
 }
 
 TEST(ConfigOverride, WrongTypes) {
@@ -660,7 +697,8 @@ TEST(ConfigOverride, AppliesAfterFileBeforeValidation) {
   // An override may set a key the file does not mention; the last one wins.
   EXPECT_EQ(parse("", {"eval.interval=5", "eval.interval=7"}).eval.interval, 7);
   // data.train may come from an override alone.
-  EXPECT_EQ(parse_config("", kSrc, {"data.train=t.bin"}).data.train, "t.bin");
+  EXPECT_EQ(parse_config("", kSrc, {"data.train=t.bin"}).data.train,
+            std::vector<std::string>{"t.bin"});
 }
 
 // ---------------------------------------------------------------------------------------------

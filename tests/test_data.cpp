@@ -244,10 +244,10 @@ TEST(TokenShard, WrongMagic) {
   TempDir dir;
   const auto path = dir.file("magic.bin");
   auto h = good_header(2);
-  h[0] = 20240801;
+  h[0] = 20240802;
   write_raw(path, h, {1, 2});
   auto msg = error_of([&] { TokenShard s(path); });
-  expect_one_line_with(msg, {path, "magic", "20240801", "expected 20240520"});
+  expect_one_line_with(msg, {path, "magic", "20240802", "expected 20240520 or 20240801"});
 }
 
 TEST(TokenShard, WrongVersion) {
@@ -258,6 +258,91 @@ TEST(TokenShard, WrongVersion) {
   write_raw(path, h, {1, 2});
   auto msg = error_of([&] { TokenShard s(path); });
   expect_one_line_with(msg, {path, "version 2", "expected 1"});
+  // Each magic has its own version: llm.c's uint32 magic with the uint16 version is refused,
+  // and so is the uint16 magic with version 7.
+  h[0] = 20240801;
+  h[1] = 1;
+  write_raw(path, h, {1, 2, 3, 4});
+  expect_one_line_with(error_of([&] { TokenShard s(path); }),
+                       {path, "version 1 for magic 20240801", "expected 7", "uint32"});
+  h[0] = 20240520;
+  h[1] = 7;
+  write_raw(path, h, {1, 2});
+  expect_one_line_with(error_of([&] { TokenShard s(path); }),
+                       {path, "version 7 for magic 20240520", "expected 1", "uint16"});
+}
+
+// llm.c's uint32 layout (dev/data/data_common.py, "llama-3"): 256 x int32 header with magic
+// 20240801, version 7, the count; then uint32 tokens.
+TEST(TokenShard, Uint32RoundTripInLlmCsLayout) {
+  TempDir dir;
+  const auto path = dir.file("wide.bin");
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128255, 4000000000u, 7};
+  trident::write_shard_u32(path, tokens);
+  EXPECT_EQ(fs::file_size(path), 1024u + 4 * tokens.size());
+  const auto h = read_ints(path, 256);
+  EXPECT_EQ(h[0], 20240801);
+  EXPECT_EQ(h[1], 7);
+  EXPECT_EQ(h[2], static_cast<int32_t>(tokens.size()));
+  EXPECT_EQ(std::count(h.begin() + 3, h.end(), 0), 253);
+  TokenShard shard(path);
+  EXPECT_EQ(shard.token_bytes(), 4);
+  EXPECT_EQ(shard.num_tokens(), static_cast<int64_t>(tokens.size()));
+  std::vector<uint32_t> back(tokens.size());
+  shard.read(0, static_cast<int64_t>(tokens.size()), back.data());
+  EXPECT_EQ(back, tokens);
+  uint16_t narrow[1];
+  expect_one_line_with(error_of([&] { shard.read(0, 1, narrow); }), {path, "uint32"});
+  // A uint16 shard widens into uint32.
+  write_shard(dir.file("narrow.bin"), {3, 65535});
+  TokenShard small(dir.file("narrow.bin"));
+  EXPECT_EQ(small.token_bytes(), 2);
+  uint32_t two[2];
+  small.read(0, 2, two);
+  EXPECT_EQ(two[0], 3u);
+  EXPECT_EQ(two[1], 65535u);
+  // Truncated: the size is checked with 4 bytes per token.
+  auto h2 = good_header(3);
+  h2[0] = 20240801;
+  h2[1] = 7;
+  write_raw(dir.file("cut.bin"), h2, {1, 0, 2, 0, 3});  // 10 bytes, 12 needed
+  expect_one_line_with(error_of([&] { TokenShard s(dir.file("cut.bin")); }),
+                       {dir.file("cut.bin"), "truncated", "1036 bytes", "1034 bytes"});
+}
+
+// uint32 shards feed vocabularies beyond 65536; every token is checked against vocab_size.
+TEST(TokenDataset, Uint32ShardsFeedLargeVocabulariesAndCheckEveryToken) {
+  TempDir dir;
+  std::vector<uint32_t> tokens(41);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(100000 + i);
+  tokens[21] = 128256;  // window 2 for T = 8: tokens [16, 25)
+  trident::write_shard_u32(dir.file("w_0.bin"), tokens);
+  TokenDataset ds(dir.file("w_0.bin"), 8, 128256);
+  std::vector<int32_t> in(8), tg(8);
+  ds.window(1, in.data(), tg.data());
+  EXPECT_EQ(in[0], 100008);
+  EXPECT_EQ(tg[7], 100016);
+  expect_one_line_with(error_of([&] { ds.window(2, in.data(), tg.data()); }),
+                       {dir.file("w_0.bin"), "token 128256", "position 21", "vocab_size 128256"});
+  // An id beyond int32 (uint32 can hold it) is out of range for any vocab_size.
+  tokens[21] = 4000000000u;
+  trident::write_shard_u32(dir.file("w_0.bin"), tokens);
+  TokenDataset huge(dir.file("w_0.bin"), 8, 2147483647);
+  expect_one_line_with(error_of([&] { huge.window(2, in.data(), tg.data()); }),
+                       {dir.file("w_0.bin"), "token 4000000000", "position 21"});
+  // A glob mixing widths: the uint16 shard cannot express vocab_size > 65536 and is named.
+  write_shard(dir.file("w_1.bin"), iota_tokens(50));
+  expect_one_line_with(error_of([&] { TokenDataset d(dir.file("w_*.bin"), 8, 128256); }),
+                       {dir.file("w_1.bin"), "uint16", "model.vocab_size = 128256"});
+  // With vocab_size <= 65536 both widths mix: windows are numbered through both shards.
+  std::vector<uint32_t> small(17);
+  std::iota(small.begin(), small.end(), 10u);
+  trident::write_shard_u32(dir.file("w_0.bin"), small);
+  TokenDataset mixed(dir.file("w_*.bin"), 8, 65536);
+  EXPECT_EQ(mixed.num_windows(), 2 + 6);
+  mixed.window(2, in.data(), tg.data());  // the uint16 shard's window 0
+  EXPECT_EQ(in[0], 0);
+  EXPECT_EQ(tg[7], 8);
 }
 
 TEST(TokenShard, TruncatedAndOversized) {
@@ -640,6 +725,34 @@ TEST(BatchSampler, MatchesPythonInspectShard) {
   ASSERT_EQ(status, 0) << out;
   auto got = parse_order(out);
   ASSERT_EQ(got[0].size(), static_cast<size_t>(ds.num_windows())) << out;
+}
+
+TEST(InspectShard, ReadsUint16AndUint32Shards) {
+  const auto tool = inspect_tool();
+  if (::access(kPython, X_OK) != 0 || tool.empty() || ::access(tool.c_str(), R_OK) != 0) {
+    GTEST_SKIP() << "needs " << kPython << " and data_tools/inspect_shard.py";
+  }
+  TempDir dir;
+  trident::write_shard_u32(dir.file("s_0.bin"), {72, 105, 128255, 33, 10});
+  write_shard(dir.file("s_1.bin"), {72, 105, 33, 10, 0});
+  auto [out, status] = run_command(std::string(kPython) + " " + tool + " '" +
+                                   dir.file("s_*.bin") + "' --seq-len 2 --window 0 --windows 4");
+  ASSERT_EQ(status, 0) << out;
+  for (const char* want : {"magic      20240801", "version    7 (uint32 tokens)",
+                           "4 x 5)", "magic      20240520", "version    1 (uint16 tokens)",
+                           "2 x 5)", "windows    4 of T+1 = 3", "ids: 72 105 128255",
+                           "ids: 128255 33 10", "Hi!"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << "'" << want << "' not in:\n" << out;
+  }
+  // A uint32 shard with the uint16 version is reported inconsistent (exit 1).
+  auto h = good_header(1);
+  h[0] = 20240801;
+  write_raw(dir.file("bad.bin"), h, {1, 0});
+  auto [bad_out, bad_status] =
+      run_command(std::string(kPython) + " " + tool + " " + dir.file("bad.bin") + " 2>&1");
+  EXPECT_NE(bad_status, 0) << bad_out;
+  EXPECT_NE(bad_out.find("wrong version 1 for magic 20240801 (expected 7)"), std::string::npos)
+      << bad_out;
 }
 
 TEST(BatchSampler, FirstSamplePartitionsTheGlobalBatch) {

@@ -188,6 +188,11 @@ TEST(IndexedDataset, Int32TokensAllowVocabulariesBeyondUint16) {
   TokenDataset neg(dir.file("neg"), 3, 10);
   expect_one_line_with(error_of([&] { neg.window(0, in.data(), tg.data()); }),
                        {dir.file("neg.bin"), "token -3"});
+  // uint16 indexed data: ids are checked against vocab_size as well.
+  write_indexed_dataset(dir.file("u16"), {{1, 2}, {300, 4}}, kIndexDTypeUInt16);
+  TokenDataset u16(dir.file("u16"), 3, 256);
+  expect_one_line_with(error_of([&] { u16.window(0, in.data(), tg.data()); }),
+                       {dir.file("u16.bin"), "token 300", "position 2", "vocab_size 256"});
   // uint16 indexed data keeps the uint16 refusal.
   write_indexed_dataset(dir.file("small16"), {{1, 2, 3, 4}}, kIndexDTypeUInt16);
   EXPECT_NO_THROW(TokenDataset(dir.file("small16"), 2, 65536));

@@ -28,6 +28,7 @@
 #include <toml++/toml.h>
 
 #include "config/schema.hpp"
+#include "data/blend.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -43,8 +44,10 @@ auto& member(Config& c) {
 }
 
 using Access = std::variant<int64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
-                            std::string& (*)(Config&), std::vector<int64_t>& (*)(Config&)>;
-enum Kind { kInt, kFloat, kBool, kString, kIntList };  // = Access's alternative index
+                            std::string& (*)(Config&), std::vector<int64_t>& (*)(Config&),
+                            std::vector<std::string>& (*)(Config&)>;
+// = Access's alternative index. kStringList: a string (one entry; "" none) or an array of them.
+enum Kind { kInt, kFloat, kBool, kString, kIntList, kStringList };
 
 // A per-key constraint. Numeric bounds apply to integers, floats and each entry of an integer
 // array; one_of compares the value's text (so it also serves integers: {"0", "1"}).
@@ -118,9 +121,9 @@ const Key kKeys[] = {
    "MLP hidden size; 0: the architecture's default, gpt2 4 * width, llama 8/3 * width "
    "rounded up to a multiple of 256."},
   {TRIDENT_KEY(model, vocab_size), between(1, 2147483647),
-   "Vocabulary size. llm.c token shards and uint16 indexed datasets can only feed "
-   "vocab_size <= 65536; int32 Megatron indexed datasets any size (checked when the data "
-   "are opened)."},
+   "Vocabulary size. uint16 token shards (llm.c magic 20240520) and uint16 indexed datasets "
+   "can only feed vocab_size <= 65536; uint32 shards (magic 20240801) and int32 Megatron "
+   "indexed datasets any size (checked when the data are opened)."},
   {TRIDENT_KEY(model, seq_len), at_least(1), "Context length in tokens."},
   {TRIDENT_KEY(model, vocab_multiple), at_least(1),
    "The vocabulary is padded to a multiple of vocab_multiple * parallel.tensor. Not given "
@@ -198,8 +201,14 @@ const Key kKeys[] = {
    "Also apply weight decay to the position embedding table (gpt2; llama has none and "
    "ignores it)."},
 
-  {TRIDENT_KEY(data, train), non_empty(), "Training token shards: a path or a glob."},
-  {TRIDENT_KEY(data, val), any(), "Validation token shards: a path or a glob; empty: none."},
+  {TRIDENT_KEY(data, train), non_empty(),
+   "Training data: a shard path or glob, or a Megatron indexed dataset's prefix; or a blend, "
+   "an array of \"WEIGHT:SOURCE\" entries such as [\"0.7:data/web/part\", "
+   "\"0.3:data/code/train_*.bin\"], sampled in Megatron-LM's proportions (docs/data.md).",
+   "blend entries: weights finite and > 0, no source twice"},
+  {TRIDENT_KEY(data, val), any(),
+   "Validation data, as `data.train` (a blend too); empty: none.",
+   "blend entries: weights finite and > 0, no source twice"},
   {TRIDENT_KEY(data, shuffle), any(), "Shuffle the order of training sequences."},
 
   {TRIDENT_KEY(eval, interval), at_least(0), "Evaluate every this many steps; 0: never."},
@@ -213,9 +222,10 @@ const Key kKeys[] = {
    "Checkpoint every this many steps; 0: only at the end and on a signal."},
   {TRIDENT_KEY(checkpoint, keep), at_least(1), "Most recent checkpoints kept."},
   {TRIDENT_KEY(checkpoint, allow_data_change), any(),
-   "Resume from a checkpoint written with another `train.global_batch`, `train.seed` or "
-   "`data.shuffle` (refused otherwise): the run goes on at the checkpoint's step in the new "
-   "sample order, so some samples may be seen twice and others never (docs/checkpoint-format.md)."},
+   "Resume from a checkpoint written with another `train.global_batch`, `train.seed`, "
+   "`data.shuffle` or `data.train` blend weights (refused otherwise): the run goes on at the "
+   "checkpoint's step in the new sample order, so some samples may be seen twice and others "
+   "never (docs/checkpoint-format.md)."},
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},
@@ -308,7 +318,8 @@ const char* kind_name(int kind) {
     case kFloat: return "float";
     case kBool: return "boolean";
     case kString: return "string";
-    default: return "array of integers";
+    case kIntList: return "array of integers";
+    default: return "string or array of strings";
   }
 }
 
@@ -318,7 +329,8 @@ const char* expected_text(int kind) {
     case kFloat: return "a float";
     case kBool: return "a boolean";
     case kString: return "a string";
-    default: return "an array of integers";
+    case kIntList: return "an array of integers";
+    default: return "a string or an array of strings";
   }
 }
 
@@ -380,6 +392,12 @@ std::string value_text(const T& v) {
     return v ? "true" : "false";
   } else if constexpr (std::is_same_v<T, std::string>) {
     return config::toml_string(v);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    // One entry (the usual single dataset) stays a plain string, none is "".
+    if (v.size() <= 1) return config::toml_string(v.empty() ? std::string() : v.front());
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + config::toml_string(v[i]);
+    return s + "]";
   } else {
     std::string s = "[";
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + int_text(v[i]);
@@ -465,6 +483,24 @@ void assign(const Key& key, const toml::node& node, Config& c, const std::string
       std::get<kIntList>(key.access)(c) = std::move(values);
       break;
     }
+    case kStringList: {
+      std::vector<std::string> values;
+      if (auto v = node.as_string()) {
+        if (!v->get().empty()) values.push_back(v->get());
+      } else if (const toml::array* a = node.as_array()) {
+        for (size_t i = 0; i < a->size(); ++i) {
+          const toml::node& e = (*a)[i];
+          if (auto v = e.as_string()) values.push_back(v->get());
+          else
+            fail(source, name + "[" + std::to_string(i) + "]: expected a string, got " +
+                             node_description(e) + origin);
+        }
+      } else {
+        wrong_type(key, name, node, source, origin);
+      }
+      std::get<kStringList>(key.access)(c) = std::move(values);
+      break;
+    }
   }
 }
 
@@ -531,7 +567,11 @@ const Key* apply_override(const std::string& text, Config& c, const std::string&
   } catch (const toml::parse_error&) {
   }
   const toml::node* node = parsed ? parsed->get("v") : nullptr;
-  if (node && !(key->access.index() == kString && !node->is_string())) {
+  // A string key takes the text itself when it is not a TOML string (a date-like or numeric
+  // path); so does a string-list key unless the value is an array.
+  const bool textual = key->access.index() == kString ||
+                       (key->access.index() == kStringList && !(node && node->is_array()));
+  if (node && !(textual && !node->is_string())) {
     assign(*key, *node, c, source, origin);
     return key;
   }
@@ -577,6 +617,8 @@ void check_rule(const Key& key, const Config& c, const std::string& source) {
       for (size_t i = 0; i < v.size(); ++i)
         if (violates(r, static_cast<double>(v[i])))
           violation(name + "[" + std::to_string(i) + "]", int_text(v[i]));
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      if (r.non_empty && v.empty()) fail(source, name + " must not be empty" + why);
     }
   });
 }
@@ -651,9 +693,24 @@ void check_relations(const Config& c, const std::string& source) {
   }
 }
 
+// data.train / data.val entries: the blend syntax (data/blend.hpp), so that a bad weight stops
+// the run while the config is read, naming the file, before any rank opens a dataset.
+void check_blends(const Config& c, const std::string& source) {
+  const std::pair<const char*, const std::vector<std::string>*> keys[] = {
+      {"data.train", &c.data.train}, {"data.val", &c.data.val}};
+  for (const auto& [name, entries] : keys) {
+    try {
+      parse_blend(*entries, name);
+    } catch (const Error& e) {
+      fail(source, one_line(e.what()));
+    }
+  }
+}
+
 void validate(const Config& c, const std::string& source) {
   for (const Key& key : kKeys) check_rule(key, c, source);
   check_relations(c, source);
+  check_blends(c, source);
 }
 
 }  // namespace

@@ -76,8 +76,10 @@ struct OptimConfig {
 };
 
 struct DataConfig {
-  std::string train;  // shard path or glob
-  std::string val;    // shard path or glob; empty: no validation
+  // One entry: a shard path or glob, or an indexed dataset's prefix (a plain TOML string).
+  // Several: a blend, each entry "WEIGHT:SOURCE" (data/blend.hpp, docs/data.md).
+  std::vector<std::string> train;
+  std::vector<std::string> val;  // empty: no validation
   bool shuffle = false;
 };
 

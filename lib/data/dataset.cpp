@@ -58,6 +58,25 @@ bool has_glob_chars(const std::string& s) {
   return s.find_first_of("*?[") != std::string::npos;
 }
 
+// Bytes per token of a shard with this header; each magic has its one version (llm.c's
+// HEADERS_INFO: "gpt-2" 20240520/1 uint16, "llama-3" 20240801/7 uint32).
+int64_t token_bytes_of(const std::string& path, int32_t magic, int32_t version) {
+  if (magic != kShardMagic && magic != kShardMagicU32) {
+    throw Error(shard_error(path, "wrong magic number " + std::to_string(magic) + " (expected " +
+                                      std::to_string(kShardMagic) + " or " +
+                                      std::to_string(kShardMagicU32) + "); not a token shard"));
+  }
+  const bool wide = magic == kShardMagicU32;
+  const int32_t expected = wide ? kShardVersionU32 : kShardVersion;
+  if (version != expected) {
+    throw Error(shard_error(path, "unsupported version " + std::to_string(version) +
+                                      " for magic " + std::to_string(magic) + " (expected " +
+                                      std::to_string(expected) +
+                                      (wide ? ", uint32 tokens)" : ", uint16 tokens)")));
+  }
+  return wide ? 4 : 2;
+}
+
 // SplitMix64 (Steele, Lea, Flood 2014), exactly as in docs/data.md.
 struct SplitMix64 {
   uint64_t state;
@@ -107,21 +126,12 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
     throw Error(shard_error(
         path, "cannot read header: " + (got < 0 ? errno_text(errno) : "short read")));
   }
-  if (header[0] != kShardMagic) {
-    throw Error(shard_error(path, "wrong magic number " + std::to_string(header[0]) +
-                                      " (expected " + std::to_string(kShardMagic) +
-                                      "); not a token shard"));
-  }
-  if (header[1] != kShardVersion) {
-    throw Error(shard_error(path, "unsupported version " + std::to_string(header[1]) +
-                                      " (expected " + std::to_string(kShardVersion) +
-                                      ", uint16 tokens)"));
-  }
+  token_bytes_ = token_bytes_of(path, header[0], header[1]);
   if (header[2] < 0) {
     throw Error(shard_error(path, "negative token count " + std::to_string(header[2])));
   }
   num_tokens_ = header[2];
-  const int64_t expected = kHeaderBytes + 2 * num_tokens_;
+  const int64_t expected = kHeaderBytes + token_bytes_ * num_tokens_;
   if (file_bytes != expected) {
     throw Error(shard_error(
         path, std::string(file_bytes < expected ? "truncated" : "oversized") + ": header says " +
@@ -135,7 +145,25 @@ TokenShard::~TokenShard() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+void TokenShard::read(int64_t first, int64_t count, uint32_t* out) const {
+  if (token_bytes_ == 4) {
+    read_bytes(first, count, out);
+    return;
+  }
+  thread_local std::vector<uint16_t> narrow;
+  narrow.resize(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  read_bytes(first, count, narrow.data());
+  std::copy(narrow.begin(), narrow.end(), out);
+}
+
 void TokenShard::read(int64_t first, int64_t count, uint16_t* out) const {
+  if (token_bytes_ != 2) {
+    throw Error(shard_error(path_, "holds uint32 tokens; read them as uint32"));
+  }
+  read_bytes(first, count, out);
+}
+
+void TokenShard::read_bytes(int64_t first, int64_t count, void* out) const {
   if (first < 0 || count < 0 || first > num_tokens_ - count) {
     throw Error(shard_error(path_, "tokens [" + std::to_string(first) + ", " +
                                        std::to_string(first + count) + ") out of range [0, " +
@@ -143,8 +171,8 @@ void TokenShard::read(int64_t first, int64_t count, uint16_t* out) const {
   }
   // pread, not a memory map: a shard truncated while the run reads it is a short read here
   // (an error naming the file), where a mapping would raise SIGBUS.
-  auto* dst = reinterpret_cast<char*>(out);
-  const int64_t begin = kHeaderBytes + 2 * first, bytes = 2 * count;
+  auto* dst = static_cast<char*>(out);
+  const int64_t begin = kHeaderBytes + token_bytes_ * first, bytes = token_bytes_ * count;
   int64_t done = 0;
   while (done < bytes) {
     const ssize_t got = ::pread(fd_, dst + done, static_cast<size_t>(bytes - done),
@@ -163,21 +191,26 @@ void TokenShard::read(int64_t first, int64_t count, uint16_t* out) const {
           path_, "truncated while in use: tokens [" + std::to_string(first) + ", " +
                      std::to_string(first + count) + ") lie in bytes [" + std::to_string(begin) +
                      ", " + std::to_string(begin + bytes) + "), but the file now has " + now +
-                     " (it had " + std::to_string(kHeaderBytes + 2 * num_tokens_) +
+                     " (it had " + std::to_string(kHeaderBytes + token_bytes_ * num_tokens_) +
                      " when opened)"));
     }
     done += got;
   }
 }
 
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+namespace {
+
+// The header and the tokens of a shard, written in one go; `version` fixes the token width.
+template <typename Token>
+void write_shard_file(const std::string& path, int32_t magic, int32_t version,
+                      const std::vector<Token>& tokens) {
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     throw Error(shard_error(path, "cannot write " + std::to_string(tokens.size()) +
                                       " tokens: the header's count is an int32"));
   }
   std::vector<int32_t> header(kShardHeaderInts, 0);
-  header[0] = kShardMagic;
-  header[1] = kShardVersion;
+  header[0] = magic;
+  header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
@@ -185,13 +218,23 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   }
   bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size();
   if (ok && !tokens.empty()) {
-    ok = std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size();
+    ok = std::fwrite(tokens.data(), sizeof(Token), tokens.size(), f) == tokens.size();
   }
   const int write_errno = errno;
   const bool closed = std::fclose(f) == 0;
   if (!ok || !closed) {
     throw Error(shard_error(path, "write failed: " + errno_text(ok ? errno : write_errno)));
   }
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_shard_file(path, kShardMagic, kShardVersion, tokens);
+}
+
+void write_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens) {
+  write_shard_file(path, kShardMagicU32, kShardVersionU32, tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,16 +308,18 @@ TokenDataset::TokenDataset(const std::string& pattern, int64_t seq_len, int64_t 
   }
   first_window_.push_back(total_windows_);
 
-  // Shards hold uint16 ids: a larger vocabulary (which the configuration allows, e.g. Llama 3's
-  // 128256) would have ids the data cannot express, so a model of it cannot train on them.
-  if (vocab_size_ > kShardMaxVocab && !shards_.empty()) {
-    throw Error(shard_error(shards_.front()->path(),
+  // uint16 shards cannot express the ids of a larger vocabulary (which the configuration
+  // allows, e.g. Llama 3's 128256), so a model of it cannot train on them; uint32 shards can.
+  const auto narrow = std::find_if(shards_.begin(), shards_.end(),
+                                   [](const auto& shard) { return shard->token_bytes() == 2; });
+  if (vocab_size_ > kShardMaxVocab && narrow != shards_.end()) {
+    throw Error(shard_error((*narrow)->path(),
                             "stores uint16 token ids (at most " +
                                 std::to_string(kShardMaxVocab) +
                                 " distinct tokens), which cannot represent model.vocab_size = " +
                                 std::to_string(vocab_size_) +
                                 "; set model.vocab_size <= " + std::to_string(kShardMaxVocab) +
-                                " to train on these shards"));
+                                " or write uint32 shards (magic 20240801, version 7)"));
   }
 
   if (total_windows_ == 0) {
@@ -311,10 +356,11 @@ void TokenDataset::window(int64_t window_id, int32_t* inputs, int32_t* targets) 
   const TokenShard& shard = *shards_[shard_index];
   const int64_t start = (window_id - first_window_[shard_index]) * seq_len_;
   // One read per window (a few KB): the page cache serves all ranks of a node.
-  thread_local std::vector<uint16_t> tok;
+  thread_local std::vector<uint32_t> tok;
   tok.resize(static_cast<size_t>(seq_len_ + 1));
   shard.read(start, seq_len_ + 1, tok.data());
   for (int64_t t = 0; t <= seq_len_; ++t) {
+    // vocab_size <= 2^31 - 1, so every id that passes fits the int32 inputs.
     if (static_cast<int64_t>(tok[t]) >= vocab_size_) {
       throw Error(shard_error(shard.path(), "token " + std::to_string(tok[t]) +
                                                 " at position " + std::to_string(start + t) +
@@ -323,8 +369,8 @@ void TokenDataset::window(int64_t window_id, int32_t* inputs, int32_t* targets) 
     }
   }
   for (int64_t t = 0; t < seq_len_; ++t) {
-    inputs[t] = tok[t];
-    targets[t] = tok[t + 1];
+    inputs[t] = static_cast<int32_t>(tok[t]);
+    targets[t] = static_cast<int32_t>(tok[t + 1]);
   }
 }
 
@@ -363,15 +409,23 @@ BatchSampler::BatchSampler(int64_t num_windows, int64_t global_batch, bool shuff
 }
 
 int64_t BatchSampler::window_id(int64_t step, int64_t sample) const {
-  if (step < 0 || sample < 0 || sample >= global_batch_) {
+  return window_at(position(step, sample, global_batch_));
+}
+
+int64_t BatchSampler::position(int64_t step, int64_t sample, int64_t global_batch) {
+  if (step < 0 || sample < 0 || sample >= global_batch) {
     throw Error("batch sampler: (step " + std::to_string(step) + ", sample " +
                 std::to_string(sample) + ") out of range (global_batch " +
-                std::to_string(global_batch_) + ")");
+                std::to_string(global_batch) + ")");
   }
-  if (step > (std::numeric_limits<int64_t>::max() - sample) / global_batch_) {
+  if (step > (std::numeric_limits<int64_t>::max() - sample) / global_batch) {
     throw Error("batch sampler: step " + std::to_string(step) + " overflows the sample stream");
   }
-  const int64_t p = step * global_batch_ + sample;
+  return step * global_batch + sample;
+}
+
+int64_t BatchSampler::window_at(int64_t p) const {
+  if (p < 0) throw Error("batch sampler: negative stream position " + std::to_string(p));
   const int64_t epoch = p / num_windows_;
   const int64_t k = p % num_windows_;
   if (!shuffle_) return k;

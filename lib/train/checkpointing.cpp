@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "data/blend.hpp"
 #include "model/architecture.hpp"
 #include "optim/lr_schedule.hpp"
 #include "util/error.hpp"
@@ -254,6 +255,26 @@ CheckpointMeta verify_checkpoint(CheckpointReader& reader) {
   return meta;
 }
 
+namespace {
+
+// "[0.7, 0.3]": the normalised weights of a data.train blend ("[1]" for one dataset, however
+// written); "" for an unreadable one.
+std::string blend_weights_text(const std::vector<std::string>& entries) {
+  try {
+    std::string out = "[";
+    for (double w : normalised_weights(parse_blend(entries, "data.train"))) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.17g", out.size() > 1 ? ", " : "", w);
+      out += buf;
+    }
+    return out + "]";
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+}  // namespace
+
 std::string data_order_changes(const Config& written, const Config& now) {
   std::string out;
   auto add = [&](const char* key, const std::string& before, const std::string& after) {
@@ -264,6 +285,9 @@ std::string data_order_changes(const Config& written, const Config& now) {
       std::to_string(now.train.global_batch));
   add("train.seed", std::to_string(written.train.seed), std::to_string(now.train.seed));
   add("data.shuffle", written.data.shuffle ? "true" : "false", now.data.shuffle ? "true" : "false");
+  // A blend's weights decide which dataset each position draws from (its sources may move).
+  add("data.train weights", blend_weights_text(written.data.train),
+      blend_weights_text(now.data.train));
   return out;
 }
 

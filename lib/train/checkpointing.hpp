@@ -72,7 +72,8 @@ ReaderOptions checkpoint_reader_options();
 CheckpointMeta verify_checkpoint(CheckpointReader& reader);
 
 // The keys that decide which samples each step reads (train.global_batch, train.seed,
-// data.shuffle) that differ between the config a checkpoint was written with and `now`:
+// data.shuffle, the normalised weights of a data.train blend) that differ between the config a
+// checkpoint was written with and `now`:
 // "train.global_batch 8 -> 16, data.shuffle true -> false"; "" if none does.
 std::string data_order_changes(const Config& written, const Config& now);
 

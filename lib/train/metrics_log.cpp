@@ -85,6 +85,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"gflops_per_rank", m.gflops_per_rank},
                       {"skipped_steps", m.skipped_steps}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (!m.data_counts.empty()) j["data_counts"] = m.data_counts;
   const std::string text = j.dump() + "\n";
   struct stat st {};
   const bool sized = ::fstat(fd_, &st) == 0;

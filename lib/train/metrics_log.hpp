@@ -8,6 +8,7 @@
 // end with a non-zero exit code.
 #include <cstdint>
 #include <optional>
+#include <vector>
 #include <string>
 
 namespace trident {
@@ -19,6 +20,8 @@ struct StepMetrics {
   double ms_per_step = 0, tokens_per_s = 0, gflops_per_rank = 0;
   int64_t skipped_steps = 0;
   std::optional<double> val_loss;
+  // With a data.train blend: the samples each dataset gave in steps [0, step) (jsonl only).
+  std::vector<int64_t> data_counts;
 };
 
 class MetricsLog {

@@ -84,16 +84,16 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
                                          config.optim.zero_stage == 1, device);
   optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
 
-  train_data_ = std::make_unique<TokenDataset>(config.data.train, m.seq_len, m.vocab_size);
-  train_sampler_ = std::make_unique<BatchSampler>(train_data_->num_windows(),
-                                                  config.train.global_batch, config.data.shuffle,
-                                                  static_cast<uint64_t>(config.train.seed));
+  train_data_ = std::make_unique<BlendedDataset>(
+      parse_blend(config.data.train, "data.train"), m.seq_len, m.vocab_size,
+      config.train.global_batch, config.data.shuffle, static_cast<uint64_t>(config.train.seed));
   if (!config.data.val.empty()) {
-    val_data_ = std::make_unique<TokenDataset>(config.data.val, m.seq_len, m.vocab_size);
-    // Validation always reads consecutive windows from the start of the val set.
-    val_sampler_ = std::make_unique<BatchSampler>(val_data_->num_windows(),
-                                                  config.train.global_batch, false, 0);
+    // Validation always reads consecutive windows from the start of each val dataset.
+    val_data_ = std::make_unique<BlendedDataset>(parse_blend(config.data.val, "data.val"),
+                                                 m.seq_len, m.vocab_size,
+                                                 config.train.global_batch, false, 0);
   }
+  if (is_logging_rank()) log_blend_shares();
   executor_ = std::make_unique<PipelineExecutor>(
       *model_, *backend_.pipeline, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
@@ -108,7 +108,25 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
 }
 
-void Trainer::load_microbatch(const TokenDataset& data, const BatchSampler& sampler, int64_t step,
+void Trainer::log_blend_shares() const {
+  const std::pair<const char*, const BlendedDataset*> blends[] = {
+      {"data.train", train_data_.get()}, {"data.val", val_data_.get()}};
+  for (const auto& [key, data] : blends) {
+    if (data == nullptr || data->size() < 2) continue;
+    std::printf("%s: blend of %zu datasets\n%s", key, data->size(), data->describe(key).c_str());
+  }
+  std::fflush(stdout);
+}
+
+void Trainer::log_blend_counts(int64_t steps_done) const {
+  if (!is_logging_rank() || train_data_->size() < 2) return;
+  const int64_t samples = steps_done * config_.train.global_batch;
+  std::printf("data.train: samples per dataset in steps [0, %lld): %s\n",
+              static_cast<long long>(steps_done), train_data_->describe_counts(samples).c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
                               int64_t micro, int32_t* tokens, int32_t* targets) const {
   // Only the first stage needs the tokens and only the last the targets; both read the same
   // windows, so every stage of a pipeline agrees on the micro-batch without a message.
@@ -118,7 +136,7 @@ void Trainer::load_microbatch(const TokenDataset& data, const BatchSampler& samp
   const int64_t first = BatchSampler::first_sample(config_.train.global_batch, groups_.dp_rank,
                                                    groups_.dp_size, micro, mb);
   for (int64_t b = 0; b < mb; ++b)
-    data.window(sampler.window_id(step, first + b), tokens + b * T, targets + b * T);
+    data.window(step, first + b, tokens + b * T, targets + b * T);
 }
 
 float* Trainer::host_view(float* data, int64_t n, std::vector<float>& staging) {
@@ -152,7 +170,7 @@ double Trainer::forward_backward(int64_t step) {
   model.zero_grads();
   const double loss_sum = executor_->train(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                               int32_t* targets) {
-    load_microbatch(*train_data_, *train_sampler_, step, micro, tokens, targets);
+    load_microbatch(*train_data_, step, micro, tokens, targets);
   });
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
   // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
@@ -237,7 +255,7 @@ std::optional<double> Trainer::evaluate() {
     }
     loss_sum += executor_->evaluate(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                        int32_t* targets) {
-      load_microbatch(*val_data_, *val_sampler_, batch, micro, tokens, targets);
+      load_microbatch(*val_data_, batch, micro, tokens, targets);
     });
   }
   double loss =
@@ -262,7 +280,13 @@ RunOutcome Trainer::run() {
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
-    if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) log_->write(m);
+    if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) {
+      const int64_t samples_done = (step + 1) * config_.train.global_batch;
+      if (train_data_->size() > 1)
+        m.data_counts = train_data_->sampler().counts_before(samples_done);
+      log_->write(m);
+    }
+    if (last) log_blend_counts(step + 1);
     // Every step skipped for a while: the state cannot recover by itself (it does not change),
     // so end the run rather than spend the job on it. The same count on every rank.
     const int64_t skip_limit = config_.train.max_consecutive_skips;
@@ -285,6 +309,7 @@ RunOutcome Trainer::run() {
     const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0;
     if (!ck.dir.empty() && (periodic || last || stop)) save_checkpoint(step + 1);
     if (stop && !last) {
+      log_blend_counts(step + 1);
       if (is_logging_rank())
         std::printf("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
                     static_cast<long long>(step + 1), static_cast<long long>(steps),

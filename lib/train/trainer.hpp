@@ -12,7 +12,7 @@
 
 #include "comm/comm.hpp"
 #include "config/config.hpp"
-#include "data/dataset.hpp"
+#include "data/blend.hpp"
 #include "model/architecture.hpp"
 #include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
@@ -82,7 +82,8 @@ class Trainer {
   // Collective: loads a checkpoint written by any layout; training continues at its step.
   // Runs check_checkpoint (train/checkpointing.hpp), refuses a model other than the config's
   // and, unless checkpoint.allow_data_change, another data order (train.global_batch,
-  // train.seed, data.shuffle); the tensors must be intact (checksums) and finite.
+  // train.seed, data.shuffle, data.train blend weights); the tensors must be intact
+  // (checksums) and finite.
   void load_checkpoint(const std::string& path);
   // Collective: takes the weights of a checkpoint written by any layout (train.init_from; an
   // imported one too) in place of the random init; the step counter, optimizer state and data
@@ -135,7 +136,11 @@ class Trainer {
 
  private:
   // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
-  void load_microbatch(const TokenDataset& data, const BatchSampler& sampler, int64_t step,
+  // Rank 0's log lines of the blends: each dataset's target share (at start) and the samples
+  // each gave in steps [0, steps_done) (at the end and when stopping).
+  void log_blend_shares() const;
+  void log_blend_counts(int64_t steps_done) const;
+  void load_microbatch(const BlendedDataset& data, int64_t step,
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
   double from_last_stage(double value);
@@ -150,8 +155,8 @@ class Trainer {
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
   std::function<void(int64_t, float*)> gradient_test_hook_;
-  std::unique_ptr<TokenDataset> train_data_, val_data_;
-  std::unique_ptr<BatchSampler> train_sampler_, val_sampler_;
+  // A plain data.train is a blend of one dataset (the same order as BatchSampler's).
+  std::unique_ptr<BlendedDataset> train_data_, val_data_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<MetricsLog> log_;
   double flops_per_step_ = 0;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -39,6 +40,31 @@ inline double max_over_world(double x) {
   return x;
 }
 
+// What a parity test trains on. Shards: make_tiny_run's train_*.bin. Indexed: a Megatron
+// indexed dataset (int32 tokens) of documents of uneven lengths, some empty, so that windows
+// cross document boundaries. Blend: 0.6 of the shards and 0.4 of the indexed dataset, shuffled
+// (data.shuffle = true): the blended order and both per-dataset permutations.
+enum class ParityData { Shards, Indexed, Blend };
+
+inline const char* data_name(ParityData d) {
+  return d == ParityData::Shards ? "shards" : d == ParityData::Indexed ? "indexed" : "blend";
+}
+
+// dir/web_document.{idx,bin}: 26000 tokens in documents of 0 to 700 tokens.
+inline void write_parity_indexed_dataset(const std::filesystem::path& dir) {
+  const std::vector<uint16_t> tokens = synthetic_tokens(26000, 4);
+  std::vector<std::vector<int32_t>> documents;
+  size_t at = 0;
+  for (uint64_t x = 12345; at < tokens.size();) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    const size_t length = std::min<size_t>((x >> 33) % 701, tokens.size() - at);
+    documents.emplace_back(tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                           tokens.begin() + static_cast<std::ptrdiff_t>(at + length));
+    at += length;
+  }
+  write_indexed_dataset((dir / "web_document").string(), documents, kIndexDTypeInt32);
+}
+
 // A directory every rank sees, with the tiny corpus written once by world rank 0.
 inline std::filesystem::path shared_corpus(const std::string& name) {
   int rank = 0, pid = ::getpid();
@@ -50,6 +76,7 @@ inline std::filesystem::path shared_corpus(const std::string& name) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     make_tiny_run(dir);
+    write_parity_indexed_dataset(dir);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return dir;
@@ -168,20 +195,29 @@ struct ParityLayout {
 };
 
 inline Config parity_config(const std::filesystem::path& dir, const ParityLayout& l,
-                     std::vector<std::string> extra = {}) {
+                     std::vector<std::string> extra = {},
+                     ParityData data = ParityData::Shards) {
   std::vector<std::string> overrides = {
       "train.steps=20", "eval.interval=0", "model.vocab_size=250", "model.layers=4",
       "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
       "parallel.data=" + std::to_string(l.dp), "log.dir=" + (dir / "run").string()};
+  const std::string indexed = (dir / "web_document").string();
+  if (data == ParityData::Indexed) overrides.push_back("data.train=" + indexed);
+  if (data == ParityData::Blend) {
+    overrides.push_back("data.train=[\"0.6:" + (dir / "train_*.bin").string() + "\", \"0.4:" +
+                        indexed + "\"]");
+    overrides.push_back("data.shuffle=true");
+  }
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return parse_config(tiny_config(dir), "parity.toml", overrides);
 }
 
-inline void check_parity(const ParityLayout& l, std::vector<std::string> extra = {}) {
+inline void check_parity(const ParityLayout& l, std::vector<std::string> extra = {},
+                         ParityData data = ParityData::Shards) {
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const auto dir = shared_corpus("parity");
-  const Config config = parity_config(dir, l, extra);
+  const Config config = parity_config(dir, l, extra, data);
   const Reference ref = reference_run(config, kParitySteps);
   double worst_grad = 0.0, worst_loss = 0.0;
   std::string worst_name, per_step;  // per-step loss and gradient-norm errors, shown on failure
@@ -204,10 +240,10 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   worst_grad = max_over_world(worst_grad);
   worst_loss = max_over_world(worst_loss);
   if (world_rank == 0)
-    std::printf("[ measured ] %s: gradients after step 1 worst relative error %.3e; losses of "
-                "%lld steps worst relative error %.3e (final loss %.6f)\n",
-                l.name().c_str(), worst_grad, static_cast<long long>(kParitySteps), worst_loss,
-                ref.losses.back());
+    std::printf("[ measured ] %s on %s: gradients after step 1 worst relative error %.3e; "
+                "losses of %lld steps worst relative error %.3e (final loss %.6f)\n",
+                l.name().c_str(), data_name(data), worst_grad,
+                static_cast<long long>(kParitySteps), worst_loss, ref.losses.back());
 }
 
 }  // namespace trident::test
