@@ -17,11 +17,13 @@ struct RunResult {
   std::string output;   // stdout and stderr together
 };
 
-inline RunResult run_command(const std::string& command, int timeout_s = 120) {
+// merge_stderr = false: `output` is stdout alone (stderr goes to the test's own stderr).
+inline RunResult run_command(const std::string& command, int timeout_s = 120,
+                             bool merge_stderr = true) {
   std::string quoted;  // the command inside single quotes for bash -c
   for (char c : command) quoted += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  std::string full = "timeout -k 5 " + std::to_string(timeout_s) + " bash -c '" + quoted +
-                     "' 2>&1";
+  std::string full = "timeout -k 5 " + std::to_string(timeout_s) + " bash -c '" + quoted + "'" +
+                     (merge_stderr ? " 2>&1" : "");
   RunResult r;
   FILE* pipe = popen(full.c_str(), "r");
   if (!pipe) return r;

@@ -18,11 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
+#include "run_util.hpp"
 #include "temp_dir.hpp"
 #include "data/dataset.hpp"
 #include "util/error.hpp"
 
 namespace fs = std::filesystem;
+using trident::test::error_of;
+using trident::test::expect_one_line_with;
 using trident::BatchSampler;
 using trident::Error;
 using trident::TokenDataset;
@@ -35,25 +39,6 @@ namespace {
 struct TempDir : trident::test::TempDir {
   TempDir() : trident::test::TempDir("trident_data") {}
 };
-
-// The message of the trident::Error `fn` throws ("" and a test failure if it throws none).
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-trident exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
-
-void expect_one_line_with(const std::string& msg, const std::vector<std::string>& parts) {
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-}
 
 std::vector<uint16_t> iota_tokens(size_t n, uint16_t start = 0) {
   std::vector<uint16_t> t(n);
@@ -636,18 +621,6 @@ TEST(BatchSampler, KnownAnswers) {
 }
 
 namespace {
-// Runs a command, returns its stdout and exit status.
-std::pair<std::string, int> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return {"", -1};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = ::pclose(p);
-  return {out, status};
-}
-
 const char* kPython = "/usr/bin/python3";
 
 std::string inspect_tool() {
@@ -700,7 +673,7 @@ TEST(BatchSampler, MatchesPythonInspectShard) {
                       " --start-step " + std::to_string(c.start) + " --steps " +
                       std::to_string(c.steps) + " --seed " + c.seed_arg +
                       (c.shuffle ? " --shuffle" : "");
-    auto [out, status] = run_command(cmd);
+    auto [status, out] = trident::test::run_command(cmd, 120, /*merge_stderr=*/false);
     ASSERT_EQ(status, 0) << cmd << "\n" << out;
     auto got = parse_order(out);
     ASSERT_EQ(static_cast<int64_t>(got.size()), c.steps) << cmd << "\n" << out;
@@ -718,7 +691,7 @@ TEST(BatchSampler, MatchesPythonInspectShard) {
   write_shard(dir.file("t_001.bin"), iota_tokens(333));
   write_shard(dir.file("t_002.bin"), iota_tokens(20));
   TokenDataset ds(dir.file("t_*.bin"), 16, 65536);
-  auto [out, status] = run_command(std::string(kPython) + " " + tool + " '" +
+  auto [status, out] = trident::test::run_command(std::string(kPython) + " " + tool + " '" +
                                    dir.file("t_*.bin") +
                                    "' --seq-len 16 --order --global-batch " +
                                    std::to_string(ds.num_windows()) + " --steps 1");
@@ -735,7 +708,7 @@ TEST(InspectShard, ReadsUint16AndUint32Shards) {
   TempDir dir;
   trident::write_shard_u32(dir.file("s_0.bin"), {72, 105, 128255, 33, 10});
   write_shard(dir.file("s_1.bin"), {72, 105, 33, 10, 0});
-  auto [out, status] = run_command(std::string(kPython) + " " + tool + " '" +
+  auto [status, out] = trident::test::run_command(std::string(kPython) + " " + tool + " '" +
                                    dir.file("s_*.bin") + "' --seq-len 2 --window 0 --windows 4");
   ASSERT_EQ(status, 0) << out;
   for (const char* want : {"magic      20240801", "version    7 (uint32 tokens)",
@@ -748,8 +721,8 @@ TEST(InspectShard, ReadsUint16AndUint32Shards) {
   auto h = good_header(1);
   h[0] = 20240801;
   write_raw(dir.file("bad.bin"), h, {1, 0});
-  auto [bad_out, bad_status] =
-      run_command(std::string(kPython) + " " + tool + " " + dir.file("bad.bin") + " 2>&1");
+  auto [bad_status, bad_out] =
+      trident::test::run_command(std::string(kPython) + " " + tool + " " + dir.file("bad.bin") + " 2>&1");
   EXPECT_NE(bad_status, 0) << bad_out;
   EXPECT_NE(bad_out.find("wrong version 1 for magic 20240801 (expected 7)"), std::string::npos)
       << bad_out;

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "data/blend.hpp"
+#include "expect_error.hpp"
+#include "run_util.hpp"
 #include "temp_dir.hpp"
 #include "util/error.hpp"
 
@@ -24,24 +26,10 @@ using trident::BlendSchedule;
 using trident::Error;
 using trident::normalised_weights;
 using trident::parse_blend;
+using trident::test::error_of;
+using trident::test::expect_one_line_with;
 
 namespace {
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
-
-void expect_one_line_with(const std::string& msg, const std::vector<std::string>& parts) {
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  for (const auto& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-}
 
 // An independent re-implementation of Megatron's build_blending_indices (not sharing code).
 std::vector<int> reference_choices(const std::vector<double>& w, int64_t n) {
@@ -281,20 +269,6 @@ TEST(BlendedDataset, ReadsEachSampleFromItsDataset) {
       << data.describe("data.train");
 }
 
-namespace {
-
-std::pair<std::string, int> run_command(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return {"", -1};
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  return {out, ::pclose(p)};
-}
-
-}  // namespace
-
 // data_tools/inspect_shard.py --order --weights reproduces BlendedSampler exactly.
 TEST(BlendedSampler, MatchesPythonInspectShard) {
   const char* python = "/usr/bin/python3";
@@ -326,7 +300,7 @@ TEST(BlendedSampler, MatchesPythonInspectShard) {
     cmd += " --global-batch " + std::to_string(c.G) + " --start-step " + std::to_string(c.start) +
            " --steps " + std::to_string(c.steps) + " --seed " + c.seed_arg +
            (c.shuffle ? " --shuffle" : "");
-    auto [out, status] = run_command(cmd);
+    auto [status, out] = trident::test::run_command(cmd, 120, /*merge_stderr=*/false);
     ASSERT_EQ(status, 0) << cmd << "\n" << out;
     std::vector<BlendComponent> comps;
     for (size_t d = 0; d < c.weights.size(); ++d)

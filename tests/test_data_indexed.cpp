@@ -12,12 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "temp_dir.hpp"
 #include "data/dataset.hpp"
 #include "data/indexed_dataset.hpp"
 #include "util/error.hpp"
 
 namespace fs = std::filesystem;
+using trident::test::error_of;
+using trident::test::expect_one_line_with;
 using trident::BatchSampler;
 using trident::Error;
 using trident::IndexedDataset;
@@ -33,25 +36,6 @@ namespace {
 struct TempDir : trident::test::TempDir {
   TempDir() : trident::test::TempDir("trident_idx") {}
 };
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-trident exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
-
-void expect_one_line_with(const std::string& msg, const std::vector<std::string>& parts) {
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  for (const auto& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-}
 
 // Documents of varied lengths (one empty), tokens 0..bound-1, deterministic.
 std::vector<std::vector<int32_t>> make_documents(int32_t bound, uint64_t salt = 1) {
