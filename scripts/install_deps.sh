@@ -20,6 +20,7 @@ build_packages=(
 test_packages=(
   libgtest-dev hdf5-tools python3-numpy python3-h5py
   slurmctld slurmd slurm-client munge   # the one-node Slurm cluster of tests/slurm
+  clang libclang-rt-dev                 # the libFuzzer targets of tests/fuzz
 )
 packages=("${build_packages[@]}" "${test_packages[@]}")
 for arg in "$@"; do

@@ -1,0 +1,45 @@
+// Fuzz target: the safetensors reader (lib/interop/safetensors.hpp read_safetensors_header)
+// and the tensor reads the Hugging Face import makes from what it returns. Input: the file.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuzz_util.hpp"
+#include "interop/safetensors.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using trident::fuzz::expect;
+  const std::string path = trident::fuzz::scratch_dir() + "/model.safetensors";
+  trident::fuzz::write_file(path, std::string_view(reinterpret_cast<const char*>(data), size));
+  std::map<std::string, trident::SafetensorsTensor> tensors;
+  try {
+    tensors = trident::read_safetensors_header(path);
+  } catch (const trident::Error& e) {
+    trident::fuzz::expect_one_line_naming(e, path);
+    return 0;
+  }
+  // What the header promises must hold: every tensor lies inside the file, and a supported
+  // one holds exactly its shape's elements; then it is read and converted as the import does.
+  for (const auto& [name, t] : tensors) {
+    expect(t.offset >= 8 && t.bytes >= 0 && t.offset + t.bytes <= static_cast<int64_t>(size),
+           "tensor '" + name + "' lies outside the file");
+    if (!t.supported) continue;
+    int64_t numel = 1;
+    for (const int64_t d : t.shape) {
+      expect(d >= 0, "tensor '" + name + "' has a negative size");
+      numel *= d;  // cannot overflow: numel * dtype bytes == t.bytes <= size (checked above)
+      expect(numel <= t.bytes, "tensor '" + name + "': shape larger than its bytes");
+    }
+    expect(numel * trident::dtype_bytes(t.dtype) == t.bytes,
+           "tensor '" + name + "': shape does not match its bytes");
+    std::vector<float> values(numel);
+    trident::convert_to_float32(t.dtype, reinterpret_cast<const std::byte*>(data) + t.offset,
+                                numel, values.data());
+  }
+  return 0;
+}

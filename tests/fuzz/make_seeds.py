@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes the fuzz targets' seed corpora, tests/fuzz/corpus/<target>/ (docs/fuzzing.md).
+
+Small valid inputs of every layout a reader accepts, and near-valid ones (one field wrong),
+so that libFuzzer starts next to the checks. Deterministic: rerunning rewrites the same
+bytes. Inputs that once crashed a target are kept beside them as crash-<what> (never written
+here; this script removes nothing).
+    /usr/bin/python3 tests/fuzz/make_seeds.py
+"""
+import json
+import pathlib
+import struct
+
+CORPUS = pathlib.Path(__file__).resolve().parent / "corpus"
+
+
+def put(target, name, data):
+    d = CORPUS / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+# ---- config: TOML text, then overrides, separated by NUL bytes (fuzz_config.cpp).
+TINY = """[model]
+layers = 2
+heads = 4
+width = 64
+vocab_size = 256
+seq_len = 64
+[parallel]
+tensor = 1
+pipeline_layers = [1, 1]
+[train]
+steps = 10
+micro_batch = 2
+global_batch = 8
+[optim]
+lr = 1e-3
+[data]
+train = ["0.7:data/a_*.bin", "0.3:data/b"]
+val = "data/val.bin"
+[checkpoint]
+dir = "ckpt"
+"""
+put("config", "tiny.toml", TINY)
+put("config", "llama.toml", '[model]\narch = "llama"\nlayers = 1\nheads = 4\nkv_heads = 2\n'
+    'width = 32\nrope_theta = 5e5\ntie_embeddings = false\n')
+put("config", "overrides", TINY + "\0parallel.data=2\0train.global_batch=16\0model.arch=llama"
+    "\0data.train=[\"1:x\", \"2:y\"]")
+put("config", "empty_with_override", "\0log.dir=runs/x")
+put("config", "unknown_key", "[model]\nlayerz = 2\n")
+put("config", "wrong_type", "[train]\nsteps = \"ten\"\n")
+put("config", "bad_override", "\0model=3\0=\0train.steps")
+
+
+# ---- token shards: llm.c's 256-int32 header, then the tokens (fuzz_token_shard.cpp).
+def shard(magic, version, tokens, count=None, fmt="H"):
+    header = struct.pack("<3i", magic, version, len(tokens) if count is None else count)
+    return header + bytes(1024 - 12) + struct.pack("<%d%s" % (len(tokens), fmt), *tokens)
+
+
+toks = [1, 2, 3, 250, 7, 0, 65, 66, 67, 68, 69, 10, 11, 299, 12]
+put("token_shard", "u16_v1", shard(20240520, 1, toks))
+put("token_shard", "u32_v7", shard(20240801, 7, toks + [69999, 70000], fmt="I"))
+put("token_shard", "u16_truncated", shard(20240520, 1, toks, count=len(toks) + 1))
+put("token_shard", "u32_wrong_version", shard(20240801, 1, toks, fmt="I"))
+put("token_shard", "u16_empty", shard(20240520, 1, []))
+
+
+# ---- indexed datasets: uint16 length of the .idx, the .idx, the .bin (fuzz_indexed_dataset.cpp).
+def indexed(docs, dtype=8, version=1, lengths=None, pointers=None, doc_index=None):
+    item, fmt = (2, "H") if dtype == 8 else (4, "i")
+    lengths = lengths if lengths is not None else [len(d) for d in docs]
+    if pointers is None:
+        pointers, at = [], 0
+        for n in lengths:
+            pointers.append(at)
+            at += n * item
+    doc_index = doc_index if doc_index is not None else list(range(len(docs) + 1))
+    idx = b"MMIDIDX\0\0" + struct.pack("<QBQQ", version, dtype, len(lengths), len(doc_index))
+    idx += struct.pack("<%di" % len(lengths), *lengths)
+    idx += struct.pack("<%dq" % len(pointers), *pointers)
+    idx += struct.pack("<%dq" % len(doc_index), *doc_index)
+    bin_ = b"".join(struct.pack("<%d%s" % (len(d), fmt), *d) for d in docs)
+    return struct.pack("<H", len(idx)) + idx + bin_
+
+
+docs = [[1, 2, 3, 4], [5, 6], [7, 8, 9, 299, 10]]
+put("indexed_dataset", "uint16", indexed(docs))
+put("indexed_dataset", "int32", indexed(docs + [[69999, 3]], dtype=4))
+put("indexed_dataset", "bad_pointer", indexed(docs, pointers=[0, 8, 13]))
+put("indexed_dataset", "bad_doc_index", indexed(docs, doc_index=[0, 2, 1, 3]))
+put("indexed_dataset", "negative_length", indexed(docs, lengths=[4, -2, 5]))
+put("indexed_dataset", "bad_dtype", indexed(docs, dtype=3))
+
+
+# ---- safetensors: 8-byte header length, JSON header, data (fuzz_safetensors.cpp).
+def safetensors(tensors, meta=True, raw_header=None, pad=True):
+    header, data = {}, b""
+    if meta:
+        header["__metadata__"] = {"format": "pt"}
+    for name, dtype, shape, payload in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    text = raw_header if raw_header is not None else json.dumps(header, separators=(",", ":"))
+    if pad:
+        text += " " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text.encode() + data
+
+
+f32 = struct.pack("<6f", 1, -2, 0.5, 3, 4, 5)
+put("safetensors", "f32_bf16_f16", safetensors([
+    ("a.weight", "F32", [2, 3], f32),
+    ("b.bias", "BF16", [3], bytes([0x80, 0x3f, 0, 0xc0, 0x80, 0x7f])),
+    ("c", "F16", [1, 2], bytes([0, 0x3c, 0, 0x7c]))]))
+put("safetensors", "unsupported_dtype", safetensors([("i", "I64", [1], bytes(8)),
+                                                     ("s", "F32", [], f32[:4])]))
+put("safetensors", "scalar_and_empty", safetensors([("e", "F32", [0, 5], b""),
+                                                    ("s", "F32", [], f32[:4])], meta=False))
+put("safetensors", "offsets_past_end", safetensors([("a", "F32", [2, 3], f32[:8])],
+    raw_header='{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}'))
+put("safetensors", "huge_shape", safetensors([("a", "F32", [2, 3], f32)],
+    raw_header='{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,24]}}'))
+put("safetensors", "not_json", safetensors([], raw_header='{"a": [1, 2'))
+
+
+# ---- checkpoint: bytes that steer what a valid HDF5 checkpoint holds (fuzz_checkpoint.cpp):
+# config op, step, one op per root attribute (20), seal op, one op per dataset, extra, tamper.
+def checkpoint(config_op=0, step=3, attribute_ops=(), seal=0, dataset_ops=(), tail=b""):
+    ops = list(attribute_ops) + [0] * (20 - len(attribute_ops))
+    return bytes([config_op, step] + ops + [seal] + list(dataset_ops)) + tail
+
+
+put("checkpoint", "valid", checkpoint())
+put("checkpoint", "missing_step", checkpoint(attribute_ops=[0, 1]))
+put("checkpoint", "step_as_string", checkpoint(attribute_ops=[0, 4, 3]) + b"abc")
+put("checkpoint", "unsealed", checkpoint(seal=1))
+put("checkpoint", "missing_dataset", checkpoint(dataset_ops=[0, 1]))
+put("checkpoint", "nan_values", checkpoint(dataset_ops=[4]) + b"\x00\x00\xc0\x7f" * 40)
+put("checkpoint", "config_appended", checkpoint(config_op=2) + b"\x0c[model]\nx=1")
+put("checkpoint", "flipped_byte", checkpoint(dataset_ops=[0] * 40) + b"\x00\x01\x07\x00\x00\x00\x55")
