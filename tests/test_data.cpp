@@ -130,6 +130,30 @@ TEST(TokenShard, RoundTrip) {
   expect_one_line_with(error_of([&] { shard.read(-1, 1, two); }), {path, "out of range"});
 }
 
+// Found by tests/fuzz/fuzz_token_shard (on every seed, e.g. u16_v1: the target reads out-of-range
+// spans): a range whose end overflows
+// int64 (undefined behaviour in the message), and a count the uint32 read of a uint16 shard
+// sized its buffer by before checking it (an allocation of 2^64 bytes), are refused naming
+// the file, before anything is allocated.
+TEST(TokenShard, RangesPastInt64AreRefusedBeforeAnyAllocation) {
+  TempDir dir;
+  const std::string narrow = dir.file("narrow.bin"), wide = dir.file("wide.bin");
+  write_shard(narrow, {1, 2, 3});
+  write_shard_u32(wide, {1, 2, 3});
+  uint32_t out32[4] = {};
+  uint16_t out16[4] = {};
+  for (const std::string& path : {narrow, wide}) {
+    TokenShard shard(path);
+    const std::string msg = error_of([&] { shard.read(INT64_MAX, 2, out32); });
+    expect_one_line_with(msg, {path, "tokens [9223372036854775807, 9223372036854775807 + 2)",
+                               "out of range [0, 3)"});
+    expect_one_line_with(error_of([&] { shard.read(1, INT64_MAX, out32); }), {path, "out of range"});
+    expect_one_line_with(error_of([&] { shard.read(0, -1, out32); }), {path, "out of range"});
+  }
+  TokenShard shard(narrow);
+  expect_one_line_with(error_of([&] { shard.read(1, INT64_MAX, out16); }), {narrow, "out of range"});
+}
+
 TEST(TokenShard, EmptyShardRoundTrip) {
   TempDir dir;
   write_shard(dir.file("e.bin"), {});

@@ -102,6 +102,12 @@ TEST(IndexedDataset, ReaderGivesTheKnownDocumentsForBothDtypes) {
     expect_one_line_with(error_of([&] { ds.read(static_cast<int64_t>(all.size()) - 1, 2,
                                                 got.data()); }),
                          {dir.file("corpus.bin"), "out of range"});
+    // Found by tests/fuzz/fuzz_indexed_dataset (on every valid seed, e.g. uint16): a range whose end
+    // overflows int64 is refused, the message computed without overflowing.
+    expect_one_line_with(error_of([&] { ds.read(INT64_MAX, 2, got.data()); }),
+                         {dir.file("corpus.bin"), "[9223372036854775807, 9223372036854775807 + 2)"});
+    expect_one_line_with(error_of([&] { ds.read(1, INT64_MAX, got.data()); }),
+                         {dir.file("corpus.bin"), "out of range"});
   }
 }
 

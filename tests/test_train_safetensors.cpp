@@ -127,3 +127,51 @@ TEST(Safetensors, ReadsItsOwnLayoutAndRejectsDamagedFiles) {
   expect_error(not_json + std::string(l.file_size - l.data_start, '\0'), "not JSON");
   std::filesystem::remove_all(dir);
 }
+
+// Found by tests/fuzz/fuzz_safetensors (corpus: huge_shape, offsets_wrap): sizes and
+// offsets are JSON integers up to 2^64 - 1; a shape whose element count overflows int64, and
+// offsets past INT64_MAX (which wrapped negative and were accepted for an unsupported dtype,
+// pointing before the data), are refused naming the file.
+TEST(Safetensors, SizesAndOffsetsPast64BitsAreRefused) {
+  const auto dir = trident::test::scratch_dir("safetensors_hostile");
+  const auto path = (dir / "m.safetensors").string();
+  auto error_for = [&](std::string json) {
+    json.append((8 - json.size() % 8) % 8, ' ');
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+    file += json + std::string(24, '\0');  // 24 data bytes
+    {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out << file;
+    }
+    try {
+      const auto tensors = read_safetensors_header(path);
+      return std::string("accepted, offset ") + std::to_string(tensors.begin()->second.offset);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  auto expect_refused = [&](const std::string& json, const std::string& needle) {
+    const std::string what = error_for(json);
+    EXPECT_NE(what.find("safetensors '" + path + "': "), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  };
+  // 2^62 * 4 elements: the count overflows (it used to, silently: undefined behaviour).
+  expect_refused(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,24]}})",
+                 "has more elements than fit in 64 bits");
+  // 2^63 in one dimension: not an int64.
+  expect_refused(R"({"a":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}})",
+                 "has more elements than fit in 64 bits");
+  // 2^61 F32 elements fit int64, their 2^63 bytes do not.
+  expect_refused(R"({"a":{"dtype":"F32","shape":[2305843009213693952],"data_offsets":[0,24]}})",
+                 "needs more bytes than fit in 64 bits");
+  // Offsets 2^64 - 1 wrapped to -1 and passed begin <= end <= data bytes.
+  expect_refused(
+      R"({"i":{"dtype":"I64","shape":[1],"data_offsets":[18446744073709551615,18446744073709551615]}})",
+      "run past the file");
+  // A zero-size dimension makes any other dimension harmless.
+  EXPECT_EQ(error_for(R"({"e":{"dtype":"F32","shape":[0,9223372036854775807],"data_offsets":[0,0]}})"),
+            "accepted, offset 88");  // 8 + the 80-byte padded header
+  std::filesystem::remove_all(dir);
+}

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "data/token_range.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -146,6 +147,7 @@ TokenShard::~TokenShard() {
 }
 
 void TokenShard::read(int64_t first, int64_t count, uint32_t* out) const {
+  check_range(first, count);  // before the buffer is sized by count
   if (token_bytes_ == 4) {
     read_bytes(first, count, out);
     return;
@@ -163,12 +165,15 @@ void TokenShard::read(int64_t first, int64_t count, uint16_t* out) const {
   read_bytes(first, count, out);
 }
 
-void TokenShard::read_bytes(int64_t first, int64_t count, void* out) const {
+void TokenShard::check_range(int64_t first, int64_t count) const {
   if (first < 0 || count < 0 || first > num_tokens_ - count) {
-    throw Error(shard_error(path_, "tokens [" + std::to_string(first) + ", " +
-                                       std::to_string(first + count) + ") out of range [0, " +
-                                       std::to_string(num_tokens_) + ")"));
+    throw Error(shard_error(path_, "tokens " + token_range_text(first, count) +
+                                       " out of range [0, " + std::to_string(num_tokens_) + ")"));
   }
+}
+
+void TokenShard::read_bytes(int64_t first, int64_t count, void* out) const {
+  check_range(first, count);
   // pread, not a memory map: a shard truncated while the run reads it is a short read here
   // (an error naming the file), where a mapping would raise SIGBUS.
   auto* dst = static_cast<char*>(out);

@@ -48,6 +48,8 @@ class TokenShard {
   void read(int64_t first, int64_t count, uint16_t* out) const;
 
  private:
+  // Throws naming the file unless [first, first + count) lies in [0, num_tokens()).
+  void check_range(int64_t first, int64_t count) const;
   void read_bytes(int64_t first, int64_t count, void* out) const;
   std::string path_;
   int fd_ = -1;

@@ -13,6 +13,7 @@
 #include <limits>
 #include <utility>
 
+#include "data/token_range.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -234,9 +235,8 @@ void IndexedDataset::read_index(int64_t offset, int64_t bytes, void* out) const 
 
 void IndexedDataset::read(int64_t first, int64_t count, int32_t* out) const {
   if (first < 0 || count < 0 || first > num_tokens_ - count) {
-    throw Error(idx_error(bin_path(), "tokens [" + std::to_string(first) + ", " +
-                                          std::to_string(first + count) +
-                                          ") out of range [0, " + std::to_string(num_tokens_) +
+    throw Error(idx_error(bin_path(), "tokens " + token_range_text(first, count) +
+                                          " out of range [0, " + std::to_string(num_tokens_) +
                                           ")"));
   }
   // Sequences lie back to back from byte 0 (checked on opening): stream token i is at byte

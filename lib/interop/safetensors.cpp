@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "util/bf16.hpp"
@@ -80,9 +81,10 @@ bool parse_dtype_name(const std::string& name, TensorDType& dtype) {
 int64_t dtype_bytes(TensorDType dtype) { return dtype == TensorDType::F32 ? 4 : 2; }
 
 void convert_from_float32(TensorDType dtype, const float* src, int64_t n, std::byte* dst) {
-  // The files are little-endian, like every machine Trident runs on.
+  // The files are little-endian, like every machine Trident runs on. n = 0 comes with the
+  // data() of empty vectors, null pointers memcpy must not get (an empty tensor: shape [0]).
   if (dtype == TensorDType::F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -93,7 +95,7 @@ void convert_from_float32(TensorDType dtype, const float* src, int64_t n, std::b
 
 void convert_to_float32(TensorDType dtype, const std::byte* src, int64_t n, float* dst) {
   if (dtype == TensorDType::F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -183,23 +185,33 @@ std::map<std::string, SafetensorsTensor> read_safetensors_header(const std::stri
     SafetensorsTensor t;
     t.dtype_text = info["dtype"].get<std::string>();
     t.supported = parse_dtype_name(t.dtype_text, t.dtype);
+    // Sizes and offsets are JSON unsigned integers up to 2^64 - 1: each is checked before it
+    // becomes an int64_t, and the element count for overflow (a hostile shape would wrap it).
     int64_t numel = 1;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) fail(path, where + "shape " + info["shape"].dump() + " is not a list of sizes");
-      t.shape.push_back(d.get<int64_t>());
-      numel *= t.shape.back();
+      const uint64_t size = d.get<uint64_t>();
+      if (size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          __builtin_mul_overflow(numel, static_cast<int64_t>(size), &numel))
+        fail(path, where + "shape " + info["shape"].dump() + " has more elements than fit in 64 bits");
+      t.shape.push_back(static_cast<int64_t>(size));
     }
     const auto& offsets = info["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
       fail(path, where + "data_offsets " + offsets.dump() + " are not byte offsets");
-    const int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
-    if (begin > end || end > data_bytes)
+    const uint64_t begin_u = offsets[0].get<uint64_t>(), end_u = offsets[1].get<uint64_t>();
+    if (begin_u > end_u || end_u > static_cast<uint64_t>(data_bytes))
       fail(path, where + "data_offsets " + offsets.dump() + " run past the file's " +
                      std::to_string(data_bytes) + " data bytes (truncated?)");
-    if (t.supported && end - begin != numel * dtype_bytes(t.dtype))
+    const auto begin = static_cast<int64_t>(begin_u), end = static_cast<int64_t>(end_u);
+    int64_t needed = 0;
+    if (t.supported && __builtin_mul_overflow(numel, dtype_bytes(t.dtype), &needed))
+      fail(path, where + "shape " + info["shape"].dump() + " of " + t.dtype_text +
+                     " needs more bytes than fit in 64 bits");
+    if (t.supported && end - begin != needed)
       fail(path, where + "data_offsets " + offsets.dump() + " hold " +
                      std::to_string(end - begin) + " bytes, shape " + info["shape"].dump() +
-                     " of " + t.dtype_text + " needs " + std::to_string(numel * dtype_bytes(t.dtype)));
+                     " of " + t.dtype_text + " needs " + std::to_string(needed));
     t.offset = data_start + begin;
     t.bytes = end - begin;
     out.emplace(name, std::move(t));

@@ -48,6 +48,8 @@ seq_len = 4
 steps = 10
 micro_batch = 1
 global_batch = 2
+[data]
+train = "shards/train_*.bin"
 )";
 
 // The root attributes write_checkpoint_attributes writes, in its order.

@@ -122,6 +122,9 @@ put("safetensors", "offsets_past_end", safetensors([("a", "F32", [2, 3], f32[:8]
     raw_header='{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}'))
 put("safetensors", "huge_shape", safetensors([("a", "F32", [2, 3], f32)],
     raw_header='{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,24]}}'))
+put("safetensors", "offsets_wrap", safetensors([("i", "I64", [1], bytes(8))],
+    raw_header='{"i":{"dtype":"I64","shape":[1],'
+               '"data_offsets":[18446744073709551615,18446744073709551615]}}'))
 put("safetensors", "not_json", safetensors([], raw_header='{"a": [1, 2'))
 
 
