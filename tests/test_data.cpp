@@ -139,7 +139,7 @@ TEST(TokenShard, RangesPastInt64AreRefusedBeforeAnyAllocation) {
   TempDir dir;
   const std::string narrow = dir.file("narrow.bin"), wide = dir.file("wide.bin");
   write_shard(narrow, {1, 2, 3});
-  write_shard_u32(wide, {1, 2, 3});
+  trident::write_shard_u32(wide, {1, 2, 3});
   uint32_t out32[4] = {};
   uint16_t out16[4] = {};
   for (const std::string& path : {narrow, wide}) {

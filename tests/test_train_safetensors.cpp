@@ -175,3 +175,33 @@ TEST(Safetensors, SizesAndOffsetsPast64BitsAreRefused) {
             "accepted, offset 88");  // 8 + the 80-byte padded header
   std::filesystem::remove_all(dir);
 }
+
+// Found by tests/fuzz/fuzz_safetensors (corpus: newline_in_name): a tensor name or dtype from
+// the file with a newline in it made the error (and the import's unsupported-dtype error, which
+// prints dtype_text) several lines; both are printed JSON-escaped.
+TEST(Safetensors, NamesAndDtypesFromTheFileStayOnOneLine) {
+  const auto dir = trident::test::scratch_dir("safetensors_newline");
+  const auto path = (dir / "m.safetensors").string();
+  auto write = [&](std::string json) {
+    json.append((8 - json.size() % 8) % 8, ' ');
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << file << json << std::string(8, '\0');
+  };
+  write(R"({"a\nb":{"dtype":"F32","shape":[2],"data_offsets":[0,99]}})");
+  try {
+    read_safetensors_header(path);
+    ADD_FAILURE() << "offsets past the file accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    EXPECT_NE(what.find(R"(tensor 'a\nb': data_offsets [0,99] run past the file)"), std::string::npos)
+        << what;
+  }
+  write(R"({"x":{"dtype":"I\n8","shape":[8],"data_offsets":[0,8]}})");
+  const auto tensors = read_safetensors_header(path);
+  EXPECT_FALSE(tensors.at("x").supported);
+  EXPECT_EQ(tensors.at("x").dtype_text, R"(I\n8)");
+  std::filesystem::remove_all(dir);
+}

@@ -58,6 +58,13 @@ float f16_to_float(uint16_t h) {
   throw Error("safetensors '" + path + "': " + what);
 }
 
+// A string of the file as it goes into a one-line message: control characters (a newline in
+// a tensor name) escaped as in JSON, e.g. a\nb; quotes and backslashes escaped likewise.
+std::string printable(const std::string& text) {
+  const std::string quoted = nlohmann::json(text).dump();
+  return quoted.substr(1, quoted.size() - 2);
+}
+
 }  // namespace
 
 std::string dtype_name(TensorDType dtype) {
@@ -176,15 +183,15 @@ std::map<std::string, SafetensorsTensor> read_safetensors_header(const std::stri
   std::map<std::string, SafetensorsTensor> out;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
-    const std::string where = "tensor '" + name + "': ";
+    const std::string where = "tensor '" + printable(name) + "': ";
     if (!info.is_object() || !info.contains("dtype") || !info["dtype"].is_string() ||
         !info.contains("shape") || !info["shape"].is_array() ||
         !info.contains("data_offsets") || !info["data_offsets"].is_array() ||
         info["data_offsets"].size() != 2)
       fail(path, where + "needs dtype, shape and data_offsets [begin, end]");
     SafetensorsTensor t;
-    t.dtype_text = info["dtype"].get<std::string>();
-    t.supported = parse_dtype_name(t.dtype_text, t.dtype);
+    t.supported = parse_dtype_name(info["dtype"].get<std::string>(), t.dtype);
+    t.dtype_text = printable(info["dtype"].get<std::string>());
     // Sizes and offsets are JSON unsigned integers up to 2^64 - 1: each is checked before it
     // becomes an int64_t, and the element count for overflow (a hostile shape would wrap it).
     int64_t numel = 1;

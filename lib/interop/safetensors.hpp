@@ -53,10 +53,12 @@ SafetensorsLayout plan_safetensors(std::vector<TensorSpec> tensors, TensorDType 
 // A file to read: its tensors by name with absolute byte offsets in the file. Throws one line
 // naming the file when it is not a safetensors file (too short, a header length past the
 // file, JSON that does not parse, an entry without dtype / shape / data_offsets, offsets that
-// do not match the shape or run past the file); an unsupported dtype is kept as dtype_text
-// (with supported = false) for the caller to reject naming the tensor.
+// do not match the shape or run past the file, sizes or offsets past 64 bits; a tensor name
+// is printed with control characters escaped, so the message stays one line); an unsupported
+// dtype is kept as dtype_text (with supported = false) for the caller to reject naming the
+// tensor.
 struct SafetensorsTensor {
-  std::string dtype_text;
+  std::string dtype_text;  // for messages: control characters escaped as in JSON (one line)
   bool supported = false;
   TensorDType dtype = TensorDType::F32;
   std::vector<int64_t> shape;

@@ -125,6 +125,8 @@ put("safetensors", "huge_shape", safetensors([("a", "F32", [2, 3], f32)],
 put("safetensors", "offsets_wrap", safetensors([("i", "I64", [1], bytes(8))],
     raw_header='{"i":{"dtype":"I64","shape":[1],'
                '"data_offsets":[18446744073709551615,18446744073709551615]}}'))
+put("safetensors", "newline_in_name", safetensors([], pad=True,
+    raw_header='{"a\\nb":{"dtype":"F32","shape":[2],"data_offsets":[0,99]}}') + bytes(8))
 put("safetensors", "not_json", safetensors([], raw_header='{"a": [1, 2'))
 
 
