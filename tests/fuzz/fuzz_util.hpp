@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -32,8 +33,8 @@ inline void expect_one_line_naming(const trident::Error& e, const std::string& f
 }
 
 // A private directory under $TMPDIR (or /tmp) for the files a target writes, one per process
-// (libFuzzer's -jobs/-workers run several processes). Never removed while fuzzing: libFuzzer
-// ends a process with exit(), and a few stale bytes in /tmp are harmless.
+// (libFuzzer's -jobs/-workers run several processes), removed at exit (libFuzzer ends a run
+// with exit(); after a crash it stays, with the files of the crashing input).
 inline const std::string& scratch_dir() {
   static const std::string dir = [] {
     const char* base = std::getenv("TMPDIR");
@@ -44,6 +45,14 @@ inline const std::string& scratch_dir() {
     }
     return templ;
   }();
+  static const bool cleanup_registered = [] {
+    std::atexit([] {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    });
+    return true;
+  }();
+  (void)cleanup_registered;
   return dir;
 }
 

@@ -9,8 +9,6 @@ binary=$1 seeds=$2 work=$3
 seconds=${FUZZ_SECONDS:-20}
 mkdir -p "$work/corpus" "$work/artifacts"
 # The seeds are read first (each one must pass), then libFuzzer mutates for $seconds.
-# LeakSanitizer: what MPICH and HDF5 allocate once and keep is not Trident's (lsan.supp).
-export LSAN_OPTIONS="suppressions=$(dirname "$0")/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 exec "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$work/artifacts/" "$work/corpus" "$seeds"
