@@ -168,7 +168,15 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   }
   if (meta.format_version >= 2) r.verify_attributes("/");
 
-  // The complete schema of the stored model.
+  // The complete schema of the stored model. A stored config may describe a model far larger
+  // than the file (10^8 layers: building its parameter list took minutes and gigabytes before
+  // the first missing dataset showed); every layer has tensors under each of the three roots,
+  // so a model with more layers than a third of the file's datasets cannot be in it.
+  const auto datasets_in_file = static_cast<int64_t>(r.datasets().size());
+  if (c.model.layers > datasets_in_file / 3)
+    fail("the stored config's model has " + std::to_string(c.model.layers) +
+         " layers, more than the file's " + std::to_string(datasets_in_file) +
+         " datasets can hold");
   std::map<std::string, std::vector<int64_t>> expected;
   for (const ParamInfo& p : global_parameters(c.model))
     for (const char* root : kRoots) expected[dataset_path(root, p.name)] = p.global_shape;

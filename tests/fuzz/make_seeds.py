@@ -145,3 +145,10 @@ put("checkpoint", "missing_dataset", checkpoint(dataset_ops=[0, 1]))
 put("checkpoint", "nan_values", checkpoint(dataset_ops=[4]) + b"\x00\x00\xc0\x7f" * 40)
 put("checkpoint", "config_appended", checkpoint(config_op=2) + b"\x0c[model]\nx=1")
 put("checkpoint", "flipped_byte", checkpoint(dataset_ops=[0] * 40) + b"\x00\x01\x07\x00\x00\x00\x55")
+# A stored config of 10^8 layers, consistent with the root attributes (model_layers set to
+# it): check_checkpoint built that model's parameter list before it noticed the file.
+HUGE = (b'[model]\nlayers = 100000003\nheads = 2\nwidth = 4\nvocab_size = 8\nseq_len = 4\n'
+        b'[train]\nsteps = 10\nmicro_batch = 1\nglobal_batch = 2\n[data]\ntrain = "x"\n')
+put("checkpoint", "huge_stored_model",
+    bytes([1, len(HUGE)]) + HUGE + bytes([0]) + bytes(11) + bytes([2]) +
+    struct.pack("<I", 100000003) + bytes(8) + bytes([0]))

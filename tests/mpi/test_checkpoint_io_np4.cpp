@@ -5,7 +5,8 @@
 // truncated file, missing dataset, shape mismatch, a bad run on one rank, a simulated full
 // disk) is thrown on every rank; the atomic commit leaves `latest` untouched on failure; a
 // missing checksum attribute is an error, values are checked (ReaderOptions::value_check) and
-// sealed root attributes catch a change.
+// sealed root attributes catch a change; check_checkpoint refuses at once a stored model larger
+// than the file.
 // Collectives are few per test: MPICH busy-polls and 4 ranks share 2 cores.
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -26,6 +27,8 @@
 
 #include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
+#include "config/config.hpp"
+#include "train/checkpointing.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -473,6 +476,37 @@ TEST_F(CkptIo, SlowHookSleepsAfterEachDataset) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GE(s, 0.12);
+}
+
+// Found by tests/fuzz/fuzz_checkpoint (corpus: huge_stored_model): a checkpoint whose stored
+// config (sealed, consistent with the root attributes) describes 10^8 layers made
+// check_checkpoint build that model's parameter list (minutes, gigabytes) before it noticed
+// the missing datasets. Refused at once, naming the file, on every rank.
+TEST_F(CkptIo, AStoredModelLargerThanTheFileIsRefusedAtOnce) {
+  const std::string file = path("huge.h5");
+  const Config huge =
+      parse_config("[model]\nlayers = 100000000\n[data]\ntrain = \"x.bin\"\n", "huge.toml");
+  {
+    CheckpointWriter w(file, MPI_COMM_WORLD);
+    write_checkpoint_attributes(w, huge, CheckpointProgress{});
+    w.write_tensor("/model/wte/weight", {2}, r == 0 ? Runs{R{0, 0, 2}} : Runs{},
+                   std::vector<float>{1.0f, 2.0f});
+    w.close();
+  }
+  CheckpointReader rd(file, MPI_COMM_WORLD);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)check_checkpoint(rd);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("checkpoint '" + file + "': the stored config's model has 100000000 "
+                        "layers, more than the file's 1 datasets can hold"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  rd.close();
 }
 
 }  // namespace
