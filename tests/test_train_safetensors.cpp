@@ -128,10 +128,10 @@ TEST(Safetensors, ReadsItsOwnLayoutAndRejectsDamagedFiles) {
   std::filesystem::remove_all(dir);
 }
 
-// Found by tests/fuzz/fuzz_safetensors (corpus: huge_shape, offsets_wrap): sizes and
-// offsets are JSON integers up to 2^64 - 1; a shape whose element count overflows int64, and
-// offsets past INT64_MAX (which wrapped negative and were accepted for an unsupported dtype,
-// pointing before the data), are refused naming the file.
+// Found with tests/fuzz/fuzz_safetensors (the seed huge_shape; offsets_wrap made by hand):
+// sizes and offsets are JSON integers up to 2^64 - 1; a shape whose element count overflows
+// int64, and offsets past INT64_MAX (which wrapped negative and were accepted for an
+// unsupported dtype, pointing before the data), are refused naming the file.
 TEST(Safetensors, SizesAndOffsetsPast64BitsAreRefused) {
   const auto dir = trident::test::scratch_dir("safetensors_hostile");
   const auto path = (dir / "m.safetensors").string();
@@ -176,9 +176,9 @@ TEST(Safetensors, SizesAndOffsetsPast64BitsAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
-// Found by tests/fuzz/fuzz_safetensors (corpus: newline_in_name): a tensor name or dtype from
-// the file with a newline in it made the error (and the import's unsupported-dtype error, which
-// prints dtype_text) several lines; both are printed JSON-escaped.
+// Found with tests/fuzz/fuzz_safetensors (a hand-made input, corpus: newline_in_name): a
+// tensor name or dtype from the file with a newline in it made the error (and the import's
+// unsupported-dtype error, which prints dtype_text) several lines; both are JSON-escaped now.
 TEST(Safetensors, NamesAndDtypesFromTheFileStayOnOneLine) {
   const auto dir = trident::test::scratch_dir("safetensors_newline");
   const auto path = (dir / "m.safetensors").string();

@@ -478,10 +478,10 @@ TEST_F(CkptIo, SlowHookSleepsAfterEachDataset) {
   EXPECT_GE(s, 0.12);
 }
 
-// Found by tests/fuzz/fuzz_checkpoint (corpus: huge_stored_model): a checkpoint whose stored
-// config (sealed, consistent with the root attributes) describes 10^8 layers made
-// check_checkpoint build that model's parameter list (minutes, gigabytes) before it noticed
-// the missing datasets. Refused at once, naming the file, on every rank.
+// Found with tests/fuzz/fuzz_checkpoint (a hand-made input, corpus: huge_stored_model): a
+// checkpoint whose stored config (sealed, consistent with the root attributes) describes 10^8
+// layers made check_checkpoint build that model's parameter list (minutes, gigabytes) before
+// it noticed the missing datasets. Refused at once, naming the file, on every rank.
 TEST_F(CkptIo, AStoredModelLargerThanTheFileIsRefusedAtOnce) {
   const std::string file = path("huge.h5");
   const Config huge =
