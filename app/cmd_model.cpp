@@ -17,9 +17,7 @@ namespace trident {
 void add_model_command(CLI::App& app, ModelOptions& options) {
   CLI::App* cmd = app.add_subcommand(
       "model", "Print a config's parameter count and training FLOPs (no training)");
-  cmd->add_option("--config", options.config, "TOML config file")->required();
-  cmd->add_option("--set", options.overrides, "Override a key: section.key=value (repeatable)")
-      ->take_all();
+  add_config_options(*cmd, options.configs, options.overrides);
 }
 
 namespace {
@@ -52,7 +50,7 @@ std::string flops_text(double flops, int64_t times) {
 }  // namespace
 
 void run_model(const ModelOptions& options) {
-  const Config c = load_config(options.config, options.overrides);
+  const Config c = load_configs(options.configs, options.overrides);
   const ModelConfig& m = c.model;
   const ParallelConfig& p = c.parallel;
   const GridShape shape{static_cast<int>(p.tensor), static_cast<int>(p.pipeline),

@@ -5,6 +5,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 #include <iostream>
 
@@ -22,9 +24,7 @@ namespace trident {
 
 void add_train_command(CLI::App& app, TrainOptions& options) {
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT model");
-  cmd->add_option("--config", options.config, "TOML config file")->required();
-  cmd->add_option("--set", options.overrides, "Override a key: section.key=value (repeatable)")
-      ->take_all();
+  add_config_options(*cmd, options.configs, options.overrides);
   cmd->add_option("--resume", options.resume,
                   "auto: the latest checkpoint in checkpoint.dir if there is one; or a file");
 }
@@ -82,6 +82,27 @@ void print_figures(const Config& c, int world_size, int threads) {
   std::fflush(stdout);
 }
 
+// <log.dir>/config.toml: the resolved config with the provenance of each value, so that a run
+// directory says what ran (compare_runs.py reads it) and can be rerun with --config. Rewritten
+// by each start, a resume included: it is the config of the latest start.
+void write_resolved_config(const Config& c) {
+  const std::filesystem::path dir(c.log.dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("log.dir '" + c.log.dir + "': cannot create directory: " + ec.message());
+  const std::filesystem::path path = dir / "config.toml";
+  const std::filesystem::path partial = dir / "config.toml.partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << c.to_toml_with_provenance();
+    out.close();
+    if (!out) throw Error("cannot write '" + partial.string() + "'");
+  }
+  // Renamed into place: a reader never sees half a file.
+  std::filesystem::rename(partial, path, ec);
+  if (ec) throw Error("cannot write '" + path.string() + "': " + ec.message());
+}
+
 }  // namespace
 
 int run_train(const TrainOptions& options) {
@@ -104,7 +125,7 @@ int run_train(const TrainOptions& options) {
     }
     return true;
   };
-  const Config config = load_config(options.config, options.overrides);
+  const Config config = load_configs(options.configs, options.overrides);
   if (stopped_in_start_up("after reading the config")) return stop_exit_code(config);
   ProcessGrid grid(MPI_COMM_WORLD, config);
 
@@ -115,6 +136,7 @@ int run_train(const TrainOptions& options) {
   cpu::set_num_threads(threads);
   const bool lead = grid.rank() == 0;
   if (lead) {
+    write_resolved_config(config);
     print_figures(config, grid.world_size(), threads);
     std::printf("%s\n", grid.describe().c_str());
     std::fflush(stdout);

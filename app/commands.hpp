@@ -11,8 +11,13 @@ namespace trident {
 // "checkpointed, please requeue" (EX_TEMPFAIL). Job scripts requeue on it.
 inline constexpr int kExitRequeue = 75;
 
+// --config FILE (repeatable) and --set section.key=value (repeatable), as every command that
+// reads a config takes them.
+void add_config_options(CLI::App& cmd, std::vector<std::string>& configs,
+                        std::vector<std::string>& overrides);
+
 struct TrainOptions {
-  std::string config;
+  std::vector<std::string> configs;  // layered in order: a later file's values win
   std::vector<std::string> overrides;
   std::string resume;  // "", "auto" or a checkpoint path
 };
@@ -22,12 +27,21 @@ void add_train_command(CLI::App& app, TrainOptions& options);
 int run_train(const TrainOptions& options);
 
 struct ModelOptions {
-  std::string config;
+  std::vector<std::string> configs;
   std::vector<std::string> overrides;
 };
 void add_model_command(CLI::App& app, ModelOptions& options);
 // Prints the config's architecture, parameter count and training FLOPs (rank 0).
 void run_model(const ModelOptions& options);
+
+struct ConfigOptions {
+  std::vector<std::string> configs;
+  std::vector<std::string> overrides;
+};
+void add_config_command(CLI::App& app, ConfigOptions& options);
+// Prints the resolved config with the provenance of each value (rank 0); throws
+// trident::Error on invalid input.
+void run_config(const ConfigOptions& options);
 
 struct CkptOptions {
   std::string file;

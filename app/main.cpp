@@ -2,6 +2,7 @@
 //   trident train --config FILE [--set section.key=value ...] [--resume auto|FILE]
 //   trident ckpt info FILE [--verify]
 //   trident model --config FILE [--set section.key=value ...]
+//   trident config --config FILE [--config FILE ...] [--set section.key=value ...]
 //   trident export --format hf CKPT OUT_DIR [--dtype f32|bf16] [--max-shard-size 5GB]
 //   trident import --format hf IN_DIR OUT.h5 [--seq-len N]
 // export/import convert to and from Hugging Face transformers directories (docs/interop.md).
@@ -87,6 +88,8 @@ int main(int argc, char** argv) {
   trident::add_ckpt_command(app, ckpt);
   trident::ModelOptions model;
   trident::add_model_command(app, model);
+  trident::ConfigOptions config_options;
+  trident::add_config_command(app, config_options);
   trident::ExportOptions export_options;
   trident::add_export_command(app, export_options);
   trident::ImportOptions import_options;
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) exit_code = trident::run_train(train);
     if (app.got_subcommand("ckpt")) trident::run_ckpt_info(ckpt);
     if (app.got_subcommand("model")) trident::run_model(model);
+    if (app.got_subcommand("config")) trident::run_config(config_options);
     if (app.got_subcommand("export")) trident::run_export(export_options);
     if (app.got_subcommand("import")) trident::run_import(import_options);
   } catch (const trident::Error& e) {

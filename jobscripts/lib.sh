@@ -17,9 +17,21 @@ tj_log() { printf '[trident-job %(%F %T)T] %s\n' -1 "$*"; }
 # A problem found before launching: exit 1, so the job ends FAILED and is not requeued.
 tj_die() { tj_log "error: $*"; tj_log "not requeueing"; exit 1; }
 
+# This job as squeue/scontrol name it. An array task (jobscripts/sweep.sh) has a job id of its
+# own, but the last task's id is also the whole array's, so that id would select every task
+# (squeue would list their states, scontrol requeue would requeue them all): ARRAYID_TASK
+# names the task alone.
+tj_job_ref() {
+  if [[ -n ${SLURM_ARRAY_TASK_ID:-} && -n ${SLURM_ARRAY_JOB_ID:-} ]]; then
+    echo "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  else
+    echo "$SLURM_JOB_ID"
+  fi
+}
+
 # One field of `scontrol show job` for this job (e.g. EndTime, Restarts, JobState).
 tj_job_field() {
-  scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n1
+  scontrol show job -o "$(tj_job_ref)" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n1
 }
 
 # ---- the run directory: one per run, stable across requeues, never shared by accident ----
@@ -188,13 +200,13 @@ tj_run() {
     tj_log "already restarted $TJ_RESTARTS times (TRIDENT_MAX_REQUEUES=$max): not requeueing"
     exit "$rc"
   fi
-  state=$(squeue -h -t all -j "$SLURM_JOB_ID" -o %T 2>/dev/null | head -n1)
+  state=$(squeue -h -t all -j "$(tj_job_ref)" -o %T 2>/dev/null | head -n1)
   if [[ -n $state && $state != RUNNING && $state != COMPLETING ]]; then
     tj_log "job is $state: not requeueing"; exit "$rc"
   fi
   # Logged first: once the requeue is accepted, Slurm ends this shell at any moment.
   tj_log "requeueing job $SLURM_JOB_ID (restart $(( TJ_RESTARTS + 1 ))): it resumes from ${latest_after}"
-  if scontrol requeue "$SLURM_JOB_ID"; then
+  if scontrol requeue "$(tj_job_ref)"; then
     exit 0
   fi
   tj_log "scontrol requeue $SLURM_JOB_ID failed (was the job submitted with --requeue?): resubmit with TRIDENT_RUN_DIR=$RUN_DIR"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Trident's dependencies from Debian's archive, and the Python tools' packages from
-# PyPI (`tokenizers`, `safetensors`) into the venv .venv/ of the repository (made with
+# PyPI (`tokenizers`, `safetensors`, `tensorboard`) into the venv .venv/ of the repository (made with
 # --system-site-packages, so Debian's numpy and h5py are seen through it).
 # Idempotent: installs only what is missing, so repeated runs cost ~1 s.
 #   scripts/install_deps.sh            build + test dependencies (Slurm included)
@@ -46,8 +46,9 @@ fi
 
 # The Python tools' venv (data_tools/, the export checks in tests/): pinned PyPI versions.
 venv=$(cd "$(dirname "$0")/.." && pwd)/.venv
-pypi=(tokenizers==0.23.3 safetensors==0.8.0)
-if ! "$venv/bin/python" -c 'import tokenizers, safetensors' 2>/dev/null; then
+# tensorboard: the independent reader of the event files log.tensorboard writes (tests only).
+pypi=(tokenizers==0.23.3 safetensors==0.8.0 tensorboard==2.21.0)
+if ! "$venv/bin/python" -c 'import tokenizers, safetensors, tensorboard' 2>/dev/null; then
   echo "install_deps.sh: creating $venv (${pypi[*]})" >&2
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "${pypi[@]}"

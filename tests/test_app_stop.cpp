@@ -89,7 +89,7 @@ TEST_F(Stop, UnknownCommandIsNamed) {
   auto r = run_command(trident_cmd("frobnicate"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(error_line(r).find("unknown command 'frobnicate' (trident's commands: train, ckpt, "
-                               "model, export, import; see --help)"),
+                               "model, config, export, import; see --help)"),
             std::string::npos)
       << r.output;
   r = run_command(trident_cmd("ckpt frobnicate x.h5"));

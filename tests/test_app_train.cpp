@@ -281,12 +281,13 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
 
 // Item 9: metrics.jsonl on a full disk was cut mid-line and the run exited 0. Now the first
 // failed write is reported once, training goes on to the end, the file keeps whole lines only,
-// and the run ends with one error line and exit code 1. A 4 KiB tmpfs when the test may mount
-// one (root), else a 4 KiB file-size limit.
+// and the run ends with one error line and exit code 1. An 8 KiB tmpfs when the test may mount
+// one (root): one page for the config.toml written at start, one for metrics.jsonl; else a
+// 4 KiB file-size limit.
 TEST(TrainApp, FullDiskLosesLogLinesButNotTheRunAndFailsIt) {
   const auto dir = scratch_dir("train_full_disk");
   const auto config = make_tiny_run(dir);
-  TmpfsMount disk(dir / "disk", "size=4k");
+  TmpfsMount disk(dir / "disk", "size=8k");
   const std::string limit = disk.mounted() ? "" : "ulimit -f 4; ";
   const std::string cause = disk.mounted() ? "No space left on device" : "File too large";
   const auto run = disk.dir() / "run";

@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <initializer_list>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <string_view>
 #include <type_traits>
@@ -229,9 +229,16 @@ const Key kKeys[] = {
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},
+  {TRIDENT_KEY(log, tensorboard), any(),
+   "Also write TensorBoard event files (events.out.tfevents.*) in `log.dir`, from the rank "
+   "that writes metrics.jsonl, at every logged step: each number of metrics.jsonl as a scalar "
+   "(loss, val_loss, lr, grad_norm, tokens_per_s, ...), and the resolved config as text."},
 };
 // clang-format on
 #undef TRIDENT_KEY
+
+// The provenance of a value an override (`--set`) gave.
+constexpr const char* kFromOverride = "--set";
 
 const Key* find_key(std::string_view section, std::string_view name) {
   for (const Key& k : kKeys)
@@ -504,9 +511,15 @@ void assign(const Key& key, const toml::node& node, Config& c, const std::string
   }
 }
 
-void read_document(const toml::table& root, Config& c, const std::string& source) {
+// Sets every key of a parsed document (`include` already taken out); records `origin` as the
+// provenance of each. `source` names the document in errors.
+void read_document(const toml::table& root, Config& c, const std::string& source,
+                   const std::string& origin) {
   for (auto&& [section_key, section_node] : root) {
     const std::string section(section_key.str());
+    if (section == "include")
+      fail(source, "include: only a config file given with --config (or included by one) may "
+                   "include others");
     if (!is_section(section)) {
       if (section_node.is_table()) fail(source, "unknown section '" + one_line(section) + "'");
       fail(source, "unknown key '" + one_line(section) + "'");
@@ -519,6 +532,7 @@ void read_document(const toml::table& root, Config& c, const std::string& source
       if (!key)
         fail(source, "unknown key '" + section + "." + one_line(key_name.str()) + "'");
       assign(*key, node, c, source, "");
+      c.provenance[full_name(*key)] = origin;
     }
   }
 }
@@ -707,66 +721,43 @@ void check_blends(const Config& c, const std::string& source) {
   }
 }
 
+// A rule violation names the file that set the key (a base, a later --config file), or the
+// config's source for a default or an override (whose message says "--set" itself).
 void validate(const Config& c, const std::string& source) {
-  for (const Key& key : kKeys) check_rule(key, c, source);
+  for (const Key& key : kKeys) {
+    const auto set_by = c.provenance.find(full_name(key));
+    const bool from_file = set_by != c.provenance.end() && set_by->second != kFromOverride;
+    check_rule(key, c, from_file ? set_by->second : source);
+  }
   check_relations(c, source);
   check_blends(c, source);
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// Files and includes
 
-// -------------------------------------------------------------------------------------------
-// Public API
-
-Config parse_config(const std::string& toml_text, const std::string& source,
-                    const std::vector<std::string>& overrides) {
-  Config c;
-  c.source = source;
-  toml::table root;
-  try {
-    root = toml::parse(std::string_view(toml_text), std::string_view(source));
-  } catch (const toml::parse_error& e) {
-    const toml::source_position& at = e.source().begin;
-    throw Error(one_line(source) + ":" + std::to_string(at.line) + ":" +
-                std::to_string(at.column) + ": TOML syntax error: " + one_line(e.description()));
-  }
-  read_document(root, c, source);
-  std::set<const Key*> overridden;
-  for (const std::string& o : overrides) overridden.insert(apply_override(o, c, source));
-  // Keys whose default depends on other keys take it unless the file or an override sets them.
-  auto given = [&](const char* section, const char* name) {
-    return static_cast<bool>(root.at_path(std::string(section) + "." + name)) ||
-           overridden.count(find_key(section, name)) > 0;
-  };
-  // model.tie_embeddings defaults by architecture (an unknown arch is rejected by validate).
-  if (!given("model", "tie_embeddings")) c.model.tie_embeddings = !c.model.is_llama();
-  // On GPUs each tensor rank's LM-head rows are padded to a multiple of 128 (tensor-core tiles).
-  if (!given("model", "vocab_multiple") && c.train.device == "cuda") c.model.vocab_multiple = 128;
-  validate(c, source);
-  return c;
-}
-
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  // A config is a small regular file. stat before opening: opening a FIFO for reading blocks
-  // until a writer comes (ignoring SIGTERM meanwhile), and /dev/zero never ends; O_NONBLOCK
-  // covers a FIFO put in the file's place in between, and the size read is capped.
+// A config file's text. A config is a small regular file. stat before opening: opening a FIFO
+// for reading blocks until a writer comes (ignoring SIGTERM meanwhile), and /dev/zero never
+// ends; O_NONBLOCK covers a FIFO put in the file's place in between, and the size read is
+// capped. `shown` names the file in errors (with the chain of includes that led to it).
+std::string read_config_file(const std::string& path, const std::string& shown) {
   constexpr int64_t kMaxBytes = int64_t{16} << 20;
   auto not_regular = [&](mode_t mode) {
     const char* kind = S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO"
                        : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
                        : S_ISSOCK(mode) ? "a socket" : "not a file";
-    fail(path, std::string("not a regular file (") + kind + "): --config needs a TOML file");
+    fail(shown, std::string("not a regular file (") + kind + "): --config needs a TOML file");
   };
   auto too_large = [&](const std::string& size) {
-    fail(path, "config file is " + size + ", more than the " + int_text(kMaxBytes >> 20) +
-                   " MiB a config may have: --config needs a TOML file");
+    fail(shown, "config file is " + size + ", more than the " + int_text(kMaxBytes >> 20) +
+                    " MiB a config may have: --config needs a TOML file");
   };
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    fail(path, std::string("cannot open file: ") + std::strerror(errno));
+    fail(shown, std::string("cannot open file: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) not_regular(st.st_mode);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(path, std::string("cannot open file: ") + std::strerror(errno));
+  if (fd < 0) fail(shown, std::string("cannot open file: ") + std::strerror(errno));
   std::string text, error;
   if (::fstat(fd, &st) != 0) error = std::string("cannot stat file: ") + std::strerror(errno);
   else if (!S_ISREG(st.st_mode)) error = "not regular";
@@ -785,8 +776,127 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (error == "too large")
     too_large(std::to_string(std::max<int64_t>(st.st_size, static_cast<int64_t>(text.size()))) +
               " bytes");
-  if (!error.empty()) fail(path, error);
-  return parse_config(text, path, overrides);
+  if (!error.empty()) fail(shown, error);
+  return text;
+}
+
+toml::table parse_toml(const std::string& toml_text, const std::string& source) {
+  try {
+    return toml::parse(std::string_view(toml_text), std::string_view(source));
+  } catch (const toml::parse_error& e) {
+    const toml::source_position& at = e.source().begin;
+    throw Error(one_line(source) + ":" + std::to_string(at.line) + ":" +
+                std::to_string(at.column) + ": TOML syntax error: " + one_line(e.description()));
+  }
+}
+
+// One parsed config file, its `include` taken out, in the order the files apply.
+struct Layer {
+  toml::table root;
+  std::string path;   // as opened; the provenance of its values
+  std::string shown;  // in errors: the chain of includes that led to it
+};
+
+// The files being included, outermost first: the path as opened, and its canonical form (the
+// same file reached by two spellings is still a cycle).
+struct IncludeChain {
+  std::vector<std::string> paths, canonical;
+  std::string text(const std::string& last) const {
+    std::string s;
+    for (const std::string& p : paths) s += p + " -> ";
+    return s + last;
+  }
+};
+
+// The `include` entries of a file's root table, removed from it.
+std::vector<std::string> take_includes(toml::table& root, const std::string& shown) {
+  std::vector<std::string> includes;
+  const toml::node* node = root.get("include");
+  if (node == nullptr) return includes;
+  auto bad = [&](const std::string& what) {
+    fail(shown, "include: expected a file path or an array of them, got " + what);
+  };
+  if (auto one = node->as_string()) {
+    includes.push_back(one->get());
+  } else if (auto many = node->as_array()) {
+    for (const toml::node& entry : *many) {
+      if (!entry.is_string()) bad("an array with " + node_description(entry));
+      includes.push_back(entry.as_string()->get());
+    }
+  } else {
+    bad(node_description(*node));
+  }
+  for (const std::string& include : includes)
+    if (include.empty()) fail(shown, "include: an entry is empty (expected a file path)");
+  root.erase("include");
+  return includes;
+}
+
+// Appends the layers of `path` (its includes', depth first, then its own) to `layers`.
+void collect_layers(const std::string& path, IncludeChain& chain, std::vector<Layer>& layers) {
+  const std::string shown = chain.text(path);
+  std::error_code ec;
+  const std::string canonical = std::filesystem::weakly_canonical(path, ec).string();
+  for (const std::string& including : chain.canonical)
+    if (!ec && including == canonical)
+      fail(shown, "include cycle: the file includes itself");
+  Layer layer{parse_toml(read_config_file(path, shown), shown), path, shown};
+  const std::vector<std::string> includes = take_includes(layer.root, shown);
+  chain.paths.push_back(path);
+  chain.canonical.push_back(ec ? path : canonical);
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  for (const std::string& include : includes)
+    collect_layers((dir / include).lexically_normal().string(), chain, layers);
+  chain.paths.pop_back();
+  chain.canonical.pop_back();
+  layers.push_back(std::move(layer));
+}
+
+// The layers applied in order, then the overrides; derived defaults; validation.
+Config resolve(const std::vector<Layer>& layers, const std::string& source,
+               const std::vector<std::string>& overrides) {
+  Config c;
+  c.source = source;
+  for (const Layer& layer : layers) read_document(layer.root, c, layer.shown, layer.path);
+  for (const std::string& o : overrides)
+    c.provenance[full_name(*apply_override(o, c, source))] = kFromOverride;
+  // Keys whose default depends on other keys take it unless a file or an override sets them.
+  auto given = [&](const char* name) { return c.provenance.count(name) > 0; };
+  // model.tie_embeddings defaults by architecture (an unknown arch is rejected by validate).
+  if (!given("model.tie_embeddings")) c.model.tie_embeddings = !c.model.is_llama();
+  // On GPUs each tensor rank's LM-head rows are padded to a multiple of 128 (tensor-core tiles).
+  if (!given("model.vocab_multiple") && c.train.device == "cuda") c.model.vocab_multiple = 128;
+  validate(c, source);
+  return c;
+}
+
+}  // namespace
+
+// -------------------------------------------------------------------------------------------
+// Public API
+
+Config parse_config(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  std::vector<Layer> layers;
+  layers.push_back(Layer{parse_toml(toml_text, source), source, source});
+  return resolve(layers, source, overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return load_configs({path}, overrides);
+}
+
+Config load_configs(const std::vector<std::string>& paths,
+                    const std::vector<std::string>& overrides) {
+  if (paths.empty()) throw Error("no config file given (--config FILE)");
+  std::vector<Layer> layers;
+  std::string source;
+  for (const std::string& path : paths) {
+    IncludeChain chain;
+    collect_layers(path, chain, layers);
+    source += (source.empty() ? "" : ", ") + path;
+  }
+  return resolve(layers, source, overrides);
 }
 
 std::string Config::to_toml() const {
@@ -800,6 +910,30 @@ std::string Config::to_toml() const {
     }
     out.append(key.name).append(" = ");
     out += visit_field(key, *this, [](const auto& v) { return value_text(v); });
+    out += "\n";
+  }
+  return out;
+}
+
+std::string Config::to_toml_with_provenance() const {
+  std::string out = "# Resolved config: every key, defaults included; a comment names the file or\n"
+                    "# override that set a value. Sources: " + one_line(source) + "\n\n";
+  const Config defaults;
+  std::string_view section;
+  for (const Key& key : kKeys) {
+    if (key.section != section) {
+      if (!section.empty()) out += "\n";
+      section = key.section;
+      out.append("[").append(section).append("]\n");
+    }
+    const std::string value = visit_field(key, *this, [](const auto& v) { return value_text(v); });
+    out.append(key.name).append(" = ").append(value);
+    const auto set_by = provenance.find(full_name(key));
+    if (set_by != provenance.end()) {
+      out += set_by->second == kFromOverride ? "  # --set" : "  # from " + one_line(set_by->second);
+    } else if (value != visit_field(key, defaults, [](const auto& v) { return value_text(v); })) {
+      out += "  # derived from other keys";
+    }
     out += "\n";
   }
   return out;

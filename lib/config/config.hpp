@@ -1,8 +1,10 @@
 #pragma once
-// The resolved run configuration: TOML file + `--set section.key=value` overrides, validated.
-// Every key that exists is listed in docs/config.md; unknown keys, wrong types and impossible
-// values are rejected with a trident::Error that names the key and the file.
+// The resolved run configuration: TOML files (each with the bases it names in `include`) +
+// `--set section.key=value` overrides, validated. Every key that exists is listed in
+// docs/config.md; unknown keys, wrong types and impossible values are rejected with a
+// trident::Error that names the key and the file.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -98,6 +100,7 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string dir = "runs/default";
   int64_t interval = 1;
+  bool tensorboard = false;  // also TensorBoard event files in dir (train/tensorboard.hpp)
 };
 
 struct Config {
@@ -110,7 +113,11 @@ struct Config {
   CheckpointConfig checkpoint;
   LogConfig log;
 
-  std::string source;  // the file it came from ("<defaults>" if none)
+  std::string source;  // the file it came from ("<defaults>" if none; several: "a.toml, b.toml")
+  // Which file or override set each key the resolved config was given: "section.key" -> the
+  // file's path (as opened: relative to the including file's directory for an include) or
+  // "--set". Keys not in it have their default (or one derived from other keys).
+  std::map<std::string, std::string> provenance;
 
   // Micro-batches each data-parallel replica runs per step:
   // global_batch = micro_batch * num_microbatches * parallel.data
@@ -121,13 +128,28 @@ struct Config {
 
   // The whole resolved configuration as TOML text (every key, defaults included).
   std::string to_toml() const;
+  // to_toml() with where each value came from: a trailing "# from FILE" or "# --set" on every
+  // key a file or override set, "# derived from other keys" on a default that depends on other
+  // keys and differs from the plain default. Still a config file that reads back the same.
+  std::string to_toml_with_provenance() const;
 };
 
 // Reads `path`, applies overrides ("section.key=value"; value parsed as a TOML value, or taken
 // as a string when it is not one), validates. Throws trident::Error naming key and file; a
 // `path` that is not a regular file (a FIFO, /dev/zero) or is over 16 MiB is refused unread.
+//
+// A file may name bases in a top-level `include = ["../base/gpt2_small.toml", ...]` (or one
+// string), resolved relative to the including file's directory, themselves including others;
+// each base applies before the file (in the order listed), so the including file wins. An
+// include cycle or an include that cannot be read is refused with the chain of files
+// ("exp.toml -> ../base/a.toml -> ../base/b.toml: ...").
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// Same from TOML text (tests, checkpoints); `source` names it in errors.
+// Several files layered in order (a later file's values win over an earlier one's), each with
+// its includes, then the overrides: base < including file < later file < --set.
+Config load_configs(const std::vector<std::string>& paths,
+                    const std::vector<std::string>& overrides = {});
+// Same from TOML text (tests, checkpoints); `source` names it in errors. Text has no directory
+// to resolve includes against: `include` in it is refused.
 Config parse_config(const std::string& toml_text, const std::string& source,
                     const std::vector<std::string>& overrides = {});
 

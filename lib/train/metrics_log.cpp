@@ -10,11 +10,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "train/tensorboard.hpp"
 #include "util/error.hpp"
 
 namespace trident {
 
-MetricsLog::MetricsLog(const std::string& dir) : path_(dir + "/metrics.jsonl") {
+MetricsLog::MetricsLog(const std::string& dir) : dir_(dir), path_(dir + "/metrics.jsonl") {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("log.dir '" + dir + "': cannot create directory: " + ec.message());
@@ -66,6 +67,36 @@ void MetricsLog::lost(Losses& losses, const std::string& what, int64_t step, int
   std::fflush(stderr);
 }
 
+void MetricsLog::enable_tensorboard(const std::string& config_toml) {
+  events_ = std::make_unique<tensorboard::EventWriter>(dir_);
+  // TensorBoard's text plugin renders Markdown: indented by four spaces, the TOML stays as it
+  // is (a code block).
+  std::string block;
+  size_t begin = 0;
+  while (begin < config_toml.size()) {
+    size_t end = config_toml.find('\n', begin);
+    if (end == std::string::npos) end = config_toml.size();
+    block += "    " + config_toml.substr(begin, end - begin) + "\n";
+    begin = end + 1;
+  }
+  if (const int err = events_->write_event(
+          tensorboard::text_event(tensorboard::wall_time_now(), 0, "config", block));
+      err != 0)
+    throw Error("cannot write '" + events_->path() + "': " + std::strerror(err));
+}
+
+void MetricsLog::write_tensorboard(const nlohmann::json& line) {
+  // Every number of the metrics.jsonl line, under its name (data_counts, an array, is not one).
+  std::vector<tensorboard::Scalar> scalars;
+  for (auto it = line.begin(); it != line.end(); ++it)
+    if (it.key() != "step" && it.value().is_number())
+      scalars.push_back({it.key(), it.value().get<float>()});
+  const int64_t step = line.at("step").get<int64_t>();
+  const int err =
+      events_->write_event(tensorboard::scalars_event(tensorboard::wall_time_now(), step, scalars));
+  if (err != 0) lost(tensorboard_, "'" + events_->path() + "'", step, err);
+}
+
 void MetricsLog::write(const StepMetrics& m) {
   ++lines_;
   const std::string line = format_line(m) + "\n";
@@ -86,6 +117,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"skipped_steps", m.skipped_steps}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (!m.data_counts.empty()) j["data_counts"] = m.data_counts;
+  if (events_) write_tensorboard(j);
   const std::string text = j.dump() + "\n";
   struct stat st {};
   const bool sized = ::fstat(fd_, &st) == 0;
@@ -118,6 +150,7 @@ std::string MetricsLog::failure() const {
   };
   add(jsonl_, "'" + path_ + "'");
   add(stdout_, "standard output");
+  if (events_) add(tensorboard_, "'" + events_->path() + "'");
   return out;
 }
 

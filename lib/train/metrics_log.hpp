@@ -1,17 +1,25 @@
 #pragma once
 // The run's log: one Megatron-style line per logged step on stdout and one JSON object per
-// logged step in <log.dir>/metrics.jsonl. Only the rank that owns the logger writes.
+// logged step in <log.dir>/metrics.jsonl (and, with log.tensorboard, the same numbers as
+// TensorBoard scalars in <log.dir>/events.out.tfevents.*). Only the rank that owns the logger
+// writes.
 //
 // A failed write (a full disk, a file-size limit) does not stop training: it is reported once
 // per destination on stderr, a metrics.jsonl line that was only partly written is removed again
 // (the file only ever holds whole lines), and failure() says what was lost so that the run can
 // end with a non-zero exit code.
 #include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <vector>
 #include <string>
 
 namespace trident {
+
+namespace tensorboard {
+class EventWriter;
+}
 
 struct StepMetrics {
   int64_t step = 0;  // 1-based: the number of optimizer steps done after this one
@@ -31,6 +39,10 @@ class MetricsLog {
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
+  // From now on every write() also goes to a new TensorBoard event file in the directory,
+  // which starts with `config_toml` as a text summary ("config"). Throws trident::Error
+  // naming the file when it cannot be created.
+  void enable_tensorboard(const std::string& config_toml);
   void write(const StepMetrics& m);
   static std::string format_line(const StepMetrics& m);
   // "" while every line reached both destinations; else one line: how many lines of which
@@ -47,10 +59,15 @@ class MetricsLog {
   // Counts a failed write of step `step` to `what`; reports the first one on stderr.
   void lost(Losses& losses, const std::string& what, int64_t step, int err);
 
+  // One metrics.jsonl line's numbers as TensorBoard scalars at its step.
+  void write_tensorboard(const nlohmann::json& line);
+
+  std::string dir_;
   std::string path_;
   int fd_ = -1;
   int64_t lines_ = 0;
-  Losses jsonl_, stdout_;
+  Losses jsonl_, stdout_, tensorboard_;
+  std::unique_ptr<tensorboard::EventWriter> events_;
 };
 
 }  // namespace trident

@@ -105,7 +105,10 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
         [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
                     static_cast<double>(config.tokens_per_step());
-  if (is_logging_rank()) log_ = std::make_unique<MetricsLog>(config.log.dir);
+  if (is_logging_rank()) {
+    log_ = std::make_unique<MetricsLog>(config.log.dir);
+    if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
+  }
 }
 
 void Trainer::log_blend_shares() const {
