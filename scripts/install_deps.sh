@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs Trident's dependencies from Debian's archive, and the Python tools' packages from
-# PyPI (`tokenizers`, `safetensors`, `tensorboard`) into the venv .venv/ of the repository (made with
-# --system-site-packages, so Debian's numpy and h5py are seen through it).
+# PyPI (`tokenizers`; for the tests also `safetensors`, `tensorboard`) into the venv .venv/ of
+# the repository (made with --system-site-packages, so Debian's numpy and h5py are seen
+# through it).
 # Idempotent: installs only what is missing, so repeated runs cost ~1 s.
 #   scripts/install_deps.sh            build + test dependencies (Slurm included)
 #   scripts/install_deps.sh --demo     build + the README demo's (fortunes corpus, matplotlib);
@@ -23,9 +24,16 @@ test_packages=(
   clang libclang-rt-dev                 # the libFuzzer targets of tests/fuzz
 )
 packages=("${build_packages[@]}" "${test_packages[@]}")
+# PyPI, pinned: tokenizers (data_tools/prepare_text.py); safetensors and tensorboard, the
+# independent readers of what `trident export` and log.tensorboard write (tests only).
+pypi=(tokenizers==0.23.3 safetensors==0.8.0 tensorboard==2.21.0)
+pypi_modules=(tokenizers safetensors tensorboard)
 for arg in "$@"; do
   case "$arg" in
-    --demo)  packages=("${build_packages[@]}" fortunes python3-matplotlib) ;;
+    --demo)
+      packages=("${build_packages[@]}" fortunes python3-matplotlib)
+      pypi=(tokenizers==0.23.3)
+      pypi_modules=(tokenizers) ;;
     --bench) packages+=(python3-torch python3-matplotlib fortunes) ;;
     *) echo "install_deps.sh: unknown option '$arg'" >&2; exit 2 ;;
   esac
@@ -44,12 +52,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The Python tools' venv (data_tools/, the export checks in tests/): pinned PyPI versions.
+# The Python tools' venv (data_tools/, the checks in tests/).
 venv=$(cd "$(dirname "$0")/.." && pwd)/.venv
-# tensorboard: the independent reader of the event files log.tensorboard writes (tests only).
-pypi=(tokenizers==0.23.3 safetensors==0.8.0 tensorboard==2.21.0)
-if ! "$venv/bin/python" -c 'import tokenizers, safetensors, tensorboard' 2>/dev/null; then
-  echo "install_deps.sh: creating $venv (${pypi[*]})" >&2
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
+imports=$(IFS=,; echo "${pypi_modules[*]}")
+if ! "$venv/bin/python" -c "import $imports" 2>/dev/null; then
+  echo "install_deps.sh: installing ${pypi[*]} into $venv" >&2
+  [[ -x $venv/bin/pip ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "${pypi[@]}"
 fi
