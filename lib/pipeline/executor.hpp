@@ -47,7 +47,8 @@ class PipelineExecutor {
   double evaluate(int64_t microbatches, const LoadFn& load);
 
   // Installed on the model during the backward of the step's last micro-batch, the one after
-  // which each parameter gradient is final (see Transformer::set_grads_final_hook).
+  // which each parameter gradient is final (see Transformer::set_grads_final_hook); under a
+  // split backward (ZB-H1) during its BackwardWeight, the step's last, not its BackwardInput.
   void set_last_backward_hook(std::function<void(int64_t)> hook) { last_hook_ = std::move(hook); }
 
   // The non-const form first adds the device times not read yet (waits, bounded, for the
@@ -67,12 +68,16 @@ class PipelineExecutor {
   void release_slot(int slot);
   void wait(std::unique_ptr<CommRequest>& request);
   void forward(int64_t micro, int slot, const LoadFn& load);
+  // A Backward or a BackwardInput op: receives nothing, sends nothing (the ops around it do).
+  void run_backward(const PipeOp& op, int64_t microbatches, float loss_scale, int slot);
   void note_memory();
   void collect_device_times();
 
   StageModel& model_;
   Communicator& pipe_;
   ScheduleKind kind_;
+  // ZB-H1: BackwardInput and BackwardWeight ops; a slot is held from Forward to BackwardWeight.
+  bool split_backward_ = false;
   int stage_, stages_;
   int64_t micro_batch_, stream_elems_;
   DType stream_type_;
