@@ -101,7 +101,7 @@ void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
 }
 
 void PipelineExecutor::run_backward(const PipeOp& op, int64_t microbatches, float loss_scale,
-                                      int slot) {
+                                    int slot) {
   wait(pending_grad_send_);  // send_grad_buffer_ is free again
   const bool last = model_.shard().has_head, first = model_.shard().has_embedding;
   const void* d_output = last ? nullptr : grad_buffer_.get();
@@ -160,7 +160,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
       case PipeOpKind::Backward:
       case PipeOpKind::BackwardInput:
         run_backward(op, microbatches, loss_scale, slot_of.at(op.micro));
-        if (op.kind == PipeOpKind::Backward) {
+        if (op.kind == PipeOpKind::Backward) {  // BackwardInput: kept until BackwardWeight
           release_slot(slot_of.at(op.micro));
           slot_of.erase(op.micro);
         }
