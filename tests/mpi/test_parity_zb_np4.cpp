@@ -1,10 +1,11 @@
 // The zero-bubble schedule ZB-H1 (parallel.schedule = "zb-h1": each backward split into the
 // input gradient and the linear layers' weight gradients, the latter deferred) run for real:
-// against the single-rank run on PP 2, PP 2 x DP 2 under ZeRO-1 (the data-parallel reduction
-// started by the grads-final hook from the last weight gradient), and PP 2 x TP 2 for gpt2 and
+// against the single-rank run on PP 2, PP 2 x DP 2 (the data-parallel reduction started by
+// the grads-final hook from the last weight gradient) and with ZeRO-1, PP 2 x TP 2 for gpt2 and
 // llama (parity.hpp: 20 losses and every gradient after step 1 within 1e-5 relative); and
 // against 1F1B on PP 4 with 8 micro-batches: every gradient and loss to the bit, while every
-// stage holds schedule_peak_bound = min(stages, M) micro-batches.
+// stage holds schedule_peak_bound = min(stages, M) micro-batches. And the grads-final hook's
+// promise under both schedules: what it reports final does not change afterwards.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -33,6 +34,9 @@ std::vector<std::string> llama(std::vector<std::string> extra) {
 }  // namespace
 
 TEST(ZeroBubbleParity, Pp2) { check_parity({1, 2, 1}, {kZeroBubble}); }
+// Without ZeRO the grads-final hook starts the data-parallel all-reduce of each bucket during
+// the step's last W (with ZeRO-1 the reduce-scatter runs after the step).
+TEST(ZeroBubbleParity, Pp2Dp2) { check_parity({1, 2, 2}, {kZeroBubble}); }
 TEST(ZeroBubbleParity, Pp2Dp2Zero1) {
   check_parity({1, 2, 2}, {kZeroBubble, "optim.zero_stage=1"});
 }
@@ -84,4 +88,35 @@ TEST(ZeroBubble, Pp4MatchesOneFOneBToTheBitHoldingMinStagesMicroBatches) {
                 "gradients differ; %zu losses equal bit for bit: %s\n",
                 static_cast<int>(differing), a.size(), losses["1f1b"].size(),
                 losses["1f1b"] == losses["zb-h1"] ? "yes" : "no");
+}
+
+// The grads-final hook (data parallelism starts reducing a bucket when it reports it) reports a
+// watermark w only when every gradient at flat offset >= w has its last contribution of the
+// step: a copy taken at the report equals the step's final gradients. Under ZB-H1 that holds
+// only if the hook runs during the last W, not the last BI. CPU, PP 2, DP 1: the gradients are
+// host memory and nothing after the executor touches offsets above the tied embedding.
+TEST(ZeroBubble, WhatTheGradsFinalHookReportsFinalStaysFinal) {
+  const auto dir = shared_corpus("zero_bubble_hook");
+  for (const std::string schedule : {"1f1b", "zb-h1"}) {
+    const Config config = parity_config(
+        dir, {1, 2, 1}, {"parallel.schedule=" + schedule, "train.steps=1"});
+    on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
+      StageModel& model = t.model();
+      ASSERT_TRUE(model.device().is_host());
+      std::vector<std::pair<int64_t, std::vector<float>>> reported;  // watermark, grads[w:]
+      t.pipeline().set_last_backward_hook([&](int64_t w) {
+        reported.emplace_back(w, std::vector<float>(model.grads() + w,
+                                                    model.grads() + model.flat_size()));
+      });
+      t.forward_backward(0);
+      ASSERT_FALSE(reported.empty()) << schedule;
+      int64_t compared = 0, changed = 0;
+      for (const auto& [w, copy] : reported)
+        for (size_t i = 0; i < copy.size(); ++i, ++compared)
+          if (std::memcmp(&copy[i], model.grads() + w + i, sizeof(float)) != 0) ++changed;
+      EXPECT_EQ(changed, 0) << schedule << " stage " << grid.coord().pp << ": of " << compared
+                            << " gradients reported final";
+      EXPECT_GT(compared, 0);
+    });
+  }
 }
