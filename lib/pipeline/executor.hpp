@@ -2,7 +2,8 @@
 // Runs one stage's pipeline schedule for one training step: forwards and backwards of the
 // stage's model shard, activations to the next stage and gradients to the previous one by
 // non-blocking point-to-point messages, activations stashed from a micro-batch's forward to its
-// backward (under ZB-H1's split backward: to its weight gradient) and freed right after. It knows the schedule's operations, not the model's layers.
+// backward (under ZB-H1's split backward: to its weight gradient) and freed right after. It
+// knows the schedule's operations, not the model's layers.
 // Messages are device memory of the model's device in its stream type (the pipeline
 // communicator must accept such buffers).
 #include <cstdint>

@@ -67,7 +67,8 @@ TEST(ZeroBubble, Pp4MatchesOneFOneBToTheBitHoldingMinStagesMicroBatches) {
       }
       const int64_t held = t.pipeline().stats().peak_in_flight;
       const ScheduleKind kind = parse_schedule_kind(schedule);
-      EXPECT_EQ(held, schedule_peak_bound(kind, stage, 4, kMicro)) << schedule << " stage " << stage;
+      EXPECT_EQ(held, schedule_peak_bound(kind, stage, 4, kMicro))
+          << schedule << " stage " << stage;
       if (schedule == "zb-h1") EXPECT_EQ(held, 4) << "stage " << stage;
     });
   }
