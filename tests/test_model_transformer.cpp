@@ -1,11 +1,9 @@
 // Whole-model tests, both architectures: gradient check of every parameter of a tiny model in
 // double, float-vs-double agreement, initialisation, layout-independent initialisation of
-// tensor shards, and the split backward of ZB-H1 (in the model and through a one-stage executor)
-// against the whole backward.
+// tensor shards, and the split backward of ZB-H1 against the whole backward.
 #include <gtest/gtest.h>
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,9 +14,6 @@
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "model/stage_model.hpp"
-#include "pipeline/executor.hpp"
-#include "pipeline/schedule.hpp"
-#include "util/error.hpp"
 
 using namespace trident;
 
@@ -394,50 +389,4 @@ TEST(StageModelLoss, ForwardsReadNothingBackAndTheStepReadsTheSumOnce) {
   EXPECT_EQ(device.reads, 1);
   EXPECT_NEAR(sum, expected, 1e-5 * expected);
   EXPECT_EQ(model->take_loss_sum(), 0.0);  // the read resets the sum
-}
-
-// The executor on one stage: ZB-H1 (F, BI, W per micro-batch) gives 1F1B's losses and gradients
-// to the bit, holding schedule_peak_bound micro-batches at once; the interleaved schedule is
-// refused with a line saying the executor does not run it yet. llama: an untied, deferred head.
-TEST(PipelineExecutorOneStage, ZeroBubbleMatchesOneFOneBAndInterleavedIsRefused) {
-  const ModelConfig m = tiny_model("llama");
-  auto tensor = make_self_communicator("tensor"), pipe = make_self_communicator("pipeline");
-  auto device = make_cpu_device();
-  const int64_t B = 2, M = 4, N = B * m.seq_len;
-  const PipelineExecutor::LoadFn load = [&](int64_t micro, int32_t* tokens, int32_t* targets) {
-    const auto t = sequence(N, m.vocab_size, micro), g = sequence(N, m.vocab_size, micro + 5);
-    std::copy(t.begin(), t.end(), tokens);
-    std::copy(g.begin(), g.end(), targets);
-  };
-  std::map<ScheduleKind, std::vector<float>> grads;
-  std::map<ScheduleKind, double> losses;
-  for (const ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1}) {
-    auto model = make_cpu_stage_model(m, ModelShard::whole(m), *tensor, *device);
-    model->init_weights(3);
-    model->zero_grads();
-    PipelineExecutor executor(*model, *pipe, kind, B);
-    losses[kind] = executor.train(M, load);
-    grads[kind].assign(model->grads(), model->grads() + model->flat_size());
-    EXPECT_EQ(executor.stats().peak_in_flight, schedule_peak_bound(kind, 0, 1, M))
-        << to_string(kind);
-  }
-  const auto& a = grads[ScheduleKind::OneFOneB];
-  const auto& b = grads[ScheduleKind::ZeroBubbleH1];
-  ASSERT_EQ(a.size(), b.size());
-  int64_t differing = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++differing;
-  EXPECT_EQ(differing, 0) << "of " << a.size() << " gradients";
-  EXPECT_GT(losses[ScheduleKind::OneFOneB], 0.0);
-  EXPECT_EQ(losses[ScheduleKind::OneFOneB], losses[ScheduleKind::ZeroBubbleH1]);
-
-  auto model = make_cpu_stage_model(m, ModelShard::whole(m), *tensor, *device);
-  try {
-    PipelineExecutor executor(*model, *pipe, ScheduleKind::Interleaved, B);
-    ADD_FAILURE() << "the interleaved schedule was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"interleaved\" is not run by the pipeline executor yet"),
-              std::string::npos)
-        << e.what();
-  }
 }
