@@ -58,12 +58,13 @@ def median_after_warmup(rows, key, skip=2):
 
 
 def bubble():
-    print("| PP | m | schedule | bubble measured (stage 0 / max) | theory (p-1)/(m+p-1) | "
+    print("| PP | m | schedule | bubble measured (stage 0 / max) | "
+          "theory (p-1)/(m+p-1), zb-h1 (p-1)/(3m+p-1) | "
           "peak micro-batches held (stage 0) | peak activations MB (stage 0) | ms/step |")
     print("|---|---|---|---|---|---|---|---|")
     for pp in (2, 4):
         for m in (1, 2, 4, 8, 16):
-            for schedule in ("1f1b", "gpipe"):
+            for schedule in ("1f1b", "gpipe", "zb-h1"):
                 sets = ["parallel.pipeline=%d" % pp, "parallel.schedule=" + schedule,
                         "train.micro_batch=1", "train.global_batch=%d" % m, "train.steps=6",
                         "train.threads=1", "optim.warmup_steps=1"]

@@ -427,7 +427,10 @@ TEST(ConfigReject, ZeroStage) {
 
 TEST(ConfigReject, Choices) {
   EXPECT_ERROR("[parallel]\nschedule = \"interleaved\"\n",
-               "parallel.schedule (\"interleaved\") must be 1f1b or gpipe");
+               "parallel.schedule (\"interleaved\") must be 1f1b, gpipe or zb-h1 "
+               "(\"interleaved\" is not executed yet: it exists in the schedule generator and "
+               "the simulator only)");
+  EXPECT_EQ(parse("[parallel]\nschedule = \"zb-h1\"\n").parallel.schedule, "zb-h1");
   EXPECT_ERROR("[train]\ndevice = \"gpu\"\n", "train.device (\"gpu\") must be cpu or cuda");
   EXPECT_ERROR("[train]\ndevice = \"CPU\"\n", "train.device (\"CPU\") must be cpu or cuda");
   EXPECT_ERROR("[train]\nprecision = \"fp16\"\n",

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "config/config.hpp"
+#include "comm/comm.hpp"
+#include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "train/startup_checks.hpp"
 
@@ -86,6 +88,21 @@ TEST(RankMemory, ShareOfTheModel) {
   const RankMemory m = estimate_rank_memory(c, middle, 1);
   EXPECT_LT(m.parameters, total / 2);
   EXPECT_LT(m.activation_bytes, whole.activation_bytes);
+}
+
+// ZB-H1 keeps a micro-batch's linear-layer output gradients from its input gradient to its
+// weight gradient: the estimate adds exactly what the model allocates for them.
+TEST(RankMemory, ZeroBubbleAddsTheDeferredOutputGradients) {
+  const Config c = tiny(), zb = tiny({"parallel.schedule=zb-h1"});
+  const ModelShard shard = ModelShard::whole(c.model);
+  auto self = make_self_communicator("tensor");
+  const CpuModel<float> model(c.model, shard, *self);
+  const double deferred =
+      static_cast<double>(model.deferred_weight_grad_bytes(c.train.micro_batch));
+  EXPECT_GT(deferred, 0);
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(zb, shard, 1).activation_bytes -
+                       estimate_rank_memory(c, shard, 1).activation_bytes,
+                   deferred);
 }
 
 TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {

@@ -141,7 +141,11 @@ const Key kKeys[] = {
   {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
-  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe"}), "Pipeline schedule."},
+  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "zb-h1"}),
+   "Pipeline schedule. zb-h1: 1F1B with each backward split into the input gradient and the "
+   "linear layers' weight gradients, the latter deferred into the bubble (docs/pipeline.md).",
+   {}, "\"interleaved\" is not executed yet: it exists in the schedule generator and the "
+   "simulator only"},
   {TRIDENT_KEY(parallel, comm), one_of({"nccl", "mpi"}),
    "How GPU ranks exchange device buffers: NCCL (one GPU per rank), or MPI through host "
    "memory (several ranks may share a GPU). The CPU backend always uses MPI."},

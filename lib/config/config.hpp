@@ -42,7 +42,7 @@ struct ParallelConfig {
   int64_t pipeline = 1;
   int64_t data = 1;
   int64_t ranks_per_node = 0;          // 0: detect with MPI_COMM_TYPE_SHARED
-  std::string schedule = "1f1b";       // "1f1b" | "gpipe"
+  std::string schedule = "1f1b";       // "1f1b" | "gpipe" | "zb-h1"
   std::string comm = "nccl";           // device buffers (train.device = "cuda"): "nccl" | "mpi"
   bool sequence_parallel = false;
   std::vector<int64_t> pipeline_layers;  // empty: even split

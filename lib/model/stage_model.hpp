@@ -47,8 +47,10 @@ class StageModel {
   // elements per micro-batch of B sequences (fewer under sequence parallelism).
   virtual DType stream_dtype() const = 0;
   virtual int64_t stream_elements(int64_t B) const = 0;
-  virtual std::unique_ptr<Activations> make_activations(int64_t B) = 0;
-  virtual int64_t activation_bytes(int64_t B) const = 0;
+  // `split_backward`: for backward_input + backward_weight (more memory: the bytes of
+  // Transformer::deferred_weight_grad_bytes, counted in activation_bytes).
+  virtual std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward) = 0;
+  virtual int64_t activation_bytes(int64_t B, bool split_backward) const = 0;
   // Forward one micro-batch. `tokens`/`targets` [B*T] are host memory (first / last stage);
   // `input` [B,T,C] is device memory (other stages). The last stage adds the micro-batch's
   // mean loss to a sum kept in device memory.
@@ -61,6 +63,11 @@ class StageModel {
   // `d_input` are device memory.
   virtual void backward(Activations& a, float loss_scale, const void* d_output,
                         void* d_input) = 0;
+  // backward() in two parts (see Transformer::backward_input / backward_weight): the input
+  // gradient and every gradient but the linear layers' weights and biases, then those.
+  virtual void backward_input(Activations& a, float loss_scale, const void* d_output,
+                              void* d_input) = 0;
+  virtual void backward_weight(Activations& a) = 0;
   // The residual stream leaving the stage after forward(a) (device memory, [B,T,C]).
   virtual const void* output(const Activations& a) const = 0;
   // See Transformer::set_grads_final_hook.

@@ -126,6 +126,17 @@ struct ColumnParallelLinear {
     k.linear_backward(dx_partial, p.dw, p.db, dy, x, p.w, N, in, out_local);
     return tp.reduce_input_grad(dx_partial, N, in);
   }
+  // The split backward (zero-bubble schedules): backward() without dW, db, which
+  // weight_backward() accumulates later from the same dy [N, out_local] and x [N, in], kept by
+  // the caller until then. No collective in weight_backward: dy and x are the rank's own.
+  const T* input_backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx_partial,
+                          const T* dy, const T* x, int64_t N) const {
+    k.linear_backward(dx_partial, nullptr, nullptr, dy, x, p.w, N, in, out_local);
+    return tp.reduce_input_grad(dx_partial, N, in);
+  }
+  void weight_backward(K& k, const LinearParams<K>& p, const T* dy, const T* x, int64_t N) const {
+    k.linear_backward(nullptr, p.dw, p.db, dy, x, p.w, N, in, out_local);
+  }
 };
 
 // Y[rows, out] = sum_r X_r[N, in_local] W_r^T + b: the input features are split; the bias is
@@ -146,6 +157,18 @@ struct RowParallelLinear {
                 const T* x, int64_t N) const {
     k.linear_backward(dx, p.dw, p.db, tp.gather_output_grad(dy_rows, N, out), x, p.w, N, in_local,
                       out);
+  }
+  // The split backward (zero-bubble schedules): dx as backward() does, no dW, db; the output
+  // gradient of all N rows is copied into dy_kept [N, out] (the gather under SP is not redone
+  // later), from which weight_backward() accumulates dW, db with x [N, in_local].
+  void input_backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx,
+                      const T* dy_rows, const T* x, T* dy_kept, int64_t N) const {
+    k.copy(dy_kept, tp.gather_output_grad(dy_rows, N, out), N * out);
+    k.linear_backward(dx, nullptr, nullptr, dy_kept, x, p.w, N, in_local, out);
+  }
+  void weight_backward(K& k, const LinearParams<K>& p, const T* dy_kept, const T* x,
+                       int64_t N) const {
+    k.linear_backward(nullptr, p.dw, p.db, dy_kept, x, p.w, N, in_local, out);
   }
 };
 

@@ -52,6 +52,12 @@ class Transformer {
     DeviceArray<S> norm2_mean, norm2_rstd; // [Ns]
     DeviceArray<T> up;                     // [N, Ul]: fc1 pre-activation / [gate | up]
     DeviceArray<T> act;                    // [N, Fl]: gelu(fc1) / silu(gate) * up
+    // Split backward only (make_activations(B, true)): the linear layers' output gradients,
+    // kept from backward_input to backward_weight (their inputs are kept above anyway).
+    DeviceArray<T> d_qkv;                  // [N, QKVl] (after the rope backward)
+    DeviceArray<T> d_proj;                 // [N, C] all rows (gathered under SP)
+    DeviceArray<T> d_up;                   // [N, Ul]
+    DeviceArray<T> d_down;                 // [N, C] all rows (gathered under SP)
   };
   struct Activations {
     int64_t B = 0;
@@ -62,6 +68,7 @@ class Transformer {
     DeviceArray<S> final_mean, final_rstd; // [Ns]
     DeviceArray<T> logits;                 // [N, Vl] (gradients overwrite it in backward)
     DeviceArray<S> row_max, sums, losses;  // [N], [2N], [N] (losses: dloss in backward)
+    bool split_backward = false;           // made for backward_input + backward_weight
   };
 
   Transformer(const ModelConfig& config, const ModelShard& shard, Communicator& tensor_comm,
@@ -84,10 +91,15 @@ class Transformer {
   // After anything but the model wrote weights(): a bf16 model refreshes its compute copy.
   void weights_changed();
 
-  Activations make_activations(int64_t B);
+  // `split_backward`: also the buffers backward_input keeps for backward_weight.
+  Activations make_activations(int64_t B, bool split_backward = false);
   // Rows of the residual stream this rank holds for B sequences (what crosses stages).
   int64_t stream_rows(int64_t B) const { return tp_.rows(B * config_.seq_len); }
-  int64_t activation_bytes(int64_t B) const;
+  int64_t activation_bytes(int64_t B, bool split_backward = false) const;
+  // What a split backward keeps per micro-batch from backward_input to backward_weight beyond
+  // the forward's activations: sizeof(T) * N * (2C + QKVl + Ul) per layer (the head's output
+  // gradient overwrites the logits, kept anyway).
+  int64_t deferred_weight_grad_bytes(int64_t B) const;
 
   // Forward one micro-batch. First stage: `tokens` [B*T] (host memory); other stages: `input`
   // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); the mean loss over
@@ -101,6 +113,18 @@ class Transformer {
   // next stage. Non-first stages write the gradient of their input into `d_input`. Parameter
   // gradients accumulate.
   void backward(Activations& a, S loss_scale, const T* d_output, T* d_input);
+  // The same backward in two parts (the zero-bubble schedules; `a` from make_activations(B,
+  // true)). backward_input: everything but the linear layers' weight and bias gradients (the
+  // input gradient, the norms' and embeddings' gradients, and the LM head's when it is the
+  // tied embedding on this rank, which the embedding backward also adds to: its contributions
+  // keep their order); keeps the linear layers' output gradients in `a`. backward_weight: those
+  // weight and bias gradients, from what `a` kept. Each gradient receives the same
+  // contributions from the same kernels as in backward(), so when a step runs the
+  // backward_weights in micro-batch order the gradients are those of backward() to the bit.
+  // The grads-final hook is called from backward_weight only (the linear layers' gradients are
+  // final only there), with the same watermarks in the same order as backward().
+  void backward_input(Activations& a, S loss_scale, const T* d_output, T* d_input);
+  void backward_weight(Activations& a);
 
   // Called during backward with a watermark w each time every parameter gradient at flat offset
   // >= w has received its last contribution of this backward (data parallelism starts reducing
@@ -116,9 +140,14 @@ class Transformer {
   void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const S* mean,
                      const S* rstd, int64_t rows);
   void layer_forward(size_t i, LayerActs& la, const T* input, T* output, int64_t B);
-  void layer_backward(size_t i, LayerActs& la, T* d, int64_t B);
+  // defer_weights: backward_input's part only (see there).
+  void backward_pass(Activations& a, S loss_scale, const T* d_output, T* d_input,
+                     bool defer_weights);
+  void layer_backward(size_t i, LayerActs& la, T* d, int64_t B, bool defer_weights);
   void head_forward(Activations& a, const int32_t* targets);
-  void head_backward(Activations& a, S loss_scale, T* d);
+  void head_backward(Activations& a, S loss_scale, T* d, bool defer_weights);
+  void layer_weight_backward(size_t i, LayerActs& la, int64_t B);
+  bool lm_head_is_tied() const { return layout_.lm_head == layout_.token_embedding; }
   void ensure_scratch(int64_t B);
   void report_final(int param) {
     if (grads_final_) grads_final_(layout_.params[param].offset);

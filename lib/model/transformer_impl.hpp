@@ -106,7 +106,8 @@ void Transformer<K>::weights_changed() {
 }
 
 template <class K>
-typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B) {
+typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
+                                                                     bool split_backward) {
   const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
   if (tp_.sequence_parallel() && N % shard_.tp_size != 0)
     throw Error("sequence parallelism: train.micro_batch * model.seq_len (" + std::to_string(N) +
@@ -115,6 +116,7 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B)
   Device& dev = k_.device();
   Activations a;
   a.B = B;
+  a.split_backward = split_backward;
   a.tokens = DeviceArray<int32_t>(dev, N);
   a.targets = DeviceArray<int32_t>(dev, N);
   const bool layernorm = !llama_;
@@ -133,6 +135,12 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B)
     la.norm2_rstd = DeviceArray<S>(dev, Ns);
     la.up = DeviceArray<T>(dev, N * Ul_);
     la.act = DeviceArray<T>(dev, N * Fl_);
+    if (split_backward) {
+      la.d_qkv = DeviceArray<T>(dev, N * QKVl_);
+      la.d_proj = DeviceArray<T>(dev, N * C);
+      la.d_up = DeviceArray<T>(dev, N * Ul_);
+      la.d_down = DeviceArray<T>(dev, N * C);
+    }
     a.layers.push_back(std::move(la));
   }
   a.output = DeviceArray<T>(dev, Ns * C);
@@ -149,7 +157,14 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B)
 }
 
 template <class K>
-int64_t Transformer<K>::activation_bytes(int64_t B) const {
+int64_t Transformer<K>::deferred_weight_grad_bytes(int64_t B) const {
+  const int64_t N = B * config_.seq_len;
+  const int64_t per_layer = static_cast<int64_t>(sizeof(T)) * N * (2 * C_ + QKVl_ + Ul_);
+  return (shard_.layer_end - shard_.layer_begin) * per_layer;
+}
+
+template <class K>
+int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward) const {
   const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
   const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
   const int64_t per_layer = t * (2 * Ns * C + 2 * N * C + N * QKVl_ + N * Hl_ + N * Ul_ +
@@ -159,6 +174,7 @@ int64_t Transformer<K>::activation_bytes(int64_t B) const {
                                 K::attention_saved_size(B, T_, NHl_);
   int64_t total = (shard_.layer_end - shard_.layer_begin) * per_layer + t * Ns * C + 8 * N;
   if (shard_.has_head) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
+  if (split_backward) total += deferred_weight_grad_bytes(B);
   return total;
 }
 
@@ -259,15 +275,33 @@ void Transformer<K>::ensure_scratch(int64_t B) {
 
 template <class K>
 void Transformer<K>::backward(Activations& a, S loss_scale, const T* d_output, T* d_input) {
+  backward_pass(a, loss_scale, d_output, d_input, false);
+}
+
+template <class K>
+void Transformer<K>::backward_input(Activations& a, S loss_scale, const T* d_output,
+                                    T* d_input) {
+  if (!a.split_backward)
+    throw Error("Transformer::backward_input: activations not made for a split backward");
+  // The watermarks are reported by backward_weight: a linear layer's gradient is not final here.
+  auto hook = std::move(grads_final_);
+  grads_final_ = nullptr;
+  backward_pass(a, loss_scale, d_output, d_input, true);
+  grads_final_ = std::move(hook);
+}
+
+template <class K>
+void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_output, T* d_input,
+                                   bool defer_weights) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
   if (shard_.has_head)
-    head_backward(a, loss_scale, d);
+    head_backward(a, loss_scale, d, defer_weights);
   else
     k_.copy(d, d_output, Ns * C_);
   for (size_t i = a.layers.size(); i-- > 0;) {
-    layer_backward(i, a.layers[i], d, B);
+    layer_backward(i, a.layers[i], d, B, defer_weights);
     report_final(layout_.blocks[i].norm1_w);
   }
   if (shard_.has_embedding) {
@@ -281,47 +315,106 @@ void Transformer<K>::backward(Activations& a, S loss_scale, const T* d_output, T
 }
 
 template <class K>
-void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d) {
+void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d, bool defer_weights) {
   const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
   // dloss/dlosses[n] = loss_scale / N (the forward returned the mean over N tokens).
   S* dloss = a.losses.data();
   k_.fill(dloss, N, loss_scale / static_cast<S>(N));
   loss_.backward(k_, a.logits.data(), a.logits.data(), a.targets.data(), a.row_max.data(),
                  a.sums.data(), dloss, N);
-  const T* d_final = head_.backward(tp_, k_, linear(layout_.lm_head, -1), d_norm_.data(),
-                                    a.logits.data(), a.final_norm.data(), N);
-  if (layout_.lm_head != layout_.token_embedding) report_final(layout_.lm_head);
+  // The logits now hold their gradient: what backward_weight needs of the head is kept. A tied
+  // head's weight gradient stays here, before the embedding backward's, as in backward().
+  const T* d_final =
+      defer_weights && !lm_head_is_tied()
+          ? head_.input_backward(tp_, k_, linear(layout_.lm_head, -1), d_norm_.data(),
+                                 a.logits.data(), a.final_norm.data(), N)
+          : head_.backward(tp_, k_, linear(layout_.lm_head, -1), d_norm_.data(), a.logits.data(),
+                           a.final_norm.data(), N);
+  if (!lm_head_is_tied()) report_final(layout_.lm_head);
   norm_backward(d, d_final, a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
                 a.final_mean.data(), a.final_rstd.data(), Ns);
   report_final(layout_.final_norm_w);
 }
 
 template <class K>
-void Transformer<K>::layer_backward(size_t i, LayerActs& la, T* d, int64_t B) {
-  // On entry d = dL/d(layer output); on exit d = dL/d(layer input) (the rank's rows).
+void Transformer<K>::layer_backward(size_t i, LayerActs& la, T* d, int64_t B,
+                                    bool defer_weights) {
+  // On entry d = dL/d(layer output); on exit d = dL/d(layer input) (the rank's rows). Deferring
+  // the weights, the column-parallel layers' output gradients are written straight into `la`
+  // and the row-parallel ones copied there.
   const BlockParams& p = layout_.blocks[i];
   const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  T* d_up = defer_weights ? la.d_up.data() : d_up_.data();
+  T* d_qkv = defer_weights ? la.d_qkv.data() : d_qkv_.data();
   // MLP branch.
-  down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
-  if (llama_)
-    k_.swiglu_backward(d_up_.data(), d_act_.data(), la.up.data(), N, Fl_);
+  if (defer_weights)
+    down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(),
+                         la.d_down.data(), N);
   else
-    k_.gelu_backward(d_up_.data(), la.up.data(), d_act_.data(), N * Fl_);
-  const T* d_norm2 = up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up_.data(),
-                                  la.norm2.data(), N);
+    down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
+  if (llama_)
+    k_.swiglu_backward(d_up, d_act_.data(), la.up.data(), N, Fl_);
+  else
+    k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
+  const T* d_norm2 =
+      defer_weights
+          ? up_.input_backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+                               la.norm2.data(), N)
+          : up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up, la.norm2.data(),
+                         N);
   norm_backward(d_tmp_.data(), d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
                 la.norm2_mean.data(), la.norm2_rstd.data(), Ns);
   k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(residual1)
   // Attention branch.
-  proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
-  k_.attention_backward(d_qkv_.data(), d_atty_.data(), la.qkv.data(), la.atty.data(),
-                        la.att.data(), B, T_, NHl_, KVHl_, HS_);
-  if (llama_) k_.rope_backward(d_qkv_.data(), B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
-  const T* d_norm1 = qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(),
-                                   d_qkv_.data(), la.norm1.data(), N);
+  if (defer_weights)
+    proj_.input_backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d,
+                         la.atty.data(), la.d_proj.data(), N);
+  else
+    proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
+  k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), la.atty.data(), la.att.data(), B,
+                        T_, NHl_, KVHl_, HS_);
+  if (llama_) k_.rope_backward(d_qkv, B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
+  const T* d_norm1 =
+      defer_weights
+          ? qkv_.input_backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
+                                la.norm1.data(), N)
+          : qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
+                          la.norm1.data(), N);
   norm_backward(d_tmp_.data(), d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
                 la.norm1_mean.data(), la.norm1_rstd.data(), Ns);
   k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(input)
+}
+
+template <class K>
+void Transformer<K>::backward_weight(Activations& a) {
+  if (!a.split_backward)
+    throw Error("Transformer::backward_weight: activations not made for a split backward");
+  const int64_t N = a.B * config_.seq_len;
+  // The head, then the layers from the top: backward()'s order, so the watermarks reported
+  // (each one after the last gradient above it became final) are the same, in the same order.
+  if (shard_.has_head) {
+    if (!lm_head_is_tied()) {
+      head_.weight_backward(k_, linear(layout_.lm_head, -1), a.logits.data(),
+                            a.final_norm.data(), N);
+      report_final(layout_.lm_head);
+    }
+    report_final(layout_.final_norm_w);  // final since backward_input
+  }
+  for (size_t i = a.layers.size(); i-- > 0;) {
+    layer_weight_backward(i, a.layers[i], a.B);
+    report_final(layout_.blocks[i].norm1_w);
+  }
+}
+
+template <class K>
+void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
+  // dW, db += dy^T x of the four linear layers from the output gradients layer_backward kept.
+  const BlockParams& p = layout_.blocks[i];
+  const int64_t N = B * config_.seq_len;
+  down_.weight_backward(k_, linear(p.down_w, p.down_b), la.d_down.data(), la.act.data(), N);
+  up_.weight_backward(k_, linear(p.up_w, p.up_b), la.d_up.data(), la.norm2.data(), N);
+  proj_.weight_backward(k_, linear(p.proj_w, p.proj_b), la.d_proj.data(), la.atty.data(), N);
+  qkv_.weight_backward(k_, linear(p.qkv_w, p.qkv_b), la.d_qkv.data(), la.norm1.data(), N);
 }
 
 }  // namespace trident

@@ -35,12 +35,14 @@ class TransformerStage final : public StageModel {
   int64_t stream_elements(int64_t B) const override {
     return model_.stream_rows(B) * model_.config().width;
   }
-  std::unique_ptr<Activations> make_activations(int64_t B) override {
+  std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward) override {
     auto a = std::make_unique<Acts>();
-    a->acts = model_.make_activations(B);
+    a->acts = model_.make_activations(B, split_backward);
     return a;
   }
-  int64_t activation_bytes(int64_t B) const override { return model_.activation_bytes(B); }
+  int64_t activation_bytes(int64_t B, bool split_backward) const override {
+    return model_.activation_bytes(B, split_backward);
+  }
   void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                const void* input) override {
     model_.forward(acts(a), tokens, targets, static_cast<const T*>(input));
@@ -50,6 +52,12 @@ class TransformerStage final : public StageModel {
     model_.backward(acts(a), loss_scale, static_cast<const T*>(d_output),
                     static_cast<T*>(d_input));
   }
+  void backward_input(Activations& a, float loss_scale, const void* d_output,
+                      void* d_input) override {
+    model_.backward_input(acts(a), loss_scale, static_cast<const T*>(d_output),
+                          static_cast<T*>(d_input));
+  }
+  void backward_weight(Activations& a) override { model_.backward_weight(acts(a)); }
   const void* output(const Activations& a) const override {
     return static_cast<const Acts&>(a).acts.output.data();
   }

@@ -2,7 +2,8 @@
 // Runs one stage's pipeline schedule for one training step: forwards and backwards of the
 // stage's model shard, activations to the next stage and gradients to the previous one by
 // non-blocking point-to-point messages, activations stashed from a micro-batch's forward to its
-// backward and freed right after. It knows the schedule's operations, not the model's layers.
+// backward (under ZB-H1's split backward: to its weight gradient) and freed right after. It
+// knows the schedule's operations, not the model's layers.
 // Messages are device memory of the model's device in its stream type (the pipeline
 // communicator must accept such buffers).
 #include <cstdint>
@@ -47,7 +48,8 @@ class PipelineExecutor {
   double evaluate(int64_t microbatches, const LoadFn& load);
 
   // Installed on the model during the backward of the step's last micro-batch, the one after
-  // which each parameter gradient is final (see Transformer::set_grads_final_hook).
+  // which each parameter gradient is final (see Transformer::set_grads_final_hook); under a
+  // split backward (ZB-H1) during its BackwardWeight, the step's last, not its BackwardInput.
   void set_last_backward_hook(std::function<void(int64_t)> hook) { last_hook_ = std::move(hook); }
 
   // The non-const form first adds the device times not read yet (waits, bounded, for the
@@ -67,12 +69,16 @@ class PipelineExecutor {
   void release_slot(int slot);
   void wait(std::unique_ptr<CommRequest>& request);
   void forward(int64_t micro, int slot, const LoadFn& load);
+  // A Backward or a BackwardInput op: receives nothing, sends nothing (the ops around it do).
+  void run_backward(const PipeOp& op, int64_t microbatches, float loss_scale, int slot);
   void note_memory();
   void collect_device_times();
 
   StageModel& model_;
   Communicator& pipe_;
   ScheduleKind kind_;
+  // ZB-H1: BackwardInput and BackwardWeight ops; a slot is held from Forward to BackwardWeight.
+  bool split_backward_ = false;
   int stage_, stages_;
   int64_t micro_batch_, stream_elems_;
   DType stream_type_;

@@ -85,6 +85,10 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   const double per_layer_act =
       act * (4 * rows * C + N * (qkv + heads * hs + U + F)) + 4.0 * attention;
   r.activation_bytes = layers * per_layer_act + act * rows * C;
+  // ZB-H1's split backward also keeps the linear layers' output gradients of a micro-batch from
+  // its input gradient to its weight gradient (Transformer::deferred_weight_grad_bytes).
+  if (config.parallel.schedule == "zb-h1")
+    r.activation_bytes += layers * act * N * (2 * C + qkv + U);
   if (config.train.device == "cpu") r.activation_bytes += 4.0 * B * heads * T * T;  // scratch
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;

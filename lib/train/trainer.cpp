@@ -528,13 +528,19 @@ std::string Trainer::pipeline_report() {
   std::vector<double> all(3 * groups_.pp_size);
   groups_.pipeline->all_gather(mine, all.data(), 3, DType::F64);
   const double p = groups_.pp_size, m = static_cast<double>(config_.num_microbatches());
+  // The idle fraction of the schedule in use in units of one forward: 1F1B and GPipe idle
+  // 3(p-1) of 3m+3(p-1) with B = 2F; ZB-H1's deferred weight gradients fill two thirds of
+  // that, (p-1)/(3m+p-1), a figure that assumes F = B = W (B here: the input gradient alone).
+  const bool zero_bubble = config_.parallel.schedule == "zb-h1";
+  const double theory = zero_bubble ? (p - 1) / (3 * m + p - 1) : (p - 1) / (m + p - 1);
+  const char* formula = zero_bubble ? "(p-1)/(3m+p-1) for F=B=W" : "(p-1)/(m+p-1)";
   std::string out;
   char line[256];
   for (int s = 0; s < groups_.pp_size; ++s) {
     std::snprintf(line, sizeof line,
-                  "pipeline stage %d: bubble %.3f measured, %.3f theory (p-1)/(m+p-1) | peak "
+                  "pipeline stage %d: bubble %.3f measured, %.3f theory %s | peak "
                   "%g micro-batches held, %.1f MB activations\n",
-                  s, all[3 * s], (p - 1) / (m + p - 1), all[3 * s + 1], all[3 * s + 2]);
+                  s, all[3 * s], theory, formula, all[3 * s + 1], all[3 * s + 2]);
     out += line;
   }
   return out;

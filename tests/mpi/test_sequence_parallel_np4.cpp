@@ -53,7 +53,7 @@ TEST(TensorParallel, SequenceParallelTradesAllReducesForGathersAndScatters) {
     EXPECT_EQ(std::count(counts.begin(), counts.end(), 2 * N), M);
     // Activations per micro-batch shrink: the stream, residuals and LayerNorm statistics are
     // a quarter.
-    const int64_t with_sp = t.model().activation_bytes(config.train.micro_batch);
+    const int64_t with_sp = t.model().activation_bytes(config.train.micro_batch, false);
     const ModelShard& s = t.model().shard();
     ModelShard no_sp = s;
     no_sp.sequence_parallel = false;

@@ -25,7 +25,9 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
   gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, beta, out, OC);
 }
 
-// dinp = dout @ weight;  dweight += dout^T @ inp;  dbias += sum_n dout[n].
+// dinp = dout @ weight (overwrite);  dweight += dout^T @ inp;  dbias += sum_n dout[n]
+// (accumulate). Any of dinp, dweight, dbias may be nullptr: the split backward of the
+// zero-bubble schedules computes dinp alone first and dweight, dbias later.
 // dbias: threads split the columns and sum the rows in order (deterministic for any thread
 // count) into a local double sum (N can be many thousand rows), added to dbias once.
 template <typename T>
@@ -54,7 +56,8 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
       }
     }
   }
-  gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dweight != nullptr)
+    gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dinp != nullptr) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
 }
 

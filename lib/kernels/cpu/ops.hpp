@@ -55,7 +55,7 @@ template <typename T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
                     int64_t OC);
 // dinp[N,C] = dout[N,OC] @ weight (overwrite; skipped when dinp == nullptr)
-// dweight[OC,C] += dout^T @ inp;  dbias[OC] += sum_n dout (skipped when dbias == nullptr)
+// dweight[OC,C] += dout^T @ inp;  dbias[OC] += sum_n dout (each skipped when nullptr)
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t N, int64_t C, int64_t OC);

@@ -323,8 +323,10 @@ void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, 
                      const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
                      cudaStream_t stream, void* workspace) {
   if (dbias != nullptr) bias_grad_accumulate<T>(dbias, dout, N, OC, stream, workspace);
-  // dweight[OC,C] += dout[N,OC]^T inp[N,C]
-  gemm<T, float>(ctx, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C, stream);
+  // dweight[OC,C] += dout[N,OC]^T inp[N,C]. Any of dinp, dweight, dbias may be nullptr (the
+  // split backward of the zero-bubble schedules: dinp first, dweight and dbias later).
+  if (dweight != nullptr)
+    gemm<T, float>(ctx, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C, stream);
   // dinp[N,C] = dout[N,OC] weight[OC,C]
   if (dinp != nullptr)
     gemm<T, T>(ctx, false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C, stream);

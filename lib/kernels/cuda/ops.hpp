@@ -116,7 +116,8 @@ template <typename T>
 void linear_forward(CublasContext& ctx, T* out, const T* inp, const T* weight, const T* bias,
                     int64_t N, int64_t C, int64_t OC, cudaStream_t stream = nullptr);
 // dinp[N,C] = dout @ weight (overwrite; skipped when nullptr);
-// dweight[OC,C] += dout^T @ inp (fp32, accumulated by the GEMM with beta = 1);
+// dweight[OC,C] += dout^T @ inp (fp32, accumulated by the GEMM with beta = 1; skipped when
+// nullptr);
 // dbias[OC] += sum_n dout (fp32, deterministic two-pass column reduction; skipped when nullptr).
 template <typename T>
 void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, const T* dout,
