@@ -118,6 +118,13 @@ void MetricsLog::write(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (!m.data_counts.empty()) j["data_counts"] = m.data_counts;
   if (events_) write_tensorboard(j);
+  // After a failed write the file is not appended to any more: a later, shorter line could
+  // fit where the failed one did not (a full disk's last page), and the file would then have
+  // a gap. It holds the steps before the first failure; the rest are counted as lost.
+  if (jsonl_.lines > 0) {
+    lost(jsonl_, "'" + path_ + "'", m.step, ENOSPC);
+    return;
+  }
   const std::string text = j.dump() + "\n";
   struct stat st {};
   const bool sized = ::fstat(fd_, &st) == 0;

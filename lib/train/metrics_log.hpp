@@ -6,8 +6,9 @@
 //
 // A failed write (a full disk, a file-size limit) does not stop training: it is reported once
 // per destination on stderr, a metrics.jsonl line that was only partly written is removed again
-// (the file only ever holds whole lines), and failure() says what was lost so that the run can
-// end with a non-zero exit code.
+// (the file only ever holds whole lines) and nothing more is appended to it (so it holds the
+// steps before the first failure, without gaps), and failure() says what was lost so that the
+// run can end with a non-zero exit code.
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
