@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "train/tensorboard.hpp"
+#include "util/append_whole.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -125,25 +126,9 @@ void MetricsLog::write(const StepMetrics& m) {
     lost(jsonl_, "'" + path_ + "'", m.step, ENOSPC);
     return;
   }
-  const std::string text = j.dump() + "\n";
-  struct stat st {};
-  const bool sized = ::fstat(fd_, &st) == 0;
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      // Remove the part of the line that was written: the file holds whole lines only.
-      if (sized && done > 0) {
-        const int ignored = ::ftruncate(fd_, st.st_size);
-        (void)ignored;
-      }
-      lost(jsonl_, "'" + path_ + "'", m.step, err);
-      return;
-    }
-    done += static_cast<size_t>(n);
-  }
+  // The file holds whole lines only (append_whole cuts a partly written one off again).
+  if (const int err = append_whole(fd_, j.dump() + "\n"))
+    lost(jsonl_, "'" + path_ + "'", m.step, err);
 }
 
 std::string MetricsLog::failure() const {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "util/append_whole.hpp"
 #include "util/error.hpp"
 
 namespace trident::tensorboard {
@@ -170,25 +171,9 @@ EventWriter::~EventWriter() {
 }
 
 int EventWriter::write_event(const std::string& event) {
-  const std::string record = tfrecord(event);
-  struct stat st {};
-  const bool sized = ::fstat(fd_, &st) == 0;
-  size_t done = 0;
-  while (done < record.size()) {
-    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      // A reader stops at a broken record: cut the partial one off so later ones are read.
-      if (sized && done > 0) {
-        const int ignored = ::ftruncate(fd_, st.st_size);
-        (void)ignored;
-      }
-      return err;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return 0;
+  // A reader stops at a broken record: append_whole cuts a partial one off so later ones are
+  // read.
+  return append_whole(fd_, tfrecord(event));
 }
 
 }  // namespace trident::tensorboard
