@@ -30,6 +30,8 @@ import statistics
 import sys
 import tomllib
 
+import plot_metrics  # data_tools/, beside this script
+
 # Keys that differ between any two runs by construction; they say nothing about the experiment.
 ALWAYS_DIFFERENT = {"log.dir", "checkpoint.dir"}
 
@@ -57,19 +59,8 @@ def read_manifest(path):
 
 def read_metrics(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
-    rows = []
     try:
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    print(f"warning: {path}:{lineno}: not JSON, skipped", file=sys.stderr)
-                    continue
-                if isinstance(row, dict) and "step" in row:
-                    rows.append(row)
+        rows = plot_metrics.read_metrics(path)  # the one reader of metrics.jsonl lines
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror}")
     if not rows:
