@@ -20,6 +20,16 @@ std::vector<Run> HfTensor::dataset_runs(int64_t begin, int64_t end) const {
   return runs;
 }
 
+namespace {
+
+// out [cols, rows] = the transpose of in [rows, cols] (both row-major).
+void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+}  // namespace
+
 void HfTensor::to_hf_order(const float* dataset_order, int64_t begin, int64_t end,
                            float* hf_order) const {
   const int64_t width = end - begin;
@@ -27,9 +37,7 @@ void HfTensor::to_hf_order(const float* dataset_order, int64_t begin, int64_t en
     std::copy_n(dataset_order, width * cols(), hf_order);
     return;
   }
-  const int64_t dataset_rows = dataset_shape[0];
-  for (int64_t i = 0; i < dataset_rows; ++i)
-    for (int64_t j = 0; j < width; ++j) hf_order[j * dataset_rows + i] = dataset_order[i * width + j];
+  transpose(dataset_order, dataset_shape[0], width, hf_order);
 }
 
 void HfTensor::to_dataset_order(const float* hf_order, int64_t begin, int64_t end,
@@ -39,9 +47,7 @@ void HfTensor::to_dataset_order(const float* hf_order, int64_t begin, int64_t en
     std::copy_n(hf_order, width * cols(), dataset_order);
     return;
   }
-  const int64_t dataset_rows = dataset_shape[0];
-  for (int64_t j = 0; j < width; ++j)
-    for (int64_t i = 0; i < dataset_rows; ++i) dataset_order[i * width + j] = hf_order[j * dataset_rows + i];
+  transpose(hf_order, width, dataset_shape[0], dataset_order);
 }
 
 std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
