@@ -319,7 +319,9 @@ RunOutcome Trainer::run() {
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
-    if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) {
+    const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
+    if (log_step && groups_.pp_size > 1) m.pipeline_bubble = interval_bubbles();  // all ranks
+    if (log_ && log_step) {
       const int64_t samples_done = (step + 1) * config_.train.global_batch;
       if (train_data_->size() > 1)
         m.data_counts = train_data_->sampler().counts_before(samples_done);
@@ -560,6 +562,19 @@ void Trainer::init_weights_from(const std::string& path) {
 }  // namespace trident
 
 namespace trident {
+
+std::vector<double> Trainer::interval_bubbles() {
+  const PipelineStats& st = executor_->stats();
+  double mine[2] = {st.wait_seconds - logged_wait_seconds_, st.busy_seconds - logged_busy_seconds_};
+  logged_wait_seconds_ = st.wait_seconds;
+  logged_busy_seconds_ = st.busy_seconds;
+  std::vector<double> all(2 * groups_.pp_size);
+  groups_.pipeline->all_gather(mine, all.data(), 2, DType::F64);
+  std::vector<double> bubbles(groups_.pp_size);
+  for (int s = 0; s < groups_.pp_size; ++s)
+    bubbles[s] = all[2 * s + 1] > 0 ? all[2 * s] / all[2 * s + 1] : 0.0;
+  return bubbles;
+}
 
 std::string Trainer::pipeline_report() {
   // [bubble fraction, peak in-flight micro-batches, peak activation MB] of every stage.
