@@ -43,9 +43,51 @@ TimelineTrace::TimelineTrace(MPI_Comm world, int64_t first_step, int64_t last_st
       last_step_(last_step),
       track_name_(std::move(track_name)) {
   check_mpi(MPI_Comm_rank(world_, &rank_), "MPI_Comm_rank");
-  // One origin for every track: each rank reads its clock as the barrier lets it go.
+  origin_ = common_origin();
+}
+
+// The moment rank 0 leaves a barrier, on this rank's clock. A barrier alone is not enough:
+// ranks leave it up to milliseconds apart on a loaded machine, and the clocks of two nodes
+// differ. So rank 0 measures each rank's clock offset from a few round trips (Cristian's
+// method: of kRounds, the shortest round trip bounds the error by half of it) and tells it.
+TimelineTrace::Clock::time_point TimelineTrace::common_origin() const {
+  constexpr int kRounds = 8, kTag = 7301;
+  const auto seconds = [] {
+    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  };
+  int size = 1;
+  check_mpi(MPI_Comm_size(world_, &size), "MPI_Comm_size");
   check_mpi(MPI_Barrier(world_), "MPI_Barrier");
-  origin_ = Clock::now();
+  double origin = seconds();  // rank 0's; on rank r, rank 0's plus r's offset
+  if (rank_ == 0) {
+    for (int r = 1; r < size; ++r) {
+      double best_trip = 1e300, offset = 0;
+      for (int i = 0; i < kRounds; ++i) {
+        double theirs = 0;
+        const double sent = seconds();
+        check_mpi(MPI_Send(&sent, 1, MPI_DOUBLE, r, kTag, world_), "MPI_Send");
+        check_mpi(MPI_Recv(&theirs, 1, MPI_DOUBLE, r, kTag, world_, MPI_STATUS_IGNORE),
+                  "MPI_Recv");
+        const double back = seconds();
+        if (back - sent < best_trip) {
+          best_trip = back - sent;
+          offset = theirs - (sent + back) / 2;  // their clock minus ours
+        }
+      }
+      const double their_origin = origin + offset;
+      check_mpi(MPI_Send(&their_origin, 1, MPI_DOUBLE, r, kTag, world_), "MPI_Send");
+    }
+  } else {
+    for (int i = 0; i < kRounds; ++i) {
+      double ping = 0;
+      check_mpi(MPI_Recv(&ping, 1, MPI_DOUBLE, 0, kTag, world_, MPI_STATUS_IGNORE), "MPI_Recv");
+      const double now = seconds();
+      check_mpi(MPI_Send(&now, 1, MPI_DOUBLE, 0, kTag, world_), "MPI_Send");
+    }
+    check_mpi(MPI_Recv(&origin, 1, MPI_DOUBLE, 0, kTag, world_, MPI_STATUS_IGNORE), "MPI_Recv");
+  }
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(origin)));
 }
 
 TimelineTrace::~TimelineTrace() {

@@ -4,8 +4,8 @@
 // Perfetto and chrome://tracing) that data_tools/plot_timeline.py draws.
 //
 // One track per rank (pid = tid = world rank), named with the rank's (tp, pp, dp) coordinates.
-// Complete-event slices ("ph": "X", times in microseconds from a common origin: every rank
-// takes its clock's origin right after one barrier):
+// Complete-event slices ("ph": "X", times in microseconds from a common origin: the moment rank
+// 0 left a barrier, carried to every rank's clock by measured clock offsets):
 //   cat "pipeline"    every operation of the step's schedule (name "F3", "RB0", "W2:1", as
 //                     pipeline/schedule.hpp's to_string; args kind, micro, chunk, step);
 //   cat "comm"        every call of a communicator (name: the operation, "all_reduce",
@@ -30,7 +30,7 @@ class TimelineTrace final : public CommRecorder {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Collective over `world` (a barrier, then the origin). Records steps [first_step,
+  // Collective over `world` (the common origin: common_origin()). Records steps [first_step,
   // last_step] (1-based). `track_name`: this rank's, e.g. "rank 3 (tp 1, pp 1, dp 0)".
   TimelineTrace(MPI_Comm world, int64_t first_step, int64_t last_step, std::string track_name);
   ~TimelineTrace() override;
@@ -62,6 +62,7 @@ class TimelineTrace final : public CommRecorder {
     double start_us, length_us;
     std::string args;  // the JSON object's members, without braces
   };
+  Clock::time_point common_origin() const;
   void add(std::string name, std::string category, Clock::time_point start,
            Clock::time_point end, std::string args);
   // This rank's metadata events and slices (ordered by start time, the enclosing slice of two
