@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "parity.hpp"
@@ -58,6 +59,7 @@ void check_trace(const std::string& schedule) {
   std::map<int, std::map<int64_t, std::vector<std::string>>> ops;  // pid -> step -> names
   std::map<int, double> last_ts;
   std::map<int, int> comm_slices, optimizer_slices;
+  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> forwards;  // (pid, step, micro)
   for (const auto& e : trace["traceEvents"]) {
     const int pid = e.at("pid").get<int>();
     ASSERT_EQ(e.at("tid").get<int>(), pid) << "one track per rank";
@@ -74,6 +76,8 @@ void check_trace(const std::string& schedule) {
     const int64_t step = e.at("args").at("step").get<int64_t>();
     EXPECT_TRUE(step == 2 || step == 3) << "slice of untraced step " << step;
     if (cat == "pipeline") ops[pid][step].push_back(e.at("name"));
+    if (cat == "pipeline" && e["args"].at("kind") == "F")
+      forwards[{pid, step, e["args"].at("micro").get<int64_t>()}] = {ts, ts + e["dur"].get<double>()};
     if (cat == "comm") {
       ++comm_slices[pid];
       EXPECT_FALSE(e["args"].at("group").get<std::string>().empty());
@@ -98,6 +102,13 @@ void check_trace(const std::string& schedule) {
     EXPECT_GT(comm_slices[stage], 0) << "stage " << stage;
     EXPECT_EQ(optimizer_slices[stage], 2) << "stage " << stage;
   }
+  // One time line for both ranks: stage 1 starts a micro-batch's forward after stage 0 ended
+  // its, within 500 us (the clock offsets' error is microseconds; a barrier's exit skew, the origin before
+  // offsets were measured, was milliseconds).
+  for (int64_t step : {2, 3})
+    for (int64_t micro = 0; micro < kMicro; ++micro)
+      EXPECT_GE(forwards.at({1, step, micro}).first, forwards.at({0, step, micro}).second - 500)
+          << "step " << step << " micro " << micro;
   std::printf("[ trace %s ] %lld pipeline slices matched the schedule, %d + %d comm slices\n",
               schedule.c_str(), static_cast<long long>(compared), comm_slices[0],
               comm_slices[1]);
