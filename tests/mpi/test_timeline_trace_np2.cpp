@@ -1,6 +1,6 @@
 // The timeline trace (log.trace) and the measured pipeline bubble, on PP 2 (2 ranks).
 //
-// Trace: a real run of 4 steps tracing steps 2-3 under 1F1B, GPipe and ZB-H1 (4 micro-batches)
+// Trace: a real run of 4 steps (whose metrics.jsonl lines carry pipeline_bubble, 2 stages) tracing steps 2-3 under 1F1B, GPipe and ZB-H1 (4 micro-batches)
 // writes one valid JSON file with one track per rank named with its coordinates, exactly the
 // operations pipeline_schedule() gives each stage in each traced step (names compared in
 // order, so a missing, doubled or reordered op fails), monotone time stamps per track,
@@ -50,6 +50,18 @@ void check_trace(const std::string& schedule) {
   on_layout(config, [](Trainer& t, ProcessGrid&) { t.run(); });
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() != 0) return;
+
+  // metrics.jsonl: every logged step (log.interval = 1) carries each stage's measured bubble.
+  const auto rows = read_metrics(run_dir);
+  ASSERT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    ASSERT_TRUE(row.contains("pipeline_bubble")) << row.dump();
+    ASSERT_EQ(row["pipeline_bubble"].size(), 2u) << row.dump();
+    for (const auto& b : row["pipeline_bubble"]) {
+      EXPECT_GE(b.get<double>(), 0.0) << row.dump();
+      EXPECT_LT(b.get<double>(), 1.0) << row.dump();
+    }
+  }
 
   std::ifstream in(run_dir / "trace.json");
   ASSERT_TRUE(in) << "no trace.json in " << run_dir;
