@@ -261,10 +261,12 @@ TEST(pipeline_schedule, MakespanHoldsForOtherComputeCosts) {
 TEST(pipeline_schedule, PerStageCostsSimulateEachStageAtItsOwnCosts) {
   // The same costs on every stage: the one-cost simulation exactly.
   const PipeSimCosts unit{1, 2, 0.25, 1};
-  for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1}) {
     std::vector<std::vector<PipeOp>> ops;
     for (int s = 0; s < 3; ++s) ops.push_back(pipeline_schedule(kind, s, 3, 5));
-    const PipeSimResult same = simulate_pipeline_per_stage(ops, 5, std::vector<PipeSimCosts>(3, unit));
+    const PipeSimResult same =
+        simulate_pipeline_per_stage(ops, 5, std::vector<PipeSimCosts>(3, unit));
     const PipeSimResult one = simulate_pipeline(kind, 3, 5, unit);
     ASSERT_TRUE(same.ok && one.ok) << same.error << one.error;
     EXPECT_EQ(same.makespan, one.makespan) << to_string(kind);
@@ -283,7 +285,8 @@ TEST(pipeline_schedule, PerStageCostsSimulateEachStageAtItsOwnCosts) {
   }
   std::vector<std::vector<PipeOp>> two = {pipeline_schedule(ScheduleKind::OneFOneB, 0, 2, 2),
                                           pipeline_schedule(ScheduleKind::OneFOneB, 1, 2, 2)};
-  const PipeSimResult wrong = simulate_pipeline_per_stage(two, 2, std::vector<PipeSimCosts>(3, unit));
+  const PipeSimResult wrong =
+      simulate_pipeline_per_stage(two, 2, std::vector<PipeSimCosts>(3, unit));
   EXPECT_FALSE(wrong.ok);
   EXPECT_NE(wrong.error.find("3 stage costs for 2 stages"), std::string::npos) << wrong.error;
 }

@@ -56,8 +56,9 @@ class PipelineExecutor {
   // Called after each operation of a training step's schedule with the op as the schedule gave
   // it (micro-batch, chunk) and its host wall-clock interval (the timeline trace, the bubble
   // tests). On a GPU the interval is the host's: when the op was enqueued, not when it ran.
-  using OpObserver = std::function<void(const PipeOp& op, std::chrono::steady_clock::time_point start,
-                                        std::chrono::steady_clock::time_point end)>;
+  using OpObserver =
+      std::function<void(const PipeOp& op, std::chrono::steady_clock::time_point start,
+                         std::chrono::steady_clock::time_point end)>;
   void set_op_observer(OpObserver observer) { op_observer_ = std::move(observer); }
 
   // The non-const form first adds the device times not read yet (waits, bounded, for the

@@ -66,8 +66,7 @@ TimelineTrace::Clock::time_point TimelineTrace::common_origin() const {
         double theirs = 0;
         const double sent = seconds();
         check_mpi(MPI_Send(&sent, 1, MPI_DOUBLE, r, kTag, world_), "MPI_Send");
-        check_mpi(MPI_Recv(&theirs, 1, MPI_DOUBLE, r, kTag, world_, MPI_STATUS_IGNORE),
-                  "MPI_Recv");
+        check_mpi(MPI_Recv(&theirs, 1, MPI_DOUBLE, r, kTag, world_, MPI_STATUS_IGNORE), "MPI_Recv");
         const double back = seconds();
         if (back - sent < best_trip) {
           best_trip = back - sent;
@@ -86,8 +85,8 @@ TimelineTrace::Clock::time_point TimelineTrace::common_origin() const {
     }
     check_mpi(MPI_Recv(&origin, 1, MPI_DOUBLE, 0, kTag, world_, MPI_STATUS_IGNORE), "MPI_Recv");
   }
-  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(origin)));
+  return Clock::time_point(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(origin)));
 }
 
 TimelineTrace::~TimelineTrace() {
@@ -119,8 +118,8 @@ void TimelineTrace::add(std::string name, std::string category, Clock::time_poin
 
 void TimelineTrace::add_op(const PipeOp& op, Clock::time_point start, Clock::time_point end) {
   add(to_string(op), "pipeline", start, end,
-      std::string("\"kind\":\"") + op_kind_name(op.kind) + "\",\"micro\":" +
-          std::to_string(op.micro) + ",\"chunk\":" + std::to_string(op.chunk));
+      std::string("\"kind\":\"") + op_kind_name(op.kind) +
+          "\",\"micro\":" + std::to_string(op.micro) + ",\"chunk\":" + std::to_string(op.chunk));
 }
 
 void TimelineTrace::add_slice(const std::string& name, const std::string& category,
@@ -146,8 +145,8 @@ std::string TimelineTrace::events_text() const {
   const std::string id = "\"pid\":" + std::to_string(rank_) + ",\"tid\":" + std::to_string(rank_);
   std::string out;
   for (const char* what : {"process_name", "thread_name"})
-    out += "{\"ph\":\"M\",\"name\":\"" + std::string(what) + "\"," + id + ",\"args\":{\"name\":" +
-           quoted(track_name_) + "}},\n";
+    out += "{\"ph\":\"M\",\"name\":\"" + std::string(what) + "\"," + id +
+           ",\"args\":{\"name\":" + quoted(track_name_) + "}},\n";
   out += "{\"ph\":\"M\",\"name\":\"process_sort_index\"," + id +
          ",\"args\":{\"sort_index\":" + std::to_string(rank_) + "}}";
   char times[96];
@@ -164,8 +163,8 @@ void TimelineTrace::write(const std::string& path) {
   recording_ = false;
   written_ = true;
   const std::string mine = events_text();
-  std::string problem =
-      mine.size() > INT_MAX ? "timeline trace: rank " + std::to_string(rank_) +
+  std::string problem = mine.size() > INT_MAX
+                            ? "timeline trace: rank " + std::to_string(rank_) +
                                   " holds more than 2 GB of events; trace fewer steps "
                                   "(log.trace_steps)"
                             : "";
@@ -174,8 +173,7 @@ void TimelineTrace::write(const std::string& path) {
   check_mpi(MPI_Comm_size(world_, &size), "MPI_Comm_size");
   const int length = static_cast<int>(mine.size());
   std::vector<int> lengths(rank_ == 0 ? size : 0), offsets(lengths.size());
-  check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, world_),
-            "MPI_Gather");
+  check_mpi(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, world_), "MPI_Gather");
   std::string all;
   if (rank_ == 0) {
     int64_t total = 0;
@@ -187,8 +185,8 @@ void TimelineTrace::write(const std::string& path) {
     if (problem.empty()) all.resize(static_cast<size_t>(total));
   }
   ckpt::agree_or_throw(world_, problem);
-  check_mpi(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                        offsets.data(), MPI_CHAR, 0, world_),
+  check_mpi(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                        MPI_CHAR, 0, world_),
             "MPI_Gatherv");
   if (rank_ == 0) {
     const std::string temporary = path + ".tmp";
@@ -205,8 +203,8 @@ void TimelineTrace::write(const std::string& path) {
     }
     std::error_code ec;
     if (problem.empty()) std::filesystem::rename(temporary, path, ec);
-    if (ec) problem = "timeline trace: cannot rename " + temporary + " to " + path + ": " +
-                      ec.message();
+    if (ec)
+      problem = "timeline trace: cannot rename " + temporary + " to " + path + ": " + ec.message();
   }
   ckpt::agree_or_throw(world_, problem);
   slices_.clear();

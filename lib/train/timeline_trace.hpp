@@ -63,8 +63,8 @@ class TimelineTrace final : public CommRecorder {
     std::string args;  // the JSON object's members, without braces
   };
   Clock::time_point common_origin() const;
-  void add(std::string name, std::string category, Clock::time_point start,
-           Clock::time_point end, std::string args);
+  void add(std::string name, std::string category, Clock::time_point start, Clock::time_point end,
+           std::string args);
   // This rank's metadata events and slices (ordered by start time, the enclosing slice of two
   // that start together first), comma-separated.
   std::string events_text() const;

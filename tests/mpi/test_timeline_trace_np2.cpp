@@ -1,10 +1,11 @@
 // The timeline trace (log.trace) and the measured pipeline bubble, on PP 2 (2 ranks).
 //
-// Trace: a real run of 4 steps (whose metrics.jsonl lines carry pipeline_bubble, 2 stages) tracing steps 2-3 under 1F1B, GPipe and ZB-H1 (4 micro-batches)
-// writes one valid JSON file with one track per rank named with its coordinates, exactly the
-// operations pipeline_schedule() gives each stage in each traced step (names compared in
-// order, so a missing, doubled or reordered op fails), monotone time stamps per track,
-// communicator slices with a group and bytes, and one optimizer slice per traced step.
+// Trace: a real run of 4 steps (whose metrics.jsonl lines carry pipeline_bubble, 2 stages) tracing
+// steps 2-3 under 1F1B, GPipe and ZB-H1 (4 micro-batches) writes one valid JSON file with one track
+// per rank named with its coordinates, exactly the operations pipeline_schedule() gives each stage
+// in each traced step (names compared in order, so a missing, doubled or reordered op fails),
+// monotone time stamps per track, communicator slices with a group and bytes, and one optimizer
+// slice per traced step.
 //
 // Bubble: the real executor's operations timed by its op observer (steps 2-4 of 4; the median
 // step). Per step the pipeline bubble is 1 - (summed compute time of both stages) / (2 * span),
@@ -19,8 +20,8 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
-#include <tuple>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "parity.hpp"
 #include "pipeline/schedule.hpp"
@@ -42,10 +43,10 @@ constexpr int64_t kMicro = 4;  // global batch 8 in micro-batches of 2
 void check_trace(const std::string& schedule) {
   const auto dir = shared_corpus("timeline_trace");
   const auto run_dir = dir / ("run_" + schedule);
-  const Config config = parity_config(
-      dir, {1, 2, 1},
-      {"parallel.schedule=" + schedule, "train.steps=4", "train.global_batch=8",
-       "log.trace=true", "log.trace_steps=[2, 3]", "log.dir=" + run_dir.string()});
+  const Config config =
+      parity_config(dir, {1, 2, 1},
+                    {"parallel.schedule=" + schedule, "train.steps=4", "train.global_batch=8",
+                     "log.trace=true", "log.trace_steps=[2, 3]", "log.dir=" + run_dir.string()});
   ASSERT_EQ(config.num_microbatches(), kMicro);
   on_layout(config, [](Trainer& t, ProcessGrid&) { t.run(); });
   MPI_Barrier(MPI_COMM_WORLD);
@@ -71,7 +72,8 @@ void check_trace(const std::string& schedule) {
   std::map<int, std::map<int64_t, std::vector<std::string>>> ops;  // pid -> step -> names
   std::map<int, double> last_ts;
   std::map<int, int> comm_slices, optimizer_slices;
-  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>> forwards;  // (pid, step, micro)
+  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>>
+      forwards;  // (pid, step, micro)
   for (const auto& e : trace["traceEvents"]) {
     const int pid = e.at("pid").get<int>();
     ASSERT_EQ(e.at("tid").get<int>(), pid) << "one track per rank";
@@ -89,7 +91,8 @@ void check_trace(const std::string& schedule) {
     EXPECT_TRUE(step == 2 || step == 3) << "slice of untraced step " << step;
     if (cat == "pipeline") ops[pid][step].push_back(e.at("name"));
     if (cat == "pipeline" && e["args"].at("kind") == "F")
-      forwards[{pid, step, e["args"].at("micro").get<int64_t>()}] = {ts, ts + e["dur"].get<double>()};
+      forwards[{pid, step, e["args"].at("micro").get<int64_t>()}] = {ts,
+                                                                     ts + e["dur"].get<double>()};
     if (cat == "comm") {
       ++comm_slices[pid];
       EXPECT_FALSE(e["args"].at("group").get<std::string>().empty());
@@ -103,8 +106,7 @@ void check_trace(const std::string& schedule) {
   int64_t compared = 0;
   for (int stage = 0; stage < 2; ++stage) {
     std::vector<std::string> expected;
-    for (const PipeOp& op :
-         pipeline_schedule(parse_schedule_kind(schedule), stage, 2, kMicro))
+    for (const PipeOp& op : pipeline_schedule(parse_schedule_kind(schedule), stage, 2, kMicro))
       expected.push_back(to_string(op));
     ASSERT_EQ(ops[stage].size(), 2u) << "stage " << stage << ": traced steps";
     for (int64_t step : {2, 3}) {
@@ -115,15 +117,14 @@ void check_trace(const std::string& schedule) {
     EXPECT_EQ(optimizer_slices[stage], 2) << "stage " << stage;
   }
   // One time line for both ranks: stage 1 starts a micro-batch's forward after stage 0 ended
-  // its, within 500 us (the clock offsets' error is microseconds; a barrier's exit skew, the origin before
-  // offsets were measured, was milliseconds).
+  // its, within 500 us (the clock offsets' error is microseconds; a barrier's exit skew, the origin
+  // before offsets were measured, was milliseconds).
   for (int64_t step : {2, 3})
     for (int64_t micro = 0; micro < kMicro; ++micro)
       EXPECT_GE(forwards.at({1, step, micro}).first, forwards.at({0, step, micro}).second - 500)
           << "step " << step << " micro " << micro;
   std::printf("[ trace %s ] %lld pipeline slices matched the schedule, %d + %d comm slices\n",
-              schedule.c_str(), static_cast<long long>(compared), comm_slices[0],
-              comm_slices[1]);
+              schedule.c_str(), static_cast<long long>(compared), comm_slices[0], comm_slices[1]);
   EXPECT_GT(compared, 0);
 }
 
@@ -137,8 +138,8 @@ struct Timed {
 };
 
 bool is_compute(PipeOpKind k) {
-  return k == PipeOpKind::Forward || k == PipeOpKind::Backward ||
-         k == PipeOpKind::BackwardInput || k == PipeOpKind::BackwardWeight;
+  return k == PipeOpKind::Forward || k == PipeOpKind::Backward || k == PipeOpKind::BackwardInput ||
+         k == PipeOpKind::BackwardWeight;
 }
 
 struct BubbleResult {
@@ -176,8 +177,8 @@ void add_latencies(const std::vector<Timed>& ops, std::vector<double> out[2]) {
     const bool forward = kind == PipeOpKind::RecvForward;
     if (!forward && kind != PipeOpKind::RecvBackward) continue;
     const int sender = forward ? 0 : 1;
-    const Timed* send = find(sender, forward ? PipeOpKind::SendForward : PipeOpKind::SendBackward,
-                             r.micro);
+    const Timed* send =
+        find(sender, forward ? PipeOpKind::SendForward : PipeOpKind::SendBackward, r.micro);
     if (send && send->start > r.start) out[sender].push_back(r.end - send->start);
   }
 }
@@ -189,9 +190,8 @@ BubbleResult measure_bubble(const std::string& schedule) {
   const auto dir = shared_corpus("timeline_trace");
   const Config config = parity_config(
       dir, {1, 2, 1},
-      {"parallel.schedule=" + schedule, "train.global_batch=8", "model.width=256",
-       "model.heads=4", "model.seq_len=64", "model.layers=4",
-       "log.dir=" + (dir / ("bubble_" + schedule)).string()});
+      {"parallel.schedule=" + schedule, "train.global_batch=8", "model.width=256", "model.heads=4",
+       "model.seq_len=64", "model.layers=4", "log.dir=" + (dir / ("bubble_" + schedule)).string()});
   std::vector<std::vector<Timed>> steps(kSteps);
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     int64_t step = 0;
@@ -201,8 +201,8 @@ BubbleResult measure_bubble(const std::string& schedule) {
       const auto s = [](std::chrono::steady_clock::time_point t) {
         return std::chrono::duration<double>(t.time_since_epoch()).count();
       };
-      steps[step].push_back({stage, static_cast<double>(op.kind),
-                             static_cast<double>(op.micro), s(a), s(b)});
+      steps[step].push_back(
+          {stage, static_cast<double>(op.kind), static_cast<double>(op.micro), s(a), s(b)});
     });
     for (step = 0; step < kSteps; ++step) t.train_step(step);
   });
@@ -270,7 +270,8 @@ TEST(TimelineTrace, ZeroBubblePp2HasOneSlicePerScheduledOp) { check_trace("zb-h1
 
 TEST(MeasuredBubble, Pp2SchedulesOrderAsTheoryAndMatchTheSimulator) {
   std::map<std::string, BubbleResult> r;
-  for (const std::string schedule : {"1f1b", "gpipe", "zb-h1"}) r[schedule] = measure_bubble(schedule);
+  for (const std::string schedule : {"1f1b", "gpipe", "zb-h1"})
+    r[schedule] = measure_bubble(schedule);
   if (world_rank() != 0) return;
   // Interleaved 1F1B is not run by this branch's executor (the generator and simulator only).
   for (const auto& [schedule, b] : r) {
