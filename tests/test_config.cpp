@@ -621,6 +621,21 @@ TEST(ConfigReject, PipelineLayers) {
   EXPECT_TRUE(parse("[parallel]\npipeline_layers = []\n").parallel.pipeline_layers.empty());
 }
 
+TEST(ConfigReject, TraceSteps) {
+  EXPECT_ERROR("[log]\ntrace_steps = [3, 2]\n",
+               "log.trace_steps ([3, 2]) must be [first, last] with first <= last (1-based steps)");
+  EXPECT_ERROR("[log]\ntrace_steps = [4]\n",
+               "log.trace_steps ([4]) must be [first, last] with first <= last (1-based steps)");
+  EXPECT_ERROR("[log]\ntrace_steps = []\n",
+               "log.trace_steps ([]) must be [first, last] with first <= last (1-based steps)");
+  EXPECT_ERROR("[log]\ntrace_steps = [0, 2]\n", "log.trace_steps[0] (0) must be >= 1");
+  const Config c = parse("[log]\ntrace = true\ntrace_steps = [5, 5]\n");
+  EXPECT_TRUE(c.log.trace);
+  EXPECT_EQ(c.log.trace_steps, (std::vector<int64_t>{5, 5}));
+  EXPECT_FALSE(parse("").log.trace);
+  EXPECT_EQ(parse("").log.trace_steps, (std::vector<int64_t>{2, 3}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Overrides
 

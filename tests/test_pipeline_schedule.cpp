@@ -258,6 +258,39 @@ TEST(pipeline_schedule, MakespanHoldsForOtherComputeCosts) {
         }
 }
 
+TEST(pipeline_schedule, PerStageCostsSimulateEachStageAtItsOwnCosts) {
+  // The same costs on every stage: the one-cost simulation exactly.
+  const PipeSimCosts unit{1, 2, 0.25, 1};
+  for (ScheduleKind kind :
+       {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1}) {
+    std::vector<std::vector<PipeOp>> ops;
+    for (int s = 0; s < 3; ++s) ops.push_back(pipeline_schedule(kind, s, 3, 5));
+    const PipeSimResult same =
+        simulate_pipeline_per_stage(ops, 5, std::vector<PipeSimCosts>(3, unit));
+    const PipeSimResult one = simulate_pipeline(kind, 3, 5, unit);
+    ASSERT_TRUE(same.ok && one.ok) << same.error << one.error;
+    EXPECT_EQ(same.makespan, one.makespan) << to_string(kind);
+    EXPECT_EQ(same.busy, one.busy) << to_string(kind);
+    // A stage twice as slow: its busy time doubles, and the pipeline runs at its pace: at least
+    // its own work after stage 0's first forward, at most the makespan of three slow stages,
+    // (M + p - 1) (F + B).
+    std::vector<PipeSimCosts> slow(3, PipeSimCosts{1, 2, 0, 1});
+    slow[1] = PipeSimCosts{2, 4, 0, 2};
+    const PipeSimResult r = simulate_pipeline_per_stage(ops, 5, slow);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_DOUBLE_EQ(r.busy[1], 5 * 6.0) << to_string(kind);
+    EXPECT_DOUBLE_EQ(r.busy[0], 5 * 3.0) << to_string(kind);
+    EXPECT_GE(r.makespan, 5 * 6.0 + 1) << to_string(kind);
+    EXPECT_LE(r.makespan, (5 + 2) * 6.0) << to_string(kind);
+  }
+  std::vector<std::vector<PipeOp>> two = {pipeline_schedule(ScheduleKind::OneFOneB, 0, 2, 2),
+                                          pipeline_schedule(ScheduleKind::OneFOneB, 1, 2, 2)};
+  const PipeSimResult wrong =
+      simulate_pipeline_per_stage(two, 2, std::vector<PipeSimCosts>(3, unit));
+  EXPECT_FALSE(wrong.ok);
+  EXPECT_NE(wrong.error.find("3 stage costs for 2 stages"), std::string::npos) << wrong.error;
+}
+
 TEST(pipeline_schedule, PrintsTimelineAndBubbleTable) {
   for (ScheduleKind kind : kKinds) {
     const PipeSimResult r = simulate_pipeline(kind, 4, 8);

@@ -237,6 +237,16 @@ const Key kKeys[] = {
    "Also write TensorBoard event files (events.out.tfevents.*) in `log.dir`, from the rank "
    "that writes metrics.jsonl, at every logged step: each number of metrics.jsonl as a scalar "
    "(loss, val_loss, lr, grad_norm, tokens_per_s, ...), and the resolved config as text."},
+  {TRIDENT_KEY(log, trace), any(),
+   "Write a timeline trace of the steps `log.trace_steps` to `log.dir`/trace.json (Chrome "
+   "trace-event JSON, opened by Perfetto and chrome://tracing): one track per rank, a slice "
+   "per pipeline operation, communication call, optimizer step and checkpoint save "
+   "(docs/pipeline.md, \"Timeline trace\"); data_tools/plot_timeline.py draws it."},
+  {TRIDENT_KEY(log, trace_steps), at_least(1),
+   "[first, last]: the steps (1-based, as in metrics.jsonl, inclusive) that `log.trace` "
+   "records; only these are held in memory. The file is written after the last of them (or "
+   "at the end of the run).",
+   "two entries, first <= last"},
 };
 // clang-format on
 #undef TRIDENT_KEY
@@ -709,6 +719,11 @@ void check_relations(const Config& c, const std::string& source) {
       fail(source, "parallel.pipeline_layers (" + text + ") must sum to model.layers (" +
                        int_text(m.layers) + "), sums to " + int128_text(sum));
   }
+
+  const std::vector<int64_t>& ts = c.log.trace_steps;
+  if (ts.size() != 2 || ts[0] > ts[1])
+    fail(source, "log.trace_steps (" + value_text(ts) +
+                     ") must be [first, last] with first <= last (1-based steps)");
 }
 
 // data.train / data.val entries: the blend syntax (data/blend.hpp), so that a bad weight stops

@@ -101,6 +101,8 @@ struct LogConfig {
   std::string dir = "runs/default";
   int64_t interval = 1;
   bool tensorboard = false;  // also TensorBoard event files in dir (train/tensorboard.hpp)
+  bool trace = false;  // a timeline of trace_steps in dir/trace.json (train/timeline_trace.hpp)
+  std::vector<int64_t> trace_steps = {2, 3};  // [first, last] step traced, 1-based, inclusive
 };
 
 struct Config {

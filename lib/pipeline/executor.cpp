@@ -132,6 +132,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   std::map<int64_t, int> slot_of;  // micro-batch -> its activation slot
   int64_t next_weight = 0;         // the BackwardWeight due next (split backward)
   for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches)) {
+    const auto op_start = Clock::now();
     switch (op.kind) {
       case PipeOpKind::RecvForward: {
         auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_, stage_ - 1,
@@ -186,6 +187,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
                                          stage_ - 1, backward_tag(op.micro));
         break;
     }
+    if (op_observer_) op_observer_(op, op_start, Clock::now());
   }
   wait(pending_grad_send_);
   if (!slot_of.empty()) throw Error("pipeline schedule left micro-batches without a backward");

@@ -6,6 +6,7 @@
 // knows the schedule's operations, not the model's layers.
 // Messages are device memory of the model's device in its stream type (the pipeline
 // communicator must accept such buffers).
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,6 +53,14 @@ class PipelineExecutor {
   // split backward (ZB-H1) during its BackwardWeight, the step's last, not its BackwardInput.
   void set_last_backward_hook(std::function<void(int64_t)> hook) { last_hook_ = std::move(hook); }
 
+  // Called after each operation of a training step's schedule with the op as the schedule gave
+  // it (micro-batch, chunk) and its host wall-clock interval (the timeline trace, the bubble
+  // tests). On a GPU the interval is the host's: when the op was enqueued, not when it ran.
+  using OpObserver =
+      std::function<void(const PipeOp& op, std::chrono::steady_clock::time_point start,
+                         std::chrono::steady_clock::time_point end)>;
+  void set_op_observer(OpObserver observer) { op_observer_ = std::move(observer); }
+
   // The non-const form first adds the device times not read yet (waits, bounded, for the
   // stream to pass the step's last mark); the const form returns what has been read.
   const PipelineStats& stats() const { return stats_; }
@@ -89,6 +98,7 @@ class PipelineExecutor {
   std::shared_ptr<void> recv_buffer_, grad_buffer_, send_grad_buffer_;  // [B,T,C] each
   std::unique_ptr<CommRequest> pending_grad_send_;
   std::function<void(int64_t)> last_hook_;
+  OpObserver op_observer_;
   PipelineStats stats_;
   // The device's stream timers (nullptr: host wall clock), for the waits and the whole step.
   std::unique_ptr<IntervalTimer> wait_timer_, busy_timer_;

@@ -109,6 +109,38 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
     log_ = std::make_unique<MetricsLog>(config.log.dir);
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
   }
+  if (config.log.trace) start_trace();
+}
+
+void Trainer::start_trace() {
+  const std::string track = "rank " + std::to_string(groups_.world->rank()) + " (tp " +
+                            std::to_string(groups_.tp_rank) + ", pp " +
+                            std::to_string(groups_.pp_rank) + ", dp " +
+                            std::to_string(groups_.dp_rank) + ")";
+  trace_ = std::make_unique<TimelineTrace>(groups_.mpi_world, config_.log.trace_steps[0],
+                                           config_.log.trace_steps[1], track);
+  for (Communicator* comm : {groups_.world, groups_.tensor, groups_.pipeline, groups_.data,
+                             groups_.model_parallel, groups_.embedding, backend_.tensor,
+                             backend_.pipeline, backend_.data, backend_.embedding})
+    if (comm) trace_->install_on(*comm);
+  for (const auto& comm : backend_.owned) trace_->install_on(*comm);
+  executor_->set_op_observer(
+      [trace = trace_.get()](const PipeOp& op, TimelineTrace::Clock::time_point start,
+                             TimelineTrace::Clock::time_point end) {
+        trace->add_op(op, start, end);
+      });
+}
+
+void Trainer::finish_trace(int64_t steps_done, bool run_over) {
+  if (!trace_ || trace_->written() || (steps_done < trace_->last_step() && !run_over)) return;
+  const std::string path = (std::filesystem::path(config_.log.dir) / "trace.json").string();
+  trace_->write(path);
+  if (is_logging_rank()) {
+    std::printf("timeline trace of steps %lld-%lld (those run): %s\n",
+                static_cast<long long>(config_.log.trace_steps[0]),
+                static_cast<long long>(config_.log.trace_steps[1]), path.c_str());
+    std::fflush(stdout);
+  }
 }
 
 void Trainer::log_blend_shares() const {
@@ -207,6 +239,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
   const double lr = learning_rate(config_.optim, config_.train.steps, step);
+  const auto optimizer_start = std::chrono::steady_clock::now();
   if (std::isfinite(grad_norm)) {
     const double clip = config_.optim.grad_clip;
     const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
@@ -218,6 +251,8 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
     ++skipped_steps_;  // the same decision on every rank: the norm is a global value
     ++consecutive_skipped_;
   }
+  if (trace_)
+    trace_->add_slice("optimizer", "optimizer", optimizer_start, std::chrono::steady_clock::now());
   StepMetrics m;
   m.step = step + 1;
   m.total_steps = config_.train.steps;
@@ -229,6 +264,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
 }
 
 StepMetrics Trainer::train_step(int64_t step) {
+  if (trace_) trace_->set_step(step + 1);
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m = apply_update(step, forward_backward(step));
   device().synchronize();  // a GPU step is timed to the end of its optimizer update
@@ -283,7 +319,9 @@ RunOutcome Trainer::run() {
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
-    if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) {
+    const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
+    if (log_step && groups_.pp_size > 1) m.pipeline_bubble = interval_bubbles();  // all ranks
+    if (log_ && log_step) {
       const int64_t samples_done = (step + 1) * config_.train.global_batch;
       if (train_data_->size() > 1)
         m.data_counts = train_data_->sampler().counts_before(samples_done);
@@ -310,7 +348,12 @@ RunOutcome Trainer::run() {
                     (step + 1) % config_.train.exit_interval == 0);
     groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
     const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0;
-    if (!ck.dir.empty() && (periodic || last || stop)) save_checkpoint(step + 1);
+    if (!ck.dir.empty() && (periodic || last || stop)) {
+      const auto save_start = Clock::now();
+      save_checkpoint(step + 1);
+      if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
+    }
+    finish_trace(step + 1, last || stop);
     if (stop && !last) {
       log_blend_counts(step + 1);
       if (is_logging_rank())
@@ -519,6 +562,19 @@ void Trainer::init_weights_from(const std::string& path) {
 }  // namespace trident
 
 namespace trident {
+
+std::vector<double> Trainer::interval_bubbles() {
+  const PipelineStats& st = executor_->stats();
+  double mine[2] = {st.wait_seconds - logged_wait_seconds_, st.busy_seconds - logged_busy_seconds_};
+  logged_wait_seconds_ = st.wait_seconds;
+  logged_busy_seconds_ = st.busy_seconds;
+  std::vector<double> all(2 * groups_.pp_size);
+  groups_.pipeline->all_gather(mine, all.data(), 2, DType::F64);
+  std::vector<double> bubbles(groups_.pp_size);
+  for (int s = 0; s < groups_.pp_size; ++s)
+    bubbles[s] = all[2 * s + 1] > 0 ? all[2 * s] / all[2 * s + 1] : 0.0;
+  return bubbles;
+}
 
 std::string Trainer::pipeline_report() {
   // [bubble fraction, peak in-flight micro-batches, peak activation MB] of every stage.
