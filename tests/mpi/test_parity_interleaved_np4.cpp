@@ -2,95 +2,17 @@
 // layers cut into p * v chunks, stage s holding chunks s, s + p, ...) run for real, against the
 // single-rank run (1F1B on one rank): every gradient after step 1 and 20 losses within 1e-5
 // relative, on PP 2 (v 2), PP 2 x DP 2 (the data-parallel all-reduce started by the grads-final
-// hook from each chunk's last backward), PP 2 x TP 2, PP 2 x TP 2 with sequence parallelism,
-// PP 4 (8 layers, v 2: chunks of one layer) and llama on PP 2 x TP 2.
-#include <gtest/gtest.h>
-#include <mpi.h>
-
-#include "parity.hpp"
+// hook from each chunk's last backward), PP 2 x TP 2 and PP 4 (8 layers, v 2: chunks of one
+// layer). Sequence parallelism and llama: test_parity_interleaved_tp_np4.cpp.
+#include "interleaved_parity.hpp"
 
 using namespace trident;
 using namespace trident::test;
 
-namespace {
-
-std::vector<std::string> interleaved(int virtual_stages, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"parallel.schedule=interleaved",
-                                "parallel.virtual_stages=" + std::to_string(virtual_stages)};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
-// test_parity_llama_np4.cpp's model: 8 query heads of size 4 in 4 kv groups, the head untied.
-std::vector<std::string> llama(std::vector<std::string> extra) {
-  std::vector<std::string> o = {"model.arch=llama",  "model.heads=8",
-                                "model.kv_heads=4",  "model.ffn_width=64",
-                                "model.tie_embeddings=false", "model.rope_theta=500.0"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
-// check_parity, counting the gradient elements compared (a comparison of nothing fails).
-void check_interleaved_parity(const ParityLayout& l, std::vector<std::string> extra,
-                              ParityData data = ParityData::Shards) {
-  int world_rank = 0, world_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  const auto dir = shared_corpus("parity_interleaved");
-  const Config config = parity_config(dir, l, extra, data);
-  ASSERT_EQ(config.parallel.schedule, "interleaved");
-  const Reference ref = reference_run(config, kParitySteps);
-  double worst_grad = 0.0, worst_loss = 0.0;
-  int64_t compared = 0;
-  std::string worst_name;
-  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
-    ASSERT_EQ(t.model().chunk_count(), config.parallel.virtual_stages);
-    for (int64_t s = 0; s < kParitySteps; ++s) {
-      const double loss = t.forward_backward(s);
-      if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name, &compared);
-      t.apply_update(s, loss);
-      worst_loss = std::max(worst_loss, std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]));
-    }
-  });
-  EXPECT_LE(worst_grad, 1e-5) << l.name() << ": " << worst_name;
-  EXPECT_LE(worst_loss, 1e-5) << l.name();
-  worst_grad = max_over_world(worst_grad);
-  worst_loss = max_over_world(worst_loss);
-  // Every element of the global model (vocabulary padding excluded) is compared at least once
-  // per layout group (replicated tensors once per tensor rank, data-parallel replicas and the
-  // tied embedding's two copies each).
-  int64_t global = 0;
-  for (const ParamInfo& p : global_parameters(config.model)) {
-    int64_t n = 1;
-    for (const int64_t d : p.global_shape) n *= d;
-    global += n;
-  }
-  int64_t all = compared;
-  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  const int64_t groups = world_size / config.parallel.world_size();
-  EXPECT_GE(all / groups, global);
-  if (world_rank == 0)
-    std::printf("[ measured ] interleaved v=%lld %s on %s: %lld gradient elements compared "
-                "(%lld global), worst relative error after step 1 %.3e; %lld losses worst "
-                "relative error %.3e (final loss %.6f)\n",
-                static_cast<long long>(config.parallel.virtual_stages), l.name().c_str(),
-                data_name(data), static_cast<long long>(all / groups),
-                static_cast<long long>(global), worst_grad,
-                static_cast<long long>(kParitySteps), worst_loss, ref.losses.back());
-}
-
-}  // namespace
-
 TEST(InterleavedParity, Pp2V2) { check_interleaved_parity({1, 2, 1}, interleaved(2)); }
 TEST(InterleavedParity, Pp2Dp2V2) { check_interleaved_parity({1, 2, 2}, interleaved(2)); }
 TEST(InterleavedParity, Tp2Pp2V2) { check_interleaved_parity({2, 2, 1}, interleaved(2)); }
-TEST(InterleavedParity, Tp2Pp2V2SequenceParallel) {
-  check_interleaved_parity({2, 2, 1}, interleaved(2, {"parallel.sequence_parallel=true"}));
-}
 // 8 layers in 8 chunks of one; 4 micro-batches per step (a multiple of 4 stages).
 TEST(InterleavedParity, Pp4V2) {
   check_interleaved_parity({1, 4, 1}, interleaved(2, {"model.layers=8"}));
-}
-TEST(InterleavedParity, LlamaTp2Pp2V2) {
-  check_interleaved_parity({2, 2, 1}, llama(interleaved(2)), ParityData::Indexed);
 }
