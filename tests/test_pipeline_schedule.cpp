@@ -636,5 +636,36 @@ TEST(pipeline_schedule, ExplicitCountsAreCheckedAndUsed) {
   check(error_of([] { stage_layer_range({2, 2}, -1); }), "pipeline stage -1 is out of range");
 }
 
+// The interleaved schedule's chunks: p * v equal chunks, stage s holding s, s + p, ...; every
+// layer on exactly one (stage, chunk), the virtual stages in model order.
+TEST(pipeline_schedule, InterleavedChunksCoverTheLayersInVirtualStageOrder) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(stage_layer_chunks(8, 2, 2, 0), (Ranges{{0, 2}, {4, 6}}));
+  EXPECT_EQ(stage_layer_chunks(8, 2, 2, 1), (Ranges{{2, 4}, {6, 8}}));
+  EXPECT_EQ(stage_layer_chunks(8, 4, 2, 3), (Ranges{{3, 4}, {7, 8}}));
+  for (const auto& [stages, v] : {std::pair{2, 2}, {2, 3}, {4, 2}, {3, 4}}) {
+    const int64_t layers = 2 * stages * v;
+    std::vector<std::pair<int64_t, int64_t>> by_virtual(static_cast<size_t>(stages * v));
+    for (int s = 0; s < stages; ++s) {
+      const auto chunks = stage_layer_chunks(layers, stages, v, s);
+      ASSERT_EQ(chunks.size(), static_cast<size_t>(v));
+      for (int c = 0; c < v; ++c) by_virtual[static_cast<size_t>(c * stages + s)] = chunks[c];
+    }
+    int64_t at = 0;
+    for (const auto& [b, e] : by_virtual) {
+      EXPECT_EQ(b, at);
+      EXPECT_EQ(e - b, 2);
+      at = e;
+    }
+    EXPECT_EQ(at, layers) << stages << " stages, v " << v;
+  }
+  const std::string uneven = error_of([] { stage_layer_chunks(6, 2, 2, 0); });
+  EXPECT_EQ(uneven,
+            "model.layers (6) must be divisible by parallel.pipeline * parallel.virtual_stages "
+            "(2 * 2 = 4): the interleaved schedule cuts the layers into that many equal chunks");
+  EXPECT_NE(error_of([] { stage_layer_chunks(8, 2, 2, 2); }).find("pipeline stage 2 is out of range"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace trident

@@ -52,9 +52,14 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
                 ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
   const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
-  const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
-                         groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
-                         sequence_parallel};
+  ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
+                   groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
+                   sequence_parallel};
+  // Interleaved: the stage's model chunks (virtual stages) in place of one range.
+  if (config.parallel.schedule == "interleaved")
+    shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,
+                                      static_cast<int>(config.parallel.virtual_stages),
+                                      groups.pp_rank);
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
@@ -587,9 +592,17 @@ std::string Trainer::pipeline_report() {
   // The idle fraction of the schedule in use in units of one forward: 1F1B and GPipe idle
   // 3(p-1) of 3m+3(p-1) with B = 2F; ZB-H1's deferred weight gradients fill two thirds of
   // that, (p-1)/(3m+p-1), a figure that assumes F = B = W (B here: the input gradient alone).
+  // Interleaved: each of v chunks is 1/v of a stage's work, so the bubble, still p-1 chunk
+  // forwards and backwards, is (p-1)/(vm+p-1) (Megatron-LM); "held" counts chunk micro-batches.
   const bool zero_bubble = config_.parallel.schedule == "zb-h1";
-  const double theory = zero_bubble ? (p - 1) / (3 * m + p - 1) : (p - 1) / (m + p - 1);
-  const char* formula = zero_bubble ? "(p-1)/(3m+p-1) for F=B=W" : "(p-1)/(m+p-1)";
+  const bool interleaved = config_.parallel.schedule == "interleaved";
+  const double v = static_cast<double>(config_.parallel.virtual_stages);
+  const double theory = zero_bubble   ? (p - 1) / (3 * m + p - 1)
+                        : interleaved ? (p - 1) / (v * m + p - 1)
+                                      : (p - 1) / (m + p - 1);
+  const char* formula = zero_bubble   ? "(p-1)/(3m+p-1) for F=B=W"
+                        : interleaved ? "(p-1)/(vm+p-1)"
+                                      : "(p-1)/(m+p-1)";
   std::string out;
   char line[256];
   for (int s = 0; s < groups_.pp_size; ++s) {
