@@ -180,7 +180,7 @@ TEST(comm_wait, WatchTimeoutAbortsEveryCommunicatorAndNamesThem) {
             "rank 3: communication timeout: to_host on cuda:0 did not finish within 600 s; last "
             "operations posted: communicator 'data' all_reduce (call 42), communicator "
             "'pipeline' recv from 2 (call 2); all communicators of this rank aborted (a peer "
-            "failed or stalled; TRIDENT_COMM_TIMEOUT_S sets the limit)");
+            "failed or stalled; parallel.comm_timeout_s sets the limit)");
   EXPECT_EQ(data.aborts, 1);
   EXPECT_EQ(pipe.aborts, 1);
   EXPECT_TRUE(watch.aborted());

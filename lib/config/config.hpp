@@ -47,6 +47,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::vector<int64_t> pipeline_layers;  // empty: even split
   double dp_bucket_mb = 25.0;
+  double comm_timeout_s = 600.0;       // collective watchdog (comm/comm_watchdog.hpp)
   int64_t world_size() const { return tensor * pipeline * data; }
 };
 
@@ -101,6 +102,7 @@ struct LogConfig {
   std::string dir = "runs/default";
   int64_t interval = 1;
   bool tensorboard = false;  // also TensorBoard event files in dir (train/tensorboard.hpp)
+  int64_t straggler_interval = 100;  // straggler report every this many steps; 0: off
 };
 
 struct Config {
