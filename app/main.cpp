@@ -84,6 +84,10 @@ int main(int argc, char** argv) {
   // MPI_Abort while the main thread may be inside a blocking MPI call.
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE && world_rank() == 0)
+    std::fprintf(stderr, "trident: warning: this MPI provides thread level %d, not "
+                         "MPI_THREAD_MULTIPLE: the collective watchdog's abort from its own "
+                         "thread is not guaranteed to work\n", provided);
   CLI::App app{"Trident: 3D-parallel GPT training"};
   app.require_subcommand(1);
   trident::TrainOptions train;

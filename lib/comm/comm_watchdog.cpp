@@ -10,24 +10,6 @@
 
 namespace trident {
 
-// ---------------------------------------------------------------- Communicator's numbering
-
-int64_t Communicator::post(const std::string& op) {
-  const int64_t seq = ++last_posted_;
-  if (watchdog_) watchdog_->maybe_stall(*this, op, seq);
-  return seq;
-}
-
-Communicator::WaitScope::WaitScope(Communicator& comm, const std::string& op, int64_t seq)
-    : comm_(comm), seq_(seq) {
-  if (comm_.watchdog_) comm_.watchdog_->wait_begin(comm_, op, seq);
-}
-
-Communicator::WaitScope::~WaitScope() {
-  if (comm_.watchdog_) comm_.watchdog_->wait_end();
-  comm_.completed(seq_);
-}
-
 // ----------------------------------------------------------------------------- SkipHook
 
 SkipHook parse_skip_hook(const std::string& text) {
