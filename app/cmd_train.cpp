@@ -9,8 +9,10 @@
 #include <fstream>
 #include <thread>
 #include <iostream>
+#include <mutex>
 
 #include "commands.hpp"
+#include "comm/comm_watchdog.hpp"
 #include "checkpoint/commit.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
@@ -103,6 +105,51 @@ void write_resolved_config(const Config& c) {
   if (ec) throw Error("cannot write '" + path.string() + "': " + ec.message());
 }
 
+// The collective watchdog of this rank (comm/comm_watchdog.hpp) over the grid's communicators,
+// from start-up to the end of the run. Its timeout ends the job: the line on stderr, the
+// device's NCCL communicators aborted (their kernels may wait for the stalled peer), then
+// MPI_Abort with kCommTimeoutExitCode, which makes mpiexec/srun end every rank.
+class JobWatchdog {
+ public:
+  JobWatchdog(ProcessGrid& grid, const Config& config)
+      : grid_(grid),
+        watchdog_(grid.rank(), comm_timeout_seconds(config.parallel.comm_timeout_s),
+                  [this](const std::string& line) { end_job(line); }) {
+    if (const char* hook = std::getenv(kSkipHookEnv); hook && *hook)
+      watchdog_.set_skip_hook(parse_skip_hook(hook));
+    for (Communicator* c : grid_.communicators()) c->set_watchdog(&watchdog_);
+    watchdog_.start();
+  }
+  ~JobWatchdog() {
+    watchdog_.stop();
+    for (Communicator* c : grid_.communicators()) c->set_watchdog(nullptr);
+  }
+  // GPU runs: the device's communicators, aborted before the job ends.
+  void watch_device(std::shared_ptr<CommWatch> device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_ = std::move(device);
+  }
+
+ private:
+  [[noreturn]] void end_job(const std::string& line) {
+    std::fprintf(stderr, "trident: error: %s\n", line.c_str());
+    std::fflush(stderr);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (device_) device_->abort_all("collective watchdog: " + line);
+    }
+    // As main()'s fail(): let mpiexec's proxies forward the line before the abort kills all.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
+    std::_Exit(kCommTimeoutExitCode);
+  }
+
+  ProcessGrid& grid_;
+  CommWatchdog watchdog_;
+  std::mutex mutex_;
+  std::shared_ptr<CommWatch> device_;
+};
+
 }  // namespace
 
 int run_train(const TrainOptions& options) {
@@ -128,6 +175,7 @@ int run_train(const TrainOptions& options) {
   const Config config = load_configs(options.configs, options.overrides);
   if (stopped_in_start_up("after reading the config")) return stop_exit_code(config);
   ProcessGrid grid(MPI_COMM_WORLD, config);
+  JobWatchdog watchdog(grid, config);
 
   // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
   const int threads = config.train.threads > 0
@@ -151,6 +199,7 @@ int run_train(const TrainOptions& options) {
   }
   if (stopped_in_start_up("before building the model")) return stop_exit_code(config);
   Trainer trainer(config, TrainerGroups::from_grid(grid));
+  watchdog.watch_device(trainer.comm_watch());
   if (stopped_in_start_up("after building the model")) return stop_exit_code(config);
   if (lead) {
     std::printf("device of rank 0: %s, precision %s%s\n", trainer.device().describe().c_str(),

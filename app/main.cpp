@@ -16,6 +16,7 @@
 #include <vector>
 #include <thread>
 
+#include "comm/comm_watchdog.hpp"
 #include "commands.hpp"
 #include "util/error.hpp"
 
@@ -30,7 +31,7 @@ int world_rank() {
 // A failure ends the whole job, never a hang: MPI_Abort takes every rank down. Errors that all
 // ranks hit alike (config, layout) are printed by rank 0 alone: the other ranks wait a moment
 // for rank 0's abort before printing their own, so a rank-local failure is still reported.
-[[noreturn]] void fail(const std::string& message) {
+[[noreturn]] void fail(const std::string& message, int code = 1) {
   const int rank = world_rank();
   if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(3));
   std::fprintf(stderr, "trident: error%s: %s\n",
@@ -39,8 +40,8 @@ int world_rank() {
   // MPI_Abort makes mpiexec kill every process at once; give its proxies a moment to forward
   // the line just written, or under load the job can end with the error message lost.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 // The command level (the app or a subcommand such as `ckpt`) that required a subcommand and
@@ -79,7 +80,14 @@ std::string command_list(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // MPI_THREAD_MULTIPLE: the collective watchdog's thread (comm/comm_watchdog.hpp) calls
+  // MPI_Abort while the main thread may be inside a blocking MPI call.
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_MULTIPLE && world_rank() == 0)
+    std::fprintf(stderr, "trident: warning: this MPI provides thread level %d, not "
+                         "MPI_THREAD_MULTIPLE: the collective watchdog's abort from its own "
+                         "thread is not guaranteed to work\n", provided);
   CLI::App app{"Trident: 3D-parallel GPT training"};
   app.require_subcommand(1);
   trident::TrainOptions train;
@@ -120,6 +128,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("config")) trident::run_config(config_options);
     if (app.got_subcommand("export")) trident::run_export(export_options);
     if (app.got_subcommand("import")) trident::run_import(import_options);
+  } catch (const trident::CommTimeoutError& e) {
+    fail(e.what(), trident::kCommTimeoutExitCode);
   } catch (const trident::Error& e) {
     fail(e.what());
   } catch (const std::exception& e) {

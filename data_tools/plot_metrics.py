@@ -10,7 +10,8 @@ tokens_per_s, and val_loss on eval steps) and writes a PNG (default RUN_DIR/loss
 the train loss and the validation loss against the step, and, with --entropy (or --stats, a
 stats.json from prepare_text.py), a horizontal line at the unigram entropy: the loss of a
 model that only knows the byte frequencies. Lines that are not JSON objects (e.g. a line cut
-short by a killed run) are skipped with a warning. Needs matplotlib (Debian:
+short by a killed run) are skipped with a warning; records with a "type" (the straggler
+report, docs/reliability.md) are not step metrics and are skipped silently. Needs matplotlib (Debian:
 python3-matplotlib); uses the Agg backend, so no display is needed.
 """
 
@@ -35,6 +36,8 @@ def read_metrics(path):
                 continue
             if not isinstance(row, dict) or "step" not in row:
                 print(f"warning: {path}:{lineno}: no 'step', skipped", file=sys.stderr)
+                continue
+            if "type" in row:  # another record than a step's metrics (straggler report)
                 continue
             rows.append(row)
     return rows

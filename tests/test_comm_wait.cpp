@@ -163,6 +163,37 @@ struct FakeMember {
   }
 };
 
+TEST(comm_wait, ConfiguredTimeoutUnlessTheEnvironmentOverridesIt) {
+  unsetenv(kCommTimeoutEnv);
+  EXPECT_EQ(comm_timeout_seconds(42), 42) << "parallel.comm_timeout_s";
+  setenv(kCommTimeoutEnv, "2.5", 1);
+  EXPECT_EQ(comm_timeout_seconds(42), 2.5);
+  setenv(kCommTimeoutEnv, "abc", 1);
+  EXPECT_EQ(error_of([] { comm_timeout_seconds(42); }),
+            "TRIDENT_COMM_TIMEOUT_S='abc' is not a number of seconds > 0 (the communication "
+            "timeout)");
+  unsetenv(kCommTimeoutEnv);
+}
+
+TEST(comm_wait, TimeoutIsACommTimeoutErrorAndAnAsyncErrorIsNot) {
+  // main() ends the job with the watchdog's exit code 76 on a CommTimeoutError, 1 otherwise.
+  FakeClock fc;
+  auto describe = [](const WaitResult&) { return std::string("failed"); };
+  EXPECT_THROW(bounded_wait([] { return false; }, nullptr, 5.0, describe, nullptr, fc.clock()),
+               CommTimeoutError);
+  bool timeout_type = false, thrown = false;
+  try {
+    bounded_wait([] { return false; }, [] { return std::string("link down"); }, 5.0, describe,
+                 nullptr, fc.clock());
+  } catch (const CommTimeoutError&) {
+    timeout_type = true;
+  } catch (const Error&) {
+    thrown = true;
+  }
+  EXPECT_TRUE(thrown);
+  EXPECT_FALSE(timeout_type);
+}
+
 TEST(comm_wait, WatchTimeoutAbortsEveryCommunicatorAndNamesThem) {
   FakeClock fc;
   CommWatch watch(3, 600.0, fc.clock());
@@ -180,7 +211,7 @@ TEST(comm_wait, WatchTimeoutAbortsEveryCommunicatorAndNamesThem) {
             "rank 3: communication timeout: to_host on cuda:0 did not finish within 600 s; last "
             "operations posted: communicator 'data' all_reduce (call 42), communicator "
             "'pipeline' recv from 2 (call 2); all communicators of this rank aborted (a peer "
-            "failed or stalled; TRIDENT_COMM_TIMEOUT_S sets the limit)");
+            "failed or stalled; parallel.comm_timeout_s sets the limit)");
   EXPECT_EQ(data.aborts, 1);
   EXPECT_EQ(pipe.aborts, 1);
   EXPECT_TRUE(watch.aborted());

@@ -1,4 +1,5 @@
-// dtype sizes and the self communicator (a group of one rank).
+// dtype sizes, the operations' sequence numbers and the self communicator (a group of one
+// rank).
 #include "comm/comm.hpp"
 
 #include <chrono>
@@ -6,6 +7,7 @@
 #include <deque>
 #include <sstream>
 
+#include "comm/comm_watchdog.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -71,6 +73,23 @@ void Communicator::count_post(const std::string& op, int64_t count, DType type) 
 void Communicator::count_wait(const std::string& op, int64_t bytes, double seconds) {
   stats_.ops[op].seconds += seconds;
   record_ending_now(recorder_, *this, op, bytes, seconds);
+}
+
+// Sequence numbers and waits, told to the rank's watchdog (comm/comm_watchdog.hpp).
+int64_t Communicator::post(const std::string& op) {
+  const int64_t seq = ++last_posted_;
+  if (watchdog_) watchdog_->maybe_stall(*this, op, seq);
+  return seq;
+}
+
+Communicator::WaitScope::WaitScope(Communicator& comm, const std::string& op, int64_t seq)
+    : comm_(comm), seq_(seq) {
+  if (comm_.watchdog_) comm_.watchdog_->wait_begin(comm_, op, seq);
+}
+
+Communicator::WaitScope::~WaitScope() {
+  if (comm_.watchdog_) comm_.watchdog_->wait_end();
+  comm_.completed(seq_);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // counted per group (calls, bytes, seconds) so tests can assert the collective pattern of a
 // training step and the log can print where communication time went.
 #include <chrono>
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -11,6 +12,8 @@
 #include <vector>
 
 namespace trident {
+
+class CommWatchdog;  // comm/comm_watchdog.hpp
 
 enum class DType { F32, F64, I32, I64, BF16 };
 enum class ReduceOp { Sum, Max };
@@ -105,6 +108,36 @@ class Communicator {
   // A non-blocking call's wait that completed it: seconds + `seconds` (not calls or bytes,
   // counted when it was posted), and the recorder sees the wait as one `op` of `bytes`.
   void count_wait(const std::string& op, int64_t bytes, double seconds);
+  // ---- Sequence numbers (comm/comm_watchdog.hpp) ----
+  // Every operation posted on this communicator gets the next sequence number (1, 2, ...),
+  // blocking or not; an operation is completed when its blocking call or its request's
+  // wait()/test() has seen it finish. The numbers are per group: every rank of the group posts
+  // the same operations in the same order, so "#42" names the same operation on every member.
+  int64_t last_posted() const { return last_posted_; }
+  int64_t last_completed() const { return last_completed_; }
+  // The world ranks of this group, in group-rank order (empty when not known: a self group).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  // The watchdog told about every wait of this communicator (nullptr: none). Not owned; it
+  // must outlive the communicator's operations (set nullptr before destroying it).
+  void set_watchdog(CommWatchdog* watchdog) { watchdog_ = watchdog; }
+
+  // For implementations (and their requests): post returns the operation's number (and runs
+  // the watchdog's test hook, which may stall this rank forever); a WaitScope spans the time
+  // a rank waits for operation `seq` (a blocking call, or a request's wait()), telling the
+  // watchdog; completed(seq) marks it done.
+  int64_t post(const std::string& op);
+  void completed(int64_t seq) { last_completed_ = std::max(last_completed_, seq); }
+  class WaitScope {
+   public:
+    WaitScope(Communicator& comm, const std::string& op, int64_t seq);
+    ~WaitScope();  // the wait ended: completed(seq), and the watchdog is told
+    WaitScope(const WaitScope&) = delete;
+    WaitScope& operator=(const WaitScope&) = delete;
+
+   private:
+    Communicator& comm_;
+    int64_t seq_;
+  };
 
  protected:
   explicit Communicator(std::string name) : name_(std::move(name)) {}
@@ -121,6 +154,10 @@ class Communicator {
   std::string name_;
   CommStats stats_;
   CommRecorder* recorder_ = nullptr;
+  std::vector<int> world_ranks_;
+  int64_t last_posted_ = 0;
+  int64_t last_completed_ = 0;
+  CommWatchdog* watchdog_ = nullptr;
 };
 
 // A group of one rank: every collective is the identity, still counted (so a single-rank run

@@ -27,6 +27,12 @@ double comm_timeout_from_env() {
   return s;
 }
 
+double comm_timeout_seconds(double configured) {
+  const char* v = std::getenv(kCommTimeoutEnv);
+  if (v == nullptr || *v == '\0') return configured;
+  return comm_timeout_from_env();
+}
+
 WaitClock WaitClock::steady() {
   WaitClock c;
   c.now = [] {
@@ -93,6 +99,7 @@ void bounded_wait(const std::function<bool()>& is_done,
   }
   if (r.end == WaitEnd::Done) return;
   if (on_failure) on_failure();
+  if (r.end == WaitEnd::TimedOut) throw CommTimeoutError(describe(r));
   throw Error(describe(r));
 }
 
@@ -205,8 +212,8 @@ std::string CommWatch::describe_failure(const WaitResult& r, const std::string& 
   if (r.end == WaitEnd::TimedOut) {
     m << "communication timeout: " << what << " did not finish within " << timeout_s_
       << " s; last operations posted: " << last_operations()
-      << "; all communicators of this rank aborted (a peer failed or stalled; " << kCommTimeoutEnv
-      << " sets the limit)";
+      << "; all communicators of this rank aborted (a peer failed or stalled; "
+      << "parallel.comm_timeout_s sets the limit)";
   } else {
     m << r.error << " (during " << what;
     if (r.seconds > 0) m << ", after " << r.seconds << " s";

@@ -24,8 +24,10 @@
 // cuda/nccl_comm.cpp) plugs its queries in as functions, and tests/test_comm_wait.cpp drives
 // it with fakes (a stream that never completes, an injected asynchronous error, a fake clock).
 //
-// Timeout: kDefaultCommTimeoutSeconds, or the environment variable TRIDENT_COMM_TIMEOUT_S
-// (seconds, > 0). The collective watchdog of a later step replaces it by a config key.
+// Timeout: the config's parallel.comm_timeout_s (the GPU backend passes it), which the
+// environment variable TRIDENT_COMM_TIMEOUT_S (seconds, > 0) overrides when set; the same limit
+// as the collective watchdog's (comm/comm_watchdog.hpp). A timeout throws CommTimeoutError, so
+// the job ends with the watchdog's exit code.
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -40,6 +42,9 @@ inline constexpr const char* kCommTimeoutEnv = "TRIDENT_COMM_TIMEOUT_S";
 // TRIDENT_COMM_TIMEOUT_S when set (throws trident::Error unless it is a number > 0), else
 // kDefaultCommTimeoutSeconds.
 double comm_timeout_from_env();
+// TRIDENT_COMM_TIMEOUT_S when set (checked as above), else `configured`
+// (parallel.comm_timeout_s).
+double comm_timeout_seconds(double configured);
 
 // The clock a bounded wait reads and the sleep between its polls (seconds); injectable so a
 // test runs a 600 s timeout in no time.
@@ -67,7 +72,7 @@ WaitResult poll_until(const std::function<bool()>& is_done,
                       const WaitClock& clock = WaitClock::steady());
 
 // poll_until; on AsyncError or TimedOut calls on_failure() (the abort), then throws
-// trident::Error(describe(result)). If is_done or async_error throws, on_failure() runs too
+// trident::Error(describe(result)) (TimedOut: trident::CommTimeoutError). If is_done or async_error throws, on_failure() runs too
 // before the exception propagates (a failed stream is no reason to leave peers waiting).
 void bounded_wait(const std::function<bool()>& is_done,
                   const std::function<std::string()>& async_error, double timeout_s,
@@ -120,7 +125,7 @@ class CommWatch {
   // and clock; on failure aborts every member and throws trident::Error:
   //   "rank 3: communication timeout: <what> did not finish within 600 s; last operations
   //    posted: ...; all communicators of this rank aborted (a peer failed or stalled;
-  //    TRIDENT_COMM_TIMEOUT_S sets the limit)"
+  //    parallel.comm_timeout_s sets the limit)"
   //   "rank 3: communicator 'pipeline' reported an asynchronous error during <what>: <error>;
   //    last operations posted: ...; all communicators of this rank aborted"
   void wait(const std::function<bool()>& is_done, const std::string& what);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <climits>
 #include <sstream>
+#include <vector>
 
 #include "util/bf16.hpp"
 #include "util/error.hpp"
@@ -110,6 +111,20 @@ inline void check(int rc, const std::string& comm, const char* call) {
 
 inline bool fits_int(int64_t n) { return n <= INT_MAX; }
 
+// The MPI_COMM_WORLD rank of each rank of `comm`, in its rank order (for the watchdog's line).
+std::vector<int> world_ranks_of(MPI_Comm comm, int size, const std::string& name) {
+  MPI_Group group, world;
+  check(MPI_Comm_group(comm, &group), name, "MPI_Comm_group");
+  check(MPI_Comm_group(MPI_COMM_WORLD, &world), name, "MPI_Comm_group");
+  std::vector<int> mine(size), ranks(size);
+  for (int i = 0; i < size; ++i) mine[i] = i;
+  const int rc = MPI_Group_translate_ranks(group, size, mine.data(), world, ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  check(rc, name, "MPI_Group_translate_ranks");
+  return ranks;
+}
+
 }  // namespace
 
 MPI_Datatype mpi_datatype(DType t) {
@@ -132,7 +147,7 @@ MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
 class MpiRequest final : public CommRequest {
  public:
   MpiRequest(MpiCommunicator* comm, const std::string* op, bool is_recv, int64_t bytes)
-      : comm_(comm), op_(op), is_recv_(is_recv), bytes_(bytes) {}
+      : comm_(comm), op_(op), is_recv_(is_recv), bytes_(bytes), seq_(comm->post(*op)) {}
   ~MpiRequest() override {
     if (req_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
@@ -145,6 +160,7 @@ class MpiRequest final : public CommRequest {
   }
   void wait() override {
     if (req_ == MPI_REQUEST_NULL) return;  // already waited (or an empty request)
+    Communicator::WaitScope waiting(*comm_, *op_, seq_);
     auto t0 = Clock::now();
     int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
     comm_->count_wait(*op_, bytes_, since(t0));
@@ -154,6 +170,7 @@ class MpiRequest final : public CommRequest {
     if (req_ == MPI_REQUEST_NULL) return true;
     int done = 0;
     check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), comm_->name(), "MPI_Test");
+    if (done) comm_->completed(seq_);
     return done != 0;
   }
   MPI_Request* handle() { return &req_; }
@@ -163,6 +180,7 @@ class MpiRequest final : public CommRequest {
   const std::string* op_;
   bool is_recv_;
   int64_t bytes_;  // the payload, for the recorder
+  int64_t seq_;    // the operation's number in its group
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
@@ -173,6 +191,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owns)
   }
   check(MPI_Comm_rank(comm_, &rank_), name_, "MPI_Comm_rank");
   check(MPI_Comm_size(comm_, &size_), name_, "MPI_Comm_size");
+  world_ranks_ = world_ranks_of(comm_, size_, name_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -187,6 +206,8 @@ void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp
   check_count("all_reduce", count);
   MPI_Datatype dt = mpi_datatype(type);
   MPI_Op mop = mpi_reduce_op(type, op);
+  const int64_t seq = post(kAllReduce);
+  WaitScope waiting(*this, kAllReduce, seq);
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
@@ -223,6 +244,8 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DT
   const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
   const void* sbuf = send;
   if (count > 0 && send == static_cast<const char*>(recv) + block * rank_) sbuf = MPI_IN_PLACE;
+  const int64_t seq = post(kAllGather);
+  WaitScope waiting(*this, kAllGather, seq);
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
@@ -242,6 +265,8 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
   MPI_Datatype dt = mpi_datatype(type);
   MPI_Op sum = mpi_reduce_op(type, ReduceOp::Sum);
   const void* sbuf = send == recv ? MPI_IN_PLACE : send;
+  const int64_t seq = post(kReduceScatter);
+  WaitScope waiting(*this, kReduceScatter, seq);
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
@@ -259,6 +284,8 @@ void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root)
   check_count("broadcast", count);
   check_peer("broadcast root", root);
   MPI_Datatype dt = mpi_datatype(type);
+  const int64_t seq = post(kBroadcast);
+  WaitScope waiting(*this, kBroadcast, seq);
   auto t0 = Clock::now();
   int rc;
   if (fits_int(count)) {
@@ -308,6 +335,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, D
 }
 
 void MpiCommunicator::barrier() {
+  const int64_t seq = post(kBarrier);
+  WaitScope waiting(*this, kBarrier, seq);
   auto t0 = Clock::now();
   int rc = MPI_Barrier(comm_);
   double dt_s = since(t0);

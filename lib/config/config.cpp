@@ -167,6 +167,12 @@ const Key kKeys[] = {
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},
   {TRIDENT_KEY(parallel, dp_bucket_mb), above(0),
    "Size of the data-parallel gradient all-reduce buckets, in MiB."},
+  {TRIDENT_KEY(parallel, comm_timeout_s), above(0),
+   "Collective watchdog: a rank that has waited this many seconds for one communication "
+   "operation (a collective, a send or a receive) prints one line naming the group, the "
+   "operation and its sequence number, and ends the whole job with exit code 76. The "
+   "environment variable TRIDENT_COMM_TIMEOUT_S, when set, overrides it. See "
+   "docs/reliability.md."},
 
   {TRIDENT_KEY(train, steps), at_least(1), "Optimizer steps."},
   {TRIDENT_KEY(train, seed), any(), "Random seed."},
@@ -241,6 +247,10 @@ const Key kKeys[] = {
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},
+  {TRIDENT_KEY(log, straggler_interval), at_least(0),
+   "Straggler report every this many steps: each rank's compute and communication time per "
+   "step since the last report, the slowest ranks named with their time relative to the "
+   "median, one log line and one metrics.jsonl record (docs/reliability.md); 0: off."},
   {TRIDENT_KEY(log, tensorboard), any(),
    "Also write TensorBoard event files (events.out.tfevents.*) in `log.dir`, from the rank "
    "that writes metrics.jsonl, at every logged step: each number of metrics.jsonl as a scalar "

@@ -48,6 +48,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::vector<int64_t> pipeline_layers;  // empty: even split
   double dp_bucket_mb = 25.0;
+  double comm_timeout_s = 600.0;       // collective watchdog (comm/comm_watchdog.hpp)
   int64_t world_size() const { return tensor * pipeline * data; }
 };
 
@@ -104,6 +105,7 @@ struct LogConfig {
   bool tensorboard = false;  // also TensorBoard event files in dir (train/tensorboard.hpp)
   bool trace = false;  // a timeline of trace_steps in dir/trace.json (train/timeline_trace.hpp)
   std::vector<int64_t> trace_steps = {2, 3};  // [first, last] step traced, 1-based, inclusive
+  int64_t straggler_interval = 100;  // straggler report every this many steps; 0: off
 };
 
 struct Config {

@@ -131,7 +131,8 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
 
   Backend b;
   // The communicators whose work the device's stream carries: its waits are bounded by them.
-  b.watch = std::make_shared<CommWatch>(groups.world->rank());
+  b.watch = std::make_shared<CommWatch>(groups.world->rank(),
+                                        comm_timeout_seconds(config.parallel.comm_timeout_s));
   auto device = std::make_unique<CudaDevice>(gpu_choice.ordinal, b.watch);
   CudaDevice& gpu = *device;
   gpu.set_identity(gpu_choice.identity);

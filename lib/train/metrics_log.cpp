@@ -132,6 +132,16 @@ void MetricsLog::write(const StepMetrics& m) {
     lost(jsonl_, "'" + path_ + "'", m.step, err);
 }
 
+void MetricsLog::write_record(const nlohmann::json& record) {
+  const int64_t step = record.at("step").get<int64_t>();
+  if (jsonl_.lines > 0) {  // after a failed write, as write(): nothing more is appended
+    lost(jsonl_, "'" + path_ + "'", step, ENOSPC);
+    return;
+  }
+  if (const int err = append_whole(fd_, record.dump() + "\n"))
+    lost(jsonl_, "'" + path_ + "'", step, err);
+}
+
 std::string MetricsLog::failure() const {
   std::string out;
   auto add = [&](const Losses& l, const std::string& what) {

@@ -49,6 +49,10 @@ class MetricsLog {
   // naming the file when it cannot be created.
   void enable_tensorboard(const std::string& config_toml);
   void write(const StepMetrics& m);
+  // One more metrics.jsonl line that is no step's metrics (it carries a "type", e.g. the
+  // straggler report, train/straggler.hpp), with write()'s whole-line and failure rules; not
+  // echoed to stdout or TensorBoard. `record` must hold an integer "step".
+  void write_record(const nlohmann::json& record);
   static std::string format_line(const StepMetrics& m);
   // "" while every line reached both destinations; else one line: how many lines of which
   // destination were lost, and the first error.

@@ -1,4 +1,5 @@
 #include "train/trainer.hpp"
+#include "train/straggler.hpp"
 
 #include <chrono>
 #include <filesystem>
@@ -316,10 +317,13 @@ RunOutcome Trainer::run() {
   const auto started = Clock::now();
   const int64_t steps = config_.train.steps;
   const CheckpointConfig& ck = config_.checkpoint;
+  StragglerReport straggler(config_.log.straggler_interval, *groups_.world,
+                            timed_communicators(groups_, backend_, config_), log_.get());
   for (int64_t step = start_step_; step < steps; ++step) {
     StepMetrics m = train_step(step);
     train_seconds_ += m.ms_per_step / 1e3;
     ++steps_run_;
+    straggler.step_done(step);
     const bool last = step + 1 == steps;
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))

@@ -107,6 +107,8 @@ class Trainer {
   StageModel& model() { return *backend_.model; }
   Device& device() { return *backend_.device; }
   // The communicators of device buffers that are not the groups' own (GPU runs).
+  // GPU runs: the communicators the device's stream carries (nullptr on the CPU).
+  std::shared_ptr<CommWatch> comm_watch() const { return backend_.watch; }
   const std::vector<std::unique_ptr<Communicator>>& device_communicators() const {
     return backend_.owned;
   }

@@ -11,4 +11,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A communication operation did not complete within the communication timeout (a device
+// stream's bounded wait, comm/comm_watch.hpp): main() ends the job with kCommTimeoutExitCode
+// (comm/comm_watchdog.hpp) instead of 1.
+class CommTimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace trident

@@ -289,6 +289,45 @@ TEST(Grid4, CollectivesRunOnTheRightGroups) {
   EXPECT_EQ(grid.tensor().stats().calls("all_reduce"), 0);
 }
 
+TEST(Grid4, OperationsAreNumberedPerGroupWithTheGroupsWorldRanks) {
+  // The collective watchdog's bookkeeping (comm/comm_watchdog.hpp) on real communicators:
+  // every rank of a group gives the same operation the same number, and each group knows its
+  // members' world ranks.
+  EnvRanksPerNode env(nullptr);
+  const GridShape shape{2, 2, 1};
+  ProcessGrid grid(MPI_COMM_WORLD, shape, 0, ModelConfig{});
+  const int r = world_rank();
+  EXPECT_EQ(grid.tensor().world_ranks(), tensor_group(shape, r));
+  EXPECT_EQ(grid.pipeline().world_ranks(), pipeline_group(shape, r));
+  EXPECT_EQ(grid.world().world_ranks(), (std::vector<int>{0, 1, 2, 3}));
+  const int64_t tensor0 = grid.tensor().last_posted();
+  const int64_t pipeline0 = grid.pipeline().last_posted();
+  double x = r;
+  grid.tensor().all_reduce_sum(&x, 1);
+  grid.tensor().broadcast(&x, 1, DType::F64, 0);
+  // A ring of two in the pipeline group: a send and a receive, waited on; then a barrier.
+  const int peer = 1 - grid.pipeline().rank();
+  double in = -1, out = r;
+  auto recv = grid.pipeline().irecv(&in, 1, DType::F64, peer, 7);
+  auto send = grid.pipeline().isend(&out, 1, DType::F64, peer, 7);
+  EXPECT_EQ(grid.pipeline().last_posted(), pipeline0 + 2);
+  send->wait();
+  while (!recv->test()) {
+  }
+  EXPECT_EQ(grid.pipeline().last_completed(), pipeline0 + 2) << "the receive, seen by test()";
+  grid.pipeline().barrier();
+  EXPECT_EQ(grid.tensor().last_posted(), tensor0 + 2);
+  EXPECT_EQ(grid.tensor().last_completed(), tensor0 + 2);
+  EXPECT_EQ(grid.pipeline().last_completed(), pipeline0 + 3);
+  // The same numbers on every rank of the world.
+  int64_t mine[2] = {grid.tensor().last_posted(), grid.pipeline().last_posted()};
+  int64_t lo[2], hi[2];
+  MPI_Allreduce(mine, lo, 2, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(mine, hi, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(lo[0], hi[0]);
+  EXPECT_EQ(lo[1], hi[1]);
+}
+
 TEST(Grid4, DetectedNodeIsOneMachine) {
   EnvRanksPerNode env(nullptr);
   ProcessGrid grid(MPI_COMM_WORLD, GridShape{4, 1, 1}, 0, ModelConfig{});

@@ -1,7 +1,8 @@
 """data_tools/compare_runs.py on two tiny runs that differ in optim.lr: the figure is a PNG,
 each table row is labelled by the differing key and holds its run's final loss, final
-validation loss and step count from metrics.jsonl; a manifest lists the same runs; a
-directory without config.toml is one error line. Exits 77 (skipped) without matplotlib.
+validation loss and step count from metrics.jsonl, whose straggler records (every 2 steps
+here, at the last step too) are not step rows; a manifest lists the same runs; a directory
+without config.toml is one error line. Exits 77 (skipped) without matplotlib.
 
     test_compare_runs.py --trident BUILD/app/trident
 """
@@ -37,6 +38,9 @@ def check_table(stdout, runs):
     for label, run_dir in runs:
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]
+        if not any(r.get("type") == "straggler" for r in rows):
+            fail(run_dir + "/metrics.jsonl has no straggler record")
+        rows = [r for r in rows if "type" not in r]
         val = [r["val_loss"] for r in rows if "val_loss" in r]
         expected = [label, str(rows[-1]["step"]), "%.4f" % rows[-1]["loss"], "%.4f" % val[-1]]
         found = [line for line in lines if line.startswith(label + " ")]
@@ -62,7 +66,7 @@ def main():
             config = os.path.join(tmp, "config_%s.toml" % lr)
             with open(config, "w") as f:
                 f.write(tiny_runs.tiny_config(tmp, run_dir))
-            tiny_runs.train(args.trident, config, ["optim.lr=" + lr])
+            tiny_runs.train(args.trident, config, ["optim.lr=" + lr, "log.straggler_interval=2"])
             runs.append(("optim.lr=" + lr, run_dir))
 
         out = os.path.join(tmp, "cmp.png")

@@ -1,0 +1,144 @@
+// The collective watchdog and the straggler report of real 2-rank runs (docs/reliability.md):
+// a rank that never joins a collective (test hook) or is stopped (SIGSTOP) mid-training ends
+// the job within parallel.comm_timeout_s and a few seconds, exit code 76, with the line naming
+// the group and operation, and leaves no rank running; a slowed rank is named slowest.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <regex>
+
+#include "app_fixture.hpp"
+
+using namespace trident::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+class Watchdog : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = make_tiny_run(dir_);
+  }
+  // mpiexec -n 2 trident train (data-parallel over both ranks), with `env` before it.
+  std::string train_cmd(const std::string& env, const std::string& sets) const {
+    return env + " " + std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+           trident_cmd("train --config " + config_.string() + " --set parallel.data=2 " +
+                       "--set eval.interval=0 --set log.dir=" + (dir_ / "run").string() + " " +
+                       sets);
+  }
+  // The trident processes of this test's run still alive (their pids, one per line).
+  std::string ranks_left() const {
+    return run_command("pgrep -f '^" + std::string(TRIDENT_BINARY) + " train --config " +
+                       config_.string() + "' || true")
+        .output;
+  }
+  static std::string line_with(const std::string& text, const std::string& what) {
+    const auto pos = text.find(what);
+    if (pos == std::string::npos) return "";
+    const auto begin = text.rfind('\n', pos);
+    const auto b = begin == std::string::npos ? 0 : begin + 1;
+    return text.substr(b, text.find('\n', pos) - b);
+  }
+  fs::path dir_, config_;
+};
+
+constexpr double kTimeout = 2.0;
+
+}  // namespace
+
+TEST_F(Watchdog, RankThatSkipsACollectiveEndsTheJob) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_command(
+      train_cmd("TRIDENT_TEST_SKIP_COLLECTIVE=1:data:5",
+                "--set train.steps=1000 --set parallel.comm_timeout_s=2"),
+      60);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("skipped collective: exit code %d after %.1f s (timeout %.0f s)\n", r.exit_code,
+              wall, kTimeout);
+  EXPECT_EQ(r.exit_code, 76) << r.output;
+  EXPECT_NE(r.output.find("test hook TRIDENT_TEST_SKIP_COLLECTIVE: rank 1 never joins "),
+            std::string::npos)
+      << r.output;
+  // Rank 0 waits for operation #5 of the data group, which rank 1 never joins.
+  const std::string line = line_with(r.output, "communication timeout");
+  std::printf("%s\n", line.c_str());
+  EXPECT_TRUE(std::regex_search(
+      line, std::regex("^trident: error: rank 0: communication timeout: [a-z_]+ #5 of group "
+                       "'data' \\(world ranks 0,1\\) has not completed after 2 s \\(last "
+                       "completed: #4\\); a peer failed or stalled; ending the job with exit "
+                       "code 76 \\(parallel.comm_timeout_s\\)$")))
+      << r.output;
+  // Start-up (2 ranks sharing the machine's cores) plus the timeout plus the abort.
+  EXPECT_LT(wall, kTimeout + 20) << r.output;
+  EXPECT_EQ(ranks_left(), "");
+}
+
+TEST_F(Watchdog, StoppedRankEndsTheJob) {
+  // The run in the background; once it has logged 2 steps one rank is stopped (SIGSTOP): the
+  // other waits for it in a collective. The script prints the exit code, the seconds from the
+  // stop to the end of mpiexec, and the ranks still alive afterwards.
+  const std::string metrics = (dir_ / "run" / "metrics.jsonl").string();
+  const std::string pattern = "^" + std::string(TRIDENT_BINARY) + " train --config " +
+                              config_.string();
+  const std::string script =
+      train_cmd("", "--set train.steps=100000 --set parallel.comm_timeout_s=2") +
+      " > " + (dir_ / "out.txt").string() + " 2>&1 &\n"
+      "job=$!\n"
+      "for i in $(seq 600); do\n"
+      "  [ \"$(cat " + metrics + " 2>/dev/null | wc -l)\" -ge 2 ] && break; sleep 0.1\n"
+      "done\n"
+      "victim=$(pgrep -f '" + pattern + "' | tail -1)\n"
+      "echo victim=$victim\n"
+      "t0=$(date +%s.%N); kill -STOP $victim\n"
+      "wait $job; rc=$?\n"
+      "t1=$(date +%s.%N)\n"
+      "echo rc=$rc\n"
+      "echo seconds=$(echo \"$t1 - $t0\" | bc)\n"
+      "sleep 1; echo left=$(pgrep -f '" + pattern + "' | wc -l)\n"
+      "pkill -KILL -f '" + pattern + "' || true\n";
+  const auto r = run_command(script, 90);
+  const std::string out = read_file(dir_ / "out.txt");
+  std::printf("%s", r.output.c_str());
+  ASSERT_NE(r.output.find("victim=") , std::string::npos) << r.output;
+  ASSERT_EQ(line_with(r.output, "victim=") == "victim=", false) << "no rank found: " << out;
+  EXPECT_NE(r.output.find("rc=76"), std::string::npos) << r.output << out;
+  EXPECT_NE(r.output.find("left=0"), std::string::npos) << r.output << out;
+  std::smatch m;
+  const std::string seconds = line_with(r.output, "seconds=");
+  ASSERT_TRUE(std::regex_search(seconds, m, std::regex("seconds=([0-9.]+)"))) << r.output;
+  EXPECT_LT(std::stod(m[1]), kTimeout + 10) << r.output << out;
+  const std::string line = line_with(out, "communication timeout");
+  std::printf("%s\n", line.c_str());
+  EXPECT_TRUE(std::regex_search(line, std::regex("^trident: error: rank [01]: communication "
+                                                 "timeout: [a-z_]+ #[0-9]+ of group '[a-z]+' "
+                                                 "\\(world ranks 0,1\\) has not completed after "
+                                                 "2 s")))
+      << out;
+}
+
+TEST_F(Watchdog, SlowRankIsNamedSlowest) {
+  const auto r = run_command(
+      train_cmd("TRIDENT_TEST_SLOW_RANK=1:150",
+                "--set train.steps=8 --set log.straggler_interval=4"),
+      90);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int reports = 0;
+  for (const auto& row : read_metrics(dir_ / "run")) {
+    if (row.value("type", "") != "straggler") continue;
+    ++reports;
+    std::printf("%s\n", row.dump().c_str());
+    EXPECT_EQ(row["steps"], 4);
+    ASSERT_EQ(row["compute_ms"].size(), 2u);
+    ASSERT_EQ(row["comm_ms"].size(), 2u);
+    ASSERT_FALSE(row["slowest"].empty());
+    EXPECT_EQ(row["slowest"][0]["rank"], 1) << row.dump();
+    EXPECT_GT(row["slowest"][0]["score"].get<double>(), 1.0) << row.dump();
+    // The 150 ms sleep is compute; the other rank spends it waiting in communication.
+    EXPECT_GT(row["compute_ms"][1].get<double>() - row["compute_ms"][0].get<double>(), 75.0);
+  }
+  EXPECT_EQ(reports, 2) << "steps 1-4 and 5-8";
+  const std::string line = line_with(r.output, "straggler report, steps 5-8");
+  std::printf("%s\n", line.c_str());
+  EXPECT_NE(line.find("slowest rank 1 x"), std::string::npos) << r.output;
+}
