@@ -46,13 +46,17 @@ std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l) {
 }
 
 // Elements of a chunk's flat parameter buffer on one tensor rank, from the trainer's own
-// layout: one layer's share, and the embedding's and the head's extras, measured on a
-// one-layer shard (all layers of a model have the same tensors).
+// layout: one layer's share, and the embedding's and the head's extras, measured on one-layer
+// shards (all layers of a model have the same tensors). A chunk with both shares a tied head
+// with the embedding, hence its own figure.
 struct ChunkParams {
-  double per_layer = 0, embedding = 0, head = 0;
+  double per_layer = 0, embedding = 0, head = 0, both = 0;
   double of(const Chunk& c) const {
-    return per_layer * static_cast<double>(c.layers) + (c.embedding ? embedding : 0.0) +
-           (c.head ? head : 0.0);
+    const double ends = c.embedding && c.head ? both
+                        : c.embedding         ? embedding
+                        : c.head              ? head
+                                              : 0.0;
+    return per_layer * static_cast<double>(c.layers) + ends;
   }
 };
 
@@ -62,7 +66,7 @@ ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
     return static_cast<double>(parameter_layout(m, s).flat_size);
   };
   const double layer = flat(false, false);
-  return {layer, flat(true, false) - layer, flat(false, true) - layer};
+  return {layer, flat(true, false) - layer, flat(false, true) - layer, flat(true, true) - layer};
 }
 
 // Seconds of one chunk's forward and backward for one micro-batch, with the parts the step
@@ -334,7 +338,7 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
   if (l.devices() != p.devices())
     return "tensor " + n(l.tp) + " x pipeline " + n(l.pp) + " x data " + n(l.dp) + " = " +
            n(l.devices()) + " devices, but " + n(p.nodes) + " node(s) x " +
-           n(p.hw.devices_per_node) + " = " + n(p.devices());
+           n(p.hw.devices_per_node) + " = " + n(p.devices()) + " devices";
   try {
     validate_layout(GridShape{static_cast<int>(l.tp), static_cast<int>(l.pp),
                               static_cast<int>(l.dp)},
