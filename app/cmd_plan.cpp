@@ -31,6 +31,12 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
   cmd->add_flag("--json", options.json, "Print JSON instead of the table");
   cmd->add_option("--layout", options.layout,
                   "Only layouts with these values, e.g. tensor=8,pipeline=2,recompute=full");
+  // Modelling another system than Trident's trainer (validation against published runs).
+  cmd->add_option("--attention", options.attention,
+                  "materialized | fused (default: the trainer's backend for the device kind)")
+      ->check(CLI::IsMember({"materialized", "fused"}));
+  cmd->add_flag("--no-dp-overlap", options.no_dp_overlap,
+                "The DP gradient reduction does not overlap backward");
 }
 
 namespace {
@@ -137,6 +143,8 @@ void run_plan(const PlanOptions& options) {
   problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
   problem.hw = load_hardware(options.hardware);
   problem.nodes = options.nodes;
+  problem.attention = options.attention;
+  problem.dp_overlap = !options.no_dp_overlap;
   const LayoutFilter filter = parse_layout_filter(options.layout);
   const std::vector<Layout> layouts = enumerate_layouts(problem, filter);
   if (layouts.empty()) {

@@ -82,6 +82,8 @@ struct PlanOptions {
   int64_t top = 10;
   bool json = false;
   std::string layout;        // "" or a partial layout (plan/cost_model.hpp LayoutFilter)
+  std::string attention;     // "" | "materialized" | "fused" (PlanProblem::attention)
+  bool no_dp_overlap = false;
 };
 void add_plan_command(CLI::App& app, PlanOptions& options);
 // Prints the best layouts (rank 0); throws trident::Error on bad input or when nothing fits.

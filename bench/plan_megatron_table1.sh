@@ -6,10 +6,12 @@
 # parallel sizes and batch sizes given there, and the achieved TFLOP/s per GPU they report
 # (which counts the recomputation's FLOPs: full activation recomputation was on).
 #
-# For each row the plan is given the row's t, p, d and full recomputation (no sequence
-# parallelism, no ZeRO, no zero-bubble schedule: none existed in that code base then) and
-# picks the micro-batch, 1F1B or interleaved, and the virtual stages itself; it prints
-# predicted beside published TFLOP/s per GPU and the error.
+# For each row the plan is given the row's t, p, d and full recomputation, and the software of
+# that code base: attention scores materialized (no fused attention kernel), the data-parallel
+# all-reduce after the backward (not overlapped), no sequence parallelism, no ZeRO, no
+# zero-bubble schedule (Megatron-LM of 2021 had none of these). The plan picks the
+# micro-batch, 1F1B or interleaved, and the virtual stages itself, and the script prints the
+# predicted beside the published TFLOP/s per GPU and the error.
 # The hardware file is configs/hardware/a100_80gb_dgx.toml: datasheet figures and generic
 # efficiencies, not fitted to this table (docs/plan.md).
 #
@@ -49,7 +51,7 @@ for row in "${rows[@]}"; do
   for schedule in $schedules; do
     json=$("$trident" plan --config "$config" --hardware "$hw" --nodes "$nodes" \
       --set model.heads="$heads" --set model.width="$width" --set model.layers="$layers" \
-      --global-batch "$batch" --top 1 --json \
+      --global-batch "$batch" --top 1 --json --attention materialized --no-dp-overlap \
       --layout "tensor=$t,pipeline=$p,data=$d,schedule=$schedule,recompute=full,sequence_parallel=0,zero=0" \
       2>/dev/null) || continue
     line=$(python3 -c '

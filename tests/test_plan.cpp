@@ -154,13 +154,12 @@ TEST(PlanActivations, LayerStashClosedForm) {
   //   qkv 16*192*4 = 12288 + attention output 16*64*4 = 4096, fc1 and gelu 2*16*256*4 = 32768,
   //   probabilities 16*4*16*4 = 4096: 69888.
   const ModelConfig m = small_gpt();
-  HardwareSpec cpu = parse_hardware(replace(ideal_hardware_text(), "\"gpu\"", "\"cpu\""), "c");
+  const bool cpu = true, gpu = false;  // materialized attention (CPU backend) or fused (GPU)
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::None, 4.0), 69888.0);
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Selective, 4.0),
                    69888.0 - 4096.0);
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Full, 4.0), 4096.0);
   // GPU: attention keeps one logsumexp per row and head: 16*4*4 = 256.
-  const HardwareSpec gpu = parse_hardware(ideal_hardware_text(), "g");
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, gpu, 1, 1, false, Recompute::None, 4.0),
                    69888.0 - 4096.0 + 256.0);
   // TP 2 with SP: the stream and stats halve (4096 + 128), the gathered norm outputs stay
@@ -250,9 +249,28 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
   // DP exposed: a bucket as large as all gradients cannot overlap: one whole all-reduce.
   p.dp_bucket_mb = 1e6;
   const Prediction whole = predict(p, layout(1, 1, 2, 2));
-  EXPECT_NEAR(whole.time.dp_exposed,
-              collective_seconds(p.hw, p.hw.intra_node, Collective::AllReduce, 2, flat * 4),
-              1e-15);
+  const double all_reduce =
+      collective_seconds(p.hw, p.hw.intra_node, Collective::AllReduce, 2, flat * 4);
+  EXPECT_NEAR(whole.time.dp_exposed, all_reduce, 1e-15);
+  // A backward far longer than the reduction (1 GFLOP/s) hides all of it but the last bucket
+  // (1 KiB here); without overlap (another system) none of it.
+  {
+    PlanProblem slow = p;
+    slow.hw.device.peak_tflops_fp32 = 1e-3;
+    slow.dp_bucket_mb = 1.0 / 1024;
+    EXPECT_NEAR(predict(slow, layout(1, 1, 2, 2)).time.dp_exposed,
+                all_reduce * 1024.0 / (flat * 4), 1e-15);
+    slow.dp_overlap = false;
+    EXPECT_NEAR(predict(slow, layout(1, 1, 2, 2)).time.dp_exposed, all_reduce, 1e-15);
+  }
+  p.dp_bucket_mb = 25;
+  // Materialized attention keeps the probabilities [N, NH, T] fp32 per layer instead of one
+  // logsumexp per row and head: 8 layers x 16 x 4 x (16 - 1) x 4 bytes more per stash.
+  PlanProblem materialized = p;
+  materialized.attention = "materialized";
+  EXPECT_DOUBLE_EQ(predict(materialized, layout(1, 1, 2, 2)).memory.activations -
+                       predict(p, layout(1, 1, 2, 2)).memory.activations,
+                   8 * 2 * 16 * 4 * 15 * 4.0);
 
   // Pipeline of 4 stages of 2 layers, 32 micro-batches of one sequence (N = 16 rows, fp32,
   // GPU attention stash): a layer keeps 66048 bytes (PlanActivations); stage 0 a stash of

@@ -116,7 +116,7 @@ class CostModel {
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
     // written once in forward and read twice in backward (its own op's backward and the
     // gradient it produces).
-    const double stash = layer_activation_bytes(m_, hw_, l_.micro_batch, l_.tp,
+    const double stash = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
                                                 l_.sequence_parallel, Recompute::None, e_);
     const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
     LayerModel r;
@@ -177,7 +177,7 @@ class CostModel {
   double chunk_stash(const Chunk& c) const {
     const double C = static_cast<double>(m_.width);
     const double Ns = l_.sequence_parallel ? n_ / t_ : n_;
-    double layer = layer_activation_bytes(m_, hw_, l_.micro_batch, l_.tp, l_.sequence_parallel,
+    double layer = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp, l_.sequence_parallel,
                                           l_.recompute, e_);
     if (l_.schedule == ScheduleKind::ZeroBubbleH1 && l_.recompute != Recompute::Full) {
       // The split backward keeps the linear layers' output gradients until backward_weight.
@@ -300,7 +300,7 @@ std::string to_string(const Layout& l) {
   return o.str();
 }
 
-double layer_activation_bytes(const ModelConfig& m, const HardwareSpec& hw, int64_t micro_batch,
+double layer_activation_bytes(const ModelConfig& m, bool materialized_attention, int64_t micro_batch,
                               int64_t tp, bool sequence_parallel, Recompute recompute,
                               double element_bytes) {
   const double N = static_cast<double>(micro_batch * m.seq_len), t = static_cast<double>(tp);
@@ -325,7 +325,7 @@ double layer_activation_bytes(const ModelConfig& m, const HardwareSpec& hw, int6
   // (GPU). Selective recomputation recomputes it from q, k, v.
   const double core = recompute == Recompute::Selective
                           ? 0.0
-                          : N * NHl * (hw.device.materializes_attention() ? T : 1.0) * 4.0;
+                          : N * NHl * (materialized_attention ? T : 1.0) * 4.0;
   return stream + stats + gathered + attention_io + mlp + core;
 }
 
@@ -430,7 +430,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     // Stashes are per chunk; a stage's chunks are alike up to the embedding and head.
     mem.activations = in_flight * stash / static_cast<double>(l.virtual_stages);
     if (l.recompute == Recompute::Full)  // one layer's full stash while it is recomputed
-      mem.activations += layer_activation_bytes(m, hw, l.micro_batch, l.tp,
+      mem.activations += layer_activation_bytes(m, p.materialized_attention(), l.micro_batch, l.tp,
                                                 l.sequence_parallel, Recompute::None, e);
     mem.buffers = reserved + scratch;
     if (s == 0 || mem.total() > r.memory.total()) {
@@ -449,8 +449,11 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     const double reduce = collective_seconds(
         hw, dp_link, l.zero1 ? Collective::ReduceScatter : Collective::AllReduce, l.dp, grads);
     const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
-    const double window = static_cast<double>(l.virtual_stages) * slowest.backward;
-    r.time.dp_exposed = std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket;
+    const double window =
+        p.dp_overlap ? static_cast<double>(l.virtual_stages) * slowest.backward : 0.0;
+    r.time.dp_exposed = p.dp_overlap
+                            ? std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket
+                            : reduce;
     if (l.zero1)
       r.time.dp_exposed +=
           collective_seconds(hw, dp_link, Collective::AllGather, l.dp, largest_flat * 4.0);

@@ -45,6 +45,15 @@ struct PlanProblem {
   double dp_bucket_mb = 25.0;     // parallel.dp_bucket_mb
   HardwareSpec hw;
   int64_t nodes = 1;
+  // The software being modelled. Trident's trainer: attention materialized on the CPU backend
+  // and fused (row logsumexp kept) on the GPU one; DP reduction overlapping the last backward.
+  // Other systems (bench/plan_megatron_table1.sh models Megatron-LM of 2021, which had
+  // neither) set them apart: plan --attention materialized --no-dp-overlap.
+  std::string attention;  // "" (the backend's for hw.device.kind) | "materialized" | "fused"
+  bool dp_overlap = true;
+  bool materialized_attention() const {
+    return attention.empty() ? hw.device.materializes_attention() : attention == "materialized";
+  }
   int64_t devices() const { return nodes * hw.devices_per_node; }
 };
 
@@ -98,9 +107,10 @@ Prediction predict(const PlanProblem& p, const Layout& l);
 
 // Activation bytes one layer keeps for backward, for one micro-batch of `micro_batch`
 // sequences on one tensor rank: the trainer's stash (model/transformer.hpp, LayerActs) with
-// `element_bytes` per activation element, attention's saved state as the device kind keeps
-// it, and what `recompute` drops.
-double layer_activation_bytes(const ModelConfig& m, const HardwareSpec& hw, int64_t micro_batch,
+// `element_bytes` per activation element, attention's saved state (fp32 probabilities
+// [N, NH/TP, T] when `materialized_attention`, else one logsumexp per row and head), and what
+// `recompute` drops.
+double layer_activation_bytes(const ModelConfig& m, bool materialized_attention, int64_t micro_batch,
                               int64_t tp, bool sequence_parallel, Recompute recompute,
                               double element_bytes);
 
