@@ -84,7 +84,7 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
 
 void print_table(const std::vector<Prediction>& ranked, size_t top) {
   std::printf("%4s %3s %3s %4s %3s %-11s %4s %2s %2s %-9s %9s | %8s %7s %7s %7s %7s %7s | "
-              "%8s %5s %5s %5s %5s %5s | %10s %7s %6s\n",
+              "%8s %7s %7s %7s %7s %7s | %10s %7s %6s\n",
               "#", "TP", "PP", "DP", "mb", "schedule", "v", "Z", "SP", "recompute", "step s",
               "compute", "tp", "bubble", "pp", "dp", "optim", "mem GiB", "wts", "grads", "opt",
               "acts", "bufs", "tokens/s", "TFLOP/s", "MFU");
@@ -92,7 +92,7 @@ void print_table(const std::vector<Prediction>& ranked, size_t top) {
     const Prediction& p = ranked[i];
     const Layout& l = p.layout;
     std::printf("%4zu %3lld %3lld %4lld %3lld %-11s %4lld %2d %2d %-9s %9.4g | %8.3g %7.3g %7.3g "
-                "%7.3g %7.3g %7.3g | %7.1f%s %5.1f %5.1f %5.1f %5.1f %5.1f | %10.4g %7.1f %5.1f%%\n",
+                "%7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g %7.4g %5.1f%%\n",
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
                 static_cast<long long>(l.dp), static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
