@@ -354,9 +354,9 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
     if (l.virtual_stages < 2 || l.pp < 2 || micro % l.pp != 0)
       return "schedule interleaved needs virtual_stages >= 2, pipeline >= 2 and micro-batches "
              "(" + n(micro) + ") a multiple of pipeline (" + n(l.pp) + ")";
-    if (l.pp * l.virtual_stages > m.layers)
-      return "pipeline " + n(l.pp) + " x virtual_stages " + n(l.virtual_stages) +
-             " is more chunks than model.layers = " + n(m.layers);
+    if (m.layers % (l.pp * l.virtual_stages) != 0)
+      return "schedule interleaved needs model.layers (" + n(m.layers) +
+             ") divisible by pipeline x virtual_stages (" + n(l.pp * l.virtual_stages) + ")";
   } else if (l.virtual_stages != 1) {
     return "virtual_stages = " + n(l.virtual_stages) + " needs schedule interleaved";
   }
@@ -561,8 +561,6 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
           for (int64_t v = 1; v <= 8; ++v) {
             if (f.virtual_stages && v != f.virtual_stages) continue;
             if ((kind == ScheduleKind::Interleaved) != (v > 1)) continue;
-            // Interleaving: only even splits (p * v dividing the layers), as Megatron-LM's.
-            if (v > 1 && p.model.layers % (pp * v) != 0) continue;
             for (int zero = 0; zero <= 1; ++zero) {
               if ((f.zero1 >= 0 && zero != f.zero1) || (zero && dp == 1 && f.zero1 < 0)) continue;
               for (int sp = 0; sp <= 1; ++sp) {

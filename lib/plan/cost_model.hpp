@@ -98,8 +98,9 @@ struct Prediction {
 // Why `l` cannot run `p` (one line naming the key), or "" when it can: the trainer's own
 // layout checks (heads, kv heads, FFN width and vocabulary divisible by TP; TP within a node;
 // PP <= layers), plus: devices = nodes * devices_per_node, micro_batch * DP dividing the global
-// batch, the schedule's own conditions (interleaved: v >= 2, PP >= 2, micro-batches a multiple
-// of PP; others v = 1), sequence parallelism only with TP > 1.
+// batch, the schedule's own conditions (interleaved, as the trainer runs it: v >= 2, PP >= 2,
+// micro-batches a multiple of PP, model.layers divisible by PP x v; others v = 1), sequence
+// parallelism only with TP > 1.
 std::string layout_problem(const PlanProblem& p, const Layout& l);
 
 // The prediction for a valid layout; trident::Error (layout_problem's line) otherwise.
