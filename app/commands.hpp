@@ -73,4 +73,30 @@ void add_import_command(CLI::App& app, ImportOptions& options);
 // Collective: writes the checkpoint (interop/hf_convert.hpp).
 void run_import(const ImportOptions& options);
 
+struct PlanOptions {
+  std::vector<std::string> configs;
+  std::vector<std::string> overrides;
+  std::string hardware;
+  int64_t nodes = 0;
+  int64_t global_batch = 0;  // 0: the config's train.global_batch
+  int64_t top = 10;
+  bool json = false;
+  std::string layout;        // "" or a partial layout (plan/cost_model.hpp LayoutFilter)
+  std::string attention;     // "" | "materialized" | "fused" (PlanProblem::attention)
+  bool no_dp_overlap = false;
+};
+void add_plan_command(CLI::App& app, PlanOptions& options);
+// Prints the best layouts (rank 0); throws trident::Error on bad input or when nothing fits.
+void run_plan(const PlanOptions& options);
+
+struct BenchHwOptions {
+  std::string out;
+  int64_t ranks = 0;  // devices per node written; 0: the ranks launched
+  std::string device = "cpu";
+  std::string name;
+};
+void add_bench_hw_command(CLI::App& app, BenchHwOptions& options);
+// Collective: every rank measures; rank 0 writes options.out.
+void run_bench_hw(const BenchHwOptions& options);
+
 }  // namespace trident

@@ -5,6 +5,8 @@
 //   trident config --config FILE [--config FILE ...] [--set section.key=value ...]
 //   trident export --format hf CKPT OUT_DIR [--dtype f32|bf16] [--max-shard-size 5GB]
 //   trident import --format hf IN_DIR OUT.h5 [--seq-len N]
+//   trident plan --config FILE --hardware HW.toml --nodes N [--top K] [--json] [--layout ...]
+//   trident bench-hw --out HW.toml [--ranks N]
 // export/import convert to and from Hugging Face transformers directories (docs/interop.md).
 #include <mpi.h>
 
@@ -102,6 +104,10 @@ int main(int argc, char** argv) {
   trident::add_export_command(app, export_options);
   trident::ImportOptions import_options;
   trident::add_import_command(app, import_options);
+  trident::PlanOptions plan_options;
+  trident::add_plan_command(app, plan_options);
+  trident::BenchHwOptions bench_hw_options;
+  trident::add_bench_hw_command(app, bench_hw_options);
 
   try {
     app.parse(argc, argv);
@@ -128,6 +134,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("config")) trident::run_config(config_options);
     if (app.got_subcommand("export")) trident::run_export(export_options);
     if (app.got_subcommand("import")) trident::run_import(import_options);
+    if (app.got_subcommand("plan")) trident::run_plan(plan_options);
+    if (app.got_subcommand("bench-hw")) trident::run_bench_hw(bench_hw_options);
   } catch (const trident::CommTimeoutError& e) {
     fail(e.what(), trident::kCommTimeoutExitCode);
   } catch (const trident::Error& e) {

@@ -74,20 +74,42 @@ int64_t parameter_count(const ModelConfig& m) {
   return static_cast<int64_t>(total.value());
 }
 
-double training_flops_per_token(const ModelConfig& m, int64_t padded_vocab) {
+namespace {
+
+// One token's forward matmul FLOPs, in the parts training_flops_parts names (before the x3).
+struct ForwardFlops {
+  Exact layer_linear, layer_attention, head;
+};
+
+ForwardFlops forward_flops(const ModelConfig& m, int64_t padded_vocab) {
   check_shape(m);
   if (padded_vocab < m.vocab_size)
     throw Error("training FLOPs: the padded vocabulary (" + std::to_string(padded_vocab) +
                 ") is smaller than model.vocab_size (" + std::to_string(m.vocab_size) + ")");
-  const Exact T(m.seq_len, &m), C(m.width, &m), L(m.layers, &m), Vp(padded_vocab, &m);
+  const Exact T(m.seq_len, &m), C(m.width, &m), Vp(padded_vocab, &m);
   const Exact NH(m.heads, &m), KVH(m.kv_head_count(), &m), HS(m.head_size(), &m);
   const Exact F(m.ffn_size(), &m);
   auto k = [&](__int128 v) { return Exact(v, &m); };
   const Exact mlp_mats = k(m.is_llama() ? 3 : 2);
-
   const Exact linear = C * (NH + k(2) * KVH) * HS + NH * HS * C + mlp_mats * C * F;
-  const Exact forward = k(2) * L * linear + L * k(4) * T * NH * HS + k(2) * C * Vp;
-  return static_cast<double>((k(3) * forward).value());
+  return {k(2) * linear, k(4) * T * NH * HS, k(2) * C * Vp};
+}
+
+}  // namespace
+
+double training_flops_per_token(const ModelConfig& m, int64_t padded_vocab) {
+  const ForwardFlops f = forward_flops(m, padded_vocab);
+  const Exact L(m.layers, &m), three(3, &m);
+  const Exact forward = L * f.layer_linear + L * f.layer_attention + f.head;
+  return static_cast<double>((three * forward).value());
+}
+
+TrainingFlopsParts training_flops_parts(const ModelConfig& m, int64_t padded_vocab) {
+  const ForwardFlops f = forward_flops(m, padded_vocab);
+  const Exact three(3, &m);
+  return {static_cast<double>((three * f.layer_linear).value()),
+          static_cast<double>((three * f.layer_attention).value()),
+          static_cast<double>((three * f.head).value())};
 }
 
 }  // namespace trident

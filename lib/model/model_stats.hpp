@@ -31,4 +31,18 @@ int64_t parameter_count(const ModelConfig& m);
 // exactly below 2^53); throws trident::Error naming model.width if that overflows.
 double training_flops_per_token(const ModelConfig& m, int64_t padded_vocab);
 
+// The same training FLOPs per token in the parts a cost model places on different pipeline
+// stages and recomputes differently (lib/plan):
+//   layer_linear    = 3 * 2*( C*(NH + 2*KVH)*HS + NH*HS*C + M*C*F )   one layer's matmuls
+//   layer_attention = 3 * 4*T*NH*HS                                   one layer's scores and
+//                                                                     weighted sum
+//   head            = 3 * 2*C*Vp                                      the LM head
+// training_flops_per_token = L*(layer_linear + layer_attention) + head, exactly.
+struct TrainingFlopsParts {
+  double layer_linear = 0.0;
+  double layer_attention = 0.0;
+  double head = 0.0;
+};
+TrainingFlopsParts training_flops_parts(const ModelConfig& m, int64_t padded_vocab);
+
 }  // namespace trident

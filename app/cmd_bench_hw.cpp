@@ -1,0 +1,311 @@
+// trident bench-hw: measures the machine it runs on and writes a hardware description
+// (plan/hardware.hpp, docs/plan.md) for `trident plan`. CPU only: OpenBLAS sgemm over sizes
+// (the efficiency curve), a streaming copy (memory bandwidth), and MPI send/recv, all-reduce,
+// all-gather and reduce-scatter over message sizes between the ranks it is launched with
+// (latency and bandwidth from the best timings, see fit()).
+#include <cblas.h>
+#include <mpi.h>
+#include <omp.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commands.hpp"
+#include "plan/hardware.hpp"
+#include "util/error.hpp"
+
+extern "C" {
+void openblas_set_num_threads(int);  // OpenBLAS extension
+}
+
+namespace trident {
+
+void add_bench_hw_command(CLI::App& app, BenchHwOptions& options) {
+  CLI::App* cmd = app.add_subcommand(
+      "bench-hw", "Measure this machine (GEMM, memory, MPI links) and write a hardware file");
+  cmd->add_option("--out", options.out, "Hardware TOML file to write")->required();
+  cmd->add_option("--ranks", options.ranks,
+                  "Devices (ranks) per node the file describes; 0: the ranks launched");
+  cmd->add_option("--device", options.device, "cpu (cuda: not measured yet)");
+  cmd->add_option("--name", options.name, "Name written into the file");
+}
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// Best seconds of `reps` timed runs of `f` after one warm-up, every rank running it at once
+// (the contention training sees); the slowest rank's time counts.
+template <class F>
+double best_time(F&& f, int reps) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = now();
+    f();
+    double t = now() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    best = std::min(best, t);
+  }
+  return best;
+}
+
+struct GemmPoint {
+  int size;
+  double gflops;
+};
+
+std::vector<GemmPoint> measure_sgemm(int threads) {
+  openblas_set_num_threads(threads);
+  omp_set_num_threads(threads);
+  std::vector<GemmPoint> points;
+  for (int n : {32, 64, 128, 256, 384, 512, 768, 1024, 1536}) {
+    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+    const double flops = 2.0 * n * static_cast<double>(n) * n;
+    // Enough repetitions for ~50 ms per timing.
+    const int inner = std::max(1, static_cast<int>(2e8 / flops));
+    const double t = best_time(
+        [&] {
+          for (int i = 0; i < inner; ++i)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n,
+                        b.data(), n, 0.0f, c.data(), n);
+        },
+        5);
+    points.push_back({n, flops * inner / t / 1e9});
+  }
+  return points;
+}
+
+// Bytes per second of a streaming copy of 256 MiB (read + write counted), per rank, all ranks
+// at once.
+double measure_memory_bandwidth() {
+  const size_t n = (size_t{256} << 20) / sizeof(float) / 2;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  const double t = best_time([&] { std::memcpy(b.data(), a.data(), n * sizeof(float)); }, 5);
+  return 2.0 * static_cast<double>(n * sizeof(float)) / t;
+}
+
+// A link's figures from (bytes, best seconds) points. On a shared machine a timing is only
+// ever slowed down by others, so the best points are the link's: the bandwidth is the best
+// bytes per second of the large messages (>= 1 MiB), the latency the smallest time left
+// over once the bytes at that bandwidth are taken off.
+struct LinkFit {
+  double seconds_per_byte = 0, latency = 0;
+};
+
+LinkFit fit(const std::vector<double>& bytes, const std::vector<double>& seconds) {
+  LinkFit f;
+  f.seconds_per_byte = 1e30;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if (bytes[i] >= 1024.0 * 1024.0)
+      f.seconds_per_byte = std::min(f.seconds_per_byte, seconds[i] / bytes[i]);
+  f.latency = 1e30;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    f.latency = std::min(f.latency, seconds[i] - bytes[i] * f.seconds_per_byte);
+  f.latency = std::max(0.0, f.latency);
+  return f;
+}
+
+std::vector<double> message_sizes() {
+  std::vector<double> s;
+  for (double b = 64; b <= 16.0 * 1024 * 1024; b *= 4) s.push_back(b);
+  return s;
+}
+
+// Seconds per call of each collective at each size (the slowest rank's best).
+LinkFit measure_collective(Collective kind, std::vector<std::string>& table) {
+  const int n = world_size(), rank = world_rank();
+  std::vector<double> xs, ys;
+  for (double bytes : message_sizes()) {
+    const size_t count = static_cast<size_t>(bytes) / sizeof(float) / n * n;
+    std::vector<float> send(count, 1.0f), recv(count, 0.0f);
+    const int reps = bytes < 1e6 ? 30 : 10;
+    auto op = [&] {
+      switch (kind) {
+        case Collective::AllReduce:
+          MPI_Allreduce(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+          break;
+        case Collective::AllGather:  // every rank contributes count / n: the result is count
+          MPI_Allgather(send.data(), static_cast<int>(count / n), MPI_FLOAT, recv.data(),
+                        static_cast<int>(count / n), MPI_FLOAT, MPI_COMM_WORLD);
+          break;
+        case Collective::ReduceScatter:
+          MPI_Reduce_scatter_block(send.data(), recv.data(), static_cast<int>(count / n),
+                                   MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+          break;
+        case Collective::SendRecv:  // ranks 0 and 1 exchange (both directions at once)
+          if (rank < 2)
+            MPI_Sendrecv(send.data(), static_cast<int>(count), MPI_FLOAT, 1 - rank, 7,
+                         recv.data(), static_cast<int>(count), MPI_FLOAT, 1 - rank, 7,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          break;
+      }
+    };
+    const double t = best_time(op, reps);
+    xs.push_back(static_cast<double>(count * sizeof(float)));
+    ys.push_back(t);
+    char line[120];
+    std::snprintf(line, sizeof line, "  %-14s %10.0f bytes %10.1f us",
+                  kind == Collective::AllReduce       ? "all-reduce"
+                  : kind == Collective::AllGather     ? "all-gather"
+                  : kind == Collective::ReduceScatter ? "reduce-scatter"
+                                                      : "send/recv",
+                  xs.back(), t * 1e6);
+    table.push_back(line);
+  }
+  return fit(xs, ys);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+double memory_total_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "MemTotal:") {
+      in >> kib;
+      break;
+    }
+    std::getline(in, key);
+  }
+  return kib / (1024.0 * 1024.0);
+}
+
+double resident_gib() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      in >> kib;
+      break;
+    }
+    std::getline(in, key);
+  }
+  return kib / (1024.0 * 1024.0);
+}
+
+}  // namespace
+
+void run_bench_hw(const BenchHwOptions& options) {
+  if (options.device == "cuda" || options.device == "gpu")
+    throw Error("bench-hw --device " + options.device +
+                ": measuring GPUs (cuBLAS GEMMs, NCCL collectives) is not implemented; use a "
+                "datasheet file from configs/hardware/ (docs/plan.md)");
+  if (options.device != "cpu")
+    throw Error("bench-hw --device \"" + options.device + "\" must be cpu");
+  if (options.ranks < 0) throw Error("bench-hw --ranks must be >= 0");
+  const int ranks = world_size(), rank = world_rank();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
+  std::vector<std::string> notes;
+  const std::vector<GemmPoint> gemm = measure_sgemm(threads);
+  const double bandwidth = measure_memory_bandwidth();
+
+  HardwareSpec hw;
+  hw.name = options.name.empty() ? cpu_model() + " (measured by trident bench-hw)" : options.name;
+  hw.devices_per_node = options.ranks > 0 ? options.ranks : ranks;
+  hw.device.kind = "cpu";
+  double best = 0;
+  for (const GemmPoint& p : gemm) best = std::max(best, p.gflops);
+  // The peak is the best sgemm measured (a rank's cores at full load), not ISA width x clock:
+  // the clock under an all-core AVX load is not knowable from /proc, the measured best is.
+  hw.device.peak_tflops_fp32 = best / 1e3;
+  hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
+  for (const GemmPoint& p : gemm)
+    hw.device.gemm_efficiency.emplace_back(p.size, std::max(1e-3, p.gflops / best));
+  hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
+  hw.device.reserved_gib = resident_gib();
+  hw.device.memory_bandwidth_gbs = bandwidth / 1e9;
+
+  std::vector<std::string> table;
+  if (ranks >= 2) {
+    const LinkFit p2p = measure_collective(Collective::SendRecv, table);
+    const LinkFit ar = measure_collective(Collective::AllReduce, table);
+    const LinkFit ag = measure_collective(Collective::AllGather, table);
+    const LinkFit rs = measure_collective(Collective::ReduceScatter, table);
+    hw.intra_node.bandwidth_gbs = 1.0 / p2p.seconds_per_byte / 1e9;
+    hw.intra_node.efficiency = 1.0;
+    hw.intra_node.latency_us = p2p.latency * 1e6;
+    // Each collective's measured slope against the ring's (n-1)/n bytes at the send/recv
+    // bandwidth: the factor `trident plan` multiplies by.
+    const double share = static_cast<double>(ranks - 1) / ranks;
+    hw.collectives.send_recv = 1.0;
+    hw.collectives.all_reduce = ar.seconds_per_byte / p2p.seconds_per_byte / share;
+    hw.collectives.all_gather = ag.seconds_per_byte / p2p.seconds_per_byte / share;
+    hw.collectives.reduce_scatter = rs.seconds_per_byte / p2p.seconds_per_byte / share;
+    notes.push_back("links: MPI over " + std::to_string(ranks) +
+                    " ranks of this node; inter_node copies intra_node (one node: not measured)");
+  } else {
+    // One rank: no peer to measure. Ranks of one node talk through shared memory, so a memcpy
+    // stands in for the link; say so in the file.
+    hw.intra_node.bandwidth_gbs = bandwidth / 2.0 / 1e9;
+    hw.intra_node.efficiency = 1.0;
+    hw.intra_node.latency_us = 1.0;
+    notes.push_back("links: NOT measured (1 rank): intra_node is half the memory copy bandwidth "
+                    "and 1 us; run under mpiexec -n 2 or more to measure them");
+  }
+  hw.inter_node = hw.intra_node;
+
+  if (rank != 0) return;
+  std::vector<std::string> comment = {
+      "Written by `trident bench-hw` (docs/plan.md) on " + cpu_model() + ", " +
+          std::to_string(cores) + " cores, " + std::to_string(ranks) + " rank(s) x " +
+          std::to_string(threads) + " thread(s).",
+      "Peak = the best OpenBLAS sgemm measured per rank (all ranks at once); efficiency = each",
+      "size's GFLOP/s over that best. bf16 = fp32: the CPU backend computes in fp32.",
+      "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
+      "bandwidth: a 256 MiB memcpy (read + write), all ranks at once.", notes.front(),
+      "sgemm (n x n x n):"};
+  for (const GemmPoint& p : gemm) {
+    char line[80];
+    std::snprintf(line, sizeof line, "  n = %5d  %8.2f GFLOP/s", p.size, p.gflops);
+    comment.push_back(line);
+  }
+  if (!table.empty()) comment.push_back("MPI (slowest rank, best of repetitions):");
+  comment.insert(comment.end(), table.begin(), table.end());
+  const std::string text = hardware_to_toml(hw, comment);
+  parse_hardware(text, options.out);  // what it writes, it reads back
+  std::ofstream out(options.out);
+  out << text;
+  out.close();
+  if (!out) throw Error("bench-hw: cannot write " + options.out);
+  std::printf("%s", text.c_str());
+  std::printf("wrote %s\n", options.out.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace trident

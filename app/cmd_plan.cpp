@@ -1,0 +1,217 @@
+// trident plan: the predicted step time and memory of every valid parallel layout of a model
+// on a described cluster (lib/plan, docs/plan.md), the best ones as a table and the best as
+// ready --set overrides. Pure computation on rank 0; no device, no data.
+#include <mpi.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "config/config.hpp"
+#include "model/model_stats.hpp"
+#include "plan/cost_model.hpp"
+#include "plan/hardware.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+void add_plan_command(CLI::App& app, PlanOptions& options) {
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predict step time and memory of every parallel layout on a cluster; pick the best");
+  add_config_options(*cmd, options.configs, options.overrides);
+  cmd->add_option("--hardware", options.hardware, "Hardware file (configs/hardware/*.toml)")
+      ->required();
+  cmd->add_option("--nodes", options.nodes, "Nodes of the cluster")->required();
+  cmd->add_option("--global-batch", options.global_batch,
+                  "Sequences per step (default: the config's train.global_batch)");
+  cmd->add_option("--top", options.top, "Layouts to print (default 10)");
+  cmd->add_flag("--json", options.json, "Print JSON instead of the table");
+  cmd->add_option("--layout", options.layout,
+                  "Only layouts with these values, e.g. tensor=8,pipeline=2,recompute=full");
+  // Modelling another system than Trident's trainer (validation against published runs).
+  cmd->add_option("--attention", options.attention,
+                  "materialized | fused (default: the trainer's backend for the device kind)")
+      ->check(CLI::IsMember({"materialized", "fused"}));
+  cmd->add_flag("--no-dp-overlap", options.no_dp_overlap,
+                "The DP gradient reduction does not overlap backward");
+}
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::vector<std::string> set_overrides(const Prediction& p, int64_t global_batch) {
+  const Layout& l = p.layout;
+  std::vector<std::string> s = {
+      "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
+      "parallel.data=" + std::to_string(l.dp), "train.micro_batch=" + std::to_string(l.micro_batch),
+      "train.global_batch=" + std::to_string(global_batch),
+      "parallel.schedule=" + to_string(l.schedule),
+      "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false"),
+      "optim.zero_stage=" + std::string(l.zero1 ? "1" : "0")};
+  if (l.virtual_stages > 1) s.push_back("parallel.virtual_stages=" + std::to_string(l.virtual_stages));
+  if (l.recompute != Recompute::None) s.push_back("train.recompute=" + to_string(l.recompute));
+  return s;
+}
+
+nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
+  const Layout& l = p.layout;
+  return {{"layout",
+           {{"tensor", l.tp}, {"pipeline", l.pp}, {"data", l.dp}, {"micro_batch", l.micro_batch},
+            {"schedule", to_string(l.schedule)}, {"virtual_stages", l.virtual_stages},
+            {"zero", l.zero1 ? 1 : 0}, {"sequence_parallel", l.sequence_parallel},
+            {"recompute", to_string(l.recompute)}}},
+          {"microbatches", p.microbatches},
+          {"step_seconds", p.step_seconds},
+          {"time",
+           {{"compute", p.time.compute}, {"tp_comm", p.time.tp_comm}, {"bubble", p.time.bubble},
+            {"pp_transfer", p.time.pp_transfer}, {"dp_exposed", p.time.dp_exposed},
+            {"optimizer", p.time.optimizer}}},
+          {"memory_bytes",
+           {{"weights", p.memory.weights}, {"gradients", p.memory.gradients},
+            {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
+            {"buffers", p.memory.buffers}, {"total", p.memory.total()},
+            {"fullest_stage", p.fullest_stage}}},
+          {"fits", p.fits},
+          {"tokens_per_second", p.tokens_per_second},
+          {"tflops_per_device", p.tflops_per_device},
+          {"mfu", p.mfu},
+          {"set", set_overrides(p, global_batch)}};
+}
+
+void print_table(const std::vector<Prediction>& ranked, size_t top) {
+  std::printf("%4s %3s %3s %4s %3s %-11s %4s %2s %2s %-9s %9s | %8s %7s %7s %7s %7s %7s | "
+              "%8s %7s %7s %7s %7s %7s | %10s %7s %6s\n",
+              "#", "TP", "PP", "DP", "mb", "schedule", "v", "Z", "SP", "recompute", "step s",
+              "compute", "tp", "bubble", "pp", "dp", "optim", "mem GiB", "wts", "grads", "opt",
+              "acts", "bufs", "tokens/s", "TFLOP/s", "MFU");
+  for (size_t i = 0; i < ranked.size() && i < top; ++i) {
+    const Prediction& p = ranked[i];
+    const Layout& l = p.layout;
+    std::printf("%4zu %3lld %3lld %4lld %3lld %-11s %4lld %2d %2d %-9s %9.4g | %8.3g %7.3g %7.3g "
+                "%7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g %7.4g %5.1f%%\n",
+                i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
+                static_cast<long long>(l.dp), static_cast<long long>(l.micro_batch),
+                to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
+                l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(),
+                p.step_seconds, p.time.compute, p.time.tp_comm, p.time.bubble,
+                p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
+                p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,
+                p.memory.gradients / kGiB, p.memory.optimizer / kGiB,
+                p.memory.activations / kGiB, p.memory.buffers / kGiB, p.tokens_per_second,
+                p.tflops_per_device, 100.0 * p.mfu);
+  }
+}
+
+// The one line for a model that fits no layout: the layout that needs the least memory, and
+// by how much it is short.
+std::string nothing_fits(const PlanProblem& problem, const std::vector<Prediction>& ranked) {
+  const Prediction* least = &ranked.front();
+  for (const Prediction& p : ranked)
+    if (p.memory.total() < least->memory.total()) least = &p;
+  const MemoryUse& m = least->memory;
+  const double capacity = problem.hw.device.memory_gib;
+  char line[700];
+  std::snprintf(line, sizeof line,
+                "no layout fits: of %zu layouts on %lld x %lld devices of %.1f GiB, the "
+                "smallest needs %.1f GiB per device (%s: weights %.1f, gradients %.1f, "
+                "optimizer %.1f, activations %.1f, buffers %.1f GiB), %.1f GiB short; add "
+                "nodes, a smaller micro-batch or a shorter model.seq_len",
+                ranked.size(), static_cast<long long>(problem.nodes),
+                static_cast<long long>(problem.hw.devices_per_node), capacity,
+                m.total() / kGiB, to_string(least->layout).c_str(), m.weights / kGiB,
+                m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, m.buffers / kGiB,
+                m.total() / kGiB - capacity);
+  return line;
+}
+
+}  // namespace
+
+void run_plan(const PlanOptions& options) {
+  const Config c = load_configs(options.configs, options.overrides);
+  if (options.nodes < 1)
+    throw Error("plan --nodes = " + std::to_string(options.nodes) + " must be >= 1");
+  if (options.top < 1) throw Error("plan --top must be >= 1");
+  PlanProblem problem;
+  problem.model = c.model;
+  problem.global_batch = options.global_batch > 0 ? options.global_batch : c.train.global_batch;
+  if (options.global_batch < 0) throw Error("plan --global-batch must be >= 1");
+  problem.precision = c.train.precision;
+  problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
+  problem.hw = load_hardware(options.hardware);
+  problem.nodes = options.nodes;
+  problem.attention = options.attention;
+  problem.dp_overlap = !options.no_dp_overlap;
+  const LayoutFilter filter = parse_layout_filter(options.layout);
+  const std::vector<Layout> layouts = enumerate_layouts(problem, filter);
+  if (layouts.empty()) {
+    // A fully given layout says exactly why; otherwise name what must divide what.
+    Layout l{filter.tp, filter.pp, filter.dp, filter.micro_batch,
+             filter.schedule.empty() ? ScheduleKind::OneFOneB : parse_schedule_kind(filter.schedule),
+             filter.virtual_stages ? filter.virtual_stages : 1, filter.zero1 == 1,
+             filter.sequence_parallel == 1,
+             filter.recompute.empty() ? Recompute::None : parse_recompute(filter.recompute)};
+    const std::string why = (filter.tp && filter.pp && filter.dp && filter.micro_batch)
+                                ? ": " + layout_problem(problem, l)
+                                : "";
+    throw Error("no valid layout on " + std::to_string(options.nodes) + " node(s) x " +
+                std::to_string(problem.hw.devices_per_node) + " devices = " +
+                std::to_string(problem.devices()) + " devices" +
+                (options.layout.empty() ? "" : " with --layout " + options.layout) +
+                " (TP must divide the devices per node, model.heads and model.kv_heads; TP x "
+                "PP x DP = the devices; micro-batch x DP must divide the global batch " +
+                std::to_string(problem.global_batch) + ")" + why);
+  }
+  const std::vector<Prediction> ranked = rank_layouts(problem, layouts);
+  if (!ranked.front().fits) throw Error(nothing_fits(problem, ranked));
+
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return;
+  size_t fitting = 0;
+  for (const Prediction& p : ranked) fitting += p.fits ? 1 : 0;
+  const size_t top = static_cast<size_t>(options.top);
+  if (options.json) {
+    nlohmann::json out = {{"config", c.source},         {"hardware", problem.hw.source},
+                          {"nodes", problem.nodes},     {"devices", problem.devices()},
+                          {"global_batch", problem.global_batch},
+                          {"precision", problem.precision}, {"layouts", ranked.size()},
+                          {"fitting", fitting}};
+    out["best"] = nlohmann::json::array();
+    for (size_t i = 0; i < ranked.size() && i < top; ++i)
+      out["best"].push_back(to_json(ranked[i], problem.global_batch));
+    std::printf("%s\n", out.dump(2).c_str());
+    std::fflush(stdout);
+    return;
+  }
+  const ModelConfig& m = c.model;
+  std::printf("model: %s (%s, %lld layers, width %lld, %lld heads, %lld kv heads, seq_len %lld), "
+              "%.3g B parameters\n",
+              c.source.c_str(), m.arch.c_str(), static_cast<long long>(m.layers),
+              static_cast<long long>(m.width), static_cast<long long>(m.heads),
+              static_cast<long long>(m.kv_head_count()), static_cast<long long>(m.seq_len),
+              static_cast<double>(parameter_count(m)) / 1e9);
+  std::printf("cluster: %s: %lld node(s) x %lld = %lld devices, %.1f GiB each, peak %.4g "
+              "TFLOP/s %s\n",
+              problem.hw.name.c_str(), static_cast<long long>(problem.nodes),
+              static_cast<long long>(problem.hw.devices_per_node),
+              static_cast<long long>(problem.devices()), problem.hw.device.memory_gib,
+              problem.hw.peak_flops(problem.precision) / 1e12, problem.precision.c_str());
+  std::printf("global batch: %lld sequences (%lld tokens)\n",
+              static_cast<long long>(problem.global_batch),
+              static_cast<long long>(problem.global_batch * m.seq_len));
+  std::printf("layouts: %zu valid, %zu fit in memory (! marks one that does not); times in "
+              "seconds per step\n",
+              ranked.size(), fitting);
+  print_table(ranked, top);
+  std::printf("best layout:\n ");
+  for (const std::string& s : set_overrides(ranked.front(), problem.global_batch))
+    std::printf(" --set %s", s.c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace trident

@@ -1,0 +1,594 @@
+// The cost model (docs/plan.md has every formula with its reason). Times are seconds of one
+// training step on one device; memory is bytes on one device.
+#include "plan/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "grid/grid.hpp"
+#include "model/architecture.hpp"
+#include "model/model_stats.hpp"
+#include "pipeline/simulator.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// AdamW touches per parameter: reads weight, gradient and two moments, writes weight and two
+// moments (7 fp32 values), the gradient-norm pass reads the gradient again and zeroing the
+// gradient writes it (2 more): 9 x 4 bytes. bf16 adds the refreshed compute copy (2 bytes).
+constexpr double kOptimizerBytesPerParam = 36.0;
+
+double activation_element_bytes(const std::string& precision) {
+  return precision == "bf16" ? 2.0 : 4.0;
+}
+
+// One virtual stage (a chunk): its layers and whether it holds the embedding / the LM head.
+struct Chunk {
+  int64_t layer_begin = 0, layers = 0;
+  bool embedding = false, head = false;
+};
+
+std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l) {
+  const int k = static_cast<int>(l.pp * l.virtual_stages);
+  const std::vector<int64_t> counts = stage_layer_counts(m.layers, k, {});
+  std::vector<Chunk> chunks;
+  int64_t begin = 0;
+  for (int i = 0; i < k; ++i) {
+    chunks.push_back({begin, counts[i], i == 0, i == k - 1});
+    begin += counts[i];
+  }
+  return chunks;
+}
+
+// Elements of a chunk's flat parameter buffer on one tensor rank, from the trainer's own
+// layout: one layer's share, and the embedding's and the head's extras, measured on one-layer
+// shards (all layers of a model have the same tensors). A chunk with both shares a tied head
+// with the embedding, hence its own figure.
+struct ChunkParams {
+  double per_layer = 0, embedding = 0, head = 0, both = 0;
+  double of(const Chunk& c) const {
+    const double ends = c.embedding && c.head ? both
+                        : c.embedding         ? embedding
+                        : c.head              ? head
+                                              : 0.0;
+    return per_layer * static_cast<double>(c.layers) + ends;
+  }
+};
+
+ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
+  auto flat = [&](bool emb, bool head) {
+    ModelShard s{0, static_cast<int>(tp), 0, 1, emb, head};
+    return static_cast<double>(parameter_layout(m, s).flat_size);
+  };
+  const double layer = flat(false, false);
+  return {layer, flat(true, false) - layer, flat(false, true) - layer, flat(true, true) - layer};
+}
+
+// Seconds of one chunk's forward and backward for one micro-batch, with the parts the step
+// time reports apart.
+struct ChunkCost {
+  double forward = 0, backward = 0;  // everything on the op: compute + TP communication
+  double weight = 0;                 // the weight-gradient matmuls inside `backward` (zb-h1)
+  double tp_comm = 0;                // TP communication inside forward + backward
+};
+
+struct LayerModel {
+  double fwd_compute = 0, bwd_compute = 0, weight = 0, fwd_comm = 0, bwd_comm = 0;
+};
+
+class CostModel {
+ public:
+  CostModel(const PlanProblem& p, const Layout& l)
+      : p_(p), l_(l), m_(p.model), hw_(p.hw),
+        e_(activation_element_bytes(p.precision)),
+        vp_(padded_vocab_size(m_, static_cast<int>(l.tp))),
+        parts_(training_flops_parts(m_, vp_)),
+        peak_(hw_.peak_flops(p.precision)),
+        n_(static_cast<double>(l.micro_batch * m_.seq_len)),
+        t_(static_cast<double>(l.tp)) {}
+
+  // One transformer layer, one micro-batch, one tensor rank.
+  LayerModel layer() const {
+    const double C = static_cast<double>(m_.width), T = static_cast<double>(m_.seq_len);
+    const double HS = static_cast<double>(m_.head_size());
+    const double H = static_cast<double>(m_.heads) * HS;
+    const double QKV = static_cast<double>(m_.heads + 2 * m_.kv_head_count()) * HS;
+    const double F = static_cast<double>(m_.ffn_size());
+    const double U = m_.is_llama() ? 2.0 * F : F;
+    // The linear layers' efficiency: their shapes weighted by their FLOPs.
+    const double shapes[4][3] = {{n_, C, QKV / t_}, {n_, H / t_, C}, {n_, C, U / t_},
+                                 {n_, F / t_, C}};
+    double flops = 0, time = 0;
+    for (const auto& s : shapes) {
+      const double f = s[0] * s[1] * s[2];
+      flops += f;
+      time += f / hw_.gemm_efficiency(s[0], s[1], s[2]);
+    }
+    const double eff_linear = flops / time;
+    const double eff_attention = hw_.gemm_efficiency(T, HS, T);
+    const double linear = parts_.layer_linear * n_ / t_ / (peak_ * eff_linear);
+    const double attention = parts_.layer_attention * n_ / t_ / (peak_ * eff_attention);
+    // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
+    // written once in forward and read twice in backward (its own op's backward and the
+    // gradient it produces).
+    const double stash = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
+                                                l_.sequence_parallel, Recompute::None, e_);
+    const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
+    LayerModel r;
+    r.fwd_compute = (linear + attention) / 3.0 + stash / bw;
+    r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * stash / bw;
+    r.weight = linear / 3.0;
+    if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
+    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0;
+    // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the
+    // [N, C] stream in forward, two in backward; full recompute reruns forward's.
+    const double stream = n_ * C * e_;
+    const double one = l_.sequence_parallel ? tp_seconds(Collective::AllGather, stream) +
+                                                  tp_seconds(Collective::ReduceScatter, stream)
+                                            : tp_seconds(Collective::AllReduce, stream);
+    r.fwd_comm = 2.0 * one;
+    r.bwd_comm = 2.0 * one + (l_.recompute == Recompute::Full ? 2.0 * one : 0.0);
+    return r;
+  }
+
+  ChunkCost chunk(const Chunk& c, const LayerModel& layer) const {
+    const double L = static_cast<double>(c.layers);
+    ChunkCost r;
+    r.forward = L * (layer.fwd_compute + layer.fwd_comm);
+    r.backward = L * (layer.bwd_compute + layer.bwd_comm);
+    r.weight = L * layer.weight;
+    r.tp_comm = L * (layer.fwd_comm + layer.bwd_comm);
+    const double C = static_cast<double>(m_.width);
+    const double stream = n_ * C * e_;
+    if (c.embedding) {
+      // Vocab-parallel lookup: the partial embeddings are summed (reduce-scattered under SP).
+      const double comm = tp_seconds(l_.sequence_parallel ? Collective::ReduceScatter
+                                                          : Collective::AllReduce, stream);
+      r.forward += comm;
+      r.tp_comm += comm;
+    }
+    if (c.head) {
+      const double V = static_cast<double>(vp_);
+      const double head = parts_.head * n_ / t_ /
+                          (peak_ * hw_.gemm_efficiency(n_, C, V / t_));
+      // The logits are written, read by the softmax and overwritten by their gradient.
+      const double logits = 3.0 * n_ * V / t_ * e_ / (hw_.device.memory_bandwidth_gbs * 1e9);
+      // The head's input is gathered under SP; its gradient summed (reduce-scattered) over TP;
+      // the loss sums max, exp-sum and target logit over TP.
+      const double fwd_comm = (l_.sequence_parallel ? tp_seconds(Collective::AllGather, stream)
+                                                    : 0.0) +
+                              3.0 * tp_seconds(Collective::AllReduce, n_ * 4.0);
+      const double bwd_comm = tp_seconds(l_.sequence_parallel ? Collective::ReduceScatter
+                                                              : Collective::AllReduce, stream);
+      r.forward += head / 3.0 + logits / 3.0 + fwd_comm;
+      r.backward += 2.0 * head / 3.0 + 2.0 * logits / 3.0 + bwd_comm;
+      r.weight += head / 3.0;
+      r.tp_comm += fwd_comm + bwd_comm;
+    }
+    return r;
+  }
+
+  // Bytes a chunk's stash holds for one micro-batch (LayerActs and the stage's Activations).
+  double chunk_stash(const Chunk& c) const {
+    const double C = static_cast<double>(m_.width);
+    const double Ns = l_.sequence_parallel ? n_ / t_ : n_;
+    double layer = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp, l_.sequence_parallel,
+                                          l_.recompute, e_);
+    if (l_.schedule == ScheduleKind::ZeroBubbleH1 && l_.recompute != Recompute::Full) {
+      // The split backward keeps the linear layers' output gradients until backward_weight.
+      const double HS = static_cast<double>(m_.head_size());
+      const double QKV = static_cast<double>(m_.heads + 2 * m_.kv_head_count()) * HS;
+      const double F = static_cast<double>(m_.ffn_size());
+      const double U = m_.is_llama() ? 2.0 * F : F;
+      layer += n_ * (QKV / t_ + C + U / t_ + C) * e_;
+    }
+    double bytes = static_cast<double>(c.layers) * layer + Ns * C * e_;  // + the output
+    if (c.embedding || c.head) bytes += 2.0 * n_ * 4.0;                   // tokens, targets
+    if (c.head) {
+      const double V = static_cast<double>(vp_);
+      bytes += n_ * C * e_ + n_ * V / t_ * e_ + 4.0 * n_ * 4.0;  // final norm, logits, stats
+    }
+    return bytes;
+  }
+
+  double tp_seconds(Collective c, double bytes) const {
+    return collective_seconds(hw_, hw_.intra_node, c, l_.tp, bytes);
+  }
+  double element_bytes() const { return e_; }
+  double micro_rows() const { return n_; }
+  const TrainingFlopsParts& parts() const { return parts_; }
+  double peak() const { return peak_; }
+
+ private:
+  const PlanProblem& p_;
+  const Layout& l_;
+  const ModelConfig& m_;
+  const HardwareSpec& hw_;
+  double e_;
+  int64_t vp_;
+  TrainingFlopsParts parts_;
+  double peak_;
+  double n_;  // rows of one micro-batch: micro_batch * seq_len
+  double t_;
+};
+
+// The link a group of `span` consecutive-in-stride ranks crosses: intra-node when every member
+// shares the node (rank = (dp * PP + pp) * TP + tp, grid/grid.hpp).
+const LinkSpec& group_link(const HardwareSpec& hw, int64_t extent) {
+  return extent <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
+}
+
+struct PipelineTimes {
+  double makespan = 0, makespan_without_transfers = 0;
+};
+
+double simulated_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs) {
+  const PipeSimResult r = simulate_pipeline(l.schedule, static_cast<int>(l.pp), microbatches,
+                                            costs, static_cast<int>(l.virtual_stages));
+  if (!r.ok)
+    throw Error("internal error: the pipeline simulator rejected " + to_string(l) + ": " +
+                r.error);
+  return r.makespan;
+}
+
+}  // namespace
+
+double pipeline_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs) {
+  // Past the warm-up every schedule repeats one period per PP micro-batches, so a long step is
+  // simulated to 5 PP micro-batches and the period's growth extended linearly (exact once the
+  // steady state is reached; tests/test_plan.cpp compares it with the whole simulation).
+  const int64_t base = 4 * l.pp;
+  if (microbatches <= base + l.pp) return simulated_makespan(l, microbatches, costs);
+  const double first = simulated_makespan(l, base, costs);
+  const double second = simulated_makespan(l, base + l.pp, costs);
+  const double per_micro = (second - first) / static_cast<double>(l.pp);
+  return second + per_micro * static_cast<double>(microbatches - base - l.pp);
+}
+
+namespace {
+
+// The schedule's simulator with uniform op costs (the slowest chunk's).
+PipelineTimes simulate(const Layout& l, int64_t microbatches, const ChunkCost& op,
+                       double transfer) {
+  PipelineTimes r;
+  if (l.pp == 1) {
+    r.makespan = r.makespan_without_transfers =
+        static_cast<double>(microbatches) * (op.forward + op.backward);
+    return r;
+  }
+  PipeSimCosts costs;
+  costs.forward = op.forward;
+  costs.backward = op.backward;
+  costs.weight = std::min(op.weight, op.backward);
+  costs.comm = 0.0;
+  r.makespan_without_transfers = pipeline_makespan(l, microbatches, costs);
+  costs.comm = transfer;
+  r.makespan = pipeline_makespan(l, microbatches, costs);
+  return r;
+}
+
+}  // namespace
+
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  throw Error("train.recompute = \"" + name + "\" must be none, selective or full");
+}
+
+std::string to_string(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+std::string to_string(const Layout& l) {
+  std::ostringstream o;
+  o << "tensor=" << l.tp << ",pipeline=" << l.pp << ",data=" << l.dp
+    << ",micro_batch=" << l.micro_batch << ",schedule=" << to_string(l.schedule)
+    << ",virtual_stages=" << l.virtual_stages << ",zero=" << (l.zero1 ? 1 : 0)
+    << ",sequence_parallel=" << (l.sequence_parallel ? 1 : 0)
+    << ",recompute=" << to_string(l.recompute);
+  return o.str();
+}
+
+double layer_activation_bytes(const ModelConfig& m, bool materialized_attention, int64_t micro_batch,
+                              int64_t tp, bool sequence_parallel, Recompute recompute,
+                              double element_bytes) {
+  const double N = static_cast<double>(micro_batch * m.seq_len), t = static_cast<double>(tp);
+  const double Ns = sequence_parallel ? N / t : N;  // rows of the residual stream
+  const double C = static_cast<double>(m.width), T = static_cast<double>(m.seq_len);
+  const double HS = static_cast<double>(m.head_size());
+  const double NHl = static_cast<double>(m.heads) / t;
+  const double QKVl = static_cast<double>(m.heads + 2 * m.kv_head_count()) * HS / t;
+  const double Fl = static_cast<double>(m.ffn_size()) / t;
+  const double Ul = m.is_llama() ? 2.0 * Fl : Fl;
+  const double e = element_bytes;
+  // The layer input: all that full recomputation keeps.
+  const double input = Ns * C * e;
+  if (recompute == Recompute::Full) return input;
+  // Norm statistics: rstd (and LayerNorm's mean), fp32, for both norms.
+  const double stats = 2.0 * Ns * (m.is_llama() ? 1.0 : 2.0) * 4.0;
+  const double stream = input + Ns * C * e;  // input, residual after attention
+  const double gathered = 2.0 * N * C * e;   // both norms' outputs, all rows
+  const double attention_io = N * QKVl * e + N * NHl * HS * e;  // q k v, attention output
+  const double mlp = N * Ul * e + N * Fl * e;                   // pre-activation, activation
+  // What attention keeps for backward, fp32: the probabilities (CPU) or the row logsumexp
+  // (GPU). Selective recomputation recomputes it from q, k, v.
+  const double core = recompute == Recompute::Selective
+                          ? 0.0
+                          : N * NHl * (materialized_attention ? T : 1.0) * 4.0;
+  return stream + stats + gathered + attention_io + mlp + core;
+}
+
+std::string layout_problem(const PlanProblem& p, const Layout& l) {
+  const ModelConfig& m = p.model;
+  auto n = [](int64_t v) { return std::to_string(v); };
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.micro_batch < 1 || l.virtual_stages < 1)
+    return "tensor, pipeline, data, micro_batch and virtual_stages must be >= 1 (" +
+           to_string(l) + ")";
+  if (l.devices() != p.devices())
+    return "tensor " + n(l.tp) + " x pipeline " + n(l.pp) + " x data " + n(l.dp) + " = " +
+           n(l.devices()) + " devices, but " + n(p.nodes) + " node(s) x " +
+           n(p.hw.devices_per_node) + " = " + n(p.devices()) + " devices";
+  try {
+    validate_layout(GridShape{static_cast<int>(l.tp), static_cast<int>(l.pp),
+                              static_cast<int>(l.dp)},
+                    static_cast<int>(l.devices()), static_cast<int>(p.hw.devices_per_node), m);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (p.global_batch % (l.micro_batch * l.dp) != 0)
+    return "micro_batch " + n(l.micro_batch) + " x data " + n(l.dp) +
+           " does not divide the global batch " + n(p.global_batch);
+  const int64_t micro = p.global_batch / (l.micro_batch * l.dp);
+  if (l.schedule == ScheduleKind::Interleaved) {
+    if (l.virtual_stages < 2 || l.pp < 2 || micro % l.pp != 0)
+      return "schedule interleaved needs virtual_stages >= 2, pipeline >= 2 and micro-batches "
+             "(" + n(micro) + ") a multiple of pipeline (" + n(l.pp) + ")";
+    if (m.layers % (l.pp * l.virtual_stages) != 0)
+      return "schedule interleaved needs model.layers (" + n(m.layers) +
+             ") divisible by pipeline x virtual_stages (" + n(l.pp * l.virtual_stages) + ")";
+  } else if (l.virtual_stages != 1) {
+    return "virtual_stages = " + n(l.virtual_stages) + " needs schedule interleaved";
+  }
+  if (l.sequence_parallel && l.tp < 2) return "sequence_parallel needs tensor >= 2";
+  return "";
+}
+
+Prediction predict(const PlanProblem& p, const Layout& l) {
+  if (const std::string why = layout_problem(p, l); !why.empty()) throw Error(why);
+  const ModelConfig& m = p.model;
+  const HardwareSpec& hw = p.hw;
+  const CostModel model(p, l);
+  const std::vector<Chunk> chunks = virtual_stages(m, l);
+  const ChunkParams params = chunk_params(m, l.tp);
+  const LayerModel layer = model.layer();
+  const int64_t microbatches = p.global_batch / (l.micro_batch * l.dp);
+
+  Prediction r;
+  r.layout = l;
+  r.microbatches = microbatches;
+
+  // Pipeline: every op costs what the slowest chunk's does (the simulator takes one cost per
+  // op kind); the step is the simulated makespan.
+  ChunkCost slowest;
+  for (const Chunk& c : chunks) {
+    const ChunkCost cost = model.chunk(c, layer);
+    if (cost.forward + cost.backward > slowest.forward + slowest.backward) slowest = cost;
+  }
+  const double C = static_cast<double>(m.width), e = model.element_bytes();
+  const double message = (l.sequence_parallel ? model.micro_rows() / static_cast<double>(l.tp)
+                                              : model.micro_rows()) * C * e;
+  const LinkSpec& pp_link = group_link(hw, l.tp * l.pp);
+  const double transfer = collective_seconds(hw, pp_link, Collective::SendRecv, 2, message);
+  const PipelineTimes pipe = simulate(l, microbatches, slowest, transfer);
+  const double busy = static_cast<double>(microbatches * l.virtual_stages) *
+                      (slowest.forward + slowest.backward);
+  const double busy_comm = static_cast<double>(microbatches * l.virtual_stages) * slowest.tp_comm;
+  r.time.compute = busy - busy_comm;
+  r.time.tp_comm = busy_comm;
+  r.time.bubble = std::max(0.0, pipe.makespan_without_transfers - busy);
+  r.time.pp_transfer = std::max(0.0, pipe.makespan - pipe.makespan_without_transfers);
+
+  // Per physical stage: parameters and the activation stashes the schedule holds at its peak.
+  const double bf16_copy = p.precision == "bf16" ? 2.0 : 0.0;
+  const double reserved = hw.device.reserved_gib * kGiB;
+  const double rows = model.micro_rows();
+  const double HS = static_cast<double>(m.head_size());
+  const double F = static_cast<double>(m.ffn_size());
+  const double widest = std::max({C, (m.is_llama() ? 2.0 * F : F) / static_cast<double>(l.tp),
+                                  static_cast<double>(m.heads + 2 * m.kv_head_count()) * HS /
+                                      static_cast<double>(l.tp)});
+  // Backward scratch (two gradients of the widest activation) and the TP and pipeline
+  // message buffers.
+  const double scratch = 2.0 * rows * widest * e + 2.0 * rows * C * e + 2.0 * message;
+  double largest_flat = 0.0;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    double flat = 0.0, stash = 0.0;
+    for (int64_t c = 0; c < l.virtual_stages; ++c) {
+      const Chunk& chunk = chunks[static_cast<size_t>(c * l.pp + s)];
+      flat += params.of(chunk);
+      stash += model.chunk_stash(chunk);
+    }
+    largest_flat = std::max(largest_flat, flat);
+    const double in_flight = static_cast<double>(schedule_peak_bound(
+        l.schedule, static_cast<int>(s), static_cast<int>(l.pp), microbatches,
+        static_cast<int>(l.virtual_stages)));
+    MemoryUse mem;
+    mem.weights = flat * (4.0 + bf16_copy);
+    mem.gradients = flat * 4.0;
+    mem.optimizer = (l.zero1 ? std::ceil(flat / static_cast<double>(l.dp)) : flat) * 8.0;
+    // Stashes are per chunk; a stage's chunks are alike up to the embedding and head.
+    mem.activations = in_flight * stash / static_cast<double>(l.virtual_stages);
+    if (l.recompute == Recompute::Full)  // one layer's full stash while it is recomputed
+      mem.activations += layer_activation_bytes(m, p.materialized_attention(), l.micro_batch, l.tp,
+                                                l.sequence_parallel, Recompute::None, e);
+    mem.buffers = reserved + scratch;
+    if (s == 0 || mem.total() > r.memory.total()) {
+      r.memory = mem;
+      r.fullest_stage = s;
+    }
+  }
+  r.fits = r.memory.total() <= hw.device.memory_gib * kGiB;
+
+  // Data parallelism: the gradient reduction starts during the last micro-batch's backward
+  // (grad_sync.hpp) and hides behind it, all but the bucket holding offset 0; ZeRO-1's
+  // all-gather of the updated weights follows the optimizer, exposed.
+  if (l.dp > 1) {
+    const LinkSpec& dp_link = group_link(hw, l.devices());
+    const double grads = largest_flat * 4.0;
+    const double reduce = collective_seconds(
+        hw, dp_link, l.zero1 ? Collective::ReduceScatter : Collective::AllReduce, l.dp, grads);
+    const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
+    const double window =
+        p.dp_overlap ? static_cast<double>(l.virtual_stages) * slowest.backward : 0.0;
+    r.time.dp_exposed = p.dp_overlap
+                            ? std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket
+                            : reduce;
+    if (l.zero1)
+      r.time.dp_exposed +=
+          collective_seconds(hw, dp_link, Collective::AllGather, l.dp, largest_flat * 4.0);
+  }
+  const double owned = l.zero1 ? largest_flat / static_cast<double>(l.dp) : largest_flat;
+  r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * bf16_copy) /
+                     (hw.device.memory_bandwidth_gbs * 1e9);
+
+  // Throughput.
+  const TrainingFlopsParts& parts = model.parts();
+  const double L = static_cast<double>(m.layers);
+  double extra_per_token = 0.0;
+  if (l.recompute == Recompute::Full)
+    extra_per_token = L * (parts.layer_linear + parts.layer_attention) / 3.0;
+  if (l.recompute == Recompute::Selective) extra_per_token = L * parts.layer_attention / 3.0;
+  const double tokens = static_cast<double>(p.global_batch * m.seq_len);
+  r.step_seconds = r.time.total();
+  r.model_flops_per_step =
+      tokens * training_flops_per_token(m, padded_vocab_size(m, static_cast<int>(l.tp)));
+  r.hardware_flops_per_step = r.model_flops_per_step + tokens * extra_per_token;
+  const double devices = static_cast<double>(l.devices());
+  r.tokens_per_second = tokens / r.step_seconds;
+  r.tflops_per_device = r.hardware_flops_per_step / r.step_seconds / devices / 1e12;
+  r.mfu = r.model_flops_per_step / r.step_seconds / devices / model.peak();
+  return r;
+}
+
+LayoutFilter parse_layout_filter(const std::string& text) {
+  LayoutFilter f;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      throw Error("--layout: \"" + item + "\" is not key=value (e.g. tensor=8,pipeline=2)");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto integer = [&](int64_t min) {
+      size_t used = 0;
+      int64_t v = 0;
+      try {
+        v = std::stoll(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || value.empty() || v < min)
+        throw Error("--layout: " + key + " = \"" + value + "\" must be an integer >= " +
+                    std::to_string(min));
+      return v;
+    };
+    if (key == "tensor") f.tp = integer(1);
+    else if (key == "pipeline") f.pp = integer(1);
+    else if (key == "data") f.dp = integer(1);
+    else if (key == "micro_batch") f.micro_batch = integer(1);
+    else if (key == "virtual_stages") f.virtual_stages = integer(1);
+    else if (key == "zero") {
+      f.zero1 = static_cast<int>(integer(0));
+      if (f.zero1 > 1) throw Error("--layout: zero = " + value + " must be 0 or 1");
+    } else if (key == "sequence_parallel") {
+      f.sequence_parallel = static_cast<int>(integer(0));
+      if (f.sequence_parallel > 1)
+        throw Error("--layout: sequence_parallel = " + value + " must be 0 or 1");
+    } else if (key == "schedule") {
+      try {
+        parse_schedule_kind(value);
+      } catch (const Error&) {
+        throw Error("--layout: schedule = \"" + value +
+                    "\" must be 1f1b, gpipe, interleaved or zb-h1");
+      }
+      f.schedule = value;
+    } else if (key == "recompute") {
+      try {
+        parse_recompute(value);
+      } catch (const Error&) {
+        throw Error("--layout: recompute = \"" + value + "\" must be none, selective or full");
+      }
+      f.recompute = value;
+    } else {
+      throw Error("--layout: unknown key \"" + key +
+                  "\" (tensor, pipeline, data, micro_batch, schedule, virtual_stages, zero, "
+                  "sequence_parallel, recompute)");
+    }
+  }
+  return f;
+}
+
+std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f) {
+  std::vector<Layout> out;
+  const int64_t devices = p.devices();
+  const ScheduleKind schedules[] = {ScheduleKind::OneFOneB, ScheduleKind::GPipe,
+                                    ScheduleKind::ZeroBubbleH1, ScheduleKind::Interleaved};
+  const Recompute recomputes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
+  for (int64_t tp = 1; tp <= p.hw.devices_per_node; ++tp) {
+    if ((f.tp && tp != f.tp) || devices % tp != 0) continue;
+    for (int64_t pp = 1; pp <= std::min(p.model.layers, devices / tp); ++pp) {
+      if ((f.pp && pp != f.pp) || (devices / tp) % pp != 0) continue;
+      const int64_t dp = devices / (tp * pp);
+      if ((f.dp && dp != f.dp) || p.global_batch % dp != 0) continue;
+      for (int64_t mb = 1; mb <= p.global_batch / dp; ++mb) {
+        if ((f.micro_batch && mb != f.micro_batch) || (p.global_batch / dp) % mb != 0) continue;
+        for (ScheduleKind kind : schedules) {
+          if (!f.schedule.empty() && kind != parse_schedule_kind(f.schedule)) continue;
+          // With one stage every schedule is the same sequence: keep 1F1B's.
+          if (pp == 1 && kind != ScheduleKind::OneFOneB && f.schedule.empty()) continue;
+          for (int64_t v = 1; v <= 8; ++v) {
+            if (f.virtual_stages && v != f.virtual_stages) continue;
+            if ((kind == ScheduleKind::Interleaved) != (v > 1)) continue;
+            for (int zero = 0; zero <= 1; ++zero) {
+              if ((f.zero1 >= 0 && zero != f.zero1) || (zero && dp == 1 && f.zero1 < 0)) continue;
+              for (int sp = 0; sp <= 1; ++sp) {
+                if (f.sequence_parallel >= 0 && sp != f.sequence_parallel) continue;
+                for (Recompute rc : recomputes) {
+                  if (!f.recompute.empty() && rc != parse_recompute(f.recompute)) continue;
+                  Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc};
+                  if (layout_problem(p, l).empty()) out.push_back(l);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts) {
+  std::vector<Prediction> out;
+  out.reserve(layouts.size());
+  for (const Layout& l : layouts) out.push_back(predict(p, l));
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_seconds < b.step_seconds;
+  });
+  return out;
+}
+
+}  // namespace trident

@@ -1,0 +1,140 @@
+#pragma once
+// The cost model behind `trident plan` (docs/plan.md): for one parallel layout of a model on a
+// described cluster (plan/hardware.hpp), the predicted step time, split by cause, and the peak
+// memory per device, split by kind. Pure: no MPI, no device. It takes the FLOP counts from
+// model/model_stats.hpp, the per-rank parameter counts from model/architecture.hpp, the layer
+// split and activation stash bound from pipeline/schedule.hpp and the bubble from
+// pipeline/simulator.hpp: one source of truth with the trainer.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "pipeline/schedule.hpp"
+#include "pipeline/simulator.hpp"
+#include "plan/hardware.hpp"
+
+namespace trident {
+
+// Activation recomputation (Korthikanti et al., arXiv 2205.05198): none; selective (the
+// attention core, scores -> softmax -> weighted sum, recomputed in backward); full (only each
+// layer's input kept, the layer's forward rerun in backward).
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& name);  // trident::Error naming train.recompute
+std::string to_string(Recompute r);
+
+struct Layout {
+  int64_t tp = 1, pp = 1, dp = 1;
+  int64_t micro_batch = 1;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int64_t virtual_stages = 1;
+  bool zero1 = false;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::None;
+  int64_t devices() const { return tp * pp * dp; }
+};
+// "tensor=8,pipeline=2,data=4,micro_batch=1,schedule=1f1b,virtual_stages=1,zero=1,
+//  sequence_parallel=1,recompute=full" (one line, the --layout syntax).
+std::string to_string(const Layout& l);
+
+// What one plan is about: the model, the batch, the precision, the cluster.
+struct PlanProblem {
+  ModelConfig model;
+  int64_t global_batch = 1;       // sequences per step
+  std::string precision = "fp32"; // train.precision
+  double dp_bucket_mb = 25.0;     // parallel.dp_bucket_mb
+  HardwareSpec hw;
+  int64_t nodes = 1;
+  // The software being modelled. Trident's trainer: attention materialized on the CPU backend
+  // and fused (row logsumexp kept) on the GPU one; DP reduction overlapping the last backward.
+  // Other systems (bench/plan_megatron_table1.sh models Megatron-LM of 2021, which had
+  // neither) set them apart: plan --attention materialized --no-dp-overlap.
+  std::string attention;  // "" (the backend's for hw.device.kind) | "materialized" | "fused"
+  bool dp_overlap = true;
+  bool materialized_attention() const {
+    return attention.empty() ? hw.device.materializes_attention() : attention == "materialized";
+  }
+  int64_t devices() const { return nodes * hw.devices_per_node; }
+};
+
+// Seconds of one training step, by cause. Their sum is the step time.
+struct StepTime {
+  double compute = 0.0;      // matmuls and memory-bound work of the slowest stage, recompute incl.
+  double tp_comm = 0.0;      // tensor-parallel all-reduces / all-gathers / reduce-scatters
+  double bubble = 0.0;       // pipeline idle time (the schedule's simulator)
+  double pp_transfer = 0.0;  // pipeline activation / gradient messages on the critical path
+  double dp_exposed = 0.0;   // data-parallel gradient reduction not hidden behind backward
+  double optimizer = 0.0;    // AdamW (memory-bound) on the rank's slice
+  double total() const {
+    return compute + tp_comm + bubble + pp_transfer + dp_exposed + optimizer;
+  }
+};
+
+// Bytes on the fullest device, by kind.
+struct MemoryUse {
+  double weights = 0.0;      // fp32 master (+ the bf16 compute copy)
+  double gradients = 0.0;    // fp32
+  double optimizer = 0.0;    // AdamW moments, fp32 (1/DP under ZeRO-1)
+  double activations = 0.0;  // the stashes the schedule holds at its peak
+  double buffers = 0.0;      // communication and backward scratch, reserved memory
+  double total() const { return weights + gradients + optimizer + activations + buffers; }
+};
+
+struct Prediction {
+  Layout layout;
+  int64_t microbatches = 0;     // per replica per step
+  StepTime time;
+  MemoryUse memory;             // of the fullest stage
+  int64_t fullest_stage = 0;
+  bool fits = false;            // memory.total() <= device capacity
+  double step_seconds = 0.0;
+  double tokens_per_second = 0.0;
+  double model_flops_per_step = 0.0;    // the model's training FLOPs (model_stats)
+  double hardware_flops_per_step = 0.0; // + recomputation
+  double tflops_per_device = 0.0;       // hardware FLOPs / step time / devices
+  double mfu = 0.0;                     // model FLOPs / step time / devices / peak
+};
+
+// Why `l` cannot run `p` (one line naming the key), or "" when it can: the trainer's own
+// layout checks (heads, kv heads, FFN width and vocabulary divisible by TP; TP within a node;
+// PP <= layers), plus: devices = nodes * devices_per_node, micro_batch * DP dividing the global
+// batch, the schedule's own conditions (interleaved, as the trainer runs it: v >= 2, PP >= 2,
+// micro-batches a multiple of PP, model.layers divisible by PP x v; others v = 1), sequence
+// parallelism only with TP > 1.
+std::string layout_problem(const PlanProblem& p, const Layout& l);
+
+// The prediction for a valid layout; trident::Error (layout_problem's line) otherwise.
+Prediction predict(const PlanProblem& p, const Layout& l);
+
+// Activation bytes one layer keeps for backward, for one micro-batch of `micro_batch`
+// sequences on one tensor rank: the trainer's stash (model/transformer.hpp, LayerActs) with
+// `element_bytes` per activation element, attention's saved state (fp32 probabilities
+// [N, NH/TP, T] when `materialized_attention`, else one logsumexp per row and head), and what
+// `recompute` drops.
+double layer_activation_bytes(const ModelConfig& m, bool materialized_attention, int64_t micro_batch,
+                              int64_t tp, bool sequence_parallel, Recompute recompute,
+                              double element_bytes);
+
+// The simulated makespan of l's schedule over `microbatches` with uniform op costs: the
+// simulator itself up to 5 PP micro-batches, its steady-state period extended beyond.
+double pipeline_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs);
+
+// A partial layout: fields left unset (0 / empty) are enumerated.
+struct LayoutFilter {
+  int64_t tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0;
+  std::string schedule;   // "" or a schedule name
+  int zero1 = -1;         // -1 any, 0, 1
+  int sequence_parallel = -1;
+  std::string recompute;  // "" or none|selective|full
+};
+// "tensor=8,pipeline=2,..." (to_string(Layout)'s keys, any subset); trident::Error naming the
+// unknown key or bad value.
+LayoutFilter parse_layout_filter(const std::string& text);
+
+// Every valid layout matching `f` (layout_problem() == ""), in a fixed order.
+std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f);
+
+// Predictions of `layouts`, the fitting ones first, each group by step time (fastest first).
+std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts);
+
+}  // namespace trident

@@ -1,0 +1,247 @@
+// Hardware descriptions: reading, checking and writing configs/hardware/*.toml, and the two
+// formulas every cost uses (GEMM efficiency, collective time).
+#include "plan/hardware.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "util/error.hpp"
+
+namespace trident {
+namespace {
+
+// Reads typed keys of one table, naming the file and the dotted key in every error.
+class Reader {
+ public:
+  Reader(const toml::table& root, const std::string& source) : root_(root), source_(source) {}
+
+  const toml::node& node(const std::string& key) const {
+    const toml::node* n = root_.at_path(key).node();
+    if (n == nullptr) fail(key, "is missing");
+    return *n;
+  }
+  double number(const std::string& key, double min_exclusive) const {
+    const toml::node& n = node(key);
+    double v = 0.0;
+    if (auto i = n.as_integer()) v = static_cast<double>(i->get());
+    else if (auto f = n.as_floating_point()) v = f->get();
+    else fail(key, "must be a number");
+    if (!std::isfinite(v) || v <= min_exclusive)
+      fail(key, "= " + text(v) + " must be greater than " + text(min_exclusive));
+    return v;
+  }
+  double non_negative(const std::string& key) const {
+    const toml::node& n = node(key);
+    if (!n.is_number()) fail(key, "must be a number");
+    const double v = n.is_integer() ? static_cast<double>(n.as_integer()->get())
+                                    : n.as_floating_point()->get();
+    if (!std::isfinite(v) || v < 0.0) fail(key, "= " + text(v) + " must be >= 0");
+    return v;
+  }
+  double fraction(const std::string& key) const {
+    const double v = number(key, 0.0);
+    if (v > 1.0) fail(key, "= " + text(v) + " must be in (0, 1]");
+    return v;
+  }
+  std::string string(const std::string& key) const {
+    auto s = node(key).as_string();
+    if (!s) fail(key, "must be a string");
+    return s->get();
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error("hardware file " + source_ + ": " + key + " " + what);
+  }
+  static std::string text(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return b;
+  }
+  const std::string& source() const { return source_; }
+
+ private:
+  const toml::table& root_;
+  std::string source_;
+};
+
+const std::set<std::string>& known_keys() {
+  static const std::set<std::string> keys = {
+      "name", "devices_per_node",
+      "device.kind", "device.peak_tflops_fp32", "device.peak_tflops_bf16",
+      "device.gemm_efficiency", "device.memory_gib", "device.reserved_gib",
+      "device.memory_bandwidth_gbs",
+      "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
+      "inter_node.bandwidth_gbs", "inter_node.efficiency", "inter_node.latency_us",
+      "collectives.all_reduce", "collectives.all_gather", "collectives.reduce_scatter",
+      "collectives.send_recv"};
+  return keys;
+}
+
+// Every leaf key of the file is one the schema knows: a misspelt key is an error, never a
+// silently used default.
+void check_unknown_keys(const toml::table& t, const std::string& prefix, const Reader& r) {
+  for (const auto& [k, v] : t) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = v.as_table()) {
+      check_unknown_keys(*sub, key, r);
+      continue;
+    }
+    if (!known_keys().count(key)) r.fail(key, "is not a hardware key (docs/plan.md lists them)");
+  }
+}
+
+std::vector<std::pair<double, double>> read_curve(const Reader& r) {
+  const std::string key = "device.gemm_efficiency";
+  const toml::array* a = r.node(key).as_array();
+  if (a == nullptr || a->empty()) r.fail(key, "must be a non-empty array of [size, fraction]");
+  std::vector<std::pair<double, double>> curve;
+  for (const toml::node& point : *a) {
+    const toml::array* p = point.as_array();
+    auto num = [&](const toml::node& n, double& out) {
+      if (auto i = n.as_integer()) out = static_cast<double>(i->get());
+      else if (auto f = n.as_floating_point()) out = f->get();
+      else return false;
+      return std::isfinite(out);
+    };
+    double size = 0.0, frac = 0.0;
+    if (p == nullptr || p->size() != 2 || !num((*p)[0], size) || !num((*p)[1], frac))
+      r.fail(key, "must hold [size, fraction] pairs of numbers");
+    if (size <= 0.0 || frac <= 0.0 || frac > 1.0)
+      r.fail(key, "point [" + Reader::text(size) + ", " + Reader::text(frac) +
+                      "]: size must be > 0 and fraction in (0, 1]");
+    if (!curve.empty() && size <= curve.back().first)
+      r.fail(key, "sizes must increase (" + Reader::text(size) + " after " +
+                      Reader::text(curve.back().first) + ")");
+    curve.emplace_back(size, frac);
+  }
+  return curve;
+}
+
+LinkSpec read_link(const Reader& r, const std::string& table) {
+  LinkSpec link;
+  link.bandwidth_gbs = r.number(table + ".bandwidth_gbs", 0.0);
+  link.efficiency = r.fraction(table + ".efficiency");
+  link.latency_us = r.non_negative(table + ".latency_us");
+  return link;
+}
+
+}  // namespace
+
+HardwareSpec parse_hardware(const std::string& toml_text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(std::string_view(toml_text), std::string_view(source));
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw Error("hardware file " + source + ": TOML syntax error at line " +
+                std::to_string(where.line) + ": " + std::string(e.description()));
+  }
+  const Reader r(root, source);
+  check_unknown_keys(root, "", r);
+  HardwareSpec hw;
+  hw.source = source;
+  hw.name = r.string("name");
+  const double dpn = r.number("devices_per_node", 0.0);
+  if (dpn != std::floor(dpn)) r.fail("devices_per_node", "must be a whole number");
+  hw.devices_per_node = static_cast<int64_t>(dpn);
+  hw.device.kind = r.string("device.kind");
+  if (hw.device.kind != "gpu" && hw.device.kind != "cpu")
+    r.fail("device.kind", "= \"" + hw.device.kind + "\" must be \"gpu\" or \"cpu\"");
+  hw.device.peak_tflops_fp32 = r.number("device.peak_tflops_fp32", 0.0);
+  hw.device.peak_tflops_bf16 = r.number("device.peak_tflops_bf16", 0.0);
+  hw.device.gemm_efficiency = read_curve(r);
+  hw.device.memory_gib = r.number("device.memory_gib", 0.0);
+  hw.device.reserved_gib = r.non_negative("device.reserved_gib");
+  if (hw.device.reserved_gib >= hw.device.memory_gib)
+    r.fail("device.reserved_gib", "must be less than device.memory_gib");
+  hw.device.memory_bandwidth_gbs = r.number("device.memory_bandwidth_gbs", 0.0);
+  hw.intra_node = read_link(r, "intra_node");
+  hw.inter_node = read_link(r, "inter_node");
+  hw.collectives.all_reduce = r.number("collectives.all_reduce", 0.0);
+  hw.collectives.all_gather = r.number("collectives.all_gather", 0.0);
+  hw.collectives.reduce_scatter = r.number("collectives.reduce_scatter", 0.0);
+  hw.collectives.send_recv = r.number("collectives.send_recv", 0.0);
+  return hw;
+}
+
+HardwareSpec load_hardware(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("hardware file " + path + ": cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hardware(ss.str(), path);
+}
+
+double HardwareSpec::peak_flops(const std::string& precision) const {
+  if (precision == "fp32") return device.peak_tflops_fp32 * 1e12;
+  if (precision == "bf16") return device.peak_tflops_bf16 * 1e12;
+  throw Error("train.precision = \"" + precision + "\": the plan knows fp32 and bf16");
+}
+
+double HardwareSpec::gemm_efficiency(double m, double n, double k) const {
+  const auto& c = device.gemm_efficiency;
+  const double size = std::cbrt(std::max(m, 1.0) * std::max(n, 1.0) * std::max(k, 1.0));
+  if (size <= c.front().first) return c.front().second;
+  if (size >= c.back().first) return c.back().second;
+  size_t i = 1;
+  while (c[i].first < size) ++i;
+  const double t = std::log(size / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+  return c[i - 1].second + t * (c[i].second - c[i - 1].second);
+}
+
+double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collective c, int64_t n,
+                          double bytes) {
+  if (c == Collective::SendRecv)
+    return link.latency_us * 1e-6 + hw.collectives.send_recv * bytes / link.bytes_per_s();
+  if (n <= 1 || bytes <= 0.0) return 0.0;
+  const double share = static_cast<double>(n - 1) / static_cast<double>(n);
+  double factor = hw.collectives.all_gather;
+  if (c == Collective::AllReduce) factor = hw.collectives.all_reduce;
+  if (c == Collective::ReduceScatter) factor = hw.collectives.reduce_scatter;
+  // A ring runs factor * (n-1) steps, each one message latency.
+  const double steps = factor * static_cast<double>(n - 1);
+  return steps * link.latency_us * 1e-6 + factor * share * bytes / link.bytes_per_s();
+}
+
+std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::string>& comment) {
+  std::ostringstream o;
+  for (const std::string& line : comment) o << "# " << line << "\n";
+  auto num = [](double v) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%.6g", v);
+    std::string s = b;
+    if (s.find_first_of(".e") == std::string::npos) s += ".0";
+    return s;
+  };
+  o << "name = \"" << hw.name << "\"\n";
+  o << "devices_per_node = " << hw.devices_per_node << "\n\n[device]\n";
+  o << "kind = \"" << hw.device.kind << "\"\n";
+  o << "peak_tflops_fp32 = " << num(hw.device.peak_tflops_fp32) << "\n";
+  o << "peak_tflops_bf16 = " << num(hw.device.peak_tflops_bf16) << "\n";
+  o << "gemm_efficiency = [";
+  for (size_t i = 0; i < hw.device.gemm_efficiency.size(); ++i)
+    o << (i ? ", " : "") << "[" << num(hw.device.gemm_efficiency[i].first) << ", "
+      << num(hw.device.gemm_efficiency[i].second) << "]";
+  o << "]\n";
+  o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
+  o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
+  o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";
+  auto link = [&](const char* name, const LinkSpec& l) {
+    o << "\n[" << name << "]\nbandwidth_gbs = " << num(l.bandwidth_gbs)
+      << "\nefficiency = " << num(l.efficiency) << "\nlatency_us = " << num(l.latency_us) << "\n";
+  };
+  link("intra_node", hw.intra_node);
+  link("inter_node", hw.inter_node);
+  o << "\n[collectives]\nall_reduce = " << num(hw.collectives.all_reduce)
+    << "\nall_gather = " << num(hw.collectives.all_gather)
+    << "\nreduce_scatter = " << num(hw.collectives.reduce_scatter)
+    << "\nsend_recv = " << num(hw.collectives.send_recv) << "\n";
+  return o.str();
+}
+
+}  // namespace trident

@@ -1,0 +1,75 @@
+#pragma once
+// A cluster described for the cost model (docs/plan.md): devices per node, one device's
+// throughput, GEMM efficiency and memory, and the links between devices inside a node and
+// across nodes. Read from configs/hardware/*.toml (written by hand from datasheets, or by
+// `trident bench-hw` from measurements). Pure: no MPI, no device.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trident {
+
+// One kind of link: achieved bandwidth per device and per direction, latency per message.
+struct LinkSpec {
+  double bandwidth_gbs = 0.0;  // GB/s (1e9 bytes) per device, one direction
+  double efficiency = 1.0;     // fraction of bandwidth_gbs collectives achieve
+  double latency_us = 0.0;     // per algorithm step (one message on the link)
+  double bytes_per_s() const { return bandwidth_gbs * efficiency * 1e9; }
+};
+
+// Bytes a device sends per byte of message in a collective over n devices, as a multiple of
+// (n-1)/n: ring all-reduce 2, ring all-gather and reduce-scatter 1. Send/recv: a multiple of
+// the message (1).
+struct CollectiveFactors {
+  double all_reduce = 2.0;
+  double all_gather = 1.0;
+  double reduce_scatter = 1.0;
+  double send_recv = 1.0;
+};
+
+struct DeviceSpec {
+  std::string kind;                 // "gpu" | "cpu"
+  double peak_tflops_fp32 = 0.0;    // dense peak, 1e12 FLOP/s
+  double peak_tflops_bf16 = 0.0;
+  // (GEMM size, fraction of peak): size is the cube root of m*n*k; sorted by size.
+  std::vector<std::pair<double, double>> gemm_efficiency;
+  double memory_gib = 0.0;          // capacity, GiB
+  double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
+  double memory_bandwidth_gbs = 0.0;
+  // cpu: attention keeps its probabilities [B,NH,T,T]; gpu: the row logsumexp [B,NH,T]
+  // (the two backends of the trainer).
+  bool materializes_attention() const { return kind == "cpu"; }
+};
+
+struct HardwareSpec {
+  std::string name;
+  std::string source;  // the file it was read from
+  int64_t devices_per_node = 0;
+  DeviceSpec device;
+  LinkSpec intra_node;
+  LinkSpec inter_node;
+  CollectiveFactors collectives;
+
+  // Peak dense FLOP/s for train.precision ("fp32" | "bf16"); trident::Error otherwise.
+  double peak_flops(const std::string& precision) const;
+  // Fraction of peak a GEMM of m x n x k reaches: the curve linearly interpolated in
+  // log(size), flat beyond its ends.
+  double gemm_efficiency(double m, double n, double k) const;
+};
+
+// Reads and checks a hardware file. A missing key, a wrong type or an impossible value is a
+// trident::Error of one line naming the file and the key.
+HardwareSpec load_hardware(const std::string& path);
+HardwareSpec parse_hardware(const std::string& toml_text, const std::string& source);
+
+// The file text for `hw` (what bench-hw writes), with `comment` lines at the top.
+std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::string>& comment);
+
+// Seconds for one collective of `bytes` (per device) over `n` devices on `link`: the ring
+// algorithm's steps times the latency plus the bytes on the wire over the bandwidth.
+enum class Collective { AllReduce, AllGather, ReduceScatter, SendRecv };
+double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collective c, int64_t n,
+                          double bytes);
+
+}  // namespace trident

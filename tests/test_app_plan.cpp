@@ -1,0 +1,115 @@
+// `trident plan` and `trident bench-hw` from the built binary: a plan's table and --set line,
+// JSON, one given layout, and the one-line errors (bad hardware file, impossible node count or
+// layout, a model that fits no layout).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "app_fixture.hpp"
+
+using namespace trident::test;
+
+namespace {
+
+std::string source(const std::string& path) { return std::string(TRIDENT_SOURCE_DIR) + "/" + path; }
+
+RunResult plan(const std::string& args) { return run_command(trident_cmd("plan " + args), 120); }
+
+const std::string kLlama7bOnH100 = "--config " + source("configs/llama_2_7b.toml") +
+                                   " --hardware " + source("configs/hardware/h100_dgx.toml");
+
+void expect_one_error_line(const RunResult& r, const std::string& part) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("trident: error: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  EXPECT_NE(line.find(part), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST(AppPlan, Llama7bOnEightH100NodesPrintsTableAndOverrides) {
+  const RunResult r = plan(kLlama7bOnH100 + " --nodes 8 --top 5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cluster: NVIDIA DGX H100, 8x NDR InfiniBand: 8 node(s) x 8 = 64 "
+                          "devices"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("global batch: 1024 sequences (4194304 tokens)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("best layout:\n  --set parallel.tensor="), std::string::npos)
+      << r.output;
+  // Five table rows: "   1 " .. "   5 ".
+  for (const char* row : {"\n   1 ", "\n   5 "})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row << r.output;
+  EXPECT_EQ(r.output.find("\n   6 "), std::string::npos) << r.output;
+}
+
+TEST(AppPlan, JsonAndOneGivenLayout) {
+  const RunResult r = run_command(
+      trident_cmd("plan " + kLlama7bOnH100 +
+                  " --nodes 8 --json --layout tensor=2,pipeline=4,data=8,micro_batch=1,"
+                  "schedule=1f1b,zero=1,sequence_parallel=1,recompute=selective"),
+      120, false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["layouts"], 1);
+  ASSERT_EQ(j["best"].size(), 1u);
+  const nlohmann::json& best = j["best"][0];
+  EXPECT_EQ(best["layout"]["tensor"], 2);
+  EXPECT_EQ(best["layout"]["pipeline"], 4);
+  EXPECT_EQ(best["layout"]["recompute"], "selective");
+  const double step = best["step_seconds"];
+  double parts = 0;
+  for (const auto& [k, v] : best["time"].items()) parts += v.get<double>();
+  EXPECT_NEAR(parts, step, 1e-9 * step);
+  EXPECT_GT(best["mfu"].get<double>(), 0.0);
+  EXPECT_LT(best["mfu"].get<double>(), 1.0);
+  EXPECT_EQ(best["set"][0], "parallel.tensor=2");
+}
+
+TEST(AppPlan, BadInputIsOneErrorLine) {
+  const auto dir = scratch_dir("app_plan");
+  std::string hw = read_file(source("configs/hardware/h100_dgx.toml"));
+  hw.replace(hw.find("memory_bandwidth_gbs"), 20, "memory_bandwdth_gbs");
+  write_file(dir / "bad.toml", hw);
+  expect_one_error_line(plan("--config " + source("configs/llama_2_7b.toml") + " --hardware " +
+                             (dir / "bad.toml").string() + " --nodes 1"),
+                        "bad.toml: device.memory_bandwdth_gbs is not a hardware key");
+  expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 0"), "--nodes = 0 must be >= 1");
+  // 24 devices, a batch of 1001 (DP 1 only) and 2 layers (PP <= 2): TP would be 12 > 8.
+  expect_one_error_line(plan(kLlama7bOnH100 + " --set model.layers=2 --nodes 3 "
+                                              "--global-batch 1001"),
+                        "no valid layout on 3 node(s) x 8 devices = 24 devices");
+  expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 1 --layout tensor=3,pipeline=1,data=1,"
+                                              "micro_batch=1"),
+                        "no valid layout");
+  expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 1 --layout colour=red"),
+                        "--layout: unknown key \"colour\"");
+  // A 7B model on one 2-core CPU machine (fp32, 16 bytes a parameter at least): short by GiB.
+  expect_one_error_line(plan("--config " + source("configs/llama_2_7b.toml") +
+                             " --set train.precision=fp32 --set train.device=cpu --hardware " +
+                             source("configs/hardware/cpu_2core.toml") + " --nodes 1"),
+                        "no layout fits");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
+  const auto dir = scratch_dir("app_bench_hw");
+  const auto out = dir / "cpu.toml";
+  RunResult r = run_command(trident_cmd("bench-hw --out " + out.string() + " --ranks 2"), 240);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = read_file(out);
+  EXPECT_NE(text.find("devices_per_node = 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("links: NOT measured (1 rank)"), std::string::npos) << text;
+  r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
+           " --nodes 1 --top 3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("best layout:"), std::string::npos) << r.output;
+  expect_one_error_line(run_command(trident_cmd("bench-hw --out " + out.string() +
+                                                " --device cuda"), 60),
+                        "measuring GPUs (cuBLAS GEMMs, NCCL collectives) is not implemented");
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,349 @@
+// The cost model of `trident plan` (lib/plan) on cases with a closed-form answer: a flat GEMM
+// efficiency and an unlimited memory bandwidth make compute = FLOPs / peak; the 1F1B bubble is
+// (p-1)(f+b); ring collectives cost factor * (n-1)/n * bytes / bandwidth + steps * latency;
+// memory is the trainer's flat buffers and stash.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "config/config.hpp"
+#include "model/architecture.hpp"
+#include "model/model_stats.hpp"
+#include "plan/cost_model.hpp"
+#include "plan/hardware.hpp"
+#include "util/error.hpp"
+
+using namespace trident;
+
+namespace {
+
+// A device with efficiency 1 at every size, memory traffic that costs nothing, links of
+// 10 GB/s and 2 us.
+std::string ideal_hardware_text(int devices_per_node = 8) {
+  return "name = \"ideal\"\ndevices_per_node = " + std::to_string(devices_per_node) +
+         "\n[device]\nkind = \"gpu\"\npeak_tflops_fp32 = 10.0\npeak_tflops_bf16 = 100.0\n"
+         "gemm_efficiency = [[64, 1.0], [4096, 1.0]]\nmemory_gib = 80.0\nreserved_gib = 1.0\n"
+         "memory_bandwidth_gbs = 1e12\n"
+         "[intra_node]\nbandwidth_gbs = 10.0\nefficiency = 1.0\nlatency_us = 2.0\n"
+         "[inter_node]\nbandwidth_gbs = 5.0\nefficiency = 1.0\nlatency_us = 4.0\n"
+         "[collectives]\nall_reduce = 2.0\nall_gather = 1.0\nreduce_scatter = 1.0\n"
+         "send_recv = 1.0\n";
+}
+
+ModelConfig small_gpt() {
+  ModelConfig m;
+  m.arch = "gpt2";
+  m.layers = 8;
+  m.heads = 4;
+  m.width = 64;
+  m.vocab_size = 64;
+  m.seq_len = 16;
+  return m;
+}
+
+PlanProblem problem(const ModelConfig& m, int64_t nodes = 1, int64_t global_batch = 32) {
+  PlanProblem p;
+  p.model = m;
+  p.global_batch = global_batch;
+  p.precision = "fp32";
+  p.hw = parse_hardware(ideal_hardware_text(), "ideal.toml");
+  p.nodes = nodes;
+  return p;
+}
+
+Layout layout(int64_t tp, int64_t pp, int64_t dp, int64_t mb = 1,
+              ScheduleKind kind = ScheduleKind::OneFOneB) {
+  Layout l;
+  l.tp = tp;
+  l.pp = pp;
+  l.dp = dp;
+  l.micro_batch = mb;
+  l.schedule = kind;
+  return l;
+}
+
+void expect_error(const std::string& text, const std::string& part) {
+  try {
+    parse_hardware(text, "hw.toml");
+    ADD_FAILURE() << "no error; expected: " << part;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+}  // namespace
+
+TEST(PlanHardware, EfficiencyIsInterpolatedInLogSizeAndFlatBeyondTheEnds) {
+  const HardwareSpec hw = parse_hardware(
+      replace(ideal_hardware_text(), "[[64, 1.0], [4096, 1.0]]", "[[100, 0.2], [1000, 0.8]]"),
+      "hw.toml");
+  EXPECT_DOUBLE_EQ(hw.gemm_efficiency(10, 10, 10), 0.2);
+  EXPECT_DOUBLE_EQ(hw.gemm_efficiency(5000, 5000, 5000), 0.8);
+  // Geometric middle of 100 and 1000: halfway.
+  const double mid = std::sqrt(100.0 * 1000.0);
+  EXPECT_NEAR(hw.gemm_efficiency(mid, mid, mid), 0.5, 1e-12);
+  // The size is the cube root of m*n*k.
+  EXPECT_NEAR(hw.gemm_efficiency(100, 1000, 1000), hw.gemm_efficiency(464.158883, 464.158883,
+                                                                      464.158883), 1e-6);
+}
+
+TEST(PlanHardware, RingCollectivesAndSendRecv) {
+  const HardwareSpec hw = parse_hardware(ideal_hardware_text(), "hw.toml");
+  const double bytes = 1e8, bw = 10e9, lat = 2e-6;
+  EXPECT_NEAR(collective_seconds(hw, hw.intra_node, Collective::AllReduce, 4, bytes),
+              2.0 * 3 * lat + 2.0 * 0.75 * bytes / bw, 1e-12);
+  EXPECT_NEAR(collective_seconds(hw, hw.intra_node, Collective::AllGather, 4, bytes),
+              3 * lat + 0.75 * bytes / bw, 1e-12);
+  EXPECT_NEAR(collective_seconds(hw, hw.intra_node, Collective::SendRecv, 2, bytes),
+              lat + bytes / bw, 1e-12);
+  EXPECT_EQ(collective_seconds(hw, hw.intra_node, Collective::AllReduce, 1, bytes), 0.0);
+}
+
+TEST(PlanHardware, BadFilesAreOneLineNamingFileAndKey) {
+  const std::string good = ideal_hardware_text();
+  expect_error(replace(good, "memory_gib = 80.0\n", ""), "hw.toml: device.memory_gib is missing");
+  expect_error(replace(good, "latency_us = 2.0", "latency_us = \"fast\""),
+               "intra_node.latency_us must be a number");
+  expect_error(replace(good, "kind = \"gpu\"", "kind = \"tpu\""), "device.kind = \"tpu\"");
+  expect_error(replace(good, "efficiency = 1.0\nlatency_us = 4.0", "efficiency = 1.5\nlatency_us = 4.0"),
+               "inter_node.efficiency = 1.5 must be in (0, 1]");
+  expect_error(replace(good, "[[64, 1.0], [4096, 1.0]]", "[[64, 1.0], [32, 1.0]]"),
+               "device.gemm_efficiency sizes must increase");
+  expect_error(good + "[extra]\nfoo = 1\n", "extra.foo is not a hardware key");
+  expect_error(replace(good, "devices_per_node = 8", "devices_per_node = 0"),
+               "devices_per_node = 0 must be greater than 0");
+  expect_error("name = ", "hw.toml: TOML syntax error at line 1");
+  EXPECT_THROW(load_hardware("/nonexistent/hw.toml"), Error);
+}
+
+TEST(PlanHardware, ShippedFilesLoad) {
+  for (const char* name : {"a100_80gb_dgx", "h100_dgx", "h200_dgx", "cpu_2core"}) {
+    const HardwareSpec hw =
+        load_hardware(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware/" + name + ".toml");
+    EXPECT_GE(hw.devices_per_node, 1) << name;
+    EXPECT_GT(hw.peak_flops("fp32"), 0.0) << name;
+  }
+}
+
+TEST(PlanFlops, PartsSumToTheTrainersCount) {
+  for (const char* arch : {"gpt2", "llama"}) {
+    ModelConfig m = small_gpt();
+    m.arch = arch;
+    m.kv_heads = m.is_llama() ? 2 : 0;
+    const TrainingFlopsParts parts = training_flops_parts(m, 64);
+    EXPECT_EQ(static_cast<double>(m.layers) * (parts.layer_linear + parts.layer_attention) +
+                  parts.head,
+              training_flops_per_token(m, 64))
+        << arch;
+  }
+}
+
+TEST(PlanActivations, LayerStashClosedForm) {
+  // gpt2, C 64, T 16, 4 heads, one sequence (N = 16 rows), fp32, CPU (probabilities kept):
+  //   input + residual 2*16*64*4 = 8192, norm stats 2*16*2*4 = 256, both norm outputs 8192,
+  //   qkv 16*192*4 = 12288 + attention output 16*64*4 = 4096, fc1 and gelu 2*16*256*4 = 32768,
+  //   probabilities 16*4*16*4 = 4096: 69888.
+  const ModelConfig m = small_gpt();
+  const bool cpu = true, gpu = false;  // materialized attention (CPU backend) or fused (GPU)
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::None, 4.0), 69888.0);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Selective, 4.0),
+                   69888.0 - 4096.0);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Full, 4.0), 4096.0);
+  // GPU: attention keeps one logsumexp per row and head: 16*4*4 = 256.
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, gpu, 1, 1, false, Recompute::None, 4.0),
+                   69888.0 - 4096.0 + 256.0);
+  // TP 2 with SP: the stream and stats halve (4096 + 128), the gathered norm outputs stay
+  // (8192), the rest halves (12288 + 16384 + 2048).
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 2, true, Recompute::None, 4.0),
+                   4096.0 + 128.0 + 8192.0 + 8192.0 + 16384.0 + 2048.0);
+}
+
+TEST(PlanPredict, OneDeviceComputeIsFlopsOverPeak) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m);
+  p.hw.devices_per_node = 1;
+  const Prediction r = predict(p, layout(1, 1, 1, 4));
+  const double flops = training_flops_per_token(m, 64) * 32 * 16;
+  EXPECT_NEAR(r.time.compute, flops / 10e12, 1e-6 * r.time.compute);
+  EXPECT_EQ(r.time.tp_comm, 0.0);
+  EXPECT_EQ(r.time.bubble, 0.0);
+  EXPECT_EQ(r.time.dp_exposed, 0.0);
+  EXPECT_NEAR(r.mfu, flops / 10e12 / r.step_seconds, 1e-9);
+  EXPECT_EQ(r.microbatches, 8);
+
+  // Full recomputation adds one forward of every layer (a third of its training FLOPs).
+  Layout full = layout(1, 1, 1, 4);
+  full.recompute = Recompute::Full;
+  const Prediction f = predict(p, full);
+  const TrainingFlopsParts parts = training_flops_parts(m, 64);
+  const double extra = 8.0 * (parts.layer_linear + parts.layer_attention) / 3.0 * 32 * 16;
+  EXPECT_NEAR(f.time.compute - r.time.compute, extra / 10e12, 1e-6 * r.time.compute);
+  EXPECT_NEAR(f.hardware_flops_per_step, flops + extra, 1.0);
+  EXPECT_DOUBLE_EQ(f.model_flops_per_step, flops);
+}
+
+TEST(PlanPredict, OneFOneBBubbleIsStagesMinusOneOps) {
+  // Four stages of two layers; the head (vocab 64) is small, so the slowest chunk is the
+  // last; 1F1B's makespan is (M + p - 1)(f + b): the bubble is (p - 1)/M of the busy time.
+  PlanProblem p = problem(small_gpt(), 1, 16);
+  p.hw.devices_per_node = 4;
+  for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::GPipe}) {
+    const Prediction r = predict(p, layout(1, 4, 1, 1, kind));
+    EXPECT_EQ(r.microbatches, 16);
+    EXPECT_NEAR(r.time.bubble / (r.time.compute + r.time.tp_comm), 3.0 / 16.0, 1e-9)
+        << to_string(kind);
+  }
+  // ZB-H1 fills part of it.
+  const Prediction zb = predict(p, layout(1, 4, 1, 1, ScheduleKind::ZeroBubbleH1));
+  const Prediction ob = predict(p, layout(1, 4, 1, 1));
+  EXPECT_LT(zb.time.bubble, ob.time.bubble);
+  // Transfers: each send costs latency + bytes / bandwidth (16 rows x 64 x 4 bytes).
+  EXPECT_GT(ob.time.pp_transfer, 0.0);
+}
+
+TEST(PlanPredict, TensorParallelCommunicationClosedForm) {
+  // TP 2, one micro-batch per step: per layer 2 all-reduces of the [16, 64] fp32 stream in
+  // forward and 2 in backward; the embedding sums once, the head's input gradient once, the
+  // loss 3 all-reduces of 16 floats.
+  PlanProblem p = problem(small_gpt(), 1, 1);
+  p.hw.devices_per_node = 2;
+  const Prediction r = predict(p, layout(2, 1, 1, 1));
+  const double lat = 2e-6, bw = 10e9;
+  auto ar = [&](double bytes) { return 2.0 * lat + 2.0 * 0.5 * bytes / bw; };
+  const double stream = 16 * 64 * 4;
+  EXPECT_NEAR(r.time.tp_comm, 8 * 4 * ar(stream) + ar(stream) + ar(stream) + 3 * ar(16 * 4),
+              1e-12);
+  // Sequence parallelism: each layer all-reduce becomes an all-gather + reduce-scatter pair
+  // (the same bytes and steps), the embedding's sum a reduce-scatter, the head's input is
+  // gathered and its gradient reduce-scattered.
+  Layout sp = layout(2, 1, 1, 1);
+  sp.sequence_parallel = true;
+  auto half = [&](double bytes) { return lat + 0.5 * bytes / bw; };  // AG or RS over 2
+  EXPECT_NEAR(predict(p, sp).time.tp_comm,
+              8 * 4 * 2 * half(stream) + half(stream) + 2 * half(stream) + 3 * ar(16 * 4), 1e-12);
+}
+
+TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  // DP 2 without and with ZeRO-1.
+  const Prediction plain = predict(p, layout(1, 1, 2, 2));
+  const double flat = static_cast<double>(parameter_layout(m, ModelShard::whole(m)).flat_size);
+  EXPECT_DOUBLE_EQ(plain.memory.weights, flat * 4);
+  EXPECT_DOUBLE_EQ(plain.memory.gradients, flat * 4);
+  EXPECT_DOUBLE_EQ(plain.memory.optimizer, flat * 8);
+  Layout z = layout(1, 1, 2, 2);
+  z.zero1 = true;
+  EXPECT_DOUBLE_EQ(predict(p, z).memory.optimizer, std::ceil(flat / 2) * 8);
+  // DP exposed: a bucket as large as all gradients cannot overlap: one whole all-reduce.
+  p.dp_bucket_mb = 1e6;
+  const Prediction whole = predict(p, layout(1, 1, 2, 2));
+  const double all_reduce =
+      collective_seconds(p.hw, p.hw.intra_node, Collective::AllReduce, 2, flat * 4);
+  EXPECT_NEAR(whole.time.dp_exposed, all_reduce, 1e-15);
+  // A backward far longer than the reduction (1 GFLOP/s) hides all of it but the last bucket
+  // (1 KiB here); without overlap (another system) none of it.
+  {
+    PlanProblem slow = p;
+    slow.hw.device.peak_tflops_fp32 = 1e-3;
+    slow.dp_bucket_mb = 1.0 / 1024;
+    EXPECT_NEAR(predict(slow, layout(1, 1, 2, 2)).time.dp_exposed,
+                all_reduce * 1024.0 / (flat * 4), 1e-15);
+    slow.dp_overlap = false;
+    EXPECT_NEAR(predict(slow, layout(1, 1, 2, 2)).time.dp_exposed, all_reduce, 1e-15);
+  }
+  p.dp_bucket_mb = 25;
+  // Materialized attention keeps the probabilities [N, NH, T] fp32 per layer instead of one
+  // logsumexp per row and head: 8 layers x 16 x 4 x (16 - 1) x 4 bytes more per stash.
+  PlanProblem materialized = p;
+  materialized.attention = "materialized";
+  EXPECT_DOUBLE_EQ(predict(materialized, layout(1, 1, 2, 2)).memory.activations -
+                       predict(p, layout(1, 1, 2, 2)).memory.activations,
+                   8 * 2 * 16 * 4 * 15 * 4.0);
+
+  // Pipeline of 4 stages of 2 layers, 32 micro-batches of one sequence (N = 16 rows, fp32,
+  // GPU attention stash): a layer keeps 66048 bytes (PlanActivations); stage 0 a stash of
+  // 2 layers + its output [16, 64] + tokens and targets = 136320 bytes, the last stage also
+  // the final norm output, the logits [16, 64] and the loss statistics: 144768 bytes.
+  // 1F1B: stage 0 holds min(4, 32) = 4 stashes and is the fullest; GPipe: every stage holds
+  // all 32, and the last is the fullest.
+  p.hw.devices_per_node = 4;
+  const Prediction o = predict(p, layout(1, 4, 1, 1));
+  EXPECT_EQ(o.fullest_stage, 0);
+  EXPECT_DOUBLE_EQ(o.memory.activations, 4 * 136320.0);
+  const Prediction g = predict(p, layout(1, 4, 1, 1, ScheduleKind::GPipe));
+  EXPECT_EQ(g.fullest_stage, 3);
+  EXPECT_DOUBLE_EQ(g.memory.activations, 32 * 144768.0);
+}
+
+TEST(PlanEnumerate, EveryLayoutIsValidAndFiltersHold) {
+  ModelConfig m = small_gpt();
+  m.heads = 2;  // TP 4 and 8 are impossible
+  PlanProblem p = problem(m, 1, 32);
+  const std::vector<Layout> all = enumerate_layouts(p, {});
+  ASSERT_FALSE(all.empty());
+  std::set<int64_t> tps;
+  for (const Layout& l : all) {
+    EXPECT_EQ(layout_problem(p, l), "") << to_string(l);
+    EXPECT_EQ(l.devices(), 8);
+    tps.insert(l.tp);
+  }
+  EXPECT_EQ(tps, (std::set<int64_t>{1, 2}));
+  const std::vector<Layout> some = enumerate_layouts(p, parse_layout_filter(
+                                                            "tensor=2,pipeline=2,recompute=full"));
+  ASSERT_FALSE(some.empty());
+  for (const Layout& l : some) {
+    EXPECT_EQ(l.tp, 2);
+    EXPECT_EQ(l.pp, 2);
+    EXPECT_EQ(l.dp, 2);
+    EXPECT_EQ(l.recompute, Recompute::Full);
+  }
+  EXPECT_NE(layout_problem(p, layout(4, 1, 2)).find("model.heads"), std::string::npos);
+  EXPECT_NE(layout_problem(p, layout(1, 1, 4)).find("8 devices"), std::string::npos);
+  EXPECT_THROW(parse_layout_filter("tensor=two"), Error);
+  EXPECT_THROW(parse_layout_filter("colour=red"), Error);
+  // Ranked: fitting first, then by step time.
+  const std::vector<Prediction> ranked = rank_layouts(p, all);
+  for (size_t i = 1; i < ranked.size(); ++i)
+    if (ranked[i].fits == ranked[i - 1].fits) {
+      EXPECT_LE(ranked[i - 1].step_seconds, ranked[i].step_seconds);
+    }
+}
+
+TEST(PlanPipeline, ExtendedSimulationEqualsTheWholeOne) {
+  PipeSimCosts costs;
+  costs.forward = 1.3;
+  costs.backward = 2.9;
+  costs.weight = 1.1;
+  int compared = 0;
+  for (double comm : {0.0, 0.4}) {
+    costs.comm = comm;
+    for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::GPipe,
+                              ScheduleKind::ZeroBubbleH1, ScheduleKind::Interleaved}) {
+      Layout l;
+      l.pp = 4;
+      l.schedule = kind;
+      l.virtual_stages = kind == ScheduleKind::Interleaved ? 2 : 1;
+      for (int64_t m : {28, 64, 100}) {
+        const PipeSimResult whole = simulate_pipeline(kind, 4, m, costs,
+                                                      static_cast<int>(l.virtual_stages));
+        ASSERT_TRUE(whole.ok) << whole.error;
+        EXPECT_NEAR(pipeline_makespan(l, m, costs), whole.makespan, 1e-9 * whole.makespan)
+            << to_string(kind) << " M=" << m << " comm=" << comm;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 24);
+}
