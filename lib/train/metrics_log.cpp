@@ -131,6 +131,24 @@ void MetricsLog::write(const StepMetrics& m) {
     lost(jsonl_, "'" + path_ + "'", m.step, err);
 }
 
+void MetricsLog::write_event(const std::string& line, const nlohmann::json& record) {
+  ++lines_;
+  const int64_t step = record.at("step").get<int64_t>();
+  errno = 0;
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    lost(stdout_, "the log to standard output", step, errno ? errno : EIO);
+    std::clearerr(stdout);
+  }
+  if (jsonl_.lines > 0) {  // no appends after a failed one (write() says why)
+    lost(jsonl_, "'" + path_ + "'", step, ENOSPC);
+    return;
+  }
+  if (const int err = append_whole(fd_, record.dump() + "\n"))
+    lost(jsonl_, "'" + path_ + "'", step, err);
+}
+
 std::string MetricsLog::failure() const {
   std::string out;
   auto add = [&](const Losses& l, const std::string& what) {

@@ -45,6 +45,9 @@ class MetricsLog {
   // naming the file when it cannot be created.
   void enable_tensorboard(const std::string& config_toml);
   void write(const StepMetrics& m);
+  // An event of the run (a rollback): `line` on stdout and `record` (an object with "event"
+  // and "step") as one metrics.jsonl line, with the same failure handling as write().
+  void write_event(const std::string& line, const nlohmann::json& record);
   static std::string format_line(const StepMetrics& m);
   // "" while every line reached both destinations; else one line: how many lines of which
   // destination were lost, and the first error.

@@ -1,0 +1,87 @@
+// The divergence guard through the trident binary on one rank: a loss spike (test-only
+// TRIDENT_TEST_CORRUPT_BATCHES) rolls the run back to its last checkpoint, with one log line
+// and one metrics.jsonl record, and the run completes; with no rollback left it ends with exit
+// code 77 after one line and one record; a rollback needs checkpoint.dir.
+#include <gtest/gtest.h>
+
+#include "app_fixture.hpp"
+
+using namespace trident::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+class Rollback : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = make_tiny_run(dir_);
+  }
+  RunResult train(const std::string& sets) const {
+    return run_command("TRIDENT_TEST_CORRUPT_BATCHES=7,8 " +
+                           trident_cmd("train --config " + config_.string() +
+                                       " --set train.steps=12 --set eval.interval=0"
+                                       " --set train.spike_factor=3 --set train.spike_window=4"
+                                       " --set train.max_bad_steps=2 --set checkpoint.interval=2"
+                                       " --set log.dir=" + (dir_ / "run").string() + " " + sets),
+                       120);
+  }
+  std::vector<nlohmann::json> events() const {
+    std::vector<nlohmann::json> out;
+    for (const auto& row : read_metrics(dir_ / "run"))
+      if (row.contains("event")) out.push_back(row);
+    return out;
+  }
+  std::string ckpt() const { return "--set checkpoint.dir=" + (dir_ / "ckpt").string(); }
+  fs::path dir_, config_;
+};
+
+}  // namespace
+
+TEST_F(Rollback, SpikeRollsBackAndTheRunCompletes) {
+  const auto r = train(ckpt());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rollback 1 of at most 3: 2 bad steps in a row (steps 8 to 9, global "
+                          "batches [7, 8]; train.max_bad_steps = 2); back to " +
+                          (dir_ / "ckpt" / "step_00000006.h5").string() +
+                          " (step 6), skipping global batches [7, 8] from now on"),
+            std::string::npos)
+      << r.output;
+  const auto ev = events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["event"], "rollback");
+  EXPECT_EQ(ev[0]["step"], 9);
+  EXPECT_EQ(ev[0]["to_step"], 6);
+  EXPECT_EQ(ev[0]["bad_batches"], nlohmann::json({7, 8}));
+  EXPECT_EQ(ev[0]["rollbacks"], 1);
+  EXPECT_EQ(read_metrics(dir_ / "run").back()["step"], 12);
+  EXPECT_EQ(read_metrics(dir_ / "run").back()["skipped_steps"], 0);
+}
+
+TEST_F(Rollback, NoRollbackLeftExits77) {
+  const auto r = train(ckpt() + " --set train.max_rollbacks=0");
+  EXPECT_EQ(r.exit_code, 77) << r.output;
+  EXPECT_NE(r.output.find("training diverged: 2 bad steps in a row (steps 8 to 9, global "
+                          "batches [7, 8]; train.max_bad_steps = 2), and no rollback: "
+                          "train.max_rollbacks = 0 rollbacks taken; exit code 77"),
+            std::string::npos)
+      << r.output;
+  const auto ev = events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["event"], "diverged");
+  // No checkpoint yet when the spike comes: the same exit, naming why.
+  const auto none = train(ckpt() + "2 --set checkpoint.interval=100");
+  EXPECT_EQ(none.exit_code, 77) << none.output;
+  EXPECT_NE(none.output.find("and no rollback: no committed checkpoint in checkpoint.dir"),
+            std::string::npos)
+      << none.output;
+}
+
+TEST_F(Rollback, NeedsACheckpointDir) {
+  const auto r = train("");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train.max_bad_steps rolls back to the last checkpoint, which needs "
+                          "checkpoint.dir (empty: nothing to roll back to)"),
+            std::string::npos)
+      << r.output;
+}
