@@ -10,8 +10,9 @@ seeded random moment, and relaunched with --resume auto until it completes. A ki
 
 After every kill: `latest` names a committed checkpoint (never a temp file) that exists, it
 never goes back to an earlier step, and every committed checkpoint passes
-`trident ckpt info --verify`. At the end the final checkpoint equals an uninterrupted run's
-bit for bit (ckpt_compare: every tensor, elements counted).
+`trident ckpt info --verify`. When the run completes its final checkpoint must equal an
+uninterrupted run's bit for bit (ckpt_compare: every tensor, elements counted); if kills are
+left, another round starts in a fresh checkpoint directory.
 
   test_chaos.py --trident BIN --mpiexec MPIEXEC --compare CKPT_COMPARE [--kills 10]
                 [--seed S] [--keep]
@@ -35,7 +36,7 @@ STEPS = 12
 RANKS = 4
 CHECKPOINT_NAME = re.compile(r"^step_\d{8,}\.h5$")
 # Slows each dataset write and each commit step, so that kills land inside them often.
-CHAOS_ENV = {"TRIDENT_TEST_SLOW_CHECKPOINT_MS": "2", "TRIDENT_TEST_COMMIT_PAUSE_MS": "40"}
+CHAOS_ENV = {"TRIDENT_TEST_SLOW_CHECKPOINT_MS": "1", "TRIDENT_TEST_COMMIT_PAUSE_MS": "40"}
 
 
 def fail(message):
@@ -76,15 +77,6 @@ def ranks_of(job):
     return sorted(pid for pid, comm in descendants(job.pid) if comm == "trident")
 
 
-def end_job(job, timeout=60):
-    """Waits for the launcher; kills what is left of the job's process group after timeout."""
-    try:
-        return job.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        return job.wait()
-
-
 def temp_files(ckpt_dir):
     try:
         return [n for n in os.listdir(ckpt_dir) if ".h5.tmp-" in n]
@@ -105,7 +97,7 @@ def wait_for(job, condition, limit_s):
 def kill_moment(job, mode, rng, ckpt_dir, reference_s):
     """Waits for the moment `mode` asks for; False if the job ended first."""
     if mode == "random":
-        wait_for(job, lambda: False, rng.uniform(0.3, 1.2 * reference_s))
+        wait_for(job, lambda: False, rng.uniform(0.3, 0.8 * reference_s))
         return job.poll() is None
     if mode == "write":
         if not wait_for(job, lambda: temp_files(ckpt_dir), 4 * reference_s):
@@ -185,47 +177,61 @@ def main():
         fail("the uninterrupted run exited %d\n%s%s" % (r.returncode, r.stdout, r.stderr))
 
     ckpt_dir = os.path.join(work, "chaos")
-    modes = {"random": 0, "write": 0, "commit": 0}
-    launches, done, latest_step, verified = 0, 0, -1, [0]
-    finished = False
-    while not finished:
-        launches += 1
-        if launches > kills + 20:
-            fail("no completion after %d launches" % launches)
-        job = subprocess.Popen(train_command(args, config, ckpt_dir, os.path.join(work, "log")),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=env, start_new_session=True)
-        if done < kills:
-            mode = rng.choice(sorted(modes))
-            if kill_moment(job, mode, rng, ckpt_dir, reference_s):
-                ranks = ranks_of(job)
-                if ranks:
-                    victim = rng.randrange(len(ranks))
-                    try:
-                        os.kill(ranks[victim], signal.SIGKILL)
-                        done += 1
-                        modes[mode] += 1
-                    except ProcessLookupError:
-                        pass
-        code = end_job(job, timeout=300)
-        output = job.stdout.read()
-        job.stdout.close()
-        if code == 0:
-            finished = True
-        elif done == 0 or code in (75, 77):
-            fail("launch %d exited %d without a kill:\n%s" % (launches, code, output))
-        latest_step = check_directory(args, ckpt_dir, latest_step, verified)
-        print("launch %d: exit %d, latest step %d" % (launches, code, latest_step), flush=True)
-
     final = "step_%08d.h5" % STEPS
-    r = subprocess.run([args.compare, os.path.join(ref_dir, final), os.path.join(ckpt_dir, final)],
-                       capture_output=True, text=True, timeout=120)
-    print("final checkpoint vs uninterrupted run: " + r.stdout.strip())
-    if r.returncode != 0:
-        fail("the final checkpoint differs from the uninterrupted run's\n" + r.stderr)
-    print("chaos: %d kills (%s) in %d launches, %d checkpoint verifications, seed %d; passed"
-          % (done, ", ".join("%s %d" % kv for kv in sorted(modes.items())), launches,
-             verified[0], args.seed))
+    modes = {"random": 0, "write": 0, "commit": 0}
+    launches, done, rounds, latest_step, verified = 0, 0, 0, -1, [0]
+    # A round: launches until the run completes. Kills left when it completes: another round
+    # in a fresh directory, so that every kill asked for happens.
+    while done < kills or rounds == 0:
+        rounds += 1
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        latest_step = -1
+        finished = False
+        while not finished:
+            launches += 1
+            if launches > 2 * kills + 20:
+                fail("no completion after %d launches" % launches)
+            job = subprocess.Popen(
+                train_command(args, config, ckpt_dir, os.path.join(work, "log")),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                start_new_session=True)
+            killed = False
+            if done < kills:
+                mode = rng.choice(sorted(modes))
+                if kill_moment(job, mode, rng, ckpt_dir, reference_s):
+                    ranks = ranks_of(job)
+                    if ranks:
+                        try:
+                            os.kill(ranks[rng.randrange(len(ranks))], signal.SIGKILL)
+                            killed = True
+                            done += 1
+                            modes[mode] += 1
+                        except ProcessLookupError:
+                            pass
+            try:
+                output, _ = job.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.communicate()
+                fail("launch %d did not end within 300 s (a hang after a kill?)" % launches)
+            code = job.returncode
+            if code == 0:
+                finished = True
+            elif not killed:
+                fail("launch %d exited %d without a kill:\n%s" % (launches, code, output))
+            latest_step = check_directory(args, ckpt_dir, latest_step, verified)
+            print("round %d launch %d: %s, exit %d, latest step %d"
+                  % (rounds, launches, "killed a rank" if killed else "no kill", code,
+                     latest_step), flush=True)
+        r = subprocess.run([args.compare, os.path.join(ref_dir, final),
+                            os.path.join(ckpt_dir, final)],
+                           capture_output=True, text=True, timeout=120)
+        print("round %d: final checkpoint vs uninterrupted run: %s" % (rounds, r.stdout.strip()))
+        if r.returncode != 0:
+            fail("the final checkpoint differs from the uninterrupted run's\n" + r.stderr)
+    print("chaos: %d kills (%s) in %d launches and %d rounds, %d checkpoint verifications, "
+          "seed %d; passed" % (done, ", ".join("%s %d" % kv for kv in sorted(modes.items())),
+                               launches, rounds, verified[0], args.seed))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 
