@@ -49,6 +49,7 @@ TEST_F(Rollback, SpikeRollsBackAndTheRunCompletes) {
       << r.output;
   const auto ev = events();
   ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["type"], "event");
   EXPECT_EQ(ev[0]["event"], "rollback");
   EXPECT_EQ(ev[0]["step"], 9);
   EXPECT_EQ(ev[0]["to_step"], 6);

@@ -558,7 +558,7 @@ bool Trainer::roll_back(int64_t step) {
     if (log_)
       log_->write_event("training diverged: " + what + ", and no rollback: " + refusal +
                             "; exit code 77",
-                        {{"event", "diverged"}, {"step", step + 1},
+                        {{"type", "event"}, {"event", "diverged"}, {"step", step + 1},
                          {"bad_batches", bad_batches}, {"rollbacks", rollbacks_},
                          {"reason", refusal}});
     return false;
@@ -574,7 +574,7 @@ bool Trainer::roll_back(int64_t step) {
             std::to_string(t.max_rollbacks) + ": " + what + "; back to " + latest +
             " (step " + std::to_string(start_step_) + "), skipping global batches " +
             skip_list_text(bad_batches) + " from now on",
-        {{"event", "rollback"}, {"step", step + 1}, {"to_step", start_step_},
+        {{"type", "event"}, {"event", "rollback"}, {"step", step + 1}, {"to_step", start_step_},
          {"checkpoint", latest}, {"bad_batches", bad_batches},
          {"skipped_batches", skipped_batches_}, {"rollbacks", rollbacks_},
          {"lr_scale", rollback_lr_factor()}});
