@@ -15,7 +15,7 @@ uninterrupted run's bit for bit (ckpt_compare: every tensor, elements counted); 
 left, another round starts in a fresh checkpoint directory.
 
   test_chaos.py --trident BIN --mpiexec MPIEXEC --compare CKPT_COMPARE [--kills 10]
-                [--seed S] [--keep]
+                [--seed S] [--ranks 4|8] [--steps 12] [--modes commit,random,write] [--keep]
 TRIDENT_CHAOS_KILLS=N overrides --kills (50 or more for a long run). Exit 0: passed.
 """
 import argparse
@@ -32,8 +32,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_runs  # noqa: E402
 
-STEPS = 12
-RANKS = 4
+# The layouts by rank count: PP 2 x DP 2 (ZeRO-1), or TP 2 x PP 2 x DP 2 (ZeRO-1).
+LAYOUTS = {4: "[parallel]\npipeline = 2\ndata = 2\n",
+           8: "[parallel]\ntensor = 2\npipeline = 2\ndata = 2\n"}
 CHECKPOINT_NAME = re.compile(r"^step_\d{8,}\.h5$")
 # Slows each dataset write and each commit step, so that kills land inside them often.
 CHAOS_ENV = {"TRIDENT_TEST_SLOW_CHECKPOINT_MS": "1", "TRIDENT_TEST_COMMIT_PAUSE_MS": "40"}
@@ -45,7 +46,7 @@ def fail(message):
 
 
 def train_command(args, config, ckpt_dir, log_dir):
-    return [args.mpiexec, "-n", str(RANKS), args.trident, "train", "--config", config,
+    return [args.mpiexec, "-n", str(args.ranks), args.trident, "train", "--config", config,
             "--set", "checkpoint.dir=" + ckpt_dir, "--set", "log.dir=" + log_dir,
             "--resume", "auto"]
 
@@ -100,7 +101,14 @@ def kill_moment(job, mode, rng, ckpt_dir, reference_s):
         wait_for(job, lambda: False, rng.uniform(0.3, 0.8 * reference_s))
         return job.poll() is None
     if mode == "write":
-        if not wait_for(job, lambda: temp_files(ckpt_dir), 4 * reference_s):
+        # The first, second or third write of this launch (later ones with committed
+        # checkpoints before them).
+        seen, wanted = set(), rng.randint(1, 3)
+
+        def nth_write_started():
+            seen.update(temp_files(ckpt_dir))
+            return len(seen) >= wanted
+        if not wait_for(job, nth_write_started, 4 * reference_s):
             return False
         time.sleep(rng.uniform(0, 0.1))  # somewhere inside the write
         return job.poll() is None
@@ -151,6 +159,10 @@ def main():
     ap.add_argument("--compare", required=True)
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ranks", type=int, choices=sorted(LAYOUTS), default=4)
+    ap.add_argument("--steps", type=int, default=12, help="a checkpoint after each")
+    ap.add_argument("--modes", default="commit,random,write",
+                    help="the kinds of kill moments to draw from (comma-separated)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
     kills = int(os.environ.get("TRIDENT_CHAOS_KILLS", args.kills))
@@ -159,12 +171,16 @@ def main():
     work = tempfile.mkdtemp(prefix="trident_chaos_")
     tiny_runs.make_corpus(work)
     config = os.path.join(work, "config.toml")
+    text = tiny_runs.tiny_config(work, os.path.join(work, "log"), extra=(
+        LAYOUTS[args.ranks] + "[checkpoint]\ninterval = 1\nkeep = 3\n"))
+    for before, after in (("steps = 6", "steps = %d" % args.steps),
+                          ("warmup_steps = 2\n", "warmup_steps = 2\nzero_stage = 1\n"),
+                          ("[eval]\ninterval = 3", "[eval]\ninterval = 0")):
+        if before not in text:
+            fail("tiny_runs.tiny_config has no %r any more" % before)
+        text = text.replace(before, after)
     with open(config, "w") as f:
-        f.write(tiny_runs.tiny_config(work, os.path.join(work, "log"), extra=(
-            "[parallel]\npipeline = 2\ndata = 2\n"
-            "[checkpoint]\ninterval = 1\nkeep = 3\n")).replace(
-                "steps = 6", "steps = %d" % STEPS).replace("[eval]\ninterval = 3",
-                                                           "[eval]\ninterval = 0"))
+        f.write(text)
     env = dict(os.environ, **CHAOS_ENV)
 
     # The uninterrupted run (same environment: the slowdowns change no number).
@@ -177,8 +193,8 @@ def main():
         fail("the uninterrupted run exited %d\n%s%s" % (r.returncode, r.stdout, r.stderr))
 
     ckpt_dir = os.path.join(work, "chaos")
-    final = "step_%08d.h5" % STEPS
-    modes = {"random": 0, "write": 0, "commit": 0}
+    final = "step_%08d.h5" % args.steps
+    modes = {m: 0 for m in args.modes.split(",")}
     launches, done, rounds, latest_step, verified = 0, 0, 0, -1, [0]
     # A round: launches until the run completes. Kills left when it completes: another round
     # in a fresh directory, so that every kill asked for happens.
