@@ -98,7 +98,7 @@ def wait_for(job, condition, limit_s):
 def kill_moment(job, mode, rng, ckpt_dir, reference_s):
     """Waits for the moment `mode` asks for; False if the job ended first."""
     if mode == "random":
-        wait_for(job, lambda: False, rng.uniform(0.3, 0.8 * reference_s))
+        wait_for(job, lambda: False, rng.uniform(0.2, 0.5 * reference_s))
         return job.poll() is None
     if mode == "write":
         # The first, second or third write of this launch (later ones with committed
