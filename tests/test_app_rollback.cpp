@@ -86,3 +86,23 @@ TEST_F(Rollback, NeedsACheckpointDir) {
             std::string::npos)
       << r.output;
 }
+
+TEST_F(Rollback, ResumeRefusesASkipBelowTheCheckpointsPosition) {
+  // A run that rolled back (skip list [7, 8], checkpoint of step 12 at batch 14) resumes with
+  // skips above its position, but not with one below it: that would change what the steps
+  // before the checkpoint read.
+  ASSERT_EQ(train(ckpt()).exit_code, 0);
+  const auto ok = train(ckpt() + " --set train.steps=14 --set train.skip_batches=[20] "
+                        "--resume auto");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  const auto refused = train(ckpt() + " --set train.steps=16 --set train.skip_batches=[3] "
+                             "--resume auto");
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("step_00000014.h5' is at global batch 16 with skipped_batches "
+                                "[7, 8, 20], but train.skip_batches in " + config_.string() +
+                                " skips [3, 7, 8] below it: resuming would not continue where "
+                                "it stopped; set checkpoint.allow_data_change = true to resume "
+                                "anyway"),
+            std::string::npos)
+      << refused.output;
+}
