@@ -50,9 +50,11 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
       groups_(groups),
       guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
       skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
-  if (const char* corrupt = std::getenv("TRIDENT_TEST_CORRUPT_BATCHES"))
-    test_corrupt_batches_ =
-        parse_skip_list("[" + std::string(corrupt) + "]", "TRIDENT_TEST_CORRUPT_BATCHES");
+  if (const char* corrupt = std::getenv("TRIDENT_TEST_CORRUPT_BATCHES")) {
+    std::string list = "[";  // "7,8" -> "[7,8]"
+    list.append(corrupt).append("]");
+    test_corrupt_batches_ = parse_skip_list(list, "TRIDENT_TEST_CORRUPT_BATCHES");
+  }
   const ModelConfig& m = config.model;
   const bool sequence_parallel = config.parallel.sequence_parallel && groups.tp_size > 1;
   if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tp_size != 0)
