@@ -4,6 +4,8 @@
 // code 77 after one line and one record; a rollback needs checkpoint.dir.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "app_fixture.hpp"
 
 using namespace trident::test;
@@ -105,4 +107,21 @@ TEST_F(Rollback, ResumeRefusesASkipBelowTheCheckpointsPosition) {
                                 "anyway"),
             std::string::npos)
       << refused.output;
+}
+
+TEST_F(Rollback, LearningRateScaledPerRollback) {
+  // train.rollback_lr_scale = 0.5: the steps after the rollback train at half the schedule's
+  // rate; the same steps before it (7 and 8, replayed from the checkpoint of step 6) at the
+  // full rate.
+  ASSERT_EQ(train(ckpt() + " --set train.rollback_lr_scale=0.5").exit_code, 0);
+  std::map<int64_t, std::vector<double>> lr_by_step;
+  for (const auto& row : read_metrics(dir_ / "run"))
+    if (!row.contains("event")) lr_by_step[row["step"].get<int64_t>()].push_back(row["lr"]);
+  int compared = 0;
+  for (int64_t step : {7, 8}) {
+    ASSERT_EQ(lr_by_step[step].size(), 2u) << "step " << step << " before and after";
+    EXPECT_EQ(lr_by_step[step][1], 0.5 * lr_by_step[step][0]) << "step " << step;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
 }
