@@ -6,8 +6,10 @@ Usage:
 
 Each RUN_DIR is a run's log.dir: metrics.jsonl (one JSON object per logged step) and
 config.toml (the resolved config `trident train` writes at start). --manifest adds the run
-directories a file lists, one a line ("RUN_DIR" or "NAME<TAB>RUN_DIR"; relative paths are
-relative to the manifest's directory; blank lines and lines starting with '#' are skipped).
+directories a file lists, one a line (the last tab-separated field is the RUN_DIR, as in
+"RUN_DIR", "NAME<TAB>RUN_DIR" or a sweep's "TASK<TAB>NAME<TAB>OVERRIDES<TAB>RUN_DIR";
+relative paths are relative to the manifest's directory; blank lines and lines starting
+with '#' are skipped).
 
 Each run is labelled by the config keys whose values differ between the runs (log.dir and
 checkpoint.dir, which always differ, left out), e.g. "optim.lr=0.001, train.seed=2"; by its

@@ -22,8 +22,10 @@ A sweep file (TOML):
     "train.seed" = 7
 
 Writes DIR/tasks.tsv (one line per array task, in task order: NAME, RUN_DIR, the configs
-joined by ':', then the --set arguments tab-separated) and DIR/manifest.tsv (NAME<TAB>RUN_DIR,
-the input of data_tools/compare_runs.py --manifest), and prints "NAME TASKS". Bad
+joined by ':', then the --set arguments tab-separated) and DIR/manifest.tsv (one line per
+task: TASK<TAB>NAME<TAB>OVERRIDES<TAB>RUN_DIR, OVERRIDES being the run's own swept
+section.key=value settings, space-separated; the input of data_tools/compare_runs.py
+--manifest, which takes the last field), and prints "NAME TASKS". Bad
 input (a missing key, a key that is no section.key, an empty grid, two runs with the same
 name, a value with whitespace or a tab) is one line on stderr naming the file, exit code 1.
 """
@@ -141,16 +143,18 @@ def expand(path, out_dir):
         for s in sets:
             if re.search(r"\s", s):
                 raise SweepError(f"{path}: '{s}': values with whitespace are not supported")
-        tasks.append((name, os.path.join(out_dir, name), configs, sets))
+        own = [f"{k}={toml_value_text(v)}" for k, v in combo.items()]
+        tasks.append((name, os.path.join(out_dir, name), configs, sets, own))
 
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "tasks.tsv"), "w") as f:
-        for name, run_dir, cfgs, sets in tasks:
+        for name, run_dir, cfgs, sets, _ in tasks:
             f.write("\t".join([name, run_dir, ":".join(cfgs)] + sets) + "\n")
     with open(os.path.join(out_dir, "manifest.tsv"), "w") as f:
-        f.write("# name\trun_dir (sweep %s, %s)\n" % (doc["name"], os.path.abspath(path)))
-        for name, run_dir, _, _ in tasks:
-            f.write(f"{name}\t{run_dir}\n")
+        f.write("# task\tname\toverrides\trun_dir (sweep %s, %s)\n"
+                % (doc["name"], os.path.abspath(path)))
+        for task, (name, run_dir, _, _, own) in enumerate(tasks):
+            f.write(f"{task}\t{name}\t{' '.join(own)}\t{run_dir}\n")
     return doc["name"], len(tasks)
 
 

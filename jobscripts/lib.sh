@@ -142,6 +142,7 @@ tj_on_signal() {
 # the layout, TJ_DEFAULT_ARGS (the batch script's own defaults, e.g. train.device=cuda),
 # TRIDENT_ARGS, ARGS (the batch script's arguments), then log.dir, checkpoint.dir, --resume.
 TJ_DEFAULT_ARGS=()
+TJ_REQUEUED=0
 tj_run() {
   local latest_before rc r
   latest_before=$(cat "$CKPT_DIR/latest" 2>/dev/null)
@@ -206,9 +207,12 @@ tj_run() {
   fi
   # Logged first: once the requeue is accepted, Slurm ends this shell at any moment.
   tj_log "requeueing job $SLURM_JOB_ID (restart $(( TJ_RESTARTS + 1 ))): it resumes from ${latest_after}"
+  TJ_REQUEUED=1  # for an EXIT trap (sweep.sbatch): this script comes back, the job goes on
   if scontrol requeue "$(tj_job_ref)"; then
     exit 0
   fi
+  # shellcheck disable=SC2034  # read by sweep.sbatch's EXIT trap
+  TJ_REQUEUED=0
   tj_log "scontrol requeue $SLURM_JOB_ID failed (was the job submitted with --requeue?): resubmit with TRIDENT_RUN_DIR=$RUN_DIR"
   exit "$rc"
 }

@@ -11,7 +11,9 @@
 #   TRIDENT_RUN_ROOT  parent of the sweep directory                    [$PWD/runs]
 #   TRIDENT_SWEEP_DIR the sweep directory (tasks.tsv, manifest.tsv, one run dir per task)
 #                                      [TRIDENT_RUN_ROOT/NAME-YYYYmmdd-HHMMSS]
-# Prints the job array's id and the manifest; compare the runs with
+# Prints the job array's id and the manifest (task, name, overrides, run directory). The last
+# task to end compares the finished runs into SWEEP_DIR/compare.png and compare.txt
+# (sweep.sbatch); by hand at any time:
 #   /usr/bin/python3 data_tools/compare_runs.py --manifest SWEEP_DIR/manifest.tsv
 set -euo pipefail
 
@@ -55,3 +57,4 @@ jid=${jid%%;*}
 echo "$jid" >"$dir/job_array"
 echo "submitted sweep $name: job array $jid, $count tasks"
 echo "manifest: $dir/manifest.tsv"
+echo "comparison (written by the last task to end): $dir/compare.png, $dir/compare.txt"

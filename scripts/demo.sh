@@ -6,7 +6,9 @@
 # until a checkpoint, resumes that checkpoint on a different layout (DP 2 = 2 ranks) and
 # trains on to the end, compares the validation loss with the unigram entropy of the
 # tokenized corpus, and exports the final checkpoint in Hugging Face format (with the
-# tokenizer). Extra arguments go to both `trident train` runs.
+# tokenizer). Part 1 also writes a timeline trace of its steps 2-3 (log.trace) and draws it
+# (data_tools/plot_timeline.py: runs/demo/timeline.png, with the measured bubble per stage).
+# Extra arguments go to both `trident train` runs.
 #   TRIDENT_DEMO_SWITCH=40   the step at which the first layout checkpoints and stops
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,13 +31,18 @@ echo "=== part 1: 8 ranks, tensor 2 x pipeline 2 x data 2, steps 1-$switch, then
 set +e
 timeout 1800 mpiexec -n 8 build/app/trident train "${common[@]}" \
   --set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.data=2 \
-  --set train.exit_interval="$switch" "$@"
+  --set train.exit_interval="$switch" --set log.trace=true --set "log.trace_steps=[2, 3]" "$@"
 code=$?
 set -e
 if [[ $code -ne 75 ]]; then  # 75: stopped after a checkpoint, as asked
   echo "demo: part 1 ended with exit code $code, expected 75" >&2
   exit 1
 fi
+
+# The timeline trace part 1 wrote of steps 2-3 (log.trace): one row per rank, and the measured
+# bubble of each pipeline stage.
+/usr/bin/python3 data_tools/plot_timeline.py "$run" --out "$run/timeline.png" \
+  --title "part 1: TP 2 x PP 2 x DP 2, steps 2-3"
 
 echo "=== part 2: 2 ranks, data 2, resumed from the checkpoint of part 1"
 timeout 1800 mpiexec -n 2 build/app/trident train "${common[@]}" --set parallel.data=2 "$@"
@@ -64,5 +71,6 @@ PY
 final=$(ls "$run"/checkpoints/step_*.h5 | sort | tail -n 1)
 build/app/trident export --format hf "$final" "$run/hf"
 cp "$corpus/tokenizer.json" "$run/hf/tokenizer.json"
-echo "loss curve: $run/loss.png; checkpoints: $run/checkpoints"
+echo "loss curve: $run/loss.png; timeline of steps 2-3 (part 1): $run/timeline.png" \
+  "(trace: $run/trace.json, opens in ui.perfetto.dev); checkpoints: $run/checkpoints"
 echo "Hugging Face export of $final (config.json, model.safetensors, tokenizer.json): $run/hf"

@@ -12,6 +12,11 @@ ways the tests need.
   checkpoint_h5py.py same-weights A B   exit 0 if A and B hold the same /model datasets with
                                      bitwise equal values (import of an export), else print
                                      the differences; B's optimizer moments must be zeros
+  checkpoint_h5py.py same-values A B TOLERANCE   exit 0 if A and B (e.g. written by different
+                                     parallel layouts) pass `check` and hold the same datasets
+                                     (model and optimizer) with the same shapes, at the same
+                                     step, each dataset's values within TOLERANCE times its
+                                     largest magnitude in B; prints the worst dataset
   checkpoint_h5py.py tamper FILE delete-checksum DATASET
   checkpoint_h5py.py tamper FILE checksum-type DATASET string|float
   checkpoint_h5py.py tamper FILE delete DATASET
@@ -196,7 +201,51 @@ def same_weights(a_path, b_path):
     return 1 if problems else 0
 
 
+def same_values(a_path, b_path, tolerance):
+    """A and B hold the same global tensors: every dataset, its checksum recomputed (check),
+    compared element by element; the difference is relative to the dataset's largest |B|."""
+    if check(a_path) or check(b_path):
+        print("same-values: a checkpoint fails the check above")
+        return 1
+    problems, worst, worst_name, compared, elements = [], 0.0, "", 0, 0
+    with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
+        def datasets(f):
+            names = []
+            f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+            return sorted(names)
+        names_a, names_b = datasets(a), datasets(b)
+        if names_a != names_b:
+            problems.append(f"datasets differ: only in A {sorted(set(names_a) - set(names_b))}, "
+                            f"only in B {sorted(set(names_b) - set(names_a))}")
+        if int(a.attrs["step"]) != int(b.attrs["step"]):
+            problems.append(f"steps differ: {int(a.attrs['step'])} and {int(b.attrs['step'])}")
+        for name in sorted(set(names_a) & set(names_b)):
+            x = a[name][...].astype(np.float64)
+            y = b[name][...].astype(np.float64)
+            if x.shape != y.shape:
+                problems.append(f"{name}: shapes {x.shape} and {y.shape}")
+                continue
+            scale = float(np.max(np.abs(y))) if y.size else 0.0
+            diff = float(np.max(np.abs(x - y))) if y.size else 0.0
+            relative = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+            if relative > tolerance:
+                problems.append(f"{name}: differs by {relative:.3e} of its largest value")
+            if relative >= worst:
+                worst, worst_name = relative, name
+            compared += 1
+            elements += y.size
+    if compared == 0:
+        problems.append("no datasets compared")
+    for p in problems:
+        print(p)
+    print(f"same values: {compared} datasets, {elements} elements compared; worst {worst_name} "
+          f"{worst:.3e} of its largest value (tolerance {tolerance:g}); {len(problems)} problems")
+    return 1 if problems else 0
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "same-values":
+        sys.exit(same_values(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     if len(sys.argv) == 4 and sys.argv[1] == "same-weights":
         sys.exit(same_weights(sys.argv[2], sys.argv[3]))
     if len(sys.argv) >= 4 and sys.argv[1] == "tamper":

@@ -1,6 +1,7 @@
 // Checkpoints through the trident binary: resume is bitwise on one rank, a job killed while
 // writing leaves the previous checkpoint selected, corruption and bad files are reported
-// naming the file (and dataset), and outside tools (h5py) read the global datasets. A damaged
+// naming the file (and dataset), and outside tools (h5py) read the global datasets (of a
+// TP2 x PP2 checkpoint too: the single-rank values). A damaged
 // checkpoint (checksum attribute gone or retyped, root attributes changed or inconsistent, a
 // dataset missing, NaN or negative second moments) is refused by `ckpt info --verify` and by
 // a resume with the same line; another data order is refused unless allowed; a full disk ends
@@ -104,6 +105,47 @@ TEST_F(Checkpoint, OutsideToolsReadTheGlobalDatasets) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("/model/layers/001/mlp/fc1/weight"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("all 84 datasets verified"), std::string::npos) << r.output;
+}
+
+// A TP2 x PP2 checkpoint (4 ranks writing their shards into the global datasets) read with
+// h5py alone: every dataset's checksum recomputed in Python, and every value of the model and
+// optimizer datasets equal to the single-rank checkpoint's of the same run, within 1e-4 of
+// each dataset's largest value (the layouts differ in float summation order only; a shard
+// written to the wrong place is off by the values' own size). Small steps (lr 1e-4) and eps
+// 1e-6: the key bias's gradient is zero in exact arithmetic, and AdamW's g / (|g| + eps) must
+// not turn its rounding noise into lr-sized updates of either sign. The comparison fails on a
+// copy with one value changed (its checksum updated, so only the comparison can see it).
+TEST_F(Checkpoint, Tp2Pp2CheckpointHoldsTheSingleRankValues) {
+  const std::string h5py = "/usr/bin/python3 " + std::string(TRIDENT_SOURCE_DIR) +
+                           "/tests/checkpoint_h5py.py ";
+  const std::string run = " --set train.steps=2 --set optim.lr=1e-4 --set optim.min_lr=1e-5 "
+                          "--set optim.warmup_steps=0 --set optim.eps=1e-6 ";
+  const fs::path one = dir_ / "one", four = dir_ / "four";
+  auto r = run_command(train(run + "--set log.dir=" + one.string() + " --set checkpoint.dir=" +
+                             (one / "ckpt").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 4 " +
+                  train(run + "--set parallel.tensor=2 --set parallel.pipeline=2 --set log.dir=" +
+                        four.string() + " --set checkpoint.dir=" + (four / "ckpt").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path a = four / "ckpt" / "step_00000002.h5", b = one / "ckpt" / "step_00000002.h5";
+
+  r = run_command(h5py + "same-values " + a.string() + " " + b.string() + " 1e-4");
+  std::printf("%s", r.output.c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout tensor=2 pipeline=2 data=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("84 datasets checked, 0 problems"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("same values: 84 datasets, "), std::string::npos) << r.output;
+
+  const fs::path changed = dir_ / "changed.h5";
+  fs::copy_file(a, changed);
+  const std::string dataset = "/model/layers/001/attn/qkv/weight";
+  r = run_command(h5py + "tamper " + changed.string() + " set " + dataset + " 17 0.5 rechecksum");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(h5py + "same-values " + changed.string() + " " + b.string() + " 1e-4");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model/layers/001/attn/qkv/weight: differs by"), std::string::npos)
+      << r.output;
 }
 
 TEST_F(Checkpoint, CorruptByteIsReportedWithTheDataset) {

@@ -69,6 +69,15 @@ TEST_F(BadLayout, PipelineLayersDoNotAddUp) {
                       "parallel.pipeline_layers");
 }
 
+// The interleaved schedule's chunks: tiny_config's 2 layers cannot make 2 stages x 2 chunks.
+TEST_F(BadLayout, InterleavedChunksDoNotDivideTheLayers) {
+  expect_layout_error(2,
+                      "--set parallel.pipeline=2 --set parallel.schedule=interleaved "
+                      "--set parallel.virtual_stages=2",
+                      "model.layers (2) must be divisible by parallel.pipeline * "
+                      "parallel.virtual_stages (2 * 2 = 4)");
+}
+
 TEST_F(BadLayout, SequenceParallelRowsNotDivisibleByTensor) {
   // micro_batch 1 x seq_len 33 = 33 rows cannot be split over 2 tensor ranks.
   expect_layout_error(2,

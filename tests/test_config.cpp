@@ -419,6 +419,40 @@ TEST(ConfigReject, NonFiniteFloats) {
                "train.exit_after_minutes (-inf) must be finite");
 }
 
+// parallel.schedule = "interleaved" and parallel.virtual_stages: one line per broken relation.
+TEST(ConfigReject, Interleaved) {
+  // 8 layers, 4 micro-batches of 2 sequences per step.
+  const std::string base = "[model]\nlayers = 8\n[train]\nmicro_batch = 2\nglobal_batch = 8\n";
+  const Config ok = parse(base + "[parallel]\npipeline = 2\nschedule = \"interleaved\"\n"
+                                 "virtual_stages = 2\n");
+  EXPECT_EQ(ok.parallel.virtual_stages, 2);
+  EXPECT_EQ(parse(base).parallel.virtual_stages, 1);
+  EXPECT_ERROR(base + "[parallel]\npipeline = 2\nschedule = \"interleaved\"\n",
+               "parallel.schedule = \"interleaved\" needs parallel.virtual_stages >= 2 model "
+               "chunks per stage (it is 1)");
+  EXPECT_ERROR(base + "[parallel]\npipeline = 2\nvirtual_stages = 2\n",
+               "parallel.virtual_stages (2) > 1 needs parallel.schedule = \"interleaved\" (it "
+               "is \"1f1b\")");
+  EXPECT_ERROR(base + "[parallel]\nvirtual_stages = 0\n",
+               "parallel.virtual_stages (0) must be >= 1");
+  EXPECT_ERROR(base + "[parallel]\nschedule = \"interleaved\"\nvirtual_stages = 2\n",
+               "parallel.schedule = \"interleaved\" needs parallel.pipeline >= 2 (it is 1)");
+  EXPECT_ERROR(base + "[parallel]\npipeline = 2\nschedule = \"interleaved\"\n"
+                      "virtual_stages = 3\n",
+               "model.layers (8) must be divisible by parallel.pipeline * "
+               "parallel.virtual_stages (2 * 3 = 6) under parallel.schedule = \"interleaved\"");
+  EXPECT_ERROR(base + "[parallel]\npipeline = 4\ndata = 2\nschedule = \"interleaved\"\n"
+                      "virtual_stages = 2\n",
+               "parallel.schedule = \"interleaved\" needs the micro-batches per step (2 = "
+               "train.global_batch / (train.micro_batch * parallel.data)) to be a multiple of "
+               "parallel.pipeline (4)");
+  EXPECT_ERROR(base + "[parallel]\npipeline = 2\nschedule = \"interleaved\"\n"
+                      "virtual_stages = 2\npipeline_layers = [4, 4]\n",
+               "parallel.pipeline_layers cannot be used with parallel.schedule = "
+               "\"interleaved\": its chunks are model.layers / (parallel.pipeline * "
+               "parallel.virtual_stages) layers each");
+}
+
 TEST(ConfigReject, ZeroStage) {
   EXPECT_ERROR("[optim]\nzero_stage = 2\n", "optim.zero_stage (2) must be 0 or 1");
   EXPECT_ERROR("[optim]\nzero_stage = -1\n", "optim.zero_stage (-1) must be 0 or 1");
@@ -426,10 +460,8 @@ TEST(ConfigReject, ZeroStage) {
 }
 
 TEST(ConfigReject, Choices) {
-  EXPECT_ERROR("[parallel]\nschedule = \"interleaved\"\n",
-               "parallel.schedule (\"interleaved\") must be 1f1b, gpipe or zb-h1 "
-               "(\"interleaved\" is not executed yet: it exists in the schedule generator and "
-               "the simulator only)");
+  EXPECT_ERROR("[parallel]\nschedule = \"zero\"\n",
+               "parallel.schedule (\"zero\") must be 1f1b, gpipe, interleaved or zb-h1");
   EXPECT_EQ(parse("[parallel]\nschedule = \"zb-h1\"\n").parallel.schedule, "zb-h1");
   EXPECT_ERROR("[train]\ndevice = \"gpu\"\n", "train.device (\"gpu\") must be cpu or cuda");
   EXPECT_ERROR("[train]\ndevice = \"CPU\"\n", "train.device (\"CPU\") must be cpu or cuda");
@@ -619,6 +651,21 @@ TEST(ConfigReject, PipelineLayers) {
   const Config c = parse("[model]\nlayers = 5\n[parallel]\npipeline = 2\npipeline_layers = [2, 3]\n");
   EXPECT_EQ(c.parallel.pipeline_layers, (std::vector<int64_t>{2, 3}));
   EXPECT_TRUE(parse("[parallel]\npipeline_layers = []\n").parallel.pipeline_layers.empty());
+}
+
+TEST(ConfigReject, TraceSteps) {
+  EXPECT_ERROR("[log]\ntrace_steps = [3, 2]\n",
+               "log.trace_steps ([3, 2]) must be [first, last] with first <= last (1-based steps)");
+  EXPECT_ERROR("[log]\ntrace_steps = [4]\n",
+               "log.trace_steps ([4]) must be [first, last] with first <= last (1-based steps)");
+  EXPECT_ERROR("[log]\ntrace_steps = []\n",
+               "log.trace_steps ([]) must be [first, last] with first <= last (1-based steps)");
+  EXPECT_ERROR("[log]\ntrace_steps = [0, 2]\n", "log.trace_steps[0] (0) must be >= 1");
+  const Config c = parse("[log]\ntrace = true\ntrace_steps = [5, 5]\n");
+  EXPECT_TRUE(c.log.trace);
+  EXPECT_EQ(c.log.trace_steps, (std::vector<int64_t>{5, 5}));
+  EXPECT_FALSE(parse("").log.trace);
+  EXPECT_EQ(parse("").log.trace_steps, (std::vector<int64_t>{2, 3}));
 }
 
 // ---------------------------------------------------------------------------------------------

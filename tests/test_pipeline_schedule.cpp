@@ -258,6 +258,39 @@ TEST(pipeline_schedule, MakespanHoldsForOtherComputeCosts) {
         }
 }
 
+TEST(pipeline_schedule, PerStageCostsSimulateEachStageAtItsOwnCosts) {
+  // The same costs on every stage: the one-cost simulation exactly.
+  const PipeSimCosts unit{1, 2, 0.25, 1};
+  for (ScheduleKind kind :
+       {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1}) {
+    std::vector<std::vector<PipeOp>> ops;
+    for (int s = 0; s < 3; ++s) ops.push_back(pipeline_schedule(kind, s, 3, 5));
+    const PipeSimResult same =
+        simulate_pipeline_per_stage(ops, 5, std::vector<PipeSimCosts>(3, unit));
+    const PipeSimResult one = simulate_pipeline(kind, 3, 5, unit);
+    ASSERT_TRUE(same.ok && one.ok) << same.error << one.error;
+    EXPECT_EQ(same.makespan, one.makespan) << to_string(kind);
+    EXPECT_EQ(same.busy, one.busy) << to_string(kind);
+    // A stage twice as slow: its busy time doubles, and the pipeline runs at its pace: at least
+    // its own work after stage 0's first forward, at most the makespan of three slow stages,
+    // (M + p - 1) (F + B).
+    std::vector<PipeSimCosts> slow(3, PipeSimCosts{1, 2, 0, 1});
+    slow[1] = PipeSimCosts{2, 4, 0, 2};
+    const PipeSimResult r = simulate_pipeline_per_stage(ops, 5, slow);
+    ASSERT_TRUE(r.ok) << r.error;
+    EXPECT_DOUBLE_EQ(r.busy[1], 5 * 6.0) << to_string(kind);
+    EXPECT_DOUBLE_EQ(r.busy[0], 5 * 3.0) << to_string(kind);
+    EXPECT_GE(r.makespan, 5 * 6.0 + 1) << to_string(kind);
+    EXPECT_LE(r.makespan, (5 + 2) * 6.0) << to_string(kind);
+  }
+  std::vector<std::vector<PipeOp>> two = {pipeline_schedule(ScheduleKind::OneFOneB, 0, 2, 2),
+                                          pipeline_schedule(ScheduleKind::OneFOneB, 1, 2, 2)};
+  const PipeSimResult wrong =
+      simulate_pipeline_per_stage(two, 2, std::vector<PipeSimCosts>(3, unit));
+  EXPECT_FALSE(wrong.ok);
+  EXPECT_NE(wrong.error.find("3 stage costs for 2 stages"), std::string::npos) << wrong.error;
+}
+
 TEST(pipeline_schedule, PrintsTimelineAndBubbleTable) {
   for (ScheduleKind kind : kKinds) {
     const PipeSimResult r = simulate_pipeline(kind, 4, 8);
@@ -601,6 +634,37 @@ TEST(pipeline_schedule, ExplicitCountsAreCheckedAndUsed) {
   check(error_of([] { stage_layer_counts(0, 1, {}); }), "model.layers = 0 must be >= 1");
   check(error_of([] { stage_layer_range({2, 2}, 2); }), "pipeline stage 2 is out of range");
   check(error_of([] { stage_layer_range({2, 2}, -1); }), "pipeline stage -1 is out of range");
+}
+
+// The interleaved schedule's chunks: p * v equal chunks, stage s holding s, s + p, ...; every
+// layer on exactly one (stage, chunk), the virtual stages in model order.
+TEST(pipeline_schedule, InterleavedChunksCoverTheLayersInVirtualStageOrder) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(stage_layer_chunks(8, 2, 2, 0), (Ranges{{0, 2}, {4, 6}}));
+  EXPECT_EQ(stage_layer_chunks(8, 2, 2, 1), (Ranges{{2, 4}, {6, 8}}));
+  EXPECT_EQ(stage_layer_chunks(8, 4, 2, 3), (Ranges{{3, 4}, {7, 8}}));
+  for (const auto& [stages, v] : {std::pair{2, 2}, {2, 3}, {4, 2}, {3, 4}}) {
+    const int64_t layers = 2 * stages * v;
+    std::vector<std::pair<int64_t, int64_t>> by_virtual(static_cast<size_t>(stages * v));
+    for (int s = 0; s < stages; ++s) {
+      const auto chunks = stage_layer_chunks(layers, stages, v, s);
+      ASSERT_EQ(chunks.size(), static_cast<size_t>(v));
+      for (int c = 0; c < v; ++c) by_virtual[static_cast<size_t>(c * stages + s)] = chunks[c];
+    }
+    int64_t at = 0;
+    for (const auto& [b, e] : by_virtual) {
+      EXPECT_EQ(b, at);
+      EXPECT_EQ(e - b, 2);
+      at = e;
+    }
+    EXPECT_EQ(at, layers) << stages << " stages, v " << v;
+  }
+  const std::string uneven = error_of([] { stage_layer_chunks(6, 2, 2, 0); });
+  EXPECT_EQ(uneven,
+            "model.layers (6) must be divisible by parallel.pipeline * parallel.virtual_stages "
+            "(2 * 2 = 4): the interleaved schedule cuts the layers into that many equal chunks");
+  EXPECT_NE(error_of([] { stage_layer_chunks(8, 2, 2, 2); }).find("pipeline stage 2 is out of range"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -38,12 +38,39 @@ void Communicator::check_peer(const char* what, int peer) const {
   }
 }
 
+namespace {
+
+// The interval of `seconds` that ends now.
+void record_ending_now(CommRecorder* recorder, const Communicator& comm, const std::string& op,
+                       int64_t bytes, double seconds) {
+  if (!recorder) return;
+  const auto end = CommRecorder::Clock::now();
+  const auto length = std::chrono::duration_cast<CommRecorder::Clock::duration>(
+      std::chrono::duration<double>(seconds));
+  recorder->record(comm, op, bytes, end - length, end);
+}
+
+}  // namespace
+
 void Communicator::count_call(const std::string& op, int64_t count, DType type,
                               double seconds) {
   OpStats& s = stats_.ops[op];
+  const int64_t bytes = count * static_cast<int64_t>(dtype_bytes(type));
+  s.calls += 1;
+  s.bytes += bytes;
+  s.seconds += seconds;
+  record_ending_now(recorder_, *this, op, bytes, seconds);
+}
+
+void Communicator::count_post(const std::string& op, int64_t count, DType type) {
+  OpStats& s = stats_.ops[op];
   s.calls += 1;
   s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-  s.seconds += seconds;
+}
+
+void Communicator::count_wait(const std::string& op, int64_t bytes, double seconds) {
+  stats_.ops[op].seconds += seconds;
+  record_ending_now(recorder_, *this, op, bytes, seconds);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // MPI implements it now; NCCL implements the same interface for the GPU backend. Every call is
 // counted per group (calls, bytes, seconds) so tests can assert the collective pattern of a
 // training step and the log can print where communication time went.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,6 +53,22 @@ class CommRequest {
   virtual bool test() = 0;
 };
 
+class Communicator;
+
+// Sees every call of the communicators it is installed on (set_recorder), with its wall time:
+// the timeline trace (train/timeline_trace.hpp) hooks in here once, not at each call site.
+// Blocking calls: the whole call. Non-blocking ones (isend, irecv, iall_reduce): the MPI
+// communicator reports the CommRequest::wait() that completes them (where this rank's time
+// goes), the other implementations the post, with no duration.
+class CommRecorder {
+ public:
+  using Clock = std::chrono::steady_clock;
+  virtual ~CommRecorder() = default;
+  // `op` is one of the operation names below; `bytes` as counted in OpStats.
+  virtual void record(const Communicator& comm, const std::string& op, int64_t bytes,
+                      Clock::time_point start, Clock::time_point end) = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -83,6 +100,12 @@ class Communicator {
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }
 
+  // nullptr: nothing recorded (the default). The recorder must outlive its use here.
+  void set_recorder(CommRecorder* recorder) { recorder_ = recorder; }
+  // A non-blocking call's wait that completed it: seconds + `seconds` (not calls or bytes,
+  // counted when it was posted), and the recorder sees the wait as one `op` of `bytes`.
+  void count_wait(const std::string& op, int64_t bytes, double seconds);
+
  protected:
   explicit Communicator(std::string name) : name_(std::move(name)) {}
   // Argument checks of every implementation: throw trident::Error naming this communicator
@@ -90,10 +113,14 @@ class Communicator {
   // rank of this 2-rank group") before anything is sent or counted.
   void check_count(const char* op, int64_t count) const;
   void check_peer(const char* what, int peer) const;
-  // One call of `op`: calls + 1, bytes + count * dtype size, seconds + seconds.
+  // One call of `op`: calls + 1, bytes + count * dtype size, seconds + seconds; the recorder
+  // sees it as ending now.
   void count_call(const std::string& op, int64_t count, DType type, double seconds);
+  // calls + 1 and bytes of a non-blocking call being posted (its time comes with count_wait).
+  void count_post(const std::string& op, int64_t count, DType type);
   std::string name_;
   CommStats stats_;
+  CommRecorder* recorder_ = nullptr;
 };
 
 // A group of one rank: every collective is the identity, still counted (so a single-rank run

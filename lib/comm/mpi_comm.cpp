@@ -131,8 +131,8 @@ MPI_Op mpi_reduce_op(DType t, ReduceOp op) {
 // A posted MPI_Isend / MPI_Irecv. wait() adds its time to the communicator's stats.
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(MpiCommunicator* comm, const std::string* op, bool is_recv)
-      : comm_(comm), op_(op), is_recv_(is_recv) {}
+  MpiRequest(MpiCommunicator* comm, const std::string* op, bool is_recv, int64_t bytes)
+      : comm_(comm), op_(op), is_recv_(is_recv), bytes_(bytes) {}
   ~MpiRequest() override {
     if (req_ == MPI_REQUEST_NULL) return;
     int finalized = 0;
@@ -147,8 +147,7 @@ class MpiRequest final : public CommRequest {
     if (req_ == MPI_REQUEST_NULL) return;  // already waited (or an empty request)
     auto t0 = Clock::now();
     int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
-    double dt = since(t0);
-    comm_->stats().ops[*op_].seconds += dt;
+    comm_->count_wait(*op_, bytes_, since(t0));
     check(rc, comm_->name(), is_recv_ ? "MPI_Wait (recv)" : "MPI_Wait (send)");
   }
   bool test() override {
@@ -163,6 +162,7 @@ class MpiRequest final : public CommRequest {
   MpiCommunicator* comm_;
   const std::string* op_;
   bool is_recv_;
+  int64_t bytes_;  // the payload, for the recorder
   MPI_Request req_ = MPI_REQUEST_NULL;
 };
 
@@ -196,10 +196,7 @@ void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp
   }
   double dt_s = since(t0);
   check(rc, name_, "MPI_Allreduce");
-  OpStats& s = stats_.ops[kAllReduce];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-  s.seconds += dt_s;
+  count_call(kAllReduce, count, type, dt_s);
   stats_.all_reduce_counts.push_back(count);
 }
 
@@ -210,13 +207,12 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
     throw Error("communicator '" + name_ + "': iall_reduce of " + std::to_string(count) +
                 " elements exceeds the int count of MPI_Iallreduce; use smaller buckets");
   MPI_Datatype dt = mpi_datatype(type);
-  auto req = std::make_unique<MpiRequest>(this, &kAllReduce, false);
+  auto req = std::make_unique<MpiRequest>(this, &kAllReduce, false,
+                                         count * static_cast<int64_t>(dtype_bytes(type)));
   check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), dt,
                        mpi_reduce_op(type, op), comm_, req->handle()),
         name_, "MPI_Iallreduce");
-  OpStats& s = stats_.ops[kAllReduce];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  count_post(kAllReduce, count, type);
   stats_.all_reduce_counts.push_back(count);
   return req;
 }
@@ -238,10 +234,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DT
   }
   double dt_s = since(t0);
   check(rc, name_, "MPI_Allgather");
-  OpStats& s = stats_.ops[kAllGather];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-  s.seconds += dt_s;
+  count_call(kAllGather, count, type, dt_s);
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType type) {
@@ -259,10 +252,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
   }
   double dt_s = since(t0);
   check(rc, name_, "MPI_Reduce_scatter_block");
-  OpStats& s = stats_.ops[kReduceScatter];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-  s.seconds += dt_s;
+  count_call(kReduceScatter, count, type, dt_s);
 }
 
 void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root) {
@@ -278,10 +268,7 @@ void MpiCommunicator::broadcast(void* data, int64_t count, DType type, int root)
   }
   double dt_s = since(t0);
   check(rc, name_, "MPI_Bcast");
-  OpStats& s = stats_.ops[kBroadcast];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
-  s.seconds += dt_s;
+  count_call(kBroadcast, count, type, dt_s);
 }
 
 std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t count, DType type,
@@ -289,7 +276,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t co
   check_count("isend", count);
   check_peer("isend peer", peer);
   MPI_Datatype dt = mpi_datatype(type);
-  auto req = std::make_unique<MpiRequest>(this, &kSend, false);
+  auto req = std::make_unique<MpiRequest>(this, &kSend, false,
+                                         count * static_cast<int64_t>(dtype_bytes(type)));
   int rc;
   if (fits_int(count)) {
     rc = MPI_Isend(data, static_cast<int>(count), dt, peer, tag, comm_, req->handle());
@@ -297,9 +285,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::isend(const void* data, int64_t co
     rc = MPI_Isend_c(data, static_cast<MPI_Count>(count), dt, peer, tag, comm_, req->handle());
   }
   check(rc, name_, "MPI_Isend");
-  OpStats& s = stats_.ops[kSend];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  count_post(kSend, count, type);
   return req;
 }
 
@@ -308,7 +294,8 @@ std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, D
   check_count("irecv", count);
   check_peer("irecv peer", peer);
   MPI_Datatype dt = mpi_datatype(type);
-  auto req = std::make_unique<MpiRequest>(this, &kRecv, true);
+  auto req = std::make_unique<MpiRequest>(this, &kRecv, true,
+                                         count * static_cast<int64_t>(dtype_bytes(type)));
   int rc;
   if (fits_int(count)) {
     rc = MPI_Irecv(data, static_cast<int>(count), dt, peer, tag, comm_, req->handle());
@@ -316,9 +303,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, D
     rc = MPI_Irecv_c(data, static_cast<MPI_Count>(count), dt, peer, tag, comm_, req->handle());
   }
   check(rc, name_, "MPI_Irecv");
-  OpStats& s = stats_.ops[kRecv];
-  s.calls += 1;
-  s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
+  count_post(kRecv, count, type);
   return req;
 }
 
@@ -327,9 +312,7 @@ void MpiCommunicator::barrier() {
   int rc = MPI_Barrier(comm_);
   double dt_s = since(t0);
   check(rc, name_, "MPI_Barrier");
-  OpStats& s = stats_.ops[kBarrier];
-  s.calls += 1;
-  s.seconds += dt_s;
+  count_call(kBarrier, 0, DType::F32, dt_s);
 }
 
 }  // namespace trident

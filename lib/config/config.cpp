@@ -141,11 +141,19 @@ const Key kKeys[] = {
   {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
-  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "zb-h1"}),
+  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
    "Pipeline schedule. zb-h1: 1F1B with each backward split into the input gradient and the "
-   "linear layers' weight gradients, the latter deferred into the bubble (docs/pipeline.md).",
-   {}, "\"interleaved\" is not executed yet: it exists in the schedule generator and the "
-   "simulator only"},
+   "linear layers' weight gradients, the latter deferred into the bubble. interleaved: "
+   "Megatron-LM's interleaved 1F1B over `parallel.virtual_stages` model chunks per stage "
+   "(docs/pipeline.md).",
+   "interleaved: `parallel.virtual_stages` >= 2, `parallel.pipeline` >= 2, the micro-batches "
+   "per step a multiple of `parallel.pipeline`, no `parallel.pipeline_layers`"},
+  {TRIDENT_KEY(parallel, virtual_stages), at_least(1),
+   "Model chunks (virtual stages) per pipeline stage under the interleaved schedule: the "
+   "layers are cut into pipeline * virtual_stages equal chunks and stage s holds chunks s, "
+   "s + pipeline, s + 2 pipeline, ...",
+   "> 1 only with `parallel.schedule = \"interleaved\"`; then `model.layers` divisible by "
+   "`parallel.pipeline * parallel.virtual_stages`"},
   {TRIDENT_KEY(parallel, comm), one_of({"nccl", "mpi"}),
    "How GPU ranks exchange device buffers: NCCL (one GPU per rank), or MPI through host "
    "memory (several ranks may share a GPU). The CPU backend always uses MPI."},
@@ -261,6 +269,16 @@ const Key kKeys[] = {
    "Also write TensorBoard event files (events.out.tfevents.*) in `log.dir`, from the rank "
    "that writes metrics.jsonl, at every logged step: each number of metrics.jsonl as a scalar "
    "(loss, val_loss, lr, grad_norm, tokens_per_s, ...), and the resolved config as text."},
+  {TRIDENT_KEY(log, trace), any(),
+   "Write a timeline trace of the steps `log.trace_steps` to `log.dir`/trace.json (Chrome "
+   "trace-event JSON, opened by Perfetto and chrome://tracing): one track per rank, a slice "
+   "per pipeline operation, communication call, optimizer step and checkpoint save "
+   "(docs/pipeline.md, \"Timeline trace\"); data_tools/plot_timeline.py draws it."},
+  {TRIDENT_KEY(log, trace_steps), at_least(1),
+   "[first, last]: the steps (1-based, as in metrics.jsonl, inclusive) that `log.trace` "
+   "records; only these are held in memory. The file is written after the last of them (or "
+   "at the end of the run).",
+   "two entries, first <= last"},
 };
 // clang-format on
 #undef TRIDENT_KEY
@@ -665,6 +683,41 @@ void check_rule(const Key& key, const Config& c, const std::string& source) {
   });
 }
 
+// parallel.schedule = "interleaved" and parallel.virtual_stages (what pipeline_schedule and
+// stage_layer_chunks need, found while the config is read).
+void check_interleaved(const Config& c, const std::string& source) {
+  const ParallelConfig& p = c.parallel;
+  const std::string v = "parallel.virtual_stages (" + int_text(p.virtual_stages) + ")";
+  if (p.schedule != "interleaved") {
+    if (p.virtual_stages != 1)
+      fail(source, v + " > 1 needs parallel.schedule = \"interleaved\" (it is \"" +
+                       p.schedule + "\")");
+    return;
+  }
+  if (p.virtual_stages < 2)
+    fail(source, "parallel.schedule = \"interleaved\" needs parallel.virtual_stages >= 2 "
+                 "model chunks per stage (it is " + int_text(p.virtual_stages) + ")");
+  if (p.pipeline < 2)
+    fail(source, "parallel.schedule = \"interleaved\" needs parallel.pipeline >= 2 (it is " +
+                     int_text(p.pipeline) + ")");
+  if (!p.pipeline_layers.empty())
+    fail(source, "parallel.pipeline_layers cannot be used with parallel.schedule = "
+                 "\"interleaved\": its chunks are model.layers / (parallel.pipeline * "
+                 "parallel.virtual_stages) layers each");
+  const __int128 chunks = static_cast<__int128>(p.pipeline) * p.virtual_stages;
+  if (c.model.layers % chunks != 0)
+    fail(source, "model.layers (" + int_text(c.model.layers) +
+                     ") must be divisible by parallel.pipeline * parallel.virtual_stages (" +
+                     int_text(p.pipeline) + " * " + int_text(p.virtual_stages) + " = " +
+                     int128_text(chunks) + ") under parallel.schedule = \"interleaved\"");
+  const int64_t micro = c.num_microbatches();
+  if (micro % p.pipeline != 0)
+    fail(source, "parallel.schedule = \"interleaved\" needs the micro-batches per step (" +
+                     int_text(micro) + " = train.global_batch / (train.micro_batch * "
+                     "parallel.data)) to be a multiple of parallel.pipeline (" +
+                     int_text(p.pipeline) + ")");
+}
+
 // Constraints between keys (each is described in the `relations` text of its key).
 void check_relations(const Config& c, const std::string& source) {
   const ModelConfig& m = c.model;
@@ -725,6 +778,8 @@ void check_relations(const Config& c, const std::string& source) {
     fail(source, "optim.min_lr (" + value_text(o.min_lr) + ") must be <= optim.lr (" +
                      value_text(o.lr) + ")");
 
+  check_interleaved(c, source);
+
   const std::vector<int64_t>& pl = c.parallel.pipeline_layers;
   if (!pl.empty()) {
     const std::string text = value_text(pl);
@@ -738,6 +793,11 @@ void check_relations(const Config& c, const std::string& source) {
       fail(source, "parallel.pipeline_layers (" + text + ") must sum to model.layers (" +
                        int_text(m.layers) + "), sums to " + int128_text(sum));
   }
+
+  const std::vector<int64_t>& ts = c.log.trace_steps;
+  if (ts.size() != 2 || ts[0] > ts[1])
+    fail(source, "log.trace_steps (" + value_text(ts) +
+                     ") must be [first, last] with first <= last (1-based steps)");
 }
 
 // data.train / data.val entries: the blend syntax (data/blend.hpp), so that a bad weight stops

@@ -42,7 +42,8 @@ struct ParallelConfig {
   int64_t pipeline = 1;
   int64_t data = 1;
   int64_t ranks_per_node = 0;          // 0: detect with MPI_COMM_TYPE_SHARED
-  std::string schedule = "1f1b";       // "1f1b" | "gpipe" | "zb-h1"
+  std::string schedule = "1f1b";       // "1f1b" | "gpipe" | "interleaved" | "zb-h1"
+  int64_t virtual_stages = 1;          // model chunks per stage (interleaved: >= 2)
   std::string comm = "nccl";           // device buffers (train.device = "cuda"): "nccl" | "mpi"
   bool sequence_parallel = false;
   std::vector<int64_t> pipeline_layers;  // empty: even split
@@ -108,6 +109,8 @@ struct LogConfig {
   std::string dir = "runs/default";
   int64_t interval = 1;
   bool tensorboard = false;  // also TensorBoard event files in dir (train/tensorboard.hpp)
+  bool trace = false;  // a timeline of trace_steps in dir/trace.json (train/timeline_trace.hpp)
+  std::vector<int64_t> trace_steps = {2, 3};  // [first, last] step traced, 1-based, inclusive
 };
 
 struct Config {

@@ -140,7 +140,10 @@ ParamLayout parameter_layout(const ModelConfig& m, const ModelShard& s) {
         b.add("embedding.position.weight", {m.seq_len, m.width}, -1, {}, Init::Normal, false);
     layout.params[layout.position_embedding].counted_in_norm = s.tp_rank == 0;
   }
-  for (int64_t l = s.layer_begin; l < s.layer_end; ++l) layout.blocks.push_back(add_block(b, m, s, l));
+  // Chunk after chunk: the later chunks' gradients, final first in a step's backward, lie
+  // further up the flat buffer (see the order note on LayoutBuilder).
+  for (const auto& [begin, end] : s.layer_chunks())
+    for (int64_t l = begin; l < end; ++l) layout.blocks.push_back(add_block(b, m, s, l));
   if (s.has_head) {
     layout.final_norm_w =
         b.replicated(gpt2 ? "final_ln.weight" : "final_norm.weight", m.width, Init::Ones, true);

@@ -24,6 +24,7 @@
 //   lm_head.weight [V,C] (untied only)
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.hpp"
@@ -45,6 +46,22 @@ struct ModelShard {
   // row-parallel matmul becomes a reduce-scatter and the input of a column-parallel one is
   // all-gathered (the same bytes, activations 1/tp).
   bool sequence_parallel = false;
+  // The interleaved schedule's model chunks (virtual stages): the [begin, end) layer ranges the
+  // rank holds, in model order; layer_begin/layer_end are then unused. Empty: one chunk,
+  // [layer_begin, layer_end). The embedding belongs to chunk 0 (has_embedding), the final norm,
+  // head and loss to the last chunk (has_head).
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+
+  std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
+    if (chunks.empty()) return {{layer_begin, layer_end}};
+    return chunks;
+  }
+  int chunk_count() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
+  int64_t layer_count() const {
+    int64_t n = 0;
+    for (const auto& [begin, end] : layer_chunks()) n += end - begin;
+    return n;
+  }
   static ModelShard whole(const ModelConfig& m) { return {0, 1, 0, m.layers, true, true}; }
 };
 
@@ -64,7 +81,7 @@ struct ParamLayout {
   std::vector<ParamInfo> params;  // in flat-buffer order, offsets set
   int64_t flat_size = 0;          // elements of the flat weight / gradient buffer
   int token_embedding = -1, position_embedding = -1;
-  std::vector<BlockParams> blocks;  // shard.layer_begin .. layer_end
+  std::vector<BlockParams> blocks;  // the shard's layers, chunk after chunk (layer_chunks())
   int final_norm_w = -1, final_norm_b = -1;
   int lm_head = -1;  // the token embedding when tied
 };

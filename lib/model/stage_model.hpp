@@ -47,13 +47,18 @@ class StageModel {
   // elements per micro-batch of B sequences (fewer under sequence parallelism).
   virtual DType stream_dtype() const = 0;
   virtual int64_t stream_elements(int64_t B) const = 0;
+  // The shard's model chunks (ModelShard::layer_chunks: several under the interleaved
+  // schedule). Activations are made for one chunk, and forward / backward run that chunk.
+  virtual int chunk_count() const = 0;
   // `split_backward`: for backward_input + backward_weight (more memory: the bytes of
   // Transformer::deferred_weight_grad_bytes, counted in activation_bytes).
-  virtual std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward) = 0;
-  virtual int64_t activation_bytes(int64_t B, bool split_backward) const = 0;
-  // Forward one micro-batch. `tokens`/`targets` [B*T] are host memory (first / last stage);
-  // `input` [B,T,C] is device memory (other stages). The last stage adds the micro-batch's
-  // mean loss to a sum kept in device memory.
+  virtual std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward,
+                                                        int chunk = 0) = 0;
+  virtual int64_t activation_bytes(int64_t B, bool split_backward, int chunk = 0) const = 0;
+  // Forward one micro-batch through the chunk `a` was made for. `tokens`/`targets` [B*T] are
+  // host memory (first stage's chunk 0 / last stage's last chunk); `input` [B,T,C] is device
+  // memory (other chunks). The last chunk of the last stage adds the micro-batch's mean loss to
+  // a sum kept in device memory.
   virtual void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                        const void* input) = 0;
   // The sum of the micro-batches' mean losses since the last call (0 off the last stage), and
@@ -68,7 +73,7 @@ class StageModel {
   virtual void backward_input(Activations& a, float loss_scale, const void* d_output,
                               void* d_input) = 0;
   virtual void backward_weight(Activations& a) = 0;
-  // The residual stream leaving the stage after forward(a) (device memory, [B,T,C]).
+  // The residual stream leaving the chunk after forward(a) (device memory, [B,T,C]).
   virtual const void* output(const Activations& a) const = 0;
   // See Transformer::set_grads_final_hook.
   virtual void set_grads_final_hook(std::function<void(int64_t)> hook) = 0;

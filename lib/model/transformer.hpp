@@ -61,9 +61,10 @@ class Transformer {
   };
   struct Activations {
     int64_t B = 0;
+    int chunk = 0;                         // the shard's model chunk (ModelShard::chunks)
     DeviceArray<int32_t> tokens, targets;  // [N]
-    std::vector<LayerActs> layers;
-    DeviceArray<T> output;                 // [Ns,C] residual stream leaving the stage
+    std::vector<LayerActs> layers;         // the chunk's
+    DeviceArray<T> output;                 // [Ns,C] residual stream leaving the chunk
     DeviceArray<T> final_norm;             // [N,C]
     DeviceArray<S> final_mean, final_rstd; // [Ns]
     DeviceArray<T> logits;                 // [N, Vl] (gradients overwrite it in backward)
@@ -91,17 +92,23 @@ class Transformer {
   // After anything but the model wrote weights(): a bf16 model refreshes its compute copy.
   void weights_changed();
 
-  // `split_backward`: also the buffers backward_input keeps for backward_weight.
-  Activations make_activations(int64_t B, bool split_backward = false);
+  // The shard's model chunks (ModelShard::layer_chunks); forward and backward run one chunk,
+  // the one its activations were made for.
+  int chunk_count() const { return static_cast<int>(chunk_block0_.size()); }
+  // `split_backward`: also the buffers backward_input keeps for backward_weight. `chunk`: the
+  // model chunk they are for (0 .. chunk_count()-1).
+  Activations make_activations(int64_t B, bool split_backward = false, int chunk = 0);
   // Rows of the residual stream this rank holds for B sequences (what crosses stages).
   int64_t stream_rows(int64_t B) const { return tp_.rows(B * config_.seq_len); }
-  int64_t activation_bytes(int64_t B, bool split_backward = false) const;
+  int64_t activation_bytes(int64_t B, bool split_backward = false, int chunk = 0) const;
   // What a split backward keeps per micro-batch from backward_input to backward_weight beyond
   // the forward's activations: sizeof(T) * N * (2C + QKVl + Ul) per layer (the head's output
   // gradient overwrites the logits, kept anyway).
-  int64_t deferred_weight_grad_bytes(int64_t B) const;
+  int64_t deferred_weight_grad_bytes(int64_t B, int chunk = 0) const;
 
-  // Forward one micro-batch. First stage: `tokens` [B*T] (host memory); other stages: `input`
+  // Forward one micro-batch through the chunk of `a` (below, "first stage" is chunk 0 of the
+  // first stage and "last stage" the last chunk of the last; other chunks are in between).
+  // First stage: `tokens` [B*T] (host memory); other stages: `input`
   // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); the mean loss over
   // the B*T tokens is added to a sum in device memory (no host synchronisation).
   void forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input);
@@ -129,7 +136,10 @@ class Transformer {
   // Called during backward with a watermark w each time every parameter gradient at flat offset
   // >= w has received its last contribution of this backward (data parallelism starts reducing
   // those buckets). The token embedding at offset 0 is never reported: under pipeline
-  // parallelism a tied embedding is final only after its sum over the embedding group.
+  // parallelism a tied embedding is final only after its sum over the embedding group. With
+  // several chunks a backward reports only its own chunk's parameters; the later chunks' lie
+  // above them in the buffer, so a step that runs each chunk's last backward from the last
+  // chunk down (the interleaved schedule does) reports falling watermarks.
   void set_grads_final_hook(std::function<void(int64_t)> hook) { grads_final_ = std::move(hook); }
 
  private:
@@ -148,6 +158,9 @@ class Transformer {
   void head_backward(Activations& a, S loss_scale, T* d, bool defer_weights);
   void layer_weight_backward(size_t i, LayerActs& la, int64_t B);
   bool lm_head_is_tied() const { return layout_.lm_head == layout_.token_embedding; }
+  bool runs_embedding(const Activations& a) const { return shard_.has_embedding && a.chunk == 0; }
+  bool runs_head(int chunk) const { return shard_.has_head && chunk == chunk_count() - 1; }
+  int64_t chunk_layers(int chunk) const;
   void ensure_scratch(int64_t B);
   void report_final(int param) {
     if (grads_final_) grads_final_(layout_.params[param].offset);
@@ -159,6 +172,7 @@ class Transformer {
   K k_;
   TensorParallel<K> tp_;
   bool llama_;
+  std::vector<size_t> chunk_block0_;  // per chunk: its first layer's index in layout_.blocks
   // Widths on this rank: model, attention (heads), kv heads, fused qkv, MLP hidden, MLP up.
   int64_t C_, NHl_, KVHl_, HS_, Hl_, QKVl_, Fl_, Ul_;
   ColumnParallelLinear<K> qkv_, up_, head_;

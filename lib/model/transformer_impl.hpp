@@ -27,6 +27,11 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   QKVl_ = (NHl_ + 2 * KVHl_) * HS_;
   Fl_ = config.ffn_size() / tp;
   Ul_ = llama_ ? 2 * Fl_ : Fl_;
+  size_t block0 = 0;
+  for (const auto& [begin, end] : shard.layer_chunks()) {
+    chunk_block0_.push_back(block0);
+    block0 += static_cast<size_t>(end - begin);
+  }
   if (llama_ && HS_ % 2 != 0)
     throw Error("model.width / model.heads = " + std::to_string(HS_) +
                 ": rotary embeddings need an even head size");
@@ -106,8 +111,18 @@ void Transformer<K>::weights_changed() {
 }
 
 template <class K>
+int64_t Transformer<K>::chunk_layers(int chunk) const {
+  if (chunk < 0 || chunk >= chunk_count())
+    throw Error("model chunk " + std::to_string(chunk) + " is out of range: the shard holds " +
+                std::to_string(chunk_count()));
+  const auto [begin, end] = shard_.layer_chunks()[static_cast<size_t>(chunk)];
+  return end - begin;
+}
+
+template <class K>
 typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
-                                                                     bool split_backward) {
+                                                                     bool split_backward,
+                                                                     int chunk) {
   const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
   if (tp_.sequence_parallel() && N % shard_.tp_size != 0)
     throw Error("sequence parallelism: train.micro_batch * model.seq_len (" + std::to_string(N) +
@@ -116,11 +131,12 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
   Device& dev = k_.device();
   Activations a;
   a.B = B;
+  a.chunk = chunk;
   a.split_backward = split_backward;
   a.tokens = DeviceArray<int32_t>(dev, N);
   a.targets = DeviceArray<int32_t>(dev, N);
   const bool layernorm = !llama_;
-  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) {
+  for (int64_t l = 0; l < chunk_layers(chunk); ++l) {
     LayerActs la;
     la.input = DeviceArray<T>(dev, Ns * C);
     la.norm1 = DeviceArray<T>(dev, N * C);
@@ -144,7 +160,7 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
     a.layers.push_back(std::move(la));
   }
   a.output = DeviceArray<T>(dev, Ns * C);
-  if (shard_.has_head) {
+  if (runs_head(chunk)) {
     a.final_norm = DeviceArray<T>(dev, N * C);
     if (layernorm) a.final_mean = DeviceArray<S>(dev, Ns);
     a.final_rstd = DeviceArray<S>(dev, Ns);
@@ -157,14 +173,14 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
 }
 
 template <class K>
-int64_t Transformer<K>::deferred_weight_grad_bytes(int64_t B) const {
+int64_t Transformer<K>::deferred_weight_grad_bytes(int64_t B, int chunk) const {
   const int64_t N = B * config_.seq_len;
   const int64_t per_layer = static_cast<int64_t>(sizeof(T)) * N * (2 * C_ + QKVl_ + Ul_);
-  return (shard_.layer_end - shard_.layer_begin) * per_layer;
+  return chunk_layers(chunk) * per_layer;
 }
 
 template <class K>
-int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward) const {
+int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chunk) const {
   const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
   const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
   const int64_t per_layer = t * (2 * Ns * C + 2 * N * C + N * QKVl_ + N * Hl_ + N * Ul_ +
@@ -172,9 +188,9 @@ int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward) const {
                             s * 2 * stats * Ns +
                             static_cast<int64_t>(sizeof(Saved)) *
                                 K::attention_saved_size(B, T_, NHl_);
-  int64_t total = (shard_.layer_end - shard_.layer_begin) * per_layer + t * Ns * C + 8 * N;
-  if (shard_.has_head) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
-  if (split_backward) total += deferred_weight_grad_bytes(B);
+  int64_t total = chunk_layers(chunk) * per_layer + t * Ns * C + 8 * N;
+  if (runs_head(chunk)) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
+  if (split_backward) total += deferred_weight_grad_bytes(B, chunk);
   return total;
 }
 
@@ -201,7 +217,7 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
                              const T* input) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
-  if (shard_.has_embedding) {
+  if (runs_embedding(a)) {
     k_.upload_ids(a.tokens.data(), tokens, N);
     embedding_.forward(tp_, k_, w(layout_.token_embedding), x, a.tokens.data(), N);
     if (layout_.position_embedding >= 0)
@@ -210,11 +226,12 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
   } else {
     k_.copy(x, input, Ns * C_);
   }
+  const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = 0; i < a.layers.size(); ++i) {
     T* out = i + 1 < a.layers.size() ? a.layers[i + 1].input.data() : a.output.data();
-    layer_forward(i, a.layers[i], a.layers[i].input.data(), out, B);
+    layer_forward(block0 + i, a.layers[i], a.layers[i].input.data(), out, B);
   }
-  if (!shard_.has_head) return;
+  if (!runs_head(a.chunk)) return;
   head_forward(a, targets);
   k_.accumulate_mean(loss_sum_.data(), a.losses.data(), N);
 }
@@ -296,15 +313,16 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
-  if (shard_.has_head)
+  if (runs_head(a.chunk))
     head_backward(a, loss_scale, d, defer_weights);
   else
     k_.copy(d, d_output, Ns * C_);
+  const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = a.layers.size(); i-- > 0;) {
-    layer_backward(i, a.layers[i], d, B, defer_weights);
-    report_final(layout_.blocks[i].norm1_w);
+    layer_backward(block0 + i, a.layers[i], d, B, defer_weights);
+    report_final(layout_.blocks[block0 + i].norm1_w);
   }
-  if (shard_.has_embedding) {
+  if (runs_embedding(a)) {
     const T* d_all = tp_.gather_output_grad(d, N, C_);
     if (layout_.position_embedding >= 0)
       k_.position_embedding_backward(g(layout_.position_embedding), d_all, B, T_, C_);
@@ -392,7 +410,7 @@ void Transformer<K>::backward_weight(Activations& a) {
   const int64_t N = a.B * config_.seq_len;
   // The head, then the layers from the top: backward()'s order, so the watermarks reported
   // (each one after the last gradient above it became final) are the same, in the same order.
-  if (shard_.has_head) {
+  if (runs_head(a.chunk)) {
     if (!lm_head_is_tied()) {
       head_.weight_backward(k_, linear(layout_.lm_head, -1), a.logits.data(),
                             a.final_norm.data(), N);
@@ -400,9 +418,10 @@ void Transformer<K>::backward_weight(Activations& a) {
     }
     report_final(layout_.final_norm_w);  // final since backward_input
   }
+  const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = a.layers.size(); i-- > 0;) {
-    layer_weight_backward(i, a.layers[i], a.B);
-    report_final(layout_.blocks[i].norm1_w);
+    layer_weight_backward(block0 + i, a.layers[i], a.B);
+    report_final(layout_.blocks[block0 + i].norm1_w);
   }
 }
 

@@ -35,13 +35,15 @@ class TransformerStage final : public StageModel {
   int64_t stream_elements(int64_t B) const override {
     return model_.stream_rows(B) * model_.config().width;
   }
-  std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward) override {
+  int chunk_count() const override { return model_.chunk_count(); }
+  std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward,
+                                                int chunk) override {
     auto a = std::make_unique<Acts>();
-    a->acts = model_.make_activations(B, split_backward);
+    a->acts = model_.make_activations(B, split_backward, chunk);
     return a;
   }
-  int64_t activation_bytes(int64_t B, bool split_backward) const override {
-    return model_.activation_bytes(B, split_backward);
+  int64_t activation_bytes(int64_t B, bool split_backward, int chunk) const override {
+    return model_.activation_bytes(B, split_backward, chunk);
   }
   void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                const void* input) override {

@@ -13,9 +13,16 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-// Message tags: the forward activation and the backward gradient of a micro-batch.
-int forward_tag(int64_t micro) { return static_cast<int>(2 * micro); }
-int backward_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
+// Message tags: the forward activation and the backward gradient of a micro-batch crossing the
+// boundary after virtual stage k = chunk * stages + stage, named by k's chunk (k / stages).
+// Between two ranks the boundaries of one micro-batch differ in that chunk (and, for two
+// stages, in the direction), so every message of a step has a tag of its own per pair.
+int forward_tag(int64_t micro, int boundary_chunk, int chunks) {
+  return static_cast<int>(2 * (micro * chunks + boundary_chunk));
+}
+int backward_tag(int64_t micro, int boundary_chunk, int chunks) {
+  return forward_tag(micro, boundary_chunk, chunks) + 1;
+}
 
 }  // namespace
 
@@ -26,17 +33,17 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
       kind_(kind),
       stage_(pipeline.rank()),
       stages_(pipeline.size()),
+      chunks_(model.chunk_count()),
       micro_batch_(micro_batch),
       stream_elems_(model.stream_elements(micro_batch)),
       stream_type_(model.stream_dtype()) {
-  // The executor runs one model chunk per stage (the interleaved schedule's virtual stages are
-  // not executed yet); ZB-H1's split backward runs on activations that keep what
-  // backward_input leaves for backward_weight.
-  if (kind == ScheduleKind::Interleaved)
-    throw Error("parallel.schedule = \"" + to_string(kind) +
-                "\" is not run by the pipeline executor yet (\"1f1b\", \"gpipe\" and "
-                "\"zb-h1\" are)");
+  // The model's chunks are the schedule's virtual stages: pipeline_schedule refuses a count
+  // that does not fit the schedule (one chunk for all but interleaved, two or more for it).
+  pipeline_schedule(kind, stage_, stages_, stages_, chunks_);
+  // ZB-H1's split backward runs on activations that keep what backward_input leaves for
+  // backward_weight.
   split_backward_ = kind == ScheduleKind::ZeroBubbleH1;
+  free_slots_.resize(static_cast<size_t>(chunks_));
   wait_timer_ = model.device().make_interval_timer();  // nullptr on the CPU: wall clock
   busy_timer_ = model.device().make_interval_timer();
   tokens_.resize(micro_batch * model.config().seq_len);
@@ -49,24 +56,29 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
   }
 }
 
-int PipelineExecutor::acquire_slot() {
-  if (free_slots_.empty()) {
+int PipelineExecutor::acquire_slot(int chunk) {
+  std::vector<int>& free = free_slots_[static_cast<size_t>(chunk)];
+  if (free.empty()) {
     auto slot = std::make_unique<Slot>();
-    slot->acts = model_.make_activations(micro_batch_, split_backward_);
+    slot->chunk = chunk;
+    slot->acts = model_.make_activations(micro_batch_, split_backward_, chunk);
     slots_.push_back(std::move(slot));
-    free_slots_.push_back(static_cast<int>(slots_.size()) - 1);
+    free.push_back(static_cast<int>(slots_.size()) - 1);
   }
-  const int s = free_slots_.back();
-  free_slots_.pop_back();
+  const int s = free.back();
+  free.pop_back();
   ++in_flight_;
+  in_flight_bytes_ += model_.activation_bytes(micro_batch_, split_backward_, chunk);
   note_memory();
   return s;
 }
 
 void PipelineExecutor::release_slot(int slot) {
-  wait(slots_[slot]->pending_send);  // its activation buffer may be reused now
-  free_slots_.push_back(slot);
+  Slot& s = *slots_[slot];
+  wait(s.pending_send);  // its activation buffer may be reused now
+  free_slots_[static_cast<size_t>(s.chunk)].push_back(slot);
   --in_flight_;
+  in_flight_bytes_ -= model_.activation_bytes(micro_batch_, split_backward_, s.chunk);
 }
 
 void PipelineExecutor::note_memory() {
@@ -74,9 +86,7 @@ void PipelineExecutor::note_memory() {
   const int64_t message_bytes =
       stages_ > 1 ? 3 * stream_elems_ * static_cast<int64_t>(dtype_bytes(stream_type_)) : 0;
   stats_.peak_activation_bytes =
-      std::max(stats_.peak_activation_bytes,
-               in_flight_ * model_.activation_bytes(micro_batch_, split_backward_) +
-                   message_bytes);
+      std::max(stats_.peak_activation_bytes, in_flight_bytes_ + message_bytes);
 }
 
 void PipelineExecutor::wait(std::unique_ptr<CommRequest>& request) {
@@ -96,14 +106,14 @@ void PipelineExecutor::wait(std::unique_ptr<CommRequest>& request) {
 void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
   load(micro, tokens_.data(), targets_.data());
   Slot& s = *slots_[slot];
-  const void* input = model_.shard().has_embedding ? nullptr : recv_buffer_.get();
+  const void* input = first_virtual(s.chunk) ? nullptr : recv_buffer_.get();
   model_.forward(*s.acts, tokens_.data(), targets_.data(), input);
 }
 
 void PipelineExecutor::run_backward(const PipeOp& op, int64_t microbatches, float loss_scale,
                                     int slot) {
   wait(pending_grad_send_);  // send_grad_buffer_ is free again
-  const bool last = model_.shard().has_head, first = model_.shard().has_embedding;
+  const bool last = last_virtual(op.chunk), first = first_virtual(op.chunk);
   const void* d_output = last ? nullptr : grad_buffer_.get();
   void* d_input = first ? nullptr : send_grad_buffer_.get();
   StageModel::Activations& acts = *slots_[slot]->acts;
@@ -112,7 +122,13 @@ void PipelineExecutor::run_backward(const PipeOp& op, int64_t microbatches, floa
     model_.backward_input(acts, loss_scale, d_output, d_input);
     return;
   }
-  const bool final_micro = op.micro == microbatches - 1;  // backwards run in order
+  // A chunk's backwards run in micro-batch order, and the chunks' last ones from the last chunk
+  // down: each chunk's params lie below the later chunks' in the buffer (parameter_layout).
+  const bool final_micro = op.micro == microbatches - 1;
+  if (final_micro && op.chunk != next_final_chunk_)
+    throw Error("pipeline schedule: " + to_string(op) + " is a chunk's last backward out of "
+                "order (chunk " + std::to_string(next_final_chunk_) + "'s is next)");
+  if (final_micro) --next_final_chunk_;
   if (final_micro) model_.set_grads_final_hook(last_hook_);
   model_.backward(acts, loss_scale, d_output, d_input);
   if (final_micro) model_.set_grads_final_hook(nullptr);
@@ -129,40 +145,49 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   collect_device_times();  // the previous step's (finished: no wait)
   if (busy_timer_) busy_timer_->begin();
   const float loss_scale = 1.0f / static_cast<float>(microbatches);
-  std::map<int64_t, int> slot_of;  // micro-batch -> its activation slot
-  int64_t next_weight = 0;         // the BackwardWeight due next (split backward)
-  for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches)) {
+  // The RecvForward / RecvBackward of an op runs right before it (pipeline_schedule), so one
+  // receive buffer per direction serves every chunk.
+  std::map<std::pair<int64_t, int>, int> slot_of;  // (micro-batch, chunk) -> activation slot
+  auto key = [](const PipeOp& op) { return std::make_pair(op.micro, op.chunk); };
+  int64_t next_weight = 0;             // the BackwardWeight due next (split backward)
+  next_final_chunk_ = chunks_ - 1;     // the chunk whose last backward is due next
+  // The boundary after this stage's chunk c is chunk c's; the one before it is the previous
+  // stage's chunk c, or, on the first stage, the last stage's chunk c - 1.
+  auto boundary_before = [&](int chunk) { return stage_ == 0 ? chunk - 1 : chunk; };
+  for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches, chunks_)) {
+    const auto op_start = Clock::now();
     switch (op.kind) {
       case PipeOpKind::RecvForward: {
-        auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_, stage_ - 1,
-                                   forward_tag(op.micro));
+        auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_,
+                                   previous_stage(),
+                                   forward_tag(op.micro, boundary_before(op.chunk), chunks_));
         wait(request);
         break;
       }
       case PipeOpKind::Forward: {
-        const int slot = acquire_slot();
-        slot_of[op.micro] = slot;
+        const int slot = acquire_slot(op.chunk);
+        slot_of[key(op)] = slot;
         forward(op.micro, slot, load);
         break;
       }
       case PipeOpKind::SendForward: {
-        Slot& s = *slots_[slot_of.at(op.micro)];
+        Slot& s = *slots_[slot_of.at(key(op))];
         s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
-                                     stage_ + 1, forward_tag(op.micro));
+                                     next_stage(), forward_tag(op.micro, op.chunk, chunks_));
         break;
       }
       case PipeOpKind::RecvBackward: {
-        auto request = pipe_.irecv(grad_buffer_.get(), stream_elems_, stream_type_, stage_ + 1,
-                                   backward_tag(op.micro));
+        auto request = pipe_.irecv(grad_buffer_.get(), stream_elems_, stream_type_, next_stage(),
+                                   backward_tag(op.micro, op.chunk, chunks_));
         wait(request);
         break;
       }
       case PipeOpKind::Backward:
       case PipeOpKind::BackwardInput:
-        run_backward(op, microbatches, loss_scale, slot_of.at(op.micro));
+        run_backward(op, microbatches, loss_scale, slot_of.at(key(op)));
         if (op.kind == PipeOpKind::Backward) {  // BackwardInput: kept until BackwardWeight
-          release_slot(slot_of.at(op.micro));
-          slot_of.erase(op.micro);
+          release_slot(slot_of.at(key(op)));
+          slot_of.erase(key(op));
         }
         break;
       case PipeOpKind::BackwardWeight: {
@@ -172,20 +197,22 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
           throw Error("pipeline schedule: " + to_string(op) + " out of order (W" +
                       std::to_string(next_weight) + " is next)");
         ++next_weight;
-        const int slot = slot_of.at(op.micro);
+        const int slot = slot_of.at(key(op));
         const bool final_micro = op.micro == microbatches - 1;
         if (final_micro) model_.set_grads_final_hook(last_hook_);
         model_.backward_weight(*slots_[slot]->acts);
         if (final_micro) model_.set_grads_final_hook(nullptr);
         release_slot(slot);  // the activations were kept for the weight gradient
-        slot_of.erase(op.micro);
+        slot_of.erase(key(op));
         break;
       }
       case PipeOpKind::SendBackward:
-        pending_grad_send_ = pipe_.isend(send_grad_buffer_.get(), stream_elems_, stream_type_,
-                                         stage_ - 1, backward_tag(op.micro));
+        pending_grad_send_ =
+            pipe_.isend(send_grad_buffer_.get(), stream_elems_, stream_type_, previous_stage(),
+                        backward_tag(op.micro, boundary_before(op.chunk), chunks_));
         break;
     }
+    if (op_observer_) op_observer_(op, op_start, Clock::now());
   }
   wait(pending_grad_send_);
   if (!slot_of.empty()) throw Error("pipeline schedule left micro-batches without a backward");
@@ -202,21 +229,25 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
 double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
   const double wait_before = stats_.wait_seconds;  // the bubble figures are of training alone
   evaluating_ = true;
-  const bool first = model_.shard().has_embedding, last = model_.shard().has_head;
+  // Each micro-batch passes through the virtual stages in order: every rank walks its chunks
+  // in the same order, so the chain of blocking receives goes through.
   for (int64_t micro = 0; micro < microbatches; ++micro) {
-    if (!first) {
-      auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_, stage_ - 1,
-                                 forward_tag(micro));
-      wait(request);
+    for (int chunk = 0; chunk < chunks_; ++chunk) {
+      if (!first_virtual(chunk)) {
+        const int boundary = stage_ == 0 ? chunk - 1 : chunk;
+        auto request = pipe_.irecv(recv_buffer_.get(), stream_elems_, stream_type_,
+                                   previous_stage(), forward_tag(micro, boundary, chunks_));
+        wait(request);
+      }
+      const int slot = acquire_slot(chunk);
+      forward(micro, slot, load);
+      if (!last_virtual(chunk)) {
+        Slot& s = *slots_[slot];
+        s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
+                                     next_stage(), forward_tag(micro, chunk, chunks_));
+      }
+      release_slot(slot);  // waits for the send: evaluation keeps one micro-batch in flight
     }
-    const int slot = acquire_slot();
-    forward(micro, slot, load);
-    if (!last) {
-      Slot& s = *slots_[slot];
-      s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
-                                   stage_ + 1, forward_tag(micro));
-    }
-    release_slot(slot);  // waits for the send: evaluation keeps one micro-batch in flight
   }
   evaluating_ = false;
   stats_.wait_seconds = wait_before;

@@ -305,4 +305,29 @@ std::pair<int64_t, int64_t> stage_layer_range(const std::vector<int64_t>& counts
   return {begin, begin + counts[static_cast<size_t>(stage)]};
 }
 
+std::vector<std::pair<int64_t, int64_t>> stage_layer_chunks(int64_t layers, int stages,
+                                                            int virtual_stages, int stage) {
+  if (stages < 1 || virtual_stages < 1)
+    throw Error("parallel.pipeline (" + std::to_string(stages) +
+                ") and parallel.virtual_stages (" + std::to_string(virtual_stages) +
+                ") must be >= 1");
+  if (stage < 0 || stage >= stages)
+    throw Error("pipeline stage " + std::to_string(stage) + " is out of range for parallel.pipeline = " +
+                std::to_string(stages));
+  const int64_t chunks = static_cast<int64_t>(stages) * virtual_stages;
+  if (layers < 1 || layers % chunks != 0)
+    throw Error("model.layers (" + std::to_string(layers) +
+                ") must be divisible by parallel.pipeline * parallel.virtual_stages (" +
+                std::to_string(stages) + " * " + std::to_string(virtual_stages) + " = " +
+                std::to_string(chunks) + "): the interleaved schedule cuts the layers into "
+                "that many equal chunks");
+  const int64_t per_chunk = layers / chunks;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int64_t begin = (static_cast<int64_t>(c) * stages + stage) * per_chunk;
+    ranges.emplace_back(begin, begin + per_chunk);
+  }
+  return ranges;
+}
+
 }  // namespace trident

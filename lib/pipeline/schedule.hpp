@@ -110,4 +110,13 @@ std::vector<int64_t> stage_layer_counts(int64_t layers, int stages,
 // `stage` is not in [0, counts.size()).
 std::pair<int64_t, int64_t> stage_layer_range(const std::vector<int64_t>& counts, int stage);
 
+// The interleaved schedule's chunks of stage `stage`: the layers are cut into stages *
+// virtual_stages chunks of layers / (stages * virtual_stages) each, and the stage holds chunks
+// stage, stage + stages, stage + 2 stages, ... (its local chunk c is virtual stage
+// c * stages + stage). [begin, end) layer ranges, in model order. trident::Error (one line
+// naming model.layers, parallel.pipeline and parallel.virtual_stages) when the layers do not
+// divide evenly, and for stages / virtual_stages < 1 or a stage out of range.
+std::vector<std::pair<int64_t, int64_t>> stage_layer_chunks(int64_t layers, int stages,
+                                                            int virtual_stages, int stage);
+
 }  // namespace trident

@@ -37,12 +37,15 @@ enum Direction { kForward = 0, kBackward = 1 };
 class Simulator {
  public:
   Simulator(const std::vector<std::vector<PipeOp>>& ops, int64_t microbatches,
-            const PipeSimCosts& costs, int chunks)
-      : ops_(ops), micro_(microbatches), costs_(costs), stages_(static_cast<int>(ops.size())),
-        chunks_(chunks) {}
+            std::vector<PipeSimCosts> costs, int chunks)
+      : ops_(ops), micro_(microbatches), stage_costs_(std::move(costs)),
+        stages_(static_cast<int>(ops.size())), chunks_(chunks) {}
 
   PipeSimResult run() {
     if (stages_ < 1) return fail("no stages to simulate");
+    if (stage_costs_.size() != static_cast<size_t>(stages_))
+      return fail(std::to_string(stage_costs_.size()) + " stage costs for " +
+                  std::to_string(stages_) + " stages");
     if (micro_ < 1) return fail("microbatches = " + std::to_string(micro_) + " must be >= 1");
     if (chunks_ < 1) return fail("virtual_stages = " + std::to_string(chunks_) + " must be >= 1");
     next_.assign(stages_, 0);
@@ -145,12 +148,13 @@ class Simulator {
       flag = true;
       return true;
     };
+    const PipeSimCosts& costs = stage_costs_[s];  // this stage's
     auto send = [&](std::deque<Message>& to, int to_chunk, bool& flag) {
       if (flag) {
         error = where() + "sent twice";
         return false;
       }
-      to.push_back({op.micro, to_chunk, clock_[s] + costs_.comm});
+      to.push_back({op.micro, to_chunk, clock_[s] + costs.comm});
       flag = true;
       return true;
     };
@@ -180,7 +184,7 @@ class Simulator {
         if (!check(!st.forwarded, "forwarded twice") ||
             !check(k == 0 || st.received_forward, "its input was not received"))
           return false;
-        compute(costs_.forward);
+        compute(costs.forward);
         st.forwarded = true;
         result_.peak_in_flight[s] = std::max(result_.peak_in_flight[s], ++in_flight_[s]);
         return true;
@@ -193,20 +197,20 @@ class Simulator {
         return receive(channel(next, s, kBackward), st.received_backward);
       case PipeOpKind::Backward:
         if (!can_start_backward()) return false;
-        compute(costs_.backward);
+        compute(costs.backward);
         st.backwarded = true;
         --in_flight_[s];
         return true;
       case PipeOpKind::BackwardInput:
         if (!can_start_backward()) return false;
-        compute(costs_.backward - costs_.weight);
+        compute(costs.backward - costs.weight);
         st.input_grad = true;
         return true;
       case PipeOpKind::BackwardWeight:
         if (!check(!st.weight_grad, "weight gradient computed twice") ||
             !check(st.input_grad, "weight gradient before its input gradient"))
           return false;
-        compute(costs_.weight);
+        compute(costs.weight);
         st.weight_grad = true;
         --in_flight_[s];
         return true;
@@ -246,7 +250,7 @@ class Simulator {
 
   const std::vector<std::vector<PipeOp>>& ops_;
   const int64_t micro_;
-  const PipeSimCosts costs_;
+  const std::vector<PipeSimCosts> stage_costs_;  // per stage
   const int stages_;
   const int chunks_;
   std::vector<size_t> next_;
@@ -262,7 +266,15 @@ class Simulator {
 PipeSimResult simulate_pipeline(const std::vector<std::vector<PipeOp>>& stage_ops,
                                 int64_t microbatches, const PipeSimCosts& costs,
                                 int virtual_stages) {
-  return Simulator(stage_ops, microbatches, costs, virtual_stages).run();
+  return simulate_pipeline_per_stage(
+      stage_ops, microbatches, std::vector<PipeSimCosts>(stage_ops.size(), costs), virtual_stages);
+}
+
+PipeSimResult simulate_pipeline_per_stage(const std::vector<std::vector<PipeOp>>& stage_ops,
+                                          int64_t microbatches,
+                                          const std::vector<PipeSimCosts>& stage_costs,
+                                          int virtual_stages) {
+  return Simulator(stage_ops, microbatches, stage_costs, virtual_stages).run();
 }
 
 PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,

@@ -52,6 +52,13 @@ PipeSimResult simulate_pipeline(const std::vector<std::vector<PipeOp>>& stage_op
                                 int64_t microbatches, const PipeSimCosts& costs = {},
                                 int virtual_stages = 1);
 
+// Stage s computing at its own costs stage_costs[s] (a send: at its sender's comm), e.g. the
+// op times a real run measured per stage; as many entries as stages.
+PipeSimResult simulate_pipeline_per_stage(const std::vector<std::vector<PipeOp>>& stage_ops,
+                                          int64_t microbatches,
+                                          const std::vector<PipeSimCosts>& stage_costs,
+                                          int virtual_stages = 1);
+
 // All stages of one schedule, simulated.
 PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,
                                 const PipeSimCosts& costs = {}, int virtual_stages = 1);

@@ -118,6 +118,7 @@ void MetricsLog::write(const StepMetrics& m) {
                       {"skipped_steps", m.skipped_steps}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (!m.data_counts.empty()) j["data_counts"] = m.data_counts;
+  if (!m.pipeline_bubble.empty()) j["pipeline_bubble"] = m.pipeline_bubble;
   if (events_) write_tensorboard(j);
   // After a failed write the file is not appended to any more: a later, shorter line could
   // fit where the failed one did not (a full disk's last page), and the file would then have

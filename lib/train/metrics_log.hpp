@@ -31,6 +31,10 @@ struct StepMetrics {
   std::optional<double> val_loss;
   // With a data.train blend: the samples each dataset gave in steps [0, step) (jsonl only).
   std::vector<int64_t> data_counts;
+  // With parallel.pipeline > 1: per stage, the fraction of its pipeline time since the previous
+  // logged step (or the start) that the stage waited in pipeline messages, the measured bubble
+  // (jsonl only, "pipeline_bubble").
+  std::vector<double> pipeline_bubble;
 };
 
 class MetricsLog {

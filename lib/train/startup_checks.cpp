@@ -64,7 +64,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   const double per_layer =
       static_cast<double>(parameter_count(two)) - static_cast<double>(parameter_count(one));
   const double rest = static_cast<double>(parameter_count(one)) - per_layer;
-  const double layers = static_cast<double>(shard.layer_end - shard.layer_begin);
+  const double layers = static_cast<double>(shard.layer_count());
   RankMemory r;
   r.parameters = (layers * per_layer + (shard.has_embedding || shard.has_head ? rest : 0.0)) / tp;
   const bool zero = config.optim.zero_stage == 1;

@@ -63,9 +63,14 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
                 ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
   const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
-  const ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
-                         groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
-                         sequence_parallel};
+  ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
+                   groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
+                   sequence_parallel};
+  // Interleaved: the stage's model chunks (virtual stages) in place of one range.
+  if (config.parallel.schedule == "interleaved")
+    shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,
+                                      static_cast<int>(config.parallel.virtual_stages),
+                                      groups.pp_rank);
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
@@ -119,6 +124,38 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   if (is_logging_rank()) {
     log_ = std::make_unique<MetricsLog>(config.log.dir);
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
+  }
+  if (config.log.trace) start_trace();
+}
+
+void Trainer::start_trace() {
+  const std::string track = "rank " + std::to_string(groups_.world->rank()) + " (tp " +
+                            std::to_string(groups_.tp_rank) + ", pp " +
+                            std::to_string(groups_.pp_rank) + ", dp " +
+                            std::to_string(groups_.dp_rank) + ")";
+  trace_ = std::make_unique<TimelineTrace>(groups_.mpi_world, config_.log.trace_steps[0],
+                                           config_.log.trace_steps[1], track);
+  for (Communicator* comm : {groups_.world, groups_.tensor, groups_.pipeline, groups_.data,
+                             groups_.model_parallel, groups_.embedding, backend_.tensor,
+                             backend_.pipeline, backend_.data, backend_.embedding})
+    if (comm) trace_->install_on(*comm);
+  for (const auto& comm : backend_.owned) trace_->install_on(*comm);
+  executor_->set_op_observer(
+      [trace = trace_.get()](const PipeOp& op, TimelineTrace::Clock::time_point start,
+                             TimelineTrace::Clock::time_point end) {
+        trace->add_op(op, start, end);
+      });
+}
+
+void Trainer::finish_trace(int64_t steps_done, bool run_over) {
+  if (!trace_ || trace_->written() || (steps_done < trace_->last_step() && !run_over)) return;
+  const std::string path = (std::filesystem::path(config_.log.dir) / "trace.json").string();
+  trace_->write(path);
+  if (is_logging_rank()) {
+    std::printf("timeline trace of steps %lld-%lld (those run): %s\n",
+                static_cast<long long>(config_.log.trace_steps[0]),
+                static_cast<long long>(config_.log.trace_steps[1]), path.c_str());
+    std::fflush(stdout);
   }
 }
 
@@ -232,6 +269,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   const double grad_norm = std::sqrt(square_sum);
   const double lr =
       learning_rate(config_.optim, config_.train.steps, step) * rollback_lr_factor();
+  const auto optimizer_start = std::chrono::steady_clock::now();
   // Bad (non-finite norm, or a loss spike): the update is not applied, so a bad batch never
   // reaches the weights, the moments or a checkpoint. The inputs are global values; the
   // all-reduce makes sure every rank acts on the same verdict.
@@ -249,6 +287,8 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
     ++skipped_steps_;  // the same decision on every rank
     if (!std::isfinite(grad_norm)) ++consecutive_skipped_;
   }
+  if (trace_)
+    trace_->add_slice("optimizer", "optimizer", optimizer_start, std::chrono::steady_clock::now());
   StepMetrics m;
   m.step = step + 1;
   m.total_steps = config_.train.steps;
@@ -260,6 +300,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
 }
 
 StepMetrics Trainer::train_step(int64_t step) {
+  if (trace_) trace_->set_step(step + 1);
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m = apply_update(step, forward_backward(step));
   device().synchronize();  // a GPU step is timed to the end of its optimizer update
@@ -314,7 +355,9 @@ RunOutcome Trainer::run() {
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
-    if (log_ && ((step + 1) % config_.log.interval == 0 || last || m.val_loss)) {
+    const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
+    if (log_step && groups_.pp_size > 1) m.pipeline_bubble = interval_bubbles();  // all ranks
+    if (log_ && log_step) {
       const int64_t samples_done = (step + 1) * config_.train.global_batch;
       if (train_data_->size() > 1)
         m.data_counts = train_data_->sampler().counts_before(samples_done);
@@ -350,7 +393,12 @@ RunOutcome Trainer::run() {
     // without the streak's batches.
     const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0 &&
                           !(config_.train.max_bad_steps > 0 && guard_.bad_streak() > 0);
-    if (!ck.dir.empty() && (periodic || last || stop)) save_checkpoint(step + 1);
+    if (!ck.dir.empty() && (periodic || last || stop)) {
+      const auto save_start = Clock::now();
+      save_checkpoint(step + 1);
+      if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
+    }
+    finish_trace(step + 1, last || stop);
     if (stop && !last) {
       log_blend_counts(step + 1);
       if (is_logging_rank())
@@ -625,6 +673,19 @@ void Trainer::init_weights_from(const std::string& path) {
 
 namespace trident {
 
+std::vector<double> Trainer::interval_bubbles() {
+  const PipelineStats& st = executor_->stats();
+  double mine[2] = {st.wait_seconds - logged_wait_seconds_, st.busy_seconds - logged_busy_seconds_};
+  logged_wait_seconds_ = st.wait_seconds;
+  logged_busy_seconds_ = st.busy_seconds;
+  std::vector<double> all(2 * groups_.pp_size);
+  groups_.pipeline->all_gather(mine, all.data(), 2, DType::F64);
+  std::vector<double> bubbles(groups_.pp_size);
+  for (int s = 0; s < groups_.pp_size; ++s)
+    bubbles[s] = all[2 * s + 1] > 0 ? all[2 * s] / all[2 * s + 1] : 0.0;
+  return bubbles;
+}
+
 std::string Trainer::pipeline_report() {
   // [bubble fraction, peak in-flight micro-batches, peak activation MB] of every stage.
   const PipelineStats& st = executor_->stats();
@@ -636,9 +697,17 @@ std::string Trainer::pipeline_report() {
   // The idle fraction of the schedule in use in units of one forward: 1F1B and GPipe idle
   // 3(p-1) of 3m+3(p-1) with B = 2F; ZB-H1's deferred weight gradients fill two thirds of
   // that, (p-1)/(3m+p-1), a figure that assumes F = B = W (B here: the input gradient alone).
+  // Interleaved: each of v chunks is 1/v of a stage's work, so the bubble, still p-1 chunk
+  // forwards and backwards, is (p-1)/(vm+p-1) (Megatron-LM); "held" counts chunk micro-batches.
   const bool zero_bubble = config_.parallel.schedule == "zb-h1";
-  const double theory = zero_bubble ? (p - 1) / (3 * m + p - 1) : (p - 1) / (m + p - 1);
-  const char* formula = zero_bubble ? "(p-1)/(3m+p-1) for F=B=W" : "(p-1)/(m+p-1)";
+  const bool interleaved = config_.parallel.schedule == "interleaved";
+  const double v = static_cast<double>(config_.parallel.virtual_stages);
+  const double theory = zero_bubble   ? (p - 1) / (3 * m + p - 1)
+                        : interleaved ? (p - 1) / (v * m + p - 1)
+                                      : (p - 1) / (m + p - 1);
+  const char* formula = zero_bubble   ? "(p-1)/(3m+p-1) for F=B=W"
+                        : interleaved ? "(p-1)/(vm+p-1)"
+                                      : "(p-1)/(m+p-1)";
   std::string out;
   char line[256];
   for (int s = 0; s < groups_.pp_size; ++s) {

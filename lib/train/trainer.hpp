@@ -21,6 +21,7 @@
 #include "train/backend.hpp"
 #include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
+#include "train/timeline_trace.hpp"
 
 namespace trident {
 
@@ -167,6 +168,13 @@ class Trainer {
   // Host memory holding `n` floats of device memory `data`: the memory itself on the host
   // device, else a copy in `staging` (checkpoints).
   float* host_view(float* data, int64_t n, std::vector<float>& staging);
+  // Collective over the pipeline group: every stage's measured bubble (wait / busy) since the
+  // previous call (StepMetrics::pipeline_bubble).
+  std::vector<double> interval_bubbles();
+  // log.trace: the recorder on every communicator and on the pipeline executor.
+  void start_trace();
+  // Collective: writes log.dir/trace.json once the last traced step (or the run) is over.
+  void finish_trace(int64_t steps_done, bool run_over);
 
   Config config_;
   TrainerGroups groups_;
@@ -179,6 +187,10 @@ class Trainer {
   std::unique_ptr<BlendedDataset> train_data_, val_data_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<MetricsLog> log_;
+  // log.trace; declared after backend_ so that it uninstalls itself from the communicators
+  // before they go.
+  std::unique_ptr<TimelineTrace> trace_;
+  double logged_wait_seconds_ = 0, logged_busy_seconds_ = 0;  // at the last interval_bubbles()
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one

@@ -1,10 +1,19 @@
 // GoogleTest main for tests that run on several MPI ranks. Every rank runs every test; only
 // rank 0 prints the progress (failures are printed by the rank that saw them). The exit code is
-// non-zero on every rank if any rank failed, so mpiexec reports the failure.
+// non-zero on every rank if any rank failed, so mpiexec reports the failure; it is
+// kSkippedExitCode on every rank when nothing failed and no test passed on any rank but some
+// were skipped (GTEST_SKIP, e.g. the GPU tests without a GPU), so that CTest
+// (SKIP_RETURN_CODE, tests/CMakeLists.txt) reports the binary skipped, not passed.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
+
 #include "kernels/cpu/blas.hpp"
+
+namespace {
+constexpr int kSkippedExitCode = 77;  // tests/CMakeLists.txt: SKIP_RETURN_CODE of MPI tests
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -21,9 +30,17 @@ int main(int argc, char** argv) {
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any_failed && failed == 0 && rank != 0) {
-    // keep quiet: the failing rank printed its own assertion
-  }
+  // Passed and skipped test counts over all ranks: a rank that skips while another runs the
+  // test is still a binary that tested something.
+  const auto* unit = ::testing::UnitTest::GetInstance();
+  long long counts[2] = {unit->successful_test_count(), unit->skipped_test_count()};
+  long long totals[2] = {0, 0};
+  MPI_Allreduce(counts, totals, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
   MPI_Finalize();
-  return any_failed;
+  if (any_failed) return 1;
+  if (totals[0] == 0 && totals[1] > 0) {
+    if (rank == 0) std::printf("every test was skipped: exit code %d (skipped)\n", kSkippedExitCode);
+    return kSkippedExitCode;
+  }
+  return 0;
 }

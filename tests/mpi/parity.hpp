@@ -91,6 +91,10 @@ struct Reference {
 
 inline Reference reference_run(Config config, int64_t steps, int64_t grads_step = 0) {
   config.parallel.tensor = config.parallel.pipeline = config.parallel.data = 1;
+  if (config.parallel.schedule == "interleaved") {  // needs two stages: one rank runs 1F1B
+    config.parallel.schedule = "1f1b";
+    config.parallel.virtual_stages = 1;
+  }
   SelfGroups self;
   Trainer t(config, self.groups());
   Reference ref;
@@ -110,9 +114,9 @@ inline Reference reference_run(Config config, int64_t steps, int64_t grads_step 
 // Relative error ||g - g_ref|| / ||g_ref|| of every parameter, this rank's shard mapped to
 // global indices and the sums completed over the tensor group (and, under ZeRO-1, where each
 // data-parallel rank holds the averaged gradients of its slices only, over the data group).
-// Returns the worst.
+// Returns the worst; `compared` (if given) gets the count of this rank's elements compared.
 inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& grid,
-                               std::string* worst_name = nullptr) {
+                               std::string* worst_name = nullptr, int64_t* compared = nullptr) {
   const StageModel& model = t.model();
   const std::vector<float> grads = t.host_grads();
   const GradientSync& sync = t.gradient_sync();
@@ -128,6 +132,7 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
     for (int64_t i = 0; i < p.numel(); ++i) {
       const auto gi = p.global_index(i);
       if (!gi || !owned(p.offset + i)) continue;
+      if (compared) ++*compared;
       const double d = static_cast<double>(grads[p.offset + i]) - global[*gi];
       sums[0] += d * d;
       sums[1] += static_cast<double>(global[*gi]) * global[*gi];

@@ -1,7 +1,8 @@
 // Every parallel layout of up to 4 ranks against the single-rank run on the same data and seed:
 // per-step losses of 20 steps and every gradient after step 1 within 1e-5 relative. Smaller
 // layouts run as independent groups of the 4 ranks. Also: the tensor group's collective
-// pattern is exactly Megatron's, and 1F1B holds fewer activations than GPipe.
+// pattern is exactly Megatron's (per step; by pass: test_tp_collectives_np4.cpp), and 1F1B
+// holds fewer activations than GPipe.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
