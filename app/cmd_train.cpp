@@ -276,6 +276,7 @@ int run_train(const TrainOptions& options) {
     }
     return 1;
   }
+  if (outcome == RunOutcome::Diverged) return kExitDiverged;
   return outcome == RunOutcome::Stopped ? stop_exit_code(config) : 0;
 }
 

@@ -10,6 +10,10 @@ namespace trident {
 // Exit code of a run that stopped early on a signal or time limit after writing a checkpoint:
 // "checkpointed, please requeue" (EX_TEMPFAIL). Job scripts requeue on it.
 inline constexpr int kExitRequeue = 75;
+// Exit code of a run the divergence guard ended: bad steps asked for a rollback and none could be
+// taken (no committed checkpoint, or train.max_rollbacks used up). Not to be requeued as is: the
+// run would diverge again (docs/reliability.md).
+inline constexpr int kExitDiverged = 77;
 
 // --config FILE (repeatable) and --set section.key=value (repeatable), as every command that
 // reads a config takes them.
@@ -23,7 +27,8 @@ struct TrainOptions {
 };
 void add_train_command(CLI::App& app, TrainOptions& options);
 // Returns the process exit code: 0; kExitRequeue after a stop with checkpoint.dir; 128 + the
-// signal after a stop on a signal without checkpoint.dir (nothing saved); 1 if log writes failed.
+// signal after a stop on a signal without checkpoint.dir (nothing saved); kExitDiverged when the
+// divergence guard could not roll back; 1 if log writes failed.
 int run_train(const TrainOptions& options);
 
 struct ModelOptions {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint/ckpt_mpi.hpp"
 #include "util/error.hpp"
@@ -134,13 +137,26 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep,
   return removed;
 }
 
+namespace {
+
+// Test hook (the chaos test, docs/reliability.md): TRIDENT_TEST_COMMIT_PAUSE_MS=N makes rank 0
+// sleep N ms at each step of the commit below, so that a kill lands inside it.
+void test_pause_in_commit() {
+  if (const char* ms = std::getenv("TRIDENT_TEST_COMMIT_PAUSE_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+}
+
+}  // namespace
+
 std::string publish_checkpoint(const std::string& tmp_path, const std::string& dir,
                                int64_t step) {
   const std::string final_path = join(dir, checkpoint_name(step));
   fsync_path(tmp_path, "checkpoint");
+  test_pause_in_commit();  // the temp file complete, not renamed yet
   struct stat st{};
   const bool replaces = ::stat(final_path.c_str(), &st) == 0;  // the same step written again
   rename_path(tmp_path, final_path);
+  test_pause_in_commit();  // renamed, `latest` not updated yet
   try {
     fsync_path(dir, "checkpoint directory");
     const std::string latest_tmp = join(dir, kLatestTmp);
@@ -157,6 +173,7 @@ std::string publish_checkpoint(const std::string& tmp_path, const std::string& d
       ::unlink(latest_tmp.c_str());
       throw Error("checkpoint pointer '" + latest_tmp + "': cannot write: " + e);
     }
+    test_pause_in_commit();  // latest.tmp written, not renamed yet
     rename_path(latest_tmp, join(dir, kLatest));
     fsync_path(dir, "checkpoint directory");
   } catch (const Error&) {

@@ -202,6 +202,30 @@ const Key kKeys[] = {
    "state and the data order start fresh. Its model must be this config's (checked key by "
    "key). Any layout reads it. Ignored, with a log line, when the run resumes (`--resume`): "
    "the resume checkpoint wins. Empty: random init."},
+  {TRIDENT_KEY(train, spike_factor), at_least(0),
+   "Divergence guard: a step whose mean loss is above spike_factor times the median loss of "
+   "the last `train.spike_window` good steps is bad, like one with a non-finite gradient "
+   "norm: its update is not applied (counted in skipped_steps). 0: loss spikes are not "
+   "checked (docs/reliability.md)."},
+  {TRIDENT_KEY(train, spike_window), at_least(1),
+   "Good steps whose losses form the median of `train.spike_factor`; no step is a spike "
+   "before the window is full (at the start of a run and of a resume)."},
+  {TRIDENT_KEY(train, max_bad_steps), at_least(0),
+   "Roll back inside the running job when this many steps in a row were bad (non-finite "
+   "gradient norm or loss spike): the last committed checkpoint is read again and the global "
+   "batches of the bad steps are skipped from then on (recorded in later checkpoints). 0: "
+   "never roll back.",
+   "if > 0: `checkpoint.dir` set"},
+  {TRIDENT_KEY(train, max_rollbacks), at_least(0),
+   "Rollbacks a run may take (counted over resumes: checkpoints record them); the next one "
+   "ends the run with exit code 77 instead, as does a rollback with no committed checkpoint."},
+  {TRIDENT_KEY(train, rollback_lr_scale), [] { Rule r = between(0, 1); r.lo_open = true; return r; }(),
+   "Learning rate factor per rollback taken: after k rollbacks the schedule's rate times "
+   "rollback_lr_scale^k. 1: unchanged."},
+  {TRIDENT_KEY(train, skip_batches), at_least(0),
+   "Global batch indices (0-based, the batch step s reads without skips is s) left out of "
+   "the data order: step s reads the s-th index not in the list. A rollback adds the bad "
+   "steps' batches to the run's list. Empty: none."},
 
   {TRIDENT_KEY(optim, lr), above(0), "Peak learning rate."},
   {TRIDENT_KEY(optim, min_lr), at_least(0), "Learning rate at the end of the decay.",
@@ -753,6 +777,11 @@ void check_relations(const Config& c, const std::string& source) {
     fail(source, std::string(t.exit_interval > 0 ? "train.exit_interval" : "train.exit_after_minutes") +
                      " stops the run to be resumed, which needs checkpoint.dir (empty: nothing "
                      "would be saved)");
+
+  // A rollback reads the last committed checkpoint: without a checkpoint.dir there is none.
+  if (c.checkpoint.dir.empty() && t.max_bad_steps > 0)
+    fail(source, "train.max_bad_steps rolls back to the last checkpoint, which needs "
+                 "checkpoint.dir (empty: nothing to roll back to)");
 
   const OptimConfig& o = c.optim;
   if (o.min_lr > o.lr)

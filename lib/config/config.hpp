@@ -64,6 +64,13 @@ struct TrainConfig {
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
   int64_t max_consecutive_skips = 10;  // end the run after this many skipped steps in a row; 0: never
   std::string init_from;  // checkpoint whose weights a fresh run starts from; empty: init
+  // Divergence guard and rollback (train/divergence_guard.hpp, docs/reliability.md).
+  double spike_factor = 0.0;       // loss > factor x median of the last good steps: bad; 0: off
+  int64_t spike_window = 20;       // good steps in the median
+  int64_t max_bad_steps = 0;       // bad steps in a row that roll back to the last checkpoint; 0: never
+  int64_t max_rollbacks = 3;       // rollbacks a run may take before it exits 77
+  double rollback_lr_scale = 1.0;  // learning rate factor per rollback taken
+  std::vector<int64_t> skip_batches;  // global batch indices left out of the data order
 };
 
 struct OptimConfig {

@@ -8,6 +8,7 @@
 #include "data/blend.hpp"
 #include "model/architecture.hpp"
 #include "optim/lr_schedule.hpp"
+#include "train/divergence_guard.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -118,7 +119,12 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   meta.skipped_steps = count("skipped_steps");
   const int64_t consumed_samples = count("consumed_samples");
   const int64_t consumed_tokens = count("consumed_tokens");
-  const int64_t sampler_position = count("sampler_position");
+  meta.sampler_position = count("sampler_position");
+  // Written since rollbacks exist; absent: a run that skipped nothing.
+  if (r.has_attribute("/", "skipped_batches"))
+    meta.skipped_batches = parse_skip_list(r.attribute_string("/", "skipped_batches"),
+                                           file + ": skipped_batches");
+  if (r.has_attribute("/", "rollbacks")) meta.rollbacks = count("rollbacks");
   const int64_t seed = r.attribute_int("/", "seed");
   (void)r.attribute_double("/", "learning_rate_next");
   (void)r.attribute_string("/", "layout");
@@ -142,7 +148,10 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   mismatch("consumed_tokens", consumed_tokens,
            static_cast<__int128>(meta.step) * c.train.global_batch * c.model.seq_len,
            "step * train.global_batch * model.seq_len");
-  mismatch("sampler_position", sampler_position, meta.step, "step");
+  mismatch("sampler_position", meta.sampler_position,
+           batch_of_step(meta.step, meta.skipped_batches),
+           "the batch index of step " + std::to_string(meta.step) + " after skipped_batches " +
+               skip_list_text(meta.skipped_batches));
   mismatch("seed", seed, c.train.seed, "the stored config's train.seed");
   if (meta.step > c.train.steps)
     fail("step = " + std::to_string(meta.step) + " is past the stored config's train.steps = " +
@@ -203,11 +212,15 @@ void write_checkpoint_attributes(CheckpointWriter& w, const Config& c,
   w.set_attribute("/", "step", step);
   w.set_attribute("/", "consumed_samples", step * c.train.global_batch);
   w.set_attribute("/", "consumed_tokens", step * c.tokens_per_step());
-  w.set_attribute("/", "sampler_position", step);  // the next step's global batch
+  // The next step's global batch, past the skipped ones.
+  w.set_attribute("/", "sampler_position", batch_of_step(step, progress.skipped_batches));
+  w.set_attribute("/", "skipped_batches", skip_list_text(progress.skipped_batches));
+  w.set_attribute("/", "rollbacks", progress.rollbacks);
   w.set_attribute("/", "seed", c.train.seed);
   w.set_attribute("/", "optimizer_updates", progress.optimizer_updates);
   w.set_attribute("/", "skipped_steps", progress.skipped_steps);
-  w.set_attribute("/", "learning_rate_next", learning_rate(c.optim, c.train.steps, step));
+  w.set_attribute("/", "learning_rate_next",
+                  learning_rate(c.optim, c.train.steps, step) * progress.lr_scale);
   w.set_attribute("/", "layout", progress.layout);
   w.set_attribute("/", "config", c.to_toml());
   w.set_attribute("/", "model_layers", c.model.layers);

@@ -25,6 +25,9 @@ struct CheckpointMeta {
   int64_t step = 0;               // optimizer steps done: training resumes at this step
   int64_t optimizer_updates = 0;  // AdamW updates (bias correction)
   int64_t skipped_steps = 0;
+  int64_t sampler_position = 0;   // the global batch index the next step reads
+  std::vector<int64_t> skipped_batches;  // attribute skipped_batches; absent: none
+  int64_t rollbacks = 0;                 // attribute rollbacks; absent: 0
   Config config;                  // the config it was written with (attribute "config")
 };
 
@@ -34,7 +37,8 @@ struct CheckpointMeta {
 // file: format version; types and values of the root attributes and their seal (version >= 2);
 // that they agree with each other and with the stored config (step >= 0, optimizer_updates +
 // skipped_steps = step, consumed_samples = step * train.global_batch, consumed_tokens,
-// sampler_position = step, seed = train.seed, step <= train.steps, model_* = the model keys);
+// sampler_position = batch_of_step(step, skipped_batches) (= step when none are skipped),
+// seed = train.seed, step <= train.steps, model_* = the model keys);
 // the complete schema: every dataset of the stored model (weights and both moments) with its
 // shape, float32 and a uint64 checksum, and no other dataset.
 CheckpointMeta check_checkpoint(const CheckpointReader& reader);
@@ -45,6 +49,11 @@ struct CheckpointProgress {
   int64_t optimizer_updates = 0;  // AdamW updates (step minus the skipped steps)
   int64_t skipped_steps = 0;
   std::string layout;             // "tensor=2 pipeline=2 data=2 zero_stage=1"; who wrote it
+  // The run's skip list (train.skip_batches and the batches rollbacks skipped; sorted), the
+  // rollbacks taken and the learning rate factor they brought (train.rollback_lr_scale).
+  std::vector<int64_t> skipped_batches;
+  int64_t rollbacks = 0;
+  double lr_scale = 1.0;
 };
 
 // Collective (a CheckpointWriter call): every root attribute of a model checkpoint (the table

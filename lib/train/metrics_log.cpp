@@ -132,6 +132,19 @@ void MetricsLog::write(const StepMetrics& m) {
     lost(jsonl_, "'" + path_ + "'", m.step, err);
 }
 
+void MetricsLog::write_event(const std::string& line, const nlohmann::json& record) {
+  ++lines_;
+  errno = 0;
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    lost(stdout_, "the log to standard output", record.at("step").get<int64_t>(),
+         errno ? errno : EIO);
+    std::clearerr(stdout);
+  }
+  write_record(record);
+}
+
 void MetricsLog::write_record(const nlohmann::json& record) {
   const int64_t step = record.at("step").get<int64_t>();
   if (jsonl_.lines > 0) {  // after a failed write, as write(): nothing more is appended

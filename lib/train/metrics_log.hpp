@@ -53,6 +53,9 @@ class MetricsLog {
   // straggler report, train/straggler.hpp), with write()'s whole-line and failure rules; not
   // echoed to stdout or TensorBoard. `record` must hold an integer "step".
   void write_record(const nlohmann::json& record);
+  // An event of the run (a rollback): `line` on stdout and `record` (an object with "event"
+  // and "step") as one metrics.jsonl line, with the same failure handling as write() (write_record).
+  void write_event(const std::string& line, const nlohmann::json& record);
   static std::string format_line(const StepMetrics& m);
   // "" while every line reached both destinations; else one line: how many lines of which
   // destination were lost, and the first error.

@@ -1,13 +1,16 @@
 #include "train/trainer.hpp"
 #include "train/straggler.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
@@ -44,7 +47,15 @@ TrainerGroups SelfGroups::groups() {
 }
 
 Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make)
-    : config_(config), groups_(groups) {
+    : config_(config),
+      groups_(groups),
+      guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
+      skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
+  if (const char* corrupt = std::getenv("TRIDENT_TEST_CORRUPT_BATCHES")) {
+    std::string list = "[";  // "7,8" -> "[7,8]"
+    list.append(corrupt).append("]");
+    test_corrupt_batches_ = parse_skip_list(list, "TRIDENT_TEST_CORRUPT_BATCHES");
+  }
   const ModelConfig& m = config.model;
   const bool sequence_parallel = config.parallel.sequence_parallel && groups.tp_size > 1;
   if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tp_size != 0)
@@ -211,7 +222,7 @@ double Trainer::forward_backward(int64_t step) {
   model.zero_grads();
   const double loss_sum = executor_->train(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                               int32_t* targets) {
-    load_microbatch(*train_data_, step, micro, tokens, targets);
+    load_microbatch(*train_data_, batch_of(step), micro, tokens, targets);
   });
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
   // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
@@ -231,7 +242,20 @@ double Trainer::forward_backward(int64_t step) {
     loss /= groups_.dp_size;
   }
   sync_->finish(model.grads());
+  if (!test_corrupt_batches_.empty()) corrupt_for_test(step, loss);
   return loss;
+}
+
+void Trainer::corrupt_for_test(int64_t step, double& loss) {
+  const int64_t batch = batch_of(step);
+  if (!std::binary_search(test_corrupt_batches_.begin(), test_corrupt_batches_.end(), batch))
+    return;
+  // The same on every rank (the loss is agreed already; each rank scales its own gradients):
+  // a spike of the loss and of the gradient norm, as a bad batch would bring.
+  loss *= 1000;
+  std::vector<float> grads = host_grads();
+  for (float& g : grads) g *= 1000;
+  device().from_host(model_->grads(), grads.data(), model_->flat_size() * 4);
 }
 
 StepMetrics Trainer::apply_update(int64_t step, double loss) {
@@ -244,9 +268,16 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   if (sync_->zero()) groups_.data->all_reduce_sum(&square_sum, 1);
   groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
-  const double lr = learning_rate(config_.optim, config_.train.steps, step);
+  const double lr =
+      learning_rate(config_.optim, config_.train.steps, step) * rollback_lr_factor();
   const auto optimizer_start = std::chrono::steady_clock::now();
-  if (std::isfinite(grad_norm)) {
+  // Bad (non-finite norm, or a loss spike): the update is not applied, so a bad batch never
+  // reaches the weights, the moments or a checkpoint. The inputs are global values; the
+  // all-reduce makes sure every rank acts on the same verdict.
+  int32_t bad = guard_.is_bad(loss, grad_norm);
+  groups_.world->all_reduce(&bad, 1, DType::I32, ReduceOp::Max);
+  guard_.record(loss, bad != 0);
+  if (!bad) {
     const double clip = config_.optim.grad_clip;
     const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
     optimizer_->update(model.weights(), grads, lr, scale);
@@ -254,8 +285,8 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
     model.weights_changed();
     consecutive_skipped_ = 0;
   } else {
-    ++skipped_steps_;  // the same decision on every rank: the norm is a global value
-    ++consecutive_skipped_;
+    ++skipped_steps_;  // the same decision on every rank
+    if (!std::isfinite(grad_norm)) ++consecutive_skipped_;
   }
   if (trace_)
     trace_->add_slice("optimizer", "optimizer", optimizer_start, std::chrono::steady_clock::now());
@@ -337,6 +368,11 @@ RunOutcome Trainer::run() {
       log_->write(m);
     }
     if (last) log_blend_counts(step + 1);
+    if (guard_.rollback_due()) {
+      if (!roll_back(step)) return RunOutcome::Diverged;
+      step = start_step_ - 1;  // the loop's ++step makes it the checkpoint's step
+      continue;
+    }
     // Every step skipped for a while: the state cannot recover by itself (it does not change),
     // so end the run rather than spend the job on it. The same count on every rank.
     const int64_t skip_limit = config_.train.max_consecutive_skips;
@@ -356,7 +392,11 @@ RunOutcome Trainer::run() {
                    (config_.train.exit_interval > 0 &&
                     (step + 1) % config_.train.exit_interval == 0);
     groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
-    const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0;
+    // No periodic checkpoint inside a streak of bad steps that may yet end in a rollback: the
+    // checkpoint it reads must be from before the streak, so that its continuation is the run
+    // without the streak's batches.
+    const bool periodic = ck.interval > 0 && (step + 1) % ck.interval == 0 &&
+                          !(config_.train.max_bad_steps > 0 && guard_.bad_streak() > 0);
     if (!ck.dir.empty() && (periodic || last || stop)) {
       const auto save_start = Clock::now();
       save_checkpoint(step + 1);
@@ -410,7 +450,8 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
       w.write_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
                      {v, static_cast<size_t>(sn)});
     }
-    write_checkpoint_attributes(w, c, {steps_done, optimizer_->updates(), skipped_steps_, layout});
+    write_checkpoint_attributes(w, c, {steps_done, optimizer_->updates(), skipped_steps_, layout,
+                                       skipped_batches_, rollbacks_, rollback_lr_factor()});
   };
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
@@ -477,6 +518,18 @@ void Trainer::load_checkpoint(const std::string& path) {
                 "step %lld reads the new order's batch %lld\n",
                 changes.c_str(), static_cast<long long>(meta.step),
                 static_cast<long long>(meta.step));
+  // The checkpoint's skip list joins the run's. The batches the steps before it read must stay
+  // the same: a skip added below its position would shift them.
+  const std::vector<int64_t> skips = merged_skip_list(skipped_batches_, meta.skipped_batches);
+  if (skips_below(skips, meta.sampler_position) != skips_below(meta.skipped_batches,
+                                                                meta.sampler_position) &&
+      !c.checkpoint.allow_data_change)
+    throw Error("checkpoint '" + path + "' is at global batch " +
+                std::to_string(meta.sampler_position) + " with skipped_batches " +
+                skip_list_text(meta.skipped_batches) + ", but train.skip_batches in " +
+                c.source + " skips " + skip_list_text(skips_below(skips, meta.sampler_position)) +
+                " below it: resuming would not continue where it stopped; set "
+                "checkpoint.allow_data_change = true to resume anyway");
   const bool first_replica = groups_.dp_rank == 0;
   // HDF5 reads into host memory: a GPU rank reads into staging and copies to the device after.
   const int64_t wn64 = model.flat_size(), sn64 = optimizer_->exp_avg().size();
@@ -511,6 +564,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   start_step_ = meta.step;
   optimizer_->set_updates(meta.optimizer_updates);
   skipped_steps_ = meta.skipped_steps;
+  skipped_batches_ = skips;
+  rollbacks_ = std::max(rollbacks_, meta.rollbacks);
   if (!device().is_host()) {
     device().from_host(model.weights(), weights, wn64 * 4);
     device().from_host(optimizer_->exp_avg().data(), exp_avg, sn64 * 4);
@@ -528,6 +583,56 @@ void Trainer::load_checkpoint(const std::string& path) {
   if (start_step_ > c.train.steps)
     throw Error("checkpoint '" + path + "' is at step " + std::to_string(start_step_) +
                 ", past train.steps = " + std::to_string(c.train.steps));
+}
+
+double Trainer::rollback_lr_factor() const {
+  return std::pow(config_.train.rollback_lr_scale, static_cast<double>(rollbacks_));
+}
+
+bool Trainer::roll_back(int64_t step) {
+  const TrainConfig& t = config_.train;
+  const int64_t streak = guard_.bad_streak();
+  std::vector<int64_t> bad_batches;
+  for (int64_t s = step + 1 - streak; s <= step; ++s) bad_batches.push_back(batch_of(s));
+  // Where to go back to: rank 0 looks, every rank reads the same file.
+  std::string latest;
+  if (is_logging_rank()) latest = latest_checkpoint(config_.checkpoint.dir).value_or("");
+  latest = ckpt::bcast_string(groups_.mpi_world, latest, 0);
+  const std::string what = std::to_string(streak) + " bad steps in a row (steps " +
+                           std::to_string(step + 2 - streak) + " to " +
+                           std::to_string(step + 1) + ", global batches " +
+                           skip_list_text(bad_batches) + "; train.max_bad_steps = " +
+                           std::to_string(t.max_bad_steps) + ")";
+  std::string refusal;
+  if (rollbacks_ >= t.max_rollbacks)
+    refusal = "train.max_rollbacks = " + std::to_string(t.max_rollbacks) + " rollbacks taken";
+  else if (latest.empty())
+    refusal = "no committed checkpoint in checkpoint.dir '" + config_.checkpoint.dir + "'";
+  if (!refusal.empty()) {
+    if (log_)
+      log_->write_event("training diverged: " + what + ", and no rollback: " + refusal +
+                            "; exit code 77",
+                        {{"type", "event"}, {"event", "diverged"}, {"step", step + 1},
+                         {"bad_batches", bad_batches}, {"rollbacks", rollbacks_},
+                         {"reason", refusal}});
+    return false;
+  }
+  skipped_batches_ = merged_skip_list(skipped_batches_, bad_batches);
+  ++rollbacks_;
+  guard_.clear_streak();
+  consecutive_skipped_ = 0;
+  load_checkpoint(latest);
+  if (log_)
+    log_->write_event(
+        "rollback " + std::to_string(rollbacks_) + " of at most " +
+            std::to_string(t.max_rollbacks) + ": " + what + "; back to " + latest +
+            " (step " + std::to_string(start_step_) + "), skipping global batches " +
+            skip_list_text(bad_batches) + " from now on",
+        {{"type", "event"}, {"event", "rollback"}, {"step", step + 1}, {"to_step", start_step_},
+         {"checkpoint", latest}, {"bad_batches", bad_batches},
+         {"skipped_batches", skipped_batches_}, {"rollbacks", rollbacks_},
+         {"lr_scale", rollback_lr_factor()}});
+  return true;
 }
 
 void Trainer::init_weights_from(const std::string& path) {

@@ -19,6 +19,7 @@
 #include "optim/grad_sync.hpp"
 #include "pipeline/executor.hpp"
 #include "train/backend.hpp"
+#include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
 #include "train/timeline_trace.hpp"
 
@@ -52,8 +53,10 @@ class SelfGroups {
   std::unique_ptr<Communicator> world_, tensor_, pipeline_, data_, model_, embedding_;
 };
 
-// How a run ended: all steps done, or stopped early (signal, time limit) after a checkpoint.
-enum class RunOutcome { Finished, Stopped };
+// How a run ended: all steps done; stopped early (signal, time limit) after a checkpoint; or
+// diverged: the divergence guard asked for a rollback that could not be taken (no committed
+// checkpoint, or train.max_rollbacks used up).
+enum class RunOutcome { Finished, Stopped, Diverged };
 
 class Trainer {
  public:
@@ -69,7 +72,9 @@ class Trainer {
   // configured. Throws (every rank) when train.max_consecutive_skips steps in a row were
   // skipped for a non-finite gradient norm. Between steps all ranks agree (one all-reduce) whether any rank's stop check
   // fired or train.exit_after_minutes has passed; if so they write a checkpoint and return
-  // Stopped.
+  // Stopped. When train.max_bad_steps steps in a row were bad (the divergence guard), it rolls
+  // back to the last committed checkpoint and goes on from there without the bad steps'
+  // global batches; when it cannot, it returns Diverged (every rank).
   RunOutcome run();
   int64_t start_step() const { return start_step_; }
   // Called on every rank between steps and between evaluation batches; true asks the whole
@@ -129,6 +134,12 @@ class Trainer {
   PipelineExecutor& pipeline() { return *executor_; }
   AdamW& optimizer() { return *optimizer_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  int64_t rollbacks() const { return rollbacks_; }
+  // The run's skip list: train.skip_batches, those of a resumed checkpoint, and the batches of
+  // the bad steps each rollback left out (sorted).
+  const std::vector<int64_t>& skipped_batches() const { return skipped_batches_; }
+  // The global batch index step `step` reads.
+  int64_t batch_of(int64_t step) const { return batch_of_step(step, skipped_batches_); }
   double train_seconds() const { return train_seconds_; }  // in train steps, evaluation excluded
   int64_t steps_run() const { return steps_run_; }          // by run() in this process
   bool is_logging_rank() const { return groups_.world->rank() == 0; }
@@ -147,6 +158,15 @@ class Trainer {
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
   double from_last_stage(double value);
+  // Collective: the rollback after the bad steps up to step `step` (0-based) — the last
+  // committed checkpoint read again, the bad steps' batches added to the skip list, one log
+  // line and one metrics.jsonl record. False (after saying why) when there is no checkpoint
+  // to go back to or train.max_rollbacks rollbacks were taken already.
+  bool roll_back(int64_t step);
+  // Test only: the loss and gradients of a batch in TRIDENT_TEST_CORRUPT_BATCHES times 1000.
+  void corrupt_for_test(int64_t step, double& loss);
+  // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
+  double rollback_lr_factor() const;
   // Host memory holding `n` floats of device memory `data`: the memory itself on the host
   // device, else a copy in `staging` (checkpoints).
   float* host_view(float* data, int64_t n, std::vector<float>& staging);
@@ -176,6 +196,12 @@ class Trainer {
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one
+  DivergenceGuard guard_;
+  std::vector<int64_t> skipped_batches_;  // sorted
+  int64_t rollbacks_ = 0;                 // taken by this run, resumes included
+  // Test only (TRIDENT_TEST_CORRUPT_BATCHES): global batches whose loss and gradients are
+  // multiplied by 1000, a loss spike the guard must catch.
+  std::vector<int64_t> test_corrupt_batches_;
   double train_seconds_ = 0;
   int64_t steps_run_ = 0;
   int64_t start_step_ = 0;

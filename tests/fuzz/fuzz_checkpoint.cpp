@@ -57,7 +57,8 @@ const char* const kRootKeys[] = {
     "format_version", "step", "consumed_samples", "consumed_tokens", "sampler_position",
     "seed", "optimizer_updates", "skipped_steps", "learning_rate_next", "layout", "config",
     "model_layers", "model_heads", "model_width", "model_vocab_size", "model_seq_len",
-    "model_arch", "model_kv_heads", "model_ffn_width", "model_tie_embeddings"};
+    "model_arch", "model_kv_heads", "model_ffn_width", "model_tie_embeddings",
+    "skipped_batches", "rollbacks"};
 
 // An integer near the interesting values: small, negative, or the extremes.
 int64_t fuzzed_int(InputReader& in) {
@@ -114,6 +115,8 @@ bool write_checkpoint(const std::string& path, InputReader& in) {
       else if (k == "model_ffn_width") w.set_attribute("/", k, config.model.ffn_size());
       else if (k == "model_tie_embeddings")
         w.set_attribute("/", k, static_cast<int64_t>(config.model.tie_embeddings));
+      else if (k == "skipped_batches") w.set_attribute("/", k, "[]");
+      else if (k == "rollbacks") w.set_attribute("/", k, int64_t{0});
     }
     if (in.u8() % 8 != 1) w.seal_attributes("/");
     // The datasets of the stored model, each as it should be or not.

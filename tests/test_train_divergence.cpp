@@ -1,0 +1,80 @@
+// The divergence guard's verdicts and the skip list's step -> batch mapping, without a model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "expect_error.hpp"
+#include "train/divergence_guard.hpp"
+
+using namespace trident;
+
+TEST(DivergenceGuard, NonFiniteNormIsBadWhateverTheSettings) {
+  const DivergenceGuard off({0, 4, 0});
+  EXPECT_TRUE(off.is_bad(2.0, std::numeric_limits<double>::quiet_NaN()));
+  EXPECT_TRUE(off.is_bad(2.0, std::numeric_limits<double>::infinity()));
+  EXPECT_FALSE(off.is_bad(1e9, 1.0)) << "spike_factor 0: losses are not checked";
+}
+
+TEST(DivergenceGuard, SpikeAgainstTheMedianOfAFullWindow) {
+  DivergenceGuard g({3.0, 4, 2});
+  for (double loss : {5.0, 4.0, 6.0}) {
+    EXPECT_FALSE(g.is_bad(1000.0, 1.0)) << "window not full yet: no reference";
+    g.record(loss, false);
+  }
+  g.record(5.5, false);
+  EXPECT_DOUBLE_EQ(g.median(), 5.25);  // of 4, 5, 5.5, 6
+  EXPECT_FALSE(g.is_bad(15.75, 1.0)) << "equal to 3 x the median is not above it";
+  EXPECT_TRUE(g.is_bad(15.76, 1.0));
+  EXPECT_TRUE(g.is_bad(std::numeric_limits<double>::quiet_NaN(), 1.0));
+  // The window slides over good steps only: the oldest (5) leaves.
+  g.record(2.0, false);
+  EXPECT_DOUBLE_EQ(g.median(), 4.75);  // of 2, 4, 5.5, 6
+}
+
+TEST(DivergenceGuard, ConsecutiveBadStepsAskForARollback) {
+  DivergenceGuard g({3.0, 1, 2});
+  g.record(1.0, true);
+  EXPECT_FALSE(g.rollback_due());
+  g.record(1.0, false);  // a good step ends the streak
+  EXPECT_EQ(g.bad_streak(), 0);
+  g.record(1.0, true);
+  g.record(1.0, true);
+  EXPECT_TRUE(g.rollback_due());
+  g.clear_streak();
+  EXPECT_FALSE(g.rollback_due());
+  DivergenceGuard never({3.0, 1, 0});
+  for (int i = 0; i < 100; ++i) never.record(1.0, true);
+  EXPECT_FALSE(never.rollback_due()) << "max_bad_steps 0: no rollback";
+}
+
+TEST(SkipList, StepReadsTheStepthBatchNotSkipped) {
+  const std::vector<int64_t> none, skips = {0, 7, 8, 20};
+  for (int64_t s = 0; s < 30; ++s) EXPECT_EQ(batch_of_step(s, none), s);
+  const int64_t expected[] = {1, 2, 3, 4, 5, 6, 9, 10};  // steps 0..7
+  for (int64_t s = 0; s < 8; ++s) EXPECT_EQ(batch_of_step(s, skips), expected[s]) << s;
+  EXPECT_EQ(batch_of_step(16, skips), 19);
+  EXPECT_EQ(batch_of_step(17, skips), 21);
+  // Every batch is read once, and never a skipped one.
+  std::vector<int64_t> read;
+  for (int64_t s = 0; s < 26; ++s) read.push_back(batch_of_step(s, skips));
+  for (size_t i = 1; i < read.size(); ++i) EXPECT_LT(read[i - 1], read[i]);
+  for (int64_t b : read)
+    EXPECT_EQ(std::count(skips.begin(), skips.end(), b), 0) << "batch " << b;
+  EXPECT_EQ(read.back(), 29);
+}
+
+TEST(SkipList, MergeBelowTextAndParse) {
+  EXPECT_EQ(merged_skip_list({8, 3}, {3, 1}), (std::vector<int64_t>{1, 3, 8}));
+  EXPECT_EQ(skips_below({1, 3, 8}, 3), (std::vector<int64_t>{1}));
+  EXPECT_EQ(skip_list_text({}), "[]");
+  EXPECT_EQ(skip_list_text({7, 8}), "[7, 8]");
+  EXPECT_EQ(parse_skip_list("[]", "x"), std::vector<int64_t>{});
+  EXPECT_EQ(parse_skip_list("[8, 7,7]", "x"), (std::vector<int64_t>{7, 8}));
+  for (const char* bad : {"", "7", "[", "[-1]", "[1,]", "[1 2]", "[a]", "[99999999999999999999]"})
+    trident::test::expect_one_line_with(
+        trident::test::error_of([&] { parse_skip_list(bad, "skipped_batches"); }),
+        {"skipped_batches = '" + std::string(bad) +
+         "' is not a list of non-negative integers like [7, 8]"});
+}
