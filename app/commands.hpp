@@ -16,6 +16,11 @@ inline constexpr int kExitRequeue = 75;
 void add_config_options(CLI::App& cmd, std::vector<std::string>& configs,
                         std::vector<std::string>& overrides);
 
+struct Config;
+// Each rank gets its share of the node's cores (train.threads > 0: that many), so ranks never
+// oversubscribe them; sets the CPU kernels' thread count and returns it.
+int set_rank_threads(const Config& config, int ranks_per_node);
+
 struct TrainOptions {
   std::vector<std::string> configs;  // layered in order: a later file's values win
   std::vector<std::string> overrides;
@@ -72,5 +77,26 @@ struct ImportOptions {
 void add_import_command(CLI::App& app, ImportOptions& options);
 // Collective: writes the checkpoint (interop/hf_convert.hpp).
 void run_import(const ImportOptions& options);
+
+struct EvalOptions {
+  std::string checkpoint;
+  std::vector<std::string> data;  // one source, or several "WEIGHT:SOURCE" (a blend)
+  int64_t steps = 0;               // 0: the checkpoint's eval.steps
+  bool json = false;
+  std::vector<std::string> overrides;
+};
+void add_eval_command(CLI::App& app, EvalOptions& options);
+// Collective: loss and perplexity of a checkpoint on a dataset, through the trainer's
+// evaluation (Trainer::evaluate); rank 0 prints them.
+void run_eval(const EvalOptions& options);
+
+struct TokenizeOptions {
+  std::string tokenizer;  // tokenizer.json; "": the byte-level vocabulary
+  bool decode = false;
+  bool lines = false;  // each line a text of its own
+};
+void add_tokenize_command(CLI::App& app, TokenizeOptions& options);
+// Rank 0: stdin -> stdout (tokenizer/bpe_tokenizer.hpp).
+void run_tokenize(const TokenizeOptions& options);
 
 }  // namespace trident

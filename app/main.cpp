@@ -5,6 +5,8 @@
 //   trident config --config FILE [--config FILE ...] [--set section.key=value ...]
 //   trident export --format hf CKPT OUT_DIR [--dtype f32|bf16] [--max-shard-size 5GB]
 //   trident import --format hf IN_DIR OUT.h5 [--seq-len N]
+//   trident eval --ckpt FILE --data SOURCE [--data ...] [--steps N] [--json] [--set k=v ...]
+//   trident tokenize [--tokenizer tokenizer.json] [--decode]
 // export/import convert to and from Hugging Face transformers directories (docs/interop.md).
 #include <mpi.h>
 
@@ -94,6 +96,10 @@ int main(int argc, char** argv) {
   trident::add_export_command(app, export_options);
   trident::ImportOptions import_options;
   trident::add_import_command(app, import_options);
+  trident::EvalOptions eval_options;
+  trident::add_eval_command(app, eval_options);
+  trident::TokenizeOptions tokenize_options;
+  trident::add_tokenize_command(app, tokenize_options);
 
   try {
     app.parse(argc, argv);
@@ -120,6 +126,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("config")) trident::run_config(config_options);
     if (app.got_subcommand("export")) trident::run_export(export_options);
     if (app.got_subcommand("import")) trident::run_import(import_options);
+    if (app.got_subcommand("eval")) trident::run_eval(eval_options);
+    if (app.got_subcommand("tokenize")) trident::run_tokenize(tokenize_options);
   } catch (const trident::Error& e) {
     fail(e.what());
   } catch (const std::exception& e) {
