@@ -90,6 +90,21 @@ void add_eval_command(CLI::App& app, EvalOptions& options);
 // evaluation (Trainer::evaluate); rank 0 prints them.
 void run_eval(const EvalOptions& options);
 
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string tokenizer;  // "": the byte-level vocabulary
+  std::string prompt, prompt_file;
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: no limit
+  double top_p = 1.0;
+  uint64_t seed = 1234;
+  bool prompt_loss = false;
+};
+void add_generate_command(CLI::App& app, GenerateOptions& options);
+// One rank: prompt, then sampled tokens streamed to standard output.
+void run_generate(const GenerateOptions& options);
+
 struct TokenizeOptions {
   std::string tokenizer;  // tokenizer.json; "": the byte-level vocabulary
   bool decode = false;

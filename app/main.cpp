@@ -7,6 +7,7 @@
 //   trident import --format hf IN_DIR OUT.h5 [--seq-len N]
 //   trident eval --ckpt FILE --data SOURCE [--data ...] [--steps N] [--json] [--set k=v ...]
 //   trident tokenize [--tokenizer tokenizer.json] [--decode]
+//   trident generate --ckpt FILE [--tokenizer FILE] --prompt TEXT [--max-new-tokens N] ...
 // export/import convert to and from Hugging Face transformers directories (docs/interop.md).
 #include <mpi.h>
 
@@ -98,6 +99,8 @@ int main(int argc, char** argv) {
   trident::add_import_command(app, import_options);
   trident::EvalOptions eval_options;
   trident::add_eval_command(app, eval_options);
+  trident::GenerateOptions generate_options;
+  trident::add_generate_command(app, generate_options);
   trident::TokenizeOptions tokenize_options;
   trident::add_tokenize_command(app, tokenize_options);
 
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("export")) trident::run_export(export_options);
     if (app.got_subcommand("import")) trident::run_import(import_options);
     if (app.got_subcommand("eval")) trident::run_eval(eval_options);
+    if (app.got_subcommand("generate")) trident::run_generate(generate_options);
     if (app.got_subcommand("tokenize")) trident::run_tokenize(tokenize_options);
   } catch (const trident::Error& e) {
     fail(e.what());
