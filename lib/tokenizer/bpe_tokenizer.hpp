@@ -7,7 +7,6 @@
 // docs/tokenizer.md lists what of tokenizer.json is supported; anything else is refused with
 // one line naming the file and the field.
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
