@@ -182,6 +182,12 @@ TEST(Bpe, RefusesWhatItCannotRun) {
   json wordpiece = tiny_tokenizer({}, json::array());
   wordpiece["model"]["type"] = "WordPiece";
   EXPECT_NE(message(wordpiece).find("model type 'WordPiece'"), std::string::npos);
+  json clash = tiny_tokenizer({}, json::array());
+  clash["added_tokens"] = json::array(
+      {{{"id", 97}, {"content", "<x>"}, {"special", true}, {"single_word", false},
+        {"lstrip", false}, {"rstrip", false}, {"normalized", false}}});
+  EXPECT_NE(message(clash).find("added token '<x>' has id 97, which already stands for"),
+            std::string::npos);
   json bad_regex = tiny_tokenizer({}, json::array());
   bad_regex["pre_tokenizer"] = {
       {"type", "Sequence"},

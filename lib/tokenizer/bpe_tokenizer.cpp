@@ -335,7 +335,13 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
       t.bytes_to_id_[bytes] = id;
       set_id(id, bytes);
     }
-    for (const AddedToken& a : t.added_) set_id(a.id, a.content);
+    // An id stands for one string, or decoding could not give the text back.
+    for (const AddedToken& a : t.added_) {
+      if (a.id < t.vocab_size() && t.id_used_[a.id] && t.id_to_bytes_[a.id] != a.content)
+        throw Error(source + ": added token '" + a.content + "' has id " + std::to_string(a.id) +
+                    ", which already stands for another token");
+      set_id(a.id, a.content);
+    }
     for (int b = 0; b < 256; ++b)
       if (!t.bytes_to_id_.count(std::string(1, static_cast<char>(b))))
         throw Error(source + ": the vocabulary has no token for byte " + std::to_string(b) +
