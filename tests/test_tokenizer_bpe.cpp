@@ -188,6 +188,15 @@ TEST(Bpe, RefusesWhatItCannotRun) {
         {"lstrip", false}, {"rstrip", false}, {"normalized", false}}});
   EXPECT_NE(message(clash).find("added token '<x>' has id 97, which already stands for"),
             std::string::npos);
+  // Found by fuzz_tokenizer (corpus float_id, duplicate_id).
+  json float_id = tiny_tokenizer({}, json::array());
+  float_id["model"]["vocab"]["a"] = 3.3e128;
+  EXPECT_NE(message(float_id).find("vocab entry 'a' has id 3.3e+128 (ids are integers"),
+            std::string::npos) << message(float_id);
+  json duplicate_id = tiny_tokenizer({}, json::array());
+  duplicate_id["model"]["vocab"][byte_char(0xDE)] = 'o';
+  EXPECT_NE(message(duplicate_id).find("has id 111, which already stands for another token"),
+            std::string::npos) << message(duplicate_id);
   json bad_regex = tiny_tokenizer({}, json::array());
   bad_regex["pre_tokenizer"] = {
       {"type", "Sequence"},

@@ -91,6 +91,17 @@ std::string string_field(const json& object, const char* key) {
   return object[key].get<std::string>();
 }
 
+// Ids index the decode table: an integer in [0, kMaxTokenId) (2^24, far above any real
+// vocabulary), else refused before anything that large is allocated.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+int32_t token_id_value(const json& value, const std::string& source, const std::string& what) {
+  if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+      value.get<int64_t>() >= kMaxTokenId)
+    throw Error(source + ": " + what + " has id " + value.dump() +
+                " (ids are integers in [0, 2^24))");
+  return static_cast<int32_t>(value.get<int64_t>());
+}
+
 bool bool_field(const json& object, const char* key, bool fallback) {
   if (!object.contains(key) || object[key].is_null()) return fallback;
   return object[key].get<bool>();
@@ -102,7 +113,7 @@ bool bool_field(const json& object, const char* key, bool fallback) {
 // and the text between them in order, as HF's Split with behaviour "Isolated" does.
 class PieceSplitter {
  public:
-  PieceSplitter(const std::string& pattern, const std::string& source) {
+  PieceSplitter(const std::string& pattern, const std::string& source) : source_(source) {
     int error = 0;
     PCRE2_SIZE offset = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -144,7 +155,7 @@ class PieceSplitter {
         release();
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(rc, message, sizeof message);
-        throw Error(std::string("tokenizer: pre_tokenizer regex failed: ") +
+        throw Error(source_ + ": pre_tokenizer regex failed on the text: " +
                     reinterpret_cast<const char*>(message));
       }
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
@@ -164,6 +175,7 @@ class PieceSplitter {
   }
 
  private:
+  std::string source_;
   pcre2_code* code_ = nullptr;
   bool jit_ = false;
 };
@@ -263,7 +275,8 @@ void read_post_processor(const json& p, const std::string& source, std::vector<i
       throw Error(source + ": post_processor template token '" + name +
                   "' is not in its special_tokens");
     for (const json& id : special[name].at("ids"))
-      (seen_sequence ? suffix : prefix).push_back(id.get<int32_t>());
+      (seen_sequence ? suffix : prefix)
+          .push_back(token_id_value(id, source, "post_processor token '" + name + "'"));
   }
   if (!seen_sequence)
     throw Error(source + ": post_processor single template has no Sequence A");
@@ -297,13 +310,14 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
     std::unordered_map<std::string, int32_t> added_ids;
     if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
       for (const json& a : root["added_tokens"]) {
-        AddedToken token{a.at("content").get<std::string>(), a.at("id").get<int32_t>()};
+        const std::string content = a.at("content").get<std::string>();
+        AddedToken token{content, token_id_value(a.at("id"), source,
+                                                 "added token '" + content + "'")};
         for (const char* flag : {"single_word", "lstrip", "rstrip"})
           if (bool_field(a, flag, false))
             throw Error(source + ": added token '" + token.content + "' has " + flag +
                         " = true (not supported)");
-        if (token.content.empty() || token.id < 0)
-          throw Error(source + ": added token with empty content or negative id");
+        if (token.content.empty()) throw Error(source + ": added token with empty content");
         added_ids[token.content] = token.id;
         t.added_.push_back(token);
       }
@@ -313,35 +327,30 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
                        return a.content.size() > b.content.size();
                      });
 
-    int32_t max_id = -1;
-    const auto set_id = [&](int32_t id, const std::string& bytes) {
-      if (id < 0) throw Error(source + ": negative id " + std::to_string(id));
-      if (id >= static_cast<int32_t>(t.id_to_bytes_.size())) {
+    // An id stands for one string, or decoding could not give the text back.
+    const auto set_id = [&](int32_t id, const std::string& bytes, const std::string& what) {
+      if (id >= t.vocab_size()) {
         t.id_to_bytes_.resize(id + 1);
         t.id_used_.resize(id + 1, false);
       }
+      if (t.id_used_[id] && t.id_to_bytes_[id] != bytes)
+        throw Error(source + ": " + what + " has id " + std::to_string(id) +
+                    ", which already stands for another token");
       t.id_to_bytes_[id] = bytes;
       t.id_used_[id] = true;
-      max_id = std::max(max_id, id);
     };
     std::string bytes;
     for (const auto& [token, value] : model.at("vocab").items()) {
-      const int32_t id = value.get<int32_t>();
+      const int32_t id = token_id_value(value, source, "vocab entry '" + token + "'");
       if (!byte_level_to_bytes(token, bytes)) {
         if (added_ids.count(token)) continue;  // e.g. "<|endoftext|>" in the vocab
         throw Error(source + ": vocab entry '" + token + "' (id " + std::to_string(id) +
                     ") is not byte-level text (characters outside GPT-2's byte alphabet)");
       }
       t.bytes_to_id_[bytes] = id;
-      set_id(id, bytes);
+      set_id(id, bytes, "vocab entry '" + token + "'");
     }
-    // An id stands for one string, or decoding could not give the text back.
-    for (const AddedToken& a : t.added_) {
-      if (a.id < t.vocab_size() && t.id_used_[a.id] && t.id_to_bytes_[a.id] != a.content)
-        throw Error(source + ": added token '" + a.content + "' has id " + std::to_string(a.id) +
-                    ", which already stands for another token");
-      set_id(a.id, a.content);
-    }
+    for (const AddedToken& a : t.added_) set_id(a.id, a.content, "added token '" + a.content + "'");
     for (int b = 0; b < 256; ++b)
       if (!t.bytes_to_id_.count(std::string(1, static_cast<char>(b))))
         throw Error(source + ": the vocabulary has no token for byte " + std::to_string(b) +
