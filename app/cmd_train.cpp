@@ -56,13 +56,6 @@ int stop_exit_code(const Config& config) {
   return 128 + (g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM);
 }
 
-int cores_available() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return CPU_COUNT(&set);
-}
-
 void print_figures(const Config& c, int world_size, int threads) {
   const int64_t params = parameter_count(c.model);
   const double flops =
@@ -152,6 +145,16 @@ class JobWatchdog {
 
 }  // namespace
 
+int set_rank_threads(const Config& config, int ranks_per_node) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads)
+                                               : std::max(1, cores / std::max(1, ranks_per_node));
+  cpu::set_num_threads(threads);
+  return threads;
+}
+
 int run_train(const TrainOptions& options) {
   std::signal(SIGUSR1, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -178,10 +181,7 @@ int run_train(const TrainOptions& options) {
   JobWatchdog watchdog(grid, config);
 
   // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
-  const int threads = config.train.threads > 0
-                          ? static_cast<int>(config.train.threads)
-                          : std::max(1, cores_available() / std::max(1, grid.ranks_per_node()));
-  cpu::set_num_threads(threads);
+  const int threads = set_rank_threads(config, grid.ranks_per_node());
   const bool lead = grid.rank() == 0;
   if (lead) {
     write_resolved_config(config);
@@ -228,7 +228,16 @@ int run_train(const TrainOptions& options) {
   } else {
     if (lead && options.resume == "auto")
       std::printf("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
-    if (!config.train.init_from.empty()) trainer.init_weights_from(config.train.init_from);
+    if (!config.train.init_from.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t written_at = trainer.init_weights_from(config.train.init_from);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (lead)
+        std::printf("weights initialised from %s (train.init_from; written at step %lld): "
+                    "step 0, fresh optimizer state, in %.3f s\n",
+                    config.train.init_from.c_str(), static_cast<long long>(written_at), seconds);
+    }
   }
   std::fflush(stdout);
   if (stopped_in_start_up("before the first step")) return stop_exit_code(config);

@@ -20,6 +20,11 @@ inline constexpr int kExitDiverged = 77;
 void add_config_options(CLI::App& cmd, std::vector<std::string>& configs,
                         std::vector<std::string>& overrides);
 
+struct Config;
+// Each rank gets its share of the node's cores (train.threads > 0: that many), so ranks never
+// oversubscribe them; sets the CPU kernels' thread count and returns it.
+int set_rank_threads(const Config& config, int ranks_per_node);
+
 struct TrainOptions {
   std::vector<std::string> configs;  // layered in order: a later file's values win
   std::vector<std::string> overrides;
@@ -103,5 +108,41 @@ struct BenchHwOptions {
 void add_bench_hw_command(CLI::App& app, BenchHwOptions& options);
 // Collective: every rank measures; rank 0 writes options.out.
 void run_bench_hw(const BenchHwOptions& options);
+
+struct EvalOptions {
+  std::string checkpoint;
+  std::vector<std::string> data;  // one source, or several "WEIGHT:SOURCE" (a blend)
+  int64_t steps = 0;               // 0: the checkpoint's eval.steps
+  bool json = false;
+  std::vector<std::string> overrides;
+};
+void add_eval_command(CLI::App& app, EvalOptions& options);
+// Collective: loss and perplexity of a checkpoint on a dataset, through the trainer's
+// evaluation (Trainer::evaluate); rank 0 prints them.
+void run_eval(const EvalOptions& options);
+
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string tokenizer;  // "": the byte-level vocabulary
+  std::string prompt, prompt_file;
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: no limit
+  double top_p = 1.0;
+  uint64_t seed = 1234;
+  bool prompt_loss = false;
+};
+void add_generate_command(CLI::App& app, GenerateOptions& options);
+// One rank: prompt, then sampled tokens streamed to standard output.
+void run_generate(const GenerateOptions& options);
+
+struct TokenizeOptions {
+  std::string tokenizer;  // tokenizer.json; "": the byte-level vocabulary
+  bool decode = false;
+  bool lines = false;  // each line a text of its own
+};
+void add_tokenize_command(CLI::App& app, TokenizeOptions& options);
+// Rank 0: stdin -> stdout (tokenizer/bpe_tokenizer.hpp).
+void run_tokenize(const TokenizeOptions& options);
 
 }  // namespace trident

@@ -7,6 +7,9 @@
 //   trident import --format hf IN_DIR OUT.h5 [--seq-len N]
 //   trident plan --config FILE --hardware HW.toml --nodes N [--top K] [--json] [--layout ...]
 //   trident bench-hw --out HW.toml [--ranks N]
+//   trident eval --ckpt FILE --data SOURCE [--data ...] [--steps N] [--json] [--set k=v ...]
+//   trident tokenize [--tokenizer tokenizer.json] [--decode]
+//   trident generate --ckpt FILE [--tokenizer FILE] --prompt TEXT [--max-new-tokens N] ...
 // export/import convert to and from Hugging Face transformers directories (docs/interop.md).
 #include <mpi.h>
 
@@ -108,6 +111,12 @@ int main(int argc, char** argv) {
   trident::add_plan_command(app, plan_options);
   trident::BenchHwOptions bench_hw_options;
   trident::add_bench_hw_command(app, bench_hw_options);
+  trident::EvalOptions eval_options;
+  trident::add_eval_command(app, eval_options);
+  trident::GenerateOptions generate_options;
+  trident::add_generate_command(app, generate_options);
+  trident::TokenizeOptions tokenize_options;
+  trident::add_tokenize_command(app, tokenize_options);
 
   try {
     app.parse(argc, argv);
@@ -136,6 +145,9 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("import")) trident::run_import(import_options);
     if (app.got_subcommand("plan")) trident::run_plan(plan_options);
     if (app.got_subcommand("bench-hw")) trident::run_bench_hw(bench_hw_options);
+    if (app.got_subcommand("eval")) trident::run_eval(eval_options);
+    if (app.got_subcommand("generate")) trident::run_generate(generate_options);
+    if (app.got_subcommand("tokenize")) trident::run_tokenize(tokenize_options);
   } catch (const trident::CommTimeoutError& e) {
     fail(e.what(), trident::kCommTimeoutExitCode);
   } catch (const trident::Error& e) {

@@ -16,12 +16,14 @@ build_packages=(
   libmpich-dev mpich
   libhdf5-mpich-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
+  libpcre2-dev                          # the tokenizer's pre-tokenizer regexes (lib/tokenizer)
   python3 python3-venv python3-pip
 )
 test_packages=(
   libgtest-dev hdf5-tools python3-numpy python3-h5py
   slurmctld slurmd slurm-client munge   # the one-node Slurm cluster of tests/slurm
   clang libclang-rt-dev                 # the libFuzzer targets of tests/fuzz
+  fortunes                              # the corpus of the tokenizer tests (tests/tools)
 )
 packages=("${build_packages[@]}" "${test_packages[@]}")
 # PyPI, pinned: tokenizers (data_tools/prepare_text.py); safetensors and tensorboard, the

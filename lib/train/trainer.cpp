@@ -122,7 +122,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
         [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
                     static_cast<double>(config.tokens_per_step());
-  if (is_logging_rank()) {
+  // An empty log.dir: no metrics log (`trident eval` builds a trainer that never trains).
+  if (is_logging_rank() && !config.log.dir.empty()) {
     log_ = std::make_unique<MetricsLog>(config.log.dir);
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
   }
@@ -635,8 +636,7 @@ bool Trainer::roll_back(int64_t step) {
   return true;
 }
 
-void Trainer::init_weights_from(const std::string& path) {
-  const auto t0 = std::chrono::steady_clock::now();
+int64_t Trainer::init_weights_from(const std::string& path) {
   StageModel& model = *model_;
   CheckpointReader reader(path, groups_.mpi_world, checkpoint_reader_options());
   const CheckpointMeta meta = check_checkpoint(reader);
@@ -663,14 +663,7 @@ void Trainer::init_weights_from(const std::string& path) {
   reader.close();  // verifies the checksums and values of everything read, on every rank
   if (!device().is_host()) device().from_host(model.weights(), weights, wn * 4);
   model.weights_changed();
-  if (is_logging_rank()) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("weights initialised from %s (train.init_from; written at step %lld): "
-                "step 0, fresh optimizer state, in %.3f s\n",
-                path.c_str(), static_cast<long long>(meta.step), seconds);
-    std::fflush(stdout);
-  }
+  return meta.step;
 }
 
 }  // namespace trident

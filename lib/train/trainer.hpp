@@ -95,8 +95,8 @@ class Trainer {
   // imported one too) in place of the random init; the step counter, optimizer state and data
   // order stay fresh. Runs check_checkpoint and refuses a checkpoint whose stored model
   // differs from the config's, naming the first differing key and both values; its weights
-  // must be intact (checksums) and finite.
-  void init_weights_from(const std::string& path);
+  // must be intact (checksums) and finite. Returns the step the checkpoint was written at.
+  int64_t init_weights_from(const std::string& path);
   // One optimizer step (0-based `step`): forward_backward, then apply_update.
   StepMetrics train_step(int64_t step);
   // Gradients of the global batch of `step`, averaged over micro-batches and replicas (left in

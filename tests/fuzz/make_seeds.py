@@ -130,6 +130,68 @@ put("safetensors", "newline_in_name", safetensors([], pad=True,
 put("safetensors", "not_json", safetensors([], raw_header='{"a": [1, 2'))
 
 
+# ---- tokenizer: tokenizer.json, a NUL byte, the text to encode (fuzz_tokenizer.cpp).
+def byte_alphabet():
+    """GPT-2's bytes_to_unicode: the character each byte stands for in a byte-level vocab."""
+    printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or b >= 174]
+    chars, extra = {}, 256
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(extra)
+            extra += 1
+    return chars
+
+
+def tokenizer(pre_tokenizer, merges, extra=(), added=(), post=None, ignore_merges=False):
+    vocab = {c: b for b, c in byte_alphabet().items()}
+    for token in extra:
+        vocab[token] = len(vocab)
+    return json.dumps({
+        "version": "1.0", "normalizer": None, "pre_tokenizer": pre_tokenizer,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for c, i in added],
+        "post_processor": post, "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges,
+                  "vocab": vocab, "merges": merges}}, ensure_ascii=False)
+
+
+GPT2_PRE = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+            "use_regex": True}
+LLAMA_PRE = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?"
+                                           r"\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                                           r"\s*[\r\n]+|\s+(?!\S)|\s+"},
+     "behavior": "Isolated", "invert": False},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+TEXT = "Hello world, it's 2024! \u00e9\u00e8 \u4e16\u754c \U0001F600\n\tdone  "
+put("tokenizer", "gpt2_strings", tokenizer(GPT2_PRE, ["\u0120 w", "o r", "\u0120w or"],
+                                           ["\u0120w", "or", "\u0120wor"],
+                                           [("<|endoftext|>", 259)]) + "\0" + TEXT
+    + "<|endoftext|>")
+put("tokenizer", "llama_arrays_template", tokenizer(
+    LLAMA_PRE, [["l", "l"], ["e", "ll"]], ["ll", "ell"], [("<|begin_of_text|>", 258)],
+    post={"type": "TemplateProcessing",
+          "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}}],
+          "pair": [], "special_tokens": {"<|begin_of_text|>": {
+              "id": "<|begin_of_text|>", "ids": [258], "tokens": ["<|begin_of_text|>"]}}},
+    ignore_merges=True) + "\0" + TEXT)
+put("tokenizer", "invalid_utf8", tokenizer(GPT2_PRE, []).encode() + b"\0abc\xff\xfe")
+put("tokenizer", "bad_merge", tokenizer(GPT2_PRE, ["x y"]) + "\0xy")
+# Found by the target's first run: an id of 3.3e128 (UB converting it to int) and two vocab
+# entries sharing an id (decode gave the other one back).
+put("tokenizer", "float_id", tokenizer(GPT2_PRE, []).replace('"a": 97', '"a": 3.3e128')
+    + "\0abc")
+put("tokenizer", "duplicate_id", tokenizer(GPT2_PRE, []).replace('"\u00de": 222', '"\u00de": 111')
+    + "\0Hello world")
+put("tokenizer", "not_json", '{"model": {"type": "BPE", "vocab": {"a": 0}\0a')
+
+
 # ---- checkpoint: bytes that steer what a valid HDF5 checkpoint holds (fuzz_checkpoint.cpp):
 # config op, step, one op per root attribute (20), seal op, one op per dataset, extra, tamper.
 def checkpoint(config_op=0, step=3, attribute_ops=(), seal=0, dataset_ops=(), tail=b""):
