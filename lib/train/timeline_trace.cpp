@@ -16,20 +16,6 @@ namespace {
 
 std::string quoted(const std::string& text) { return nlohmann::json(text).dump(); }
 
-const char* op_kind_name(PipeOpKind kind) {
-  switch (kind) {
-    case PipeOpKind::RecvForward: return "RF";
-    case PipeOpKind::Forward: return "F";
-    case PipeOpKind::SendForward: return "SF";
-    case PipeOpKind::RecvBackward: return "RB";
-    case PipeOpKind::Backward: return "B";
-    case PipeOpKind::SendBackward: return "SB";
-    case PipeOpKind::BackwardInput: return "BI";
-    case PipeOpKind::BackwardWeight: return "W";
-  }
-  return "?";
-}
-
 void check_mpi(int rc, const char* call) {
   if (rc != MPI_SUCCESS) throw Error(std::string("timeline trace: ") + call + " failed");
 }
@@ -118,7 +104,7 @@ void TimelineTrace::add(std::string name, std::string category, Clock::time_poin
 
 void TimelineTrace::add_op(const PipeOp& op, Clock::time_point start, Clock::time_point end) {
   add(to_string(op), "pipeline", start, end,
-      std::string("\"kind\":\"") + op_kind_name(op.kind) +
+      std::string("\"kind\":\"") + to_string(op.kind) +
           "\",\"micro\":" + std::to_string(op.micro) + ",\"chunk\":" + std::to_string(op.chunk));
 }
 
