@@ -49,6 +49,7 @@ def run(ranks, sets, name):
     if out.returncode != 0:
         sys.exit("trident failed (%s):\n%s%s" % (" ".join(cmd), out.stdout, out.stderr))
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = [r for r in rows if "type" not in r]  # step rows only
     return out.stdout, rows
 
 

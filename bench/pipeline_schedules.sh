@@ -47,6 +47,7 @@ summarise() {
   "$PYTHON" - "$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "type" not in r]  # step rows only
 rows = [r for r in rows if r["step"] > 2] or rows
 ms = statistics.median(r["ms_per_step"] for r in rows)
 bubble = statistics.mean(statistics.mean(r["pipeline_bubble"]) for r in rows)

@@ -50,6 +50,7 @@ timeout 1800 mpiexec -n 2 build/app/trident train "${common[@]}" --set parallel.
 /usr/bin/python3 - "$run/metrics.jsonl" "$corpus/stats.json" "$switch" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in rows if "type" not in r]  # step rows (not straggler or rollback records)
 switch = int(sys.argv[3])
 before = [r for r in rows if r["step"] <= switch][-1]
 after = [r for r in rows if r["step"] > switch][0]

@@ -123,17 +123,19 @@ st_out() { echo "$ST_TMP/out/$1-$2.out"; }  # NAME JOBID
 
 # The raw JSON text of `loss` on the last line of RUN_DIR/metrics.jsonl (no float round trip:
 # the comparison is bitwise in the text trident wrote).
+# Step rows only: records with a "type" (straggler reports, rollback events) are skipped.
+st_step_rows() { grep '"step"' "$1/metrics.jsonl" 2>/dev/null | grep -v '"type"'; }
 st_last_loss() {
   local line
-  line=$(grep -v '^[[:space:]]*$' "$1/metrics.jsonl" 2>/dev/null | tail -n1)
+  line=$(st_step_rows "$1" | tail -n1)
   sed -n 's/.*"loss"[[:space:]]*:[[:space:]]*\([^,}[:space:]]*\).*/\1/p' <<<"$line"
 }
 st_first_loss() {
   local line
-  line=$(grep -v '^[[:space:]]*$' "$1/metrics.jsonl" 2>/dev/null | head -n1)
+  line=$(st_step_rows "$1" | head -n1)
   sed -n 's/.*"loss"[[:space:]]*:[[:space:]]*\([^,}[:space:]]*\).*/\1/p' <<<"$line"
 }
-st_metric_lines() { local n; n=$(grep -c '"step"' "$1/metrics.jsonl" 2>/dev/null); echo "${n:-0}"; }
+st_metric_lines() { local n; n=$(st_step_rows "$1" | grep -c .); echo "${n:-0}"; }
 
 # The model every scenario trains: tiny, 4 ranks, one thread each (MPICH busy-polls; 2 cores).
 st_train_args() {

@@ -70,7 +70,7 @@ first_resumed=$(sed -n '/restart 1, on/,$p' "$out" | sed -n 's/^step *\([0-9][0-
 st_log "first step of the resumed run: ${first_resumed:-none}"
 [[ $first_resumed == $(( c + 1 )) ]] || st_fail "the resumed run started at step ${first_resumed:-?}, expected $(( c + 1 ))"
 
-last_step=$(grep '"step"' "$run/metrics.jsonl" | tail -n1 | sed -n 's/.*"step"[[:space:]]*:[[:space:]]*\([0-9]*\).*/\1/p')
+last_step=$(st_step_rows "$run" | tail -n1 | sed -n 's/.*"step"[[:space:]]*:[[:space:]]*\([0-9]*\).*/\1/p')
 [[ $last_step == "$steps" ]] || st_fail "the last logged step is ${last_step:-?}, expected $steps"
 loss=$(st_last_loss "$run")
 st_log "final loss: interrupted + resumed $loss, reference $ref_loss"
