@@ -212,8 +212,9 @@ void add_latencies(const std::vector<Timed>& ops, std::vector<double> out[2]) {
 
 constexpr int64_t kSteps = 4;  // the first is a warmup, not measured
 
-// Widths large enough that the ops take milliseconds to tens of milliseconds (interleaved:
-// 4 chunks of one layer, half a stage's work each).
+// Sizes large enough that the ops take 10-50 ms (interleaved: 4 chunks of one layer, half a
+// stage's work each): with ops of a few ms, a message's latency on a loaded machine (1-2 ms,
+// twice as many messages under interleaved) outweighs what interleaving saves.
 BubbleResult measure_bubble(const std::string& schedule) {
   const auto dir = shared_corpus("timeline_trace");
   std::vector<std::string> options = schedule_options(schedule);
@@ -294,7 +295,7 @@ BubbleResult measure_bubble(const std::string& schedule) {
 // The measured bubble may differ from the simulated one by this much (absolute fraction of the
 // pipeline's time). What the simulator leaves out: the spread of op times around their means
 // (on a loaded 2-core machine an op is preempted for whole scheduler ticks, 4 ms against ops
-// of 3-20 ms) and of the message latency, and the receive and send ops' own time. Observed on
+// of 10-50 ms) and of the message latency, and the receive and send ops' own time. Observed on
 // the 2-core development machine under load: differences up to 0.045 over repeated runs. The
 // schedules differ by more: 0.20 (1F1B, GPipe) against 0.11 (interleaved, v = 2) and 0.08
 // (ZB-H1) in theory.
