@@ -9,7 +9,7 @@ Reads RUN_DIR/trace.json (Chrome trace-event JSON, docs/pipeline.md "Timeline tr
 writes a PNG (default: timeline.png next to the trace): one row per rank, named as its track
 ((tp, pp, dp) coordinates), the slices coloured by kind (F, B, BI, W, pipeline transfers,
 communicator calls, optimizer, checkpoint) with the micro-batch number written in each compute
-slice; communicator calls are drawn as a thin strip under the ops that made them.
+slice (and, under the interleaved schedule, its chunk: "3:1"); communicator calls are drawn as a thin strip under the ops that made them.
 
 Prints, per traced step and pipeline stage, the measured bubble: the idle fraction of the
 step's pipeline span, 1 - (the stage's compute time: F, B, BI, W) / span, the span running
@@ -130,7 +130,9 @@ def draw(names, slices, out, title):
         ax.broken_barh([(x, w)], (y - 0.35, 0.6), facecolors=COLOURS[kind],
                        edgecolor="white", linewidth=0.3)
         if kind in COMPUTE and micro is not None and w > (end - origin) / 400:
-            ax.text(x + w / 2, y - 0.05, str(micro), ha="center", va="center", fontsize=6,
+            # Interleaved: the op's chunk after the micro-batch ("F3:1" -> "3:1").
+            label = str(micro) + (":" + name.split(":", 1)[1] if ":" in name else "")
+            ax.text(x + w / 2, y - 0.05, label, ha="center", va="center", fontsize=6,
                     color="white")
     ax.set_yticks(range(len(pids)))
     ax.set_yticklabels([names[p] for p in pids], fontsize=8)

@@ -291,6 +291,41 @@ TEST(pipeline_schedule, PerStageCostsSimulateEachStageAtItsOwnCosts) {
   EXPECT_NE(wrong.error.find("3 stage costs for 2 stages"), std::string::npos) << wrong.error;
 }
 
+// Per-chunk costs: the same costs on every chunk are the per-stage simulation exactly; one chunk
+// twice as slow adds its extra work to its stage's busy time only, and a cost table of the
+// wrong shape is an error.
+TEST(pipeline_schedule, PerChunkCostsSimulateEachChunkAtItsOwnCosts) {
+  const PipeSimCosts unit{1, 2, 0.25, 1};
+  constexpr int kStages = 2, kChunks = 2;
+  constexpr int64_t kMicro = 4;
+  std::vector<std::vector<PipeOp>> ops;
+  for (int s = 0; s < kStages; ++s)
+    ops.push_back(pipeline_schedule(ScheduleKind::Interleaved, s, kStages, kMicro, kChunks));
+  const std::vector<std::vector<PipeSimCosts>> same(kStages,
+                                                     std::vector<PipeSimCosts>(kChunks, unit));
+  const PipeSimResult a = simulate_pipeline_per_chunk(ops, kMicro, same, kChunks);
+  const PipeSimResult b = simulate_pipeline_per_stage(
+      ops, kMicro, std::vector<PipeSimCosts>(kStages, unit), kChunks);
+  ASSERT_TRUE(a.ok && b.ok) << a.error << b.error;
+  EXPECT_EQ(a.makespan, b.makespan);
+  EXPECT_EQ(a.busy, b.busy);
+  std::vector<std::vector<PipeSimCosts>> slow = same;
+  slow[0][1] = PipeSimCosts{2, 4, 0.25, 2};
+  const PipeSimResult r = simulate_pipeline_per_chunk(ops, kMicro, slow, kChunks);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_DOUBLE_EQ(r.busy[0], kMicro * 3.0 + kMicro * 6.0);
+  EXPECT_DOUBLE_EQ(r.busy[1], 2 * kMicro * 3.0);
+  EXPECT_GT(r.makespan, a.makespan);
+  for (const PipeSimInterval& i : r.timeline[0])
+    if (i.op.kind == PipeOpKind::Forward)
+      EXPECT_DOUBLE_EQ(i.end - i.start, i.op.chunk == 1 ? 2.0 : 1.0) << to_string(i.op);
+  const PipeSimResult wrong = simulate_pipeline_per_chunk(
+      ops, kMicro, std::vector<std::vector<PipeSimCosts>>(kStages, {unit}), kChunks);
+  EXPECT_FALSE(wrong.ok);
+  EXPECT_NE(wrong.error.find("stage 0 has 1 chunk costs for 2 chunks"), std::string::npos)
+      << wrong.error;
+}
+
 TEST(pipeline_schedule, PrintsTimelineAndBubbleTable) {
   for (ScheduleKind kind : kKinds) {
     const PipeSimResult r = simulate_pipeline(kind, 4, 8);

@@ -36,18 +36,24 @@ enum Direction { kForward = 0, kBackward = 1 };
 
 class Simulator {
  public:
+  // costs[s][c]: stage s's costs on its chunk c.
   Simulator(const std::vector<std::vector<PipeOp>>& ops, int64_t microbatches,
-            std::vector<PipeSimCosts> costs, int chunks)
-      : ops_(ops), micro_(microbatches), stage_costs_(std::move(costs)),
+            std::vector<std::vector<PipeSimCosts>> costs, int chunks)
+      : ops_(ops), micro_(microbatches), chunk_costs_(std::move(costs)),
         stages_(static_cast<int>(ops.size())), chunks_(chunks) {}
 
   PipeSimResult run() {
     if (stages_ < 1) return fail("no stages to simulate");
-    if (stage_costs_.size() != static_cast<size_t>(stages_))
-      return fail(std::to_string(stage_costs_.size()) + " stage costs for " +
+    if (chunk_costs_.size() != static_cast<size_t>(stages_))
+      return fail(std::to_string(chunk_costs_.size()) + " stage costs for " +
                   std::to_string(stages_) + " stages");
     if (micro_ < 1) return fail("microbatches = " + std::to_string(micro_) + " must be >= 1");
     if (chunks_ < 1) return fail("virtual_stages = " + std::to_string(chunks_) + " must be >= 1");
+    for (int s = 0; s < stages_; ++s)
+      if (chunk_costs_[s].size() != static_cast<size_t>(chunks_))
+        return fail("stage " + std::to_string(s) + " has " +
+                    std::to_string(chunk_costs_[s].size()) + " chunk costs for " +
+                    std::to_string(chunks_) + " chunks");
     next_.assign(stages_, 0);
     clock_.assign(stages_, 0.0);
     in_flight_.assign(stages_, 0);
@@ -148,7 +154,7 @@ class Simulator {
       flag = true;
       return true;
     };
-    const PipeSimCosts& costs = stage_costs_[s];  // this stage's
+    const PipeSimCosts& costs = chunk_costs_[s][op.chunk];  // this stage's, on this chunk
     auto send = [&](std::deque<Message>& to, int to_chunk, bool& flag) {
       if (flag) {
         error = where() + "sent twice";
@@ -250,7 +256,7 @@ class Simulator {
 
   const std::vector<std::vector<PipeOp>>& ops_;
   const int64_t micro_;
-  const std::vector<PipeSimCosts> stage_costs_;  // per stage
+  const std::vector<std::vector<PipeSimCosts>> chunk_costs_;  // [stage][chunk]
   const int stages_;
   const int chunks_;
   std::vector<size_t> next_;
@@ -274,7 +280,16 @@ PipeSimResult simulate_pipeline_per_stage(const std::vector<std::vector<PipeOp>>
                                           int64_t microbatches,
                                           const std::vector<PipeSimCosts>& stage_costs,
                                           int virtual_stages) {
-  return Simulator(stage_ops, microbatches, stage_costs, virtual_stages).run();
+  std::vector<std::vector<PipeSimCosts>> chunk_costs;
+  for (const PipeSimCosts& c : stage_costs)
+    chunk_costs.emplace_back(static_cast<size_t>(std::max(virtual_stages, 0)), c);
+  return Simulator(stage_ops, microbatches, std::move(chunk_costs), virtual_stages).run();
+}
+
+PipeSimResult simulate_pipeline_per_chunk(
+    const std::vector<std::vector<PipeOp>>& stage_ops, int64_t microbatches,
+    const std::vector<std::vector<PipeSimCosts>>& chunk_costs, int virtual_stages) {
+  return Simulator(stage_ops, microbatches, chunk_costs, virtual_stages).run();
 }
 
 PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,

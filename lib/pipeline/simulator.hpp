@@ -59,6 +59,14 @@ PipeSimResult simulate_pipeline_per_stage(const std::vector<std::vector<PipeOp>>
                                           const std::vector<PipeSimCosts>& stage_costs,
                                           int virtual_stages = 1);
 
+// Stage s computing chunk c at chunk_costs[s][c] (a send: at its sender chunk's comm), e.g.
+// the op times a real interleaved run measured per chunk: the chunk holding the embedding or
+// the LM head costs more than the others. As many entries as stages, each with
+// `virtual_stages` chunks' costs.
+PipeSimResult simulate_pipeline_per_chunk(
+    const std::vector<std::vector<PipeOp>>& stage_ops, int64_t microbatches,
+    const std::vector<std::vector<PipeSimCosts>>& chunk_costs, int virtual_stages);
+
 // All stages of one schedule, simulated.
 PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,
                                 const PipeSimCosts& costs = {}, int virtual_stages = 1);

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include "parity.hpp"
+#include "counted_parity.hpp"
 
 namespace trident::test {
 
@@ -16,62 +16,13 @@ inline std::vector<std::string> interleaved(int virtual_stages,
   return o;
 }
 
-// test_parity_llama_np4.cpp's model: 8 query heads of size 4 in 4 kv groups, the head untied.
-inline std::vector<std::string> llama(std::vector<std::string> extra) {
-  std::vector<std::string> o = {"model.arch=llama",  "model.heads=8",
-                                "model.kv_heads=4",  "model.ffn_width=64",
-                                "model.tie_embeddings=false", "model.rope_theta=500.0"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
-// check_parity, counting the gradient elements compared (a comparison of nothing fails).
+// check_counted_parity of an interleaved layout.
 inline void check_interleaved_parity(const ParityLayout& l, std::vector<std::string> extra,
                                      ParityData data = ParityData::Shards) {
-  int world_rank = 0, world_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  const auto dir = shared_corpus("parity_interleaved");
-  const Config config = parity_config(dir, l, extra, data);
-  ASSERT_EQ(config.parallel.schedule, "interleaved");
-  const Reference ref = reference_run(config, kParitySteps);
-  double worst_grad = 0.0, worst_loss = 0.0;
-  int64_t compared = 0;
-  std::string worst_name;
-  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
-    ASSERT_EQ(t.model().chunk_count(), config.parallel.virtual_stages);
-    for (int64_t s = 0; s < kParitySteps; ++s) {
-      const double loss = t.forward_backward(s);
-      if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name, &compared);
-      t.apply_update(s, loss);
-      worst_loss = std::max(worst_loss, std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]));
-    }
-  });
-  EXPECT_LE(worst_grad, 1e-5) << l.name() << ": " << worst_name;
-  EXPECT_LE(worst_loss, 1e-5) << l.name();
-  worst_grad = max_over_world(worst_grad);
-  worst_loss = max_over_world(worst_loss);
-  // Every element of the global model (vocabulary padding excluded) is compared at least once
-  // per layout group (replicated tensors once per tensor rank, data-parallel replicas and the
-  // tied embedding's two copies each).
-  int64_t global = 0;
-  for (const ParamInfo& p : global_parameters(config.model)) {
-    int64_t n = 1;
-    for (const int64_t d : p.global_shape) n *= d;
-    global += n;
-  }
-  int64_t all = compared;
-  MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  const int64_t groups = world_size / config.parallel.world_size();
-  EXPECT_GE(all / groups, global);
-  if (world_rank == 0)
-    std::printf("[ measured ] interleaved v=%lld %s on %s: %lld gradient elements compared "
-                "(%lld global), worst relative error after step 1 %.3e; %lld losses worst "
-                "relative error %.3e (final loss %.6f)\n",
-                static_cast<long long>(config.parallel.virtual_stages), l.name().c_str(),
-                data_name(data), static_cast<long long>(all / groups),
-                static_cast<long long>(global), worst_grad,
-                static_cast<long long>(kParitySteps), worst_loss, ref.losses.back());
+  int64_t found = 0;
+  for (const std::string& o : extra) found += o == "parallel.schedule=interleaved";
+  ASSERT_EQ(found, 1) << "not an interleaved layout";
+  check_counted_parity(l, std::move(extra), data);
 }
 
 }  // namespace trident::test

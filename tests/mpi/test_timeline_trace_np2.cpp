@@ -1,19 +1,20 @@
 // The timeline trace (log.trace) and the measured pipeline bubble, on PP 2 (2 ranks).
 //
 // Trace: a real run of 4 steps (whose metrics.jsonl lines carry pipeline_bubble, 2 stages) tracing
-// steps 2-3 under 1F1B, GPipe and ZB-H1 (4 micro-batches) writes one valid JSON file with one track
-// per rank named with its coordinates, exactly the operations pipeline_schedule() gives each stage
-// in each traced step (names compared in order, so a missing, doubled or reordered op fails),
-// monotone time stamps per track, communicator slices with a group and bytes, and one optimizer
-// slice per traced step.
+// steps 2-3 under 1F1B, GPipe, ZB-H1 and interleaved (v = 2; 4 micro-batches) writes one valid
+// JSON file with one track per rank named with its coordinates, exactly the operations
+// pipeline_schedule() gives each stage in each traced step (names, chunk included, compared in
+// order, so a missing, doubled or reordered op fails), monotone time stamps per track,
+// communicator slices with a group and bytes, and one optimizer slice per traced step.
 //
 // Bubble: the real executor's operations timed by its op observer (steps 2-4 of 4; the median
 // step). Per step the pipeline bubble is 1 - (summed compute time of both stages) / (2 * span),
 // the span running from the first compute op to the last on either stage: the simulator's
-// bubble_fraction(). The simulator driven by each stage's mean measured F, B (BI, W) durations
-// and message latency must agree within kBubbleTolerance, and the schedules must order as
-// theory says: 1F1B above ZB-H1, GPipe not below 1F1B (equal in theory: at p = 2 both idle
-// (p-1)(F+B) per stage). Interleaved 1F1B is not executed on this branch, so not measured.
+// bubble_fraction(). The simulator driven by each stage's (each chunk's) mean measured F, B
+// (BI, W) durations and message latency must agree within kBubbleTolerance, and the schedules
+// must order as theory says: 1F1B above ZB-H1 and above interleaved, GPipe not below 1F1B
+// (equal in theory: at p = 2 both idle (p-1)(F+B) per stage); interleaved against ZB-H1 as the
+// simulator at the measured costs predicts, where it predicts a gap above the tolerance.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -40,14 +41,27 @@ int world_rank() {
 
 constexpr int64_t kMicro = 4;  // global batch 8 in micro-batches of 2
 
+// The schedule's options: interleaved with 2 chunks per stage (4 layers: chunks of one layer).
+std::vector<std::string> schedule_options(const std::string& schedule) {
+  std::vector<std::string> o = {"parallel.schedule=" + schedule};
+  if (schedule == "interleaved") o.push_back("parallel.virtual_stages=2");
+  return o;
+}
+
+int virtual_stages(const std::string& schedule) { return schedule == "interleaved" ? 2 : 1; }
+
 void check_trace(const std::string& schedule) {
   const auto dir = shared_corpus("timeline_trace");
   const auto run_dir = dir / ("run_" + schedule);
-  const Config config =
-      parity_config(dir, {1, 2, 1},
-                    {"parallel.schedule=" + schedule, "train.steps=4", "train.global_batch=8",
-                     "log.trace=true", "log.trace_steps=[2, 3]", "log.dir=" + run_dir.string()});
+  std::vector<std::string> options = schedule_options(schedule);
+  for (const std::string o : {"train.steps=4", "train.global_batch=8", "log.trace=true",
+                              "log.trace_steps=[2, 3]"})
+    options.push_back(o);
+  options.push_back("log.dir=" + run_dir.string());
+  const Config config = parity_config(dir, {1, 2, 1}, options);
   ASSERT_EQ(config.num_microbatches(), kMicro);
+  const int chunks = virtual_stages(schedule);
+  ASSERT_EQ(config.parallel.virtual_stages, chunks);
   on_layout(config, [](Trainer& t, ProcessGrid&) { t.run(); });
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() != 0) return;
@@ -72,8 +86,8 @@ void check_trace(const std::string& schedule) {
   std::map<int, std::map<int64_t, std::vector<std::string>>> ops;  // pid -> step -> names
   std::map<int, double> last_ts;
   std::map<int, int> comm_slices, optimizer_slices;
-  std::map<std::tuple<int, int64_t, int64_t>, std::pair<double, double>>
-      forwards;  // (pid, step, micro)
+  std::map<std::tuple<int, int64_t, int64_t, int>, std::pair<double, double>>
+      forwards;  // (pid, step, micro, chunk)
   for (const auto& e : trace["traceEvents"]) {
     const int pid = e.at("pid").get<int>();
     ASSERT_EQ(e.at("tid").get<int>(), pid) << "one track per rank";
@@ -91,8 +105,8 @@ void check_trace(const std::string& schedule) {
     EXPECT_TRUE(step == 2 || step == 3) << "slice of untraced step " << step;
     if (cat == "pipeline") ops[pid][step].push_back(e.at("name"));
     if (cat == "pipeline" && e["args"].at("kind") == "F")
-      forwards[{pid, step, e["args"].at("micro").get<int64_t>()}] = {ts,
-                                                                     ts + e["dur"].get<double>()};
+      forwards[{pid, step, e["args"].at("micro").get<int64_t>(),
+                e["args"].at("chunk").get<int>()}] = {ts, ts + e["dur"].get<double>()};
     if (cat == "comm") {
       ++comm_slices[pid];
       EXPECT_FALSE(e["args"].at("group").get<std::string>().empty());
@@ -106,7 +120,8 @@ void check_trace(const std::string& schedule) {
   int64_t compared = 0;
   for (int stage = 0; stage < 2; ++stage) {
     std::vector<std::string> expected;
-    for (const PipeOp& op : pipeline_schedule(parse_schedule_kind(schedule), stage, 2, kMicro))
+    for (const PipeOp& op :
+         pipeline_schedule(parse_schedule_kind(schedule), stage, 2, kMicro, chunks))
       expected.push_back(to_string(op));
     ASSERT_EQ(ops[stage].size(), 2u) << "stage " << stage << ": traced steps";
     for (int64_t step : {2, 3}) {
@@ -116,13 +131,16 @@ void check_trace(const std::string& schedule) {
     EXPECT_GT(comm_slices[stage], 0) << "stage " << stage;
     EXPECT_EQ(optimizer_slices[stage], 2) << "stage " << stage;
   }
-  // One time line for both ranks: stage 1 starts a micro-batch's forward after stage 0 ended
-  // its, within 500 us (the clock offsets' error is microseconds; a barrier's exit skew, the origin
-  // before offsets were measured, was milliseconds).
+  // One time line for both ranks: stage 1 starts a micro-batch's forward (of a chunk) after
+  // stage 0 ended its (of the same chunk: virtual stage 2c feeds 2c + 1), within 500 us (the
+  // clock offsets' error is microseconds; a barrier's exit skew, the origin before offsets were
+  // measured, was milliseconds).
   for (int64_t step : {2, 3})
     for (int64_t micro = 0; micro < kMicro; ++micro)
-      EXPECT_GE(forwards.at({1, step, micro}).first, forwards.at({0, step, micro}).second - 500)
-          << "step " << step << " micro " << micro;
+      for (int chunk = 0; chunk < chunks; ++chunk)
+        EXPECT_GE(forwards.at({1, step, micro, chunk}).first,
+                  forwards.at({0, step, micro, chunk}).second - 500)
+            << "step " << step << " micro " << micro << " chunk " << chunk;
   std::printf("[ trace %s ] %lld pipeline slices matched the schedule, %d + %d comm slices\n",
               schedule.c_str(), static_cast<long long>(compared), comm_slices[0], comm_slices[1]);
   EXPECT_GT(compared, 0);
@@ -130,11 +148,11 @@ void check_trace(const std::string& schedule) {
 
 // ---- measured bubble ---------------------------------------------------------------------
 
-// An op of one step: stage, kind and micro-batch (as doubles, to gather them as one array),
-// start and end in seconds of the monotonic clock, which the ranks of this test (one machine)
-// share.
+// An op of one step: stage, kind, micro-batch and chunk (as doubles, to gather them as one
+// array), start and end in seconds of the monotonic clock, which the ranks of this test (one
+// machine) share.
 struct Timed {
-  double stage, kind, micro, start, end;
+  double stage, kind, micro, chunk, start, end;
 };
 
 bool is_compute(PipeOpKind k) {
@@ -144,19 +162,20 @@ bool is_compute(PipeOpKind k) {
 
 struct BubbleResult {
   double measured = 0, simulated = 0;
-  // Per stage: mean seconds of each compute kind, and of its messages' latency.
-  std::map<PipeOpKind, double> mean_seconds[2];
+  // Per stage: mean seconds of each compute kind on each chunk, and of its messages' latency.
+  std::map<std::pair<int, PipeOpKind>, double> mean_seconds[2];  // (chunk, kind)
   double message_latency[2] = {0, 0};
 };
 
 // Every rank's ops of one step on rank 0 (empty elsewhere).
 std::vector<Timed> gather_ops(const std::vector<Timed>& mine) {
-  static_assert(sizeof(Timed) == 5 * sizeof(double));
-  const int n = static_cast<int>(mine.size() * 5);
+  constexpr int kFields = sizeof(Timed) / sizeof(double);
+  static_assert(sizeof(Timed) == kFields * sizeof(double));
+  const int n = static_cast<int>(mine.size() * kFields);
   int counts[2] = {0, 0}, offsets[2] = {0, 0};
   MPI_Gather(&n, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
   offsets[1] = counts[0];
-  std::vector<Timed> all(world_rank() == 0 ? (counts[0] + counts[1]) / 5 : 0);
+  std::vector<Timed> all(world_rank() == 0 ? (counts[0] + counts[1]) / kFields : 0);
   MPI_Gatherv(mine.data(), n, MPI_DOUBLE, all.data(), counts, offsets, MPI_DOUBLE, 0,
               MPI_COMM_WORLD);
   return all;
@@ -165,33 +184,46 @@ std::vector<Timed> gather_ops(const std::vector<Timed>& mine) {
 // Seconds from a send being posted to the end of the receive that waited for it (a receive
 // posted after its message arrived measures nothing and is skipped). On an oversubscribed
 // machine this is mostly the time until the waiting rank is scheduled again.
-// out[s]: the messages stage s sent.
+// out[s]: the messages stage s sent. On 2 stages the sender of a receive is the other stage;
+// its chunk (virtual stage k = chunk * 2 + stage, activations flow k -> k + 1): a forward
+// received by stage 0 on chunk c left stage 1's chunk c - 1, by stage 1 stage 0's chunk c; a
+// gradient received by stage 1 on chunk c left stage 0's chunk c + 1, by stage 0 stage 1's c.
 void add_latencies(const std::vector<Timed>& ops, std::vector<double> out[2]) {
-  const auto find = [&](int stage, PipeOpKind kind, double micro) -> const Timed* {
+  const auto find = [&](int stage, PipeOpKind kind, double micro, double chunk) -> const Timed* {
     for (const Timed& t : ops)
-      if (t.stage == stage && t.kind == static_cast<double>(kind) && t.micro == micro) return &t;
+      if (t.stage == stage && t.kind == static_cast<double>(kind) && t.micro == micro &&
+          t.chunk == chunk)
+        return &t;
     return nullptr;
   };
   for (const Timed& r : ops) {
     const auto kind = static_cast<PipeOpKind>(static_cast<int>(r.kind));
     const bool forward = kind == PipeOpKind::RecvForward;
     if (!forward && kind != PipeOpKind::RecvBackward) continue;
-    const int sender = forward ? 0 : 1;
+    const int sender = 1 - static_cast<int>(r.stage);
+    double chunk = r.chunk;
+    if (forward && r.stage == 0) chunk -= 1;
+    if (!forward && r.stage == 1) chunk += 1;
     const Timed* send =
-        find(sender, forward ? PipeOpKind::SendForward : PipeOpKind::SendBackward, r.micro);
+        find(sender, forward ? PipeOpKind::SendForward : PipeOpKind::SendBackward, r.micro, chunk);
     if (send && send->start > r.start) out[sender].push_back(r.end - send->start);
   }
 }
 
 constexpr int64_t kSteps = 4;  // the first is a warmup, not measured
 
-// Widths large enough that the ops take milliseconds to tens of milliseconds.
+// Sizes large enough that the ops take 10-50 ms (interleaved: 4 chunks of one layer, half a
+// stage's work each): with ops of a few ms, a message's latency on a loaded machine (1-2 ms,
+// twice as many messages under interleaved) outweighs what interleaving saves.
 BubbleResult measure_bubble(const std::string& schedule) {
   const auto dir = shared_corpus("timeline_trace");
-  const Config config = parity_config(
-      dir, {1, 2, 1},
-      {"parallel.schedule=" + schedule, "train.global_batch=8", "model.width=256", "model.heads=4",
-       "model.seq_len=64", "model.layers=4", "log.dir=" + (dir / ("bubble_" + schedule)).string()});
+  std::vector<std::string> options = schedule_options(schedule);
+  for (const std::string o : {"train.global_batch=32", "train.micro_batch=8", "model.width=256",
+                              "model.heads=4", "model.seq_len=64", "model.layers=4"})
+    options.push_back(o);
+  options.push_back("log.dir=" + (dir / ("bubble_" + schedule)).string());
+  const Config config = parity_config(dir, {1, 2, 1}, options);
+  const int chunks = virtual_stages(schedule);
   std::vector<std::vector<Timed>> steps(kSteps);
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     int64_t step = 0;
@@ -201,14 +233,14 @@ BubbleResult measure_bubble(const std::string& schedule) {
       const auto s = [](std::chrono::steady_clock::time_point t) {
         return std::chrono::duration<double>(t.time_since_epoch()).count();
       };
-      steps[step].push_back(
-          {stage, static_cast<double>(op.kind), static_cast<double>(op.micro), s(a), s(b)});
+      steps[step].push_back({stage, static_cast<double>(op.kind), static_cast<double>(op.micro),
+                             static_cast<double>(op.chunk), s(a), s(b)});
     });
     for (step = 0; step < kSteps; ++step) t.train_step(step);
   });
   BubbleResult result;
   std::vector<double> measured, latencies[2];
-  std::map<PipeOpKind, std::pair<double, int64_t>> sums[2];  // per stage
+  std::map<std::pair<int, PipeOpKind>, std::pair<double, int64_t>> sums[2];  // per stage
   for (int64_t step = 1; step < kSteps; ++step) {
     const std::vector<Timed> all = gather_ops(steps[step]);
     if (world_rank() != 0) continue;
@@ -219,8 +251,9 @@ BubbleResult measure_bubble(const std::string& schedule) {
       first = std::min(first, t.start);
       last = std::max(last, t.end);
       busy += t.end - t.start;
-      sums[static_cast<int>(t.stage)][kind].first += t.end - t.start;
-      sums[static_cast<int>(t.stage)][kind].second += 1;
+      auto& sum = sums[static_cast<int>(t.stage)][{static_cast<int>(t.chunk), kind}];
+      sum.first += t.end - t.start;
+      sum.second += 1;
     }
     measured.push_back(1.0 - busy / (2 * (last - first)));
     add_latencies(all, latencies);
@@ -228,27 +261,32 @@ BubbleResult measure_bubble(const std::string& schedule) {
   if (world_rank() != 0) return result;
   std::sort(measured.begin(), measured.end());
   result.measured = measured[measured.size() / 2];  // the median step
-  std::vector<PipeSimCosts> costs(2);
+  // The simulator at each chunk's mean measured costs (one chunk but under interleaved).
+  std::vector<std::vector<PipeSimCosts>> costs(2, std::vector<PipeSimCosts>(chunks));
   for (int stage = 0; stage < 2; ++stage) {
-    std::map<PipeOpKind, double>& mean = result.mean_seconds[stage];
-    for (const auto& [kind, sum] : sums[stage]) mean[kind] = sum.first / sum.second;
+    auto& mean = result.mean_seconds[stage];
+    for (const auto& [key, sum] : sums[stage]) mean[key] = sum.first / sum.second;
     for (double l : latencies[stage])
       result.message_latency[stage] += l / static_cast<double>(latencies[stage].size());
-    PipeSimCosts& c = costs[stage];
-    c.forward = mean[PipeOpKind::Forward];
-    c.comm = result.message_latency[stage];
-    if (schedule == "zb-h1") {
-      c.weight = mean[PipeOpKind::BackwardWeight];
-      c.backward = mean[PipeOpKind::BackwardInput] + c.weight;
-    } else {
-      c.backward = mean[PipeOpKind::Backward];
-      c.weight = 0;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      PipeSimCosts& c = costs[stage][chunk];
+      c.forward = mean[{chunk, PipeOpKind::Forward}];
+      c.comm = result.message_latency[stage];
+      if (schedule == "zb-h1") {
+        c.weight = mean[{chunk, PipeOpKind::BackwardWeight}];
+        c.backward = mean[{chunk, PipeOpKind::BackwardInput}] + c.weight;
+      } else {
+        c.backward = mean[{chunk, PipeOpKind::Backward}];
+        c.weight = 0;
+      }
+      EXPECT_GT(c.forward, 0) << schedule << " stage " << stage << " chunk " << chunk;
+      EXPECT_GT(c.backward, 0) << schedule << " stage " << stage << " chunk " << chunk;
     }
   }
   std::vector<std::vector<PipeOp>> ops;
   for (int stage = 0; stage < 2; ++stage)
-    ops.push_back(pipeline_schedule(parse_schedule_kind(schedule), stage, 2, kMicro));
-  const PipeSimResult sim = simulate_pipeline_per_stage(ops, kMicro, costs);
+    ops.push_back(pipeline_schedule(parse_schedule_kind(schedule), stage, 2, kMicro, chunks));
+  const PipeSimResult sim = simulate_pipeline_per_chunk(ops, kMicro, costs, chunks);
   EXPECT_TRUE(sim.ok) << sim.error;
   result.simulated = sim.bubble_fraction();
   return result;
@@ -257,9 +295,10 @@ BubbleResult measure_bubble(const std::string& schedule) {
 // The measured bubble may differ from the simulated one by this much (absolute fraction of the
 // pipeline's time). What the simulator leaves out: the spread of op times around their means
 // (on a loaded 2-core machine an op is preempted for whole scheduler ticks, 4 ms against ops
-// of 5-20 ms) and of the message latency, and the receive and send ops' own time. Observed on
+// of 10-50 ms) and of the message latency, and the receive and send ops' own time. Observed on
 // the 2-core development machine under load: differences up to 0.045 over repeated runs. The
-// schedules differ by more: 0.20 (1F1B, GPipe) against 0.08 (ZB-H1) in theory.
+// schedules differ by more: 0.20 (1F1B, GPipe) against 0.11 (interleaved, v = 2) and 0.08
+// (ZB-H1) in theory.
 constexpr double kBubbleTolerance = 0.06;
 
 }  // namespace
@@ -267,25 +306,45 @@ constexpr double kBubbleTolerance = 0.06;
 TEST(TimelineTrace, OneFOneBPp2HasOneSlicePerScheduledOp) { check_trace("1f1b"); }
 TEST(TimelineTrace, GPipePp2HasOneSlicePerScheduledOp) { check_trace("gpipe"); }
 TEST(TimelineTrace, ZeroBubblePp2HasOneSlicePerScheduledOp) { check_trace("zb-h1"); }
+// Slices named with their chunk ("F3:1"), one per op of each chunk.
+TEST(TimelineTrace, InterleavedPp2V2HasOneSlicePerScheduledOp) { check_trace("interleaved"); }
 
 TEST(MeasuredBubble, Pp2SchedulesOrderAsTheoryAndMatchTheSimulator) {
   std::map<std::string, BubbleResult> r;
-  for (const std::string schedule : {"1f1b", "gpipe", "zb-h1"})
+  for (const std::string schedule : {"1f1b", "gpipe", "interleaved", "zb-h1"})
     r[schedule] = measure_bubble(schedule);
   if (world_rank() != 0) return;
-  // Interleaved 1F1B is not run by this branch's executor (the generator and simulator only).
   for (const auto& [schedule, b] : r) {
-    std::printf("[ bubble %-5s ] measured %.3f, simulator %.3f |", schedule.c_str(), b.measured,
+    std::printf("[ bubble %-11s ] measured %.3f, simulator %.3f |", schedule.c_str(), b.measured,
                 b.simulated);
     for (int stage = 0; stage < 2; ++stage) {
       std::printf(" stage %d:", stage);
-      for (const auto& [kind, seconds] : b.mean_seconds[stage])
-        std::printf(" %s %.1f", to_string(kind).c_str(), 1e3 * seconds);
+      for (const auto& [key, seconds] : b.mean_seconds[stage])
+        std::printf(" %s%s %.1f", to_string(key.second).c_str(),
+                    key.first ? (":" + std::to_string(key.first)).c_str() : "", 1e3 * seconds);
       std::printf(" latency %.1f ms", 1e3 * b.message_latency[stage]);
     }
     std::printf("\n");
     EXPECT_NEAR(b.measured, b.simulated, kBubbleTolerance) << schedule;
   }
+  // Theory at p = 2, m = 4 (F = 1, B = 2): 1F1B and GPipe 0.20, interleaved v = 2 0.11, ZB-H1
+  // 0.08 (B = BI + W).
   EXPECT_GT(r["1f1b"].measured, r["zb-h1"].measured);
+  EXPECT_GT(r["1f1b"].measured, r["interleaved"].measured);
   EXPECT_GE(r["gpipe"].measured, r["1f1b"].measured - kBubbleTolerance);
+  // Interleaved against ZB-H1: their theoretical bubbles differ by less than the tolerance, and
+  // which is lower depends on the real costs (interleaved pays twice the messages; ZB-H1's W
+  // fills the cooldown only as far as W is long). The simulator at the measured costs predicts
+  // the order; asserted only where its predicted gap exceeds the tolerance.
+  const double predicted_gap = r["interleaved"].simulated - r["zb-h1"].simulated;
+  if (std::abs(predicted_gap) > kBubbleTolerance) {
+    if (predicted_gap > 0)
+      EXPECT_GT(r["interleaved"].measured, r["zb-h1"].measured);
+    else
+      EXPECT_LT(r["interleaved"].measured, r["zb-h1"].measured);
+  }
+  std::printf("[ bubble order ] interleaved - zb-h1: simulator %+.3f, measured %+.3f (%s)\n",
+              predicted_gap, r["interleaved"].measured - r["zb-h1"].measured,
+              std::abs(predicted_gap) > kBubbleTolerance ? "order asserted"
+                                                         : "within the tolerance: not asserted");
 }
