@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <string>
@@ -14,6 +15,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
+#include "train/checkpointing.hpp"
 #include "train/trainer.hpp"
 
 namespace trident::test {
@@ -169,24 +171,253 @@ inline Config checkpoint_config(const std::filesystem::path& dir, int tp, int pp
   return parse_config(tiny_config(dir), "ckpt.toml", overrides);
 }
 
+// The global parameter count of `config`'s model: what a comparison that covers the model
+// must have compared.
+inline int64_t global_param_count(const Config& config) {
+  int64_t n = 0;
+  for (const ParamInfo& p : global_parameters(config.model)) n += p.global_numel();
+  return n;
+}
+
+// Calls `visit(p, i, state_index)` for every element i of parameter p in the ranges the
+// optimizer owns (the whole buffer without ZeRO), state_index being its place in the moments
+// (the owned ranges concatenated in order).
+template <typename Visit>
+void for_each_owned_element(Trainer& t, Visit visit) {
+  int64_t state_base = 0;
+  for (const FlatRange& r : t.optimizer().owned()) {
+    for (const ParamInfo& p : t.model().params()) {
+      const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
+      for (int64_t f = lo; f < hi; ++f) visit(p, f - p.offset, state_base + (f - r.begin));
+    }
+    state_base += r.size();
+  }
+}
+
+// Whether this rank is the one that accounts for element i of p in a job-wide count: the rank
+// that counts p in the gradient norm (tensor rank 0 of a replicated tensor, the first stage for
+// the tied embedding), on data-parallel rank 0 unless each data-parallel rank holds its own
+// slice of the state (`sliced`: the moments under ZeRO-1). Padding has no global element.
+inline bool counts_element(const ParamInfo& p, int64_t i, bool sliced, ProcessGrid& grid) {
+  return p.counted_in_norm && (sliced || grid.data().rank() == 0) && p.global_index(i);
+}
+
+// A rank's final training state, copied to the host.
+struct TrainingState {
+  std::vector<double> losses;
+  std::vector<float> weights, exp_avg, exp_avg_sq;
+  int64_t updates = 0;
+};
+
+inline TrainingState training_state(Trainer& t, std::vector<double> losses) {
+  TrainingState s;
+  s.losses = std::move(losses);
+  s.weights = t.host_weights();
+  const int64_t n = t.optimizer().exp_avg().size();
+  s.exp_avg.resize(static_cast<size_t>(n));
+  s.exp_avg_sq.resize(static_cast<size_t>(n));
+  t.device().to_host(s.exp_avg.data(), t.optimizer().exp_avg().data(), n * 4);
+  t.device().to_host(s.exp_avg_sq.data(), t.optimizer().exp_avg_sq().data(), n * 4);
+  s.updates = t.optimizer().updates();
+  return s;
+}
+
+// Elements of two runs' states compared bit for bit over the job: all of them (copies
+// included), those that differ, and the distinct global elements of the weights and of each
+// moment compared (the model's parameter count when everything was compared).
+struct StateComparison {
+  int64_t compared = 0, differing = 0;
+  int64_t weights_covered = 0, exp_avg_covered = 0, exp_avg_sq_covered = 0;
+};
+
+// Collective over the layout: `a` and `b` taken on this rank of the same layout (`t` is the
+// trainer `b` came from).
+inline StateComparison compare_states(const TrainingState& a, const TrainingState& b, Trainer& t,
+                                      ProcessGrid& grid) {
+  const bool zero = t.gradient_sync().zero();
+  double sums[5] = {0, 0, 0, 0, 0};  // compared, differing, covered: weights, m, v
+  auto same = [](float x, float y) {
+    return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y);
+  };
+  if (a.weights.size() != b.weights.size() || a.exp_avg.size() != b.exp_avg.size()) {
+    ADD_FAILURE() << "rank " << grid.rank() << ": the two runs hold states of other sizes";
+    sums[1] = 1;
+  } else {
+    for (const ParamInfo& p : t.model().params())
+      for (int64_t i = 0; i < p.numel(); ++i) {
+        const auto k = static_cast<size_t>(p.offset + i);
+        sums[0] += 1;
+        sums[1] += same(a.weights[k], b.weights[k]) ? 0 : 1;
+        if (counts_element(p, i, false, grid)) sums[2] += 1;
+      }
+    for_each_owned_element(t, [&](const ParamInfo& p, int64_t i, int64_t s) {
+      const auto k = static_cast<size_t>(s);
+      sums[0] += 2;
+      sums[1] += (same(a.exp_avg[k], b.exp_avg[k]) ? 0 : 1) +
+                 (same(a.exp_avg_sq[k], b.exp_avg_sq[k]) ? 0 : 1);
+      if (counts_element(p, i, zero, grid)) sums[3] += 1, sums[4] += 1;
+    });
+  }
+  grid.world().all_reduce_sum(sums, 5);
+  StateComparison c;
+  c.compared = static_cast<int64_t>(sums[0]);
+  c.differing = static_cast<int64_t>(sums[1]);
+  c.weights_covered = static_cast<int64_t>(sums[2]);
+  c.exp_avg_covered = static_cast<int64_t>(sums[3]);
+  c.exp_avg_sq_covered = static_cast<int64_t>(sums[4]);
+  return c;
+}
+
 // `steps` straight, against `save_at` steps, a checkpoint, and the rest in a fresh trainer that
-// loads it: every loss bit for bit.
-inline void expect_bitwise_resume(const Config& config, int64_t steps, int64_t save_at) {
-  std::vector<double> straight, resumed;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) { straight = train_steps(t, 0, steps); });
+// loads it: every loss, every weight and both AdamW moments of every element bit for bit, and
+// the update count; each global element of the three must have been compared. Returns the
+// comparison (the same on every rank of the layout).
+inline StateComparison expect_bitwise_resume(const Config& config, int64_t steps,
+                                             int64_t save_at) {
+  TrainingState straight;
+  on_layout(config, [&](Trainer& t, ProcessGrid&) {
+    straight = training_state(t, train_steps(t, 0, steps));
+  });
+  std::vector<double> first_part;
   std::string path;
   on_layout(config, [&](Trainer& t, ProcessGrid&) {
-    resumed = train_steps(t, 0, save_at);
+    first_part = train_steps(t, 0, save_at);
     path = t.save_checkpoint(save_at);
   });
-  on_layout(config, [&](Trainer& t, ProcessGrid&) {
+  StateComparison c;
+  TrainingState resumed;
+  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     t.load_checkpoint(path);
-    ASSERT_EQ(t.start_step(), save_at);
+    EXPECT_EQ(t.start_step(), save_at);
+    std::vector<double> losses = first_part;
     const auto rest = train_steps(t, save_at, steps);
-    resumed.insert(resumed.end(), rest.begin(), rest.end());
+    losses.insert(losses.end(), rest.begin(), rest.end());
+    resumed = training_state(t, losses);
+    c = compare_states(straight, resumed, t, grid);
   });
-  ASSERT_EQ(straight.size(), static_cast<size_t>(steps));
-  EXPECT_EQ(straight, resumed);  // every loss bit for bit
+  EXPECT_EQ(straight.losses.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(straight.losses, resumed.losses);  // every loss bit for bit
+  EXPECT_EQ(straight.updates, resumed.updates);
+  EXPECT_EQ(c.differing, 0) << "of " << c.compared << " elements compared";
+  const int64_t params = global_param_count(config);
+  EXPECT_GT(c.compared, 0);
+  EXPECT_EQ(c.weights_covered, params) << "global weights compared";
+  EXPECT_EQ(c.exp_avg_covered, params) << "global exp_avg elements compared";
+  EXPECT_EQ(c.exp_avg_sq_covered, params) << "global exp_avg_sq elements compared";
+  return c;
+}
+
+// Collective over the layout: this rank's AdamW moments against the global tensors of the
+// checkpoint at `path` (each rank reads them whole on its own: a test of a tiny model), bit
+// for bit through the shard map (ParamInfo::global_index), independently of the trainer's
+// run lists. Returns the job's (compared, differing, distinct global elements compared) for
+// both moments together; a complete comparison covers twice the parameter count.
+struct MomentCheck {
+  int64_t compared = 0, differing = 0, covered = 0;
+};
+
+inline MomentCheck check_moments_against_file(Trainer& t, ProcessGrid& grid,
+                                              const std::string& path) {
+  const bool zero = t.gradient_sync().zero();
+  const int64_t n = t.optimizer().exp_avg().size();
+  std::vector<float> moments[2] = {std::vector<float>(static_cast<size_t>(n)),
+                                   std::vector<float>(static_cast<size_t>(n))};
+  t.device().to_host(moments[0].data(), t.optimizer().exp_avg().data(), n * 4);
+  t.device().to_host(moments[1].data(), t.optimizer().exp_avg_sq().data(), n * 4);
+  const char* roots[2] = {"/optim/exp_avg", "/optim/exp_avg_sq"};
+  std::map<std::string, std::vector<float>> stored[2];
+  {
+    CheckpointReader reader(path, MPI_COMM_SELF);
+    for (const ParamInfo& g : global_parameters(t.model().config()))
+      for (const ParamInfo& p : t.model().params())
+        if (p.name == g.name)
+          for (int m = 0; m < 2; ++m) {
+            std::vector<float>& v = stored[m][p.name];
+            v.resize(static_cast<size_t>(g.global_numel()));
+            reader.read_tensor(dataset_path(roots[m], p.name), g.global_shape,
+                               {Run{0, 0, g.global_numel()}}, v);
+          }
+    reader.finish();  // checksums of everything read
+  }
+  double sums[3] = {0, 0, 0};
+  for_each_owned_element(t, [&](const ParamInfo& p, int64_t i, int64_t s) {
+    const auto gi = p.global_index(i);
+    if (!gi) return;  // padding: nothing stored
+    for (int m = 0; m < 2; ++m) {
+      const float mine = moments[m][static_cast<size_t>(s)];
+      const float file = stored[m].at(p.name)[static_cast<size_t>(*gi)];
+      sums[0] += 1;
+      sums[1] += std::bit_cast<uint32_t>(mine) == std::bit_cast<uint32_t>(file) ? 0 : 1;
+      if (counts_element(p, i, zero, grid)) sums[2] += 1;
+    }
+  });
+  grid.world().all_reduce_sum(sums, 3);
+  return {static_cast<int64_t>(sums[0]), static_cast<int64_t>(sums[1]),
+          static_cast<int64_t>(sums[2])};
+}
+
+// Step-1 gradients of a layout against the single-rank run's, parameter by parameter: this
+// rank's shard mapped to global indices (under ZeRO-1 the slices each rank owns), the sums
+// completed over the job in one all-reduce. Every copy of an element is compared; `covered`
+// counts the distinct global elements compared at least once, which must be the model's
+// parameter count (`params`) for the comparison to be complete.
+struct GradParity {
+  double worst = 0;        // worst per-parameter ||g - g_ref|| / ||g_ref||
+  std::string worst_name;  // its parameter
+  int64_t compared = 0;    // element comparisons over the job, copies included
+  int64_t covered = 0;     // distinct global elements among them
+  int64_t params = 0;      // the model's parameter count
+  int64_t tensors = 0;     // the model's parameter tensors
+};
+
+inline GradParity grad_parity(Trainer& t, const Reference& ref, const Config& config,
+                              ProcessGrid& grid) {
+  const std::vector<ParamInfo> global = global_parameters(config.model);
+  std::map<std::string, size_t> index;  // name -> position in `global`
+  std::vector<int64_t> base;            // start of each parameter's global elements
+  int64_t total = 0;
+  for (size_t k = 0; k < global.size(); ++k) {
+    index[global[k].name] = k;
+    base.push_back(total);
+    total += global[k].global_numel();
+  }
+  // [0, total): times each global element was compared; then diff^2, ref^2 per parameter;
+  // then the count of comparisons.
+  std::vector<double> acc(static_cast<size_t>(total) + 2 * global.size() + 1, 0.0);
+  double* sums = acc.data() + total;
+  const std::vector<float> grads = t.host_grads();
+  const std::vector<FlatRange>& owned = t.gradient_sync().owned();
+  for (const ParamInfo& p : t.model().params()) {
+    const size_t k = index.at(p.name);
+    const std::vector<float>& want = ref.grads.at(p.name);
+    for (const FlatRange& r : owned) {
+      const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
+      for (int64_t f = lo; f < hi; ++f) {
+        const auto gi = p.global_index(f - p.offset);
+        if (!gi) continue;
+        const double d = static_cast<double>(grads[static_cast<size_t>(f)]) - want[*gi];
+        acc[static_cast<size_t>(base[k] + *gi)] += 1;
+        sums[2 * k] += d * d;
+        sums[2 * k + 1] += static_cast<double>(want[*gi]) * want[*gi];
+        acc.back() += 1;
+      }
+    }
+  }
+  grid.world().all_reduce_sum(acc.data(), static_cast<int64_t>(acc.size()));
+  GradParity out;
+  out.params = total;
+  out.tensors = static_cast<int64_t>(global.size());
+  out.compared = static_cast<int64_t>(acc.back());
+  out.covered = std::count_if(acc.begin(), acc.begin() + total, [](double c) { return c > 0; });
+  for (size_t k = 0; k < global.size(); ++k) {
+    const double rel = sums[2 * k + 1] > 0 ? std::sqrt(sums[2 * k] / sums[2 * k + 1])
+                                           : std::sqrt(sums[2 * k]);
+    if (out.worst_name.empty() || rel > out.worst) {
+      out.worst = rel;
+      out.worst_name = global[k].name;
+    }
+  }
+  return out;
 }
 
 // The layouts of the parity tests: tiny_config with 4 layers, vocab 250, 20 steps.
