@@ -4,6 +4,7 @@
 // allocates per layer per micro-batch, measured on a counting device, are what model_stats.hpp's
 // layer_activation_bytes (the planner's count as well) says.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdio>
 #include <cstring>
@@ -137,6 +138,9 @@ class RecomputeParity : public ::testing::TestWithParam<Case> {};
 }  // namespace
 
 TEST_P(RecomputeParity, LossesAndGradientsBitwiseLikeNone) {
+  // Tiny kernels: one thread, so that an OpenMP barrier never waits for a thread that the
+  // busy-polling MPI tests running beside it have descheduled.
+  omp_set_num_threads(1);
   const Case c = GetParam();
   const ModelConfig m = small_model(c.arch);
   auto comm = make_self_communicator("tensor");
@@ -248,6 +252,7 @@ int64_t measured_workspace(const ModelConfig& m, Recompute mode, int64_t B) {
 }  // namespace
 
 TEST(RecomputeMemory, MeasuredLayerBytesAreTheFormulas) {
+  omp_set_num_threads(1);
   int64_t compared = 0;
   for (const std::string arch : {"gpt2", "llama"}) {
     const ModelConfig m = small_model(arch);
@@ -316,15 +321,16 @@ TEST(RecomputeMemory, TableTinyAndGpt2Small) {
 }
 
 TEST(RecomputeConfig, BadValueNamesTheKey) {
+  const std::string data = "[data]\ntrain = \"x.bin\"\n";
   try {
-    parse_config("[train]\nrecompute = \"partial\"\n", "run.toml", {});
+    parse_config("[train]\nrecompute = \"partial\"\n" + data, "run.toml", {});
     FAIL() << "accepted train.recompute = partial";
   } catch (const Error& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("train.recompute"), std::string::npos) << what;
     EXPECT_NE(what.find("partial"), std::string::npos) << what;
   }
-  EXPECT_EQ(parse_config("[train]\nrecompute = \"full\"\n", "run.toml", {}).train.recompute,
+  EXPECT_EQ(parse_config("[train]\nrecompute = \"full\"\n" + data, "run.toml", {}).train.recompute,
             "full");
   EXPECT_EQ(parse_recompute("selective"), Recompute::Selective);
   EXPECT_THROW(parse_recompute("partial"), Error);
