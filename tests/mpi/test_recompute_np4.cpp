@@ -21,14 +21,23 @@ constexpr int64_t kSteps = 6;
 struct Run {
   std::vector<float> grads;  // this rank's flat gradients after step 1
   std::vector<double> losses;
+  int64_t tensor_collectives = 0;  // all-reduces, all-gathers, reduce-scatters of step 1
+  int64_t layers = 0;              // on this rank
 };
 
 Run train(const Config& config) {
   Run r;
-  on_layout(config, [&](Trainer& t, ProcessGrid&) {
+  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
+    r.layers = t.model().shard().layer_count();
     for (int64_t s = 0; s < kSteps; ++s) {
+      if (s == 0) grid.tensor().stats().reset();
       const double loss = t.forward_backward(s);
-      if (s == 0) r.grads = t.host_grads();
+      if (s == 0) {
+        r.grads = t.host_grads();
+        const CommStats& st = grid.tensor().stats();
+        r.tensor_collectives =
+            st.calls("all_reduce") + st.calls("all_gather") + st.calls("reduce_scatter");
+      }
       r.losses.push_back(t.apply_update(s, loss).loss);
     }
   });
@@ -65,6 +74,13 @@ void check_recompute(const ParityLayout& l, std::vector<std::string> extra,
     EXPECT_EQ(counts[1], 0) << what << " " << mode << ": of " << counts[0] << " gradients";
     EXPECT_GT(counts[2], counts[0] / 2) << "most gradients carry a contribution";
     EXPECT_EQ(losses_equal, kSteps) << what << " " << mode;
+    // Full recomputation reruns each layer's forward with its two tensor-parallel collectives
+    // (under sequence parallelism two all-gathers and two reduce-scatters) per micro-batch;
+    // selective communicates as none does.
+    const Config c = with(mode);
+    const bool sp = c.parallel.sequence_parallel;
+    const int64_t rerun = mode == "full" ? (sp ? 4 : 2) * r.layers * c.num_microbatches() : 0;
+    EXPECT_EQ(r.tensor_collectives - none.tensor_collectives, rerun) << what << " " << mode;
     MPI_Allreduce(MPI_IN_PLACE, counts, 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &losses_equal, 1, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
     if (world_rank == 0)
