@@ -105,6 +105,29 @@ TEST(RankMemory, ZeroBubbleAddsTheDeferredOutputGradients) {
                    deferred);
 }
 
+// Recomputation shrinks the estimate by what the model stops allocating per layer, and adds
+// the workspace it recomputes in: the model's own figures (model_stats.hpp).
+TEST(RankMemory, RecomputeCountsWhatTheModelKeeps) {
+  const ModelShard shard = ModelShard::whole(tiny().model);
+  auto self = make_self_communicator("tensor");
+  const double none = estimate_rank_memory(tiny(), shard, 1).activation_bytes;
+  double previous = none;
+  for (const std::string mode : {"selective", "full"}) {
+    const Config c = tiny({"train.recompute=" + mode});
+    ModelShard s = shard;
+    s.recompute = parse_recompute(mode);
+    const CpuModel<float> plain(c.model, shard, *self), model(c.model, s, *self);
+    const int64_t B = c.train.micro_batch;
+    const double expected = none - static_cast<double>(plain.activation_bytes(B)) +
+                            static_cast<double>(model.activation_bytes(B)) +
+                            static_cast<double>(model.recompute_workspace_bytes(B));
+    const double estimate = estimate_rank_memory(c, shard, 1).activation_bytes;
+    EXPECT_DOUBLE_EQ(estimate, expected) << mode;
+    EXPECT_LT(estimate, previous) << mode;
+    previous = estimate;
+  }
+}
+
 TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {
   const Config c = tiny();
   const ModelShard shard = ModelShard::whole(c.model);

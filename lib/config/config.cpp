@@ -187,6 +187,14 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
    "Compute precision. bf16 (cuda only): bf16 activations and GEMM inputs with fp32 "
    "accumulation, fp32 master weights, gradients and optimizer state."},
+  {TRIDENT_KEY(train, recompute), one_of({"none", "selective", "full"}),
+   "Activation recomputation (Korthikanti et al., arXiv 2205.05198): what a layer keeps from "
+   "its forward to its backward. none: everything its backward reads. selective: all but "
+   "attention's saved state (the CPU's T x T probabilities per head, the GPU's row "
+   "logsumexp), recomputed in backward from the kept q, k, v (about one more attention-core "
+   "forward). full: only the layer's input; the whole layer's forward, its tensor-parallel "
+   "collectives included, is rerun just before its backward (about one more forward). Losses "
+   "and gradients are the same to the bit. See docs/model.md."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),
    "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps.",
    "if > 0: `checkpoint.dir` set"},

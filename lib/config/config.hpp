@@ -60,6 +60,7 @@ struct TrainConfig {
   int64_t threads = 0;              // 0: cores available to this rank
   std::string device = "cpu";       // "cpu" | "cuda"
   std::string precision = "fp32";   // "fp32" | "bf16"
+  std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
   int64_t max_consecutive_skips = 10;  // end the run after this many skipped steps in a row; 0: never

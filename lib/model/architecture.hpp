@@ -32,6 +32,16 @@
 
 namespace trident {
 
+// Activation recomputation (train.recompute; Korthikanti et al., arXiv 2205.05198): what a
+// layer keeps from its forward to its backward. None: everything its backward reads. Selective:
+// all but attention's saved state (the CPU's probabilities, the GPU's row logsumexp), which the
+// backward recomputes from the kept q, k, v. Full: only the layer's input; the backward reruns
+// the layer's forward first.
+enum class Recompute { None, Selective, Full };
+// "none" | "selective" | "full"; trident::Error naming train.recompute otherwise.
+Recompute parse_recompute(const std::string& name);
+std::string to_string(Recompute r);
+
 // What part of the model this rank holds.
 struct ModelShard {
   int tp_rank = 0;
@@ -51,6 +61,8 @@ struct ModelShard {
   // [layer_begin, layer_end). The embedding belongs to chunk 0 (has_embedding), the final norm,
   // head and loss to the last chunk (has_head).
   std::vector<std::pair<int64_t, int64_t>> chunks;
+  // How the rank keeps its activations for backward (train.recompute).
+  Recompute recompute = Recompute::None;
 
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};

@@ -112,4 +112,63 @@ TrainingFlopsParts training_flops_parts(const ModelConfig& m, int64_t padded_voc
           static_cast<double>((three * f.head).value())};
 }
 
+namespace {
+
+// The local widths of one layer and the rows of a micro-batch (ActivationShape's symbols).
+struct LayerWidths {
+  int64_t N, Ns, C, QKVl, Hl, Fl, Ul, norm_stats, saved_core;
+};
+
+LayerWidths layer_widths(const ModelConfig& m, const ActivationShape& s) {
+  check_shape(m);
+  if (s.micro_batch < 1 || s.tp < 1)
+    throw Error("activation bytes: the micro-batch (" + std::to_string(s.micro_batch) +
+                ") and parallel.tensor (" + std::to_string(s.tp) + ") must be >= 1");
+  LayerWidths w{};
+  w.N = s.micro_batch * m.seq_len;
+  w.Ns = s.sequence_parallel ? w.N / s.tp : w.N;
+  w.C = m.width;
+  w.QKVl = (m.heads + 2 * m.kv_head_count()) * m.head_size() / s.tp;
+  w.Hl = m.heads * m.head_size() / s.tp;
+  w.Fl = m.ffn_size() / s.tp;
+  w.Ul = m.is_llama() ? 2 * w.Fl : w.Fl;
+  w.norm_stats = m.is_llama() ? 1 : 2;
+  w.saved_core = s.attention_saved_bytes * w.N * (m.heads / s.tp) * s.attention_saved_per_row;
+  return w;
+}
+
+int64_t stash_without_core(const LayerWidths& w, const ActivationShape& s) {
+  return s.element_bytes * (2 * w.Ns * w.C + 2 * w.N * w.C + w.N * (w.QKVl + w.Hl + w.Ul + w.Fl)) +
+         s.stat_bytes * 2 * w.norm_stats * w.Ns;
+}
+
+}  // namespace
+
+int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s) {
+  const LayerWidths w = layer_widths(m, s);
+  const int64_t e = s.element_bytes;
+  int64_t bytes = 0;
+  switch (s.recompute) {
+    case Recompute::None: bytes = stash_without_core(w, s) + w.saved_core; break;
+    case Recompute::Selective: bytes = stash_without_core(w, s); break;
+    case Recompute::Full: bytes = e * w.Ns * w.C; break;
+  }
+  if (s.split_backward) {
+    bytes += e * w.N * (w.QKVl + w.C + w.Ul + w.C);  // output gradients
+    if (s.recompute == Recompute::Full) bytes += e * w.N * (w.C + w.Hl + w.C + w.Fl);  // inputs
+  }
+  return bytes;
+}
+
+int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s) {
+  const LayerWidths w = layer_widths(m, s);
+  switch (s.recompute) {
+    case Recompute::None: return 0;
+    case Recompute::Selective: return w.saved_core + s.element_bytes * w.N * w.Hl;
+    case Recompute::Full:
+      return stash_without_core(w, s) + w.saved_core + s.element_bytes * w.Ns * w.C;
+  }
+  return 0;
+}
+
 }  // namespace trident

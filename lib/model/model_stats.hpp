@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "config/config.hpp"
+#include "model/architecture.hpp"
 
 namespace trident {
 
@@ -44,5 +45,43 @@ struct TrainingFlopsParts {
   double head = 0.0;
 };
 TrainingFlopsParts training_flops_parts(const ModelConfig& m, int64_t padded_vocab);
+
+// How one rank holds a micro-batch's activations: the trainer's make_activations
+// (model/transformer.hpp) and the planner (lib/plan) count them with the functions below, one
+// source of truth that tests/test_model_recompute.cpp checks against the bytes the model
+// allocates.
+struct ActivationShape {
+  int64_t micro_batch = 1;
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::None;
+  bool split_backward = false;  // zb-h1: backward_input keeps tensors for backward_weight
+  int64_t element_bytes = 4;    // an activation (fp32 4, bf16 2)
+  int64_t stat_bytes = 4;       // a norm statistic
+  // What attention keeps for its backward per row and local head, and the bytes of one
+  // element: the CPU's probabilities (seq_len, fp32), the GPU's row logsumexp (1, fp32).
+  int64_t attention_saved_per_row = 1;
+  int64_t attention_saved_bytes = 4;
+};
+
+// Bytes one layer keeps per micro-batch from its forward to its backward. With N = B*T rows,
+// Ns = N/TP under sequence parallelism (else N), local widths QKVl = (NH + 2*KVH)*HS/TP,
+// Hl = NH*HS/TP, Fl = F/TP, Ul = 2*Fl (llama) or Fl, e = element_bytes, s = stat_bytes, norm
+// statistics per row k = 2 (LayerNorm: mean, rstd) or 1 (RMSNorm), A = attention_saved_bytes *
+// N * NH/TP * attention_saved_per_row:
+//   none       e*(2*Ns*C + 2*N*C + N*(QKVl + Hl + Ul + Fl)) + s*2*k*Ns + A
+//              (input, residual; both norm outputs, gathered; qkv, attention output, MLP
+//              pre-activation and activation; norm statistics; attention's saved state)
+//   selective  none - A
+//   full       e*Ns*C                                   (the input)
+// split_backward adds the linear layers' output gradients, e*N*(QKVl + C + Ul + C), and under
+// full recomputation also their inputs, e*N*(C + Hl + C + Fl), copied from the recomputed
+// layer for backward_weight.
+int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s);
+
+// Bytes a rank holds once (not per micro-batch) to recompute in: selective, one layer's A plus
+// the recomputed attention output e*N*Hl; full, one layer's stash under none plus its discarded
+// output e*Ns*C; none, 0.
+int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s);
 
 }  // namespace trident

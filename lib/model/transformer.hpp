@@ -25,6 +25,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/architecture.hpp"
+#include "model/model_stats.hpp"
 #include "model/tensor_parallel.hpp"
 #include "tensor/device.hpp"
 
@@ -40,6 +41,11 @@ class Transformer {
 
   // Activations of one micro-batch, kept from its forward until its backward. [Ns,...] rows are
   // the rank's sequence shard under sequence parallelism (Ns = N/tp), all N rows otherwise.
+  // What a layer holds depends on shard().recompute: everything below (none); all but `att`
+  // (selective: attention's saved state is recomputed in backward); only `input` (full: the
+  // layer's forward is rerun in backward into a workspace held once, see backward_stash), plus
+  // under a split backward the linear layers' inputs (norm1, atty, norm2, act) kept from
+  // backward_input to backward_weight. model_stats.hpp's layer_activation_bytes counts them.
   struct LayerActs {
     DeviceArray<T> input;                  // [Ns,C] residual stream entering the layer
     DeviceArray<T> norm1;                  // [N,C] normed input (gathered by the qkv layer)
@@ -100,11 +106,19 @@ class Transformer {
   Activations make_activations(int64_t B, bool split_backward = false, int chunk = 0);
   // Rows of the residual stream this rank holds for B sequences (what crosses stages).
   int64_t stream_rows(int64_t B) const { return tp_.rows(B * config_.seq_len); }
+  // Bytes make_activations(B, split_backward, chunk) allocates (model_stats.hpp's
+  // layer_activation_bytes per layer, for the shard's recompute mode).
   int64_t activation_bytes(int64_t B, bool split_backward = false, int chunk = 0) const;
   // What a split backward keeps per micro-batch from backward_input to backward_weight beyond
-  // the forward's activations: sizeof(T) * N * (2C + QKVl + Ul) per layer (the head's output
-  // gradient overwrites the logits, kept anyway).
+  // the forward's activations: sizeof(T) * N * (2C + QKVl + Ul) per layer, the linear layers'
+  // output gradients (the head's overwrites the logits, kept anyway), and under full
+  // recomputation their inputs, sizeof(T) * N * (2C + Hl + Fl).
   int64_t deferred_weight_grad_bytes(int64_t B, int chunk = 0) const;
+  // Bytes held once (not per micro-batch) to recompute in, for micro-batches of B sequences
+  // (model_stats.hpp's recompute_workspace_bytes); 0 without recomputation.
+  int64_t recompute_workspace_bytes(int64_t B) const;
+  // The figures model_stats.hpp counts activations from, for this shard and kernel set.
+  ActivationShape activation_shape(int64_t B, bool split_backward) const;
 
   // Forward one micro-batch through the chunk of `a` (below, "first stage" is chunk 0 of the
   // first stage and "last stage" the last chunk of the last; other chunks are in between).
@@ -153,7 +167,17 @@ class Transformer {
   // defer_weights: backward_input's part only (see there).
   void backward_pass(Activations& a, S loss_scale, const T* d_output, T* d_input,
                      bool defer_weights);
-  void layer_backward(size_t i, LayerActs& la, T* d, int64_t B, bool defer_weights);
+  // The forward tensors layer i's backward reads: `kept` itself, or under full recomputation the
+  // workspace the layer's forward is rerun into from kept.input.
+  LayerActs& backward_stash(size_t i, LayerActs& kept, int64_t B);
+  // Backward of layer i from its forward tensors `la`; a deferred (split) backward keeps the
+  // output gradients in `kept`, the micro-batch's own LayerActs.
+  void layer_backward(size_t i, LayerActs& la, LayerActs& kept, T* d, int64_t B,
+                      bool defer_weights);
+  // Attention's backward, recomputing its saved state first under selective recomputation.
+  void attention_backward(LayerActs& la, T* d_qkv, int64_t B);
+  // The buffers of one layer's stash for `mode` (see LayerActs).
+  LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward);
   void head_forward(Activations& a, const int32_t* targets);
   void head_backward(Activations& a, S loss_scale, T* d, bool defer_weights);
   void layer_weight_backward(size_t i, LayerActs& la, int64_t B);
@@ -162,6 +186,7 @@ class Transformer {
   bool runs_head(int chunk) const { return shard_.has_head && chunk == chunk_count() - 1; }
   int64_t chunk_layers(int chunk) const;
   void ensure_scratch(int64_t B);
+  void ensure_recompute_workspace(int64_t B);
   void report_final(int param) {
     if (grads_final_) grads_final_(layout_.params[param].offset);
   }
@@ -172,6 +197,7 @@ class Transformer {
   K k_;
   TensorParallel<K> tp_;
   bool llama_;
+  Recompute recompute_;
   std::vector<size_t> chunk_block0_;  // per chunk: its first layer's index in layout_.blocks
   // Widths on this rank: model, attention (heads), kv heads, fused qkv, MLP hidden, MLP up.
   int64_t C_, NHl_, KVHl_, HS_, Hl_, QKVl_, Fl_, Ul_;
@@ -186,6 +212,13 @@ class Transformer {
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   int64_t scratch_rows_ = 0;
   DeviceArray<T> d_stream_, d_norm_, d_tmp_, d_qkv_, d_atty_, d_up_, d_act_;
+  // Recomputation workspace, held once (recompute_workspace_bytes). Selective: attention's saved
+  // state (written by every forward, recomputed before each backward) and the recomputed
+  // attention output. Full: one layer's whole stash and its discarded output.
+  int64_t workspace_rows_ = 0;
+  DeviceArray<Saved> recompute_att_;
+  DeviceArray<T> recompute_atty_, recompute_output_;
+  LayerActs recompute_layer_;
 };
 
 }  // namespace trident

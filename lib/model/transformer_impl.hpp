@@ -17,7 +17,8 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
       layout_(parameter_layout(config, shard)),
       k_(std::move(kernels)),
       tp_(tensor_comm, shard, k_),
-      llama_(config.is_llama()) {
+      llama_(config.is_llama()),
+      recompute_(shard.recompute) {
   const int tp = shard.tp_size;
   C_ = config.width;
   HS_ = config.head_size();
@@ -136,29 +137,8 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
   a.tokens = DeviceArray<int32_t>(dev, N);
   a.targets = DeviceArray<int32_t>(dev, N);
   const bool layernorm = !llama_;
-  for (int64_t l = 0; l < chunk_layers(chunk); ++l) {
-    LayerActs la;
-    la.input = DeviceArray<T>(dev, Ns * C);
-    la.norm1 = DeviceArray<T>(dev, N * C);
-    if (layernorm) la.norm1_mean = DeviceArray<S>(dev, Ns);
-    la.norm1_rstd = DeviceArray<S>(dev, Ns);
-    la.qkv = DeviceArray<T>(dev, N * QKVl_);
-    la.att = DeviceArray<Saved>(dev, K::attention_saved_size(B, T_, NHl_));
-    la.atty = DeviceArray<T>(dev, N * Hl_);
-    la.residual1 = DeviceArray<T>(dev, Ns * C);
-    la.norm2 = DeviceArray<T>(dev, N * C);
-    if (layernorm) la.norm2_mean = DeviceArray<S>(dev, Ns);
-    la.norm2_rstd = DeviceArray<S>(dev, Ns);
-    la.up = DeviceArray<T>(dev, N * Ul_);
-    la.act = DeviceArray<T>(dev, N * Fl_);
-    if (split_backward) {
-      la.d_qkv = DeviceArray<T>(dev, N * QKVl_);
-      la.d_proj = DeviceArray<T>(dev, N * C);
-      la.d_up = DeviceArray<T>(dev, N * Ul_);
-      la.d_down = DeviceArray<T>(dev, N * C);
-    }
-    a.layers.push_back(std::move(la));
-  }
+  for (int64_t l = 0; l < chunk_layers(chunk); ++l)
+    a.layers.push_back(make_layer_acts(B, recompute_, split_backward));
   a.output = DeviceArray<T>(dev, Ns * C);
   if (runs_head(chunk)) {
     a.final_norm = DeviceArray<T>(dev, N * C);
@@ -173,24 +153,78 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
 }
 
 template <class K>
+typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Recompute mode,
+                                                                   bool split_backward) {
+  const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
+  Device& dev = k_.device();
+  const bool layernorm = !llama_;
+  const bool forward_tensors = mode != Recompute::Full;
+  // The linear layers' inputs: what backward_weight reads (copied there from the recomputed
+  // layer under full recomputation).
+  const bool linear_inputs = forward_tensors || split_backward;
+  LayerActs la;
+  la.input = DeviceArray<T>(dev, Ns * C);
+  if (linear_inputs) {
+    la.norm1 = DeviceArray<T>(dev, N * C);
+    la.atty = DeviceArray<T>(dev, N * Hl_);
+    la.norm2 = DeviceArray<T>(dev, N * C);
+    la.act = DeviceArray<T>(dev, N * Fl_);
+  }
+  if (forward_tensors) {
+    if (layernorm) la.norm1_mean = DeviceArray<S>(dev, Ns);
+    la.norm1_rstd = DeviceArray<S>(dev, Ns);
+    la.qkv = DeviceArray<T>(dev, N * QKVl_);
+    la.residual1 = DeviceArray<T>(dev, Ns * C);
+    if (layernorm) la.norm2_mean = DeviceArray<S>(dev, Ns);
+    la.norm2_rstd = DeviceArray<S>(dev, Ns);
+    la.up = DeviceArray<T>(dev, N * Ul_);
+  }
+  if (mode == Recompute::None)
+    la.att = DeviceArray<Saved>(dev, K::attention_saved_size(B, config_.seq_len, NHl_));
+  if (split_backward) {
+    la.d_qkv = DeviceArray<T>(dev, N * QKVl_);
+    la.d_proj = DeviceArray<T>(dev, N * C);
+    la.d_up = DeviceArray<T>(dev, N * Ul_);
+    la.d_down = DeviceArray<T>(dev, N * C);
+  }
+  return la;
+}
+
+template <class K>
+ActivationShape Transformer<K>::activation_shape(int64_t B, bool split_backward) const {
+  const int64_t T_ = config_.seq_len;
+  ActivationShape s;
+  s.micro_batch = B;
+  s.tp = shard_.tp_size;
+  s.sequence_parallel = tp_.sequence_parallel();
+  s.recompute = recompute_;
+  s.split_backward = split_backward;
+  s.element_bytes = sizeof(T);
+  s.stat_bytes = sizeof(S);
+  s.attention_saved_per_row = K::attention_saved_size(1, T_, 1) / T_;
+  s.attention_saved_bytes = sizeof(Saved);
+  return s;
+}
+
+template <class K>
 int64_t Transformer<K>::deferred_weight_grad_bytes(int64_t B, int chunk) const {
-  const int64_t N = B * config_.seq_len;
-  const int64_t per_layer = static_cast<int64_t>(sizeof(T)) * N * (2 * C_ + QKVl_ + Ul_);
+  const int64_t per_layer = layer_activation_bytes(config_, activation_shape(B, true)) -
+                            layer_activation_bytes(config_, activation_shape(B, false));
   return chunk_layers(chunk) * per_layer;
 }
 
 template <class K>
+int64_t Transformer<K>::recompute_workspace_bytes(int64_t B) const {
+  return trident::recompute_workspace_bytes(config_, activation_shape(B, false));
+}
+
+template <class K>
 int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chunk) const {
-  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
   const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
-  const int64_t per_layer = t * (2 * Ns * C + 2 * N * C + N * QKVl_ + N * Hl_ + N * Ul_ +
-                                 N * Fl_) +
-                            s * 2 * stats * Ns +
-                            static_cast<int64_t>(sizeof(Saved)) *
-                                K::attention_saved_size(B, T_, NHl_);
+  const int64_t per_layer = layer_activation_bytes(config_, activation_shape(B, split_backward));
   int64_t total = chunk_layers(chunk) * per_layer + t * Ns * C + 8 * N;
   if (runs_head(chunk)) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
-  if (split_backward) total += deferred_weight_grad_bytes(B, chunk);
   return total;
 }
 
@@ -216,6 +250,7 @@ template <class K>
 void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                              const T* input) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  ensure_recompute_workspace(B);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
   if (runs_embedding(a)) {
     k_.upload_ids(a.tokens.data(), tokens, N);
@@ -229,7 +264,9 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
   const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = 0; i < a.layers.size(); ++i) {
     T* out = i + 1 < a.layers.size() ? a.layers[i + 1].input.data() : a.output.data();
-    layer_forward(block0 + i, a.layers[i], a.layers[i].input.data(), out, B);
+    // Full recomputation keeps the input only: the rest goes to the workspace and is dropped.
+    LayerActs& la = recompute_ == Recompute::Full ? recompute_layer_ : a.layers[i];
+    layer_forward(block0 + i, la, a.layers[i].input.data(), out, B);
   }
   if (!runs_head(a.chunk)) return;
   head_forward(a, targets);
@@ -247,7 +284,10 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
                p.norm1_w, p.norm1_b, Ns);
   qkv_.forward(tp_, k_, linear(p.qkv_w, p.qkv_b), la.qkv.data(), la.norm1.data(), N);
   if (llama_) k_.rope_forward(la.qkv.data(), B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
-  k_.attention_forward(la.atty.data(), la.att.data(), la.qkv.data(), B, T_, NHl_, KVHl_, HS_);
+  // Selective recomputation: attention's saved state lives in the workspace until the next
+  // forward; the layer's backward recomputes it.
+  Saved* saved = recompute_ == Recompute::Selective ? recompute_att_.data() : la.att.data();
+  k_.attention_forward(la.atty.data(), saved, la.qkv.data(), B, T_, NHl_, KVHl_, HS_);
   proj_.forward(tp_, k_, linear(p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
   k_.add_inplace(la.residual1.data(), input, Ns * C);
   // MLP: output = residual1 + down(act(up(norm2(residual1))))
@@ -291,6 +331,34 @@ void Transformer<K>::ensure_scratch(int64_t B) {
 }
 
 template <class K>
+void Transformer<K>::ensure_recompute_workspace(int64_t B) {
+  const int64_t N = B * config_.seq_len;
+  if (recompute_ == Recompute::None || N <= workspace_rows_) return;
+  workspace_rows_ = N;
+  Device& dev = k_.device();
+  if (recompute_ == Recompute::Selective) {
+    recompute_att_ = DeviceArray<Saved>(dev, K::attention_saved_size(B, config_.seq_len, NHl_));
+    recompute_atty_ = DeviceArray<T>(dev, N * Hl_);
+  } else {
+    recompute_layer_ = make_layer_acts(B, Recompute::None, false);
+    recompute_output_ = DeviceArray<T>(dev, stream_rows(B) * C_);
+  }
+}
+
+template <class K>
+typename Transformer<K>::LayerActs& Transformer<K>::backward_stash(size_t i, LayerActs& kept,
+                                                                   int64_t B) {
+  if (recompute_ != Recompute::Full) return kept;
+  // The layer's forward again, from its kept input and with its tensor-parallel collectives
+  // (every rank of the group reruns the same layer at the same point, as Megatron-LM does):
+  // the same kernels on the same inputs, so the same bits as the first time.
+  LayerActs& la = recompute_layer_;
+  k_.copy(la.input.data(), kept.input.data(), stream_rows(B) * C_);
+  layer_forward(i, la, la.input.data(), recompute_output_.data(), B);
+  return la;
+}
+
+template <class K>
 void Transformer<K>::backward(Activations& a, S loss_scale, const T* d_output, T* d_input) {
   backward_pass(a, loss_scale, d_output, d_input, false);
 }
@@ -312,6 +380,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
                                    bool defer_weights) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);
+  ensure_recompute_workspace(B);
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
   if (runs_head(a.chunk))
     head_backward(a, loss_scale, d, defer_weights);
@@ -319,7 +388,17 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
     k_.copy(d, d_output, Ns * C_);
   const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = a.layers.size(); i-- > 0;) {
-    layer_backward(block0 + i, a.layers[i], d, B, defer_weights);
+    LayerActs& kept = a.layers[i];
+    LayerActs& la = backward_stash(block0 + i, kept, B);
+    layer_backward(block0 + i, la, kept, d, B, defer_weights);
+    if (defer_weights && &la != &kept) {
+      // backward_weight reads the linear layers' inputs from the micro-batch's own stash.
+      const int64_t N = B * T_;
+      k_.copy(kept.norm1.data(), la.norm1.data(), N * C_);
+      k_.copy(kept.atty.data(), la.atty.data(), N * Hl_);
+      k_.copy(kept.norm2.data(), la.norm2.data(), N * C_);
+      k_.copy(kept.act.data(), la.act.data(), N * Fl_);
+    }
     report_final(layout_.blocks[block0 + i].norm1_w);
   }
   if (runs_embedding(a)) {
@@ -355,19 +434,19 @@ void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d, bool defe
 }
 
 template <class K>
-void Transformer<K>::layer_backward(size_t i, LayerActs& la, T* d, int64_t B,
+void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T* d, int64_t B,
                                     bool defer_weights) {
   // On entry d = dL/d(layer output); on exit d = dL/d(layer input) (the rank's rows). Deferring
-  // the weights, the column-parallel layers' output gradients are written straight into `la`
+  // the weights, the column-parallel layers' output gradients are written straight into `kept`
   // and the row-parallel ones copied there.
   const BlockParams& p = layout_.blocks[i];
-  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
-  T* d_up = defer_weights ? la.d_up.data() : d_up_.data();
-  T* d_qkv = defer_weights ? la.d_qkv.data() : d_qkv_.data();
+  const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
+  T* d_up = defer_weights ? kept.d_up.data() : d_up_.data();
+  T* d_qkv = defer_weights ? kept.d_qkv.data() : d_qkv_.data();
   // MLP branch.
   if (defer_weights)
     down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(),
-                         la.d_down.data(), N);
+                         kept.d_down.data(), N);
   else
     down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
   if (llama_)
@@ -386,12 +465,11 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, T* d, int64_t B,
   // Attention branch.
   if (defer_weights)
     proj_.input_backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d,
-                         la.atty.data(), la.d_proj.data(), N);
+                         la.atty.data(), kept.d_proj.data(), N);
   else
     proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
-  k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), la.atty.data(), la.att.data(), B,
-                        T_, NHl_, KVHl_, HS_);
-  if (llama_) k_.rope_backward(d_qkv, B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
+  attention_backward(la, d_qkv, B);
+  if (llama_) k_.rope_backward(d_qkv, B, config_.seq_len, NHl_, KVHl_, HS_, config_.rope_theta);
   const T* d_norm1 =
       defer_weights
           ? qkv_.input_backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
@@ -401,6 +479,24 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, T* d, int64_t B,
   norm_backward(d_tmp_.data(), d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
                 la.norm1_mean.data(), la.norm1_rstd.data(), Ns);
   k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(input)
+}
+
+template <class K>
+void Transformer<K>::attention_backward(LayerActs& la, T* d_qkv, int64_t B) {
+  const int64_t T_ = config_.seq_len;
+  const T* out = la.atty.data();
+  const Saved* saved = la.att.data();
+  if (recompute_ == Recompute::Selective) {
+    // Scores, softmax and weighted sum again from the kept (rotated) q, k, v: the forward's
+    // kernel on the forward's inputs, so the forward's saved state to the bit. The output is
+    // recomputed beside the kept one, which backward_weight may still read.
+    k_.attention_forward(recompute_atty_.data(), recompute_att_.data(), la.qkv.data(), B, T_,
+                         NHl_, KVHl_, HS_);
+    out = recompute_atty_.data();
+    saved = recompute_att_.data();
+  }
+  k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B, T_, NHl_, KVHl_,
+                        HS_);
 }
 
 template <class K>

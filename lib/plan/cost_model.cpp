@@ -27,6 +27,23 @@ double activation_element_bytes(const std::string& precision) {
   return precision == "bf16" ? 2.0 : 4.0;
 }
 
+// The trainer's ActivationShape for a layout (fp32 statistics and saved attention state on
+// both backends).
+ActivationShape activation_shape(const ModelConfig& m, bool materialized_attention,
+                                 int64_t micro_batch, int64_t tp, bool sequence_parallel,
+                                 Recompute recompute, double element_bytes) {
+  ActivationShape s;
+  s.micro_batch = micro_batch;
+  s.tp = tp;
+  s.sequence_parallel = sequence_parallel;
+  s.recompute = recompute;
+  s.element_bytes = static_cast<int64_t>(element_bytes);
+  s.stat_bytes = 4;
+  s.attention_saved_per_row = materialized_attention ? m.seq_len : 1;
+  s.attention_saved_bytes = 4;
+  return s;
+}
+
 // One virtual stage (a chunk): its layers and whether it holds the embedding / the LM head.
 struct Chunk {
   int64_t layer_begin = 0, layers = 0;
@@ -177,16 +194,12 @@ class CostModel {
   double chunk_stash(const Chunk& c) const {
     const double C = static_cast<double>(m_.width);
     const double Ns = l_.sequence_parallel ? n_ / t_ : n_;
-    double layer = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp, l_.sequence_parallel,
-                                          l_.recompute, e_);
-    if (l_.schedule == ScheduleKind::ZeroBubbleH1 && l_.recompute != Recompute::Full) {
-      // The split backward keeps the linear layers' output gradients until backward_weight.
-      const double HS = static_cast<double>(m_.head_size());
-      const double QKV = static_cast<double>(m_.heads + 2 * m_.kv_head_count()) * HS;
-      const double F = static_cast<double>(m_.ffn_size());
-      const double U = m_.is_llama() ? 2.0 * F : F;
-      layer += n_ * (QKV / t_ + C + U / t_ + C) * e_;
-    }
+    // The split backward (zb-h1) keeps the linear layers' output gradients (and, under full
+    // recomputation, their inputs) from backward_input to backward_weight.
+    ActivationShape shape = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
+                                             l_.tp, l_.sequence_parallel, l_.recompute, e_);
+    shape.split_backward = l_.schedule == ScheduleKind::ZeroBubbleH1;
+    const double layer = static_cast<double>(layer_activation_bytes(m_, shape));
     double bytes = static_cast<double>(c.layers) * layer + Ns * C * e_;  // + the output
     if (c.embedding || c.head) bytes += 2.0 * n_ * 4.0;                   // tokens, targets
     if (c.head) {
@@ -274,22 +287,6 @@ PipelineTimes simulate(const Layout& l, int64_t microbatches, const ChunkCost& o
 
 }  // namespace
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::None;
-  if (name == "selective") return Recompute::Selective;
-  if (name == "full") return Recompute::Full;
-  throw Error("train.recompute = \"" + name + "\" must be none, selective or full");
-}
-
-std::string to_string(Recompute r) {
-  switch (r) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-
 std::string to_string(const Layout& l) {
   std::ostringstream o;
   o << "tensor=" << l.tp << ",pipeline=" << l.pp << ",data=" << l.dp
@@ -303,30 +300,9 @@ std::string to_string(const Layout& l) {
 double layer_activation_bytes(const ModelConfig& m, bool materialized_attention, int64_t micro_batch,
                               int64_t tp, bool sequence_parallel, Recompute recompute,
                               double element_bytes) {
-  const double N = static_cast<double>(micro_batch * m.seq_len), t = static_cast<double>(tp);
-  const double Ns = sequence_parallel ? N / t : N;  // rows of the residual stream
-  const double C = static_cast<double>(m.width), T = static_cast<double>(m.seq_len);
-  const double HS = static_cast<double>(m.head_size());
-  const double NHl = static_cast<double>(m.heads) / t;
-  const double QKVl = static_cast<double>(m.heads + 2 * m.kv_head_count()) * HS / t;
-  const double Fl = static_cast<double>(m.ffn_size()) / t;
-  const double Ul = m.is_llama() ? 2.0 * Fl : Fl;
-  const double e = element_bytes;
-  // The layer input: all that full recomputation keeps.
-  const double input = Ns * C * e;
-  if (recompute == Recompute::Full) return input;
-  // Norm statistics: rstd (and LayerNorm's mean), fp32, for both norms.
-  const double stats = 2.0 * Ns * (m.is_llama() ? 1.0 : 2.0) * 4.0;
-  const double stream = input + Ns * C * e;  // input, residual after attention
-  const double gathered = 2.0 * N * C * e;   // both norms' outputs, all rows
-  const double attention_io = N * QKVl * e + N * NHl * HS * e;  // q k v, attention output
-  const double mlp = N * Ul * e + N * Fl * e;                   // pre-activation, activation
-  // What attention keeps for backward, fp32: the probabilities (CPU) or the row logsumexp
-  // (GPU). Selective recomputation recomputes it from q, k, v.
-  const double core = recompute == Recompute::Selective
-                          ? 0.0
-                          : N * NHl * (materialized_attention ? T : 1.0) * 4.0;
-  return stream + stats + gathered + attention_io + mlp + core;
+  return static_cast<double>(layer_activation_bytes(
+      m, activation_shape(m, materialized_attention, micro_batch, tp, sequence_parallel,
+                          recompute, element_bytes)));
 }
 
 std::string layout_problem(const PlanProblem& p, const Layout& l) {
@@ -429,9 +405,10 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     mem.optimizer = (l.zero1 ? std::ceil(flat / static_cast<double>(l.dp)) : flat) * 8.0;
     // Stashes are per chunk; a stage's chunks are alike up to the embedding and head.
     mem.activations = in_flight * stash / static_cast<double>(l.virtual_stages);
-    if (l.recompute == Recompute::Full)  // one layer's full stash while it is recomputed
-      mem.activations += layer_activation_bytes(m, p.materialized_attention(), l.micro_batch, l.tp,
-                                                l.sequence_parallel, Recompute::None, e);
+    // What the rank recomputes in (one layer's worth, held once).
+    mem.activations += static_cast<double>(recompute_workspace_bytes(
+        m, activation_shape(m, p.materialized_attention(), l.micro_batch, l.tp,
+                            l.sequence_parallel, l.recompute, e)));
     mem.buffers = reserved + scratch;
     if (s == 0 || mem.total() > r.memory.total()) {
       r.memory = mem;

@@ -10,18 +10,15 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "model/architecture.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/simulator.hpp"
 #include "plan/hardware.hpp"
 
 namespace trident {
 
-// Activation recomputation (Korthikanti et al., arXiv 2205.05198): none; selective (the
-// attention core, scores -> softmax -> weighted sum, recomputed in backward); full (only each
-// layer's input kept, the layer's forward rerun in backward).
-enum class Recompute { None, Selective, Full };
-Recompute parse_recompute(const std::string& name);  // trident::Error naming train.recompute
-std::string to_string(Recompute r);
+// Activation recomputation: model/architecture.hpp's Recompute (parse_recompute, to_string),
+// the trainer's own.
 
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1;
@@ -107,10 +104,10 @@ std::string layout_problem(const PlanProblem& p, const Layout& l);
 Prediction predict(const PlanProblem& p, const Layout& l);
 
 // Activation bytes one layer keeps for backward, for one micro-batch of `micro_batch`
-// sequences on one tensor rank: the trainer's stash (model/transformer.hpp, LayerActs) with
-// `element_bytes` per activation element, attention's saved state (fp32 probabilities
-// [N, NH/TP, T] when `materialized_attention`, else one logsumexp per row and head), and what
-// `recompute` drops.
+// sequences on one tensor rank: model/model_stats.hpp's layer_activation_bytes (the trainer's
+// own count) with `element_bytes` per activation element, fp32 statistics, and attention's saved
+// state fp32 probabilities [N, NH/TP, T] when `materialized_attention`, else one logsumexp per
+// row and head.
 double layer_activation_bytes(const ModelConfig& m, bool materialized_attention, int64_t micro_batch,
                               int64_t tp, bool sequence_parallel, Recompute recompute,
                               double element_bytes);

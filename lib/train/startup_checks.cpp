@@ -74,21 +74,25 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
   const double B = static_cast<double>(config.train.micro_batch);
   const double T = static_cast<double>(m.seq_len), N = B * T, C = static_cast<double>(m.width);
-  const double heads = static_cast<double>(m.heads) / tp, hs = static_cast<double>(m.head_size());
-  const double qkv = (static_cast<double>(m.heads) + 2.0 * static_cast<double>(m.kv_head_count())) *
-                     hs / tp;
-  const double F = static_cast<double>(m.ffn_size()) / tp, U = m.is_llama() ? 2 * F : F;
+  const double heads = static_cast<double>(m.heads) / tp;
   const double rows = shard.sequence_parallel ? N / tp : N;
-  // The saved tensors of one layer; the CPU kernels keep the attention matrix [B, NH, T, T],
-  // the GPU ones a row statistic [B, NH, T].
-  const double attention = config.train.device == "cpu" ? B * heads * T * T : B * heads * T;
-  const double per_layer_act =
-      act * (4 * rows * C + N * (qkv + heads * hs + U + F)) + 4.0 * attention;
-  r.activation_bytes = layers * per_layer_act + act * rows * C;
-  // ZB-H1's split backward also keeps the linear layers' output gradients of a micro-batch from
-  // its input gradient to its weight gradient (Transformer::deferred_weight_grad_bytes).
-  if (config.parallel.schedule == "zb-h1")
-    r.activation_bytes += layers * act * N * (2 * C + qkv + U);
+  // The saved tensors of one layer (model_stats.hpp, the model's own count) for the recompute
+  // mode; the CPU kernels keep the attention matrix [B, NH, T, T], the GPU ones a row
+  // statistic [B, NH, T]. ZB-H1's split backward also keeps a micro-batch's linear-layer output
+  // gradients from its input gradient to its weight gradient
+  // (Transformer::deferred_weight_grad_bytes).
+  ActivationShape shape;
+  shape.micro_batch = config.train.micro_batch;
+  shape.tp = std::max(1, shard.tp_size);
+  shape.sequence_parallel = shard.sequence_parallel;
+  shape.recompute = parse_recompute(config.train.recompute);
+  shape.split_backward = config.parallel.schedule == "zb-h1";
+  shape.element_bytes = static_cast<int64_t>(act);
+  shape.attention_saved_per_row = config.train.device == "cpu" ? m.seq_len : 1;
+  r.activation_bytes = layers * static_cast<double>(layer_activation_bytes(m, shape)) +
+                       act * rows * C;
+  // Held once: what the rank recomputes in.
+  r.activation_bytes += static_cast<double>(recompute_workspace_bytes(m, shape));
   if (config.train.device == "cpu") r.activation_bytes += 4.0 * B * heads * T * T;  // scratch
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;

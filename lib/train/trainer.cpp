@@ -67,6 +67,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
                    groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
                    sequence_parallel};
+  shard.recompute = parse_recompute(config.train.recompute);
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (config.parallel.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,
