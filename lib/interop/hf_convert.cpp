@@ -572,8 +572,9 @@ std::string import_hf(const std::string& in_dir, const std::string& out_file,
               return {{Run{0, begin, length}}, std::span<const float>(zeros.data(), length)};
             });
     }
-    write_checkpoint_attributes(writer, config,
-                                {0, 0, 0, "imported from Hugging Face (" + in_dir + ")"});
+    CheckpointProgress progress;
+    progress.layout = "imported from Hugging Face (" + in_dir + ")";
+    write_checkpoint_attributes(writer, config, progress);
     writer.close();
   } catch (...) {
     // The writer abandoned (emptied) the file; nothing half-written stays behind.

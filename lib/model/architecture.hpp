@@ -74,7 +74,11 @@ struct ModelShard {
     for (const auto& [begin, end] : layer_chunks()) n += end - begin;
     return n;
   }
-  static ModelShard whole(const ModelConfig& m) { return {0, 1, 0, m.layers, true, true}; }
+  static ModelShard whole(const ModelConfig& m) {
+    ModelShard s;
+    s.layer_end = m.layers;
+    return s;
+  }
 };
 
 int64_t padded_vocab_size(const ModelConfig& m, int tp_size);

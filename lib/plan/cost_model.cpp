@@ -79,7 +79,11 @@ struct ChunkParams {
 
 ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
   auto flat = [&](bool emb, bool head) {
-    ModelShard s{0, static_cast<int>(tp), 0, 1, emb, head};
+    ModelShard s;
+    s.tp_size = static_cast<int>(tp);
+    s.layer_end = 1;
+    s.has_embedding = emb;
+    s.has_head = head;
     return static_cast<double>(parameter_layout(m, s).flat_size);
   };
   const double layer = flat(false, false);

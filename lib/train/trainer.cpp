@@ -64,9 +64,14 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
                 ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
   const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
-  ModelShard shard{groups.tp_rank, groups.tp_size, layer_begin, layer_end,
-                   groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1,
-                   sequence_parallel};
+  ModelShard shard;
+  shard.tp_rank = groups.tp_rank;
+  shard.tp_size = groups.tp_size;
+  shard.layer_begin = layer_begin;
+  shard.layer_end = layer_end;
+  shard.has_embedding = groups.pp_rank == 0;
+  shard.has_head = groups.pp_rank == groups.pp_size - 1;
+  shard.sequence_parallel = sequence_parallel;
   shard.recompute = parse_recompute(config.train.recompute);
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (config.parallel.schedule == "interleaved")
