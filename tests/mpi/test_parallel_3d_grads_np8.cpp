@@ -10,6 +10,7 @@
 
 #include <cstdio>
 
+#include "parallel_3d_config.hpp"
 #include "parity.hpp"
 
 using namespace trident;
@@ -17,23 +18,11 @@ using namespace trident::test;
 
 namespace {
 
-Config config_for(const std::filesystem::path& dir, int tp, int pp, int dp, int zero) {
-  return parse_config(tiny_config(dir), "3d.toml",
-                      {"train.steps=20", "eval.interval=0", "model.layers=2",
-                       "train.global_batch=8", "train.micro_batch=2", "optim.grad_clip=1.0",
-                       "parallel.dp_bucket_mb=0.05",
-                       "parallel.tensor=" + std::to_string(tp),
-                       "parallel.pipeline=" + std::to_string(pp),
-                       "parallel.data=" + std::to_string(dp),
-                       "optim.zero_stage=" + std::to_string(zero),
-                       "log.dir=" + (dir / "run").string()});
-}
-
 void check(int tp, int pp, int dp, int zero) {
   const std::string name = "(TP,PP,DP)=(" + std::to_string(tp) + "," + std::to_string(pp) + "," +
                            std::to_string(dp) + ")" + (zero ? " ZeRO-1" : "");
   const auto dir = shared_corpus("3d_grads");
-  const Config config = config_for(dir, tp, pp, dp, zero);
+  const Config config = parallel_3d_config(dir, tp, pp, dp, zero);
   const Reference ref = reference_run(config, 1);  // step-1 gradients, global layout
   GradParity g;
   double loss_error = 0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "parallel_3d_config.hpp"
 #include "parity.hpp"
 
 using namespace trident;
@@ -18,20 +19,8 @@ namespace {
 
 constexpr int64_t kSteps = 20;
 
-Config config_for(const std::filesystem::path& dir, int tp, int pp, int dp, int zero) {
-  return parse_config(tiny_config(dir), "3d.toml",
-                      {"train.steps=20", "eval.interval=0", "model.layers=2",
-                       "train.global_batch=8", "train.micro_batch=2", "optim.grad_clip=1.0",
-                       "parallel.dp_bucket_mb=0.05",
-                       "parallel.tensor=" + std::to_string(tp),
-                       "parallel.pipeline=" + std::to_string(pp),
-                       "parallel.data=" + std::to_string(dp),
-                       "optim.zero_stage=" + std::to_string(zero),
-                       "log.dir=" + (dir / "run").string()});
-}
-
 const Reference& reference(const std::filesystem::path& dir) {
-  static const Reference ref = reference_run(config_for(dir, 1, 1, 1, 0), kSteps);
+  static const Reference ref = reference_run(parallel_3d_config(dir, 1, 1, 1, 0), kSteps);
   return ref;
 }
 
@@ -67,7 +56,7 @@ void check(int tp, int pp, int dp, int zero) {
   const auto dir = shared_corpus("3d");
   const Reference& ref = reference(dir);
   ASSERT_GT(ref.grad_norms[0], 1.0) << "the test needs clipping active (optim.grad_clip = 1)";
-  const Config config = config_for(dir, tp, pp, dp, zero);
+  const Config config = parallel_3d_config(dir, tp, pp, dp, zero);
   double worst_loss = 0, worst_norm = 0, worst_clipped_norm = 0, state_bytes = 0;
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     for (Communicator* c : grid.communicators()) c->stats().reset();
