@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -155,6 +156,27 @@ inline std::vector<double> train_steps(Trainer& t, int64_t from, int64_t to) {
   std::vector<double> losses;
   for (int64_t s = from; s < to; ++s) losses.push_back(t.apply_update(s, t.forward_backward(s)).loss);
   return losses;
+}
+
+// The source run of a resume test: `source` trained for `steps` in one job of all the ranks,
+// saving a checkpoint after step `save_at` (then `at_save(trainer, grid, path)`, if given); its
+// losses of every step and the checkpoint's path.
+struct SavedRun {
+  std::vector<double> losses;
+  std::string path;
+};
+inline SavedRun train_saving_at(
+    const Config& source, int64_t save_at, int64_t steps,
+    const std::function<void(Trainer&, ProcessGrid&, const std::string&)>& at_save = {}) {
+  SavedRun run;
+  on_layout(source, [&](Trainer& t, ProcessGrid& grid) {
+    run.losses = train_steps(t, 0, save_at);
+    run.path = t.save_checkpoint(save_at);
+    if (at_save) at_save(t, grid, run.path);
+    const auto rest = train_steps(t, save_at, steps);
+    run.losses.insert(run.losses.end(), rest.begin(), rest.end());
+  });
+  return run;
 }
 
 // The checkpoint tests' config: tiny_config with 4 layers, 20 steps of 4 micro-batches, the

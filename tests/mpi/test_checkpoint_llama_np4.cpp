@@ -33,14 +33,9 @@ TEST(LlamaCheckpoint, SameLayoutIsBitwiseIdentical) {
 TEST(LlamaCheckpoint, Tp2Pp2CheckpointResumesOnOtherLayouts) {
   const auto dir = shared_corpus("llama_ckpt_reshard");
   const Config source = llama_for(dir, 2, 2, 1, 0, "reshard");
-  std::vector<double> uninterrupted;
-  std::string path;
-  on_layout(source, [&](Trainer& t, ProcessGrid&) {
-    uninterrupted = train_steps(t, 0, kSaveAt);
-    path = t.save_checkpoint(kSaveAt);
-    const auto rest = train_steps(t, kSaveAt, kSteps);
-    uninterrupted.insert(uninterrupted.end(), rest.begin(), rest.end());
-  });
+  const SavedRun source_run = train_saving_at(source, kSaveAt, kSteps);
+  const std::vector<double>& uninterrupted = source_run.losses;
+  const std::string& path = source_run.path;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int layouts[][4] = {{4, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 2, 1}};

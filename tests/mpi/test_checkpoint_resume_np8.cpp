@@ -39,14 +39,9 @@ TEST(CheckpointResume, SameLayoutIsBitwiseIdentical) {
 TEST(CheckpointResume, Zero1CheckpointOf222ResumesOnOtherLayouts) {
   const auto dir = shared_corpus("ckpt_reshard");
   const Config source = config_for(dir, 2, 2, 2, 1, "reshard");
-  std::vector<double> uninterrupted;
-  std::string path;
-  on_layout(source, [&](Trainer& t, ProcessGrid&) {
-    uninterrupted = train_steps(t, 0, kSaveAt);
-    path = t.save_checkpoint(kSaveAt);
-    const auto rest = train_steps(t, kSaveAt, kSteps);
-    uninterrupted.insert(uninterrupted.end(), rest.begin(), rest.end());
-  });
+  const SavedRun source_run = train_saving_at(source, kSaveAt, kSteps);
+  const std::vector<double>& uninterrupted = source_run.losses;
+  const std::string& path = source_run.path;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int layouts[][3] = {{4, 1, 2}, {1, 4, 2}, {1, 1, 1}, {2, 2, 2}};

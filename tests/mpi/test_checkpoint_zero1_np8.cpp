@@ -67,16 +67,14 @@ TEST(CheckpointZero1, Dp2CheckpointResumesUnderZero1OnDp4) {
   // (1, 2, 2) runs as two independent 4-rank jobs: each writes its own checkpoint directory.
   const Config source = config_for(dir, 1, 2, 2, "dp2_job" + std::to_string(rank / 4));
   const int64_t params = global_param_count(source);
-  std::vector<double> uninterrupted;
-  std::string path;
   MomentCheck written;
-  on_layout(source, [&](Trainer& t, ProcessGrid& grid) {
-    uninterrupted = train_steps(t, 0, kSaveAt);
-    path = t.save_checkpoint(kSaveAt);
-    written = check_moments_against_file(t, grid, path);
-    const auto rest = train_steps(t, kSaveAt, kSteps);
-    uninterrupted.insert(uninterrupted.end(), rest.begin(), rest.end());
-  });
+  const SavedRun source_run =
+      train_saving_at(source, kSaveAt, kSteps,
+                      [&](Trainer& t, ProcessGrid& grid, const std::string& saved) {
+                        written = check_moments_against_file(t, grid, saved);
+                      });
+  const std::vector<double>& uninterrupted = source_run.losses;
+  std::string path = source_run.path;
   EXPECT_EQ(written.differing, 0) << "of " << written.compared;
   EXPECT_EQ(written.covered, 2 * params) << "global moment elements the DP 2 job compared";
   path = from_world_rank0(path);  // the first job's checkpoint

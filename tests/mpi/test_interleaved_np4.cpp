@@ -126,14 +126,9 @@ constexpr int64_t kSteps = 12, kSaveAt = 6;
 // Trains `source` (one job of all 4 ranks: it writes the checkpoint alone) to kSteps, saving at
 // kSaveAt; resumes `target` from the checkpoint and compares its losses with the source's.
 void expect_resume_across(const Config& source, const Config& target, const char* what) {
-  std::vector<double> uninterrupted;
-  std::string path;
-  on_layout(source, [&](Trainer& t, ProcessGrid&) {
-    uninterrupted = train_steps(t, 0, kSaveAt);
-    path = t.save_checkpoint(kSaveAt);
-    const auto rest = train_steps(t, kSaveAt, kSteps);
-    uninterrupted.insert(uninterrupted.end(), rest.begin(), rest.end());
-  });
+  const SavedRun source_run = train_saving_at(source, kSaveAt, kSteps);
+  const std::vector<double>& uninterrupted = source_run.losses;
+  const std::string& path = source_run.path;
   double worst = 0.0;
   int64_t compared = 0;
   on_layout(target, [&](Trainer& t, ProcessGrid&) {
