@@ -43,20 +43,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-std::vector<std::string> set_overrides(const Prediction& p, int64_t global_batch) {
-  const Layout& l = p.layout;
-  std::vector<std::string> s = {
-      "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
-      "parallel.data=" + std::to_string(l.dp), "train.micro_batch=" + std::to_string(l.micro_batch),
-      "train.global_batch=" + std::to_string(global_batch),
-      "parallel.schedule=" + to_string(l.schedule),
-      "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false"),
-      "optim.zero_stage=" + std::string(l.zero1 ? "1" : "0")};
-  if (l.virtual_stages > 1) s.push_back("parallel.virtual_stages=" + std::to_string(l.virtual_stages));
-  if (l.recompute != Recompute::None) s.push_back("train.recompute=" + to_string(l.recompute));
-  return s;
-}
-
 nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
   const Layout& l = p.layout;
   return {{"layout",
@@ -79,7 +65,7 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
           {"tokens_per_second", p.tokens_per_second},
           {"tflops_per_device", p.tflops_per_device},
           {"mfu", p.mfu},
-          {"set", set_overrides(p, global_batch)}};
+          {"set", layout_overrides(p.layout, global_batch)}};
 }
 
 void print_table(const std::vector<Prediction>& ranked, size_t top) {
@@ -128,20 +114,69 @@ std::string nothing_fits(const PlanProblem& problem, const std::vector<Predictio
   return line;
 }
 
+PlanProblem problem_of(const Config& c, const std::string& hardware) {
+  PlanProblem problem;
+  problem.model = c.model;
+  problem.global_batch = c.train.global_batch;
+  problem.precision = c.train.precision;
+  problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
+  problem.hw = load_hardware(hardware);
+  return problem;
+}
+
 }  // namespace
+
+AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, int ranks) {
+  PlanProblem problem = problem_of(c, hardware);
+  const int64_t per_node = problem.hw.devices_per_node;
+  if (ranks < per_node) {
+    problem.hw.devices_per_node = ranks;  // one node, partly used
+  } else if (ranks % per_node != 0) {
+    throw Error("train --plan auto: " + std::to_string(ranks) + " ranks are not whole nodes of " +
+                std::to_string(per_node) + " devices (devices_per_node of " + hardware + ")");
+  } else {
+    problem.nodes = ranks / per_node;
+  }
+  const std::vector<Layout> layouts = enumerate_layouts(problem, LayoutFilter{});
+  if (layouts.empty())
+    throw Error("train --plan auto: no valid layout of " + std::to_string(ranks) +
+                " ranks for this model and train.global_batch = " +
+                std::to_string(problem.global_batch) +
+                " (TP must divide model.heads, model.kv_heads and the devices per node; "
+                "micro-batch x DP must divide the global batch)");
+  const std::vector<Prediction> ranked = rank_layouts(problem, layouts);
+  if (!ranked.front().fits) throw Error("train --plan auto: " + nothing_fits(problem, ranked));
+  AutoLayout chosen;
+  chosen.overrides = layout_overrides(ranked.front().layout, problem.global_batch);
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "plan auto: %d rank(s) as %lld node(s) x %lld devices of %s; %zu valid layouts",
+                ranks, static_cast<long long>(problem.nodes),
+                static_cast<long long>(problem.hw.devices_per_node), problem.hw.name.c_str(),
+                ranked.size());
+  chosen.why = line;
+  for (size_t i = 0; i < ranked.size() && i < 3; ++i) {
+    const Prediction& p = ranked[i];
+    std::snprintf(line, sizeof line,
+                  "\n  %s %s: predicted %.4g s/step (compute %.3g, tensor %.3g, bubble %.3g, "
+                  "pipeline %.3g, data %.3g, optimizer %.3g), %.3g GiB of %.3g per device%s",
+                  i == 0 ? "chosen" : "next  ", to_string(p.layout).c_str(), p.step_seconds,
+                  p.time.compute, p.time.tp_comm, p.time.bubble, p.time.pp_transfer,
+                  p.time.dp_exposed, p.time.optimizer, p.memory.total() / kGiB,
+                  problem.hw.device.memory_gib, p.fits ? "" : " (does not fit)");
+    chosen.why += line;
+  }
+  return chosen;
+}
 
 void run_plan(const PlanOptions& options) {
   const Config c = load_configs(options.configs, options.overrides);
   if (options.nodes < 1)
     throw Error("plan --nodes = " + std::to_string(options.nodes) + " must be >= 1");
   if (options.top < 1) throw Error("plan --top must be >= 1");
-  PlanProblem problem;
-  problem.model = c.model;
-  problem.global_batch = options.global_batch > 0 ? options.global_batch : c.train.global_batch;
+  PlanProblem problem = problem_of(c, options.hardware);
+  if (options.global_batch > 0) problem.global_batch = options.global_batch;
   if (options.global_batch < 0) throw Error("plan --global-batch must be >= 1");
-  problem.precision = c.train.precision;
-  problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
-  problem.hw = load_hardware(options.hardware);
   problem.nodes = options.nodes;
   problem.attention = options.attention;
   problem.dp_overlap = !options.no_dp_overlap;
@@ -208,7 +243,7 @@ void run_plan(const PlanOptions& options) {
               ranked.size(), fitting);
   print_table(ranked, top);
   std::printf("best layout:\n ");
-  for (const std::string& s : set_overrides(ranked.front(), problem.global_batch))
+  for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))
     std::printf(" --set %s", s.c_str());
   std::printf("\n");
   std::fflush(stdout);

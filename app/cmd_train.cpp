@@ -29,6 +29,13 @@ void add_train_command(CLI::App& app, TrainOptions& options) {
   add_config_options(*cmd, options.configs, options.overrides);
   cmd->add_option("--resume", options.resume,
                   "auto: the latest checkpoint in checkpoint.dir if there is one; or a file");
+  cmd->add_option("--plan", options.plan,
+                  "auto: the layout (every parallel.* layout key, micro-batch, schedule, ZeRO, "
+                  "recompute) the cost model predicts fastest for the ranks launched, in place "
+                  "of the config's (docs/plan.md)")
+      ->check(CLI::IsMember({"auto"}));
+  cmd->add_option("--hardware", options.hardware,
+                  "the hardware description --plan auto plans for (configs/hardware/*.toml)");
 }
 
 namespace {
@@ -54,6 +61,27 @@ bool stop_requested_by_any_rank() {
 int stop_exit_code(const Config& config) {
   if (!config.checkpoint.dir.empty()) return kExitRequeue;
   return 128 + (g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM);
+}
+
+// --plan auto: the config with the cost model's layout for the ranks launched applied last
+// (after every --set), and on rank 0 the line saying why.
+Config load_planned_config(const TrainOptions& options) {
+  if (options.hardware.empty())
+    throw Error("train --plan auto needs --hardware FILE (a configs/hardware/*.toml description)");
+  int ranks = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const Config given = load_configs(options.configs, options.overrides);
+  const AutoLayout chosen = plan_layout_for_ranks(given, options.hardware, ranks);
+  std::vector<std::string> overrides = options.overrides;
+  overrides.insert(overrides.end(), chosen.overrides.begin(), chosen.overrides.end());
+  if (rank == 0) {
+    std::string set;
+    for (const std::string& o : chosen.overrides) set += " --set " + o;
+    std::printf("%s\n  applied:%s\n", chosen.why.c_str(), set.c_str());
+    std::fflush(stdout);
+  }
+  return load_configs(options.configs, overrides);
 }
 
 void print_figures(const Config& c, int world_size, int threads) {
@@ -175,7 +203,10 @@ int run_train(const TrainOptions& options) {
     }
     return true;
   };
-  const Config config = load_configs(options.configs, options.overrides);
+  if (!options.hardware.empty() && options.plan.empty())
+    throw Error("train --hardware " + options.hardware + " is only read with --plan auto");
+  const Config config = options.plan.empty() ? load_configs(options.configs, options.overrides)
+                                              : load_planned_config(options);
   if (stopped_in_start_up("after reading the config")) return stop_exit_code(config);
   ProcessGrid grid(MPI_COMM_WORLD, config);
   JobWatchdog watchdog(grid, config);

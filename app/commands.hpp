@@ -28,7 +28,9 @@ int set_rank_threads(const Config& config, int ranks_per_node);
 struct TrainOptions {
   std::vector<std::string> configs;  // layered in order: a later file's values win
   std::vector<std::string> overrides;
-  std::string resume;  // "", "auto" or a checkpoint path
+  std::string resume;    // "", "auto" or a checkpoint path
+  std::string plan;      // "" or "auto": the layout chosen by the cost model (plan_layout_for_ranks)
+  std::string hardware;  // the hardware description --plan auto plans for
 };
 void add_train_command(CLI::App& app, TrainOptions& options);
 // Returns the process exit code: 0; kExitRequeue after a stop with checkpoint.dir; 128 + the
@@ -98,6 +100,17 @@ struct PlanOptions {
 void add_plan_command(CLI::App& app, PlanOptions& options);
 // Prints the best layouts (rank 0); throws trident::Error on bad input or when nothing fits.
 void run_plan(const PlanOptions& options);
+
+// trident train --plan auto: the fastest layout of `ranks` ranks that fits (plan/cost_model.hpp)
+// for config `c` on the hardware file, as config overrides (every layout key), and why (the
+// chosen and the next two layouts with their predicted step time and memory). The ranks are
+// whole nodes of the file's devices_per_node, or one node partly used. Pure: every rank gets
+// the same answer. trident::Error (one line) when the ranks or the model fit no layout.
+struct AutoLayout {
+  std::vector<std::string> overrides;
+  std::string why;
+};
+AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, int ranks);
 
 struct BenchHwOptions {
   std::string out;

@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 
 #include "app_fixture.hpp"
 
@@ -112,4 +115,49 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
                                                 " --device cuda"), 60),
                         "measuring GPUs (cuBLAS GEMMs, NCCL collectives) is not implemented");
   std::filesystem::remove_all(dir);
+}
+
+// trident train --plan auto: under mpiexec on 2 ranks with this machine's hardware file, the
+// run prints the chosen layout and the next two with their predictions, trains with the chosen
+// one (its resolved config says so), and each misuse is one error line.
+TEST(AppPlan, TrainPlanAutoChoosesALayoutForTheRanksAndSaysWhy) {
+  const auto dir = scratch_dir("plan_auto");
+  const auto config = make_tiny_run(dir);
+  const std::string hw = " --hardware " + source("configs/hardware/cpu_2core.toml");
+  const std::string train = "train --config " + config.string() + " --set train.steps=2 ";
+  const RunResult r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+                                      trident_cmd(train + "--plan auto" + hw),
+                                  120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("plan auto: 2 rank(s) as 1 node(s) x 2 devices of "), std::string::npos)
+      << r.output;
+  const size_t chosen = r.output.find("\n  chosen tensor=");
+  ASSERT_NE(chosen, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\n  next   tensor=", chosen), r.output.find("\n  next   ")) << r.output;
+  EXPECT_NE(r.output.find("predicted "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step      2/2 | loss "), std::string::npos) << r.output;
+  // The layout trained is the one chosen: its parallel.* values in the resolved config.
+  const std::string line = r.output.substr(chosen + 3, r.output.find('\n', chosen + 1) - chosen - 3);
+  const auto value = [&](const std::string& key) {
+    const size_t at = line.find(key + "=");
+    return at == std::string::npos ? std::string() : line.substr(at + key.size() + 1, 1);
+  };
+  std::ifstream resolved(dir / "run" / "config.toml");
+  const std::string text((std::istreambuf_iterator<char>(resolved)), {});
+  for (const auto& [plan_key, config_key] :
+       {std::pair<std::string, std::string>{"tensor", "tensor = "}, {"pipeline", "pipeline = "},
+        {"data", "data = "}}) {
+    ASSERT_FALSE(value(plan_key).empty()) << line;
+    EXPECT_NE(text.find("\n" + config_key + value(plan_key)), std::string::npos)
+        << plan_key << "\n" << text;
+  }
+
+  expect_one_error_line(run_command(std::string(TRIDENT_MPIEXEC) + " -n 3 " +
+                                        trident_cmd(train + "--plan auto" + hw),
+                                    120),
+                        "3 ranks are not whole nodes of 2 devices");
+  expect_one_error_line(run_command(trident_cmd(train + "--plan auto"), 60),
+                        "train --plan auto needs --hardware FILE");
+  expect_one_error_line(run_command(trident_cmd(train + hw.substr(1)), 60),
+                        "is only read with --plan auto");
 }

@@ -572,4 +572,17 @@ std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Lay
   return out;
 }
 
+std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch) {
+  std::vector<std::string> s = {
+      "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
+      "parallel.data=" + std::to_string(l.dp), "train.micro_batch=" + std::to_string(l.micro_batch),
+      "train.global_batch=" + std::to_string(global_batch),
+      "parallel.schedule=" + to_string(l.schedule),
+      "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
+      "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false"),
+      "optim.zero_stage=" + std::string(l.zero1 ? "1" : "0"),
+      "train.recompute=" + to_string(l.recompute)};
+  return s;
+}
+
 }  // namespace trident

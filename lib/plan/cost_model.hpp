@@ -128,6 +128,11 @@ struct LayoutFilter {
 // unknown key or bad value.
 LayoutFilter parse_layout_filter(const std::string& text);
 
+// The trainer's config overrides that run layout `l` at `global_batch` sequences per step
+// ("parallel.tensor=2", ..., "train.recompute=full"): trident plan prints them as --set lines,
+// trident train --plan auto applies them.
+std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch);
+
 // Every valid layout matching `f` (layout_problem() == ""), in a fixed order.
 std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f);
 
