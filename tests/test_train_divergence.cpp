@@ -75,6 +75,14 @@ TEST(SkipList, MergeBelowTextAndParse) {
   for (const char* bad : {"", "7", "[", "[-1]", "[1,]", "[1 2]", "[a]", "[99999999999999999999]"})
     trident::test::expect_one_line_with(
         trident::test::error_of([&] { parse_skip_list(bad, "skipped_batches"); }),
-        {"skipped_batches = '" + std::string(bad) +
-         "' is not a list of non-negative integers like [7, 8]"});
+        {"skipped_batches = \"" + std::string(bad) +
+         "\" is not a list of non-negative integers like [7, 8]"});
+  // The text comes from a file: control characters are escaped and a long text is cut, so the
+  // error stays one line (found by fuzz_checkpoint: a skipped_batches attribute with a newline).
+  trident::test::expect_one_line_with(
+      trident::test::error_of([&] { parse_skip_list("[7,\n8x]", "skipped_batches"); }),
+      {"skipped_batches = \"[7,\\n8x]\" is not a list"});
+  trident::test::expect_one_line_with(
+      trident::test::error_of([&] { parse_skip_list("[" + std::string(200, '1'), "s"); }),
+      {"(cut) is not a list"});
 }

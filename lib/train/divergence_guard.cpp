@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "util/error.hpp"
 
 namespace trident {
@@ -70,7 +72,12 @@ std::string skip_list_text(const std::vector<int64_t>& skipped) {
 
 std::vector<int64_t> parse_skip_list(const std::string& text, const std::string& what) {
   auto fail = [&] {
-    throw Error(what + " = '" + text + "' is not a list of non-negative integers like [7, 8]");
+    // The text comes from a file (a checkpoint attribute): quoted with its control characters
+    // escaped and cut to 60 bytes, so the error stays one line whatever the file holds.
+    const std::string shown = nlohmann::json(text.substr(0, 60))
+                                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    throw Error(what + " = " + shown + (text.size() > 60 ? " (cut)" : "") +
+                " is not a list of non-negative integers like [7, 8]");
   };
   if (text.size() < 2 || text.front() != '[' || text.back() != ']') fail();
   std::vector<int64_t> out;
