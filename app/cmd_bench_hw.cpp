@@ -190,12 +190,14 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-double memory_total_gib() {
-  std::ifstream in("/proc/meminfo");
+// The value of `wanted` ("MemTotal:", "VmRSS:", in KiB) in a /proc file of "Key: value kB" lines,
+// in GiB; 0 when the file or the key is missing.
+double proc_gib(const char* path, const std::string& wanted) {
+  std::ifstream in(path);
   std::string key;
   double kib = 0;
   while (in >> key) {
-    if (key == "MemTotal:") {
+    if (key == wanted) {
       in >> kib;
       break;
     }
@@ -204,19 +206,8 @@ double memory_total_gib() {
   return kib / (1024.0 * 1024.0);
 }
 
-double resident_gib() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  double kib = 0;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      in >> kib;
-      break;
-    }
-    std::getline(in, key);
-  }
-  return kib / (1024.0 * 1024.0);
-}
+double memory_total_gib() { return proc_gib("/proc/meminfo", "MemTotal:"); }
+double resident_gib() { return proc_gib("/proc/self/status", "VmRSS:"); }
 
 }  // namespace
 
