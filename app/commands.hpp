@@ -138,6 +138,8 @@ struct GenerateOptions {
   std::string checkpoint;
   std::string tokenizer;  // "": the byte-level vocabulary
   std::string prompt, prompt_file;
+  std::string prompts_file;  // --prompts: one prompt per line, one batch
+  std::vector<std::string> overrides;  // --set key=value on the stored config
   int64_t max_new_tokens = 64;
   double temperature = 1.0;  // 0: greedy
   int64_t top_k = 0;         // 0: no limit
@@ -146,7 +148,8 @@ struct GenerateOptions {
   bool prompt_loss = false;
 };
 void add_generate_command(CLI::App& app, GenerateOptions& options);
-// One rank: prompt, then sampled tokens streamed to standard output.
+// Prompt, then sampled tokens streamed to standard output (rank 0); tensor parallel over the
+// launched ranks.
 void run_generate(const GenerateOptions& options);
 
 struct TokenizeOptions {

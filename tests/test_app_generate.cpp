@@ -90,8 +90,9 @@ TEST_P(GenerateApp, BadInputIsOneErrorLine) {
       {trident_cmd("generate --ckpt " + (dir_ / "missing.h5").string() + " --prompt a"),
        "missing.h5"},
       {std::string(TRIDENT_MPIEXEC) + " -n 2 " +
-           trident_cmd("generate --ckpt " + checkpoint_.string() + " --prompt a"),
-       "one rank"},
+           trident_cmd("generate --ckpt " + checkpoint_.string() +
+                       " --prompt a --set parallel.pipeline=2"),
+       "tensor parallelism only"},
   };
   for (const auto& [command, message] : cases) {
     const auto r = run_command(command, 60);

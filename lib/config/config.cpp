@@ -263,6 +263,17 @@ const Key kKeys[] = {
 
   {TRIDENT_KEY(eval, interval), at_least(0), "Evaluate every this many steps; 0: never."},
   {TRIDENT_KEY(eval, steps), at_least(1), "Global batches per evaluation."},
+  {TRIDENT_KEY(eval, sample_interval), at_least(0),
+   "Print continuations of eval.sample_prompt from the live weights every this many steps "
+   "(rank 0; the generation path of `trident generate`, docs/generation.md); 0: never.",
+   "needs parallel.pipeline = 1"},
+  {TRIDENT_KEY(eval, sample_prompt), any(), "The prompt of the samples (eval.sample_interval)."},
+  {TRIDENT_KEY(eval, sample_tokens), at_least(1), "New tokens per sample."},
+  {TRIDENT_KEY(eval, sample_temperature), at_least(0),
+   "Sampling temperature of the samples; 0: greedy (the most likely token). Seed: train.seed."},
+  {TRIDENT_KEY(eval, sample_tokenizer), any(),
+   "Hugging Face tokenizer.json that encodes the prompt and decodes the samples; empty: "
+   "byte-level (ids 0..255, model.vocab_size >= 256)."},
 
   {TRIDENT_KEY(checkpoint, dir), any(),
    "Checkpoint directory; empty: no checkpoints. Checked when training starts, before the "
@@ -795,6 +806,15 @@ void check_relations(const Config& c, const std::string& source) {
   if (o.min_lr > o.lr)
     fail(source, "optim.min_lr (" + value_text(o.min_lr) + ") must be <= optim.lr (" +
                      value_text(o.lr) + ")");
+
+  if (c.eval.sample_interval > 0 && c.parallel.pipeline > 1)
+    fail(source, "eval.sample_interval (" + int_text(c.eval.sample_interval) +
+                     ") samples through the decoding path, which needs the whole model on a "
+                     "rank: parallel.pipeline = 1 (it is " + int_text(c.parallel.pipeline) +
+                     "); set eval.sample_interval = 0");
+  if (c.eval.sample_interval > 0 && c.eval.sample_tokenizer.empty() && m.vocab_size < 256)
+    fail(source, "eval.sample_interval with the byte-level tokenizer (eval.sample_tokenizer "
+                 "empty) needs model.vocab_size >= 256 (it is " + int_text(m.vocab_size) + ")");
 
   check_interleaved(c, source);
 

@@ -98,6 +98,12 @@ struct DataConfig {
 struct EvalConfig {
   int64_t interval = 0;  // 0: never
   int64_t steps = 1;     // global batches per evaluation
+  // Samples from the live weights (train/generation.hpp) printed by rank 0.
+  int64_t sample_interval = 0;     // 0: never
+  std::string sample_prompt = "\n";
+  int64_t sample_tokens = 32;
+  double sample_temperature = 0.0;  // 0: greedy
+  std::string sample_tokenizer;     // empty: byte-level
 };
 
 struct CheckpointConfig {

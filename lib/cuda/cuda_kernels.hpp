@@ -16,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "comm/comm.hpp"
 #include "cuda/cuda_device.hpp"
@@ -105,6 +106,30 @@ class CudaKernels {
   void rope_backward(T* dqkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                      double theta) {
     cuda::rope_backward(dqkv, B, Tn, NH, KVH, HS, theta, s());
+  }
+
+  // Decoding (Transformer::forward_decode): positions [N] in device memory (upload_ids).
+  void rope_forward_at(T* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                       int64_t HS, double theta) {
+    cuda::rope_forward_at(qkv, positions, N, NH, KVH, HS, theta, s());
+  }
+  void kv_cache_attention(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* positions,
+                          int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS) {
+    cuda::kv_cache_attention(out, k_cache, v_cache, qkv, positions, B, Tmax, NH, KVH, HS, s());
+  }
+  // host[n] = x[n] as float (the decoded logits for the sampler); waits for the stream.
+  void to_host_float(float* host, const T* x, int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+      dev_.to_host(host, x, n * static_cast<int64_t>(sizeof(float)));
+    } else {
+      // bf16 is the upper half of a float's bits.
+      std::vector<uint16_t> bits(static_cast<size_t>(n));
+      dev_.to_host(bits.data(), x, n * static_cast<int64_t>(sizeof(uint16_t)));
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+        std::memcpy(host + i, &word, sizeof(float));
+      }
+    }
   }
 
   void gelu_forward(T* out, const T* inp, int64_t n) { cuda::gelu_forward(out, inp, n, s()); }

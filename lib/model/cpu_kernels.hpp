@@ -99,6 +99,20 @@ class CpuKernels {
     cpu::rope_backward(dqkv, B, Tn, NH, KVH, HS, theta);
   }
 
+  // Decoding (Transformer::forward_decode): positions [N] come through upload_ids.
+  void rope_forward_at(T* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                       int64_t HS, double theta) {
+    cpu::rope_forward_at(qkv, positions, N, NH, KVH, HS, theta);
+  }
+  void kv_cache_attention(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* positions,
+                          int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS) {
+    cpu::kv_cache_attention(out, k_cache, v_cache, qkv, positions, B, Tmax, NH, KVH, HS);
+  }
+  // host[n] = x[n] as float (the decoded logits for the sampler).
+  void to_host_float(float* host, const T* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(x[i]);
+  }
+
   void gelu_forward(T* out, const T* inp, int64_t n) { cpu::gelu_forward(out, inp, n); }
   void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
     cpu::gelu_backward(dinp, inp, dout, n);

@@ -75,6 +75,15 @@ class StageModel {
   virtual void backward_weight(Activations& a) = 0;
   // The residual stream leaving the chunk after forward(a) (device memory, [B,T,C]).
   virtual const void* output(const Activations& a) const = 0;
+  // Generation (Transformer::forward_decode): a key/value cache for B sequences, and one step
+  // of one token per sequence at the given positions giving logits [B, vocab_size] (host memory,
+  // the same on every rank of the tensor group). Host `tokens`, `positions` [B].
+  struct DecodeCache {
+    virtual ~DecodeCache() = default;
+  };
+  virtual std::unique_ptr<DecodeCache> make_decode_cache(int64_t B) = 0;
+  virtual void forward_decode(DecodeCache& cache, const int32_t* tokens,
+                              const int32_t* positions, float* logits) = 0;
   // See Transformer::set_grads_final_hook.
   virtual void set_grads_final_hook(std::function<void(int64_t)> hook) = 0;
 };

@@ -43,6 +43,7 @@ class TensorParallel {
         size_(shard.tp_size),
         sp_(shard.sequence_parallel && shard.tp_size > 1) {}
 
+  Communicator& comm() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool sequence_parallel() const { return sp_; }

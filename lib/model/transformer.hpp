@@ -19,6 +19,7 @@
 // (model/cpu_model.cpp, cuda/cuda_model.cpp).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,30 @@ class Transformer {
   void backward_input(Activations& a, S loss_scale, const T* d_output, T* d_input);
   void backward_weight(Activations& a);
 
+  // ---------------------------------------------------------------- decoding (generation)
+  // The same blocks, kernels and tensor-group collectives as forward(), one new token per
+  // sequence at a time against a key/value cache: B sequences (rows), row b holding the token at
+  // position positions[b] < seq_len of its sequence, whose earlier positions were decoded into
+  // the cache before (positions may differ between rows). The cache keeps each layer's rotated
+  // keys and values of this rank's kv heads. No sequence parallelism here (B rows need not divide
+  // by the group: the group's own view without it). Needs the whole model on the shard (pipeline
+  // 1, one chunk). Collective over the tensor group.
+  struct KvCache {
+    int64_t B = 0;
+    std::vector<DeviceArray<T>> k, v;        // per layer [B, KVHl, seq_len, HS]
+    std::unique_ptr<TensorParallel<K>> tp;   // the tensor group without sequence parallelism
+    DeviceArray<int32_t> tokens, positions;  // [B]
+    DeviceArray<T> x, norm, qkv, atty, residual, up, act, logits, gathered;  // one step's rows
+    DeviceArray<S> mean, rstd;               // [B] the norms' statistics (not kept)
+    std::vector<float> host;                 // [tp, B, Vl] the gathered logits
+  };
+  KvCache make_kv_cache(int64_t B);
+  // logits [B, vocab_size] (host) of the token after each row's: the vocab-parallel head's
+  // blocks are all-gathered, so every rank of the group gets the same bits (and samples the same
+  // token from them).
+  void forward_decode(KvCache& cache, const int32_t* tokens, const int32_t* positions,
+                      float* logits);
+
   // Called during backward with a watermark w each time every parameter gradient at flat offset
   // >= w has received its last contribution of this backward (data parallelism starts reducing
   // those buckets). The token embedding at offset 0 is never reported: under pipeline
@@ -181,6 +206,7 @@ class Transformer {
   void head_forward(Activations& a, const int32_t* targets);
   void head_backward(Activations& a, S loss_scale, T* d, bool defer_weights);
   void layer_weight_backward(size_t i, LayerActs& la, int64_t B);
+  void layer_decode(size_t i, KvCache& cache);
   bool lm_head_is_tied() const { return layout_.lm_head == layout_.token_embedding; }
   bool runs_embedding(const Activations& a) const { return shard_.has_embedding && a.chunk == 0; }
   bool runs_head(int chunk) const { return shard_.has_head && chunk == chunk_count() - 1; }

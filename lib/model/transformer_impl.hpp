@@ -533,3 +533,95 @@ void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
 }
 
 }  // namespace trident
+
+// ---------------------------------------------------------------- decoding (generation)
+namespace trident {
+
+template <class K>
+typename Transformer<K>::KvCache Transformer<K>::make_kv_cache(int64_t B) {
+  if (!shard_.has_embedding || !shard_.has_head || chunk_count() != 1)
+    throw Error("generation needs the whole model on each rank (parallel.pipeline = 1)");
+  Device& dev = k_.device();
+  const int64_t Vl = head_.out_local, tp = shard_.tp_size;
+  KvCache c;
+  c.B = B;
+  for (size_t l = 0; l < layout_.blocks.size(); ++l) {
+    c.k.emplace_back(dev, B * KVHl_ * config_.seq_len * HS_);
+    c.v.emplace_back(dev, B * KVHl_ * config_.seq_len * HS_);
+  }
+  ModelShard plain = shard_;
+  plain.sequence_parallel = false;
+  c.tp = std::make_unique<TensorParallel<K>>(tp_.comm(), plain, k_);
+  c.tokens = DeviceArray<int32_t>(dev, B);
+  c.positions = DeviceArray<int32_t>(dev, B);
+  c.x = DeviceArray<T>(dev, B * C_);
+  c.norm = DeviceArray<T>(dev, B * C_);
+  c.qkv = DeviceArray<T>(dev, B * QKVl_);
+  c.atty = DeviceArray<T>(dev, B * Hl_);
+  c.residual = DeviceArray<T>(dev, B * C_);
+  c.up = DeviceArray<T>(dev, B * Ul_);
+  c.act = DeviceArray<T>(dev, B * Fl_);
+  c.logits = DeviceArray<T>(dev, B * Vl);
+  c.gathered = DeviceArray<T>(dev, tp * B * Vl);
+  c.mean = DeviceArray<S>(dev, B);
+  c.rstd = DeviceArray<S>(dev, B);
+  c.host.resize(static_cast<size_t>(tp * B * Vl));
+  return c;
+}
+
+template <class K>
+void Transformer<K>::forward_decode(KvCache& c, const int32_t* tokens, const int32_t* positions,
+                                    float* logits) {
+  const int64_t B = c.B, Vl = head_.out_local, V = config_.vocab_size;
+  for (int64_t b = 0; b < B; ++b)
+    if (positions[b] < 0 || positions[b] >= config_.seq_len)
+      throw Error("decode: position " + std::to_string(positions[b]) + " is outside the " +
+                  "context of model.seq_len = " + std::to_string(config_.seq_len));
+  TensorParallel<K>& tp = *c.tp;
+  k_.upload_ids(c.tokens.data(), tokens, B);
+  k_.upload_ids(c.positions.data(), positions, B);
+  embedding_.forward(tp, k_, w(layout_.token_embedding), c.x.data(), c.tokens.data(), B);
+  if (layout_.position_embedding >= 0)
+    for (int64_t b = 0; b < B; ++b)  // row b: wpe[positions[b]]
+      k_.position_embedding_forward(c.x.data() + b * C_, w(layout_.position_embedding),
+                                    positions[b], 1, config_.seq_len, C_);
+  for (size_t i = 0; i < layout_.blocks.size(); ++i) layer_decode(i, c);
+  norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.x.data(), layout_.final_norm_w,
+               layout_.final_norm_b, B);
+  head_.forward(tp, k_, linear(layout_.lm_head, -1), c.logits.data(), c.norm.data(), B);
+  // Rank r holds vocabulary block [r Vl, (r+1) Vl) of every row: gathered as [tp, B, Vl].
+  tp.comm().all_gather(c.logits.data(), c.gathered.data(), B * Vl, K::act_dtype);
+  k_.to_host_float(c.host.data(), c.gathered.data(), tp.size() * B * Vl);
+  for (int64_t r = 0; r < tp.size(); ++r)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < Vl && r * Vl + j < V; ++j)  // padding ids dropped
+        logits[b * V + r * Vl + j] = c.host[(r * B + b) * Vl + j];
+}
+
+// layer_forward for one token per row, its attention over the cache.
+template <class K>
+void Transformer<K>::layer_decode(size_t i, KvCache& c) {
+  const BlockParams& p = layout_.blocks[i];
+  TensorParallel<K>& tp = *c.tp;
+  const int64_t B = c.B;
+  T* x = c.x.data();
+  norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), x, p.norm1_w, p.norm1_b, B);
+  qkv_.forward(tp, k_, linear(p.qkv_w, p.qkv_b), c.qkv.data(), c.norm.data(), B);
+  if (llama_)
+    k_.rope_forward_at(c.qkv.data(), c.positions.data(), B, NHl_, KVHl_, HS_, config_.rope_theta);
+  k_.kv_cache_attention(c.atty.data(), c.k[i].data(), c.v[i].data(), c.qkv.data(),
+                        c.positions.data(), B, config_.seq_len, NHl_, KVHl_, HS_);
+  proj_.forward(tp, k_, linear(p.proj_w, p.proj_b), c.residual.data(), c.atty.data(), B);
+  k_.add_inplace(c.residual.data(), x, B * C_);
+  norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.residual.data(), p.norm2_w,
+               p.norm2_b, B);
+  up_.forward(tp, k_, linear(p.up_w, p.up_b), c.up.data(), c.norm.data(), B);
+  if (llama_)
+    k_.swiglu_forward(c.act.data(), c.up.data(), B, Fl_);
+  else
+    k_.gelu_forward(c.act.data(), c.up.data(), B * Fl_);
+  down_.forward(tp, k_, linear(p.down_w, p.down_b), x, c.act.data(), B);  // x is free again
+  k_.add_inplace(x, c.residual.data(), B * C_);
+}
+
+}  // namespace trident

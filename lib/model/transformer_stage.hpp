@@ -63,11 +63,23 @@ class TransformerStage final : public StageModel {
   const void* output(const Activations& a) const override {
     return static_cast<const Acts&>(a).acts.output.data();
   }
+  std::unique_ptr<DecodeCache> make_decode_cache(int64_t B) override {
+    auto c = std::make_unique<Cache>();
+    c->cache = model_.make_kv_cache(B);
+    return c;
+  }
+  void forward_decode(DecodeCache& c, const int32_t* tokens, const int32_t* positions,
+                      float* logits) override {
+    model_.forward_decode(static_cast<Cache&>(c).cache, tokens, positions, logits);
+  }
   void set_grads_final_hook(std::function<void(int64_t)> hook) override {
     model_.set_grads_final_hook(std::move(hook));
   }
 
  private:
+  struct Cache : DecodeCache {
+    typename Transformer<K>::KvCache cache;
+  };
   struct Acts : Activations {
     typename Transformer<K>::Activations acts;
   };

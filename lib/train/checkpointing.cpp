@@ -7,6 +7,7 @@
 
 #include "data/blend.hpp"
 #include "model/architecture.hpp"
+#include "model/stage_model.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/divergence_guard.hpp"
 #include "util/error.hpp"
@@ -310,6 +311,28 @@ std::string data_order_changes(const Config& written, const Config& now) {
   add("data.train weights", blend_weights_text(written.data.train),
       blend_weights_text(now.data.train));
   return out;
+}
+
+void read_model_weights(CheckpointReader& reader, StageModel& model, bool counts_checksum) {
+  const int64_t n = model.flat_size();
+  Device& device = model.device();
+  std::vector<float> staging;
+  if (!device.is_host()) staging.resize(static_cast<size_t>(n));
+  float* weights = device.is_host() ? model.weights() : staging.data();
+  std::map<std::string, const ParamInfo*> mine;
+  for (const ParamInfo& p : model.params()) mine[p.name] = &p;
+  for (const ParamInfo& g : global_parameters(model.config())) {
+    const auto it = mine.find(g.name);
+    const ParamInfo* p = it == mine.end() ? nullptr : it->second;
+    const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
+    const bool owner = p && p->counted_in_norm && counts_checksum;
+    reader.read_tensor(dataset_path("/model", g.name), g.global_shape, runs,
+                       {weights, static_cast<size_t>(n)},
+                       owner ? ChecksumShare::all() : ChecksumShare::none());
+  }
+  if (!device.is_host())
+    device.from_host(model.weights(), weights, n * static_cast<int64_t>(sizeof(float)));
+  model.weights_changed();
 }
 
 }  // namespace trident

@@ -14,6 +14,8 @@
 
 namespace trident {
 
+class StageModel;
+
 // 2: the root's attributes are sealed (attributes_checksum). 1 is still read (no seal; every
 // other check applies).
 inline constexpr int64_t kCheckpointFormatVersion = 2;
@@ -85,6 +87,14 @@ CheckpointMeta verify_checkpoint(CheckpointReader& reader);
 // checkpoint was written with and `now`:
 // "train.global_batch 8 -> 16, data.shuffle true -> false"; "" if none does.
 std::string data_order_changes(const Config& written, const Config& now);
+
+// Collective over the reader's ranks: this rank's shard of every weight of the model
+// checkpoint into model.weights() (any layout's checkpoint into the model's layout), then
+// weights_changed(). Every rank visits every weight dataset in the same order; the ranks with
+// `counts_checksum` (one copy of the model: data-parallel rank 0) count what they read in the
+// checksums, which reader.close() verifies. The model must be the checkpoint's (the caller
+// compares the configs first).
+void read_model_weights(CheckpointReader& reader, StageModel& model, bool counts_checksum);
 
 // "layers.3.mlp.fc1.weight" under "/model" -> "/model/layers/003/mlp/fc1/weight".
 std::string dataset_path(const std::string& root, const std::string& param_name);

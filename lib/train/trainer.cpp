@@ -16,7 +16,9 @@
 #include "checkpoint/h5_file.hpp"
 #include "comm/mpi_comm.hpp"
 #include "grid/process_grid.hpp"
+#include "tokenizer/bpe_tokenizer.hpp"
 #include "train/checkpointing.hpp"
+#include "train/generation.hpp"
 #include "train/startup_checks.hpp"
 #include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
@@ -320,6 +322,25 @@ StepMetrics Trainer::train_step(int64_t step) {
   return m;
 }
 
+std::string Trainer::sample_text() {
+  const EvalConfig& e = config_.eval;
+  if (!sample_tokenizer_)
+    sample_tokenizer_ = std::make_shared<const BpeTokenizer>(
+        e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
+                                   : BpeTokenizer::from_file(e.sample_tokenizer));
+  const BpeTokenizer& tokenizer = *sample_tokenizer_;
+  std::vector<int32_t> prompt = tokenizer.encode(e.sample_prompt);
+  // The context holds the prompt's last tokens and the new ones.
+  const int64_t keep = std::max<int64_t>(1, config_.model.seq_len - e.sample_tokens + 1);
+  if (static_cast<int64_t>(prompt.size()) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
+  const SamplingOptions sampling{e.sample_temperature, 0, 1.0,
+                                 static_cast<uint64_t>(config_.train.seed)};
+  const auto generated = generate_tokens(*model_, {prompt}, e.sample_tokens, sampling,
+                                         std::min(tokenizer.vocab_size(),
+                                                  config_.model.vocab_size));
+  return e.sample_prompt + tokenizer.decode(generated[0]);
+}
+
 std::optional<double> Trainer::evaluate() {
   const int64_t micro_batches = config_.num_microbatches();
   double loss_sum = 0.0;
@@ -366,6 +387,15 @@ RunOutcome Trainer::run() {
     const int64_t eval_every = config_.eval.interval;
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
+    const int64_t sample_every = config_.eval.sample_interval;
+    if (sample_every > 0 && ((step + 1) % sample_every == 0 || last)) {
+      const std::string text = sample_text();
+      if (is_logging_rank()) {
+        std::printf("sample at step %lld: %s\n", static_cast<long long>(step + 1),
+                    nlohmann::json(text).dump().c_str());
+        std::fflush(stdout);
+      }
+    }
     const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
     if (log_step && groups_.pp_size > 1) m.pipeline_bubble = interval_bubbles();  // all ranks
     if (log_ && log_step) {
@@ -650,25 +680,8 @@ int64_t Trainer::init_weights_from(const std::string& path) {
                                                        config_.source);
       !diff.empty())
     throw Error("train.init_from '" + path + "': " + diff);
-  std::vector<float> staging;
-  const int64_t wn = model.flat_size();
-  float* weights = host_view(model.weights(), wn, staging);
-  std::map<std::string, const ParamInfo*> mine;
-  for (const ParamInfo& p : model.params()) mine[p.name] = &p;
-  // Collective like load_checkpoint: every rank visits every weight dataset in the same order,
-  // reading its whole shard; the rank that would write an element counts it in the checksum.
-  for (const ParamInfo& g : global_parameters(config_.model)) {
-    const auto it = mine.find(g.name);
-    const ParamInfo* p = it == mine.end() ? nullptr : it->second;
-    const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
-    const bool owner = p && p->counted_in_norm && groups_.dp_rank == 0;
-    reader.read_tensor(dataset_path("/model", g.name), g.global_shape, runs,
-                       {weights, static_cast<size_t>(wn)},
-                       owner ? ChecksumShare::all() : ChecksumShare::none());
-  }
+  read_model_weights(reader, model, groups_.dp_rank == 0);
   reader.close();  // verifies the checksums and values of everything read, on every rank
-  if (!device().is_host()) device().from_host(model.weights(), weights, wn * 4);
-  model.weights_changed();
   return meta.step;
 }
 

@@ -25,6 +25,8 @@
 
 namespace trident {
 
+class BpeTokenizer;
+
 class ProcessGrid;
 
 // The communicators the trainer uses, and this rank's place in the grid.
@@ -108,6 +110,10 @@ class Trainer {
   // Mean validation loss over eval.steps global batches from the start of the val set;
   // nullopt if a stop was requested (the stop check, agreed by all ranks between batches).
   std::optional<double> evaluate();
+  // eval.sample_prompt and its continuation of eval.sample_tokens tokens from the current
+  // weights (train/generation.hpp; eval.sample_temperature, seed train.seed). Collective over
+  // the tensor group: every rank calls it (the whole model on each rank: pipeline 1).
+  std::string sample_text();
 
   StageModel& model() { return *backend_.model; }
   Device& device() { return *backend_.device; }
@@ -180,6 +186,7 @@ class Trainer {
 
   Config config_;
   TrainerGroups groups_;
+  std::shared_ptr<const BpeTokenizer> sample_tokenizer_;  // eval.sample_interval > 0
   Backend backend_;
   StageModel* model_ = nullptr;  // backend_.model
   std::unique_ptr<GradientSync> sync_;

@@ -91,6 +91,19 @@ template <typename F>
 void rope_backward(F* dqkv, int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
                    double theta);
 
+// ---------------------------------------------------------------- decoding (key/value cache)
+// rope_forward on N rows of qkv[N,(NH+2*KVH)*HS] where row n is at position positions[n].
+template <typename F>
+void rope_forward_at(F* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                     int64_t HS, double theta);
+// One new token per sequence b < B at position positions[b] < Tmax: its k and v (rows of
+// qkv[B,(NH+2*KVH)*HS], layout of attention_forward, k rotated) are written into
+// k_cache / v_cache [B,KVH,Tmax,HS] at that position, then out[B,NH*HS] = softmax(scale q K^T) V
+// over the cached positions 0..positions[b] (what attention_forward gives that row).
+template <typename F>
+void kv_cache_attention(F* out, F* k_cache, F* v_cache, const F* qkv, const int32_t* positions,
+                        int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS);
+
 // ---------------------------------------------------------------- RMSNorm
 // out[N,C] = inp * rstd * weight, rstd[n] = 1 / sqrt(mean_c(inp^2) + eps) (saved for backward;
 // statistics accumulated in double for float).

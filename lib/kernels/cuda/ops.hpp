@@ -250,6 +250,16 @@ void rope_forward(T* qkv, int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_
 template <typename T>
 void rope_backward(T* dqkv, int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
                    double theta, cudaStream_t stream = nullptr);
+// Decoding (key/value cache; kernels/cpu/ops.hpp has the contracts): rope_forward on N rows,
+// row n at position positions[n] (device memory); one new token per sequence appended to
+// k_cache / v_cache [B,KVH,Tmax,HS] and attended over its cached positions.
+template <typename T>
+void rope_forward_at(T* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                     int64_t HS, double theta, cudaStream_t stream = nullptr);
+template <typename T>
+void kv_cache_attention(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* positions,
+                        int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS,
+                        cudaStream_t stream = nullptr);
 // out[N,C] = inp * rstd * weight, rstd[N] fp32 = 1/sqrt(mean(inp^2) + eps) (fp32 statistics).
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
