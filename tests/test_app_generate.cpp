@@ -4,6 +4,7 @@
 // seed, greedy decoding of none, and bad input is one error line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "app_fixture.hpp"
@@ -25,8 +26,10 @@ class GenerateApp : public ::testing::TestWithParam<std::string> {
     const auto r = run_command(trident_cmd(
         "train --config " + config_.string() + " --set train.steps=2 --set eval.interval=0" +
         " --set checkpoint.dir=" + (dir_ / "ckpt").string() + " --set log.dir=" +
-        (dir_ / "run").string() + " " + GetParam()));
+        (dir_ / "run").string() + " --set eval.sample_interval=2 --set eval.sample_prompt=" +
+        "\\\"ab\\\" --set eval.sample_tokens=8 " + GetParam()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    train_output_ = r.output;
     checkpoint_ = dir_ / "ckpt" / "step_00000002.h5";
     // The first validation window: seq_len + 1 = 33 tokens, all bytes (vocabulary 256).
     std::string window;
@@ -40,7 +43,14 @@ class GenerateApp : public ::testing::TestWithParam<std::string> {
     return run_command(trident_cmd("generate --ckpt " + checkpoint_.string() + " " + args), 60,
                        false);
   }
+  // Rank 0's stdout of a generate run under mpiexec -n `ranks`.
+  RunResult generate_on(int ranks, const std::string& args) {
+    return run_command(std::string(TRIDENT_MPIEXEC) + " -n " + std::to_string(ranks) + " " +
+                           trident_cmd("generate --ckpt " + checkpoint_.string() + " " + args),
+                       120, false);
+  }
   fs::path dir_, config_, checkpoint_;
+  std::string train_output_;
 };
 
 }  // namespace
@@ -102,6 +112,69 @@ TEST_P(GenerateApp, BadInputIsOneErrorLine) {
     const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
     EXPECT_NE(line.find(message), std::string::npos) << line;
   }
+}
+
+TEST_P(GenerateApp, TensorParallelTwoGivesTheTokensOfOne) {
+  // Two prompts batched: per-row positions and the vocab-parallel logits gathered under TP.
+  write_file(dir_ / "prompts.txt", "abc\nthe longer prompt\n");
+  const std::string args = "--prompts " + (dir_ / "prompts.txt").string() +
+                           " --max-new-tokens 12 --temperature 0";
+  const auto one = generate_on(1, args);
+  const auto two = generate_on(2, args);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  std::printf("%s: TP 1 and TP 2 print\n%s", GetParam().c_str(), one.output.c_str());
+  EXPECT_EQ(std::count(one.output.begin(), one.output.end(), '\n'), 2) << one.output;
+  EXPECT_EQ(one.output.rfind("0\tabc", 0), 0u) << one.output;
+  EXPECT_EQ(two.output, one.output);
+  // Every logit counts in the prompt's loss: TP 2's (vocab-parallel head, gathered) is TP 1's.
+  const std::string window = "--prompt-file " + (dir_ / "window.bin").string() +
+                             " --max-new-tokens 0 --prompt-loss";
+  double loss[2] = {NAN, NAN};
+  for (const int ranks : {1, 2}) {
+    const auto r = generate_on(ranks, window);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(std::sscanf(r.output.c_str(), "prompt loss %lf over 32 tokens", &loss[ranks - 1]),
+              1) << r.output;
+  }
+  std::printf("%s: prompt loss TP 1 %.10f, TP 2 %.10f\n", GetParam().c_str(), loss[0], loss[1]);
+  EXPECT_NEAR(loss[1], loss[0], 1e-6 * loss[0]);
+}
+
+TEST_P(GenerateApp, BatchedPromptsEqualSingleRuns) {
+  write_file(dir_ / "prompts.txt", "x\nhello there\nab\n");
+  const auto batch = generate("--prompts " + (dir_ / "prompts.txt").string() +
+                              " --max-new-tokens 10 --temperature 0");
+  ASSERT_EQ(batch.exit_code, 0) << batch.output;
+  std::string expected;
+  int index = 0;
+  for (const std::string prompt : {"x", "hello there", "ab"}) {
+    write_file(dir_ / "one.txt", prompt);
+    const auto single = generate("--prompt-file " + (dir_ / "one.txt").string() +
+                                 " --max-new-tokens 10 --temperature 0");
+    ASSERT_EQ(single.exit_code, 0) << single.output;
+    std::string text = single.output.substr(0, single.output.size() - 1);  // the last newline
+    std::string escaped;
+    for (const char c : text) escaped += c == '\n' ? std::string("\\n") : std::string(1, c);
+    expected += std::to_string(index++) + "\t" + escaped + "\n";
+  }
+  EXPECT_EQ(batch.output, expected);
+}
+
+TEST_P(GenerateApp, TrainerSamplesAreWhatGenerateGivesTheCheckpoint) {
+  // The trainer printed a greedy sample of 8 tokens of "ab" at step 2 from its live weights;
+  // the step-2 checkpoint through `trident generate` gives the same text.
+  const std::string tag = "sample at step 2: ";
+  const size_t at = train_output_.find(tag);
+  ASSERT_NE(at, std::string::npos) << train_output_;
+  const std::string json = train_output_.substr(at + tag.size(),
+                                                train_output_.find('\n', at) - at - tag.size());
+  const std::string sampled = nlohmann::json::parse(json).get<std::string>();
+  const auto g = generate("--prompt ab --max-new-tokens 8 --temperature 0");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  std::printf("%s: trainer sample %s\n", GetParam().c_str(), json.c_str());
+  EXPECT_EQ(sampled.size(), 2u + 8u);
+  EXPECT_EQ(g.output, sampled + "\n");
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, GenerateApp,
