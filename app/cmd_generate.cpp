@@ -113,6 +113,21 @@ Config generate_config(const GenerateOptions& o, const std::string& stored_toml,
   return config;
 }
 
+// A "<|name|>" in a prompt that the tokenizer has no token for is refused: it would be encoded
+// as plain text, which is never what such a marker means (a typo, or another model's token).
+void check_special_tokens(const std::string& text, const BpeTokenizer& tokenizer,
+                          const std::string& which) {
+  for (size_t at = text.find("<|"); at != std::string::npos; at = text.find("<|", at + 2)) {
+    const size_t end = text.find("|>", at + 2);
+    if (end == std::string::npos) return;
+    const std::string marker = text.substr(at, end + 2 - at);
+    if (marker.find_first_of(" \t\n<", 1) != std::string::npos) continue;  // not one marker
+    if (tokenizer.token_id(marker) < 0)
+      throw Error("generate: " + which + " has '" + marker + "', which the tokenizer has no " +
+                  "special token for (" + std::to_string(tokenizer.vocab_size()) + " ids)");
+  }
+}
+
 void write_bytes(const std::string& text) {
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
@@ -143,7 +158,11 @@ void run_generate(const GenerateOptions& options) {
                                      ? BpeTokenizer::bytes()
                                      : BpeTokenizer::from_file(options.tokenizer);
   std::vector<std::vector<int32_t>> prompts;
-  for (const std::string& text : texts) prompts.push_back(tokenizer.encode(text));
+  for (size_t i = 0; i < texts.size(); ++i) {
+    check_special_tokens(texts[i], tokenizer,
+                         texts.size() == 1 ? "the prompt" : "prompt " + std::to_string(i));
+    prompts.push_back(tokenizer.encode(texts[i]));
+  }
 
   CheckpointReader reader(options.checkpoint, MPI_COMM_WORLD, checkpoint_reader_options());
   const Config config = generate_config(options, check_checkpoint(reader).config.to_toml(), world);
