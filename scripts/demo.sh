@@ -6,8 +6,9 @@
 # until a checkpoint, resumes that checkpoint on a different layout (DP 2 = 2 ranks) and
 # trains on to the end, compares the validation loss with the unigram entropy of the
 # tokenized corpus, and exports the final checkpoint in Hugging Face format (with the
-# tokenizer). Part 1 also writes a timeline trace of its steps 2-3 (log.trace) and draws it
-# (data_tools/plot_timeline.py: runs/demo/timeline.png, with the measured bubble per stage).
+# tokenizer), then prints three fortunes generated from it. Part 1 also writes a timeline
+# trace of its steps 2-3 (log.trace) and draws it (data_tools/plot_timeline.py:
+# runs/demo/timeline.png, with the measured bubble per stage).
 # Extra arguments go to both `trident train` runs.
 #   TRIDENT_DEMO_SWITCH=40   the step at which the first layout checkpoints and stops
 set -euo pipefail
@@ -75,3 +76,12 @@ cp "$corpus/tokenizer.json" "$run/hf/tokenizer.json"
 echo "loss curve: $run/loss.png; timeline of steps 2-3 (part 1): $run/timeline.png" \
   "(trace: $run/trace.json, opens in ui.perfetto.dev); checkpoints: $run/checkpoints"
 echo "Hugging Face export of $final (config.json, model.safetensors, tokenizer.json): $run/hf"
+
+# Three fortunes from the final checkpoint: `trident generate` (the model graph's key/value-cache
+# decoding, docs/tokenizer.md) with the corpus's BPE and a fixed seed.
+echo "=== three generated fortunes from $final"
+for prompt in "The" "Q:" "You will"; do
+  echo "---"
+  build/app/trident generate --ckpt "$final" --tokenizer "$corpus/tokenizer.json" \
+    --prompt "$prompt" --max-new-tokens 60 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
+done

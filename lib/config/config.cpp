@@ -265,7 +265,7 @@ const Key kKeys[] = {
   {TRIDENT_KEY(eval, steps), at_least(1), "Global batches per evaluation."},
   {TRIDENT_KEY(eval, sample_interval), at_least(0),
    "Print continuations of eval.sample_prompt from the live weights every this many steps "
-   "(rank 0; the generation path of `trident generate`, docs/generation.md); 0: never.",
+   "(rank 0; the generation path of `trident generate`, docs/tokenizer.md); 0: never.",
    "needs parallel.pipeline = 1"},
   {TRIDENT_KEY(eval, sample_prompt), any(), "The prompt of the samples (eval.sample_interval)."},
   {TRIDENT_KEY(eval, sample_tokens), at_least(1), "New tokens per sample."},
