@@ -97,8 +97,10 @@ std::vector<std::string> prompt_texts(const GenerateOptions& o) {
 // on each rank of one group).
 Config generate_config(const GenerateOptions& o, const std::string& stored_toml, int world) {
   std::vector<std::string> overrides = {
-      "checkpoint.dir=\"\"", "train.init_from=\"\"", "log.dir=\"\"", "log.tensorboard=false",
-      "log.trace=false", "parallel.tensor=" + std::to_string(world), "parallel.pipeline=1",
+      "checkpoint.dir=\"\"", "train.init_from=\"\"", "train.exit_interval=0",
+      "train.exit_after_minutes=0", "train.max_bad_steps=0", "log.dir=\"\"",
+      "log.tensorboard=false", "log.trace=false", "parallel.tensor=" + std::to_string(world),
+      "parallel.pipeline=1",
       "parallel.pipeline_layers=[]", "parallel.schedule=\"1f1b\"",
       "parallel.sequence_parallel=false", "parallel.data=1", "eval.sample_interval=0"};
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
