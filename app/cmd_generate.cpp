@@ -16,10 +16,10 @@
 // evaluation computes for the same window: tests/test_app_generate.cpp compares them).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "checkpoint/h5_file.hpp"
@@ -30,7 +30,7 @@
 #include "train/backend.hpp"
 #include "train/checkpointing.hpp"
 #include "train/generation.hpp"
-#include "train/trainer.hpp"
+#include "train/trainer.hpp"  // TrainerGroups
 #include "util/error.hpp"
 
 namespace trident {
