@@ -1,6 +1,6 @@
 // trident generate --ckpt FILE [--tokenizer FILE] (--prompt TEXT | --prompt-file FILE |
 //     --prompts FILE) [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-//     [--prompt-loss] [--set key=value]
+//     [--stop TOKEN] [--prompt-loss] [--set key=value]
 // Text from a checkpoint's model through the trainer's model graph (Transformer::forward_decode:
 // the training blocks and kernels, one token per sequence per step against a key/value cache),
 // on the CPU or the GPU (--set train.device="cuda"), on one rank or under mpiexec with tensor
@@ -60,6 +60,8 @@ void add_generate_command(CLI::App& app, GenerateOptions& options) {
                   "sample among the most likely tokens whose probabilities sum to p (nucleus)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", options.seed, "sampling seed");
+  cmd->add_option("--stop", options.stop,
+                  "a token (e.g. <|endoftext|>) that ends a sequence when sampled (not printed)");
   cmd->add_flag("--prompt-loss", options.prompt_loss,
                 "also print the mean cross-entropy of the prompt (each token given those before)");
   cmd->add_option("--set", options.overrides,
@@ -159,6 +161,13 @@ void run_generate(const GenerateOptions& options) {
   const BpeTokenizer tokenizer = options.tokenizer.empty()
                                      ? BpeTokenizer::bytes()
                                      : BpeTokenizer::from_file(options.tokenizer);
+  int32_t stop_token = -1;
+  if (!options.stop.empty()) {
+    stop_token = tokenizer.token_id(options.stop);
+    if (stop_token < 0)
+      throw Error("--stop '" + options.stop + "': not one token of the tokenizer (" +
+                  std::to_string(tokenizer.vocab_size()) + " ids)");
+  }
   std::vector<std::vector<int32_t>> prompts;
   for (size_t i = 0; i < texts.size(); ++i) {
     check_special_tokens(texts[i], tokenizer,
@@ -196,10 +205,12 @@ void run_generate(const GenerateOptions& options) {
     if (!options.prompt_loss) write_bytes(texts[0]);
     callbacks.on_token = [&](int64_t, int32_t id) { write_bytes(tokenizer.decode({id})); };
   }
-  const SamplingOptions sampling{options.temperature, options.top_k, options.top_p,
-                                 options.seed};
-  const auto generated = generate_tokens(model, prompts, options.max_new_tokens, sampling,
-                                         tokenizer.vocab_size(), callbacks);
+  GenerateRequest request;
+  request.max_new_tokens = options.max_new_tokens;
+  request.sampling = {options.temperature, options.top_k, options.top_p, options.seed};
+  request.sample_vocab = tokenizer.vocab_size();
+  request.stop_token = stop_token;
+  const auto generated = generate_tokens(model, prompts, request, callbacks);
   if (!printing) return;
   if (options.prompt_loss) {
     if (prompts[0].size() < 2) throw Error("--prompt-loss needs a prompt of at least 2 tokens");
@@ -217,7 +228,8 @@ void run_generate(const GenerateOptions& options) {
   else
     write_bytes("\n");
   for (size_t i = 0; i < generated.size(); ++i)
-    if (static_cast<int64_t>(generated[i].size()) < options.max_new_tokens)
+    if (static_cast<int64_t>(generated[i].size()) < options.max_new_tokens &&
+        static_cast<int64_t>(prompts[i].size() + generated[i].size()) > m.seq_len)
       std::fprintf(stderr, "generate: %s stopped after %zu new tokens: model.seq_len (%lld) "
                    "reached\n", batch ? ("prompt " + std::to_string(i)).c_str() : "the text",
                    generated[i].size(), static_cast<long long>(m.seq_len));

@@ -140,6 +140,7 @@ struct GenerateOptions {
   std::string prompt, prompt_file;
   std::string prompts_file;  // --prompts: one prompt per line, one batch
   std::vector<std::string> overrides;  // --set key=value on the stored config
+  std::string stop;                    // --stop: a token that ends a sequence
   int64_t max_new_tokens = 64;
   double temperature = 1.0;  // 0: greedy
   int64_t top_k = 0;         // 0: no limit

@@ -78,10 +78,12 @@ echo "loss curve: $run/loss.png; timeline of steps 2-3 (part 1): $run/timeline.p
 echo "Hugging Face export of $final (config.json, model.safetensors, tokenizer.json): $run/hf"
 
 # Three fortunes from the final checkpoint: `trident generate` (the model graph's key/value-cache
-# decoding, docs/tokenizer.md) with the corpus's BPE and a fixed seed.
+# decoding, docs/tokenizer.md) with the corpus's BPE and a fixed seed, each ending at the
+# end-of-document token.
 echo "=== three generated fortunes from $final"
 for prompt in "The" "Q:" "You will"; do
   echo "---"
   build/app/trident generate --ckpt "$final" --tokenizer "$corpus/tokenizer.json" \
-    --prompt "$prompt" --max-new-tokens 60 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
+    --prompt "$prompt" --max-new-tokens 80 --stop "<|endoftext|>" --temperature 0.8 --top-k 40 \
+    --top-p 0.95 --seed 7
 done

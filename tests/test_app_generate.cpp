@@ -97,6 +97,8 @@ TEST_P(GenerateApp, BadInputIsOneErrorLine) {
       {trident_cmd("generate --ckpt " + checkpoint_.string() + " --prompt " + long_prompt),
        "longer than model.seq_len (32"},
       {trident_cmd("generate --ckpt " + checkpoint_.string()), "--prompt"},
+      {trident_cmd("generate --ckpt " + checkpoint_.string() + " --prompt a --stop xy"),
+       "--stop 'xy': not one token of the tokenizer (256 ids)"},
       {trident_cmd("generate --ckpt " + checkpoint_.string() + " --prompt \"a <|endoftext|>\""),
        "the prompt has '<|endoftext|>', which the tokenizer has no special token for (256 ids)"},
       {trident_cmd("generate --ckpt " + (dir_ / "missing.h5").string() + " --prompt a"),

@@ -85,7 +85,7 @@ struct Decoded {
   std::vector<std::vector<std::vector<float>>> logits;  // [row][generated position][vocab]
 };
 Decoded decode_greedy(const ModelConfig& m, const std::vector<std::vector<int32_t>>& prompts,
-                      int64_t new_tokens) {
+                      int64_t new_tokens, int32_t stop_token = -1) {
   auto comm = make_self_communicator("tensor");
   auto host = make_cpu_device();
   auto model = make_cpu_stage_model(m, ModelShard::whole(m), *comm, *host);
@@ -97,9 +97,12 @@ Decoded decode_greedy(const ModelConfig& m, const std::vector<std::vector<int32_
     if (position + 1 >= static_cast<int64_t>(prompts[row].size()))  // predicts a new token
       out.logits[row].emplace_back(logits, logits + m.vocab_size);
   };
-  SamplingOptions greedy;
-  greedy.temperature = 0;
-  out.tokens = generate_tokens(*model, prompts, new_tokens, greedy, m.vocab_size, callbacks);
+  GenerateRequest greedy;
+  greedy.max_new_tokens = new_tokens;
+  greedy.sampling.temperature = 0;
+  greedy.sample_vocab = m.vocab_size;
+  greedy.stop_token = stop_token;
+  out.tokens = generate_tokens(*model, prompts, greedy, callbacks);
   return out;
 }
 
@@ -186,7 +189,7 @@ TEST_P(Generation, ContextEndStopsAndBadPromptsAreOneLine) {
   auto model = make_cpu_stage_model(m, ModelShard::whole(m), *comm, *host);
   const auto message = [&](const std::vector<std::vector<int32_t>>& prompts, int64_t n) {
     try {
-      generate_tokens(*model, prompts, n, SamplingOptions{}, m.vocab_size);
+      generate_tokens(*model, prompts, {n, {}, m.vocab_size, -1});
     } catch (const Error& e) {
       const std::string what = e.what();
       EXPECT_EQ(what.find('\n'), std::string::npos) << what;
@@ -198,10 +201,32 @@ TEST_P(Generation, ContextEndStopsAndBadPromptsAreOneLine) {
   EXPECT_NE(message({prompt_of(17, 1, m.vocab_size)}, 1).find("longer than model.seq_len (16"),
             std::string::npos);
   // With no new tokens a prompt may be one longer (a training window: inputs and targets).
-  EXPECT_NO_THROW(generate_tokens(*model, {prompt_of(17, 1, m.vocab_size)}, 0, {}, 50));
+  EXPECT_NO_THROW(generate_tokens(*model, {prompt_of(17, 1, m.vocab_size)}, {0, {}, 50, -1}));
   EXPECT_NE(message({{1, 2}, {}}, 1).find("prompt 1 has no tokens"), std::string::npos);
   EXPECT_NE(message({{1, 50}}, 1).find("token id 50, outside the model's vocabulary of 50"),
             std::string::npos);
+}
+
+TEST_P(Generation, StopTokenEndsItsSequenceOnly) {
+  const ModelConfig m = tiny_model(GetParam());
+  const std::vector<std::vector<int32_t>> prompts = {prompt_of(3, 1, m.vocab_size),
+                                                     prompt_of(5, 4, m.vocab_size)};
+  const Decoded free = decode_greedy(m, prompts, 8);
+  // Row 0's third new token as the stop token: row 0 ends after two (unless the token came
+  // earlier), row 1 goes on as before up to its first sample of it.
+  const int32_t stop = free.tokens[0][2];
+  const Decoded stopped = decode_greedy(m, prompts, 8, stop);
+  int64_t compared = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const auto& all = free.tokens[b];
+    const std::vector<int32_t> expected(all.begin(), std::find(all.begin(), all.end(), stop));
+    EXPECT_EQ(stopped.tokens[b], expected) << "prompt " << b;
+    compared += static_cast<int64_t>(expected.size());
+  }
+  std::printf("%s: stop token %d: rows end after %zu and %zu of 8 tokens\n", GetParam().c_str(),
+              stop, stopped.tokens[0].size(), stopped.tokens[1].size());
+  EXPECT_LE(stopped.tokens[0].size(), 2u);
+  EXPECT_GT(compared, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, Generation, ::testing::Values("gpt2", "llama"));

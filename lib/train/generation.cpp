@@ -44,10 +44,9 @@ int64_t decode_end(int64_t length, int64_t max_new_tokens, int64_t context) {
 
 std::vector<std::vector<int32_t>> generate_tokens(StageModel& model,
                                                   const std::vector<std::vector<int32_t>>& prompts,
-                                                  int64_t max_new_tokens,
-                                                  const SamplingOptions& sampling,
-                                                  int64_t sample_vocab,
+                                                  const GenerateRequest& request,
                                                   const GenerateCallbacks& callbacks) {
+  const int64_t max_new_tokens = request.max_new_tokens;
   const int64_t B = static_cast<int64_t>(prompts.size());
   const int64_t context = model.config().seq_len, V = model.config().vocab_size;
   std::vector<int64_t> end(static_cast<size_t>(B));
@@ -72,7 +71,8 @@ std::vector<std::vector<int32_t>> generate_tokens(StageModel& model,
   const auto cache = model.make_decode_cache(B);
   std::vector<int32_t> tokens(static_cast<size_t>(B)), positions(static_cast<size_t>(B));
   std::vector<float> logits(static_cast<size_t>(B * V));
-  const uint64_t key = stream_key(sampling.seed, "generate");
+  const uint64_t key = stream_key(request.sampling.seed, "generate");
+  const int64_t sample_vocab = std::min(request.sample_vocab, V);
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t length = static_cast<int64_t>(prompts[b].size());
@@ -90,8 +90,13 @@ std::vector<std::vector<int32_t>> generate_tokens(StageModel& model,
       auto& out = generated[b];
       if (s + 1 < length || static_cast<int64_t>(out.size()) >= max_new_tokens) continue;
       const uint64_t draw = (static_cast<uint64_t>(b) << 32) + out.size();
-      out.push_back(sample_token(row, std::min(sample_vocab, V), sampling, key, draw));
-      if (callbacks.on_token) callbacks.on_token(b, out.back());
+      const int32_t next = sample_token(row, sample_vocab, request.sampling, key, draw);
+      if (next == request.stop_token) {
+        end[b] = s + 1;  // finished: repeats this step from now on
+        continue;
+      }
+      out.push_back(next);
+      if (callbacks.on_token) callbacks.on_token(b, next);
     }
   }
   return generated;

@@ -28,6 +28,14 @@ struct SamplingOptions {
 int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& options,
                      uint64_t key, uint64_t draw);
 
+// What to generate for every prompt of a batch.
+struct GenerateRequest {
+  int64_t max_new_tokens = 0;  // fewer when a sequence reaches model.seq_len or stop_token
+  SamplingOptions sampling;
+  int64_t sample_vocab = 0;    // ids >= this (the tokenizer's size) are never drawn
+  int32_t stop_token = -1;     // a sequence that samples it ends there (not kept); -1: none
+};
+
 struct GenerateCallbacks {
   // Each new token of sequence `row` as it is sampled.
   std::function<void(int64_t row, int32_t token)> on_token;
@@ -36,17 +44,15 @@ struct GenerateCallbacks {
 };
 
 // Collective over the model's tensor group (the whole model on each rank: pipeline 1).
-// Up to max_new_tokens new tokens per prompt, sampled among ids < sample_vocab (the
-// tokenizer's: padding ids of the model's vocabulary are never produced); fewer when the
-// sequence reaches model.seq_len. Prompt b is fed whole when max_new_tokens > 0, else all but
-// its last token (a prompt of seq_len + 1 tokens is then one training window). Sequence b
-// draws from stream_key(seed, "generate") with counters b * 2^32 + n. Throws one line for an
-// empty prompt or one longer than the context.
+// The new tokens of each prompt, sampled among ids < sample_vocab (the tokenizer's: padding
+// ids of the model's vocabulary are never produced). Prompt b is fed whole when
+// max_new_tokens > 0, else all but its last token (a prompt of seq_len + 1 tokens is then one
+// training window). Sequence b draws from stream_key(seed, "generate") with counters
+// b * 2^32 + n. Throws one line for an empty prompt, an id outside the vocabulary or a prompt
+// longer than the context.
 std::vector<std::vector<int32_t>> generate_tokens(StageModel& model,
                                                   const std::vector<std::vector<int32_t>>& prompts,
-                                                  int64_t max_new_tokens,
-                                                  const SamplingOptions& sampling,
-                                                  int64_t sample_vocab,
+                                                  const GenerateRequest& request,
                                                   const GenerateCallbacks& callbacks = {});
 
 }  // namespace trident

@@ -333,11 +333,11 @@ std::string Trainer::sample_text() {
   // The context holds the prompt's last tokens and the new ones.
   const int64_t keep = std::max<int64_t>(1, config_.model.seq_len - e.sample_tokens + 1);
   if (static_cast<int64_t>(prompt.size()) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
-  const SamplingOptions sampling{e.sample_temperature, 0, 1.0,
-                                 static_cast<uint64_t>(config_.train.seed)};
-  const auto generated = generate_tokens(*model_, {prompt}, e.sample_tokens, sampling,
-                                         std::min(tokenizer.vocab_size(),
-                                                  config_.model.vocab_size));
+  GenerateRequest request;
+  request.max_new_tokens = e.sample_tokens;
+  request.sampling = {e.sample_temperature, 0, 1.0, static_cast<uint64_t>(config_.train.seed)};
+  request.sample_vocab = tokenizer.vocab_size();
+  const auto generated = generate_tokens(*model_, {prompt}, request);
   return e.sample_prompt + tokenizer.decode(generated[0]);
 }
 
