@@ -228,7 +228,7 @@ std::string gemm_speed_warning(const GemmSpeedProbe& p, double min_fraction) {
   std::snprintf(line, sizeof line,
                 "trident: warning: sgemm runs at %.0f GFLOP/s on one thread, %.2f of the %.0f "
                 "GFLOP/s that this core's %d-bit FMAs reach: the GEMM library does not use the "
-                "core's vector width (see the gemm line above; docs/performance.md, \"GEMM\")",
+                "core's vector width (see the gemm line above; docs/gemm.md)",
                 p.gemm_gflops, p.gemm_gflops / p.fma_gflops, p.fma_gflops, p.vector_bits);
   return line;
 }

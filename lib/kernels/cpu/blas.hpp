@@ -17,7 +17,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 void set_num_threads(int threads);
 int num_threads();
 
-// ---- Which GEMM runs, chosen before OpenBLAS's first call (docs/performance.md, "GEMM").
+// ---- Which GEMM runs, chosen before OpenBLAS's first call (docs/gemm.md).
 
 // What start-up does about the OpenBLAS kernel, given the core, the environment and the kernel
 // OpenBLAS picked alone. A pure function (tested for every kind of machine).
