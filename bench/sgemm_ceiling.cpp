@@ -17,6 +17,9 @@
 //     --shapes LIST  comma-separated MxNxK; default: the square and GPT-like set below
 //     --human        also print a table to stderr
 //     --double       dgemm instead of sgemm (cblas only)
+//     --cpu-time     time by the process's CPU time instead of the wall clock: on a core
+//                    shared with other jobs, time slices spent elsewhere do not count (one
+//                    thread only; with more, spinning threads would count)
 //     --in-parallel  inside `#pragma omp parallel` with N threads, each thread its own GEMM
 //                    of the shape (as the attention kernels call it); GFLOP/s of all together
 //     --lib PATH     dlopen another library instead of the linked OpenBLAS:
@@ -39,6 +42,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -152,9 +156,20 @@ GemmFn<T> loaded_gemm(void* lib, const std::string& path, const std::string& api
   }
 }
 
+// Seconds from the wall clock, or the process's CPU time (--cpu-time).
+double now_s(bool cpu_time) {
+  if (cpu_time) {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 template <typename T>
 Result time_gemm(const GemmFn<T>& gemm, const Shape& s, int reps, double min_time,
-                 int copies) {
+                 int copies, bool cpu_time) {
   // With --in-parallel every thread has its own A, B and C (as the attention tasks do).
   std::vector<std::vector<T>> a(copies), b(copies), c(copies);
   std::mt19937 rng(1234);
@@ -177,7 +192,6 @@ Result time_gemm(const GemmFn<T>& gemm, const Shape& s, int reps, double min_tim
       gemm(s, a[t].data(), b[t].data(), c[t].data());
     }
   };
-  using clk = std::chrono::steady_clock;
   // Warm-up: thread pool start, page faults on C, packing buffers.
   round();
   round();
@@ -185,12 +199,12 @@ Result time_gemm(const GemmFn<T>& gemm, const Shape& s, int reps, double min_tim
   double best = 1e300;
   for (int r = 0; r < reps; ++r) {
     int iters = 0;
-    auto t0 = clk::now();
+    const double t0 = now_s(cpu_time);
     double el = 0.0;
     do {
       round();
       ++iters;
-      el = std::chrono::duration<double>(clk::now() - t0).count();
+      el = now_s(cpu_time) - t0;
     } while (el < min_time);
     best = std::min(best, el / iters);
   }
@@ -214,7 +228,7 @@ int main(int argc, char** argv) {
   trident::cpu::settle_gemm_kernel(argv);
   int threads = 1, reps = 5;
   double min_time = 0.2;
-  bool human = false, fp64 = false, in_parallel = false;
+  bool human = false, fp64 = false, in_parallel = false, cpu_time = false;
   std::string lib_path, api = "cblas";
   std::vector<Shape> shapes = {
       {2048, 2048, 2048},   // square: the ceiling
@@ -239,6 +253,7 @@ int main(int argc, char** argv) {
     else if (a == "--human") human = true;
     else if (a == "--double") fp64 = true;
     else if (a == "--in-parallel") in_parallel = true;
+    else if (a == "--cpu-time") cpu_time = true;
     else if (a == "--lib") lib_path = next();
     else if (a == "--api") api = next();
     else if (a == "-h" || a == "--help") usage("help");
@@ -247,6 +262,7 @@ int main(int argc, char** argv) {
   if (threads < 1) usage("--threads must be >= 1");
   if (reps < 1) usage("--reps must be >= 1");
   if (api != "cblas" && api != "dnnl") usage(("unknown --api '" + api + "'").c_str());
+  if (cpu_time && threads != 1) usage("--cpu-time needs --threads 1");
 
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
@@ -268,10 +284,10 @@ int main(int argc, char** argv) {
   for (const auto& s : shapes) {
     results.push_back(fp64 ? time_gemm<double>(lib ? loaded_gemm<double>(lib, lib_path, api)
                                                    : linked_gemm<double>(),
-                                               s, reps, min_time, copies)
+                                               s, reps, min_time, copies, cpu_time)
                            : time_gemm<float>(lib ? loaded_gemm<float>(lib, lib_path, api)
                                                   : linked_gemm<float>(),
-                                              s, reps, min_time, copies));
+                                              s, reps, min_time, copies, cpu_time));
     if (human)
       std::fprintf(stderr, "  %6ld x %6ld x %6ld  %8.2f GFLOP/s  (%.4f s)\n", s.m, s.n, s.k,
                    results.back().gflops, results.back().seconds);
@@ -286,7 +302,7 @@ int main(int argc, char** argv) {
 
   // The measured peak of one thread, after the GEMMs (so their threads are idle again).
   const int bits = trident::cpu::fma_vector_bits(trident::cpu::read_cpu_features());
-  const double fma = bits ? trident::cpu::fma_peak_gflops(bits, 0.2) / (fp64 ? 2.0 : 1.0) : 0.0;
+  const double fma = bits ? trident::cpu::fma_peak_gflops(bits, 0.2, cpu_time) / (fp64 ? 2.0 : 1.0) : 0.0;
   const double of_peak = fma > 0 ? ceil->gflops / (fma * threads) : 0.0;
 
   std::printf("{\"threads\":%d,\"openblas_threads\":%d,\"ceiling_gflops\":%.2f,"
@@ -299,8 +315,9 @@ int main(int argc, char** argv) {
                 i ? "," : "", r.s.m, r.s.n, r.s.k, r.gflops, r.seconds);
   }
   std::printf("],\"fma_gflops\":%.2f,\"fma_bits\":%d,\"ceiling_of_peak\":%.3f,"
-              "\"precision\":\"%s\",\"in_parallel\":%s,\"library\":\"%s\"}\n",
+              "\"precision\":\"%s\",\"in_parallel\":%s,\"clock\":\"%s\",\"library\":\"%s\"}\n",
               fma, bits, of_peak, fp64 ? "fp64" : "fp32", in_parallel ? "true" : "false",
+              cpu_time ? "cpu" : "wall",
               json_escaped(library).c_str());
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -111,21 +112,32 @@ namespace {
 // One function per width, each compiled for its ISA (the intrinsics must inline).
 constexpr int kAccumulators = 12;
 
-double gflops_of(long iters, int lanes, std::chrono::steady_clock::time_point t0) {
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return 2.0 * kAccumulators * lanes * static_cast<double>(iters) / s * 1e-9;
+// Seconds on the wall clock, or of this thread's CPU time (time slices spent elsewhere on a
+// shared core do not count).
+double now_s(bool cpu_time) {
+  if (cpu_time) {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
-__attribute__((target("avx512f"))) double fma512_gflops(long iters) {
+double gflops_of(long iters, int lanes, double seconds) {
+  return 2.0 * kAccumulators * lanes * static_cast<double>(iters) / seconds * 1e-9;
+}
+
+__attribute__((target("avx512f"))) double fma512_gflops(long iters, bool cpu_time) {
   __m512 acc[kAccumulators];
   for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(1.0f + 0.001f * j);
   const __m512 a = _mm512_set1_ps(0.9999999f), b = _mm512_set1_ps(1e-7f);
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_s(cpu_time);
   for (long i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
   }
-  const double g = gflops_of(iters, 16, t0);
+  const double g = gflops_of(iters, 16, now_s(cpu_time) - t0);
   float sink = 0.0f;
   for (int j = 0; j < kAccumulators; ++j) sink += _mm512_cvtss_f32(acc[j]);
   volatile float keep = sink;
@@ -133,16 +145,16 @@ __attribute__((target("avx512f"))) double fma512_gflops(long iters) {
   return g;
 }
 
-__attribute__((target("avx2,fma"))) double fma256_gflops(long iters) {
+__attribute__((target("avx2,fma"))) double fma256_gflops(long iters, bool cpu_time) {
   __m256 acc[kAccumulators];
   for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_set1_ps(1.0f + 0.001f * j);
   const __m256 a = _mm256_set1_ps(0.9999999f), b = _mm256_set1_ps(1e-7f);
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_s(cpu_time);
   for (long i = 0; i < iters; ++i) {
 #pragma GCC unroll 12
     for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
   }
-  const double g = gflops_of(iters, 8, t0);
+  const double g = gflops_of(iters, 8, now_s(cpu_time) - t0);
   float sink = 0.0f;
   for (int j = 0; j < kAccumulators; ++j) sink += _mm256_cvtss_f32(acc[j]);
   volatile float keep = sink;
@@ -153,14 +165,14 @@ __attribute__((target("avx2,fma"))) double fma256_gflops(long iters) {
 }  // namespace
 #endif
 
-double fma_peak_gflops(int vector_bits, double seconds) {
+double fma_peak_gflops(int vector_bits, double seconds, bool cpu_time) {
 #ifdef TRIDENT_X86
   const CpuFeatures f = read_cpu_features();
   if (vector_bits == 512 && !avx512_usable(f)) return 0.0;
   if (vector_bits == 256 && !avx2_usable(f)) return 0.0;
   if (vector_bits != 512 && vector_bits != 256) return 0.0;
   auto run = [&](long iters) {
-    return vector_bits == 512 ? fma512_gflops(iters) : fma256_gflops(iters);
+    return vector_bits == 512 ? fma512_gflops(iters, cpu_time) : fma256_gflops(iters, cpu_time);
   };
   // Size a run to a fifth of the budget from a short first one, then keep the best of five:
   // on a shared core, contention only ever lowers a run.
@@ -172,6 +184,7 @@ double fma_peak_gflops(int vector_bits, double seconds) {
 #else
   (void)vector_bits;
   (void)seconds;
+  (void)cpu_time;
   return 0.0;
 #endif
 }

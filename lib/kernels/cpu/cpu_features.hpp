@@ -39,7 +39,8 @@ std::string choose_openblas_coretype(const CpuFeatures& f, std::string_view dete
 
 // FLOP/s of independent fp32 FMAs at `vector_bits` (512 or 256) on this thread, best of a few
 // short runs of about `seconds` in all: what the core's vector units reach, clock included.
-// 0 when that width is not usable here.
-double fma_peak_gflops(int vector_bits, double seconds);
+// 0 when that width is not usable here. cpu_time: timed by this thread's CPU time, not the
+// wall clock (for benchmarks on cores shared with other jobs).
+double fma_peak_gflops(int vector_bits, double seconds, bool cpu_time = false);
 
 }  // namespace trident::cpu
