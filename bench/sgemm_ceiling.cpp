@@ -17,11 +17,13 @@
 //     --shapes LIST  comma-separated MxNxK; default: the square and GPT-like set below
 //     --human        also print a table to stderr
 //     --double       dgemm instead of sgemm (cblas only)
-//     --cpu-time     time by the process's CPU time instead of the wall clock: on a core
-//                    shared with other jobs, time slices spent elsewhere do not count (one
-//                    thread only; with more, spinning threads would count)
-//     --in-parallel  inside `#pragma omp parallel` with N threads, each thread its own GEMM
-//                    of the shape (as the attention kernels call it); GFLOP/s of all together
+//     --cpu-time     time by the process's CPU time / N instead of the wall clock: on cores
+//                    shared with other jobs, time slices spent elsewhere do not count. With
+//                    N > 1 threads that wait by spinning count their waits, so the figure is
+//                    a lower bound of the quiet machine's
+//     --in-parallel  inside one `#pragma omp parallel` with N threads, each thread timing its
+//                    own loop of GEMMs of the shape (as the attention kernels call it);
+//                    GFLOP/s of all together (the sum of the threads' rates)
 //     --lib PATH     dlopen another library instead of the linked OpenBLAS:
 //     --api cblas    cblas_sgemm/cblas_dgemm (BLIS, MKL's libmkl_rt, another OpenBLAS)
 //     --api dnnl     oneDNN's dnnl_sgemm (fp32 only)
@@ -71,7 +73,7 @@ struct Shape {
 struct Result {
   Shape s;
   double gflops;
-  double seconds;  // one GEMM (one round of all threads' GEMMs with --in-parallel), best rep
+  double seconds;  // one GEMM, best repetition (the slowest thread's with --in-parallel)
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -156,12 +158,13 @@ GemmFn<T> loaded_gemm(void* lib, const std::string& path, const std::string& api
   }
 }
 
-// Seconds from the wall clock, or the process's CPU time (--cpu-time).
-double now_s(bool cpu_time) {
+// Seconds from the wall clock, or (--cpu-time) the process's CPU time over its `threads`, or
+// the calling thread's CPU time (thread_clock).
+double now_s(bool cpu_time, int threads, bool thread_clock) {
   if (cpu_time) {
     timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    clock_gettime(thread_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec)) / threads;
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -169,7 +172,7 @@ double now_s(bool cpu_time) {
 
 template <typename T>
 Result time_gemm(const GemmFn<T>& gemm, const Shape& s, int reps, double min_time,
-                 int copies, bool cpu_time) {
+                 int copies, bool cpu_time, int threads) {
   // With --in-parallel every thread has its own A, B and C (as the attention tasks do).
   std::vector<std::vector<T>> a(copies), b(copies), c(copies);
   std::mt19937 rng(1234);
@@ -181,38 +184,53 @@ Result time_gemm(const GemmFn<T>& gemm, const Shape& s, int reps, double min_tim
     for (auto& x : a[t]) x = u(rng);
     for (auto& x : b[t]) x = u(rng);
   }
-  auto round = [&] {
-    if (copies == 1) {
-      gemm(s, a[0].data(), b[0].data(), c[0].data());
-      return;
-    }
-#pragma omp parallel num_threads(copies)
-    {
-      const int t = omp_get_thread_num();
-      gemm(s, a[t].data(), b[t].data(), c[t].data());
-    }
+  // Keeps the results alive so the calls cannot be elided.
+  auto keep = [&] {
+    volatile T sink = c[0][static_cast<size_t>(s.m * s.n / 2)];
+    (void)sink;
   };
-  // Warm-up: thread pool start, page faults on C, packing buffers.
-  round();
-  round();
+  const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
 
-  double best = 1e300;
-  for (int r = 0; r < reps; ++r) {
-    int iters = 0;
-    const double t0 = now_s(cpu_time);
-    double el = 0.0;
-    do {
-      round();
-      ++iters;
-      el = now_s(cpu_time) - t0;
-    } while (el < min_time);
-    best = std::min(best, el / iters);
+  // The best seconds per call of one thread's loop of calls (first two: warm-up, thread pool
+  // start, page faults on C, packing buffers).
+  auto best_seconds = [&](int t, int divisor, bool thread_clock) {
+    gemm(s, a[t].data(), b[t].data(), c[t].data());
+    gemm(s, a[t].data(), b[t].data(), c[t].data());
+    double best = 1e300;
+    for (int r = 0; r < reps; ++r) {
+      int iters = 0;
+      const double t0 = now_s(cpu_time, divisor, thread_clock);
+      double el = 0.0;
+      do {
+        gemm(s, a[t].data(), b[t].data(), c[t].data());
+        ++iters;
+        el = now_s(cpu_time, divisor, thread_clock) - t0;
+      } while (el < min_time);
+      best = std::min(best, el / iters);
+    }
+    return best;
+  };
+
+  if (copies == 1) {
+    const double best = best_seconds(0, threads, false);
+    keep();
+    return {s, flops / best * 1e-9, best};
   }
-  // Keep the result alive so the calls cannot be elided.
-  volatile T sink = c[0][static_cast<size_t>(s.m * s.n / 2)];
-  (void)sink;
-  const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k * copies;
-  return {s, flops / best * 1e-9, best};
+  // --in-parallel: one parallel region, each thread timing its own loop of GEMMs (as an
+  // attention task does), on its own CPU time with --cpu-time; the rate is the threads' sum.
+  std::vector<double> per_thread(copies);
+#pragma omp parallel num_threads(copies)
+  {
+    const int t = omp_get_thread_num();
+    per_thread[t] = best_seconds(t, 1, true);
+  }
+  keep();
+  double gflops = 0.0, slowest = 0.0;
+  for (double sec : per_thread) {
+    gflops += flops / sec * 1e-9;
+    slowest = std::max(slowest, sec);
+  }
+  return {s, gflops, slowest};
 }
 
 std::string json_escaped(std::string s) {
@@ -262,7 +280,6 @@ int main(int argc, char** argv) {
   if (threads < 1) usage("--threads must be >= 1");
   if (reps < 1) usage("--reps must be >= 1");
   if (api != "cblas" && api != "dnnl") usage(("unknown --api '" + api + "'").c_str());
-  if (cpu_time && threads != 1) usage("--cpu-time needs --threads 1");
 
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
@@ -284,10 +301,10 @@ int main(int argc, char** argv) {
   for (const auto& s : shapes) {
     results.push_back(fp64 ? time_gemm<double>(lib ? loaded_gemm<double>(lib, lib_path, api)
                                                    : linked_gemm<double>(),
-                                               s, reps, min_time, copies, cpu_time)
+                                               s, reps, min_time, copies, cpu_time, threads)
                            : time_gemm<float>(lib ? loaded_gemm<float>(lib, lib_path, api)
                                                   : linked_gemm<float>(),
-                                              s, reps, min_time, copies, cpu_time));
+                                              s, reps, min_time, copies, cpu_time, threads));
     if (human)
       std::fprintf(stderr, "  %6ld x %6ld x %6ld  %8.2f GFLOP/s  (%.4f s)\n", s.m, s.n, s.k,
                    results.back().gflops, results.back().seconds);
