@@ -114,6 +114,15 @@ TEST(GemmKernelPlan, ARejectedKernelIsNotForcedAgain) {
   EXPECT_NE(p.source.find("SkylakeX computed wrong results"), std::string::npos) << p.source;
 }
 
+TEST(GemmKernelPlan, AFailedRerunIsReportedAndNotRetried) {
+  const auto p = plan_gemm_kernel(avx512_core("GenuineIntel", 6), "",
+                                  "unforced:SkylakeX:Permission denied", "Prescott");
+  EXPECT_EQ(p.action, Action::keep);
+  EXPECT_NE(p.source.find("OPENBLAS_CORETYPE=SkylakeX failed: Permission denied"),
+            std::string::npos)
+      << p.source;
+}
+
 TEST(GemmKernelPlan, KeepsAFittingKernel) {
   const auto p = plan_gemm_kernel(avx2_core("AuthenticAMD", 25), "", "", "Zen");
   EXPECT_EQ(p.action, Action::keep);

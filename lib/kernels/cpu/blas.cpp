@@ -59,9 +59,10 @@ namespace {
 
 constexpr const char* kMarkerVariable = "TRIDENT_GEMM_KERNEL";
 
-// "forced:SkylakeX:Haswell" -> {"forced", "SkylakeX", "Haswell"}.
+// "forced:SkylakeX:Haswell" -> {"forced", "SkylakeX", "Haswell"}; the third field is what
+// OpenBLAS picked alone (forced, rejected) or why running again failed (unforced).
 struct Marker {
-  std::string state, kernel, detected;
+  std::string state, kernel, detail;
 };
 Marker parse_marker(std::string_view m) {
   Marker out;
@@ -70,7 +71,7 @@ Marker parse_marker(std::string_view m) {
   const size_t b = m.find(':', a + 1);
   out.state = std::string(m.substr(0, a));
   out.kernel = std::string(m.substr(a + 1, b == std::string_view::npos ? m.npos : b - a - 1));
-  if (b != std::string_view::npos) out.detected = std::string(m.substr(b + 1));
+  if (b != std::string_view::npos) out.detail = std::string(m.substr(b + 1));
   return out;
 }
 
@@ -86,12 +87,6 @@ void reexec(char** argv) {
   execv("/proc/self/exe", argv);
 }
 
-// The start-up line's note on how the kernel was chosen, kept for gemm_description().
-std::string& kernel_source() {
-  static std::string source = "OpenBLAS's own choice";
-  return source;
-}
-
 }  // namespace
 
 GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_coretype,
@@ -102,12 +97,16 @@ GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_core
   if (m.state == "forced" && !m.kernel.empty() && user_coretype == m.kernel)
     return {Action::verify_forced, m.kernel,
             "chosen by Trident for this " + isa_name(f) + " core; OpenBLAS alone picks " +
-                (m.detected.empty() ? "another" : m.detected)};
+                (m.detail.empty() ? "another" : m.detail)};
   if (!user_coretype.empty())
     return {Action::keep, "", "OPENBLAS_CORETYPE=" + std::string(user_coretype) + " as set"};
   if (m.state == "rejected")
     return {Action::keep, "",
             "OpenBLAS's own choice: " + m.kernel + " computed wrong results on this core"};
+  if (m.state == "unforced")
+    return {Action::keep, "",
+            "OpenBLAS's own choice: running again with OPENBLAS_CORETYPE=" + m.kernel +
+                " failed: " + m.detail};
   const std::string want = choose_openblas_coretype(f, detected);
   if (want.empty()) return {Action::keep, "", "OpenBLAS's own choice"};
   return {Action::force_reexec, want, ""};
@@ -123,17 +122,15 @@ void settle_gemm_kernel(char** argv) {
   const GemmKernelPlan plan = plan_gemm_kernel(
       read_cpu_features(), env_or_empty("OPENBLAS_CORETYPE"), env_or_empty(kMarkerVariable),
       detected);
-  kernel_source() = plan.source;
   if (plan.action == Action::force_reexec) {
     const std::string marker = "forced:" + plan.coretype + ":" + detected;
     setenv("OPENBLAS_CORETYPE", plan.coretype.c_str(), 1);
     setenv(kMarkerVariable, marker.c_str(), 1);
     reexec(argv);
-    // Still here: the kernel stays OpenBLAS's own; say why.
+    // Still here: the kernel stays OpenBLAS's own; the marker says why, for the start-up line.
+    const std::string why = std::strerror(errno);
     unsetenv("OPENBLAS_CORETYPE");
-    unsetenv(kMarkerVariable);
-    kernel_source() = "OpenBLAS's own choice (could not run again with OPENBLAS_CORETYPE=" +
-                      plan.coretype + ": " + std::strerror(errno) + ")";
+    setenv(kMarkerVariable, ("unforced:" + plan.coretype + ":" + why).c_str(), 1);
     return;
   }
   if (plan.action == Action::verify_forced &&
@@ -143,9 +140,10 @@ void settle_gemm_kernel(char** argv) {
     unsetenv("OPENBLAS_CORETYPE");
     setenv(kMarkerVariable, marker.c_str(), 1);
     reexec(argv);
+    const std::string why = std::strerror(errno);
     std::fprintf(stderr, "trident: error: the GEMM kernel %s computes wrong results on this "
                          "core and running again without it failed: %s\n",
-                 plan.coretype.c_str(), std::strerror(errno));
+                 plan.coretype.c_str(), why.c_str());
     std::exit(1);
   }
 }
@@ -193,10 +191,16 @@ bool gemm_results_correct() {
 
 std::string gemm_description() {
   const CpuFeatures f = read_cpu_features();
+  // How the kernel was chosen: settle_gemm_kernel left it in the environment.
+  const GemmKernelPlan plan =
+      plan_gemm_kernel(f, env_or_empty("OPENBLAS_CORETYPE"), env_or_empty(kMarkerVariable),
+                       openblas_get_corename());
+  const std::string source =
+      plan.action == GemmKernelPlan::Action::force_reexec ? "OpenBLAS's own choice" : plan.source;
   std::string config = openblas_get_config();
   // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64": the kernel it names
   // is the one OpenBLAS picked alone; the one in use is openblas_get_corename().
-  return config + ", kernel " + openblas_get_corename() + " (" + kernel_source() +
+  return config + ", kernel " + openblas_get_corename() + " (" + source +
          "), core " + isa_name(f) + " (" + f.vendor + " family " + std::to_string(f.family) +
          " model " + std::to_string(f.model) + ")";
 }

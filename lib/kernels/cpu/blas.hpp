@@ -23,7 +23,8 @@ int num_threads();
 // OpenBLAS picked alone. A pure function (tested for every kind of machine).
 //   user_coretype  OPENBLAS_CORETYPE as found ("" unset)
 //   marker         TRIDENT_GEMM_KERNEL as found ("" unset): set by Trident before it re-runs
-//                  itself, "forced:KERNEL:DETECTED" or "rejected:KERNEL:DETECTED"
+//                  itself, "forced:KERNEL:DETECTED" or "rejected:KERNEL:DETECTED", or when
+//                  that failed "unforced:KERNEL:REASON"
 struct GemmKernelPlan {
   enum class Action {
     keep,           // the loaded kernel stays
