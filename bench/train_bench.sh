@@ -210,6 +210,9 @@ failed=()
 
 read -r load1 _ </proc/loadavg
 note "load average before the runs: $load1 (anything near or above 0.5 on 2 cores makes numbers noisy)"
+[[ -n ${OPENBLAS_CORETYPE:-} ]] &&
+  note "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE is set: Trident and the linked sgemm run that kernel" \
+       "(docs/gemm.md); unset it to measure the kernel Trident picks"
 
 for t in $threads_list; do
   export OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t MKL_NUM_THREADS=$t
@@ -284,6 +287,7 @@ EOF
             --set data.train="$shard" --set data.val="$shard" \
             --set log.dir="$tr_dir" --set log.interval=1 >"$tr_log" 2>&1; then
           tr_status=ok
+          grep -m1 '^gemm: ' "$tr_log" >&2 || true   # the GEMM Trident ran on
         else
           rc=$?
           if [[ $rc == 124 ]]; then
