@@ -23,6 +23,7 @@
 
 #include "comm/comm_watchdog.hpp"
 #include "commands.hpp"
+#include "kernels/cpu/blas.hpp"
 #include "util/error.hpp"
 
 namespace {
@@ -85,6 +86,14 @@ std::string command_list(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before MPI_Init and any thread: may run this program again with the GEMM kernel that fits
+  // the core (kernels/cpu/blas.hpp). `train` also times the GEMM now, while no rank's MPI
+  // progress loop competes for the cores, for the start-up line printed below.
+  trident::cpu::settle_gemm_kernel(argv);
+  const bool training = argc > 1 && std::string(argv[1]) == "train";
+  trident::cpu::GemmSpeedProbe gemm_probe;
+  if (training) gemm_probe = trident::cpu::probe_gemm_speed();
+
   // MPI_THREAD_MULTIPLE: the collective watchdog's thread (comm/comm_watchdog.hpp) calls
   // MPI_Abort while the main thread may be inside a blocking MPI call.
   int provided = MPI_THREAD_SINGLE;
@@ -134,6 +143,13 @@ int main(int argc, char** argv) {
     else code = e.get_exit_code();
     MPI_Finalize();
     return code;
+  }
+  if (training && world_rank() == 0) {
+    std::printf("gemm: %s; sgemm probe %.0f GFLOP/s on one thread\n",
+                trident::cpu::gemm_description().c_str(), gemm_probe.gemm_gflops);
+    std::fflush(stdout);
+    if (const std::string w = trident::cpu::gemm_speed_warning(gemm_probe); !w.empty())
+      std::fprintf(stderr, "%s\n", w.c_str());
   }
   int exit_code = 0;
   try {

@@ -1,34 +1,60 @@
-// bench_sgemm: the OpenBLAS sgemm ceiling that Trident's training step is measured against.
+// bench_sgemm: the GEMM ceiling that Trident's training step is measured against.
 //
-// Times cblas_sgemm (row-major, C = A*B, fp32) with a fixed thread count on
+// Times row-major C = A*B (fp32 by default) with a fixed thread count on
 //   - large square matrices (the ceiling: what the BLAS reaches at best on these cores), and
 //   - GPT-2-like shapes (M = tokens in a micro-batch, N, K from the linear layers / LM head),
 // each after warm-up, keeping the best of several repetitions (best, not mean: the question
 // is what the hardware + BLAS can do, and noise on a shared 2-core box only ever slows it).
+// By default it runs the linked OpenBLAS with the kernel Trident picks (the same start-up as
+// `trident`: kernels/cpu/blas.hpp; OPENBLAS_CORETYPE set by the caller is respected), so
+// OPENBLAS_CORETYPE=X bench_sgemm measures OpenBLAS's kernel X.
 //
 //   bench_sgemm [--threads N] [--reps R] [--min-time S] [--shapes LIST] [--human]
-//     --threads N   openblas_set_num_threads(N) and omp_set_num_threads(N) (default 1)
-//     --reps R      timed repetitions per shape, best kept (default 5)
-//     --min-time S  each repetition loops sgemm until S seconds have passed (default 0.2)
-//     --shapes LIST comma-separated MxNxK; default: the square and GPT-like set below
-//     --human       also print a table to stderr
+//               [--double] [--in-parallel] [--lib PATH --api cblas|dnnl]
+//     --threads N    threads for the BLAS and OpenMP (default 1)
+//     --reps R       timed repetitions per shape, best kept (default 5)
+//     --min-time S   each repetition loops the GEMM until S seconds have passed (default 0.2)
+//     --shapes LIST  comma-separated MxNxK; default: the square and GPT-like set below
+//     --human        also print a table to stderr
+//     --double       dgemm instead of sgemm (cblas only)
+//     --cpu-time     time by the process's CPU time / N instead of the wall clock: on cores
+//                    shared with other jobs, time slices spent elsewhere do not count. With
+//                    N > 1 threads that wait by spinning count their waits, so the figure is
+//                    a lower bound of the quiet machine's
+//     --in-parallel  inside one `#pragma omp parallel` with N threads, each thread timing its
+//                    own loop of GEMMs of the shape (as the attention kernels call it);
+//                    GFLOP/s of all together (the sum of the threads' rates)
+//     --lib PATH     dlopen another library instead of the linked OpenBLAS:
+//     --api cblas    cblas_sgemm/cblas_dgemm (BLIS, MKL's libmkl_rt, another OpenBLAS)
+//     --api dnnl     oneDNN's dnnl_sgemm (fp32 only)
+//                    Their threads follow omp_set_num_threads (GNU OpenMP builds) and
+//                    BLIS_NUM_THREADS / MKL_NUM_THREADS, set here to N before the dlopen.
 //
 // Prints ONE JSON line on stdout:
 //   {"threads":N,"ceiling_gflops":X,"ceiling_shape":"MxNxK",
-//    "shapes":[{"m":..,"n":..,"k":..,"gflops":..,"seconds":..},...],"openblas":"<config>"}
+//    "shapes":[{"m":..,"n":..,"k":..,"gflops":..,"seconds":..},...],
+//    "fma_gflops":P,"fma_bits":B,"ceiling_of_peak":X/(N*P),"library":"<what ran>",
+//    "precision":"fp32|fp64","in_parallel":false}
 // ceiling_gflops is the best over the square shapes (over all shapes when none is square).
-// FLOPs of one sgemm: 2*M*N*K.
+// fma_gflops is one thread's throughput of independent FMAs at the widest usable vector
+// (the measured peak, clock included; halved for fp64). FLOPs of one GEMM: 2*M*N*K.
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 
 extern "C" {
 // OpenBLAS extensions (declared in OpenBLAS's cblas.h; repeated here so that a cblas.h from
@@ -47,14 +73,15 @@ struct Shape {
 struct Result {
   Shape s;
   double gflops;
-  double seconds;  // one sgemm, best repetition
+  double seconds;  // one GEMM, best repetition (the slowest thread's with --in-parallel)
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr, "bench_sgemm: %s\n", msg);
   std::fprintf(stderr,
                "usage: bench_sgemm [--threads N] [--reps R] [--min-time S] "
-               "[--shapes MxNxK,...] [--human]\n");
+               "[--shapes MxNxK,...] [--human] [--double] [--in-parallel] "
+               "[--lib PATH --api cblas|dnnl]\n");
   std::exit(2);
 }
 
@@ -78,50 +105,149 @@ std::vector<Shape> parse_shapes(const std::string& list) {
   return out;
 }
 
-Result time_sgemm(const Shape& s, int reps, double min_time) {
-  std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n)),
-      c(static_cast<size_t>(s.m * s.n), 0.0f);
+// One row-major C[m,n] = A[m,k] B[k,n] of the library under test.
+template <typename T>
+using GemmFn = std::function<void(const Shape&, const T*, const T*, T*)>;
+
+// cblas enums by value (CblasRowMajor, CblasNoTrans), for a dlopen'ed library.
+using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int,
+                            const float*, int, float, float*, int);
+using CblasDgemm = void (*)(int, int, int, int, int, int, double, const double*, int,
+                            const double*, int, double, double*, int);
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
+
+void* must_dlsym(void* lib, const char* name, const std::string& path) {
+  void* f = dlsym(lib, name);
+  if (!f) usage((path + " has no " + name).c_str());
+  return f;
+}
+
+template <typename T>
+GemmFn<T> linked_gemm() {
+  return [](const Shape& s, const T* a, const T* b, T* c) {
+    trident::cpu::gemm<T>(false, false, s.m, s.n, s.k, T(1), a, s.k, b, s.n, T(0), c, s.n);
+  };
+}
+
+template <typename T>
+GemmFn<T> loaded_gemm(void* lib, const std::string& path, const std::string& api) {
+  if (api == "dnnl") {
+    if constexpr (std::is_same_v<T, double>) {
+      usage("--api dnnl has no fp64 GEMM");
+    } else {
+      auto f = reinterpret_cast<DnnlSgemm>(must_dlsym(lib, "dnnl_sgemm", path));
+      return [f](const Shape& s, const float* a, const float* b, float* c) {
+        f('N', 'N', s.m, s.n, s.k, 1.0f, a, s.k, b, s.n, 0.0f, c, s.n);
+      };
+    }
+  }
+  constexpr int kRowMajor = 101, kNoTrans = 111;
+  if constexpr (std::is_same_v<T, float>) {
+    auto f = reinterpret_cast<CblasSgemm>(must_dlsym(lib, "cblas_sgemm", path));
+    return [f](const Shape& s, const float* a, const float* b, float* c) {
+      f(kRowMajor, kNoTrans, kNoTrans, int(s.m), int(s.n), int(s.k), 1.0f, a, int(s.k), b,
+        int(s.n), 0.0f, c, int(s.n));
+    };
+  } else {
+    auto f = reinterpret_cast<CblasDgemm>(must_dlsym(lib, "cblas_dgemm", path));
+    return [f](const Shape& s, const double* a, const double* b, double* c) {
+      f(kRowMajor, kNoTrans, kNoTrans, int(s.m), int(s.n), int(s.k), 1.0, a, int(s.k), b,
+        int(s.n), 0.0, c, int(s.n));
+    };
+  }
+}
+
+// Seconds from the wall clock, or (--cpu-time) the process's CPU time over its `threads`, or
+// the calling thread's CPU time (thread_clock).
+double now_s(bool cpu_time, int threads, bool thread_clock) {
+  if (cpu_time) {
+    timespec ts{};
+    clock_gettime(thread_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec)) / threads;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename T>
+Result time_gemm(const GemmFn<T>& gemm, const Shape& s, int reps, double min_time,
+                 int copies, bool cpu_time, int threads) {
+  // With --in-parallel every thread has its own A, B and C (as the attention tasks do).
+  std::vector<std::vector<T>> a(copies), b(copies), c(copies);
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (auto& x : a) x = u(rng);
-  for (auto& x : b) x = u(rng);
-
-  auto gemm = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s.m),
-                static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(),
-                static_cast<int>(s.k), b.data(), static_cast<int>(s.n), 0.0f, c.data(),
-                static_cast<int>(s.n));
-  };
-  using clk = std::chrono::steady_clock;
-  // Warm-up: thread pool start, page faults on C, packing buffers.
-  gemm();
-  gemm();
-
-  double best = 1e300;
-  for (int r = 0; r < reps; ++r) {
-    int iters = 0;
-    auto t0 = clk::now();
-    double el = 0.0;
-    do {
-      gemm();
-      ++iters;
-      el = std::chrono::duration<double>(clk::now() - t0).count();
-    } while (el < min_time);
-    best = std::min(best, el / iters);
+  for (int t = 0; t < copies; ++t) {
+    a[t].resize(static_cast<size_t>(s.m * s.k));
+    b[t].resize(static_cast<size_t>(s.k * s.n));
+    c[t].assign(static_cast<size_t>(s.m * s.n), T(0));
+    for (auto& x : a[t]) x = u(rng);
+    for (auto& x : b[t]) x = u(rng);
   }
-  // Keep the result alive so the calls cannot be elided.
-  volatile float sink = c[static_cast<size_t>(s.m * s.n / 2)];
-  (void)sink;
+  // Keeps the results alive so the calls cannot be elided.
+  auto keep = [&] {
+    volatile T sink = c[0][static_cast<size_t>(s.m * s.n / 2)];
+    (void)sink;
+  };
   const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
-  return {s, flops / best * 1e-9, best};
+
+  // The best seconds per call of one thread's loop of calls (first two: warm-up, thread pool
+  // start, page faults on C, packing buffers).
+  auto best_seconds = [&](int t, int divisor, bool thread_clock) {
+    gemm(s, a[t].data(), b[t].data(), c[t].data());
+    gemm(s, a[t].data(), b[t].data(), c[t].data());
+    double best = 1e300;
+    for (int r = 0; r < reps; ++r) {
+      int iters = 0;
+      const double t0 = now_s(cpu_time, divisor, thread_clock);
+      double el = 0.0;
+      do {
+        gemm(s, a[t].data(), b[t].data(), c[t].data());
+        ++iters;
+        el = now_s(cpu_time, divisor, thread_clock) - t0;
+      } while (el < min_time);
+      best = std::min(best, el / iters);
+    }
+    return best;
+  };
+
+  if (copies == 1) {
+    const double best = best_seconds(0, threads, false);
+    keep();
+    return {s, flops / best * 1e-9, best};
+  }
+  // --in-parallel: one parallel region, each thread timing its own loop of GEMMs (as an
+  // attention task does), on its own CPU time with --cpu-time; the rate is the threads' sum.
+  std::vector<double> per_thread(copies);
+#pragma omp parallel num_threads(copies)
+  {
+    const int t = omp_get_thread_num();
+    per_thread[t] = best_seconds(t, 1, true);
+  }
+  keep();
+  double gflops = 0.0, slowest = 0.0;
+  for (double sec : per_thread) {
+    gflops += flops / sec * 1e-9;
+    slowest = std::max(slowest, sec);
+  }
+  return {s, gflops, slowest};
+}
+
+std::string json_escaped(std::string s) {
+  for (auto& ch : s)
+    if (ch == '"' || ch == '\\') ch = '\'';
+  return s;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The kernel `trident` would run (may run this program again; see kernels/cpu/blas.hpp).
+  trident::cpu::settle_gemm_kernel(argv);
   int threads = 1, reps = 5;
   double min_time = 0.2;
-  bool human = false;
+  bool human = false, fp64 = false, in_parallel = false, cpu_time = false;
+  std::string lib_path, api = "cblas";
   std::vector<Shape> shapes = {
       {2048, 2048, 2048},   // square: the ceiling
       {4096, 4096, 4096},   // square, larger
@@ -143,18 +269,42 @@ int main(int argc, char** argv) {
     else if (a == "--min-time") min_time = std::atof(next());
     else if (a == "--shapes") shapes = parse_shapes(next());
     else if (a == "--human") human = true;
+    else if (a == "--double") fp64 = true;
+    else if (a == "--in-parallel") in_parallel = true;
+    else if (a == "--cpu-time") cpu_time = true;
+    else if (a == "--lib") lib_path = next();
+    else if (a == "--api") api = next();
     else if (a == "-h" || a == "--help") usage("help");
     else usage(("unknown argument '" + a + "'").c_str());
   }
   if (threads < 1) usage("--threads must be >= 1");
   if (reps < 1) usage("--reps must be >= 1");
+  if (api != "cblas" && api != "dnnl") usage(("unknown --api '" + api + "'").c_str());
 
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
+  std::string library = trident::cpu::gemm_description();
+  void* lib = nullptr;
+  if (!lib_path.empty()) {
+    const std::string n = std::to_string(in_parallel ? 1 : threads);
+    setenv("BLIS_NUM_THREADS", n.c_str(), 1);
+    setenv("MKL_NUM_THREADS", n.c_str(), 1);
+    lib = dlopen(lib_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) usage(("cannot load " + lib_path + ": " + dlerror()).c_str());
+    library = lib_path + " (" + api + ")";
+  }
+  // Inside a parallel region the linked OpenBLAS runs single-threaded by itself (blas.cpp);
+  // a loaded library is told so through its thread variables above.
+  const int copies = in_parallel ? threads : 1;
 
   std::vector<Result> results;
   for (const auto& s : shapes) {
-    results.push_back(time_sgemm(s, reps, min_time));
+    results.push_back(fp64 ? time_gemm<double>(lib ? loaded_gemm<double>(lib, lib_path, api)
+                                                   : linked_gemm<double>(),
+                                               s, reps, min_time, copies, cpu_time, threads)
+                           : time_gemm<float>(lib ? loaded_gemm<float>(lib, lib_path, api)
+                                                  : linked_gemm<float>(),
+                                              s, reps, min_time, copies, cpu_time, threads));
     if (human)
       std::fprintf(stderr, "  %6ld x %6ld x %6ld  %8.2f GFLOP/s  (%.4f s)\n", s.m, s.n, s.k,
                    results.back().gflops, results.back().seconds);
@@ -167,9 +317,11 @@ int main(int argc, char** argv) {
     for (const auto& r : results)
       if (!ceil || r.gflops > ceil->gflops) ceil = &r;
 
-  std::string cfg = openblas_get_config();
-  for (auto& ch : cfg)
-    if (ch == '"' || ch == '\\') ch = '\'';
+  // The measured peak of one thread, after the GEMMs (so their threads are idle again).
+  const int bits = trident::cpu::fma_vector_bits(trident::cpu::read_cpu_features());
+  const double fma = bits ? trident::cpu::fma_peak_gflops(bits, 0.2, cpu_time) / (fp64 ? 2.0 : 1.0) : 0.0;
+  const double of_peak = fma > 0 ? ceil->gflops / (fma * threads) : 0.0;
+
   std::printf("{\"threads\":%d,\"openblas_threads\":%d,\"ceiling_gflops\":%.2f,"
               "\"ceiling_shape\":\"%ldx%ldx%ld\",\"shapes\":[",
               threads, openblas_get_num_threads(), ceil->gflops, ceil->s.m, ceil->s.n,
@@ -179,6 +331,10 @@ int main(int argc, char** argv) {
     std::printf("%s{\"m\":%ld,\"n\":%ld,\"k\":%ld,\"gflops\":%.2f,\"seconds\":%.6f}",
                 i ? "," : "", r.s.m, r.s.n, r.s.k, r.gflops, r.seconds);
   }
-  std::printf("],\"openblas\":\"%s\"}\n", cfg.c_str());
+  std::printf("],\"fma_gflops\":%.2f,\"fma_bits\":%d,\"ceiling_of_peak\":%.3f,"
+              "\"precision\":\"%s\",\"in_parallel\":%s,\"clock\":\"%s\",\"library\":\"%s\"}\n",
+              fma, bits, of_peak, fp64 ? "fp64" : "fp32", in_parallel ? "true" : "false",
+              cpu_time ? "cpu" : "wall",
+              json_escaped(library).c_str());
   return 0;
 }

@@ -37,6 +37,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -265,6 +266,11 @@ def main():
     out = {
         "impl": "pytorch",
         "torch": torch.__version__,
+        "torch_python": sys.executable,
+        # What its CPU matmuls run on: the BLAS it was built with and its vector ISA (torch >= 2).
+        "torch_blas": (re.findall(r"BLAS_INFO=([^,\s]+)", torch.__config__.show()) or [None])[0],
+        "torch_cpu_capability": (torch.backends.cpu.get_cpu_capability()
+                                 if hasattr(torch.backends, "cpu") else None),
         "threads": args.threads,
         "torch_threads": torch.get_num_threads(),
         "device": args.device,

@@ -2,8 +2,10 @@
 # Trident single-rank training-step benchmark, against two references, in one run.
 #
 # For each thread count (default 1 2) and shape (default small 124m) it measures
-#   sgemm   the OpenBLAS sgemm ceiling on those threads (bench_sgemm: best GFLOP/s of
-#           large square sgemm; measured once per thread count, it does not depend on shape)
+#   sgemm   the sgemm ceiling on those threads: the best GFLOP/s of large square sgemm over
+#           every GEMM on the machine (bench_sgemm: the OpenBLAS kernel Trident runs, the
+#           other OpenBLAS kernels the core can run, and BLIS, oneDNN and MKL where installed;
+#           once per thread count, it does not depend on shape); the linked one is kept too
 #   trident tokens/s of `trident train` (median over the logged steps after the first 2)
 #   pytorch tokens/s of the same GPT-2 in PyTorch (bench/torch_gpt.py, fp32, AdamW)
 # and prints a table with Trident/PyTorch tokens/s (target >= 1.5) and
@@ -28,11 +30,20 @@
 #   --no-build           skip cmake/ninja (use the binaries already in build-bench)
 #   --no-deps            skip scripts/install_deps.sh --bench
 #   --no-trident         references only (sgemm + PyTorch); exit 0 without Trident
+#   --torch WHICH        the PyTorch to compare against (default venv):
+#                          venv    a current PyTorch from PyPI in a virtual environment,
+#                                  build-bench/torch-venv (TORCH_VENV=dir), installed there by
+#                                  this script when missing (pip install $TORCH_PIP_SPEC numpy,
+#                                  default spec "torch"; see bench/README.md for its size)
+#                          system  Debian's python3-torch (1.13) run by /usr/bin/python3
+#                                  (installed by scripts/install_deps.sh --bench)
+#                          PATH    that Python interpreter, which must import torch
 # Environment knobs (steps; defaults keep the whole run within ~10 minutes on 2 cores):
 #   TRIDENT_STEPS_SMALL=8 TRIDENT_STEPS_124M=5   (the first 2 logged steps are dropped)
 #   TORCH_WARMUP_SMALL=2 TORCH_STEPS_SMALL=5 TORCH_WARMUP_124M=1 TORCH_STEPS_124M=3
 #   TORCH_MALLOC=tuned|default (glibc malloc settings for PyTorch; see below; default tuned)
-#   TRIDENT_TIMEOUT=900 (seconds per Trident run)   PYTHON=/usr/bin/python3
+#   TRIDENT_TIMEOUT=900 (seconds per Trident run)
+#   GEMM_LIBS="PATH:API ..." more libraries for the ceiling (API cblas or dnnl; bench_sgemm --lib)
 #   TRIDENT=path (default build-bench/app/trident)   TRIDENT_CONFIG=path (default configs/tiny.toml)
 # Output: the table on stdout; DIR/results.jsonl (one JSON object per thread/shape),
 # DIR/table.md (the same table in Markdown), DIR/logs/* (every run's output).
@@ -42,11 +53,13 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
+build="$repo/build-bench"
 
 threads_list="1 2"
 shapes_list="small 124m"
 out="$repo/build-bench/bench-run"
 do_build=1 do_deps=1 do_trident=1
+torch_choice=venv
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --threads) threads_list="$2"; shift 2 ;;
@@ -55,12 +68,12 @@ while [[ $# -gt 0 ]]; do
     --no-build) do_build=0; shift ;;
     --no-deps) do_deps=0; shift ;;
     --no-trident) do_trident=0; shift ;;
+    --torch) torch_choice="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "train_bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
-PYTHON=${PYTHON:-/usr/bin/python3}
 TRIDENT_STEPS_SMALL=${TRIDENT_STEPS_SMALL:-8}
 TRIDENT_STEPS_124M=${TRIDENT_STEPS_124M:-5}
 TORCH_WARMUP_SMALL=${TORCH_WARMUP_SMALL:-2}
@@ -69,7 +82,6 @@ TORCH_WARMUP_124M=${TORCH_WARMUP_124M:-1}
 TORCH_STEPS_124M=${TORCH_STEPS_124M:-3}
 TRIDENT_TIMEOUT=${TRIDENT_TIMEOUT:-900}
 
-build="$repo/build-bench"
 trident=${TRIDENT:-$build/app/trident}   # TRIDENT=path overrides (e.g. another build)
 sgemm="$build/bench/bench_sgemm"
 config=${TRIDENT_CONFIG:-$repo/configs/tiny.toml}
@@ -82,11 +94,30 @@ for s in $shapes_list; do [[ $s == small || $s == 124m ]] || die "unknown shape 
 
 # ---------------------------------------------------------------- dependencies and build
 if [[ $do_deps == 1 ]]; then
-  note "dependencies: scripts/install_deps.sh --bench"
-  scripts/install_deps.sh --bench || die "scripts/install_deps.sh --bench failed"
+  deps_flag=""
+  [[ $torch_choice == system ]] && deps_flag=--bench   # Debian's python3-torch
+  note "dependencies: scripts/install_deps.sh $deps_flag"
+  scripts/install_deps.sh $deps_flag || die "scripts/install_deps.sh $deps_flag failed"
 fi
-"$PYTHON" -c "import torch" 2>/dev/null ||
-  die "$PYTHON cannot import torch (Debian: python3-torch; scripts/install_deps.sh --bench)"
+# PYTHON: the interpreter with torch; it also writes the data and the table (numpy, stdlib).
+case "$torch_choice" in
+  system) PYTHON=/usr/bin/python3 ;;
+  venv)
+    venv=${TORCH_VENV:-$build/torch-venv}
+    PYTHON="$venv/bin/python"
+    if ! "$PYTHON" -c "import torch, numpy" 2>/dev/null; then
+      [[ $do_deps == 1 ]] || die "$venv has no torch and --no-deps was given"
+      note "PyTorch: python3 -m venv $venv; pip install ${TORCH_PIP_SPEC:-torch} numpy (PyPI)"
+      python3 -m venv "$venv" || die "python3 -m venv $venv failed"
+      "$venv/bin/pip" install --quiet ${TORCH_PIP_SPEC:-torch} numpy ||
+        die "pip install ${TORCH_PIP_SPEC:-torch} numpy into $venv failed"
+    fi ;;
+  *) PYTHON="$torch_choice"
+     [[ -x $PYTHON ]] || die "--torch '$torch_choice': not system, venv or an executable Python" ;;
+esac
+"$PYTHON" -c "import torch, numpy" 2>/dev/null ||
+  die "$PYTHON cannot import torch and numpy (--torch $torch_choice)"
+note "PyTorch: $("$PYTHON" -c 'import torch; print(torch.__version__, torch.__file__)')"
 
 trident_build_ok=1
 if [[ $do_build == 1 ]]; then
@@ -148,12 +179,40 @@ case "$TORCH_MALLOC" in
   *) die "TORCH_MALLOC must be 'tuned' or 'default'" ;;
 esac
 
+# ---------------------------------------------------------------- GEMMs for the ceiling
+# The ceiling is the best sgemm on this machine, not only the linked one: each candidate is
+# bench_sgemm (with an OpenBLAS kernel forced, or another library loaded) on 2048^3.
+cand_labels=() cand_cmds=()
+add_cand() { cand_labels+=("$1"); cand_cmds+=("$2"); }
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has_flags() { for f in "$@"; do [[ $cpu_flags == *" $f "* ]] || return 1; done; }
+if has_flags avx512f avx512bw avx512dq avx512vl; then
+  add_cand "OpenBLAS SkylakeX" "OPENBLAS_CORETYPE=SkylakeX $sgemm"
+  add_cand "OpenBLAS Cooperlake" "OPENBLAS_CORETYPE=Cooperlake $sgemm"
+fi
+if has_flags avx2 fma; then
+  add_cand "OpenBLAS Haswell" "OPENBLAS_CORETYPE=Haswell $sgemm"
+  add_cand "OpenBLAS Zen" "OPENBLAS_CORETYPE=Zen $sgemm"
+fi
+for lib in /usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4 /usr/lib/x86_64-linux-gnu/libblis.so.4; do
+  [[ -f $lib ]] && { add_cand "BLIS" "$sgemm --lib $lib"; break; }
+done
+lib=/usr/lib/x86_64-linux-gnu/libdnnl.so.2
+[[ -f $lib ]] && add_cand "oneDNN" "$sgemm --lib $lib --api dnnl"
+# MKL from PyPI in the PyTorch environment ("pip install mkl" there), GNU OpenMP threading.
+lib=$(ls "$(dirname "$PYTHON")"/../lib/libmkl_rt.so* 2>/dev/null | head -1 || true)
+[[ -n $lib ]] && add_cand "MKL" "LD_LIBRARY_PATH=$(dirname "$lib") MKL_THREADING_LAYER=GNU $sgemm --lib $lib"
+for g in ${GEMM_LIBS:-}; do add_cand "$(basename "${g%:*}")" "$sgemm --lib ${g%:*} --api ${g##*:}"; done
+
 results="$out/results.jsonl"
 : >"$results"
 failed=()
 
 read -r load1 _ </proc/loadavg
 note "load average before the runs: $load1 (anything near or above 0.5 on 2 cores makes numbers noisy)"
+[[ -n ${OPENBLAS_CORETYPE:-} ]] &&
+  note "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE is set: Trident and the linked sgemm run that kernel" \
+       "(docs/gemm.md); unset it to measure the kernel Trident picks"
 
 for t in $threads_list; do
   export OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t MKL_NUM_THREADS=$t
@@ -163,6 +222,38 @@ for t in $threads_list; do
     echo "train_bench.sh: bench_sgemm --threads $t FAILED (see $out/logs/sgemm-t$t.err)" >&2
     failed+=("sgemm t=$t"); echo '{}' >"$sg_log"
   fi
+  cand_logs=()
+  for i in "${!cand_labels[@]}"; do
+    note "threads=$t: sgemm ceiling of ${cand_labels[$i]}"
+    cl="$out/logs/sgemm-cand$i-t$t.json"
+    # shellcheck disable=SC2086  # the candidate's command is words: VAR=value ... binary
+    env -u OPENBLAS_CORETYPE ${cand_cmds[$i]} --threads "$t" --reps 5 --shapes 2048x2048x2048 \
+      >"$cl" 2>"$out/logs/sgemm-cand$i-t$t.err" || echo '{}' >"$cl"
+    cand_logs+=("${cand_labels[$i]}=$cl")
+  done
+  # The best of the linked sgemm and every candidate: the ceiling the table uses.
+  sg_best="$out/logs/sgemm-best-t$t.json"
+  "$PYTHON" - "$sg_log" "${cand_logs[@]}" >"$sg_best" <<'EOF'
+import json, sys
+def load(p):
+    try:
+        return json.loads(open(p).read().strip().splitlines()[-1])
+    except Exception:
+        return {}
+linked = load(sys.argv[1])
+best = {"ceiling_gflops": linked.get("ceiling_gflops"), "ceiling_shape": linked.get("ceiling_shape"),
+        "library": "linked: " + linked.get("library", "?"),
+        "linked_gflops": linked.get("ceiling_gflops"), "candidates": {}}
+for arg in sys.argv[2:]:
+    label, path = arg.split("=", 1)
+    c = load(path)
+    best["candidates"][label] = c.get("ceiling_gflops")
+    if c.get("ceiling_gflops") is not None and (best["ceiling_gflops"] is None or
+                                                c["ceiling_gflops"] > best["ceiling_gflops"]):
+        best.update(ceiling_gflops=c["ceiling_gflops"], ceiling_shape=c.get("ceiling_shape"),
+                    library=label)
+print(json.dumps(best))
+EOF
 
   for shape in $shapes_list; do
     read -r L H C V T B <<<"$(shape_args "$shape")"
@@ -196,6 +287,7 @@ for t in $threads_list; do
             --set data.train="$shard" --set data.val="$shard" \
             --set log.dir="$tr_dir" --set log.interval=1 >"$tr_log" 2>&1; then
           tr_status=ok
+          grep -m1 '^gemm: ' "$tr_log" >&2 || true   # the GEMM Trident ran on
         else
           rc=$?
           if [[ $rc == 124 ]]; then
@@ -224,7 +316,7 @@ for t in $threads_list; do
 
     # -- combine
     combine_rc=0
-    "$PYTHON" - "$t" "$shape" "$L" "$C" "$V" "$T" "$B" "$sg_log" "$tr_status" \
+    "$PYTHON" - "$t" "$shape" "$L" "$C" "$V" "$T" "$B" "$sg_best" "$tr_status" \
         "$tr_dir/metrics.jsonl" "$tr_log" "$pt_log" "$tsteps" "$TORCH_MALLOC" >>"$results" <<'EOF' || combine_rc=$?
 import json, statistics, sys
 t, shape, L, C, V, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
@@ -240,6 +332,8 @@ def load(p):
 sg, pt = load(sg_log), load(pt_log)
 r = {"threads": int(t), "shape": shape, "tokens_per_step": tokens, "flops_per_step": flops,
      "sgemm_gflops": sg.get("ceiling_gflops"), "sgemm_shape": sg.get("ceiling_shape"),
+     "sgemm_library": sg.get("library"), "sgemm_linked_gflops": sg.get("linked_gflops"),
+     "sgemm_candidates": sg.get("candidates"),
      "trident_status": tr_status, "trident_log": tr_log,
      "trident_tokens_per_s": None, "trident_gflops": None, "trident_steps_used": 0,
      "pytorch_tokens_per_s": pt.get("tokens_per_s"), "pytorch_gflops": pt.get("gflops"),
@@ -293,7 +387,7 @@ def f(x, nd=1):
     return "—" if x is None else f"{x:.{nd}f}"
 def ratio(x, target):
     return "—" if x is None else f"{x:.2f} {'ok' if x >= target else 'BELOW'}"
-hdr = ["threads", "shape", "sgemm GF/s", "Trident tok/s", "Trident GF/s",
+hdr = ["threads", "shape", "best sgemm GF/s", "Trident tok/s", "Trident GF/s",
        "PyTorch tok/s", "PyTorch GF/s", "Trident/PyTorch (≥1.5)", "Trident/sgemm (≥0.7)"]
 body = []
 for r in rows:

@@ -8,8 +8,18 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
 #include <type_traits>
+#include <vector>
 
 namespace trident::cpu {
 
@@ -42,5 +52,189 @@ void set_num_threads(int threads) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+// ---- Kernel choice
+
+namespace {
+
+constexpr const char* kMarkerVariable = "TRIDENT_GEMM_KERNEL";
+
+// "forced:SkylakeX:Haswell" -> {"forced", "SkylakeX", "Haswell"}; the third field is what
+// OpenBLAS picked alone (forced, rejected) or why running again failed (unforced).
+struct Marker {
+  std::string state, kernel, detail;
+};
+Marker parse_marker(std::string_view m) {
+  Marker out;
+  const size_t a = m.find(':');
+  if (a == std::string_view::npos) return out;
+  const size_t b = m.find(':', a + 1);
+  out.state = std::string(m.substr(0, a));
+  out.kernel = std::string(m.substr(a + 1, b == std::string_view::npos ? m.npos : b - a - 1));
+  if (b != std::string_view::npos) out.detail = std::string(m.substr(b + 1));
+  return out;
+}
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// Replaces this process by the same program with the same arguments; returns only on failure.
+void reexec(char** argv) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  execv("/proc/self/exe", argv);
+}
+
+}  // namespace
+
+GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_coretype,
+                                std::string_view marker, std::string_view detected) {
+  using Action = GemmKernelPlan::Action;
+  const Marker m = parse_marker(marker);
+  // Trident's own earlier run set both variables: this run checks the kernel it forced.
+  if (m.state == "forced" && !m.kernel.empty() && user_coretype == m.kernel)
+    return {Action::verify_forced, m.kernel,
+            "chosen by Trident for this " + isa_name(f) + " core; OpenBLAS alone picks " +
+                (m.detail.empty() ? "another" : m.detail)};
+  if (!user_coretype.empty())
+    return {Action::keep, "", "OPENBLAS_CORETYPE=" + std::string(user_coretype) + " as set"};
+  if (m.state == "rejected")
+    return {Action::keep, "",
+            "OpenBLAS's own choice: " + m.kernel + " computed wrong results on this core"};
+  if (m.state == "unforced")
+    return {Action::keep, "",
+            "OpenBLAS's own choice: running again with OPENBLAS_CORETYPE=" + m.kernel +
+                " failed: " + m.detail};
+  const std::string want = choose_openblas_coretype(f, detected);
+  if (want.empty()) return {Action::keep, "", "OpenBLAS's own choice"};
+  return {Action::force_reexec, want, ""};
+}
+
+void settle_gemm_kernel(char** argv) {
+  using Action = GemmKernelPlan::Action;
+  // Tests: TRIDENT_TEST_GEMM_CORENAME pretends OpenBLAS picked that kernel alone (to reach the
+  // re-run on any machine); TRIDENT_TEST_GEMM_WRONG=1 pretends the forced kernel's results
+  // were wrong.
+  const std::string pretend = env_or_empty("TRIDENT_TEST_GEMM_CORENAME");
+  const std::string detected = pretend.empty() ? openblas_get_corename() : pretend;
+  const GemmKernelPlan plan = plan_gemm_kernel(
+      read_cpu_features(), env_or_empty("OPENBLAS_CORETYPE"), env_or_empty(kMarkerVariable),
+      detected);
+  if (plan.action == Action::force_reexec) {
+    const std::string marker = "forced:" + plan.coretype + ":" + detected;
+    setenv("OPENBLAS_CORETYPE", plan.coretype.c_str(), 1);
+    setenv(kMarkerVariable, marker.c_str(), 1);
+    reexec(argv);
+    // Still here: the kernel stays OpenBLAS's own; the marker says why, for the start-up line.
+    const std::string why = std::strerror(errno);
+    unsetenv("OPENBLAS_CORETYPE");
+    setenv(kMarkerVariable, ("unforced:" + plan.coretype + ":" + why).c_str(), 1);
+    return;
+  }
+  if (plan.action == Action::verify_forced &&
+      (env_or_empty("TRIDENT_TEST_GEMM_WRONG") == "1" || !gemm_results_correct())) {
+    // A kernel that computes wrong results here is not kept: back to OpenBLAS's own choice.
+    const std::string marker = "rejected:" + plan.coretype + ":" + detected;
+    unsetenv("OPENBLAS_CORETYPE");
+    setenv(kMarkerVariable, marker.c_str(), 1);
+    reexec(argv);
+    const std::string why = std::strerror(errno);
+    std::fprintf(stderr, "trident: error: the GEMM kernel %s computes wrong results on this "
+                         "core and running again without it failed: %s\n",
+                 plan.coretype.c_str(), why.c_str());
+    std::exit(1);
+  }
+}
+
+namespace {
+
+// max |C - reference| / max |reference| for one op(A) op(B) product of random matrices.
+template <typename T>
+double gemm_relative_error(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  std::mt19937 rng(static_cast<unsigned>(M * 131 + N * 7 + K + ta * 2 + tb));
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+  for (auto& x : a) x = static_cast<T>(u(rng));
+  for (auto& x : b) x = static_cast<T>(u(rng));
+  std::vector<T> c(static_cast<size_t>(M * N), T(1));
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  gemm<T>(ta, tb, M, N, K, T(1), a.data(), lda, b.data(), ldb, T(0), c.data(), N);
+  double worst = 0.0, scale = 0.0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double ref = 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        ref += static_cast<double>(ta ? a[k * lda + i] : a[i * lda + k]) *
+               static_cast<double>(tb ? b[j * ldb + k] : b[k * ldb + j]);
+      worst = std::max(worst, std::fabs(static_cast<double>(c[i * N + j]) - ref));
+      scale = std::max(scale, std::fabs(ref));
+    }
+  return worst / std::max(scale, 1e-30);
+}
+
+}  // namespace
+
+bool gemm_results_correct() {
+  // Odd sizes reach the kernels' edge cases; 67 x 97 x 45 spans several register blocks.
+  // About 2.5 M multiply-adds of reference in all: a few ms at start-up.
+  const int64_t shapes[][3] = {{7, 5, 3}, {37, 53, 71}, {67, 97, 45}};
+  for (const auto& s : shapes)
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      if (!(gemm_relative_error<float>(ta, tb, s[0], s[1], s[2]) < 1e-5)) return false;
+      if (!(gemm_relative_error<double>(ta, tb, s[0], s[1], s[2]) < 1e-13)) return false;
+    }
+  return true;
+}
+
+std::string gemm_description() {
+  const CpuFeatures f = read_cpu_features();
+  // How the kernel was chosen: settle_gemm_kernel left it in the environment.
+  const GemmKernelPlan plan =
+      plan_gemm_kernel(f, env_or_empty("OPENBLAS_CORETYPE"), env_or_empty(kMarkerVariable),
+                       openblas_get_corename());
+  const std::string source =
+      plan.action == GemmKernelPlan::Action::force_reexec ? "OpenBLAS's own choice" : plan.source;
+  std::string config = openblas_get_config();
+  // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64": the kernel it names
+  // is the one OpenBLAS picked alone; the one in use is openblas_get_corename().
+  return config + ", kernel " + openblas_get_corename() + " (" + source +
+         "), core " + isa_name(f) + " (" + f.vendor + " family " + std::to_string(f.family) +
+         " model " + std::to_string(f.model) + ")";
+}
+
+GemmSpeedProbe probe_gemm_speed() {
+  GemmSpeedProbe p;
+  p.vector_bits = fma_vector_bits(read_cpu_features());
+  if (p.vector_bits > 0) p.fma_gflops = fma_peak_gflops(p.vector_bits, 0.005);
+
+  const int saved_threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  const int64_t n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  double best_s = 1e300;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best_s = std::min(best_s,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  openblas_set_num_threads(saved_threads);
+  p.gemm_gflops = 2.0 * n * n * n / best_s * 1e-9;
+  return p;
+}
+
+std::string gemm_speed_warning(const GemmSpeedProbe& p, double min_fraction) {
+  if (p.fma_gflops <= 0.0 || p.gemm_gflops >= min_fraction * p.fma_gflops) return "";
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "trident: warning: sgemm runs at %.0f GFLOP/s on one thread, %.2f of the %.0f "
+                "GFLOP/s that this core's %d-bit FMAs reach: the GEMM library does not use the "
+                "core's vector width (see the gemm line above; docs/gemm.md)",
+                p.gemm_gflops, p.gemm_gflops / p.fma_gflops, p.fma_gflops, p.vector_bits);
+  return line;
+}
 
 }  // namespace trident::cpu

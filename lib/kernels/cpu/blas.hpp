@@ -2,6 +2,10 @@
 // Row-major GEMM for float (sgemm) and double (dgemm), so every kernel can be instantiated in
 // double for gradient checks. C[M,N] = alpha * op(A) op(B) + beta * C.
 #include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/cpu/cpu_features.hpp"
 
 namespace trident::cpu {
 
@@ -12,5 +16,51 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 // Threads used by OpenBLAS and by our OpenMP loops in this process.
 void set_num_threads(int threads);
 int num_threads();
+
+// ---- Which GEMM runs, chosen before OpenBLAS's first call (docs/gemm.md).
+
+// What start-up does about the OpenBLAS kernel, given the core, the environment and the kernel
+// OpenBLAS picked alone. A pure function (tested for every kind of machine).
+//   user_coretype  OPENBLAS_CORETYPE as found ("" unset)
+//   marker         TRIDENT_GEMM_KERNEL as found ("" unset): set by Trident before it re-runs
+//                  itself, "forced:KERNEL:DETECTED" or "rejected:KERNEL:DETECTED", or when
+//                  that failed "unforced:KERNEL:REASON"
+struct GemmKernelPlan {
+  enum class Action {
+    keep,           // the loaded kernel stays
+    force_reexec,   // set OPENBLAS_CORETYPE=coretype and run this program again
+    verify_forced,  // this run has Trident's kernel: check its results, else undo it
+  } action = Action::keep;
+  std::string coretype;  // force_reexec / verify_forced: the kernel
+  std::string source;    // why this kernel, for the start-up line
+};
+GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_coretype,
+                                std::string_view marker, std::string_view detected);
+
+// First thing in main, before MPI_Init and before any other thread: carries out
+// plan_gemm_kernel. OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded (before main), so
+// forcing a kernel means running the program again (execv of /proc/self/exe, same pid,
+// arguments, open files and environment plus the two variables): at most twice, the second
+// time only when the forced kernel computed a wrong result on this core.
+void settle_gemm_kernel(char** argv);
+
+// True when sgemm and dgemm match a plain reference on a few odd shapes (all transpositions).
+bool gemm_results_correct();
+
+// "OpenBLAS 0.3.21 (DYNAMIC_ARCH ...), kernel SkylakeX (chosen by Trident ...), core AVX-512
+// (AuthenticAMD family 26 model 2)": what GEMM runs on, for the start-up line.
+std::string gemm_description();
+
+// A ~15 ms measurement on one thread: sgemm 512^3 and the core's FMA throughput at its widest
+// usable vector (both best of a few runs, so that contention lowers both alike).
+struct GemmSpeedProbe {
+  double gemm_gflops = 0.0;
+  double fma_gflops = 0.0;  // 0: no FMA vectors usable, nothing to compare with
+  int vector_bits = 0;
+};
+GemmSpeedProbe probe_gemm_speed();
+// The warning line when the probe's GEMM reaches under `min_fraction` of the FMA throughput,
+// "" otherwise.
+std::string gemm_speed_warning(const GemmSpeedProbe& p, double min_fraction = 0.5);
 
 }  // namespace trident::cpu

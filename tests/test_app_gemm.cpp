@@ -1,0 +1,112 @@
+// `trident train` says what GEMM it runs on (one start-up line on rank 0), forces the kernel
+// that fits the core by running itself again before MPI_Init, undoes a kernel that computes
+// wrong results, keeps a user's OPENBLAS_CORETYPE, and warns when the GEMM is far below what
+// the core's FMAs reach. TRIDENT_TEST_GEMM_CORENAME / TRIDENT_TEST_GEMM_WRONG pretend what
+// OpenBLAS picked alone and a wrong result (lib/kernels/cpu/blas.cpp), so that every path runs
+// on any machine.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "app_fixture.hpp"
+#include "kernels/cpu/cpu_features.hpp"
+
+namespace trident::test {
+namespace {
+
+// The start-up lines that begin with "gemm: ".
+std::vector<std::string> gemm_lines(const std::string& output) {
+  std::vector<std::string> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("gemm: ", 0) == 0) out.push_back(line);
+  return out;
+}
+
+// The environment Trident's choice starts from: no kernel set by anyone.
+const std::string kClean = "env -u OPENBLAS_CORETYPE -u TRIDENT_GEMM_KERNEL ";
+
+class GemmApp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    config_ = make_tiny_run(dir_);
+  }
+  RunResult train(const std::string& env, const std::string& launcher = "",
+                  const std::string& extra = "") {
+    return run_command(env + launcher + trident_cmd("train --config " + config_.string() +
+                                                    " --set train.steps=2 --set eval.interval=0" +
+                                                    extra));
+  }
+  std::filesystem::path dir_, config_;
+};
+
+std::string usable_kernel() {
+  return cpu::avx512_usable(cpu::read_cpu_features()) ? "SkylakeX" : "Haswell";
+}
+
+TEST_F(GemmApp, StartUpLineNamesLibraryKernelAndCore) {
+  const auto r = train(kClean);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = gemm_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  const cpu::CpuFeatures f = cpu::read_cpu_features();
+  EXPECT_EQ(lines[0].rfind("gemm: OpenBLAS ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(", kernel "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(", core " + cpu::isa_name(f) + " (" + f.vendor), std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find("; sgemm probe "), std::string::npos) << lines[0];
+}
+
+TEST_F(GemmApp, ANarrowKernelIsReplacedByRunningAgainAlsoUnderMpiexec) {
+  if (cpu::fma_vector_bits(cpu::read_cpu_features()) == 0)
+    GTEST_SKIP() << "no AVX2/FMA on this core: Trident forces no kernel";
+  const std::string expected = "kernel " + usable_kernel() + " (chosen by Trident for this " +
+                               cpu::isa_name(cpu::read_cpu_features()) +
+                               " core; OpenBLAS alone picks Prescott)";
+  const std::string env = kClean + "TRIDENT_TEST_GEMM_CORENAME=Prescott ";
+  const auto r = train(env);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = gemm_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_NE(lines[0].find(expected), std::string::npos) << lines[0];
+
+  // Two ranks: each runs itself again before MPI_Init; the job works, rank 0 says it once.
+  const auto m = train(env, std::string(TRIDENT_MPIEXEC) + " -n 2 ",
+                       " --set parallel.data=2 --set train.threads=1");
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  lines = gemm_lines(m.output);
+  ASSERT_EQ(lines.size(), 1u) << m.output;
+  EXPECT_NE(lines[0].find(expected), std::string::npos) << lines[0];
+}
+
+TEST_F(GemmApp, AKernelWithWrongResultsIsUndone) {
+  if (cpu::fma_vector_bits(cpu::read_cpu_features()) == 0)
+    GTEST_SKIP() << "no AVX2/FMA on this core: Trident forces no kernel";
+  const auto r = train(kClean + "TRIDENT_TEST_GEMM_CORENAME=Prescott TRIDENT_TEST_GEMM_WRONG=1 ");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = gemm_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_NE(lines[0].find("(OpenBLAS's own choice: " + usable_kernel() +
+                          " computed wrong results on this core)"),
+            std::string::npos)
+      << lines[0];
+}
+
+TEST_F(GemmApp, AUsersCoretypeIsKeptAndASlowGemmIsWarnedAbout) {
+  if (cpu::fma_vector_bits(cpu::read_cpu_features()) == 0)
+    GTEST_SKIP() << "no AVX2/FMA on this core: nothing to compare the GEMM with";
+  // Prescott: OpenBLAS's SSE3 kernel, a fraction of what AVX2 or AVX-512 FMAs reach.
+  const auto r = train(kClean + "OPENBLAS_CORETYPE=Prescott ");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = gemm_lines(r.output);
+  ASSERT_EQ(lines.size(), 1u) << r.output;
+  EXPECT_NE(lines[0].find("kernel Prescott (OPENBLAS_CORETYPE=Prescott as set)"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(r.output.find("trident: warning: sgemm runs at "), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace trident::test
