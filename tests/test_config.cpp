@@ -1018,5 +1018,50 @@ TEST(ConfigDefaults, CudaPadsTheVocabularyTo128UnlessVocabMultipleIsGiven) {
   EXPECT_EQ(parse_config(c.to_toml(), "again.toml").model.vocab_multiple, 128);
 }
 
+// Mixture of experts (docs/moe.md): defaults, the cross-key checks, one line each.
+TEST(ConfigMoe, DefaultsAreDenseAndLayerIntervalSelectsLayers) {
+  const Config dense = parse("");
+  EXPECT_EQ(dense.model.moe_experts, 0);
+  EXPECT_EQ(dense.parallel.expert, 1);
+  EXPECT_FALSE(dense.model.is_moe_layer(0));
+  const Config c = parse("[model]\nlayers = 4\nmoe_experts = 4\nmoe_layer_interval = 2\n");
+  EXPECT_EQ(c.model.moe_top_k, 2);
+  EXPECT_EQ(c.model.moe_aux_loss_coeff, 0.01);
+  EXPECT_EQ(c.model.moe_z_loss_coeff, 0.0);
+  EXPECT_EQ(c.model.moe_capacity_factor, 0.0);
+  EXPECT_TRUE(c.model.is_moe_layer(0));
+  EXPECT_FALSE(c.model.is_moe_layer(1));
+  EXPECT_TRUE(c.model.is_moe_layer(2));
+  EXPECT_FALSE(c.model.is_moe_layer(3));
+  // The resolved config reads back the same.
+  const Config again = parse_config(c.to_toml(), "again.toml");
+  EXPECT_EQ(again.model.moe_experts, 4);
+  EXPECT_EQ(again.model.moe_layer_interval, 2);
+}
+
+TEST(ConfigMoe, RejectsImpossibleRouting) {
+  EXPECT_ERROR("[model]\nmoe_experts = 4\nmoe_top_k = 5\n",
+               "model.moe_top_k (5) must be <= model.moe_experts (4)");
+  EXPECT_ERROR("[model]\nmoe_experts = 6\n[parallel]\nexpert = 4\ndata = 4\n"
+               "[train]\nglobal_batch = 16\n",
+               "model.moe_experts (6) must be divisible by parallel.expert (4)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 4\ndata = 2\n",
+               "parallel.expert (4) must divide parallel.data (2): the expert-parallel ranks "
+               "are taken from the data-parallel ones");
+  EXPECT_ERROR("[parallel]\nexpert = 2\ndata = 2\n",
+               "parallel.expert (2) > 1 needs a mixture of experts (model.moe_experts > 0, it "
+               "is 0)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\ndata = 2\n",
+               "parallel.expert (2) > 1: expert parallelism is not implemented yet (use 1: "
+               "every data-parallel rank holds all the experts)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[train]\ndevice = \"cuda\"\n",
+               "model.moe_experts (4) > 0: the mixture of experts runs on the CPU backend only "
+               "(train.device = \"cpu\")");
+  EXPECT_ERROR("[model]\nmoe_experts = -1\n", "model.moe_experts (-1) must be >= 0");
+  EXPECT_ERROR("[model]\nmoe_layer_interval = 0\n", "model.moe_layer_interval (0) must be >= 1");
+  EXPECT_ERROR("[model]\nmoe_capacity_factor = -0.5\n",
+               "model.moe_capacity_factor (-0.5) must be >= 0");
+}
+
 }  // namespace
 }  // namespace trident
