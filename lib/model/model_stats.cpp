@@ -187,13 +187,25 @@ int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s) {
   return bytes;
 }
 
+int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s) {
+  if (m.moe_experts == 0 || s.recompute == Recompute::Full) return 0;
+  const LayerWidths w = layer_widths(m, s);
+  const int64_t E = m.moe_experts, NK = w.N * m.moe_top_k;
+  return s.element_bytes * (2 * w.N * E + NK + NK * (2 * w.C + w.Ul + w.Fl)) + 4 * NK +
+         8 * (2 * NK + E + 1) + s.stat_bytes * 2 * s.micro_batch;
+}
+
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   switch (s.recompute) {
     case Recompute::None: return 0;
     case Recompute::Selective: return w.saved_core + s.element_bytes * w.N * w.Hl;
-    case Recompute::Full:
-      return stash_without_core(w, s) + w.saved_core + s.element_bytes * w.Ns * w.C;
+    case Recompute::Full: {
+      ActivationShape kept = s;
+      kept.recompute = Recompute::None;
+      return stash_without_core(w, s) + w.saved_core + s.element_bytes * w.Ns * w.C +
+             moe_layer_extra_bytes(m, kept);
+    }
   }
   return 0;
 }

@@ -88,9 +88,18 @@ struct ActivationShape {
 // layer for backward_weight.
 int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s);
 
+// Bytes a MoE layer (model/moe.hpp) keeps per micro-batch beyond a dense layer's
+// layer_activation_bytes (0 under full recomputation, which keeps the input only), with
+// E experts, K = top_k, NK = N*K (the most rows the experts may take):
+//   e*(2*N*E + NK + NK*(2*C + Ul + Fl)) + 4*NK + 8*(2*NK + E + 1) + s*2*B
+//   (router logits and probabilities, gate weights, the experts' input, pre-activation,
+//   activation and output rows; the chosen experts int32; the dispatch plan int64; the
+//   per-sequence aux and z losses). 0 for a dense model.
+int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
+
 // Bytes a rank holds once (not per micro-batch) to recompute in: selective, one layer's A plus
 // the recomputed attention output e*N*Hl; full, one layer's stash under none plus its discarded
-// output e*Ns*C; none, 0.
+// output e*Ns*C (plus a MoE layer's extra under none when the model has MoE layers); none, 0.
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s);
 
 }  // namespace trident

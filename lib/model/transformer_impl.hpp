@@ -235,8 +235,13 @@ template <class K>
 int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chunk) const {
   const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
   const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
-  const int64_t per_layer = layer_activation_bytes(config_, activation_shape(B, split_backward));
-  int64_t total = chunk_layers(chunk) * per_layer + t * Ns * C + 8 * N;
+  const ActivationShape shape = activation_shape(B, split_backward);
+  int64_t moe_layers = 0;
+  const size_t block0 = chunk_block0_[static_cast<size_t>(chunk)];
+  for (int64_t l = 0; l < chunk_layers(chunk); ++l)
+    if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
+  int64_t total = chunk_layers(chunk) * layer_activation_bytes(config_, shape) +
+                  moe_layers * moe_layer_extra_bytes(config_, shape) + t * Ns * C + 8 * N;
   if (runs_head(chunk)) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
   return total;
 }
