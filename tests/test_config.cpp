@@ -89,6 +89,13 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
   EXPECT_TRUE(bits_equal(a.model.norm_eps, b.model.norm_eps));
   EXPECT_TRUE(bits_equal(a.model.rope_theta, b.model.rope_theta));
+  EXPECT_EQ(a.model.moe_experts, b.model.moe_experts);
+  EXPECT_EQ(a.model.moe_top_k, b.model.moe_top_k);
+  EXPECT_TRUE(bits_equal(a.model.moe_aux_loss_coeff, b.model.moe_aux_loss_coeff));
+  EXPECT_TRUE(bits_equal(a.model.moe_z_loss_coeff, b.model.moe_z_loss_coeff));
+  EXPECT_TRUE(bits_equal(a.model.moe_capacity_factor, b.model.moe_capacity_factor));
+  EXPECT_EQ(a.model.moe_layer_interval, b.model.moe_layer_interval);
+  EXPECT_EQ(a.parallel.expert, b.parallel.expert);
   EXPECT_EQ(a.parallel.tensor, b.parallel.tensor);
   EXPECT_EQ(a.parallel.pipeline, b.parallel.pipeline);
   EXPECT_EQ(a.parallel.data, b.parallel.data);
@@ -133,7 +140,11 @@ Config everything_changed() {
   Config c;
   c.model = {.arch = "llama", .layers = 6, .heads = 3, .kv_heads = 1, .width = 96,
              .ffn_width = 200, .vocab_size = 128256, .seq_len = 128, .vocab_multiple = 8,
-             .tie_embeddings = true, .norm_eps = 1e-6, .rope_theta = 500000.5};
+             .tie_embeddings = true, .norm_eps = 1e-6, .rope_theta = 500000.5,
+             // moe_experts stays 0 (its keys are still read and written): the CUDA device
+             // below refuses experts, and parallel.expert > 1 needs them.
+             .moe_top_k = 3, .moe_aux_loss_coeff = 0.1 / 3, .moe_z_loss_coeff = 1e-3,
+             .moe_capacity_factor = 1.25, .moe_layer_interval = 2};
   c.parallel.tensor = 2;
   c.parallel.pipeline = 3;
   c.parallel.data = 2;
