@@ -62,6 +62,10 @@ class Weights {
   Weights(const std::string& path, ModelConfig& model) {
     CheckpointReader reader(path, MPI_COMM_SELF, checkpoint_reader_options());
     model = check_checkpoint(reader).config.model;
+    if (model.moe_experts > 0)
+      throw Error("generate: checkpoint '" + path + "' has model.moe_experts = " +
+                  std::to_string(model.moe_experts) +
+                  ": the key/value-cache decoder has no mixture of experts yet (docs/moe.md)");
     for (const ParamInfo& p : global_parameters(model)) {
       std::vector<float>& data = tensors_[p.name];
       data.resize(p.global_numel());
