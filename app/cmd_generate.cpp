@@ -178,6 +178,10 @@ void run_generate(const GenerateOptions& options) {
   CheckpointReader reader(options.checkpoint, MPI_COMM_WORLD, checkpoint_reader_options());
   const Config config = generate_config(options, check_checkpoint(reader).config.to_toml(), world);
   const ModelConfig& m = config.model;
+  if (m.moe_experts > 0)
+    throw Error("generate: checkpoint '" + options.checkpoint + "' has model.moe_experts = " +
+                std::to_string(m.moe_experts) +
+                ": the key/value-cache decoder has no mixture of experts yet (docs/moe.md)");
   if (tokenizer.vocab_size() > m.vocab_size)
     throw Error("generate: the tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " ids but the checkpoint's model.vocab_size is " + std::to_string(m.vocab_size));

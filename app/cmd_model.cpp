@@ -76,6 +76,12 @@ void run_model(const ModelOptions& options) {
   const bool billions = params >= 1000000000;
   std::printf("parameters: %s (%.2f %s)\n", grouped(static_cast<unsigned __int128>(params)).c_str(),
               static_cast<double>(params) / (billions ? 1e9 : 1e6), billions ? "B" : "M");
+  if (m.moe_experts > 0)
+    std::printf("mixture of experts: %lld of %lld layers, %lld experts, top-%lld; active "
+                "parameters per token: %s\n",
+                static_cast<long long>(moe_layer_count(m)), static_cast<long long>(m.layers),
+                static_cast<long long>(m.moe_experts), static_cast<long long>(m.moe_top_k),
+                grouped(static_cast<unsigned __int128>(active_parameter_count(m))).c_str());
   std::printf("training FLOPs per token: %s\n", flops_text(flops, 1).c_str());
   std::printf("tokens per step: %s (global batch %lld x seq_len %lld)\n",
               grouped(static_cast<unsigned __int128>(c.tokens_per_step())).c_str(),

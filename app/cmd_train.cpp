@@ -92,6 +92,12 @@ void print_figures(const Config& c, int world_size, int threads) {
   std::printf("# resolved config (from %s)\n%s\n", c.source.c_str(), c.to_toml().c_str());
   std::printf("model: %s, parameters: %lld (%.2f M)\n", c.model.arch.c_str(),
               static_cast<long long>(params), params / 1e6);
+  if (c.model.moe_experts > 0)
+    std::printf("mixture of experts: %lld experts, top-%lld, active parameters per token: "
+                "%lld\n",
+                static_cast<long long>(c.model.moe_experts),
+                static_cast<long long>(c.model.moe_top_k),
+                static_cast<long long>(active_parameter_count(c.model)));
   std::printf("tokens per step: %lld (global batch %lld x seq %lld; %lld micro-batches of %lld "
               "per replica)\n",
               static_cast<long long>(c.tokens_per_step()),

@@ -210,6 +210,31 @@ TEST_P(GenerateApp, TensorParallelTrainingsSamplesAndCheckpointAgreeWithOneRank)
   EXPECT_EQ(g.output, nlohmann::json::parse(json).get<std::string>() + "\n");
 }
 
+// A MoE checkpoint (docs/moe.md) is refused in one line naming the key, before any decoding.
+TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
+  const fs::path dir = scratch_dir("generate_moe");
+  const fs::path config = make_tiny_run(dir);
+  const auto trained = run_command(trident_cmd(
+      "train --config " + config.string() + " --set train.steps=1 --set eval.interval=0" +
+      " --set model.moe_experts=4 --set checkpoint.dir=" + (dir / "ckpt").string() +
+      " --set log.dir=" + (dir / "run").string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto r = run_command(
+      trident_cmd("generate --ckpt " + (dir / "ckpt" / "step_00000001.h5").string() +
+                  " --prompt a"),
+      60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const size_t pos = r.output.find("trident: error");
+  ASSERT_NE(pos, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("trident: error", pos + 1), std::string::npos) << r.output;
+  const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+  EXPECT_NE(line.find("model.moe_experts = 4: the key/value-cache decoder has no mixture of "
+                      "experts yet"),
+            std::string::npos)
+      << line;
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, GenerateApp,
                          ::testing::Values("--set model.arch=gpt2",
                                            "--set model.arch=llama --set model.kv_heads=2"));

@@ -242,6 +242,18 @@ TEST_F(Interop, InitFromAnotherModelIsOneLineNamingTheKey) {
       << r.output;
 }
 
+// A MoE run (docs/moe.md) trains and checkpoints; its export is refused in one line naming
+// the key (its stacked experts have no Hugging Face tensors here yet).
+TEST_F(Interop, MixtureOfExpertsExportIsRefusedInOneLine) {
+  const fs::path ckpt = train("moe", "--set model.moe_experts=4", 1, 1);
+  const auto r = run(1, "export --format hf " + ckpt.string() + " " + (dir_ / "moe_hf").string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(error_line(r.output).find("model.moe_experts = 4: a mixture of experts has no "
+                                      "Hugging Face equivalent here yet"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Interop, ResumeWinsOverInitFrom) {
   const fs::path ckpt = train("ckpt", "");
   const auto r = run(1, "train --config " + config_.string() + " --set train.steps=3 " +

@@ -126,6 +126,46 @@ TEST(comm_grid, DataGroupsPartitionTheWorld) {
   }
 }
 
+// Expert parallelism: expert groups are EP consecutive data ranks of one (tp, pp) column, the
+// expert-data groups the column's ranks of one expert rank; each partitions the world, and an
+// expert group and an expert-data group meet in exactly one rank.
+TEST(comm_grid, ExpertGroupsPartitionTheWorld) {
+  int64_t checked = 0;
+  for (const GridShape& s : shapes()) {
+    for (int ep = 1; ep <= s.dp; ++ep) {
+      if (s.dp % ep != 0) continue;
+      SCOPED_TRACE(str(s) + " EP=" + std::to_string(ep));
+      auto experts = [ep](const GridShape& sh, int r) { return expert_group(sh, ep, r); };
+      auto expert_data = [ep](const GridShape& sh, int r) { return expert_data_group(sh, ep, r); };
+      check_partition(s, experts, ep, [ep](const GridShape& sh, int r, int m) {
+        GridCoord a = coord_of(sh, r), b = coord_of(sh, m);
+        return (a.tp == b.tp && a.pp == b.pp && a.dp / ep == b.dp / ep) ? b.dp % ep : -1;
+      });
+      check_partition(s, expert_data, s.dp / ep, [ep](const GridShape& sh, int r, int m) {
+        GridCoord a = coord_of(sh, r), b = coord_of(sh, m);
+        return (a.tp == b.tp && a.pp == b.pp && a.dp % ep == b.dp % ep) ? b.dp / ep : -1;
+      });
+      for (int r = 0; r < s.world(); ++r) {
+        const std::vector<int> e = expert_group(s, ep, r), d = expert_data_group(s, ep, r);
+        int common = 0;
+        for (int m : e) common += static_cast<int>(std::count(d.begin(), d.end(), m));
+        ASSERT_EQ(common, 1) << "rank " << r;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+  // (TP=2, PP=1, DP=4, EP=2): ranks 0,2 | 4,6 exchange tokens; 0,4 | 2,6 share experts.
+  EXPECT_EQ(expert_group({2, 1, 4}, 2, 4), (std::vector<int>{4, 6}));
+  EXPECT_EQ(expert_data_group({2, 1, 4}, 2, 4), (std::vector<int>{0, 4}));
+  try {
+    expert_group({1, 1, 4}, 3, 0);
+    ADD_FAILURE() << "EP 3 accepted with DP 4";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "parallel.expert (3) must divide parallel.data (4)");
+  }
+}
+
 TEST(comm_grid, ModelGroupsPartitionTheWorld) {
   for (const GridShape& s : shapes()) {
     SCOPED_TRACE(str(s));

@@ -89,6 +89,13 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
   EXPECT_TRUE(bits_equal(a.model.norm_eps, b.model.norm_eps));
   EXPECT_TRUE(bits_equal(a.model.rope_theta, b.model.rope_theta));
+  EXPECT_EQ(a.model.moe_experts, b.model.moe_experts);
+  EXPECT_EQ(a.model.moe_top_k, b.model.moe_top_k);
+  EXPECT_TRUE(bits_equal(a.model.moe_aux_loss_coeff, b.model.moe_aux_loss_coeff));
+  EXPECT_TRUE(bits_equal(a.model.moe_z_loss_coeff, b.model.moe_z_loss_coeff));
+  EXPECT_TRUE(bits_equal(a.model.moe_capacity_factor, b.model.moe_capacity_factor));
+  EXPECT_EQ(a.model.moe_layer_interval, b.model.moe_layer_interval);
+  EXPECT_EQ(a.parallel.expert, b.parallel.expert);
   EXPECT_EQ(a.parallel.tensor, b.parallel.tensor);
   EXPECT_EQ(a.parallel.pipeline, b.parallel.pipeline);
   EXPECT_EQ(a.parallel.data, b.parallel.data);
@@ -133,7 +140,11 @@ Config everything_changed() {
   Config c;
   c.model = {.arch = "llama", .layers = 6, .heads = 3, .kv_heads = 1, .width = 96,
              .ffn_width = 200, .vocab_size = 128256, .seq_len = 128, .vocab_multiple = 8,
-             .tie_embeddings = true, .norm_eps = 1e-6, .rope_theta = 500000.5};
+             .tie_embeddings = true, .norm_eps = 1e-6, .rope_theta = 500000.5,
+             // moe_experts stays 0 (its keys are still read and written): the CUDA device
+             // below refuses experts, and parallel.expert > 1 needs them.
+             .moe_top_k = 3, .moe_aux_loss_coeff = 0.1 / 3, .moe_z_loss_coeff = 1e-3,
+             .moe_capacity_factor = 1.25, .moe_layer_interval = 2};
   c.parallel.tensor = 2;
   c.parallel.pipeline = 3;
   c.parallel.data = 2;
@@ -1016,6 +1027,51 @@ TEST(ConfigDefaults, CudaPadsTheVocabularyTo128UnlessVocabMultipleIsGiven) {
   const Config c = parse_config(base + "[train]\ndevice = \"cuda\"\n", "t.toml");
   // The resolved value survives the round trip through to_toml (checkpoints store it).
   EXPECT_EQ(parse_config(c.to_toml(), "again.toml").model.vocab_multiple, 128);
+}
+
+// Mixture of experts (docs/moe.md): defaults, the cross-key checks, one line each.
+TEST(ConfigMoe, DefaultsAreDenseAndLayerIntervalSelectsLayers) {
+  const Config dense = parse("");
+  EXPECT_EQ(dense.model.moe_experts, 0);
+  EXPECT_EQ(dense.parallel.expert, 1);
+  EXPECT_FALSE(dense.model.is_moe_layer(0));
+  const Config c = parse("[model]\nlayers = 4\nmoe_experts = 4\nmoe_layer_interval = 2\n");
+  EXPECT_EQ(c.model.moe_top_k, 2);
+  EXPECT_EQ(c.model.moe_aux_loss_coeff, 0.01);
+  EXPECT_EQ(c.model.moe_z_loss_coeff, 0.0);
+  EXPECT_EQ(c.model.moe_capacity_factor, 0.0);
+  EXPECT_TRUE(c.model.is_moe_layer(0));
+  EXPECT_FALSE(c.model.is_moe_layer(1));
+  EXPECT_TRUE(c.model.is_moe_layer(2));
+  EXPECT_FALSE(c.model.is_moe_layer(3));
+  // The resolved config reads back the same.
+  const Config again = parse_config(c.to_toml(), "again.toml");
+  EXPECT_EQ(again.model.moe_experts, 4);
+  EXPECT_EQ(again.model.moe_layer_interval, 2);
+}
+
+TEST(ConfigMoe, RejectsImpossibleRouting) {
+  EXPECT_ERROR("[model]\nmoe_experts = 4\nmoe_top_k = 5\n",
+               "model.moe_top_k (5) must be <= model.moe_experts (4)");
+  EXPECT_ERROR("[model]\nmoe_experts = 6\n[parallel]\nexpert = 4\ndata = 4\n"
+               "[train]\nglobal_batch = 16\n",
+               "model.moe_experts (6) must be divisible by parallel.expert (4)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 4\ndata = 2\n",
+               "parallel.expert (4) must divide parallel.data (2): the expert-parallel ranks "
+               "are taken from the data-parallel ones");
+  EXPECT_ERROR("[parallel]\nexpert = 2\ndata = 2\n",
+               "parallel.expert (2) > 1 needs a mixture of experts (model.moe_experts > 0, it "
+               "is 0)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\ndata = 2\n",
+               "parallel.expert (2) > 1: expert parallelism is not implemented yet (use 1: "
+               "every data-parallel rank holds all the experts)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[train]\ndevice = \"cuda\"\n",
+               "model.moe_experts (4) > 0: the mixture of experts runs on the CPU backend only "
+               "(train.device = \"cpu\")");
+  EXPECT_ERROR("[model]\nmoe_experts = -1\n", "model.moe_experts (-1) must be >= 0");
+  EXPECT_ERROR("[model]\nmoe_layer_interval = 0\n", "model.moe_layer_interval (0) must be >= 1");
+  EXPECT_ERROR("[model]\nmoe_capacity_factor = -0.5\n",
+               "model.moe_capacity_factor (-0.5) must be >= 0");
 }
 
 }  // namespace

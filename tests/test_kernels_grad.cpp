@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace {
@@ -505,6 +506,150 @@ TEST(KernelsFloat, CrossEntropy) {
   op.logit_scale = 8.0;
   op.targets = {0, 4989, 17, 17, 2500, 1, 3, 4000, 4500, 12, 13, 14, 15, 16, 100, 200};
   float_vs_double(op, "cross_entropy");
+}
+
+// ------------------------------------------------------------------ mixture of experts
+
+// The router: out = [gate weights [N,K] | probs [N,E]], both differentiated through (the loss
+// weights R of the gate weights and of the probabilities enter the backward as dweight and
+// dprobs_extra). Logits spread enough that no +-h step changes the top-k choice.
+struct MoeRouterOp {
+  int64_t N = 7, E = 6, K = 2;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"logits", random_vec(rng, N * E, -2.0, 2.0)}, {"R", random_vec(rng, N * (K + E))}};
+  }
+  std::vector<std::string> wrt() const { return {"logits"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    auto logits = cast<T>(in.at("logits"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> probs(N * E), weight(N * K), dlogits(N * E);
+    std::vector<int32_t> expert(N * K);
+    moe_router_forward(probs.data(), expert.data(), weight.data(), logits.data(), N, E, K);
+    moe_router_backward(dlogits.data(), R.data(), R.data() + N * K, probs.data(), expert.data(),
+                        weight.data(), N, E, K);
+    Vec out = to_double(weight);
+    out.insert(out.end(), probs.begin(), probs.end());
+    return {{"out", out}, {"dlogits", to_double(dlogits)}};
+  }
+};
+
+// The load-balancing loss per sequence and the z-loss per sequence, from the router logits:
+// out = [aux [B] | z [B]]. f (the routed fractions) is piecewise constant in the logits.
+struct MoeAuxLossOp {
+  int64_t B = 2, Tn = 5, E = 4, K = 2;
+  Tensors make(std::mt19937_64& rng) const {
+    return {{"logits", random_vec(rng, B * Tn * E, -2.0, 2.0)},
+            {"R", random_vec(rng, 2 * B, 0.5, 1.5)}};
+  }
+  std::vector<std::string> wrt() const { return {"logits"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    const int64_t N = B * Tn;
+    auto logits = cast<T>(in.at("logits"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<T> probs(N * E), weight(N * K), aux(B), z(B), dprobs(N * E, T(0)),
+        dweight(N * K, T(0)), dlogits(N * E);
+    std::vector<int32_t> expert(N * K);
+    moe_router_forward(probs.data(), expert.data(), weight.data(), logits.data(), N, E, K);
+    moe_aux_loss_forward(aux.data(), probs.data(), expert.data(), B, Tn, E, K);
+    moe_z_loss_forward(z.data(), logits.data(), B, Tn, E);
+    moe_aux_loss_backward(dprobs.data(), R.data(), expert.data(), B, Tn, E, K);
+    moe_router_backward(dlogits.data(), dweight.data(), dprobs.data(), probs.data(),
+                        expert.data(), weight.data(), N, E, K);
+    moe_z_loss_backward(dlogits.data(), R.data() + B, logits.data(), B, Tn, E);
+    Vec out = to_double(aux);
+    out.insert(out.end(), z.begin(), z.end());
+    return {{"out", out}, {"dlogits", to_double(dlogits)}};
+  }
+};
+
+// The experts' path of a MoE MLP for fixed routing: permute, fc1 (+bias) per expert, GELU, fc2
+// (+bias) per expert, weighted unpermute. Expert 1 is over-subscribed: with `capacity` = 2 per
+// sequence its third and later assignments of a sequence are dropped (zero gradient there).
+struct MoeExpertsOp {
+  int64_t B = 2, Tn = 4, E = 3, K = 2, C = 5, F = 6, capacity = 0;
+  std::vector<int32_t> expert{1, 0, 1, 2, 1, 0, 2, 1,   // sequence 0: expert 1 four times
+                              0, 2, 1, 0, 2, 0, 1, 2};  // sequence 1
+  Tensors make(std::mt19937_64& rng) const {
+    const int64_t N = B * Tn;
+    return {{"x", random_vec(rng, N * C)},          {"w1", random_vec(rng, E * F * C)},
+            {"b1", random_vec(rng, E * F)},         {"w2", random_vec(rng, E * C * F)},
+            {"b2", random_vec(rng, E * C)},         {"gate", random_vec(rng, N * K, 0.2, 1.0)},
+            {"R", random_vec(rng, N * C)}};
+  }
+  std::vector<std::string> wrt() const { return {"x", "w1", "b1", "w2", "b2", "gate"}; }
+  template <typename T>
+  Tensors run(const Tensors& in) const {
+    const int64_t N = B * Tn;
+    auto x = cast<T>(in.at("x"));
+    auto w1 = cast<T>(in.at("w1")), b1 = cast<T>(in.at("b1"));
+    auto w2 = cast<T>(in.at("w2")), b2 = cast<T>(in.at("b2"));
+    auto gate = cast<T>(in.at("gate"));
+    auto R = cast<T>(in.at("R"));
+    std::vector<int64_t> slot(N * K), slot_token(N * K), offsets(E + 1), load(E);
+    const int64_t M = moe_dispatch_plan(slot.data(), slot_token.data(), offsets.data(),
+                                        load.data(), expert.data(), B, Tn, E, K, capacity);
+    std::vector<T> xp(M * C), h(M * F), a(M * F), y(M * C), out(N * C);
+    moe_permute(xp.data(), x.data(), slot_token.data(), M, C);
+    moe_expert_linear_forward(h.data(), xp.data(), w1.data(), b1.data(), offsets.data(), E, C, F);
+    gelu_forward(a.data(), h.data(), M * F);
+    moe_expert_linear_forward(y.data(), a.data(), w2.data(), b2.data(), offsets.data(), E, F, C);
+    moe_unpermute(out.data(), y.data(), slot.data(), gate.data(), N, K, C);
+
+    std::vector<T> dy(M * C), dgate(N * K), da(M * F), dh(M * F), dxp(M * C), dx(N * C);
+    std::vector<T> dw1(E * F * C, T(0)), db1(E * F, T(0)), dw2(E * C * F, T(0)), db2(E * C, T(0));
+    moe_unpermute_backward(dy.data(), dgate.data(), R.data(), y.data(), slot.data(), gate.data(),
+                           N, K, C);
+    moe_expert_linear_backward(da.data(), dw2.data(), db2.data(), dy.data(), a.data(), w2.data(),
+                               offsets.data(), E, F, C);
+    gelu_backward(dh.data(), h.data(), da.data(), M * F);
+    moe_expert_linear_backward(dxp.data(), dw1.data(), db1.data(), dh.data(), xp.data(),
+                               w1.data(), offsets.data(), E, C, F);
+    moe_permute_backward(dx.data(), dxp.data(), slot.data(), N, K, C);
+    return {{"out", to_double(out)}, {"dx", to_double(dx)},   {"dw1", to_double(dw1)},
+            {"db1", to_double(db1)}, {"dw2", to_double(dw2)}, {"db2", to_double(db2)},
+            {"dgate", to_double(dgate)}};
+  }
+};
+
+TEST(KernelsGrad, MoeRouter) { fd_worst(MoeRouterOp{}, "moe_router"); }
+TEST(KernelsGrad, MoeRouterTop1) {
+  MoeRouterOp op;
+  op.K = 1;  // the renormalised weight is 1: only the probabilities carry a gradient
+  fd_worst(op, "moe_router_top1");
+}
+TEST(KernelsGrad, MoeAuxAndZLoss) { fd_worst(MoeAuxLossOp{}, "moe_aux_z_loss"); }
+TEST(KernelsGrad, MoeExpertsDropless) { fd_worst(MoeExpertsOp{}, "moe_experts"); }
+TEST(KernelsGrad, MoeExpertsCapacity) {
+  MoeExpertsOp op;
+  op.capacity = 2;
+  fd_worst(op, "moe_experts_capacity");
+}
+TEST(KernelsFloat, MoeRouter) { float_vs_double(MoeRouterOp{}, "moe_router"); }
+TEST(KernelsFloat, MoeExperts) { float_vs_double(MoeExpertsOp{}, "moe_experts"); }
+
+// The dispatch plan: capacity ceil(factor*T*K/E), drops in (token, choice) order per sequence,
+// rows sorted by expert then token, loads counted before dropping.
+TEST(KernelsMoe, DispatchPlanDropsInTokenOrder) {
+  EXPECT_EQ(moe_capacity(0.0, 4, 3, 2), 0);
+  EXPECT_EQ(moe_capacity(1.0, 4, 3, 2), 3);   // ceil(8/3)
+  EXPECT_EQ(moe_capacity(0.75, 4, 3, 2), 2);  // ceil(2)
+  const MoeExpertsOp op;
+  std::vector<int64_t> slot(16), token(16), offsets(4), load(3);
+  const int64_t M = moe_dispatch_plan(slot.data(), token.data(), offsets.data(), load.data(),
+                                      op.expert.data(), 2, 4, 3, 2, 2);
+  EXPECT_EQ(load, (std::vector<int64_t>{5, 6, 5}));
+  // Sequence 0 sends expert 1 four assignments (tokens 0, 1, 2, 3): the last two are dropped;
+  // sequence 1 sends experts 0 and 2 three each: their third (tokens 6 and 7) is dropped.
+  EXPECT_EQ(M, 12);
+  EXPECT_EQ(offsets, (std::vector<int64_t>{0, 4, 8, 12}));
+  for (int64_t dropped : {4, 7, 13, 15}) EXPECT_EQ(slot[dropped], -1) << dropped;
+  EXPECT_EQ(slot[0], 4);  // token 0 -> expert 1's first row
+  EXPECT_EQ(slot[2], 5);  // token 1 -> expert 1's second row
+  EXPECT_EQ(slot[1], 0);  // token 0 -> expert 0's first row
+  for (int64_t m = 1; m < M; m++)
+    if (m != offsets[1] && m != offsets[2]) EXPECT_LE(token[m - 1], token[m]) << m;
 }
 
 }  // namespace

@@ -60,18 +60,24 @@ using Model = Transformer<CpuKernels<float>>;
 // "gpt2", "llama" (grouped-query, untied head) or "gpt2-gqa"; three layers.
 ModelConfig small_model(const std::string& variant) {
   ModelConfig m;
-  m.arch = variant == "llama" ? "llama" : "gpt2";
+  m.arch = variant.rfind("llama", 0) == 0 ? "llama" : "gpt2";
   m.layers = 3;
   m.heads = 4;
   m.width = 32;
   m.vocab_size = 61;
   m.vocab_multiple = 4;
   m.seq_len = 12;
-  if (variant == "llama") {
+  if (m.arch == "llama") {
     m.kv_heads = 2;
     m.tie_embeddings = false;
   }
   if (variant == "gpt2-gqa") m.kv_heads = 1;
+  if (variant.find("moe") != std::string::npos) {  // docs/moe.md: 4 experts, top-2
+    m.moe_experts = 4;
+    m.moe_top_k = 2;
+    m.moe_capacity_factor = variant == "gpt2-moe" ? 1.0 : 0.0;
+    m.moe_z_loss_coeff = 0.01;
+  }
   return m;
 }
 
@@ -155,6 +161,10 @@ TEST_P(RecomputeParity, LossesAndGradientsBitwiseLikeNone) {
     const double loss = run_step(recomputed, B, M, c.split, step);
     if (std::memcmp(&loss_none, &loss, sizeof loss) == 0) ++losses_equal;
     else ADD_FAILURE() << "step " << step + 1 << " loss " << loss << " vs none " << loss_none;
+    // A MoE layer's forward rerun for the recomputation is not counted a second time.
+    const MoeStats moe_none = none.take_moe_stats(), moe = recomputed.take_moe_stats();
+    EXPECT_EQ(moe.load, moe_none.load) << "step " << step + 1;
+    EXPECT_EQ(moe.aux_loss_sum, moe_none.aux_loss_sum) << "step " << step + 1;
     ASSERT_EQ(none.flat_size(), recomputed.flat_size());
     for (int64_t i = 0; i < none.flat_size(); ++i, ++compared) {
       if (std::memcmp(&none.grads()[i], &recomputed.grads()[i], sizeof(float)) != 0) ++differing;
@@ -185,7 +195,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", Recompute::Full, false},
                       Case{"llama", Recompute::Selective, true},
                       Case{"llama", Recompute::Full, true},
-                      Case{"gpt2-gqa", Recompute::Full, false}),
+                      Case{"gpt2-gqa", Recompute::Full, false},
+                      Case{"gpt2-moe", Recompute::Selective, true},
+                      Case{"gpt2-moe", Recompute::Full, false},
+                      Case{"gpt2-moe", Recompute::Full, true},
+                      Case{"llama-moe", Recompute::Full, true}),
     case_name);
 
 namespace {
@@ -282,6 +296,36 @@ TEST(RecomputeMemory, MeasuredLayerBytesAreTheFormulas) {
       const Model model(m, s, *comm, CpuKernels<float>());
       EXPECT_EQ(measured_workspace(m, mode, 2), model.recompute_workspace_bytes(2))
           << arch << " " << to_string(mode);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 16);
+}
+
+// A MoE layer's stash (docs/moe.md): the dense layer's plus moe_layer_extra_bytes, what
+// activation_bytes() reports (checked in measured_layer_bytes), and the full recomputation's
+// workspace holds one MoE layer's.
+TEST(RecomputeMemory, MoeLayerBytesAreTheFormulas) {
+  omp_set_num_threads(1);
+  int64_t compared = 0;
+  for (const std::string variant : {"gpt2-moe", "llama-moe"}) {
+    const ModelConfig m = small_model(variant);
+    for (bool split : {false, true}) {
+      for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        int64_t formula = 0;
+        const int64_t measured = measured_layer_bytes(m, mode, 2, split, &formula);
+        ActivationShape shape = measure_stash(m, 1, mode, 2, split).shape;
+        const int64_t extra = moe_layer_extra_bytes(m, shape);
+        EXPECT_EQ(measured, formula + extra) << variant << " " << to_string(mode);
+        if (mode != Recompute::Full) EXPECT_GT(extra, 0);
+        ++compared;
+      }
+    }
+    for (Recompute mode : {Recompute::Selective, Recompute::Full}) {
+      auto comm = make_self_communicator("tensor");
+      const Model model(m, shard_with(m, mode), *comm, CpuKernels<float>());
+      EXPECT_EQ(measured_workspace(m, mode, 2), model.recompute_workspace_bytes(2))
+          << variant << " " << to_string(mode);
       ++compared;
     }
   }

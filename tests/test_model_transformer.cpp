@@ -19,9 +19,11 @@ using namespace trident;
 
 namespace {
 
-// "gpt2", "llama", or "gpt2-gqa" (gpt2 with one kv head: biases on grouped-query attention).
+// "gpt2", "llama", or "gpt2-gqa" (gpt2 with one kv head: biases on grouped-query attention);
+// "gpt2-moe" (every layer a mixture of 4 experts, top-2, token dropping, z-loss) and
+// "llama-moe" (layer 0 of 3 SwiGLU experts, top-2, dropless; layer 1 dense).
 ModelConfig tiny_model(const std::string& variant = "gpt2") {
-  const std::string arch = variant == "gpt2-gqa" ? "gpt2" : variant;
+  const std::string arch = variant.rfind("llama", 0) == 0 ? "llama" : "gpt2";
   ModelConfig m;
   m.arch = arch;
   m.layers = 2;
@@ -39,10 +41,32 @@ ModelConfig tiny_model(const std::string& variant = "gpt2") {
     m.rope_theta = 100.0;  // larger angles at these short positions
   }
   if (variant == "gpt2-gqa") m.kv_heads = 1;
+  if (variant == "gpt2-moe") {
+    m.moe_experts = 4;
+    m.moe_top_k = 2;
+    m.moe_capacity_factor = 1.0;  // 3 of a sequence's 10 assignments per expert
+    m.moe_aux_loss_coeff = 0.1;
+    m.moe_z_loss_coeff = 0.01;
+  }
+  if (variant == "llama-moe") {
+    m.moe_experts = 3;
+    m.moe_top_k = 2;
+    m.moe_layer_interval = 2;
+    m.moe_aux_loss_coeff = 0.1;
+  }
   return m;
 }
 
 class WholeModel : public ::testing::TestWithParam<std::string> {};
+
+// What backward differentiates: the summed mean LM losses plus the MoE layers' auxiliary
+// losses with their coefficients (0 for a dense model). Resets the sums.
+template <class Model>
+double objective(Model& model, const ModelConfig& m) {
+  const MoeStats moe = model.take_moe_stats();
+  return model.take_loss_sum() + m.moe_aux_loss_coeff * moe.aux_loss_sum +
+         m.moe_z_loss_coeff * moe.z_loss_sum;
+}
 
 std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
   std::vector<int32_t> v(n);
@@ -68,7 +92,7 @@ TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
 
   model.zero_grads();
   model.forward(acts, tokens.data(), targets.data(), nullptr);
-  model.take_loss_sum();  // the finite differences below start from a zero sum
+  objective(model, m);  // the finite differences below start from zero sums
   model.backward(acts, 1.0, nullptr, nullptr);
   const std::vector<double> analytic(model.grads(), model.grads() + model.flat_size());
 
@@ -84,10 +108,10 @@ TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
       const double saved = w;
       w = saved + h;
       model.forward(acts, tokens.data(), targets.data(), nullptr);
-      const double up = model.take_loss_sum();
+      const double up = objective(model, m);
       w = saved - h;
       model.forward(acts, tokens.data(), targets.data(), nullptr);
-      const double down = model.take_loss_sum();
+      const double down = objective(model, m);
       w = saved;
       const double numeric = (up - down) / (2 * h);
       if (!gi) {  // a padding row of the vocabulary: never used, gradient exactly 0
@@ -185,8 +209,97 @@ TEST_P(WholeModel, SplitBackwardGivesTheWholeBackwardsGradientsToTheBit) {
   EXPECT_GT(split.deferred_weight_grad_bytes(B), 0);
 }
 
+// A MoE model's parameters: the router and the stacked experts per MoE layer, counted by
+// parameter_count (and active_parameter_count with top_k experts), initialised per expert
+// like the dense MLP it replaces.
+TEST(ModelMoe, ParameterCountsAndStackedExperts) {
+  for (const std::string variant : {"gpt2-moe", "llama-moe"}) {
+    SCOPED_TRACE(variant);
+    const ModelConfig m = tiny_model(variant);
+    auto comm = make_self_communicator("tensor");
+    CpuModel<float> model(m, ModelShard::whole(m), *comm);
+    int64_t global = 0;
+    for (const ParamInfo& p : model.params()) global += p.global_numel();
+    EXPECT_EQ(global, parameter_count(m));
+    ModelConfig dense = m;
+    dense.moe_experts = 0;
+    const int64_t C = m.width, F = m.ffn_size(), E = m.moe_experts;
+    const int64_t mlp = m.is_llama() ? 3 * C * F : 2 * C * F + F + C;
+    const int64_t moe_layers = m.moe_layer_interval == 1 ? 2 : 1;
+    EXPECT_EQ(moe_layer_count(m), moe_layers);
+    EXPECT_EQ(parameter_count(m), parameter_count(dense) + moe_layers * ((E - 1) * mlp + E * C));
+    EXPECT_EQ(active_parameter_count(m),
+              parameter_count(dense) + moe_layers * ((m.moe_top_k - 1) * mlp + E * C));
+    EXPECT_GT(training_flops_per_token(m, 12), training_flops_per_token(dense, 12));
+    const ParamInfo& router = model.param("layers.0.mlp.router.weight");
+    EXPECT_EQ(router.global_shape, (std::vector<int64_t>{E, C}));
+    const ParamInfo& up =
+        model.param(m.is_llama() ? "layers.0.mlp.experts.gate_up.weight"
+                                 : "layers.0.mlp.experts.fc1.weight");
+    EXPECT_EQ(up.global_shape[0], (m.is_llama() ? 2 : 1) * E * F);
+    if (m.moe_layer_interval == 2) EXPECT_NO_THROW(model.param("layers.1.mlp.down.weight"));
+  }
+}
+
+// The classic MoE bug is a load-balancing loss computed over whatever rows a micro-batch
+// holds. Here it is per sequence, averaged like the LM loss: one micro-batch of 2 sequences
+// and two of 1 (loss scale 1/2 each) give the same objective, the same per-expert loads and
+// the same gradients of every parameter, routers included (double: to rounding).
+TEST(ModelMoe, AuxLossAndGradientsDoNotDependOnTheMicroBatchSize) {
+  for (const std::string variant : {"gpt2-moe", "llama-moe"}) {
+    SCOPED_TRACE(variant);
+    const ModelConfig m = tiny_model(variant);
+    auto comm = make_self_communicator("tensor");
+    CpuModel<double> one(m, ModelShard::whole(m), *comm), two(m, ModelShard::whole(m), *comm);
+    one.init_weights(9);
+    two.init_weights(9);
+    for (int64_t i = 0; i < one.flat_size(); ++i) one.weights()[i] *= 5.0, two.weights()[i] *= 5.0;
+    const int64_t T = m.seq_len;
+    const auto tokens = sequence(2 * T, m.vocab_size, 3), targets = sequence(2 * T, m.vocab_size, 4);
+    one.zero_grads();
+    two.zero_grads();
+    auto a = one.make_activations(2);
+    one.forward(a, tokens.data(), targets.data(), nullptr);
+    one.backward(a, 1.0, nullptr, nullptr);
+    const MoeStats s1 = one.take_moe_stats();
+    const double lm1 = one.take_loss_sum();
+    for (int64_t b = 0; b < 2; ++b) {
+      auto half = two.make_activations(1);
+      two.forward(half, tokens.data() + b * T, targets.data() + b * T, nullptr);
+      two.backward(half, 0.5, nullptr, nullptr);
+    }
+    const MoeStats s2 = two.take_moe_stats();
+    const double lm2 = two.take_loss_sum() / 2;  // two micro-batches' means
+    EXPECT_NEAR(lm1, lm2, 1e-12);
+    EXPECT_GT(s1.aux_loss_sum, 0.0);
+    EXPECT_NEAR(s1.aux_loss_sum, s2.aux_loss_sum / 2, 1e-12);
+    EXPECT_NEAR(s1.z_loss_sum, s2.z_loss_sum / 2, 1e-12);
+    EXPECT_EQ(s1.load, s2.load);
+    EXPECT_EQ(s1.dropped, s2.dropped);
+    int64_t routed = 0;
+    for (int64_t l : s1.load) routed += l;
+    EXPECT_EQ(routed, moe_layer_count(m) * 2 * T * m.moe_top_k);
+    if (m.moe_capacity_factor > 0) EXPECT_GT(s1.dropped, 0) << "the capacity drops nothing";
+    double diff2 = 0, ref2 = 0;
+    int64_t compared = 0;
+    for (int64_t i = 0; i < one.flat_size(); ++i, ++compared) {
+      diff2 += std::pow(one.grads()[i] - two.grads()[i], 2);
+      ref2 += std::pow(one.grads()[i], 2);
+    }
+    ASSERT_GT(compared, 0);
+    ASSERT_GT(ref2, 0.0);
+    EXPECT_LE(std::sqrt(diff2 / ref2), 1e-12);
+    const ParamInfo& router = one.param("layers.0.mlp.router.weight");
+    double router2 = 0;
+    for (int64_t i = 0; i < router.numel(); ++i) router2 += std::pow(one.grads()[router.offset + i], 2);
+    EXPECT_GT(router2, 0.0) << "the router has a gradient";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Arch, WholeModel, ::testing::Values("gpt2", "llama"));
 INSTANTIATE_TEST_SUITE_P(GroupedQuery, WholeModel, ::testing::Values("gpt2-gqa"));
+INSTANTIATE_TEST_SUITE_P(MixtureOfExperts, WholeModel,
+                         ::testing::Values("gpt2-moe", "llama-moe"));
 
 TEST(ModelInit, Gpt2Initialisation) {
   ModelConfig m;
@@ -230,8 +343,9 @@ TEST(ModelInit, Gpt2Initialisation) {
 
 TEST_P(WholeModel, TensorShardsHoldExactlyTheSingleRankValues) {
   ModelConfig m;
-  m.arch = GetParam() == "llama" ? "llama" : "gpt2";
+  m.arch = GetParam().rfind("llama", 0) == 0 ? "llama" : "gpt2";
   m.kv_heads = GetParam() == "gpt2" ? 0 : 4;  // 8 query heads in 4 groups
+  if (GetParam().find("moe") != std::string::npos) m.moe_experts = 3;  // stacked experts
   m.tie_embeddings = !m.is_llama();
   m.layers = 2;
   m.heads = GetParam() == "gpt2" ? 4 : 8;

@@ -135,10 +135,35 @@ const Key kKeys[] = {
    "RMSNorm epsilon (llama; gpt2's LayerNorm always uses 1e-5)."},
   {TRIDENT_KEY(model, rope_theta), above(0),
    "Rotary position embedding base (llama; unused by gpt2)."},
+  {TRIDENT_KEY(model, moe_experts), at_least(0),
+   "Mixture of experts: experts per MoE layer, each a copy of the architecture's MLP (gpt2 "
+   "GELU, llama SwiGLU) behind a softmax top-k router; 0: dense MLPs. See docs/moe.md.",
+   "> 0: `model.moe_top_k` <= moe_experts, divisible by `parallel.expert`, "
+   "`train.device = \"cpu\"` (no CUDA kernels yet)"},
+  {TRIDENT_KEY(model, moe_top_k), at_least(1),
+   "Experts each token is sent to; their router probabilities are renormalised to sum to 1."},
+  {TRIDENT_KEY(model, moe_aux_loss_coeff), at_least(0),
+   "Weight of the Switch load-balancing loss E * sum_i f_i P_i, computed per sequence and "
+   "averaged over the sequences like the LM loss (per MoE layer, summed over layers)."},
+  {TRIDENT_KEY(model, moe_z_loss_coeff), at_least(0),
+   "Weight of the router z-loss mean_t logsumexp(router logits)^2 (per sequence, averaged "
+   "like the LM loss); 0: off."},
+  {TRIDENT_KEY(model, moe_capacity_factor), at_least(0),
+   "Token dropping: each expert takes at most ceil(factor * seq_len * top_k / experts) of a "
+   "sequence's assignments, in token order; the rest are dropped (the token keeps its "
+   "residual). 0: dropless."},
+  {TRIDENT_KEY(model, moe_layer_interval), at_least(1),
+   "Every this-many-th layer is a MoE layer: layers l with l % interval == 0 (1: all)."},
 
   {TRIDENT_KEY(parallel, tensor), at_least(1), "Tensor-parallel degree (TP)."},
   {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
   {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
+  {TRIDENT_KEY(parallel, expert), at_least(1),
+   "Expert-parallel degree (EP): the experts of each MoE layer split over EP ranks taken "
+   "from inside the data-parallel dimension (not a factor of the world size). See "
+   "docs/moe.md.",
+   "divides `parallel.data` and `model.moe_experts`; > 1 needs `model.moe_experts` > 0 "
+   "(and is not implemented yet)"},
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
   {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
@@ -747,6 +772,36 @@ void check_interleaved(const Config& c, const std::string& source) {
                      int_text(p.pipeline) + ")");
 }
 
+// model.moe_* and parallel.expert (model/moe.hpp, docs/moe.md).
+void check_moe(const Config& c, const std::string& source) {
+  const ModelConfig& m = c.model;
+  const int64_t ep = c.parallel.expert;
+  if (m.moe_experts == 0) {
+    if (ep > 1)
+      fail(source, "parallel.expert (" + int_text(ep) +
+                       ") > 1 needs a mixture of experts (model.moe_experts > 0, it is 0)");
+    return;
+  }
+  if (m.moe_top_k > m.moe_experts)
+    fail(source, "model.moe_top_k (" + int_text(m.moe_top_k) +
+                     ") must be <= model.moe_experts (" + int_text(m.moe_experts) + ")");
+  if (m.moe_experts % ep != 0)
+    fail(source, "model.moe_experts (" + int_text(m.moe_experts) +
+                     ") must be divisible by parallel.expert (" + int_text(ep) + ")");
+  if (c.parallel.data % ep != 0)
+    fail(source, "parallel.expert (" + int_text(ep) + ") must divide parallel.data (" +
+                     int_text(c.parallel.data) +
+                     "): the expert-parallel ranks are taken from the data-parallel ones");
+  if (ep > 1)
+    fail(source, "parallel.expert (" + int_text(ep) +
+                     ") > 1: expert parallelism is not implemented yet (use 1: every data-"
+                     "parallel rank holds all the experts)");
+  if (c.train.device == "cuda")
+    fail(source, "model.moe_experts (" + int_text(m.moe_experts) +
+                     ") > 0: the mixture of experts runs on the CPU backend only (train.device "
+                     "= \"cpu\")");
+}
+
 // Constraints between keys (each is described in the `relations` text of its key).
 void check_relations(const Config& c, const std::string& source) {
   const ModelConfig& m = c.model;
@@ -765,6 +820,8 @@ void check_relations(const Config& c, const std::string& source) {
   if (m.ffn_width == 0 && m.width > (INT64_MAX - 255) / 8)
     fail(source, "model.width (" + int_text(m.width) +
                      ") is too large for the default MLP size (model.ffn_width = 0)");
+
+  check_moe(c, source);
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;

@@ -25,6 +25,15 @@ struct ModelConfig {
   bool tie_embeddings = true;
   double norm_eps = 1e-5;      // RMSNorm epsilon (llama); gpt2's LayerNorm uses 1e-5
   double rope_theta = 10000.0; // rotary embedding base (llama)
+  // Mixture of experts (model/moe.hpp, docs/moe.md): the MLP of every moe_layer_interval-th
+  // layer (layers l with l % interval == 0) is moe_experts copies of the architecture's MLP
+  // behind a top-k softmax router. 0 experts: dense.
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  double moe_aux_loss_coeff = 0.01;  // Switch load-balancing loss, per sequence
+  double moe_z_loss_coeff = 0.0;     // router z-loss (ST-MoE); 0: off
+  double moe_capacity_factor = 0.0;  // tokens per sequence and expert; 0: dropless
+  int64_t moe_layer_interval = 1;
 
   bool is_llama() const { return arch == "llama"; }
   int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -35,12 +44,18 @@ struct ModelConfig {
     return (8 * width / 3 + 255) / 256 * 256;
   }
   int64_t head_size() const { return width / heads; }
+  bool is_moe_layer(int64_t layer) const {
+    return moe_experts > 0 && layer % moe_layer_interval == 0;
+  }
 };
 
 struct ParallelConfig {
   int64_t tensor = 1;
   int64_t pipeline = 1;
   int64_t data = 1;
+  // Expert parallelism (EP): the experts of a MoE layer split over EP ranks taken from inside
+  // the data-parallel dimension (docs/moe.md); not a factor of the world size.
+  int64_t expert = 1;
   int64_t ranks_per_node = 0;          // 0: detect with MPI_COMM_TYPE_SHARED
   std::string schedule = "1f1b";       // "1f1b" | "gpipe" | "interleaved" | "zb-h1"
   int64_t virtual_stages = 1;          // model chunks per stage (interleaved: >= 2)

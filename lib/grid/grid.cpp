@@ -95,6 +95,37 @@ std::vector<int> embedding_group(const GridShape& shape, int rank) {
   return g;
 }
 
+namespace {
+
+void check_expert(const GridShape& shape, int ep) {
+  if (ep < 1 || shape.dp % ep != 0) {
+    std::ostringstream m;
+    m << "parallel.expert (" << ep << ") must divide parallel.data (" << shape.dp << ")";
+    throw Error(m.str());
+  }
+}
+
+}  // namespace
+
+std::vector<int> expert_group(const GridShape& shape, int ep, int rank) {
+  check_expert(shape, ep);
+  const GridCoord c = coord_of(shape, rank);
+  const int first = c.dp - c.dp % ep;
+  std::vector<int> g;
+  g.reserve(ep);
+  for (int d = first; d < first + ep; ++d) g.push_back(rank_of(shape, {c.tp, c.pp, d}));
+  return g;
+}
+
+std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank) {
+  check_expert(shape, ep);
+  const GridCoord c = coord_of(shape, rank);
+  std::vector<int> g;
+  g.reserve(shape.dp / ep);
+  for (int d = c.dp % ep; d < shape.dp; d += ep) g.push_back(rank_of(shape, {c.tp, c.pp, d}));
+  return g;
+}
+
 int64_t padded_vocab(int64_t vocab_size, int64_t vocab_multiple, int64_t tp) {
   if (vocab_size < 1 || vocab_multiple < 1 || tp < 1) {
     std::ostringstream m;

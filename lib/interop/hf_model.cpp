@@ -51,6 +51,9 @@ void HfTensor::to_dataset_order(const float* hf_order, int64_t begin, int64_t en
 }
 
 std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
+  if (m.moe_experts > 0)
+    throw Error("model.moe_experts = " + std::to_string(m.moe_experts) +
+                ": a mixture of experts has no Hugging Face equivalent here yet (docs/moe.md)");
   if (!m.is_llama() && m.kv_head_count() != m.heads)
     throw Error("model.kv_heads = " + std::to_string(m.kv_heads) + " (grouped-query attention) "
                 "has no GPT2LMHeadModel equivalent: gpt2 exports need kv_heads = heads");

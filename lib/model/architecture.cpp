@@ -93,6 +93,33 @@ class LayoutBuilder {
   ParamLayout layout_;
 };
 
+// A MoE layer's router and stacked experts (see architecture.hpp): each expert is the dense
+// MLP's tensors, its rows split over the tensor ranks as the dense ones are (fused_blocks
+// with one part per expert, or per expert and gate/up), so expert e lies at local rows
+// [e*Rl, (e+1)*Rl) on every rank.
+void add_experts(LayoutBuilder& b, const ModelConfig& m, const ModelShard& s,
+                 const std::string& p, BlockParams& bp) {
+  const int r = s.tp_rank, tp = s.tp_size;
+  const int64_t C = m.width, F = m.ffn_size(), E = m.moe_experts;
+  const bool gpt2 = !m.is_llama();
+  const Init residual = gpt2 ? Init::NormalResidual : Init::Normal;
+  bp.router_w = b.add(p + "mlp.router.weight", {E, C}, -1, {}, Init::Normal, true);
+  b.layout().params[bp.router_w].counted_in_norm = r == 0;
+  const auto cols = contiguous_blocks(F, r, tp);
+  if (gpt2) {
+    const auto rows = fused_blocks(std::vector<int64_t>(E, F), r, tp);
+    bp.up_w = b.add(p + "mlp.experts.fc1.weight", {E * F, C}, 0, rows, Init::Normal, true);
+    bp.up_b = b.add(p + "mlp.experts.fc1.bias", {E * F}, 0, rows, Init::Zeros, false);
+    bp.down_w = b.add(p + "mlp.experts.fc2.weight", {E * C, F}, 1, cols, residual, true);
+    bp.down_b = b.replicated(p + "mlp.experts.fc2.bias", E * C, Init::Zeros, false);
+  } else {
+    const auto rows = fused_blocks(std::vector<int64_t>(2 * E, F), r, tp);
+    bp.up_w = b.add(p + "mlp.experts.gate_up.weight", {2 * E * F, C}, 0, rows, Init::Normal,
+                    true);
+    bp.down_w = b.add(p + "mlp.experts.down.weight", {E * C, F}, 1, cols, residual, true);
+  }
+}
+
 BlockParams add_block(LayoutBuilder& b, const ModelConfig& m, const ModelShard& s, int64_t l) {
   const std::string p = "layers." + std::to_string(l) + ".";
   const int r = s.tp_rank, tp = s.tp_size;
@@ -112,7 +139,9 @@ BlockParams add_block(LayoutBuilder& b, const ModelConfig& m, const ModelShard& 
   if (gpt2) bp.proj_b = b.replicated(p + "attn.proj.bias", C, Init::Zeros, false);
   bp.norm2_w = b.replicated(p + (gpt2 ? "ln2.weight" : "mlp_norm.weight"), C, Init::Ones, true);
   if (gpt2) bp.norm2_b = b.replicated(p + "ln2.bias", C, Init::Zeros, true);
-  if (gpt2) {
+  if (m.is_moe_layer(l)) {
+    add_experts(b, m, s, p, bp);
+  } else if (gpt2) {
     const auto cols = contiguous_blocks(F, r, tp);
     bp.up_w = b.add(p + "mlp.fc1.weight", {F, C}, 0, cols, Init::Normal, true);
     bp.up_b = b.add(p + "mlp.fc1.bias", {F}, 0, cols, Init::Zeros, false);

@@ -20,6 +20,12 @@
 //   layers.L.ln2.{weight,bias} [C]          layers.L.mlp_norm.weight [C]
 //   layers.L.mlp.fc1.{weight [F,C], bias}   layers.L.mlp.gate_up.weight [2F,C]  rows [gate | up]
 //   layers.L.mlp.fc2.{weight [C,F], bias}   layers.L.mlp.down.weight [C,F]
+//   A MoE layer (ModelConfig::is_moe_layer; E = model.moe_experts) has, in place of its MLP:
+//   layers.L.mlp.router.weight [E,C]        replicated on every tensor rank
+//   layers.L.mlp.experts.fc1.{weight [E*F,C], bias [E*F]}   layers.L.mlp.experts.gate_up.weight [E*2F,C]
+//   layers.L.mlp.experts.fc2.{weight [E*C,F], bias [E*C]}   layers.L.mlp.experts.down.weight [E*C,F]
+//   the experts stacked along the rows: expert e's tensor is rows [e*R, (e+1)*R) of the dense
+//   one's R rows, split over the tensor ranks exactly like the dense tensor.
 //   final_ln.{weight,bias} [C]              final_norm.weight [C]
 //   lm_head.weight [V,C] (untied only)
 #include <cstdint>
@@ -91,6 +97,9 @@ struct BlockParams {
   int norm2_w = -1, norm2_b = -1;  // before the MLP
   int up_w = -1, up_b = -1;        // column-parallel: fc1 (gpt2) / fused [gate | up] (llama)
   int down_w = -1, down_b = -1;    // row-parallel: fc2 (gpt2) / down (llama)
+  // A MoE layer: the router [E,C]; up_* and down_* are then the experts' stacked tensors.
+  int router_w = -1;
+  bool moe() const { return router_w >= 0; }
 };
 
 struct ParamLayout {

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "comm/comm.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "tensor/buffer.hpp"
 #include "tensor/device.hpp"
@@ -166,6 +167,67 @@ class CpuKernels {
                               int64_t Vl, int64_t vocab_begin, int64_t V) {
     cpu::cross_entropy_backward(dlogits, logits, targets, row_max, sums, dloss, N, Vl,
                                 vocab_begin, V);
+  }
+
+  // Mixture of experts (kernels/cpu/moe.hpp; model/moe.hpp). The dispatch plan and the
+  // statistics are computed in host memory, which is the CPU's device memory.
+  static constexpr bool has_moe = true;
+  static int64_t moe_capacity(double factor, int64_t Tn, int64_t E, int64_t K) {
+    return cpu::moe_capacity(factor, Tn, E, K);
+  }
+  void moe_router_forward(T* probs, int32_t* expert, T* weight, const T* logits, int64_t N,
+                          int64_t E, int64_t K) {
+    cpu::moe_router_forward(probs, expert, weight, logits, N, E, K);
+  }
+  void moe_router_backward(T* dlogits, const T* dweight, const T* dprobs_extra, const T* probs,
+                           const int32_t* expert, const T* weight, int64_t N, int64_t E,
+                           int64_t K) {
+    cpu::moe_router_backward(dlogits, dweight, dprobs_extra, probs, expert, weight, N, E, K);
+  }
+  void moe_aux_loss_forward(S* aux, const T* probs, const int32_t* expert, int64_t B,
+                            int64_t Tn, int64_t E, int64_t K) {
+    cpu::moe_aux_loss_forward(aux, probs, expert, B, Tn, E, K);
+  }
+  void moe_aux_loss_backward(T* dprobs, const S* daux, const int32_t* expert, int64_t B,
+                             int64_t Tn, int64_t E, int64_t K) {
+    cpu::moe_aux_loss_backward(dprobs, daux, expert, B, Tn, E, K);
+  }
+  void moe_z_loss_forward(S* z, const T* logits, int64_t B, int64_t Tn, int64_t E) {
+    cpu::moe_z_loss_forward(z, logits, B, Tn, E);
+  }
+  void moe_z_loss_backward(T* dlogits, const S* dz, const T* logits, int64_t B, int64_t Tn,
+                           int64_t E) {
+    cpu::moe_z_loss_backward(dlogits, dz, logits, B, Tn, E);
+  }
+  int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets,
+                            int64_t* load, const int32_t* expert, int64_t B, int64_t Tn,
+                            int64_t E, int64_t K, int64_t capacity) {
+    return cpu::moe_dispatch_plan(slot, slot_token, offsets, load, expert, B, Tn, E, K,
+                                  capacity);
+  }
+  void moe_permute(T* xp, const T* x, const int64_t* slot_token, int64_t M, int64_t C) {
+    cpu::moe_permute(xp, x, slot_token, M, C);
+  }
+  void moe_permute_backward(T* dx, const T* dxp, const int64_t* slot, int64_t N, int64_t K,
+                            int64_t C) {
+    cpu::moe_permute_backward(dx, dxp, slot, N, K, C);
+  }
+  void moe_unpermute(T* out, const T* y, const int64_t* slot, const T* weight, int64_t N,
+                     int64_t K, int64_t C) {
+    cpu::moe_unpermute(out, y, slot, weight, N, K, C);
+  }
+  void moe_unpermute_backward(T* dy, T* dweight, const T* dout, const T* y, const int64_t* slot,
+                              const T* weight, int64_t N, int64_t K, int64_t C) {
+    cpu::moe_unpermute_backward(dy, dweight, dout, y, slot, weight, N, K, C);
+  }
+  void moe_expert_linear_forward(T* out, const T* inp, const T* w, const T* b,
+                                 const int64_t* offsets, int64_t E, int64_t C, int64_t OC) {
+    cpu::moe_expert_linear_forward(out, inp, w, b, offsets, E, C, OC);
+  }
+  void moe_expert_linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp,
+                                  const T* w, const int64_t* offsets, int64_t E, int64_t C,
+                                  int64_t OC) {
+    cpu::moe_expert_linear_backward(dinp, dw, db, dout, inp, w, offsets, E, C, OC);
   }
 
  private:

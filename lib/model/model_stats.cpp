@@ -53,7 +53,14 @@ void check_shape(const ModelConfig& m) {
 
 }  // namespace
 
-int64_t parameter_count(const ModelConfig& m) {
+int64_t moe_layer_count(const ModelConfig& m) {
+  if (m.moe_experts <= 0) return 0;
+  return (m.layers + m.moe_layer_interval - 1) / m.moe_layer_interval;
+}
+
+namespace {
+
+int64_t count_parameters(const ModelConfig& m, bool active) {
   check_shape(m);
   const Exact V(m.vocab_size, &m), T(m.seq_len, &m), C(m.width, &m), L(m.layers, &m);
   const Exact NH(m.heads, &m), KVH(m.kv_head_count(), &m), HS(m.head_size(), &m);
@@ -66,19 +73,31 @@ int64_t parameter_count(const ModelConfig& m) {
   if (!llama) attention = attention + qkv_rows + C;  // qkv and proj biases
   const Exact mlp = llama ? k(3) * C * F : k(2) * C * F + F + C;
   const Exact norms = llama ? k(2) * C : k(4) * C;
+  // A MoE layer: `experts` copies of the MLP and the router [E,C].
+  const Exact Lm(moe_layer_count(m), &m), Ld(m.layers - moe_layer_count(m), &m);
+  const Exact E(m.moe_experts, &m);
+  const Exact experts = active ? Exact(m.moe_top_k, &m) : E;
+  const Exact moe_mlp = experts * mlp + E * C;
 
-  Exact total = V * C + L * (attention + mlp + norms) + (llama ? C : k(2) * C);
+  Exact total = V * C + Ld * (attention + mlp + norms) +
+                Lm * (attention + moe_mlp + norms) + (llama ? C : k(2) * C);
   if (!llama) total = total + T * C;  // learned position table
   if (!m.tie_embeddings) total = total + V * C;
   if (total.value() > INT64_MAX) total.overflow();
   return static_cast<int64_t>(total.value());
 }
 
+}  // namespace
+
+int64_t parameter_count(const ModelConfig& m) { return count_parameters(m, false); }
+int64_t active_parameter_count(const ModelConfig& m) { return count_parameters(m, true); }
+
 namespace {
 
-// One token's forward matmul FLOPs, in the parts training_flops_parts names (before the x3).
+// One token's forward matmul FLOPs, in the parts training_flops_parts names (before the x3):
+// the dense and the MoE layers' linear parts (the latter with top_k experts and the router).
 struct ForwardFlops {
-  Exact layer_linear, layer_attention, head;
+  Exact layer_linear, moe_layer_linear, layer_attention, head;
 };
 
 ForwardFlops forward_flops(const ModelConfig& m, int64_t padded_vocab) {
@@ -91,23 +110,31 @@ ForwardFlops forward_flops(const ModelConfig& m, int64_t padded_vocab) {
   const Exact F(m.ffn_size(), &m);
   auto k = [&](__int128 v) { return Exact(v, &m); };
   const Exact mlp_mats = k(m.is_llama() ? 3 : 2);
-  const Exact linear = C * (NH + k(2) * KVH) * HS + NH * HS * C + mlp_mats * C * F;
-  return {k(2) * linear, k(4) * T * NH * HS, k(2) * C * Vp};
+  const Exact attention = C * (NH + k(2) * KVH) * HS + NH * HS * C;
+  const Exact linear = attention + mlp_mats * C * F;
+  const Exact moe_linear =
+      attention + k(m.moe_top_k) * mlp_mats * C * F + k(m.moe_experts) * C;
+  return {k(2) * linear, k(2) * moe_linear, k(4) * T * NH * HS, k(2) * C * Vp};
 }
 
 }  // namespace
 
 double training_flops_per_token(const ModelConfig& m, int64_t padded_vocab) {
   const ForwardFlops f = forward_flops(m, padded_vocab);
-  const Exact L(m.layers, &m), three(3, &m);
-  const Exact forward = L * f.layer_linear + L * f.layer_attention + f.head;
+  const Exact L(m.layers, &m), Lm(moe_layer_count(m), &m), three(3, &m);
+  const Exact Ld(m.layers - moe_layer_count(m), &m);
+  const Exact forward = Ld * f.layer_linear + Lm * f.moe_layer_linear +
+                        L * f.layer_attention + f.head;
   return static_cast<double>((three * forward).value());
 }
 
 TrainingFlopsParts training_flops_parts(const ModelConfig& m, int64_t padded_vocab) {
   const ForwardFlops f = forward_flops(m, padded_vocab);
   const Exact three(3, &m);
-  return {static_cast<double>((three * f.layer_linear).value()),
+  // A MoE model's layers differ: layer_linear is their mean.
+  const Exact Lm(moe_layer_count(m), &m), Ld(m.layers - moe_layer_count(m), &m);
+  const Exact linear_sum = Ld * f.layer_linear + Lm * f.moe_layer_linear;
+  return {static_cast<double>((three * linear_sum).value()) / static_cast<double>(m.layers),
           static_cast<double>((three * f.layer_attention).value()),
           static_cast<double>((three * f.head).value())};
 }
@@ -160,13 +187,25 @@ int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s) {
   return bytes;
 }
 
+int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s) {
+  if (m.moe_experts == 0 || s.recompute == Recompute::Full) return 0;
+  const LayerWidths w = layer_widths(m, s);
+  const int64_t E = m.moe_experts, NK = w.N * m.moe_top_k;
+  return s.element_bytes * (2 * w.N * E + NK + NK * (2 * w.C + w.Ul + w.Fl)) + 4 * NK +
+         8 * (2 * NK + E + 1) + s.stat_bytes * 2 * s.micro_batch;
+}
+
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   switch (s.recompute) {
     case Recompute::None: return 0;
     case Recompute::Selective: return w.saved_core + s.element_bytes * w.N * w.Hl;
-    case Recompute::Full:
-      return stash_without_core(w, s) + w.saved_core + s.element_bytes * w.Ns * w.C;
+    case Recompute::Full: {
+      ActivationShape kept = s;
+      kept.recompute = Recompute::None;
+      return stash_without_core(w, s) + w.saved_core + s.element_bytes * w.Ns * w.C +
+             moe_layer_extra_bytes(m, kept);
+    }
   }
   return 0;
 }

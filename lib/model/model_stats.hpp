@@ -20,14 +20,22 @@ namespace trident {
 //   + 2*C (gpt2 final LayerNorm)  |  C (llama final RMSNorm)
 //   + V*C when model.tie_embeddings is false (separate LM head)
 // gpt2 with F = 4C, KVH = NH: V*C + T*C + L*(12*C^2 + 13*C) + 2*C.
+// A mixture of experts (model.moe_experts = E > 0): each of the Lm = ceil(L / interval) MoE
+// layers counts E MLPs and the router E*C in place of its MLP.
 // Exact; throws trident::Error naming model.width when the count does not fit in int64.
 int64_t parameter_count(const ModelConfig& m);
+// The parameters one token uses: parameter_count with model.moe_top_k MLPs per MoE layer in
+// place of E (the router counted whole). = parameter_count for a dense model.
+int64_t active_parameter_count(const ModelConfig& m);
+// Layers with a MoE MLP (ModelConfig::is_moe_layer): ceil(L / interval), 0 when dense.
+int64_t moe_layer_count(const ModelConfig& m);
 
 // Training FLOPs (forward + backward = 3 x forward) per token, counting matmuls only
 // (Megatron-LM's convention: attention over the full T x T, embedding lookups and elementwise
 // work not counted), with Vp the padded vocabulary the LM head multiplies:
 //   3 * ( 2*L*( C*(NH + 2*KVH)*HS + NH*HS*C + M*C*F )  +  L*4*T*NH*HS  +  2*C*Vp ),
-// M = 2 MLP matrices (gpt2) or 3 (llama). gpt2 with F = 4C, KVH = NH reduces to
+// M = 2 MLP matrices (gpt2) or 3 (llama); a MoE layer counts M*C*F once per routed expert
+// (top_k of them) plus the router's C*E. gpt2 with F = 4C, KVH = NH reduces to
 // 3 * ( L*(24*C^2 + 4*T*C) + 2*C*Vp ). Computed exactly in integers (a double holds it
 // exactly below 2^53); throws trident::Error naming model.width if that overflows.
 double training_flops_per_token(const ModelConfig& m, int64_t padded_vocab);
@@ -38,7 +46,8 @@ double training_flops_per_token(const ModelConfig& m, int64_t padded_vocab);
 //   layer_attention = 3 * 4*T*NH*HS                                   one layer's scores and
 //                                                                     weighted sum
 //   head            = 3 * 2*C*Vp                                      the LM head
-// training_flops_per_token = L*(layer_linear + layer_attention) + head, exactly.
+// training_flops_per_token = L*(layer_linear + layer_attention) + head, exactly for a dense
+// model; with MoE layers layer_linear is the mean over the layers.
 struct TrainingFlopsParts {
   double layer_linear = 0.0;
   double layer_attention = 0.0;
@@ -79,9 +88,18 @@ struct ActivationShape {
 // layer for backward_weight.
 int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s);
 
+// Bytes a MoE layer (model/moe.hpp) keeps per micro-batch beyond a dense layer's
+// layer_activation_bytes (0 under full recomputation, which keeps the input only), with
+// E experts, K = top_k, NK = N*K (the most rows the experts may take):
+//   e*(2*N*E + NK + NK*(2*C + Ul + Fl)) + 4*NK + 8*(2*NK + E + 1) + s*2*B
+//   (router logits and probabilities, gate weights, the experts' input, pre-activation,
+//   activation and output rows; the chosen experts int32; the dispatch plan int64; the
+//   per-sequence aux and z losses). 0 for a dense model.
+int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
+
 // Bytes a rank holds once (not per micro-batch) to recompute in: selective, one layer's A plus
 // the recomputed attention output e*N*Hl; full, one layer's stash under none plus its discarded
-// output e*Ns*C; none, 0.
+// output e*Ns*C (plus a MoE layer's extra under none when the model has MoE layers); none, 0.
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s);
 
 }  // namespace trident

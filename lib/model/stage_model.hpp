@@ -12,6 +12,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/architecture.hpp"
+#include "model/moe.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
 
@@ -64,6 +65,9 @@ class StageModel {
   // The sum of the micro-batches' mean losses since the last call (0 off the last stage), and
   // resets it: one device-to-host read per step.
   virtual double take_loss_sum() = 0;
+  // The MoE layers' auxiliary losses and expert loads since the last call (model/moe.hpp), and
+  // resets them; empty for a dense model.
+  virtual MoeStats take_moe_stats() { return {}; }
   // Backward of the micro-batch whose forward filled `a` (see Transformer::backward); `d_output` and
   // `d_input` are device memory.
   virtual void backward(Activations& a, float loss_scale, const void* d_output,

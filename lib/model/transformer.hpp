@@ -27,6 +27,7 @@
 #include "config/config.hpp"
 #include "model/architecture.hpp"
 #include "model/model_stats.hpp"
+#include "model/moe.hpp"
 #include "model/tensor_parallel.hpp"
 #include "tensor/device.hpp"
 
@@ -65,6 +66,9 @@ class Transformer {
     DeviceArray<T> d_proj;                 // [N, C] all rows (gathered under SP)
     DeviceArray<T> d_up;                   // [N, Ul]
     DeviceArray<T> d_down;                 // [N, C] all rows (gathered under SP)
+    // A MoE layer's router and expert tensors (model/moe.hpp) in place of up / act; kept
+    // unless under full recomputation. Its gradients are never deferred (split backward).
+    MoeActs<K> moe;
   };
   struct Activations {
     int64_t B = 0;
@@ -130,6 +134,9 @@ class Transformer {
   // The sum of the mean losses of the forwards since the last call (0 off the last stage); resets
   // it. The one device-to-host read of the losses.
   double take_loss_sum();
+  // The MoE layers' auxiliary losses and expert loads over the forwards since the last call
+  // (the shard's layers only); resets them. Empty loads for a dense model.
+  MoeStats take_moe_stats() { return moe_.take_stats(); }
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
   // `loss_scale` (1/micro-batches); other stages: `d_output` [stream_rows(B), C] arrives from the
   // next stage. Non-first stages write the gradient of their input into `d_input`. Parameter
@@ -201,8 +208,12 @@ class Transformer {
                       bool defer_weights);
   // Attention's backward, recomputing its saved state first under selective recomputation.
   void attention_backward(LayerActs& la, T* d_qkv, int64_t B);
-  // The buffers of one layer's stash for `mode` (see LayerActs).
-  LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward);
+  // The buffers of one layer's stash for `mode` (see LayerActs); `moe`: with a MoE layer's.
+  LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward, bool moe);
+  // The MoE MLP of block p (model/moe.hpp): forward into the rank's output rows from la.norm2,
+  // and its backward returning the rank's rows of dL/d(norm2).
+  void moe_forward(const BlockParams& p, LayerActs& la, T* output, int64_t B);
+  const T* moe_backward(const BlockParams& p, LayerActs& la, const T* d, int64_t B);
   void head_forward(Activations& a, const int32_t* targets);
   void head_backward(Activations& a, S loss_scale, T* d, bool defer_weights);
   void layer_weight_backward(size_t i, LayerActs& la, int64_t B);
@@ -231,6 +242,9 @@ class Transformer {
   RowParallelLinear<K> proj_, down_;
   VocabParallelEmbedding<K> embedding_;
   VocabParallelCrossEntropy<K> loss_;
+  MoeMlp<K> moe_;  // the MoE layers' block (model.moe_experts > 0)
+  bool recomputing_ = false;  // a forward rerun for full recomputation: not counted in stats
+  S loss_scale_ = S(1);  // the running backward's, for the MoE auxiliary losses
   DeviceArray<G> master_, grads_;
   DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed

@@ -36,6 +36,14 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   if (llama_ && HS_ % 2 != 0)
     throw Error("model.width / model.heads = " + std::to_string(HS_) +
                 ": rotary embeddings need an even head size");
+  if (config.moe_experts > 0) {
+    if constexpr (kernels_have_moe<K>)
+      moe_ = MoeMlp<K>(config, Fl_, llama_);
+    else
+      throw Error("model.moe_experts = " + std::to_string(config.moe_experts) +
+                  ": the mixture of experts runs on the CPU backend only (train.device = "
+                  "\"cpu\")");
+  }
   qkv_ = {C_, QKVl_};
   up_ = {C_, Ul_};
   proj_ = {Hl_, C_};
@@ -137,8 +145,10 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
   a.tokens = DeviceArray<int32_t>(dev, N);
   a.targets = DeviceArray<int32_t>(dev, N);
   const bool layernorm = !llama_;
+  const size_t block0 = chunk_block0_[static_cast<size_t>(chunk)];
   for (int64_t l = 0; l < chunk_layers(chunk); ++l)
-    a.layers.push_back(make_layer_acts(B, recompute_, split_backward));
+    a.layers.push_back(make_layer_acts(B, recompute_, split_backward,
+                                       layout_.blocks[block0 + static_cast<size_t>(l)].moe()));
   a.output = DeviceArray<T>(dev, Ns * C);
   if (runs_head(chunk)) {
     a.final_norm = DeviceArray<T>(dev, N * C);
@@ -154,7 +164,8 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
 
 template <class K>
 typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Recompute mode,
-                                                                   bool split_backward) {
+                                                                   bool split_backward,
+                                                                   bool moe) {
   const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
   Device& dev = k_.device();
   const bool layernorm = !llama_;
@@ -181,6 +192,8 @@ typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Re
   }
   if (mode == Recompute::None)
     la.att = DeviceArray<Saved>(dev, K::attention_saved_size(B, config_.seq_len, NHl_));
+  if constexpr (kernels_have_moe<K>)
+    if (forward_tensors && moe) la.moe = moe_.make_acts(dev, B);
   if (split_backward) {
     la.d_qkv = DeviceArray<T>(dev, N * QKVl_);
     la.d_proj = DeviceArray<T>(dev, N * C);
@@ -222,8 +235,13 @@ template <class K>
 int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chunk) const {
   const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
   const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
-  const int64_t per_layer = layer_activation_bytes(config_, activation_shape(B, split_backward));
-  int64_t total = chunk_layers(chunk) * per_layer + t * Ns * C + 8 * N;
+  const ActivationShape shape = activation_shape(B, split_backward);
+  int64_t moe_layers = 0;
+  const size_t block0 = chunk_block0_[static_cast<size_t>(chunk)];
+  for (int64_t l = 0; l < chunk_layers(chunk); ++l)
+    if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
+  int64_t total = chunk_layers(chunk) * layer_activation_bytes(config_, shape) +
+                  moe_layers * moe_layer_extra_bytes(config_, shape) + t * Ns * C + 8 * N;
   if (runs_head(chunk)) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
   return total;
 }
@@ -293,13 +311,39 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   // MLP: output = residual1 + down(act(up(norm2(residual1))))
   norm_forward(la.norm2.data() + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
                la.residual1.data(), p.norm2_w, p.norm2_b, Ns);
-  up_.forward(tp_, k_, linear(p.up_w, p.up_b), la.up.data(), la.norm2.data(), N);
-  if (llama_)
-    k_.swiglu_forward(la.act.data(), la.up.data(), N, Fl_);
-  else
-    k_.gelu_forward(la.act.data(), la.up.data(), N * Fl_);
-  down_.forward(tp_, k_, linear(p.down_w, p.down_b), output, la.act.data(), N);
+  if (p.moe()) {
+    moe_forward(p, la, output, B);
+  } else {
+    up_.forward(tp_, k_, linear(p.up_w, p.up_b), la.up.data(), la.norm2.data(), N);
+    if (llama_)
+      k_.swiglu_forward(la.act.data(), la.up.data(), N, Fl_);
+    else
+      k_.gelu_forward(la.act.data(), la.up.data(), N * Fl_);
+    down_.forward(tp_, k_, linear(p.down_w, p.down_b), output, la.act.data(), N);
+  }
   k_.add_inplace(output, la.residual1.data(), Ns * C);
+}
+
+template <class K>
+void Transformer<K>::moe_forward(const BlockParams& p, LayerActs& la, T* output, int64_t B) {
+  if constexpr (kernels_have_moe<K>) {
+    const int64_t N = B * config_.seq_len;
+    tp_.gather_input(la.norm2.data(), N, C_);  // the router and the experts read every row
+    const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
+                          linear(p.down_w, p.down_b)};
+    moe_.forward(tp_, k_, mp, la.moe, output, la.norm2.data(), B, !recomputing_);
+  }
+}
+
+template <class K>
+const typename K::T* Transformer<K>::moe_backward(const BlockParams& p, LayerActs& la,
+                                                  const T* d, int64_t B) {
+  if constexpr (kernels_have_moe<K>) {
+    const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
+                          linear(p.down_w, p.down_b)};
+    return moe_.backward(tp_, k_, mp, la.moe, d, la.norm2.data(), B, loss_scale_);
+  }
+  return nullptr;
 }
 
 template <class K>
@@ -340,7 +384,7 @@ void Transformer<K>::ensure_recompute_workspace(int64_t B) {
     recompute_att_ = DeviceArray<Saved>(dev, K::attention_saved_size(B, config_.seq_len, NHl_));
     recompute_atty_ = DeviceArray<T>(dev, N * Hl_);
   } else {
-    recompute_layer_ = make_layer_acts(B, Recompute::None, false);
+    recompute_layer_ = make_layer_acts(B, Recompute::None, false, config_.moe_experts > 0);
     recompute_output_ = DeviceArray<T>(dev, stream_rows(B) * C_);
   }
 }
@@ -354,7 +398,9 @@ typename Transformer<K>::LayerActs& Transformer<K>::backward_stash(size_t i, Lay
   // the same kernels on the same inputs, so the same bits as the first time.
   LayerActs& la = recompute_layer_;
   k_.copy(la.input.data(), kept.input.data(), stream_rows(B) * C_);
+  recomputing_ = true;
   layer_forward(i, la, la.input.data(), recompute_output_.data(), B);
+  recomputing_ = false;
   return la;
 }
 
@@ -381,6 +427,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);
   ensure_recompute_workspace(B);
+  loss_scale_ = loss_scale;
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
   if (runs_head(a.chunk))
     head_backward(a, loss_scale, d, defer_weights);
@@ -443,22 +490,26 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
   T* d_up = defer_weights ? kept.d_up.data() : d_up_.data();
   T* d_qkv = defer_weights ? kept.d_qkv.data() : d_qkv_.data();
-  // MLP branch.
-  if (defer_weights)
-    down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(),
-                         kept.d_down.data(), N);
-  else
-    down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
-  if (llama_)
-    k_.swiglu_backward(d_up, d_act_.data(), la.up.data(), N, Fl_);
-  else
-    k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
-  const T* d_norm2 =
-      defer_weights
-          ? up_.input_backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
-                               la.norm2.data(), N)
-          : up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up, la.norm2.data(),
-                         N);
+  // MLP branch (a MoE layer's weight gradients are never deferred).
+  const T* d_norm2 = nullptr;
+  if (p.moe()) {
+    d_norm2 = moe_backward(p, la, d, B);
+  } else {
+    if (defer_weights)
+      down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(),
+                           kept.d_down.data(), N);
+    else
+      down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
+    if (llama_)
+      k_.swiglu_backward(d_up, d_act_.data(), la.up.data(), N, Fl_);
+    else
+      k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
+    d_norm2 = defer_weights
+                  ? up_.input_backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+                                       la.norm2.data(), N)
+                  : up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+                                 la.norm2.data(), N);
+  }
   norm_backward(d_tmp_.data(), d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
                 la.norm2_mean.data(), la.norm2_rstd.data(), Ns);
   k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(residual1)
@@ -526,8 +577,10 @@ void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
   // dW, db += dy^T x of the four linear layers from the output gradients layer_backward kept.
   const BlockParams& p = layout_.blocks[i];
   const int64_t N = B * config_.seq_len;
-  down_.weight_backward(k_, linear(p.down_w, p.down_b), la.d_down.data(), la.act.data(), N);
-  up_.weight_backward(k_, linear(p.up_w, p.up_b), la.d_up.data(), la.norm2.data(), N);
+  if (!p.moe()) {  // a MoE layer's were accumulated by backward_input
+    down_.weight_backward(k_, linear(p.down_w, p.down_b), la.d_down.data(), la.act.data(), N);
+    up_.weight_backward(k_, linear(p.up_w, p.up_b), la.d_up.data(), la.norm2.data(), N);
+  }
   proj_.weight_backward(k_, linear(p.proj_w, p.proj_b), la.d_proj.data(), la.atty.data(), N);
   qkv_.weight_backward(k_, linear(p.qkv_w, p.qkv_b), la.d_qkv.data(), la.norm1.data(), N);
 }

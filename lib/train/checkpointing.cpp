@@ -258,7 +258,13 @@ std::string model_config_difference(const ModelConfig& checkpoint, const ModelCo
       {"seq_len", {std::to_string(checkpoint.seq_len), std::to_string(run.seq_len)}},
       {"tie_embeddings", {flag(checkpoint.tie_embeddings), flag(run.tie_embeddings)}},
       {"norm_eps", {text(checkpoint.norm_eps), text(run.norm_eps)}},
-      {"rope_theta", {text(checkpoint.rope_theta), text(run.rope_theta)}}};
+      {"rope_theta", {text(checkpoint.rope_theta), text(run.rope_theta)}},
+      // The experts and which layers hold them shape the parameters; the router's other
+      // keys (top_k, losses, capacity) may change on resume.
+      {"moe_experts", {std::to_string(checkpoint.moe_experts), std::to_string(run.moe_experts)}},
+      {"moe_layer_interval",
+       {std::to_string(checkpoint.moe_experts > 0 ? checkpoint.moe_layer_interval : 1),
+        std::to_string(run.moe_experts > 0 ? run.moe_layer_interval : 1)}}};
   const bool rope_model = checkpoint.is_llama() || run.is_llama();
   for (const auto& [key, values] : keys) {
     // gpt2 has neither RMSNorm nor rotary embeddings: their keys mean nothing to it.

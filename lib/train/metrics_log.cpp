@@ -54,6 +54,11 @@ std::string MetricsLog::format_line(const StepMetrics& m) {
     std::snprintf(buf, sizeof buf, " | val loss %.6f", *m.val_loss);
     line += buf;
   }
+  if (m.moe) {
+    std::snprintf(buf, sizeof buf, " | aux loss %.4f | expert load min %.3f max %.3f",
+                  m.moe_aux_loss, m.moe_load_min, m.moe_load_max);
+    line += buf;
+  }
   return line;
 }
 
@@ -119,6 +124,13 @@ void MetricsLog::write(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (!m.data_counts.empty()) j["data_counts"] = m.data_counts;
   if (!m.pipeline_bubble.empty()) j["pipeline_bubble"] = m.pipeline_bubble;
+  if (m.moe) {
+    j["moe_aux_loss"] = m.moe_aux_loss;
+    j["moe_z_loss"] = m.moe_z_loss;
+    j["moe_load_min"] = m.moe_load_min;
+    j["moe_load_max"] = m.moe_load_max;
+    j["moe_dropped"] = m.moe_dropped;
+  }
   if (events_) write_tensorboard(j);
   // After a failed write the file is not appended to any more: a later, shorter line could
   // fit where the failed one did not (a full disk's last page), and the file would then have

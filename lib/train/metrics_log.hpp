@@ -35,6 +35,12 @@ struct StepMetrics {
   // logged step (or the start) that the stage waited in pipeline messages, the measured bubble
   // (jsonl only, "pipeline_bubble").
   std::vector<double> pipeline_bubble;
+  // A mixture of experts (model.moe_experts > 0; docs/moe.md): the step's load-balancing and
+  // z-loss (mean over the global batch's sequences, summed over the MoE layers), the smallest
+  // and largest expert's share of the routed assignments (1/E each when balanced), and the
+  // fraction of assignments dropped by the capacity.
+  bool moe = false;
+  double moe_aux_loss = 0, moe_z_loss = 0, moe_load_min = 0, moe_load_max = 0, moe_dropped = 0;
 };
 
 class MetricsLog {

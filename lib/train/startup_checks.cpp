@@ -61,6 +61,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   ModelConfig one = m, two = m;
   one.layers = 1;
   two.layers = 2;
+  // Every layer counted as a MoE layer when there are any: an upper bound.
+  one.moe_layer_interval = two.moe_layer_interval = 1;
   const double per_layer =
       static_cast<double>(parameter_count(two)) - static_cast<double>(parameter_count(one));
   const double rest = static_cast<double>(parameter_count(one)) - per_layer;

@@ -107,6 +107,9 @@ class Trainer {
   // Global norm, clipping and AdamW on the gradients forward_backward left; fills the metrics
   // other than timing.
   StepMetrics apply_update(int64_t step, double loss);
+  // The MoE figures of the step forward_backward ran (StepMetrics::moe...), agreed by all
+  // ranks; nothing (and no communication) for a dense model.
+  void moe_metrics(StepMetrics& m);
   // Mean validation loss over eval.steps global batches from the start of the val set;
   // nullopt if a stop was requested (the stop check, agreed by all ranks between batches).
   std::optional<double> evaluate();
@@ -202,6 +205,7 @@ class Trainer {
   double logged_wait_seconds_ = 0, logged_busy_seconds_ = 0;  // at the last interval_bubbles()
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
+  MoeStats step_moe_;  // the last forward_backward's, this rank's layers
   int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted

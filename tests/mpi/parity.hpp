@@ -90,6 +90,8 @@ struct Reference {
   std::vector<double> losses;                       // per step
   std::vector<double> grad_norms;                   // per step, before clipping
   std::map<std::string, std::vector<float>> grads;  // after step 1, global layout
+  // A mixture of experts: per step, the load-balancing loss and the expert load shares.
+  std::vector<double> aux_losses, load_min, load_max;
 };
 
 inline Reference reference_run(Config config, int64_t steps, int64_t grads_step = 0) {
@@ -108,8 +110,12 @@ inline Reference reference_run(Config config, int64_t steps, int64_t grads_step 
       for (const ParamInfo& p : t.model().params())
         ref.grads[p.name].assign(grads.begin() + p.offset, grads.begin() + p.offset + p.numel());
     }
-    ref.grad_norms.push_back(t.apply_update(s, loss).grad_norm);
+    const StepMetrics m = t.apply_update(s, loss);
+    ref.grad_norms.push_back(m.grad_norm);
     ref.losses.push_back(loss);
+    ref.aux_losses.push_back(m.moe_aux_loss);
+    ref.load_min.push_back(m.moe_load_min);
+    ref.load_max.push_back(m.moe_load_max);
   }
   return ref;
 }
@@ -477,13 +483,22 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   const auto dir = shared_corpus("parity");
   const Config config = parity_config(dir, l, extra, data);
   const Reference ref = reference_run(config, kParitySteps);
-  double worst_grad = 0.0, worst_loss = 0.0;
+  double worst_grad = 0.0, worst_loss = 0.0, worst_moe = 0.0;
+  int64_t moe_steps = 0;             // steps whose MoE figures were compared
   std::string worst_name, per_step;  // per-step loss and gradient-norm errors, shown on failure
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     for (int64_t s = 0; s < kParitySteps; ++s) {
       const double loss = t.forward_backward(s);
       if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name);
-      const double norm = t.apply_update(s, loss).grad_norm;
+      const StepMetrics m = t.apply_update(s, loss);
+      const double norm = m.grad_norm;
+      if (m.moe) {  // the aux loss and the loads, whatever the layout (docs/moe.md)
+        ++moe_steps;
+        worst_moe = std::max({worst_moe,
+                              std::abs(m.moe_aux_loss - ref.aux_losses[s]) / ref.aux_losses[s],
+                              std::abs(m.moe_load_min - ref.load_min[s]),
+                              std::abs(m.moe_load_max - ref.load_max[s])});
+      }
       const double err = std::abs(loss - ref.losses[s]) / std::abs(ref.losses[s]);
       worst_loss = std::max(worst_loss, err);
       char line[128];
@@ -495,8 +510,16 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   });
   EXPECT_LE(worst_grad, 1e-5) << l.name() << ": " << worst_name;
   EXPECT_LE(worst_loss, 1e-5) << l.name() << per_step;
+  EXPECT_LE(worst_moe, 1e-5) << l.name() << ": MoE aux loss / expert loads";
+  if (config.model.moe_experts > 0) EXPECT_EQ(moe_steps, kParitySteps) << l.name();
   worst_grad = max_over_world(worst_grad);
   worst_loss = max_over_world(worst_loss);
+  worst_moe = max_over_world(worst_moe);
+  if (world_rank == 0 && config.model.moe_experts > 0)
+    std::printf("[ measured ] %s MoE: aux loss and expert load shares of %lld steps worst "
+                "error %.3e (final aux loss %.6f)\n",
+                l.name().c_str(), static_cast<long long>(kParitySteps), worst_moe,
+                ref.aux_losses.back());
   if (world_rank == 0)
     std::printf("[ measured ] %s on %s: gradients after step 1 worst relative error %.3e; "
                 "losses of %lld steps worst relative error %.3e (final loss %.6f)\n",

@@ -1,0 +1,312 @@
+// Mixture-of-experts kernels (kernels/cpu/moe.hpp): router, auxiliary losses, dispatch plan,
+// permutation and the grouped expert GEMMs. Small per-row loops are computed in double and
+// parallel over rows; every sum runs in a fixed order, so results do not depend on the thread
+// count. The expert GEMMs are one linear kernel call per expert (OpenBLAS threads inside).
+#include "kernels/cpu/moe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace trident::cpu {
+
+namespace {
+
+// log(sum_e exp(row[e])) and, when p != nullptr, p = softmax(row), in double.
+template <typename T>
+double softmax_row(double* p, const T* row, int64_t E) {
+  double mx = -INFINITY;
+  for (int64_t e = 0; e < E; e++) mx = std::max(mx, static_cast<double>(row[e]));
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; e++) {
+    const double x = std::exp(static_cast<double>(row[e]) - mx);
+    if (p) p[e] = x;
+    sum += x;
+  }
+  if (p)
+    for (int64_t e = 0; e < E; e++) p[e] /= sum;
+  return mx + std::log(sum);
+}
+
+}  // namespace
+
+template <typename T>
+void moe_router_forward(T* probs, int32_t* expert, T* weight, const T* logits, int64_t N,
+                        int64_t E, int64_t K) {
+#pragma omp parallel
+  {
+    std::vector<double> p(static_cast<size_t>(E));
+    std::vector<int32_t> order(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      softmax_row(p.data(), logits + n * E, E);
+      for (int64_t e = 0; e < E; e++) {
+        probs[n * E + e] = static_cast<T>(p[e]);
+        order[e] = static_cast<int32_t>(e);
+      }
+      // The K largest in descending order; equal probabilities: the lower expert first.
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return p[a] > p[b] || (p[a] == p[b] && a < b);
+      });
+      double chosen = 0.0;
+      for (int64_t k = 0; k < K; k++) chosen += p[order[k]];
+      for (int64_t k = 0; k < K; k++) {
+        expert[n * K + k] = order[k];
+        weight[n * K + k] = static_cast<T>(p[order[k]] / chosen);
+      }
+    }
+  }
+}
+
+template <typename T>
+void moe_router_backward(T* dlogits, const T* dweight, const T* dprobs_extra, const T* probs,
+                         const int32_t* expert, const T* weight, int64_t N, int64_t E,
+                         int64_t K) {
+#pragma omp parallel
+  {
+    std::vector<double> dp(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      const T* p = probs + n * E;
+      for (int64_t e = 0; e < E; e++)
+        dp[e] = dprobs_extra ? static_cast<double>(dprobs_extra[n * E + e]) : 0.0;
+      // w_j = p_j / S over the chosen j: dL/dp_m = (dL/dw_m - sum_j dL/dw_j w_j) / S.
+      double chosen = 0.0, gw = 0.0;
+      for (int64_t k = 0; k < K; k++) {
+        chosen += static_cast<double>(p[expert[n * K + k]]);
+        gw += static_cast<double>(dweight[n * K + k]) * static_cast<double>(weight[n * K + k]);
+      }
+      for (int64_t k = 0; k < K; k++)
+        dp[expert[n * K + k]] += (static_cast<double>(dweight[n * K + k]) - gw) / chosen;
+      // Softmax backward: dlogit_e = p_e (dp_e - sum_j p_j dp_j).
+      double pdp = 0.0;
+      for (int64_t e = 0; e < E; e++) pdp += static_cast<double>(p[e]) * dp[e];
+      for (int64_t e = 0; e < E; e++)
+        dlogits[n * E + e] = static_cast<T>(static_cast<double>(p[e]) * (dp[e] - pdp));
+    }
+  }
+}
+
+namespace {
+
+// counts[e] = assignments of sequence b routed to e (before dropping).
+void sequence_counts(std::vector<int64_t>& counts, const int32_t* expert, int64_t b, int64_t Tn,
+                     int64_t K) {
+  std::fill(counts.begin(), counts.end(), 0);
+  const int32_t* ex = expert + b * Tn * K;
+  for (int64_t i = 0; i < Tn * K; i++) counts[ex[i]]++;
+}
+
+}  // namespace
+
+template <typename T>
+void moe_aux_loss_forward(T* aux, const T* probs, const int32_t* expert, int64_t B, int64_t Tn,
+                          int64_t E, int64_t K) {
+  std::vector<int64_t> counts(static_cast<size_t>(E));
+  std::vector<double> P(static_cast<size_t>(E));
+  for (int64_t b = 0; b < B; b++) {
+    sequence_counts(counts, expert, b, Tn, K);
+    std::fill(P.begin(), P.end(), 0.0);
+    for (int64_t t = 0; t < Tn; t++)
+      for (int64_t e = 0; e < E; e++) P[e] += static_cast<double>(probs[(b * Tn + t) * E + e]);
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; e++)
+      sum += static_cast<double>(counts[e]) / static_cast<double>(Tn * K) * (P[e] / Tn);
+    aux[b] = static_cast<T>(static_cast<double>(E) * sum);
+  }
+}
+
+template <typename T>
+void moe_aux_loss_backward(T* dprobs, const T* daux, const int32_t* expert, int64_t B,
+                           int64_t Tn, int64_t E, int64_t K) {
+  std::vector<int64_t> counts(static_cast<size_t>(E));
+  for (int64_t b = 0; b < B; b++) {
+    sequence_counts(counts, expert, b, Tn, K);
+    for (int64_t e = 0; e < E; e++) {
+      const double f = static_cast<double>(counts[e]) / static_cast<double>(Tn * K);
+      const T g = static_cast<T>(static_cast<double>(daux[b]) * static_cast<double>(E) * f /
+                                 static_cast<double>(Tn));
+      for (int64_t t = 0; t < Tn; t++) dprobs[(b * Tn + t) * E + e] += g;
+    }
+  }
+}
+
+template <typename T>
+void moe_z_loss_forward(T* z, const T* logits, int64_t B, int64_t Tn, int64_t E) {
+  for (int64_t b = 0; b < B; b++) {
+    double sum = 0.0;
+    for (int64_t t = 0; t < Tn; t++) {
+      const double lse = softmax_row<T>(nullptr, logits + (b * Tn + t) * E, E);
+      sum += lse * lse;
+    }
+    z[b] = static_cast<T>(sum / static_cast<double>(Tn));
+  }
+}
+
+template <typename T>
+void moe_z_loss_backward(T* dlogits, const T* dz, const T* logits, int64_t B, int64_t Tn,
+                         int64_t E) {
+#pragma omp parallel
+  {
+    std::vector<double> p(static_cast<size_t>(E));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < B * Tn; n++) {
+      const double lse = softmax_row(p.data(), logits + n * E, E);
+      const double g = static_cast<double>(dz[n / Tn]) * 2.0 * lse / static_cast<double>(Tn);
+      for (int64_t e = 0; e < E; e++) dlogits[n * E + e] += static_cast<T>(g * p[e]);
+    }
+  }
+}
+
+int64_t moe_capacity(double factor, int64_t Tn, int64_t E, int64_t K) {
+  if (factor <= 0.0) return 0;
+  return static_cast<int64_t>(std::ceil(factor * static_cast<double>(Tn * K) /
+                                        static_cast<double>(E)));
+}
+
+int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets, int64_t* load,
+                          const int32_t* expert, int64_t B, int64_t Tn, int64_t E, int64_t K,
+                          int64_t capacity) {
+  // Pass 1: which assignments are kept (slot = 0 kept, -1 dropped) and each expert's rows.
+  std::vector<int64_t> kept(static_cast<size_t>(E), 0), in_sequence(static_cast<size_t>(E));
+  std::fill(load, load + E, 0);
+  for (int64_t b = 0; b < B; b++) {
+    std::fill(in_sequence.begin(), in_sequence.end(), 0);
+    for (int64_t i = b * Tn * K; i < (b + 1) * Tn * K; i++) {
+      const int32_t e = expert[i];
+      load[e]++;
+      const bool keep = capacity == 0 || in_sequence[e] < capacity;
+      in_sequence[e]++;
+      slot[i] = keep ? 0 : -1;
+      if (keep) kept[e]++;
+    }
+  }
+  offsets[0] = 0;
+  for (int64_t e = 0; e < E; e++) offsets[e + 1] = offsets[e] + kept[e];
+  // Pass 2: rows in (token, choice) order within each expert.
+  std::vector<int64_t> next(offsets, offsets + E);
+  for (int64_t i = 0; i < B * Tn * K; i++) {
+    if (slot[i] < 0) continue;
+    const int64_t row = next[expert[i]]++;
+    slot[i] = row;
+    slot_token[row] = i / K;
+  }
+  return offsets[E];
+}
+
+template <typename T>
+void moe_permute(T* xp, const T* x, const int64_t* slot_token, int64_t M, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; m++) std::memcpy(xp + m * C, x + slot_token[m] * C, sizeof(T) * C);
+}
+
+template <typename T>
+void moe_permute_backward(T* dx, const T* dxp, const int64_t* slot, int64_t N, int64_t K,
+                          int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    T* d = dx + n * C;
+    std::fill(d, d + C, T(0));
+    for (int64_t k = 0; k < K; k++) {
+      const int64_t s = slot[n * K + k];
+      if (s < 0) continue;
+      const T* src = dxp + s * C;
+      for (int64_t c = 0; c < C; c++) d[c] += src[c];
+    }
+  }
+}
+
+template <typename T>
+void moe_unpermute(T* out, const T* y, const int64_t* slot, const T* weight, int64_t N,
+                   int64_t K, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    T* o = out + n * C;
+    std::fill(o, o + C, T(0));
+    for (int64_t k = 0; k < K; k++) {
+      const int64_t s = slot[n * K + k];
+      if (s < 0) continue;
+      const T w = weight[n * K + k];
+      const T* src = y + s * C;
+      for (int64_t c = 0; c < C; c++) o[c] += w * src[c];
+    }
+  }
+}
+
+template <typename T>
+void moe_unpermute_backward(T* dy, T* dweight, const T* dout, const T* y, const int64_t* slot,
+                            const T* weight, int64_t N, int64_t K, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* g = dout + n * C;
+    for (int64_t k = 0; k < K; k++) {
+      const int64_t s = slot[n * K + k];
+      if (s < 0) {
+        dweight[n * K + k] = T(0);
+        continue;
+      }
+      const T w = weight[n * K + k];
+      const T* src = y + s * C;
+      T* d = dy + s * C;
+      double dot = 0.0;
+      for (int64_t c = 0; c < C; c++) {
+        d[c] = w * g[c];
+        dot += static_cast<double>(g[c]) * static_cast<double>(src[c]);
+      }
+      dweight[n * K + k] = static_cast<T>(dot);
+    }
+  }
+}
+
+template <typename T>
+void moe_expert_linear_forward(T* out, const T* inp, const T* w, const T* b,
+                               const int64_t* offsets, int64_t E, int64_t C, int64_t OC) {
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    linear_forward(out + offsets[e] * OC, inp + offsets[e] * C, w + e * OC * C,
+                   b ? b + e * OC : nullptr, rows, C, OC);
+  }
+}
+
+template <typename T>
+void moe_expert_linear_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                                const int64_t* offsets, int64_t E, int64_t C, int64_t OC) {
+  for (int64_t e = 0; e < E; e++) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    linear_backward(dinp ? dinp + offsets[e] * C : nullptr, dw ? dw + e * OC * C : nullptr,
+                    db ? db + e * OC : nullptr, dout + offsets[e] * OC, inp + offsets[e] * C,
+                    w + e * OC * C, rows, C, OC);
+  }
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                                   \
+  template void moe_router_forward<T>(T*, int32_t*, T*, const T*, int64_t, int64_t, int64_t);    \
+  template void moe_router_backward<T>(T*, const T*, const T*, const T*, const int32_t*,         \
+                                       const T*, int64_t, int64_t, int64_t);                     \
+  template void moe_aux_loss_forward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                        int64_t);                                                \
+  template void moe_aux_loss_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,         \
+                                         int64_t, int64_t);                                      \
+  template void moe_z_loss_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                  \
+  template void moe_z_loss_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);       \
+  template void moe_permute<T>(T*, const T*, const int64_t*, int64_t, int64_t);                  \
+  template void moe_permute_backward<T>(T*, const T*, const int64_t*, int64_t, int64_t,          \
+                                        int64_t);                                                \
+  template void moe_unpermute<T>(T*, const T*, const int64_t*, const T*, int64_t, int64_t,       \
+                                 int64_t);                                                       \
+  template void moe_unpermute_backward<T>(T*, T*, const T*, const T*, const int64_t*, const T*,  \
+                                          int64_t, int64_t, int64_t);                            \
+  template void moe_expert_linear_forward<T>(T*, const T*, const T*, const T*, const int64_t*,   \
+                                             int64_t, int64_t, int64_t);                         \
+  template void moe_expert_linear_backward<T>(T*, T*, T*, const T*, const T*, const T*,          \
+                                              const int64_t*, int64_t, int64_t, int64_t);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(double)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cpu

@@ -1,0 +1,216 @@
+#pragma once
+// The mixture-of-experts MLP of a transformer block (docs/moe.md), written over a kernel set K
+// like the rest of the graph (model/transformer.hpp). K must have the MoE kernels
+// (K::has_moe; the CPU kernel set, kernels/cpu/moe.hpp):
+//
+//   logits = norm2 Wr^T            [N,E]   router, replicated on every tensor rank
+//   probs, expert, weight = softmax, top-k, renormalised gate weights
+//   rows of the expert-sorted buffer: permute(norm2) per the dispatch plan (capacity per
+//   sequence; dropped assignments contribute nothing)
+//   y = expert MLPs (per expert: up -> gelu / swiglu -> down; column- then row-parallel
+//       exactly like the dense MLP: each tensor rank holds its slice of every expert)
+//   out = sum_k weight * y   (the row-parallel partial sums, combined, then one reduction)
+//
+// Auxiliary losses per sequence (the Switch load-balancing loss and the router z-loss),
+// averaged over the micro-batch's sequences like the LM loss: the step's figure is their
+// mean over the global batch whatever the micro-batch size or the layout.
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "config/config.hpp"
+#include "model/tensor_parallel.hpp"
+#include "tensor/device.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+template <class K>
+constexpr bool kernels_have_moe = requires { K::has_moe; };
+
+// What a MoE layer keeps from its forward to its backward (one micro-batch), M <= N*K rows.
+template <class K>
+struct MoeActs {
+  using T = typename K::T;
+  using S = typename K::S;
+  DeviceArray<T> logits, probs;      // [N,E]
+  DeviceArray<int32_t> expert;       // [N,K]
+  DeviceArray<T> weight;             // [N,K] gate weights
+  DeviceArray<int64_t> slot;         // [N*K] row in the expert-sorted buffer, -1 dropped
+  DeviceArray<int64_t> slot_token;   // [N*K] (first M used)
+  DeviceArray<int64_t> offsets;      // [E+1]
+  DeviceArray<T> xp, h, a, y;        // [M,C], [M,Ul], [M,Fl], [M,C] (y: this rank's partial)
+  DeviceArray<S> aux, z;             // [B] per sequence
+  int64_t rows = 0;                  // M
+};
+
+// Sums over the forwards since the last take (reported per log interval): the layers' mean
+// auxiliary losses (summed over MoE layers, one mean per micro-batch) and the routed
+// assignments per expert (before dropping) and dropped ones.
+struct MoeStats {
+  double aux_loss_sum = 0.0;
+  double z_loss_sum = 0.0;
+  std::vector<int64_t> load;  // [E]
+  int64_t dropped = 0;
+};
+
+template <class K>
+struct MoeParams {
+  const typename K::T* router = nullptr;  // [E,C]
+  typename K::G* d_router = nullptr;
+  LinearParams<K> up, down;  // the stacked experts (architecture.hpp), this rank's slices
+};
+
+template <class K>
+class MoeMlp {
+ public:
+  using T = typename K::T;
+  using S = typename K::S;
+
+  MoeMlp() = default;
+  // Fl: the experts' hidden width on this rank (F / tp); llama: SwiGLU (up is [gate | up]).
+  MoeMlp(const ModelConfig& m, int64_t Fl, bool swiglu)
+      : E_(m.moe_experts), K_(m.moe_top_k), C_(m.width), Fl_(Fl), Ul_(swiglu ? 2 * Fl : Fl),
+        T_(m.seq_len), swiglu_(swiglu), aux_coeff_(m.moe_aux_loss_coeff),
+        z_coeff_(m.moe_z_loss_coeff),
+        capacity_(K::moe_capacity(m.moe_capacity_factor, m.seq_len, m.moe_experts, m.moe_top_k)) {
+    static_assert(std::is_same_v<T, S>, "the MoE graph assumes one activation/statistic type");
+    stats_.load.assign(static_cast<size_t>(E_), 0);
+  }
+
+  MoeActs<K> make_acts(Device& dev, int64_t B) const {
+    const int64_t N = B * T_, NK = N * K_;
+    MoeActs<K> m;
+    m.logits = DeviceArray<T>(dev, N * E_);
+    m.probs = DeviceArray<T>(dev, N * E_);
+    m.expert = DeviceArray<int32_t>(dev, NK);
+    m.weight = DeviceArray<T>(dev, NK);
+    m.slot = DeviceArray<int64_t>(dev, NK);
+    m.slot_token = DeviceArray<int64_t>(dev, NK);
+    m.offsets = DeviceArray<int64_t>(dev, E_ + 1);
+    m.xp = DeviceArray<T>(dev, NK * C_);
+    m.h = DeviceArray<T>(dev, NK * Ul_);
+    m.a = DeviceArray<T>(dev, NK * Fl_);
+    m.y = DeviceArray<T>(dev, NK * C_);
+    m.aux = DeviceArray<S>(dev, B);
+    m.z = DeviceArray<S>(dev, B);
+    return m;
+  }
+
+  // norm2 [N,C]: all rows (gathered by the caller under sequence parallelism). out_rows: this
+  // rank's rows of the MLP's output. `count`: add to the statistics (false when the forward is
+  // rerun for a full recomputation).
+  void forward(TensorParallel<K>& tp, K& k, const MoeParams<K>& p, MoeActs<K>& m, T* out_rows,
+               const T* norm2, int64_t B, bool count) {
+    const int64_t N = B * T_;
+    k.linear_forward(m.logits.data(), norm2, p.router, nullptr, N, C_, E_);
+    k.moe_router_forward(m.probs.data(), m.expert.data(), m.weight.data(), m.logits.data(), N,
+                         E_, K_);
+    k.moe_aux_loss_forward(m.aux.data(), m.probs.data(), m.expert.data(), B, T_, E_, K_);
+    k.moe_z_loss_forward(m.z.data(), m.logits.data(), B, T_, E_);
+    std::vector<int64_t> load(static_cast<size_t>(E_));
+    m.rows = k.moe_dispatch_plan(m.slot.data(), m.slot_token.data(), m.offsets.data(),
+                                 load.data(), m.expert.data(), B, T_, E_, K_, capacity_);
+    if (count) {
+      k.accumulate_mean(&stats_.aux_loss_sum, m.aux.data(), B);
+      k.accumulate_mean(&stats_.z_loss_sum, m.z.data(), B);
+      for (int64_t e = 0; e < E_; ++e) stats_.load[e] += load[e];
+      stats_.dropped += N * K_ - m.rows;
+    }
+    const int64_t M = m.rows;
+    k.moe_permute(m.xp.data(), norm2, m.slot_token.data(), M, C_);
+    k.moe_expert_linear_forward(m.h.data(), m.xp.data(), p.up.w, p.up.b, m.offsets.data(), E_,
+                                C_, Ul_);
+    if (swiglu_)
+      k.swiglu_forward(m.a.data(), m.h.data(), M, Fl_);
+    else
+      k.gelu_forward(m.a.data(), m.h.data(), M * Fl_);
+    // Row-parallel: the replicated bias is added by tensor rank 0 only, before the sum.
+    k.moe_expert_linear_forward(m.y.data(), m.a.data(), p.down.w,
+                                tp.rank() == 0 ? p.down.b : nullptr, m.offsets.data(), E_, Fl_,
+                                C_);
+    T* partial = tp.partial_buffer(out_rows, N, C_);
+    k.moe_unpermute(partial, m.y.data(), m.slot.data(), m.weight.data(), N, K_, C_);
+    tp.reduce_partials(out_rows, partial, N, C_);
+  }
+
+  // d_rows: this rank's rows of dL/d(MLP output). Accumulates every MoE parameter gradient;
+  // returns this rank's rows of dL/d(norm2). loss_scale: the LM loss's (1/micro-batches), which
+  // scales the auxiliary losses' gradients the same way.
+  const T* backward(TensorParallel<K>& tp, K& k, const MoeParams<K>& p, const MoeActs<K>& m,
+                    const T* d_rows, const T* norm2, int64_t B, S loss_scale) {
+    const int64_t N = B * T_, M = m.rows;
+    ensure_scratch(k.device(), B);
+    const T* d_all = tp.gather_output_grad(d_rows, N, C_);
+    k.moe_unpermute_backward(dy_.data(), dweight_.data(), d_all, m.y.data(), m.slot.data(),
+                             m.weight.data(), N, K_, C_);
+    // The gate weights multiply the sum over the tensor ranks of the partial outputs.
+    if (tp.size() > 1) tp.all_reduce_sum(dweight_.data(), N * K_);
+    k.moe_expert_linear_backward(da_.data(), p.down.dw, p.down.db, dy_.data(), m.a.data(),
+                                 p.down.w, m.offsets.data(), E_, Fl_, C_);
+    if (swiglu_)
+      k.swiglu_backward(dh_.data(), da_.data(), m.h.data(), M, Fl_);
+    else
+      k.gelu_backward(dh_.data(), m.h.data(), da_.data(), M * Fl_);
+    k.moe_expert_linear_backward(dxp_.data(), p.up.dw, p.up.db, dh_.data(), m.xp.data(), p.up.w,
+                                 m.offsets.data(), E_, C_, Ul_);
+    k.moe_permute_backward(d_norm2_.data(), dxp_.data(), m.slot.data(), N, K_, C_);
+    // Router: the gate weights' gradient, the load-balancing loss's and the z-loss's, each
+    // sequence's auxiliary loss weighted coeff * loss_scale / B like the LM loss's tokens.
+    const S per_sequence = loss_scale / static_cast<S>(B);
+    k.fill(dprobs_.data(), N * E_, S(0));
+    if (aux_coeff_ > 0) {
+      k.fill(daux_.data(), B, static_cast<S>(aux_coeff_) * per_sequence);
+      k.moe_aux_loss_backward(dprobs_.data(), daux_.data(), m.expert.data(), B, T_, E_, K_);
+    }
+    k.moe_router_backward(dlogits_.data(), dweight_.data(), dprobs_.data(), m.probs.data(),
+                          m.expert.data(), m.weight.data(), N, E_, K_);
+    if (z_coeff_ > 0) {
+      k.fill(daux_.data(), B, static_cast<S>(z_coeff_) * per_sequence);
+      k.moe_z_loss_backward(dlogits_.data(), daux_.data(), m.logits.data(), B, T_, E_);
+    }
+    // The router is replicated: every rank computes the same dWr (counted once in the norm);
+    // its input gradient joins the experts' partial sum on rank 0 only.
+    k.linear_backward(tp.rank() == 0 ? d_router_.data() : nullptr, p.d_router, nullptr,
+                      dlogits_.data(), norm2, p.router, N, C_, E_);
+    if (tp.rank() == 0) k.add_inplace(d_norm2_.data(), d_router_.data(), N * C_);
+    return tp.reduce_input_grad(d_norm2_.data(), N, C_);
+  }
+
+  // The statistics since the last call; resets them.
+  MoeStats take_stats() {
+    MoeStats s = stats_;
+    stats_ = MoeStats{};
+    stats_.load.assign(static_cast<size_t>(E_), 0);
+    return s;
+  }
+
+ private:
+  void ensure_scratch(Device& dev, int64_t B) {
+    if (B <= scratch_B_) return;
+    scratch_B_ = B;
+    const int64_t N = B * T_, NK = N * K_;
+    dy_ = DeviceArray<T>(dev, NK * C_);
+    da_ = DeviceArray<T>(dev, NK * Fl_);
+    dh_ = DeviceArray<T>(dev, NK * Ul_);
+    dxp_ = DeviceArray<T>(dev, NK * C_);
+    dweight_ = DeviceArray<T>(dev, NK);
+    dprobs_ = DeviceArray<T>(dev, N * E_);
+    dlogits_ = DeviceArray<T>(dev, N * E_);
+    daux_ = DeviceArray<S>(dev, B);
+    d_router_ = DeviceArray<T>(dev, N * C_);
+    d_norm2_ = DeviceArray<T>(dev, N * C_);
+  }
+
+  int64_t E_ = 0, K_ = 0, C_ = 0, Fl_ = 0, Ul_ = 0, T_ = 0;
+  bool swiglu_ = false;
+  double aux_coeff_ = 0.0, z_coeff_ = 0.0;
+  int64_t capacity_ = 0;
+  MoeStats stats_;
+  // Backward scratch shared by the MoE layers (one backward runs at a time).
+  int64_t scratch_B_ = 0;
+  DeviceArray<T> dy_, da_, dh_, dxp_, dweight_, dprobs_, dlogits_, d_router_, d_norm2_;
+  DeviceArray<S> daux_;
+};
+
+}  // namespace trident
