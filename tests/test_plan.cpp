@@ -192,6 +192,39 @@ TEST(PlanPredict, OneDeviceComputeIsFlopsOverPeak) {
   EXPECT_DOUBLE_EQ(f.model_flops_per_step, flops);
 }
 
+// Memory-bound work at a finite bandwidth (1 GB/s, efficiency 1 elsewhere): materialized
+// attention costs, per layer and micro-batch, its larger stash's three passes (written in
+// forward, read twice in backward) plus three passes of its scores [N, NH, T] fp32 (read by
+// the softmax; dP read and dS written by its backward). Selective recomputation adds the
+// attention core's forward: its FLOPs and two score passes (scores read, probabilities written).
+TEST(PlanPredict, MaterializedAttentionScorePassesAtMemoryBandwidth) {
+  const ModelConfig m = small_gpt();
+  PlanProblem fused = problem(m);
+  fused.hw.devices_per_node = 1;
+  fused.hw.device.memory_bandwidth_gbs = 1.0;
+  fused.attention = "fused";
+  PlanProblem materialized = fused;
+  materialized.attention = "materialized";
+  const int64_t mb = 4, micro = 32 / mb, N = mb * 16;
+  const double bw = 1e9, scores = N * 4.0 * 16 * 4;  // N rows x 4 heads x T 16 x fp32
+  const double stash_diff =
+      layer_activation_bytes(m, true, mb, 1, false, Recompute::None, 4.0) -
+      layer_activation_bytes(m, false, mb, 1, false, Recompute::None, 4.0);
+  EXPECT_DOUBLE_EQ(stash_diff, N * 4.0 * (16 - 1) * 4);  // probabilities minus logsumexp
+  const Prediction f = predict(fused, layout(1, 1, 1, mb));
+  const Prediction r = predict(materialized, layout(1, 1, 1, mb));
+  EXPECT_NEAR(r.time.compute - f.time.compute, 8.0 * micro * 3.0 * (stash_diff + scores) / bw,
+              1e-9 * r.time.compute);
+  Layout selective = layout(1, 1, 1, mb);
+  selective.recompute = Recompute::Selective;
+  const TrainingFlopsParts parts = training_flops_parts(m, 64);
+  const double attention_forward = parts.layer_attention / 3.0 * N / 10e12;
+  EXPECT_NEAR(predict(materialized, selective).time.compute - r.time.compute,
+              8.0 * micro * (attention_forward + 2.0 * scores / bw), 1e-9 * r.time.compute);
+  EXPECT_NEAR(predict(fused, selective).time.compute - f.time.compute,
+              8.0 * micro * attention_forward, 1e-9 * f.time.compute);
+}
+
 TEST(PlanPredict, OneFOneBBubbleIsStagesMinusOneOps) {
   // Four stages of two layers; the head (vocab 64) is small, so the slowest chunk is the
   // last; 1F1B's makespan is (M + p - 1)(f + b): the bubble is (p - 1)/M of the busy time.

@@ -140,12 +140,20 @@ class CostModel {
     const double stash = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
                                                 l_.sequence_parallel, Recompute::None, e_);
     const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
+    // Materialized attention also streams its scores [N, NH/TP, T] (fp32, as the probabilities
+    // are kept) through passes the stash does not count: the softmax reads the scores the
+    // QK^T GEMM wrote (forward), the softmax backward reads dP and writes dS (backward); the
+    // probabilities' own write and reads are stash bytes above. Selective recomputation reruns
+    // the forward's (scores read, probabilities written); full reruns the whole forward.
+    const double scores = p_.materialized_attention()
+                              ? n_ * static_cast<double>(m_.heads) / t_ * T * 4.0
+                              : 0.0;
     LayerModel r;
-    r.fwd_compute = (linear + attention) / 3.0 + stash / bw;
-    r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * stash / bw;
+    r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
+    r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
     r.weight = linear / 3.0;
     if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
-    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0;
+    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0 + 2.0 * scores / bw;
     // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the
     // [N, C] stream in forward, two in backward; full recompute reruns forward's.
     const double stream = n_ * C * e_;
