@@ -22,6 +22,13 @@ trident="${1:-$here/build/app/trident}"
 hw="$here/configs/hardware/a100_80gb_dgx.toml"
 config="$here/configs/plan/megatron_gpt.toml"
 
+# The rows as published (Table 1 of arXiv 2104.04473; d = GPUs / (t p)). Checked against two
+# independent transcriptions of the table found with the project's search tools, which agree
+# with each other and with every value here (no correction was needed): the CSV
+# data/megatron_table.csv of github.com/SotaroKaneda/MLCarbon (all eleven columns, incl. % of
+# peak 44 ... 52 and aggregate petaFLOP/s 4.4 ... 502), and a structured summary of the paper
+# (Table 1 in Markdown, same values); summaries of the paper quote the 1008B row (t, p, d) =
+# (8, 64, 6), 163 TFLOP/s per GPU, 502 PFLOP/s, and the 145.6B row's 148 TFLOP/s (47 %).
 # params(B) heads width layers t p d gpus batch published_TFLOP/s
 rows=(
   "1.7 24 2304 24 1 1 32 32 512 137"

@@ -332,6 +332,28 @@ TEST(RecomputeMemory, MoeLayerBytesAreTheFormulas) {
   EXPECT_EQ(compared, 16);
 }
 
+// The CPU device's allocation meter (what the trainer's "memory rank" lines report as device
+// allocated / peak): live bytes follow every allocation and release, the peak keeps the most
+// held at once, and a handle outliving the device still releases its bytes.
+TEST(DeviceMeter, CpuDeviceCountsLiveAndPeakBytes) {
+  auto device = make_cpu_device();
+  EXPECT_EQ(device->allocated_bytes(), 0);
+  DeviceArray<float> a(*device, 1000);
+  {
+    DeviceArray<double> b(*device, 500);
+    EXPECT_EQ(device->allocated_bytes(), 4000 + 4000);
+    EXPECT_EQ(device->peak_allocated_bytes(), 8000);
+  }
+  EXPECT_EQ(device->allocated_bytes(), 4000);
+  EXPECT_EQ(device->peak_allocated_bytes(), 8000);
+  DeviceArray<float> c(*device, 250);
+  EXPECT_EQ(device->allocated_bytes(), 5000);
+  EXPECT_EQ(device->peak_allocated_bytes(), 8000);
+  DeviceArray<float> d(*device, 2000);
+  EXPECT_EQ(device->peak_allocated_bytes(), 13000);
+  device.reset();  // the arrays still hold their memory; releasing them later is safe
+}
+
 // The table of docs/model.md: bytes per layer per micro-batch (B = 1), fp32 on the CPU, for the
 // tiny config and GPT-2 124M at seq 1024, the formula against the bytes measured. The
 // Korthikanti et al. column is the paper's count for Megatron-LM's own 16-bit stash

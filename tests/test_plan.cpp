@@ -12,6 +12,7 @@
 #include "model/architecture.hpp"
 #include "model/model_stats.hpp"
 #include "plan/cost_model.hpp"
+#include "pipeline/schedule.hpp"
 #include "plan/hardware.hpp"
 #include "util/error.hpp"
 
@@ -192,6 +193,39 @@ TEST(PlanPredict, OneDeviceComputeIsFlopsOverPeak) {
   EXPECT_DOUBLE_EQ(f.model_flops_per_step, flops);
 }
 
+// Memory-bound work at a finite bandwidth (1 GB/s, efficiency 1 elsewhere): materialized
+// attention costs, per layer and micro-batch, its larger stash's three passes (written in
+// forward, read twice in backward) plus three passes of its scores [N, NH, T] fp32 (read by
+// the softmax; dP read and dS written by its backward). Selective recomputation adds the
+// attention core's forward: its FLOPs and two score passes (scores read, probabilities written).
+TEST(PlanPredict, MaterializedAttentionScorePassesAtMemoryBandwidth) {
+  const ModelConfig m = small_gpt();
+  PlanProblem fused = problem(m);
+  fused.hw.devices_per_node = 1;
+  fused.hw.device.memory_bandwidth_gbs = 1.0;
+  fused.attention = "fused";
+  PlanProblem materialized = fused;
+  materialized.attention = "materialized";
+  const int64_t mb = 4, micro = 32 / mb, N = mb * 16;
+  const double bw = 1e9, scores = N * 4.0 * 16 * 4;  // N rows x 4 heads x T 16 x fp32
+  const double stash_diff =
+      layer_activation_bytes(m, true, mb, 1, false, Recompute::None, 4.0) -
+      layer_activation_bytes(m, false, mb, 1, false, Recompute::None, 4.0);
+  EXPECT_DOUBLE_EQ(stash_diff, N * 4.0 * (16 - 1) * 4);  // probabilities minus logsumexp
+  const Prediction f = predict(fused, layout(1, 1, 1, mb));
+  const Prediction r = predict(materialized, layout(1, 1, 1, mb));
+  EXPECT_NEAR(r.time.compute - f.time.compute, 8.0 * micro * 3.0 * (stash_diff + scores) / bw,
+              1e-9 * r.time.compute);
+  Layout selective = layout(1, 1, 1, mb);
+  selective.recompute = Recompute::Selective;
+  const TrainingFlopsParts parts = training_flops_parts(m, 64);
+  const double attention_forward = parts.layer_attention / 3.0 * N / 10e12;
+  EXPECT_NEAR(predict(materialized, selective).time.compute - r.time.compute,
+              8.0 * micro * (attention_forward + 2.0 * scores / bw), 1e-9 * r.time.compute);
+  EXPECT_NEAR(predict(fused, selective).time.compute - f.time.compute,
+              8.0 * micro * attention_forward, 1e-9 * f.time.compute);
+}
+
 TEST(PlanPredict, OneFOneBBubbleIsStagesMinusOneOps) {
   // Four stages of two layers; the head (vocab 64) is small, so the slowest chunk is the
   // last; 1F1B's makespan is (M + p - 1)(f + b): the bubble is (p - 1)/M of the busy time.
@@ -246,6 +280,10 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
   Layout z = layout(1, 1, 2, 2);
   z.zero1 = true;
   EXPECT_DOUBLE_EQ(predict(p, z).memory.optimizer, std::ceil(flat / 2) * 8);
+  // ZeRO-1 adds its reduce-scatter staging (grad_sync.cpp): the largest bucket (here the whole
+  // buffer, under 25 MiB) padded to a multiple of DP, and its slice, fp32.
+  const double slice = std::ceil(flat / 2);
+  EXPECT_DOUBLE_EQ(predict(p, z).memory.buffers - plain.memory.buffers, 4 * (2 * slice + slice));
   // DP exposed: a bucket as large as all gradients cannot overlap: one whole all-reduce.
   p.dp_bucket_mb = 1e6;
   const Prediction whole = predict(p, layout(1, 1, 2, 2));
@@ -285,6 +323,41 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
   const Prediction g = predict(p, layout(1, 4, 1, 1, ScheduleKind::GPipe));
   EXPECT_EQ(g.fullest_stage, 3);
   EXPECT_DOUBLE_EQ(g.memory.activations, 32 * 144768.0);
+}
+
+// The interleaved executor keeps each chunk's stash slots once made, so a stage holds every
+// chunk's own peak at once (sum over its chunks), counted from the stage's whole op list here;
+// the plan counts them on min(M, 4 PP) micro-batches, which must give the same for long steps.
+TEST(PlanPredict, InterleavedStashIsEveryChunksOwnPeak) {
+  const ModelConfig m = small_gpt();  // 8 layers of 66048 bytes per micro-batch (N = 16)
+  int64_t compared = 0;
+  for (int64_t pp : {2, 4}) {
+    for (int64_t micro : {pp, 2 * pp, 4 * pp, 8 * pp, 12 * pp}) {
+      PlanProblem p = problem(m, 1, micro);
+      p.hw.devices_per_node = pp;
+      Layout l = layout(1, pp, 1, 1, ScheduleKind::Interleaved);
+      l.virtual_stages = 2;
+      const Prediction r = predict(p, l);
+      // Stage 0's chunks: local chunk 0 (virtual stage 0, with the embedding) and 1.
+      std::vector<int64_t> now(2, 0), peak(2, 0);
+      for (const PipeOp& op : pipeline_schedule(ScheduleKind::Interleaved, 0,
+                                                static_cast<int>(pp), micro, 2)) {
+        if (op.kind == PipeOpKind::Forward) peak[op.chunk] = std::max(peak[op.chunk], ++now[op.chunk]);
+        if (op.kind == PipeOpKind::Backward) --now[op.chunk];
+      }
+      EXPECT_GE(peak[0] + peak[1], peak_in_flight(pipeline_schedule(
+                                       ScheduleKind::Interleaved, 0, static_cast<int>(pp), micro, 2)));
+      // A chunk of 8 / (2 pp) layers + its output [16, 64] fp32; the first also tokens, targets.
+      const double layers = 8.0 / static_cast<double>(2 * pp);
+      const double chunk = layers * 66048 + 16 * 64 * 4;
+      const double expected = peak[0] * (chunk + 2 * 16 * 4) + peak[1] * chunk;
+      if (r.fullest_stage == 0) {
+        EXPECT_DOUBLE_EQ(r.memory.activations, expected) << "pp " << pp << " micro " << micro;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GE(compared, 8);
 }
 
 TEST(PlanEnumerate, EveryLayoutIsValidAndFiltersHold) {

@@ -142,10 +142,12 @@ std::shared_ptr<void> CudaDevice::allocate(int64_t bytes) {
   }
   CUDA_CHECK(cudaMemsetAsync(p, 0, n, stream_));
   // An error unwinding with communicators live: abort them before cudaFree waits for the device.
-  return std::shared_ptr<void>(p, [watch = watch_](void* q) {
-    watch->before_teardown();
-    cudaFree(q);
-  });
+  return counted(std::shared_ptr<void>(p,
+                                       [watch = watch_](void* q) {
+                                         watch->before_teardown();
+                                         cudaFree(q);
+                                       }),
+                 bytes);
 }
 
 void CudaDevice::to_host(void* host, const void* src, int64_t bytes) {

@@ -140,12 +140,20 @@ class CostModel {
     const double stash = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
                                                 l_.sequence_parallel, Recompute::None, e_);
     const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
+    // Materialized attention also streams its scores [N, NH/TP, T] (fp32, as the probabilities
+    // are kept) through passes the stash does not count: the softmax reads the scores the
+    // QK^T GEMM wrote (forward), the softmax backward reads dP and writes dS (backward); the
+    // probabilities' own write and reads are stash bytes above. Selective recomputation reruns
+    // the forward's (scores read, probabilities written); full reruns the whole forward.
+    const double scores = p_.materialized_attention()
+                              ? n_ * static_cast<double>(m_.heads) / t_ * T * 4.0
+                              : 0.0;
     LayerModel r;
-    r.fwd_compute = (linear + attention) / 3.0 + stash / bw;
-    r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * stash / bw;
+    r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
+    r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
     r.weight = linear / 3.0;
     if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
-    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0;
+    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0 + 2.0 * scores / bw;
     // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the
     // [N, C] stream in forward, two in backward; full recompute reruns forward's.
     const double stream = n_ * C * e_;
@@ -251,6 +259,39 @@ double simulated_makespan(const Layout& l, int64_t microbatches, const PipeSimCo
     throw Error("internal error: the pipeline simulator rejected " + to_string(l) + ": " +
                 r.error);
   return r.makespan;
+}
+
+// The activation stashes a stage's executor allocates, per local chunk, in chunk micro-batches:
+// it keeps a chunk's stash slots once made and reuses them for that chunk's later micro-batches
+// (pipeline/executor.cpp), so it holds each chunk's own peak at once, which under the
+// interleaved schedule is more than the schedule's peak in flight (the chunks peak at different
+// times). One chunk: schedule_peak_bound. Interleaved: the stage's op list; past the warm-up
+// every chunk's count repeats, so min(M, 4 PP) micro-batches (a multiple of PP) give the peaks
+// of any longer step (tests/test_plan.cpp compares them).
+std::vector<int64_t> stash_slots(const Layout& l, int64_t stage, int64_t microbatches) {
+  if (l.virtual_stages == 1)
+    return {schedule_peak_bound(l.schedule, static_cast<int>(stage), static_cast<int>(l.pp),
+                                microbatches, 1)};
+  const int64_t m = std::min(microbatches, 4 * l.pp);
+  std::vector<int64_t> now(static_cast<size_t>(l.virtual_stages), 0), peak = now;
+  for (const PipeOp& op : pipeline_schedule(l.schedule, static_cast<int>(stage),
+                                            static_cast<int>(l.pp), m,
+                                            static_cast<int>(l.virtual_stages))) {
+    const size_t c = static_cast<size_t>(op.chunk);
+    if (op.kind == PipeOpKind::Forward) peak[c] = std::max(peak[c], ++now[c]);
+    if (op.kind == PipeOpKind::Backward || op.kind == PipeOpKind::BackwardWeight) --now[c];
+  }
+  return peak;
+}
+
+// ZeRO-1's reduce-scatter staging (grad_sync.cpp): the largest gradient bucket padded to a
+// multiple of DP, and its slice, fp32. Buckets are parallel.dp_bucket_mb cut at parameter
+// boundaries; the largest is taken as min(dp_bucket_mb, the stage's buffer).
+double zero1_staging(const PlanProblem& p, const Layout& l, double flat) {
+  if (!l.zero1 || l.dp < 2) return 0.0;
+  const double bucket = std::min(flat, std::floor(p.dp_bucket_mb * 1024.0 * 1024.0 / 4.0));
+  const double slice = std::ceil(bucket / static_cast<double>(l.dp));
+  return 4.0 * (slice * static_cast<double>(l.dp) + slice);
 }
 
 }  // namespace
@@ -393,27 +434,25 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   const double scratch = 2.0 * rows * widest * e + 2.0 * rows * C * e + 2.0 * message;
   double largest_flat = 0.0;
   for (int64_t s = 0; s < l.pp; ++s) {
-    double flat = 0.0, stash = 0.0;
-    for (int64_t c = 0; c < l.virtual_stages; ++c) {
-      const Chunk& chunk = chunks[static_cast<size_t>(c * l.pp + s)];
-      flat += params.of(chunk);
-      stash += model.chunk_stash(chunk);
-    }
+    double flat = 0.0;
+    for (int64_t c = 0; c < l.virtual_stages; ++c)
+      flat += params.of(chunks[static_cast<size_t>(c * l.pp + s)]);
     largest_flat = std::max(largest_flat, flat);
-    const double in_flight = static_cast<double>(schedule_peak_bound(
-        l.schedule, static_cast<int>(s), static_cast<int>(l.pp), microbatches,
-        static_cast<int>(l.virtual_stages)));
+    const std::vector<int64_t> slots = stash_slots(l, s, microbatches);
+    double stashes = 0.0;
+    for (int64_t c = 0; c < l.virtual_stages; ++c)
+      stashes += static_cast<double>(slots[static_cast<size_t>(c)]) *
+                 model.chunk_stash(chunks[static_cast<size_t>(c * l.pp + s)]);
     MemoryUse mem;
     mem.weights = flat * (4.0 + bf16_copy);
     mem.gradients = flat * 4.0;
     mem.optimizer = (l.zero1 ? std::ceil(flat / static_cast<double>(l.dp)) : flat) * 8.0;
-    // Stashes are per chunk; a stage's chunks are alike up to the embedding and head.
-    mem.activations = in_flight * stash / static_cast<double>(l.virtual_stages);
+    mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
     mem.activations += static_cast<double>(recompute_workspace_bytes(
         m, activation_shape(m, p.materialized_attention(), l.micro_batch, l.tp,
                             l.sequence_parallel, l.recompute, e)));
-    mem.buffers = reserved + scratch;
+    mem.buffers = reserved + scratch + zero1_staging(p, l, flat);
     if (s == 0 || mem.total() > r.memory.total()) {
       r.memory = mem;
       r.fullest_stage = s;

@@ -7,6 +7,7 @@
 // Operations on device memory are ordered on the device's one compute stream: copy, fill_zero,
 // scale and adamw may return before they finish; to_host, from_host, square_sum and
 // synchronize return once everything queued before them has finished.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,6 +60,23 @@ class Device {
   // A timer of the device's own stream, where the device runs ahead of the host (a GPU);
   // nullptr where host wall time is device time (the CPU).
   virtual std::unique_ptr<IntervalTimer> make_interval_timer() { return nullptr; }
+
+  // Bytes of the allocate() calls not yet freed, and the most held at once since the device was
+  // made: the memory a rank really allocated for its weights, gradients, optimizer state,
+  // activations and scratch (the cost model's prediction is compared with it; docs/plan.md).
+  // Devices that do not pass their allocations through counted() report 0.
+  int64_t allocated_bytes() const { return meter_->live.load(); }
+  int64_t peak_allocated_bytes() const { return meter_->peak.load(); }
+
+ protected:
+  // `memory` of `bytes`, counted until its last handle goes (the counters outlive the device).
+  std::shared_ptr<void> counted(std::shared_ptr<void> memory, int64_t bytes);
+
+ private:
+  struct AllocationMeter {
+    std::atomic<int64_t> live{0}, peak{0};
+  };
+  std::shared_ptr<AllocationMeter> meter_ = std::make_shared<AllocationMeter>();
 };
 
 // Typed view of an allocation: memory of n elements of T on `device`.
@@ -77,6 +95,18 @@ class DeviceArray {
   std::shared_ptr<void> memory_;
   int64_t size_ = 0;
 };
+
+inline std::shared_ptr<void> Device::counted(std::shared_ptr<void> memory, int64_t bytes) {
+  const int64_t live = meter_->live.fetch_add(bytes) + bytes;
+  int64_t peak = meter_->peak.load();
+  while (live > peak && !meter_->peak.compare_exchange_weak(peak, live)) {
+  }
+  void* p = memory.get();
+  return std::shared_ptr<void>(p, [memory, meter = meter_, bytes](void*) mutable {
+    meter->live.fetch_sub(bytes);
+    memory.reset();
+  });
+}
 
 // The host: memory from the aligned allocator, loops from kernels/cpu (OpenMP).
 std::unique_ptr<Device> make_cpu_device();

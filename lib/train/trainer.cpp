@@ -776,19 +776,25 @@ namespace trident {
 
 std::string Trainer::memory_report() {
   const double mb = 1e6;
-  double mine[4] = {model_->flat_size() * sizeof(float) / mb,
+  // Counted: the buffers' sizes and the executor's count of its stashes. Measured: what the
+  // device's allocator handed out (every weight, gradient, moment, stash, scratch and message
+  // buffer the rank made), now and at its most.
+  double mine[6] = {model_->flat_size() * sizeof(float) / mb,
                     model_->flat_size() * sizeof(float) / mb,
                     optimizer_->state_bytes() / mb,
-                    executor_->stats().peak_activation_bytes / mb};
-  std::vector<double> all(4 * groups_.world->size());
-  groups_.world->all_gather(mine, all.data(), 4, DType::F64);
+                    executor_->stats().peak_activation_bytes / mb,
+                    device().allocated_bytes() / mb,
+                    device().peak_allocated_bytes() / mb};
+  std::vector<double> all(6 * groups_.world->size());
+  groups_.world->all_gather(mine, all.data(), 6, DType::F64);
   std::string out;
-  char line[256];
+  char line[320];
   for (int r = 0; r < groups_.world->size(); ++r) {
+    const double* a = &all[6 * r];
     std::snprintf(line, sizeof line,
                   "memory rank %d: parameters %.2f MB | gradients %.2f MB | optimizer state "
-                  "%.2f MB | peak activations %.2f MB\n",
-                  r, all[4 * r], all[4 * r + 1], all[4 * r + 2], all[4 * r + 3]);
+                  "%.2f MB | peak activations %.2f MB | device allocated %.2f MB, peak %.2f MB\n",
+                  r, a[0], a[1], a[2], a[3], a[4], a[5]);
     out += line;
   }
   return out;

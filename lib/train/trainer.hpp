@@ -137,8 +137,9 @@ class Trainer {
   void set_gradient_test_hook(std::function<void(int64_t step, float* grads)> hook) {
     gradient_test_hook_ = std::move(hook);
   }
-  // Per-rank memory (parameters, gradients, optimizer state, peak activations), gathered on
-  // every rank; one line per rank.
+  // Per-rank memory (parameters, gradients, optimizer state, peak activations counted; the
+  // device allocator's bytes now and at their peak, measured), gathered on every rank; one
+  // line per rank.
   std::string memory_report();
   PipelineExecutor& pipeline() { return *executor_; }
   AdamW& optimizer() { return *optimizer_; }

@@ -38,7 +38,9 @@ class CpuDevice final : public Device {
     const size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
     void* p = ::operator new(n, std::align_val_t(64));
     std::memset(p, 0, n);
-    return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
+    return counted(
+        std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); }),
+        bytes);
   }
   void to_host(void* host, const void* src, int64_t bytes) override { copy(host, src, bytes); }
   void from_host(void* dst, const void* host, int64_t bytes) override { copy(dst, host, bytes); }

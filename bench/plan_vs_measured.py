@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""`trident plan` against measured runs of the tiny model on this machine (docs/plan.md).
+
+  bench/plan_vs_measured.py [--trident PATH] [--steps N] [--warmup N] [--out DIR]
+
+1. `trident bench-hw` measures the machine first, once per rank count the timed runs use
+   (mpiexec -n 1 and -n 2): the hardware files the predictions use are those runs' output,
+   nothing tuned by hand (DIR/hw1.toml, DIR/hw2.toml).
+2. Each layout of the list below is trained for a few steps (`trident train`, configs/tiny.toml,
+   synthetic tokens, no evaluation, the layout's overrides the ones `trident plan` prints) and
+   predicted (`trident plan --layout <all keys> --json`).
+3. Measured step time: the median `ms_per_step` of metrics.jsonl after the warm-up steps.
+   Measured memory, per rank, from the run's "memory rank" lines: the device allocator's peak
+   (every weight, gradient, AdamW moment, activation stash, scratch and message buffer the rank
+   allocated; lib/tensor/device.hpp), and the activations as that peak less the state (weights,
+   gradients, moments: the buffers' sizes). The prediction compared with it is the plan's
+   memory of the fullest stage without `device.reserved_gib` (bench-hw's process size: memory
+   the allocator does not hand out).
+4. Prints predicted beside measured and four verdicts: median |step-time error| <= 15 %,
+   worst <= 30 %, memory (device peak and activations, fullest rank) within 10 %, and the
+   measured fastest layout among the predicted three fastest.
+
+Oversubscription: MPICH ranks busy-poll, so more ranks than cores time-slice and the measured
+time is the scheduler's, not the model's. The cost model does not model a shared core, so
+timing is scored only where ranks <= cores (1 and 2 ranks on the project's 2-core machine);
+the 4-rank layouts are run for their memory only (their step time is printed, marked
+"not scored"). Timings on a machine others are using are disturbed: run it on a quiet one.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1024.0 ** 3
+LAYOUT_KEYS = ["tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
+               "zero", "sequence_parallel", "recompute"]
+
+# (ranks, layout). Defaults of a layout: tensor=pipeline=data=1, micro_batch=2, 1f1b, v=1,
+# zero=0, sequence_parallel=0, recompute=none. Tiny model: 8 layers, global batch 16.
+LAYOUTS = [
+    (1, "micro_batch=2"),
+    (1, "micro_batch=8"),
+    (1, "micro_batch=2,recompute=selective"),
+    (1, "micro_batch=2,recompute=full"),
+    (2, "data=2,micro_batch=2"),
+    (2, "data=2,micro_batch=2,zero=1"),
+    (2, "data=2,micro_batch=1,zero=1,recompute=selective"),
+    (2, "tensor=2,micro_batch=2"),
+    (2, "tensor=2,micro_batch=2,sequence_parallel=1"),
+    (2, "tensor=2,micro_batch=4,sequence_parallel=1,recompute=full"),
+    (2, "pipeline=2,micro_batch=2"),
+    (2, "pipeline=2,micro_batch=2,schedule=interleaved,virtual_stages=2"),
+    (2, "pipeline=2,micro_batch=2,schedule=zb-h1"),
+    (2, "pipeline=2,micro_batch=1,recompute=selective"),
+    # Memory only (4 ranks on 2 cores: oversubscribed, timing not scored).
+    (4, "tensor=2,pipeline=2,micro_batch=2,sequence_parallel=1"),
+    (4, "pipeline=2,data=2,micro_batch=2,schedule=interleaved,virtual_stages=2,zero=1"),
+]
+CORES = os.cpu_count() or 1
+
+
+def full_layout(partial):
+    values = {"tensor": "1", "pipeline": "1", "data": "1", "micro_batch": "2",
+              "schedule": "1f1b", "virtual_stages": "1", "zero": "0",
+              "sequence_parallel": "0", "recompute": "none"}
+    for item in partial.split(","):
+        key, value = item.split("=")
+        values[key] = value
+    return ",".join("%s=%s" % (k, values[k]) for k in LAYOUT_KEYS)
+
+
+def write_tokens(path, n, seed=7):
+    # llm.c shard format: 256 x int32 header (magic, version, count), then uint16 tokens < 256.
+    x, tokens = seed, []
+    for _ in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        tokens.append((x >> 33) % 256)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
+        f.write(struct.pack("<%dH" % n, *tokens))
+
+
+def check_run(cmd, what, timeout):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        sys.exit("plan_vs_measured: %s timed out after %d s: %s" % (what, timeout, " ".join(cmd)))
+    if out.returncode != 0:
+        sys.exit("plan_vs_measured: %s failed (exit %d): %s\n%s%s" %
+                 (what, out.returncode, " ".join(cmd), out.stdout[-3000:], out.stderr[-3000:]))
+    return out.stdout
+
+
+def bench_hw(args, ranks):
+    path = os.path.join(args.out, "hw%d.toml" % ranks)
+    check_run(["mpiexec", "-n", str(ranks), args.trident, "bench-hw", "--out", path],
+              "bench-hw on %d rank(s)" % ranks, 600)
+    return path
+
+
+def predict(args, hw, nodes, layout):
+    out = check_run([args.trident, "plan", "--config", args.config, "--hardware", hw,
+                     "--nodes", str(nodes), "--layout", layout, "--json", "--top", "1"],
+                    "trident plan --layout " + layout, 120)
+    best = json.loads(out)["best"]
+    if len(best) != 1:
+        sys.exit("plan_vs_measured: trident plan returned %d layouts for %s" % (len(best), layout))
+    return best[0]
+
+
+MEMORY_LINE = re.compile(
+    r"memory rank (\d+): parameters ([\d.]+) MB \| gradients ([\d.]+) MB \| optimizer state "
+    r"([\d.]+) MB \| peak activations ([\d.]+) MB \| device allocated ([\d.]+) MB, peak "
+    r"([\d.]+) MB")
+
+
+def train(args, ranks, prediction, name, tokens):
+    run_dir = os.path.join(args.out, "runs", name)
+    subprocess.run(["rm", "-rf", run_dir], check=True)
+    sets = [s for s in prediction["set"]] + [
+        "train.steps=%d" % args.steps, "log.interval=1", "eval.interval=0",
+        "checkpoint.interval=0", "data.train=" + tokens, "data.val=" + tokens,
+        "log.dir=" + run_dir]
+    cmd = ["mpiexec", "-n", str(ranks), args.trident, "train", "--config", args.config]
+    for s in sets:
+        cmd += ["--set", s]
+    stdout = check_run(cmd, "trident train " + name, 900)
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
+    rows = [r for r in rows if "type" not in r]  # step rows only
+    times = [r["ms_per_step"] for r in rows[args.warmup:]]
+    if not times:
+        sys.exit("plan_vs_measured: %s logged %d steps, none after the %d warm-up steps" %
+                 (name, len(rows), args.warmup))
+    ranks_memory = [tuple(float(x) * 1e6 for x in m.groups()[1:])
+                    for m in MEMORY_LINE.finditer(stdout)]
+    if len(ranks_memory) != ranks:
+        sys.exit("plan_vs_measured: %s printed %d 'memory rank' lines for %d ranks" %
+                 (name, len(ranks_memory), ranks))
+    # Fullest rank: the largest device peak; its activations = peak - (weights, grads, moments).
+    params, grads, moments, _, _, peak = max(ranks_memory, key=lambda r: r[5])
+    return {"ms": statistics.median(times), "steps": len(times), "device_peak": peak,
+            "activations": peak - params - grads - moments}
+
+
+def error(predicted, measured):
+    return 100.0 * (predicted - measured) / measured
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trident", default=os.path.join(ROOT, "build", "app", "trident"))
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "tiny.toml"))
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--warmup", type=int, default=4, help="logged steps dropped before the median")
+    p.add_argument("--out", default=os.path.join(ROOT, "build", "bench-plan"))
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    with open("/proc/loadavg") as f:
+        load_before = f.read().split()[0]
+    hw = {1: bench_hw(args, 1), 2: bench_hw(args, 2)}
+    reserved = {}
+    for ranks, path in hw.items():
+        text = open(path).read()
+        reserved[ranks] = float(re.search(r"^reserved_gib = ([\d.e+-]+)", text, re.M).group(1))
+    tokens = os.path.join(args.out, "tokens.bin")
+    write_tokens(tokens, 1 << 17)
+
+    print("plan vs measured: configs/tiny.toml, %d cores, %d steps per run (median of the last "
+          "%d), load average %s before" % (CORES, args.steps, args.steps - args.warmup, load_before))
+    header = ("%-5s %-62s | %8s %8s %7s | %8s %8s %6s | %7s %7s %6s" %
+              ("ranks", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB", "err",
+               "act+scr", "meas", "err"))
+    print(header)
+    print("-" * len(header))
+    results = []
+    for i, (ranks, partial) in enumerate(LAYOUTS):
+        layout = full_layout(partial)
+        # 1 rank: the 1-rank hardware file; more: nodes of 2 devices (the 2-rank file).
+        file_ranks = 1 if ranks == 1 else 2
+        pred = predict(args, hw[file_ranks], ranks // file_ranks, layout)
+        meas = train(args, ranks, pred, "%02d" % i, tokens)
+        pred_ms = pred["step_seconds"] * 1e3
+        mem = pred["memory_bytes"]
+        pred_device = mem["total"] - reserved[file_ranks] * GIB
+        # The measured "activations" (device peak less the state) also hold the backward
+        # scratch and message buffers: the plan's activations plus its buffers less reserved.
+        pred_act = mem["activations"] + mem["buffers"] - reserved[file_ranks] * GIB
+        scored = ranks <= CORES
+        r = {"ranks": ranks, "layout": layout, "short": partial, "scored": scored,
+             "pred_ms": pred_ms, "meas_ms": meas["ms"],
+             "pred_mem": pred_device, "meas_mem": meas["device_peak"],
+             "pred_act": pred_act, "meas_act": meas["activations"]}
+        results.append(r)
+        print("%-5d %-62s | %8.1f %8.1f %6s | %8.2f %8.2f %5.1f%% | %7.2f %7.2f %5.1f%%" %
+              (ranks, partial, pred_ms, meas["ms"],
+               ("%+.1f%%" % error(pred_ms, meas["ms"])) if scored else "n/s",
+               pred_device / 1e6, meas["device_peak"] / 1e6, error(pred_device, meas["device_peak"]),
+               pred_act / 1e6, meas["activations"] / 1e6,
+               error(pred_act, meas["activations"])), flush=True)
+
+    timed = [r for r in results if r["scored"]]
+    errors = [abs(error(r["pred_ms"], r["meas_ms"])) for r in timed]
+    mem_errors = [abs(error(r["pred_mem"], r["meas_mem"])) for r in results]
+    act_errors = [abs(error(r["pred_act"], r["meas_act"])) for r in results]
+    measured_best = min(timed, key=lambda r: r["meas_ms"])
+    predicted_top = sorted(timed, key=lambda r: r["pred_ms"])[:3]
+    with open("/proc/loadavg") as f:
+        load_after = f.read().split()[0]
+    print("-" * len(header))
+    print("n/s: not scored (more ranks than the %d cores). Load average %s after." %
+          (CORES, load_after))
+    verdicts = [
+        ("median |step-time error| %.1f %% <= 15 %% over %d timed layouts" %
+         (statistics.median(errors), len(errors)), statistics.median(errors) <= 15.0),
+        ("worst |step-time error| %.1f %% <= 30 %%" % max(errors), max(errors) <= 30.0),
+        ("memory within 10 %%: device peak worst %.1f %%, activations worst %.1f %% over %d "
+         "layouts" % (max(mem_errors), max(act_errors), len(results)),
+         max(mem_errors) <= 10.0 and max(act_errors) <= 10.0),
+        ("measured fastest (%s, %.1f ms) among the predicted 3 fastest (%s)" %
+         (measured_best["short"], measured_best["meas_ms"],
+          "; ".join(r["short"] for r in predicted_top)), measured_best in predicted_top),
+    ]
+    for text, ok in verdicts:
+        print("%s  %s" % ("PASS" if ok else "FAIL", text))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"results": results, "load_before": load_before, "load_after": load_after}, f,
+                  indent=1)
+    return 0 if all(ok for _, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
