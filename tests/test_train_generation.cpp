@@ -245,6 +245,9 @@ TEST(GenerationConfig, SamplesNeedPipelineOneAndBytesNeedTheirVocabulary) {
                 .find("eval.sample_interval (5) samples through the decoding path, which needs "
                       "the whole model on a rank: parallel.pipeline = 1 (it is 2)"),
             std::string::npos);
+  EXPECT_NE(error_of({"eval.sample_interval=5", "model.moe_experts=4"})
+                .find("which has no mixture of experts yet (model.moe_experts = 4)"),
+            std::string::npos);
   EXPECT_NE(error_of({"eval.sample_interval=5", "model.vocab_size=100"})
                 .find("needs model.vocab_size >= 256 (it is 100)"),
             std::string::npos);

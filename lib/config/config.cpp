@@ -869,6 +869,11 @@ void check_relations(const Config& c, const std::string& source) {
                      ") samples through the decoding path, which needs the whole model on a "
                      "rank: parallel.pipeline = 1 (it is " + int_text(c.parallel.pipeline) +
                      "); set eval.sample_interval = 0");
+  if (c.eval.sample_interval > 0 && m.moe_experts > 0)
+    fail(source, "eval.sample_interval (" + int_text(c.eval.sample_interval) +
+                     ") samples through the decoding path, which has no mixture of experts yet "
+                     "(model.moe_experts = " + int_text(m.moe_experts) +
+                     "); set eval.sample_interval = 0");
   if (c.eval.sample_interval > 0 && c.eval.sample_tokenizer.empty() && m.vocab_size < 256)
     fail(source, "eval.sample_interval with the byte-level tokenizer (eval.sample_tokenizer "
                  "empty) needs model.vocab_size >= 256 (it is " + int_text(m.vocab_size) + ")");
