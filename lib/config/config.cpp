@@ -195,6 +195,12 @@ const Key kKeys[] = {
    "forward). full: only the layer's input; the whole layer's forward, its tensor-parallel "
    "collectives included, is rerun just before its backward (about one more forward). Losses "
    "and gradients are the same to the bit. See docs/model.md."},
+  {TRIDENT_KEY(train, lm_head_chunk_rows), at_least(0),
+   "The LM head and the cross-entropy run over chunks of this many rows (tokens) of a "
+   "micro-batch, so the logits [rows, vocabulary / parallel.tensor] are never whole in memory: "
+   "one chunk is held per rank, none per micro-batch, and the backward recomputes each chunk's "
+   "logits (one more head GEMM). 0: as many rows as fit in 32 MiB. Losses and gradients agree "
+   "with any chunking to float rounding. See docs/model.md."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),
    "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps.",
    "if > 0: `checkpoint.dir` set"},
