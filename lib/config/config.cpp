@@ -162,6 +162,11 @@ const Key kKeys[] = {
    "tensor-parallel matmuls along the sequence across the tensor group (reduce-scatter and "
    "all-gather in place of the all-reduces).",
    "`train.micro_batch * model.seq_len` divisible by `parallel.tensor`"},
+  {TRIDENT_KEY(parallel, tp_overlap), any(),
+   "Tensor parallelism (TP > 1, CPU, without sequence parallelism): a column-parallel layer's "
+   "backward starts the all-reduce of its input gradient and computes its weight gradient "
+   "while it runs (as Megatron-LM does), a helper thread driving MPI's progress; false: the "
+   "blocking all-reduce after both. The same numbers either way. See docs/model.md."},
   {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
    "Layers per pipeline stage; empty: an even split.",
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},

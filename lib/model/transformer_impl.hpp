@@ -463,18 +463,28 @@ void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d) {
   // its contribution to the head's weight gradient. The weight gradient is formed here also in
   // a split backward (nothing is kept to defer it), in micro-batch order as in backward(); a
   // tied head's stays before the embedding backward's. The input gradient's partial sums are
-  // reduced over the tensor group once, after the last chunk.
+  // reduced over the tensor group once, after the last chunk's, while that chunk's weight
+  // gradient is computed (TensorParallel::reduce_input_grad_during).
   ensure_head_scratch(a.B);
   const int64_t rows = head_chunk_rows(N);
+  const T* d_final = nullptr;
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t R = std::min(rows, N - r0);
     T* logits = head_chunk_logits(a, r0, R);
     loss_.backward(k_, logits, logits, a.targets.data() + r0, a.row_max.data() + r0,
                    a.sums.data() + 2 * r0, dloss + r0, R);
-    k_.linear_backward(d_norm_.data() + r0 * C_, g(layout_.lm_head), nullptr, logits,
-                       a.final_norm.data() + r0 * C_, w(layout_.lm_head), R, C_, head_.out_local);
+    const T* x = a.final_norm.data() + r0 * C_;
+    k_.linear_backward(d_norm_.data() + r0 * C_, nullptr, nullptr, logits, x,
+                       w(layout_.lm_head), R, C_, head_.out_local);
+    auto weight_grad = [&] {
+      k_.linear_backward(nullptr, g(layout_.lm_head), nullptr, logits, x, w(layout_.lm_head), R,
+                         C_, head_.out_local);
+    };
+    if (r0 + R < N)
+      weight_grad();
+    else
+      d_final = tp_.reduce_input_grad_during(d_norm_.data(), N, C_, weight_grad);
   }
-  const T* d_final = tp_.reduce_input_grad(d_norm_.data(), N, C_);
   if (!lm_head_is_tied()) report_final(layout_.lm_head);
   norm_backward(d, d_final, a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
                 a.final_mean.data(), a.final_rstd.data(), Ns);
