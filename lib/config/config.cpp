@@ -166,7 +166,8 @@ const Key kKeys[] = {
    "Tensor parallelism (TP > 1, CPU, without sequence parallelism): a column-parallel layer's "
    "backward starts the all-reduce of its input gradient and computes its weight gradient "
    "while it runs (as Megatron-LM does), a helper thread driving MPI's progress; false: the "
-   "blocking all-reduce after both. The same numbers either way. See docs/model.md."},
+   "blocking all-reduce after both. The same numbers either way. Off by default: on a 2-core "
+   "machine it measured no gain (docs/model.md)."},
   {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
    "Layers per pipeline stage; empty: an even split.",
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},

@@ -46,7 +46,7 @@ struct ParallelConfig {
   int64_t virtual_stages = 1;          // model chunks per stage (interleaved: >= 2)
   std::string comm = "nccl";           // device buffers (train.device = "cuda"): "nccl" | "mpi"
   bool sequence_parallel = false;
-  bool tp_overlap = true;              // column-parallel input-gradient all-reduce during dW
+  bool tp_overlap = false;             // column-parallel input-gradient all-reduce during dW
   std::vector<int64_t> pipeline_layers;  // empty: even split
   double dp_bucket_mb = 25.0;
   double comm_timeout_s = 600.0;       // collective watchdog (comm/comm_watchdog.hpp)

@@ -68,7 +68,7 @@ struct ModelShard {
   int64_t lm_head_chunk_rows = 0;
   // Overlap a column-parallel layer's input-gradient all-reduce with its weight gradient
   // (parallel.tp_overlap; model/tensor_parallel.hpp).
-  bool tp_overlap = true;
+  bool tp_overlap = false;
 
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};
