@@ -54,9 +54,11 @@ int run(const char* checkpoint, const char* tokens_path, const char* logits_path
   const int64_t B = n / T, V = m.vocab_size, padded = padded_vocab_size(m, 1);
   auto acts = model.make_activations(B);
   model.forward(acts, tokens.data(), tokens.data(), nullptr);  // targets: any valid ids
+  std::vector<float> logits(static_cast<size_t>(n * padded));
+  model.logits(acts, logits.data());
   std::ofstream out(logits_path, std::ios::binary);
   for (int64_t row = 0; row < n; ++row)
-    out.write(reinterpret_cast<const char*>(acts.logits.data() + row * padded), V * 4);
+    out.write(reinterpret_cast<const char*>(logits.data() + row * padded), V * 4);
   if (!out) throw Error(std::string("'") + logits_path + "': cannot write");
   std::printf("%s: logits of %lld x %lld tokens, vocabulary %lld (model %s)\n", logits_path,
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(V),

@@ -74,15 +74,22 @@ std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
   return v;
 }
 
-}  // namespace
+// The whole model with the LM head and its loss over chunks of `rows` rows (0: the automatic
+// size, one chunk at these sizes).
+ModelShard whole_with_head_chunks(const ModelConfig& m, int64_t rows) {
+  ModelShard s = ModelShard::whole(m);
+  s.lm_head_chunk_rows = rows;
+  return s;
+}
 
-TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
+// Every parameter's gradient against central differences of the loss, in double.
+void check_every_gradient(const std::string& variant, int64_t head_chunk_rows) {
   // Thousands of tiny forwards: one thread, so that an OpenMP barrier never waits for a thread
   // that the busy-polling MPI tests running beside it (ctest -j 2) have descheduled.
   omp_set_num_threads(1);
-  const ModelConfig m = tiny_model(GetParam());
+  const ModelConfig m = tiny_model(variant);
   auto comm = make_self_communicator("tensor");
-  CpuModel<double> model(m, ModelShard::whole(m), *comm);
+  CpuModel<double> model(m, whole_with_head_chunks(m, head_chunk_rows), *comm);
   model.init_weights(7);
   // Larger-than-init weights so that every path carries a visible gradient.
   for (int64_t i = 0; i < model.flat_size(); ++i) model.weights()[i] *= 5.0;
@@ -128,10 +135,66 @@ TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
     if (rel > worst) worst = rel, worst_name = p.name;
   }
   ASSERT_GT(compared, 0);
-  std::printf("[ measured ] %s whole-model gradient check: %lld parameters, %lld elements, worst "
-              "relative error %.3e (%s)\n",
-              GetParam().c_str(), static_cast<long long>(model.params().size()),
+  std::printf("[ measured ] %s whole-model gradient check (LM head chunk rows %lld of %lld): "
+              "%lld parameters, %lld elements, worst relative error %.3e (%s)\n",
+              variant.c_str(), static_cast<long long>(head_chunk_rows),
+              static_cast<long long>(N), static_cast<long long>(model.params().size()),
               static_cast<long long>(compared), worst, worst_name.c_str());
+}
+
+}  // namespace
+
+TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
+  check_every_gradient(GetParam(), 0);
+}
+
+// The LM head and loss in chunks of 3 of the 10 rows (3 + 3 + 3 + 1): the recomputed chunk
+// logits give the loss's exact gradient.
+TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesWithTheHeadInChunks) {
+  check_every_gradient(GetParam(), 3);
+}
+
+// Chunks of rows change only the GEMM shapes of the head: the loss and every gradient agree with
+// the one-chunk run to float rounding; the chunked model holds one chunk of logits, not N rows.
+TEST_P(WholeModel, HeadChunksAgreeWithOneChunk) {
+  const ModelConfig m = tiny_model(GetParam());
+  auto comm = make_self_communicator("tensor");
+  CpuModel<float> one(m, whole_with_head_chunks(m, 0), *comm);
+  CpuModel<float> chunked(m, whole_with_head_chunks(m, 4), *comm);
+  one.init_weights(9);
+  chunked.init_weights(9);
+  const int64_t B = 2, N = B * m.seq_len;
+  const int64_t Vp = padded_vocab_size(m, 1);
+  EXPECT_EQ(one.head_scratch_bytes(B), N * Vp * 4);
+  EXPECT_EQ(chunked.head_scratch_bytes(B), 4 * Vp * 4);
+  EXPECT_EQ(one.activation_bytes(B), chunked.activation_bytes(B));  // no logits per micro-batch
+  one.zero_grads();
+  chunked.zero_grads();
+  for (int64_t micro = 0; micro < 2; ++micro) {
+    const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 4);
+    auto a1 = one.make_activations(B);
+    auto ac = chunked.make_activations(B);
+    one.forward(a1, tokens.data(), targets.data(), nullptr);
+    chunked.forward(ac, tokens.data(), targets.data(), nullptr);
+    one.backward(a1, 0.5f, nullptr, nullptr);
+    chunked.backward(ac, 0.5f, nullptr, nullptr);
+  }
+  const double l1 = one.take_loss_sum(), lc = chunked.take_loss_sum();
+  EXPECT_NEAR(lc, l1, 1e-6 * std::abs(l1));
+  double diff2 = 0, ref2 = 0;
+  int64_t compared = 0;
+  for (int64_t i = 0; i < one.flat_size(); ++i, ++compared) {
+    diff2 += std::pow(static_cast<double>(one.grads()[i]) - chunked.grads()[i], 2);
+    ref2 += std::pow(static_cast<double>(one.grads()[i]), 2);
+  }
+  ASSERT_GT(compared, 0);
+  ASSERT_GT(ref2, 0.0);
+  const double rel = std::sqrt(diff2 / ref2);
+  EXPECT_LE(rel, 1e-6);
+  std::printf("[ measured ] %s LM head in chunks of 4 of %lld rows vs one chunk: loss %.3e, %lld "
+              "gradients, relative L2 difference %.3e\n",
+              GetParam().c_str(), static_cast<long long>(N), std::abs(lc - l1) / std::abs(l1),
+              static_cast<long long>(compared), rel);
 }
 
 TEST_P(WholeModel, FloatModelAgreesWithDouble) {
@@ -162,15 +225,14 @@ TEST_P(WholeModel, FloatModelAgreesWithDouble) {
   EXPECT_LE(std::sqrt(diff2 / ref2), 1e-5);
 }
 
-// The split backward of the zero-bubble schedule (ZB-H1): backward_input of every micro-batch,
-// then backward_weight in micro-batch order (the most deferral a schedule can have), gives every
-// gradient of backward() to the bit, and reports the grads-final watermarks from
-// backward_weight only: the same ones, in the same order. gpt2 here has a tied head (kept in
-// backward_input), llama an untied one (deferred).
-TEST_P(WholeModel, SplitBackwardGivesTheWholeBackwardsGradientsToTheBit) {
-  const ModelConfig m = tiny_model(GetParam());
+namespace {
+
+void check_split_backward(const std::string& variant, int64_t head_chunk_rows) {
+  SCOPED_TRACE("LM head chunk rows " + std::to_string(head_chunk_rows));
+  const ModelConfig m = tiny_model(variant);
   auto comm = make_self_communicator("tensor");
-  CpuModel<float> whole(m, ModelShard::whole(m), *comm), split(m, ModelShard::whole(m), *comm);
+  const ModelShard shard = whole_with_head_chunks(m, head_chunk_rows);
+  CpuModel<float> whole(m, shard, *comm), split(m, shard, *comm);
   whole.init_weights(5);
   split.init_weights(5);
   std::vector<int64_t> whole_marks, split_marks;
@@ -294,6 +356,19 @@ TEST(ModelMoe, AuxLossAndGradientsDoNotDependOnTheMicroBatchSize) {
     for (int64_t i = 0; i < router.numel(); ++i) router2 += std::pow(one.grads()[router.offset + i], 2);
     EXPECT_GT(router2, 0.0) << "the router has a gradient";
   }
+}
+
+}  // namespace
+
+// The split backward of the zero-bubble schedule (ZB-H1): backward_input of every micro-batch,
+// then backward_weight in micro-batch order (the most deferral a schedule can have), gives every
+// gradient of backward() to the bit, and reports the grads-final watermarks from
+// backward_weight only: the same ones, in the same order. gpt2 here has a tied head, llama an
+// untied one; both heads' weight gradients are formed in backward_input (with the recomputed
+// logits, which are not kept), the linear layers' in backward_weight.
+TEST_P(WholeModel, SplitBackwardGivesTheWholeBackwardsGradientsToTheBit) {
+  for (const int64_t head_chunk_rows : {0, 4})  // one chunk of the LM head, several
+    check_split_backward(GetParam(), head_chunk_rows);
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, WholeModel, ::testing::Values("gpt2", "llama"));

@@ -2,15 +2,44 @@
 // rank).
 #include "comm/comm.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <sstream>
+#include <thread>
 
 #include "comm/comm_watchdog.hpp"
 #include "util/error.hpp"
 
 namespace trident {
+
+void progress_during(CommRequest& request, const std::function<void()>& work,
+                     std::chrono::microseconds poll) {
+  std::atomic<bool> stop{false};
+  std::exception_ptr failure;
+  // Sleeps between tests so that the helper takes next to no core from the work.
+  std::thread helper([&] {
+    try {
+      while (!stop.load(std::memory_order_acquire) && !request.test())
+        std::this_thread::sleep_for(poll);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  try {
+    work();
+  } catch (...) {
+    stop.store(true, std::memory_order_release);
+    helper.join();
+    throw;
+  }
+  stop.store(true, std::memory_order_release);
+  helper.join();
+  if (failure) std::rethrow_exception(failure);
+  request.wait();  // returns at once when the helper saw it complete
+}
 
 size_t dtype_bytes(DType t) {
   switch (t) {

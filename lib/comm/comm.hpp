@@ -6,6 +6,7 @@
 #include <chrono>
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,6 +59,14 @@ class CommRequest {
 
 class Communicator;
 
+// Runs `work` (computation, no communication call) while a helper thread drives `request` with
+// test() every `poll` (a busy-polling MPI progresses a non-blocking collective only inside MPI
+// calls, and a GEMM makes none), then waits for it: the collective overlaps the work. The
+// helper is joined before this returns or throws; an error of test() is rethrown here. Only
+// where request's communicator says progress_from_helper_thread().
+void progress_during(CommRequest& request, const std::function<void()>& work,
+                     std::chrono::microseconds poll = std::chrono::microseconds(50));
+
 // Sees every call of the communicators it is installed on (set_recorder), with its wall time:
 // the timeline trace (train/timeline_trace.hpp) hooks in here once, not at each call site.
 // Blocking calls: the whole call. Non-blocking ones (isend, irecv, iall_reduce): the MPI
@@ -93,6 +102,10 @@ class Communicator {
   virtual std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
                                              int tag) = 0;
   virtual void barrier() = 0;
+  // Whether a request of this communicator may be driven (test()) from a helper thread while
+  // the calling thread makes no communication call (progress_during): MPI needs at least
+  // MPI_THREAD_SERIALIZED for that. False unless an implementation says so.
+  virtual bool progress_from_helper_thread() const { return false; }
 
   // Typed conveniences.
   void all_reduce_sum(float* x, int64_t n) { all_reduce(x, n, DType::F32, ReduceOp::Sum); }

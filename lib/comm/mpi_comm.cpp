@@ -238,6 +238,12 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
   return req;
 }
 
+bool MpiCommunicator::progress_from_helper_thread() const {
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  return provided >= MPI_THREAD_SERIALIZED;
+}
+
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DType type) {
   check_count("all_gather", count);
   MPI_Datatype dt = mpi_datatype(type);

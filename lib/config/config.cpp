@@ -187,6 +187,12 @@ const Key kKeys[] = {
    "tensor-parallel matmuls along the sequence across the tensor group (reduce-scatter and "
    "all-gather in place of the all-reduces).",
    "`train.micro_batch * model.seq_len` divisible by `parallel.tensor`"},
+  {TRIDENT_KEY(parallel, tp_overlap), any(),
+   "Tensor parallelism (TP > 1, CPU, without sequence parallelism): a column-parallel layer's "
+   "backward starts the all-reduce of its input gradient and computes its weight gradient "
+   "while it runs (as Megatron-LM does), a helper thread driving MPI's progress; false: the "
+   "blocking all-reduce after both. The same numbers either way. Off by default: on a 2-core "
+   "machine it measured no gain (docs/model.md)."},
   {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
    "Layers per pipeline stage; empty: an even split.",
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},
@@ -220,6 +226,12 @@ const Key kKeys[] = {
    "forward). full: only the layer's input; the whole layer's forward, its tensor-parallel "
    "collectives included, is rerun just before its backward (about one more forward). Losses "
    "and gradients are the same to the bit. See docs/model.md."},
+  {TRIDENT_KEY(train, lm_head_chunk_rows), at_least(0),
+   "The LM head and the cross-entropy run over chunks of this many rows (tokens) of a "
+   "micro-batch, so the logits [rows, vocabulary / parallel.tensor] are never whole in memory: "
+   "one chunk is held per rank, none per micro-batch, and the backward recomputes each chunk's "
+   "logits (one more head GEMM). 0: as many rows as fit in 32 MiB. Losses and gradients agree "
+   "with any chunking to float rounding. See docs/model.md."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),
    "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps.",
    "if > 0: `checkpoint.dir` set"},

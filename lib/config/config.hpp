@@ -61,6 +61,7 @@ struct ParallelConfig {
   int64_t virtual_stages = 1;          // model chunks per stage (interleaved: >= 2)
   std::string comm = "nccl";           // device buffers (train.device = "cuda"): "nccl" | "mpi"
   bool sequence_parallel = false;
+  bool tp_overlap = false;             // column-parallel input-gradient all-reduce during dW
   std::vector<int64_t> pipeline_layers;  // empty: even split
   double dp_bucket_mb = 25.0;
   double comm_timeout_s = 600.0;       // collective watchdog (comm/comm_watchdog.hpp)
@@ -76,6 +77,7 @@ struct TrainConfig {
   std::string device = "cpu";       // "cpu" | "cuda"
   std::string precision = "fp32";   // "fp32" | "bf16"
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
+  int64_t lm_head_chunk_rows = 0;   // rows per LM head + loss chunk; 0: what fits in 32 MiB
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
   int64_t max_consecutive_skips = 10;  // end the run after this many skipped steps in a row; 0: never

@@ -69,6 +69,12 @@ struct ModelShard {
   std::vector<std::pair<int64_t, int64_t>> chunks;
   // How the rank keeps its activations for backward (train.recompute).
   Recompute recompute = Recompute::None;
+  // Rows per chunk of the LM head and its loss (train.lm_head_chunk_rows); 0: model_stats.hpp's
+  // lm_head_chunk_rows (what fits in kLmHeadChunkBytes).
+  int64_t lm_head_chunk_rows = 0;
+  // Overlap a column-parallel layer's input-gradient all-reduce with its weight gradient
+  // (parallel.tp_overlap; model/tensor_parallel.hpp).
+  bool tp_overlap = false;
 
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};

@@ -3,6 +3,7 @@
 // error that names it rather than a silently wrapped figure.
 #include "model/model_stats.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -208,6 +209,24 @@ int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s
     }
   }
   return 0;
+}
+
+int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes,
+                           int64_t requested) {
+  if (N < 1 || local_vocab < 1 || element_bytes < 1)
+    throw Error("lm_head_chunk_rows: rows (" + std::to_string(N) + "), local vocabulary (" +
+                std::to_string(local_vocab) + ") and element bytes (" +
+                std::to_string(element_bytes) + ") must be >= 1");
+  if (requested > 0) return std::min(requested, N);
+  int64_t rows = kLmHeadChunkBytes / (local_vocab * element_bytes);
+  if (rows >= 32) rows -= rows % 32;
+  return std::clamp<int64_t>(rows, 1, N);
+}
+
+int64_t lm_head_scratch_bytes(int64_t N, int64_t local_vocab, int64_t element_bytes,
+                              int64_t requested) {
+  return lm_head_chunk_rows(N, local_vocab, element_bytes, requested) * local_vocab *
+         element_bytes;
 }
 
 }  // namespace trident

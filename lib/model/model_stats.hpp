@@ -102,4 +102,18 @@ int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
 // output e*Ns*C (plus a MoE layer's extra under none when the model has MoE layers); none, 0.
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s);
 
+// The LM head and its cross-entropy run over chunks of rows of the micro-batch (the
+// Transformer's head_forward/head_backward), so the logits [N, Vl] are never whole in memory:
+// only one chunk [rows, Vl], held once per rank, not per micro-batch. A chunk is as many rows as
+// fit in kLmHeadChunkBytes (a multiple of 32 rows when at least 32 fit, so the head GEMM keeps
+// its shape), at least 1 and at most N; `requested` > 0 (train.lm_head_chunk_rows) instead
+// min(requested, N). The same on every tensor rank (Vl is the same), so the per-chunk
+// collectives of the vocab-parallel loss match up.
+constexpr int64_t kLmHeadChunkBytes = int64_t{32} << 20;
+int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes,
+                           int64_t requested = 0);
+// Bytes of that one chunk of logits: lm_head_chunk_rows(...) * local_vocab * element_bytes.
+int64_t lm_head_scratch_bytes(int64_t N, int64_t local_vocab, int64_t element_bytes,
+                              int64_t requested = 0);
+
 }  // namespace trident

@@ -41,7 +41,9 @@ class TensorParallel {
         k_(kernels),
         rank_(shard.tp_rank),
         size_(shard.tp_size),
-        sp_(shard.sequence_parallel && shard.tp_size > 1) {}
+        sp_(shard.sequence_parallel && shard.tp_size > 1),
+        overlap_(shard.tp_overlap && shard.tp_size > 1 && !sp_ && kernels.device().is_host() &&
+                 comm.progress_from_helper_thread()) {}
 
   Communicator& comm() const { return comm_; }
   int rank() const { return rank_; }
@@ -76,6 +78,22 @@ class TensorParallel {
     comm_.reduce_scatter(partial, mine, rows(N) * C, K::act_dtype);
     return mine;
   }
+  // reduce_input_grad(partial, N, C) with `weight_grad` (computation only) run meanwhile:
+  // Megatron-LM's overlap of a column-parallel layer's backward all-reduce with its weight
+  // gradient. On the CPU without sequence parallelism a non-blocking all-reduce, driven by a
+  // helper thread during weight_grad (comm.hpp's progress_during); elsewhere (GPU: the stream
+  // orders the work anyway; SP: a blocking reduce-scatter) weight_grad, then the blocking
+  // collective. The same sum either way.
+  template <class Work>
+  const T* reduce_input_grad_during(T* partial, int64_t N, int64_t C, Work&& weight_grad) {
+    if (!overlap_) {
+      weight_grad();
+      return reduce_input_grad(partial, N, C);
+    }
+    auto request = comm_.iall_reduce(partial, N * C, K::act_dtype, ReduceOp::Sum);
+    progress_during(*request, weight_grad);
+    return partial;
+  }
   // The gradient of all N rows from this rank's rows d[rows(N), C]: d itself, or the
   // all-gather into scratch (SP).
   const T* gather_output_grad(const T* d, int64_t N, int64_t C) {
@@ -96,6 +114,7 @@ class TensorParallel {
   K& k_;
   int rank_, size_;
   bool sp_;
+  bool overlap_;  // reduce_input_grad_during overlaps (parallel.tp_overlap, where it can)
   DeviceArray<T> full_, d_full_, d_rows_;
 };
 
@@ -122,10 +141,14 @@ struct ColumnParallelLinear {
     k.linear_forward(y, x, p.w, p.b, N, in, out_local);
   }
   // Accumulates dW, db; returns the rank's rows of dL/dX (in dx_partial [N, in] or scratch).
+  // dX first, so that its sum over the group runs while dW, db are computed (the two are
+  // independent GEMMs: the same bits as one linear_backward call).
   const T* backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx_partial,
                     const T* dy, const T* x, int64_t N) const {
-    k.linear_backward(dx_partial, p.dw, p.db, dy, x, p.w, N, in, out_local);
-    return tp.reduce_input_grad(dx_partial, N, in);
+    k.linear_backward(dx_partial, nullptr, nullptr, dy, x, p.w, N, in, out_local);
+    return tp.reduce_input_grad_during(dx_partial, N, in, [&] {
+      k.linear_backward(nullptr, p.dw, p.db, dy, x, p.w, N, in, out_local);
+    });
   }
   // The split backward (zero-bubble schedules): backward() without dW, db, which
   // weight_backward() accumulates later from the same dy [N, out_local] and x [N, in], kept by

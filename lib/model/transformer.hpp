@@ -78,8 +78,11 @@ class Transformer {
     DeviceArray<T> output;                 // [Ns,C] residual stream leaving the chunk
     DeviceArray<T> final_norm;             // [N,C]
     DeviceArray<S> final_mean, final_rstd; // [Ns]
-    DeviceArray<T> logits;                 // [N, Vl] (gradients overwrite it in backward)
-    DeviceArray<S> row_max, sums, losses;  // [N], [2N], [N] (losses: dloss in backward)
+    // The logits are not kept: the head and the loss run over chunks of rows (head_forward),
+    // each chunk's logits recomputed in backward. Kept: the loss statistics, per chunk of R
+    // rows starting at row r0: row_max[r0, r0+R), sums[2*r0, 2*r0 + 2R) ([sum-exp | target
+    // logit] of the chunk), losses[r0, r0+R) (dloss in backward).
+    DeviceArray<S> row_max, sums, losses;  // [N], [2N], [N]
     bool split_backward = false;           // made for backward_input + backward_weight
   };
 
@@ -116,9 +119,13 @@ class Transformer {
   int64_t activation_bytes(int64_t B, bool split_backward = false, int chunk = 0) const;
   // What a split backward keeps per micro-batch from backward_input to backward_weight beyond
   // the forward's activations: sizeof(T) * N * (2C + QKVl + Ul) per layer, the linear layers'
-  // output gradients (the head's overwrites the logits, kept anyway), and under full
+  // output gradients (the LM head has none: backward_input forms its weight gradient from
+  // the recomputed logits), and under full
   // recomputation their inputs, sizeof(T) * N * (2C + Hl + Fl).
   int64_t deferred_weight_grad_bytes(int64_t B, int chunk = 0) const;
+  // Bytes held once (not per micro-batch) for one chunk of the LM head's logits on the stage
+  // that runs the head (model_stats.hpp's lm_head_scratch_bytes), 0 elsewhere.
+  int64_t head_scratch_bytes(int64_t B) const;
   // Bytes held once (not per micro-batch) to recompute in, for micro-batches of B sequences
   // (model_stats.hpp's recompute_workspace_bytes); 0 without recomputation.
   int64_t recompute_workspace_bytes(int64_t B) const;
@@ -131,6 +138,10 @@ class Transformer {
   // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); the mean loss over
   // the B*T tokens is added to a sum in device memory (no host synchronisation).
   void forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input);
+  // After a forward of the last chunk: its logits [N, Vl] into `out` (K's device memory) from
+  // the kept final norm, for tools that read them (bench/trident_logits.cpp). Training never
+  // forms them whole (head_forward).
+  void logits(const Activations& a, T* out);
   // The sum of the mean losses of the forwards since the last call (0 off the last stage); resets
   // it. The one device-to-host read of the losses.
   double take_loss_sum();
@@ -144,9 +155,9 @@ class Transformer {
   void backward(Activations& a, S loss_scale, const T* d_output, T* d_input);
   // The same backward in two parts (the zero-bubble schedules; `a` from make_activations(B,
   // true)). backward_input: everything but the linear layers' weight and bias gradients (the
-  // input gradient, the norms' and embeddings' gradients, and the LM head's when it is the
-  // tied embedding on this rank, which the embedding backward also adds to: its contributions
-  // keep their order); keeps the linear layers' output gradients in `a`. backward_weight: those
+  // input gradient, the norms' and embeddings' gradients, and the LM head's: its logits are
+  // recomputed chunk by chunk and not kept, so its weight gradient is formed with them, in
+  // micro-batch order as in backward()); keeps the linear layers' output gradients in `a`. backward_weight: those
   // weight and bias gradients, from what `a` kept. Each gradient receives the same
   // contributions from the same kernels as in backward(), so when a step runs the
   // backward_weights in micro-batch order the gradients are those of backward() to the bit.
@@ -214,8 +225,14 @@ class Transformer {
   // and its backward returning the rank's rows of dL/d(norm2).
   void moe_forward(const BlockParams& p, LayerActs& la, T* output, int64_t B);
   const T* moe_backward(const BlockParams& p, LayerActs& la, const T* d, int64_t B);
+  // The LM head and the vocab-parallel loss over chunks of head_chunk_rows(N) rows; the chunk's
+  // logits [R, Vl] in head_logits_ (held once), recomputed in backward.
   void head_forward(Activations& a, const int32_t* targets);
-  void head_backward(Activations& a, S loss_scale, T* d, bool defer_weights);
+  void head_backward(Activations& a, S loss_scale, T* d);
+  int64_t head_chunk_rows(int64_t N) const;
+  // head_logits_[R, Vl] = the head's output for rows [r0, r0+R) of the gathered final norm.
+  T* head_chunk_logits(const Activations& a, int64_t r0, int64_t R);
+  void ensure_head_scratch(int64_t B);
   void layer_weight_backward(size_t i, LayerActs& la, int64_t B);
   void layer_decode(size_t i, KvCache& cache);
   bool lm_head_is_tied() const { return layout_.lm_head == layout_.token_embedding; }
@@ -248,6 +265,7 @@ class Transformer {
   DeviceArray<G> master_, grads_;
   DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
+  DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)
   std::function<void(int64_t)> grads_final_;
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   int64_t scratch_rows_ = 0;

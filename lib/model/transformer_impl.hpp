@@ -1,6 +1,7 @@
 #pragma once
 // Definitions of Transformer<K> (model/transformer.hpp). Included by the files that instantiate
 // it for a kernel set: model/cpu_model.cpp and cuda/cuda_model.cpp.
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -154,7 +155,6 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
     a.final_norm = DeviceArray<T>(dev, N * C);
     if (layernorm) a.final_mean = DeviceArray<S>(dev, Ns);
     a.final_rstd = DeviceArray<S>(dev, Ns);
-    a.logits = DeviceArray<T>(dev, N * head_.out_local);
     a.row_max = DeviceArray<S>(dev, N);
     a.sums = DeviceArray<S>(dev, 2 * N);
     a.losses = DeviceArray<S>(dev, N);
@@ -242,8 +242,33 @@ int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chu
     if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
   int64_t total = chunk_layers(chunk) * layer_activation_bytes(config_, shape) +
                   moe_layers * moe_layer_extra_bytes(config_, shape) + t * Ns * C + 8 * N;
-  if (runs_head(chunk)) total += t * (N * C + N * head_.out_local) + s * (stats * Ns + 4 * N);
+  if (runs_head(chunk)) total += t * N * C + s * (stats * Ns + 4 * N);
   return total;
+}
+
+template <class K>
+int64_t Transformer<K>::head_scratch_bytes(int64_t B) const {
+  if (!shard_.has_head) return 0;
+  return lm_head_scratch_bytes(B * config_.seq_len, head_.out_local, sizeof(T),
+                               shard_.lm_head_chunk_rows);
+}
+
+template <class K>
+int64_t Transformer<K>::head_chunk_rows(int64_t N) const {
+  return lm_head_chunk_rows(N, head_.out_local, sizeof(T), shard_.lm_head_chunk_rows);
+}
+
+template <class K>
+void Transformer<K>::ensure_head_scratch(int64_t B) {
+  const int64_t n = head_chunk_rows(B * config_.seq_len) * head_.out_local;
+  if (head_logits_.size() < n) head_logits_ = DeviceArray<T>(k_.device(), n);
+}
+
+template <class K>
+typename K::T* Transformer<K>::head_chunk_logits(const Activations& a, int64_t r0, int64_t R) {
+  k_.linear_forward(head_logits_.data(), a.final_norm.data() + r0 * C_, w(layout_.lm_head),
+                    nullptr, R, C_, head_.out_local);
+  return head_logits_.data();
 }
 
 template <class K>
@@ -354,9 +379,25 @@ void Transformer<K>::head_forward(Activations& a, const int32_t* targets) {
   norm_forward(a.final_norm.data() + tp_.first_row(N) * C_, a.final_mean.data(),
                a.final_rstd.data(), a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
                Ns);
-  head_.forward(tp_, k_, linear(layout_.lm_head, -1), a.logits.data(), a.final_norm.data(), N);
-  loss_.forward(tp_, k_, a.losses.data(), a.row_max.data(), a.sums.data(), a.logits.data(),
-                a.targets.data(), N);
+  // The head and the loss one chunk of rows at a time: the chunk's logits are complete (their
+  // max and sums reduced over the tensor group) before the next chunk overwrites them, so the
+  // logits [N, Vl] never exist whole. Only the row statistics stay for backward.
+  tp_.gather_input(a.final_norm.data(), N, C_);
+  ensure_head_scratch(a.B);
+  const int64_t rows = head_chunk_rows(N);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t R = std::min(rows, N - r0);
+    const T* logits = head_chunk_logits(a, r0, R);
+    loss_.forward(tp_, k_, a.losses.data() + r0, a.row_max.data() + r0, a.sums.data() + 2 * r0,
+                  logits, a.targets.data() + r0, R);
+  }
+}
+
+template <class K>
+void Transformer<K>::logits(const Activations& a, T* out) {
+  if (!runs_head(a.chunk)) throw Error("Transformer::logits: the LM head is not on this chunk");
+  k_.linear_forward(out, a.final_norm.data(), w(layout_.lm_head), nullptr,
+                    a.B * config_.seq_len, C_, head_.out_local);
 }
 
 template <class K>
@@ -430,7 +471,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   loss_scale_ = loss_scale;
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
   if (runs_head(a.chunk))
-    head_backward(a, loss_scale, d, defer_weights);
+    head_backward(a, loss_scale, d);
   else
     k_.copy(d, d_output, Ns * C_);
   const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
@@ -459,21 +500,38 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
 }
 
 template <class K>
-void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d, bool defer_weights) {
+void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d) {
   const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
   // dloss/dlosses[n] = loss_scale / N (the forward returned the mean over N tokens).
   S* dloss = a.losses.data();
   k_.fill(dloss, N, loss_scale / static_cast<S>(N));
-  loss_.backward(k_, a.logits.data(), a.logits.data(), a.targets.data(), a.row_max.data(),
-                 a.sums.data(), dloss, N);
-  // The logits now hold their gradient: what backward_weight needs of the head is kept. A tied
-  // head's weight gradient stays here, before the embedding backward's, as in backward().
-  const T* d_final =
-      defer_weights && !lm_head_is_tied()
-          ? head_.input_backward(tp_, k_, linear(layout_.lm_head, -1), d_norm_.data(),
-                                 a.logits.data(), a.final_norm.data(), N)
-          : head_.backward(tp_, k_, linear(layout_.lm_head, -1), d_norm_.data(), a.logits.data(),
-                           a.final_norm.data(), N);
+  // Per chunk of the forward's rows: its logits again (the same GEMM on the same rows, so the
+  // forward's bits), their gradient in place, then the chunk's rows of dL/d(final norm) and
+  // its contribution to the head's weight gradient. The weight gradient is formed here also in
+  // a split backward (nothing is kept to defer it), in micro-batch order as in backward(); a
+  // tied head's stays before the embedding backward's. The input gradient's partial sums are
+  // reduced over the tensor group once, after the last chunk's, while that chunk's weight
+  // gradient is computed (TensorParallel::reduce_input_grad_during).
+  ensure_head_scratch(a.B);
+  const int64_t rows = head_chunk_rows(N);
+  const T* d_final = nullptr;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t R = std::min(rows, N - r0);
+    T* logits = head_chunk_logits(a, r0, R);
+    loss_.backward(k_, logits, logits, a.targets.data() + r0, a.row_max.data() + r0,
+                   a.sums.data() + 2 * r0, dloss + r0, R);
+    const T* x = a.final_norm.data() + r0 * C_;
+    k_.linear_backward(d_norm_.data() + r0 * C_, nullptr, nullptr, logits, x,
+                       w(layout_.lm_head), R, C_, head_.out_local);
+    auto weight_grad = [&] {
+      k_.linear_backward(nullptr, g(layout_.lm_head), nullptr, logits, x, w(layout_.lm_head), R,
+                         C_, head_.out_local);
+    };
+    if (r0 + R < N)
+      weight_grad();
+    else
+      d_final = tp_.reduce_input_grad_during(d_norm_.data(), N, C_, weight_grad);
+  }
   if (!lm_head_is_tied()) report_final(layout_.lm_head);
   norm_backward(d, d_final, a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
                 a.final_mean.data(), a.final_rstd.data(), Ns);
@@ -554,15 +612,11 @@ template <class K>
 void Transformer<K>::backward_weight(Activations& a) {
   if (!a.split_backward)
     throw Error("Transformer::backward_weight: activations not made for a split backward");
-  const int64_t N = a.B * config_.seq_len;
   // The head, then the layers from the top: backward()'s order, so the watermarks reported
   // (each one after the last gradient above it became final) are the same, in the same order.
   if (runs_head(a.chunk)) {
-    if (!lm_head_is_tied()) {
-      head_.weight_backward(k_, linear(layout_.lm_head, -1), a.logits.data(),
-                            a.final_norm.data(), N);
-      report_final(layout_.lm_head);
-    }
+    // The head's weight gradient was formed in backward_input (with the recomputed logits).
+    if (!lm_head_is_tied()) report_final(layout_.lm_head);
     report_final(layout_.final_norm_w);  // final since backward_input
   }
   const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];

@@ -185,7 +185,9 @@ class CostModel {
       const double V = static_cast<double>(vp_);
       const double head = parts_.head * n_ / t_ /
                           (peak_ * hw_.gemm_efficiency(n_, C, V / t_));
-      // The logits are written, read by the softmax and overwritten by their gradient.
+      // The logits are written, read by the softmax and overwritten by their gradient, one
+      // chunk of rows at a time; backward recomputes them (the head's forward GEMM again) and
+      // forms the head's weight gradient there, also in a split backward.
       const double logits = 3.0 * n_ * V / t_ * e_ / (hw_.device.memory_bandwidth_gbs * 1e9);
       // The head's input is gathered under SP; its gradient summed (reduce-scattered) over TP;
       // the loss sums max, exp-sum and target logit over TP.
@@ -195,8 +197,7 @@ class CostModel {
       const double bwd_comm = tp_seconds(l_.sequence_parallel ? Collective::ReduceScatter
                                                               : Collective::AllReduce, stream);
       r.forward += head / 3.0 + logits / 3.0 + fwd_comm;
-      r.backward += 2.0 * head / 3.0 + 2.0 * logits / 3.0 + bwd_comm;
-      r.weight += head / 3.0;
+      r.backward += 3.0 * head / 3.0 + 2.0 * logits / 3.0 + bwd_comm;
       r.tp_comm += fwd_comm + bwd_comm;
     }
     return r;
@@ -214,10 +215,7 @@ class CostModel {
     const double layer = static_cast<double>(layer_activation_bytes(m_, shape));
     double bytes = static_cast<double>(c.layers) * layer + Ns * C * e_;  // + the output
     if (c.embedding || c.head) bytes += 2.0 * n_ * 4.0;                   // tokens, targets
-    if (c.head) {
-      const double V = static_cast<double>(vp_);
-      bytes += n_ * C * e_ + n_ * V / t_ * e_ + 4.0 * n_ * 4.0;  // final norm, logits, stats
-    }
+    if (c.head) bytes += n_ * C * e_ + 4.0 * n_ * 4.0;  // final norm, loss statistics (no logits)
     return bytes;
   }
 
@@ -225,6 +223,11 @@ class CostModel {
     return collective_seconds(hw_, hw_.intra_node, c, l_.tp, bytes);
   }
   double element_bytes() const { return e_; }
+  double head_scratch() const {
+    const int64_t local_vocab = vp_ / static_cast<int64_t>(t_);
+    return static_cast<double>(
+        lm_head_scratch_bytes(static_cast<int64_t>(n_), local_vocab, static_cast<int64_t>(e_)));
+  }
   double micro_rows() const { return n_; }
   const TrainingFlopsParts& parts() const { return parts_; }
   double peak() const { return peak_; }
@@ -453,6 +456,8 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
         m, activation_shape(m, p.materialized_attention(), l.micro_batch, l.tp,
                             l.sequence_parallel, l.recompute, e)));
     mem.buffers = reserved + scratch + zero1_staging(p, l, flat);
+    // One chunk of the LM head's logits, held once by the last stage.
+    if (s == l.pp - 1) mem.buffers += model.head_scratch();
     if (s == 0 || mem.total() > r.memory.total()) {
       r.memory = mem;
       r.fullest_stage = s;
@@ -485,10 +490,11 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // Throughput.
   const TrainingFlopsParts& parts = model.parts();
   const double L = static_cast<double>(m.layers);
-  double extra_per_token = 0.0;
+  // The LM head's logits are recomputed in backward in every mode (one more head forward).
+  double extra_per_token = parts.head / 3.0;
   if (l.recompute == Recompute::Full)
-    extra_per_token = L * (parts.layer_linear + parts.layer_attention) / 3.0;
-  if (l.recompute == Recompute::Selective) extra_per_token = L * parts.layer_attention / 3.0;
+    extra_per_token += L * (parts.layer_linear + parts.layer_attention) / 3.0;
+  if (l.recompute == Recompute::Selective) extra_per_token += L * parts.layer_attention / 3.0;
   const double tokens = static_cast<double>(p.global_batch * m.seq_len);
   r.step_seconds = r.time.total();
   r.model_flops_per_step =

@@ -98,7 +98,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   if (config.train.device == "cpu") r.activation_bytes += 4.0 * B * heads * T * T;  // scratch
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
-    r.activation_bytes += act * N * (C + vocab);
+    // The final norm's output; the logits only one chunk of rows at a time (held once).
+    r.activation_bytes += act * N * C + static_cast<double>(lm_head_scratch_bytes(
+                                            static_cast<int64_t>(N), static_cast<int64_t>(vocab),
+                                            static_cast<int64_t>(act),
+                                            config.train.lm_head_chunk_rows));
   }
   return r;
 }

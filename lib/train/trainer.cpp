@@ -75,6 +75,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   shard.has_head = groups.pp_rank == groups.pp_size - 1;
   shard.sequence_parallel = sequence_parallel;
   shard.recompute = parse_recompute(config.train.recompute);
+  shard.lm_head_chunk_rows = config.train.lm_head_chunk_rows;
+  shard.tp_overlap = config.parallel.tp_overlap;
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (config.parallel.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,

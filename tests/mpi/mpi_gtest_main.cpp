@@ -16,7 +16,10 @@ constexpr int kSkippedExitCode = 77;  // tests/CMakeLists.txt: SKIP_RETURN_CODE 
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // As app/main.cpp: MPI_THREAD_MULTIPLE (the watchdog's thread; the tensor-parallel backward's
+  // progress helper, comm.hpp's progress_during).
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   // Several ranks share few cores in these tests: one thread each, or OpenMP's spinning
   // threads and MPI's busy-polling ranks starve each other.

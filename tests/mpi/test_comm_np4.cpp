@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
@@ -70,6 +73,50 @@ TEST_F(MpiComm, AllReduceSumAndMax) {
   EXPECT_EQ(s.all_reduce_counts, (std::vector<int64_t>{3, 2, 2, 2}));
   EXPECT_GE(s.ops.at("all_reduce").seconds, 0.0);
   EXPECT_EQ(s.ops.size(), 1u);
+}
+
+// A request whose completion, seen by test() on any thread, the test can read safely.
+class WatchedRequest final : public CommRequest {
+ public:
+  explicit WatchedRequest(std::unique_ptr<CommRequest> inner) : inner_(std::move(inner)) {}
+  void wait() override { inner_->wait(); }
+  bool test() override {
+    const bool done = inner_->test();
+    if (done) completed.store(true, std::memory_order_release);
+    return done;
+  }
+  std::atomic<bool> completed{false};
+
+ private:
+  std::unique_ptr<CommRequest> inner_;
+};
+
+// comm.hpp's progress_during (the tensor-parallel backward's overlap): its helper thread alone
+// completes a large non-blocking all-reduce while the calling thread makes no MPI call (as
+// during a GEMM); a busy-polling MPI would otherwise progress it only in the final wait.
+TEST_F(MpiComm, ProgressDuringCompletesTheAllReduceWhileWorkRuns) {
+  ASSERT_TRUE(comm->progress_from_helper_thread())
+      << "tests/mpi/mpi_gtest_main.cpp initialises MPI with MPI_THREAD_MULTIPLE";
+  const int64_t n = int64_t{1} << 21;  // 8 MiB of floats, far past any eager limit
+  std::vector<float> x(static_cast<size_t>(n), static_cast<float>(r + 1));
+  WatchedRequest request(comm->iall_reduce(x.data(), n, DType::F32, ReduceOp::Sum));
+  bool completed_during_work = false;
+  progress_during(request, [&] {
+    // Computation stand-in, no MPI call: it ends once the sum has completed (at most 30 s).
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < end) {
+      if (request.completed.load(std::memory_order_acquire)) {
+        completed_during_work = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  EXPECT_TRUE(completed_during_work);
+  int64_t wrong = 0;
+  for (const float v : x) wrong += v != 10.0f;  // 1 + 2 + 3 + 4
+  EXPECT_EQ(wrong, 0) << "of " << n << " elements";
+  EXPECT_EQ(comm->stats().calls("all_reduce"), 1);
 }
 
 TEST_F(MpiComm, AllGatherInRankOrder) {
