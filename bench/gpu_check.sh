@@ -25,10 +25,28 @@
 #      (target >= 40%)
 #   g. the PyTorch eager reference (bench/torch_gpt.py --device cuda --dtype bf16), same shape
 #      and batch: tokens/s, and Trident/PyTorch (target >= 1)
+#   h. checkpoint resume on the GPU, fp32 and bf16: 6 steps straight vs 3 steps
+#      (train.exit_interval = 3, exit 75) + --resume auto for 3 more, same layout; losses of
+#      steps 1..6 bitwise equal and the final checkpoints bitwise equal (gpu_pack/bin/ckpt_compare,
+#      at least one element compared)                                       [H200 est. ~35 s]
+#   i. sequence parallelism: TP 2 + parallel.sequence_parallel on 2 ranks sharing the GPU
+#      (comm = mpi) vs TP 1 on the GPU, fp32, 10 steps (<= 1e-5): a Llama (4 heads, 2 kv heads)
+#      and the GPT-2 shape of c                                             [H200 est. ~25 s]
+#   j. pipeline schedules: PP 2 (2 ranks sharing the GPU, comm = mpi) under 1f1b, interleaved
+#      (virtual_stages 2) and zb-h1 vs PP 1 on the GPU, fp32, 4 layers, 4 micro-batches per
+#      step, 10 steps (<= 1e-5)                                             [H200 est. ~30 s]
+#   k. recomputation: train.recompute = selective and full vs none (c's runs), fp32 and bf16,
+#      10 steps, losses bitwise equal                                       [H200 est. ~20 s]
+#   l. generation: trident generate, greedy, 4 prompts x 48 new tokens from one fp32
+#      checkpoint (h's, else a 6-step CPU run): GPU text == CPU text byte for byte, and TP 2
+#      (2 ranks on the GPU, comm = mpi) == TP 1 on the GPU; sampled (temperature 1, top-k 40,
+#      seed 7) GPU == CPU; the prompt loss beside it                        [H200 est. ~25 s]
+#   (MoE refuses the CUDA backend for now: no row.)
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
-# 450 s: each step's limit is cut so that the later steps keep their minimum); a failed step is
-# reported and the next one runs. Output: the log on stdout, the summary table last; under $OUT
+# 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
+# the throughput steps, so a slow start costs them, not e-g); a failed step is reported and the
+# next one runs. Output: the log on stdout, the summary table last; under $OUT
 # (default build-gpu/gpu-check-out): gpu_check.md (the table), gpu_check.json (table + raw
 # figures), gpu_check.log (stdout), gemm.json, logs.tar.gz (every command's output, the runs'
 # metrics.jsonl, the gtest JSON).
@@ -37,10 +55,12 @@
 # can: the real CUDA commands are still tried (and fail, which is logged), and each GPU run is
 # replaced by a CPU stand-in (train.device = cpu, a small shape for f and g), so the library
 # path, mpiexec, the log parsing, the comparisons and the table are exercised; those rows say
-# DRY. Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
+# DRY when the stand-ins meet the row's target, FAIL when they do not, ERROR when nothing could
+# be compared (a missing step, no generated text, no checkpoint element).
+# Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
 #
 # Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
-#          --budget SECONDS, --steps "a b c d e f g" (a subset; a always runs)
+#          --budget SECONDS, --steps "b c h" (a subset of b-l; a always runs)
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
@@ -51,8 +71,8 @@ cd "$repo"
 mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
-BUDGET=${GPU_CHECK_BUDGET:-450}
-STEPS="a b c d e f g"
+BUDGET=${GPU_CHECK_BUDGET:-530}
+STEPS="a b c d e f g h i j k l"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -156,6 +176,48 @@ def cmd_compare(ref, run, nsteps):
         if rel > worst or not math.isfinite(rel):
             worst, worst_step = rel, s
     res.update(worst=worst, worst_step=worst_step, first=per[0]["rel"], per_step=per)
+    print(json.dumps(res))
+
+def generated_lines(path):
+    """'INDEX<TAB>TEXT' lines of `trident generate --prompts` and its 'prompt loss' line."""
+    texts, loss = {}, None
+    with open(path, "rb") as f:
+        for raw in f:
+            line = raw.rstrip(b"\n")
+            if line.startswith(b"prompt loss "):
+                loss = float(line.split()[2]); continue
+            head, tab, text = line.partition(b"\t")
+            if tab and head.isdigit():
+                texts[int(head)] = text
+    return texts, loss
+
+def cmd_compare_text(ref, run, prompts_file):
+    """Greedy generations of two runs, prompt by prompt, byte for byte; prints one JSON.
+    Every prompt must have a line in both, longer than the prompt (something generated)."""
+    prompts = [l.rstrip("\n").encode() for l in open(prompts_file) if l.strip()]
+    a, la = generated_lines(ref)
+    b, lb = generated_lines(run)
+    res = {"prompts": len(prompts), "ref_lines": len(a), "run_lines": len(b),
+           "ref_prompt_loss": la, "run_prompt_loss": lb}
+    if la is not None and lb is not None:
+        res["prompt_loss_rel"] = abs(lb - la) / max(abs(la), 1e-30)
+    short = [i for i in range(len(prompts))
+             if len(a.get(i, b"")) <= len(prompts[i]) or len(b.get(i, b"")) <= len(prompts[i])]
+    if not prompts or len(a) != len(prompts) or len(b) != len(prompts) or short:
+        res["error"] = (f"{len(prompts)} prompts, reference has {len(a)} lines, run {len(b)}; "
+                        f"prompts with nothing generated: {short}")
+        print(json.dumps(res)); return
+    differ, first, compared = 0, None, 0
+    for i in range(len(prompts)):
+        x, y = a[i], b[i]
+        compared += max(len(x), len(y)) - len(prompts[i])
+        if x != y:
+            differ += 1
+            if first is None:
+                at = next((k for k in range(min(len(x), len(y))) if x[k] != y[k]), min(len(x), len(y)))
+                first = {"prompt": i, "byte": at, "ref": x[at:at + 20].decode(errors="replace"),
+                         "run": y[at:at + 20].decode(errors="replace")}
+    res.update(generated_bytes=compared, differ=differ, first_difference=first)
     print(json.dumps(res))
 
 def cmd_table_losses(result_json):
@@ -387,7 +449,8 @@ if want b; then
     [[ $n_fail != 0 ]] && measured+="; failed: $names"
     grep -E '^\[ (cuda|timing) \]|FAILED|Failure' "$LOGS/$name.log" | head -20 | sed 's/^/    /'
     if [[ $DRY == 1 ]]; then
-      v=SKIP; [[ $rc == 0 && ${n_fail:-1} == 0 ]] || v=ERROR
+      # 77: an MPI test binary whose cases all skipped (mpi_gtest_main's SKIP_RETURN_CODE).
+      v=SKIP; [[ ($rc == 0 || $rc == 77) && ${n_fail:-1} == 0 ]] || v=ERROR
     elif [[ $rc == 0 && ${n_fail:-1} == 0 && ${n_tests:-0} -gt 0 && ${n_skip:-0} -lt ${n_tests:-0} ]]; then v=PASS
     else v=FAIL; fi
     row b "$name" "0 failures" "$measured" "$v"
@@ -455,28 +518,34 @@ gpu_run() {
 
 PARITY=configs/gpu_parity.toml
 NSTEPS=10
-compare_row() {  # STEP CHECK BOUND REF RUN RUN_RC LABEL
-  local step=$1 check=$2 bound=$3 ref=$4 run=$5 rc=$6 label=$7
+# compare_row STEP CHECK BOUND REF RUN RUN_RC LABEL [NSTEPS]: the worst relative loss difference
+# of RUN against REF over steps 1..NSTEPS (default $NSTEPS; every one must be logged by both),
+# PASS when <= BOUND; BOUND 0: bitwise equal. Dry run: DRY when the CPU stand-ins meet the
+# bound, FAIL when they do not (the comparison itself is exercised), ERROR when nothing compares.
+compare_row() {
+  local step=$1 check=$2 bound=$3 ref=$4 run=$5 rc=$6 label=$7 n=${8:-$NSTEPS}
+  local target="<= $bound"
+  [[ $bound == 0 ]] && target="bitwise (0)"
   if [[ $rc != 0 ]]; then
-    row "$step" "$check" "<= $bound" "run failed (rc $rc; $label.log: $(errline "$LOGS/$label.log"))${run_note:+; $run_note}" ERROR; return
+    row "$step" "$check" "$target" "run failed (rc $rc; $label.log: $(errline "$LOGS/$label.log"))${run_note:+; $run_note}" ERROR; return
   fi
   local res
-  res=$(gc compare "$RUNS/$ref/metrics.jsonl" "$RUNS/$run/metrics.jsonl" "$NSTEPS" 2>&1)
+  res=$(gc compare "$RUNS/$ref/metrics.jsonl" "$RUNS/$run/metrics.jsonl" "$n" 2>&1)
   echo "$res" >"$LOGS/compare-$run.json"
   fact "{\"what\": \"compare $run vs $ref\", \"bound\": $bound, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; d=json.loads(sys.stdin.read()); d.pop("per_step",None); print(json.dumps(d))' 2>/dev/null || echo null)}"
   IFS=$'\x1f' read -r worst wstep first err <<<"$(get "$res" worst worst_step first error)"
   if [[ -n $err || -z $worst ]]; then
-    row "$step" "$check" "<= $bound" "cannot compare: ${err:-$res}" ERROR; return
+    row "$step" "$check" "$target" "cannot compare: ${err:-$res}" ERROR; return
   fi
   gc table_losses "$LOGS/compare-$run.json"
   local v
   v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) <= float(sys.argv[2]) else 'FAIL')" "$worst" "$bound")
-  [[ $DRY == 1 ]] && v=DRY
-  row "$step" "$check" "<= $bound" "worst $worst at step $wstep (step 1: $first)${run_note:+; $run_note}" "$v"
+  [[ $DRY == 1 && $v == PASS ]] && v=DRY
+  row "$step" "$check" "$target" "worst $worst at step $wstep of $n (step 1: $first)${run_note:+; $run_note}" "$v"
 }
 
 # ================================================================ c. GPU vs CPU parity
-c_cpu_rc=1 c_fp32_rc=1
+c_cpu_rc=1 c_fp32_rc=1 c_bf16_rc=1
 if want c; then
   say "c. parity: $PARITY, $NSTEPS steps: cpu, cuda fp32, cuda bf16"
   run_trident par-cpu "$PARITY" "$(limit 60 210)" 1 --set train.device=cpu
@@ -496,8 +565,8 @@ if want c; then
   c_fp32_rc=$?
   compare_row c "GPU fp32 vs CPU, 10 steps: worst rel. loss diff" 1e-5 par-cpu par-fp32 "$c_fp32_rc" par-fp32
   gpu_run par-bf16 "$PARITY" "$(limit 60 170)" 1 --set train.device=cuda --set train.precision=bf16
-  rc=$?
-  compare_row c "GPU bf16 vs CPU, 10 steps: worst rel. loss diff" 2e-2 par-cpu par-bf16 "$rc" par-bf16
+  c_bf16_rc=$?
+  compare_row c "GPU bf16 vs CPU, 10 steps: worst rel. loss diff" 2e-2 par-cpu par-bf16 "$c_bf16_rc" par-bf16
   # The Llama architecture on the same shape: 2 query heads of 64 sharing 1 kv head.
   llama=(--set model.arch=llama --set model.kv_heads=1 --set model.ffn_width=256)
   run_trident par-llama-cpu "$PARITY" "$(limit 45 150)" 1 --set train.device=cpu "${llama[@]}"
@@ -649,7 +718,8 @@ if want g; then
   fi
   if [[ $DRY == 1 ]]; then glabel="stand-in L$L C$C T$T B=$B, CPU autocast bf16"; else glabel="eager 124M bf16 B=$B"; fi
   if [[ -z $PYT ]]; then
-    row g "PyTorch $glabel: tokens/s" "measured" "no python with torch" ERROR
+    # Dry run: a machine without PyTorch cannot run the stand-in (SKIP); on the GPU: ERROR.
+    row g "PyTorch $glabel: tokens/s" "measured" "no python with torch" "$([[ $DRY == 1 ]] && echo SKIP || echo ERROR)"
   else
     if [[ $DRY == 1 ]]; then
       timeout 120 "$PYT" bench/torch_gpt.py --device cuda --dtype bf16 --steps 1 >"$LOGS/torch-real.log" 2>&1
@@ -688,6 +758,226 @@ if want g; then
       fi
     fi
   fi
+fi
+
+# ================================================================ h. checkpoint resume, bitwise
+# The same layout twice: 6 steps straight, and 3 steps (train.exit_interval = 3: checkpoint,
+# exit 75) + --resume auto for the other 3; the losses of steps 1..6 and the final checkpoints
+# (ckpt_compare: every dataset, bit for bit, elements counted) must be equal, fp32 and bf16.
+# H200 estimate: 6 one-rank runs of <= 6 steps at ~5 s each (start-up dominates) + 2 compares:
+# ~35 s.
+resume_rows() {  # PRECISION
+  local prec=$1 name=res-$1
+  local straight=$RUNS/ckpt-$name-straight split=$RUNS/ckpt-$name-split
+  local common=(--set train.steps=6 --set train.device=cuda --set train.precision="$prec"
+                --set parallel.comm=mpi)
+  rm -rf "$straight" "$split"
+  gpu_run "$name-straight" "$PARITY" "$(limit 30 150)" 1 "${common[@]}" --set checkpoint.dir="$straight"
+  local rc_straight=$?
+  gpu_run "$name-leg1" "$PARITY" "$(limit 30 140)" 1 "${common[@]}" --set checkpoint.dir="$split" \
+      --set train.exit_interval=3
+  local rc1=$? rc2=125
+  if [[ $rc1 == 75 ]]; then
+    gpu_run "$name-leg2" "$PARITY" "$(limit 30 130)" 1 "${common[@]}" --set checkpoint.dir="$split" \
+        --resume auto
+    rc2=$?
+  fi
+  mkdir -p "$RUNS/$name-split"
+  cat "$RUNS/$name-leg1/metrics.jsonl" "$RUNS/$name-leg2/metrics.jsonl" \
+      >"$RUNS/$name-split/metrics.jsonl" 2>/dev/null
+  local rc=$rc_straight label=$name-straight
+  # Leg 1 must stop at step 3 with exit status 75 (checkpointed, as asked); 0 is a failure too.
+  if [[ $rc == 0 && $rc1 != 75 ]]; then rc=$((rc1 == 0 ? 1 : rc1)) label=$name-leg1; fi
+  if [[ $rc == 0 ]]; then rc=$rc2 label=$name-leg2; fi
+  local leg2_line
+  leg2_line=$(grep -m1 '^resumed from' "$LOGS/$name-leg2.log" 2>/dev/null)
+  compare_row h "resume $prec: 6 steps straight vs 3 + resume 3, losses" 0 "$name-straight" "$name-split" "$rc" "$label" 6
+  local a=$straight/step_00000006.h5 b=$split/step_00000006.h5 out v
+  if [[ $rc != 0 ]]; then
+    row h "resume $prec: final checkpoints (ckpt_compare)" "bitwise, > 0 elements" "no checkpoints: a run failed (see above)" ERROR; return
+  fi
+  if [[ ! -x $BIN/ckpt_compare ]]; then
+    row h "resume $prec: final checkpoints (ckpt_compare)" "bitwise, > 0 elements" "no ckpt_compare in the pack" ERROR; return
+  fi
+  out=$(tenv timeout -k 5 60 "$BIN/ckpt_compare" "$a" "$b" 2>&1)
+  local crc=$?
+  echo "$out" >"$LOGS/ckpt-compare-$name.log"
+  local counts
+  counts=$(echo "$out" | grep -oE 'compared [0-9]+ datasets, [0-9]+ elements: [0-9]+ differ' | tail -1)
+  local elements=${counts#*datasets, }; elements=${elements%% *}
+  local differ=${counts##*: }; differ=${differ%% *}
+  if [[ $crc == 0 && -n $counts && ${elements:-0} -gt 0 && $differ == 0 ]]; then
+    v=PASS; [[ $DRY == 1 ]] && v=DRY
+  elif [[ -n $counts || $crc == 1 ]]; then v=FAIL
+  else v=ERROR; fi
+  row h "resume $prec: final checkpoints (ckpt_compare)" "bitwise, > 0 elements" \
+      "rc $crc: ${counts:-$(echo "$out" | tail -1 | cut -c1-120)}${leg2_line:+; leg 2 ${leg2_line}}" "$v"
+}
+if want h; then
+  say "h. resume: 6 steps vs 3 + --resume auto 3, fp32 and bf16, one GPU"
+  resume_rows fp32
+  resume_rows bf16
+fi
+
+# ================================================================ i. sequence parallelism
+# TP 2 + sequence parallelism, 2 ranks sharing the GPU over MPI, vs TP 1 on the GPU, fp32:
+# a Llama (4 query heads of 32 sharing 2 kv heads: one kv head per tensor rank) and the GPT-2
+# shape of c (its position table's sequence shard is a GPU kernel of its own).
+# H200 estimate: 2 two-rank runs (~8 s) + 1 one-rank run (~5 s): ~25 s.
+if want i; then
+  say "i. sequence parallelism: TP 2 + SP (mpiexec -n 2, comm=mpi) vs TP 1 on the GPU, fp32"
+  sp_llama=(--set model.arch=llama --set model.heads=4 --set model.kv_heads=2 --set model.ffn_width=256)
+  gpu_run sp-llama-tp1 "$PARITY" "$(limit 45 120)" 1 "${sp_llama[@]}" --set train.device=cuda \
+      --set train.precision=fp32
+  rc=$?
+  gpu_run sp-llama-tp2 "$PARITY" "$(limit 60 110)" 2 "${sp_llama[@]}" --set parallel.tensor=2 \
+      --set parallel.sequence_parallel=true --set train.device=cuda --set train.precision=fp32 \
+      --set parallel.comm=mpi
+  rc=$((rc == 0 ? $? : rc))
+  compare_row i "llama TP 2 + SP (2 ranks on 1 GPU) vs TP 1 GPU, fp32" 1e-5 sp-llama-tp1 sp-llama-tp2 "$rc" sp-llama-tp2
+  if [[ $c_fp32_rc != 0 || ! -s $RUNS/par-fp32/metrics.jsonl ]]; then
+    gpu_run par-fp32 "$PARITY" "$(limit 45 100)" 1 --set train.device=cuda --set train.precision=fp32
+    c_fp32_rc=$?
+  fi
+  gpu_run sp-gpt2-tp2 "$PARITY" "$(limit 60 100)" 2 --set parallel.tensor=2 \
+      --set parallel.sequence_parallel=true --set train.device=cuda --set train.precision=fp32 \
+      --set parallel.comm=mpi
+  rc=$?
+  [[ $c_fp32_rc != 0 ]] && rc=$c_fp32_rc
+  compare_row i "gpt2 TP 2 + SP (2 ranks on 1 GPU) vs TP 1 GPU, fp32" 1e-5 par-fp32 sp-gpt2-tp2 "$rc" sp-gpt2-tp2
+fi
+
+# ================================================================ j. pipeline schedules
+# PP 2 (2 ranks sharing the GPU over MPI) under 1f1b, interleaved (2 virtual stages) and zb-h1
+# vs PP 1 on the GPU, fp32: the shape of c with 4 layers (1 per model chunk when interleaved)
+# and micro-batch 2 (4 micro-batches per step).
+# H200 estimate: 1 one-rank run (~5 s) + 3 two-rank runs (~8 s): ~30 s.
+if want j; then
+  say "j. schedules: PP 2 (mpiexec -n 2, comm=mpi) 1f1b / interleaved / zb-h1 vs PP 1, fp32"
+  pp=(--set model.layers=4 --set train.micro_batch=2 --set train.device=cuda --set train.precision=fp32)
+  gpu_run sch-pp1 "$PARITY" "$(limit 45 100)" 1 "${pp[@]}"
+  rc_pp1=$?
+  for sched in 1f1b interleaved zb-h1; do
+    extra=(); [[ $sched == interleaved ]] && extra=(--set parallel.virtual_stages=2)
+    gpu_run "sch-$sched" "$PARITY" "$(limit 60 85)" 2 "${pp[@]}" --set parallel.pipeline=2 \
+        --set parallel.schedule="$sched" "${extra[@]}" --set parallel.comm=mpi
+    rc=$?
+    [[ $rc_pp1 != 0 ]] && rc=$rc_pp1
+    compare_row j "PP 2 $sched${extra:+ (virtual_stages 2)} vs PP 1 GPU, fp32" 1e-5 sch-pp1 "sch-$sched" "$rc" "sch-$sched"
+  done
+fi
+
+# ================================================================ k. recomputation
+# train.recompute = selective and full vs none (the runs of c), losses bitwise equal, fp32 and
+# bf16. H200 estimate: 4 one-rank runs at ~5 s: ~20 s.
+if want k; then
+  say "k. recomputation: selective, full vs none, fp32 and bf16, bitwise"
+  for prec in fp32 bf16; do
+    ref=par-$prec
+    ref_rc=$c_fp32_rc; [[ $prec == bf16 ]] && ref_rc=$c_bf16_rc
+    if [[ $ref_rc != 0 || ! -s $RUNS/$ref/metrics.jsonl ]]; then
+      gpu_run "$ref" "$PARITY" "$(limit 45 70)" 1 --set train.device=cuda --set train.precision="$prec"
+      ref_rc=$?
+    fi
+    for mode in selective full; do
+      gpu_run "rc-$mode-$prec" "$PARITY" "$(limit 45 60)" 1 --set train.recompute="$mode" \
+          --set train.device=cuda --set train.precision="$prec"
+      rc=$?
+      [[ $ref_rc != 0 ]] && rc=$ref_rc
+      compare_row k "recompute $mode vs none, $prec" 0 "$ref" "rc-$mode-$prec" "$rc" "rc-$mode-$prec"
+    done
+  done
+fi
+
+# ================================================================ l. generation
+# `trident generate` greedy (temperature 0) from one fp32 checkpoint (h's 6-step run, else a
+# 6-step CPU run made here), 4 prompts as one batch, 48 new tokens each: the GPU's text equals
+# the CPU's byte for byte (byte-level vocabulary: one byte per token), and TP 2 on the GPU
+# (2 ranks, comm=mpi) equals TP 1 on the GPU; then the same GPU vs CPU sampled with one seed.
+# The prompt loss (--prompt-loss, prompt 0) is shown.
+# H200 estimate: 2 CPU and 3 GPU generations of 4 x 48 tokens (~5 s each): ~25 s.
+# run_generate NAME NRANKS LIMIT [ARGS...]: stdout to $LOGS/NAME.out, stderr to $LOGS/NAME.log.
+run_generate() {
+  local name=$1 n=$2 t=$3; shift 3
+  local launch=()
+  ((n > 1)) && launch=("${MPIEXEC[@]}" -n "$n")
+  if ((t < 5)); then echo "[gpu_check: not run, no time left]" >"$LOGS/$name.log"; : >"$LOGS/$name.out"; return 125; fi
+  say "generate $name: ${launch[*]} trident generate --ckpt $gen_ckpt $* (limit ${t}s)"
+  tenv timeout -k 10 "$t" "${launch[@]}" "$BIN/trident" generate --ckpt "$gen_ckpt" \
+      --prompts "$WORK/prompts.txt" --max-new-tokens 48 "${gen_sampling[@]}" --prompt-loss "$@" \
+      >"$LOGS/$name.out" 2>"$LOGS/$name.log"
+  local rc=$?
+  echo "[gpu_check: exit status $rc]" >>"$LOGS/$name.log"
+  head -c 300 "$LOGS/$name.out" | sed 's/^/    /'
+  return $rc
+}
+# gpu_generate NAME NRANKS LIMIT [ARGS...]: on the GPU; dry run: the real command (30 s), then a
+# CPU stand-in without train.device, train.precision and parallel.comm. Sets run_note.
+gpu_generate() {
+  local name=$1 n=$2 t=$3; shift 3
+  run_note=""
+  if [[ $DRY == 0 ]]; then run_generate "$name" "$n" "$t" "$@"; return; fi
+  run_generate "$name-real" "$n" 30 "$@"
+  run_note="real GPU command: rc $?, $(grep -iE 'error|cuda' "$LOGS/$name-real.log" | tail -1 | cut -c1-110)"
+  local args=() a
+  for a in "$@"; do
+    case $a in
+      train.device=*|train.precision=*|parallel.comm=*) unset 'args[${#args[@]}-1]' ;;
+      *) args+=("$a") ;;
+    esac
+  done
+  run_generate "$name" "$n" "$t" "${args[@]}" --set train.device=cpu
+}
+generate_row() {  # CHECK REF RUN RUN_RC
+  local check=$1 ref=$2 run=$3 rc=$4 res
+  if [[ $rc != 0 ]]; then
+    row l "$check" "identical text" "run failed (rc $rc; $run.log: $(errline "$LOGS/$run.log"))${run_note:+; $run_note}" ERROR; return
+  fi
+  res=$(gc compare_text "$LOGS/$ref.out" "$LOGS/$run.out" "$WORK/prompts.txt" 2>&1)
+  echo "$res" >"$LOGS/compare-$run.json"
+  fact "{\"what\": \"generate $run vs $ref\", \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
+  local np nb nd first lrel err v
+  IFS=$'\x1f' read -r np nb nd first lrel err <<<"$(get "$res" prompts generated_bytes differ first_difference prompt_loss_rel error)"
+  if [[ -n $err || -z $nd ]]; then
+    row l "$check" "identical text" "cannot compare: ${err:-$res}" ERROR; return
+  fi
+  if [[ $nd == 0 && ${nb:-0} -gt 0 ]]; then v=PASS; [[ $DRY == 1 ]] && v=DRY; else v=FAIL; fi
+  row l "$check" "identical text" "$nd of $np prompts differ, $nb generated bytes compared${first:+ (first: $first)}; prompt loss rel. diff ${lrel:-n/a}${run_note:+; $run_note}" "$v"
+}
+gen_sampling=(--temperature 0)
+if want l; then
+  say "l. generation: greedy, cuda vs cpu (fp32), TP 2 on the GPU vs TP 1; sampled, cuda vs cpu"
+  printf '%s\n' "The " "Unix is" "A computer scientist" "In the beginning" >"$WORK/prompts.txt"
+  gen_ckpt=$RUNS/ckpt-res-fp32-straight/step_00000006.h5
+  if [[ ! -f $gen_ckpt ]]; then
+    gen_ckpt=$RUNS/ckpt-gen/step_00000006.h5
+    run_trident gen-train "$PARITY" "$(limit 45 60)" 1 --set train.steps=6 --set train.device=cpu \
+        --set checkpoint.dir="$RUNS/ckpt-gen"
+  fi
+  say "generation checkpoint: $gen_ckpt"
+  run_generate gen-cpu 1 "$(limit 45 45)" --set train.device=cpu
+  rc_cpu=$?
+  gpu_generate gen-cuda 1 "$(limit 45 25)" --set train.device=cuda --set train.precision=fp32
+  rc_cuda=$?
+  rc=$rc_cuda; [[ $rc_cpu != 0 ]] && rc=$rc_cpu
+  generate_row "generate greedy, GPU vs CPU, fp32" gen-cpu gen-cuda "$rc"
+  note_tp1=$run_note
+  gpu_generate gen-cuda-tp2 2 "$(limit 45 0)" --set train.device=cuda --set train.precision=fp32 \
+      --set parallel.comm=mpi
+  rc=$?
+  [[ $rc_cuda != 0 ]] && rc=$rc_cuda
+  generate_row "generate greedy, TP 2 (2 ranks on 1 GPU) vs TP 1, GPU fp32" gen-cuda gen-cuda-tp2 "$rc"
+  # A 6-step model's greedy text is mostly its most frequent byte; sampling with one seed
+  # (drawn on the host from the whole logits) walks through many more tokens. A draw falls
+  # within fp32 rounding of a probability boundary with odds of about 1e-6 per token.
+  gen_sampling=(--temperature 1 --top-k 40 --seed 7)
+  run_generate gen-cpu-sampled 1 "$(limit 45 20)" --set train.device=cpu
+  rc_cpu=$?
+  gpu_generate gen-cuda-sampled 1 "$(limit 45 0)" --set train.device=cuda --set train.precision=fp32
+  rc=$?
+  [[ $rc_cpu != 0 ]] && rc=$rc_cpu
+  generate_row "generate sampled (T 1, top-k 40, seed 7), GPU vs CPU, fp32" gen-cpu-sampled gen-cuda-sampled "$rc"
+  gen_sampling=(--temperature 0)
 fi
 }
 
