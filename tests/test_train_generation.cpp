@@ -63,6 +63,7 @@ Recomputed recompute_greedy(const ModelConfig& m, const std::vector<int32_t>& pr
   init_scaled(model);
   auto acts = model.make_activations(1);
   const int64_t Vl = padded_vocab_size(m, 1);
+  std::vector<float> logits(static_cast<size_t>(m.seq_len * Vl));
   Recomputed out;
   std::vector<int32_t> seq = prompt;
   const std::vector<int32_t> targets(m.seq_len, 0);
@@ -71,7 +72,8 @@ Recomputed recompute_greedy(const ModelConfig& m, const std::vector<int32_t>& pr
     window.resize(m.seq_len, 0);
     model.forward(acts, window.data(), targets.data(), nullptr);
     model.take_loss_sum();
-    const float* row = acts.logits.data() + (seq.size() - 1) * Vl;
+    model.logits(acts, logits.data());  // from the kept final norm: the head the trainer runs
+    const float* row = logits.data() + (seq.size() - 1) * Vl;
     out.logits.emplace_back(row, row + m.vocab_size);
     const int32_t next = static_cast<int32_t>(std::max_element(row, row + m.vocab_size) - row);
     out.tokens.push_back(next);
