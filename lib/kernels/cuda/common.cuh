@@ -128,4 +128,26 @@ struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+// RoPE on pair i of one row's first `heads` heads (q then k, contiguous from `row`): the angle
+// position * theta^(-2i/HS) and its cos/sin in double (large position * freq keep their
+// phase), the rotation in fp32. sign -1: the backward (transposed) rotation. Shared by the
+// training kernel (llama.cu, position t of the sequence) and decoding's (decode.cu, position
+// read per row).
+template <typename T>
+__device__ __forceinline__ void rope_rotate_pair(T* row, int heads, int HS, int i,
+                                                 double position, double theta, float sign) {
+  const int half = HS / 2;
+  const double inv_freq = pow(theta, -2.0 * i / static_cast<double>(HS));
+  double sd, cd;
+  sincos(position * inv_freq, &sd, &cd);
+  const float c = static_cast<float>(cd), s = sign * static_cast<float>(sd);
+  T* pair = row + i;
+  for (int h = 0; h < heads; h++) {
+    T* p = pair + int64_t(h) * HS;
+    const float x0 = to_f32(p[0]), x1 = to_f32(p[half]);
+    p[0] = from_f32<T>(x0 * c - x1 * s);
+    p[half] = from_f32<T>(x1 * c + x0 * s);
+  }
+}
+
 }  // namespace trident::cuda::detail

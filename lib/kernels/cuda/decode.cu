@@ -1,7 +1,8 @@
 // The decoding kernels (generation with a key/value cache): the GPU twins of
 // kernels/cpu/decode.cpp, storage T float or bf16, arithmetic fp32 (angles in double).
 //
-// rope_forward_at: the llama.cu RoPE kernel with the position of row n read from positions[n].
+// rope_forward_at: the rotation of llama.cu's RoPE (detail::rope_rotate_pair) with the position
+// of row n read from positions[n].
 // kv_cache_attention: one kernel writes each sequence's new k and v rows into the cache; a
 // second runs one block per (sequence, query head): the scores of the cached positions into
 // shared memory, a block max and sum (fixed tree order: deterministic), then each thread one
@@ -23,17 +24,8 @@ __global__ void rope_at_kernel(T* __restrict__ qkv, const int32_t* __restrict__ 
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = idx / half;
     const int i = static_cast<int>(idx % half);
-    const double inv_freq = pow(theta, -2.0 * i / static_cast<double>(HS));
-    double sd, cd;
-    sincos(static_cast<double>(positions[n]) * inv_freq, &sd, &cd);
-    const float c = static_cast<float>(cd), s = static_cast<float>(sd);
-    T* row = qkv + n * C3 + i;
-    for (int h = 0; h < heads; h++) {
-      T* p = row + int64_t(h) * HS;
-      const float x0 = detail::to_f32(p[0]), x1 = detail::to_f32(p[half]);
-      p[0] = detail::from_f32<T>(x0 * c - x1 * s);
-      p[half] = detail::from_f32<T>(x1 * c + x0 * s);
-    }
+    detail::rope_rotate_pair(qkv + n * C3, heads, HS, i, static_cast<double>(positions[n]),
+                             theta, 1.0f);
   }
 }
 

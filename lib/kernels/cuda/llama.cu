@@ -32,19 +32,8 @@ __global__ void rope_kernel(T* __restrict__ qkv, int64_t N, int64_t T_, int head
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = idx / half;
     const int i = static_cast<int>(idx % half);
-    const double inv_freq = pow(theta, -2.0 * i / static_cast<double>(HS));
-    const double angle = static_cast<double>(n % T_) * inv_freq;
-    double sd, cd;
-    sincos(angle, &sd, &cd);
-    const float c = static_cast<float>(cd);
-    const float s = kBackward ? -static_cast<float>(sd) : static_cast<float>(sd);
-    T* row = qkv + n * C3 + i;
-    for (int h = 0; h < heads; h++) {
-      T* p = row + int64_t(h) * HS;
-      const float x0 = detail::to_f32(p[0]), x1 = detail::to_f32(p[half]);
-      p[0] = detail::from_f32<T>(x0 * c - x1 * s);
-      p[half] = detail::from_f32<T>(x1 * c + x0 * s);
-    }
+    detail::rope_rotate_pair(qkv + n * C3, heads, HS, i, static_cast<double>(n % T_), theta,
+                             kBackward ? -1.0f : 1.0f);
   }
 }
 
