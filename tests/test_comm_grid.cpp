@@ -455,6 +455,22 @@ TEST(comm_self, SendToSelfIsDelivered) {
   EXPECT_THROW(orphan->wait(), Error);  // nothing will ever match: an error, not a hang
 }
 
+TEST(comm_self, AllToAllVCopiesTheOneBlockAndCountsIt) {
+  auto c = make_self_communicator("expert");
+  std::vector<float> send{1, 2, 3, 4, 5}, recv(5, -1);
+  c->all_to_all_v(send.data(), {5}, recv.data(), {5}, DType::F32);
+  EXPECT_EQ(recv, send);
+  std::vector<int64_t> none;
+  c->all_to_all_v(none.data(), {0}, none.data(), {0}, DType::I64);  // an empty exchange
+  EXPECT_EQ(c->stats().calls("all_to_all"), 2);
+  EXPECT_EQ(c->stats().ops.at("all_to_all").bytes, 5 * 4);
+  // Counts that cannot describe a one-rank exchange are refused before anything is counted.
+  EXPECT_THROW(c->all_to_all_v(send.data(), {5, 0}, recv.data(), {5, 0}, DType::F32), Error);
+  EXPECT_THROW(c->all_to_all_v(send.data(), {5}, recv.data(), {4}, DType::F32), Error);
+  EXPECT_THROW(c->all_to_all_v(send.data(), {-1}, recv.data(), {-1}, DType::F32), Error);
+  EXPECT_EQ(c->stats().calls("all_to_all"), 2);
+}
+
 // ---- GPU selection ----
 // The choice (select_device: node-local rank modulo the GPUs a rank sees) and the check
 // (check_gpu_sharing: the identities every rank reports), composed as the GPU backend does on a
