@@ -471,6 +471,40 @@ TEST(comm_self, AllToAllVCopiesTheOneBlockAndCountsIt) {
   EXPECT_EQ(c->stats().calls("all_to_all"), 2);
 }
 
+// A backend without an all-to-all (the NCCL and staged communicators inherit this default):
+// one line naming the group, never a silent no-op.
+TEST(comm_self, AllToAllVWithoutABackendThrowsNamingTheGroup) {
+  struct NoAllToAll final : Communicator {
+    NoAllToAll() : Communicator("expert") {}
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    void all_reduce(void*, int64_t, DType, ReduceOp) override {}
+    std::unique_ptr<CommRequest> iall_reduce(void*, int64_t, DType, ReduceOp) override {
+      return nullptr;
+    }
+    void all_gather(const void*, void*, int64_t, DType) override {}
+    void reduce_scatter(const void*, void*, int64_t, DType) override {}
+    void broadcast(void*, int64_t, DType, int) override {}
+    std::unique_ptr<CommRequest> isend(const void*, int64_t, DType, int, int) override {
+      return nullptr;
+    }
+    std::unique_ptr<CommRequest> irecv(void*, int64_t, DType, int, int) override {
+      return nullptr;
+    }
+    void barrier() override {}
+  } c;
+  float x = 0;
+  try {
+    c.all_to_all_v(&x, {1, 0}, &x, {1, 0}, DType::F32);
+    ADD_FAILURE() << "all_to_all_v did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("communicator 'expert'"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_to_all_v is not implemented"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
 // ---- GPU selection ----
 // The choice (select_device: node-local rank modulo the GPUs a rank sees) and the check
 // (check_gpu_sharing: the identities every rank reports), composed as the GPU backend does on a
