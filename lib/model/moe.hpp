@@ -138,7 +138,7 @@ class MoeMlp {
     const int64_t* offsets = m.offsets.data();
     if (EP_ > 1) {
       ensure_exchange(k.device(), B);
-      R = plan_exchange(k, m);
+      R = plan_exchange(m);
       xe = m.xe.data();
       exchange_to_experts(k, m, m.xe.data(), m.xp.data());
       ye = expert_side_.data();
@@ -245,23 +245,22 @@ class MoeMlp {
   // The forward's exchange plan: each expert's row count goes to its owner (one all-to-all of
   // E/EP integers per rank), who orders its arrivals expert-major (kernels/cpu/moe.hpp).
   // Returns R, the rows this rank's experts receive.
-  int64_t plan_exchange(K& k, MoeActs<K>& m) {
-    std::vector<int64_t> expert_rows(static_cast<size_t>(E_)), arriving(E_);
+  int64_t plan_exchange(MoeActs<K>& m) {
+    std::vector<int64_t> expert_rows(static_cast<size_t>(E_)), arriving(static_cast<size_t>(E_));
     m.send_rows.assign(static_cast<size_t>(EP_), 0);
     K::moe_ep_send_counts(m.send_rows.data(), expert_rows.data(), m.offsets.data(), E_, EP_);
     const std::vector<int64_t> per_rank(static_cast<size_t>(EP_), El_);
     expert_group_->all_to_all_v(expert_rows.data(), per_rank, arriving.data(), per_rank,
                                 DType::I64);
-    m.local_offsets.assign(static_cast<size_t>(El_ + 1), 0);
-    int64_t R = 0;
     m.recv_rows.assign(static_cast<size_t>(EP_), 0);
+    int64_t R = 0;
     for (int64_t q = 0; q < EP_; ++q)
       for (int64_t j = 0; j < El_; ++j) m.recv_rows[q] += arriving[q * El_ + j];
     for (int64_t rows : m.recv_rows) R += rows;
+    m.local_offsets.assign(static_cast<size_t>(El_ + 1), 0);
     m.src_row.assign(static_cast<size_t>(R), 0);
     m.received = K::moe_ep_receive_plan(m.local_offsets.data(), m.src_row.data(),
                                         arriving.data(), EP_, El_);
-    (void)k;
     return m.received;
   }
   // rows[M,C] in expert-sorted order -> this rank's experts' rows [R,C], expert-major.
