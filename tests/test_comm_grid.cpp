@@ -455,6 +455,56 @@ TEST(comm_self, SendToSelfIsDelivered) {
   EXPECT_THROW(orphan->wait(), Error);  // nothing will ever match: an error, not a hang
 }
 
+TEST(comm_self, AllToAllVCopiesTheOneBlockAndCountsIt) {
+  auto c = make_self_communicator("expert");
+  std::vector<float> send{1, 2, 3, 4, 5}, recv(5, -1);
+  c->all_to_all_v(send.data(), {5}, recv.data(), {5}, DType::F32);
+  EXPECT_EQ(recv, send);
+  std::vector<int64_t> none;
+  c->all_to_all_v(none.data(), {0}, none.data(), {0}, DType::I64);  // an empty exchange
+  EXPECT_EQ(c->stats().calls("all_to_all"), 2);
+  EXPECT_EQ(c->stats().ops.at("all_to_all").bytes, 5 * 4);
+  // Counts that cannot describe a one-rank exchange are refused before anything is counted.
+  EXPECT_THROW(c->all_to_all_v(send.data(), {5, 0}, recv.data(), {5, 0}, DType::F32), Error);
+  EXPECT_THROW(c->all_to_all_v(send.data(), {5}, recv.data(), {4}, DType::F32), Error);
+  EXPECT_THROW(c->all_to_all_v(send.data(), {-1}, recv.data(), {-1}, DType::F32), Error);
+  EXPECT_EQ(c->stats().calls("all_to_all"), 2);
+}
+
+// A backend without an all-to-all (the NCCL and staged communicators inherit this default):
+// one line naming the group, never a silent no-op.
+TEST(comm_self, AllToAllVWithoutABackendThrowsNamingTheGroup) {
+  struct NoAllToAll final : Communicator {
+    NoAllToAll() : Communicator("expert") {}
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    void all_reduce(void*, int64_t, DType, ReduceOp) override {}
+    std::unique_ptr<CommRequest> iall_reduce(void*, int64_t, DType, ReduceOp) override {
+      return nullptr;
+    }
+    void all_gather(const void*, void*, int64_t, DType) override {}
+    void reduce_scatter(const void*, void*, int64_t, DType) override {}
+    void broadcast(void*, int64_t, DType, int) override {}
+    std::unique_ptr<CommRequest> isend(const void*, int64_t, DType, int, int) override {
+      return nullptr;
+    }
+    std::unique_ptr<CommRequest> irecv(void*, int64_t, DType, int, int) override {
+      return nullptr;
+    }
+    void barrier() override {}
+  } c;
+  float x = 0;
+  try {
+    c.all_to_all_v(&x, {1, 0}, &x, {1, 0}, DType::F32);
+    ADD_FAILURE() << "all_to_all_v did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("communicator 'expert'"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_to_all_v is not implemented"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
 // ---- GPU selection ----
 // The choice (select_device: node-local rank modulo the GPUs a rank sees) and the check
 // (check_gpu_sharing: the identities every rank reports), composed as the GPU backend does on a

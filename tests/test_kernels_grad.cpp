@@ -652,4 +652,128 @@ TEST(KernelsMoe, DispatchPlanDropsInTokenOrder) {
     if (m != offsets[1] && m != offsets[2]) EXPECT_LE(token[m - 1], token[m]) << m;
 }
 
+
+// The exchange's bookkeeping: a rank's rows leave in expert blocks per owner, and the owner
+// orders what arrives expert-major, sources in rank order inside (never arrival timing).
+TEST(KernelsMoe, ExpertParallelPlans) {
+  // 4 experts over 2 ranks; expert-sorted rows 0-1 expert 0, 2 expert 1, none 2, 3-5 expert 3.
+  const std::vector<int64_t> offsets{0, 2, 3, 3, 6};
+  std::vector<int64_t> send_rows(2), expert_rows(4);
+  moe_ep_send_counts(send_rows.data(), expert_rows.data(), offsets.data(), 4, 2);
+  EXPECT_EQ(send_rows, (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(expert_rows, (std::vector<int64_t>{2, 1, 0, 3}));
+  // An owner of 2 experts receives from source 0: 2 rows of its expert 0, 1 of expert 1; from
+  // source 1: 1 and 2. Arrival order: rows 0,1 (0,0), 2 (0,1), 3 (1,0), 4,5 (1,1).
+  const std::vector<int64_t> counts{2, 1, 1, 2};
+  std::vector<int64_t> local(3), src_row(6, -1);
+  EXPECT_EQ(moe_ep_receive_plan(local.data(), src_row.data(), counts.data(), 2, 2), 6);
+  EXPECT_EQ(local, (std::vector<int64_t>{0, 3, 6}));
+  EXPECT_EQ(src_row, (std::vector<int64_t>{0, 1, 3, 2, 4, 5}));
+  // Gather then scatter with the plan is the identity on the rows.
+  const std::vector<float> arrived{0, 1, 2, 3, 4, 5};
+  std::vector<float> sorted(6), back(6, -1);
+  moe_permute(sorted.data(), arrived.data(), src_row.data(), 6, 1);
+  EXPECT_EQ(sorted, (std::vector<float>{0, 1, 3, 2, 4, 5}));
+  moe_scatter_rows(back.data(), sorted.data(), src_row.data(), 6, 1);
+  EXPECT_EQ(back, arrived);
+}
+
+// The expert-parallel exchange on one process: EP = 2 "ranks" of one sequence each, E = 4
+// experts (2 per rank), capacity 2 (some drops). Each rank sends its expert-sorted rows to the
+// experts' owners, the owners run their experts on the rows ordered by moe_ep_receive_plan and
+// scatter the outputs back: every token's output equals the one-rank run over both sequences.
+TEST(KernelsMoe, ExpertParallelExchangeMatchesOneRank) {
+  const int64_t EP = 2, E = 4, El = E / EP, Tn = 4, K = 2, C = 3, F = 5, capacity = 2;
+  const std::vector<int32_t> expert{1, 0, 1, 3, 1, 2, 1, 0,   // sequence 0 (rank 0): 1 x4
+                                    3, 2, 3, 0, 2, 1, 3, 2};  // sequence 1 (rank 1)
+  std::mt19937_64 rng(18);
+  const Vec x = random_vec(rng, 2 * Tn * C), w1 = random_vec(rng, E * F * C),
+            b1 = random_vec(rng, E * F), w2 = random_vec(rng, E * C * F),
+            b2 = random_vec(rng, E * C), gate = random_vec(rng, 2 * Tn * K, 0.2, 1.0);
+  // The experts over expert-sorted rows; w* point at the first of the experts in `offsets`.
+  auto experts = [&](const Vec& xp, const int64_t* offsets, int64_t n_experts, int64_t first) {
+    const int64_t M = offsets[n_experts];
+    Vec h(M * F), a(M * F), y(M * C);
+    moe_expert_linear_forward(h.data(), xp.data(), w1.data() + first * F * C,
+                              b1.data() + first * F, offsets, n_experts, C, F);
+    gelu_forward(a.data(), h.data(), M * F);
+    moe_expert_linear_forward(y.data(), a.data(), w2.data() + first * C * F,
+                              b2.data() + first * C, offsets, n_experts, F, C);
+    return y;
+  };
+  struct Rank {
+    std::vector<int64_t> slot, token, offsets, load, send_rows, expert_rows;
+    Vec xp, y, out;
+  };
+  // One rank: both sequences.
+  Rank ref;
+  {
+    const int64_t N = 2 * Tn;
+    ref.slot.resize(N * K), ref.token.resize(N * K), ref.offsets.resize(E + 1), ref.load.resize(E);
+    const int64_t M = moe_dispatch_plan(ref.slot.data(), ref.token.data(), ref.offsets.data(),
+                                        ref.load.data(), expert.data(), 2, Tn, E, K, capacity);
+    ref.xp.resize(M * C);
+    moe_permute(ref.xp.data(), x.data(), ref.token.data(), M, C);
+    ref.y = experts(ref.xp, ref.offsets.data(), E, 0);
+    ref.out.resize(N * C);
+    moe_unpermute(ref.out.data(), ref.y.data(), ref.slot.data(), gate.data(), N, K, C);
+  }
+  // EP = 2: rank r routes sequence r.
+  std::vector<Rank> ranks(EP);
+  for (int64_t r = 0; r < EP; r++) {
+    Rank& k = ranks[r];
+    k.slot.resize(Tn * K), k.token.resize(Tn * K), k.offsets.resize(E + 1), k.load.resize(E);
+    const int64_t M = moe_dispatch_plan(k.slot.data(), k.token.data(), k.offsets.data(),
+                                        k.load.data(), expert.data() + r * Tn * K, 1, Tn, E, K,
+                                        capacity);
+    k.xp.resize(M * C);
+    moe_permute(k.xp.data(), x.data() + r * Tn * C, k.token.data(), M, C);
+    k.send_rows.resize(EP), k.expert_rows.resize(E);
+    moe_ep_send_counts(k.send_rows.data(), k.expert_rows.data(), k.offsets.data(), E, EP);
+    EXPECT_EQ(k.send_rows[0] + k.send_rows[1], M);
+    k.y.assign(M * C, -1.0);
+  }
+  int64_t received_total = 0;
+  for (int64_t q = 0; q < EP; q++) {
+    // What rank q receives (the all-to-all): each source's block for q, in source order.
+    std::vector<int64_t> counts(EP * El);
+    Vec recv;
+    for (int64_t p = 0; p < EP; p++) {
+      const Rank& src = ranks[p];
+      for (int64_t j = 0; j < El; j++) counts[p * El + j] = src.expert_rows[q * El + j];
+      recv.insert(recv.end(), src.xp.begin() + src.offsets[q * El] * C,
+                  src.xp.begin() + src.offsets[(q + 1) * El] * C);
+    }
+    std::vector<int64_t> offsets(El + 1), src_row(recv.size() / C);
+    const int64_t R = moe_ep_receive_plan(offsets.data(), src_row.data(), counts.data(), EP, El);
+    ASSERT_EQ(R * C, static_cast<int64_t>(recv.size()));
+    std::vector<int64_t> sorted = src_row;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t m = 0; m < R; m++) ASSERT_EQ(sorted[m], m);  // a permutation
+    Vec xe(R * C), back(R * C);
+    moe_permute(xe.data(), recv.data(), src_row.data(), R, C);
+    const Vec ye = experts(xe, offsets.data(), El, q * El);
+    moe_scatter_rows(back.data(), ye.data(), src_row.data(), R, C);
+    // The way back: each source's block returns to where it was sent from.
+    int64_t at = 0;
+    for (int64_t p = 0; p < EP; p++) {
+      Rank& dst = ranks[p];
+      const int64_t n = dst.send_rows[q] * C;
+      std::copy(back.begin() + at, back.begin() + at + n, dst.y.begin() + dst.offsets[q * El] * C);
+      at += n;
+    }
+    received_total += R;
+  }
+  EXPECT_EQ(received_total, ref.offsets[E]);  // every kept assignment went to exactly one expert
+  int64_t compared = 0;
+  for (int64_t r = 0; r < EP; r++) {
+    Rank& k = ranks[r];
+    k.out.resize(Tn * C);
+    moe_unpermute(k.out.data(), k.y.data(), k.slot.data(), gate.data() + r * Tn * K, Tn, K, C);
+    for (int64_t i = 0; i < Tn * C; i++, compared++)
+      EXPECT_NEAR(k.out[i], ref.out[r * Tn * C + i], 1e-12) << "rank " << r << " element " << i;
+  }
+  EXPECT_EQ(compared, 2 * Tn * C);
+}
+
 }  // namespace

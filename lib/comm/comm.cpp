@@ -69,6 +69,32 @@ void Communicator::check_peer(const char* what, int peer) const {
   }
 }
 
+int64_t Communicator::check_all_to_all_counts(const std::vector<int64_t>& send_counts,
+                                              const std::vector<int64_t>& recv_counts) const {
+  const auto n = static_cast<size_t>(size());
+  if (send_counts.size() != n || recv_counts.size() != n) {
+    std::ostringstream m;
+    m << "communicator '" << name_ << "': all_to_all_v needs " << n
+      << " send and receive counts (one per rank), got " << send_counts.size() << " and "
+      << recv_counts.size();
+    throw Error(m.str());
+  }
+  int64_t total = 0;
+  for (size_t p = 0; p < n; ++p) {
+    check_count("all_to_all_v send", send_counts[p]);
+    check_count("all_to_all_v receive", recv_counts[p]);
+    total += send_counts[p];
+  }
+  return total;
+}
+
+void Communicator::all_to_all_v(const void*, const std::vector<int64_t>&, void*,
+                                const std::vector<int64_t>&, DType) {
+  throw Error("communicator '" + name_ +
+              "': all_to_all_v is not implemented by this backend (only MPI and one-rank "
+              "groups have it; expert parallelism runs on the CPU backend)");
+}
+
 namespace {
 
 // The interval of `seconds` that ends now.
@@ -213,6 +239,21 @@ class SelfCommunicator final : public Communicator {
   }
 
   void barrier() override { count_call(kBarrier, 0, DType::F32, 0.0); }
+
+  // The one block goes from send to recv.
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                    const std::vector<int64_t>& recv_counts, DType type) override {
+    const int64_t count = check_all_to_all_counts(send_counts, recv_counts);
+    if (recv_counts[0] != count) {
+      std::ostringstream m;
+      m << "communicator '" << name_ << "': all_to_all_v sends " << count
+        << " elements to itself but expects " << recv_counts[0];
+      throw Error(m.str());
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    copy(send, recv, count, type);
+    count_call(kAllToAll, count, type, since(t0));
+  }
 
  private:
   struct Message {

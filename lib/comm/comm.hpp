@@ -35,6 +35,7 @@ inline const std::string kBroadcast = "broadcast";
 inline const std::string kSend = "send";
 inline const std::string kRecv = "recv";
 inline const std::string kBarrier = "barrier";
+inline const std::string kAllToAll = "all_to_all";
 
 // Counts per operation name (the names above).
 struct CommStats {
@@ -106,6 +107,16 @@ class Communicator {
   // the calling thread makes no communication call (progress_during): MPI needs at least
   // MPI_THREAD_SERIALIZED for that. False unless an implementation says so.
   virtual bool progress_from_helper_thread() const { return false; }
+  // Personalised exchange (MPI_Alltoallv with packed blocks): send holds send_counts[p]
+  // elements for each rank p, back to back in rank order; recv receives recv_counts[p]
+  // elements from each rank p, back to back in rank order. Both count vectors have size()
+  // entries and every rank's recv_counts[q] must equal rank q's send_counts[rank()] (exchange
+  // the counts first, e.g. with an all_to_all_v of one I64 each). Counted as one "all_to_all"
+  // of the elements this rank sends (its own block included, so a token dispatch counts
+  // tokens x top-k x width whatever the layout). The default throws (a backend that has none:
+  // the NCCL and staged communicators, which MoE never reaches because it is CPU-only).
+  virtual void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                            void* recv, const std::vector<int64_t>& recv_counts, DType type);
 
   // Typed conveniences.
   void all_reduce_sum(float* x, int64_t n) { all_reduce(x, n, DType::F32, ReduceOp::Sum); }
@@ -159,6 +170,9 @@ class Communicator {
   // rank of this 2-rank group") before anything is sent or counted.
   void check_count(const char* op, int64_t count) const;
   void check_peer(const char* what, int peer) const;
+  // all_to_all_v's count vectors: size() entries each, none negative; returns the send total.
+  int64_t check_all_to_all_counts(const std::vector<int64_t>& send_counts,
+                                  const std::vector<int64_t>& recv_counts) const;
   // One call of `op`: calls + 1, bytes + count * dtype size, seconds + seconds; the recorder
   // sees it as ending now.
   void count_call(const std::string& op, int64_t count, DType type, double seconds);

@@ -340,6 +340,46 @@ std::unique_ptr<CommRequest> MpiCommunicator::irecv(void* data, int64_t count, D
   return req;
 }
 
+void MpiCommunicator::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                                   void* recv, const std::vector<int64_t>& recv_counts,
+                                   DType type) {
+  const int64_t count = check_all_to_all_counts(send_counts, recv_counts);
+  MPI_Datatype dt = mpi_datatype(type);
+  // Packed blocks: each displacement is the sum of the counts before it.
+  std::vector<MPI_Count> scounts(size_), rcounts(size_);
+  std::vector<MPI_Aint> sdispls(size_), rdispls(size_);
+  int64_t soff = 0, roff = 0;
+  for (int p = 0; p < size_; ++p) {
+    scounts[p] = send_counts[p];
+    rcounts[p] = recv_counts[p];
+    sdispls[p] = soff;
+    rdispls[p] = roff;
+    soff += send_counts[p];
+    roff += recv_counts[p];
+  }
+  const bool small = fits_int(soff) && fits_int(roff);
+  const int64_t seq = post(kAllToAll);
+  WaitScope waiting(*this, kAllToAll, seq);
+  auto t0 = Clock::now();
+  int rc;
+  if (small) {
+    std::vector<int> sc(size_), sd(size_), rc_(size_), rd(size_);
+    for (int p = 0; p < size_; ++p) {
+      sc[p] = static_cast<int>(scounts[p]);
+      sd[p] = static_cast<int>(sdispls[p]);
+      rc_[p] = static_cast<int>(rcounts[p]);
+      rd[p] = static_cast<int>(rdispls[p]);
+    }
+    rc = MPI_Alltoallv(send, sc.data(), sd.data(), dt, recv, rc_.data(), rd.data(), dt, comm_);
+  } else {
+    rc = MPI_Alltoallv_c(send, scounts.data(), sdispls.data(), dt, recv, rcounts.data(),
+                         rdispls.data(), dt, comm_);
+  }
+  double dt_s = since(t0);
+  check(rc, name_, "MPI_Alltoallv");
+  count_call(kAllToAll, count, type, dt_s);
+}
+
 void MpiCommunicator::barrier() {
   const int64_t seq = post(kBarrier);
   WaitScope waiting(*this, kBarrier, seq);

@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/comm.hpp"
 
@@ -64,6 +65,10 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
                                      int tag) override;
   void barrier() override;
+  // MPI_Alltoallv (MPI_Alltoallv_c when a count or offset exceeds INT_MAX); send and recv must
+  // not overlap.
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                    const std::vector<int64_t>& recv_counts, DType type) override;
 
  private:
   MPI_Comm comm_;

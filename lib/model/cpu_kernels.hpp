@@ -220,6 +220,18 @@ class CpuKernels {
                               const T* weight, int64_t N, int64_t K, int64_t C) {
     cpu::moe_unpermute_backward(dy, dweight, dout, y, slot, weight, N, K, C);
   }
+  // Expert parallelism's bookkeeping (host integers) and the rows' scatter back.
+  static void moe_ep_send_counts(int64_t* send_rows, int64_t* expert_rows, const int64_t* offsets,
+                                 int64_t E, int64_t EP) {
+    cpu::moe_ep_send_counts(send_rows, expert_rows, offsets, E, EP);
+  }
+  static int64_t moe_ep_receive_plan(int64_t* offsets, int64_t* src_row, const int64_t* counts,
+                                     int64_t EP, int64_t El) {
+    return cpu::moe_ep_receive_plan(offsets, src_row, counts, EP, El);
+  }
+  void moe_scatter_rows(T* out, const T* in, const int64_t* row, int64_t M, int64_t C) {
+    cpu::moe_scatter_rows(out, in, row, M, C);
+  }
   void moe_expert_linear_forward(T* out, const T* inp, const T* w, const T* b,
                                  const int64_t* offsets, int64_t E, int64_t C, int64_t OC) {
     cpu::moe_expert_linear_forward(out, inp, w, b, offsets, E, C, OC);

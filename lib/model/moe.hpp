@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/tensor_parallel.hpp"
 #include "tensor/device.hpp"
@@ -42,6 +43,13 @@ struct MoeActs {
   DeviceArray<T> xp, h, a, y;        // [M,C], [M,Ul], [M,Fl], [M,C] (y: this rank's partial)
   DeviceArray<S> aux, z;             // [B] per sequence
   int64_t rows = 0;                  // M
+  // Expert parallelism (EP > 1): the exchange of this micro-batch and the rows this rank's
+  // experts received, expert-major (xe; h and a are then [R, ...]).
+  std::vector<int64_t> send_rows, recv_rows;  // [EP] rows to / from each expert rank
+  std::vector<int64_t> local_offsets;         // [E/EP + 1] over the R received rows
+  std::vector<int64_t> src_row;               // [R] arrival row of each expert-major row
+  DeviceArray<T> xe;                          // [R,C]
+  int64_t received = 0;                       // R
 };
 
 // Sums over the forwards since the last take (reported per log interval): the layers' mean
@@ -75,6 +83,7 @@ class MoeMlp {
         z_coeff_(m.moe_z_loss_coeff),
         capacity_(K::moe_capacity(m.moe_capacity_factor, m.seq_len, m.moe_experts, m.moe_top_k)) {
     static_assert(std::is_same_v<T, S>, "the MoE graph assumes one activation/statistic type");
+    El_ = E_;
     stats_.load.assign(static_cast<size_t>(E_), 0);
   }
 
@@ -88,9 +97,12 @@ class MoeMlp {
     m.slot = DeviceArray<int64_t>(dev, NK);
     m.slot_token = DeviceArray<int64_t>(dev, NK);
     m.offsets = DeviceArray<int64_t>(dev, E_ + 1);
+    // Under expert parallelism this rank's experts may receive every assignment of the group.
+    const int64_t R = NK * EP_;
     m.xp = DeviceArray<T>(dev, NK * C_);
-    m.h = DeviceArray<T>(dev, NK * Ul_);
-    m.a = DeviceArray<T>(dev, NK * Fl_);
+    m.h = DeviceArray<T>(dev, R * Ul_);
+    m.a = DeviceArray<T>(dev, R * Fl_);
+    if (EP_ > 1) m.xe = DeviceArray<T>(dev, R * C_);
     m.y = DeviceArray<T>(dev, NK * C_);
     m.aux = DeviceArray<S>(dev, B);
     m.z = DeviceArray<S>(dev, B);
@@ -119,16 +131,28 @@ class MoeMlp {
     }
     const int64_t M = m.rows;
     k.moe_permute(m.xp.data(), norm2, m.slot_token.data(), M, C_);
-    k.moe_expert_linear_forward(m.h.data(), m.xp.data(), p.up.w, p.up.b, m.offsets.data(), E_,
-                                C_, Ul_);
+    // The experts' rows: this rank's own (EP = 1), or what the expert group sent them.
+    const T* xe = m.xp.data();
+    T* ye = m.y.data();
+    int64_t R = M;
+    const int64_t* offsets = m.offsets.data();
+    if (EP_ > 1) {
+      ensure_exchange(k.device(), B);
+      R = plan_exchange(m);
+      xe = m.xe.data();
+      exchange_to_experts(k, m, m.xe.data(), m.xp.data());
+      ye = expert_side_.data();
+      offsets = m.local_offsets.data();
+    }
+    k.moe_expert_linear_forward(m.h.data(), xe, p.up.w, p.up.b, offsets, El_, C_, Ul_);
     if (swiglu_)
-      k.swiglu_forward(m.a.data(), m.h.data(), M, Fl_);
+      k.swiglu_forward(m.a.data(), m.h.data(), R, Fl_);
     else
-      k.gelu_forward(m.a.data(), m.h.data(), M * Fl_);
+      k.gelu_forward(m.a.data(), m.h.data(), R * Fl_);
     // Row-parallel: the replicated bias is added by tensor rank 0 only, before the sum.
-    k.moe_expert_linear_forward(m.y.data(), m.a.data(), p.down.w,
-                                tp.rank() == 0 ? p.down.b : nullptr, m.offsets.data(), E_, Fl_,
-                                C_);
+    k.moe_expert_linear_forward(ye, m.a.data(), p.down.w, tp.rank() == 0 ? p.down.b : nullptr,
+                                offsets, El_, Fl_, C_);
+    if (EP_ > 1) exchange_from_experts(k, m, m.y.data(), ye);
     T* partial = tp.partial_buffer(out_rows, N, C_);
     k.moe_unpermute(partial, m.y.data(), m.slot.data(), m.weight.data(), N, K_, C_);
     tp.reduce_partials(out_rows, partial, N, C_);
@@ -146,14 +170,31 @@ class MoeMlp {
                              m.weight.data(), N, K_, C_);
     // The gate weights multiply the sum over the tensor ranks of the partial outputs.
     if (tp.size() > 1) tp.all_reduce_sum(dweight_.data(), N * K_);
-    k.moe_expert_linear_backward(da_.data(), p.down.dw, p.down.db, dy_.data(), m.a.data(),
-                                 p.down.w, m.offsets.data(), E_, Fl_, C_);
+    // The experts' side mirrors the forward: the output gradients travel to the experts' ranks
+    // and the input gradients back (two more all-to-alls under expert parallelism).
+    const T* dye = dy_.data();
+    const T* xe = m.xp.data();
+    T* dxe = dxp_.data();
+    int64_t R = M;
+    const int64_t* offsets = m.offsets.data();
+    if (EP_ > 1) {
+      ensure_exchange(k.device(), B);
+      R = m.received;
+      exchange_to_experts(k, m, dye_.data(), dy_.data());
+      dye = dye_.data();
+      xe = m.xe.data();
+      dxe = dxe_.data();
+      offsets = m.local_offsets.data();
+    }
+    k.moe_expert_linear_backward(da_.data(), p.down.dw, p.down.db, dye, m.a.data(), p.down.w,
+                                 offsets, El_, Fl_, C_);
     if (swiglu_)
-      k.swiglu_backward(dh_.data(), da_.data(), m.h.data(), M, Fl_);
+      k.swiglu_backward(dh_.data(), da_.data(), m.h.data(), R, Fl_);
     else
-      k.gelu_backward(dh_.data(), m.h.data(), da_.data(), M * Fl_);
-    k.moe_expert_linear_backward(dxp_.data(), p.up.dw, p.up.db, dh_.data(), m.xp.data(), p.up.w,
-                                 m.offsets.data(), E_, C_, Ul_);
+      k.gelu_backward(dh_.data(), m.h.data(), da_.data(), R * Fl_);
+    k.moe_expert_linear_backward(dxe, p.up.dw, p.up.db, dh_.data(), xe, p.up.w, offsets, El_,
+                                 C_, Ul_);
+    if (EP_ > 1) exchange_from_experts(k, m, dxp_.data(), dxe);
     k.moe_permute_backward(d_norm2_.data(), dxp_.data(), m.slot.data(), N, K_, C_);
     // Router: the gate weights' gradient, the load-balancing loss's and the z-loss's, each
     // sequence's auxiliary loss weighted coeff * loss_scale / B like the LM loss's tokens.
@@ -177,6 +218,21 @@ class MoeMlp {
     return tp.reduce_input_grad(d_norm2_.data(), N, C_);
   }
 
+  // Expert parallelism: `group` is the expert group (grid/grid.hpp expert_group; its size is
+  // EP, its rank the expert rank). This rank then holds experts [rank*E/EP, (rank+1)*E/EP)
+  // only (MoeParams' expert slices are those), tokens cross the group by all-to-all, and the
+  // experts' parameter gradients sum the group's tokens routed to them. nullptr: EP = 1.
+  void set_expert_group(Communicator* group) {
+    const int64_t ep = group ? group->size() : 1;
+    if (E_ % ep != 0)
+      throw Error("model.moe_experts (" + std::to_string(E_) +
+                  ") must be divisible by parallel.expert (" + std::to_string(ep) + ")");
+    expert_group_ = ep > 1 ? group : nullptr;
+    EP_ = ep;
+    El_ = E_ / ep;
+  }
+  int64_t local_experts() const { return El_; }
+
   // The statistics since the last call; resets them.
   MoeStats take_stats() {
     MoeStats s = stats_;
@@ -186,14 +242,70 @@ class MoeMlp {
   }
 
  private:
+  // The forward's exchange plan: each expert's row count goes to its owner (one all-to-all of
+  // E/EP integers per rank), who orders its arrivals expert-major (kernels/cpu/moe.hpp).
+  // Returns R, the rows this rank's experts receive.
+  int64_t plan_exchange(MoeActs<K>& m) {
+    std::vector<int64_t> expert_rows(static_cast<size_t>(E_)), arriving(static_cast<size_t>(E_));
+    m.send_rows.assign(static_cast<size_t>(EP_), 0);
+    K::moe_ep_send_counts(m.send_rows.data(), expert_rows.data(), m.offsets.data(), E_, EP_);
+    const std::vector<int64_t> per_rank(static_cast<size_t>(EP_), El_);
+    expert_group_->all_to_all_v(expert_rows.data(), per_rank, arriving.data(), per_rank,
+                                DType::I64);
+    m.recv_rows.assign(static_cast<size_t>(EP_), 0);
+    int64_t R = 0;
+    for (int64_t q = 0; q < EP_; ++q)
+      for (int64_t j = 0; j < El_; ++j) m.recv_rows[q] += arriving[q * El_ + j];
+    for (int64_t rows : m.recv_rows) R += rows;
+    m.local_offsets.assign(static_cast<size_t>(El_ + 1), 0);
+    m.src_row.assign(static_cast<size_t>(R), 0);
+    m.received = K::moe_ep_receive_plan(m.local_offsets.data(), m.src_row.data(),
+                                        arriving.data(), EP_, El_);
+    return m.received;
+  }
+  // rows[M,C] in expert-sorted order -> this rank's experts' rows [R,C], expert-major.
+  void exchange_to_experts(K& k, const MoeActs<K>& m, T* expert_rows, const T* rows) {
+    T* arrived = arrival_.data();
+    expert_group_->all_to_all_v(rows, scaled(m.send_rows), arrived, scaled(m.recv_rows),
+                                K::act_dtype);
+    k.moe_permute(expert_rows, arrived, m.src_row.data(), m.received, C_);
+  }
+  // The experts' rows [R,C], expert-major -> rows[M,C] back where they were sent from.
+  void exchange_from_experts(K& k, const MoeActs<K>& m, T* rows, const T* expert_rows) {
+    T* arrived = arrival_.data();
+    k.moe_scatter_rows(arrived, expert_rows, m.src_row.data(), m.received, C_);
+    expert_group_->all_to_all_v(arrived, scaled(m.recv_rows), rows, scaled(m.send_rows),
+                                K::act_dtype);
+  }
+  // Row counts as element counts of C-wide rows.
+  std::vector<int64_t> scaled(const std::vector<int64_t>& rows) const {
+    std::vector<int64_t> elems(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) elems[i] = rows[i] * C_;
+    return elems;
+  }
+
+  // The exchange's arrival-order and expert-output rows (forward and backward).
+  void ensure_exchange(Device& dev, int64_t B) {
+    if (B <= exchange_B_) return;
+    exchange_B_ = B;
+    const int64_t R = B * T_ * K_ * EP_;
+    arrival_ = DeviceArray<T>(dev, R * C_);
+    expert_side_ = DeviceArray<T>(dev, R * C_);
+  }
+
   void ensure_scratch(Device& dev, int64_t B) {
     if (B <= scratch_B_) return;
     scratch_B_ = B;
     const int64_t N = B * T_, NK = N * K_;
+    const int64_t R = NK * EP_;  // the most rows this rank's experts may receive
     dy_ = DeviceArray<T>(dev, NK * C_);
-    da_ = DeviceArray<T>(dev, NK * Fl_);
-    dh_ = DeviceArray<T>(dev, NK * Ul_);
+    da_ = DeviceArray<T>(dev, R * Fl_);
+    dh_ = DeviceArray<T>(dev, R * Ul_);
     dxp_ = DeviceArray<T>(dev, NK * C_);
+    if (EP_ > 1) {
+      dye_ = DeviceArray<T>(dev, R * C_);
+      dxe_ = DeviceArray<T>(dev, R * C_);
+    }
     dweight_ = DeviceArray<T>(dev, NK);
     dprobs_ = DeviceArray<T>(dev, N * E_);
     dlogits_ = DeviceArray<T>(dev, N * E_);
@@ -211,6 +323,11 @@ class MoeMlp {
   int64_t scratch_B_ = 0;
   DeviceArray<T> dy_, da_, dh_, dxp_, dweight_, dprobs_, dlogits_, d_router_, d_norm2_;
   DeviceArray<S> daux_;
+  // Expert parallelism (EP_ > 1): the group, the local expert count, and [R,C] buffers: the
+  // rows in arrival order, the experts' forward output and the backward's expert-side rows.
+  Communicator* expert_group_ = nullptr;
+  int64_t EP_ = 1, El_ = 0, exchange_B_ = 0;
+  DeviceArray<T> arrival_, expert_side_, dye_, dxe_;
 };
 
 }  // namespace trident

@@ -197,6 +197,40 @@ int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets, 
   return offsets[E];
 }
 
+void moe_ep_send_counts(int64_t* send_rows, int64_t* expert_rows, const int64_t* offsets,
+                        int64_t E, int64_t EP) {
+  const int64_t El = E / EP;
+  for (int64_t e = 0; e < E; e++) expert_rows[e] = offsets[e + 1] - offsets[e];
+  for (int64_t q = 0; q < EP; q++) send_rows[q] = offsets[(q + 1) * El] - offsets[q * El];
+}
+
+int64_t moe_ep_receive_plan(int64_t* offsets, int64_t* src_row, const int64_t* counts,
+                            int64_t EP, int64_t El) {
+  // Where each (source, expert) block starts in the received buffer.
+  std::vector<int64_t> block_start(static_cast<size_t>(EP * El));
+  int64_t received = 0;
+  for (int64_t i = 0; i < EP * El; i++) {
+    block_start[i] = received;
+    received += counts[i];
+  }
+  offsets[0] = 0;
+  int64_t row = 0;
+  for (int64_t j = 0; j < El; j++) {
+    for (int64_t p = 0; p < EP; p++) {
+      const int64_t i = p * El + j;
+      for (int64_t r = 0; r < counts[i]; r++) src_row[row++] = block_start[i] + r;
+    }
+    offsets[j + 1] = row;
+  }
+  return received;
+}
+
+template <typename T>
+void moe_scatter_rows(T* out, const T* in, const int64_t* row, int64_t M, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; m++) std::memcpy(out + row[m] * C, in + m * C, sizeof(T) * C);
+}
+
 template <typename T>
 void moe_permute(T* xp, const T* x, const int64_t* slot_token, int64_t M, int64_t C) {
 #pragma omp parallel for schedule(static)
@@ -295,6 +329,7 @@ void moe_expert_linear_backward(T* dinp, T* dw, T* db, const T* dout, const T* i
   template void moe_z_loss_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                  \
   template void moe_z_loss_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);       \
   template void moe_permute<T>(T*, const T*, const int64_t*, int64_t, int64_t);                  \
+  template void moe_scatter_rows<T>(T*, const T*, const int64_t*, int64_t, int64_t);             \
   template void moe_permute_backward<T>(T*, const T*, const int64_t*, int64_t, int64_t,          \
                                         int64_t);                                                \
   template void moe_unpermute<T>(T*, const T*, const int64_t*, const T*, int64_t, int64_t,       \

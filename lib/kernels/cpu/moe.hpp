@@ -75,6 +75,27 @@ template <typename T>
 void moe_unpermute_backward(T* dy, T* dweight, const T* dout, const T* y, const int64_t* slot,
                             const T* weight, int64_t N, int64_t K, int64_t C);
 
+// ---------------------------------------------------------------- expert parallelism
+// EP ranks of an expert group each hold El = E/EP consecutive experts (rank q: experts
+// [q*El, (q+1)*El)), so a rank's expert-sorted rows (offsets[E+1] of moe_dispatch_plan) go to
+// rank q as the one contiguous block [offsets[q*El], offsets[(q+1)*El]).
+// send_rows[EP]: the rows for each rank; expert_rows[E]: the rows for each expert (what each
+// destination needs, El counts per rank, to place what it receives).
+void moe_ep_send_counts(int64_t* send_rows, int64_t* expert_rows, const int64_t* offsets,
+                        int64_t E, int64_t EP);
+// The receiving side. The rows arrive back to back in (source rank, local expert, row) order,
+// counts[p*El + j] of them from source p for local expert j. The grouped GEMMs want them
+// expert-major: offsets[El+1] (local expert j's rows are [offsets[j], offsets[j+1]), sources
+// in rank order inside, so the order never depends on timing) and src_row[R], the received row
+// of each expert-major row (moe_permute with it gathers, moe_scatter_rows scatters back).
+// Returns R, the rows received.
+int64_t moe_ep_receive_plan(int64_t* offsets, int64_t* src_row, const int64_t* counts,
+                            int64_t EP, int64_t El);
+// out[row[m]] = in[m] for m < M (the inverse of moe_permute's gather when `row` is a
+// permutation).
+template <typename T>
+void moe_scatter_rows(T* out, const T* in, const int64_t* row, int64_t M, int64_t C);
+
 // ---------------------------------------------------------------- grouped expert GEMMs
 // Expert e's rows [offsets[e], offsets[e+1]) of inp[M,C] through its linear layer: weight rows
 // [e*OC, (e+1)*OC) of w[E*OC, C], bias b[e*OC ..] (b may be nullptr).
