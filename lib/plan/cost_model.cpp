@@ -255,9 +255,14 @@ struct PipelineTimes {
   double makespan = 0, makespan_without_transfers = 0;
 };
 
-double simulated_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs) {
-  const PipeSimResult r = simulate_pipeline(l.schedule, static_cast<int>(l.pp), microbatches,
-                                            costs, static_cast<int>(l.virtual_stages));
+double simulated_makespan(const Layout& l, int64_t microbatches,
+                          const std::vector<std::vector<PipeSimCosts>>& chunk_costs) {
+  std::vector<std::vector<PipeOp>> ops;
+  for (int s = 0; s < static_cast<int>(l.pp); ++s)
+    ops.push_back(pipeline_schedule(l.schedule, s, static_cast<int>(l.pp), microbatches,
+                                    static_cast<int>(l.virtual_stages)));
+  const PipeSimResult r = simulate_pipeline_per_chunk(ops, microbatches, chunk_costs,
+                                                      static_cast<int>(l.virtual_stages));
   if (!r.ok)
     throw Error("internal error: the pipeline simulator rejected " + to_string(l) + ": " +
                 r.error);
@@ -300,6 +305,15 @@ double zero1_staging(const PlanProblem& p, const Layout& l, double flat) {
 }  // namespace
 
 double pipeline_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs) {
+  return pipeline_makespan(
+      l, microbatches,
+      std::vector<std::vector<PipeSimCosts>>(
+          static_cast<size_t>(l.pp),
+          std::vector<PipeSimCosts>(static_cast<size_t>(l.virtual_stages), costs)));
+}
+
+double pipeline_makespan(const Layout& l, int64_t microbatches,
+                         const std::vector<std::vector<PipeSimCosts>>& costs) {
   // Past the warm-up every schedule repeats one period per PP micro-batches, so a long step is
   // simulated to 5 PP micro-batches and the period's growth extended linearly (exact once the
   // steady state is reached; tests/test_plan.cpp compares it with the whole simulation).
@@ -313,22 +327,30 @@ double pipeline_makespan(const Layout& l, int64_t microbatches, const PipeSimCos
 
 namespace {
 
-// The schedule's simulator with uniform op costs (the slowest chunk's).
-PipelineTimes simulate(const Layout& l, int64_t microbatches, const ChunkCost& op,
-                       double transfer) {
+// The schedule's simulator with each chunk's own op costs (stage s holds chunks s, s + PP, ...).
+PipelineTimes simulate(const Layout& l, int64_t microbatches,
+                       const std::vector<ChunkCost>& chunk_cost, double transfer) {
   PipelineTimes r;
   if (l.pp == 1) {
+    const ChunkCost& op = chunk_cost.front();
     r.makespan = r.makespan_without_transfers =
         static_cast<double>(microbatches) * (op.forward + op.backward);
     return r;
   }
-  PipeSimCosts costs;
-  costs.forward = op.forward;
-  costs.backward = op.backward;
-  costs.weight = std::min(op.weight, op.backward);
-  costs.comm = 0.0;
+  std::vector<std::vector<PipeSimCosts>> costs(static_cast<size_t>(l.pp));
+  for (int64_t s = 0; s < l.pp; ++s)
+    for (int64_t c = 0; c < l.virtual_stages; ++c) {
+      const ChunkCost& op = chunk_cost[static_cast<size_t>(c * l.pp + s)];
+      PipeSimCosts sim;
+      sim.forward = op.forward;
+      sim.backward = op.backward;
+      sim.weight = std::min(op.weight, op.backward);
+      sim.comm = 0.0;
+      costs[static_cast<size_t>(s)].push_back(sim);
+    }
   r.makespan_without_transfers = pipeline_makespan(l, microbatches, costs);
-  costs.comm = transfer;
+  for (auto& stage : costs)
+    for (PipeSimCosts& sim : stage) sim.comm = transfer;
   r.makespan = pipeline_makespan(l, microbatches, costs);
   return r;
 }
@@ -402,22 +424,30 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   r.layout = l;
   r.microbatches = microbatches;
 
-  // Pipeline: every op costs what the slowest chunk's does (the simulator takes one cost per
-  // op kind); the step is the simulated makespan.
-  ChunkCost slowest;
-  for (const Chunk& c : chunks) {
-    const ChunkCost cost = model.chunk(c, layer);
-    if (cost.forward + cost.backward > slowest.forward + slowest.backward) slowest = cost;
+  // Pipeline: each chunk's ops cost its own (the chunks with the embedding or the LM head more
+  // than the others); the step is the simulated makespan, and the busiest stage's compute is
+  // the compute and TP communication reported.
+  std::vector<ChunkCost> chunk_cost;
+  for (const Chunk& c : chunks) chunk_cost.push_back(model.chunk(c, layer));
+  ChunkCost busiest;  // per micro-batch, summed over the stage's chunks
+  for (int64_t s = 0; s < l.pp; ++s) {
+    ChunkCost stage;
+    for (int64_t c = 0; c < l.virtual_stages; ++c) {
+      const ChunkCost& op = chunk_cost[static_cast<size_t>(c * l.pp + s)];
+      stage.forward += op.forward;
+      stage.backward += op.backward;
+      stage.tp_comm += op.tp_comm;
+    }
+    if (stage.forward + stage.backward > busiest.forward + busiest.backward) busiest = stage;
   }
   const double C = static_cast<double>(m.width), e = model.element_bytes();
   const double message = (l.sequence_parallel ? model.micro_rows() / static_cast<double>(l.tp)
                                               : model.micro_rows()) * C * e;
   const LinkSpec& pp_link = group_link(hw, l.tp * l.pp);
   const double transfer = collective_seconds(hw, pp_link, Collective::SendRecv, 2, message);
-  const PipelineTimes pipe = simulate(l, microbatches, slowest, transfer);
-  const double busy = static_cast<double>(microbatches * l.virtual_stages) *
-                      (slowest.forward + slowest.backward);
-  const double busy_comm = static_cast<double>(microbatches * l.virtual_stages) * slowest.tp_comm;
+  const PipelineTimes pipe = simulate(l, microbatches, chunk_cost, transfer);
+  const double busy = static_cast<double>(microbatches) * (busiest.forward + busiest.backward);
+  const double busy_comm = static_cast<double>(microbatches) * busiest.tp_comm;
   r.time.compute = busy - busy_comm;
   r.time.tp_comm = busy_comm;
   r.time.bubble = std::max(0.0, pipe.makespan_without_transfers - busy);
@@ -474,8 +504,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     const double reduce = collective_seconds(
         hw, dp_link, l.zero1 ? Collective::ReduceScatter : Collective::AllReduce, l.dp, grads);
     const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
-    const double window =
-        p.dp_overlap ? static_cast<double>(l.virtual_stages) * slowest.backward : 0.0;
+    const double window = p.dp_overlap ? busiest.backward : 0.0;  // the stage's chunks'
     r.time.dp_exposed = p.dp_overlap
                             ? std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket
                             : reduce;

@@ -115,6 +115,10 @@ double layer_activation_bytes(const ModelConfig& m, bool materialized_attention,
 // The simulated makespan of l's schedule over `microbatches` with uniform op costs: the
 // simulator itself up to 5 PP micro-batches, its steady-state period extended beyond.
 double pipeline_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs);
+// The same with stage s computing chunk c at chunk_costs[s][c] (PP entries of virtual_stages
+// each): the chunk holding the embedding or the LM head costs more than the others.
+double pipeline_makespan(const Layout& l, int64_t microbatches,
+                         const std::vector<std::vector<PipeSimCosts>>& chunk_costs);
 
 // A partial layout: fields left unset (0 / empty) are enumerated.
 struct LayoutFilter {
