@@ -4,7 +4,8 @@
   bench/parallel_bench.py bubble    pipeline bubble, PP = 2 and 4, m = 1..16, 1F1B vs GPipe,
                                     measured beside (p-1)/(m+p-1), with peak activation memory
   bench/parallel_bench.py speedup   the same global batch on 1 rank and on 2 ranks as DP = 2,
-                                    TP = 2 and PP = 2 (m = 8): speedup and communication share
+                                    TP = 2 (blocking, and with parallel.tp_overlap) and PP = 2
+                                    (m = 8): speedup and communication share
 
 Expects a Release build in build/ (scripts/build.sh). Writes its synthetic corpus and runs
 under build/bench-parallel/. On a 2-core machine PP = 4 oversubscribes the cores (4 ranks on 2
@@ -86,6 +87,8 @@ def speedup():
                ("1 rank, 1 thread", 1, ["train.threads=1"]),
                ("DP = 2", 2, ["parallel.data=2", "train.threads=1"]),
                ("TP = 2", 2, ["parallel.tensor=2", "train.threads=1"]),
+               ("TP = 2, tp_overlap", 2,
+                ["parallel.tensor=2", "parallel.tp_overlap=true", "train.threads=1"]),
                ("PP = 2 (m = 8)", 2, ["parallel.pipeline=2", "train.threads=1"])]
     results = {}
     for name, ranks, sets in layouts:
@@ -99,7 +102,7 @@ def speedup():
         print("| %s | %.0f | %.2fx | %.1f%% |" % (name, tps, tps / ref, share))
     one = results["1 rank, 1 thread"][0]
     print("\nAgainst one rank on one core (the per-rank share of the machine):")
-    for name in ("DP = 2", "TP = 2", "PP = 2 (m = 8)"):
+    for name in ("DP = 2", "TP = 2", "TP = 2, tp_overlap", "PP = 2 (m = 8)"):
         print("  %s: %.2fx" % (name, results[name][0] / one))
 
 
