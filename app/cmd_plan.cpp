@@ -120,6 +120,7 @@ PlanProblem problem_of(const Config& c, const std::string& hardware) {
   problem.global_batch = c.train.global_batch;
   problem.precision = c.train.precision;
   problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
+  problem.pipeline_balance = c.parallel.pipeline_balance;
   problem.hw = load_hardware(hardware);
   return problem;
 }

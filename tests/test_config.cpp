@@ -462,6 +462,22 @@ TEST(ConfigReject, Interleaved) {
                "parallel.pipeline_layers cannot be used with parallel.schedule = "
                "\"interleaved\": its chunks are model.layers / (parallel.pipeline * "
                "parallel.virtual_stages) layers each");
+  // parallel.pipeline_balance: "even" (default) or "flops", the latter alone choosing the split.
+  EXPECT_EQ(parse(base).parallel.pipeline_balance, "even");
+  EXPECT_EQ(parse(base + "[parallel]\npipeline = 2\npipeline_balance = \"flops\"\n")
+                .parallel.pipeline_balance,
+            "flops");
+  EXPECT_ERROR(base + "[parallel]\npipeline = 2\nschedule = \"interleaved\"\n"
+                      "virtual_stages = 2\npipeline_balance = \"flops\"\n",
+               "parallel.pipeline_balance = \"flops\" cannot be used with parallel.schedule = "
+               "\"interleaved\": its chunks are model.layers / (parallel.pipeline * "
+               "parallel.virtual_stages) layers each");
+  EXPECT_ERROR(base + "[parallel]\npipeline = 2\npipeline_layers = [5, 3]\n"
+                      "pipeline_balance = \"flops\"\n",
+               "parallel.pipeline_balance = \"flops\" chooses the split that "
+               "parallel.pipeline_layers ([5, 3]) gives: set one of them");
+  EXPECT_ERROR(base + "[parallel]\npipeline_balance = \"memory\"\n",
+               "parallel.pipeline_balance (\"memory\") must be even or flops");
 }
 
 TEST(ConfigReject, ZeroStage) {

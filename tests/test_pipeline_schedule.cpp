@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <numeric>
 #include <string>
@@ -700,6 +701,56 @@ TEST(pipeline_schedule, InterleavedChunksCoverTheLayersInVirtualStageOrder) {
             "(2 * 2 = 4): the interleaved schedule cuts the layers into that many equal chunks");
   EXPECT_NE(error_of([] { stage_layer_chunks(8, 2, 2, 2); }).find("pipeline stage 2 is out of range"),
             std::string::npos);
+}
+
+
+// parallel.pipeline_balance = "flops": the last stage's k layers minimise the largest stage
+// cost (every layer c, the last stage e more). Checked against every split of the layers into
+// stages (all compositions), so a split the rule misses would show; ties go to the smaller k.
+TEST(pipeline_schedule, BalancedSplitMinimisesTheLargestStageCost) {
+  EXPECT_EQ(balanced_stage_layer_counts(8, 2, 1.0, 3.0), (std::vector<int64_t>{6, 2}));  // tie
+  EXPECT_EQ(balanced_stage_layer_counts(8, 2, 1.0, 2.5), (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(balanced_stage_layer_counts(10, 4, 1.0, 100.0), (std::vector<int64_t>{3, 3, 3, 1}));
+  EXPECT_EQ(balanced_stage_layer_counts(9, 1, 1.0, 5.0), (std::vector<int64_t>{9}));
+  for (int64_t layers : {7, 10, 12, 13})  // no extra cost: the even split
+    for (int stages : {1, 2, 3, 4})
+      EXPECT_EQ(balanced_stage_layer_counts(layers, stages, 1.0, 0.0),
+                stage_layer_counts(layers, stages, {}));
+  int64_t compared = 0;
+  for (int64_t layers = 2; layers <= 10; ++layers)
+    for (int stages = 2; stages <= std::min<int64_t>(4, layers); ++stages)
+      for (double extra : {0.5, 1.0, 2.0, 3.0, 4.5, 7.0}) {
+        const auto counts = balanced_stage_layer_counts(layers, stages, 1.0, extra);
+        ASSERT_EQ(static_cast<int>(counts.size()), stages);
+        ASSERT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), layers);
+        const auto cost = [&](const std::vector<int64_t>& c) {
+          double worst = 0.0;
+          for (size_t s = 0; s < c.size(); ++s)
+            worst = std::max(worst, static_cast<double>(c[s]) + (s + 1 == c.size() ? extra : 0));
+          return worst;
+        };
+        // Every composition of `layers` into `stages` parts >= 1, by recursion on the prefix.
+        double best = 1e300;
+        std::vector<int64_t> split;
+        const std::function<void(int64_t)> all = [&](int64_t left) {
+          if (static_cast<int>(split.size()) == stages - 1) {
+            split.push_back(left);
+            best = std::min(best, cost(split));
+            split.pop_back();
+            return;
+          }
+          for (int64_t n = 1; n <= left - (stages - 1 - static_cast<int64_t>(split.size())); ++n) {
+            split.push_back(n);
+            all(left - n);
+            split.pop_back();
+          }
+        };
+        all(layers);
+        EXPECT_DOUBLE_EQ(cost(counts), best) << layers << " layers, " << stages << " stages, extra "
+                                             << extra;
+        ++compared;
+      }
+  EXPECT_GT(compared, 100);
 }
 
 }  // namespace

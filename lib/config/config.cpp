@@ -194,8 +194,14 @@ const Key kKeys[] = {
    "blocking all-reduce after both. The same numbers either way. Off by default: on a 2-core "
    "machine it measured no gain (docs/model.md)."},
   {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
-   "Layers per pipeline stage; empty: an even split.",
+   "Layers per pipeline stage; empty: the split `parallel.pipeline_balance` chooses.",
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},
+  {TRIDENT_KEY(parallel, pipeline_balance), one_of({"even", "flops"}),
+   "How the layers are split over the pipeline stages when `parallel.pipeline_layers` is "
+   "empty. even: the same number on each (remainder on the stages before the last). flops: "
+   "the last stage, which also runs the LM head and the loss, gets fewer layers so that the "
+   "largest stage's training FLOPs are the smallest (docs/pipeline.md).",
+   "flops: not with parallel.schedule = \"interleaved\" or `parallel.pipeline_layers`"},
   {TRIDENT_KEY(parallel, dp_bucket_mb), above(0),
    "Size of the data-parallel gradient all-reduce buckets, in MiB."},
   {TRIDENT_KEY(parallel, comm_timeout_s), above(0),
@@ -766,6 +772,10 @@ void check_interleaved(const Config& c, const std::string& source) {
   if (p.pipeline < 2)
     fail(source, "parallel.schedule = \"interleaved\" needs parallel.pipeline >= 2 (it is " +
                      int_text(p.pipeline) + ")");
+  if (p.pipeline_balance != "even")
+    fail(source, "parallel.pipeline_balance = \"" + p.pipeline_balance + "\" cannot be used "
+                 "with parallel.schedule = \"interleaved\": its chunks are model.layers / "
+                 "(parallel.pipeline * parallel.virtual_stages) layers each");
   if (!p.pipeline_layers.empty())
     fail(source, "parallel.pipeline_layers cannot be used with parallel.schedule = "
                  "\"interleaved\": its chunks are model.layers / (parallel.pipeline * "
@@ -893,6 +903,10 @@ void check_relations(const Config& c, const std::string& source) {
   check_interleaved(c, source);
 
   const std::vector<int64_t>& pl = c.parallel.pipeline_layers;
+  if (!pl.empty() && c.parallel.pipeline_balance != "even")
+    fail(source, "parallel.pipeline_balance = \"" + c.parallel.pipeline_balance +
+                     "\" chooses the split that parallel.pipeline_layers (" + value_text(pl) +
+                     ") gives: set one of them");
   if (!pl.empty()) {
     const std::string text = value_text(pl);
     if (static_cast<int64_t>(pl.size()) != c.parallel.pipeline)

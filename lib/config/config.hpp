@@ -62,7 +62,8 @@ struct ParallelConfig {
   std::string comm = "nccl";           // device buffers (train.device = "cuda"): "nccl" | "mpi"
   bool sequence_parallel = false;
   bool tp_overlap = false;             // column-parallel input-gradient all-reduce during dW
-  std::vector<int64_t> pipeline_layers;  // empty: even split
+  std::vector<int64_t> pipeline_layers;  // empty: parallel.pipeline_balance
+  std::string pipeline_balance = "even"; // "even" | "flops" (pipeline/schedule.hpp)
   double dp_bucket_mb = 25.0;
   double comm_timeout_s = 600.0;       // collective watchdog (comm/comm_watchdog.hpp)
   int64_t world_size() const { return tensor * pipeline * data; }

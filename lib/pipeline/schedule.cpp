@@ -295,6 +295,26 @@ std::vector<int64_t> stage_layer_counts(int64_t layers, int stages,
   return counts;
 }
 
+std::vector<int64_t> balanced_stage_layer_counts(int64_t layers, int stages, double layer_cost,
+                                                 double last_extra) {
+  std::vector<int64_t> counts = stage_layer_counts(layers, stages, {});  // checks the sizes
+  if (stages == 1 || !(layer_cost > 0.0) || !(last_extra > 0.0)) return counts;
+  const int64_t others = stages - 1;
+  int64_t best_last = counts.back();
+  double best_cost = 1e300;
+  for (int64_t last = layers - others; last >= 1; --last) {  // ties: the smaller `last` wins
+    const int64_t widest = (layers - last + others - 1) / others;
+    const double cost = std::max(static_cast<double>(widest) * layer_cost,
+                                 static_cast<double>(last) * layer_cost + last_extra);
+    if (cost <= best_cost) best_cost = cost, best_last = last;
+  }
+  const int64_t rest = layers - best_last, base = rest / others, extra = rest % others;
+  for (int64_t s = 0; s < others; ++s)
+    counts[static_cast<size_t>(s)] = base + (s >= others - extra ? 1 : 0);
+  counts.back() = best_last;
+  return counts;
+}
+
 std::pair<int64_t, int64_t> stage_layer_range(const std::vector<int64_t>& counts, int stage) {
   if (stage < 0 || static_cast<size_t>(stage) >= counts.size())
     throw Error("pipeline stage " + std::to_string(stage) + " is out of range for " +

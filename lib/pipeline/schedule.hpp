@@ -106,6 +106,16 @@ int64_t peak_in_flight(const std::vector<PipeOp>& ops);
 std::vector<int64_t> stage_layer_counts(int64_t layers, int stages,
                                         const std::vector<int64_t>& explicit_counts);
 
+// Layers per stage balancing work (parallel.pipeline_balance = "flops"): every layer costs
+// `layer_cost`, the last stage `last_extra` more (the final norm, the LM head and the loss);
+// the embedding is a gather, counted as nothing. The last stage gets the k layers that minimise
+// the largest stage cost, the others the rest split as stage_layer_counts' even rule does
+// (extras on the latest of them). Ties go to the smaller k: a FLOP count prices the head's
+// GEMMs but not its softmax and loss, which cost more than their FLOPs. last_extra = 0 gives the
+// even split. E.g. 8 layers, 2 stages, head 3 layers' cost: [6, 2]. Errors as stage_layer_counts.
+std::vector<int64_t> balanced_stage_layer_counts(int64_t layers, int stages, double layer_cost,
+                                                 double last_extra);
+
 // [begin, end) global layer indices of stage `stage` under `counts`. trident::Error when
 // `stage` is not in [0, counts.size()).
 std::pair<int64_t, int64_t> stage_layer_range(const std::vector<int64_t>& counts, int stage);

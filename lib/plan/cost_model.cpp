@@ -12,6 +12,7 @@
 #include "model/architecture.hpp"
 #include "model/model_stats.hpp"
 #include "pipeline/simulator.hpp"
+#include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -50,9 +51,12 @@ struct Chunk {
   bool embedding = false, head = false;
 };
 
-std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l) {
+std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l,
+                                  const std::string& balance) {
   const int k = static_cast<int>(l.pp * l.virtual_stages);
-  const std::vector<int64_t> counts = stage_layer_counts(m.layers, k, {});
+  const std::vector<int64_t> counts = l.virtual_stages == 1
+                                          ? stage_split(m, k, {}, balance)
+                                          : stage_layer_counts(m.layers, k, {});
   std::vector<Chunk> chunks;
   int64_t begin = 0;
   for (int i = 0; i < k; ++i) {
@@ -415,7 +419,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   const ModelConfig& m = p.model;
   const HardwareSpec& hw = p.hw;
   const CostModel model(p, l);
-  const std::vector<Chunk> chunks = virtual_stages(m, l);
+  const std::vector<Chunk> chunks = virtual_stages(m, l, p.pipeline_balance);
   const ChunkParams params = chunk_params(m, l.tp);
   const LayerModel layer = model.layer();
   const int64_t microbatches = p.global_batch / (l.micro_batch * l.dp);

@@ -23,6 +23,8 @@
 #include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
 #include "optim/lr_schedule.hpp"
+#include "pipeline/schedule.hpp"
+#include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -64,7 +66,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
     throw Error(config.source + ": parallel.sequence_parallel = true needs train.micro_batch * "
                 "model.seq_len (" + std::to_string(config.train.micro_batch * m.seq_len) +
                 ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
-  const auto counts = stage_layer_counts(m.layers, groups.pp_size, config.parallel.pipeline_layers);
+  const auto counts = stage_split(m, groups.pp_size, config.parallel.pipeline_layers,
+                                  config.parallel.pipeline_balance);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
   ModelShard shard;
   shard.tp_rank = groups.tp_rank;
