@@ -49,6 +49,43 @@ TEST(TrainApp, TrainsLogsAndEvaluates) {
   EXPECT_NEAR(rows[0]["loss"].get<double>(), std::log(256.0), 0.1);  // starts near uniform
 }
 
+// parallel.pipeline_balance = "flops" moves layers off the last stage (6 layers with a head of
+// about 6 layers' FLOPs: [5, 1]); the split changes where layers run, not what is computed, so
+// PP 2 trains as one rank does.
+TEST(TrainApp, PipelineBalancedByFlopsTrainsAsOneRank) {
+  const auto dir = scratch_dir("train_pipeline_balance");
+  const auto config = make_tiny_run(dir);
+  const std::string common = "train --config " + config.string() +
+                             " --set train.steps=4 --set eval.interval=0 --set model.layers=6"
+                             " --set model.vocab_size=2048";
+  const auto one = run_command(trident_cmd(common + " --set log.dir=" + (dir / "one").string()));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto two = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+                               trident_cmd(common + " --set log.dir=" + (dir / "two").string() +
+                                           " --set parallel.pipeline=2" +
+                                           " --set parallel.pipeline_balance=\\\"flops\\\""));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto a = read_metrics(dir / "one"), b = read_metrics(dir / "two");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  int compared = 0;
+  for (size_t i = 0; i < a.size(); ++i, ++compared) {
+    const double x = a[i]["loss"].get<double>(), y = b[i]["loss"].get<double>();
+    EXPECT_NEAR(y, x, 1e-5 * x) << "step " << i + 1;
+  }
+  EXPECT_EQ(compared, 4);
+  // Stage 0 holds 5 of the 6 layers: more parameters than stage 1 (1 layer and the tied head's
+  // copy of the embedding), where the even split [3, 3] gives both the same.
+  double params[2] = {0, 0};
+  for (int rank : {0, 1}) {
+    const std::string tag = "memory rank " + std::to_string(rank) + ": parameters ";
+    const size_t at = two.output.find(tag);
+    ASSERT_NE(at, std::string::npos) << two.output;
+    params[rank] = std::stod(two.output.substr(at + tag.size()));
+  }
+  EXPECT_GT(params[0], 1.5 * params[1]) << two.output;
+}
+
 TEST(TrainApp, SameSeedIsBitwiseIdenticalAndAnotherSeedDiffers) {
   const auto dir = scratch_dir("train_determinism");
   const auto config = make_tiny_run(dir);
