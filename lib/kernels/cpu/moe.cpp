@@ -237,25 +237,13 @@ void moe_permute(T* xp, const T* x, const int64_t* slot_token, int64_t M, int64_
   for (int64_t m = 0; m < M; m++) std::memcpy(xp + m * C, x + slot_token[m] * C, sizeof(T) * C);
 }
 
-template <typename T>
-void moe_permute_backward(T* dx, const T* dxp, const int64_t* slot, int64_t N, int64_t K,
-                          int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; n++) {
-    T* d = dx + n * C;
-    std::fill(d, d + C, T(0));
-    for (int64_t k = 0; k < K; k++) {
-      const int64_t s = slot[n * K + k];
-      if (s < 0) continue;
-      const T* src = dxp + s * C;
-      for (int64_t c = 0; c < C; c++) d[c] += src[c];
-    }
-  }
-}
+namespace {
 
+// out[n] = sum over token n's kept assignments k of w_k * rows[slot[n, k]], w_k = weight[n, k]
+// (nullptr: 1, exact). The combine of the experts' outputs and the permutation's backward.
 template <typename T>
-void moe_unpermute(T* out, const T* y, const int64_t* slot, const T* weight, int64_t N,
-                   int64_t K, int64_t C) {
+void sum_assigned_rows(T* out, const T* rows, const int64_t* slot, const T* weight, int64_t N,
+                       int64_t K, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
     T* o = out + n * C;
@@ -263,11 +251,25 @@ void moe_unpermute(T* out, const T* y, const int64_t* slot, const T* weight, int
     for (int64_t k = 0; k < K; k++) {
       const int64_t s = slot[n * K + k];
       if (s < 0) continue;
-      const T w = weight[n * K + k];
-      const T* src = y + s * C;
+      const T w = weight ? weight[n * K + k] : T(1);
+      const T* src = rows + s * C;
       for (int64_t c = 0; c < C; c++) o[c] += w * src[c];
     }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void moe_permute_backward(T* dx, const T* dxp, const int64_t* slot, int64_t N, int64_t K,
+                          int64_t C) {
+  sum_assigned_rows(dx, dxp, slot, static_cast<const T*>(nullptr), N, K, C);
+}
+
+template <typename T>
+void moe_unpermute(T* out, const T* y, const int64_t* slot, const T* weight, int64_t N,
+                   int64_t K, int64_t C) {
+  sum_assigned_rows(out, y, slot, weight, N, K, C);
 }
 
 template <typename T>
