@@ -1078,9 +1078,15 @@ TEST(ConfigMoe, RejectsImpossibleRouting) {
   EXPECT_ERROR("[parallel]\nexpert = 2\ndata = 2\n",
                "parallel.expert (2) > 1 needs a mixture of experts (model.moe_experts > 0, it "
                "is 0)");
-  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\ndata = 2\n",
-               "parallel.expert (2) > 1: expert parallelism is not implemented yet (use 1: "
-               "every data-parallel rank holds all the experts)");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\ndata = 2\n"
+               "[train]\ndevice = \"cuda\"\n",
+               "parallel.expert (2) > 1 runs on the CPU backend only (train.device = \"cpu\"; "
+               "the GPU backend has no expert groups yet)");
+  // Accepted on the CPU: 4 experts over 2 of the 4 data-parallel ranks.
+  const Config ep = parse_config(kBase + "[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\n"
+                                 "data = 4\n[train]\nglobal_batch = 16\n",
+                                 kSrc);
+  EXPECT_EQ(ep.parallel.expert, 2);
   EXPECT_ERROR("[model]\nmoe_experts = 4\n[train]\ndevice = \"cuda\"\n",
                "model.moe_experts (4) > 0: the mixture of experts runs on the CPU backend only "
                "(train.device = \"cpu\")");

@@ -431,16 +431,23 @@ TEST_P(WholeModel, TensorShardsHoldExactlyTheSingleRankValues) {
   auto comm = make_self_communicator("tensor");
   CpuModel<float> whole(m, ModelShard::whole(m), *comm);
   whole.init_weights(11);
-  for (int tp : {2, 4}) {
+  // (tp, ep): tensor shards, and with experts also expert shards (ModelShard::ep_size: each
+  // rank holds E/ep of every stacked expert tensor, from global row ParamInfo::row_begin on).
+  std::vector<std::pair<int, int>> layouts = {{2, 1}, {4, 1}};
+  if (m.moe_experts > 0) layouts.insert(layouts.end(), {{1, 3}, {2, 3}});
+  for (const auto& [tp, ep] : layouts) {
     std::map<std::string, std::vector<int>> seen;  // global element -> times held across ranks
-    for (int r = 0; r < tp; ++r) {
+    for (int r = 0; r < tp * ep; ++r) {
       ModelShard shard = ModelShard::whole(m);
-      shard.tp_rank = r;
+      shard.tp_rank = r % tp;
       shard.tp_size = tp;
+      shard.ep_rank = r / tp;
+      shard.ep_size = ep;
       CpuModel<float> part(m, shard, *comm);
       part.init_weights(11);
       for (const ParamInfo& p : part.params()) {
         const ParamInfo& q = whole.param(p.name);
+        EXPECT_EQ(p.expert, ep > 1 && p.name.find(".experts.") != std::string::npos) << p.name;
         auto& count = seen[p.name];
         count.resize(q.global_numel(), 0);
         for (int64_t i = 0; i < p.numel(); ++i) {
@@ -457,9 +464,12 @@ TEST_P(WholeModel, TensorShardsHoldExactlyTheSingleRankValues) {
     }
     for (const auto& [name, count] : seen) {
       const ParamInfo& q = whole.param(name);
-      const int expected = q.split_dim < 0 ? tp : 1;  // replicated on every rank, else once
+      // Replicated over the tensor ranks, or held once; an expert by one expert rank, the
+      // rest by every one.
+      const bool expert = name.find(".experts.") != std::string::npos;
+      const int expected = (q.split_dim < 0 ? tp : 1) * (expert ? 1 : ep);
       for (size_t i = 0; i < count.size(); ++i)
-        ASSERT_EQ(count[i], expected) << name << " element " << i << " tp=" << tp;
+        ASSERT_EQ(count[i], expected) << name << " element " << i << " tp=" << tp << " ep=" << ep;
     }
   }
 }

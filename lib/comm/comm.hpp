@@ -47,6 +47,10 @@ struct CommStats {
     auto it = ops.find(op);
     return it == ops.end() ? 0 : it->second.calls;
   }
+  int64_t bytes(const std::string& op) const {
+    auto it = ops.find(op);
+    return it == ops.end() ? 0 : it->second.bytes;
+  }
 };
 
 // A pending non-blocking send or receive.

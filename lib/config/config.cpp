@@ -163,7 +163,7 @@ const Key kKeys[] = {
    "from inside the data-parallel dimension (not a factor of the world size). See "
    "docs/moe.md.",
    "divides `parallel.data` and `model.moe_experts`; > 1 needs `model.moe_experts` > 0 "
-   "(and is not implemented yet)"},
+   "and train.device = \"cpu\""},
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
   {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
@@ -814,10 +814,10 @@ void check_moe(const Config& c, const std::string& source) {
     fail(source, "parallel.expert (" + int_text(ep) + ") must divide parallel.data (" +
                      int_text(c.parallel.data) +
                      "): the expert-parallel ranks are taken from the data-parallel ones");
-  if (ep > 1)
+  if (ep > 1 && c.train.device != "cpu")
     fail(source, "parallel.expert (" + int_text(ep) +
-                     ") > 1: expert parallelism is not implemented yet (use 1: every data-"
-                     "parallel rank holds all the experts)");
+                     ") > 1 runs on the CPU backend only (train.device = \"cpu\"; the GPU "
+                     "backend has no expert groups yet)");
   if (c.train.device == "cuda")
     fail(source, "model.moe_experts (" + int_text(m.moe_experts) +
                      ") > 0: the mixture of experts runs on the CPU backend only (train.device "

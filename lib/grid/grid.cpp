@@ -147,6 +147,13 @@ void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
       << ", " << shape.pp << ", " << shape.dp << ")";
     fail(m);
   }
+  check_expert(shape, shape.ep);
+  if (model.moe_experts > 0 && model.moe_experts % shape.ep != 0) {
+    std::ostringstream m;
+    m << "model.moe_experts (" << model.moe_experts << ") must be divisible by parallel.expert ("
+      << shape.ep << ")";
+    fail(m);
+  }
   if (static_cast<int64_t>(shape.tp) * shape.pp * shape.dp != world_size) {
     std::ostringstream m;
     m << "parallel.tensor * parallel.pipeline * parallel.data = " << shape.tp << "*" << shape.pp

@@ -15,6 +15,9 @@ namespace trident {
 
 struct GridShape {
   int tp = 1, pp = 1, dp = 1;
+  // Expert parallelism (parallel.expert): EP ranks taken from inside the data-parallel
+  // dimension (expert_group below); not a fourth factor of the world size. Divides dp.
+  int ep = 1;
   int world() const { return tp * pp * dp; }
 };
 
@@ -51,7 +54,8 @@ int64_t padded_vocab(int64_t vocab_size, int64_t vocab_multiple, int64_t tp);
 // Throws trident::Error with a message naming the offending setting when the layout cannot
 // run: world size != TP*PP*DP, heads or FFN width not divisible by TP, TP not dividing
 // ranks_per_node (a tensor group would cross a node), vocabulary padding impossible, more
-// pipeline stages than layers. ranks_per_node <= 0: the node check is skipped (not known yet).
+// pipeline stages than layers, an expert-parallel degree not dividing DP or the experts.
+// ranks_per_node <= 0: the node check is skipped (not known yet).
 // The message is one line and depends only on the arguments, so every rank throws the same.
 void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
                      const ModelConfig& model);

@@ -98,6 +98,7 @@ ProcessGrid::ProcessGrid(MPI_Comm world, const Config& config) {
   shape.tp = to_int(config.parallel.tensor, "parallel.tensor");
   shape.pp = to_int(config.parallel.pipeline, "parallel.pipeline");
   shape.dp = to_int(config.parallel.data, "parallel.data");
+  shape.ep = to_int(config.parallel.expert, "parallel.expert");
   init(world, shape, to_int(config.parallel.ranks_per_node, "parallel.ranks_per_node"),
        config.model);
 }
@@ -227,6 +228,11 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   model_ = split(w, c.dp, c.pp * s.tp + c.tp, "model");
   const bool end_stage = c.pp == 0 || c.pp == s.pp - 1;
   embedding_ = split(w, end_stage ? c.dp * s.tp + c.tp : MPI_UNDEFINED, c.pp, "embedding");
+  if (s.ep > 1) {
+    const int column = c.pp * s.tp + c.tp, columns = s.pp * s.tp;
+    expert_ = split(w, c.dp / s.ep * columns + column, c.dp % s.ep, "expert");
+    expert_data_ = split(w, c.dp % s.ep * columns + column, c.dp / s.ep, "expert_data");
+  }
 }
 
 const std::string& ProcessGrid::host() const { return host_of_[rank_]; }
@@ -234,14 +240,16 @@ const std::string& ProcessGrid::host() const { return host_of_[rank_]; }
 std::vector<Communicator*> ProcessGrid::communicators() {
   std::vector<Communicator*> v{world_.get(), tensor_.get(), pipeline_.get(), data_.get(),
                                model_.get()};
-  if (embedding_) v.push_back(embedding_.get());
+  for (Communicator* c : {embedding_.get(), expert_.get(), expert_data_.get()})
+    if (c) v.push_back(c);
   return v;
 }
 
 std::vector<const Communicator*> ProcessGrid::communicators() const {
   std::vector<const Communicator*> v{world_.get(), tensor_.get(), pipeline_.get(), data_.get(),
                                      model_.get()};
-  if (embedding_) v.push_back(embedding_.get());
+  for (const Communicator* c : {embedding_.get(), expert_.get(), expert_data_.get()})
+    if (c) v.push_back(c);
   return v;
 }
 
@@ -251,7 +259,9 @@ void ProcessGrid::reset_stats() {
 
 std::string ProcessGrid::describe() const {
   std::ostringstream o;
-  o << "process grid: TP=" << shape_.tp << " PP=" << shape_.pp << " DP=" << shape_.dp << ", "
+  o << "process grid: TP=" << shape_.tp << " PP=" << shape_.pp << " DP=" << shape_.dp
+    << (shape_.ep > 1 ? " (EP=" + std::to_string(shape_.ep) + " inside DP)" : std::string())
+    << ", "
     << world_size() << " ranks on " << num_nodes_ << (num_nodes_ == 1 ? " node" : " nodes")
     << " (" << node_source_ << ")\n";
   size_t host_w = 4;

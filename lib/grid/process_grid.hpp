@@ -79,8 +79,14 @@ class ProcessGrid {
   // which is not a member.
   Communicator* embedding() { return embedding_.get(); }
   bool in_embedding_group() const { return embedding_ != nullptr; }
+  // Expert parallelism (shape().ep > 1; grid.hpp): the expert group (rank = dp % EP: the
+  // expert rank) and the expert-data group (same tp, pp, dp % EP; rank = dp / EP). nullptr
+  // when EP = 1.
+  Communicator* expert() { return expert_.get(); }
+  Communicator* expert_data() { return expert_data_.get(); }
 
-  // world, tensor, pipeline, data, model, embedding (when a member), in that order.
+  // world, tensor, pipeline, data, model, embedding (when a member), expert and expert_data
+  // (EP > 1), in that order.
   std::vector<Communicator*> communicators();
   std::vector<const Communicator*> communicators() const;
   void reset_stats();
@@ -107,6 +113,7 @@ class ProcessGrid {
   std::vector<int> local_of_;          // world rank -> rank within node
   std::vector<std::string> host_of_;   // world rank -> processor name
   std::unique_ptr<Communicator> world_, tensor_, pipeline_, data_, model_, embedding_;
+  std::unique_ptr<Communicator> expert_, expert_data_;
 };
 
 // A table of the counters of `comms` (one line per group and operation with calls > 0:

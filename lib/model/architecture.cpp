@@ -96,27 +96,44 @@ class LayoutBuilder {
 // A MoE layer's router and stacked experts (see architecture.hpp): each expert is the dense
 // MLP's tensors, its rows split over the tensor ranks as the dense ones are (fused_blocks
 // with one part per expert, or per expert and gate/up), so expert e lies at local rows
-// [e*Rl, (e+1)*Rl) on every rank.
+// [e*Rl, (e+1)*Rl) on every rank. Under expert parallelism a rank holds the El = E/ep experts
+// of its expert rank: global rows from row_begin = ep_rank * El * (rows per expert) on.
 void add_experts(LayoutBuilder& b, const ModelConfig& m, const ModelShard& s,
                  const std::string& p, BlockParams& bp) {
   const int r = s.tp_rank, tp = s.tp_size;
   const int64_t C = m.width, F = m.ffn_size(), E = m.moe_experts;
+  if (E % s.ep_size != 0)
+    throw Error("model.moe_experts (" + std::to_string(E) +
+                ") must be divisible by parallel.expert (" + std::to_string(s.ep_size) + ")");
+  const int64_t El = E / s.ep_size, first = s.ep_rank * El;
   const bool gpt2 = !m.is_llama();
   const Init residual = gpt2 ? Init::NormalResidual : Init::Normal;
   bp.router_w = b.add(p + "mlp.router.weight", {E, C}, -1, {}, Init::Normal, true);
   b.layout().params[bp.router_w].counted_in_norm = r == 0;
+  // The stacked tensor [E*rows_per_expert, ...] of which this rank holds El experts.
+  auto experts = [&](int i, int64_t rows_per_expert) {
+    ParamInfo& t = b.layout().params[i];
+    if (t.split_dim != 0) t.local_shape[0] = El * rows_per_expert;  // (split 0: the blocks')
+    t.expert = s.ep_size > 1;
+    t.row_begin = first * rows_per_expert;
+    return i;
+  };
   const auto cols = contiguous_blocks(F, r, tp);
   if (gpt2) {
-    const auto rows = fused_blocks(std::vector<int64_t>(E, F), r, tp);
-    bp.up_w = b.add(p + "mlp.experts.fc1.weight", {E * F, C}, 0, rows, Init::Normal, true);
-    bp.up_b = b.add(p + "mlp.experts.fc1.bias", {E * F}, 0, rows, Init::Zeros, false);
-    bp.down_w = b.add(p + "mlp.experts.fc2.weight", {E * C, F}, 1, cols, residual, true);
-    bp.down_b = b.replicated(p + "mlp.experts.fc2.bias", E * C, Init::Zeros, false);
+    const auto rows = fused_blocks(std::vector<int64_t>(El, F), r, tp);
+    bp.up_w = experts(
+        b.add(p + "mlp.experts.fc1.weight", {E * F, C}, 0, rows, Init::Normal, true), F);
+    bp.up_b = experts(b.add(p + "mlp.experts.fc1.bias", {E * F}, 0, rows, Init::Zeros, false), F);
+    bp.down_w = experts(
+        b.add(p + "mlp.experts.fc2.weight", {E * C, F}, 1, cols, residual, true), C);
+    bp.down_b = experts(b.replicated(p + "mlp.experts.fc2.bias", E * C, Init::Zeros, false), C);
   } else {
-    const auto rows = fused_blocks(std::vector<int64_t>(2 * E, F), r, tp);
-    bp.up_w = b.add(p + "mlp.experts.gate_up.weight", {2 * E * F, C}, 0, rows, Init::Normal,
-                    true);
-    bp.down_w = b.add(p + "mlp.experts.down.weight", {E * C, F}, 1, cols, residual, true);
+    const auto rows = fused_blocks(std::vector<int64_t>(2 * El, F), r, tp);
+    bp.up_w = experts(b.add(p + "mlp.experts.gate_up.weight", {2 * E * F, C}, 0, rows,
+                            Init::Normal, true),
+                      2 * F);
+    bp.down_w = experts(
+        b.add(p + "mlp.experts.down.weight", {E * C, F}, 1, cols, residual, true), C);
   }
 }
 

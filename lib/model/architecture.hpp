@@ -75,6 +75,10 @@ struct ModelShard {
   // Overlap a column-parallel layer's input-gradient all-reduce with its weight gradient
   // (parallel.tp_overlap; model/tensor_parallel.hpp).
   bool tp_overlap = false;
+  // Expert parallelism (parallel.expert; grid/grid.hpp expert_group): this rank holds experts
+  // [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of every MoE layer.
+  int ep_rank = 0;
+  int ep_size = 1;
 
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};

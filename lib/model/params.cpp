@@ -55,18 +55,18 @@ int64_t ParamInfo::global_numel() const {
 }
 
 std::optional<int64_t> ParamInfo::global_index(int64_t i) const {
-  if (split_dim < 0) return i;
   const int64_t local_cols = local_shape.size() == 2 ? local_shape[1] : 1;
   const int64_t global_cols = global_shape.size() == 2 ? global_shape[1] : 1;
   int64_t row = i / local_cols, col = i % local_cols;
-  int64_t& along = split_dim == 0 ? row : col;
-  for (const ShardBlock& b : blocks) {
-    if (along >= b.local_begin && along < b.local_begin + b.length) {
-      along = b.global_begin + (along - b.local_begin);
-      return row * global_cols + col;
-    }
+  if (split_dim >= 0) {
+    int64_t& along = split_dim == 0 ? row : col;
+    const ShardBlock* block = nullptr;
+    for (const ShardBlock& b : blocks)
+      if (along >= b.local_begin && along < b.local_begin + b.length) block = &b;
+    if (!block) return std::nullopt;  // a padding row
+    along = block->global_begin + (along - block->local_begin);
   }
-  return std::nullopt;  // a padding row
+  return (row_begin + row) * global_cols + col;
 }
 
 }  // namespace trident

@@ -47,6 +47,12 @@ struct ParamInfo {
   // Replicated, but each tensor rank's backward sees only its sequence shard (sequence
   // parallelism): the gradient is summed over the tensor group before it is used.
   bool tensor_partial_grad = false;
+  // Expert parallelism (parallel.expert > 1): a stacked-experts tensor of a MoE layer, of which
+  // this rank holds its expert rank's experts only: global rows [row_begin, row_begin + local
+  // rows) (for split_dim 0, the blocks' global rows are relative to row_begin). Its gradient is
+  // reduced over the expert-data group, not the data group (optim/grad_sync.hpp).
+  bool expert = false;
+  int64_t row_begin = 0;
   int64_t offset = 0;                  // into the flat local parameter/gradient buffer
 
   int64_t numel() const;

@@ -68,6 +68,9 @@ class StageModel {
   // The MoE layers' auxiliary losses and expert loads since the last call (model/moe.hpp), and
   // resets them; empty for a dense model.
   virtual MoeStats take_moe_stats() { return {}; }
+  // Expert parallelism: the expert group of this rank (model/moe.hpp), set before the first
+  // activations are made; its size and rank must be the shard's ep_size and ep_rank.
+  virtual void set_expert_group(Communicator* group) = 0;
   // Backward of the micro-batch whose forward filled `a` (see Transformer::backward); `d_output` and
   // `d_input` are device memory.
   virtual void backward(Activations& a, float loss_scale, const void* d_output,

@@ -148,6 +148,10 @@ class Transformer {
   // The MoE layers' auxiliary losses and expert loads over the forwards since the last call
   // (the shard's layers only); resets them. Empty loads for a dense model.
   MoeStats take_moe_stats() { return moe_.take_stats(); }
+  // Expert parallelism (ModelShard::ep_size > 1): the expert group (grid/grid.hpp), whose size
+  // and rank must be the shard's; before the first activations are made. Throws
+  // trident::Error when they differ.
+  void set_expert_group(Communicator* group);
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
   // `loss_scale` (1/micro-batches); other stages: `d_output` [stream_rows(B), C] arrives from the
   // next stage. Non-first stages write the gradient of their input into `d_input`. Parameter

@@ -71,6 +71,16 @@ double Transformer<K>::take_loss_sum() {
 }
 
 template <class K>
+void Transformer<K>::set_expert_group(Communicator* group) {
+  const int size = group ? group->size() : 1, rank = group ? group->rank() : 0;
+  if (size != shard_.ep_size || rank != shard_.ep_rank)
+    throw Error("the expert group (rank " + std::to_string(rank) + " of " +
+                std::to_string(size) + ") is not the model shard's (expert rank " +
+                std::to_string(shard_.ep_rank) + " of " + std::to_string(shard_.ep_size) + ")");
+  if (config_.moe_experts > 0) moe_.set_expert_group(group);
+}
+
+template <class K>
 const ParamInfo& Transformer<K>::param(const std::string& name) const {
   for (const ParamInfo& p : layout_.params)
     if (p.name == name) return p;

@@ -51,6 +51,7 @@ class TransformerStage final : public StageModel {
   }
   double take_loss_sum() override { return model_.take_loss_sum(); }
   MoeStats take_moe_stats() override { return model_.take_moe_stats(); }
+  void set_expert_group(Communicator* group) override { model_.set_expert_group(group); }
   void backward(Activations& a, float loss_scale, const void* d_output, void* d_input) override {
     model_.backward(acts(a), loss_scale, static_cast<const T*>(d_output),
                     static_cast<T*>(d_input));

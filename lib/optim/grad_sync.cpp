@@ -2,35 +2,62 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
+
+#include "optim/adamw.hpp"
 
 namespace trident {
 
 namespace {
 int64_t bytes(int64_t floats) { return floats * static_cast<int64_t>(sizeof(float)); }
+
+// Sorted ranges with touching neighbours merged.
+std::vector<FlatRange> coalesced(std::vector<FlatRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    if (r.size() == 0) continue;
+    if (!out.empty() && out.back().end == r.begin)
+      out.back().end = r.end;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
 }  // namespace
 
 std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_t buffer_size,
-                                    int64_t bucket_elems) {
-  // Parameter starts, descending: the candidate cut points.
-  std::vector<int64_t> starts;
-  for (const ParamInfo& p : params) starts.push_back(p.offset);
-  std::sort(starts.rbegin(), starts.rend());
+                                    int64_t bucket_elems,
+                                    const std::function<bool(const ParamInfo&)>& select) {
+  // Parameters by descending offset: backward's completion order.
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return params[a].offset > params[b].offset; });
   std::vector<FlatRange> buckets;
-  int64_t end = buffer_size;
-  for (size_t i = 0; i < starts.size(); ++i) {
-    const int64_t begin = starts[i];
-    const bool last = i + 1 == starts.size();
-    // Close the bucket at this start if taking the next parameter would overflow it.
-    if (last || end - starts[i + 1] > bucket_elems) {
-      if (last) {
-        buckets.push_back({0, end});
-      } else {
-        buckets.push_back({begin, end});
-        end = begin;
-      }
+  FlatRange open{0, 0};  // the bucket being filled (empty: none)
+  int64_t extent_end = buffer_size;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const ParamInfo& p = params[order[i]];
+    const int64_t begin = i + 1 == order.size() ? 0 : p.offset;
+    const FlatRange extent{begin, extent_end};
+    extent_end = begin;
+    if (select && !select(p)) {  // a bucket never spans a rejected parameter
+      if (open.size() > 0) buckets.push_back(open);
+      open = {0, 0};
+      continue;
+    }
+    // Join the open bucket if it stays within bucket_elems, else start a new one.
+    if (open.size() > 0 && open.begin == extent.end && open.end - extent.begin <= bucket_elems) {
+      open.begin = extent.begin;
+    } else {
+      if (open.size() > 0) buckets.push_back(open);
+      open = extent;
     }
   }
-  if (buckets.empty() && buffer_size > 0) buckets.push_back({0, buffer_size});
+  if (open.size() > 0) buckets.push_back(open);
+  if (params.empty() && buffer_size > 0 && !select) buckets.push_back({0, buffer_size});
   return buckets;
 }
 
@@ -42,70 +69,123 @@ FlatRange zero_slice(const FlatRange& bucket, int rank, int size) {
 }
 
 GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size,
-                           Communicator& data, double bucket_mb, bool zero, Device& device)
-    : data_(data), device_(device), zero_(zero && data.size() > 1) {
+                           Communicator& data, double bucket_mb, bool zero, Device& device,
+                           ExpertGroups experts)
+    : data_(data), experts_(experts), device_(device) {
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
-  buckets_ = make_buckets(params, buffer_size, bucket_elems);
-  if (zero_) {
-    int64_t largest = 0;
-    for (const FlatRange& b : buckets_) {
-      owned_.push_back(zero_slice(b, data.rank(), data.size()));
-      largest = std::max(largest, b.size());
+  const bool split_experts = experts.expert != nullptr && experts.expert->size() > 1;
+  parts_.push_back({&data, false});
+  if (split_experts) parts_.push_back({experts.expert_data, true});
+  int64_t staging = 0;
+  for (Part& part : parts_) {
+    const bool experts_part = part.experts;
+    part.buckets =
+        split_experts ? make_buckets(params, buffer_size, bucket_elems,
+                                     [&](const ParamInfo& p) { return p.expert == experts_part; })
+                      : make_buckets(params, buffer_size, bucket_elems);
+    const int size = part.comm->size();
+    part.zero = zero && size > 1;
+    if (part.zero) {
+      for (const FlatRange& b : part.buckets) {
+        part.owned.push_back(zero_slice(b, part.comm->rank(), size));
+        staging = std::max(staging, (b.size() + size - 1) / size * size);
+      }
+    } else {
+      part.owned = coalesced(part.buckets);
     }
-    const int64_t slice = (largest + data.size() - 1) / data.size();
-    staging_ = DeviceArray<float>(device, slice * data.size());
-    slice_ = DeviceArray<float>(device, slice);
-    std::sort(owned_.begin(), owned_.end(),
-              [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
-  } else {
-    owned_.push_back({0, buffer_size});
+    buckets_.insert(buckets_.end(), part.buckets.begin(), part.buckets.end());
+    owned_.insert(owned_.end(), part.owned.begin(), part.owned.end());
+  }
+  owned_ = coalesced(owned_);
+  if (staging > 0) {
+    staging_ = DeviceArray<float>(device, staging);
+    slice_ = DeviceArray<float>(device, staging);
   }
 }
 
+const GradientSync::Part& GradientSync::part_of(const ParamInfo& p) const {
+  return p.expert && parts_.size() > 1 ? parts_[1] : parts_[0];
+}
+
 void GradientSync::grads_final_from(float* grads, int64_t watermark) {
-  if (zero_ || data_.size() == 1) return;
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].begin >= watermark) {
-    const FlatRange& b = buckets_[next_bucket_++];
-    pending_.push_back(data_.iall_reduce(grads + b.begin, b.size(), DType::F32, ReduceOp::Sum));
+  for (Part& part : parts_) {
+    if (part.zero || part.comm->size() == 1) continue;
+    while (part.next_bucket < part.buckets.size() &&
+           part.buckets[part.next_bucket].begin >= watermark) {
+      const FlatRange& b = part.buckets[part.next_bucket++];
+      part.pending.push_back(
+          part.comm->iall_reduce(grads + b.begin, b.size(), DType::F32, ReduceOp::Sum));
+    }
+    for (auto& request : part.pending) request->test();  // nudge MPI's progress engine
   }
-  for (auto& request : pending_) request->test();  // nudge MPI's progress engine
 }
 
 void GradientSync::finish(float* grads) {
   const int dp = data_.size();
   if (dp == 1) return;
+  // Every part averages over all the replicas of the batch: an expert's gradient already sums
+  // the tokens of its expert group (they came to it by all-to-all).
   const float inv = 1.0f / static_cast<float>(dp);
-  if (!zero_) {
-    grads_final_from(grads, 0);
-    for (auto& request : pending_) request->wait();
-    pending_.clear();
-    next_bucket_ = 0;
-    device_.scale(grads, owned_[0].end, inv);
-    return;
+  grads_final_from(grads, 0);
+  for (Part& part : parts_) {
+    if (part.zero) {
+      reduce_scatter_buckets(part, grads);
+    } else {
+      for (auto& request : part.pending) request->wait();
+      part.pending.clear();
+      part.next_bucket = 0;
+    }
+    for (const FlatRange& r : part.owned) device_.scale(grads + r.begin, r.size(), inv);
   }
-  for (const FlatRange& b : buckets_) {
-    const int64_t slice = (b.size() + dp - 1) / dp;
+}
+
+void GradientSync::reduce_scatter_buckets(Part& part, float* grads) {
+  Communicator& comm = *part.comm;
+  const int size = comm.size();
+  for (const FlatRange& b : part.buckets) {
+    const int64_t slice = (b.size() + size - 1) / size;
     device_.copy(staging_.data(), grads + b.begin, bytes(b.size()));
-    device_.fill_zero(staging_.data() + b.size(), bytes(slice * dp - b.size()));
-    data_.reduce_scatter(staging_.data(), slice_.data(), slice, DType::F32);
-    const FlatRange mine = zero_slice(b, data_.rank(), dp);
+    device_.fill_zero(staging_.data() + b.size(), bytes(slice * size - b.size()));
+    comm.reduce_scatter(staging_.data(), slice_.data(), slice, DType::F32);
+    const FlatRange mine = zero_slice(b, comm.rank(), size);
     device_.copy(grads + mine.begin, slice_.data(), bytes(mine.size()));
-    device_.scale(grads + mine.begin, mine.size(), inv);
   }
 }
 
 void GradientSync::all_gather_weights(float* weights) {
-  if (!zero_) return;
-  const int dp = data_.size();
-  for (const FlatRange& b : buckets_) {
-    const int64_t slice = (b.size() + dp - 1) / dp;
-    const FlatRange mine = zero_slice(b, data_.rank(), dp);
-    device_.copy(slice_.data(), weights + mine.begin, bytes(mine.size()));
-    device_.fill_zero(slice_.data() + mine.size(), bytes(slice - mine.size()));
-    data_.all_gather(slice_.data(), staging_.data(), slice, DType::F32);
-    device_.copy(weights + b.begin, staging_.data(), bytes(b.size()));
+  for (Part& part : parts_) {
+    if (!part.zero) continue;
+    Communicator& comm = *part.comm;
+    const int size = comm.size();
+    for (const FlatRange& b : part.buckets) {
+      const int64_t slice = (b.size() + size - 1) / size;
+      const FlatRange mine = zero_slice(b, comm.rank(), size);
+      device_.copy(slice_.data(), weights + mine.begin, bytes(mine.size()));
+      device_.fill_zero(slice_.data() + mine.size(), bytes(slice - mine.size()));
+      comm.all_gather(slice_.data(), staging_.data(), slice, DType::F32);
+      device_.copy(weights + b.begin, staging_.data(), bytes(b.size()));
+    }
   }
 }
+
+void GradientSync::sum_over_holders(const ParamInfo& p, double* values, int64_t n) const {
+  const Part& part = part_of(p);
+  if (part.experts) experts_.expert->all_reduce_sum(values, n);
+  if (part.zero) part.comm->all_reduce_sum(values, n);
+}
+
+double GradientSync::square_sum(const std::vector<ParamInfo>& params, const float* grads) const {
+  double total = 0.0;
+  for (const Part& part : parts_) {
+    double sum = grad_square_sum(params, grads, part.owned, device_);
+    if (part.experts) experts_.expert->all_reduce_sum(&sum, 1);
+    if (part.zero) part.comm->all_reduce_sum(&sum, 1);
+    total += sum;
+  }
+  return total;
+}
+
+int GradientSync::replica_of(const ParamInfo& p) const { return part_of(p).comm->rank(); }
 
 }  // namespace trident

@@ -13,7 +13,12 @@
 // (the bucket padded to a multiple of DP): gradients are reduce-scattered so each rank holds
 // the average of its slices only, the optimizer keeps moments for those slices only, and the
 // updated weights are all-gathered back.
+//
+// Expert parallelism: a rank's experts are replicated over its expert-data group only, so
+// their buckets are reduced (and sliced under ZeRO-1) over that group; the rest over the data
+// group as above.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,18 +35,33 @@ struct FlatRange {
 };
 
 // Pure: buckets of at most `bucket_elems` elements (a single larger parameter gets a bucket of
-// its own), split at parameter boundaries, covering [0, buffer_size), ordered from the END of
-// the buffer (the order in which backward completes them).
+// its own), split at parameter boundaries, ordered from the END of the buffer (the order in
+// which backward completes them). A parameter's extent runs from its offset to the next
+// parameter's (the last one's to buffer_size; the first one's from 0): with every parameter
+// selected the buckets cover [0, buffer_size). `select` (if given) keeps only the extents of the
+// parameters it accepts; a bucket never spans a parameter it rejects.
 std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_t buffer_size,
-                                    int64_t bucket_elems);
+                                    int64_t bucket_elems,
+                                    const std::function<bool(const ParamInfo&)>& select = {});
 // Pure: the slice of `bucket` that data-parallel rank `rank` of `size` owns under ZeRO-1
 // (slices of ceil(len/size) elements; the last ones may be short or empty).
 FlatRange zero_slice(const FlatRange& bucket, int rank, int size);
 
+// Expert parallelism (parallel.expert > 1; grid/grid.hpp): the expert group (different experts
+// on each rank) and the expert-data group (the replicas of this rank's experts). Both nullptr
+// without expert parallelism.
+struct ExpertGroups {
+  Communicator* expert = nullptr;
+  Communicator* expert_data = nullptr;
+};
+
 class GradientSync {
  public:
+  // Under expert parallelism the stacked experts (ParamInfo::expert) are reduced over the
+  // expert-data group (their ZeRO-1 slices too) and everything else over `data`; both are
+  // averaged over the whole data-parallel dimension (data.size() replicas of the batch).
   GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size, Communicator& data,
-               double bucket_mb, bool zero, Device& device);
+               double bucket_mb, bool zero, Device& device, ExpertGroups experts = {});
 
   // Every gradient at flat offset >= watermark is final for this step: start reducing the
   // buckets that lie entirely above it (not under ZeRO-1, which reduces in finish()).
@@ -52,20 +72,45 @@ class GradientSync {
   // ZeRO-1: gather every rank's updated slices so all replicas hold the same weights again.
   void all_gather_weights(float* weights);
 
-  // The ranges whose averaged gradients this rank holds and whose optimizer state it keeps:
-  // the whole buffer without ZeRO-1, this rank's bucket slices with it.
+  // The ranges whose averaged gradients this rank holds and whose optimizer state it keeps,
+  // sorted: the whole buffer without ZeRO-1, this rank's bucket slices with it.
   const std::vector<FlatRange>& owned() const { return owned_; }
+  // Every bucket (the experts' after the others' under expert parallelism).
   const std::vector<FlatRange>& buckets() const { return buckets_; }
-  bool zero() const { return zero_; }
+  // ZeRO-1 over the data group (the parameters that are not experts).
+  bool zero() const { return parts_.front().zero; }
+  // Whether this rank keeps only a slice of p's optimizer state (ZeRO-1 over p's group).
+  bool zero_for(const ParamInfo& p) const { return part_of(p).zero; }
+  // Sums `n` values in place over the data-parallel ranks that hold different owned elements
+  // of p: none without ZeRO-1 (every replica holds all of p), the data group with it; for an
+  // expert tensor under expert parallelism, the expert group, and the expert-data group too
+  // under ZeRO-1. The gradient norm and the parity tests complete their sums with it.
+  void sum_over_holders(const ParamInfo& p, double* values, int64_t n) const;
+  // The sum of squared owned gradients of the counted parameters (grad_square_sum), completed
+  // over the data-parallel dimension: the caller sums it over the model-parallel group.
+  double square_sum(const std::vector<ParamInfo>& params, const float* grads) const;
+  // The data-parallel rank index among the replicas of p (0: the one that writes p to a
+  // checkpoint): the data rank, or for an expert tensor the expert-data rank.
+  int replica_of(const ParamInfo& p) const;
 
  private:
+  // The parameters one communicator reduces (all of them without expert parallelism).
+  struct Part {
+    Communicator* comm = nullptr;
+    bool experts = false;  // the stacked experts (ParamInfo::expert)
+    bool zero = false;
+    std::vector<FlatRange> buckets, owned;
+    size_t next_bucket = 0;  // buckets[0, next_bucket) have been launched this step
+    std::vector<std::unique_ptr<CommRequest>> pending;
+  };
+  const Part& part_of(const ParamInfo& p) const;
+  void reduce_scatter_buckets(Part& part, float* grads);
+
   Communicator& data_;
+  ExpertGroups experts_;
   Device& device_;
-  bool zero_;
-  std::vector<FlatRange> buckets_;
-  std::vector<FlatRange> owned_;
-  size_t next_bucket_ = 0;  // buckets_[0, next_bucket_) have been launched this step
-  std::vector<std::unique_ptr<CommRequest>> pending_;
+  std::vector<Part> parts_;
+  std::vector<FlatRange> buckets_, owned_;
   DeviceArray<float> staging_, slice_;
 };
 

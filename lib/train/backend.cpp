@@ -28,6 +28,8 @@ Backend make_backend(const Config& config, const TrainerGroups& groups,
   b.pipeline = groups.pipeline;
   b.data = groups.data;
   b.embedding = groups.embedding;
+  b.expert = groups.expert;
+  b.expert_data = groups.expert_data;
   b.model = make_cpu_stage_model(config.model, shard, *groups.tensor, *b.device);
   return b;
 }

@@ -27,6 +27,8 @@ struct Backend {
   Communicator* pipeline = nullptr;
   Communicator* data = nullptr;
   Communicator* embedding = nullptr;
+  Communicator* expert = nullptr;       // expert parallelism only (grid/grid.hpp)
+  Communicator* expert_data = nullptr;
   std::vector<std::unique_ptr<Communicator>> owned;  // those not borrowed from the groups
   std::unique_ptr<StageModel> model;
   // GPU runs: the communicators whose work the device's stream carries (comm/comm_watch.hpp),
@@ -49,6 +51,8 @@ struct Backend {
     pipeline = other.pipeline;
     data = other.data;
     embedding = other.embedding;
+    expert = other.expert;
+    expert_data = other.expert_data;
     owned = std::move(other.owned);
     model = std::move(other.model);
     watch = std::move(other.watch);

@@ -51,16 +51,18 @@ std::vector<Run> param_runs(const ParamInfo& p, int64_t begin, int64_t end, int6
   };
   const int64_t cols = p.local_shape.size() == 2 ? p.local_shape[1] : 1;
   const int64_t global_cols = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
+  // Expert parallelism: the rank's rows start at global row p.row_begin (0 otherwise).
+  const int64_t base = p.row_begin * global_cols;
   if (p.split_dim < 0) {
-    add(0, 0, p.numel());
+    add(0, base, p.numel());
   } else if (p.split_dim == 0) {
     for (const ShardBlock& b : p.blocks)
-      add(b.local_begin * cols, b.global_begin * cols, b.length * cols);
+      add(b.local_begin * cols, base + b.global_begin * cols, b.length * cols);
   } else {
     const int64_t rows = p.local_shape[0];
     for (int64_t r = 0; r < rows; ++r)
       for (const ShardBlock& b : p.blocks)
-        add(r * cols + b.local_begin, r * global_cols + b.global_begin, b.length);
+        add(r * cols + b.local_begin, base + r * global_cols + b.global_begin, b.length);
   }
   return runs;
 }
@@ -319,7 +321,8 @@ std::string data_order_changes(const Config& written, const Config& now) {
   return out;
 }
 
-void read_model_weights(CheckpointReader& reader, StageModel& model, bool counts_checksum) {
+void read_model_weights(CheckpointReader& reader, StageModel& model,
+                        const std::function<bool(const ParamInfo&)>& counts_checksum) {
   const int64_t n = model.flat_size();
   Device& device = model.device();
   std::vector<float> staging;
@@ -331,7 +334,7 @@ void read_model_weights(CheckpointReader& reader, StageModel& model, bool counts
     const auto it = mine.find(g.name);
     const ParamInfo* p = it == mine.end() ? nullptr : it->second;
     const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
-    const bool owner = p && p->counted_in_norm && counts_checksum;
+    const bool owner = p && p->counted_in_norm && counts_checksum(*p);
     reader.read_tensor(dataset_path("/model", g.name), g.global_shape, runs,
                        {weights, static_cast<size_t>(n)},
                        owner ? ChecksumShare::all() : ChecksumShare::none());

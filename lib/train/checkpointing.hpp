@@ -3,6 +3,7 @@
 // rank writes and reads. A checkpoint holds every tensor once, with its global shape, so any
 // layout reads what any layout wrote (docs/checkpoint-format.md).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,11 +91,12 @@ std::string data_order_changes(const Config& written, const Config& now);
 
 // Collective over the reader's ranks: this rank's shard of every weight of the model
 // checkpoint into model.weights() (any layout's checkpoint into the model's layout), then
-// weights_changed(). Every rank visits every weight dataset in the same order; the ranks with
-// `counts_checksum` (one copy of the model: data-parallel rank 0) count what they read in the
-// checksums, which reader.close() verifies. The model must be the checkpoint's (the caller
+// weights_changed(). Every rank visits every weight dataset in the same order; each parameter
+// for which `counts_checksum` holds on one copy of the model (data-parallel rank 0; for an
+// expert under expert parallelism, expert-data rank 0) counts what it read in the checksums, which reader.close() verifies. The model must be the checkpoint's (the caller
 // compares the configs first).
-void read_model_weights(CheckpointReader& reader, StageModel& model, bool counts_checksum);
+void read_model_weights(CheckpointReader& reader, StageModel& model,
+                        const std::function<bool(const ParamInfo&)>& counts_checksum);
 
 // "layers.3.mlp.fc1.weight" under "/model" -> "/model/layers/003/mlp/fc1/weight".
 std::string dataset_path(const std::string& root, const std::string& param_name);

@@ -34,7 +34,8 @@ TrainerGroups TrainerGroups::from_grid(ProcessGrid& grid) {
   const GridShape s = grid.shape();
   return {&grid.world(), &grid.tensor(), &grid.pipeline(), &grid.data(), &grid.model(),
           grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp,
-          dynamic_cast<MpiCommunicator&>(grid.world()).comm()};
+          dynamic_cast<MpiCommunicator&>(grid.world()).comm(), grid.expert(),
+          grid.expert_data(), c.dp % s.ep, s.ep};
 }
 
 SelfGroups::SelfGroups()
@@ -80,6 +81,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   shard.recompute = parse_recompute(config.train.recompute);
   shard.lm_head_chunk_rows = config.train.lm_head_chunk_rows;
   shard.tp_overlap = config.parallel.tp_overlap;
+  shard.ep_rank = groups.ep_rank;
+  shard.ep_size = groups.ep_size;
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (config.parallel.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,
@@ -100,6 +103,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   }
   backend_ = make(config, groups, shard);
   model_ = backend_.model.get();
+  model_->set_expert_group(backend_.expert);
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
   if (groups.pp_size > 1 && backend_.embedding && m.tie_embeddings) {
@@ -111,7 +115,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   model_->weights_changed();
   sync_ = std::make_unique<GradientSync>(model_->params(), model_->flat_size(), *backend_.data,
                                          config.parallel.dp_bucket_mb,
-                                         config.optim.zero_stage == 1, device);
+                                         config.optim.zero_stage == 1, device,
+                                         ExpertGroups{backend_.expert, backend_.expert_data});
   optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
 
   train_data_ = std::make_unique<BlendedDataset>(
@@ -279,9 +284,9 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   float* grads = model.grads();
   // Global gradient norm, every parameter counted once: sharded tensors summed over the tensor
   // group, replicated ones on tensor rank 0 only, stages over the pipeline group, the tied
-  // embedding on the first stage only; under ZeRO-1 the slices over the data group too.
-  double square_sum = grad_square_sum(model.params(), grads, sync_->owned(), device());
-  if (sync_->zero()) groups_.data->all_reduce_sum(&square_sum, 1);
+  // embedding on the first stage only; under ZeRO-1 the slices over the data group too, and
+  // different experts over the expert group.
+  double square_sum = sync_->square_sum(model.params(), grads);
   groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
   const double lr =
@@ -494,7 +499,6 @@ RunOutcome Trainer::run() {
 std::string Trainer::save_checkpoint(int64_t steps_done) {
   const Config& c = config_;
   StageModel& model = *model_;
-  const bool first_replica = groups_.dp_rank == 0;
   const auto global = global_parameters(c.model);
   // HDF5 writes from host memory: a GPU rank copies its shard and moments to the host first.
   std::vector<float> weight_staging, m_staging, v_staging;
@@ -516,8 +520,12 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
       const ParamInfo* p = it == mine.end() ? nullptr : it->second;
       std::vector<Run> weight_runs, moment_runs;
       if (p && p->counted_in_norm) {
+        // The first of p's data-parallel replicas (under expert parallelism an expert's are
+        // its expert-data group), or every holder of a ZeRO-1 slice.
+        const bool first_replica = sync_->replica_of(*p) == 0;
         if (first_replica) weight_runs = param_runs(*p, 0, p->numel(), p->offset);
-        if (first_replica || sync_->zero()) moment_runs = state_runs(*p, optimizer_->owned());
+        if (first_replica || sync_->zero_for(*p))
+          moment_runs = state_runs(*p, optimizer_->owned());
       }
       w.write_tensor(dataset_path("/model", g.name), g.global_shape, weight_runs,
                      {weights, static_cast<size_t>(wn)});
@@ -606,7 +614,6 @@ void Trainer::load_checkpoint(const std::string& path) {
                 c.source + " skips " + skip_list_text(skips_below(skips, meta.sampler_position)) +
                 " below it: resuming would not continue where it stopped; set "
                 "checkpoint.allow_data_change = true to resume anyway");
-  const bool first_replica = groups_.dp_rank == 0;
   // HDF5 reads into host memory: a GPU rank reads into staging and copies to the device after.
   const int64_t wn64 = model.flat_size(), sn64 = optimizer_->exp_avg().size();
   std::vector<float> weight_staging, m_staging, v_staging;
@@ -625,12 +632,14 @@ void Trainer::load_checkpoint(const std::string& path) {
     // (the rank that would write it), so the sums agree with the file's.
     const auto weight_runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
     const bool owner = p && p->counted_in_norm;
+    const bool first_replica = p && sync_->replica_of(*p) == 0;
     reader.read_tensor(dataset_path("/model", g.name), g.global_shape, weight_runs,
                        {weights, wn},
                        owner && first_replica ? ChecksumShare::all() : ChecksumShare::none());
     const auto moment_runs = p ? state_runs(*p, optimizer_->owned()) : std::vector<Run>{};
     const ChecksumShare moment_share =
-        owner && (first_replica || sync_->zero()) ? ChecksumShare::all() : ChecksumShare::none();
+        owner && (first_replica || sync_->zero_for(*p)) ? ChecksumShare::all()
+                                                        : ChecksumShare::none();
     reader.read_tensor(dataset_path("/optim/exp_avg", g.name), g.global_shape, moment_runs,
                        {exp_avg, sn}, moment_share);
     reader.read_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
@@ -719,7 +728,8 @@ int64_t Trainer::init_weights_from(const std::string& path) {
                                                        config_.source);
       !diff.empty())
     throw Error("train.init_from '" + path + "': " + diff);
-  read_model_weights(reader, model, groups_.dp_rank == 0);
+  read_model_weights(reader, model,
+                     [&](const ParamInfo& p) { return sync_->replica_of(p) == 0; });
   reader.close();  // verifies the checksums and values of everything read, on every rank
   return meta.step;
 }

@@ -41,6 +41,10 @@ struct TrainerGroups {
   int pp_rank = 0, pp_size = 1;
   int dp_rank = 0, dp_size = 1;
   MPI_Comm mpi_world = MPI_COMM_SELF;  // the job's ranks, for collective checkpoint I/O
+  // Expert parallelism (parallel.expert > 1; grid/grid.hpp): nullptr without.
+  Communicator* expert = nullptr;       // rank = ep_rank
+  Communicator* expert_data = nullptr;  // the replicas of this rank's experts
+  int ep_rank = 0, ep_size = 1;
 
   static TrainerGroups from_grid(ProcessGrid& grid);
 };

@@ -147,7 +147,7 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
       sums[1] += static_cast<double>(global[*gi]) * global[*gi];
     }
     if (p.split_dim >= 0) grid.tensor().all_reduce_sum(sums, 2);
-    if (sync.zero()) grid.data().all_reduce_sum(sums, 2);
+    sync.sum_over_holders(p, sums, 2);  // ZeRO-1 slices, other ranks' experts
     const double rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
     if (rel > worst) {
       worst = rel;
@@ -183,6 +183,26 @@ inline SavedRun train_saving_at(
     run.losses.insert(run.losses.end(), rest.begin(), rest.end());
   });
   return run;
+}
+
+// `target` loads the checkpoint `run` saved after step save_at and trains to `steps`: the
+// worst relative error of its losses against the uninterrupted run's (the same on every rank of
+// the job; every resumed step compared, or the test fails). `what` names the target in the
+// messages.
+inline double resumed_loss_error(const Config& target, const SavedRun& run, int64_t save_at,
+                                 int64_t steps, const std::string& what) {
+  double worst = 0.0;
+  int64_t compared = 0;
+  on_layout(target, [&](Trainer& t, ProcessGrid&) {
+    t.load_checkpoint(run.path);
+    const auto losses = train_steps(t, save_at, steps);
+    for (int64_t i = 0; i < steps - save_at; ++i, ++compared)
+      worst = std::max(worst, std::abs(losses[i] - run.losses[save_at + i]) /
+                                  run.losses[save_at + i]);
+  });
+  EXPECT_EQ(compared, steps - save_at) << what;
+  EXPECT_LE(worst, 1e-5) << "resumed on " << what;
+  return max_over_world(worst);
 }
 
 // The checkpoint tests' config: tiny_config with 4 layers, 20 steps of 4 micro-batches, the
@@ -224,10 +244,13 @@ void for_each_owned_element(Trainer& t, Visit visit) {
 
 // Whether this rank is the one that accounts for element i of p in a job-wide count: the rank
 // that counts p in the gradient norm (tensor rank 0 of a replicated tensor, the first stage for
-// the tied embedding), on data-parallel rank 0 unless each data-parallel rank holds its own
-// slice of the state (`sliced`: the moments under ZeRO-1). Padding has no global element.
-inline bool counts_element(const ParamInfo& p, int64_t i, bool sliced, ProcessGrid& grid) {
-  return p.counted_in_norm && (sliced || grid.data().rank() == 0) && p.global_index(i);
+// the tied embedding), on data-parallel rank 0 (an expert under expert parallelism: on its
+// expert-data rank 0) unless each holder has its own slice (`moments` under ZeRO-1). Padding
+// has no global element.
+inline bool counts_element(const ParamInfo& p, int64_t i, bool moments, Trainer& t) {
+  const GradientSync& sync = t.gradient_sync();
+  return p.counted_in_norm && ((moments && sync.zero_for(p)) || sync.replica_of(p) == 0) &&
+         p.global_index(i);
 }
 
 // A rank's final training state, copied to the host.
@@ -262,7 +285,6 @@ struct StateComparison {
 // trainer `b` came from).
 inline StateComparison compare_states(const TrainingState& a, const TrainingState& b, Trainer& t,
                                       ProcessGrid& grid) {
-  const bool zero = t.gradient_sync().zero();
   double sums[5] = {0, 0, 0, 0, 0};  // compared, differing, covered: weights, m, v
   auto same = [](float x, float y) {
     return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y);
@@ -276,14 +298,14 @@ inline StateComparison compare_states(const TrainingState& a, const TrainingStat
         const auto k = static_cast<size_t>(p.offset + i);
         sums[0] += 1;
         sums[1] += same(a.weights[k], b.weights[k]) ? 0 : 1;
-        if (counts_element(p, i, false, grid)) sums[2] += 1;
+        if (counts_element(p, i, false, t)) sums[2] += 1;
       }
     for_each_owned_element(t, [&](const ParamInfo& p, int64_t i, int64_t s) {
       const auto k = static_cast<size_t>(s);
       sums[0] += 2;
       sums[1] += (same(a.exp_avg[k], b.exp_avg[k]) ? 0 : 1) +
                  (same(a.exp_avg_sq[k], b.exp_avg_sq[k]) ? 0 : 1);
-      if (counts_element(p, i, zero, grid)) sums[3] += 1, sums[4] += 1;
+      if (counts_element(p, i, true, t)) sums[3] += 1, sums[4] += 1;
     });
   }
   grid.world().all_reduce_sum(sums, 5);
@@ -346,7 +368,6 @@ struct MomentCheck {
 
 inline MomentCheck check_moments_against_file(Trainer& t, ProcessGrid& grid,
                                               const std::string& path) {
-  const bool zero = t.gradient_sync().zero();
   const int64_t n = t.optimizer().exp_avg().size();
   std::vector<float> moments[2] = {std::vector<float>(static_cast<size_t>(n)),
                                    std::vector<float>(static_cast<size_t>(n))};
@@ -376,7 +397,7 @@ inline MomentCheck check_moments_against_file(Trainer& t, ProcessGrid& grid,
       const float file = stored[m].at(p.name)[static_cast<size_t>(*gi)];
       sums[0] += 1;
       sums[1] += std::bit_cast<uint32_t>(mine) == std::bit_cast<uint32_t>(file) ? 0 : 1;
-      if (counts_element(p, i, zero, grid)) sums[2] += 1;
+      if (counts_element(p, i, true, t)) sums[2] += 1;
     }
   });
   grid.world().all_reduce_sum(sums, 3);
@@ -486,7 +507,9 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   double worst_grad = 0.0, worst_loss = 0.0, worst_moe = 0.0;
   int64_t moe_steps = 0;             // steps whose MoE figures were compared
   std::string worst_name, per_step;  // per-step loss and gradient-norm errors, shown on failure
+  int64_t expert_tensors = 0;        // this rank's expert-parallel tensors (ParamInfo::expert)
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
+    for (const ParamInfo& p : t.model().params()) expert_tensors += p.expert ? 1 : 0;
     for (int64_t s = 0; s < kParitySteps; ++s) {
       const double loss = t.forward_backward(s);
       if (s == 0) worst_grad = worst_grad_error(t, ref, grid, &worst_name);
@@ -512,6 +535,8 @@ inline void check_parity(const ParityLayout& l, std::vector<std::string> extra =
   EXPECT_LE(worst_loss, 1e-5) << l.name() << per_step;
   EXPECT_LE(worst_moe, 1e-5) << l.name() << ": MoE aux loss / expert loads";
   if (config.model.moe_experts > 0) EXPECT_EQ(moe_steps, kParitySteps) << l.name();
+  // Expert parallelism really split the experts (else the run is the EP = 1 one).
+  if (config.parallel.expert > 1) EXPECT_GT(expert_tensors, 0) << l.name();
   worst_grad = max_over_world(worst_grad);
   worst_loss = max_over_world(worst_loss);
   worst_moe = max_over_world(worst_moe);

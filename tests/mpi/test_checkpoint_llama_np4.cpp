@@ -34,25 +34,14 @@ TEST(LlamaCheckpoint, Tp2Pp2CheckpointResumesOnOtherLayouts) {
   const auto dir = shared_corpus("llama_ckpt_reshard");
   const Config source = llama_for(dir, 2, 2, 1, 0, "reshard");
   const SavedRun source_run = train_saving_at(source, kSaveAt, kSteps);
-  const std::vector<double>& uninterrupted = source_run.losses;
-  const std::string& path = source_run.path;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int layouts[][4] = {{4, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 2, 1}};
   for (const auto& l : layouts) {
     const Config target = llama_for(dir, l[0], l[1], l[2], l[3], "unused");
-    double worst = 0.0;
-    int64_t compared = 0;
-    on_layout(target, [&](Trainer& t, ProcessGrid&) {
-      t.load_checkpoint(path);
-      const auto losses = train_steps(t, kSaveAt, kSteps);
-      for (int64_t i = 0; i < kSteps - kSaveAt; ++i, ++compared)
-        worst = std::max(worst, std::abs(losses[i] - uninterrupted[kSaveAt + i]) /
-                                    uninterrupted[kSaveAt + i]);
-    });
-    EXPECT_EQ(compared, kSteps - kSaveAt);
-    EXPECT_LE(worst, 1e-5) << "resumed on (" << l[0] << "," << l[1] << "," << l[2] << ")";
-    worst = max_over_world(worst);
+    const double worst = resumed_loss_error(
+        target, source_run, kSaveAt, kSteps,
+        "(" + std::to_string(l[0]) + "," + std::to_string(l[1]) + "," + std::to_string(l[2]) + ")");
     if (rank == 0)
       std::printf("[ measured ] llama (2,2,1) checkpoint resumed on (%d,%d,%d) zero %d: next %lld "
                   "losses worst relative error %.3e\n",

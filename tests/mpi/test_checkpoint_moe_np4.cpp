@@ -8,45 +8,27 @@
 
 #include <cstdio>
 
+#include "moe_configs.hpp"
 #include "parity.hpp"
 
 using namespace trident;
 using namespace trident::test;
 
 namespace {
-
 constexpr int64_t kSteps = 12, kSaveAt = 6;
-
-Config moe_for(const std::filesystem::path& dir, int tp, int pp, int dp, int zero,
-               const std::string& ckpt, int experts = 4) {
-  return checkpoint_config(dir, tp, pp, dp, zero, ckpt,
-                           {"model.moe_experts=" + std::to_string(experts), "model.moe_top_k=2",
-                            "model.moe_capacity_factor=1.5", "train.steps=12"});
-}
-
 }  // namespace
 
 TEST(MoeCheckpoint, Tp2Pp2CheckpointResumesOnOtherLayouts) {
   const auto dir = shared_corpus("moe_ckpt_reshard");
   const SavedRun source_run = train_saving_at(moe_for(dir, 2, 2, 1, 0, "reshard"), kSaveAt, kSteps);
-  const std::vector<double>& uninterrupted = source_run.losses;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int layouts[][4] = {{4, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 2, 1}};
   for (const auto& l : layouts) {
     const Config target = moe_for(dir, l[0], l[1], l[2], l[3], "unused");
-    double worst = 0.0;
-    int64_t compared = 0;
-    on_layout(target, [&](Trainer& t, ProcessGrid&) {
-      t.load_checkpoint(source_run.path);
-      const auto losses = train_steps(t, kSaveAt, kSteps);
-      for (int64_t i = 0; i < kSteps - kSaveAt; ++i, ++compared)
-        worst = std::max(worst, std::abs(losses[i] - uninterrupted[kSaveAt + i]) /
-                                    uninterrupted[kSaveAt + i]);
-    });
-    EXPECT_EQ(compared, kSteps - kSaveAt);
-    EXPECT_LE(worst, 1e-5) << "resumed on (" << l[0] << "," << l[1] << "," << l[2] << ")";
-    worst = max_over_world(worst);
+    const double worst = resumed_loss_error(
+        target, source_run, kSaveAt, kSteps,
+        "(" + std::to_string(l[0]) + "," + std::to_string(l[1]) + "," + std::to_string(l[2]) + ")");
     if (rank == 0)
       std::printf("[ measured ] MoE (2,2,1) checkpoint resumed on (%d,%d,%d) zero %d: next %lld "
                   "losses worst relative error %.3e\n",
@@ -81,3 +63,4 @@ TEST(MoeCheckpoint, OtherExpertCountIsRefusedNamingTheKey) {
     }
   });
 }
+

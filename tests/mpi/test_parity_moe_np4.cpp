@@ -6,37 +6,11 @@
 // with every other layer a MoE layer.
 #include <gtest/gtest.h>
 
+#include "moe_configs.hpp"
 #include "parity.hpp"
 
 using namespace trident;
 using namespace trident::test;
-
-namespace {
-
-// 4 experts, top-2; capacity 1.0 = 16 of a sequence's 64 assignments per expert.
-std::vector<std::string> gpt2_moe(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.moe_experts=4", "model.moe_top_k=2",
-                                "model.moe_capacity_factor=1.0", "model.moe_aux_loss_coeff=0.05",
-                                "model.moe_z_loss_coeff=0.001"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
-// 3 SwiGLU experts, top-2, dropless, MoE layers 0 and 2 of 4. At tiny_config's lr 1e-2 this
-// llama drifts from the single-rank run by 2.6e-6 in 20 steps even without experts (TP2), and
-// such a drift eventually flips a top-2 choice that is nearly tied (a jump, not a drift): the
-// lower lr keeps the runs within rounding of each other.
-std::vector<std::string> llama_moe(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.arch=llama",       "model.heads=4",
-                                "model.kv_heads=2",       "model.ffn_width=48",
-                                "model.moe_experts=3",    "model.moe_top_k=2",
-                                "model.moe_layer_interval=2", "optim.lr=3e-3",
-                                "optim.min_lr=3e-4"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
-}  // namespace
 
 TEST(MoeParity, Tp2) { check_parity({2, 1, 1}, gpt2_moe()); }
 TEST(MoeParity, Pp2) { check_parity({1, 2, 1}, gpt2_moe()); }
@@ -89,3 +63,4 @@ TEST(MoeParity, AuxLossIndependentOfMicroBatchSize) {
                 "steps\n",
                 worst_grad, worst_loss, worst_moe, static_cast<long long>(kParitySteps));
 }
+
