@@ -284,14 +284,14 @@ std::string ProcessGrid::stats_table() const { return format_comm_stats(communic
 std::string format_comm_stats(const std::vector<const Communicator*>& comms) {
   std::ostringstream o;
   char line[256];
-  std::snprintf(line, sizeof line, "%-10s %-15s %10s %12s %10s\n", "group", "op", "calls", "MB",
+  std::snprintf(line, sizeof line, "%-11s %-15s %10s %12s %10s\n", "group", "op", "calls", "MB",
                 "seconds");
   o << line;
   for (const Communicator* c : comms) {
     if (c == nullptr) continue;
     for (const auto& [op, s] : c->stats().ops) {
       if (s.calls == 0) continue;
-      std::snprintf(line, sizeof line, "%-10s %-15s %10lld %12.3f %10.3f\n", c->name().c_str(),
+      std::snprintf(line, sizeof line, "%-11s %-15s %10lld %12.3f %10.3f\n", c->name().c_str(),
                     op.c_str(), static_cast<long long>(s.calls), s.bytes / 1e6, s.seconds);
       o << line;
     }
