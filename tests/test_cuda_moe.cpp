@@ -56,8 +56,10 @@ class DevBuf {
   explicit DevBuf(size_t n) : n_(n) {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T)));
   }
+  // Complete on return: a kernel on another (non-blocking) stream may read it at once.
   explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) {
     CUDA_CHECK(cudaMemcpy(p_, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~DevBuf() { cudaFree(p_); }
   DevBuf(const DevBuf&) = delete;
