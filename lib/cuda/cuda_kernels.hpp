@@ -339,8 +339,9 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   const int64_t* host_offsets(const int64_t* offsets, int64_t E) {
     if (!is_device_memory(offsets)) return offsets;
     host_offsets_.resize(static_cast<size_t>(E + 1));
-    CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), offsets, host_offsets_.size() * sizeof(int64_t),
-                               cudaMemcpyDeviceToHost, s()));
+    CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), offsets,
+                               host_offsets_.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                               s()));
     CUDA_CHECK(cudaStreamSynchronize(s()));
     return host_offsets_.data();
   }

@@ -6,8 +6,9 @@
 // reduce_scatter (also in place), broadcast (root copies up only, receivers down only),
 // isend/irecv pairs (a send copies at post time), argument errors, and the counters against an
 // MpiCommunicator running the same calls; all_to_all_v (tests/mpi/staged_all_to_all_cases.hpp,
-// also run on 3 ranks by test_staged_comm_np3). Also the node placement the GPU backend takes from the
-// process grid (grid/process_grid.hpp node_placement: one node detection for both backends).
+// also run on 3 ranks by test_staged_comm_np3). Also the node placement the GPU backend takes
+// from the process grid (grid/process_grid.hpp node_placement: one node detection for both
+// backends).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
