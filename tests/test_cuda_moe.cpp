@@ -4,7 +4,8 @@
 // slots, rows, offsets and loads exactly equal), the permutation and the weighted combine with
 // their backwards, the row scatter, and the grouped expert GEMMs (an empty expert included).
 // The kernel set's wrappers (cuda/cuda_kernels.hpp) are checked with the index arrays in host
-// memory as well as on the device (expert parallelism hands them host arrays).
+// memory as well as on the device (expert parallelism hands them host arrays), and its
+// accumulate_mean into a host accumulator (the block's statistics) as well as a device one.
 // The error printed and checked is the max-norm relative error max|gpu - ref| / max|ref|
 // (tolerance 1e-4 like test_cuda_kernels' fp32 path, 1e-5 where the GPU computes in double);
 // each comparison prints one line "[ cuda ] <kernel> <tensor> ... rel=...", and counts the
@@ -348,8 +349,9 @@ TEST(CudaMoe, GroupedExpertLinear) {
 }
 
 // CudaKernels<float>: the index arrays the graph passes may be device memory (the dispatch
-// plan's) or host memory (expert parallelism's receive plan); both give the same results.
-TEST(CudaMoe, KernelSetTakesHostOrDeviceIndices) {
+// plan's) or host memory (expert parallelism's receive plan), and the MoE block accumulates its
+// statistics into host doubles; both give the same results.
+TEST(CudaMoe, KernelSetTakesHostOrDeviceMemory) {
   REQUIRE_CUDA_DEVICE();
   static_assert(trident::kernels_have_moe<trident::CudaKernels<float>>);
   static_assert(!trident::kernels_have_moe<trident::CudaKernels<gpu::bf16>>);
@@ -389,6 +391,22 @@ TEST(CudaMoe, KernelSetTakesHostOrDeviceIndices) {
     expect_close("CudaKernels scatter_rows", on_device ? "out(dev index)" : "out(host index)",
                  d_moved.download(), scattered, 0.0);
   }
+  // The block's statistics: accumulate_mean into a host double (the loss sum's is on the
+  // device); both add the same mean.
+  const std::vector<float> aux = random_vec(rng, 7, 0.f, 2.f);
+  double ref_mean = 0.0;
+  for (float a : aux) ref_mean += a;
+  ref_mean /= 7.0;
+  DevBuf<float> d_aux(aux);
+  DevBuf<double> d_sum(std::vector<double>{0.5});
+  double host_sum = 0.5;
+  k.accumulate_mean(&host_sum, d_aux.get(), 7);
+  k.accumulate_mean(d_sum.get(), d_aux.get(), 7);
+  const double dev_sum = d_sum.download()[0];
+  std::printf("[ cuda ] %-26s host %.17g device %.17g cpu %.17g\n", "CudaKernels accumulate_mean",
+              host_sum, dev_sum, 0.5 + ref_mean);
+  EXPECT_EQ(host_sum, dev_sum);
+  EXPECT_NEAR(host_sum, 0.5 + ref_mean, 1e-12);
   // Expert parallelism's send counts read the dispatch plan's device offsets.
   std::vector<int64_t> send(1), per_expert(static_cast<size_t>(E)), ref_send(1),
       ref_per_expert(static_cast<size_t>(E));

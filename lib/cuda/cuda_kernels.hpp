@@ -63,8 +63,22 @@ class CudaKernels : public CudaMoeSupport<Tx> {
                                cudaMemcpyHostToDevice, s()));
     CUDA_CHECK(cudaEventRecord(st.copied, s()));
   }
+  // `acc` in device memory (the step's loss sum: stream-ordered, nothing waits), or in host
+  // memory (the MoE block's statistics): then the mean is taken on the device and added here,
+  // which waits for the stream.
   void accumulate_mean(double* acc, const S* x, int64_t n) {
-    cuda::accumulate_mean(acc, x, n, s());
+    if (is_device_memory(acc)) {
+      cuda::accumulate_mean(acc, x, n, s());
+      return;
+    }
+    if (mean_scratch_.size() == 0) mean_scratch_ = DeviceArray<double>(dev_, 1);
+    CUDA_CHECK(cudaMemsetAsync(mean_scratch_.data(), 0, sizeof(double), s()));
+    cuda::accumulate_mean(mean_scratch_.data(), x, n, s());
+    double mean = 0.0;
+    CUDA_CHECK(cudaMemcpyAsync(&mean, mean_scratch_.data(), sizeof(double),
+                               cudaMemcpyDeviceToHost, s()));
+    CUDA_CHECK(cudaStreamSynchronize(s()));
+    *acc += mean;
   }
   void fill(S* x, int64_t n, S value) { cuda::fill(x, n, value, s()); }
   void copy(T* dst, const T* src, int64_t n) {
@@ -389,6 +403,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   DeviceArray<unsigned char> workspace_;
   std::vector<int64_t> host_offsets_;        // host_offsets' copy
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy
+  DeviceArray<double> mean_scratch_;         // accumulate_mean into a host accumulator
   // Tokens and targets of two micro-batches in flight.
   std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
   size_t next_staging_ = 0;
