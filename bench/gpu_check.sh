@@ -41,7 +41,10 @@
 #      checkpoint (h's, else a 6-step CPU run): GPU text == CPU text byte for byte, and TP 2
 #      (2 ranks on the GPU, comm = mpi) == TP 1 on the GPU; sampled (temperature 1, top-k 40,
 #      seed 7) GPU == CPU; the prompt loss beside it                        [H200 est. ~25 s]
-#   (MoE refuses the CUDA backend for now: no row.)
+#   m. mixture of experts (run right after b): gpu_pack/bin/test_cuda_moe, the CUDA MoE kernels
+#      (router, losses, dispatch plan, permutation, grouped expert GEMMs) against the CPU's,
+#      fp32 (rel <= 1e-4; the plan exactly equal); the whole MoE model on the GPU against the
+#      CPU is GpuTrainer.MoeFp32MatchesTheCpu in b's test_cuda_train_np2   [H200 est. ~5 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -60,7 +63,7 @@
 # Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
 #
 # Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
-#          --budget SECONDS, --steps "b c h" (a subset of b-l; a always runs)
+#          --budget SECONDS, --steps "b c h" (a subset of b-m; a always runs)
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
@@ -72,7 +75,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l"
+STEPS="a b c d e f g h i j k l m"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -427,34 +430,51 @@ else
 fi
 
 # ================================================================ b. GPU unit tests
+# gtest_row STEP BINARY LIMIT: one GoogleTest binary of the pack (under mpiexec -n N for _npN)
+# as one row of STEP.
+gtest_row() {
+  local step=$1 b=$2 t=$3 name launch t0 rc dt res measured v
+  local n_tests n_pass n_fail n_skip names
+  name=$(basename "$b")
+  launch=()
+  [[ $name =~ _np([0-9]+)$ ]] && launch=("${MPIEXEC[@]}" -n "${BASH_REMATCH[1]}")
+  if ((t < 10)); then row "$step" "$name" "0 failures" "not run: no time left" ERROR; return; fi
+  say "$step. $name (limit ${t}s)"
+  t0=$SECONDS
+  tenv timeout -k 10 "$t" "${launch[@]}" "$b" --gtest_output="json:$LOGS/$name.json" >"$LOGS/$name.log" 2>&1
+  rc=$?
+  dt=$((SECONDS - t0))
+  res=$(gc gtest "$LOGS/$name.json" "$LOGS/$name.log")
+  fact "{\"what\": \"$name\", \"rc\": $rc, \"seconds\": $dt, \"counts\": $res}"
+  IFS=$'\x1f' read -r n_tests n_pass n_fail n_skip names <<<"$(get "$res" tests passed failed skipped failed_names)"
+  measured="$n_pass passed, $n_fail failed, $n_skip skipped of $n_tests (rc $rc, ${dt}s)"
+  [[ $rc == 124 || $rc == 137 ]] && measured+=" TIMED OUT"
+  [[ $n_fail != 0 ]] && measured+="; failed: $names"
+  grep -E '^\[ (cuda|timing) \]|FAILED|Failure' "$LOGS/$name.log" | head -20 | sed 's/^/    /'
+  if [[ $DRY == 1 ]]; then
+    # 77: an MPI test binary whose cases all skipped (mpi_gtest_main's SKIP_RETURN_CODE).
+    v=SKIP; [[ ($rc == 0 || $rc == 77) && ${n_fail:-1} == 0 ]] || v=ERROR
+  elif [[ $rc == 0 && ${n_fail:-1} == 0 && ${n_tests:-0} -gt 0 && ${n_skip:-0} -lt ${n_tests:-0} ]]; then v=PASS
+  else v=FAIL; fi
+  row "$step" "$name" "0 failures" "$measured" "$v"
+}
 if want b; then
   compgen -G "$BIN/test_cuda_*" >/dev/null || row b "test_cuda_*" "0 failures" "no test binary in the pack" ERROR
   for b in "$BIN"/test_cuda_*; do
     [[ -x $b ]] || continue
-    name=$(basename "$b")
-    launch=()
-    [[ $name =~ _np([0-9]+)$ ]] && launch=("${MPIEXEC[@]}" -n "${BASH_REMATCH[1]}")
-    t=$(limit 120 230)
-    if ((t < 10)); then row b "$name" "0 failures" "not run: no time left" ERROR; continue; fi
-    say "b. $name (limit ${t}s)"
-    t0=$SECONDS
-    tenv timeout -k 10 "$t" "${launch[@]}" "$b" --gtest_output="json:$LOGS/$name.json" >"$LOGS/$name.log" 2>&1
-    rc=$?
-    dt=$((SECONDS - t0))
-    res=$(gc gtest "$LOGS/$name.json" "$LOGS/$name.log")
-    fact "{\"what\": \"$name\", \"rc\": $rc, \"seconds\": $dt, \"counts\": $res}"
-    IFS=$'\x1f' read -r n_tests n_pass n_fail n_skip names <<<"$(get "$res" tests passed failed skipped failed_names)"
-    measured="$n_pass passed, $n_fail failed, $n_skip skipped of $n_tests (rc $rc, ${dt}s)"
-    [[ $rc == 124 || $rc == 137 ]] && measured+=" TIMED OUT"
-    [[ $n_fail != 0 ]] && measured+="; failed: $names"
-    grep -E '^\[ (cuda|timing) \]|FAILED|Failure' "$LOGS/$name.log" | head -20 | sed 's/^/    /'
-    if [[ $DRY == 1 ]]; then
-      # 77: an MPI test binary whose cases all skipped (mpi_gtest_main's SKIP_RETURN_CODE).
-      v=SKIP; [[ ($rc == 0 || $rc == 77) && ${n_fail:-1} == 0 ]] || v=ERROR
-    elif [[ $rc == 0 && ${n_fail:-1} == 0 && ${n_tests:-0} -gt 0 && ${n_skip:-0} -lt ${n_tests:-0} ]]; then v=PASS
-    else v=FAIL; fi
-    row b "$name" "0 failures" "$measured" "$v"
+    [[ $(basename "$b") == test_cuda_moe ]] && want m && continue  # its own row, m
+    gtest_row b "$b" "$(limit 120 230)"
   done
+fi
+
+# ================================================================ m. mixture of experts
+# Right after b (its reserve covers the later steps): the CUDA MoE kernels against the CPU's.
+if want m; then
+  if [[ -x $BIN/test_cuda_moe ]]; then
+    gtest_row m "$BIN/test_cuda_moe" "$(limit 30 230)"
+  else
+    row m "test_cuda_moe" "0 failures" "no test_cuda_moe in the pack" ERROR
+  fi
 fi
 
 # ================================================================ trident runs

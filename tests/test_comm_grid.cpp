@@ -471,8 +471,9 @@ TEST(comm_self, AllToAllVCopiesTheOneBlockAndCountsIt) {
   EXPECT_EQ(c->stats().calls("all_to_all"), 2);
 }
 
-// A backend without an all-to-all (the NCCL and staged communicators inherit this default):
-// one line naming the group, never a silent no-op.
+// A backend without an all-to-all (MPI, NCCL, staged and one-rank communicators have one; a
+// backend that does not override it gets this default): one line naming the group, never a
+// silent no-op.
 TEST(comm_self, AllToAllVWithoutABackendThrowsNamingTheGroup) {
   struct NoAllToAll final : Communicator {
     NoAllToAll() : Communicator("expert") {}

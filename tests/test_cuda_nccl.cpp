@@ -3,7 +3,8 @@
 // through NCCL on the compute stream: all_reduce (F32 sum and max, F64, I32, I64, BF16 sum and
 // max, bit for bit), all_gather (also in place), reduce_scatter (also in place), broadcast,
 // iall_reduce (wait() orders the compute stream after it; test() reports completion), the
-// counters, barrier, and the refused arguments (bad root, message to oneself, negative count).
+// counters, barrier, and the refused arguments (bad root, message to oneself, negative count);
+// all_to_all_v (one rank: its own block, I64 and F32, an empty exchange, refused counts).
 // Also: only the NCCL communicators a group uses are created (NcclUse, counted without a GPU),
 // a point-to-point-only group refuses collectives, the communicator joins the device's
 // CommWatch (counted, last operation recorded, gone on destruction), and after an abort every
@@ -207,6 +208,39 @@ TEST_F(Nccl, BarrierAndRefusedArguments) {
   EXPECT_THROW(comm->all_reduce(d.p, -1, DType::F32, ReduceOp::Sum), trident::Error);
   EXPECT_EQ(comm->stats().calls("send"), 0);
   EXPECT_EQ(comm->stats().calls("all_reduce"), 0);
+}
+
+// One rank: all_to_all_v is this rank's own block, a device copy on the compute stream (the
+// grouped ncclSend/ncclRecv of other peers need one GPU per rank). I64 beyond 32 bits, F32,
+// an empty exchange, the counters, and the refused counts.
+TEST_F(Nccl, AllToAllV) {
+  const std::vector<int64_t> l{int64_t{1} << 40, -3, 7};
+  auto dl = upload(l);
+  DeviceBuffer<int64_t> rl(3);
+  comm->all_to_all_v(dl->p, {3}, rl.p, {3}, DType::I64);
+  EXPECT_EQ(download(rl, 3), l);
+  const std::vector<float> f{1.5f, -2.0f};
+  auto df = upload(f);
+  DeviceBuffer<float> rf(2);
+  comm->all_to_all_v(df->p, {2}, rf.p, {2}, DType::F32);
+  EXPECT_EQ(download(rf, 2), f);
+  comm->all_to_all_v(df->p, {0}, rf.p, {0}, DType::F32);  // an empty exchange
+  EXPECT_EQ(download(rf, 2), f);
+  EXPECT_EQ(comm->stats().calls("all_to_all"), 3);
+  EXPECT_EQ(comm->stats().ops.at("all_to_all").bytes, 3 * 8 + 2 * 4);
+  // Refused before anything is enqueued or counted: wrong vector size, negative, and a block
+  // to oneself whose send and receive counts differ.
+  EXPECT_THROW(comm->all_to_all_v(df->p, {1, 1}, rf.p, {1, 1}, DType::F32), trident::Error);
+  EXPECT_THROW(comm->all_to_all_v(df->p, {-1}, rf.p, {-1}, DType::F32), trident::Error);
+  try {
+    comm->all_to_all_v(df->p, {2}, rf.p, {1}, DType::F32);
+    ADD_FAILURE() << "unequal counts to oneself were accepted";
+  } catch (const trident::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("communicator 'nccl-self': all_to_all_v sends 2"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(comm->stats().calls("all_to_all"), 3);
 }
 
 // No GPU needed: how many NCCL communicators each kind of group creates.

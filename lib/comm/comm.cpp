@@ -91,8 +91,8 @@ int64_t Communicator::check_all_to_all_counts(const std::vector<int64_t>& send_c
 void Communicator::all_to_all_v(const void*, const std::vector<int64_t>&, void*,
                                 const std::vector<int64_t>&, DType) {
   throw Error("communicator '" + name_ +
-              "': all_to_all_v is not implemented by this backend (only MPI and one-rank "
-              "groups have it; expert parallelism runs on the CPU backend)");
+              "': all_to_all_v is not implemented by this backend (the MPI, NCCL, staged and "
+              "one-rank communicators have it)");
 }
 
 namespace {

@@ -117,8 +117,9 @@ class Communicator {
   // entries and every rank's recv_counts[q] must equal rank q's send_counts[rank()] (exchange
   // the counts first, e.g. with an all_to_all_v of one I64 each). Counted as one "all_to_all"
   // of the elements this rank sends (its own block included, so a token dispatch counts
-  // tokens x top-k x width whatever the layout). The default throws (a backend that has none:
-  // the NCCL and staged communicators, which MoE never reaches because it is CPU-only).
+  // tokens x top-k x width whatever the layout). MPI, NCCL (grouped ncclSend/ncclRecv), the
+  // staged communicator and one-rank groups implement it; the default throws (a backend that
+  // has none).
   virtual void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
                             void* recv, const std::vector<int64_t>& recv_counts, DType type);
 

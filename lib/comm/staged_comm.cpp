@@ -3,6 +3,7 @@
 #include "comm/staged_comm.hpp"
 
 #include <chrono>
+#include <vector>
 
 #include "util/error.hpp"
 
@@ -180,6 +181,22 @@ class StagedCommunicator final : public Communicator {
     req->set_host_request(host_.irecv(req->buffer(), count, type, peer, tag));
     count_call(kRecv, count, type, 0.0);
     return req;
+  }
+
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                    const std::vector<int64_t>& recv_counts, DType type) override {
+    const int64_t sent = check_all_to_all_counts(send_counts, recv_counts);
+    int64_t received = 0;
+    for (int64_t c : recv_counts) received += c;
+    const int64_t sb = nbytes(sent, type), rb = nbytes(received, type);
+    auto t0 = Clock::now();
+    // [ packed send blocks | packed receive blocks ]: separate host buffers, so a device send
+    // and receive that alias cannot meet on the host.
+    char* h = staging(sb + rb);
+    to_host(h, send, sb);
+    host_.all_to_all_v(h, send_counts, h + sb, recv_counts, type);
+    from_host(recv, h + sb, rb);
+    count_call(kAllToAll, sent, type, since(t0));
   }
 
   void barrier() override {

@@ -9,7 +9,9 @@
 // finished, so no extra synchronisation is needed), the same operation on `host` on host
 // staging memory, Device::from_host of the result (blocking). Only the bytes an operation
 // reads are copied to the host and only the bytes it writes are copied back (a broadcast's
-// receivers copy nothing up, its root nothing back).
+// receivers copy nothing up, its root nothing back). all_to_all_v copies the packed send
+// blocks up and the packed receive blocks down (one copy each, none when its total is 0) around
+// the host communicator's all_to_all_v.
 //
 // Staging memory: blocking calls reuse one growing host buffer owned by the communicator (no
 // allocation once it has reached the largest message). Non-blocking calls (iall_reduce, isend,

@@ -138,8 +138,8 @@ const Key kKeys[] = {
   {TRIDENT_KEY(model, moe_experts), at_least(0),
    "Mixture of experts: experts per MoE layer, each a copy of the architecture's MLP (gpt2 "
    "GELU, llama SwiGLU) behind a softmax top-k router; 0: dense MLPs. See docs/moe.md.",
-   "> 0: `model.moe_top_k` <= moe_experts, divisible by `parallel.expert`, "
-   "`train.device = \"cpu\"` (no CUDA kernels yet)"},
+   "> 0: `model.moe_top_k` <= moe_experts, divisible by `parallel.expert`; with "
+   "`train.device = \"cuda\"`: `train.precision = \"fp32\"` and `parallel.expert` = 1"},
   {TRIDENT_KEY(model, moe_top_k), at_least(1),
    "Experts each token is sent to; their router probabilities are renormalised to sum to 1."},
   {TRIDENT_KEY(model, moe_aux_loss_coeff), at_least(0),
@@ -814,14 +814,15 @@ void check_moe(const Config& c, const std::string& source) {
     fail(source, "parallel.expert (" + int_text(ep) + ") must divide parallel.data (" +
                      int_text(c.parallel.data) +
                      "): the expert-parallel ranks are taken from the data-parallel ones");
-  if (ep > 1 && c.train.device != "cpu")
-    fail(source, "parallel.expert (" + int_text(ep) +
-                     ") > 1 runs on the CPU backend only (train.device = \"cpu\"; the GPU "
-                     "backend has no expert groups yet)");
-  if (c.train.device == "cuda")
+  // The GPU's MoE kernels (kernels/cuda/moe.cu) are fp32 and checked on one rank's experts.
+  if (c.train.device == "cuda" && c.train.precision != "fp32")
     fail(source, "model.moe_experts (" + int_text(m.moe_experts) +
-                     ") > 0: the mixture of experts runs on the CPU backend only (train.device "
-                     "= \"cpu\")");
+                     ") > 0 with train.device = \"cuda\" needs train.precision = \"fp32\" (the "
+                     "GPU's mixture-of-experts kernels are fp32 only)");
+  if (c.train.device == "cuda" && ep > 1)
+    fail(source, "parallel.expert (" + int_text(ep) +
+                     ") > 1 with train.device = \"cuda\": expert parallelism runs on the CPU "
+                     "backend only");
 }
 
 // Constraints between keys (each is described in the `relations` text of its key).

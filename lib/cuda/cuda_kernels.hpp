@@ -9,8 +9,10 @@
 //    in bf16; GEMMs bf16 x bf16 with fp32 accumulation; norms, softmax, attention and
 //    cross-entropy statistics in fp32. Master weights and gradients are fp32 (G = float): the
 //    model keeps a bf16 compute copy (convert).
+// Mixture of experts (has_moe): fp32 only (kernels/cuda/moe.cu).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -20,13 +22,23 @@
 
 #include "comm/comm.hpp"
 #include "cuda/cuda_device.hpp"
+#include "kernels/cpu/moe.hpp"  // the host-side integer bookkeeping, shared with the CPU
 #include "kernels/cuda/ops.hpp"
 #include "util/error.hpp"
 
 namespace trident {
 
+// The mixture of experts (model/moe.hpp) keeps its activations and statistics in one type, so
+// only the fp32 kernel set has it (kernels_have_moe tests for the member).
 template <typename Tx>
-class CudaKernels {
+struct CudaMoeSupport {};
+template <>
+struct CudaMoeSupport<float> {
+  static constexpr bool has_moe = true;
+};
+
+template <typename Tx>
+class CudaKernels : public CudaMoeSupport<Tx> {
  public:
   using T = Tx;
   using G = float;
@@ -51,8 +63,22 @@ class CudaKernels {
                                cudaMemcpyHostToDevice, s()));
     CUDA_CHECK(cudaEventRecord(st.copied, s()));
   }
+  // `acc` in device memory (the step's loss sum: stream-ordered, nothing waits), or in host
+  // memory (the MoE block's statistics): then the mean is taken on the device and added here,
+  // which waits for the stream.
   void accumulate_mean(double* acc, const S* x, int64_t n) {
-    cuda::accumulate_mean(acc, x, n, s());
+    if (is_device_memory(acc)) {
+      cuda::accumulate_mean(acc, x, n, s());
+      return;
+    }
+    if (mean_scratch_.size() == 0) mean_scratch_ = DeviceArray<double>(dev_, 1);
+    CUDA_CHECK(cudaMemsetAsync(mean_scratch_.data(), 0, sizeof(double), s()));
+    cuda::accumulate_mean(mean_scratch_.data(), x, n, s());
+    double mean = 0.0;
+    CUDA_CHECK(cudaMemcpyAsync(&mean, mean_scratch_.data(), sizeof(double),
+                               cudaMemcpyDeviceToHost, s()));
+    CUDA_CHECK(cudaStreamSynchronize(s()));
+    *acc += mean;
   }
   void fill(S* x, int64_t n, S value) { cuda::fill(x, n, value, s()); }
   void copy(T* dst, const T* src, int64_t n) {
@@ -189,6 +215,124 @@ class CudaKernels {
                                  vocab_begin, V, s());
   }
 
+  // Mixture of experts (kernels/cuda/moe.cu; model/moe.hpp), T = float only. The graph hands
+  // the expert GEMMs and the row moves index arrays that are either device memory (the
+  // dispatch plan's) or host memory (expert parallelism's receive plan): those are read where
+  // they are needed (offsets on the host, row indices on the device), copied when they are not.
+  static int64_t moe_capacity(double factor, int64_t Tn, int64_t E, int64_t K) {
+    return cpu::moe_capacity(factor, Tn, E, K);
+  }
+  void moe_router_forward(T* probs, int32_t* expert, T* weight, const T* logits, int64_t N,
+                          int64_t E, int64_t K)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_router_forward(probs, expert, weight, logits, N, E, K, s());
+  }
+  void moe_router_backward(T* dlogits, const T* dweight, const T* dprobs_extra, const T* probs,
+                           const int32_t* expert, const T* weight, int64_t N, int64_t E,
+                           int64_t K)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_router_backward(dlogits, dweight, dprobs_extra, probs, expert, weight, N, E, K,
+                              s());
+  }
+  void moe_aux_loss_forward(S* aux, const T* probs, const int32_t* expert, int64_t B,
+                            int64_t Tn, int64_t E, int64_t K)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_aux_loss_forward(aux, probs, expert, B, Tn, E, K, s());
+  }
+  void moe_aux_loss_backward(T* dprobs, const S* daux, const int32_t* expert, int64_t B,
+                             int64_t Tn, int64_t E, int64_t K)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_aux_loss_backward(dprobs, daux, expert, B, Tn, E, K, s());
+  }
+  void moe_z_loss_forward(S* z, const T* logits, int64_t B, int64_t Tn, int64_t E)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_z_loss_forward(z, logits, B, Tn, E, s());
+  }
+  void moe_z_loss_backward(T* dlogits, const S* dz, const T* logits, int64_t B, int64_t Tn,
+                           int64_t E)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_z_loss_backward(dlogits, dz, logits, B, Tn, E, s());
+  }
+  // slot, slot_token, offsets: device; load: host. Waits for the stream (returns M).
+  int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets,
+                            int64_t* load, const int32_t* expert, int64_t B, int64_t Tn,
+                            int64_t E, int64_t K, int64_t capacity)
+    requires std::is_same_v<Tx, float>
+  {
+    return cuda::moe_dispatch_plan(slot, slot_token, offsets, load, expert, B, Tn, E, K,
+                                   capacity, s(),
+                                   workspace(cuda::moe_dispatch_plan_workspace_bytes(B, E)));
+  }
+  void moe_permute(T* xp, const T* x, const int64_t* slot_token, int64_t M, int64_t C)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_permute(xp, x, device_indices(slot_token, M), M, C, s());
+  }
+  void moe_permute_backward(T* dx, const T* dxp, const int64_t* slot, int64_t N, int64_t K,
+                            int64_t C)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_permute_backward(dx, dxp, slot, N, K, C, s());
+  }
+  void moe_unpermute(T* out, const T* y, const int64_t* slot, const T* weight, int64_t N,
+                     int64_t K, int64_t C)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_unpermute(out, y, slot, weight, N, K, C, s());
+  }
+  void moe_unpermute_backward(T* dy, T* dweight, const T* dout, const T* y, const int64_t* slot,
+                              const T* weight, int64_t N, int64_t K, int64_t C)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_unpermute_backward(dy, dweight, dout, y, slot, weight, N, K, C, s());
+  }
+  // Expert parallelism's bookkeeping: host integers (offsets may be the dispatch plan's device
+  // array, complete since the plan waited for the stream).
+  static void moe_ep_send_counts(int64_t* send_rows, int64_t* expert_rows, const int64_t* offsets,
+                                 int64_t E, int64_t EP) {
+    std::vector<int64_t> host(static_cast<size_t>(E + 1));
+    if (is_device_memory(offsets)) {
+      CUDA_CHECK(cudaMemcpy(host.data(), offsets, host.size() * sizeof(int64_t),
+                            cudaMemcpyDeviceToHost));
+      offsets = host.data();
+    }
+    cpu::moe_ep_send_counts(send_rows, expert_rows, offsets, E, EP);
+  }
+  static int64_t moe_ep_receive_plan(int64_t* offsets, int64_t* src_row, const int64_t* counts,
+                                     int64_t EP, int64_t El) {
+    return cpu::moe_ep_receive_plan(offsets, src_row, counts, EP, El);
+  }
+  void moe_scatter_rows(T* out, const T* in, const int64_t* row, int64_t M, int64_t C)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_scatter_rows(out, in, device_indices(row, M), M, C, s());
+  }
+  void moe_expert_linear_forward(T* out, const T* inp, const T* w, const T* b,
+                                 const int64_t* offsets, int64_t E, int64_t C, int64_t OC)
+    requires std::is_same_v<Tx, float>
+  {
+    cuda::moe_expert_linear_forward(dev_.blas(), out, inp, w, b, host_offsets(offsets, E), E, C,
+                                    OC, s());
+  }
+  void moe_expert_linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp,
+                                  const T* w, const int64_t* offsets, int64_t E, int64_t C,
+                                  int64_t OC)
+    requires std::is_same_v<Tx, float>
+  {
+    const int64_t* host = host_offsets(offsets, E);
+    int64_t most_rows = 0;
+    for (int64_t e = 0; e < E; ++e) most_rows = std::max(most_rows, host[e + 1] - host[e]);
+    void* ws = db != nullptr ? workspace(cuda::bias_grad_workspace_bytes(most_rows, OC)) : nullptr;
+    cuda::moe_expert_linear_backward(dev_.blas(), dinp, dw, db, dout, inp, w, host, E, C, OC,
+                                     s(), ws);
+  }
+
  private:
   cudaStream_t s() const { return dev_.stream(); }
   // Scratch shared by the kernels that need it, grown to the largest request (the old buffer is
@@ -197,6 +341,32 @@ class CudaKernels {
     if (static_cast<int64_t>(bytes) > workspace_.size())
       workspace_ = DeviceArray<unsigned char>(dev_, static_cast<int64_t>(bytes));
     return workspace_.data();
+  }
+
+  // Whether p points into device (or managed) memory rather than host memory.
+  static bool is_device_memory(const void* p) {
+    cudaPointerAttributes attr{};
+    CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  }
+  // offsets[E+1] readable on the host: copied down (waiting for the stream) when on the device.
+  const int64_t* host_offsets(const int64_t* offsets, int64_t E) {
+    if (!is_device_memory(offsets)) return offsets;
+    host_offsets_.resize(static_cast<size_t>(E + 1));
+    CUDA_CHECK(cudaMemcpyAsync(host_offsets_.data(), offsets,
+                               host_offsets_.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                               s()));
+    CUDA_CHECK(cudaStreamSynchronize(s()));
+    return host_offsets_.data();
+  }
+  // index[n] readable on the device: uploaded (stream-ordered) when in host memory.
+  const int64_t* device_indices(const int64_t* index, int64_t n) {
+    if (n == 0 || is_device_memory(index)) return index;
+    if (n > uploaded_indices_.size()) uploaded_indices_ = DeviceArray<int64_t>(dev_, n);
+    CUDA_CHECK(cudaMemcpyAsync(uploaded_indices_.data(), index,
+                               static_cast<size_t>(n) * sizeof(int64_t), cudaMemcpyHostToDevice,
+                               s()));
+    return uploaded_indices_.data();
   }
 
   // Page-locked host memory for one id upload, and the event of its last copy.
@@ -231,6 +401,9 @@ class CudaKernels {
 
   CudaDevice& dev_;
   DeviceArray<unsigned char> workspace_;
+  std::vector<int64_t> host_offsets_;        // host_offsets' copy
+  DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy
+  DeviceArray<double> mean_scratch_;         // accumulate_mean into a host accumulator
   // Tokens and targets of two micro-batches in flight.
   std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
   size_t next_staging_ = 0;

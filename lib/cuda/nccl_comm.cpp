@@ -353,6 +353,57 @@ class NcclCommunicator final : public Communicator {
     return req;
   }
 
+  // Grouped ncclSend/ncclRecv on the collectives' communicator and the compute stream, one
+  // pair per peer with its counts (zero counts skipped); this rank's own block is a device copy
+  // on the same stream (no NCCL message to oneself).
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                    const std::vector<int64_t>& recv_counts, DType type) override {
+    const int64_t sent = check_all_to_all_counts(send_counts, recv_counts);
+    if (send_counts[rank_] != recv_counts[rank_]) {
+      throw Error("communicator '" + name_ + "': all_to_all_v sends " +
+                  std::to_string(send_counts[rank_]) + " elements to this rank and receives " +
+                  std::to_string(recv_counts[rank_]));
+    }
+    ncclComm_t c = collective("all_to_all_v");
+    auto t0 = Clock::now();
+    const size_t elem = dtype_bytes(type);
+    const char* s = static_cast<const char*>(send);
+    char* r = static_cast<char*>(recv);
+    size_t soff = 0, roff = 0, own_send = 0, own_recv = 0;
+    ncclResult_t rc = ncclGroupStart();
+    nccl_check(rc, name_, "ncclGroupStart", c);
+    const char* failed = nullptr;
+    for (int p = 0; p < size_; ++p) {
+      const size_t sn = static_cast<size_t>(send_counts[p]);
+      const size_t rn = static_cast<size_t>(recv_counts[p]);
+      if (p == rank_) {
+        own_send = soff;
+        own_recv = roff;
+      } else {
+        if (sn > 0 && failed == nullptr) {
+          rc = ncclSend(s + soff * elem, sn, nccl_type(type), p, c, h_.compute);
+          if (rc != ncclSuccess) failed = "ncclSend (all_to_all_v)";
+        }
+        if (rn > 0 && failed == nullptr) {
+          rc = ncclRecv(r + roff * elem, rn, nccl_type(type), p, c, h_.compute);
+          if (rc != ncclSuccess) failed = "ncclRecv (all_to_all_v)";
+        }
+      }
+      soff += sn;
+      roff += rn;
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after a failure
+    if (failed != nullptr) nccl_fail(name_, failed, rc, c);
+    nccl_check(end, name_, "ncclGroupEnd (all_to_all_v)", c);
+    const size_t own_bytes = static_cast<size_t>(send_counts[rank_]) * elem;
+    if (own_bytes > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(r + own_recv * elem, s + own_send * elem, own_bytes,
+                                 cudaMemcpyDeviceToDevice, h_.compute));
+    }
+    posted(kAllToAll);
+    count_call(kAllToAll, sent, type, since(t0));
+  }
+
   void barrier() override {
     check_live();
     auto t0 = Clock::now();

@@ -13,7 +13,10 @@
 // Streams. Every blocking collective (all_reduce, all_gather, reduce_scatter, broadcast) is
 // enqueued on `stream`, the caller's compute stream, and returns without waiting: work enqueued
 // on `stream` afterwards sees the result, so no host synchronisation is needed; host code that
-// reads the result must synchronise `stream` first. barrier() is a host barrier: it waits for
+// reads the result must synchronise `stream` first. all_to_all_v is one NCCL group on `stream`
+// over the collectives' communicator: a ncclSend and a ncclRecv per peer with its counts (zero
+// counts skipped), this rank's own block a device copy (its send and receive counts must be
+// equal). barrier() is a host barrier: it waits for
 // `stream` (bounded, see below), then runs MPI_Barrier on a duplicate of `comm`.
 //
 // Non-blocking operations (iall_reduce, isend, irecv) run on private streams: each records an

@@ -42,8 +42,8 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
       moe_ = MoeMlp<K>(config, Fl_, llama_);
     else
       throw Error("model.moe_experts = " + std::to_string(config.moe_experts) +
-                  ": the mixture of experts runs on the CPU backend only (train.device = "
-                  "\"cpu\")");
+                  ": this kernel set has no mixture of experts (the CPU's and the GPU's fp32 "
+                  "ones have it)");
   }
   qkv_ = {C_, QKVl_};
   up_ = {C_, Ul_};

@@ -9,6 +9,8 @@
 //  * The Llama architecture (grouped-query attention, untied head): fp32 and bf16 against the
 //    CPU as above, and tensor parallelism with sequence parallelism over MPI (both
 //    architectures) against one GPU.
+//  * A mixture of experts (fp32): the GPU against the CPU as above, and TP=2 over MPI against
+//    one GPU.
 // Every test skips on a machine without a GPU (CI), with a message saying so.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -181,6 +183,23 @@ TEST(GpuTrainer, LlamaSequenceParallelOverMpiMatchesOneGpu) {
   check_layout_over_mpi("llama TP=2 SP",
                         with(kLlama, {"model.kv_heads=2", "parallel.tensor=2",
                                       "parallel.sequence_parallel=true"}));
+}
+
+// A mixture of experts in every layer (kernels/cuda/moe.cu): 4 experts, top-2, a capacity that
+// drops assignments, the load-balancing and z-losses on.
+const std::vector<std::string> kMoe = {"model.moe_experts=4", "model.moe_top_k=2",
+                                       "model.moe_capacity_factor=1.25",
+                                       "model.moe_aux_loss_coeff=0.01",
+                                       "model.moe_z_loss_coeff=0.001"};
+
+TEST(GpuTrainer, MoeFp32MatchesTheCpu) {
+  REQUIRE_GPU();
+  check_against_cpu("moe", kMoe, false);
+}
+
+TEST(GpuTrainer, MoeTensorParallelOverMpiMatchesOneGpu) {
+  REQUIRE_GPU();
+  check_layout_over_mpi("moe TP=2", with(kMoe, {"parallel.tensor=2"}));
 }
 
 TEST(GpuTrainer, CheckpointResumeIsBitwiseIdentical) {

@@ -5,7 +5,8 @@
 // ranks take (posting, copy-back on wait/test, ZeRO-1 reduce-scatter and all-gather, the
 // data-parallel overlap hook). Staging only copies, so the losses must equal the plain MPI
 // run's bit for bit, on TP2xPP2, PP2xDP2 with ZeRO-1 and TP2xDP2, and for the Llama
-// architecture with sequence parallelism on TP2xPP2 and TP2xDP2 with ZeRO-1.
+// architecture with sequence parallelism on TP2xPP2 and TP2xDP2 with ZeRO-1, and a mixture of
+// experts on TP2xPP2.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -101,6 +102,13 @@ TEST(StagedTrain, LlamaSequenceParallelTensorAndPipelineMatchMpiBitwise) {
 TEST(StagedTrain, LlamaSequenceParallelTensorAndZeroDataParallelMatchMpiBitwise) {
   check("llama SP TP2xDP2 ZeRO-1",
         llama({"parallel.tensor=2", "parallel.data=2", "optim.zero_stage=1"}));
+}
+
+// A mixture of experts (every layer, 4 experts, top-2, dropping): the gate weights' gradient
+// all-reduce over the tensor group and the MoE statistics take the staged path too.
+TEST(StagedTrain, MoeTensorAndPipelineMatchMpiBitwise) {
+  check("MoE TP2xPP2", {"parallel.tensor=2", "parallel.pipeline=2", "model.moe_experts=4",
+                        "model.moe_top_k=2", "model.moe_capacity_factor=1.25"});
 }
 
 }  // namespace

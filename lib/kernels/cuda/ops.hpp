@@ -285,6 +285,53 @@ template <typename T>
 void position_embedding_forward_rows(T* out, const T* wpe, int64_t first_row, int64_t rows,
                                      int64_t T_, int64_t C, cudaStream_t stream = nullptr);
 
+// ---------------------------------------------------------------- mixture of experts
+// The GPU twins of kernels/cpu/moe.hpp (same symbols, shapes and accumulate/overwrite rules;
+// docs/moe.md), fp32 only (the MoE graph keeps its activations and statistics in one type).
+// Router, losses and row sums in double like the CPU's; deterministic (no atomics).
+void moe_router_forward(float* probs, int32_t* expert, float* weight, const float* logits,
+                        int64_t N, int64_t E, int64_t K, cudaStream_t stream = nullptr);
+void moe_router_backward(float* dlogits, const float* dweight, const float* dprobs_extra,
+                         const float* probs, const int32_t* expert, const float* weight,
+                         int64_t N, int64_t E, int64_t K, cudaStream_t stream = nullptr);
+void moe_aux_loss_forward(float* aux, const float* probs, const int32_t* expert, int64_t B,
+                          int64_t Tn, int64_t E, int64_t K, cudaStream_t stream = nullptr);
+void moe_aux_loss_backward(float* dprobs, const float* daux, const int32_t* expert, int64_t B,
+                           int64_t Tn, int64_t E, int64_t K, cudaStream_t stream = nullptr);
+void moe_z_loss_forward(float* z, const float* logits, int64_t B, int64_t Tn, int64_t E,
+                        cudaStream_t stream = nullptr);
+void moe_z_loss_backward(float* dlogits, const float* dz, const float* logits, int64_t B,
+                         int64_t Tn, int64_t E, cudaStream_t stream = nullptr);
+// slot, slot_token, offsets on the device; load_host[E] in HOST memory. Returns M, so it waits
+// for the stream (two small device-to-host copies). workspace:
+// moe_dispatch_plan_workspace_bytes(B, E) (nullptr: stream-ordered allocation).
+int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets,
+                          int64_t* load_host, const int32_t* expert, int64_t B, int64_t Tn,
+                          int64_t E, int64_t K, int64_t capacity, cudaStream_t stream = nullptr,
+                          void* workspace = nullptr);
+size_t moe_dispatch_plan_workspace_bytes(int64_t B, int64_t E);
+void moe_permute(float* xp, const float* x, const int64_t* slot_token, int64_t M, int64_t C,
+                 cudaStream_t stream = nullptr);
+void moe_permute_backward(float* dx, const float* dxp, const int64_t* slot, int64_t N,
+                          int64_t K, int64_t C, cudaStream_t stream = nullptr);
+void moe_unpermute(float* out, const float* y, const int64_t* slot, const float* weight,
+                   int64_t N, int64_t K, int64_t C, cudaStream_t stream = nullptr);
+void moe_unpermute_backward(float* dy, float* dweight, const float* dout, const float* y,
+                            const int64_t* slot, const float* weight, int64_t N, int64_t K,
+                            int64_t C, cudaStream_t stream = nullptr);
+void moe_scatter_rows(float* out, const float* in, const int64_t* row, int64_t M, int64_t C,
+                      cudaStream_t stream = nullptr);
+// The grouped expert GEMMs: one cuBLAS linear per expert over its rows, empty experts skipped.
+// offsets_host[E+1] is in HOST memory (it sizes the GEMMs).
+void moe_expert_linear_forward(CublasContext& ctx, float* out, const float* inp, const float* w,
+                               const float* b, const int64_t* offsets_host, int64_t E, int64_t C,
+                               int64_t OC, cudaStream_t stream = nullptr);
+// workspace: bias_grad_workspace_bytes(the largest expert's rows, OC), or nullptr.
+void moe_expert_linear_backward(CublasContext& ctx, float* dinp, float* dw, float* db,
+                                const float* dout, const float* inp, const float* w,
+                                const int64_t* offsets_host, int64_t E, int64_t C, int64_t OC,
+                                cudaStream_t stream = nullptr, void* workspace = nullptr);
+
 // ---------------------------------------------------------------- optimizer
 struct AdamWHyper {
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.f;
