@@ -282,11 +282,12 @@ TEST(KernelsAttention, BlockedMatchesNaiveReference) {
       const std::string what = "T=" + std::to_string(T) + " NH=" + std::to_string(NH) +
                                " KVH=" + std::to_string(KVH);
       // The outputs start as NaN: an entry the kernel leaves unwritten stays non-finite.
-      for (const auto& [got, ref, name] :
-           {std::tuple{&out, &ref_out, "out"}, {&lse, &ref_lse, "lse"}, {&dqkv, &ref_dqkv, "dqkv"}}) {
+      for (const auto& [got, ref, name] : {std::tuple{&out, &ref_out, "out"},
+                                           {&lse, &ref_lse, "lse"},
+                                           {&dqkv, &ref_dqkv, "dqkv"}}) {
         ASSERT_EQ(got->size(), ref->size());
-        EXPECT_TRUE(std::all_of(got->begin(), got->end(), [](double x) { return std::isfinite(x); }))
-            << name << " " << what;
+        const auto finite = [](double x) { return std::isfinite(x); };
+        EXPECT_TRUE(std::all_of(got->begin(), got->end(), finite)) << name << " " << what;
         const double diff = max_abs_diff(*got, *ref);
         EXPECT_LE(diff, 1e-12) << name << " " << what;
         worst = std::max(worst, diff);

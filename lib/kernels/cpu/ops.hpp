@@ -68,7 +68,7 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // out[B,T,NH*HS] (heads concatenated). lse[B,NH,T] saves each row's log-sum-exp of its scaled
 // scores, log sum_{s<=t} exp(scale q_t.k_s) (row t attends to s <= t): all the backward needs
 // besides qkv and out. Scale 1/sqrt(HS). Blocked with an online softmax: no [T,T] matrix exists;
-// the scratch is a few kBlock^2 blocks per thread.
+// the scratch is two 128 x 128 blocks per thread, allocated per call.
 template <typename F>
 void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
                        int64_t KVH, int64_t HS);
