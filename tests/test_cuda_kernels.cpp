@@ -658,11 +658,10 @@ void run_attention(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS, ui
   const int64_t C = NH * HS, Ckv = KVH * HS, C3 = C + 2 * Ckv;
   const auto qkv = quantize<S>(random_vec(rng, B * T * C3));
   const auto dout = quantize<S>(random_vec(rng, B * T * C));
-  std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(B * NH * T * T),
-      dqkv(B * T * C3);
-  cpu::attention_forward<float>(out.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
-  cpu::attention_backward<float>(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(),
-                                 B, T, NH, KVH, HS);
+  std::vector<float> out(B * T * C), lse(B * NH * T), dqkv(B * T * C3);
+  cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS);
+  cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                 T, NH, KVH, HS);
   DevBuf<S> d_qkv(qkv.size()), d_out(out.size()), d_dout(dout.size()), d_dqkv(dqkv.size());
   DevBuf<float> d_lse(B * NH * T);
   d_qkv.upload(qkv);

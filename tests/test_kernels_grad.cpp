@@ -185,12 +185,11 @@ struct AttentionOp {
   Tensors run(const Tensors& in) const {
     auto qkv = cast<F>(in.at("qkv"));
     auto R = cast<F>(in.at("R"));
-    std::vector<F> out(B * T * NH * HS), att(B * NH * T * T), dqkv(qkv.size()),
-        scratch(att.size());
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, HS);
-    attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), att.data(), B, T, NH,
-                       KVH, HS);
-    return {{"out", to_double(out)}, {"att", to_double(att)}, {"dqkv", to_double(dqkv)}};
+    std::vector<F> out(B * T * NH * HS), lse(B * NH * T), dqkv(qkv.size());
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS);
+    attention_backward(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, NH, KVH,
+                       HS);
+    return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
   }
 };
 

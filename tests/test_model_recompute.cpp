@@ -281,10 +281,10 @@ TEST(RecomputeMemory, MeasuredLayerBytesAreTheFormulas) {
         bytes[static_cast<int>(mode)] = measured;
         ++compared;
       }
-      // Selective drops attention's probabilities [B, NH, T, T] fp32; full keeps the input
+      // Selective drops attention's row log-sum-exp [B, NH, T] fp32; full keeps the input
       // [B*T, C] fp32 (and, split, the linear layers' inputs and output gradients).
       const int64_t N = B * m.seq_len;
-      EXPECT_EQ(bytes[0] - bytes[1], 4 * B * m.heads * m.seq_len * m.seq_len);
+      EXPECT_EQ(bytes[0] - bytes[1], 4 * B * m.heads * m.seq_len);
       if (!split) {
         EXPECT_EQ(bytes[2], 4 * N * m.width);
       }

@@ -155,7 +155,7 @@ TEST(PlanActivations, LayerStashClosedForm) {
   //   qkv 16*192*4 = 12288 + attention output 16*64*4 = 4096, fc1 and gelu 2*16*256*4 = 32768,
   //   probabilities 16*4*16*4 = 4096: 69888.
   const ModelConfig m = small_gpt();
-  const bool cpu = true, gpu = false;  // materialized attention (CPU backend) or fused (GPU)
+  const bool cpu = true, gpu = false;  // materialized attention (--attention materialized) or fused
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::None, 4.0), 69888.0);
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Selective, 4.0),
                    69888.0 - 4096.0);

@@ -111,7 +111,6 @@ TEST(RankMemory, RecomputeCountsWhatTheModelKeeps) {
   const ModelShard shard = ModelShard::whole(tiny().model);
   auto self = make_self_communicator("tensor");
   const double none = estimate_rank_memory(tiny(), shard, 1).activation_bytes;
-  double previous = none;
   for (const std::string mode : {"selective", "full"}) {
     const Config c = tiny({"train.recompute=" + mode});
     ModelShard s = shard;
@@ -123,8 +122,11 @@ TEST(RankMemory, RecomputeCountsWhatTheModelKeeps) {
                             static_cast<double>(model.recompute_workspace_bytes(B));
     const double estimate = estimate_rank_memory(c, shard, 1).activation_bytes;
     EXPECT_DOUBLE_EQ(estimate, expected) << mode;
-    EXPECT_LT(estimate, previous) << mode;
-    previous = estimate;
+    // Each mode keeps less per layer. Selective drops only attention's row logsumexp, which
+    // its workspace (one layer's logsumexp and attention output) can outweigh: only full is
+    // smaller in total.
+    EXPECT_LT(model.activation_bytes(B), plain.activation_bytes(B)) << mode;
+    if (mode == "full") EXPECT_LT(estimate, none) << mode;
   }
 }
 

@@ -227,9 +227,9 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, recompute), one_of({"none", "selective", "full"}),
    "Activation recomputation (Korthikanti et al., arXiv 2205.05198): what a layer keeps from "
    "its forward to its backward. none: everything its backward reads. selective: all but "
-   "attention's saved state (the CPU's T x T probabilities per head, the GPU's row "
-   "logsumexp), recomputed in backward from the kept q, k, v (about one more attention-core "
-   "forward). full: only the layer's input; the whole layer's forward, its tensor-parallel "
+   "attention's saved state (one logsumexp per row and head on both backends, so it saves "
+   "little since the attention kernels became blocked), recomputed in backward from the kept "
+   "q, k, v (about one more attention-core forward). full: only the layer's input; the whole layer's forward, its tensor-parallel "
    "collectives included, is rerun just before its backward (about one more forward). Losses "
    "and gradients are the same to the bit. See docs/model.md."},
   {TRIDENT_KEY(train, lm_head_chunk_rows), at_least(0),

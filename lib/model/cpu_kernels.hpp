@@ -23,7 +23,7 @@ class CpuKernels {
   using T = F;      // activations and compute weights
   using G = F;      // master weights and parameter gradients
   using S = F;      // statistics: norm mean / rstd, cross-entropy max, sums and losses
-  using Saved = F;  // what attention keeps for its backward: the probabilities [B,NH,T,T]
+  using Saved = F;  // what attention keeps for its backward: the row log-sum-exp [B,NH,T]
   static constexpr DType act_dtype = std::is_same_v<F, float> ? DType::F32 : DType::F64;
   static constexpr DType stat_dtype = act_dtype;
 
@@ -31,11 +31,7 @@ class CpuKernels {
   CpuKernels() : dev_(make_cpu_device()) {}
   explicit CpuKernels(Device& host) : dev_(&host, [](Device*) {}) {}
   Device& device() { return *dev_; }
-  static int64_t attention_saved_size(int64_t B, int64_t T, int64_t NH) { return B * NH * T * T; }
-  // Bytes of scratch the kernels keep beside the activations (attention backward's [B,NH,T,T]).
-  static int64_t scratch_bytes(int64_t B, int64_t T, int64_t NH) {
-    return B * NH * T * T * static_cast<int64_t>(sizeof(F));
-  }
+  static int64_t attention_saved_size(int64_t B, int64_t T, int64_t NH) { return B * NH * T; }
 
   void upload_ids(int32_t* dst, const int32_t* host, int64_t n) {
     std::memcpy(dst, host, sizeof(int32_t) * n);
@@ -82,14 +78,10 @@ class CpuKernels {
                          int64_t KVH, int64_t HS) {
     cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS);
   }
-  // `out` (the forward's output) is what the GPU kernels recompute from; the CPU keeps the
-  // probabilities instead and does not read it.
-  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* /*out*/,
-                          const Saved* saved, int64_t B, int64_t Tn, int64_t NH, int64_t KVH,
-                          int64_t HS) {
-    const int64_t n = B * NH * Tn * Tn;
-    if (static_cast<int64_t>(scratch_.size()) < n) scratch_.resize(n);
-    cpu::attention_backward(dqkv, scratch_.data(), dout, qkv, saved, B, Tn, NH, KVH, HS);
+  // `out` (the forward's output) and the saved log-sum-exp: the probabilities are recomputed.
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* saved,
+                          int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS) {
+    cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                     double theta) {
@@ -244,7 +236,6 @@ class CpuKernels {
 
  private:
   std::shared_ptr<Device> dev_;
-  Buffer<F> scratch_;  // attention backward, sized for the largest micro-batch seen
 };
 
 }  // namespace trident

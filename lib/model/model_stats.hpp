@@ -68,7 +68,8 @@ struct ActivationShape {
   int64_t element_bytes = 4;    // an activation (fp32 4, bf16 2)
   int64_t stat_bytes = 4;       // a norm statistic
   // What attention keeps for its backward per row and local head, and the bytes of one
-  // element: the CPU's probabilities (seq_len, fp32), the GPU's row logsumexp (1, fp32).
+  // element: the row logsumexp (1, fp32) on both backends; seq_len for a materialised softmax
+  // (trident plan --attention materialized).
   int64_t attention_saved_per_row = 1;
   int64_t attention_saved_bytes = 4;
 };

@@ -42,8 +42,8 @@ struct PlanProblem {
   double dp_bucket_mb = 25.0;     // parallel.dp_bucket_mb
   HardwareSpec hw;
   int64_t nodes = 1;
-  // The software being modelled. Trident's trainer: attention materialized on the CPU backend
-  // and fused (row logsumexp kept) on the GPU one; DP reduction overlapping the last backward.
+  // The software being modelled. Trident's trainer: attention fused (row logsumexp kept) on
+  // both backends; DP reduction overlapping the last backward.
   // Other systems (bench/plan_megatron_table1.sh models Megatron-LM of 2021, which had
   // neither) set them apart: plan --attention materialized --no-dp-overlap.
   std::string attention;  // "" (the backend's for hw.device.kind) | "materialized" | "fused"

@@ -37,9 +37,9 @@ struct DeviceSpec {
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
-  // cpu: attention keeps its probabilities [B,NH,T,T]; gpu: the row logsumexp [B,NH,T]
-  // (the two backends of the trainer).
-  bool materializes_attention() const { return kind == "cpu"; }
+  // Both backends of the trainer keep the row logsumexp [B,NH,T] (blocked, fused attention),
+  // never the probabilities [B,NH,T,T]; PlanProblem::attention can still model the latter.
+  bool materializes_attention() const { return false; }
 };
 
 struct HardwareSpec {

@@ -76,12 +76,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
   const double B = static_cast<double>(config.train.micro_batch);
   const double T = static_cast<double>(m.seq_len), N = B * T, C = static_cast<double>(m.width);
-  const double heads = static_cast<double>(m.heads) / tp;
   const double rows = shard.sequence_parallel ? N / tp : N;
   // The saved tensors of one layer (model_stats.hpp, the model's own count) for the recompute
-  // mode; the CPU kernels keep the attention matrix [B, NH, T, T], the GPU ones a row
-  // statistic [B, NH, T]. ZB-H1's split backward also keeps a micro-batch's linear-layer output
-  // gradients from its input gradient to its weight gradient
+  // mode; the attention kernels of both backends keep a row statistic [B, NH, T] (the
+  // log-sum-exp; backward recomputes the probabilities). ZB-H1's split backward also keeps a
+  // micro-batch's linear-layer output gradients from its input gradient to its weight gradient
   // (Transformer::deferred_weight_grad_bytes).
   ActivationShape shape;
   shape.micro_batch = config.train.micro_batch;
@@ -90,12 +89,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.recompute = parse_recompute(config.train.recompute);
   shape.split_backward = config.parallel.schedule == "zb-h1";
   shape.element_bytes = static_cast<int64_t>(act);
-  shape.attention_saved_per_row = config.train.device == "cpu" ? m.seq_len : 1;
+  shape.attention_saved_per_row = 1;
   r.activation_bytes = layers * static_cast<double>(layer_activation_bytes(m, shape)) +
                        act * rows * C;
   // Held once: what the rank recomputes in.
   r.activation_bytes += static_cast<double>(recompute_workspace_bytes(m, shape));
-  if (config.train.device == "cpu") r.activation_bytes += 4.0 * B * heads * T * T;  // scratch
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
     // The final norm's output; the logits only one chunk of rows at a time (held once).

@@ -1,20 +1,24 @@
-// Causal grouped-query self-attention on the fused qkv activations.
+// Causal grouped-query self-attention on the fused qkv activations, blocked with an online
+// softmax (flash-attention style): no T x T matrix exists, forward or backward.
 //
 // qkv rows hold [q of NH heads | k of KVH heads | v of KVH heads] (row stride CQ =
 // (NH+2*KVH)*HS); query head h reads kv head h / G, G = NH/KVH query heads per kv head.
 // Per (batch b, head h), with Q, K, V the [T, HS] views of qkv (row stride CQ, no copies):
-//   S = scale * Q K^T,  P = softmax_causal(S) (saved in att),  O = P V.
-// The T rows are cut into blocks of kBlock rows; row block i only needs the key/value columns
-// [0, end of block i), so the GEMMs skip the all-masked upper blocks (about half the flops).
-// Tasks (b, h, block) run in an OpenMP loop, each calling single-threaded OpenBLAS GEMMs
-// (OpenBLAS' OpenMP build does not fork inside a parallel region). Every task writes a disjoint
-// part of the outputs with a fixed sequence of operations, so the results do not depend on the
-// schedule: dynamic scheduling (largest tasks first) balances the triangular work and stays
-// deterministic. With KVH == NH every GEMM is the call the multi-head kernel made, so MHA
-// results are unchanged bit for bit.
+//   S = scale * Q K^T,  P = softmax_causal(S),  O = P V,  lse[t] = log sum_s exp(S[t, s]).
+// Rows and columns are cut into blocks of kBlock; a query block only visits the key blocks up
+// to the diagonal (the all-masked upper blocks are skipped: about half the flops), so every
+// GEMM is a [kBlock x kBlock x HS] one on views of qkv / out and a kBlock^2 scratch.
+// Only lse ([B, NH, T]) is saved for the backward, which recomputes P block by block from Q,
+// K and lse.
+//
+// Tasks run in OpenMP loops, each calling single-threaded OpenBLAS GEMMs (OpenBLAS' OpenMP
+// build does not fork inside a parallel region). Every task writes a disjoint part of the
+// outputs with a fixed sequence of operations, so the results do not depend on the schedule
+// or the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -25,39 +29,6 @@ namespace trident::cpu {
 namespace {
 
 constexpr int64_t kBlock = 128;
-
-// row[0, len) <- softmax(row[0, len));  row[len, T) <- 0.  (Loops run to a length, not to
-// `s <= t`, which GCC does not vectorise.)
-template <typename F>
-inline void causal_softmax_row(F* row, int64_t len, int64_t T) {
-  F mx = -std::numeric_limits<F>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t s = 0; s < len; s++) mx = mx > row[s] ? mx : row[s];  // (std::max: scalar code)
-  F sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t s = 0; s < len; s++) {
-    const F e = detail::exp_fast(row[s] - mx);
-    row[s] = e;
-    sum += e;
-  }
-  const F inv = F(1) / sum;
-#pragma omp simd
-  for (int64_t s = 0; s < len; s++) row[s] *= inv;
-  std::fill(row + len, row + T, F(0));
-}
-
-// Softmax backward of one row: d[s] <- p[s] * (d[s] - sum_s' p[s'] d[s']) for s < len, where d
-// holds dP on entry and dS on exit; d[len, end) <- 0.
-template <typename T>
-inline void softmax_backward_row(T* d, const T* p, int64_t len, int64_t end) {
-  T dot = 0;
-#pragma omp simd reduction(+ : dot)
-  for (int64_t s = 0; s < len; s++) dot += p[s] * d[s];
-#pragma omp simd
-  for (int64_t s = 0; s < len; s++) d[s] = p[s] * (d[s] - dot);
-  std::fill(d + len, d + end, T(0));
-}
-
 
 // Offsets into qkv[B,T,CQ] and out/dout[B,T,C] of one (batch, head) pair.
 struct Layout {
@@ -75,100 +46,90 @@ struct Layout {
   int64_t o(int64_t b, int64_t h) const { return b * T * C + h * HS; }
 };
 
+// Columns of key block [c0, c0 + n) that query row t sees: s <= t.
+inline int64_t visible_columns(int64_t t, int64_t c0, int64_t n) {
+  return std::min(n, t - c0 + 1);
+}
+
+// One key block of row t's online softmax. s[0, len) holds the block's scaled scores (the
+// rest of the n columns are masked); m and l are the row's running max and sum of exp(S - m)
+// over the earlier blocks (`first`: there are none). On return s[0, n) = exp(s - m_new) (0 where
+// masked), m = m_new, l = the sum including this block; the result is exp(m_old - m_new), by
+// which the row's output accumulated so far must shrink.
+template <typename F>
+inline F online_softmax_block_row(F* s, int64_t len, int64_t n, F& m, F& l, bool first) {
+  F mx = first ? -std::numeric_limits<F>::infinity() : m;
+#pragma omp simd reduction(max : mx)
+  for (int64_t c = 0; c < len; c++) mx = mx > s[c] ? mx : s[c];  // (std::max: scalar code)
+  F sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < len; c++) {
+    const F e = detail::exp_fast(s[c] - mx);
+    s[c] = e;
+    sum += e;
+  }
+  std::fill(s + len, s + n, F(0));
+  const F shrink = first ? F(0) : detail::exp_fast(m - mx);
+  l = first ? sum : l * shrink + sum;
+  m = mx;
+  return shrink;
+}
+
+// Per-thread scratch of the forward: one score block and the running row statistics.
+template <typename F>
+struct ForwardScratch {
+  std::vector<F> s = std::vector<F>(kBlock * kBlock);
+  std::vector<F> m = std::vector<F>(kBlock), l = std::vector<F>(kBlock);
+};
+
+// Rows [r0, r1) of one (b, h): o (out of the head, row stride C) and lse (of the head, [T]).
+// O accumulates in place: each key block's P V adds to the output rescaled by exp(m_old - m_new);
+// the rows are divided by their sums at the end.
+template <typename F>
+void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, int64_t r0, int64_t r1,
+                       const Layout& L, F scale, ForwardScratch<F>& w) {
+  const int64_t R = r1 - r0, CQ = L.CQ, C = L.C, HS = L.HS;
+  F* s = w.s.data();
+  for (int64_t c0 = 0; c0 < r1; c0 += kBlock) {
+    const int64_t n = std::min(L.T, c0 + kBlock) - c0;
+    const bool first = c0 == 0;
+    // S = scale * Q[r0:r1] K[c0:c0+n]^T
+    gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * CQ, CQ, F(0), s, kBlock);
+    for (int64_t r = 0; r < R; r++) {
+      const F shrink = online_softmax_block_row(s + r * kBlock, visible_columns(r0 + r, c0, n), n,
+                                                w.m[r], w.l[r], first);
+      if (first) continue;  // the output rows are written (beta = 0) below
+      F* orow = o + (r0 + r) * C;
+#pragma omp simd
+      for (int64_t i = 0; i < HS; i++) orow[i] *= shrink;
+    }
+    // O[r0:r1] (+)= P V[c0:c0+n]
+    gemm<F>(false, false, R, HS, n, F(1), s, kBlock, v + c0 * CQ, CQ, first ? F(0) : F(1),
+            o + r0 * C, C);
+  }
+  for (int64_t r = 0; r < R; r++) {
+    F* orow = o + (r0 + r) * C;
+    const F inv = F(1) / w.l[r];
+#pragma omp simd
+    for (int64_t i = 0; i < HS; i++) orow[i] *= inv;
+    lse[r0 + r] = w.m[r] + std::log(w.l[r]);
+  }
+}
+
 }  // namespace
 
+// Tasks (b, h, row block), largest (last) row blocks first: dynamic scheduling balances the
+// triangular work.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int64_t B, int64_t T, int64_t NH,
+void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
                        int64_t KVH, int64_t HS) {
   const Layout L(T, NH, KVH, HS);
-  const int64_t CQ = L.CQ;
   const F scale = F(1) / std::sqrt(F(HS));
   const int64_t blocks = (T + kBlock - 1) / kBlock;
   const int64_t BH = B * NH;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t task = 0; task < BH * blocks; task++) {
-    const int64_t i = blocks - 1 - task / BH;  // largest (last) row blocks first
-    const int64_t bh = task % BH;
-    const int64_t b = bh / NH;
-    const int64_t h = bh % NH;
-    const int64_t r0 = i * kBlock;
-    const int64_t r1 = std::min(T, r0 + kBlock);
-    const F* q = qkv + L.q(b, h);
-    const F* k = qkv + L.k(b, h / L.G);
-    const F* v = qkv + L.v(b, h / L.G);
-    F* P = att + bh * T * T;
-    // S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
-    gemm<F>(false, true, r1 - r0, r1, HS, scale, q + r0 * CQ, CQ, k, CQ, F(0), P + r0 * T, T);
-    for (int64_t t = r0; t < r1; t++) causal_softmax_row(P + t * T, t + 1, T);
-    // O[r0:r1] = P[r0:r1, 0:r1] V[0:r1]
-    gemm<F>(false, false, r1 - r0, HS, r1, F(1), P + r0 * T, T, v, CQ, F(0),
-            out + L.o(b, h) + r0 * L.C, L.C);
-  }
-}
-
-namespace {
-
-// Phase 1 of the backward for rows [r0, r1) of one (b, h): dP = G V^T and dS (softmax
-// backward) into dS, then dQ[r0:r1] = scale * dS K.
-template <typename F>
-void backward_rows(F* dq, F* dS, const F* g, const F* k, const F* v, const F* P, int64_t r0,
-                   int64_t r1, const Layout& L, F scale) {
-  const int64_t T = L.T, CQ = L.CQ, C = L.C, HS = L.HS;
-  // dP[r0:r1, 0:r1] = G[r0:r1] V[0:r1]^T
-  gemm<F>(false, true, r1 - r0, r1, HS, F(1), g + r0 * C, C, v, CQ, F(0), dS + r0 * T, T);
-  // dS; its masked entries up to column r1 are zeroed: the GEMMs below read them.
-  for (int64_t t = r0; t < r1; t++) softmax_backward_row(dS + t * T, P + t * T, t + 1, r1);
-  // dQ[r0:r1] = scale * dS[r0:r1, 0:r1] K[0:r1]
-  gemm<F>(false, false, r1 - r0, HS, r1, scale, dS + r0 * T, T, k, CQ, F(0), dq + r0 * CQ, CQ);
-}
-
-// Phase 2: the dK (want_v false) or dV (want_v true) rows [c0, c1) of kv head j in batch b,
-// summed over the query heads h of the group in head order (the first overwrites, the others
-// accumulate through the GEMM's beta = 1):
-//   dK[c0:c1] += scale * dS_h[c0:T, c0:c1]^T Q_h[c0:T],   dV[c0:c1] += P_h[c0:T, c0:c1]^T G_h[c0:T]
-template <typename F>
-void backward_kv_columns(F* dqkv, const F* scratch, const F* dout, const F* qkv, const F* att,
-                         int64_t b, int64_t j, bool want_v, int64_t c0, int64_t c1,
-                         const Layout& L, F scale) {
-  const int64_t T = L.T, CQ = L.CQ, C = L.C, HS = L.HS;
-  F* dkv = dqkv + (want_v ? L.v(b, j) : L.k(b, j)) + c0 * CQ;
-  for (int64_t h = j * L.G; h < (j + 1) * L.G; h++) {
-    const int64_t bh = b * L.NH + h;
-    const F beta = h == j * L.G ? F(0) : F(1);
-    if (want_v) {
-      const F* P = att + bh * T * T;
-      const F* g = dout + L.o(b, h);
-      gemm<F>(true, false, c1 - c0, HS, T - c0, F(1), P + c0 * T + c0, T, g + c0 * C, C, beta,
-              dkv, CQ);
-    } else {
-      const F* dS = scratch + bh * T * T;
-      const F* q = qkv + L.q(b, h);
-      gemm<F>(true, false, c1 - c0, HS, T - c0, scale, dS + c0 * T + c0, T, q + c0 * CQ, CQ,
-              beta, dkv, CQ);
-    }
-  }
-}
-
-}  // namespace
-
-// With G = dO (the output gradient):
-//   dV = P^T G,   dP = G V^T,   dS = P * (dP - rowsum(P * dP))   (softmax backward),
-//   dQ = scale * dS K,   dK = scale * dS^T Q.
-// Phase 1 (tasks over (b, h, row block i)): dP and dS of rows [r0, r1) into scratch, then dQ.
-// Phase 2 (tasks over (b, kv head, column block j, k or v), after all of phase 1): dK and dV
-// rows [c0, c1) need dS and P in rows t >= c0 of columns [c0, c1), i.e. row blocks i >= j, of
-// every query head of the group. One task owns its dK (or dV) rows and sums the heads in head
-// order, so there are no races and the sum order is fixed.
-template <typename F>
-void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* att,
-                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS) {
-  const Layout L(T, NH, KVH, HS);
-  const F scale = F(1) / std::sqrt(F(HS));
-  const int64_t blocks = (T + kBlock - 1) / kBlock;
-  const int64_t BH = B * NH;
-  const int64_t BKV2 = B * KVH * 2;  // (b, kv head, k|v)
 #pragma omp parallel
   {
+    ForwardScratch<F> scratch;  // once per thread and call
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < BH * blocks; task++) {
       const int64_t i = blocks - 1 - task / BH;
@@ -177,29 +138,122 @@ void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const 
       const int64_t h = bh % NH;
       const int64_t r0 = i * kBlock;
       const int64_t r1 = std::min(T, r0 + kBlock);
-      backward_rows(dqkv + L.q(b, h), scratch + bh * T * T, dout + L.o(b, h),
-                    qkv + L.k(b, h / L.G), qkv + L.v(b, h / L.G), att + bh * T * T, r0, r1, L,
-                    scale);
-    }
-    // (implicit barrier)
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < BKV2 * blocks; task++) {
-      const int64_t j = task / BKV2;  // first column blocks have the most rows below them
-      const int64_t r = task % BKV2;
-      const int64_t b = r / (2 * KVH);
-      const int64_t kvh = (r / 2) % KVH;
-      const int64_t c0 = j * kBlock;
-      const int64_t c1 = std::min(T, c0 + kBlock);
-      backward_kv_columns(dqkv, scratch, dout, qkv, att, b, kvh, r % 2 == 1, c0, c1, L, scale);
+      forward_row_block(out + L.o(b, h), lse + bh * T, qkv + L.q(b, h), qkv + L.k(b, h / L.G),
+                        qkv + L.v(b, h / L.G), r0, r1, L, scale, scratch);
     }
   }
 }
 
-#define TRIDENT_INSTANTIATE(F)                                                               \
-  template void attention_forward<F>(F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,  \
-                                     int64_t);                                               \
-  template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int64_t, int64_t, \
-                                      int64_t, int64_t, int64_t);
+namespace {
+
+// Per-thread scratch of the backward: P and dP/dS of one block, D of the group's heads.
+template <typename F>
+struct BackwardScratch {
+  std::vector<F> p = std::vector<F>(kBlock * kBlock), ds = std::vector<F>(kBlock * kBlock);
+  std::vector<F> d;
+  explicit BackwardScratch(int64_t group_rows) : d(group_rows) {}
+};
+
+// d[t] = sum_i dO[t, i] O[t, i] for the T rows of one head (row stride C): the softmax
+// backward's rowsum(P * dP), since rowsum(P * (dO V^T)) = rowsum(dO * (P V)).
+template <typename F>
+void rowwise_dot(F* d, const F* dout, const F* out, const Layout& L) {
+  for (int64_t t = 0; t < L.T; t++) {
+    const F* g = dout + t * L.C;
+    const F* o = out + t * L.C;
+    F dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < L.HS; i++) dot += g[i] * o[i];
+    d[t] = dot;
+  }
+}
+
+// Block (query rows [r0, r0+R), key columns [c0, c0+n)) of one query head h of the task's kv
+// head: P from the saved lse, then
+//   dV[c0:] += P^T dO,  dS = P * (dO V^T - D),  dK[c0:] += scale dS^T Q,  dQ[r0:] += scale dS K.
+// `first_kv`: the first contribution to these dK/dV rows (overwrite); likewise c0 == 0 for dQ.
+template <typename F>
+void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, const F* g,
+                    const F* lse, const F* d, int64_t r0, int64_t R, int64_t c0, int64_t n,
+                    bool first_kv, const Layout& L, F scale, BackwardScratch<F>& w) {
+  const int64_t CQ = L.CQ, C = L.C, HS = L.HS;
+  F* p = w.p.data();
+  F* ds = w.ds.data();
+  gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * CQ, CQ, F(0), p, kBlock);
+  for (int64_t r = 0; r < R; r++) {
+    F* row = p + r * kBlock;
+    const int64_t len = visible_columns(r0 + r, c0, n);
+    const F m = lse[r0 + r];
+#pragma omp simd
+    for (int64_t c = 0; c < len; c++) row[c] = detail::exp_fast(row[c] - m);
+    std::fill(row + len, row + n, F(0));
+  }
+  const F beta_kv = first_kv ? F(0) : F(1);
+  gemm<F>(true, false, n, HS, R, F(1), p, kBlock, g + r0 * C, C, beta_kv, dv + c0 * CQ, CQ);
+  gemm<F>(false, true, R, n, HS, F(1), g + r0 * C, C, v + c0 * CQ, CQ, F(0), ds, kBlock);
+  for (int64_t r = 0; r < R; r++) {
+    F* drow = ds + r * kBlock;
+    const F* prow = p + r * kBlock;
+    const F dr = d[r0 + r];
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) drow[c] = prow[c] * (drow[c] - dr);  // 0 where masked
+  }
+  gemm<F>(true, false, n, HS, R, scale, ds, kBlock, q + r0 * CQ, CQ, beta_kv, dk + c0 * CQ, CQ);
+  gemm<F>(false, false, R, HS, n, scale, ds, kBlock, k + c0 * CQ, CQ, c0 == 0 ? F(0) : F(1),
+          dq + r0 * CQ, CQ);
+}
+
+// Everything of kv head j in batch b: dK, dV of the head and dQ of its G query heads. Key
+// blocks in order; per key block the query heads in head order, each over the query blocks at
+// and below the diagonal. So dK/dV rows sum over (head, query block) and dQ rows over key
+// blocks, always in the same order, and no other task writes these rows.
+template <typename F>
+void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
+                      int64_t b, int64_t j, const Layout& L, F scale, BackwardScratch<F>& w) {
+  const int64_t T = L.T;
+  for (int64_t hl = 0; hl < L.G; hl++) {
+    const int64_t h = j * L.G + hl;
+    rowwise_dot(w.d.data() + hl * T, dout + L.o(b, h), out + L.o(b, h), L);
+  }
+  for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
+    const int64_t n = std::min(T, c0 + kBlock) - c0;
+    bool first_kv = true;
+    for (int64_t hl = 0; hl < L.G; hl++) {
+      const int64_t h = j * L.G + hl;
+      for (int64_t r0 = c0; r0 < T; r0 += kBlock) {
+        backward_block(dqkv + L.q(b, h), dqkv + L.k(b, j), dqkv + L.v(b, j), qkv + L.q(b, h),
+                       qkv + L.k(b, j), qkv + L.v(b, j), dout + L.o(b, h),
+                       lse + (b * L.NH + h) * T, w.d.data() + hl * T, r0,
+                       std::min(T, r0 + kBlock) - r0, c0, n, first_kv, L, scale, w);
+        first_kv = false;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// Tasks (b, kv head): five block GEMMs per visited block (S, dV, dP, dK, dQ), the flash
+// attention backward's count, with no reduction across tasks.
+template <typename F>
+void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
+                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS) {
+  const Layout L(T, NH, KVH, HS);
+  const F scale = F(1) / std::sqrt(F(HS));
+#pragma omp parallel
+  {
+    BackwardScratch<F> scratch(L.G * T);  // once per thread and call
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * KVH; task++)
+      backward_kv_head(dqkv, dout, qkv, out, lse, task / KVH, task % KVH, L, scale, scratch);
+  }
+}
+
+#define TRIDENT_INSTANTIATE(F)                                                                \
+  template void attention_forward<F>(F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,   \
+                                     int64_t);                                                \
+  template void attention_backward<F>(F*, const F*, const F*, const F*, const F*, int64_t,    \
+                                      int64_t, int64_t, int64_t, int64_t);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

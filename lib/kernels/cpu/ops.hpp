@@ -65,15 +65,17 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // qkv[B,T,(NH+2*KVH)*HS]: per token [q of heads 0..NH-1 | k of kv heads 0..KVH-1 | v of kv
 // heads], head h of q at columns [h*HS, (h+1)*HS), kv head j of k at (NH+j)*HS, of v at
 // (NH+KVH+j)*HS. Query head h uses kv head h / (NH/KVH) (NH % KVH == 0).
-// out[B,T,NH*HS] (heads concatenated). att[B,NH,T,T] saves the softmax probabilities (row t
-// attends to s <= t; entries s > t are 0). Scale 1/sqrt(HS).
+// out[B,T,NH*HS] (heads concatenated). lse[B,NH,T] saves each row's log-sum-exp of its scaled
+// scores, log sum_{s<=t} exp(scale q_t.k_s) (row t attends to s <= t): all the backward needs
+// besides qkv and out. Scale 1/sqrt(HS). Blocked with an online softmax: no [T,T] matrix exists;
+// the scratch is two 128 x 128 blocks per thread, allocated per call.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int64_t B, int64_t T, int64_t NH,
+void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
                        int64_t KVH, int64_t HS);
 // dqkv[B,T,(NH+2*KVH)*HS] (overwrite; the k and v gradients of a kv head sum over its query
-// heads in head order). scratch: [B,NH,T,T] workspace.
+// heads in head order). out and lse: the forward's. P is recomputed block by block.
 template <typename F>
-void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* att,
+void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                         int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS);
 
 // ---------------------------------------------------------------- rotary embeddings (RoPE)
