@@ -69,14 +69,13 @@ FlatRange zero_slice(const FlatRange& bucket, int rank, int size) {
 }
 
 GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size,
-                           Communicator& data, double bucket_mb, bool zero, Device& device,
-                           ExpertGroups experts)
-    : data_(data), experts_(experts), device_(device) {
+                           ReplicaGroups groups, double bucket_mb, bool zero, Device& device)
+    : data_(*groups.data), device_(device) {
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
-  const bool split_experts = experts.expert != nullptr && experts.expert->size() > 1;
-  parts_.push_back({&data, false});
-  if (split_experts) parts_.push_back({experts.expert_data, true});
+  const bool split_experts = groups.expert != nullptr && groups.expert->size() > 1;
+  parts_.push_back({groups.data, false});
+  if (split_experts) parts_.push_back({groups.expert_data, true});
   int64_t staging = 0;
   for (Part& part : parts_) {
     const bool experts_part = part.experts;
@@ -169,18 +168,24 @@ void GradientSync::all_gather_weights(float* weights) {
   }
 }
 
-void GradientSync::sum_over_holders(const ParamInfo& p, double* values, int64_t n) const {
-  const Part& part = part_of(p);
-  if (part.experts) experts_.expert->all_reduce_sum(values, n);
-  if (part.zero) part.comm->all_reduce_sum(values, n);
+Communicator& GradientSync::host_comm(const Part& part, const ReplicaGroups& host) const {
+  return part.experts ? *host.expert_data : *host.data;
 }
 
-double GradientSync::square_sum(const std::vector<ParamInfo>& params, const float* grads) const {
+void GradientSync::sum_over_holders(const ParamInfo& p, double* values, int64_t n,
+                                    const ReplicaGroups& host) const {
+  const Part& part = part_of(p);
+  if (part.experts) host.expert->all_reduce_sum(values, n);
+  if (part.zero) host_comm(part, host).all_reduce_sum(values, n);
+}
+
+double GradientSync::square_sum(const std::vector<ParamInfo>& params, const float* grads,
+                                const ReplicaGroups& host) const {
   double total = 0.0;
   for (const Part& part : parts_) {
     double sum = grad_square_sum(params, grads, part.owned, device_);
-    if (part.experts) experts_.expert->all_reduce_sum(&sum, 1);
-    if (part.zero) part.comm->all_reduce_sum(&sum, 1);
+    if (part.experts) host.expert->all_reduce_sum(&sum, 1);
+    if (part.zero) host_comm(part, host).all_reduce_sum(&sum, 1);
     total += sum;
   }
   return total;

@@ -47,10 +47,12 @@ std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_
 // (slices of ceil(len/size) elements; the last ones may be short or empty).
 FlatRange zero_slice(const FlatRange& bucket, int rank, int size);
 
-// Expert parallelism (parallel.expert > 1; grid/grid.hpp): the expert group (different experts
-// on each rank) and the expert-data group (the replicas of this rank's experts). Both nullptr
+// The groups over which a rank's parameters are replicated: the data group and, under expert
+// parallelism (parallel.expert > 1; grid/grid.hpp), the expert group (different experts on
+// each rank) and the expert-data group (the replicas of this rank's experts); both nullptr
 // without expert parallelism.
-struct ExpertGroups {
+struct ReplicaGroups {
+  Communicator* data = nullptr;
   Communicator* expert = nullptr;
   Communicator* expert_data = nullptr;
 };
@@ -59,9 +61,10 @@ class GradientSync {
  public:
   // Under expert parallelism the stacked experts (ParamInfo::expert) are reduced over the
   // expert-data group (their ZeRO-1 slices too) and everything else over `data`; both are
-  // averaged over the whole data-parallel dimension (data.size() replicas of the batch).
-  GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size, Communicator& data,
-               double bucket_mb, bool zero, Device& device, ExpertGroups experts = {});
+  // averaged over the whole data-parallel dimension (data's size: the replicas of the batch).
+  // `groups`: the communicators of the gradients' memory (`data` required).
+  GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size, ReplicaGroups groups,
+               double bucket_mb, bool zero, Device& device);
 
   // Every gradient at flat offset >= watermark is final for this step: start reducing the
   // buckets that lie entirely above it (not under ZeRO-1, which reduces in finish()).
@@ -81,14 +84,18 @@ class GradientSync {
   bool zero() const { return parts_.front().zero; }
   // Whether this rank keeps only a slice of p's optimizer state (ZeRO-1 over p's group).
   bool zero_for(const ParamInfo& p) const { return part_of(p).zero; }
-  // Sums `n` values in place over the data-parallel ranks that hold different owned elements
-  // of p: none without ZeRO-1 (every replica holds all of p), the data group with it; for an
-  // expert tensor under expert parallelism, the expert group, and the expert-data group too
-  // under ZeRO-1. The gradient norm and the parity tests complete their sums with it.
-  void sum_over_holders(const ParamInfo& p, double* values, int64_t n) const;
+  // Sums `n` host values in place over the data-parallel ranks that hold different owned
+  // elements of p: none without ZeRO-1 (every replica holds all of p), the data group with it;
+  // for an expert tensor under expert parallelism, the expert group, and the expert-data group
+  // too under ZeRO-1. `host`: the host-memory communicators of the same groups (the ones this
+  // sync reduces gradients over may be a GPU's). The parity tests complete their sums with it.
+  void sum_over_holders(const ParamInfo& p, double* values, int64_t n,
+                        const ReplicaGroups& host) const;
   // The sum of squared owned gradients of the counted parameters (grad_square_sum), completed
-  // over the data-parallel dimension: the caller sums it over the model-parallel group.
-  double square_sum(const std::vector<ParamInfo>& params, const float* grads) const;
+  // over the data-parallel dimension through `host`: the caller sums it over the
+  // model-parallel group.
+  double square_sum(const std::vector<ParamInfo>& params, const float* grads,
+                    const ReplicaGroups& host) const;
   // The data-parallel rank index among the replicas of p (0: the one that writes p to a
   // checkpoint): the data rank, or for an expert tensor the expert-data rank.
   int replica_of(const ParamInfo& p) const;
@@ -104,10 +111,11 @@ class GradientSync {
     std::vector<std::unique_ptr<CommRequest>> pending;
   };
   const Part& part_of(const ParamInfo& p) const;
+  // The host communicator of `part`'s group among `host`.
+  Communicator& host_comm(const Part& part, const ReplicaGroups& host) const;
   void reduce_scatter_buckets(Part& part, float* grads);
 
   Communicator& data_;
-  ExpertGroups experts_;
   Device& device_;
   std::vector<Part> parts_;
   std::vector<FlatRange> buckets_, owned_;

@@ -113,10 +113,10 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
     backend_.embedding->broadcast(model_->weights() + wte.offset, wte.numel(), DType::F32, 0);
   }
   model_->weights_changed();
-  sync_ = std::make_unique<GradientSync>(model_->params(), model_->flat_size(), *backend_.data,
-                                         config.parallel.dp_bucket_mb,
-                                         config.optim.zero_stage == 1, device,
-                                         ExpertGroups{backend_.expert, backend_.expert_data});
+  sync_ = std::make_unique<GradientSync>(
+      model_->params(), model_->flat_size(),
+      ReplicaGroups{backend_.data, backend_.expert, backend_.expert_data},
+      config.parallel.dp_bucket_mb, config.optim.zero_stage == 1, device);
   optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
 
   train_data_ = std::make_unique<BlendedDataset>(
@@ -286,7 +286,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   // group, replicated ones on tensor rank 0 only, stages over the pipeline group, the tied
   // embedding on the first stage only; under ZeRO-1 the slices over the data group too, and
   // different experts over the expert group.
-  double square_sum = sync_->square_sum(model.params(), grads);
+  double square_sum = sync_->square_sum(model.params(), grads, host_replicas());
   groups_.model_parallel->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
   const double lr =

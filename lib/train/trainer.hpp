@@ -134,6 +134,10 @@ class Trainer {
   std::vector<float> host_weights();
   std::vector<float> host_grads();
   GradientSync& gradient_sync() { return *sync_; }
+  // The host-memory communicators of the data-parallel replicas (scalars: norms, counts).
+  ReplicaGroups host_replicas() const {
+    return {groups_.data, groups_.expert, groups_.expert_data};
+  }
   // Test hook: runs on this rank after the step's backward, before the gradient reductions
   // that follow it. Buckets above the first may already be in flight: touch only the first
   // parameter's gradients (offset 0), as the non-finite-gradient test does. `grads` is device

@@ -147,7 +147,7 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
       sums[1] += static_cast<double>(global[*gi]) * global[*gi];
     }
     if (p.split_dim >= 0) grid.tensor().all_reduce_sum(sums, 2);
-    sync.sum_over_holders(p, sums, 2);  // ZeRO-1 slices, other ranks' experts
+    sync.sum_over_holders(p, sums, 2, t.host_replicas());  // ZeRO-1 slices, other experts
     const double rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
     if (rel > worst) {
       worst = rel;
