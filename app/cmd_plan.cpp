@@ -37,6 +37,8 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
       ->check(CLI::IsMember({"materialized", "fused"}));
   cmd->add_flag("--no-dp-overlap", options.no_dp_overlap,
                 "The DP gradient reduction does not overlap backward");
+  cmd->add_flag("--attention-dropout", options.attention_dropout,
+                "Dropout on the materialized attention probabilities (its memory passes)");
   // A model the trainer cannot run yet on the modelled device (a mixture of experts on GPUs:
   // its config says train.device = "cpu", whose precision is fp32).
   cmd->add_option("--precision", options.precision,
@@ -199,6 +201,7 @@ void run_plan(const PlanOptions& options) {
   problem.nodes = options.nodes;
   problem.attention = options.attention;
   problem.dp_overlap = !options.no_dp_overlap;
+  problem.attention_dropout = options.attention_dropout;
   if (!options.precision.empty()) problem.precision = options.precision;
   const LayoutFilter filter = parse_layout_filter(options.layout);
   const std::vector<Layout> layouts = enumerate_layouts(problem, filter);

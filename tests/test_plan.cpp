@@ -229,6 +229,38 @@ TEST(PlanPredict, MaterializedAttentionScorePassesAtMemoryBandwidth) {
               8.0 * micro * attention_forward, 1e-9 * f.time.compute);
 }
 
+// Another system's dropout on the materialized probabilities (Megatron-LM's attention
+// dropout, plan --attention-dropout): per layer and micro-batch (2 e + 1) bytes per element of
+// [N, NH, T] in forward (probabilities read, dropped ones and mask written) and as many in
+// backward (gradient and mask read, gradient written), at the memory bandwidth; full
+// recomputation reruns forward's. Fused attention has no probabilities to drop.
+TEST(PlanPredict, AttentionDropoutPassesAtMemoryBandwidth) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m);
+  p.hw.devices_per_node = 1;
+  p.hw.device.memory_bandwidth_gbs = 1.0;
+  p.attention = "materialized";
+  PlanProblem dropout = p;
+  dropout.attention_dropout = true;
+  const int64_t mb = 4, micro = 32 / mb, N = mb * 16;
+  const double elements = N * 4.0 * 16, per_pass = elements * (2 * 4.0 + 1) / 1e9;
+  int compared = 0;
+  for (Recompute rc : {Recompute::None, Recompute::Full}) {
+    Layout l = layout(1, 1, 1, mb);
+    l.recompute = rc;
+    const double passes = rc == Recompute::Full ? 3.0 : 2.0;
+    const double base = predict(p, l).time.compute;
+    EXPECT_NEAR(predict(dropout, l).time.compute - base, 8.0 * micro * passes * per_pass,
+                1e-9 * base)
+        << to_string(rc);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+  dropout.attention = p.attention = "fused";
+  EXPECT_EQ(predict(dropout, layout(1, 1, 1, mb)).time.compute,
+            predict(p, layout(1, 1, 1, mb)).time.compute);
+}
+
 TEST(PlanPredict, OneFOneBBubbleIsStagesMinusOneOps) {
   // Four stages of two layers, each stage at its own cost t_s per micro-batch (the first with
   // the embedding, the last with the head (vocab 64), the slowest). A flow line whose last

@@ -208,6 +208,16 @@ class CostModel {
     r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
     r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
     r.weight = linear / 3.0;
+    // Dropout on materialized probabilities (PlanProblem::attention_dropout, another system's;
+    // Trident has none): forward reads the probabilities and writes the dropped ones and a
+    // one-byte mask, backward reads the gradient and the mask and writes the gradient, (2 e + 1)
+    // bytes per element of [N, NH/TP, T] each way; recomputation reruns forward's.
+    const double dropout = p_.attention_dropout && p_.materialized_attention()
+                               ? n_ * static_cast<double>(m_.heads) / t_ * T * (2.0 * e_ + 1.0)
+                               : 0.0;
+    r.fwd_compute += dropout / bw;
+    r.bwd_compute += dropout / bw;
+    if (l_.recompute == Recompute::Selective) r.bwd_compute += dropout / bw;
     if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
     if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0 + 2.0 * scores / bw;
     // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the

@@ -52,6 +52,9 @@ struct PlanProblem {
   // neither) set them apart: plan --attention materialized --no-dp-overlap.
   std::string attention;  // "" (the backend's for hw.device.kind) | "materialized" | "fused"
   bool dp_overlap = true;
+  // Dropout on the materialized attention probabilities (Megatron-LM's attention_dropout;
+  // Trident's trainer has none): plan --attention-dropout.
+  bool attention_dropout = false;
   // parallel.pipeline_balance: how the layers are cut over the stages (pipeline/stage_split.hpp;
   // "flops" applies to one chunk per stage, interleaved chunks are always even).
   std::string pipeline_balance = "even";
