@@ -607,6 +607,11 @@ TEST(PlanMoe, ActivationsCountEveryMoeLayersRows) {
   EXPECT_DOUBLE_EQ(predict(p, layout(1, 1, 1, 1)).memory.activations -
                        predict(pd, layout(1, 1, 1, 1)).memory.activations,
                    4 * 83248.0);
+  // The MoE block's buffers, once per rank (model/moe.hpp's backward scratch): fp32 x
+  // (2 NK C 4096 + NK (F + F) 16384 + NK 32 + 2 N E 128 + 2 N C 2048) + the aux losses' 4 bytes.
+  EXPECT_DOUBLE_EQ(predict(p, layout(1, 1, 1, 1)).memory.buffers -
+                       predict(pd, layout(1, 1, 1, 1)).memory.buffers,
+                   4 * (4096 + 16384 + 32 + 128 + 2048) + 4.0);
   p.hw.devices_per_node = 2;
   Layout l = layout(1, 1, 2, 1);
   const double one = predict(p, l).memory.activations;

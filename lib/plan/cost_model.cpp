@@ -346,6 +346,23 @@ class CostModel {
     return bytes + static_cast<double>(l_.ep - 1) * e_ * NK * (2.0 * C + U + F);
   }
 
+  // The MoE block's buffers, held once by a rank with MoE layers (model/moe.hpp, shared by
+  // its MoE layers): the backward's output-gradient and input-gradient rows [NK, C], the
+  // expert-side gradients [R, Fl] and [R, Ul], the gate weights' [NK], the router's
+  // probabilities' and logits' [N, E], the router's and the norm's input gradients [N, C], the
+  // aux losses' [B]; under EP the arrivals, expert outputs and both gradients [R, C]. R = NK EP,
+  // the most rows the rank's experts may receive.
+  double moe_buffer_bytes() const {
+    if (m_.moe_experts == 0) return 0.0;
+    const double C = static_cast<double>(m_.width), E = static_cast<double>(m_.moe_experts);
+    const double Fl = static_cast<double>(m_.ffn_size()) / t_, Ul = m_.is_llama() ? 2.0 * Fl : Fl;
+    const double NK = n_ * static_cast<double>(m_.moe_top_k);
+    const double R = NK * static_cast<double>(l_.ep);
+    const double ep_rows = l_.ep > 1 ? 4.0 * R * C : 0.0;
+    return e_ * (2.0 * NK * C + R * (Fl + Ul) + NK + 2.0 * n_ * E + 2.0 * n_ * C + ep_rows) +
+           4.0 * static_cast<double>(l_.micro_batch);
+  }
+
   double tp_seconds(Collective c, double bytes) const {
     return collective_seconds(hw_, hw_.intra_node, c, l_.tp, bytes);
   }
@@ -652,6 +669,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
                          static_cast<double>(moe_layer_extra_bytes(m, kept));
     }
     mem.buffers = reserved + scratch + zero1_staging(p, l, flat);
+    if (experts > 0.0) mem.buffers += model.moe_buffer_bytes();
     // One chunk of the LM head's logits, held once by the last stage.
     if (s == l.pp - 1) mem.buffers += model.head_scratch();
     if (s == 0 || mem.total() > r.memory.total()) {
