@@ -42,7 +42,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024.0 ** 3
 LAYOUT_KEYS = ["tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
-               "zero", "sequence_parallel", "recompute"]
+               "zero", "sequence_parallel", "recompute", "expert"]
 
 # (ranks, layout). Defaults of a layout: tensor=pipeline=data=1, micro_batch=2, 1f1b, v=1,
 # zero=0, sequence_parallel=0, recompute=none. Tiny model: 8 layers, global batch 16.
@@ -81,7 +81,7 @@ CORES = os.cpu_count() or 1
 def full_layout(partial):
     values = {"tensor": "1", "pipeline": "1", "data": "1", "micro_batch": "2",
               "schedule": "1f1b", "virtual_stages": "1", "zero": "0",
-              "sequence_parallel": "0", "recompute": "none"}
+              "sequence_parallel": "0", "recompute": "none", "expert": "1"}
     for item in partial.split(","):
         key, value = item.split("=")
         values[key] = value
