@@ -190,8 +190,12 @@ class CostModel {
     ActivationShape none = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
                                             l_.tp, l_.sequence_parallel, Recompute::None, e_);
     double stash = static_cast<double>(layer_activation_bytes(m_, none));
+    // The weight-gradient matmuls a split backward (zb-h1) defers: a MoE layer's experts and
+    // router are never deferred (docs/moe.md), its attention's are.
+    double deferred = linear / 3.0;
     if (moe) {
       linear = moe_linear_seconds(shapes[0], shapes[1]);
+      deferred = attention_linear_seconds(shapes[0], shapes[1]) / 3.0;
       // The router's, the permutation's and the experts' rows: the trainer's own count.
       stash += static_cast<double>(moe_layer_extra_bytes(m_, none));
     }
@@ -207,7 +211,7 @@ class CostModel {
     LayerModel r;
     r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
     r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
-    r.weight = linear / 3.0;
+    r.weight = deferred;
     // Dropout on materialized probabilities (PlanProblem::attention_dropout, another system's;
     // Trident has none): forward reads the probabilities and writes the dropped ones and a
     // one-byte mask, backward reads the gradient and the mask and writes the gradient, (2 e + 1)
@@ -258,13 +262,19 @@ class CostModel {
     const double E = static_cast<double>(m_.moe_experts);
     const double rows = moe_routed_rows(m_, l_.micro_batch);
     const double per_expert = rows * static_cast<double>(l_.ep) / E;
-    auto gemm = [&](double m, double k, double n, double count) {
-      return 3.0 * 2.0 * m * k * n * count / (peak_ * hw_.gemm_efficiency(m, k, n));
-    };
     const double experts_local = E / static_cast<double>(l_.ep);
-    return gemm(qkv[0], qkv[1], qkv[2], 1.0) + gemm(proj[0], proj[1], proj[2], 1.0) +
-           gemm(per_expert, C, U / t_, experts_local) + gemm(per_expert, F / t_, C, experts_local) +
-           gemm(n_, C, E, 1.0);
+    return attention_linear_seconds(qkv, proj) +
+           gemm_seconds(per_expert, C, U / t_, experts_local) +
+           gemm_seconds(per_expert, F / t_, C, experts_local) + gemm_seconds(n_, C, E, 1.0);
+  }
+
+  double attention_linear_seconds(const double (&qkv)[3], const double (&proj)[3]) const {
+    return gemm_seconds(qkv[0], qkv[1], qkv[2], 1.0) + gemm_seconds(proj[0], proj[1], proj[2], 1.0);
+  }
+
+  // Training seconds (3 x forward) of `count` GEMMs of m x k x n at their shape's efficiency.
+  double gemm_seconds(double m, double k, double n, double count) const {
+    return 3.0 * 2.0 * m * k * n * count / (peak_ * hw_.gemm_efficiency(m, k, n));
   }
 
   // The expert group's link: EP data ranks of a (tp, pp) column, TP x PP apart (grid/grid.hpp).
