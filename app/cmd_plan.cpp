@@ -37,6 +37,13 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
       ->check(CLI::IsMember({"materialized", "fused"}));
   cmd->add_flag("--no-dp-overlap", options.no_dp_overlap,
                 "The DP gradient reduction does not overlap backward");
+  cmd->add_flag("--attention-dropout", options.attention_dropout,
+                "Dropout on the materialized attention probabilities (its memory passes)");
+  // A model the trainer cannot run yet on the modelled device (a mixture of experts on GPUs:
+  // its config says train.device = "cpu", whose precision is fp32).
+  cmd->add_option("--precision", options.precision,
+                  "fp32 | bf16: the precision modelled (default: the config's train.precision)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
 }
 
 namespace {
@@ -49,12 +56,13 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
            {{"tensor", l.tp}, {"pipeline", l.pp}, {"data", l.dp}, {"micro_batch", l.micro_batch},
             {"schedule", to_string(l.schedule)}, {"virtual_stages", l.virtual_stages},
             {"zero", l.zero1 ? 1 : 0}, {"sequence_parallel", l.sequence_parallel},
-            {"recompute", to_string(l.recompute)}}},
+            {"recompute", to_string(l.recompute)}, {"expert", l.ep}}},
           {"microbatches", p.microbatches},
           {"step_seconds", p.step_seconds},
           {"time",
            {{"compute", p.time.compute}, {"tp_comm", p.time.tp_comm}, {"bubble", p.time.bubble},
-            {"pp_transfer", p.time.pp_transfer}, {"dp_exposed", p.time.dp_exposed},
+            {"pp_transfer", p.time.pp_transfer}, {"ep_comm", p.time.ep_comm},
+            {"dp_exposed", p.time.dp_exposed},
             {"optimizer", p.time.optimizer}}},
           {"memory_bytes",
            {{"weights", p.memory.weights}, {"gradients", p.memory.gradients},
@@ -68,22 +76,30 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
           {"set", layout_overrides(p.layout, global_batch)}};
 }
 
-void print_table(const std::vector<Prediction>& ranked, size_t top) {
-  std::printf("%4s %3s %3s %4s %3s %-11s %4s %2s %2s %-9s %9s | %8s %7s %7s %7s %7s %7s | "
+// With MoE layers (`moe`) two more columns: the expert-parallel degree and its all-to-alls.
+void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
+  std::printf("%4s %3s %3s %4s%s %3s %-11s %4s %2s %2s %-9s %9s | %8s %7s%s %7s %7s %7s %7s | "
               "%8s %7s %7s %7s %7s %7s | %10s %7s %6s\n",
-              "#", "TP", "PP", "DP", "mb", "schedule", "v", "Z", "SP", "recompute", "step s",
-              "compute", "tp", "bubble", "pp", "dp", "optim", "mem GiB", "wts", "grads", "opt",
-              "acts", "bufs", "tokens/s", "TFLOP/s", "MFU");
+              "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "Z", "SP",
+              "recompute", "step s", "compute", "tp", moe ? "      ep" : "", "bubble", "pp", "dp",
+              "optim", "mem GiB", "wts", "grads", "opt", "acts", "bufs", "tokens/s", "TFLOP/s",
+              "MFU");
   for (size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Prediction& p = ranked[i];
     const Layout& l = p.layout;
-    std::printf("%4zu %3lld %3lld %4lld %3lld %-11s %4lld %2d %2d %-9s %9.4g | %8.3g %7.3g %7.3g "
-                "%7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g %7.4g %5.1f%%\n",
+    char ep[16] = "", ep_time[16] = "";
+    if (moe) {
+      std::snprintf(ep, sizeof ep, " %3lld", static_cast<long long>(l.ep));
+      std::snprintf(ep_time, sizeof ep_time, " %7.3g", p.time.ep_comm);
+    }
+    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %2d %2d %-9s %9.4g | %8.3g %7.3g%s "
+                "%7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g %7.4g "
+                "%5.1f%%\n",
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
-                static_cast<long long>(l.dp), static_cast<long long>(l.micro_batch),
+                static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
                 l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(),
-                p.step_seconds, p.time.compute, p.time.tp_comm, p.time.bubble,
+                p.step_seconds, p.time.compute, p.time.tp_comm, ep_time, p.time.bubble,
                 p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
                 p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,
                 p.memory.gradients / kGiB, p.memory.optimizer / kGiB,
@@ -138,7 +154,11 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
   } else {
     problem.nodes = ranks / per_node;
   }
-  const std::vector<Layout> layouts = enumerate_layouts(problem, LayoutFilter{});
+  // The trainer runs parallel.expert > 1 on the CPU backend only (docs/moe.md): auto chooses
+  // among the layouts it can train.
+  LayoutFilter trainable;
+  if (c.train.device != "cpu") trainable.ep = 1;
+  const std::vector<Layout> layouts = enumerate_layouts(problem, trainable);
   if (layouts.empty())
     throw Error("train --plan auto: no valid layout of " + std::to_string(ranks) +
                 " ranks for this model and train.global_batch = " +
@@ -181,6 +201,8 @@ void run_plan(const PlanOptions& options) {
   problem.nodes = options.nodes;
   problem.attention = options.attention;
   problem.dp_overlap = !options.no_dp_overlap;
+  problem.attention_dropout = options.attention_dropout;
+  if (!options.precision.empty()) problem.precision = options.precision;
   const LayoutFilter filter = parse_layout_filter(options.layout);
   const std::vector<Layout> layouts = enumerate_layouts(problem, filter);
   if (layouts.empty()) {
@@ -189,7 +211,8 @@ void run_plan(const PlanOptions& options) {
              filter.schedule.empty() ? ScheduleKind::OneFOneB : parse_schedule_kind(filter.schedule),
              filter.virtual_stages ? filter.virtual_stages : 1, filter.zero1 == 1,
              filter.sequence_parallel == 1,
-             filter.recompute.empty() ? Recompute::None : parse_recompute(filter.recompute)};
+             filter.recompute.empty() ? Recompute::None : parse_recompute(filter.recompute),
+             filter.ep ? filter.ep : 1};
     const std::string why = (filter.tp && filter.pp && filter.dp && filter.micro_batch)
                                 ? ": " + layout_problem(problem, l)
                                 : "";
@@ -230,6 +253,12 @@ void run_plan(const PlanOptions& options) {
               static_cast<long long>(m.width), static_cast<long long>(m.heads),
               static_cast<long long>(m.kv_head_count()), static_cast<long long>(m.seq_len),
               static_cast<double>(parameter_count(m)) / 1e9);
+  if (m.moe_experts > 0)
+    std::printf("mixture of experts: %lld of %lld layers with %lld experts, top-%lld, capacity "
+                "factor %g (0: dropless), %.3g B parameters active per token\n",
+                static_cast<long long>(moe_layer_count(m)), static_cast<long long>(m.layers),
+                static_cast<long long>(m.moe_experts), static_cast<long long>(m.moe_top_k),
+                m.moe_capacity_factor, static_cast<double>(active_parameter_count(m)) / 1e9);
   std::printf("cluster: %s: %lld node(s) x %lld = %lld devices, %.1f GiB each, peak %.4g "
               "TFLOP/s %s\n",
               problem.hw.name.c_str(), static_cast<long long>(problem.nodes),
@@ -242,7 +271,7 @@ void run_plan(const PlanOptions& options) {
   std::printf("layouts: %zu valid, %zu fit in memory (! marks one that does not); times in "
               "seconds per step\n",
               ranked.size(), fitting);
-  print_table(ranked, top);
+  print_table(ranked, top, c.model.moe_experts > 0);
   std::printf("best layout:\n ");
   for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))
     std::printf(" --set %s", s.c_str());

@@ -96,6 +96,8 @@ struct PlanOptions {
   std::string layout;        // "" or a partial layout (plan/cost_model.hpp LayoutFilter)
   std::string attention;     // "" | "materialized" | "fused" (PlanProblem::attention)
   bool no_dp_overlap = false;
+  bool attention_dropout = false;  // PlanProblem::attention_dropout
+  std::string precision;     // "" (train.precision) | "fp32" | "bf16": the precision modelled
 };
 void add_plan_command(CLI::App& app, PlanOptions& options);
 // Prints the best layouts (rank 0); throws trident::Error on bad input or when nothing fits.

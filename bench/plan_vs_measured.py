@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """`trident plan` against measured runs of the tiny model on this machine (docs/plan.md).
 
-  bench/plan_vs_measured.py [--trident PATH] [--steps N] [--warmup N] [--out DIR]
+  bench/plan_vs_measured.py [--trident PATH] [--steps N] [--warmup N] [--out DIR] [--moe]
+
+--moe: the mixture-of-experts rows instead (configs/moe_tiny.toml, 8 experts top-2 in every
+other layer, and a variant with 16 experts): 1 rank, DP 2, TP 2 (the layouts the trainer runs
+a MoE model in; expert parallelism it does not run yet).
 
 1. `trident bench-hw` measures the machine first, once per rank count the timed runs use
    (mpiexec -n 1 and -n 2): the hardware files the predictions use are those runs' output,
@@ -38,7 +42,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024.0 ** 3
 LAYOUT_KEYS = ["tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
-               "zero", "sequence_parallel", "recompute"]
+               "zero", "sequence_parallel", "recompute", "expert"]
 
 # (ranks, layout). Defaults of a layout: tensor=pipeline=data=1, micro_batch=2, 1f1b, v=1,
 # zero=0, sequence_parallel=0, recompute=none. Tiny model: 8 layers, global batch 16.
@@ -61,13 +65,23 @@ LAYOUTS = [
     (4, "tensor=2,pipeline=2,micro_batch=2,sequence_parallel=1"),
     (4, "pipeline=2,data=2,micro_batch=2,schedule=interleaved,virtual_stages=2,zero=1"),
 ]
+# Mixture of experts (--moe): (ranks, layout, model overrides) of configs/moe_tiny.toml.
+MOE_LAYOUTS = [
+    (1, "micro_batch=2", []),
+    (1, "micro_batch=2", ["model.moe_experts=16"]),
+    (1, "micro_batch=2,recompute=full", []),
+    (2, "data=2,micro_batch=2", []),
+    (2, "data=2,micro_batch=2", ["model.moe_experts=16"]),
+    (2, "tensor=2,micro_batch=2", []),
+    (2, "tensor=2,micro_batch=2", ["model.moe_experts=16"]),
+]
 CORES = os.cpu_count() or 1
 
 
 def full_layout(partial):
     values = {"tensor": "1", "pipeline": "1", "data": "1", "micro_batch": "2",
               "schedule": "1f1b", "virtual_stages": "1", "zero": "0",
-              "sequence_parallel": "0", "recompute": "none"}
+              "sequence_parallel": "0", "recompute": "none", "expert": "1"}
     for item in partial.split(","):
         key, value = item.split("=")
         values[key] = value
@@ -103,10 +117,12 @@ def bench_hw(args, ranks):
     return path
 
 
-def predict(args, hw, nodes, layout):
-    out = check_run([args.trident, "plan", "--config", args.config, "--hardware", hw,
-                     "--nodes", str(nodes), "--layout", layout, "--json", "--top", "1"],
-                    "trident plan --layout " + layout, 120)
+def predict(args, hw, nodes, layout, model_sets=()):
+    cmd = [args.trident, "plan", "--config", args.config, "--hardware", hw,
+           "--nodes", str(nodes), "--layout", layout, "--json", "--top", "1"]
+    for s in model_sets:
+        cmd += ["--set", s]
+    out = check_run(cmd, "trident plan --layout " + layout, 120)
     best = json.loads(out)["best"]
     if len(best) != 1:
         sys.exit("plan_vs_measured: trident plan returned %d layouts for %s" % (len(best), layout))
@@ -119,10 +135,10 @@ MEMORY_LINE = re.compile(
     r"([\d.]+) MB")
 
 
-def train(args, ranks, prediction, name, tokens):
+def train(args, ranks, prediction, name, tokens, model_sets=()):
     run_dir = os.path.join(args.out, "runs", name)
     subprocess.run(["rm", "-rf", run_dir], check=True)
-    sets = [s for s in prediction["set"]] + [
+    sets = list(model_sets) + [s for s in prediction["set"]] + [
         "train.steps=%d" % args.steps, "log.interval=1", "eval.interval=0",
         "checkpoint.interval=0", "data.train=" + tokens, "data.val=" + tokens,
         "log.dir=" + run_dir]
@@ -158,7 +174,14 @@ def main():
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--warmup", type=int, default=4, help="logged steps dropped before the median")
     p.add_argument("--out", default=os.path.join(ROOT, "build", "bench-plan"))
+    p.add_argument("--moe", action="store_true",
+                   help="the mixture-of-experts rows (configs/moe_tiny.toml) instead")
     args = p.parse_args()
+    layouts = [(r, l, []) for r, l in LAYOUTS]
+    if args.moe:
+        layouts = MOE_LAYOUTS
+        if args.config == os.path.join(ROOT, "configs", "tiny.toml"):
+            args.config = os.path.join(ROOT, "configs", "moe_tiny.toml")
     os.makedirs(args.out, exist_ok=True)
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[0]
@@ -170,20 +193,23 @@ def main():
     tokens = os.path.join(args.out, "tokens.bin")
     write_tokens(tokens, 1 << 17)
 
-    print("plan vs measured: configs/tiny.toml, %d cores, %d steps per run (median of the last "
-          "%d), load average %s before" % (CORES, args.steps, args.steps - args.warmup, load_before))
+    print("plan vs measured: %s, %d cores, %d steps per run (median of the last "
+          "%d), load average %s before" % (os.path.relpath(args.config, ROOT), CORES, args.steps,
+                                          args.steps - args.warmup, load_before))
     header = ("%-5s %-62s | %8s %8s %7s | %8s %8s %6s | %7s %7s %6s" %
               ("ranks", "layout", "pred ms", "meas ms", "err", "pred MB", "meas MB", "err",
                "act+scr", "meas", "err"))
     print(header)
     print("-" * len(header))
     results = []
-    for i, (ranks, partial) in enumerate(LAYOUTS):
+    for i, (ranks, partial, model_sets) in enumerate(layouts):
         layout = full_layout(partial)
         # 1 rank: the 1-rank hardware file; more: nodes of 2 devices (the 2-rank file).
         file_ranks = 1 if ranks == 1 else 2
-        pred = predict(args, hw[file_ranks], ranks // file_ranks, layout)
-        meas = train(args, ranks, pred, "%02d" % i, tokens)
+        pred = predict(args, hw[file_ranks], ranks // file_ranks, layout, model_sets)
+        meas = train(args, ranks, pred, "%02d" % i, tokens, model_sets)
+        if model_sets:
+            partial += "," + ",".join(s.split(".", 1)[1] for s in model_sets)
         pred_ms = pred["step_seconds"] * 1e3
         mem = pred["memory_bytes"]
         pred_device = mem["total"] - reserved[file_ranks] * GIB

@@ -161,3 +161,41 @@ TEST(AppPlan, TrainPlanAutoChoosesALayoutForTheRanksAndSaysWhy) {
   expect_one_error_line(run_command(trident_cmd(train + hw.substr(1)), 60),
                         "is only read with --plan auto");
 }
+
+// A mixture of experts: the plan lists expert-parallel layouts (EP dividing DP and the experts)
+// with their all-to-alls, the table gets its EP and ep columns, the overrides parallel.expert;
+// --precision models another precision than the config's (Mixtral-like on H100s in bf16).
+TEST(AppPlan, MixtureOfExpertsListsExpertParallelLayouts) {
+  const std::string moe = "--config " + source("configs/moe_tiny.toml") + " --hardware " +
+                          source("configs/hardware/cpu_2core.toml") + " --nodes 1";
+  const RunResult j = run_command(trident_cmd("plan " + moe + " --json --top 1000"), 120, false);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  const nlohmann::json out = nlohmann::json::parse(j.output);
+  int with_ep = 0, compared = 0;
+  for (const nlohmann::json& best : out["best"]) {
+    const int64_t ep = best["layout"]["expert"];
+    EXPECT_EQ(best["layout"]["data"].get<int64_t>() % ep, 0);
+    EXPECT_EQ(best["set"].back(), "parallel.expert=" + std::to_string(ep));
+    if (ep > 1) {
+      ++with_ep;
+      EXPECT_GT(best["time"]["ep_comm"].get<double>(), 0.0);
+    } else {
+      EXPECT_EQ(best["time"]["ep_comm"].get<double>(), 0.0);
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, out["layouts"].get<int>());
+  EXPECT_GT(with_ep, 0);
+  const RunResult t = plan(moe + " --top 3");
+  EXPECT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("mixture of experts: 4 of 8 layers with 8 experts, top-2"),
+            std::string::npos)
+      << t.output;
+  EXPECT_NE(t.output.find("  DP  EP  mb"), std::string::npos) << t.output;
+
+  const RunResult mixtral = plan("--config " + source("configs/plan/mixtral_8x7b.toml") +
+                                 " --hardware " + source("configs/hardware/h100_dgx.toml") +
+                                 " --nodes 2 --precision bf16 --top 1");
+  EXPECT_EQ(mixtral.exit_code, 0) << mixtral.output;
+  EXPECT_NE(mixtral.output.find("peak 989.4 TFLOP/s bf16"), std::string::npos) << mixtral.output;
+}

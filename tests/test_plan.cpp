@@ -229,6 +229,38 @@ TEST(PlanPredict, MaterializedAttentionScorePassesAtMemoryBandwidth) {
               8.0 * micro * attention_forward, 1e-9 * f.time.compute);
 }
 
+// Another system's dropout on the materialized probabilities (Megatron-LM's attention
+// dropout, plan --attention-dropout): per layer and micro-batch (2 e + 1) bytes per element of
+// [N, NH, T] in forward (probabilities read, dropped ones and mask written) and as many in
+// backward (gradient and mask read, gradient written), at the memory bandwidth; full
+// recomputation reruns forward's. Fused attention has no probabilities to drop.
+TEST(PlanPredict, AttentionDropoutPassesAtMemoryBandwidth) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m);
+  p.hw.devices_per_node = 1;
+  p.hw.device.memory_bandwidth_gbs = 1.0;
+  p.attention = "materialized";
+  PlanProblem dropout = p;
+  dropout.attention_dropout = true;
+  const int64_t mb = 4, micro = 32 / mb, N = mb * 16;
+  const double elements = N * 4.0 * 16, per_pass = elements * (2 * 4.0 + 1) / 1e9;
+  int compared = 0;
+  for (Recompute rc : {Recompute::None, Recompute::Full}) {
+    Layout l = layout(1, 1, 1, mb);
+    l.recompute = rc;
+    const double passes = rc == Recompute::Full ? 3.0 : 2.0;
+    const double base = predict(p, l).time.compute;
+    EXPECT_NEAR(predict(dropout, l).time.compute - base, 8.0 * micro * passes * per_pass,
+                1e-9 * base)
+        << to_string(rc);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+  dropout.attention = p.attention = "fused";
+  EXPECT_EQ(predict(dropout, layout(1, 1, 1, mb)).time.compute,
+            predict(p, layout(1, 1, 1, mb)).time.compute);
+}
+
 TEST(PlanPredict, OneFOneBBubbleIsStagesMinusOneOps) {
   // Four stages of two layers, each stage at its own cost t_s per micro-batch (the first with
   // the embedding, the last with the head (vocab 64), the slowest). A flow line whose last
@@ -431,4 +463,181 @@ TEST(PlanPipeline, ExtendedSimulationEqualsTheWholeOne) {
     }
   }
   EXPECT_EQ(compared, 24);
+}
+
+// ---- Mixture of experts (docs/plan.md "Mixture of experts") ----
+
+namespace {
+
+// small_gpt with 4 experts, top-2, in every other layer (layers 0, 2, 4, 6), dropless.
+ModelConfig small_moe() {
+  ModelConfig m = small_gpt();
+  m.moe_experts = 4;
+  m.moe_top_k = 2;
+  m.moe_layer_interval = 2;
+  m.moe_capacity_factor = 0.0;
+  return m;
+}
+
+// One MoE layer's experts on one tensor rank, by hand: E x (fc1 F*C + F + fc2 C*F + C) with
+// C 64, F 256, E 4: 4 x 33088.
+constexpr double kExpertsPerMoeLayer = 4.0 * (256 * 64 + 256 + 64 * 256 + 64);
+
+}  // namespace
+
+// Per layer kind: dense layers 12 C^2 + 13 C = 49984 elements; MoE layers the attention and
+// norms (49984 - 33088 = 16896), the router E C = 256 and E experts (132352): 149504. With the
+// embedding 64 x 64, the positions 16 x 64 and the final norm 128: 803200, the trainer's flat
+// buffer (not 8 MoE layers, as a per-layer average of layer 0 would give).
+TEST(PlanMoe, ParametersPerLayerKindAndExpertsSplitByExpertParallelism) {
+  const ModelConfig m = small_moe();
+  const double flat = static_cast<double>(parameter_layout(m, ModelShard::whole(m)).flat_size);
+  EXPECT_EQ(flat, 4096 + 1024 + 4 * 49984 + 4 * 149504 + 128);
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 1;
+  const Prediction one = predict(p, layout(1, 1, 1, 2));
+  EXPECT_DOUBLE_EQ(one.memory.weights, flat * 4);
+  EXPECT_DOUBLE_EQ(one.memory.gradients, flat * 4);
+  EXPECT_DOUBLE_EQ(one.memory.optimizer, flat * 8);
+  // Two stages of 4 layers: each holds 2 MoE and 2 dense layers (the trainer's shards).
+  p.hw.devices_per_node = 2;
+  const Prediction pp = predict(p, layout(1, 2, 1, 2));
+  for (int stage = 0; stage < 2; ++stage) {
+    ModelShard s;
+    s.layer_begin = 4 * stage;
+    s.layer_end = 4 * stage + 4;
+    s.has_embedding = stage == 0;
+    s.has_head = stage == 1;
+    const double stage_flat = static_cast<double>(parameter_layout(m, s).flat_size);
+    if (stage == pp.fullest_stage) EXPECT_DOUBLE_EQ(pp.memory.weights, stage_flat * 4);
+  }
+  // DP 2 with EP 2: a rank holds half of every MoE layer's experts (4 x 66176 fewer
+  // elements); ZeRO-1 splits the rest's moments over DP 2 and the experts' over DP / EP = 1.
+  Layout ep = layout(1, 1, 2, 2);
+  ep.ep = 2;
+  ep.zero1 = true;
+  const Prediction e = predict(p, ep);
+  const double experts_local = 4 * kExpertsPerMoeLayer / 2;
+  const double local = flat - experts_local;
+  EXPECT_DOUBLE_EQ(e.memory.weights, local * 4);
+  EXPECT_DOUBLE_EQ(e.memory.gradients, local * 4);
+  EXPECT_DOUBLE_EQ(e.memory.optimizer,
+                   (std::ceil((local - experts_local) / 2) + experts_local) * 8);
+}
+
+// Compute: a MoE layer computes top_k experts per token plus the router (model_stats' count,
+// at TP 1 exactly the trainer's FLOPs), whatever E is; the capacity drops assignments.
+TEST(PlanMoe, ComputeIsTopKExpertsAndTheCapacityCapsIt) {
+  ModelConfig m = small_moe();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 1;
+  const Prediction r = predict(p, layout(1, 1, 1, 4));
+  const TrainingFlopsParts parts = training_flops_parts(m, 64);
+  const double tokens = 32 * 16;
+  const double flops = (training_flops_per_token(m, 64) + parts.head / 3.0) * tokens;
+  EXPECT_NEAR(r.time.compute, flops / 10e12, 1e-9 * r.time.compute);
+  EXPECT_EQ(r.time.ep_comm, 0.0);
+  // Per token and MoE layer, top-2 experts' fc1 and fc2: 3 x 2 x 2 x C F x 2 = 393216 FLOPs,
+  // and the router 3 x 2 x C E = 1536: against one dense MLP's 196608.
+  ModelConfig dense = m;
+  dense.moe_experts = 0;
+  PlanProblem pd = problem(dense, 1, 32);
+  pd.hw.devices_per_node = 1;
+  EXPECT_NEAR(r.time.compute - predict(pd, layout(1, 1, 1, 4)).time.compute,
+              4 * (393216.0 - 196608.0 + 1536.0) * tokens / 10e12, 1e-9 * r.time.compute);
+  // Capacity factor 0.5: each expert takes ceil(0.5 x 16 x 2 / 4) = 4 of a sequence's 32
+  // assignments, 16 of them in all: half the experts' work.
+  EXPECT_DOUBLE_EQ(moe_routed_rows(m, 4), 4 * 32.0);
+  m.moe_capacity_factor = 0.5;
+  EXPECT_DOUBLE_EQ(moe_routed_rows(m, 4), 4 * 16.0);
+  m.moe_capacity_factor = 1.25;  // ceil(10) x 4 = 40 > 32: nothing dropped
+  EXPECT_DOUBLE_EQ(moe_routed_rows(m, 4), 4 * 32.0);
+  m.moe_capacity_factor = 0.5;
+  p.model = m;
+  EXPECT_NEAR(r.time.compute - predict(p, layout(1, 1, 1, 4)).time.compute,
+              4 * 393216.0 / 2 * tokens / 10e12, 1e-9 * r.time.compute);
+}
+
+// Expert parallelism: per MoE layer and micro-batch two all-to-alls forward (rows to the
+// experts' owners, outputs back) and two backward, each of the rank's N top_k rows of C
+// elements with (EP-1)/EP of them leaving, plus the row counts (E int64); the links' closed
+// form: (EP-1) latency + (EP-1)/EP bytes / bandwidth. The experts' FLOPs stay the same.
+TEST(PlanMoe, ExpertParallelAllToAllsClosedForm) {
+  const ModelConfig m = small_moe();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  Layout l = layout(1, 1, 2, 2);
+  const Prediction plain = predict(p, l);
+  l.ep = 2;
+  const Prediction ep = predict(p, l);
+  const double lat = 2e-6, bw = 10e9;
+  const double rows = 2 * 16 * 2;  // micro-batch 2 x T 16 x top-2
+  const double a2a = lat + 0.5 * rows * 64 * 4 / bw, counts = lat + 0.5 * 8 * 4 / bw;
+  const double microbatches = 32 / (2 * 2);
+  EXPECT_NEAR(ep.time.ep_comm, microbatches * 4 * (4 * a2a + counts), 1e-15);
+  EXPECT_EQ(plain.time.ep_comm, 0.0);
+  EXPECT_NEAR(ep.time.compute, plain.time.compute, 1e-12 * plain.time.compute);
+  // Full recomputation reruns forward's exchanges in backward.
+  l.recompute = Recompute::Full;
+  EXPECT_NEAR(predict(p, l).time.ep_comm, microbatches * 4 * (6 * a2a + 2 * counts), 1e-15);
+  // Across nodes when TP x PP x EP exceeds a node.
+  PlanProblem two_nodes = problem(m, 2, 32);
+  two_nodes.hw.devices_per_node = 1;
+  l.recompute = Recompute::None;
+  const double a2a_ib = 4e-6 + 0.5 * rows * 64 * 4 / 5e9, counts_ib = 4e-6 + 0.5 * 8 * 4 / 5e9;
+  EXPECT_NEAR(predict(two_nodes, l).time.ep_comm, microbatches * 4 * (4 * a2a_ib + counts_ib),
+              1e-15);
+}
+
+// Activations: a MoE layer keeps, beyond a dense layer's stash, moe_layer_extra_bytes: with
+// N 16, E 4, K 2 (NK 32), C 64, F 256, fp32: 4 x (2 N E + NK + NK (2C + 2F)) = 82560, the
+// chosen experts 4 NK = 128, the dispatch plan 8 (2 NK + E + 1) = 552, the aux and z losses 8:
+// 83248 per MoE layer and micro-batch. Under EP the expert-side rows are sized N K EP.
+TEST(PlanMoe, ActivationsCountEveryMoeLayersRows) {
+  const ModelConfig m = small_moe();
+  ActivationShape s;
+  s.micro_batch = 1;
+  EXPECT_EQ(moe_layer_extra_bytes(m, s), 83248);
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 1;
+  ModelConfig dense = m;
+  dense.moe_experts = 0;
+  PlanProblem pd = problem(dense, 1, 32);
+  pd.hw.devices_per_node = 1;
+  EXPECT_DOUBLE_EQ(predict(p, layout(1, 1, 1, 1)).memory.activations -
+                       predict(pd, layout(1, 1, 1, 1)).memory.activations,
+                   4 * 83248.0);
+  // The MoE block's buffers, once per rank (model/moe.hpp's backward scratch): fp32 x
+  // (2 NK C 4096 + NK (F + F) 16384 + NK 32 + 2 N E 128 + 2 N C 2048) + the aux losses' 4 bytes.
+  EXPECT_DOUBLE_EQ(predict(p, layout(1, 1, 1, 1)).memory.buffers -
+                       predict(pd, layout(1, 1, 1, 1)).memory.buffers,
+                   4 * (4096 + 16384 + 32 + 128 + 2048) + 4.0);
+  p.hw.devices_per_node = 2;
+  Layout l = layout(1, 1, 2, 1);
+  const double one = predict(p, l).memory.activations;
+  l.ep = 2;
+  EXPECT_DOUBLE_EQ(predict(p, l).memory.activations - one, 4 * 4.0 * 32 * (2 * 64 + 2 * 256));
+}
+
+TEST(PlanMoe, ExpertParallelLayoutsAreEnumeratedWhereTheyDivide) {
+  ModelConfig m = small_moe();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 4;
+  std::set<std::pair<int64_t, int64_t>> dp_ep;
+  for (const Layout& l : enumerate_layouts(p, parse_layout_filter("recompute=none,zero=0"))) {
+    EXPECT_EQ(layout_problem(p, l), "") << to_string(l);
+    dp_ep.insert({l.dp, l.ep});
+  }
+  EXPECT_EQ(dp_ep, (std::set<std::pair<int64_t, int64_t>>{
+                       {1, 1}, {2, 1}, {2, 2}, {4, 1}, {4, 2}, {4, 4}}));
+  EXPECT_EQ(enumerate_layouts(p, parse_layout_filter("expert=4")).front().ep, 4);
+  Layout l = layout(1, 1, 4, 1);
+  l.ep = 3;
+  EXPECT_NE(layout_problem(p, l).find("expert (3) must divide data (4)"), std::string::npos);
+  EXPECT_NE(to_string(l).find(",expert=3"), std::string::npos);
+  m.moe_experts = 0;
+  p.model = m;
+  l.ep = 2;
+  EXPECT_NE(layout_problem(p, l).find("needs a mixture of experts"), std::string::npos);
+  for (const Layout& d : enumerate_layouts(p, {})) EXPECT_EQ(d.ep, 1);
 }

@@ -28,6 +28,13 @@ double activation_element_bytes(const std::string& precision) {
   return precision == "bf16" ? 2.0 : 4.0;
 }
 
+// The model with its MoE layers' MLPs dense (model.moe_experts = 0): a dense layer's figures.
+ModelConfig dense_of(const ModelConfig& m) {
+  ModelConfig d = m;
+  d.moe_experts = 0;
+  return d;
+}
+
 // The trainer's ActivationShape for a layout (fp32 statistics and saved attention state on
 // both backends).
 ActivationShape activation_shape(const ModelConfig& m, bool materialized_attention,
@@ -66,44 +73,81 @@ std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l,
   return chunks;
 }
 
+// MoE layers (ModelConfig::is_moe_layer) among a chunk's layers.
+int64_t moe_layers_in(const ModelConfig& m, const Chunk& c) {
+  int64_t n = 0;
+  for (int64_t l = c.layer_begin; l < c.layer_begin + c.layers; ++l) n += m.is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
 // Elements of a chunk's flat parameter buffer on one tensor rank, from the trainer's own
-// layout: one layer's share, and the embedding's and the head's extras, measured on one-layer
-// shards (all layers of a model have the same tensors). A chunk with both shares a tied head
-// with the embedding, hence its own figure.
+// layout, measured on one-layer shards: a dense layer's share, a MoE layer's apart (its
+// experts' stacked tensors, which expert parallelism splits over EP ranks, and the rest:
+// attention, norms, router), and the embedding's and the head's extras. A chunk with both
+// shares a tied head with the embedding, hence its own figure.
 struct ChunkParams {
-  double per_layer = 0, embedding = 0, head = 0, both = 0;
-  double of(const Chunk& c) const {
+  double dense_layer = 0, moe_shared = 0, moe_experts = 0;
+  double embedding = 0, head = 0, both = 0;
+  // The experts' elements of chunk c on one rank of an expert group of `ep`.
+  double experts_of(const ModelConfig& m, const Chunk& c, int64_t ep) const {
+    return moe_experts / static_cast<double>(ep) * static_cast<double>(moe_layers_in(m, c));
+  }
+  double of(const ModelConfig& m, const Chunk& c, int64_t ep) const {
     const double ends = c.embedding && c.head ? both
                         : c.embedding         ? embedding
                         : c.head              ? head
                                               : 0.0;
-    return per_layer * static_cast<double>(c.layers) + ends;
+    const double moe = static_cast<double>(moe_layers_in(m, c));
+    return dense_layer * (static_cast<double>(c.layers) - moe) + moe_shared * moe +
+           experts_of(m, c, ep) + ends;
   }
 };
 
 ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
-  auto flat = [&](bool emb, bool head) {
+  struct Flat {
+    double all = 0, experts = 0;
+  };
+  auto flat = [&](int64_t layer, bool emb, bool head) {
     ModelShard s;
     s.tp_size = static_cast<int>(tp);
-    s.layer_end = 1;
+    s.layer_begin = layer;
+    s.layer_end = layer + 1;
     s.has_embedding = emb;
     s.has_head = head;
-    return static_cast<double>(parameter_layout(m, s).flat_size);
+    const ParamLayout pl = parameter_layout(m, s);
+    Flat f{static_cast<double>(pl.flat_size), 0.0};
+    for (const ParamInfo& p : pl.params)
+      if (p.name.find(".mlp.experts.") != std::string::npos) f.experts += static_cast<double>(p.numel());
+    return f;
   };
-  const double layer = flat(false, false);
-  return {layer, flat(true, false) - layer, flat(false, true) - layer, flat(true, true) - layer};
+  // Layer 0 is a MoE layer whenever the model has any; layer 1 dense when the interval is > 1.
+  const Flat first = flat(0, false, false);
+  ChunkParams r;
+  if (m.moe_experts > 0) {
+    r.moe_shared = first.all - first.experts;
+    r.moe_experts = first.experts;
+    if (m.moe_layer_interval > 1 && m.layers > 1) r.dense_layer = flat(1, false, false).all;
+  } else {
+    r.dense_layer = first.all;
+  }
+  r.embedding = flat(0, true, false).all - first.all;
+  r.head = flat(0, false, true).all - first.all;
+  r.both = flat(0, true, true).all - first.all;
+  return r;
 }
 
 // Seconds of one chunk's forward and backward for one micro-batch, with the parts the step
 // time reports apart.
 struct ChunkCost {
-  double forward = 0, backward = 0;  // everything on the op: compute + TP communication
+  double forward = 0, backward = 0;  // everything on the op: compute + TP and EP communication
   double weight = 0;                 // the weight-gradient matmuls inside `backward` (zb-h1)
   double tp_comm = 0;                // TP communication inside forward + backward
+  double ep_comm = 0;                // EP all-to-alls inside forward + backward
 };
 
 struct LayerModel {
   double fwd_compute = 0, bwd_compute = 0, weight = 0, fwd_comm = 0, bwd_comm = 0;
+  double fwd_ep = 0, bwd_ep = 0;  // a MoE layer's all-to-alls (EP > 1)
 };
 
 class CostModel {
@@ -113,12 +157,14 @@ class CostModel {
         e_(activation_element_bytes(p.precision)),
         vp_(padded_vocab_size(m_, static_cast<int>(l.tp))),
         parts_(training_flops_parts(m_, vp_)),
+        dense_linear_(training_flops_parts(dense_of(m_), vp_).layer_linear),
         peak_(hw_.peak_flops(p.precision)),
         n_(static_cast<double>(l.micro_batch * m_.seq_len)),
         t_(static_cast<double>(l.tp)) {}
 
-  // One transformer layer, one micro-batch, one tensor rank.
-  LayerModel layer() const {
+  // One transformer layer, one micro-batch, one tensor rank: a dense one, or (`moe`) one
+  // whose MLP is the experts behind the router.
+  LayerModel layer(bool moe) const {
     const double C = static_cast<double>(m_.width), T = static_cast<double>(m_.seq_len);
     const double HS = static_cast<double>(m_.head_size());
     const double H = static_cast<double>(m_.heads) * HS;
@@ -136,13 +182,23 @@ class CostModel {
     }
     const double eff_linear = flops / time;
     const double eff_attention = hw_.gemm_efficiency(T, HS, T);
-    const double linear = parts_.layer_linear * n_ / t_ / (peak_ * eff_linear);
+    double linear = dense_linear_ * n_ / t_ / (peak_ * eff_linear);
     const double attention = parts_.layer_attention * n_ / t_ / (peak_ * eff_attention);
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
     // written once in forward and read twice in backward (its own op's backward and the
     // gradient it produces).
-    const double stash = layer_activation_bytes(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
-                                                l_.sequence_parallel, Recompute::None, e_);
+    ActivationShape none = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
+                                            l_.tp, l_.sequence_parallel, Recompute::None, e_);
+    double stash = static_cast<double>(layer_activation_bytes(m_, none));
+    // The weight-gradient matmuls a split backward (zb-h1) defers: a MoE layer's experts and
+    // router are never deferred (docs/moe.md), its attention's are.
+    double deferred = linear / 3.0;
+    if (moe) {
+      linear = moe_linear_seconds(shapes[0], shapes[1]);
+      deferred = attention_linear_seconds(shapes[0], shapes[1]) / 3.0;
+      // The router's, the permutation's and the experts' rows: the trainer's own count.
+      stash += static_cast<double>(moe_layer_extra_bytes(m_, none));
+    }
     const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
     // Materialized attention also streams its scores [N, NH/TP, T] (fp32, as the probabilities
     // are kept) through passes the stash does not count: the softmax reads the scores the
@@ -155,7 +211,17 @@ class CostModel {
     LayerModel r;
     r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
     r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
-    r.weight = linear / 3.0;
+    r.weight = deferred;
+    // Dropout on materialized probabilities (PlanProblem::attention_dropout, another system's;
+    // Trident has none): forward reads the probabilities and writes the dropped ones and a
+    // one-byte mask, backward reads the gradient and the mask and writes the gradient, (2 e + 1)
+    // bytes per element of [N, NH/TP, T] each way; recomputation reruns forward's.
+    const double dropout = p_.attention_dropout && p_.materialized_attention()
+                               ? n_ * static_cast<double>(m_.heads) / t_ * T * (2.0 * e_ + 1.0)
+                               : 0.0;
+    r.fwd_compute += dropout / bw;
+    r.bwd_compute += dropout / bw;
+    if (l_.recompute == Recompute::Selective) r.bwd_compute += dropout / bw;
     if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
     if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0 + 2.0 * scores / bw;
     // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the
@@ -166,16 +232,69 @@ class CostModel {
                                             : tp_seconds(Collective::AllReduce, stream);
     r.fwd_comm = 2.0 * one;
     r.bwd_comm = 2.0 * one + (l_.recompute == Recompute::Full ? 2.0 * one : 0.0);
+    if (moe) {
+      // The gate weights' gradient dot(dout, y) is summed over the tensor group (fp32, N x K).
+      r.bwd_comm += tp_seconds(Collective::AllReduce, n_ * static_cast<double>(m_.moe_top_k) * 4.0);
+      // Expert parallelism: forward exchanges the per-expert row counts, sends the routed
+      // rows to their experts' owners and the outputs back (two all-to-alls of the rank's
+      // R = moe_routed_rows rows of C elements, (EP-1)/EP of them leaving the rank); backward
+      // the output gradients and the input gradients the same way; full recomputation reruns
+      // forward's. Every tensor rank of the group exchanges its whole rows (the router's
+      // dispatch is replicated over TP).
+      const double rows = moe_routed_rows(m_, l_.micro_batch);
+      const double a2a = all_to_all_seconds(hw_, ep_link(), l_.ep, rows * C * e_);
+      const double counts = all_to_all_seconds(hw_, ep_link(), l_.ep,
+                                               8.0 * static_cast<double>(m_.moe_experts));
+      r.fwd_ep = 2.0 * a2a + counts;
+      r.bwd_ep = 2.0 * a2a + (l_.recompute == Recompute::Full ? r.fwd_ep : 0.0);
+    }
     return r;
   }
 
-  ChunkCost chunk(const Chunk& c, const LayerModel& layer) const {
-    const double L = static_cast<double>(c.layers);
+  // A MoE layer's linear layers, one micro-batch, one tensor rank: attention's qkv and
+  // projection at their shapes; the experts' two (llama: gate_up, down) over the routed rows,
+  // each expert's GEMM of rows R EP / E (balanced: a rank's E/EP experts take the R rows of
+  // each of the EP ranks), split over TP like the dense MLP; the router [N, C] x [C, E],
+  // replicated on every tensor rank. Training FLOPs 3 x forward.
+  double moe_linear_seconds(const double (&qkv)[3], const double (&proj)[3]) const {
+    const double C = static_cast<double>(m_.width), F = static_cast<double>(m_.ffn_size());
+    const double U = m_.is_llama() ? 2.0 * F : F;
+    const double E = static_cast<double>(m_.moe_experts);
+    const double rows = moe_routed_rows(m_, l_.micro_batch);
+    const double per_expert = rows * static_cast<double>(l_.ep) / E;
+    const double experts_local = E / static_cast<double>(l_.ep);
+    return attention_linear_seconds(qkv, proj) +
+           gemm_seconds(per_expert, C, U / t_, experts_local) +
+           gemm_seconds(per_expert, F / t_, C, experts_local) + gemm_seconds(n_, C, E, 1.0);
+  }
+
+  double attention_linear_seconds(const double (&qkv)[3], const double (&proj)[3]) const {
+    return gemm_seconds(qkv[0], qkv[1], qkv[2], 1.0) + gemm_seconds(proj[0], proj[1], proj[2], 1.0);
+  }
+
+  // Training seconds (3 x forward) of `count` GEMMs of m x k x n at their shape's efficiency.
+  double gemm_seconds(double m, double k, double n, double count) const {
+    return 3.0 * 2.0 * m * k * n * count / (peak_ * hw_.gemm_efficiency(m, k, n));
+  }
+
+  // The expert group's link: EP data ranks of a (tp, pp) column, TP x PP apart (grid/grid.hpp).
+  const LinkSpec& ep_link() const {
+    return l_.tp * l_.pp * l_.ep <= hw_.devices_per_node ? hw_.intra_node : hw_.inter_node;
+  }
+
+  ChunkCost chunk(const Chunk& c, const LayerModel& dense, const LayerModel& moe) const {
     ChunkCost r;
-    r.forward = L * (layer.fwd_compute + layer.fwd_comm);
-    r.backward = L * (layer.bwd_compute + layer.bwd_comm);
-    r.weight = L * layer.weight;
-    r.tp_comm = L * (layer.fwd_comm + layer.bwd_comm);
+    const double Lm = static_cast<double>(moe_layers_in(m_, c));
+    const double Ld = static_cast<double>(c.layers) - Lm;
+    auto add = [&r](double L, const LayerModel& layer) {
+      r.forward += L * (layer.fwd_compute + layer.fwd_comm + layer.fwd_ep);
+      r.backward += L * (layer.bwd_compute + layer.bwd_comm + layer.bwd_ep);
+      r.weight += L * layer.weight;
+      r.tp_comm += L * (layer.fwd_comm + layer.bwd_comm);
+      r.ep_comm += L * (layer.fwd_ep + layer.bwd_ep);
+    };
+    add(Ld, dense);
+    add(Lm, moe);
     const double C = static_cast<double>(m_.width);
     const double stream = n_ * C * e_;
     if (c.embedding) {
@@ -217,10 +336,41 @@ class CostModel {
                                              l_.tp, l_.sequence_parallel, l_.recompute, e_);
     shape.split_backward = l_.schedule == ScheduleKind::ZeroBubbleH1;
     const double layer = static_cast<double>(layer_activation_bytes(m_, shape));
-    double bytes = static_cast<double>(c.layers) * layer + Ns * C * e_;  // + the output
+    const double moe = static_cast<double>(moe_layers_in(m_, c));
+    double bytes = static_cast<double>(c.layers) * layer + moe * moe_extra_bytes(shape) +
+                   Ns * C * e_;  // + the output
     if (c.embedding || c.head) bytes += 2.0 * n_ * 4.0;                   // tokens, targets
     if (c.head) bytes += n_ * C * e_ + 4.0 * n_ * 4.0;  // final norm, loss statistics (no logits)
     return bytes;
+  }
+
+  // A MoE layer's stash beyond a dense layer's: moe_layer_extra_bytes, whose expert-side rows
+  // (the experts' input, pre-activation, activation and output, N K rows each) are sized for
+  // N K EP under expert parallelism, the most a rank's experts can receive (docs/moe.md).
+  double moe_extra_bytes(const ActivationShape& shape) const {
+    double bytes = static_cast<double>(moe_layer_extra_bytes(m_, shape));
+    if (bytes == 0.0 || l_.ep == 1) return bytes;
+    const double C = static_cast<double>(m_.width), F = static_cast<double>(m_.ffn_size()) / t_;
+    const double U = m_.is_llama() ? 2.0 * F : F;
+    const double NK = n_ * static_cast<double>(m_.moe_top_k);
+    return bytes + static_cast<double>(l_.ep - 1) * e_ * NK * (2.0 * C + U + F);
+  }
+
+  // The MoE block's buffers, held once by a rank with MoE layers (model/moe.hpp, shared by
+  // its MoE layers): the backward's output-gradient and input-gradient rows [NK, C], the
+  // expert-side gradients [R, Fl] and [R, Ul], the gate weights' [NK], the router's
+  // probabilities' and logits' [N, E], the router's and the norm's input gradients [N, C], the
+  // aux losses' [B]; under EP the arrivals, expert outputs and both gradients [R, C]. R = NK EP,
+  // the most rows the rank's experts may receive.
+  double moe_buffer_bytes() const {
+    if (m_.moe_experts == 0) return 0.0;
+    const double C = static_cast<double>(m_.width), E = static_cast<double>(m_.moe_experts);
+    const double Fl = static_cast<double>(m_.ffn_size()) / t_, Ul = m_.is_llama() ? 2.0 * Fl : Fl;
+    const double NK = n_ * static_cast<double>(m_.moe_top_k);
+    const double R = NK * static_cast<double>(l_.ep);
+    const double ep_rows = l_.ep > 1 ? 4.0 * R * C : 0.0;
+    return e_ * (2.0 * NK * C + R * (Fl + Ul) + NK + 2.0 * n_ * E + 2.0 * n_ * C + ep_rows) +
+           4.0 * static_cast<double>(l_.micro_batch);
   }
 
   double tp_seconds(Collective c, double bytes) const {
@@ -244,6 +394,7 @@ class CostModel {
   double e_;
   int64_t vp_;
   TrainingFlopsParts parts_;
+  double dense_linear_;  // a dense layer's linear training FLOPs per token
   double peak_;
   double n_;  // rows of one micro-batch: micro_batch * seq_len
   double t_;
@@ -361,6 +512,17 @@ PipelineTimes simulate(const Layout& l, int64_t microbatches,
 
 }  // namespace
 
+double moe_routed_rows(const ModelConfig& m, int64_t micro_batch) {
+  if (m.moe_experts == 0) return 0.0;
+  const double assignments = static_cast<double>(m.seq_len * m.moe_top_k);  // per sequence
+  double kept = assignments;
+  if (m.moe_capacity_factor > 0.0) {
+    const double E = static_cast<double>(m.moe_experts);
+    kept = std::min(assignments, E * std::ceil(m.moe_capacity_factor * assignments / E));
+  }
+  return static_cast<double>(micro_batch) * kept;
+}
+
 std::string to_string(const Layout& l) {
   std::ostringstream o;
   o << "tensor=" << l.tp << ",pipeline=" << l.pp << ",data=" << l.dp
@@ -368,6 +530,7 @@ std::string to_string(const Layout& l) {
     << ",virtual_stages=" << l.virtual_stages << ",zero=" << (l.zero1 ? 1 : 0)
     << ",sequence_parallel=" << (l.sequence_parallel ? 1 : 0)
     << ",recompute=" << to_string(l.recompute);
+  if (l.ep > 1) o << ",expert=" << l.ep;
   return o.str();
 }
 
@@ -411,6 +574,12 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
     return "virtual_stages = " + n(l.virtual_stages) + " needs schedule interleaved";
   }
   if (l.sequence_parallel && l.tp < 2) return "sequence_parallel needs tensor >= 2";
+  if (l.ep < 1) return "expert (" + n(l.ep) + ") must be >= 1";
+  if (l.ep > 1 && m.moe_experts == 0)
+    return "expert (" + n(l.ep) + ") > 1 needs a mixture of experts (model.moe_experts > 0)";
+  if (l.ep > 1 && (l.dp % l.ep != 0 || m.moe_experts % l.ep != 0))
+    return "expert (" + n(l.ep) + ") must divide data (" + n(l.dp) + ") and model.moe_experts (" +
+           n(m.moe_experts) + ")";
   return "";
 }
 
@@ -421,7 +590,8 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   const CostModel model(p, l);
   const std::vector<Chunk> chunks = virtual_stages(m, l, p.pipeline_balance);
   const ChunkParams params = chunk_params(m, l.tp);
-  const LayerModel layer = model.layer();
+  const LayerModel dense_layer = model.layer(false);
+  const LayerModel moe_layer = m.moe_experts > 0 ? model.layer(true) : LayerModel{};
   const int64_t microbatches = p.global_batch / (l.micro_batch * l.dp);
 
   Prediction r;
@@ -432,7 +602,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // than the others); the step is the simulated makespan, and the busiest stage's compute is
   // the compute and TP communication reported.
   std::vector<ChunkCost> chunk_cost;
-  for (const Chunk& c : chunks) chunk_cost.push_back(model.chunk(c, layer));
+  for (const Chunk& c : chunks) chunk_cost.push_back(model.chunk(c, dense_layer, moe_layer));
   ChunkCost busiest;  // per micro-batch, summed over the stage's chunks
   for (int64_t s = 0; s < l.pp; ++s) {
     ChunkCost stage;
@@ -441,6 +611,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
       stage.forward += op.forward;
       stage.backward += op.backward;
       stage.tp_comm += op.tp_comm;
+      stage.ep_comm += op.ep_comm;
     }
     if (stage.forward + stage.backward > busiest.forward + busiest.backward) busiest = stage;
   }
@@ -452,8 +623,10 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   const PipelineTimes pipe = simulate(l, microbatches, chunk_cost, transfer);
   const double busy = static_cast<double>(microbatches) * (busiest.forward + busiest.backward);
   const double busy_comm = static_cast<double>(microbatches) * busiest.tp_comm;
-  r.time.compute = busy - busy_comm;
+  const double busy_ep = static_cast<double>(microbatches) * busiest.ep_comm;
+  r.time.compute = busy - busy_comm - busy_ep;
   r.time.tp_comm = busy_comm;
+  r.time.ep_comm = busy_ep;
   r.time.bubble = std::max(0.0, pipe.makespan_without_transfers - busy);
   r.time.pp_transfer = std::max(0.0, pipe.makespan - pipe.makespan_without_transfers);
 
@@ -469,12 +642,18 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // Backward scratch (two gradients of the widest activation) and the TP and pipeline
   // message buffers.
   const double scratch = 2.0 * rows * widest * e + 2.0 * rows * C * e + 2.0 * message;
-  double largest_flat = 0.0;
+  double largest_flat = 0.0, largest_experts = 0.0;  // the largest stage's, and its experts'
   for (int64_t s = 0; s < l.pp; ++s) {
-    double flat = 0.0;
-    for (int64_t c = 0; c < l.virtual_stages; ++c)
-      flat += params.of(chunks[static_cast<size_t>(c * l.pp + s)]);
-    largest_flat = std::max(largest_flat, flat);
+    double flat = 0.0, experts = 0.0;
+    for (int64_t c = 0; c < l.virtual_stages; ++c) {
+      const Chunk& chunk = chunks[static_cast<size_t>(c * l.pp + s)];
+      flat += params.of(m, chunk, l.ep);
+      experts += params.experts_of(m, chunk, l.ep);
+    }
+    if (flat > largest_flat) {
+      largest_flat = flat;
+      largest_experts = experts;
+    }
     const std::vector<int64_t> slots = stash_slots(l, s, microbatches);
     double stashes = 0.0;
     for (int64_t c = 0; c < l.virtual_stages; ++c)
@@ -483,13 +662,24 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     MemoryUse mem;
     mem.weights = flat * (4.0 + bf16_copy);
     mem.gradients = flat * 4.0;
-    mem.optimizer = (l.zero1 ? std::ceil(flat / static_cast<double>(l.dp)) : flat) * 8.0;
+    // ZeRO-1: the dense parameters' moments over DP, the experts' over the DP / EP ranks that
+    // hold the same experts (the expert-data group).
+    mem.optimizer = (l.zero1 ? std::ceil((flat - experts) / static_cast<double>(l.dp)) +
+                                   std::ceil(experts / static_cast<double>(l.dp / l.ep))
+                             : flat) * 8.0;
     mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
-    mem.activations += static_cast<double>(recompute_workspace_bytes(
-        m, activation_shape(m, p.materialized_attention(), l.micro_batch, l.tp,
-                            l.sequence_parallel, l.recompute, e)));
+    const ActivationShape shape = activation_shape(m, p.materialized_attention(), l.micro_batch,
+                                                   l.tp, l.sequence_parallel, l.recompute, e);
+    mem.activations += static_cast<double>(recompute_workspace_bytes(m, shape));
+    if (l.recompute == Recompute::Full && m.moe_experts > 0) {  // its MoE extra, EP-sized
+      ActivationShape kept = shape;
+      kept.recompute = Recompute::None;
+      mem.activations += model.moe_extra_bytes(kept) -
+                         static_cast<double>(moe_layer_extra_bytes(m, kept));
+    }
     mem.buffers = reserved + scratch + zero1_staging(p, l, flat);
+    if (experts > 0.0) mem.buffers += model.moe_buffer_bytes();
     // One chunk of the LM head's logits, held once by the last stage.
     if (s == l.pp - 1) mem.buffers += model.head_scratch();
     if (s == 0 || mem.total() > r.memory.total()) {
@@ -502,11 +692,16 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // Data parallelism: the gradient reduction starts during the last micro-batch's backward
   // (grad_sync.hpp) and hides behind it, all but the bucket holding offset 0; ZeRO-1's
   // all-gather of the updated weights follows the optimizer, exposed.
+  // The experts' gradients are reduced over the DP / EP ranks holding the same experts (the
+  // expert-data group, also spanning the whole grid), the rest over DP.
   if (l.dp > 1) {
     const LinkSpec& dp_link = group_link(hw, l.devices());
     const double grads = largest_flat * 4.0;
-    const double reduce = collective_seconds(
-        hw, dp_link, l.zero1 ? Collective::ReduceScatter : Collective::AllReduce, l.dp, grads);
+    const double dense_grads = (largest_flat - largest_experts) * 4.0;
+    const double expert_grads = largest_experts * 4.0;
+    const Collective kind = l.zero1 ? Collective::ReduceScatter : Collective::AllReduce;
+    const double reduce = collective_seconds(hw, dp_link, kind, l.dp, dense_grads) +
+                          collective_seconds(hw, dp_link, kind, l.dp / l.ep, expert_grads);
     const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
     const double window = p.dp_overlap ? busiest.backward : 0.0;  // the stage's chunks'
     r.time.dp_exposed = p.dp_overlap
@@ -514,9 +709,13 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
                             : reduce;
     if (l.zero1)
       r.time.dp_exposed +=
-          collective_seconds(hw, dp_link, Collective::AllGather, l.dp, largest_flat * 4.0);
+          collective_seconds(hw, dp_link, Collective::AllGather, l.dp, dense_grads) +
+          collective_seconds(hw, dp_link, Collective::AllGather, l.dp / l.ep, expert_grads);
   }
-  const double owned = l.zero1 ? largest_flat / static_cast<double>(l.dp) : largest_flat;
+  const double owned =
+      l.zero1 ? (largest_flat - largest_experts) / static_cast<double>(l.dp) +
+                    largest_experts / static_cast<double>(l.dp / l.ep)
+              : largest_flat;
   r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * bf16_copy) /
                      (hw.device.memory_bandwidth_gbs * 1e9);
 
@@ -568,6 +767,7 @@ LayoutFilter parse_layout_filter(const std::string& text) {
     else if (key == "data") f.dp = integer(1);
     else if (key == "micro_batch") f.micro_batch = integer(1);
     else if (key == "virtual_stages") f.virtual_stages = integer(1);
+    else if (key == "expert") f.ep = integer(1);
     else if (key == "zero") {
       f.zero1 = static_cast<int>(integer(0));
       if (f.zero1 > 1) throw Error("--layout: zero = " + value + " must be 0 or 1");
@@ -593,7 +793,7 @@ LayoutFilter parse_layout_filter(const std::string& text) {
     } else {
       throw Error("--layout: unknown key \"" + key +
                   "\" (tensor, pipeline, data, micro_batch, schedule, virtual_stages, zero, "
-                  "sequence_parallel, recompute)");
+                  "sequence_parallel, recompute, expert)");
     }
   }
   return f;
@@ -626,8 +826,13 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
                 if (f.sequence_parallel >= 0 && sp != f.sequence_parallel) continue;
                 for (Recompute rc : recomputes) {
                   if (!f.recompute.empty() && rc != parse_recompute(f.recompute)) continue;
-                  Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc};
-                  if (layout_problem(p, l).empty()) out.push_back(l);
+                  for (int64_t ep = 1; ep <= dp; ++ep) {
+                    if ((f.ep && ep != f.ep) || dp % ep != 0) continue;
+                    if (ep > 1 && (p.model.moe_experts == 0 || p.model.moe_experts % ep != 0))
+                      continue;
+                    Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep};
+                    if (layout_problem(p, l).empty()) out.push_back(l);
+                  }
                 }
               }
             }
@@ -659,7 +864,7 @@ std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch)
       "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
       "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false"),
       "optim.zero_stage=" + std::string(l.zero1 ? "1" : "0"),
-      "train.recompute=" + to_string(l.recompute)};
+      "train.recompute=" + to_string(l.recompute), "parallel.expert=" + std::to_string(l.ep)};
   return s;
 }
 

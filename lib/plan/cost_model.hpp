@@ -28,10 +28,14 @@ struct Layout {
   bool zero1 = false;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
+  // Expert parallelism (parallel.expert, docs/moe.md): the experts of each MoE layer split over
+  // EP ranks taken from inside DP; 1 for a dense model.
+  int64_t ep = 1;
   int64_t devices() const { return tp * pp * dp; }
 };
 // "tensor=8,pipeline=2,data=4,micro_batch=1,schedule=1f1b,virtual_stages=1,zero=1,
-//  sequence_parallel=1,recompute=full" (one line, the --layout syntax).
+//  sequence_parallel=1,recompute=full" (one line, the --layout syntax), ",expert=EP" added
+// when EP > 1.
 std::string to_string(const Layout& l);
 
 // What one plan is about: the model, the batch, the precision, the cluster.
@@ -48,6 +52,9 @@ struct PlanProblem {
   // neither) set them apart: plan --attention materialized --no-dp-overlap.
   std::string attention;  // "" (the backend's for hw.device.kind) | "materialized" | "fused"
   bool dp_overlap = true;
+  // Dropout on the materialized attention probabilities (Megatron-LM's attention_dropout;
+  // Trident's trainer has none): plan --attention-dropout.
+  bool attention_dropout = false;
   // parallel.pipeline_balance: how the layers are cut over the stages (pipeline/stage_split.hpp;
   // "flops" applies to one chunk per stage, interleaved chunks are always even).
   std::string pipeline_balance = "even";
@@ -63,10 +70,11 @@ struct StepTime {
   double tp_comm = 0.0;      // tensor-parallel all-reduces / all-gathers / reduce-scatters
   double bubble = 0.0;       // pipeline idle time (the schedule's simulator)
   double pp_transfer = 0.0;  // pipeline activation / gradient messages on the critical path
+  double ep_comm = 0.0;      // expert-parallel all-to-alls of the MoE layers' routed rows
   double dp_exposed = 0.0;   // data-parallel gradient reduction not hidden behind backward
   double optimizer = 0.0;    // AdamW (memory-bound) on the rank's slice
   double total() const {
-    return compute + tp_comm + bubble + pp_transfer + dp_exposed + optimizer;
+    return compute + tp_comm + bubble + pp_transfer + ep_comm + dp_exposed + optimizer;
   }
 };
 
@@ -115,6 +123,12 @@ double layer_activation_bytes(const ModelConfig& m, bool materialized_attention,
                               int64_t tp, bool sequence_parallel, Recompute recompute,
                               double element_bytes);
 
+// The (token, expert) assignments a MoE layer's experts compute for one micro-batch of
+// `micro_batch` sequences, routing assumed balanced: N * top_k, less what the capacity drops
+// (model.moe_capacity_factor > 0: each expert takes at most ceil(factor * T * top_k / E) of a
+// sequence's T * top_k assignments, so E * capacity of them at most; 0, dropless: all).
+double moe_routed_rows(const ModelConfig& m, int64_t micro_batch);
+
 // The simulated makespan of l's schedule over `microbatches` with uniform op costs: the
 // simulator itself up to 5 PP micro-batches, its steady-state period extended beyond.
 double pipeline_makespan(const Layout& l, int64_t microbatches, const PipeSimCosts& costs);
@@ -125,7 +139,7 @@ double pipeline_makespan(const Layout& l, int64_t microbatches,
 
 // A partial layout: fields left unset (0 / empty) are enumerated.
 struct LayoutFilter {
-  int64_t tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0;
+  int64_t tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0, ep = 0;
   std::string schedule;   // "" or a schedule name
   int zero1 = -1;         // -1 any, 0, 1
   int sequence_parallel = -1;
@@ -140,7 +154,8 @@ LayoutFilter parse_layout_filter(const std::string& text);
 // trident train --plan auto applies them.
 std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch);
 
-// Every valid layout matching `f` (layout_problem() == ""), in a fixed order.
+// Every valid layout matching `f` (layout_problem() == ""), in a fixed order. With MoE layers
+// (model.moe_experts = E > 0) every EP dividing both DP and E; a dense model EP 1 only.
 std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f);
 
 // Predictions of `layouts`, the fitting ones first, each group by step time (fastest first).

@@ -208,6 +208,13 @@ double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collecti
   return steps * link.latency_us * 1e-6 + factor * share * bytes / link.bytes_per_s();
 }
 
+double all_to_all_seconds(const HardwareSpec& hw, const LinkSpec& link, int64_t n, double bytes) {
+  if (n <= 1 || bytes <= 0.0) return 0.0;
+  const double share = static_cast<double>(n - 1) / static_cast<double>(n);
+  return static_cast<double>(n - 1) * link.latency_us * 1e-6 +
+         hw.collectives.send_recv * share * bytes / link.bytes_per_s();
+}
+
 std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::string>& comment) {
   std::ostringstream o;
   for (const std::string& line : comment) o << "# " << line << "\n";

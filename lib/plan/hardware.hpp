@@ -71,5 +71,9 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
 enum class Collective { AllReduce, AllGather, ReduceScatter, SendRecv };
 double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collective c, int64_t n,
                           double bytes);
+// Seconds for one all-to-all over `n` devices on `link` in which each device holds `bytes`
+// split evenly over the n destinations (its own block stays): a pairwise exchange of n - 1
+// steps, each one message latency, sending (n-1)/n of the bytes at send_recv's factor.
+double all_to_all_seconds(const HardwareSpec& hw, const LinkSpec& link, int64_t n, double bytes);
 
 }  // namespace trident
