@@ -1083,15 +1083,15 @@ TEST(ConfigMoe, RejectsImpossibleRouting) {
                                  "data = 4\n[train]\nglobal_batch = 16\n",
                                  kSrc);
   EXPECT_EQ(ep.parallel.expert, 2);
-  // The GPU has fp32 MoE kernels (kernels/cuda/moe.cu), no bf16 ones and no expert parallelism.
+  // The GPU has fp32 MoE kernels (kernels/cuda/moe.cu) and no bf16 ones.
   EXPECT_EQ(parse("[model]\nmoe_experts = 4\n[train]\ndevice = \"cuda\"\n").model.moe_experts, 4);
   EXPECT_ERROR("[model]\nmoe_experts = 4\n[train]\ndevice = \"cuda\"\nprecision = \"bf16\"\n",
                "model.moe_experts (4) > 0 with train.device = \"cuda\" needs train.precision = "
                "\"fp32\" (the GPU's mixture-of-experts kernels are fp32 only)");
-  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\ndata = 2\n[train]\n"
-               "device = \"cuda\"\n",
-               "parallel.expert (2) > 1 with train.device = \"cuda\": expert parallelism runs on "
-               "the CPU backend only");
+  EXPECT_EQ(parse("[model]\nmoe_experts = 4\n[parallel]\nexpert = 2\ndata = 2\n[train]\n"
+                  "device = \"cuda\"\n")
+                .parallel.expert,
+            2);
   EXPECT_ERROR("[model]\nmoe_experts = -1\n", "model.moe_experts (-1) must be >= 0");
   EXPECT_ERROR("[model]\nmoe_layer_interval = 0\n", "model.moe_layer_interval (0) must be >= 1");
   EXPECT_ERROR("[model]\nmoe_capacity_factor = -0.5\n",

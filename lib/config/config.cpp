@@ -162,8 +162,7 @@ const Key kKeys[] = {
    "Expert-parallel degree (EP): the experts of each MoE layer split over EP ranks taken "
    "from inside the data-parallel dimension (not a factor of the world size). See "
    "docs/moe.md.",
-   "divides `parallel.data` and `model.moe_experts`; > 1 needs `model.moe_experts` > 0 "
-   "and train.device = \"cpu\""},
+   "divides `parallel.data` and `model.moe_experts`; > 1 needs `model.moe_experts` > 0"},
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
   {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
@@ -819,10 +818,6 @@ void check_moe(const Config& c, const std::string& source) {
     fail(source, "model.moe_experts (" + int_text(m.moe_experts) +
                      ") > 0 with train.device = \"cuda\" needs train.precision = \"fp32\" (the "
                      "GPU's mixture-of-experts kernels are fp32 only)");
-  if (c.train.device == "cuda" && ep > 1)
-    fail(source, "parallel.expert (" + int_text(ep) +
-                     ") > 1 with train.device = \"cuda\": expert parallelism runs on the CPU "
-                     "backend only");
 }
 
 // Constraints between keys (each is described in the `relations` text of its key).

@@ -157,6 +157,10 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   // The embedding group sums the gradient of a tied embedding's two copies; untied, it is idle.
   b.embedding =
       config.model.tie_embeddings ? for_device(groups.embedding, NcclUse::Collectives) : nullptr;
+  // Expert parallelism: the token exchange (all_to_all_v: grouped send/receive on the
+  // collectives' NCCL communicator) and the experts' gradient reduction.
+  b.expert = for_device(groups.expert, NcclUse::Collectives);
+  b.expert_data = for_device(groups.expert_data, NcclUse::Collectives);
   b.model = make_cuda_stage_model(config.model, shard, *b.tensor, gpu,
                                   config.train.precision == "bf16");
   return b;

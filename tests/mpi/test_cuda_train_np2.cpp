@@ -202,6 +202,11 @@ TEST(GpuTrainer, MoeTensorParallelOverMpiMatchesOneGpu) {
   check_layout_over_mpi("moe TP=2", with(kMoe, {"parallel.tensor=2"}));
 }
 
+TEST(GpuTrainer, MoeExpertParallelOverMpiMatchesOneGpu) {
+  REQUIRE_GPU();
+  check_layout_over_mpi("moe EP=2", with(kMoe, {"parallel.data=2", "parallel.expert=2"}));
+}
+
 TEST(GpuTrainer, CheckpointResumeIsBitwiseIdentical) {
   REQUIRE_GPU();
   const auto dir = shared_corpus("gpu_ckpt");

@@ -6,7 +6,7 @@
 // data-parallel overlap hook). Staging only copies, so the losses must equal the plain MPI
 // run's bit for bit, on TP2xPP2, PP2xDP2 with ZeRO-1 and TP2xDP2, and for the Llama
 // architecture with sequence parallelism on TP2xPP2 and TP2xDP2 with ZeRO-1, and a mixture of
-// experts on TP2xPP2.
+// experts on TP2xPP2 and with expert parallelism (EP 2 of DP 4, ZeRO-1).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -33,6 +33,8 @@ Backend staged_cpu_backend(const Config& config, const TrainerGroups& groups,
   b.pipeline = staged(groups.pipeline);
   b.data = staged(groups.data);
   b.embedding = staged(groups.embedding);
+  b.expert = staged(groups.expert);
+  b.expert_data = staged(groups.expert_data);
   b.model = make_cpu_stage_model(config.model, shard, *b.tensor, *b.device);
   return b;
 }
@@ -109,6 +111,14 @@ TEST(StagedTrain, LlamaSequenceParallelTensorAndZeroDataParallelMatchMpiBitwise)
 TEST(StagedTrain, MoeTensorAndPipelineMatchMpiBitwise) {
   check("MoE TP2xPP2", {"parallel.tensor=2", "parallel.pipeline=2", "model.moe_experts=4",
                         "model.moe_top_k=2", "model.moe_capacity_factor=1.25"});
+}
+
+// Expert parallelism: the token all-to-alls and the experts' reduce-scatter and all-gather over
+// the expert-data group take the staged path as the GPU's MPI path does.
+TEST(StagedTrain, MoeExpertParallelZeroMatchesMpiBitwise) {
+  check("MoE EP2 of DP4 ZeRO-1", {"parallel.data=4", "parallel.expert=2", "optim.zero_stage=1",
+                                  "model.moe_experts=4", "model.moe_top_k=2",
+                                  "model.moe_capacity_factor=1.25"});
 }
 
 }  // namespace
