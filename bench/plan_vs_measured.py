@@ -4,8 +4,7 @@
   bench/plan_vs_measured.py [--trident PATH] [--steps N] [--warmup N] [--out DIR] [--moe]
 
 --moe: the mixture-of-experts rows instead (configs/moe_tiny.toml, 8 experts top-2 in every
-other layer, and a variant with 16 experts): 1 rank, DP 2, TP 2 (the layouts the trainer runs
-a MoE model in; expert parallelism it does not run yet).
+other layer, and a variant with 16 experts): 1 rank, DP 2, TP 2 and DP 2 with EP 2.
 
 1. `trident bench-hw` measures the machine first, once per rank count the timed runs use
    (mpiexec -n 1 and -n 2): the hardware files the predictions use are those runs' output,
@@ -74,6 +73,8 @@ MOE_LAYOUTS = [
     (2, "data=2,micro_batch=2", ["model.moe_experts=16"]),
     (2, "tensor=2,micro_batch=2", []),
     (2, "tensor=2,micro_batch=2", ["model.moe_experts=16"]),
+    (2, "data=2,expert=2,micro_batch=2", []),
+    (2, "data=2,expert=2,micro_batch=2", ["model.moe_experts=16"]),
 ]
 CORES = os.cpu_count() or 1
 
