@@ -6,21 +6,23 @@
 #          behind a top-2 router, dropless: each token runs two half-width MLPs, the dense
 #          MLP's parameters and FLOPs (plus the router's 8 x 128 and one more fc2 bias).
 # Same data (data/fortunes_bpe, prepared with scripts/demo.sh's tools), tokens, steps, learning
-# rate schedule and seed; the two runs one after the other, on the same ranks and threads.
+# rate schedule and seed; by default the two runs at once, one thread each (--sequential: one
+# after the other).
 # Prints both models' total and active parameters (from the trainer's start-up log), the
 # validation loss at each evaluation side by side, the final difference, each run's steps/s,
 # and the MoE's auxiliary loss and expert load shares at the end. Exit 0 when both runs
 # finished with a validation loss (and, with --dp2, the DP 2 losses matched).
 #
-#   bench/moe_vs_dense.sh                     deps, build, data, both runs (~8 min on 2 cores)
+#   bench/moe_vs_dense.sh                     deps, build, data, both runs (8 min on 2 shared cores)
 #   bench/moe_vs_dense.sh --no-deps --no-build --steps 100
 # Options:
 #   --steps N        optimizer steps of each run (default 600, the demo's; the decay ends there)
 #   --eval-every N   steps between validation losses (default 50)
-#   --threads T      threads of each run (default 2)
-#   --concurrent     run dense and MoE at the same time (give each --threads 1 on 2 cores):
-#                    half the wall time, and on a machine shared with other jobs both runs
+#   --threads T      threads of each run (default 1)
+#   --concurrent     (the default) dense and MoE at the same time: on 2 cores, one thread each
+#                    halves the wall time, and on a machine shared with other jobs both runs
 #                    see the same disturbance, so their steps/s stay comparable
+#   --sequential     dense, then MoE (give them --threads 2 on 2 cores)
 #   --aux C          model.moe_aux_loss_coeff of the MoE run (default 0.01)
 #   --capacity F     model.moe_capacity_factor (default 0: dropless)
 #   --dp2            also train the MoE on 2 ranks (DP 2, one thread each): its training loss
@@ -38,11 +40,11 @@ cd "$(dirname "$0")/.."
 
 steps=600
 eval_every=""
-threads=2
+threads=1
 aux=0.01
 capacity=0
 dp2=0
-concurrent=0
+concurrent=1
 dp2_tol=1e-6
 out=runs/moe_vs_dense
 deps=1
@@ -57,6 +59,7 @@ while [[ $# -gt 0 ]]; do
     --capacity) capacity=$2; shift 2 ;;
     --dp2) dp2=1; shift ;;
     --concurrent) concurrent=1; shift ;;
+    --sequential) concurrent=0; shift ;;
     --dp2-tol) dp2_tol=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-deps) deps=0; shift ;;
