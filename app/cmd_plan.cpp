@@ -39,8 +39,8 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
                 "The DP gradient reduction does not overlap backward");
   cmd->add_flag("--attention-dropout", options.attention_dropout,
                 "Dropout on the materialized attention probabilities (its memory passes)");
-  // A model the trainer cannot run yet on the modelled device (a mixture of experts on GPUs:
-  // its config says train.device = "cpu", whose precision is fp32).
+  // A precision the config does not say (a mixture of experts, whose kernels are fp32, planned
+  // for a bf16 run).
   cmd->add_option("--precision", options.precision,
                   "fp32 | bf16: the precision modelled (default: the config's train.precision)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -154,11 +154,7 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
   } else {
     problem.nodes = ranks / per_node;
   }
-  // The trainer runs parallel.expert > 1 on the CPU backend only (docs/moe.md): auto chooses
-  // among the layouts it can train.
-  LayoutFilter trainable;
-  if (c.train.device != "cpu") trainable.ep = 1;
-  const std::vector<Layout> layouts = enumerate_layouts(problem, trainable);
+  const std::vector<Layout> layouts = enumerate_layouts(problem, LayoutFilter{});
   if (layouts.empty())
     throw Error("train --plan auto: no valid layout of " + std::to_string(ranks) +
                 " ranks for this model and train.global_batch = " +
