@@ -67,6 +67,9 @@ class Device {
   // Devices that do not pass their allocations through counted() report 0.
   int64_t allocated_bytes() const { return meter_->live.load(); }
   int64_t peak_allocated_bytes() const { return meter_->peak.load(); }
+  // How many allocate() calls were counted: a training step that allocates nothing once its
+  // buffers exist leaves it unchanged (tests/mpi/test_step_allocations_np4.cpp).
+  int64_t allocation_count() const { return meter_->calls.load(); }
 
  protected:
   // `memory` of `bytes`, counted until its last handle goes (the counters outlive the device).
@@ -74,7 +77,7 @@ class Device {
 
  private:
   struct AllocationMeter {
-    std::atomic<int64_t> live{0}, peak{0};
+    std::atomic<int64_t> live{0}, peak{0}, calls{0};
   };
   std::shared_ptr<AllocationMeter> meter_ = std::make_shared<AllocationMeter>();
 };
@@ -97,6 +100,7 @@ class DeviceArray {
 };
 
 inline std::shared_ptr<void> Device::counted(std::shared_ptr<void> memory, int64_t bytes) {
+  meter_->calls.fetch_add(1);
   const int64_t live = meter_->live.fetch_add(bytes) + bytes;
   int64_t peak = meter_->peak.load();
   while (live > peak && !meter_->peak.compare_exchange_weak(peak, live)) {
