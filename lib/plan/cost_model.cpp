@@ -189,7 +189,10 @@ class CostModel {
     // gradient it produces).
     ActivationShape none = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
                                             l_.tp, l_.sequence_parallel, Recompute::None, e_);
-    double stash = static_cast<double>(layer_activation_bytes(m_, none));
+    // The norms' outputs and the MLP activation are recomputed rather than kept: still
+    // written (twice) and read.
+    double stash = static_cast<double>(layer_activation_bytes(m_, none) +
+                                       recomputed_activation_bytes(m_, none));
     // The weight-gradient matmuls a split backward (zb-h1) defers: a MoE layer's experts and
     // router are never deferred (docs/moe.md), its attention's are.
     double deferred = linear / 3.0;
