@@ -302,12 +302,14 @@ TEST(PlanPredict, TensorParallelCommunicationClosedForm) {
               1e-12);
   // Sequence parallelism: each layer all-reduce becomes an all-gather + reduce-scatter pair
   // (the same bytes and steps), the embedding's sum a reduce-scatter, the head's input is
-  // gathered and its gradient reduce-scattered.
+  // gathered and its gradient reduce-scattered; backward gathers each layer's two norm
+  // outputs again (recomputed, not stashed).
   Layout sp = layout(2, 1, 1, 1);
   sp.sequence_parallel = true;
   auto half = [&](double bytes) { return lat + 0.5 * bytes / bw; };  // AG or RS over 2
   EXPECT_NEAR(predict(p, sp).time.tp_comm,
-              8 * 4 * 2 * half(stream) + half(stream) + 2 * half(stream) + 3 * ar(16 * 4), 1e-12);
+              8 * (4 * 2 + 2) * half(stream) + half(stream) + 2 * half(stream) + 3 * ar(16 * 4),
+              1e-12);
 }
 
 TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {

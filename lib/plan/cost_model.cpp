@@ -235,6 +235,9 @@ class CostModel {
                                             : tp_seconds(Collective::AllReduce, stream);
     r.fwd_comm = 2.0 * one;
     r.bwd_comm = 2.0 * one + (l_.recompute == Recompute::Full ? 2.0 * one : 0.0);
+    // Under SP the two norm outputs, recomputed in backward rather than stashed, are gathered
+    // again for the column-parallel weight gradients.
+    if (l_.sequence_parallel) r.bwd_comm += 2.0 * tp_seconds(Collective::AllGather, stream);
     if (moe) {
       // The gate weights' gradient dot(dout, y) is summed over the tensor group (fp32, N x K).
       r.bwd_comm += tp_seconds(Collective::AllReduce, n_ * static_cast<double>(m_.moe_top_k) * 4.0);
