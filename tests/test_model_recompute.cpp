@@ -305,6 +305,37 @@ TEST(RecomputeMemory, MeasuredLayerBytesAreTheFormulas) {
 // A MoE layer's stash (docs/moe.md): the dense layer's plus moe_layer_extra_bytes, what
 // activation_bytes() reports (checked in measured_layer_bytes), and the full recomputation's
 // workspace holds one MoE layer's.
+// The norms' outputs and the MLP activation, not stashed, are computed and recomputed in the
+// backward's gradient scratch: a `none` model holds after a step exactly that scratch and one
+// chunk of the head's logits, nothing for them.
+TEST(RecomputeMemory, NormAndActivationNeedNoBufferOfTheirOwn) {
+  omp_set_num_threads(1);
+  int64_t compared = 0;
+  for (const std::string arch : {"gpt2", "llama"}) {
+    const ModelConfig m = small_model(arch);
+    const int64_t B = 2, N = B * m.seq_len, C = m.width, F = m.ffn_size();
+    const int64_t U = m.is_llama() ? 2 * F : F;
+    const int64_t QKV = (m.heads + 2 * m.kv_head_count()) * m.head_size();
+    CountingDevice device;
+    auto comm = make_self_communicator("tensor");
+    Model model(m, shard_with(m, Recompute::None), *comm, CpuKernels<float>(device));
+    model.init_weights(3);
+    const int64_t before = device.live_bytes();
+    const auto tokens = sequence(N, m.vocab_size, 1), targets = sequence(N, m.vocab_size, 2);
+    {
+      auto a = model.make_activations(B);
+      model.forward(a, tokens.data(), targets.data(), nullptr);
+      model.backward(a, 1.0f, nullptr, nullptr);
+    }
+    // d_stream, d_norm, d_tmp [N,C]; d_qkv, d_atty, d_up, d_act.
+    const int64_t gradients = 4 * N * (3 * C + QKV + m.heads * m.head_size() + U + F);
+    EXPECT_EQ(device.live_bytes() - before, gradients + model.head_scratch_bytes(B)) << arch;
+    EXPECT_EQ(model.recompute_workspace_bytes(B), 0) << arch;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+}
+
 TEST(RecomputeMemory, MoeLayerBytesAreTheFormulas) {
   omp_set_num_threads(1);
   int64_t compared = 0;

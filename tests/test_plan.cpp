@@ -151,22 +151,22 @@ TEST(PlanFlops, PartsSumToTheTrainersCount) {
 
 TEST(PlanActivations, LayerStashClosedForm) {
   // gpt2, C 64, T 16, 4 heads, one sequence (N = 16 rows), fp32, CPU (probabilities kept):
-  //   input + residual 2*16*64*4 = 8192, norm stats 2*16*2*4 = 256, both norm outputs 8192,
-  //   qkv 16*192*4 = 12288 + attention output 16*64*4 = 4096, fc1 and gelu 2*16*256*4 = 32768,
-  //   probabilities 16*4*16*4 = 4096: 69888.
+  //   input + residual 2*16*64*4 = 8192, norm stats 2*16*2*4 = 256, qkv 16*192*4 = 12288 +
+  //   attention output 16*64*4 = 4096, fc1 16*256*4 = 16384, probabilities 16*4*16*4 = 4096:
+  //   45312. Not kept (recomputed in backward): both norm outputs and gelu, 8192 + 16384.
   const ModelConfig m = small_gpt();
   const bool cpu = true, gpu = false;  // materialized attention (--attention materialized) or fused
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::None, 4.0), 69888.0);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::None, 4.0), 45312.0);
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Selective, 4.0),
-                   69888.0 - 4096.0);
+                   45312.0 - 4096.0);
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 1, false, Recompute::Full, 4.0), 4096.0);
   // GPU: attention keeps one logsumexp per row and head: 16*4*4 = 256.
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, gpu, 1, 1, false, Recompute::None, 4.0),
-                   69888.0 - 4096.0 + 256.0);
-  // TP 2 with SP: the stream and stats halve (4096 + 128), the gathered norm outputs stay
-  // (8192), the rest halves (12288 + 16384 + 2048).
+                   45312.0 - 4096.0 + 256.0);
+  // TP 2 with SP: the stream and stats halve (4096 + 128), the rest halves (8192 + 8192 +
+  // 2048).
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, cpu, 1, 2, true, Recompute::None, 4.0),
-                   4096.0 + 128.0 + 8192.0 + 8192.0 + 16384.0 + 2048.0);
+                   4096.0 + 128.0 + 8192.0 + 8192.0 + 2048.0);
 }
 
 TEST(PlanPredict, OneDeviceComputeIsFlopsOverPeak) {
@@ -302,12 +302,14 @@ TEST(PlanPredict, TensorParallelCommunicationClosedForm) {
               1e-12);
   // Sequence parallelism: each layer all-reduce becomes an all-gather + reduce-scatter pair
   // (the same bytes and steps), the embedding's sum a reduce-scatter, the head's input is
-  // gathered and its gradient reduce-scattered.
+  // gathered and its gradient reduce-scattered; backward gathers each layer's two norm
+  // outputs again (recomputed, not stashed).
   Layout sp = layout(2, 1, 1, 1);
   sp.sequence_parallel = true;
   auto half = [&](double bytes) { return lat + 0.5 * bytes / bw; };  // AG or RS over 2
   EXPECT_NEAR(predict(p, sp).time.tp_comm,
-              8 * 4 * 2 * half(stream) + half(stream) + 2 * half(stream) + 3 * ar(16 * 4), 1e-12);
+              8 * (4 * 2 + 2) * half(stream) + half(stream) + 2 * half(stream) + 3 * ar(16 * 4),
+              1e-12);
 }
 
 TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
@@ -354,26 +356,26 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
                    8 * 2 * 16 * 4 * 15 * 4.0);
 
   // Pipeline of 4 stages of 2 layers, 32 micro-batches of one sequence (N = 16 rows, fp32,
-  // GPU attention stash): a layer keeps 66048 bytes (PlanActivations); stage 0 a stash of
-  // 2 layers + its output [16, 64] + tokens and targets = 136320 bytes, the last stage also
-  // the final norm output and the loss statistics: 140672 bytes (the logits are not kept: one
+  // GPU attention stash): a layer keeps 41472 bytes (PlanActivations); stage 0 a stash of
+  // 2 layers + its output [16, 64] + tokens and targets = 87168 bytes, the last stage also
+  // the final norm output and the loss statistics: 91520 bytes (the logits are not kept: one
   // chunk of them is a buffer, held once).
   // 1F1B: stage 0 holds min(4, 32) = 4 stashes and is the fullest; GPipe: every stage holds
   // all 32, and the last is the fullest.
   p.hw.devices_per_node = 4;
   const Prediction o = predict(p, layout(1, 4, 1, 1));
   EXPECT_EQ(o.fullest_stage, 0);
-  EXPECT_DOUBLE_EQ(o.memory.activations, 4 * 136320.0);
+  EXPECT_DOUBLE_EQ(o.memory.activations, 4 * 87168.0);
   const Prediction g = predict(p, layout(1, 4, 1, 1, ScheduleKind::GPipe));
   EXPECT_EQ(g.fullest_stage, 3);
-  EXPECT_DOUBLE_EQ(g.memory.activations, 32 * 140672.0);
+  EXPECT_DOUBLE_EQ(g.memory.activations, 32 * 91520.0);
 }
 
 // The interleaved executor keeps each chunk's stash slots once made, so a stage holds every
 // chunk's own peak at once (sum over its chunks), counted from the stage's whole op list here;
 // the plan counts them on min(M, 4 PP) micro-batches, which must give the same for long steps.
 TEST(PlanPredict, InterleavedStashIsEveryChunksOwnPeak) {
-  const ModelConfig m = small_gpt();  // 8 layers of 66048 bytes per micro-batch (N = 16)
+  const ModelConfig m = small_gpt();  // 8 layers of 41472 bytes per micro-batch (N = 16)
   int64_t compared = 0;
   for (int64_t pp : {2, 4}) {
     for (int64_t micro : {pp, 2 * pp, 4 * pp, 8 * pp, 12 * pp}) {
@@ -393,7 +395,7 @@ TEST(PlanPredict, InterleavedStashIsEveryChunksOwnPeak) {
                                        ScheduleKind::Interleaved, 0, static_cast<int>(pp), micro, 2)));
       // A chunk of 8 / (2 pp) layers + its output [16, 64] fp32; the first also tokens, targets.
       const double layers = 8.0 / static_cast<double>(2 * pp);
-      const double chunk = layers * 66048 + 16 * 64 * 4;
+      const double chunk = layers * 41472 + 16 * 64 * 4;
       const double expected = peak[0] * (chunk + 2 * 16 * 4) + peak[1] * chunk;
       if (r.fullest_stage == 0) {
         EXPECT_DOUBLE_EQ(r.memory.activations, expected) << "pp " << pp << " micro " << micro;

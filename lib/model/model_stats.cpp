@@ -166,7 +166,7 @@ LayerWidths layer_widths(const ModelConfig& m, const ActivationShape& s) {
 }
 
 int64_t stash_without_core(const LayerWidths& w, const ActivationShape& s) {
-  return s.element_bytes * (2 * w.Ns * w.C + 2 * w.N * w.C + w.N * (w.QKVl + w.Hl + w.Ul + w.Fl)) +
+  return s.element_bytes * (2 * w.Ns * w.C + w.N * (w.QKVl + w.Hl + w.Ul)) +
          s.stat_bytes * 2 * w.norm_stats * w.Ns;
 }
 
@@ -186,6 +186,11 @@ int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s) {
     if (s.recompute == Recompute::Full) bytes += e * w.N * (w.C + w.Hl + w.C + w.Fl);  // inputs
   }
   return bytes;
+}
+
+int64_t recomputed_activation_bytes(const ModelConfig& m, const ActivationShape& s) {
+  const LayerWidths w = layer_widths(m, s);
+  return s.element_bytes * w.N * (2 * w.C + w.Fl);
 }
 
 int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s) {

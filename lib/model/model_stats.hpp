@@ -79,15 +79,22 @@ struct ActivationShape {
 // Hl = NH*HS/TP, Fl = F/TP, Ul = 2*Fl (llama) or Fl, e = element_bytes, s = stat_bytes, norm
 // statistics per row k = 2 (LayerNorm: mean, rstd) or 1 (RMSNorm), A = attention_saved_bytes *
 // N * NH/TP * attention_saved_per_row:
-//   none       e*(2*Ns*C + 2*N*C + N*(QKVl + Hl + Ul + Fl)) + s*2*k*Ns + A
-//              (input, residual; both norm outputs, gathered; qkv, attention output, MLP
-//              pre-activation and activation; norm statistics; attention's saved state)
+//   none       e*(2*Ns*C + N*(QKVl + Hl + Ul)) + s*2*k*Ns + A
+//              (input, residual; qkv, attention output, MLP pre-activation; norm statistics;
+//              attention's saved state). The two norms' outputs and the MLP activation are not
+//              kept: recomputed in backward (recomputed_activation_bytes), in the backward's
+//              gradient scratch (held once, not counted here).
 //   selective  none - A
 //   full       e*Ns*C                                   (the input)
 // split_backward adds the linear layers' output gradients, e*N*(QKVl + C + Ul + C), and under
-// full recomputation also their inputs, e*N*(C + Hl + C + Fl), copied from the recomputed
-// layer for backward_weight.
+// full recomputation also their inputs, e*N*(C + Hl + C + Fl), recomputed from the rerun
+// layer into the stash for backward_weight.
 int64_t layer_activation_bytes(const ModelConfig& m, const ActivationShape& s);
+
+// Bytes of one layer's forward tensors that every mode recomputes in backward instead of
+// keeping: the two norms' outputs (gathered) and the MLP activation, e*N*(2*C + Fl). Written
+// in forward and again in backward (the planner's memory-bound time counts them).
+int64_t recomputed_activation_bytes(const ModelConfig& m, const ActivationShape& s);
 
 // Bytes a MoE layer (model/moe.hpp) keeps per micro-batch beyond a dense layer's
 // layer_activation_bytes (0 under full recomputation, which keeps the input only), with
@@ -101,6 +108,7 @@ int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
 // Bytes a rank holds once (not per micro-batch) to recompute in: selective, one layer's A plus
 // the recomputed attention output e*N*Hl; full, one layer's stash under none plus its discarded
 // output e*Ns*C (plus a MoE layer's extra under none when the model has MoE layers); none, 0.
+// (The norms' outputs and the MLP activation are recomputed in the backward's scratch.)
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s);
 
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the

@@ -43,23 +43,27 @@ class Transformer {
 
   // Activations of one micro-batch, kept from its forward until its backward. [Ns,...] rows are
   // the rank's sequence shard under sequence parallelism (Ns = N/tp), all N rows otherwise.
-  // What a layer holds depends on shard().recompute: everything below (none); all but `att`
-  // (selective: attention's saved state is recomputed in backward); only `input` (full: the
-  // layer's forward is rerun in backward into a workspace held once, see backward_stash), plus
-  // under a split backward the linear layers' inputs (norm1, atty, norm2, act) kept from
-  // backward_input to backward_weight. model_stats.hpp's layer_activation_bytes counts them.
+  // What a layer holds depends on shard().recompute: everything below but norm1, norm2 and
+  // act (none); that but `att` (selective: attention's saved state is recomputed in backward);
+  // only `input` (full: the layer's forward is rerun in backward into a workspace held once,
+  // see backward_stash), plus under a split backward the linear layers' inputs (norm1, atty,
+  // norm2, act) kept from backward_input to backward_weight. The norms' outputs and the MLP
+  // activation are never kept otherwise: forward computes them into scratch held once per
+  // rank (norm_scratch(), act_scratch()) and backward recomputes them there from `input`,
+  // `residual1` and `up` with the same kernels, so to the bit (recomputed_norm1 and the
+  // others). model_stats.hpp's layer_activation_bytes counts the stash.
   struct LayerActs {
     DeviceArray<T> input;                  // [Ns,C] residual stream entering the layer
-    DeviceArray<T> norm1;                  // [N,C] normed input (gathered by the qkv layer)
+    DeviceArray<T> norm1;                  // [N,C] normed input (full + split backward only)
     DeviceArray<S> norm1_mean, norm1_rstd; // [Ns] (mean: LayerNorm only)
     DeviceArray<T> qkv;                    // [N, (NHl + 2 KVHl) HS], q and k rotated (llama)
     DeviceArray<Saved> att;                // what K's attention keeps for backward
     DeviceArray<T> atty;                   // [N, NHl HS] attention output
     DeviceArray<T> residual1;              // [Ns,C] input + attention branch
-    DeviceArray<T> norm2;                  // [N,C]
+    DeviceArray<T> norm2;                  // [N,C] (full + split backward only)
     DeviceArray<S> norm2_mean, norm2_rstd; // [Ns]
     DeviceArray<T> up;                     // [N, Ul]: fc1 pre-activation / [gate | up]
-    DeviceArray<T> act;                    // [N, Fl]: gelu(fc1) / silu(gate) * up
+    DeviceArray<T> act;                    // [N, Fl]: gelu(fc1) / silu(gate) * up (idem)
     // Split backward only (make_activations(B, true)): the linear layers' output gradients,
     // kept from backward_input to backward_weight (their inputs are kept above anyway).
     DeviceArray<T> d_qkv;                  // [N, QKVl] (after the rope backward)
@@ -127,7 +131,8 @@ class Transformer {
   // that runs the head (model_stats.hpp's lm_head_scratch_bytes), 0 elsewhere.
   int64_t head_scratch_bytes(int64_t B) const;
   // Bytes held once (not per micro-batch) to recompute in, for micro-batches of B sequences
-  // (model_stats.hpp's recompute_workspace_bytes); 0 without recomputation.
+  // (model_stats.hpp's recompute_workspace_bytes); 0 without recomputation (the norms'
+  // outputs and the MLP activation are recomputed in the backward's scratch).
   int64_t recompute_workspace_bytes(int64_t B) const;
   // The figures model_stats.hpp counts activations from, for this shard and kernel set.
   ActivationShape activation_shape(int64_t B, bool split_backward) const;
@@ -225,10 +230,20 @@ class Transformer {
   void attention_backward(LayerActs& la, T* d_qkv, int64_t B);
   // The buffers of one layer's stash for `mode` (see LayerActs); `moe`: with a MoE layer's.
   LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward, bool moe);
-  // The MoE MLP of block p (model/moe.hpp): forward into the rank's output rows from la.norm2,
+  // The MoE MLP of block p (model/moe.hpp): forward into the rank's output rows from norm2,
   // and its backward returning the rank's rows of dL/d(norm2).
-  void moe_forward(const BlockParams& p, LayerActs& la, T* output, int64_t B);
-  const T* moe_backward(const BlockParams& p, LayerActs& la, const T* d, int64_t B);
+  void moe_forward(const BlockParams& p, LayerActs& la, T* norm2, T* output, int64_t B);
+  const T* moe_backward(const BlockParams& p, LayerActs& la, const T* norm2, const T* d,
+                        int64_t B);
+  // The forward tensors not kept in the stash, recomputed from what is: a norm's output [N,C]
+  // (all rows, gathered under sequence parallelism) into `out` from its input rows [Ns,C], its
+  // statistics written again (the same values); the MLP activation [N,Fl] into `out` from
+  // la.up. The forward's kernels on the forward's inputs: the forward's bits.
+  T* recomputed_norm(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t B);
+  T* recomputed_norm1(LayerActs& la, T* out, size_t i, int64_t B);
+  T* recomputed_norm2(LayerActs& la, T* out, size_t i, int64_t B);
+  T* recomputed_act(const LayerActs& la, T* out, int64_t B);
+  void act_forward(T* act, const T* up, int64_t N);
   // The LM head and the vocab-parallel loss over chunks of head_chunk_rows(N) rows; the chunk's
   // logits [R, Vl] in head_logits_ (held once), recomputed in backward.
   void head_forward(Activations& a, const int32_t* targets);
@@ -281,6 +296,14 @@ class Transformer {
   DeviceArray<Saved> recompute_att_;
   DeviceArray<T> recompute_atty_, recompute_output_;
   LayerActs recompute_layer_;
+  // Where the norms' outputs [N,C] and the MLP activation [N,Fl] of the layer being computed
+  // live (LayerActs: never stashed). Two buffers of the backward's scratch, free whenever one
+  // of them is needed: d_tmp_ holds a norm's input gradient only from that norm's backward
+  // (after the linear layer reading its output is done) to the residual add that follows, and
+  // d_up_ the MLP's up gradient only after the down layer's backward (the activation's last
+  // reader); neither carries anything from one forward or backward to the next.
+  T* norm_scratch() { return d_tmp_.data(); }
+  T* act_scratch() { return d_up_.data(); }
 };
 
 }  // namespace trident

@@ -180,14 +180,15 @@ typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Re
   Device& dev = k_.device();
   const bool layernorm = !llama_;
   const bool forward_tensors = mode != Recompute::Full;
-  // The linear layers' inputs: what backward_weight reads (copied there from the recomputed
-  // layer under full recomputation).
-  const bool linear_inputs = forward_tensors || split_backward;
   LayerActs la;
   la.input = DeviceArray<T>(dev, Ns * C);
-  if (linear_inputs) {
+  // The attention output: read by the projection's and attention's backward, and by
+  // backward_weight (copied there from the recomputed layer under full recomputation).
+  if (forward_tensors || split_backward) la.atty = DeviceArray<T>(dev, N * Hl_);
+  if (!forward_tensors && split_backward) {
+    // backward_weight's other inputs, which nothing kept can recompute them from: written by
+    // layer_backward's recomputation from the rerun layer.
     la.norm1 = DeviceArray<T>(dev, N * C);
-    la.atty = DeviceArray<T>(dev, N * Hl_);
     la.norm2 = DeviceArray<T>(dev, N * C);
     la.act = DeviceArray<T>(dev, N * Fl_);
   }
@@ -303,6 +304,7 @@ template <class K>
 void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                              const T* input) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  ensure_scratch(B);  // the norms' outputs and the MLP activation are computed there
   ensure_recompute_workspace(B);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
   if (runs_embedding(a)) {
@@ -332,10 +334,12 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   const BlockParams& p = layout_.blocks[i];
   const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
   const int64_t row0 = tp_.first_row(N);
-  // Attention: residual1 = input + proj(attention(rope(qkv(norm1(input)))))
-  norm_forward(la.norm1.data() + row0 * C, la.norm1_mean.data(), la.norm1_rstd.data(), input,
-               p.norm1_w, p.norm1_b, Ns);
-  qkv_.forward(tp_, k_, linear(p.qkv_w, p.qkv_b), la.qkv.data(), la.norm1.data(), N);
+  // Attention: residual1 = input + proj(attention(rope(qkv(norm1(input))))). The norms' outputs
+  // and the MLP activation go to the rank's scratch (LayerActs: recomputed in backward).
+  T* norm1 = norm_scratch();
+  norm_forward(norm1 + row0 * C, la.norm1_mean.data(), la.norm1_rstd.data(), input, p.norm1_w,
+               p.norm1_b, Ns);
+  qkv_.forward(tp_, k_, linear(p.qkv_w, p.qkv_b), la.qkv.data(), norm1, N);
   if (llama_) k_.rope_forward(la.qkv.data(), B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
   // Selective recomputation: attention's saved state lives in the workspace until the next
   // forward; the layer's backward recomputes it.
@@ -344,41 +348,78 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   proj_.forward(tp_, k_, linear(p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
   k_.add_inplace(la.residual1.data(), input, Ns * C);
   // MLP: output = residual1 + down(act(up(norm2(residual1))))
-  norm_forward(la.norm2.data() + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
+  T* norm2 = norm_scratch();  // norm1 is no longer read
+  norm_forward(norm2 + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
                la.residual1.data(), p.norm2_w, p.norm2_b, Ns);
   if (p.moe()) {
-    moe_forward(p, la, output, B);
+    moe_forward(p, la, norm2, output, B);
   } else {
-    up_.forward(tp_, k_, linear(p.up_w, p.up_b), la.up.data(), la.norm2.data(), N);
-    if (llama_)
-      k_.swiglu_forward(la.act.data(), la.up.data(), N, Fl_);
-    else
-      k_.gelu_forward(la.act.data(), la.up.data(), N * Fl_);
-    down_.forward(tp_, k_, linear(p.down_w, p.down_b), output, la.act.data(), N);
+    up_.forward(tp_, k_, linear(p.up_w, p.up_b), la.up.data(), norm2, N);
+    T* act = act_scratch();
+    act_forward(act, la.up.data(), N);
+    down_.forward(tp_, k_, linear(p.down_w, p.down_b), output, act, N);
   }
   k_.add_inplace(output, la.residual1.data(), Ns * C);
 }
 
 template <class K>
-void Transformer<K>::moe_forward(const BlockParams& p, LayerActs& la, T* output, int64_t B) {
+void Transformer<K>::moe_forward(const BlockParams& p, LayerActs& la, T* norm2, T* output,
+                                 int64_t B) {
   if constexpr (kernels_have_moe<K>) {
     const int64_t N = B * config_.seq_len;
-    tp_.gather_input(la.norm2.data(), N, C_);  // the router and the experts read every row
+    tp_.gather_input(norm2, N, C_);  // the router and the experts read every row
     const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
                           linear(p.down_w, p.down_b)};
-    moe_.forward(tp_, k_, mp, la.moe, output, la.norm2.data(), B, !recomputing_);
+    moe_.forward(tp_, k_, mp, la.moe, output, norm2, B, !recomputing_);
   }
 }
 
 template <class K>
 const typename K::T* Transformer<K>::moe_backward(const BlockParams& p, LayerActs& la,
-                                                  const T* d, int64_t B) {
+                                                  const T* norm2, const T* d, int64_t B) {
   if constexpr (kernels_have_moe<K>) {
     const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
                           linear(p.down_w, p.down_b)};
-    return moe_.backward(tp_, k_, mp, la.moe, d, la.norm2.data(), B, loss_scale_);
+    return moe_.backward(tp_, k_, mp, la.moe, d, norm2, B, loss_scale_);
   }
   return nullptr;
+}
+
+template <class K>
+void Transformer<K>::act_forward(T* act, const T* up, int64_t N) {
+  if (llama_)
+    k_.swiglu_forward(act, up, N, Fl_);
+  else
+    k_.gelu_forward(act, up, N * Fl_);
+}
+
+template <class K>
+typename K::T* Transformer<K>::recomputed_norm(T* out, S* mean, S* rstd, const T* inp, int wi,
+                                                int bi, int64_t B) {
+  const int64_t N = B * config_.seq_len;
+  norm_forward(out + tp_.first_row(N) * C_, mean, rstd, inp, wi, bi, stream_rows(B));
+  tp_.gather_input(out, N, C_);  // as the column-parallel layer did in forward
+  return out;
+}
+
+template <class K>
+typename K::T* Transformer<K>::recomputed_norm1(LayerActs& la, T* out, size_t i, int64_t B) {
+  const BlockParams& p = layout_.blocks[i];
+  return recomputed_norm(out, la.norm1_mean.data(), la.norm1_rstd.data(), la.input.data(),
+                         p.norm1_w, p.norm1_b, B);
+}
+
+template <class K>
+typename K::T* Transformer<K>::recomputed_norm2(LayerActs& la, T* out, size_t i, int64_t B) {
+  const BlockParams& p = layout_.blocks[i];
+  return recomputed_norm(out, la.norm2_mean.data(), la.norm2_rstd.data(), la.residual1.data(),
+                         p.norm2_w, p.norm2_b, B);
+}
+
+template <class K>
+typename K::T* Transformer<K>::recomputed_act(const LayerActs& la, T* out, int64_t B) {
+  act_forward(out, la.up.data(), B * config_.seq_len);
+  return out;
 }
 
 template <class K>
@@ -490,12 +531,9 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
     LayerActs& la = backward_stash(block0 + i, kept, B);
     layer_backward(block0 + i, la, kept, d, B, defer_weights);
     if (defer_weights && &la != &kept) {
-      // backward_weight reads the linear layers' inputs from the micro-batch's own stash.
-      const int64_t N = B * T_;
-      k_.copy(kept.norm1.data(), la.norm1.data(), N * C_);
-      k_.copy(kept.atty.data(), la.atty.data(), N * Hl_);
-      k_.copy(kept.norm2.data(), la.norm2.data(), N * C_);
-      k_.copy(kept.act.data(), la.act.data(), N * Fl_);
+      // backward_weight reads the linear layers' inputs from the micro-batch's own stash (the
+      // norms' outputs and the activation were recomputed straight into it by layer_backward).
+      k_.copy(kept.atty.data(), la.atty.data(), B * T_ * Hl_);
     }
     report_final(layout_.blocks[block0 + i].norm1_w);
   }
@@ -559,24 +597,34 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   T* d_up = defer_weights ? kept.d_up.data() : d_up_.data();
   T* d_qkv = defer_weights ? kept.d_qkv.data() : d_qkv_.data();
   // MLP branch (a MoE layer's weight gradients are never deferred).
+  // The norms' outputs and the MLP activation are recomputed where a weight gradient reads
+  // them: here, or in backward_weight when deferred (then into `kept` when it keeps copies for
+  // it, under full recomputation; the input gradients do not read them).
+  const bool keeps_copies = defer_weights && kept.act.size() > 0;
   const T* d_norm2 = nullptr;
   if (p.moe()) {
-    d_norm2 = moe_backward(p, la, d, B);
+    d_norm2 = moe_backward(p, la, recomputed_norm2(la, norm_scratch(), i, B), d, B);
   } else {
-    if (defer_weights)
-      down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(),
+    if (defer_weights) {
+      if (keeps_copies) recomputed_act(la, kept.act.data(), B);
+      down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, nullptr,
                            kept.d_down.data(), N);
-    else
-      down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, la.act.data(), N);
+    } else {
+      down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d,
+                     recomputed_act(la, act_scratch(), B), N);
+    }
     if (llama_)
       k_.swiglu_backward(d_up, d_act_.data(), la.up.data(), N, Fl_);
     else
       k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
-    d_norm2 = defer_weights
-                  ? up_.input_backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
-                                       la.norm2.data(), N)
-                  : up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
-                                 la.norm2.data(), N);
+    if (defer_weights) {
+      if (keeps_copies) recomputed_norm2(la, kept.norm2.data(), i, B);
+      d_norm2 = up_.input_backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+                                   nullptr, N);
+    } else {
+      d_norm2 = up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+                             recomputed_norm2(la, norm_scratch(), i, B), N);
+    }
   }
   norm_backward(d_tmp_.data(), d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
                 la.norm2_mean.data(), la.norm2_rstd.data(), Ns);
@@ -589,12 +637,13 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
     proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
   attention_backward(la, d_qkv, B);
   if (llama_) k_.rope_backward(d_qkv, B, config_.seq_len, NHl_, KVHl_, HS_, config_.rope_theta);
+  if (keeps_copies) recomputed_norm1(la, kept.norm1.data(), i, B);
   const T* d_norm1 =
       defer_weights
           ? qkv_.input_backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
-                                la.norm1.data(), N)
+                                nullptr, N)
           : qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
-                          la.norm1.data(), N);
+                          recomputed_norm1(la, norm_scratch(), i, B), N);
   norm_backward(d_tmp_.data(), d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
                 la.norm1_mean.data(), la.norm1_rstd.data(), Ns);
   k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(input)
@@ -639,14 +688,21 @@ void Transformer<K>::backward_weight(Activations& a) {
 template <class K>
 void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
   // dW, db += dy^T x of the four linear layers from the output gradients layer_backward kept.
+  // The norms' outputs and the MLP activation: the copies layer_backward recomputed into the
+  // stash (full recomputation), else recomputed now from the stash into the scratch.
   const BlockParams& p = layout_.blocks[i];
   const int64_t N = B * config_.seq_len;
+  ensure_scratch(B);
+  const bool kept = la.act.size() > 0;
   if (!p.moe()) {  // a MoE layer's were accumulated by backward_input
-    down_.weight_backward(k_, linear(p.down_w, p.down_b), la.d_down.data(), la.act.data(), N);
-    up_.weight_backward(k_, linear(p.up_w, p.up_b), la.d_up.data(), la.norm2.data(), N);
+    const T* act = kept ? la.act.data() : recomputed_act(la, act_scratch(), B);
+    down_.weight_backward(k_, linear(p.down_w, p.down_b), la.d_down.data(), act, N);
+    const T* norm2 = kept ? la.norm2.data() : recomputed_norm2(la, norm_scratch(), i, B);
+    up_.weight_backward(k_, linear(p.up_w, p.up_b), la.d_up.data(), norm2, N);
   }
   proj_.weight_backward(k_, linear(p.proj_w, p.proj_b), la.d_proj.data(), la.atty.data(), N);
-  qkv_.weight_backward(k_, linear(p.qkv_w, p.qkv_b), la.d_qkv.data(), la.norm1.data(), N);
+  const T* norm1 = kept ? la.norm1.data() : recomputed_norm1(la, norm_scratch(), i, B);
+  qkv_.weight_backward(k_, linear(p.qkv_w, p.qkv_b), la.d_qkv.data(), norm1, N);
 }
 
 }  // namespace trident

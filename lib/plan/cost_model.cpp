@@ -189,7 +189,10 @@ class CostModel {
     // gradient it produces).
     ActivationShape none = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
                                             l_.tp, l_.sequence_parallel, Recompute::None, e_);
-    double stash = static_cast<double>(layer_activation_bytes(m_, none));
+    // The norms' outputs and the MLP activation are recomputed rather than kept: still
+    // written (twice) and read.
+    double stash = static_cast<double>(layer_activation_bytes(m_, none) +
+                                       recomputed_activation_bytes(m_, none));
     // The weight-gradient matmuls a split backward (zb-h1) defers: a MoE layer's experts and
     // router are never deferred (docs/moe.md), its attention's are.
     double deferred = linear / 3.0;
@@ -232,6 +235,9 @@ class CostModel {
                                             : tp_seconds(Collective::AllReduce, stream);
     r.fwd_comm = 2.0 * one;
     r.bwd_comm = 2.0 * one + (l_.recompute == Recompute::Full ? 2.0 * one : 0.0);
+    // Under SP the two norm outputs, recomputed in backward rather than stashed, are gathered
+    // again for the column-parallel weight gradients.
+    if (l_.sequence_parallel) r.bwd_comm += 2.0 * tp_seconds(Collective::AllGather, stream);
     if (moe) {
       // The gate weights' gradient dot(dout, y) is summed over the tensor group (fp32, N x K).
       r.bwd_comm += tp_seconds(Collective::AllReduce, n_ * static_cast<double>(m_.moe_top_k) * 4.0);

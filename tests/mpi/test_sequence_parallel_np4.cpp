@@ -36,16 +36,18 @@ TEST(TensorParallel, SequenceParallelTradesAllReducesForGathersAndScatters) {
     // Per micro-batch, in place of the [N,C] all-reduces: a reduce-scatter after each
     // row-parallel matmul and the embedding lookup (2 per layer and 1), one after each
     // column-parallel input gradient (2 per layer and the LM head's); an all-gather before each
-    // column-parallel matmul (2 per layer, the LM head) and of the stream gradient before each
-    // row-parallel backward (2 per layer, the embedding). The cross-entropy keeps its two
+    // column-parallel matmul (2 per layer, the LM head), of the stream gradient before each
+    // row-parallel backward (2 per layer, the embedding) and of each norm output recomputed in
+    // backward for a column-parallel weight gradient (2 per layer; the norm outputs are not
+    // stashed, as Megatron-LM re-gathers them). The cross-entropy keeps its two
     // all-reduces; once per step the LayerNorm gradients are summed (4 per layer, final LN 2).
     const CommStats& st = grid.tensor().stats();
     const int64_t L = config.model.layers, M = config.num_microbatches();
     const int64_t N = config.train.micro_batch * config.model.seq_len;
     const int64_t rows_c = N / 4 * config.model.width;
-    EXPECT_EQ(st.calls("all_gather"), M * (4 * L + 2));
+    EXPECT_EQ(st.calls("all_gather"), M * (6 * L + 2));
     EXPECT_EQ(st.calls("reduce_scatter"), M * (4 * L + 2));
-    EXPECT_EQ(st.ops.at("all_gather").bytes, M * (4 * L + 2) * rows_c * 4);
+    EXPECT_EQ(st.ops.at("all_gather").bytes, M * (6 * L + 2) * rows_c * 4);
     EXPECT_EQ(st.ops.at("reduce_scatter").bytes, M * (4 * L + 2) * rows_c * 4);
     EXPECT_EQ(st.calls("all_reduce"), 2 * M + 4 * L + 2);
     const auto& counts = st.all_reduce_counts;
