@@ -5,7 +5,7 @@ data_tools/hf_reference.py for the venv).
 
     # export: an exported directory loads with from_pretrained and gives Trident's logits
     hf_interop_check.py export CKPT.h5 HF_DIR
-    # import: tiny random GPT-2 and Llama models made with transformers (f32 and bf16,
+    # import: tiny random GPT-2, Llama and Mixtral models made with transformers (f32, bf16, f16,
     # save_pretrained) are imported, and the imported checkpoints give HF's logits
     hf_interop_check.py import WORK_DIR
 
@@ -68,7 +68,8 @@ def main():
         seq = cfg.get("n_positions") or cfg.get("max_position_embeddings")
         ok = compare("export", a.build, checkpoint, hf_dir, cfg["vocab_size"], seq, hf_dir, a.tol)
     else:
-        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+        from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                                  MixtralConfig, MixtralForCausalLM)
         work = a.args[0]
         os.makedirs(work, exist_ok=True)
         torch.manual_seed(0)
@@ -80,6 +81,12 @@ def main():
                                                   num_attention_heads=4, num_key_value_heads=2,
                                                   max_position_embeddings=32,
                                                   tie_word_embeddings=False)),
+            "mixtral": MixtralForCausalLM(MixtralConfig(vocab_size=256, hidden_size=32,
+                                                        intermediate_size=48, num_hidden_layers=2,
+                                                        num_attention_heads=4, num_key_value_heads=2,
+                                                        num_local_experts=4, num_experts_per_tok=2,
+                                                        max_position_embeddings=32,
+                                                        tie_word_embeddings=False)),
         }
         # Larger weights than the init's 0.02 so that the logits are far from zero and every
         # path carries a visible signal.

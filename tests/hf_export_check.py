@@ -50,6 +50,7 @@ def model_shape(cfg):
 def expected_tensors(f, cfg):
     """{hf name: float32 array} from the checkpoint."""
     arch, L, C, NH, KVH, F, V, T, tied = model_shape(cfg)
+    E = int(cfg["model"].get("moe_experts", 0))
     HS = C // NH
     H, K = NH * HS, KVH * HS
 
@@ -88,10 +89,19 @@ def expected_tensors(f, cfg):
             out[h + "self_attn.k_proj.weight"] = qkv[H:H + K]
             out[h + "self_attn.v_proj.weight"] = qkv[H + K:]
             out[h + "self_attn.o_proj.weight"] = ds(p + "attn.proj.weight")
-            gate_up = ds(p + "mlp.gate_up.weight")
-            out[h + "mlp.gate_proj.weight"] = gate_up[:F]
-            out[h + "mlp.up_proj.weight"] = gate_up[F:]
-            out[h + "mlp.down_proj.weight"] = ds(p + "mlp.down.weight")
+            if E > 0:   # Mixtral: w1 gate, w3 up, w2 down of each expert; the router is the gate
+                moe = h + "block_sparse_moe."
+                out[moe + "gate.weight"] = ds(p + "mlp.router.weight")
+                gate_up, down = ds(p + "mlp.experts.gate_up.weight"), ds(p + "mlp.experts.down.weight")
+                for e in range(E):
+                    out[moe + f"experts.{e}.w1.weight"] = gate_up[2 * e * F:(2 * e + 1) * F]
+                    out[moe + f"experts.{e}.w3.weight"] = gate_up[(2 * e + 1) * F:(2 * e + 2) * F]
+                    out[moe + f"experts.{e}.w2.weight"] = down[e * C:(e + 1) * C]
+            else:
+                gate_up = ds(p + "mlp.gate_up.weight")
+                out[h + "mlp.gate_proj.weight"] = gate_up[:F]
+                out[h + "mlp.up_proj.weight"] = gate_up[F:]
+                out[h + "mlp.down_proj.weight"] = ds(p + "mlp.down.weight")
             out[h + "input_layernorm.weight"] = ds(p + "attn_norm.weight")
             out[h + "post_attention_layernorm.weight"] = ds(p + "mlp_norm.weight")
         out["model.norm.weight"] = ds("final_norm.weight")
@@ -167,6 +177,15 @@ def main():
                       max_position_embeddings=T, rms_norm_eps=float(m.get("norm_eps", 1e-5)),
                       rope_theta=float(m.get("rope_theta", 10000.0)), hidden_act="silu",
                       attention_bias=False, mlp_bias=False)
+        if int(m.get("moe_experts", 0)) > 0:
+            for key in ("attention_bias", "mlp_bias"):
+                del fields[key]
+            fields.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                          num_local_experts=int(m["moe_experts"]),
+                          num_experts_per_tok=int(m.get("moe_top_k", 2)), sliding_window=None,
+                          router_jitter_noise=0.0)
+            check("router_aux_loss_coef" not in hf,
+                  "config.json: router_aux_loss_coef written (Trident's loss is another one)")
     for key, value in fields.items():
         check(hf.get(key) == value, f"config.json: {key} = {hf.get(key)!r}, expected {value!r}")
 

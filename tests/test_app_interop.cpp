@@ -3,7 +3,9 @@
 // a checkpoint written by a TP2 x PP2 run; exports under one and several ranks are the same
 // bytes; the files match the checkpoint as an independent Python reader (safetensors, h5py)
 // sees them; a run from an imported checkpoint trains alike on another layout; the import's
-// and init_from's errors are one line naming the file or key.
+// and init_from's errors are one line naming the file or key. A llama mixture of experts goes
+// out and back as Mixtral (from an expert-parallel checkpoint too); what is no Mixtral is
+// refused in one line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,9 @@ namespace {
 const std::string kSource = TRIDENT_SOURCE_DIR;
 const std::string kH5py = "/usr/bin/python3 " + kSource + "/tests/checkpoint_h5py.py";
 const std::string kVenvPython = kSource + "/.venv/bin/python";
+// A tiny llama mixture of experts as Mixtral has it (every layer, dropless, top 2 of 4).
+const std::string kMixtral =
+    "--set model.arch=llama --set model.kv_heads=2 --set model.moe_experts=4 ";
 
 std::string mpiexec(int ranks, const std::string& args) {
   if (ranks == 1) return trident_cmd(args);
@@ -117,7 +122,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Variant{"Gpt2Tied", ""},
                       Variant{"Gpt2Untied", "--set model.tie_embeddings=false"},
                       Variant{"LlamaUntiedGqa", "--set model.arch=llama --set model.kv_heads=2"},
-                      Variant{"LlamaTied", "--set model.arch=llama --set model.tie_embeddings=true"}),
+                      Variant{"LlamaTied", "--set model.arch=llama --set model.tie_embeddings=true"},
+                      Variant{"MixtralGqa", "--set model.arch=llama --set model.kv_heads=2 "
+                                            "--set model.moe_experts=4"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST_F(Interop, RoundTripOfATp2Pp2CheckpointOnSeveralRanks) {
@@ -169,6 +176,7 @@ TEST_F(Interop, ExportMatchesTheCheckpointInPython) {
   if (!fs::exists(kVenvPython)) GTEST_SKIP() << kVenvPython << " missing: run scripts/install_deps.sh";
   const fs::path gpt2 = train("gpt2", "");
   const fs::path llama = train("llama", "--set model.arch=llama --set model.kv_heads=2");
+  const fs::path mixtral = train("mixtral", kMixtral, 1, 1);
   const std::string check = kVenvPython + " " + kSource + "/tests/hf_export_check.py ";
   struct Case {
     fs::path checkpoint;
@@ -178,7 +186,9 @@ TEST_F(Interop, ExportMatchesTheCheckpointInPython) {
                         {gpt2, "--dtype bf16", "--dtype bf16"},
                         {llama, "", ""},
                         {llama, "--max-shard-size 40KB", "--sharded"},
-                        {llama, "--dtype bf16 --max-shard-size 20000", "--dtype bf16 --sharded"}};
+                        {llama, "--dtype bf16 --max-shard-size 20000", "--dtype bf16 --sharded"},
+                        {mixtral, "", ""},
+                        {mixtral, "--dtype bf16 --max-shard-size 40KB", "--dtype bf16 --sharded"}};
   int i = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.checkpoint.string() + " " + c.options);
@@ -242,16 +252,99 @@ TEST_F(Interop, InitFromAnotherModelIsOneLineNamingTheKey) {
       << r.output;
 }
 
-// A MoE run (docs/moe.md) trains and checkpoints; its export is refused in one line naming
-// the key (its stacked experts have no Hugging Face tensors here yet).
-TEST_F(Interop, MixtureOfExpertsExportIsRefusedInOneLine) {
-  const fs::path ckpt = train("moe", "--set model.moe_experts=4", 1, 1);
-  const auto r = run(1, "export --format hf " + ckpt.string() + " " + (dir_ / "moe_hf").string());
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(error_line(r.output).find("model.moe_experts = 4: a mixture of experts has no "
-                                      "Hugging Face equivalent here yet"),
-            std::string::npos)
+// ------------------------------------------------------------------------------------------
+// Mixture of experts: Mixtral (docs/interop.md)
+
+// An expert-parallel checkpoint (EP 2 of DP 2): its export on 1 and on 2 ranks is the same
+// bytes, and an import on 3 ranks of the sharded export holds every weight bitwise.
+TEST_F(Interop, MixtralRoundTripOfAnExpertParallelCheckpointOnSeveralRanks) {
+  const fs::path ckpt = train("moe", kMixtral + "--set parallel.data=2 --set parallel.expert=2", 2);
+  const fs::path one = dir_ / "one", two = dir_ / "two";
+  expect_ok(1, "export --format hf " + ckpt.string() + " " + one.string() + " --max-shard-size 40KB");
+  expect_ok(2, "export --format hf " + ckpt.string() + " " + two.string() +
+                   " --max-shard-size 40KB --chunk-elements 100");
+  expect_same_files(one, two);
+  const nlohmann::json config = nlohmann::json::parse(read_file(one / "config.json"));
+  EXPECT_EQ(config["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(config["num_local_experts"], 4);
+  EXPECT_EQ(config["num_experts_per_tok"], 2);
+  EXPECT_TRUE(fs::exists(one / "model.safetensors.index.json"));
+  const fs::path back = dir_ / "back.h5";
+  expect_ok(3, "import --format hf " + two.string() + " " + back.string() + " --chunk-elements 70");
+  expect_same_weights(ckpt, back);
+  expect_verified_at_step_0(back);
+  const auto info = run(1, "ckpt info " + back.string());
+  EXPECT_NE(info.output.find("moe_experts = 4"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("moe_z_loss_coeff = 0"), std::string::npos) << info.output;
+}
+
+// What a Mixtral cannot be: one line naming the key, and no output directory.
+TEST_F(Interop, MixtralExportRefusalsAreOneLineNamingTheKey) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--set model.moe_layer_interval=2",
+       "model.moe_layer_interval = 2 cannot be a Mixtral: every Mixtral layer is a mixture of "
+       "experts"},
+      {"--set model.moe_capacity_factor=1.25",
+       "model.moe_capacity_factor = 1.25 cannot be a Mixtral: Mixtral is dropless"},
+      {"--set model.moe_z_loss_coeff=0.001",
+       "model.moe_z_loss_coeff = 0.001 has no Mixtral equivalent"},
+      {"--set model.arch=gpt2", "model.arch = \"gpt2\" with model.moe_experts = 4 exports as "
+                                "Mixtral, which is a llama"}};
+  int i = 0;
+  for (const auto& [sets, needle] : cases) {
+    SCOPED_TRACE(sets);
+    const std::string name = "moe" + std::to_string(i++);
+    const fs::path ckpt = train(name, kMixtral + sets, 1, 1);
+    const fs::path out = dir_ / (name + "_hf");
+    const auto r = run(2, "export --format hf " + ckpt.string() + " " + out.string());
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "hung: " << r.output;
+    EXPECT_NE(error_line(r.output).find(needle), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out / "config.json"));
+  }
+}
+
+// A Mixtral's config.json that Trident cannot represent: one line naming the file and key.
+TEST_F(Interop, MixtralImportRefusalsAreOneLineNamingTheKey) {
+  const fs::path hf = dir_ / "hf";
+  expect_ok(1, "export --format hf " + train("moe", kMixtral, 1, 1).string() + " " + hf.string());
+  const std::string original = read_file(hf / "config.json");
+  const std::string file = "'" + (hf / "config.json").string() + "': ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"\"sliding_window\": 16", file + "sliding_window = 16 is not supported"},
+      {"\"router_jitter_noise\": 0.01", file + "router_jitter_noise = 0.01 is not supported"},
+      {"\"num_experts_per_tok\": 5", file + "num_experts_per_tok = 5 must be <= num_local_experts = 4"}};
+  for (const auto& [field, needle] : cases) {
+    SCOPED_TRACE(field);
+    const std::string key = field.substr(0, field.find(':') + 1);
+    std::string text = original;
+    const auto pos = text.find(key);
+    ASSERT_NE(pos, std::string::npos) << text;
+    text.replace(pos, text.find_first_of(",\n", pos) - pos, field);
+    write_file(hf / "config.json", text);
+    const auto r = run(2, "import --format hf " + hf.string() + " " + (dir_ / "x.h5").string());
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "hung: " << r.output;
+    EXPECT_NE(error_line(r.output).find(needle), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "x.h5"));
+  }
+}
+
+// train.init_from of an imported Mixtral: the experts' weights are read on an expert-parallel
+// layout, and the run starts from them (not from a fresh initialisation).
+TEST_F(Interop, RunFromAnImportedMixtralStartsFromItsWeights) {
+  const fs::path ckpt = train("ckpt", kMixtral);
+  const fs::path imported = round_trip(ckpt, "imported");
+  const auto r = run(2, "train --config " + config_.string() + " --set train.steps=1 " + kMixtral +
+                            "--set parallel.data=2 --set parallel.expert=2 --set train.init_from=" +
+                            imported.string() + " --set log.dir=" + (dir_ / "from").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("weights initialised from " + imported.string()), std::string::npos)
       << r.output;
+  const auto from = losses("from"), fresh = losses("ckpt_run");
+  ASSERT_EQ(from.size(), 1u);
+  ASSERT_FALSE(fresh.empty());
+  EXPECT_LT(from[0], fresh[0] - 1e-3);
 }
 
 TEST_F(Interop, ResumeWinsOverInitFrom) {

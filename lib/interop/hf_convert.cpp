@@ -362,6 +362,13 @@ std::string model_toml(const ModelConfig& m) {
   t += std::string("tie_embeddings = ") + (m.tie_embeddings ? "true" : "false") + "\n";
   t += "norm_eps = " + toml_float(m.norm_eps) + "\n";
   t += "rope_theta = " + toml_float(m.rope_theta) + "\n";
+  if (m.moe_experts > 0) {  // Mixtral; moe_aux_loss_coeff keeps Trident's default
+    t += "moe_experts = " + std::to_string(m.moe_experts) + "\n";
+    t += "moe_top_k = " + std::to_string(m.moe_top_k) + "\n";
+    t += "moe_layer_interval = " + std::to_string(m.moe_layer_interval) + "\n";
+    t += "moe_capacity_factor = " + toml_float(m.moe_capacity_factor) + "\n";
+    t += "moe_z_loss_coeff = " + toml_float(m.moe_z_loss_coeff) + "\n";
+  }
   // An imported model has no data; the key must not be empty in a valid config. A run that
   // starts from the checkpoint (train.init_from) uses its own config's data.
   t += "[data]\ntrain = \"(imported from Hugging Face: no data)\"\n";

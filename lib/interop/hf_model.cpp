@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "config/schema.hpp"
 #include "model/architecture.hpp"
 #include "train/checkpointing.hpp"
 #include "util/error.hpp"
@@ -50,10 +51,35 @@ void HfTensor::to_dataset_order(const float* hf_order, int64_t begin, int64_t en
   transpose(hf_order, width, dataset_shape[0], dataset_order);
 }
 
+namespace {
+
+// A mixture of experts exports as MixtralForCausalLM, which is a llama whose every MLP is a
+// dropless set of SwiGLU experts behind a softmax top-k router renormalised over the k: the
+// keys that would make Trident's model differ from that are refused, naming the key.
+void require_mixtral(const ModelConfig& m) {
+  const std::string what = "model.moe_experts = " + std::to_string(m.moe_experts) +
+                           " exports as Mixtral, which ";
+  if (!m.is_llama())
+    throw Error("model.arch = \"" + m.arch + "\" with " + what + "is a llama (SwiGLU experts): "
+                "transformers has no GPT-2 mixture of experts");
+  if (m.moe_layer_interval != 1)
+    throw Error("model.moe_layer_interval = " + std::to_string(m.moe_layer_interval) +
+                " cannot be a Mixtral: every Mixtral layer is a mixture of experts (interval 1)");
+  if (m.moe_capacity_factor != 0)
+    throw Error("model.moe_capacity_factor = " + config::toml_float(m.moe_capacity_factor) +
+                " cannot be a Mixtral: Mixtral is dropless (capacity factor 0)");
+  // The z-loss is a training objective, not the model's forward; Mixtral's config has no
+  // place for it, so an export would silently lose it (an import would read 0).
+  if (m.moe_z_loss_coeff != 0)
+    throw Error("model.moe_z_loss_coeff = " + config::toml_float(m.moe_z_loss_coeff) +
+                " has no Mixtral equivalent (transformers' Mixtral has no router z-loss); "
+                "only a model trained without it exports");
+}
+
+}  // namespace
+
 std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
-  if (m.moe_experts > 0)
-    throw Error("model.moe_experts = " + std::to_string(m.moe_experts) +
-                ": a mixture of experts has no Hugging Face equivalent here yet (docs/moe.md)");
+  if (m.moe_experts > 0) require_mixtral(m);
   if (!m.is_llama() && m.kv_head_count() != m.heads)
     throw Error("model.kv_heads = " + std::to_string(m.kv_heads) + " (grouped-query attention) "
                 "has no GPT2LMHeadModel equivalent: gpt2 exports need kv_heads = heads");
@@ -106,9 +132,23 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
       rows(hf + "self_attn.k_proj.weight", tr + "attn.qkv.weight", H, K);
       rows(hf + "self_attn.v_proj.weight", tr + "attn.qkv.weight", H + K, K);
       whole(hf + "self_attn.o_proj.weight", tr + "attn.proj.weight");
-      rows(hf + "mlp.gate_proj.weight", tr + "mlp.gate_up.weight", 0, F);
-      rows(hf + "mlp.up_proj.weight", tr + "mlp.gate_up.weight", F, F);
-      whole(hf + "mlp.down_proj.weight", tr + "mlp.down.weight");
+      if (m.moe_experts > 0) {
+        // Mixtral: expert e's w1 (gate) and w3 (up) are the rows [gate | up] of its block in
+        // the stacked gate_up [E*2F, C]; its w2 (down) the rows [e*C, (e+1)*C) of down
+        // [E*C, F]. The router is the gate.
+        const std::string moe = hf + "block_sparse_moe.";
+        whole(moe + "gate.weight", tr + "mlp.router.weight");
+        for (int64_t e = 0; e < m.moe_experts; ++e) {
+          const std::string ex = moe + "experts." + std::to_string(e) + ".";
+          rows(ex + "w1.weight", tr + "mlp.experts.gate_up.weight", e * 2 * F, F);
+          rows(ex + "w2.weight", tr + "mlp.experts.down.weight", e * m.width, m.width);
+          rows(ex + "w3.weight", tr + "mlp.experts.gate_up.weight", e * 2 * F + F, F);
+        }
+      } else {
+        rows(hf + "mlp.gate_proj.weight", tr + "mlp.gate_up.weight", 0, F);
+        rows(hf + "mlp.up_proj.weight", tr + "mlp.gate_up.weight", F, F);
+        whole(hf + "mlp.down_proj.weight", tr + "mlp.down.weight");
+      }
       whole(hf + "input_layernorm.weight", tr + "attn_norm.weight");
       whole(hf + "post_attention_layernorm.weight", tr + "mlp_norm.weight");
     }
@@ -141,6 +181,33 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
     c["initializer_range"] = 0.02;
     c["bos_token_id"] = nullptr;
     c["eos_token_id"] = nullptr;
+    c["tie_word_embeddings"] = m.tie_embeddings;
+    c["use_cache"] = true;
+  } else if (m.moe_experts > 0) {
+    // MixtralForCausalLM (require_mixtral has checked the model is one). router_aux_loss_coef
+    // is not written: transformers' load-balancing loss is not Trident's (docs/interop.md).
+    require_mixtral(m);
+    c["architectures"] = {"MixtralForCausalLM"};
+    c["model_type"] = "mixtral";
+    c["vocab_size"] = m.vocab_size;
+    c["hidden_size"] = m.width;
+    c["intermediate_size"] = m.ffn_size();  // one expert's
+    c["num_hidden_layers"] = m.layers;
+    c["num_attention_heads"] = m.heads;
+    c["num_key_value_heads"] = m.kv_head_count();
+    c["head_dim"] = m.head_size();
+    c["max_position_embeddings"] = m.seq_len;
+    c["rms_norm_eps"] = m.norm_eps;
+    c["rope_theta"] = m.rope_theta;
+    c["rope_parameters"] = {{"rope_theta", m.rope_theta}, {"rope_type", "default"}};
+    c["hidden_act"] = "silu";
+    c["attention_dropout"] = 0.0;
+    c["sliding_window"] = nullptr;
+    c["num_local_experts"] = m.moe_experts;
+    c["num_experts_per_tok"] = m.moe_top_k;
+    c["router_jitter_noise"] = 0.0;
+    c["output_router_logits"] = false;
+    c["initializer_range"] = 0.02;
     c["tie_word_embeddings"] = m.tie_embeddings;
     c["use_cache"] = true;
   } else {
@@ -253,19 +320,29 @@ ModelConfig gpt2_from_hf(const HfConfigReader& r, std::optional<int64_t> seq_len
   return m;
 }
 
-ModelConfig llama_from_hf(const HfConfigReader& r, std::optional<int64_t> seq_len) {
+// transformers' defaults for the config.json keys llama and Mixtral share.
+struct LlamaDefaults {
+  int64_t intermediate_size, max_position_embeddings;
+  std::optional<int64_t> num_key_value_heads;  // none: num_attention_heads
+  double rms_norm_eps, rope_theta;
+};
+constexpr LlamaDefaults kLlamaDefaults{11008, 2048, std::nullopt, 1e-6, 10000.0};
+constexpr LlamaDefaults kMixtralDefaults{14336, 4096 * 32, 8, 1e-5, 1e6};
+
+ModelConfig llama_from_hf(const HfConfigReader& r, std::optional<int64_t> seq_len,
+                          const LlamaDefaults& d = kLlamaDefaults) {
   ModelConfig m;
   m.arch = "llama";
   m.vocab_size = r.integer("vocab_size", 32000);
   m.width = r.integer("hidden_size", 4096);
-  m.ffn_width = r.integer("intermediate_size", 11008);
+  m.ffn_width = r.integer("intermediate_size", d.intermediate_size);
   m.layers = r.integer("num_hidden_layers", 32);
   m.heads = r.integer("num_attention_heads", 32);
-  m.kv_heads = r.integer("num_key_value_heads", m.heads);
+  m.kv_heads = r.integer("num_key_value_heads", d.num_key_value_heads.value_or(m.heads));
   if (m.kv_heads == m.heads) m.kv_heads = 0;
-  m.seq_len = seq_len ? *seq_len : r.integer("max_position_embeddings", 2048);
-  m.norm_eps = r.number("rms_norm_eps", 1e-6);
-  m.rope_theta = r.number("rope_theta", 10000.0);
+  m.seq_len = seq_len ? *seq_len : r.integer("max_position_embeddings", d.max_position_embeddings);
+  m.norm_eps = r.number("rms_norm_eps", d.rms_norm_eps);
+  m.rope_theta = r.number("rope_theta", d.rope_theta);
   m.tie_embeddings = r.flag("tie_word_embeddings", false);
   if (r.has("rope_scaling"))
     r.fail("rope_scaling", "= " + r.json()["rope_scaling"].dump() +
@@ -294,6 +371,33 @@ ModelConfig llama_from_hf(const HfConfigReader& r, std::optional<int64_t> seq_le
   return m;
 }
 
+// MixtralForCausalLM: a llama whose every MLP is num_local_experts SwiGLU experts (w1 gate,
+// w3 up, w2 down) behind a softmax top-k router renormalised over the k, dropless, exactly
+// Trident's llama MoE with moe_layer_interval 1 and moe_capacity_factor 0 (docs/interop.md).
+ModelConfig mixtral_from_hf(const HfConfigReader& r, std::optional<int64_t> seq_len) {
+  ModelConfig m = llama_from_hf(r, seq_len, kMixtralDefaults);
+  m.moe_experts = r.integer("num_local_experts", 8);
+  m.moe_top_k = r.integer("num_experts_per_tok", 2);
+  if (m.moe_top_k > m.moe_experts)
+    r.fail("num_experts_per_tok", "= " + std::to_string(m.moe_top_k) +
+           " must be <= num_local_experts = " + std::to_string(m.moe_experts));
+  m.moe_layer_interval = 1;
+  m.moe_capacity_factor = 0.0;
+  // Mixtral has no router z-loss; its router_aux_loss_coef weighs another load-balancing
+  // loss than Trident's (docs/interop.md), so it is not read: Trident's default stays.
+  m.moe_z_loss_coeff = 0.0;
+  if (r.has("sliding_window"))
+    r.fail("sliding_window", "= " + r.json()["sliding_window"].dump() +
+           " is not supported (Trident's attention is full causal: sliding_window must be null)");
+  if (r.has("router_jitter_noise")) {
+    const auto& v = r.json()["router_jitter_noise"];
+    if (!v.is_number() || v.get<double>() != 0.0)
+      r.fail("router_jitter_noise", "= " + v.dump() + " is not supported (Trident's router has "
+             "no jitter: it must be 0)");
+  }
+  return m;
+}
+
 }  // namespace
 
 ModelConfig model_from_hf_config(const nlohmann::json& config, const std::string& file,
@@ -303,8 +407,9 @@ ModelConfig model_from_hf_config(const nlohmann::json& config, const std::string
   const std::string type = r.text("model_type", "");
   if (type == "gpt2") return gpt2_from_hf(r, seq_len);
   if (type == "llama") return llama_from_hf(r, seq_len);
-  if (type.empty()) r.fail("model_type", "is missing (gpt2 or llama)");
-  r.fail("model_type", "= \"" + type + "\" is not supported (gpt2 or llama)");
+  if (type == "mixtral") return mixtral_from_hf(r, seq_len);
+  if (type.empty()) r.fail("model_type", "is missing (gpt2, llama or mixtral)");
+  r.fail("model_type", "= \"" + type + "\" is not supported (gpt2, llama or mixtral)");
 }
 
 }  // namespace trident

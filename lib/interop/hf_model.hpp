@@ -1,6 +1,7 @@
 #pragma once
-// How a Trident model maps onto Hugging Face transformers' GPT2LMHeadModel (model.arch gpt2)
-// and LlamaForCausalLM (llama): the config.json fields, and which rows of which Trident
+// How a Trident model maps onto Hugging Face transformers' GPT2LMHeadModel (model.arch gpt2),
+// LlamaForCausalLM (llama) and MixtralForCausalLM (a llama mixture of experts with every layer
+// MoE, dropless, no z-loss): the config.json fields, and which rows of which Trident
 // dataset each Hugging Face tensor is (docs/interop.md; data_tools/hf_reference.py is the
 // by-hand reference it was checked against).
 #include <cstdint>
@@ -44,7 +45,9 @@ struct HfTensor {
 
 // Every tensor of the Hugging Face model in its module order (the order of its state_dict),
 // without the LM head when the embeddings are tied (transformers does not save it then).
-// Throws naming the key for a model transformers cannot hold (gpt2 with kv_heads != heads).
+// Throws naming the key for a model transformers cannot hold (gpt2 with kv_heads != heads; a
+// mixture of experts that is no Mixtral: gpt2, moe_layer_interval != 1, a capacity factor, a
+// z-loss).
 std::vector<HfTensor> hf_tensors(const ModelConfig& model);
 
 // config.json for the model (every field transformers needs; vocab_size unpadded;
@@ -53,7 +56,8 @@ nlohmann::ordered_json hf_config(const ModelConfig& model, const std::string& to
 
 // The Trident model keys that config.json (`file`, for errors) describes; throws one line
 // naming the file and the key for anything Trident cannot represent (an unknown model_type,
-// rope_scaling, biases in llama, head_dim != hidden_size / num_attention_heads, ...).
+// rope_scaling, biases in llama, head_dim != hidden_size / num_attention_heads, a Mixtral's
+// sliding_window or router_jitter_noise, ...).
 // `seq_len`: llama's model.seq_len when given (default: max_position_embeddings); gpt2's is
 // n_positions (the position table's rows) and must not differ.
 ModelConfig model_from_hf_config(const nlohmann::json& config, const std::string& file,
