@@ -157,6 +157,23 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
   if (!m.tie_embeddings) whole("lm_head.weight", "lm_head.weight");
   return out;
 }
+namespace {
+// The shape fields llama and Mixtral configs share. rope_parameters: transformers 5 reads
+// rope_theta from there (and moves a top-level one there itself).
+void add_llama_shape(nlohmann::ordered_json& c, const ModelConfig& m) {
+  c["vocab_size"] = m.vocab_size;
+  c["hidden_size"] = m.width;
+  c["intermediate_size"] = m.ffn_size();
+  c["num_hidden_layers"] = m.layers;
+  c["num_attention_heads"] = m.heads;
+  c["num_key_value_heads"] = m.kv_head_count();
+  c["head_dim"] = m.head_size();
+  c["max_position_embeddings"] = m.seq_len;
+  c["rms_norm_eps"] = m.norm_eps;
+  c["rope_theta"] = m.rope_theta;
+  c["rope_parameters"] = {{"rope_theta", m.rope_theta}, {"rope_type", "default"}};
+}
+}  // namespace
 
 nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_dtype) {
   nlohmann::ordered_json c;
@@ -189,17 +206,7 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
     require_mixtral(m);
     c["architectures"] = {"MixtralForCausalLM"};
     c["model_type"] = "mixtral";
-    c["vocab_size"] = m.vocab_size;
-    c["hidden_size"] = m.width;
-    c["intermediate_size"] = m.ffn_size();  // one expert's
-    c["num_hidden_layers"] = m.layers;
-    c["num_attention_heads"] = m.heads;
-    c["num_key_value_heads"] = m.kv_head_count();
-    c["head_dim"] = m.head_size();
-    c["max_position_embeddings"] = m.seq_len;
-    c["rms_norm_eps"] = m.norm_eps;
-    c["rope_theta"] = m.rope_theta;
-    c["rope_parameters"] = {{"rope_theta", m.rope_theta}, {"rope_type", "default"}};
+    add_llama_shape(c, m);  // intermediate_size: one expert's
     c["hidden_act"] = "silu";
     c["attention_dropout"] = 0.0;
     c["sliding_window"] = nullptr;
@@ -213,19 +220,8 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
   } else {
     c["architectures"] = {"LlamaForCausalLM"};
     c["model_type"] = "llama";
-    c["vocab_size"] = m.vocab_size;
-    c["hidden_size"] = m.width;
-    c["intermediate_size"] = m.ffn_size();
-    c["num_hidden_layers"] = m.layers;
-    c["num_attention_heads"] = m.heads;
-    c["num_key_value_heads"] = m.kv_head_count();
-    c["head_dim"] = m.head_size();
-    c["max_position_embeddings"] = m.seq_len;
-    c["rms_norm_eps"] = m.norm_eps;
-    c["rope_theta"] = m.rope_theta;
+    add_llama_shape(c, m);
     c["rope_scaling"] = nullptr;
-    // transformers 5 reads rope_theta from here (and moves a top-level one here itself).
-    c["rope_parameters"] = {{"rope_theta", m.rope_theta}, {"rope_type", "default"}};
     c["hidden_act"] = "silu";
     c["attention_bias"] = false;
     c["attention_dropout"] = 0.0;
