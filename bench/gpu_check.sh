@@ -377,11 +377,17 @@ for f in "$PACK"/bin/*; do
   if [[ $f == *.xz ]]; then unxz_to "$f" "$BIN/$(basename "$f" .xz)"; else cp "$f" "$BIN/"; fi
 done
 chmod +x "$BIN"/*
+# The GPU backend module, where trident looks for it: <dir of the executable>/../lib.
+mkdir -p "$WORK/lib"
+for f in "$PACK"/module/*; do
+  [[ -f $f ]] || continue
+  if [[ $f == *.xz ]]; then unxz_to "$f" "$WORK/lib/$(basename "$f" .xz)"; else cp "$f" "$WORK/lib/"; fi
+done
 # The image's own LD_LIBRARY_PATH (the driver's libcuda, say) stays on the path, after the pack.
 LIBPATH="$WORK/xzlib:$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unresolved() {
   local b
-  for b in "$BIN"/*; do
+  for b in "$BIN"/* "$WORK"/lib/*.so; do
     LD_LIBRARY_PATH=$LIBPATH ldd "$b" 2>/dev/null | awk '$3 == "not" {print $1}'
   done | sort -u
 }
@@ -413,7 +419,7 @@ if [[ ${#need[@]} -gt 0 ]]; then
 fi
 still=$(unresolved | tr '\n' ' ')
 say "LD_LIBRARY_PATH for the packed binaries: $LIBPATH"
-[[ -x $BIN/trident ]] && LD_LIBRARY_PATH=$LIBPATH ldd "$BIN/trident" 2>&1 |
+[[ -f $WORK/lib/libtrident_cuda.so ]] && LD_LIBRARY_PATH=$LIBPATH ldd "$WORK/lib/libtrident_cuda.so" 2>&1 |
   grep -E 'cuda|cublas|nccl|mpich|openblas|hdf5' | sed 's/^/    /'
 if [[ -z $still ]]; then
   row a libraries "every packed binary resolves" "${lib_note:-all found in the pack or the loader cache}" PASS

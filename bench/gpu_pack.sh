@@ -11,12 +11,15 @@
 #                   gpu_gemm_ceiling, ckpt_compare (tests/tools: two checkpoints bit for bit,
 #                   for the resume row; all stripped), mpiexec (MPICH's mpiexec.hydra) and
 #                   hydra_pmi_proxy
+#   gpu_pack/module/  libtrident_cuda.so, the GPU backend that trident (and the GPU trainer
+#                   tests) load on demand from <dir of the executable>/../lib: gpu_check.sh
+#                   unpacks it to lib/ beside its bin/
 #   gpu_pack/lib/   every shared library those need that the device image is not expected to
 #                   have (MPICH, parallel HDF5, OpenBLAS, gfortran, hwloc, UCX, slurm, curl, ...),
 #                   copied from this machine's installed libraries, plus UCX's cma module in
 #                   lib/ucx/. NOT packed (the image has them): glibc, libstdc++, libgcc_s and the
 #                   CUDA libraries (libcuda, libcudart, libcublas*, libnccl).
-#   Every file of bin/ and lib/ over 1 MiB is stored xz-compressed (NAME.xz: libmpich alone is
+#   Every file of bin/, module/ and lib/ over 1 MiB is stored xz-compressed (NAME.xz: libmpich alone is
 #   40 MiB, OpenBLAS 35 MiB, each CUDA binary 3-4 MiB; the device tool carries 64 MiB with the
 #   working tree); gpu_check.sh unpacks bin/ and lib/ to a scratch directory in /tmp.
 #   gpu_pack/fallback/  libcudart.so.13 only: bench/gpu_check.sh puts it on the library path
@@ -137,11 +140,12 @@ ninja -C "$build" -t commands trident 2>/dev/null | grep -- ' -c ' | grep -- '\.
 for b in app/trident bench/gpu_gemm_ceiling; do
   [[ -x $build/$b ]] || die "$build/$b missing"
 done
+[[ -f $build/lib/libtrident_cuda.so ]] || die "$build/lib/libtrident_cuda.so (the GPU backend module) missing"
 
 # ---------------------------------------------------------------- assemble
 tmp="$build/gpu_pack.tmp"   # same file system as gpu_pack/: moved into place at the end
 rm -rf "$tmp"
-mkdir -p "$tmp/bin" "$tmp/lib/ucx" "$tmp/fallback" "$tmp/data"
+mkdir -p "$tmp/bin" "$tmp/module" "$tmp/lib/ucx" "$tmp/fallback" "$tmp/data"
 manifest="$tmp/MANIFEST.txt"
 {
   echo "gpu_pack: assembled by bench/gpu_pack.sh on $(date -u '+%Y-%m-%d %H:%M UTC') ($(hostname))"
@@ -157,7 +161,8 @@ note "binaries"
 cp "$build/app/trident" "$build/bench/gpu_gemm_ceiling" "$tmp/bin/"
 for t in "${built_tests[@]}"; do cp "$build/tests/$t" "$tmp/bin/"; done
 for t in "${built_tools[@]}"; do cp "$build/tests/tools/$t" "$tmp/bin/"; done
-strip "$tmp"/bin/*
+cp "$build/lib/libtrident_cuda.so" "$tmp/module/"
+strip "$tmp"/bin/* "$tmp"/module/*
 hydra=$(readlink -f "$(command -v mpiexec.hydra || command -v mpiexec)")
 proxy=$(command -v hydra_pmi_proxy) || die "hydra_pmi_proxy not found (Debian: mpich)"
 cp "$hydra" "$tmp/bin/mpiexec"
@@ -178,7 +183,7 @@ done
 note "shared libraries (ldd)"
 declare -A origin=()
 missing=()
-for elf in "$tmp"/bin/* "${ucx_modules[@]}"; do
+for elf in "$tmp"/bin/* "$tmp"/module/* "${ucx_modules[@]}"; do
   while read -r name arrow path _; do
     [[ $arrow == "=>" ]] || continue
     [[ $name =~ $excluded_re ]] && continue
@@ -191,7 +196,7 @@ done
 for name in $(printf '%s\n' "${!origin[@]}" | sort); do
   cp -L "${origin[$name]}" "$tmp/lib/$name"
 done
-cudart=$(ldd "$tmp/bin/trident" | awk '$1 ~ /^libcudart\.so/ {print $3}')
+cudart=$(ldd "$tmp/module/libtrident_cuda.so" | awk '$1 ~ /^libcudart\.so/ {print $3}')
 if [[ -n $cudart && -f $cudart ]]; then cp -L "$cudart" "$tmp/fallback/$(basename "$cudart")"; fi
 
 note "data"
@@ -218,7 +223,7 @@ EOF
   echo "corpus: data_tools/prepare_text.py ${corpus_src[*]} -> data/tiny_{train,val}.bin"
   echo "random: data/random_50304.bin, 1048576 tokens < 50304, numpy default_rng(1234)"
   echo
-  echo "files (bytes before compression, path, origin; files of bin/ and lib/ over 1 MiB are stored as PATH.xz):"
+  echo "files (bytes before compression, path, origin; files of bin/, module/ and lib/ over 1 MiB are stored as PATH.xz):"
   (cd "$tmp" && find . -type f ! -name MANIFEST.txt | sort | while read -r f; do
      name=$(basename "$f")
      o=""
@@ -228,7 +233,7 @@ EOF
        ./fallback/*) o=$cudart ;;
        ./bin/mpiexec) o=$hydra ;;
        ./bin/hydra_pmi_proxy) o=$proxy ;;
-       ./bin/*) o="built (stripped)" ;;
+       ./bin/*|./module/*) o="built (stripped)" ;;
      esac
      if [[ -n $o && $o == /* && -f $o ]] && command -v dpkg >/dev/null; then
        pkg=$( (dpkg -S "$o" 2>/dev/null || dpkg -S "${o#/usr}" 2>/dev/null) | head -1 | cut -d: -f1) || pkg=""
@@ -239,10 +244,10 @@ EOF
 } >>"$manifest"
 
 # MPICH's libmpich (ch4:ucx, ~40 MiB of code) and OpenBLAS (~35 MiB, every CPU kernel) alone
-# would fill the 64 MiB the device tool carries: every file of bin/ and lib/ over 1 MiB travels
+# would fill the 64 MiB the device tool carries: every file of bin/, module/ and lib/ over 1 MiB travels
 # xz-compressed (NAME.xz); bench/gpu_check.sh unpacks them to a scratch directory.
-note "compress: files of bin/ and lib/ over 1 MiB (xz)"
-for f in "$tmp"/lib/* "$tmp"/bin/*; do
+note "compress: files of bin/, module/ and lib/ over 1 MiB (xz)"
+for f in "$tmp"/lib/* "$tmp"/bin/* "$tmp"/module/*; do
   if [[ -f $f ]] && (( $(stat -c %s "$f") > 1024 * 1024 )); then xz -T0 -6 "$f"; fi
 done
 size_mib=$(du -sm "$tmp" | cut -f1)
@@ -271,6 +276,10 @@ if [[ $do_verify == 1 ]]; then
     if [[ $f == *.xz ]]; then xz -dc "$f" >"$vdir/bin/$(basename "$f" .xz)"; else cp "$f" "$vdir/bin/"; fi
   done
   chmod +x "$vdir"/bin/*
+  mkdir -p "$vdir/lib"
+  for f in "$pack"/module/*; do
+    if [[ $f == *.xz ]]; then xz -dc "$f" >"$vdir/lib/$(basename "$f" .xz)"; else cp "$f" "$vdir/lib/"; fi
+  done
   vbin=$vdir/bin
   run_env=(env "LD_LIBRARY_PATH=$vdir/xzlib:$pack/lib:$cuda_dir" "PATH=$vbin:$PATH"
            "UCX_MODULE_DIR=$pack/lib/ucx"
@@ -283,6 +292,13 @@ if [[ $do_verify == 1 ]]; then
   "${run_env[@]}" timeout 120 "$vbin/mpiexec" -launcher fork -n 2 "$vbin/trident" "${common[@]}" \
       --set parallel.tensor=2 --set log.dir="$vdir/tp2" >"$vdir/tp2.log" 2>&1 ||
     { ok=0; echo "gpu_pack.sh: verify: mpiexec -n 2 trident (TP 2) failed:" >&2; tail -5 "$vdir/tp2.log" >&2; }
+  # A GPU run here loads the GPU backend module from bin/../lib and its CUDA libraries, then
+  # stops: no GPU. Any other end (the module not found or not loadable) fails the check.
+  "${run_env[@]}" timeout 120 "$vbin/trident" "${common[@]}" --set train.device='"cuda"' \
+      --set log.dir="$vdir/gpu" >"$vdir/gpu.log" 2>&1 || true
+  if grep -q "the GPU backend .* cannot be loaded\|lacks the symbols\|other sources than this trident" "$vdir/gpu.log"; then
+    ok=0; echo "gpu_pack.sh: verify: the GPU backend module did not load:" >&2; tail -3 "$vdir/gpu.log" >&2
+  fi
   for b in "$vbin"/test_cuda_* "$vbin/gpu_gemm_ceiling"; do
     [[ -x $b ]] || continue
     launch=()
@@ -295,7 +311,7 @@ if [[ $do_verify == 1 ]]; then
   done
   # Every object the dynamic loader initialised (dlopen included), from outside gpu_pack/lib.
   outside=$(grep -h "calling init:" "$vdir"/ld/trace.* 2>/dev/null | awk '{print $NF}' | sort -u |
-            grep -v -e "^$pack/lib/" -e "^$vdir/xzlib/" | while read -r p; do
+            grep -v -e "^$pack/lib/" -e "^$vdir/xzlib/" -e "^$vdir/lib/" | while read -r p; do
               n=$(basename "$p"); [[ $n =~ $excluded_re ]] || echo "$p"; done)
   loaded=$(grep -h "calling init:" "$vdir"/ld/trace.* 2>/dev/null | awk '{print $NF}' | sort -u | wc -l)
   if [[ -n $outside ]]; then

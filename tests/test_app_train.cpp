@@ -116,7 +116,12 @@ class BadInput : public ::testing::Test {
   // `prefix`: shell commands before the run (a resource limit).
   void expect_error(const std::string& args, const std::string& needle,
                     const std::string& prefix = "") {
-    const auto r = run_command(prefix + trident_cmd("train " + args), 60);
+    expect_error_of(TRIDENT_BINARY, args, needle, prefix);
+  }
+  // The same for the trident executable at `binary` (a copy elsewhere).
+  void expect_error_of(const std::string& binary, const std::string& args,
+                       const std::string& needle, const std::string& prefix = "") {
+    const auto r = run_command(prefix + binary + " train " + args, 60);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "timed out: " << r.output;
     EXPECT_LT(r.exit_code, 128) << "killed by a signal: " << r.output;
@@ -216,6 +221,36 @@ TEST_F(BadInput, SettingsThisMachineCannotRunAreRefused) {
   // bf16 runs on the GPU backend only.
   expect_error(config() + " --set train.precision=bf16", "train.precision");
 }
+
+// The GPU backend is the module libtrident_cuda.so, loaded only for train.device = "cuda"
+// (lib/train/backend.cpp): trident itself links no CUDA library, so it starts where none is
+// installed and a CPU run maps none of them (libcublasLt alone is ~150 MB resident).
+TEST(TrainApp, LinksNoCudaLibrary) {
+  const auto r = run_command("ldd " + std::string(TRIDENT_BINARY));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int listed = 0;
+  for (size_t pos = 0; (pos = r.output.find(" => ", pos)) != std::string::npos; pos += 4) listed++;
+  EXPECT_GE(listed, 5) << "ldd listed too few libraries to judge:\n" << r.output;
+  for (const char* lib : {"libcuda.", "libcudart", "libcublas", "libnccl"})
+    EXPECT_EQ(r.output.find(lib), std::string::npos) << lib << " is linked:\n" << r.output;
+}
+
+#ifdef TRIDENT_HAVE_CUDA
+// A trident whose <dir>/../lib holds no GPU backend module: a GPU run is refused in one line
+// naming the module's path; a CPU run of the same copy trains.
+TEST_F(BadInput, GpuBackendModuleMissing) {
+  const fs::path bin = dir_ / "elsewhere" / "bin";
+  fs::create_directories(bin);
+  fs::copy_file(TRIDENT_BINARY, bin / "trident", fs::copy_options::overwrite_existing);
+  expect_error_of((bin / "trident").string(), config() + " --set train.device=cuda",
+                  (dir_ / "elsewhere" / "lib" / "libtrident_cuda.so").string() +
+                      " cannot be loaded");
+  const auto r = run_command((bin / "trident").string() + " train " + config() +
+                                 " --set train.steps=1",
+                             60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+#endif
 
 TEST_F(BadInput, TokenOutsideTheVocabulary) {
   expect_error(config() + " --set model.vocab_size=100", "token");

@@ -11,7 +11,7 @@
 #include "cuda/cuda_model.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "grid/device_select.hpp"
-#include "grid/process_grid.hpp"
+#include "grid/grid.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 
@@ -58,20 +58,10 @@ struct Choice {
   std::string identity;  // "GPU-..., own GPU"
 };
 
-Choice choose_gpu(MPI_Comm world, bool nccl) {
+Choice choose_gpu(MPI_Comm world, const NodePlacement& place, bool nccl) {
   int rank = 0, size = 1;
   check_mpi(MPI_Comm_rank(world, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
-  // The node-local rank from the process grid (the one node detection); a world that no grid
-  // made (the single-rank reference groups) is one node.
-  NodePlacement place;
-  if (const NodePlacement* p = node_placement(world)) {
-    place = *p;
-  } else {
-    place.local_rank = rank;
-    place.local_size = size;
-  }
-
   ClaimRecord mine{};
   int visible = 0;
   if (!cuda::device_available() || cudaGetDeviceCount(&visible) != cudaSuccess) {
@@ -124,7 +114,7 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   const bool nccl = config.parallel.comm == "nccl";
   Choice gpu_choice;
   try {
-    gpu_choice = choose_gpu(groups.mpi_world, nccl);
+    gpu_choice = choose_gpu(groups.mpi_world, groups.placement, nccl);
   } catch (const Error& e) {
     throw Error(config.source + ": train.device = \"cuda\": " + e.what());
   }

@@ -21,6 +21,15 @@ struct GridShape {
   int world() const { return tp * pp * dp; }
 };
 
+// Where a rank sits among the nodes, as the process grid found them (detected or simulated):
+// the one node detection of the job. TrainerGroups carries it to the GPU backend, which takes
+// the node-local rank from it to choose this rank's GPU.
+struct NodePlacement {
+  int node = 0, num_nodes = 1;
+  int local_rank = 0, local_size = 1;  // rank within the node, ranks on the node
+  bool simulated = false;              // parallel.ranks_per_node / TRIDENT_RANKS_PER_NODE
+};
+
 struct GridCoord {
   int tp = 0, pp = 0, dp = 0;
   bool operator==(const GridCoord&) const = default;

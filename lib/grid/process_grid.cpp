@@ -53,31 +53,7 @@ std::unique_ptr<Communicator> split(MPI_Comm parent, int color, int key, const c
   return std::make_unique<MpiCommunicator>(c, name, true);
 }
 
-// The MPI attribute key under which a grid's world communicator carries its NodePlacement.
-int placement_deleter(MPI_Comm, int, void* value, void*) {
-  delete static_cast<NodePlacement*>(value);
-  return MPI_SUCCESS;
-}
-
-int placement_key() {
-  static int key = MPI_KEYVAL_INVALID;
-  if (key == MPI_KEYVAL_INVALID) {
-    check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, placement_deleter, &key, nullptr),
-              "MPI_Comm_create_keyval");
-  }
-  return key;
-}
-
 }  // namespace
-
-const NodePlacement* node_placement(MPI_Comm comm) {
-  if (comm == MPI_COMM_NULL) return nullptr;
-  void* value = nullptr;
-  int found = 0;
-  if (MPI_Comm_get_attr(comm, placement_key(), &value, &found) != MPI_SUCCESS || !found)
-    return nullptr;
-  return static_cast<const NodePlacement*>(value);
-}
 
 // What every rank contributes to the one all-gather of the construction.
 struct ProcessGrid::RankInfo {
@@ -216,8 +192,6 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   //    the pure functions in grid.hpp.
   MPI_Comm dup = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(world, &dup), "MPI_Comm_dup");
-  check_mpi(MPI_Comm_set_attr(dup, placement_key(), new NodePlacement(placement())),
-            "MPI_Comm_set_attr");
   world_ = std::make_unique<MpiCommunicator>(dup, "world", true);
   const GridShape& s = shape_;
   const GridCoord& c = coord_;

@@ -25,20 +25,6 @@
 
 namespace trident {
 
-// Where a rank sits among the nodes, as the grid found them (detected or simulated). The one
-// node detection of the job: the GPU backend takes the node-local rank from here.
-struct NodePlacement {
-  int node = 0, num_nodes = 1;
-  int local_rank = 0, local_size = 1;  // rank within the node, ranks on the node
-  bool simulated = false;              // parallel.ranks_per_node / TRIDENT_RANKS_PER_NODE
-};
-
-// The placement of this rank, when `comm` is the world communicator of a ProcessGrid (the MPI
-// communicator of ProcessGrid::world(), as TrainerGroups::mpi_world holds it; the grid attaches
-// its placement to it as an MPI attribute); nullptr for any other communicator (MPI_COMM_SELF of
-// the single-rank reference groups). Not collective.
-const NodePlacement* node_placement(MPI_Comm comm);
-
 class ProcessGrid {
  public:
   // world: usually MPI_COMM_WORLD (duplicated; the grid never communicates on the caller's

@@ -4,16 +4,56 @@
 #include "util/error.hpp"
 
 #ifdef TRIDENT_HAVE_CUDA
+#include <dlfcn.h>
+
+#include <filesystem>
+
 #include "cuda/cuda_backend.hpp"
 #endif
 
 namespace trident {
 
+#ifdef TRIDENT_HAVE_CUDA
+namespace {
+
+// The GPU backend lives in libtrident_cuda.so (cuda/cuda_backend.hpp), loaded here on the
+// first GPU run of the process and kept for its lifetime (the objects it makes run its code).
+Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
+                          const ModelShard& shard) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path module = exe.parent_path().parent_path() / "lib" / kCudaModuleFile;
+  const std::string where = config.source + ": train.device = \"cuda\": the GPU backend " +
+                            module.string();
+  void* handle = dlopen(module.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    throw Error(where + " cannot be loaded: " + (why != nullptr ? why : "unknown dlopen error") +
+                " (it is built with trident when nvcc is found; see docs/gpu.md)");
+  }
+  auto layout = reinterpret_cast<CudaModuleLayoutFn>(dlsym(handle, kCudaModuleLayoutSymbol));
+  auto make = reinterpret_cast<CudaModuleMakeFn>(dlsym(handle, kCudaModuleMakeSymbol));
+  if (layout == nullptr || make == nullptr)
+    throw Error(where + " lacks the symbols " + kCudaModuleLayoutSymbol + " and " +
+                kCudaModuleMakeSymbol + ": not a Trident GPU backend");
+  if (layout() != backend_layout_tag())
+    throw Error(where + " was built from other sources than this trident (type layout " +
+                std::to_string(layout()) + " vs " + std::to_string(backend_layout_tag()) +
+                "): rebuild both together");
+  Backend b;
+  make(config, groups, shard, b);
+  return b;
+}
+
+}  // namespace
+#endif
+
 Backend make_backend(const Config& config, const TrainerGroups& groups,
                      const ModelShard& shard) {
   if (config.train.device == "cuda") {
 #ifdef TRIDENT_HAVE_CUDA
-    return make_cuda_backend(config, groups, shard);
+    return load_cuda_backend(config, groups, shard);
 #else
     throw Error(config.source + ": train.device = \"cuda\", but this trident was built without "
                 "CUDA (nvcc was not found when it was configured; see docs/gpu.md)");

@@ -35,7 +35,7 @@ TrainerGroups TrainerGroups::from_grid(ProcessGrid& grid) {
   return {&grid.world(), &grid.tensor(), &grid.pipeline(), &grid.data(), &grid.model(),
           grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp,
           dynamic_cast<MpiCommunicator&>(grid.world()).comm(), grid.expert(),
-          grid.expert_data(), c.dp % s.ep, s.ep};
+          grid.expert_data(), c.dp % s.ep, s.ep, grid.placement()};
 }
 
 SelfGroups::SelfGroups()

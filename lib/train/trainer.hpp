@@ -13,6 +13,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "data/blend.hpp"
+#include "grid/grid.hpp"
 #include "model/architecture.hpp"
 #include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
@@ -45,6 +46,8 @@ struct TrainerGroups {
   Communicator* expert = nullptr;       // rank = ep_rank
   Communicator* expert_data = nullptr;  // the replicas of this rank's experts
   int ep_rank = 0, ep_size = 1;
+  // This rank's node and node-local rank, as the grid found them; one node for SelfGroups.
+  NodePlacement placement;
 
   static TrainerGroups from_grid(ProcessGrid& grid);
 };

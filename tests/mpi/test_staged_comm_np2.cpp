@@ -7,8 +7,8 @@
 // isend/irecv pairs (a send copies at post time), argument errors, and the counters against an
 // MpiCommunicator running the same calls; all_to_all_v (tests/mpi/staged_all_to_all_cases.hpp,
 // also run on 3 ranks by test_staged_comm_np3). Also the node placement the GPU backend takes
-// from the process grid (grid/process_grid.hpp node_placement: one node detection for both
-// backends).
+// from the process grid (TrainerGroups::placement, filled by from_grid: one node detection for
+// both backends).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -26,6 +26,7 @@
 #include "mpi/staged_all_to_all_cases.hpp"
 #include "mpi/staged_fake_device.hpp"
 #include "tensor/device.hpp"
+#include "train/trainer.hpp"
 #include "util/bf16.hpp"
 #include "util/error.hpp"
 
@@ -299,30 +300,32 @@ TEST(NodePlacement, TakenFromTheGrid) {
   int world = 0, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  EXPECT_EQ(node_placement(MPI_COMM_WORLD), nullptr);  // no grid made it
-  EXPECT_EQ(node_placement(MPI_COMM_SELF), nullptr);
+  {
+    // The single-rank reference groups: one node of one rank.
+    SelfGroups self;
+    const NodePlacement p = self.groups().placement;
+    EXPECT_EQ(p.local_rank, 0);
+    EXPECT_EQ(p.local_size, 1);
+    EXPECT_EQ(p.num_nodes, 1);
+  }
   {
     ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, world}, 0, ModelConfig{});
-    const NodePlacement* p =
-        node_placement(dynamic_cast<MpiCommunicator&>(grid.world()).comm());
-    ASSERT_NE(p, nullptr);
-    EXPECT_EQ(p->local_rank, rank);  // both ranks on this machine (detected)
-    EXPECT_EQ(p->local_size, world);
-    EXPECT_EQ(p->num_nodes, 1);
-    EXPECT_FALSE(p->simulated);
-    EXPECT_EQ(select_device(p->local_rank, p->local_size, 1), 0);  // one GPU: shared
+    const NodePlacement p = TrainerGroups::from_grid(grid).placement;
+    EXPECT_EQ(p.local_rank, rank);  // both ranks on this machine (detected)
+    EXPECT_EQ(p.local_size, world);
+    EXPECT_EQ(p.num_nodes, 1);
+    EXPECT_FALSE(p.simulated);
+    EXPECT_EQ(select_device(p.local_rank, p.local_size, 1), 0);  // one GPU: shared
   }
   {
     // parallel.ranks_per_node = 1: each rank its own simulated node, node-local rank 0.
     ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, world}, 1, ModelConfig{});
-    const NodePlacement* p =
-        node_placement(dynamic_cast<MpiCommunicator&>(grid.world()).comm());
-    ASSERT_NE(p, nullptr);
-    EXPECT_EQ(p->local_rank, 0);
-    EXPECT_EQ(p->local_size, 1);
-    EXPECT_EQ(p->node, rank);
-    EXPECT_EQ(p->num_nodes, world);
-    EXPECT_TRUE(p->simulated);
+    const NodePlacement p = TrainerGroups::from_grid(grid).placement;
+    EXPECT_EQ(p.local_rank, 0);
+    EXPECT_EQ(p.local_size, 1);
+    EXPECT_EQ(p.node, rank);
+    EXPECT_EQ(p.num_nodes, world);
+    EXPECT_TRUE(p.simulated);
   }
 }
 
