@@ -1,11 +1,9 @@
 // trident bench-hw: measures the machine it runs on and writes a hardware description
-// (plan/hardware.hpp, docs/plan.md) for `trident plan`. CPU only: OpenBLAS sgemm over sizes
-// (the efficiency curve), a streaming copy (memory bandwidth), and MPI send/recv, all-reduce,
+// (plan/hardware.hpp, docs/plan.md) for `trident plan`. CPU only: the trainer's own sgemm
+// (kernels/cpu/blas.hpp) over sizes (the efficiency curve), a streaming copy (memory bandwidth), and MPI send/recv, all-reduce,
 // all-gather and reduce-scatter over message sizes between the ranks it is launched with
 // (latency and bandwidth from the best timings, see fit()).
-#include <cblas.h>
 #include <mpi.h>
-#include <omp.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -21,12 +19,9 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "kernels/cpu/blas.hpp"
 #include "plan/hardware.hpp"
 #include "util/error.hpp"
-
-extern "C" {
-void openblas_set_num_threads(int);  // OpenBLAS extension
-}
 
 namespace trident {
 
@@ -81,8 +76,7 @@ struct GemmPoint {
 };
 
 std::vector<GemmPoint> measure_sgemm(int threads) {
-  openblas_set_num_threads(threads);
-  omp_set_num_threads(threads);
+  cpu::set_num_threads(threads);
   std::vector<GemmPoint> points;
   for (int n : {32, 64, 128, 256, 384, 512, 768, 1024, 1536}) {
     std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
@@ -92,8 +86,8 @@ std::vector<GemmPoint> measure_sgemm(int threads) {
     const double t = best_time(
         [&] {
           for (int i = 0; i < inner; ++i)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n,
-                        b.data(), n, 0.0f, c.data(), n);
+            cpu::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                             c.data(), n);
         },
         5);
     points.push_back({n, flops * inner / t / 1e9});
@@ -276,7 +270,7 @@ void run_bench_hw(const BenchHwOptions& options) {
       "Written by `trident bench-hw` (docs/plan.md) on " + cpu_model() + ", " +
           std::to_string(cores) + " cores, " + std::to_string(ranks) + " rank(s) x " +
           std::to_string(threads) + " thread(s).",
-      "Peak = the best OpenBLAS sgemm measured per rank (all ranks at once); efficiency = each",
+      "Peak = the best trainer sgemm measured per rank (all ranks at once); efficiency = each",
       "size's GFLOP/s over that best. bf16 = fp32: the CPU backend computes in fp32.",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: a 256 MiB memcpy (read + write), all ranks at once.", notes.front(),

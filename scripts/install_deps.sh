@@ -13,6 +13,7 @@ set -euo pipefail
 build_packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-openmp-dev
+  libdnnl-dev                           # oneDNN: the float GEMM (docs/gemm.md)
   libmpich-dev mpich
   libhdf5-mpich-dev
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
@@ -24,6 +25,8 @@ test_packages=(
   slurmctld slurmd slurm-client munge   # the one-node Slurm cluster of tests/slurm
   clang libclang-rt-dev                 # the libFuzzer targets of tests/fuzz
   fortunes                              # the corpus of the tokenizer tests (tests/tools)
+  python3-matplotlib                    # compare_runs.py / plot_timeline.py (tests/tools, the
+                                        # Slurm sweep's comparison in tests/slurm)
 )
 packages=("${build_packages[@]}" "${test_packages[@]}")
 # PyPI, pinned: tokenizers (data_tools/prepare_text.py); safetensors and tensorboard, the

@@ -1,5 +1,6 @@
-// `trident train` says what GEMM it runs on (one start-up line on rank 0), forces the kernel
-// that fits the core by running itself again before MPI_Init, undoes a kernel that computes
+// `trident train` says what GEMM it runs on (one start-up line on rank 0: oneDNN's sgemm, or
+// OpenBLAS's under TRIDENT_SGEMM=openblas; OpenBLAS's dgemm), refuses a bad TRIDENT_SGEMM in one
+// line, forces the OpenBLAS kernel that fits the core by running itself again before MPI_Init, undoes a kernel that computes
 // wrong results, keeps a user's OPENBLAS_CORETYPE, and warns when the GEMM is far below what
 // the core's FMAs reach. TRIDENT_TEST_GEMM_CORENAME / TRIDENT_TEST_GEMM_WRONG pretend what
 // OpenBLAS picked alone and a wrong result (lib/kernels/cpu/blas.cpp), so that every path runs
@@ -25,7 +26,7 @@ std::vector<std::string> gemm_lines(const std::string& output) {
 }
 
 // The environment Trident's choice starts from: no kernel set by anyone.
-const std::string kClean = "env -u OPENBLAS_CORETYPE -u TRIDENT_GEMM_KERNEL ";
+const std::string kClean = "env -u OPENBLAS_CORETYPE -u TRIDENT_GEMM_KERNEL -u TRIDENT_SGEMM ";
 
 class GemmApp : public ::testing::Test {
  protected:
@@ -52,11 +53,33 @@ TEST_F(GemmApp, StartUpLineNamesLibraryKernelAndCore) {
   const auto lines = gemm_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;
   const cpu::CpuFeatures f = cpu::read_cpu_features();
-  EXPECT_EQ(lines[0].rfind("gemm: OpenBLAS ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].rfind("gemm: sgemm oneDNN ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(", dgemm OpenBLAS "), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find(", kernel "), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find(", core " + cpu::isa_name(f) + " (" + f.vendor), std::string::npos)
       << lines[0];
   EXPECT_NE(lines[0].find("; sgemm probe "), std::string::npos) << lines[0];
+
+  // OpenBLAS for float too, when asked.
+  const auto o = train(kClean + "TRIDENT_SGEMM=openblas ");
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const auto olines = gemm_lines(o.output);
+  ASSERT_EQ(olines.size(), 1u) << o.output;
+  EXPECT_EQ(olines[0].rfind("gemm: sgemm and dgemm OpenBLAS ", 0), 0u) << olines[0];
+  EXPECT_NE(olines[0].find("(TRIDENT_SGEMM=openblas as set), kernel "), std::string::npos)
+      << olines[0];
+}
+
+TEST_F(GemmApp, AnUnknownSgemmLibraryIsOneLine) {
+  const auto r = train(kClean + "TRIDENT_SGEMM=mkl ", std::string(TRIDENT_MPIEXEC) + " -n 2 ",
+                       " --set parallel.data=2 --set train.threads=1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.exit_code, 128) << r.output;
+  const std::string line = "trident: error: TRIDENT_SGEMM=mkl: must be onednn (the default) or "
+                           "openblas";
+  const size_t first = r.output.find(line);
+  ASSERT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(line, first + 1), std::string::npos) << "said twice:\n" << r.output;
 }
 
 TEST_F(GemmApp, ANarrowKernelIsReplacedByRunningAgainAlsoUnderMpiexec) {
@@ -97,8 +120,9 @@ TEST_F(GemmApp, AKernelWithWrongResultsIsUndone) {
 TEST_F(GemmApp, AUsersCoretypeIsKeptAndASlowGemmIsWarnedAbout) {
   if (cpu::fma_vector_bits(cpu::read_cpu_features()) == 0)
     GTEST_SKIP() << "no AVX2/FMA on this core: nothing to compare the GEMM with";
-  // Prescott: OpenBLAS's SSE3 kernel, a fraction of what AVX2 or AVX-512 FMAs reach.
-  const auto r = train(kClean + "OPENBLAS_CORETYPE=Prescott ");
+  // Prescott: OpenBLAS's SSE3 kernel, a fraction of what AVX2 or AVX-512 FMAs reach; it runs
+  // the float GEMM (and so the probe) under TRIDENT_SGEMM=openblas.
+  const auto r = train(kClean + "OPENBLAS_CORETYPE=Prescott TRIDENT_SGEMM=openblas ");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto lines = gemm_lines(r.output);
   ASSERT_EQ(lines.size(), 1u) << r.output;

@@ -140,6 +140,15 @@ TEST(GemmSpeedWarning, WarnsOnlyFarBelowTheFmaThroughput) {
 
 // ---- On this machine's core.
 
+TEST(SgemmLibrary, OneDnnByDefaultOpenBlasWhenAskedNothingElse) {
+  EXPECT_EQ(parse_sgemm_library(""), SgemmLibrary::onednn);
+  EXPECT_EQ(parse_sgemm_library("onednn"), SgemmLibrary::onednn);
+  EXPECT_EQ(parse_sgemm_library("openblas"), SgemmLibrary::openblas);
+  for (const char* bad : {"mkl", "OpenBLAS", "oneDNN", "dnnl", " onednn"})
+    EXPECT_FALSE(parse_sgemm_library(bad).has_value()) << bad;
+}
+
+// sgemm of this process's library (oneDNN unless TRIDENT_SGEMM=openblas) and OpenBLAS's dgemm.
 TEST(GemmThisCore, LinkedGemmMatchesTheReference) { EXPECT_TRUE(gemm_results_correct()); }
 
 TEST(GemmThisCore, FeaturesAgreeWithTheCompiler) {

@@ -1,12 +1,15 @@
-// Row-major GEMM on OpenBLAS (OpenMP build). Called outside a parallel region, OpenBLAS uses
-// the thread count set by set_num_threads; called inside an OpenMP parallel region (the
-// attention kernels call it per (batch, head, block) task) it runs single-threaded, because
-// the OpenMP build of OpenBLAS checks omp_in_parallel() (checked with OpenBLAS 0.3.21: a
-// 1024x1024x64 sgemm inside a 2-thread parallel region runs at the 1-thread rate, outside it
-// at twice that).
+// Row-major GEMM. float: oneDNN's dnnl_sgemm (its JIT kernels for the core's widest ISA), or
+// OpenBLAS with TRIDENT_SGEMM=openblas; double (the gradient checks only): OpenBLAS, since
+// oneDNN has no dgemm. Why oneDNN for float: docs/gemm.md (measured on Intel and AMD cores).
+// Both are OpenMP builds over the same libgomp: called outside a parallel region they use the
+// thread count set by set_num_threads; called inside one (the attention kernels call GEMM per
+// (batch, head, block) task) they run single-threaded (both check omp_in_parallel(); checked
+// with a 1024x1024x64 sgemm inside a 2-thread region: the 1-thread rate, outside it twice
+// that, for OpenBLAS 0.3.21 and oneDNN 2.6).
 #include "kernels/cpu/blas.hpp"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -23,12 +26,48 @@
 
 namespace trident::cpu {
 
+std::optional<SgemmLibrary> parse_sgemm_library(std::string_view value) {
+  if (value.empty() || value == "onednn") return SgemmLibrary::onednn;
+  if (value == "openblas") return SgemmLibrary::openblas;
+  return std::nullopt;
+}
+
+SgemmLibrary sgemm_library() {
+  // Read once: the choice holds for the whole process (it is the process's libraries').
+  static const SgemmLibrary library = [] {
+    const char* v = std::getenv(kSgemmVariable);
+    const std::optional<SgemmLibrary> parsed = parse_sgemm_library(v != nullptr ? v : "");
+    if (!parsed) {
+      // Before MPI_Init (settle_gemm_kernel asks first): one line, from the first rank only.
+      const char* rank = std::getenv("PMI_RANK");
+      if (rank == nullptr || std::string_view(rank) == "0")
+        std::fprintf(stderr, "trident: error: %s=%s: must be onednn (the default) or openblas\n",
+                     kSgemmVariable, v);
+      std::exit(2);
+    }
+    return *parsed;
+  }();
+  return library;
+}
+
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_library() == SgemmLibrary::onednn) {
+      // Shapes and leading dimensions are the callers' own (valid by construction), so the
+      // only failure left is an allocation inside oneDNN: a hard error, not a silent zero.
+      if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
+                     beta, C, ldc) != dnnl_success) {
+        std::fprintf(stderr, "trident: error: dnnl_sgemm failed on %lldx%lldx%lld\n",
+                     static_cast<long long>(M), static_cast<long long>(N),
+                     static_cast<long long>(K));
+        std::abort();
+      }
+      return;
+    }
     cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(M), static_cast<blasint>(N),
                 static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
                 static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
@@ -114,6 +153,7 @@ GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_core
 
 void settle_gemm_kernel(char** argv) {
   using Action = GemmKernelPlan::Action;
+  sgemm_library();  // a bad TRIDENT_SGEMM ends the run here, before anything else
   // Tests: TRIDENT_TEST_GEMM_CORENAME pretends OpenBLAS picked that kernel alone (to reach the
   // re-run on any machine); TRIDENT_TEST_GEMM_WRONG=1 pretends the forced kernel's results
   // were wrong.
@@ -189,6 +229,30 @@ bool gemm_results_correct() {
   return true;
 }
 
+namespace {
+
+// "oneDNN 2.6.3 (JIT kernels up to avx512_core_bf16)": the version and the widest ISA oneDNN
+// may use here (its fp32 GEMM kernels are AVX-512 or AVX2 ones; AMX serves bf16/int8 only).
+std::string onednn_description() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* isa = "?";
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: isa = "sse41"; break;
+    case dnnl_cpu_isa_avx: isa = "avx"; break;
+    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
+    default: break;
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + " (JIT kernels up to " + isa + ")";
+}
+
+}  // namespace
+
 std::string gemm_description() {
   const CpuFeatures f = read_cpu_features();
   // How the kernel was chosen: settle_gemm_kernel left it in the environment.
@@ -200,9 +264,13 @@ std::string gemm_description() {
   std::string config = openblas_get_config();
   // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64": the kernel it names
   // is the one OpenBLAS picked alone; the one in use is openblas_get_corename().
-  return config + ", kernel " + openblas_get_corename() + " (" + source +
-         "), core " + isa_name(f) + " (" + f.vendor + " family " + std::to_string(f.family) +
-         " model " + std::to_string(f.model) + ")";
+  const std::string libraries =
+      sgemm_library() == SgemmLibrary::onednn
+          ? "sgemm " + onednn_description() + ", dgemm " + config
+          : "sgemm and dgemm " + config + " (" + kSgemmVariable + "=openblas as set)";
+  return libraries + ", kernel " + openblas_get_corename() + " (" + source + "), core " +
+         isa_name(f) + " (" + f.vendor + " family " + std::to_string(f.family) + " model " +
+         std::to_string(f.model) + ")";
 }
 
 GemmSpeedProbe probe_gemm_speed() {
@@ -210,8 +278,8 @@ GemmSpeedProbe probe_gemm_speed() {
   p.vector_bits = fma_vector_bits(read_cpu_features());
   if (p.vector_bits > 0) p.fma_gflops = fma_peak_gflops(p.vector_bits, 0.005);
 
-  const int saved_threads = openblas_get_num_threads();
-  openblas_set_num_threads(1);
+  const int saved_threads = num_threads();
+  set_num_threads(1);
   const int64_t n = 512;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
   double best_s = 1e300;
@@ -221,7 +289,7 @@ GemmSpeedProbe probe_gemm_speed() {
     best_s = std::min(best_s,
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  openblas_set_num_threads(saved_threads);
+  set_num_threads(saved_threads);
   p.gemm_gflops = 2.0 * n * n * n / best_s * 1e-9;
   return p;
 }

@@ -1,7 +1,9 @@
 #pragma once
 // Row-major GEMM for float (sgemm) and double (dgemm), so every kernel can be instantiated in
-// double for gradient checks. C[M,N] = alpha * op(A) op(B) + beta * C.
+// double for gradient checks. C[M,N] = alpha * op(A) op(B) + beta * C. float runs on oneDNN
+// (or OpenBLAS, TRIDENT_SGEMM=openblas), double on OpenBLAS (docs/gemm.md).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -13,7 +15,15 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
-// Threads used by OpenBLAS and by our OpenMP loops in this process.
+// The library of the float GEMM, from the environment variable TRIDENT_SGEMM: "onednn" (also
+// when unset or empty) or "openblas". Read once per process; any other value ends the process
+// with one error line (settle_gemm_kernel reads it first, before MPI_Init).
+enum class SgemmLibrary { onednn, openblas };
+inline constexpr const char* kSgemmVariable = "TRIDENT_SGEMM";
+std::optional<SgemmLibrary> parse_sgemm_library(std::string_view value);
+SgemmLibrary sgemm_library();
+
+// Threads used by OpenBLAS, oneDNN and our OpenMP loops in this process.
 void set_num_threads(int threads);
 int num_threads();
 
@@ -37,8 +47,9 @@ struct GemmKernelPlan {
 GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_coretype,
                                 std::string_view marker, std::string_view detected);
 
-// First thing in main, before MPI_Init and before any other thread: carries out
-// plan_gemm_kernel. OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded (before main), so
+// First thing in main, before MPI_Init and before any other thread: checks TRIDENT_SGEMM and
+// carries out plan_gemm_kernel (OpenBLAS's kernel serves dgemm, and sgemm under
+// TRIDENT_SGEMM=openblas). OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded (before main), so
 // forcing a kernel means running the program again (execv of /proc/self/exe, same pid,
 // arguments, open files and environment plus the two variables): at most twice, the second
 // time only when the forced kernel computed a wrong result on this core.
@@ -47,8 +58,9 @@ void settle_gemm_kernel(char** argv);
 // True when sgemm and dgemm match a plain reference on a few odd shapes (all transpositions).
 bool gemm_results_correct();
 
-// "OpenBLAS 0.3.21 (DYNAMIC_ARCH ...), kernel SkylakeX (chosen by Trident ...), core AVX-512
-// (AuthenticAMD family 26 model 2)": what GEMM runs on, for the start-up line.
+// "sgemm oneDNN 2.6.3 (avx512_core_bf16), dgemm OpenBLAS 0.3.21 (DYNAMIC_ARCH ...), kernel
+// SkylakeX (chosen by Trident ...), core AVX-512 (AuthenticAMD family 26 model 2)": what GEMM
+// runs on, for the start-up line.
 std::string gemm_description();
 
 // A ~15 ms measurement on one thread: sgemm 512^3 and the core's FMA throughput at its widest
