@@ -53,7 +53,7 @@ int run(const char* checkpoint, const char* tokens_path, const char* logits_path
   std::memcpy(tokens.data(), raw.data(), raw.size());
   const int64_t B = n / T, V = m.vocab_size, padded = padded_vocab_size(m, 1);
   auto acts = model.make_activations(B);
-  model.forward(acts, tokens.data(), tokens.data(), nullptr);  // targets: any valid ids
+  model.forward(acts, tokens.data(), tokens.data(), nullptr, 0.0f);  // targets: any valid ids
   std::vector<float> logits(static_cast<size_t>(n * padded));
   model.logits(acts, logits.data());
   std::ofstream out(logits_path, std::ios::binary);

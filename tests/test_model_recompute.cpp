@@ -101,14 +101,14 @@ double run_step(Model& model, int64_t B, int64_t M, bool split, int64_t step) {
   const ModelConfig& m = model.config();
   const int64_t N = B * m.seq_len;
   model.zero_grads();
+  const float scale = 1.0f / static_cast<float>(M);
   std::vector<Model::Activations> acts;
   for (int64_t micro = 0; micro < M; ++micro) {
     const auto tokens = sequence(N, m.vocab_size, step * M + micro);
     const auto targets = sequence(N, m.vocab_size, step * M + micro + 17);
     acts.push_back(model.make_activations(B, split));
-    model.forward(acts.back(), tokens.data(), targets.data(), nullptr);
+    model.forward(acts.back(), tokens.data(), targets.data(), nullptr, scale);
   }
-  const float scale = 1.0f / static_cast<float>(M);
   for (int64_t micro = M; micro-- > 0;) {
     if (split)
       model.backward_input(acts[micro], scale, nullptr, nullptr);
@@ -255,7 +255,7 @@ int64_t measured_workspace(const ModelConfig& m, Recompute mode, int64_t B) {
     const auto tokens = sequence(N, m.vocab_size, 1), targets = sequence(N, m.vocab_size, 2);
     {
       auto a = model.make_activations(B);
-      model.forward(a, tokens.data(), targets.data(), nullptr);
+      model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
       model.backward(a, 1.0f, nullptr, nullptr);
     }
     return device.live_bytes() - before;
@@ -324,7 +324,7 @@ TEST(RecomputeMemory, NormAndActivationNeedNoBufferOfTheirOwn) {
     const auto tokens = sequence(N, m.vocab_size, 1), targets = sequence(N, m.vocab_size, 2);
     {
       auto a = model.make_activations(B);
-      model.forward(a, tokens.data(), targets.data(), nullptr);
+      model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
       model.backward(a, 1.0f, nullptr, nullptr);
     }
     // d_stream, d_norm, d_tmp [N,C]; d_qkv, d_atty, d_up, d_act.

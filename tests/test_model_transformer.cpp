@@ -98,7 +98,7 @@ void check_every_gradient(const std::string& variant, int64_t head_chunk_rows) {
   const auto tokens = sequence(N, m.vocab_size, 1), targets = sequence(N, m.vocab_size, 2);
 
   model.zero_grads();
-  model.forward(acts, tokens.data(), targets.data(), nullptr);
+  model.forward(acts, tokens.data(), targets.data(), nullptr, 1.0);
   objective(model, m);  // the finite differences below start from zero sums
   model.backward(acts, 1.0, nullptr, nullptr);
   const std::vector<double> analytic(model.grads(), model.grads() + model.flat_size());
@@ -114,10 +114,10 @@ void check_every_gradient(const std::string& variant, int64_t head_chunk_rows) {
       double& w = model.weights()[p.offset + i];
       const double saved = w;
       w = saved + h;
-      model.forward(acts, tokens.data(), targets.data(), nullptr);
+      model.forward(acts, tokens.data(), targets.data(), nullptr, 0.0);
       const double up = objective(model, m);
       w = saved - h;
-      model.forward(acts, tokens.data(), targets.data(), nullptr);
+      model.forward(acts, tokens.data(), targets.data(), nullptr, 0.0);
       const double down = objective(model, m);
       w = saved;
       const double numeric = (up - down) / (2 * h);
@@ -148,8 +148,8 @@ TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesInDouble) {
   check_every_gradient(GetParam(), 0);
 }
 
-// The LM head and loss in chunks of 3 of the 10 rows (3 + 3 + 3 + 1): the recomputed chunk
-// logits give the loss's exact gradient.
+// The LM head and loss in chunks of 3 of the 10 rows (3 + 3 + 3 + 1): the gradient the training
+// forward forms chunk by chunk is the loss's exact gradient.
 TEST_P(WholeModel, EveryParameterMatchesCentralDifferencesWithTheHeadInChunks) {
   check_every_gradient(GetParam(), 3);
 }
@@ -165,8 +165,9 @@ TEST_P(WholeModel, HeadChunksAgreeWithOneChunk) {
   chunked.init_weights(9);
   const int64_t B = 2, N = B * m.seq_len;
   const int64_t Vp = padded_vocab_size(m, 1);
-  EXPECT_EQ(one.head_scratch_bytes(B), N * Vp * 4);
-  EXPECT_EQ(chunked.head_scratch_bytes(B), 4 * Vp * 4);
+  // One chunk of logits and its rows' dL/d(loss), fp32.
+  EXPECT_EQ(one.head_scratch_bytes(B), N * Vp * 4 + N * 4);
+  EXPECT_EQ(chunked.head_scratch_bytes(B), 4 * Vp * 4 + 4 * 4);
   EXPECT_EQ(one.activation_bytes(B), chunked.activation_bytes(B));  // no logits per micro-batch
   one.zero_grads();
   chunked.zero_grads();
@@ -174,8 +175,8 @@ TEST_P(WholeModel, HeadChunksAgreeWithOneChunk) {
     const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 4);
     auto a1 = one.make_activations(B);
     auto ac = chunked.make_activations(B);
-    one.forward(a1, tokens.data(), targets.data(), nullptr);
-    chunked.forward(ac, tokens.data(), targets.data(), nullptr);
+    one.forward(a1, tokens.data(), targets.data(), nullptr, 0.5f);
+    chunked.forward(ac, tokens.data(), targets.data(), nullptr, 0.5f);
     one.backward(a1, 0.5f, nullptr, nullptr);
     chunked.backward(ac, 0.5f, nullptr, nullptr);
   }
@@ -210,8 +211,8 @@ TEST_P(WholeModel, FloatModelAgreesWithDouble) {
   const auto tokens = sequence(N, m.vocab_size, 5), targets = sequence(N, m.vocab_size, 6);
   md.zero_grads();
   mf.zero_grads();
-  md.forward(ad, tokens.data(), targets.data(), nullptr);
-  mf.forward(af, tokens.data(), targets.data(), nullptr);
+  md.forward(ad, tokens.data(), targets.data(), nullptr, 1.0);
+  mf.forward(af, tokens.data(), targets.data(), nullptr, 1.0f);
   const double ld = md.take_loss_sum(), lf = mf.take_loss_sum();
   EXPECT_NEAR(lf, ld, 1e-6 * std::abs(ld));
   md.backward(ad, 1.0, nullptr, nullptr);
@@ -246,10 +247,10 @@ void check_split_backward(const std::string& variant, int64_t head_chunk_rows) {
   for (int64_t micro = 0; micro < M; ++micro) {
     const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 7);
     auto a = whole.make_activations(B);
-    whole.forward(a, tokens.data(), targets.data(), nullptr);
+    whole.forward(a, tokens.data(), targets.data(), nullptr, loss_scale);
     whole.backward(a, loss_scale, nullptr, nullptr);
     kept.push_back(split.make_activations(B, true));
-    split.forward(kept.back(), tokens.data(), targets.data(), nullptr);
+    split.forward(kept.back(), tokens.data(), targets.data(), nullptr, loss_scale);
     split.backward_input(kept.back(), loss_scale, nullptr, nullptr);
   }
   EXPECT_TRUE(split_marks.empty()) << "watermarks reported before the weight gradients";
@@ -321,13 +322,13 @@ TEST(ModelMoe, AuxLossAndGradientsDoNotDependOnTheMicroBatchSize) {
     one.zero_grads();
     two.zero_grads();
     auto a = one.make_activations(2);
-    one.forward(a, tokens.data(), targets.data(), nullptr);
+    one.forward(a, tokens.data(), targets.data(), nullptr, 1.0);
     one.backward(a, 1.0, nullptr, nullptr);
     const MoeStats s1 = one.take_moe_stats();
     const double lm1 = one.take_loss_sum();
     for (int64_t b = 0; b < 2; ++b) {
       auto half = two.make_activations(1);
-      two.forward(half, tokens.data() + b * T, targets.data() + b * T, nullptr);
+      two.forward(half, tokens.data() + b * T, targets.data() + b * T, nullptr, 0.5);
       two.backward(half, 0.5, nullptr, nullptr);
     }
     const MoeStats s2 = two.take_moe_stats();
@@ -364,8 +365,8 @@ TEST(ModelMoe, AuxLossAndGradientsDoNotDependOnTheMicroBatchSize) {
 // then backward_weight in micro-batch order (the most deferral a schedule can have), gives every
 // gradient of backward() to the bit, and reports the grads-final watermarks from
 // backward_weight only: the same ones, in the same order. gpt2 here has a tied head, llama an
-// untied one; both heads' weight gradients are formed in backward_input (with the recomputed
-// logits, which are not kept), the linear layers' in backward_weight.
+// untied one; both heads' weight gradients are formed in the training forward (while each
+// chunk's logits are there), the linear layers' in backward_weight.
 TEST_P(WholeModel, SplitBackwardGivesTheWholeBackwardsGradientsToTheBit) {
   for (const int64_t head_chunk_rows : {0, 4})  // one chunk of the LM head, several
     check_split_backward(GetParam(), head_chunk_rows);
@@ -579,8 +580,8 @@ TEST(StageModelLoss, ForwardsReadNothingBackAndTheStepReadsTheSumOnce) {
   double expected = 0.0;
   for (int64_t micro = 0; micro < 4; ++micro) {
     const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 9);
-    model->forward(*acts, tokens.data(), targets.data(), nullptr);
-    reference.forward(ref_acts, tokens.data(), targets.data(), nullptr);
+    model->forward(*acts, tokens.data(), targets.data(), nullptr, 0.0f);
+    reference.forward(ref_acts, tokens.data(), targets.data(), nullptr, 0.0);
     expected += reference.take_loss_sum();
   }
   EXPECT_EQ(device.reads, 0);

@@ -70,7 +70,7 @@ Recomputed recompute_greedy(const ModelConfig& m, const std::vector<int32_t>& pr
   while (static_cast<int64_t>(out.tokens.size()) < new_tokens) {
     std::vector<int32_t> window = seq;
     window.resize(m.seq_len, 0);
-    model.forward(acts, window.data(), targets.data(), nullptr);
+    model.forward(acts, window.data(), targets.data(), nullptr, 0.0f);
     model.take_loss_sum();
     model.logits(acts, logits.data());  // from the kept final norm: the head the trainer runs
     const float* row = logits.data() + (seq.size() - 1) * Vl;

@@ -234,9 +234,10 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, lm_head_chunk_rows), at_least(0),
    "The LM head and the cross-entropy run over chunks of this many rows (tokens) of a "
    "micro-batch, so the logits [rows, vocabulary / parallel.tensor] are never whole in memory: "
-   "one chunk is held per rank, none per micro-batch, and the backward recomputes each chunk's "
-   "logits (one more head GEMM). 0: as many rows as fit in 32 MiB. Losses and gradients agree "
-   "with any chunking to float rounding. See docs/model.md."},
+   "one chunk is held per rank, none per micro-batch: the training forward forms each chunk's "
+   "gradient and the head's input and weight gradients while the chunk's logits are there, so "
+   "they are computed once. 0: as many rows as fit in 32 MiB. Losses and gradients agree with "
+   "any chunking to float rounding. See docs/model.md."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),
    "Stop (checkpoint, exit 75) after every step that is a multiple of this; 0: never. For runs split into pieces of a fixed number of steps.",
    "if > 0: `checkpoint.dir` set"},

@@ -230,8 +230,10 @@ int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes
 
 int64_t lm_head_scratch_bytes(int64_t N, int64_t local_vocab, int64_t element_bytes,
                               int64_t requested) {
-  return lm_head_chunk_rows(N, local_vocab, element_bytes, requested) * local_vocab *
-         element_bytes;
+  // The statistics type S: fp32 (fp64 for a double model), as the kernel sets' S.
+  const int64_t stat_bytes = std::max<int64_t>(element_bytes, 4);
+  const int64_t rows = lm_head_chunk_rows(N, local_vocab, element_bytes, requested);
+  return rows * local_vocab * element_bytes + rows * stat_bytes;
 }
 
 }  // namespace trident

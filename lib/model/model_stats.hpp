@@ -121,7 +121,8 @@ int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s
 constexpr int64_t kLmHeadChunkBytes = int64_t{32} << 20;
 int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes,
                            int64_t requested = 0);
-// Bytes of that one chunk of logits: lm_head_chunk_rows(...) * local_vocab * element_bytes.
+// Bytes of that one chunk of logits, lm_head_chunk_rows(...) * local_vocab * element_bytes,
+// and of its rows' dL/d(loss) (a training forward's, in the statistics type).
 int64_t lm_head_scratch_bytes(int64_t N, int64_t local_vocab, int64_t element_bytes,
                               int64_t requested = 0);
 

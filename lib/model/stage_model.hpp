@@ -59,9 +59,10 @@ class StageModel {
   // Forward one micro-batch through the chunk `a` was made for. `tokens`/`targets` [B*T] are
   // host memory (first stage's chunk 0 / last stage's last chunk); `input` [B,T,C] is device
   // memory (other chunks). The last chunk of the last stage adds the micro-batch's mean loss to
-  // a sum kept in device memory.
+  // a sum kept in device memory. `loss_scale`: training, the one backward will be given (the
+  // last chunk forms the LM head's gradients in forward: Transformer::forward); 0: no backward.
   virtual void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
-                       const void* input) = 0;
+                       const void* input, float loss_scale) = 0;
   // The sum of the micro-batches' mean losses since the last call (0 off the last stage), and
   // resets it: one device-to-host read per step.
   virtual double take_loss_sum() = 0;

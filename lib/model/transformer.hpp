@@ -80,13 +80,16 @@ class Transformer {
     DeviceArray<int32_t> tokens, targets;  // [N]
     std::vector<LayerActs> layers;         // the chunk's
     DeviceArray<T> output;                 // [Ns,C] residual stream leaving the chunk
-    DeviceArray<T> final_norm;             // [N,C]
+    // [N,C] the final norm's output; after a training forward, its first [Ns,C] hold
+    // dL/d(final norm's output) for backward instead (head_forward).
+    DeviceArray<T> final_norm;
     DeviceArray<S> final_mean, final_rstd; // [Ns]
     // The logits are not kept: the head and the loss run over chunks of rows (head_forward),
-    // each chunk's logits recomputed in backward. Kept: the loss statistics, per chunk of R
+    // and a training forward forms the head's gradients chunk by chunk. Kept: the loss statistics, per chunk of R
     // rows starting at row r0: row_max[r0, r0+R), sums[2*r0, 2*r0 + 2R) ([sum-exp | target
     // logit] of the chunk), losses[r0, r0+R) (dloss in backward).
     DeviceArray<S> row_max, sums, losses;  // [N], [2N], [N]
+    S head_grad_scale = S(0);  // the last chunk's forward: its loss_scale (0: no gradients)
     bool split_backward = false;           // made for backward_input + backward_weight
   };
 
@@ -123,9 +126,8 @@ class Transformer {
   int64_t activation_bytes(int64_t B, bool split_backward = false, int chunk = 0) const;
   // What a split backward keeps per micro-batch from backward_input to backward_weight beyond
   // the forward's activations: sizeof(T) * N * (2C + QKVl + Ul) per layer, the linear layers'
-  // output gradients (the LM head has none: backward_input forms its weight gradient from
-  // the recomputed logits), and under full
-  // recomputation their inputs, sizeof(T) * N * (2C + Hl + Fl).
+  // output gradients (the LM head has none: the training forward forms its weight gradient),
+  // and under full recomputation their inputs, sizeof(T) * N * (2C + Hl + Fl).
   int64_t deferred_weight_grad_bytes(int64_t B, int chunk = 0) const;
   // Bytes held once (not per micro-batch) for one chunk of the LM head's logits on the stage
   // that runs the head (model_stats.hpp's lm_head_scratch_bytes), 0 elsewhere.
@@ -142,10 +144,15 @@ class Transformer {
   // First stage: `tokens` [B*T] (host memory); other stages: `input`
   // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); the mean loss over
   // the B*T tokens is added to a sum in device memory (no host synchronisation).
-  void forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input);
-  // After a forward of the last chunk: its logits [N, Vl] into `out` (K's device memory) from
-  // the kept final norm, for tools that read them (bench/trident_logits.cpp). Training never
-  // forms them whole (head_forward).
+  // `loss_scale`: for training, the scale the micro-batch's backward will be called with
+  // (1/micro-batches): the last chunk then also forms the LM head's gradients (weight gradient
+  // accumulated, input gradient kept in `a`), so that its logits are computed once; 0 for a
+  // forward without backward (evaluation, tools), which touches no gradient.
+  void forward(Activations& a, const int32_t* tokens, const int32_t* targets, const T* input,
+               S loss_scale);
+  // After a forward of the last chunk with loss_scale 0: its logits [N, Vl] into `out` (K's
+  // device memory) from the kept final norm, for tools that read them
+  // (bench/trident_logits.cpp). Training never forms them whole (head_forward).
   void logits(const Activations& a, T* out);
   // The sum of the mean losses of the forwards since the last call (0 off the last stage); resets
   // it. The one device-to-host read of the losses.
@@ -158,15 +165,16 @@ class Transformer {
   // trident::Error when they differ.
   void set_expert_group(Communicator* group);
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
-  // `loss_scale` (1/micro-batches); other stages: `d_output` [stream_rows(B), C] arrives from the
+  // `loss_scale` (1/micro-batches), the one the forward was given (else trident::Error);
+  // other stages: `d_output` [stream_rows(B), C] arrives from the
   // next stage. Non-first stages write the gradient of their input into `d_input`. Parameter
   // gradients accumulate.
   void backward(Activations& a, S loss_scale, const T* d_output, T* d_input);
   // The same backward in two parts (the zero-bubble schedules; `a` from make_activations(B,
   // true)). backward_input: everything but the linear layers' weight and bias gradients (the
-  // input gradient, the norms' and embeddings' gradients, and the LM head's: its logits are
-  // recomputed chunk by chunk and not kept, so its weight gradient is formed with them, in
-  // micro-batch order as in backward()); keeps the linear layers' output gradients in `a`. backward_weight: those
+  // input gradient, the norms' and embeddings' gradients; the LM head's weight gradient was
+  // formed in forward, in micro-batch order, as for backward()); keeps the linear layers'
+  // output gradients in `a`. backward_weight: those
   // weight and bias gradients, from what `a` kept. Each gradient receives the same
   // contributions from the same kernels as in backward(), so when a step runs the
   // backward_weights in micro-batch order the gradients are those of backward() to the bit.
@@ -245,8 +253,8 @@ class Transformer {
   T* recomputed_act(const LayerActs& la, T* out, int64_t B);
   void act_forward(T* act, const T* up, int64_t N);
   // The LM head and the vocab-parallel loss over chunks of head_chunk_rows(N) rows; the chunk's
-  // logits [R, Vl] in head_logits_ (held once), recomputed in backward.
-  void head_forward(Activations& a, const int32_t* targets);
+  // logits [R, Vl] in head_logits_ (held once); with loss_scale > 0 also the head's gradients.
+  void head_forward(Activations& a, const int32_t* targets, S loss_scale);
   void head_backward(Activations& a, S loss_scale, T* d);
   int64_t head_chunk_rows(int64_t N) const;
   // head_logits_[R, Vl] = the head's output for rows [r0, r0+R) of the gathered final norm.
@@ -285,6 +293,7 @@ class Transformer {
   DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)
+  DeviceArray<S> head_dloss_;     // [head_chunk_rows]: loss_scale / N, dL/d(row loss)
   std::function<void(int64_t)> grads_final_;
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   int64_t scratch_rows_ = 0;

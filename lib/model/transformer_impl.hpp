@@ -271,8 +271,10 @@ int64_t Transformer<K>::head_chunk_rows(int64_t N) const {
 
 template <class K>
 void Transformer<K>::ensure_head_scratch(int64_t B) {
-  const int64_t n = head_chunk_rows(B * config_.seq_len) * head_.out_local;
+  const int64_t rows = head_chunk_rows(B * config_.seq_len);
+  const int64_t n = rows * head_.out_local;
   if (head_logits_.size() < n) head_logits_ = DeviceArray<T>(k_.device(), n);
+  if (head_dloss_.size() < rows) head_dloss_ = DeviceArray<S>(k_.device(), rows);
 }
 
 template <class K>
@@ -302,7 +304,7 @@ void Transformer<K>::norm_backward(T* dinp, const T* dout, const T* inp, int wi,
 
 template <class K>
 void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
-                             const T* input) {
+                             const T* input, S loss_scale) {
   const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);  // the norms' outputs and the MLP activation are computed there
   ensure_recompute_workspace(B);
@@ -324,7 +326,7 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
     layer_forward(block0 + i, la, a.layers[i].input.data(), out, B);
   }
   if (!runs_head(a.chunk)) return;
-  head_forward(a, targets);
+  head_forward(a, targets, loss_scale);
   k_.accumulate_mean(loss_sum_.data(), a.losses.data(), N);
 }
 
@@ -423,7 +425,7 @@ typename K::T* Transformer<K>::recomputed_act(const LayerActs& la, T* out, int64
 }
 
 template <class K>
-void Transformer<K>::head_forward(Activations& a, const int32_t* targets) {
+void Transformer<K>::head_forward(Activations& a, const int32_t* targets, S loss_scale) {
   // Final norm, LM head (vocab-parallel), cross-entropy without gathering the logits.
   const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
   k_.upload_ids(a.targets.data(), targets, N);
@@ -432,21 +434,53 @@ void Transformer<K>::head_forward(Activations& a, const int32_t* targets) {
                Ns);
   // The head and the loss one chunk of rows at a time: the chunk's logits are complete (their
   // max and sums reduced over the tensor group) before the next chunk overwrites them, so the
-  // logits [N, Vl] never exist whole. Only the row statistics stay for backward.
+  // logits [N, Vl] never exist whole. A training forward (loss_scale > 0, the scale backward
+  // will be called with) also forms the head's gradients while the chunk's logits are there,
+  // so that they are computed once: dL/dlogits in place (dloss = loss_scale / N per row, as
+  // the mean over N tokens gives), the chunk's rows of dL/d(final norm) and its contribution
+  // to the head's weight gradient. The weight gradient is thus formed here also for a split
+  // backward, in micro-batch order (forwards run in micro-batch order); a tied head's comes
+  // before the same micro-batch's embedding backward, as it did in backward. The input
+  // gradient's partial sums are reduced over the tensor group once, after the last chunk's,
+  // while that chunk's weight gradient is computed (TensorParallel::reduce_input_grad_during);
+  // the result takes the final norm's place in `a` (nothing reads the norm's output again).
   tp_.gather_input(a.final_norm.data(), N, C_);
   ensure_head_scratch(a.B);
+  a.head_grad_scale = loss_scale;
+  const bool training = loss_scale != S(0);
   const int64_t rows = head_chunk_rows(N);
+  S* dloss = head_dloss_.data();
+  if (training) k_.fill(dloss, rows, loss_scale / static_cast<S>(N));
+  const T* d_final = nullptr;
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t R = std::min(rows, N - r0);
-    const T* logits = head_chunk_logits(a, r0, R);
+    T* logits = head_chunk_logits(a, r0, R);
     loss_.forward(tp_, k_, a.losses.data() + r0, a.row_max.data() + r0, a.sums.data() + 2 * r0,
                   logits, a.targets.data() + r0, R);
+    if (!training) continue;
+    loss_.backward(k_, logits, logits, a.targets.data() + r0, a.row_max.data() + r0,
+                   a.sums.data() + 2 * r0, dloss, R);
+    const T* x = a.final_norm.data() + r0 * C_;
+    k_.linear_backward(d_norm_.data() + r0 * C_, nullptr, nullptr, logits, x,
+                       w(layout_.lm_head), R, C_, head_.out_local);
+    auto weight_grad = [&] {
+      k_.linear_backward(nullptr, g(layout_.lm_head), nullptr, logits, x, w(layout_.lm_head), R,
+                         C_, head_.out_local);
+    };
+    if (r0 + R < N)
+      weight_grad();
+    else
+      d_final = tp_.reduce_input_grad_during(d_norm_.data(), N, C_, weight_grad);
   }
+  if (training) k_.copy(a.final_norm.data(), d_final, Ns * C_);
 }
 
 template <class K>
 void Transformer<K>::logits(const Activations& a, T* out) {
   if (!runs_head(a.chunk)) throw Error("Transformer::logits: the LM head is not on this chunk");
+  if (a.head_grad_scale != S(0))
+    throw Error("Transformer::logits: after a training forward (loss_scale > 0) the final norm's "
+                "output has made way for its gradient; run the forward with loss_scale 0");
   k_.linear_forward(out, a.final_norm.data(), w(layout_.lm_head), nullptr,
                     a.B * config_.seq_len, C_, head_.out_local);
 }
@@ -549,40 +583,16 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
 
 template <class K>
 void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d) {
-  const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
-  // dloss/dlosses[n] = loss_scale / N (the forward returned the mean over N tokens).
-  S* dloss = a.losses.data();
-  k_.fill(dloss, N, loss_scale / static_cast<S>(N));
-  // Per chunk of the forward's rows: its logits again (the same GEMM on the same rows, so the
-  // forward's bits), their gradient in place, then the chunk's rows of dL/d(final norm) and
-  // its contribution to the head's weight gradient. The weight gradient is formed here also in
-  // a split backward (nothing is kept to defer it), in micro-batch order as in backward(); a
-  // tied head's stays before the embedding backward's. The input gradient's partial sums are
-  // reduced over the tensor group once, after the last chunk's, while that chunk's weight
-  // gradient is computed (TensorParallel::reduce_input_grad_during).
-  ensure_head_scratch(a.B);
-  const int64_t rows = head_chunk_rows(N);
-  const T* d_final = nullptr;
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t R = std::min(rows, N - r0);
-    T* logits = head_chunk_logits(a, r0, R);
-    loss_.backward(k_, logits, logits, a.targets.data() + r0, a.row_max.data() + r0,
-                   a.sums.data() + 2 * r0, dloss + r0, R);
-    const T* x = a.final_norm.data() + r0 * C_;
-    k_.linear_backward(d_norm_.data() + r0 * C_, nullptr, nullptr, logits, x,
-                       w(layout_.lm_head), R, C_, head_.out_local);
-    auto weight_grad = [&] {
-      k_.linear_backward(nullptr, g(layout_.lm_head), nullptr, logits, x, w(layout_.lm_head), R,
-                         C_, head_.out_local);
-    };
-    if (r0 + R < N)
-      weight_grad();
-    else
-      d_final = tp_.reduce_input_grad_during(d_norm_.data(), N, C_, weight_grad);
-  }
+  // The head's gradients were formed by the training forward (head_forward), for this scale.
+  if (a.head_grad_scale != loss_scale)
+    throw Error("Transformer::backward: the micro-batch's forward formed the LM head's gradient "
+                "for loss_scale " + std::to_string(static_cast<double>(a.head_grad_scale)) +
+                " (0: an evaluation forward), not " +
+                std::to_string(static_cast<double>(loss_scale)));
   if (!lm_head_is_tied()) report_final(layout_.lm_head);
-  norm_backward(d, d_final, a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
-                a.final_mean.data(), a.final_rstd.data(), Ns);
+  norm_backward(d, a.final_norm.data(), a.output.data(), layout_.final_norm_w,
+                layout_.final_norm_b, a.final_mean.data(), a.final_rstd.data(),
+                stream_rows(a.B));
   report_final(layout_.final_norm_w);
 }
 
@@ -674,7 +684,7 @@ void Transformer<K>::backward_weight(Activations& a) {
   // The head, then the layers from the top: backward()'s order, so the watermarks reported
   // (each one after the last gradient above it became final) are the same, in the same order.
   if (runs_head(a.chunk)) {
-    // The head's weight gradient was formed in backward_input (with the recomputed logits).
+    // The head's weight gradient was formed in the training forward (head_forward).
     if (!lm_head_is_tied()) report_final(layout_.lm_head);
     report_final(layout_.final_norm_w);  // final since backward_input
   }

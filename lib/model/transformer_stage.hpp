@@ -45,9 +45,9 @@ class TransformerStage final : public StageModel {
   int64_t activation_bytes(int64_t B, bool split_backward, int chunk) const override {
     return model_.activation_bytes(B, split_backward, chunk);
   }
-  void forward(Activations& a, const int32_t* tokens, const int32_t* targets,
-               const void* input) override {
-    model_.forward(acts(a), tokens, targets, static_cast<const T*>(input));
+  void forward(Activations& a, const int32_t* tokens, const int32_t* targets, const void* input,
+               float loss_scale) override {
+    model_.forward(acts(a), tokens, targets, static_cast<const T*>(input), loss_scale);
   }
   double take_loss_sum() override { return model_.take_loss_sum(); }
   MoeStats take_moe_stats() override { return model_.take_moe_stats(); }

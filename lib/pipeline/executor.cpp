@@ -103,11 +103,11 @@ void PipelineExecutor::wait(std::unique_ptr<CommRequest>& request) {
   request.reset();
 }
 
-void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load) {
+void PipelineExecutor::forward(int64_t micro, int slot, const LoadFn& load, float loss_scale) {
   load(micro, tokens_.data(), targets_.data());
   Slot& s = *slots_[slot];
   const void* input = first_virtual(s.chunk) ? nullptr : recv_buffer_.get();
-  model_.forward(*s.acts, tokens_.data(), targets_.data(), input);
+  model_.forward(*s.acts, tokens_.data(), targets_.data(), input, loss_scale);
 }
 
 void PipelineExecutor::run_backward(const PipeOp& op, int64_t microbatches, float loss_scale,
@@ -167,7 +167,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
       case PipeOpKind::Forward: {
         const int slot = acquire_slot(op.chunk);
         slot_of[key(op)] = slot;
-        forward(op.micro, slot, load);
+        forward(op.micro, slot, load, loss_scale);
         break;
       }
       case PipeOpKind::SendForward: {
@@ -240,7 +240,7 @@ double PipelineExecutor::evaluate(int64_t microbatches, const LoadFn& load) {
         wait(request);
       }
       const int slot = acquire_slot(chunk);
-      forward(micro, slot, load);
+      forward(micro, slot, load, 0.0f);
       if (!last_virtual(chunk)) {
         Slot& s = *slots_[slot];
         s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,

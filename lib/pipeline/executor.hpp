@@ -83,7 +83,8 @@ class PipelineExecutor {
   int acquire_slot(int chunk);
   void release_slot(int slot);
   void wait(std::unique_ptr<CommRequest>& request);
-  void forward(int64_t micro, int slot, const LoadFn& load);
+  // loss_scale: the micro-batch's backward's (training), 0 for evaluation (StageModel::forward).
+  void forward(int64_t micro, int slot, const LoadFn& load, float loss_scale);
   // Where the chunk's input comes from / output goes: virtual stage 0 (the first stage's chunk
   // 0) reads tokens, the last one (the last stage's last chunk) computes the loss.
   bool first_virtual(int chunk) const { return stage_ == 0 && chunk == 0; }

@@ -11,11 +11,11 @@ std::vector<int64_t> stage_split(const ModelConfig& m, int stages,
                                  const std::string& balance) {
   if (!explicit_counts.empty() || balance != "flops")
     return stage_layer_counts(m.layers, stages, explicit_counts);
-  // Training FLOPs per token: a layer's linear layers and attention; the LM head's forward,
-  // backward and the forward again that the chunked head reruns in backward (4 forwards).
+  // Training FLOPs per token: a layer's linear layers and attention; the LM head's forward and
+  // backward (3 forwards: both run in the training forward, nothing is recomputed).
   const TrainingFlopsParts parts = training_flops_parts(m, padded_vocab_size(m, 1));
   return balanced_stage_layer_counts(m.layers, stages, parts.layer_linear + parts.layer_attention,
-                                     parts.head * 4.0 / 3.0);
+                                     parts.head);
 }
 
 }  // namespace trident

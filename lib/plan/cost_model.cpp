@@ -314,20 +314,21 @@ class CostModel {
       const double V = static_cast<double>(vp_);
       const double head = parts_.head * n_ / t_ /
                           (peak_ * hw_.gemm_efficiency(n_, C, V / t_));
-      // The logits are written, read by the softmax and overwritten by their gradient, one
-      // chunk of rows at a time; backward recomputes them (the head's forward GEMM again) and
-      // forms the head's weight gradient there, also in a split backward.
+      // A training forward runs the whole head (Transformer::head_forward), one chunk of rows
+      // at a time: the logits GEMM, the softmax, and while the chunk's logits are there their
+      // gradient (in place) and the input- and weight-gradient GEMMs; nothing of it is
+      // recomputed, and backward only takes the kept input gradient through the final norm.
+      // The logits are written, read by the softmax and overwritten by their gradient.
       const double logits = 3.0 * n_ * V / t_ * e_ / (hw_.device.memory_bandwidth_gbs * 1e9);
-      // The head's input is gathered under SP; its gradient summed (reduce-scattered) over TP;
-      // the loss sums max, exp-sum and target logit over TP.
-      const double fwd_comm = (l_.sequence_parallel ? tp_seconds(Collective::AllGather, stream)
-                                                    : 0.0) +
-                              3.0 * tp_seconds(Collective::AllReduce, n_ * 4.0);
-      const double bwd_comm = tp_seconds(l_.sequence_parallel ? Collective::ReduceScatter
-                                                              : Collective::AllReduce, stream);
-      r.forward += head / 3.0 + logits / 3.0 + fwd_comm;
-      r.backward += 3.0 * head / 3.0 + 2.0 * logits / 3.0 + bwd_comm;
-      r.tp_comm += fwd_comm + bwd_comm;
+      // The head's input is gathered under SP; the loss sums max, exp-sum and target logit
+      // over TP; the input gradient is summed (reduce-scattered) over TP.
+      const double comm = (l_.sequence_parallel ? tp_seconds(Collective::AllGather, stream)
+                                                : 0.0) +
+                          3.0 * tp_seconds(Collective::AllReduce, n_ * 4.0) +
+                          tp_seconds(l_.sequence_parallel ? Collective::ReduceScatter
+                                                          : Collective::AllReduce, stream);
+      r.forward += head + logits + comm;
+      r.tp_comm += comm;
     }
     return r;
   }
@@ -728,8 +729,8 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // Throughput.
   const TrainingFlopsParts& parts = model.parts();
   const double L = static_cast<double>(m.layers);
-  // The LM head's logits are recomputed in backward in every mode (one more head forward).
-  double extra_per_token = parts.head / 3.0;
+  // Recomputation's extra forwards (the LM head's logits are never recomputed).
+  double extra_per_token = 0.0;
   if (l.recompute == Recompute::Full)
     extra_per_token += L * (parts.layer_linear + parts.layer_attention) / 3.0;
   if (l.recompute == Recompute::Selective) extra_per_token += L * parts.layer_attention / 3.0;

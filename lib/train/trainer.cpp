@@ -48,7 +48,8 @@ SelfGroups::SelfGroups()
 
 TrainerGroups SelfGroups::groups() {
   return {world_.get(), tensor_.get(), pipeline_.get(), data_.get(), model_.get(),
-          embedding_.get(), 0, 1, 0, 1, 0, 1, MPI_COMM_SELF};
+          embedding_.get(), 0, 1, 0, 1, 0, 1, MPI_COMM_SELF, nullptr, nullptr, 0, 1,
+          NodePlacement{}};
 }
 
 Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make)

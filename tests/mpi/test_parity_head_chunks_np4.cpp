@@ -4,7 +4,7 @@
 // element of the global model compared): TP 2 with sequence parallelism (the all-gathered
 // final norm cut into chunks, each chunk's max and sums all-reduced over the tensor group
 // before the next chunk), TP 2 with parallel.tp_overlap, and ZB-H1 on PP 2 x TP 2 (the head's
-// weight gradient formed in backward_input from the recomputed logits). A binary of its own
+// gradients formed in the training forward, nothing of them deferred). A binary of its own
 // so that each fits its MPI test timeout.
 #include "counted_parity.hpp"
 
