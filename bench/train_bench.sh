@@ -181,18 +181,19 @@ esac
 
 # ---------------------------------------------------------------- GEMMs for the ceiling
 # The ceiling is the best sgemm on this machine, not only the linked one: each candidate is
-# bench_sgemm (with an OpenBLAS kernel forced, or another library loaded) on 2048^3.
+# bench_sgemm (with an OpenBLAS kernel forced, or another library loaded) on 2048^3. The linked
+# one is what Trident runs (oneDNN unless TRIDENT_SGEMM=openblas is set: docs/gemm.md).
 cand_labels=() cand_cmds=()
 add_cand() { cand_labels+=("$1"); cand_cmds+=("$2"); }
 cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 has_flags() { for f in "$@"; do [[ $cpu_flags == *" $f "* ]] || return 1; done; }
 if has_flags avx512f avx512bw avx512dq avx512vl; then
-  add_cand "OpenBLAS SkylakeX" "OPENBLAS_CORETYPE=SkylakeX $sgemm"
-  add_cand "OpenBLAS Cooperlake" "OPENBLAS_CORETYPE=Cooperlake $sgemm"
+  add_cand "OpenBLAS SkylakeX" "TRIDENT_SGEMM=openblas OPENBLAS_CORETYPE=SkylakeX $sgemm"
+  add_cand "OpenBLAS Cooperlake" "TRIDENT_SGEMM=openblas OPENBLAS_CORETYPE=Cooperlake $sgemm"
 fi
 if has_flags avx2 fma; then
-  add_cand "OpenBLAS Haswell" "OPENBLAS_CORETYPE=Haswell $sgemm"
-  add_cand "OpenBLAS Zen" "OPENBLAS_CORETYPE=Zen $sgemm"
+  add_cand "OpenBLAS Haswell" "TRIDENT_SGEMM=openblas OPENBLAS_CORETYPE=Haswell $sgemm"
+  add_cand "OpenBLAS Zen" "TRIDENT_SGEMM=openblas OPENBLAS_CORETYPE=Zen $sgemm"
 fi
 for lib in /usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4 /usr/lib/x86_64-linux-gnu/libblis.so.4; do
   [[ -f $lib ]] && { add_cand "BLIS" "$sgemm --lib $lib"; break; }

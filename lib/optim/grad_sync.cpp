@@ -76,7 +76,8 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
   const bool split_experts = groups.expert != nullptr && groups.expert->size() > 1;
   parts_.push_back({groups.data, false});
   if (split_experts) parts_.push_back({groups.expert_data, true});
-  int64_t staging = 0;
+  // ZeRO-1: the largest bucket padded to a multiple of its group, and one rank's slice of it.
+  int64_t staging = 0, slice = 0;
   for (Part& part : parts_) {
     const bool experts_part = part.experts;
     part.buckets =
@@ -89,6 +90,7 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
       for (const FlatRange& b : part.buckets) {
         part.owned.push_back(zero_slice(b, part.comm->rank(), size));
         staging = std::max(staging, (b.size() + size - 1) / size * size);
+        slice = std::max(slice, (b.size() + size - 1) / size);
       }
     } else {
       part.owned = coalesced(part.buckets);
@@ -99,7 +101,7 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
   owned_ = coalesced(owned_);
   if (staging > 0) {
     staging_ = DeviceArray<float>(device, staging);
-    slice_ = DeviceArray<float>(device, staging);
+    slice_ = DeviceArray<float>(device, slice);
   }
 }
 
