@@ -23,6 +23,10 @@ Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec)
+    throw Error(config.source + ": train.device = \"cuda\": cannot find this executable's "
+                "directory, where the GPU backend's lib/ is (/proc/self/exe: " + ec.message() +
+                ")");
   const fs::path module = exe.parent_path().parent_path() / "lib" / kCudaModuleFile;
   const std::string where = config.source + ": train.device = \"cuda\": the GPU backend " +
                             module.string();
