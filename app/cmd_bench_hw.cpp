@@ -1,8 +1,9 @@
 // trident bench-hw: measures the machine it runs on and writes a hardware description
 // (plan/hardware.hpp, docs/plan.md) for `trident plan`. CPU only: the trainer's own sgemm
-// (kernels/cpu/blas.hpp) over sizes (the efficiency curve), a streaming copy (memory bandwidth), and MPI send/recv, all-reduce,
-// all-gather and reduce-scatter over message sizes between the ranks it is launched with
-// (latency and bandwidth from the best timings, see fit()).
+// (kernels/cpu/blas.hpp) over sizes (the efficiency curve), a streaming copy (memory
+// bandwidth), and MPI send/recv, all-reduce, all-gather and reduce-scatter over message sizes
+// between the ranks it is launched with (latency and bandwidth from the best timings, see
+// fit()).
 #include <mpi.h>
 #include <sys/utsname.h>
 #include <unistd.h>

@@ -85,9 +85,9 @@ class Transformer {
     DeviceArray<T> final_norm;
     DeviceArray<S> final_mean, final_rstd; // [Ns]
     // The logits are not kept: the head and the loss run over chunks of rows (head_forward),
-    // and a training forward forms the head's gradients chunk by chunk. Kept: the loss statistics, per chunk of R
-    // rows starting at row r0: row_max[r0, r0+R), sums[2*r0, 2*r0 + 2R) ([sum-exp | target
-    // logit] of the chunk), losses[r0, r0+R) (dloss in backward).
+    // and a training forward forms the head's gradients chunk by chunk. Kept: the loss
+    // statistics, per chunk of R rows starting at row r0: row_max[r0, r0+R),
+    // sums[2*r0, 2*r0 + 2R) ([sum-exp | target logit] of the chunk), losses[r0, r0+R).
     DeviceArray<S> row_max, sums, losses;  // [N], [2N], [N]
     S head_grad_scale = S(0);  // the last chunk's forward: its loss_scale (0: no gradients)
     bool split_backward = false;           // made for backward_input + backward_weight
