@@ -138,10 +138,20 @@ class CpuKernels {
   }
 
   // The vocab-parallel cross-entropy's local passes (kernels/cpu/ops.hpp); the graph reduces
-  // between them. The CPU has no fused single-rank variant.
-  static constexpr bool has_fused_cross_entropy = false;
-  void cross_entropy_forward_fused(S*, S*, S*, const T*, const int32_t*, int64_t, int64_t,
-                                   int64_t) {}
+  // between them. On one rank the fused forward, and the forward with the backward, go over
+  // each row once while it is in cache.
+  static constexpr bool has_fused_cross_entropy = true;
+  static constexpr bool has_fused_cross_entropy_grad = true;
+  void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
+                                   const int32_t* targets, int64_t N, int64_t Vl, int64_t V) {
+    cpu::cross_entropy_fused<T>(losses, row_max, sums, nullptr, logits, targets, nullptr, N, Vl,
+                                V);
+  }
+  void cross_entropy_fused_grad(S* losses, S* row_max, S* sums, T* dlogits, const T* logits,
+                                const int32_t* targets, const S* dloss, int64_t N, int64_t Vl,
+                                int64_t V) {
+    cpu::cross_entropy_fused(losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, V);
+  }
   void cross_entropy_local_max(S* row_max, const T* logits, int64_t N, int64_t Vl,
                                int64_t vocab_begin, int64_t V) {
     cpu::cross_entropy_local_max(row_max, logits, N, Vl, vocab_begin, V);

@@ -218,8 +218,8 @@ struct VocabParallelEmbedding {
 };
 
 // Softmax cross-entropy over vocab-parallel logits [N, local] without gathering them: three
-// local passes with a MAX and a SUM all-reduce between them (one fused pass where the kernel
-// set has one and the vocabulary is not split).
+// local passes with a MAX and a SUM all-reduce between them (one fused pass over each row where
+// the kernel set has one and the vocabulary is not split).
 template <class K>
 struct VocabParallelCrossEntropy {
   using T = typename K::T;
@@ -238,6 +238,20 @@ struct VocabParallelCrossEntropy {
     k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin, vocab_size);
     tp.all_reduce_sum(sums, 2 * N);
     k.cross_entropy_loss(losses, row_max, sums, N);
+  }
+  // forward, then dlogits[N, local] = (softmax - onehot) * dloss[n] in place of the logits: in
+  // one pass over each row where the kernel set has it and the vocabulary is not split.
+  void forward_backward(TensorParallel<K>& tp, K& k, S* losses, S* row_max, S* sums, T* logits,
+                        const int32_t* targets, const S* dloss, int64_t N) const {
+    if constexpr (K::has_fused_cross_entropy_grad) {
+      if (tp.size() == 1) {
+        k.cross_entropy_fused_grad(losses, row_max, sums, logits, logits, targets, dloss, N,
+                                   local, vocab_size);
+        return;
+      }
+    }
+    forward(tp, k, losses, row_max, sums, logits, targets, N);
+    backward(k, logits, logits, targets, row_max, sums, dloss, N);
   }
   // dlogits[N, local] (may alias logits) = (softmax - onehot) * dloss[n].
   void backward(K& k, T* dlogits, const T* logits, const int32_t* targets, const S* row_max,

@@ -455,11 +455,15 @@ void Transformer<K>::head_forward(Activations& a, const int32_t* targets, S loss
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t R = std::min(rows, N - r0);
     T* logits = head_chunk_logits(a, r0, R);
-    loss_.forward(tp_, k_, a.losses.data() + r0, a.row_max.data() + r0, a.sums.data() + 2 * r0,
-                  logits, a.targets.data() + r0, R);
-    if (!training) continue;
-    loss_.backward(k_, logits, logits, a.targets.data() + r0, a.row_max.data() + r0,
-                   a.sums.data() + 2 * r0, dloss, R);
+    S* const losses = a.losses.data() + r0;
+    S* const row_max = a.row_max.data() + r0;
+    S* const sums = a.sums.data() + 2 * r0;
+    if (!training) {
+      loss_.forward(tp_, k_, losses, row_max, sums, logits, a.targets.data() + r0, R);
+      continue;
+    }
+    loss_.forward_backward(tp_, k_, losses, row_max, sums, logits, a.targets.data() + r0, dloss,
+                           R);
     const T* x = a.final_norm.data() + r0 * C_;
     k_.linear_backward(d_norm_.data() + r0 * C_, nullptr, nullptr, logits, x,
                        w(layout_.lm_head), R, C_, head_.out_local);

@@ -82,13 +82,46 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   }
 }
 
+// The loops are those of the three passes and the backward above, one row at a time.
+template <typename T>
+void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* logits,
+                         const int32_t* targets, const T* dloss, int64_t N, int64_t Vl,
+                         int64_t vocab_size) {
+  const int64_t valid = valid_columns(Vl, 0, vocab_size);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* l = logits + n * Vl;  // may alias d: every column is read before it is written
+    T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+    for (int64_t v = 0; v < valid; v++) m = m > l[v] ? m : l[v];
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
+    const int64_t tl = local_target(targets[n], 0, valid);
+    row_max[n] = m;
+    sums[n] = static_cast<T>(acc);
+    sums[N + n] = tl >= 0 ? l[tl] : T(0);
+    losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
+    if (dlogits == nullptr) continue;
+    T* d = dlogits + n * Vl;
+    const T g = dloss[n];
+    const T scale = g / sums[n];
+#pragma omp simd
+    for (int64_t v = 0; v < valid; v++) d[v] = detail::exp_fast(l[v] - m) * scale;
+    std::fill(d + valid, d + Vl, T(0));
+    if (tl >= 0) d[tl] -= g;
+  }
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                \
   template void cross_entropy_local_max<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t); \
   template void cross_entropy_local_sums<T>(T*, const T*, const int32_t*, const T*, int64_t,  \
                                             int64_t, int64_t, int64_t);                       \
   template void cross_entropy_loss<T>(T*, const T*, const T*, int64_t);                       \
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, const T*,   \
-                                          const T*, int64_t, int64_t, int64_t, int64_t);
+                                          const T*, int64_t, int64_t, int64_t, int64_t); \
+  template void cross_entropy_fused<T>(T*, T*, T*, T*, const T*, const int32_t*, const T*,    \
+                                       int64_t, int64_t, int64_t);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE
