@@ -82,7 +82,8 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   }
 }
 
-// The loops are those of the three passes and the backward above, one row at a time.
+// The loops are those of the three passes and the backward above, one row at a time; with the
+// gradient, the exp-sum loop keeps each exp(logit - max) in dlogits for the backward to scale.
 template <typename T>
 void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* logits,
                          const int32_t* targets, const T* dloss, int64_t N, int64_t Vl,
@@ -94,20 +95,29 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
     T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
     for (int64_t v = 0; v < valid; v++) m = m > l[v] ? m : l[v];
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
     const int64_t tl = local_target(targets[n], 0, valid);
+    sums[N + n] = tl >= 0 ? l[tl] : T(0);
+    double acc = 0.0;
+    T* d = dlogits == nullptr ? nullptr : dlogits + n * Vl;
+    if (d == nullptr) {
+#pragma omp simd reduction(+ : acc)
+      for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
+    } else {  // keep exp(logit - max) for the gradient: one exp per column, not two
+#pragma omp simd reduction(+ : acc)
+      for (int64_t v = 0; v < valid; v++) {
+        const T e = detail::exp_fast(l[v] - m);
+        d[v] = e;
+        acc += static_cast<double>(e);
+      }
+    }
     row_max[n] = m;
     sums[n] = static_cast<T>(acc);
-    sums[N + n] = tl >= 0 ? l[tl] : T(0);
     losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
-    if (dlogits == nullptr) continue;
-    T* d = dlogits + n * Vl;
+    if (d == nullptr) continue;
     const T g = dloss[n];
     const T scale = g / sums[n];
 #pragma omp simd
-    for (int64_t v = 0; v < valid; v++) d[v] = detail::exp_fast(l[v] - m) * scale;
+    for (int64_t v = 0; v < valid; v++) d[v] *= scale;
     std::fill(d + valid, d + Vl, T(0));
     if (tl >= 0) d[tl] -= g;
   }
