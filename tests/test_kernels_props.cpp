@@ -725,6 +725,73 @@ TEST(KernelsRope, BackwardUndoesForwardFloat) {
   EXPECT_LE(d, 1e-6);
 }
 
+// ------------------------------------------------------------- residual add fused with norm
+
+// The fused forms against the separate kernels, bit for bit: add_*norm_forward against
+// add_inplace then the norm; the backward with add_to_dinp against the overwrite into a
+// scratch then add_inplace (the weight and bias gradients as well). 70 rows: three chunks of
+// the backward's weight-gradient partial sums.
+template <typename T>
+void check_fused_residual_norm(bool rms) {
+  const int64_t N = 70, C = 200;
+  const double eps = 1e-6;
+  std::mt19937_64 rng(rms ? 61 : 67);
+  const auto residual0 = random_vec<T>(rng, N * C, -2.0, 2.0);
+  const auto x = random_vec<T>(rng, N * C, -2.0, 2.0);
+  const auto w = random_vec<T>(rng, C, 0.5, 1.5), b = random_vec<T>(rng, C);
+  const auto dout = random_vec<T>(rng, N * C), stream0 = random_vec<T>(rng, N * C);
+
+  auto r_sep = residual0, r_fused = residual0;
+  auto out_sep = nan_vec<T>(N * C), out_fused = nan_vec<T>(N * C);
+  auto m_sep = nan_vec<T>(N), m_fused = nan_vec<T>(N), s_sep = nan_vec<T>(N),
+       s_fused = nan_vec<T>(N);
+  add_inplace(r_sep.data(), x.data(), N * C);
+  if (rms) {
+    rmsnorm_forward(out_sep.data(), s_sep.data(), r_sep.data(), w.data(), N, C, eps);
+    add_rmsnorm_forward(out_fused.data(), s_fused.data(), r_fused.data(), x.data(), w.data(), N,
+                        C, eps);
+  } else {
+    layernorm_forward(out_sep.data(), m_sep.data(), s_sep.data(), r_sep.data(), w.data(),
+                      b.data(), N, C);
+    add_layernorm_forward(out_fused.data(), m_fused.data(), s_fused.data(), r_fused.data(),
+                          x.data(), w.data(), b.data(), N, C);
+    EXPECT_TRUE(bitwise_equal(m_fused, m_sep));
+  }
+  EXPECT_TRUE(bitwise_equal(r_fused, r_sep));
+  EXPECT_TRUE(bitwise_equal(out_fused, out_sep));
+  EXPECT_TRUE(bitwise_equal(s_fused, s_sep));
+
+  auto tmp = nan_vec<T>(N * C);
+  auto d_sep = stream0, d_fused = stream0;
+  std::vector<T> dw_sep(C, T(0.25)), db_sep(C, T(-0.5));
+  auto dw_fused = dw_sep, db_fused = db_sep;
+  if (rms) {
+    rmsnorm_backward(tmp.data(), dw_sep.data(), dout.data(), r_sep.data(), w.data(),
+                     s_sep.data(), N, C);
+    rmsnorm_backward(d_fused.data(), dw_fused.data(), dout.data(), r_sep.data(), w.data(),
+                     s_sep.data(), N, C, true);
+  } else {
+    layernorm_backward(tmp.data(), dw_sep.data(), db_sep.data(), dout.data(), r_sep.data(),
+                       w.data(), m_sep.data(), s_sep.data(), N, C);
+    layernorm_backward(d_fused.data(), dw_fused.data(), db_fused.data(), dout.data(),
+                       r_sep.data(), w.data(), m_sep.data(), s_sep.data(), N, C, true);
+  }
+  add_inplace(d_sep.data(), tmp.data(), N * C);
+  EXPECT_TRUE(bitwise_equal(d_fused, d_sep));
+  EXPECT_TRUE(bitwise_equal(dw_fused, dw_sep));
+  EXPECT_TRUE(bitwise_equal(db_fused, db_sep));
+  EXPECT_FALSE(bitwise_equal(d_fused, stream0));  // the gradient did reach the stream
+}
+
+TEST(KernelsResidualNorm, FusedLayerNormEqualsTheSeparateKernels) {
+  check_fused_residual_norm<float>(false);
+  check_fused_residual_norm<double>(false);
+}
+TEST(KernelsResidualNorm, FusedRmsNormEqualsTheSeparateKernels) {
+  check_fused_residual_norm<float>(true);
+  check_fused_residual_norm<double>(true);
+}
+
 // ----------------------------------------------------------------------------- RMSNorm
 
 // y(s x) = w x / sqrt(ms + eps / s^2): scale-invariant up to the eps term, whose relative

@@ -193,6 +193,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   // One read of the logits (online softmax) when the vocabulary is not split.
   static constexpr bool has_fused_cross_entropy = true;
   static constexpr bool has_fused_cross_entropy_grad = false;  // forward, then backward
+  static constexpr bool has_fused_residual_norm = false;  // add_inplace, then the norm
   void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
                                    const int32_t* targets, int64_t N, int64_t Vl, int64_t V) {
     cuda::cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, Vl, V, s());

@@ -73,6 +73,25 @@ class CpuKernels {
                         int64_t N, int64_t C) {
     cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
+  // The residual add fused with the norm after it, and the norms' input gradients added to the
+  // residual stream's in the backward (kernels/cpu/ops.hpp).
+  static constexpr bool has_fused_residual_norm = true;
+  void add_layernorm_forward(T* out, S* mean, S* rstd, T* residual, const T* x, const T* w,
+                             const T* b, int64_t N, int64_t C) {
+    cpu::add_layernorm_forward(out, mean, rstd, residual, x, w, b, N, C);
+  }
+  void add_rmsnorm_forward(T* out, S* rstd, T* residual, const T* x, const T* w, int64_t N,
+                           int64_t C, double eps) {
+    cpu::add_rmsnorm_forward(out, rstd, residual, x, w, N, C, eps);
+  }
+  void layernorm_backward_add(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                              const S* mean, const S* rstd, int64_t N, int64_t C) {
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, true);
+  }
+  void rmsnorm_backward_add(T* dinp, G* dw, const T* dout, const T* inp, const T* w,
+                            const S* rstd, int64_t N, int64_t C) {
+    cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
+  }
 
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS) {

@@ -223,6 +223,12 @@ class Transformer {
   void norm_forward(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t rows);
   void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const S* mean,
                      const S* rstd, int64_t rows);
+  // residual += x, then out = norm(residual): fused where the kernel set has it.
+  void add_norm_forward(T* out, S* mean, S* rstd, T* residual, const T* x, int w, int b,
+                        int64_t rows);
+  // d_stream += the norm's input gradient: without the scratch and the add where fused.
+  void norm_backward_into_stream(T* d_stream, const T* dout, const T* inp, int w, int b,
+                                 const S* mean, const S* rstd, int64_t rows);
   void layer_forward(size_t i, LayerActs& la, const T* input, T* output, int64_t B);
   // defer_weights: backward_input's part only (see there).
   void backward_pass(Activations& a, S loss_scale, const T* d_output, T* d_input,

@@ -331,6 +331,35 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
 }
 
 template <class K>
+void Transformer<K>::add_norm_forward(T* out, S* mean, S* rstd, T* residual, const T* x, int wi,
+                                      int bi, int64_t rows) {
+  if constexpr (K::has_fused_residual_norm) {
+    if (llama_)
+      k_.add_rmsnorm_forward(out, rstd, residual, x, w(wi), rows, C_, config_.norm_eps);
+    else
+      k_.add_layernorm_forward(out, mean, rstd, residual, x, w(wi), w(bi), rows, C_);
+  } else {
+    k_.add_inplace(residual, x, rows * C_);
+    norm_forward(out, mean, rstd, residual, wi, bi, rows);
+  }
+}
+
+template <class K>
+void Transformer<K>::norm_backward_into_stream(T* d_stream, const T* dout, const T* inp, int wi,
+                                               int bi, const S* mean, const S* rstd,
+                                               int64_t rows) {
+  if constexpr (K::has_fused_residual_norm) {
+    if (llama_)
+      k_.rmsnorm_backward_add(d_stream, g(wi), dout, inp, w(wi), rstd, rows, C_);
+    else
+      k_.layernorm_backward_add(d_stream, g(wi), g(bi), dout, inp, w(wi), mean, rstd, rows, C_);
+  } else {
+    norm_backward(d_tmp_.data(), dout, inp, wi, bi, mean, rstd, rows);
+    k_.add_inplace(d_stream, d_tmp_.data(), rows * C_);
+  }
+}
+
+template <class K>
 void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* output,
                                    int64_t B) {
   const BlockParams& p = layout_.blocks[i];
@@ -348,11 +377,11 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   Saved* saved = recompute_ == Recompute::Selective ? recompute_att_.data() : la.att.data();
   k_.attention_forward(la.atty.data(), saved, la.qkv.data(), B, T_, NHl_, KVHl_, HS_);
   proj_.forward(tp_, k_, linear(p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
-  k_.add_inplace(la.residual1.data(), input, Ns * C);
-  // MLP: output = residual1 + down(act(up(norm2(residual1))))
+  // MLP: output = residual1 + down(act(up(norm2(residual1)))); the residual add and norm2 in
+  // one pass.
   T* norm2 = norm_scratch();  // norm1 is no longer read
-  norm_forward(norm2 + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
-               la.residual1.data(), p.norm2_w, p.norm2_b, Ns);
+  add_norm_forward(norm2 + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
+                   la.residual1.data(), input, p.norm2_w, p.norm2_b, Ns);
   if (p.moe()) {
     moe_forward(p, la, norm2, output, B);
   } else {
@@ -607,7 +636,7 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   // the weights, the column-parallel layers' output gradients are written straight into `kept`
   // and the row-parallel ones copied there.
   const BlockParams& p = layout_.blocks[i];
-  const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
+  const int64_t N = B * config_.seq_len, Ns = stream_rows(B);
   T* d_up = defer_weights ? kept.d_up.data() : d_up_.data();
   T* d_qkv = defer_weights ? kept.d_qkv.data() : d_qkv_.data();
   // MLP branch (a MoE layer's weight gradients are never deferred).
@@ -640,9 +669,8 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
                              recomputed_norm2(la, norm_scratch(), i, B), N);
     }
   }
-  norm_backward(d_tmp_.data(), d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
-                la.norm2_mean.data(), la.norm2_rstd.data(), Ns);
-  k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(residual1)
+  norm_backward_into_stream(d, d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
+                            la.norm2_mean.data(), la.norm2_rstd.data(), Ns);  // dL/d(residual1)
   // Attention branch.
   if (defer_weights)
     proj_.input_backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d,
@@ -658,9 +686,8 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
                                 nullptr, N)
           : qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
                           recomputed_norm1(la, norm_scratch(), i, B), N);
-  norm_backward(d_tmp_.data(), d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
-                la.norm1_mean.data(), la.norm1_rstd.data(), Ns);
-  k_.add_inplace(d, d_tmp_.data(), Ns * C);  // d = dL/d(input)
+  norm_backward_into_stream(d, d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
+                            la.norm1_mean.data(), la.norm1_rstd.data(), Ns);  // dL/d(input)
 }
 
 template <class K>

@@ -12,31 +12,51 @@ constexpr double kEps = 1e-5;
 // Rows per partial sum of dweight/dbias in the backward. A fixed chunking (not one chunk per
 // thread) makes the result independent of the thread count as well as reproducible.
 constexpr int64_t kRowsPerChunk = 32;
+// Columns per block of a row's input gradient on its way into dinp (backward with add_to_dinp).
+constexpr int64_t kAddBlock = 256;
 }  // namespace
+
+// One row: out[C] = (x - mean) * rstd * weight + bias; returns {mean, rstd}.
+template <typename T>
+inline void layernorm_row(T* o, T& mean, T& rstd, const T* x, const T* weight, const T* bias,
+                          int64_t C) {
+  // Two passes (mean, then the centred second moment): no cancellation.
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < C; c++) sum += x[c];
+  const T m = sum / T(C);
+  T var = 0;
+#pragma omp simd reduction(+ : var)
+  for (int64_t c = 0; c < C; c++) {
+    const T d = x[c] - m;
+    var += d * d;
+  }
+  const T s = T(1) / std::sqrt(var / T(C) + T(kEps));
+#pragma omp simd
+  for (int64_t c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  mean = m;
+  rstd = s;
+}
 
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++)
+    layernorm_row(out + n * C, mean[n], rstd[n], inp + n * C, weight, bias, C);
+}
+
+// The residual add and the norm of its result, one row at a time while the row is in L1.
+template <typename T>
+void add_layernorm_forward(T* out, T* mean, T* rstd, T* residual, const T* x, const T* weight,
+                           const T* bias, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
-    const T* x = inp + n * C;
-    T* o = out + n * C;
-    // Two passes (mean, then the centred second moment): no cancellation.
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < C; c++) sum += x[c];
-    const T m = sum / T(C);
-    T var = 0;
-#pragma omp simd reduction(+ : var)
-    for (int64_t c = 0; c < C; c++) {
-      const T d = x[c] - m;
-      var += d * d;
-    }
-    const T s = T(1) / std::sqrt(var / T(C) + T(kEps));
+    T* r = residual + n * C;
+    const T* xr = x + n * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[n] = m;
-    rstd[n] = s;
+    for (int64_t c = 0; c < C; c++) r[c] += xr[c];
+    layernorm_row(out + n * C, mean[n], rstd[n], r, weight, bias, C);
   }
 }
 
@@ -44,9 +64,11 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 //   dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
 // (the two means are the gradients through mean and rstd). dweight += dout * xhat,
 // dbias += dout, summed over rows: per-chunk partials, then reduced in chunk order.
-template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C) {
+// kAddToDinp: dinp += the row gradient instead of dinp = (the residual stream's gradient).
+template <bool kAddToDinp, typename T>
+void layernorm_backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                             const T* weight, const T* mean, const T* rstd, int64_t N,
+                             int64_t C) {
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   // [chunks][dweight | dbias] partial sums, every element written before it is read.
   const std::unique_ptr<T[]> partial(new T[static_cast<size_t>(chunks * 2 * C)]);
@@ -75,13 +97,25 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
         }
         const T mean_g = sum_g / T(C);
         const T mean_gx = sum_gx / T(C);
+        // Added to dinp, the gradient is first rounded into a block in L1: dinp += s * (...)
+        // would contract into one FMA and differ from the overwrite-then-add it replaces.
+        for (int64_t c0 = 0; c0 < C; c0 += kAddBlock) {
+          const int64_t len = std::min(kAddBlock, C - c0);
+          T block[kAddBlock];
+          T* o = kAddToDinp ? block : dx + c0;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) {
-          const T xhat = (x[c] - m) * s;
-          const T gc = g[c];
-          pw[c] += gc * xhat;
-          pb[c] += gc;
-          dx[c] = s * (weight[c] * gc - mean_g - xhat * mean_gx);
+          for (int64_t j = 0; j < len; j++) {
+            const int64_t c = c0 + j;
+            const T xhat = (x[c] - m) * s;
+            const T gc = g[c];
+            pw[c] += gc * xhat;
+            pb[c] += gc;
+            o[j] = s * (weight[c] * gc - mean_g - xhat * mean_gx);
+          }
+          if constexpr (kAddToDinp) {
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) dx[c0 + j] += block[j];
+          }
         }
       }
     }
@@ -100,11 +134,23 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   }
 }
 
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C,
+                        bool add_to_dinp) {
+  if (add_to_dinp)
+    layernorm_backward_rows<true>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  else
+    layernorm_backward_rows<false>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,      \
                                      int64_t);                                               \
+  template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*,       \
+                                         int64_t, int64_t);                                  \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,    \
-                                      const T*, int64_t, int64_t);
+                                      const T*, int64_t, int64_t, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

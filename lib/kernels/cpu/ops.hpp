@@ -44,10 +44,17 @@ void position_embedding_backward(F* dwpe, const F* dout, int64_t B, int64_t T, i
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int64_t N, int64_t C);
-// dinp[N,C] (overwrite); dweight[C] += ; dbias[C] +=
+// residual[N,C] += x, then out = layernorm(residual) as above: the residual add fused with the
+// norm that reads its result (one pass over the rows, each row in L1 for both).
+template <typename T>
+void add_layernorm_forward(T* out, T* mean, T* rstd, T* residual, const T* x, const T* weight,
+                           const T* bias, int64_t N, int64_t C);
+// dinp[N,C] (overwrite; with add_to_dinp, accumulate: the residual stream's gradient takes the
+// norm's input gradient without a separate add); dweight[C] += ; dbias[C] +=
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C,
+                        bool add_to_dinp = false);
 
 // ---------------------------------------------------------------- linear (torch layout)
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]     (bias may be nullptr)
@@ -112,10 +119,14 @@ void kv_cache_attention(F* out, F* k_cache, F* v_cache, const F* qkv, const int3
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
                      double eps);
-// dinp[N,C] (overwrite); dweight[C] +=
+// residual[N,C] += x, then out = rmsnorm(residual) as above, fused (see add_layernorm_forward).
+template <typename T>
+void add_rmsnorm_forward(T* out, T* rstd, T* residual, const T* x, const T* weight, int64_t N,
+                         int64_t C, double eps);
+// dinp[N,C] (overwrite; with add_to_dinp, accumulate); dweight[C] +=
 template <typename T>
 void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                      const T* rstd, int64_t N, int64_t C);
+                      const T* rstd, int64_t N, int64_t C, bool add_to_dinp = false);
 
 // ---------------------------------------------------------------- SwiGLU
 // gate_up[N, 2*Fh]: each row [gate (Fh) | up (Fh)]. out[N,Fh] = silu(gate) * up,

@@ -15,23 +15,41 @@ namespace {
 // Rows per partial sum of dweight in the backward. A fixed chunking (not one chunk per
 // thread) makes the result independent of the thread count as well as reproducible.
 constexpr int64_t kRowsPerChunk = 32;
+// Columns per block of a row's input gradient on its way into dinp (backward with add_to_dinp).
+constexpr int64_t kAddBlock = 256;
 using Acc = double;
 }  // namespace
+
+// One row: out[C] = weight * (x * rstd); returns rstd.
+template <typename T>
+inline void rmsnorm_row(T* o, T& rstd, const T* x, const T* weight, int64_t C, double eps) {
+  Acc ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t c = 0; c < C; c++) ss += Acc(x[c]) * Acc(x[c]);
+  const T s = static_cast<T>(1.0 / std::sqrt(ss / Acc(C) + eps));
+#pragma omp simd
+  for (int64_t c = 0; c < C; c++) o[c] = weight[c] * (x[c] * s);
+  rstd = s;
+}
 
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
                      double eps) {
 #pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) rmsnorm_row(out + n * C, rstd[n], inp + n * C, weight, C, eps);
+}
+
+// The residual add and the norm of its result, one row at a time while the row is in L1.
+template <typename T>
+void add_rmsnorm_forward(T* out, T* rstd, T* residual, const T* x, const T* weight, int64_t N,
+                         int64_t C, double eps) {
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
-    const T* x = inp + n * C;
-    T* o = out + n * C;
-    Acc ss = 0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t c = 0; c < C; c++) ss += Acc(x[c]) * Acc(x[c]);
-    const T s = static_cast<T>(1.0 / std::sqrt(ss / Acc(C) + eps));
+    T* r = residual + n * C;
+    const T* xr = x + n * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; c++) o[c] = weight[c] * (x[c] * s);
-    rstd[n] = s;
+    for (int64_t c = 0; c < C; c++) r[c] += xr[c];
+    rmsnorm_row(out + n * C, rstd[n], r, weight, C, eps);
   }
 }
 
@@ -39,9 +57,10 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, 
 //   dx = rstd * (g - xhat * mean_c(g * xhat))
 // (the mean is the gradient through rstd; unlike LayerNorm there is no mean term).
 // dweight += dout * xhat summed over rows: per-chunk partials, then reduced in chunk order.
-template <typename T>
-void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
-                      const T* rstd, int64_t N, int64_t C) {
+// kAddToDinp: dinp += the row gradient instead of dinp = (the residual stream's gradient).
+template <bool kAddToDinp, typename T>
+void rmsnorm_backward_rows(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                           const T* rstd, int64_t N, int64_t C) {
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   // [chunks, C] partial sums of dweight, every element written before it is read.
   const std::unique_ptr<T[]> partial(new T[static_cast<size_t>(chunks * C)]);
@@ -61,11 +80,22 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
 #pragma omp simd reduction(+ : sum_gx)
         for (int64_t c = 0; c < C; c++) sum_gx += Acc(weight[c] * g[c]) * Acc(x[c] * s);
         const T mean_gx = static_cast<T>(sum_gx / Acc(C));
+        // Added to dinp, the gradient is first rounded into a block in L1 (see layernorm.cpp).
+        for (int64_t c0 = 0; c0 < C; c0 += kAddBlock) {
+          const int64_t len = std::min(kAddBlock, C - c0);
+          T block[kAddBlock];
+          T* o = kAddToDinp ? block : dx + c0;
 #pragma omp simd
-        for (int64_t c = 0; c < C; c++) {
-          const T xhat = x[c] * s;
-          pw[c] += g[c] * xhat;
-          dx[c] = s * (weight[c] * g[c] - xhat * mean_gx);
+          for (int64_t j = 0; j < len; j++) {
+            const int64_t c = c0 + j;
+            const T xhat = x[c] * s;
+            pw[c] += g[c] * xhat;
+            o[j] = s * (weight[c] * g[c] - xhat * mean_gx);
+          }
+          if constexpr (kAddToDinp) {
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) dx[c0 + j] += block[j];
+          }
         }
       }
     }
@@ -79,10 +109,21 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
   }
 }
 
+template <typename T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                      const T* rstd, int64_t N, int64_t C, bool add_to_dinp) {
+  if (add_to_dinp)
+    rmsnorm_backward_rows<true>(dinp, dweight, dout, inp, weight, rstd, N, C);
+  else
+    rmsnorm_backward_rows<false>(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);    \
+  template void add_rmsnorm_forward<T>(T*, T*, T*, const T*, const T*, int64_t, int64_t,     \
+                                       double);                                              \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, \
-                                    int64_t);
+                                    int64_t, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE
