@@ -1,9 +1,9 @@
 // trident bench-hw: measures the machine it runs on and writes a hardware description
 // (plan/hardware.hpp, docs/plan.md) for `trident plan`. CPU only: the trainer's own sgemm
-// (kernels/cpu/blas.hpp) over sizes (the efficiency curve), a streaming copy (memory
-// bandwidth), and MPI send/recv, all-reduce, all-gather and reduce-scatter over message sizes
-// between the ranks it is launched with (latency and bandwidth from the best timings, see
-// fit()).
+// (kernels/cpu/blas.hpp) over sizes (the efficiency curve), the rate its elementwise kernels
+// stream at (memory bandwidth), and MPI send/recv, all-reduce, all-gather and reduce-scatter
+// over message sizes between the ranks it is launched with (latency and bandwidth from the
+// best timings, see fit()).
 #include <mpi.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -21,6 +21,7 @@
 
 #include "commands.hpp"
 #include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
 #include "util/error.hpp"
 
@@ -98,11 +99,35 @@ std::vector<GemmPoint> measure_sgemm(int threads) {
 
 // Bytes per second of a streaming copy of 256 MiB (read + write counted), per rank, all ranks
 // at once.
-double measure_memory_bandwidth() {
+double measure_copy_bandwidth() {
   const size_t n = (size_t{256} << 20) / sizeof(float) / 2;
   std::vector<float> a(n, 1.0f), b(n, 2.0f);
   const double t = best_time([&] { std::memcpy(b.data(), a.data(), n * sizeof(float)); }, 5);
   return 2.0 * static_cast<double>(n * sizeof(float)) / t;
+}
+
+// Bytes per second (read + write counted) at which the trainer's own elementwise kernels stream,
+// per rank with the rank's threads, all ranks at once: its GELU forward and backward over 16 Mi
+// floats (8 and 12 bytes an element). The plan prices the non-GEMM work by the activation bytes
+// it moves (docs/plan.md); a CPU core running such a kernel, with a few dozen operations an
+// element, streams at a fraction of what a memcpy moves (about half, on one core of this
+// project's machines), and at twice the rate with two threads where a copy gains little. A
+// GPU's elementwise kernels run close to its memory bandwidth, which its datasheet file gives.
+double measure_kernel_bandwidth(int threads) {
+  cpu::set_num_threads(threads);
+  const int64_t n = int64_t{16} << 20;
+  std::vector<float> x(static_cast<size_t>(n)), y(x.size()), dy(x.size(), 1.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) / 24.0f - 2.0f;
+  const double forward = best_time([&] { cpu::gelu_forward(y.data(), x.data(), n); }, 5);
+  const double backward =
+      best_time([&] { cpu::gelu_backward(y.data(), x.data(), dy.data(), n); }, 5);
+  return 20.0 * static_cast<double>(n) / (forward + backward);
+}
+
+std::string gbs_text(double bytes_per_s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", bytes_per_s / 1e9);
+  return text;
 }
 
 // A link's figures from (bytes, best seconds) points. On a shared machine a timing is only
@@ -219,7 +244,8 @@ void run_bench_hw(const BenchHwOptions& options) {
   const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
   std::vector<std::string> notes;
   const std::vector<GemmPoint> gemm = measure_sgemm(threads);
-  const double bandwidth = measure_memory_bandwidth();
+  const double bandwidth = measure_copy_bandwidth();
+  const double kernel_bandwidth = measure_kernel_bandwidth(threads);
 
   HardwareSpec hw;
   hw.name = options.name.empty() ? cpu_model() + " (measured by trident bench-hw)" : options.name;
@@ -235,7 +261,7 @@ void run_bench_hw(const BenchHwOptions& options) {
     hw.device.gemm_efficiency.emplace_back(p.size, std::max(1e-3, p.gflops / best));
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
-  hw.device.memory_bandwidth_gbs = bandwidth / 1e9;
+  hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;
 
   std::vector<std::string> table;
   if (ranks >= 2) {
@@ -274,7 +300,10 @@ void run_bench_hw(const BenchHwOptions& options) {
       "Peak = the best trainer sgemm measured per rank (all ranks at once); efficiency = each",
       "size's GFLOP/s over that best. bf16 = fp32: the CPU backend computes in fp32.",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
-      "bandwidth: a 256 MiB memcpy (read + write), all ranks at once.", notes.front(),
+      "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",
+      "written), the rank's threads, all ranks at once (a 256 MiB memcpy: " +
+          gbs_text(bandwidth) + " GB/s).",
+      notes.front(),
       "sgemm (n x n x n):"};
   for (const GemmPoint& p : gemm) {
     char line[80];

@@ -107,6 +107,11 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   const std::string text = read_file(out);
   EXPECT_NE(text.find("devices_per_node = 2"), std::string::npos) << text;
   EXPECT_NE(text.find("links: NOT measured (1 rank)"), std::string::npos) << text;
+  // The device bandwidth is the trainer's elementwise kernels' streaming rate; the copy's is
+  // kept beside it in the comment.
+  EXPECT_NE(text.find("bandwidth: the trainer's GELU forward + backward"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("(a 256 MiB memcpy: "), std::string::npos) << text;
   r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
            " --nodes 1 --top 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
