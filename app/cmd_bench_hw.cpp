@@ -20,9 +20,13 @@
 #include <vector>
 
 #include "commands.hpp"
+#ifdef TRIDENT_HAVE_CUDA
+#include "cuda/cuda_bench_hw.hpp"
+#endif
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
+#include "train/backend.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -33,7 +37,8 @@ void add_bench_hw_command(CLI::App& app, BenchHwOptions& options) {
   cmd->add_option("--out", options.out, "Hardware TOML file to write")->required();
   cmd->add_option("--ranks", options.ranks,
                   "Devices (ranks) per node the file describes; 0: the ranks launched");
-  cmd->add_option("--device", options.device, "cpu (cuda: not measured yet)");
+  cmd->add_option("--device", options.device,
+                  "cpu, or cuda: the GPUs (the GPU module; a GPU per rank for the links)");
   cmd->add_option("--name", options.name, "Name written into the file");
 }
 
@@ -229,16 +234,113 @@ double proc_gib(const char* path, const std::string& wanted) {
 double memory_total_gib() { return proc_gib("/proc/meminfo", "MemTotal:"); }
 double resident_gib() { return proc_gib("/proc/self/status", "VmRSS:"); }
 
+// Rank 0: the file, read back first (what it writes, it reads), then printed.
+void write_hardware_file(const HardwareSpec& hw, const std::vector<std::string>& comment,
+                         const std::string& path) {
+  const std::string text = hardware_to_toml(hw, comment);
+  parse_hardware(text, path);
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) throw Error("bench-hw: cannot write " + path);
+  std::printf("%s", text.c_str());
+  std::printf("wrote %s\n", path.c_str());
+  std::fflush(stdout);
+}
+
+std::string fit_line(const char* what, const LinkFit& f) {
+  char line[120];
+  std::snprintf(line, sizeof line, "  %-14s %8.1f GB/s  %7.1f us latency", what,
+                1.0 / f.seconds_per_byte / 1e9, f.latency * 1e6);
+  return line;
+}
+
+#ifdef TRIDENT_HAVE_CUDA
+// --device cuda: the GPU module measures (cuda/cuda_bench_hw.hpp); the file is assembled here
+// as the CPU's is: peaks = the best GEMM per precision, the curve = bf16's over its best.
+void run_gpu_bench_hw(const BenchHwOptions& options) {
+  auto measure = reinterpret_cast<CudaModuleBenchFn>(
+      cuda_module_function("bench-hw --device cuda", kCudaModuleBenchSymbol));
+  GpuBenchResult r;
+  measure(MPI_COMM_WORLD, r);
+  const int ranks = world_size();
+  if (world_rank() != 0) return;
+  HardwareSpec hw;
+  hw.name = options.name.empty() ? r.device + " (measured by trident bench-hw)" : options.name;
+  hw.devices_per_node = options.ranks > 0 ? options.ranks : ranks;
+  hw.device.kind = "gpu";
+  double best16 = 0, best32 = 0;
+  for (const GpuGemmPoint& p : r.bf16) best16 = std::max(best16, p.gflops);
+  for (const GpuGemmPoint& p : r.fp32) best32 = std::max(best32, p.gflops);
+  hw.device.peak_tflops_bf16 = best16 / 1e3;
+  hw.device.peak_tflops_fp32 = best32 / 1e3;
+  for (const GpuGemmPoint& p : r.bf16)
+    hw.device.gemm_efficiency.emplace_back(p.size, std::max(1e-3, p.gflops / best16));
+  hw.device.memory_gib = r.memory_bytes / (1024.0 * 1024.0 * 1024.0);
+  hw.device.reserved_gib = r.reserved_bytes / (1024.0 * 1024.0 * 1024.0);
+  hw.device.memory_bandwidth_gbs = r.bandwidth / 1e9;
+  std::vector<std::string> fits;
+  if (!r.message_bytes.empty()) {
+    const LinkFit p2p = fit(r.message_bytes, r.send_recv);
+    const LinkFit ar = fit(r.message_bytes, r.all_reduce);
+    const LinkFit ag = fit(r.message_bytes, r.all_gather);
+    const LinkFit rs = fit(r.message_bytes, r.reduce_scatter);
+    hw.intra_node.bandwidth_gbs = 1.0 / p2p.seconds_per_byte / 1e9;
+    hw.intra_node.efficiency = 1.0;
+    hw.intra_node.latency_us = p2p.latency * 1e6;
+    const double share = static_cast<double>(ranks - 1) / ranks;
+    hw.collectives.send_recv = 1.0;
+    hw.collectives.all_reduce = ar.seconds_per_byte / p2p.seconds_per_byte / share;
+    hw.collectives.all_gather = ag.seconds_per_byte / p2p.seconds_per_byte / share;
+    hw.collectives.reduce_scatter = rs.seconds_per_byte / p2p.seconds_per_byte / share;
+    fits = {fit_line("send/recv", p2p), fit_line("all-reduce", ar), fit_line("all-gather", ag),
+            fit_line("reduce-scatter", rs)};
+  } else {
+    // As the CPU's one rank: half the device's streaming rate and 1 us stand in, said in the
+    // file; a plan over more than one GPU needs the links measured (or a datasheet file).
+    hw.intra_node.bandwidth_gbs = r.bandwidth / 2.0 / 1e9;
+    hw.intra_node.efficiency = 1.0;
+    hw.intra_node.latency_us = 1.0;
+    r.links_note += "; intra_node is half the device bandwidth and 1 us";
+  }
+  hw.inter_node = hw.intra_node;
+  std::vector<std::string> comment = {
+      "Written by `trident bench-hw --device cuda` (docs/plan.md) on " + r.device + ", " +
+          std::to_string(ranks) + " rank(s).",
+      "Peaks = the best trainer GEMM (cuBLASLt, fp32 accumulation; fp32 without TF32) per GPU,",
+      "the slowest rank's; efficiency = each size's bf16 TFLOP/s over the bf16 best.",
+      "Memory: the GPU's (cudaMemGetInfo); reserved = what the context and cuBLAS took;",
+      "bandwidth: the trainer's bf16 GELU forward + backward over 256 Mi elements (bytes read +",
+      "written).",
+      r.links_note,
+      "GEMM (n x n x n): bf16, fp32 TFLOP/s"};
+  for (size_t i = 0; i < r.bf16.size(); ++i) {
+    char line[80];
+    std::snprintf(line, sizeof line, "  n = %5d  %8.1f  %8.1f", r.bf16[i].size,
+                  r.bf16[i].gflops / 1e3, i < r.fp32.size() ? r.fp32[i].gflops / 1e3 : 0.0);
+    comment.push_back(line);
+  }
+  if (!fits.empty()) comment.push_back("NCCL fits (best points; inter_node copies intra_node):");
+  comment.insert(comment.end(), fits.begin(), fits.end());
+  write_hardware_file(hw, comment, options.out);
+}
+#endif
+
 }  // namespace
 
 void run_bench_hw(const BenchHwOptions& options) {
-  if (options.device == "cuda" || options.device == "gpu")
-    throw Error("bench-hw --device " + options.device +
-                ": measuring GPUs (cuBLAS GEMMs, NCCL collectives) is not implemented; use a "
-                "datasheet file from configs/hardware/ (docs/plan.md)");
-  if (options.device != "cpu")
-    throw Error("bench-hw --device \"" + options.device + "\" must be cpu");
+  if (options.device != "cpu" && options.device != "cuda" && options.device != "gpu")
+    throw Error("bench-hw --device \"" + options.device + "\" must be cpu or cuda");
   if (options.ranks < 0) throw Error("bench-hw --ranks must be >= 0");
+  if (options.device != "cpu") {
+#ifdef TRIDENT_HAVE_CUDA
+    run_gpu_bench_hw(options);
+    return;
+#else
+    throw Error("bench-hw --device " + options.device + ": this trident was built without CUDA "
+                "(nvcc was not found when it was configured; see docs/gpu.md)");
+#endif
+  }
   const int ranks = world_size(), rank = world_rank();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
@@ -312,15 +414,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   }
   if (!table.empty()) comment.push_back("MPI (slowest rank, best of repetitions):");
   comment.insert(comment.end(), table.begin(), table.end());
-  const std::string text = hardware_to_toml(hw, comment);
-  parse_hardware(text, options.out);  // what it writes, it reads back
-  std::ofstream out(options.out);
-  out << text;
-  out.close();
-  if (!out) throw Error("bench-hw: cannot write " + options.out);
-  std::printf("%s", text.c_str());
-  std::printf("wrote %s\n", options.out.c_str());
-  std::fflush(stdout);
+  write_hardware_file(hw, comment, options.out);
 }
 
 }  // namespace trident

@@ -45,6 +45,11 @@
 #      (router, losses, dispatch plan, permutation, grouped expert GEMMs) against the CPU's,
 #      fp32 (rel <= 1e-4; the plan exactly equal); the whole MoE model on the GPU against the
 #      CPU is GpuTrainer.MoeFp32MatchesTheCpu in b's test_cuda_train_np2   [H200 est. ~5 s]
+#   n. the plan on the GPU: `trident bench-hw --device cuda` writes this GPU's hardware file
+#      (the trainer's bf16 and fp32 GEMM curves, its bf16 GELU's streaming rate, the memory);
+#      `trident plan` then predicts f's run (GPT-2 124M, bf16, f's micro-batch, one GPU) from it
+#      and from the datasheet file configs/hardware/h200_dgx.toml (one device of it): predicted
+#      against f's measured ms/step, reported                              [H200 est. ~20 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -63,7 +68,7 @@
 # Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
 #
 # Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
-#          --budget SECONDS, --steps "b c h" (a subset of b-m; a always runs)
+#          --budget SECONDS, --steps "b c h" (a subset of b-n; a always runs)
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
@@ -75,7 +80,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l m"
+STEPS="a b c d e f g h i j k l m n"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -676,7 +681,7 @@ if want e; then
 fi
 
 # ================================================================ f. GPT-2 124M, bf16
-tri_tps="" B=$GPU_BATCH
+tri_tps="" f_ms="" B=$GPU_BATCH
 if want f; then
   cfg=configs/gpu_124m.toml
   if [[ $DRY == 1 ]]; then
@@ -718,7 +723,7 @@ if want f; then
     if [[ -n $err || -z $tps ]]; then
       row f "Trident $flabel: tokens/s" "measured" "cannot parse: ${err:-$res}" ERROR
     else
-      tri_tps=$tps
+      tri_tps=$tps f_ms=$ms
       v=INFO; [[ $DRY == 1 ]] && v=DRY
       row f "Trident $flabel: tokens/s (median of $used steps)" "measured" \
           "${f_note}$tps tok/s, $ms ms/step, $tfl TFLOP/s (trainer's own: $ttfl)" "$v"
@@ -1004,6 +1009,46 @@ if want l; then
   [[ $rc_cpu != 0 ]] && rc=$rc_cpu
   generate_row "generate sampled (T 1, top-k 40, seed 7), GPU vs CPU, fp32" gen-cpu-sampled gen-cuda-sampled "$rc"
   gen_sampling=(--temperature 0)
+fi
+
+# ================================================================ n. the plan on the GPU
+if want n; then
+  say "n. trident bench-hw --device cuda; the plan of f's run from that file and the datasheet's"
+  hwf=$WORK/gpu_measured.toml
+  tenv timeout -k 5 "$(limit 60 0)" "$BIN/trident" bench-hw --device cuda --out "$hwf" \
+      >"$LOGS/bench-hw-cuda.log" 2>&1
+  rc=$?
+  cp "$hwf" "$OUT/gpu_measured.toml" 2>/dev/null
+  if [[ $rc != 0 || ! -s $hwf ]]; then
+    row n "bench-hw --device cuda" "a hardware file" \
+        "failed (rc $rc): $(errline "$LOGS/bench-hw-cuda.log")" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
+  else
+    row n "bench-hw --device cuda" "a hardware file" \
+        "$(grep -E '^(peak_tflops_fp32|peak_tflops_bf16|memory_bandwidth_gbs) =' "$hwf" | tr '\n' ' ')" INFO
+  fi
+  sed 's/^devices_per_node = .*/devices_per_node = 1/' configs/hardware/h200_dgx.toml >"$WORK/h200_one.toml"
+  for src in "measured:$hwf" "datasheet:$WORK/h200_one.toml"; do
+    label=${src%%:*} file=${src#*:}
+    if [[ -z $f_ms || ! -s $file ]]; then
+      row n "plan of f's run, $label hardware: ms/step" "reported" \
+          "not compared (f measured: ${f_ms:-nothing}; file: $([[ -s $file ]] && echo yes || echo none))" \
+          "$([[ $DRY == 1 ]] && echo DRY || echo SKIP)"
+      continue
+    fi
+    tenv timeout 60 "$BIN/trident" plan --config configs/gpu_124m.toml --hardware "$file" \
+        --nodes 1 --global-batch "$B" --layout "micro_batch=$B" --json --top 1 \
+        >"$LOGS/plan-$label.json" 2>"$LOGS/plan-$label.err"
+    pred=$("$PY" -c 'import json, sys; print("%.1f" % (json.load(open(sys.argv[1]))["best"][0]["step_seconds"] * 1e3))' \
+        "$LOGS/plan-$label.json" 2>/dev/null)
+    if [[ -z $pred ]]; then
+      row n "plan of f's run, $label hardware: ms/step" "reported" \
+          "plan failed: $(errline "$LOGS/plan-$label.err")" ERROR
+    else
+      err=$("$PY" -c 'import sys; p, m = map(float, sys.argv[1:]); print("%+.1f" % (100 * (p - m) / m))' "$pred" "$f_ms")
+      row n "plan of f's run, $label hardware: ms/step" "reported" \
+          "predicted $pred vs measured $f_ms ($err %)" "$([[ $DRY == 1 ]] && echo DRY || echo INFO)"
+    fi
+  done
 fi
 }
 

@@ -117,8 +117,33 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("best layout:"), std::string::npos) << r.output;
   expect_one_error_line(run_command(trident_cmd("bench-hw --out " + out.string() +
-                                                " --device cuda"), 60),
-                        "measuring GPUs (cuBLAS GEMMs, NCCL collectives) is not implemented");
+                                                " --device tpu"), 60),
+                        "bench-hw --device \"tpu\" must be cpu or cuda");
+  std::filesystem::remove_all(dir);
+}
+
+// --device cuda goes through the GPU module: without a GPU (this project's CI) one error line
+// naming what is missing; with one, a file of kind "gpu" that the plan reads.
+TEST(AppBenchHw, CudaMeasuresTheGpuOrSaysWhatIsMissing) {
+  const auto dir = scratch_dir("app_bench_hw_cuda");
+  const auto out = dir / "gpu.toml";
+  const RunResult r =
+      run_command(trident_cmd("bench-hw --device cuda --out " + out.string()), 300);
+  if (r.exit_code != 0) {
+    const bool no_gpu = r.output.find("no CUDA device is visible") != std::string::npos;
+    const bool no_cuda = r.output.find("built without CUDA") != std::string::npos;
+    EXPECT_TRUE(no_gpu || no_cuda) << r.output;
+    expect_one_error_line(r, no_gpu ? "bench-hw --device cuda: no CUDA device is visible"
+                                    : "this trident was built without CUDA");
+  } else {
+    const std::string text = read_file(out);
+    EXPECT_NE(text.find("kind = \"gpu\""), std::string::npos) << text;
+    EXPECT_NE(text.find("links: NOT measured (1 rank)"), std::string::npos) << text;
+    EXPECT_EQ(plan("--config " + source("configs/gpu_124m.toml") + " --hardware " +
+                   out.string() + " --nodes 1 --top 1")
+                  .exit_code,
+              0);
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -20,16 +20,27 @@ namespace {
 // first GPU run of the process and kept for its lifetime (the objects it makes run its code).
 Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
                           const ModelShard& shard) {
+  const std::string who = config.source + ": train.device = \"cuda\"";
+  auto make =
+      reinterpret_cast<CudaModuleMakeFn>(cuda_module_function(who, kCudaModuleMakeSymbol));
+  Backend b;
+  make(config, groups, shard, b);
+  return b;
+}
+
+}  // namespace
+#endif
+
+#ifdef TRIDENT_HAVE_CUDA
+void* cuda_module_function(const std::string& who, const char* symbol) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec)
-    throw Error(config.source + ": train.device = \"cuda\": cannot find this executable's "
-                "directory, where the GPU backend's lib/ is (/proc/self/exe: " + ec.message() +
-                ")");
+    throw Error(who + ": cannot find this executable's directory, where the GPU backend's lib/ "
+                "is (/proc/self/exe: " + ec.message() + ")");
   const fs::path module = exe.parent_path().parent_path() / "lib" / kCudaModuleFile;
-  const std::string where = config.source + ": train.device = \"cuda\": the GPU backend " +
-                            module.string();
+  const std::string where = who + ": the GPU backend " + module.string();
   void* handle = dlopen(module.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
@@ -37,20 +48,16 @@ Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
                 " (it is built with trident when nvcc is found; see docs/gpu.md)");
   }
   auto layout = reinterpret_cast<CudaModuleLayoutFn>(dlsym(handle, kCudaModuleLayoutSymbol));
-  auto make = reinterpret_cast<CudaModuleMakeFn>(dlsym(handle, kCudaModuleMakeSymbol));
-  if (layout == nullptr || make == nullptr)
-    throw Error(where + " lacks the symbols " + kCudaModuleLayoutSymbol + " and " +
-                kCudaModuleMakeSymbol + ": not a Trident GPU backend");
+  void* function = dlsym(handle, symbol);
+  if (layout == nullptr || function == nullptr)
+    throw Error(where + " lacks the symbols " + kCudaModuleLayoutSymbol + " and " + symbol +
+                ": not a Trident GPU backend");
   if (layout() != backend_layout_tag())
     throw Error(where + " was built from other sources than this trident (type layout " +
                 std::to_string(layout()) + " vs " + std::to_string(backend_layout_tag()) +
                 "): rebuild both together");
-  Backend b;
-  make(config, groups, shard, b);
-  return b;
+  return function;
 }
-
-}  // namespace
 #endif
 
 Backend make_backend(const Config& config, const TrainerGroups& groups,

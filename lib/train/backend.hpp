@@ -8,6 +8,7 @@
 //                          (parallel.comm = "nccl") or the groups' MPI communicators staged
 //                          through host memory (parallel.comm = "mpi").
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -71,5 +72,12 @@ struct Backend {
 // Builds the backend train.device and train.precision name; throws trident::Error (naming the
 // key and config.source) for a combination this build or machine cannot run.
 Backend make_backend(const Config& config, const TrainerGroups& groups, const ModelShard& shard);
+
+#ifdef TRIDENT_HAVE_CUDA
+// The C function `symbol` of the GPU module (<dir of the executable>/../lib/libtrident_cuda.so,
+// cuda/cuda_backend.hpp), loaded on first use and kept; a module that is missing, lacks the
+// symbol or was built from other sources is one Error line beginning with `who`.
+void* cuda_module_function(const std::string& who, const char* symbol);
+#endif
 
 }  // namespace trident

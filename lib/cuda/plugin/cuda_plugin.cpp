@@ -6,6 +6,7 @@
 // nothing in that code is process-wide state, and what the backend needs of the job comes in
 // through its arguments (TrainerGroups::placement, not an MPI attribute of a copy's own).
 #include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_bench_hw.hpp"
 #include "train/backend.hpp"
 
 extern "C" {
@@ -18,6 +19,12 @@ __attribute__((visibility("default"))) void trident_make_cuda_backend(
     const trident::Config& config, const trident::TrainerGroups& groups,
     const trident::ModelShard& shard, trident::Backend& out) {
   out = trident::make_cuda_backend(config, groups, shard);
+}
+
+// trident bench-hw --device cuda (app/cmd_bench_hw.cpp).
+__attribute__((visibility("default"))) void trident_cuda_bench_hw(MPI_Comm comm,
+                                                                  trident::GpuBenchResult& out) {
+  trident::measure_gpu(comm, out);
 }
 
 }  // extern "C"

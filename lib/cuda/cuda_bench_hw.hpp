@@ -1,0 +1,38 @@
+#pragma once
+// `trident bench-hw --device cuda` (app/cmd_bench_hw.cpp): what the GPU module measures on each
+// rank's GPU, for the hardware file of `trident plan` (docs/plan.md). Plain types only: the
+// struct crosses from libtrident_cuda.so into trident, which links no CUDA library.
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+struct GpuGemmPoint {
+  int size = 0;        // n of the n x n x n product
+  double gflops = 0;   // best of the repetitions, the slowest rank's
+};
+
+struct GpuBenchResult {
+  std::string device;                    // cuda::device_summary() of rank 0's GPU
+  std::vector<GpuGemmPoint> bf16, fp32;  // the trainer's GEMM (cuda::gemm, cuBLASLt)
+  double bandwidth = 0;        // bytes/s: the trainer's bf16 GELU forward + backward, per GPU
+  double memory_bytes = 0;     // the GPU's memory (cudaMemGetInfo total)
+  double reserved_bytes = 0;   // taken before the trainer allocates: context, cuBLAS workspace
+  // NCCL between the ranks' GPUs, when there are 2 or more ranks and each has a GPU of its own:
+  // (message bytes, best seconds of the slowest rank) per operation; empty otherwise, with
+  // links_note saying why.
+  std::vector<double> message_bytes, send_recv, all_reduce, all_gather, reduce_scatter;
+  std::string links_note;
+};
+
+// Collective over `comm`: every rank measures its GPU (the node-local rank's, modulo the
+// visible devices) and joins the NCCL timings; throws Error (one line) without a GPU.
+void measure_gpu(MPI_Comm comm, GpuBenchResult& out);
+
+inline constexpr const char* kCudaModuleBenchSymbol = "trident_cuda_bench_hw";
+using CudaModuleBenchFn = void (*)(MPI_Comm, GpuBenchResult&);
+
+}  // namespace trident
