@@ -330,6 +330,7 @@ TEST(RecomputeMemory, NormAndActivationNeedNoBufferOfTheirOwn) {
     // d_stream, d_norm, d_tmp [N,C]; d_qkv, d_atty, d_up, d_act.
     const int64_t gradients = 4 * N * (3 * C + QKV + m.heads * m.head_size() + U + F);
     EXPECT_EQ(device.live_bytes() - before, gradients + model.head_scratch_bytes(B)) << arch;
+    EXPECT_EQ(model.backward_scratch_bytes(B), gradients) << arch;  // what the plan counts
     EXPECT_EQ(model.recompute_workspace_bytes(B), 0) << arch;
     ++compared;
   }

@@ -201,6 +201,13 @@ int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s) {
          8 * (2 * NK + E + 1) + s.stat_bytes * 2 * s.micro_batch;
 }
 
+int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s) {
+  const LayerWidths w = layer_widths(m, s);
+  int64_t bytes = s.element_bytes * w.N * (3 * w.C + w.QKVl + w.Hl + w.Ul + w.Fl);
+  if (s.sequence_parallel && s.tp > 1) bytes += s.element_bytes * (2 * w.N + w.Ns) * w.C;
+  return bytes;
+}
+
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   switch (s.recompute) {

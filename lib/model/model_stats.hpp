@@ -111,6 +111,16 @@ int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
 // (The norms' outputs and the MLP activation are recomputed in the backward's scratch.)
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s);
 
+// Bytes of the backward's scratch a rank holds once (not per micro-batch), for micro-batches of
+// s.micro_batch: the Transformer's gradients of the residual stream, a norm's output and input,
+// the attention's qkv and output, and the MLP's up and activation,
+//   e*N*(3*C + QKVl + Hl + Ul + Fl)
+// (the norms' outputs and the MLP activation are computed in two of them, see
+// recompute_workspace_bytes); under sequence parallelism also the tensor group's
+// (TensorParallel): a row-parallel layer's partial products and a gathered output gradient
+// [N, C], and a reduce-scattered input gradient [N/tp, C], e*(2*N*C + Ns*C).
+int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
+
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the
 // Transformer's head_forward/head_backward), so the logits [N, Vl] are never whole in memory:
 // only one chunk [rows, Vl], held once per rank, not per micro-batch. A chunk is as many rows as

@@ -136,6 +136,9 @@ class Transformer {
   // (model_stats.hpp's recompute_workspace_bytes); 0 without recomputation (the norms'
   // outputs and the MLP activation are recomputed in the backward's scratch).
   int64_t recompute_workspace_bytes(int64_t B) const;
+  // The backward's scratch held once (model_stats.hpp's backward_scratch_bytes): allocated by
+  // the first forward and backward of B-sequence micro-batches.
+  int64_t backward_scratch_bytes(int64_t B) const;
   // The figures model_stats.hpp counts activations from, for this shard and kernel set.
   ActivationShape activation_shape(int64_t B, bool split_backward) const;
 

@@ -238,6 +238,11 @@ int64_t Transformer<K>::deferred_weight_grad_bytes(int64_t B, int chunk) const {
 }
 
 template <class K>
+int64_t Transformer<K>::backward_scratch_bytes(int64_t B) const {
+  return trident::backward_scratch_bytes(config_, activation_shape(B, false));
+}
+
+template <class K>
 int64_t Transformer<K>::recompute_workspace_bytes(int64_t B) const {
   return trident::recompute_workspace_bytes(config_, activation_shape(B, false));
 }

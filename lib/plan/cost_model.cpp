@@ -640,15 +640,13 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // Per physical stage: parameters and the activation stashes the schedule holds at its peak.
   const double bf16_copy = p.precision == "bf16" ? 2.0 : 0.0;
   const double reserved = hw.device.reserved_gib * kGiB;
-  const double rows = model.micro_rows();
-  const double HS = static_cast<double>(m.head_size());
-  const double F = static_cast<double>(m.ffn_size());
-  const double widest = std::max({C, (m.is_llama() ? 2.0 * F : F) / static_cast<double>(l.tp),
-                                  static_cast<double>(m.heads + 2 * m.kv_head_count()) * HS /
-                                      static_cast<double>(l.tp)});
-  // Backward scratch (two gradients of the widest activation) and the TP and pipeline
+  // The backward's scratch (the trainer's own count, model_stats.hpp) and the pipeline's
   // message buffers.
-  const double scratch = 2.0 * rows * widest * e + 2.0 * rows * C * e + 2.0 * message;
+  const double scratch =
+      static_cast<double>(backward_scratch_bytes(
+          m, activation_shape(m, p.materialized_attention(), l.micro_batch, l.tp,
+                              l.sequence_parallel, Recompute::None, e))) +
+      2.0 * message;
   double largest_flat = 0.0, largest_experts = 0.0;  // the largest stage's, and its experts'
   for (int64_t s = 0; s < l.pp; ++s) {
     double flat = 0.0, experts = 0.0;
