@@ -135,6 +135,45 @@ std::string gbs_text(double bytes_per_s) {
   return text;
 }
 
+// The trainer's fused attention, forward and backward, over (T, head size) pairs with the rank's
+// threads, all ranks at once: GFLOP/s counted as the plan counts attention (the full T x T:
+// 4*T*T*HS per head forward, three times that for training), so the causal half the kernel
+// skips shows as a rate above the GEMMs'. size = cbrt(T*T*HS). Heads and batch are chosen for
+// ~2 GFLOP of counted work a timing.
+struct AttentionPoint {
+  int T, head_size;
+  double gflops;
+};
+
+std::vector<AttentionPoint> measure_attention(int threads) {
+  cpu::set_num_threads(threads);
+  std::vector<AttentionPoint> points;
+  const int shapes[][2] = {{128, 16}, {256, 32}, {512, 64}, {1024, 64}, {2048, 128}};
+  for (const auto& shape : shapes) {
+    const int64_t T = shape[0], HS = shape[1];
+    const double per_head = 12.0 * static_cast<double>(T * T * HS);
+    // At least two (batch, head) tasks a thread: the kernel's parallel loops run over them.
+    const int64_t heads =
+        std::max<int64_t>(2 * threads, static_cast<int64_t>(2e9 / per_head));
+    const int64_t NH = std::min<int64_t>(16, heads), B = (heads + NH - 1) / NH;
+    const size_t rows = static_cast<size_t>(B * T);
+    std::vector<float> qkv(rows * static_cast<size_t>(3 * NH * HS)), dqkv(qkv.size());
+    std::vector<float> out(rows * static_cast<size_t>(NH * HS)), dout(out.size(), 0.01f);
+    std::vector<float> lse(static_cast<size_t>(B * NH * T));
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 61) / 61.0f - 0.5f;
+    const double t = best_time(
+        [&] {
+          cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
+          cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                  B, T, NH, NH, HS);
+        },
+        3);
+    points.push_back({static_cast<int>(T), static_cast<int>(HS),
+                      per_head * static_cast<double>(B * NH) / t / 1e9});
+  }
+  return points;
+}
+
 // A link's figures from (bytes, best seconds) points. On a shared machine a timing is only
 // ever slowed down by others, so the best points are the link's: the bandwidth is the best
 // bytes per second of the large messages (>= 1 MiB), the latency the smallest time left
@@ -348,6 +387,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   const std::vector<GemmPoint> gemm = measure_sgemm(threads);
   const double bandwidth = measure_copy_bandwidth();
   const double kernel_bandwidth = measure_kernel_bandwidth(threads);
+  const std::vector<AttentionPoint> attention = measure_attention(threads);
 
   HardwareSpec hw;
   hw.name = options.name.empty() ? cpu_model() + " (measured by trident bench-hw)" : options.name;
@@ -361,6 +401,10 @@ void run_bench_hw(const BenchHwOptions& options) {
   hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
   for (const GemmPoint& p : gemm)
     hw.device.gemm_efficiency.emplace_back(p.size, std::max(1e-3, p.gflops / best));
+  for (const AttentionPoint& p : attention)
+    hw.device.attention_efficiency.emplace_back(
+        std::cbrt(static_cast<double>(p.T) * p.T * p.head_size),
+        std::clamp(p.gflops / best, 1e-3, 1.0));
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
   hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;
@@ -410,6 +454,13 @@ void run_bench_hw(const BenchHwOptions& options) {
   for (const GemmPoint& p : gemm) {
     char line[80];
     std::snprintf(line, sizeof line, "  n = %5d  %8.2f GFLOP/s", p.size, p.gflops);
+    comment.push_back(line);
+  }
+  comment.push_back("attention (fused, forward + backward; GFLOP/s as the plan counts them):");
+  for (const AttentionPoint& p : attention) {
+    char line[80];
+    std::snprintf(line, sizeof line, "  T = %5d, head size %4d  %8.2f GFLOP/s", p.T, p.head_size,
+                  p.gflops);
     comment.push_back(line);
   }
   if (!table.empty()) comment.push_back("MPI (slowest rank, best of repetitions):");

@@ -98,6 +98,32 @@ TEST(PlanHardware, EfficiencyIsInterpolatedInLogSizeAndFlatBeyondTheEnds) {
                                                                       464.158883), 1e-6);
 }
 
+// device.attention_efficiency is optional: absent, attention reaches the GEMM curve at
+// T x HS x T; present, its own curve at cbrt(T*T*HS), interpolated the same way; it is written
+// back by hardware_to_toml, and checked as the GEMM curve is.
+TEST(PlanHardware, AttentionCurveIsOptionalAndReadLikeTheGemmCurve) {
+  const std::string curves =
+      replace(ideal_hardware_text(), "[[64, 1.0], [4096, 1.0]]", "[[100, 0.2], [1000, 0.8]]");
+  const HardwareSpec without = parse_hardware(curves, "hw.toml");
+  EXPECT_TRUE(without.device.attention_efficiency.empty());
+  EXPECT_DOUBLE_EQ(without.attention_efficiency(1024, 64), without.gemm_efficiency(1024, 64, 1024));
+  const std::string text = replace(curves, "memory_gib = 80.0",
+                                   "attention_efficiency = [[64, 0.1], [512, 0.9]]\n"
+                                   "memory_gib = 80.0");
+  const HardwareSpec with = parse_hardware(text, "hw.toml");
+  ASSERT_EQ(with.device.attention_efficiency.size(), 2u);
+  EXPECT_DOUBLE_EQ(with.attention_efficiency(16, 16), 0.1);     // below the first size
+  EXPECT_DOUBLE_EQ(with.attention_efficiency(4096, 128), 0.9);  // beyond the last
+  // cbrt(T*T*HS) = sqrt(64 * 512), the geometric middle: halfway.
+  const double mid = std::sqrt(64.0 * 512.0);
+  EXPECT_NEAR(with.attention_efficiency(mid, mid), 0.5, 1e-12);
+  EXPECT_DOUBLE_EQ(with.gemm_efficiency(10, 10, 10), 0.2);  // the GEMM curve untouched
+  const HardwareSpec again = parse_hardware(hardware_to_toml(with, {}), "again.toml");
+  EXPECT_EQ(again.device.attention_efficiency, with.device.attention_efficiency);
+  expect_error(replace(text, "[[64, 0.1], [512, 0.9]]", "[[64, 0.1], [512, 1.9]]"),
+               "device.attention_efficiency point [512, 1.9]");
+}
+
 TEST(PlanHardware, RingCollectivesAndSendRecv) {
   const HardwareSpec hw = parse_hardware(ideal_hardware_text(), "hw.toml");
   const double bytes = 1e8, bw = 10e9, lat = 2e-6;

@@ -181,7 +181,7 @@ class CostModel {
       time += f / hw_.gemm_efficiency(s[0], s[1], s[2]);
     }
     const double eff_linear = flops / time;
-    const double eff_attention = hw_.gemm_efficiency(T, HS, T);
+    const double eff_attention = hw_.attention_efficiency(T, HS);
     double linear = dense_linear_ * n_ / t_ / (peak_ * eff_linear);
     const double attention = parts_.layer_attention * n_ / t_ / (peak_ * eff_attention);
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is

@@ -73,7 +73,8 @@ const std::set<std::string>& known_keys() {
   static const std::set<std::string> keys = {
       "name", "devices_per_node",
       "device.kind", "device.peak_tflops_fp32", "device.peak_tflops_bf16",
-      "device.gemm_efficiency", "device.memory_gib", "device.reserved_gib",
+      "device.gemm_efficiency", "device.attention_efficiency", "device.memory_gib",
+      "device.reserved_gib",
       "device.memory_bandwidth_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
       "inter_node.bandwidth_gbs", "inter_node.efficiency", "inter_node.latency_us",
@@ -86,7 +87,8 @@ const std::set<std::string>& known_keys() {
 // silently used default.
 void check_unknown_keys(const toml::table& t, const std::string& prefix, const Reader& r) {
   for (const auto& [k, v] : t) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const toml::table* sub = v.as_table()) {
       check_unknown_keys(*sub, key, r);
       continue;
@@ -95,8 +97,7 @@ void check_unknown_keys(const toml::table& t, const std::string& prefix, const R
   }
 }
 
-std::vector<std::pair<double, double>> read_curve(const Reader& r) {
-  const std::string key = "device.gemm_efficiency";
+std::vector<std::pair<double, double>> read_curve(const Reader& r, const std::string& key) {
   const toml::array* a = r.node(key).as_array();
   if (a == nullptr || a->empty()) r.fail(key, "must be a non-empty array of [size, fraction]");
   std::vector<std::pair<double, double>> curve;
@@ -154,7 +155,9 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
     r.fail("device.kind", "= \"" + hw.device.kind + "\" must be \"gpu\" or \"cpu\"");
   hw.device.peak_tflops_fp32 = r.number("device.peak_tflops_fp32", 0.0);
   hw.device.peak_tflops_bf16 = r.number("device.peak_tflops_bf16", 0.0);
-  hw.device.gemm_efficiency = read_curve(r);
+  hw.device.gemm_efficiency = read_curve(r, "device.gemm_efficiency");
+  if (root.at_path("device.attention_efficiency").node() != nullptr)
+    hw.device.attention_efficiency = read_curve(r, "device.attention_efficiency");
   hw.device.memory_gib = r.number("device.memory_gib", 0.0);
   hw.device.reserved_gib = r.non_negative("device.reserved_gib");
   if (hw.device.reserved_gib >= hw.device.memory_gib)
@@ -183,15 +186,27 @@ double HardwareSpec::peak_flops(const std::string& precision) const {
   throw Error("train.precision = \"" + precision + "\": the plan knows fp32 and bf16");
 }
 
-double HardwareSpec::gemm_efficiency(double m, double n, double k) const {
-  const auto& c = device.gemm_efficiency;
-  const double size = std::cbrt(std::max(m, 1.0) * std::max(n, 1.0) * std::max(k, 1.0));
+namespace {
+// The curve c at size, linearly interpolated in log(size), flat beyond its ends.
+double curve_at(const std::vector<std::pair<double, double>>& c, double size) {
   if (size <= c.front().first) return c.front().second;
   if (size >= c.back().first) return c.back().second;
   size_t i = 1;
   while (c[i].first < size) ++i;
   const double t = std::log(size / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
   return c[i - 1].second + t * (c[i].second - c[i - 1].second);
+}
+}  // namespace
+
+double HardwareSpec::gemm_efficiency(double m, double n, double k) const {
+  return curve_at(device.gemm_efficiency,
+                  std::cbrt(std::max(m, 1.0) * std::max(n, 1.0) * std::max(k, 1.0)));
+}
+
+double HardwareSpec::attention_efficiency(double T, double HS) const {
+  if (device.attention_efficiency.empty()) return gemm_efficiency(T, HS, T);
+  return curve_at(device.attention_efficiency,
+                  std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0)));
 }
 
 double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collective c, int64_t n,
@@ -235,6 +250,13 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
     o << (i ? ", " : "") << "[" << num(hw.device.gemm_efficiency[i].first) << ", "
       << num(hw.device.gemm_efficiency[i].second) << "]";
   o << "]\n";
+  if (!hw.device.attention_efficiency.empty()) {
+    o << "attention_efficiency = [";
+    for (size_t i = 0; i < hw.device.attention_efficiency.size(); ++i)
+      o << (i ? ", " : "") << "[" << num(hw.device.attention_efficiency[i].first) << ", "
+        << num(hw.device.attention_efficiency[i].second) << "]";
+    o << "]\n";
+  }
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
   o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";

@@ -34,6 +34,11 @@ struct DeviceSpec {
   double peak_tflops_bf16 = 0.0;
   // (GEMM size, fraction of peak): size is the cube root of m*n*k; sorted by size.
   std::vector<std::pair<double, double>> gemm_efficiency;
+  // Optional (empty: the GEMM curve at T x HS x T): (size, fraction of peak) the trainer's fused
+  // attention forward and backward reach, counted as the plan counts attention's FLOPs (the
+  // full T x T, three passes); size is the cube root of T*T*HS. bench-hw measures it on the
+  // CPU, where the blocked kernel's softmax and small GEMMs run far below the GEMM curve.
+  std::vector<std::pair<double, double>> attention_efficiency;
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
@@ -56,6 +61,9 @@ struct HardwareSpec {
   // Fraction of peak a GEMM of m x n x k reaches: the curve linearly interpolated in
   // log(size), flat beyond its ends.
   double gemm_efficiency(double m, double n, double k) const;
+  // Fraction of peak the attention of sequence T and head size HS reaches: the attention curve
+  // where the file has one (interpolated as gemm_efficiency), else gemm_efficiency(T, HS, T).
+  double attention_efficiency(double T, double HS) const;
 };
 
 // Reads and checks a hardware file. A missing key, a wrong type or an impossible value is a
