@@ -52,7 +52,8 @@ double best_seconds(MPI_Comm comm, cudaStream_t stream, int reps,
 }
 
 // The square GEMMs of the curve, A and B of type TAB, C of type TC (bf16: bf16 out; fp32: true
-// fp32, TF32 off, as the trainer's fp32 path runs). Repetitions per timing: ~20 ms of work.
+// fp32, TF32 off, as the trainer's fp32 path runs). Calls per timing: ~20 ms of work at the
+// guessed rate.
 template <typename TAB, typename TC>
 std::vector<GpuGemmPoint> gemm_curve(MPI_Comm comm, cudaStream_t stream, cuda::CublasContext& ctx,
                                      double guess_tflops) {
@@ -64,7 +65,9 @@ std::vector<GpuGemmPoint> gemm_curve(MPI_Comm comm, cudaStream_t stream, cuda::C
     CUDA_CHECK(cudaMemsetAsync(a.p, 0x3c, elems * sizeof(TAB), stream));
     CUDA_CHECK(cudaMemsetAsync(b.p, 0x3c, elems * sizeof(TAB), stream));
     const double flops = 2.0 * n * static_cast<double>(n) * n;
-    const int inner = std::max(1, static_cast<int>(0.02 * guess_tflops * 1e12 / flops));
+    // At most 2000 calls: the small sizes are bound by the launch, not the flops.
+    const int inner =
+        std::clamp(static_cast<int>(0.02 * guess_tflops * 1e12 / flops), 1, 2000);
     const double t = best_seconds(comm, stream, 5, [&] {
       for (int i = 0; i < inner; ++i)
         cuda::gemm<TAB, TC>(ctx, false, false, n, n, n, 1.0f, a.as<TAB>(), n, b.as<TAB>(), n,
