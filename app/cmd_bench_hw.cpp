@@ -273,6 +273,29 @@ double proc_gib(const char* path, const std::string& wanted) {
 double memory_total_gib() { return proc_gib("/proc/meminfo", "MemTotal:"); }
 double resident_gib() { return proc_gib("/proc/self/status", "VmRSS:"); }
 
+// The links from measured fits: send/recv's bandwidth and latency, and each collective's
+// slope against the ring's (n-1)/n bytes at the send/recv bandwidth, the factor `trident plan`
+// multiplies by.
+void set_measured_links(HardwareSpec& hw, int ranks, const LinkFit& p2p, const LinkFit& ar,
+                        const LinkFit& ag, const LinkFit& rs) {
+  hw.intra_node.bandwidth_gbs = 1.0 / p2p.seconds_per_byte / 1e9;
+  hw.intra_node.efficiency = 1.0;
+  hw.intra_node.latency_us = p2p.latency * 1e6;
+  const double share = static_cast<double>(ranks - 1) / ranks;
+  hw.collectives.send_recv = 1.0;
+  hw.collectives.all_reduce = ar.seconds_per_byte / p2p.seconds_per_byte / share;
+  hw.collectives.all_gather = ag.seconds_per_byte / p2p.seconds_per_byte / share;
+  hw.collectives.reduce_scatter = rs.seconds_per_byte / p2p.seconds_per_byte / share;
+}
+
+// One rank, nothing to measure: half of `bytes_per_s` (a copy reads and writes) and 1 us stand
+// in; the file says so.
+void set_stand_in_links(HardwareSpec& hw, double bytes_per_s) {
+  hw.intra_node.bandwidth_gbs = bytes_per_s / 2.0 / 1e9;
+  hw.intra_node.efficiency = 1.0;
+  hw.intra_node.latency_us = 1.0;
+}
+
 // Rank 0: the file, read back first (what it writes, it reads), then printed.
 void write_hardware_file(const HardwareSpec& hw, const std::vector<std::string>& comment,
                          const std::string& path) {
@@ -324,22 +347,13 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
     const LinkFit ar = fit(r.message_bytes, r.all_reduce);
     const LinkFit ag = fit(r.message_bytes, r.all_gather);
     const LinkFit rs = fit(r.message_bytes, r.reduce_scatter);
-    hw.intra_node.bandwidth_gbs = 1.0 / p2p.seconds_per_byte / 1e9;
-    hw.intra_node.efficiency = 1.0;
-    hw.intra_node.latency_us = p2p.latency * 1e6;
-    const double share = static_cast<double>(ranks - 1) / ranks;
-    hw.collectives.send_recv = 1.0;
-    hw.collectives.all_reduce = ar.seconds_per_byte / p2p.seconds_per_byte / share;
-    hw.collectives.all_gather = ag.seconds_per_byte / p2p.seconds_per_byte / share;
-    hw.collectives.reduce_scatter = rs.seconds_per_byte / p2p.seconds_per_byte / share;
+    set_measured_links(hw, ranks, p2p, ar, ag, rs);
     fits = {fit_line("send/recv", p2p), fit_line("all-reduce", ar), fit_line("all-gather", ag),
             fit_line("reduce-scatter", rs)};
   } else {
-    // As the CPU's one rank: half the device's streaming rate and 1 us stand in, said in the
-    // file; a plan over more than one GPU needs the links measured (or a datasheet file).
-    hw.intra_node.bandwidth_gbs = r.bandwidth / 2.0 / 1e9;
-    hw.intra_node.efficiency = 1.0;
-    hw.intra_node.latency_us = 1.0;
+    // As the CPU's one rank; a plan over more than one GPU needs the links measured (or a
+    // datasheet file).
+    set_stand_in_links(hw, r.bandwidth);
     r.links_note += "; intra_node is half the device bandwidth and 1 us";
   }
   hw.inter_node = hw.intra_node;
@@ -415,24 +429,13 @@ void run_bench_hw(const BenchHwOptions& options) {
     const LinkFit ar = measure_collective(Collective::AllReduce, table);
     const LinkFit ag = measure_collective(Collective::AllGather, table);
     const LinkFit rs = measure_collective(Collective::ReduceScatter, table);
-    hw.intra_node.bandwidth_gbs = 1.0 / p2p.seconds_per_byte / 1e9;
-    hw.intra_node.efficiency = 1.0;
-    hw.intra_node.latency_us = p2p.latency * 1e6;
-    // Each collective's measured slope against the ring's (n-1)/n bytes at the send/recv
-    // bandwidth: the factor `trident plan` multiplies by.
-    const double share = static_cast<double>(ranks - 1) / ranks;
-    hw.collectives.send_recv = 1.0;
-    hw.collectives.all_reduce = ar.seconds_per_byte / p2p.seconds_per_byte / share;
-    hw.collectives.all_gather = ag.seconds_per_byte / p2p.seconds_per_byte / share;
-    hw.collectives.reduce_scatter = rs.seconds_per_byte / p2p.seconds_per_byte / share;
+    set_measured_links(hw, ranks, p2p, ar, ag, rs);
     notes.push_back("links: MPI over " + std::to_string(ranks) +
                     " ranks of this node; inter_node copies intra_node (one node: not measured)");
   } else {
     // One rank: no peer to measure. Ranks of one node talk through shared memory, so a memcpy
     // stands in for the link; say so in the file.
-    hw.intra_node.bandwidth_gbs = bandwidth / 2.0 / 1e9;
-    hw.intra_node.efficiency = 1.0;
-    hw.intra_node.latency_us = 1.0;
+    set_stand_in_links(hw, bandwidth);
     notes.push_back("links: NOT measured (1 rank): intra_node is half the memory copy bandwidth "
                     "and 1 us; run under mpiexec -n 2 or more to measure them");
   }

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
 
 namespace trident::cpu {
 
@@ -12,8 +13,6 @@ constexpr double kEps = 1e-5;
 // Rows per partial sum of dweight/dbias in the backward. A fixed chunking (not one chunk per
 // thread) makes the result independent of the thread count as well as reproducible.
 constexpr int64_t kRowsPerChunk = 32;
-// Columns per block of a row's input gradient on its way into dinp (backward with add_to_dinp).
-constexpr int64_t kAddBlock = 256;
 }  // namespace
 
 // One row: out[C] = (x - mean) * rstd * weight + bias; returns {mean, rstd}.
@@ -97,12 +96,7 @@ void layernorm_backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const
         }
         const T mean_g = sum_g / T(C);
         const T mean_gx = sum_gx / T(C);
-        // Added to dinp, the gradient is first rounded into a block in L1: dinp += s * (...)
-        // would contract into one FMA and differ from the overwrite-then-add it replaces.
-        for (int64_t c0 = 0; c0 < C; c0 += kAddBlock) {
-          const int64_t len = std::min(kAddBlock, C - c0);
-          T block[kAddBlock];
-          T* o = kAddToDinp ? block : dx + c0;
+        detail::row_gradient_into<kAddToDinp>(dx, C, [&](int64_t c0, int64_t len, T* o) {
 #pragma omp simd
           for (int64_t j = 0; j < len; j++) {
             const int64_t c = c0 + j;
@@ -112,11 +106,7 @@ void layernorm_backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const
             pb[c] += gc;
             o[j] = s * (weight[c] * gc - mean_g - xhat * mean_gx);
           }
-          if constexpr (kAddToDinp) {
-#pragma omp simd
-            for (int64_t j = 0; j < len; j++) dx[c0 + j] += block[j];
-          }
-        }
+        });
       }
     }
     // (implicit barrier) reduce the chunk partials in chunk order, parallel over columns.

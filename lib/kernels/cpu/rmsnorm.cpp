@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/vecmath.hpp"
 
 namespace trident::cpu {
 
@@ -15,8 +16,6 @@ namespace {
 // Rows per partial sum of dweight in the backward. A fixed chunking (not one chunk per
 // thread) makes the result independent of the thread count as well as reproducible.
 constexpr int64_t kRowsPerChunk = 32;
-// Columns per block of a row's input gradient on its way into dinp (backward with add_to_dinp).
-constexpr int64_t kAddBlock = 256;
 using Acc = double;
 }  // namespace
 
@@ -80,11 +79,7 @@ void rmsnorm_backward_rows(T* dinp, T* dweight, const T* dout, const T* inp, con
 #pragma omp simd reduction(+ : sum_gx)
         for (int64_t c = 0; c < C; c++) sum_gx += Acc(weight[c] * g[c]) * Acc(x[c] * s);
         const T mean_gx = static_cast<T>(sum_gx / Acc(C));
-        // Added to dinp, the gradient is first rounded into a block in L1 (see layernorm.cpp).
-        for (int64_t c0 = 0; c0 < C; c0 += kAddBlock) {
-          const int64_t len = std::min(kAddBlock, C - c0);
-          T block[kAddBlock];
-          T* o = kAddToDinp ? block : dx + c0;
+        detail::row_gradient_into<kAddToDinp>(dx, C, [&](int64_t c0, int64_t len, T* o) {
 #pragma omp simd
           for (int64_t j = 0; j < len; j++) {
             const int64_t c = c0 + j;
@@ -92,11 +87,7 @@ void rmsnorm_backward_rows(T* dinp, T* dweight, const T* dout, const T* inp, con
             pw[c] += g[c] * xhat;
             o[j] = s * (weight[c] * g[c] - xhat * mean_gx);
           }
-          if constexpr (kAddToDinp) {
-#pragma omp simd
-            for (int64_t j = 0; j < len; j++) dx[c0 + j] += block[j];
-          }
-        }
+        });
       }
     }
     // (implicit barrier) reduce the chunk partials in chunk order, parallel over columns.

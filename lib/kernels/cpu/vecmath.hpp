@@ -72,6 +72,25 @@ inline T min_fast(T x, T hi) {
   }
 }
 
+// A norm's row of input gradient into dinp[0, C), in blocks of 256 columns: columns(c0, len, o)
+// computes columns [c0, c0 + len) into o[0, len). kAdd: o is a block in L1, then added to dinp
+// (rounded first: dinp += s * (...) would contract into one FMA and differ from the
+// overwrite-then-add it replaces); otherwise o is dinp + c0.
+template <bool kAdd, typename T, typename Columns>
+inline void row_gradient_into(T* dinp, int64_t C, Columns&& columns) {
+  constexpr int64_t kBlock = 256;
+  for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
+    const int64_t len = std::min(kBlock, C - c0);
+    T block[kBlock];
+    T* o = kAdd ? block : dinp + c0;
+    columns(c0, len, o);
+    if constexpr (kAdd) {
+#pragma omp simd
+      for (int64_t j = 0; j < len; j++) dinp[c0 + j] += block[j];
+    }
+  }
+}
+
 // [begin, end) of chunk `i` when n items are split into `parts` near-equal contiguous chunks.
 struct Range {
   int64_t begin;
