@@ -8,11 +8,38 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <string>
 
 #include "kernels/cpu/blas.hpp"
 
 namespace {
 constexpr int kSkippedExitCode = 77;  // tests/CMakeLists.txt: SKIP_RETURN_CODE of MPI tests
+}  // namespace
+
+namespace {
+
+// Ranks other than 0 print nothing of the progress, but each failed assertion they see: with
+// the default printer gone, that rank's failure would show only as the exit code.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  // The test's name is kept here: UnitTest::current_test_info() takes the lock that gtest holds
+  // while it reports a result, so asking it from OnTestPartResult deadlocks.
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(),
+                 result.file_name() != nullptr ? result.file_name() : "?", result.line_number(),
+                 result.summary());
+  }
+
+ private:
+  int rank_;
+  std::string test_ = "(no test)";
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -29,6 +56,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));  // gtest owns and deletes it
   }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;
