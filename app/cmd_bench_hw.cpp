@@ -399,7 +399,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
   std::vector<std::string> notes;
   const std::vector<GemmPoint> gemm = measure_sgemm(threads);
-  const double bandwidth = measure_copy_bandwidth();
+  const double copy_bandwidth = measure_copy_bandwidth();
   const double kernel_bandwidth = measure_kernel_bandwidth(threads);
   const std::vector<AttentionPoint> attention = measure_attention(threads);
 
@@ -435,7 +435,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   } else {
     // One rank: no peer to measure. Ranks of one node talk through shared memory, so a memcpy
     // stands in for the link; say so in the file.
-    set_stand_in_links(hw, bandwidth);
+    set_stand_in_links(hw, copy_bandwidth);
     notes.push_back("links: NOT measured (1 rank): intra_node is half the memory copy bandwidth "
                     "and 1 us; run under mpiexec -n 2 or more to measure them");
   }
@@ -451,7 +451,7 @@ void run_bench_hw(const BenchHwOptions& options) {
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",
       "written), the rank's threads, all ranks at once (a 256 MiB memcpy: " +
-          gbs_text(bandwidth) + " GB/s).",
+          gbs_text(copy_bandwidth) + " GB/s).",
       notes.front(),
       "sgemm (n x n x n):"};
   for (const GemmPoint& p : gemm) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "config/config.hpp"
+#include "cuda/cuda_bench_hw.hpp"
 #include "train/backend.hpp"
 #include "train/trainer.hpp"
 
@@ -28,12 +29,13 @@ using CudaModuleLayoutFn = uint64_t (*)();
 using CudaModuleMakeFn = void (*)(const Config&, const TrainerGroups&, const ModelShard&,
                                   Backend&);
 
-// The sizes of the types that cross into the module, packed: a module built from other sources
-// than the executable that loads it is refused in one line instead of misreading them.
+// The sizes of the types that cross into the module (bench-hw's GpuBenchResult too), packed: a
+// module built from other sources than the executable that loads it is refused in one line
+// instead of misreading them.
 inline uint64_t backend_layout_tag() {
-  return (uint64_t{sizeof(Config)} << 40) ^ (uint64_t{sizeof(ModelConfig)} << 28) ^
-         (uint64_t{sizeof(TrainerGroups)} << 16) ^ (uint64_t{sizeof(ModelShard)} << 8) ^
-         uint64_t{sizeof(Backend)};
+  return (uint64_t{sizeof(GpuBenchResult)} << 52) ^ (uint64_t{sizeof(Config)} << 40) ^
+         (uint64_t{sizeof(ModelConfig)} << 28) ^ (uint64_t{sizeof(TrainerGroups)} << 16) ^
+         (uint64_t{sizeof(ModelShard)} << 8) ^ uint64_t{sizeof(Backend)};
 }
 
 }  // namespace trident

@@ -831,14 +831,10 @@ void Transformer<K>::layer_decode(size_t i, KvCache& c) {
   k_.kv_cache_attention(c.atty.data(), c.k[i].data(), c.v[i].data(), c.qkv.data(),
                         c.positions.data(), B, config_.seq_len, NHl_, KVHl_, HS_);
   proj_.forward(tp, k_, linear(p.proj_w, p.proj_b), c.residual.data(), c.atty.data(), B);
-  k_.add_inplace(c.residual.data(), x, B * C_);
-  norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.residual.data(), p.norm2_w,
-               p.norm2_b, B);
+  add_norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.residual.data(), x,
+                   p.norm2_w, p.norm2_b, B);
   up_.forward(tp, k_, linear(p.up_w, p.up_b), c.up.data(), c.norm.data(), B);
-  if (llama_)
-    k_.swiglu_forward(c.act.data(), c.up.data(), B, Fl_);
-  else
-    k_.gelu_forward(c.act.data(), c.up.data(), B * Fl_);
+  act_forward(c.act.data(), c.up.data(), B);
   down_.forward(tp, k_, linear(p.down_w, p.down_b), x, c.act.data(), B);  // x is free again
   k_.add_inplace(x, c.residual.data(), B * C_);
 }

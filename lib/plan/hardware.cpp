@@ -245,18 +245,15 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
   o << "kind = \"" << hw.device.kind << "\"\n";
   o << "peak_tflops_fp32 = " << num(hw.device.peak_tflops_fp32) << "\n";
   o << "peak_tflops_bf16 = " << num(hw.device.peak_tflops_bf16) << "\n";
-  o << "gemm_efficiency = [";
-  for (size_t i = 0; i < hw.device.gemm_efficiency.size(); ++i)
-    o << (i ? ", " : "") << "[" << num(hw.device.gemm_efficiency[i].first) << ", "
-      << num(hw.device.gemm_efficiency[i].second) << "]";
-  o << "]\n";
-  if (!hw.device.attention_efficiency.empty()) {
-    o << "attention_efficiency = [";
-    for (size_t i = 0; i < hw.device.attention_efficiency.size(); ++i)
-      o << (i ? ", " : "") << "[" << num(hw.device.attention_efficiency[i].first) << ", "
-        << num(hw.device.attention_efficiency[i].second) << "]";
+  auto curve = [&](const char* key, const std::vector<std::pair<double, double>>& c) {
+    o << key << " = [";
+    for (size_t i = 0; i < c.size(); ++i)
+      o << (i ? ", " : "") << "[" << num(c[i].first) << ", " << num(c[i].second) << "]";
     o << "]\n";
-  }
+  };
+  curve("gemm_efficiency", hw.device.gemm_efficiency);
+  if (!hw.device.attention_efficiency.empty())
+    curve("attention_efficiency", hw.device.attention_efficiency);
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
   o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";

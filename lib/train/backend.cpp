@@ -14,24 +14,6 @@
 namespace trident {
 
 #ifdef TRIDENT_HAVE_CUDA
-namespace {
-
-// The GPU backend lives in libtrident_cuda.so (cuda/cuda_backend.hpp), loaded here on the
-// first GPU run of the process and kept for its lifetime (the objects it makes run its code).
-Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
-                          const ModelShard& shard) {
-  const std::string who = config.source + ": train.device = \"cuda\"";
-  auto make =
-      reinterpret_cast<CudaModuleMakeFn>(cuda_module_function(who, kCudaModuleMakeSymbol));
-  Backend b;
-  make(config, groups, shard, b);
-  return b;
-}
-
-}  // namespace
-#endif
-
-#ifdef TRIDENT_HAVE_CUDA
 void* cuda_module_function(const std::string& who, const char* symbol) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -58,6 +40,22 @@ void* cuda_module_function(const std::string& who, const char* symbol) {
                 "): rebuild both together");
   return function;
 }
+
+namespace {
+
+// The GPU backend lives in libtrident_cuda.so (cuda/cuda_backend.hpp), loaded here on the
+// first GPU run of the process and kept for its lifetime (the objects it makes run its code).
+Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
+                          const ModelShard& shard) {
+  const std::string who = config.source + ": train.device = \"cuda\"";
+  auto make =
+      reinterpret_cast<CudaModuleMakeFn>(cuda_module_function(who, kCudaModuleMakeSymbol));
+  Backend b;
+  make(config, groups, shard, b);
+  return b;
+}
+
+}  // namespace
 #endif
 
 Backend make_backend(const Config& config, const TrainerGroups& groups,
