@@ -19,13 +19,16 @@ constexpr int64_t kParallelMin = 1 << 15;
 // simdlen(16): 512-bit vectors where the core has them (GCC's default for -march=native on
 // these Xeons is 256). GELU is compute-bound in cache: 0.67 -> 0.51 ns an element on one core;
 // elementwise, so the same bits either way.
+// `if (parallel : ...)`: a bare `if` on `parallel for simd` applies to the simd construct too,
+// and a false one turns the vectorisation off (OpenMP 5.0): calls below kParallelMin ran scalar,
+// 15x slower an element.
 }  // namespace
 
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t N) {
   const T a = T(kSqrt2OverPi);
   const T b = T(kCoeff);
-#pragma omp parallel for simd simdlen(16) schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd simdlen(16) schedule(static) if (parallel : N >= kParallelMin)
   for (int64_t i = 0; i < N; i++) {
     const T x = inp[i];
     const T u = a * (x + b * x * x * x);
@@ -38,7 +41,7 @@ template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N) {
   const T a = T(kSqrt2OverPi);
   const T b = T(kCoeff);
-#pragma omp parallel for simd simdlen(16) schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd simdlen(16) schedule(static) if (parallel : N >= kParallelMin)
   for (int64_t i = 0; i < N; i++) {
     const T x = inp[i];
     const T x2 = x * x;

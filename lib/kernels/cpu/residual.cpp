@@ -5,17 +5,19 @@ namespace trident::cpu {
 
 namespace {
 constexpr int64_t kParallelMin = 1 << 15;
+// `if (parallel : ...)`: a bare `if` would also apply to the simd construct and make the
+// calls below kParallelMin scalar (OpenMP 5.0).
 }  // namespace
 
 template <typename T>
 void add_forward(T* out, const T* a, const T* b, int64_t N) {
-#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : N >= kParallelMin)
   for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
 
 template <typename T>
 void add_inplace(T* acc, const T* x, int64_t N) {
-#pragma omp parallel for simd schedule(static) if (N >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : N >= kParallelMin)
   for (int64_t i = 0; i < N; i++) acc[i] += x[i];
 }
 
