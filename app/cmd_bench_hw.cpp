@@ -1,6 +1,7 @@
 // trident bench-hw: measures the machine it runs on and writes a hardware description
 // (plan/hardware.hpp, docs/plan.md) for `trident plan`. CPU only: the trainer's own sgemm
-// (kernels/cpu/blas.hpp) over sizes (the efficiency curve), the rate its elementwise kernels
+// (kernels/cpu/blas.hpp) on cubes (the peak) and on a linear layer's training GEMMs over
+// sizes (the efficiency curve), the rate its elementwise kernels
 // stream at (memory bandwidth), and MPI send/recv, all-reduce, all-gather and reduce-scatter
 // over message sizes between the ranks it is launched with (latency and bandwidth from the
 // best timings, see fit()).
@@ -98,6 +99,46 @@ std::vector<GemmPoint> measure_sgemm(int threads) {
         },
         5);
     points.push_back({n, flops * inner / t / 1e9});
+  }
+  return points;
+}
+
+// The efficiency curve's points: the GEMMs of a linear layer's training step as the trainer
+// calls them (kernels/cpu/linear.cpp: forward inp W^T, weight gradient dout^T inp, input
+// gradient dout W), at each volume s^3 over three layers of tokens x in x out: s x s x s, and
+// the MLP's a x a x 4a and a x 4a x a (a^3 4 = s^3). The point is their FLOPs over their time.
+// Cubes alone overrate the threads: a step's GEMMs are thin (out 128 wide, 4x longer k) and
+// transposed, and two threads split them worse (2 threads at 256 x 128 x 512: 1.45x one thread,
+// at 256^3: 1.8x, on the Xeon of docs/plan.md).
+std::vector<GemmPoint> measure_linear_training(int threads) {
+  cpu::set_num_threads(threads);
+  std::vector<GemmPoint> points;
+  for (int s : {32, 64, 128, 256, 384, 512, 768, 1024, 1536}) {
+    const int a = std::max(8, static_cast<int>(std::lround(s / std::cbrt(4.0) / 8.0)) * 8);
+    const int layers[3][3] = {{s, s, s}, {a, a, 4 * a}, {a, 4 * a, a}};  // tokens, in, out
+    double flops = 0, seconds = 0;
+    for (const auto& l : layers) {
+      const int M = l[0], C = l[1], OC = l[2];
+      std::vector<float> inp(static_cast<size_t>(M) * C, 0.5f), w(static_cast<size_t>(OC) * C, 0.25f);
+      std::vector<float> out(static_cast<size_t>(M) * OC), dw(w.size()), dinp(inp.size());
+      const double f = 3.0 * 2.0 * M * static_cast<double>(C) * OC;
+      const int inner = std::max(1, static_cast<int>(1e8 / f));  // ~20 ms per timing
+      seconds += best_time(
+                     [&] {
+                       for (int i = 0; i < inner; ++i) {
+                         cpu::gemm<float>(false, true, M, OC, C, 1.0f, inp.data(), C, w.data(),
+                                          C, 0.0f, out.data(), OC);
+                         cpu::gemm<float>(true, false, OC, C, M, 1.0f, out.data(), OC,
+                                          inp.data(), C, 1.0f, dw.data(), C);
+                         cpu::gemm<float>(false, false, M, C, OC, 1.0f, out.data(), OC, w.data(),
+                                          C, 0.0f, dinp.data(), C);
+                       }
+                     },
+                     5) /
+                 inner;
+      flops += f;
+    }
+    points.push_back({s, flops / seconds / 1e9});
   }
   return points;
 }
@@ -399,6 +440,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
   std::vector<std::string> notes;
   const std::vector<GemmPoint> gemm = measure_sgemm(threads);
+  const std::vector<GemmPoint> training = measure_linear_training(threads);
   const double copy_bandwidth = measure_copy_bandwidth();
   const double kernel_bandwidth = measure_kernel_bandwidth(threads);
   const std::vector<AttentionPoint> attention = measure_attention(threads);
@@ -413,8 +455,8 @@ void run_bench_hw(const BenchHwOptions& options) {
   // the clock under an all-core AVX load is not knowable from /proc, the measured best is.
   hw.device.peak_tflops_fp32 = best / 1e3;
   hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
-  for (const GemmPoint& p : gemm)
-    hw.device.gemm_efficiency.emplace_back(p.size, std::max(1e-3, p.gflops / best));
+  for (const GemmPoint& p : training)
+    hw.device.gemm_efficiency.emplace_back(p.size, std::clamp(p.gflops / best, 1e-3, 1.0));
   for (const AttentionPoint& p : attention)
     hw.device.attention_efficiency.emplace_back(
         std::cbrt(static_cast<double>(p.T) * p.T * p.head_size),
@@ -446,8 +488,9 @@ void run_bench_hw(const BenchHwOptions& options) {
       "Written by `trident bench-hw` (docs/plan.md) on " + cpu_model() + ", " +
           std::to_string(cores) + " cores, " + std::to_string(ranks) + " rank(s) x " +
           std::to_string(threads) + " thread(s).",
-      "Peak = the best trainer sgemm measured per rank (all ranks at once); efficiency = each",
-      "size's GFLOP/s over that best. bf16 = fp32: the CPU backend computes in fp32.",
+      "Peak = the best trainer sgemm (cubes) measured per rank (all ranks at once); efficiency at",
+      "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
+      "volume) over that best. bf16 = fp32: the CPU backend computes in fp32.",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",
       "written), the rank's threads, all ranks at once (a 256 MiB memcpy: " +
@@ -457,6 +500,12 @@ void run_bench_hw(const BenchHwOptions& options) {
   for (const GemmPoint& p : gemm) {
     char line[80];
     std::snprintf(line, sizeof line, "  n = %5d  %8.2f GFLOP/s", p.size, p.gflops);
+    comment.push_back(line);
+  }
+  comment.push_back("linear layers' training GEMMs (volume s^3: s x s x s, a x a x 4a, a x 4a x a):");
+  for (const GemmPoint& p : training) {
+    char line[80];
+    std::snprintf(line, sizeof line, "  s = %5d  %8.2f GFLOP/s", p.size, p.gflops);
     comment.push_back(line);
   }
   comment.push_back("attention (fused, forward + backward; GFLOP/s as the plan counts them):");
