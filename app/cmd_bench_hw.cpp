@@ -27,6 +27,7 @@
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
+#include "tensor/device.hpp"
 #include "train/backend.hpp"
 #include "util/error.hpp"
 
@@ -168,6 +169,42 @@ double measure_kernel_bandwidth(int threads) {
   const double backward =
       best_time([&] { cpu::gelu_backward(y.data(), x.data(), dy.data(), n); }, 5);
   return 20.0 * static_cast<double>(n) / (forward + backward);
+}
+
+// The trainer's optimizer pass (the device's gradient square sum, AdamW update and gradient
+// zeroing, as Trainer::train_step runs them) over n parameters, the rank's threads, all ranks
+// at once: bytes per second, the bytes counted as the plan counts them
+// (kOptimizerBytesPerParam). Over sizes, as a small model's state stays in cache.
+struct OptimizerPoint {
+  int64_t parameters;
+  double bytes_per_s;
+};
+
+std::vector<OptimizerPoint> measure_optimizer(int threads) {
+  cpu::set_num_threads(threads);
+  const std::unique_ptr<Device> device = make_cpu_device();
+  std::vector<OptimizerPoint> points;
+  for (int64_t n : {int64_t{1} << 18, int64_t{1} << 20, int64_t{1} << 22, int64_t{1} << 24,
+                    int64_t{1} << 26}) {
+    std::vector<float> w(static_cast<size_t>(n), 0.02f), g(w.size()), m(w.size()), v(w.size());
+    AdamWStep step;
+    step.lr = 1e-4f;
+    step.weight_decay = 0.1f;
+    const int inner = static_cast<int>(std::max<int64_t>(1, (int64_t{1} << 24) / n));
+    double norms = 0;  // kept, so that the square sums are not optimised away
+    const double t = best_time(
+        [&] {
+          for (int i = 0; i < inner; ++i) {
+            norms += device->square_sum({{g.data(), n}});
+            device->adamw(w.data(), g.data(), m.data(), v.data(), n, step);
+            device->fill_zero(g.data(), n * static_cast<int64_t>(sizeof(float)));
+          }
+        },
+        3);
+    if (norms != 0.0) throw Error("bench-hw: the zeroed gradients' square sum is not 0");
+    points.push_back({n, kOptimizerBytesPerParam * static_cast<double>(n) * inner / t});
+  }
+  return points;
 }
 
 std::string gbs_text(double bytes_per_s) {
@@ -444,6 +481,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   const double copy_bandwidth = measure_copy_bandwidth();
   const double kernel_bandwidth = measure_kernel_bandwidth(threads);
   const std::vector<AttentionPoint> attention = measure_attention(threads);
+  const std::vector<OptimizerPoint> optimizer = measure_optimizer(threads);
 
   HardwareSpec hw;
   hw.name = options.name.empty() ? cpu_model() + " (measured by trident bench-hw)" : options.name;
@@ -464,6 +502,9 @@ void run_bench_hw(const BenchHwOptions& options) {
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
   hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;
+  for (const OptimizerPoint& p : optimizer)
+    hw.device.optimizer_bandwidth_gbs.emplace_back(static_cast<double>(p.parameters),
+                                                   p.bytes_per_s / 1e9);
 
   std::vector<std::string> table;
   if (ranks >= 2) {
@@ -513,6 +554,13 @@ void run_bench_hw(const BenchHwOptions& options) {
     char line[80];
     std::snprintf(line, sizeof line, "  T = %5d, head size %4d  %8.2f GFLOP/s", p.T, p.head_size,
                   p.gflops);
+    comment.push_back(line);
+  }
+  comment.push_back("optimizer pass (gradient norm, AdamW, zeroing; 36 bytes a parameter):");
+  for (const OptimizerPoint& p : optimizer) {
+    char line[80];
+    std::snprintf(line, sizeof line, "  %9lld parameters  %6.1f GB/s",
+                  static_cast<long long>(p.parameters), p.bytes_per_s / 1e9);
     comment.push_back(line);
   }
   if (!table.empty()) comment.push_back("MPI (slowest rank, best of repetitions):");

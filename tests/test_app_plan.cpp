@@ -113,6 +113,7 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
       << text;
   EXPECT_NE(text.find("(a 256 MiB memcpy: "), std::string::npos) << text;
   EXPECT_NE(text.find("attention_efficiency = [[64.0, "), std::string::npos) << text;
+  EXPECT_NE(text.find("optimizer_bandwidth_gbs = [[262144.0, "), std::string::npos) << text;
   r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
            " --nodes 1 --top 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;

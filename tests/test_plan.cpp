@@ -124,6 +124,51 @@ TEST(PlanHardware, AttentionCurveIsOptionalAndReadLikeTheGemmCurve) {
                "device.attention_efficiency point [512, 1.9]");
 }
 
+// device.optimizer_bandwidth_gbs is optional: absent, the optimizer pass streams at the memory
+// bandwidth; present, at its curve over the parameters a rank owns (interpolated in
+// log(parameters), flat beyond the ends), in GB/s, not a fraction; written back and checked.
+TEST(PlanHardware, OptimizerCurveIsOptionalInGigabytesPerSecond) {
+  const std::string base = replace(ideal_hardware_text(), "memory_bandwidth_gbs = 1e12",
+                                   "memory_bandwidth_gbs = 100.0");
+  const HardwareSpec without = parse_hardware(base, "hw.toml");
+  EXPECT_TRUE(without.device.optimizer_bandwidth_gbs.empty());
+  EXPECT_DOUBLE_EQ(without.optimizer_bytes_per_s(1e9), 100e9);
+  const std::string text =
+      replace(base, "memory_bandwidth_gbs = 100.0",
+              "memory_bandwidth_gbs = 100.0\noptimizer_bandwidth_gbs = [[1e6, 40.0], [1e8, 20]]");
+  const HardwareSpec with = parse_hardware(text, "hw.toml");
+  ASSERT_EQ(with.device.optimizer_bandwidth_gbs.size(), 2u);
+  EXPECT_DOUBLE_EQ(with.optimizer_bytes_per_s(1e3), 40e9);   // below the first size
+  EXPECT_DOUBLE_EQ(with.optimizer_bytes_per_s(1e10), 20e9);  // beyond the last
+  EXPECT_NEAR(with.optimizer_bytes_per_s(1e7), 30e9, 1e-3);  // the geometric middle: halfway
+  const HardwareSpec again = parse_hardware(hardware_to_toml(with, {}), "again.toml");
+  EXPECT_EQ(again.device.optimizer_bandwidth_gbs, with.device.optimizer_bandwidth_gbs);
+  expect_error(replace(text, "[1e8, 20]", "[1e8, 0]"),
+               "device.optimizer_bandwidth_gbs point [1e+08, 0]: parameters and GB/s must be > 0");
+  expect_error(replace(text, "[1e8, 20]", "[1e5, 20]"),
+               "device.optimizer_bandwidth_gbs sizes must increase");
+}
+
+// The optimizer's time: kOptimizerBytesPerParam bytes per owned parameter (fp32) at the
+// optimizer curve's rate for that count; ZeRO-1 owns half over DP 2, at the curve's rate there.
+TEST(PlanPredict, OptimizerTimeIsItsBytesAtTheCurvesRateForTheOwnedParameters) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  const double flat = static_cast<double>(parameter_layout(m, ModelShard::whole(m)).flat_size);
+  p.hw.device.memory_bandwidth_gbs = 100.0;
+  EXPECT_NEAR(predict(p, layout(1, 1, 2, 2)).time.optimizer,
+              36.0 * flat / 100e9, 1e-15);
+  p.hw.device.optimizer_bandwidth_gbs = {{flat / 2, 10.0}, {flat, 40.0}};
+  EXPECT_NEAR(predict(p, layout(1, 1, 2, 2)).time.optimizer, 36.0 * flat / 40e9, 1e-15);
+  Layout z = layout(1, 1, 2, 2);
+  z.zero1 = true;
+  const double owned = std::ceil(flat / 2);
+  EXPECT_NEAR(predict(p, z).time.optimizer,
+              36.0 * owned / p.hw.optimizer_bytes_per_s(owned), 1e-15);
+  EXPECT_NEAR(p.hw.optimizer_bytes_per_s(flat / 2), 10e9, 1e-3);
+}
+
 TEST(PlanHardware, RingCollectivesAndSendRecv) {
   const HardwareSpec hw = parse_hardware(ideal_hardware_text(), "hw.toml");
   const double bytes = 1e8, bw = 10e9, lat = 2e-6;

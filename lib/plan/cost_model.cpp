@@ -19,10 +19,7 @@ namespace trident {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// AdamW touches per parameter: reads weight, gradient and two moments, writes weight and two
-// moments (7 fp32 values), the gradient-norm pass reads the gradient again and zeroing the
-// gradient writes it (2 more): 9 x 4 bytes. bf16 adds the refreshed compute copy (2 bytes).
-constexpr double kOptimizerBytesPerParam = 36.0;
+// kOptimizerBytesPerParam (plan/hardware.hpp); bf16 adds the refreshed compute copy (2 bytes).
 
 double activation_element_bytes(const std::string& precision) {
   return precision == "bf16" ? 2.0 : 4.0;
@@ -722,7 +719,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
                     largest_experts / static_cast<double>(l.dp / l.ep)
               : largest_flat;
   r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * bf16_copy) /
-                     (hw.device.memory_bandwidth_gbs * 1e9);
+                     hw.optimizer_bytes_per_s(owned);
 
   // Throughput.
   const TrainingFlopsParts& parts = model.parts();

@@ -75,7 +75,7 @@ const std::set<std::string>& known_keys() {
       "device.kind", "device.peak_tflops_fp32", "device.peak_tflops_bf16",
       "device.gemm_efficiency", "device.attention_efficiency", "device.memory_gib",
       "device.reserved_gib",
-      "device.memory_bandwidth_gbs",
+      "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
       "inter_node.bandwidth_gbs", "inter_node.efficiency", "inter_node.latency_us",
       "collectives.all_reduce", "collectives.all_gather", "collectives.reduce_scatter",
@@ -97,9 +97,13 @@ void check_unknown_keys(const toml::table& t, const std::string& prefix, const R
   }
 }
 
-std::vector<std::pair<double, double>> read_curve(const Reader& r, const std::string& key) {
+// A curve of [size, value] points, sizes increasing; values in (0, 1] (fractions of a peak) or,
+// with `rates`, any positive number (GB/s).
+std::vector<std::pair<double, double>> read_curve(const Reader& r, const std::string& key,
+                                                  bool rates = false) {
+  const char* what = rates ? "[parameters, GB/s]" : "[size, fraction]";
   const toml::array* a = r.node(key).as_array();
-  if (a == nullptr || a->empty()) r.fail(key, "must be a non-empty array of [size, fraction]");
+  if (a == nullptr || a->empty()) r.fail(key, std::string("must be a non-empty array of ") + what);
   std::vector<std::pair<double, double>> curve;
   for (const toml::node& point : *a) {
     const toml::array* p = point.as_array();
@@ -111,10 +115,11 @@ std::vector<std::pair<double, double>> read_curve(const Reader& r, const std::st
     };
     double size = 0.0, frac = 0.0;
     if (p == nullptr || p->size() != 2 || !num((*p)[0], size) || !num((*p)[1], frac))
-      r.fail(key, "must hold [size, fraction] pairs of numbers");
-    if (size <= 0.0 || frac <= 0.0 || frac > 1.0)
+      r.fail(key, std::string("must hold ") + what + " pairs of numbers");
+    if (size <= 0.0 || frac <= 0.0 || (!rates && frac > 1.0))
       r.fail(key, "point [" + Reader::text(size) + ", " + Reader::text(frac) +
-                      "]: size must be > 0 and fraction in (0, 1]");
+                      (rates ? "]: parameters and GB/s must be > 0"
+                             : "]: size must be > 0 and fraction in (0, 1]"));
     if (!curve.empty() && size <= curve.back().first)
       r.fail(key, "sizes must increase (" + Reader::text(size) + " after " +
                       Reader::text(curve.back().first) + ")");
@@ -163,6 +168,8 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   if (hw.device.reserved_gib >= hw.device.memory_gib)
     r.fail("device.reserved_gib", "must be less than device.memory_gib");
   hw.device.memory_bandwidth_gbs = r.number("device.memory_bandwidth_gbs", 0.0);
+  if (root.at_path("device.optimizer_bandwidth_gbs").node() != nullptr)
+    hw.device.optimizer_bandwidth_gbs = read_curve(r, "device.optimizer_bandwidth_gbs", true);
   hw.intra_node = read_link(r, "intra_node");
   hw.inter_node = read_link(r, "inter_node");
   hw.collectives.all_reduce = r.number("collectives.all_reduce", 0.0);
@@ -207,6 +214,11 @@ double HardwareSpec::attention_efficiency(double T, double HS) const {
   if (device.attention_efficiency.empty()) return gemm_efficiency(T, HS, T);
   return curve_at(device.attention_efficiency,
                   std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0)));
+}
+
+double HardwareSpec::optimizer_bytes_per_s(double parameters) const {
+  if (device.optimizer_bandwidth_gbs.empty()) return device.memory_bandwidth_gbs * 1e9;
+  return curve_at(device.optimizer_bandwidth_gbs, std::max(parameters, 1.0)) * 1e9;
 }
 
 double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collective c, int64_t n,
@@ -257,6 +269,8 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
   o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";
+  if (!hw.device.optimizer_bandwidth_gbs.empty())
+    curve("optimizer_bandwidth_gbs", hw.device.optimizer_bandwidth_gbs);
   auto link = [&](const char* name, const LinkSpec& l) {
     o << "\n[" << name << "]\nbandwidth_gbs = " << num(l.bandwidth_gbs)
       << "\nefficiency = " << num(l.efficiency) << "\nlatency_us = " << num(l.latency_us) << "\n";

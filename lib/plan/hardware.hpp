@@ -28,6 +28,11 @@ struct CollectiveFactors {
   double send_recv = 1.0;
 };
 
+// The optimizer pass's bytes per owned fp32 parameter: AdamW reads weight, gradient and two
+// moments and writes weight and two moments (7 values), the gradient norm reads the gradient
+// again and zeroing it writes it (2 more): 9 x 4 bytes.
+constexpr double kOptimizerBytesPerParam = 36.0;
+
 struct DeviceSpec {
   std::string kind;                 // "gpu" | "cpu"
   double peak_tflops_fp32 = 0.0;    // dense peak, 1e12 FLOP/s
@@ -42,6 +47,11 @@ struct DeviceSpec {
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
+  // Optional (empty: memory_bandwidth_gbs at every size): (parameters, GB/s) the trainer's
+  // optimizer pass streams at over a rank's parameters (gradient norm, AdamW, gradient zeroing;
+  // bytes as the plan counts them); sorted by parameters. bench-hw measures it on the CPU, where
+  // AdamW streams nearer a copy's rate than the GELU's and a small model's state sits in cache.
+  std::vector<std::pair<double, double>> optimizer_bandwidth_gbs;
   // Both backends of the trainer keep the row logsumexp [B,NH,T] (blocked, fused attention),
   // never the probabilities [B,NH,T,T]; PlanProblem::attention can still model the latter.
   bool materializes_attention() const { return false; }
@@ -64,6 +74,9 @@ struct HardwareSpec {
   // Fraction of peak the attention of sequence T and head size HS reaches: the attention curve
   // where the file has one (interpolated as gemm_efficiency), else gemm_efficiency(T, HS, T).
   double attention_efficiency(double T, double HS) const;
+  // Bytes per second of the optimizer pass over `parameters` owned elements: the optimizer
+  // curve where the file has one (interpolated as gemm_efficiency), else the memory bandwidth.
+  double optimizer_bytes_per_s(double parameters) const;
 };
 
 // Reads and checks a hardware file. A missing key, a wrong type or an impossible value is a
