@@ -19,7 +19,9 @@ other layer, and a variant with 16 experts): 1 rank, DP 2, TP 2 and DP 2 with EP
    gradients, moments: the buffers' sizes). The prediction compared with it is the plan's
    memory of the fullest stage without `device.reserved_gib` (bench-hw's process size: memory
    the allocator does not hand out).
-4. Prints predicted beside measured and four verdicts: median |step-time error| <= 15 %,
+4. Trains the first layout again at the end and prints how far its time moved (the machine's
+   drift while the runs went on: the hardware files were measured before them).
+5. Prints predicted beside measured and four verdicts: median |step-time error| <= 15 %,
    worst <= 30 %, memory (device peak and activations, fullest rank) within 10 %, and the
    measured fastest layout among the predicted three fastest.
 
@@ -209,6 +211,8 @@ def main():
         file_ranks = 1 if ranks == 1 else 2
         pred = predict(args, hw[file_ranks], ranks // file_ranks, layout, model_sets)
         meas = train(args, ranks, pred, "%02d" % i, tokens, model_sets)
+        if i == 0:
+            first_pred = pred
         if model_sets:
             partial += "," + ",".join(s.split(".", 1)[1] for s in model_sets)
         pred_ms = pred["step_seconds"] * 1e3
@@ -230,6 +234,12 @@ def main():
                pred_act / 1e6, meas["activations"] / 1e6,
                error(pred_act, meas["activations"])), flush=True)
 
+    # The machine's drift over the run: the first layout trained again. Its two times differing
+    # by more than a few per cent say the machine changed speed while the runs went on (others
+    # on its cores), and every timing, against a hardware file measured at the start, with it.
+    ranks0, partial0, sets0 = layouts[0]
+    again = train(args, ranks0, first_pred, "again", tokens, sets0)
+    drift = error(again["ms"], results[0]["meas_ms"])
     timed = [r for r in results if r["scored"]]
     errors = [abs(error(r["pred_ms"], r["meas_ms"])) for r in timed]
     mem_errors = [abs(error(r["pred_mem"], r["meas_mem"])) for r in results]
@@ -241,6 +251,8 @@ def main():
     print("-" * len(header))
     print("n/s: not scored (more ranks than the %d cores). Load average %s after." %
           (CORES, load_after))
+    print("drift: %s measured again at the end: %.1f ms (%+.1f %% against the first run)" %
+          (partial0, again["ms"], drift))
     verdicts = [
         ("median |step-time error| %.1f %% <= 15 %% over %d timed layouts" %
          (statistics.median(errors), len(errors)), statistics.median(errors) <= 15.0),
@@ -255,8 +267,8 @@ def main():
     for text, ok in verdicts:
         print("%s  %s" % ("PASS" if ok else "FAIL", text))
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"results": results, "load_before": load_before, "load_after": load_after}, f,
-                  indent=1)
+        json.dump({"results": results, "load_before": load_before, "load_after": load_after,
+                   "drift_percent": drift}, f, indent=1)
     return 0 if all(ok for _, ok in verdicts) else 1
 
 
