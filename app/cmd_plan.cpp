@@ -56,7 +56,8 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
            {{"tensor", l.tp}, {"pipeline", l.pp}, {"data", l.dp}, {"micro_batch", l.micro_batch},
             {"schedule", to_string(l.schedule)}, {"virtual_stages", l.virtual_stages},
             {"zero", l.zero1 ? 1 : 0}, {"sequence_parallel", l.sequence_parallel},
-            {"recompute", to_string(l.recompute)}, {"expert", l.ep}}},
+            {"recompute", to_string(l.recompute)}, {"expert", l.ep},
+            {"pipeline_balance", l.balance}}},
           {"microbatches", p.microbatches},
           {"step_seconds", p.step_seconds},
           {"time",
@@ -78,9 +79,9 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
 
 // With MoE layers (`moe`) two more columns: the expert-parallel degree and its all-to-alls.
 void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
-  std::printf("%4s %3s %3s %4s%s %3s %-11s %4s %2s %2s %-9s %9s | %8s %7s%s %7s %7s %7s %7s | "
-              "%8s %7s %7s %7s %7s %7s | %10s %7s %6s\n",
-              "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "Z", "SP",
+  std::printf("%4s %3s %3s %4s%s %3s %-11s %4s %-5s %2s %2s %-9s %9s | %8s %7s%s %7s %7s %7s "
+              "%7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s\n",
+              "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z", "SP",
               "recompute", "step s", "compute", "tp", moe ? "      ep" : "", "bubble", "pp", "dp",
               "optim", "mem GiB", "wts", "grads", "opt", "acts", "bufs", "tokens/s", "TFLOP/s",
               "MFU");
@@ -92,13 +93,13 @@ void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
       std::snprintf(ep, sizeof ep, " %3lld", static_cast<long long>(l.ep));
       std::snprintf(ep_time, sizeof ep_time, " %7.3g", p.time.ep_comm);
     }
-    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %2d %2d %-9s %9.4g | %8.3g %7.3g%s "
+    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | %8.3g %7.3g%s "
                 "%7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g %7.4g "
                 "%5.1f%%\n",
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
                 static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
-                l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(),
+                l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(),
                 p.step_seconds, p.time.compute, p.time.tp_comm, ep_time, p.time.bubble,
                 p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
                 p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,
@@ -136,7 +137,6 @@ PlanProblem problem_of(const Config& c, const std::string& hardware) {
   problem.global_batch = c.train.global_batch;
   problem.precision = c.train.precision;
   problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
-  problem.pipeline_balance = c.parallel.pipeline_balance;
   problem.hw = load_hardware(hardware);
   return problem;
 }

@@ -90,7 +90,7 @@ for row in "${rows[@]}"; do
     json=$("$trident" plan --config "$config" --hardware "$hw" --nodes "$nodes" \
       --set model.heads="$heads" --set model.width="$width" --set model.layers="$layers" \
       --global-batch "$batch" --top 1 --json --attention materialized ${overlap[@]+"${overlap[@]}"} \
-      --layout "tensor=$t,pipeline=$p,data=$d,$layout,recompute=full,sequence_parallel=0,zero=0" \
+      --layout "tensor=$t,pipeline=$p,data=$d,$layout,recompute=full,sequence_parallel=0,zero=0,pipeline_balance=even" \
       2>/dev/null) || continue
     line=$(python3 -c '
 import json, sys

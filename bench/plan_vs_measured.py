@@ -43,7 +43,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024.0 ** 3
 LAYOUT_KEYS = ["tensor", "pipeline", "data", "micro_batch", "schedule", "virtual_stages",
-               "zero", "sequence_parallel", "recompute", "expert"]
+               "zero", "sequence_parallel", "recompute", "expert", "pipeline_balance"]
 
 # (ranks, layout). Defaults of a layout: tensor=pipeline=data=1, micro_batch=2, 1f1b, v=1,
 # zero=0, sequence_parallel=0, recompute=none. Tiny model: 8 layers, global batch 16.
@@ -59,6 +59,7 @@ LAYOUTS = [
     (2, "tensor=2,micro_batch=2,sequence_parallel=1"),
     (2, "tensor=2,micro_batch=4,sequence_parallel=1,recompute=full"),
     (2, "pipeline=2,micro_batch=2"),
+    (2, "pipeline=2,micro_batch=2,pipeline_balance=flops"),
     (2, "pipeline=2,micro_batch=2,schedule=interleaved,virtual_stages=2"),
     (2, "pipeline=2,micro_batch=2,schedule=zb-h1"),
     (2, "pipeline=2,micro_batch=1,recompute=selective"),
@@ -84,7 +85,8 @@ CORES = os.cpu_count() or 1
 def full_layout(partial):
     values = {"tensor": "1", "pipeline": "1", "data": "1", "micro_batch": "2",
               "schedule": "1f1b", "virtual_stages": "1", "zero": "0",
-              "sequence_parallel": "0", "recompute": "none", "expert": "1"}
+              "sequence_parallel": "0", "recompute": "none", "expert": "1",
+              "pipeline_balance": "even"}
     for item in partial.split(","):
         key, value = item.split("=")
         values[key] = value

@@ -511,6 +511,33 @@ TEST(PlanEnumerate, EveryLayoutIsValidAndFiltersHold) {
     }
 }
 
+// parallel.pipeline_balance is a layout dimension: both splits where they differ (PP > 1, one
+// chunk per stage), "even" alone elsewhere; with a heavy LM head the FLOPs split moves layers off
+// the last stage and the slowest stage computes less.
+TEST(PlanEnumerate, BothPipelineSplitsWhereTheyDiffer) {
+  ModelConfig m = small_gpt();
+  m.vocab_size = 4096;  // the head's FLOPs ~ 5 layers'
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  const std::string fixed = "tensor=1,micro_batch=1,recompute=none,zero=0,sequence_parallel=0";
+  const std::vector<Layout> two =
+      enumerate_layouts(p, parse_layout_filter(fixed + ",pipeline=2,schedule=1f1b"));
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].balance, "even");
+  EXPECT_EQ(two[1].balance, "flops");
+  EXPECT_EQ(to_string(two[1]).substr(to_string(two[1]).rfind(',') + 1), "pipeline_balance=flops");
+  EXPECT_EQ(layout_overrides(two[1], 32).back(), "parallel.pipeline_balance=flops");
+  EXPECT_LT(predict(p, two[1]).time.compute, predict(p, two[0]).time.compute);
+  EXPECT_EQ(enumerate_layouts(p, parse_layout_filter(fixed + ",pipeline=1")).size(), 1u);
+  for (const Layout& l : enumerate_layouts(p, parse_layout_filter(fixed + ",schedule=interleaved")))
+    EXPECT_EQ(l.balance, "even") << to_string(l);
+  Layout one = layout(1, 1, 2);
+  one.balance = "flops";
+  EXPECT_NE(layout_problem(p, one).find("pipeline_balance flops needs pipeline >= 2"),
+            std::string::npos);
+  EXPECT_THROW(parse_layout_filter("pipeline_balance=diagonal"), Error);
+}
+
 TEST(PlanPipeline, ExtendedSimulationEqualsTheWholeOne) {
   PipeSimCosts costs;
   costs.forward = 1.3;

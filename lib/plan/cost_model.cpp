@@ -55,11 +55,10 @@ struct Chunk {
   bool embedding = false, head = false;
 };
 
-std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l,
-                                  const std::string& balance) {
+std::vector<Chunk> virtual_stages(const ModelConfig& m, const Layout& l) {
   const int k = static_cast<int>(l.pp * l.virtual_stages);
   const std::vector<int64_t> counts = l.virtual_stages == 1
-                                          ? stage_split(m, k, {}, balance)
+                                          ? stage_split(m, k, {}, l.balance)
                                           : stage_layer_counts(m.layers, k, {});
   std::vector<Chunk> chunks;
   int64_t begin = 0;
@@ -535,6 +534,7 @@ std::string to_string(const Layout& l) {
     << ",sequence_parallel=" << (l.sequence_parallel ? 1 : 0)
     << ",recompute=" << to_string(l.recompute);
   if (l.ep > 1) o << ",expert=" << l.ep;
+  if (l.balance != "even") o << ",pipeline_balance=" << l.balance;
   return o.str();
 }
 
@@ -578,6 +578,10 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
     return "virtual_stages = " + n(l.virtual_stages) + " needs schedule interleaved";
   }
   if (l.sequence_parallel && l.tp < 2) return "sequence_parallel needs tensor >= 2";
+  if (l.balance != "even" && l.balance != "flops")
+    return "pipeline_balance \"" + l.balance + "\" must be even or flops";
+  if (l.balance == "flops" && (l.pp < 2 || l.virtual_stages > 1))
+    return "pipeline_balance flops needs pipeline >= 2 and one chunk per stage (not interleaved)";
   if (l.ep < 1) return "expert (" + n(l.ep) + ") must be >= 1";
   if (l.ep > 1 && m.moe_experts == 0)
     return "expert (" + n(l.ep) + ") > 1 needs a mixture of experts (model.moe_experts > 0)";
@@ -592,7 +596,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   const ModelConfig& m = p.model;
   const HardwareSpec& hw = p.hw;
   const CostModel model(p, l);
-  const std::vector<Chunk> chunks = virtual_stages(m, l, p.pipeline_balance);
+  const std::vector<Chunk> chunks = virtual_stages(m, l);
   const ChunkParams params = chunk_params(m, l.tp);
   const LayerModel dense_layer = model.layer(false);
   const LayerModel moe_layer = m.moe_experts > 0 ? model.layer(true) : LayerModel{};
@@ -792,10 +796,14 @@ LayoutFilter parse_layout_filter(const std::string& text) {
         throw Error("--layout: recompute = \"" + value + "\" must be none, selective or full");
       }
       f.recompute = value;
+    } else if (key == "pipeline_balance") {
+      if (value != "even" && value != "flops")
+        throw Error("--layout: pipeline_balance = \"" + value + "\" must be even or flops");
+      f.balance = value;
     } else {
       throw Error("--layout: unknown key \"" + key +
                   "\" (tensor, pipeline, data, micro_batch, schedule, virtual_stages, zero, "
-                  "sequence_parallel, recompute, expert)");
+                  "sequence_parallel, recompute, expert, pipeline_balance)");
     }
   }
   return f;
@@ -832,8 +840,13 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
                     if ((f.ep && ep != f.ep) || dp % ep != 0) continue;
                     if (ep > 1 && (p.model.moe_experts == 0 || p.model.moe_experts % ep != 0))
                       continue;
-                    Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep};
-                    if (layout_problem(p, l).empty()) out.push_back(l);
+                    for (const char* balance : {"even", "flops"}) {
+                      if (!f.balance.empty() && f.balance != balance) continue;
+                      // One split where the two agree: keep even's.
+                      if (std::string(balance) == "flops" && (pp == 1 || v > 1)) continue;
+                      Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep, balance};
+                      if (layout_problem(p, l).empty()) out.push_back(l);
+                    }
                   }
                 }
               }
@@ -866,7 +879,8 @@ std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch)
       "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
       "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false"),
       "optim.zero_stage=" + std::string(l.zero1 ? "1" : "0"),
-      "train.recompute=" + to_string(l.recompute), "parallel.expert=" + std::to_string(l.ep)};
+      "train.recompute=" + to_string(l.recompute), "parallel.expert=" + std::to_string(l.ep),
+      "parallel.pipeline_balance=" + l.balance};
   return s;
 }
 

@@ -31,11 +31,15 @@ struct Layout {
   // Expert parallelism (parallel.expert, docs/moe.md): the experts of each MoE layer split over
   // EP ranks taken from inside DP; 1 for a dense model.
   int64_t ep = 1;
+  // parallel.pipeline_balance: how the layers are cut over the stages (pipeline/stage_split.hpp):
+  // "even", or "flops" (the last stage, which runs the LM head, gets fewer; one chunk per stage,
+  // PP > 1 only: interleaved chunks are always even).
+  std::string balance = "even";
   int64_t devices() const { return tp * pp * dp; }
 };
 // "tensor=8,pipeline=2,data=4,micro_batch=1,schedule=1f1b,virtual_stages=1,zero=1,
 //  sequence_parallel=1,recompute=full" (one line, the --layout syntax), ",expert=EP" added
-// when EP > 1.
+// when EP > 1, ",pipeline_balance=flops" when the split is by FLOPs.
 std::string to_string(const Layout& l);
 
 // What one plan is about: the model, the batch, the precision, the cluster.
@@ -55,9 +59,6 @@ struct PlanProblem {
   // Dropout on the materialized attention probabilities (Megatron-LM's attention_dropout;
   // Trident's trainer has none): plan --attention-dropout.
   bool attention_dropout = false;
-  // parallel.pipeline_balance: how the layers are cut over the stages (pipeline/stage_split.hpp;
-  // "flops" applies to one chunk per stage, interleaved chunks are always even).
-  std::string pipeline_balance = "even";
   bool materialized_attention() const {
     return attention.empty() ? hw.device.materializes_attention() : attention == "materialized";
   }
@@ -144,6 +145,7 @@ struct LayoutFilter {
   int zero1 = -1;         // -1 any, 0, 1
   int sequence_parallel = -1;
   std::string recompute;  // "" or none|selective|full
+  std::string balance;    // "" or even|flops (pipeline_balance)
 };
 // "tensor=8,pipeline=2,..." (to_string(Layout)'s keys, any subset); trident::Error naming the
 // unknown key or bad value.
@@ -155,7 +157,8 @@ LayoutFilter parse_layout_filter(const std::string& text);
 std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch);
 
 // Every valid layout matching `f` (layout_problem() == ""), in a fixed order. With MoE layers
-// (model.moe_experts = E > 0) every EP dividing both DP and E; a dense model EP 1 only.
+// (model.moe_experts = E > 0) every EP dividing both DP and E; a dense model EP 1 only. Both
+// pipeline balances where they differ (PP > 1, one chunk per stage), "even" elsewhere.
 std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f);
 
 // Predictions of `layouts`, the fitting ones first, each group by step time (fastest first).
