@@ -120,8 +120,9 @@ std::vector<GemmPoint> measure_linear_training(int threads) {
     double flops = 0, seconds = 0;
     for (const auto& l : layers) {
       const int M = l[0], C = l[1], OC = l[2];
-      std::vector<float> inp(static_cast<size_t>(M) * C, 0.5f), w(static_cast<size_t>(OC) * C, 0.25f);
-      std::vector<float> out(static_cast<size_t>(M) * OC), dw(w.size()), dinp(inp.size());
+      std::vector<float> inp(static_cast<size_t>(M) * C, 0.5f);
+      std::vector<float> w(static_cast<size_t>(OC) * C, 0.25f), dw(w.size());
+      std::vector<float> out(static_cast<size_t>(M) * OC), dinp(inp.size());
       const double f = 3.0 * 2.0 * M * static_cast<double>(C) * OC;
       const int inner = std::max(1, static_cast<int>(1e8 / f));  // ~20 ms per timing
       seconds += best_time(

@@ -93,13 +93,14 @@ void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
       std::snprintf(ep, sizeof ep, " %3lld", static_cast<long long>(l.ep));
       std::snprintf(ep_time, sizeof ep_time, " %7.3g", p.time.ep_comm);
     }
-    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | %8.3g %7.3g%s "
-                "%7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g %7.4g "
-                "%5.1f%%\n",
+    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | %8.3g "
+                "%7.3g%s %7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g "
+                "%7.4g %5.1f%%\n",
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
                 static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
-                l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(),
+                l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0,
+                to_string(l.recompute).c_str(),
                 p.step_seconds, p.time.compute, p.time.tp_comm, ep_time, p.time.bubble,
                 p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
                 p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,

@@ -21,7 +21,7 @@ constexpr int64_t kParallelMin = 1 << 15;
 // elementwise, so the same bits either way.
 // `if (parallel : ...)`: a bare `if` on `parallel for simd` applies to the simd construct too,
 // and a false one turns the vectorisation off (OpenMP 5.0): calls below kParallelMin ran scalar,
-// 15x slower an element.
+// 10-12x slower an element.
 }  // namespace
 
 template <typename T>
