@@ -101,6 +101,11 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, int64_t count, DType type) = 0;
   // send[size * count] summed over ranks; this rank receives block `rank()` of the sum.
   virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType type) = 0;
+  // Non-blocking reduce_scatter (counted as a "reduce_scatter"; its time is the wait's); send
+  // and recv stay untouched by the caller until the wait. MPI posts MPI_Ireduce_scatter_block;
+  // the default (the other backends) runs the blocking call and returns a completed request.
+  virtual std::unique_ptr<CommRequest> ireduce_scatter(const void* send, void* recv,
+                                                       int64_t count, DType type);
   virtual void broadcast(void* data, int64_t count, DType type, int root) = 0;
   virtual std::unique_ptr<CommRequest> isend(const void* data, int64_t count, DType type,
                                              int peer, int tag) = 0;

@@ -238,6 +238,23 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
   return req;
 }
 
+std::unique_ptr<CommRequest> MpiCommunicator::ireduce_scatter(const void* send, void* recv,
+                                                              int64_t count, DType type) {
+  check_count("ireduce_scatter", count);
+  if (!fits_int(count))
+    throw Error("communicator '" + name_ + "': ireduce_scatter of " + std::to_string(count) +
+                " elements exceeds the int count of MPI_Ireduce_scatter_block");
+  MPI_Datatype dt = mpi_datatype(type);
+  auto req = std::make_unique<MpiRequest>(this, &kReduceScatter, false,
+                                         count * static_cast<int64_t>(dtype_bytes(type)));
+  const void* sbuf = send == recv ? MPI_IN_PLACE : send;
+  check(MPI_Ireduce_scatter_block(sbuf, recv, static_cast<int>(count), dt,
+                                  mpi_reduce_op(type, ReduceOp::Sum), comm_, req->handle()),
+        name_, "MPI_Ireduce_scatter_block");
+  count_post(kReduceScatter, count, type);
+  return req;
+}
+
 bool MpiCommunicator::progress_from_helper_thread() const {
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);

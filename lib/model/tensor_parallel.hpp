@@ -42,7 +42,7 @@ class TensorParallel {
         rank_(shard.tp_rank),
         size_(shard.tp_size),
         sp_(shard.sequence_parallel && shard.tp_size > 1),
-        overlap_(shard.tp_overlap && shard.tp_size > 1 && !sp_ && kernels.device().is_host() &&
+        overlap_(shard.tp_overlap && shard.tp_size > 1 && kernels.device().is_host() &&
                  comm.progress_from_helper_thread()) {}
 
   Communicator& comm() const { return comm_; }
@@ -79,16 +79,22 @@ class TensorParallel {
     return mine;
   }
   // reduce_input_grad(partial, N, C) with `weight_grad` (computation only) run meanwhile:
-  // Megatron-LM's overlap of a column-parallel layer's backward all-reduce with its weight
-  // gradient. On the CPU without sequence parallelism a non-blocking all-reduce, driven by a
-  // helper thread during weight_grad (comm.hpp's progress_during); elsewhere (GPU: the stream
-  // orders the work anyway; SP: a blocking reduce-scatter) weight_grad, then the blocking
-  // collective. The same sum either way.
+  // Megatron-LM's overlap of a column-parallel layer's backward all-reduce (reduce-scatter
+  // under SP) with its weight gradient. On the CPU a non-blocking all-reduce or reduce-scatter,
+  // driven by a helper thread during weight_grad (comm.hpp's progress_during); on the GPU
+  // (the stream orders the work anyway) weight_grad, then the blocking collective. The same
+  // sum either way up to the MPI library's order of the partial sums.
   template <class Work>
   const T* reduce_input_grad_during(T* partial, int64_t N, int64_t C, Work&& weight_grad) {
     if (!overlap_) {
       weight_grad();
       return reduce_input_grad(partial, N, C);
+    }
+    if (sp_) {
+      T* mine = scratch(d_rows_, rows(N) * C);
+      auto request = comm_.ireduce_scatter(partial, mine, rows(N) * C, K::act_dtype);
+      progress_during(*request, weight_grad);
+      return mine;
     }
     auto request = comm_.iall_reduce(partial, N * C, K::act_dtype, ReduceOp::Sum);
     progress_during(*request, weight_grad);
@@ -114,7 +120,7 @@ class TensorParallel {
   K& k_;
   int rank_, size_;
   bool sp_;
-  bool overlap_;  // reduce_input_grad_during overlaps (parallel.tp_overlap, where it can)
+  bool overlap_;  // reduce_input_grad_during overlaps (parallel.tp_overlap, on the CPU)
   DeviceArray<T> full_, d_full_, d_rows_;
 };
 

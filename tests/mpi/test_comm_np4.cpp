@@ -147,6 +147,29 @@ TEST_F(MpiComm, ReduceScatterBlocks) {
   EXPECT_EQ(comm->stats().ops.at("reduce_scatter").bytes, 2 * 4 + 1 * 8);
 }
 
+// The non-blocking reduce-scatter (the overlapped backward under sequence parallelism): the
+// blocking one's blocks, counted as a reduce_scatter, completed by progress_during's helper; a
+// one-rank group's (Communicator's default: the blocking call, a completed request) copies.
+TEST_F(MpiComm, IreduceScatterEqualsTheBlockingOneAndIsDrivenByTheHelper) {
+  const int64_t n = int64_t{1} << 19;  // a block of 2 MiB, past the eager limit
+  std::vector<float> send(static_cast<size_t>(4 * n)), recv(static_cast<size_t>(n), -1.0f);
+  for (int64_t i = 0; i < 4 * n; ++i) send[i] = static_cast<float>((i % 1000) + r);
+  std::vector<float> blocking(static_cast<size_t>(n), -1.0f);
+  comm->reduce_scatter(send.data(), blocking.data(), n, DType::F32);
+  comm->stats().reset();
+  auto request = comm->ireduce_scatter(send.data(), recv.data(), n, DType::F32);
+  progress_during(*request, [] {});
+  EXPECT_EQ(recv, blocking);
+  EXPECT_EQ(recv[0], 4.0f * static_cast<float>((r * n) % 1000) + 6);
+  EXPECT_EQ(comm->stats().calls("reduce_scatter"), 1);
+  EXPECT_EQ(comm->stats().ops.at("reduce_scatter").bytes, n * 4);
+  const std::unique_ptr<Communicator> self = make_self_communicator("self");
+  std::vector<float> one{1.5f, 2.5f}, out(2, 0.0f);
+  self->ireduce_scatter(one.data(), out.data(), 2, DType::F32)->wait();
+  EXPECT_EQ(out, one);
+  EXPECT_EQ(self->stats().calls("reduce_scatter"), 1);
+}
+
 TEST_F(MpiComm, BroadcastFromAnyRoot) {
   std::vector<int64_t> v{r == 2 ? 42 : 0, r == 2 ? -7 : 0, r == 2 ? 5 : 0};
   comm->broadcast(v.data(), 3, DType::I64, 2);
