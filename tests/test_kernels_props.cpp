@@ -4,16 +4,19 @@
 // attention (the pre-GQA kernel bit for bit, and on replicated kv heads), RoPE against the
 // Hugging Face formula and its invariants, RMSNorm scale invariance, SwiGLU against its
 // formula, accumulate/overwrite conventions, bitwise determinism of the threaded float
-// kernels, and the accuracy of the vectorised exp.
+// kernels, the accuracy of the vectorised exp, and one rule of the kernels' OpenMP pragmas.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <random>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -1200,3 +1203,32 @@ TEST(KernelsVecMath, FastExpAccuracy) {
 }
 
 }  // namespace
+
+// An OpenMP `if` clause without a directive name on a combined `parallel for simd` applies to
+// the simd construct too (OpenMP 5.0), and a false one makes the loop scalar: the GELU and
+// residual kernels ran 10-12x slower below their threading threshold until they said
+// `if (parallel : ...)`. Every such pragma of the CPU kernels' sources names `parallel`.
+TEST(KernelsSource, ParallelForSimdIfClausesNameParallel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(TRIDENT_SOURCE_DIR) / "lib" / "kernels" / "cpu";
+  const std::regex combined(R"(#\s*pragma\s+omp\s+parallel\s+for\s+simd\b)");
+  const std::regex bare_if(R"(\bif\s*\((?!\s*parallel\s*:))");
+  int pragmas = 0, with_if = 0;
+  std::vector<std::string> bad;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string ext = e.path().extension().string();
+    if (ext != ".cpp" && ext != ".hpp") continue;
+    std::ifstream in(e.path());
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (!std::regex_search(line, combined)) continue;
+      ++pragmas;
+      if (line.find(" if") != std::string::npos) ++with_if;
+      if (std::regex_search(line, bare_if))
+        bad.push_back(e.path().filename().string() + ":" + std::to_string(n) + ": " + line);
+    }
+  }
+  EXPECT_GE(pragmas, 4) << "the GELU and residual kernels' pragmas were not found in " << dir;
+  EXPECT_GE(with_if, 4);
+  for (const std::string& b : bad) ADD_FAILURE() << b;
+}
