@@ -201,6 +201,59 @@ void check_ce_fused_equals_passes() {
   for (int64_t n = 0; n < N; n++) EXPECT_EQ(in_place[n * Vl + vocab_size], T(0)) << n;
 }
 
+// Over a tensor group: the sums' pass keeping its exponentials, and the backward from them,
+// against the sums' pass and the backward that takes the exp again: the same bits, in place
+// and out of place, on every rank's columns of a split vocabulary (padding on the last, the
+// target on one rank only).
+template <typename T>
+void check_ce_kept_exps_equal_the_passes() {
+  const int64_t N = 4, vocab_size = 990, ranks = 3, Vl = 334;  // 3 x 334 = 1002 columns
+  std::mt19937_64 rng(23);
+  auto all = random_vec<T>(rng, N * Vl * ranks, -8.0, 8.0);
+  const std::vector<int32_t> targets{0, 989, 400, 333};
+  auto dloss = random_vec<T>(rng, N, 0.1, 1.0);
+  int64_t compared = 0;
+  for (int64_t r = 0; r < ranks; r++) {
+    const int64_t vb = r * Vl;
+    std::vector<T> logits(all.begin() + r * N * Vl, all.begin() + (r + 1) * N * Vl);
+    std::vector<T> row_max(N);
+    cross_entropy_local_max(row_max.data(), logits.data(), N, Vl, vb, vocab_size);
+    for (T& m : row_max) m = std::max(m, T(7.5));  // as if another rank's maximum were larger
+    std::vector<T> sums(2 * N), dlogits = nan_vec<T>(N * Vl);
+    cross_entropy_local_sums(sums.data(), logits.data(), targets.data(), row_max.data(), N, Vl,
+                             vb, vocab_size);
+    for (int64_t n = 0; n < N; n++) sums[n] *= T(2.5);  // as if summed over the group
+    cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), row_max.data(),
+                           sums.data(), dloss.data(), N, Vl, vb, vocab_size);
+    auto k_sums = nan_vec<T>(2 * N), exps = nan_vec<T>(N * Vl);
+    cross_entropy_local_sums_keep(k_sums.data(), exps.data(), logits.data(), targets.data(),
+                                  row_max.data(), N, Vl, vb, vocab_size);
+    for (int64_t n = 0; n < N; n++) k_sums[n] *= T(2.5);
+    EXPECT_TRUE(bitwise_equal(k_sums, sums)) << "rank " << r;
+    auto out_of_place = nan_vec<T>(N * Vl);
+    cross_entropy_backward_kept(out_of_place.data(), exps.data(), targets.data(), k_sums.data(),
+                                dloss.data(), N, Vl, vb, vocab_size);
+    EXPECT_TRUE(bitwise_equal(out_of_place, dlogits)) << "rank " << r;
+    auto in_place = logits;
+    cross_entropy_local_sums_keep(k_sums.data(), in_place.data(), in_place.data(), targets.data(),
+                                  row_max.data(), N, Vl, vb, vocab_size);
+    for (int64_t n = 0; n < N; n++) k_sums[n] *= T(2.5);
+    EXPECT_TRUE(bitwise_equal(k_sums, sums)) << "rank " << r << " in place";
+    cross_entropy_backward_kept(in_place.data(), in_place.data(), targets.data(), k_sums.data(),
+                                dloss.data(), N, Vl, vb, vocab_size);
+    EXPECT_TRUE(bitwise_equal(in_place, dlogits)) << "rank " << r << " in place";
+    compared += static_cast<int64_t>(in_place.size());
+  }
+  EXPECT_EQ(compared, N * Vl * ranks);
+}
+
+TEST(KernelsCrossEntropy, KeptExponentialsEqualThePassesFloat) {
+  check_ce_kept_exps_equal_the_passes<float>();
+}
+TEST(KernelsCrossEntropy, KeptExponentialsEqualThePassesDouble) {
+  check_ce_kept_exps_equal_the_passes<double>();
+}
+
 TEST(KernelsCrossEntropy, FusedSingleRankEqualsThePassesFloat) {
   check_ce_fused_equals_passes<float>();
 }

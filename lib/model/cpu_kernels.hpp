@@ -158,7 +158,8 @@ class CpuKernels {
 
   // The vocab-parallel cross-entropy's local passes (kernels/cpu/ops.hpp); the graph reduces
   // between them. On one rank the fused forward, and the forward with the backward, go over
-  // each row once while it is in cache.
+  // each row once while it is in cache; over a tensor group the forward with the backward
+  // keeps the exponentials of its second pass for the gradient (one exp per column).
   static constexpr bool has_fused_cross_entropy = true;
   static constexpr bool has_fused_cross_entropy_grad = true;
   void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
@@ -179,6 +180,17 @@ class CpuKernels {
                                 const S* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
                                 int64_t V) {
     cpu::cross_entropy_local_sums(sums, logits, targets, row_max, N, Vl, vocab_begin, V);
+  }
+  void cross_entropy_local_sums_keep(S* sums, T* exps, const T* logits, const int32_t* targets,
+                                     const S* row_max, int64_t N, int64_t Vl,
+                                     int64_t vocab_begin, int64_t V) {
+    cpu::cross_entropy_local_sums_keep(sums, exps, logits, targets, row_max, N, Vl, vocab_begin,
+                                       V);
+  }
+  void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targets,
+                                   const S* sums, const S* dloss, int64_t N, int64_t Vl,
+                                   int64_t vocab_begin, int64_t V) {
+    cpu::cross_entropy_backward_kept(dlogits, exps, targets, sums, dloss, N, Vl, vocab_begin, V);
   }
   void cross_entropy_loss(S* losses, const S* row_max, const S* sums, int64_t N) {
     cpu::cross_entropy_loss(losses, row_max, sums, N);

@@ -245,8 +245,10 @@ struct VocabParallelCrossEntropy {
     tp.all_reduce_sum(sums, 2 * N);
     k.cross_entropy_loss(losses, row_max, sums, N);
   }
-  // forward, then dlogits[N, local] = (softmax - onehot) * dloss[n] in place of the logits: in
-  // one pass over each row where the kernel set has it and the vocabulary is not split.
+  // forward, then dlogits[N, local] = (softmax - onehot) * dloss[n] in place of the logits.
+  // Where the kernel set has it: in one pass over each row when the vocabulary is not split;
+  // when it is, the sums' pass leaves exp(logit - max) in place of the logits for the gradient
+  // to scale (one exp per column, not two; the same bits).
   void forward_backward(TensorParallel<K>& tp, K& k, S* losses, S* row_max, S* sums, T* logits,
                         const int32_t* targets, const S* dloss, int64_t N) const {
     if constexpr (K::has_fused_cross_entropy_grad) {
@@ -255,6 +257,15 @@ struct VocabParallelCrossEntropy {
                                    local, vocab_size);
         return;
       }
+      k.cross_entropy_local_max(row_max, logits, N, local, vocab_begin, vocab_size);
+      tp.all_reduce_max(row_max, N);
+      k.cross_entropy_local_sums_keep(sums, logits, logits, targets, row_max, N, local,
+                                      vocab_begin, vocab_size);
+      tp.all_reduce_sum(sums, 2 * N);
+      k.cross_entropy_loss(losses, row_max, sums, N);
+      k.cross_entropy_backward_kept(logits, logits, targets, sums, dloss, N, local, vocab_begin,
+                                    vocab_size);
+      return;
     }
     forward(tp, k, losses, row_max, sums, logits, targets, N);
     backward(k, logits, logits, targets, row_max, sums, dloss, N);

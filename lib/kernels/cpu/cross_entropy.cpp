@@ -1,4 +1,5 @@
-// Vocab-parallel softmax cross-entropy in three local passes (see ops.hpp). Each rank holds
+// Vocab-parallel softmax cross-entropy in three local passes (see ops.hpp), the second of which
+// may keep its exponentials for the backward. Each rank holds
 // logit columns [vocab_begin, vocab_begin + Vl); only the first `valid` of them are real vocab
 // entries, the rest (columns >= vocab_size) are padding and are never read for the loss.
 // Rows are independent, so the loops are row-parallel and trivially deterministic.
@@ -56,6 +57,29 @@ void cross_entropy_local_sums(T* sums, const T* logits, const int32_t* targets, 
 }
 
 template <typename T>
+void cross_entropy_local_sums_keep(T* sums, T* exps, const T* logits, const int32_t* targets,
+                                   const T* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
+                                   int64_t vocab_size) {
+  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* l = logits + n * Vl;  // may alias e: the target logit is read before the loop
+    T* e = exps + n * Vl;
+    const int64_t tl = local_target(targets[n], vocab_begin, valid);
+    sums[N + n] = tl >= 0 ? l[tl] : T(0);
+    const T m = row_max[n];
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t v = 0; v < valid; v++) {
+      const T x = detail::exp_fast(l[v] - m);
+      e[v] = x;
+      acc += static_cast<double>(x);
+    }
+    sums[n] = static_cast<T>(acc);
+  }
+}
+
+template <typename T>
 void cross_entropy_loss(T* losses, const T* row_max, const T* sums, int64_t N) {
 #pragma omp parallel for schedule(static) if (N >= 4096)
   for (int64_t n = 0; n < N; n++) losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
@@ -76,6 +100,25 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
     const T scale = g / sums[n];
 #pragma omp simd
     for (int64_t v = 0; v < valid; v++) d[v] = detail::exp_fast(l[v] - m) * scale;
+    std::fill(d + valid, d + Vl, T(0));
+    const int64_t tl = local_target(targets[n], vocab_begin, valid);
+    if (tl >= 0) d[tl] -= g;
+  }
+}
+
+template <typename T>
+void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targets, const T* sums,
+                                 const T* dloss, int64_t N, int64_t Vl, int64_t vocab_begin,
+                                 int64_t vocab_size) {
+  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const T* e = exps + n * Vl;  // may alias d
+    T* d = dlogits + n * Vl;
+    const T g = dloss[n];
+    const T scale = g / sums[n];
+#pragma omp simd
+    for (int64_t v = 0; v < valid; v++) d[v] = e[v] * scale;
     std::fill(d + valid, d + Vl, T(0));
     const int64_t tl = local_target(targets[n], vocab_begin, valid);
     if (tl >= 0) d[tl] -= g;
@@ -127,6 +170,10 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
   template void cross_entropy_local_max<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t); \
   template void cross_entropy_local_sums<T>(T*, const T*, const int32_t*, const T*, int64_t,  \
                                             int64_t, int64_t, int64_t);                       \
+  template void cross_entropy_local_sums_keep<T>(T*, T*, const T*, const int32_t*, const T*,  \
+                                                 int64_t, int64_t, int64_t, int64_t);         \
+  template void cross_entropy_backward_kept<T>(T*, const T*, const int32_t*, const T*,          \
+                                               const T*, int64_t, int64_t, int64_t, int64_t);  \
   template void cross_entropy_loss<T>(T*, const T*, const T*, int64_t);                       \
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, const T*,   \
                                           const T*, int64_t, int64_t, int64_t, int64_t); \
