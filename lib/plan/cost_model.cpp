@@ -840,10 +840,9 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
                     if ((f.ep && ep != f.ep) || dp % ep != 0) continue;
                     if (ep > 1 && (p.model.moe_experts == 0 || p.model.moe_experts % ep != 0))
                       continue;
+                    // layout_problem keeps "flops" only where it differs from "even".
                     for (const char* balance : {"even", "flops"}) {
                       if (!f.balance.empty() && f.balance != balance) continue;
-                      // One split where the two agree: keep even's.
-                      if (std::string(balance) == "flops" && (pp == 1 || v > 1)) continue;
                       Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep, balance};
                       if (layout_problem(p, l).empty()) out.push_back(l);
                     }
