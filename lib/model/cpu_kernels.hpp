@@ -176,16 +176,11 @@ class CpuKernels {
                                int64_t vocab_begin, int64_t V) {
     cpu::cross_entropy_local_max(row_max, logits, N, Vl, vocab_begin, V);
   }
+  // `exps` (this kernel set only): the exponentials kept for cross_entropy_backward_kept.
   void cross_entropy_local_sums(S* sums, const T* logits, const int32_t* targets,
                                 const S* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
-                                int64_t V) {
-    cpu::cross_entropy_local_sums(sums, logits, targets, row_max, N, Vl, vocab_begin, V);
-  }
-  void cross_entropy_local_sums_keep(S* sums, T* exps, const T* logits, const int32_t* targets,
-                                     const S* row_max, int64_t N, int64_t Vl,
-                                     int64_t vocab_begin, int64_t V) {
-    cpu::cross_entropy_local_sums_keep(sums, exps, logits, targets, row_max, N, Vl, vocab_begin,
-                                       V);
+                                int64_t V, T* exps = nullptr) {
+    cpu::cross_entropy_local_sums(sums, logits, targets, row_max, N, Vl, vocab_begin, V, exps);
   }
   void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targets,
                                    const S* sums, const S* dloss, int64_t N, int64_t Vl,

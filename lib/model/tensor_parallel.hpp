@@ -239,11 +239,10 @@ struct VocabParallelCrossEntropy {
       k.cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, local, vocab_size);
       return;
     }
-    k.cross_entropy_local_max(row_max, logits, N, local, vocab_begin, vocab_size);
-    tp.all_reduce_max(row_max, N);
-    k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin, vocab_size);
-    tp.all_reduce_sum(sums, 2 * N);
-    k.cross_entropy_loss(losses, row_max, sums, N);
+    split_passes(tp, k, losses, row_max, sums, logits, N, [&] {
+      k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin,
+                                 vocab_size);
+    });
   }
   // forward, then dlogits[N, local] = (softmax - onehot) * dloss[n] in place of the logits.
   // Where the kernel set has it: in one pass over each row when the vocabulary is not split;
@@ -257,18 +256,28 @@ struct VocabParallelCrossEntropy {
                                    local, vocab_size);
         return;
       }
-      k.cross_entropy_local_max(row_max, logits, N, local, vocab_begin, vocab_size);
-      tp.all_reduce_max(row_max, N);
-      k.cross_entropy_local_sums_keep(sums, logits, logits, targets, row_max, N, local,
-                                      vocab_begin, vocab_size);
-      tp.all_reduce_sum(sums, 2 * N);
-      k.cross_entropy_loss(losses, row_max, sums, N);
+      split_passes(tp, k, losses, row_max, sums, logits, N, [&] {
+        k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin,
+                                   vocab_size, logits);  // the exps in place of the logits
+      });
       k.cross_entropy_backward_kept(logits, logits, targets, sums, dloss, N, local, vocab_begin,
                                     vocab_size);
       return;
     }
     forward(tp, k, losses, row_max, sums, logits, targets, N);
     backward(k, logits, logits, targets, row_max, sums, dloss, N);
+  }
+  // The passes over a split vocabulary with the group's reductions between them: the local
+  // max, its MAX all-reduce, `local_sums` (the sums' pass into sums[2N]), their SUM all-reduce,
+  // the losses.
+  template <class SumsPass>
+  void split_passes(TensorParallel<K>& tp, K& k, S* losses, S* row_max, S* sums, const T* logits,
+                    int64_t N, SumsPass&& local_sums) const {
+    k.cross_entropy_local_max(row_max, logits, N, local, vocab_begin, vocab_size);
+    tp.all_reduce_max(row_max, N);
+    local_sums();
+    tp.all_reduce_sum(sums, 2 * N);
+    k.cross_entropy_loss(losses, row_max, sums, N);
   }
   // dlogits[N, local] (may alias logits) = (softmax - onehot) * dloss[n].
   void backward(K& k, T* dlogits, const T* logits, const int32_t* targets, const S* row_max,

@@ -22,6 +22,35 @@ inline int64_t local_target(int32_t target, int64_t vocab_begin, int64_t valid) 
   const int64_t v = static_cast<int64_t>(target) - vocab_begin;
   return (v >= 0 && v < valid) ? v : -1;
 }
+// sum_v exp(l[v] - m) over the row's `valid` columns, accumulated in double (up to ~50k of
+// them); with e, each exp(l[v] - m) is also kept in e[v] (e may alias l).
+template <typename T>
+double exp_sum_row(const T* l, T m, int64_t valid, T* e) {
+  double acc = 0.0;
+  if (e == nullptr) {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
+  } else {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t v = 0; v < valid; v++) {
+      const T x = detail::exp_fast(l[v] - m);
+      e[v] = x;
+      acc += static_cast<double>(x);
+    }
+  }
+  return acc;
+}
+// One row's gradient from its kept exponentials: d[v] = e[v] * dloss / sum_exp over the valid
+// columns (d may alias e), 0 on the padding, - dloss at the local target column tl (if any).
+template <typename T>
+void gradient_row_from_exps(T* d, const T* e, int64_t valid, int64_t Vl, T g, T sum_exp,
+                            int64_t tl) {
+  const T scale = g / sum_exp;
+#pragma omp simd
+  for (int64_t v = 0; v < valid; v++) d[v] = e[v] * scale;
+  std::fill(d + valid, d + Vl, T(0));
+  if (tl >= 0) d[tl] -= g;
+}
 }  // namespace
 
 template <typename T>
@@ -38,44 +67,18 @@ void cross_entropy_local_max(T* row_max, const T* logits, int64_t N, int64_t Vl,
   }
 }
 
-// The sum of exp over up to ~50k columns is accumulated in double.
 template <typename T>
 void cross_entropy_local_sums(T* sums, const T* logits, const int32_t* targets, const T* row_max,
-                              int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size) {
+                              int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size,
+                              T* exps) {
   const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
-    const T* l = logits + n * Vl;
-    const T m = row_max[n];
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
-    sums[n] = static_cast<T>(acc);
+    const T* l = logits + n * Vl;  // may alias exps: the target logit is read first
     const int64_t tl = local_target(targets[n], vocab_begin, valid);
     sums[N + n] = tl >= 0 ? l[tl] : T(0);
-  }
-}
-
-template <typename T>
-void cross_entropy_local_sums_keep(T* sums, T* exps, const T* logits, const int32_t* targets,
-                                   const T* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
-                                   int64_t vocab_size) {
-  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; n++) {
-    const T* l = logits + n * Vl;  // may alias e: the target logit is read before the loop
-    T* e = exps + n * Vl;
-    const int64_t tl = local_target(targets[n], vocab_begin, valid);
-    sums[N + n] = tl >= 0 ? l[tl] : T(0);
-    const T m = row_max[n];
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t v = 0; v < valid; v++) {
-      const T x = detail::exp_fast(l[v] - m);
-      e[v] = x;
-      acc += static_cast<double>(x);
-    }
-    sums[n] = static_cast<T>(acc);
+    sums[n] = static_cast<T>(exp_sum_row(l, row_max[n], valid,
+                                         exps == nullptr ? nullptr : exps + n * Vl));
   }
 }
 
@@ -112,17 +115,9 @@ void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targe
                                  int64_t vocab_size) {
   const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; n++) {
-    const T* e = exps + n * Vl;  // may alias d
-    T* d = dlogits + n * Vl;
-    const T g = dloss[n];
-    const T scale = g / sums[n];
-#pragma omp simd
-    for (int64_t v = 0; v < valid; v++) d[v] = e[v] * scale;
-    std::fill(d + valid, d + Vl, T(0));
-    const int64_t tl = local_target(targets[n], vocab_begin, valid);
-    if (tl >= 0) d[tl] -= g;
-  }
+  for (int64_t n = 0; n < N; n++)
+    gradient_row_from_exps(dlogits + n * Vl, exps + n * Vl, valid, Vl, dloss[n], sums[n],
+                           local_target(targets[n], vocab_begin, valid));
 }
 
 // The loops are those of the three passes and the backward above, one row at a time; with the
@@ -140,38 +135,19 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
     for (int64_t v = 0; v < valid; v++) m = m > l[v] ? m : l[v];
     const int64_t tl = local_target(targets[n], 0, valid);
     sums[N + n] = tl >= 0 ? l[tl] : T(0);
-    double acc = 0.0;
+    // With the gradient, each exp(logit - max) is kept in d for it: one exp per column.
     T* d = dlogits == nullptr ? nullptr : dlogits + n * Vl;
-    if (d == nullptr) {
-#pragma omp simd reduction(+ : acc)
-      for (int64_t v = 0; v < valid; v++) acc += static_cast<double>(detail::exp_fast(l[v] - m));
-    } else {  // keep exp(logit - max) for the gradient: one exp per column, not two
-#pragma omp simd reduction(+ : acc)
-      for (int64_t v = 0; v < valid; v++) {
-        const T e = detail::exp_fast(l[v] - m);
-        d[v] = e;
-        acc += static_cast<double>(e);
-      }
-    }
     row_max[n] = m;
-    sums[n] = static_cast<T>(acc);
+    sums[n] = static_cast<T>(exp_sum_row(l, m, valid, d));
     losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
-    if (d == nullptr) continue;
-    const T g = dloss[n];
-    const T scale = g / sums[n];
-#pragma omp simd
-    for (int64_t v = 0; v < valid; v++) d[v] *= scale;
-    std::fill(d + valid, d + Vl, T(0));
-    if (tl >= 0) d[tl] -= g;
+    if (d != nullptr) gradient_row_from_exps(d, d, valid, Vl, dloss[n], sums[n], tl);
   }
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                \
   template void cross_entropy_local_max<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t); \
   template void cross_entropy_local_sums<T>(T*, const T*, const int32_t*, const T*, int64_t,  \
-                                            int64_t, int64_t, int64_t);                       \
-  template void cross_entropy_local_sums_keep<T>(T*, T*, const T*, const int32_t*, const T*,  \
-                                                 int64_t, int64_t, int64_t, int64_t);         \
+                                            int64_t, int64_t, int64_t, T*);                   \
   template void cross_entropy_backward_kept<T>(T*, const T*, const int32_t*, const T*,          \
                                                const T*, int64_t, int64_t, int64_t, int64_t);  \
   template void cross_entropy_loss<T>(T*, const T*, const T*, int64_t);                       \

@@ -164,18 +164,14 @@ void cross_entropy_local_max(T* row_max, const T* logits, int64_t N, int64_t Vl,
                              int64_t vocab_begin, int64_t vocab_size);
 // 2. with the global row_max: sums[0..N) = sum_v exp(logit - row_max) over valid local columns,
 //    sums[N..2N) = logits[n, target - vocab_begin] if the target is local, else 0.
-//    (One buffer so that the caller needs one SUM all-reduce of 2N values.)
+//    (One buffer so that the caller needs one SUM all-reduce of 2N values.) With `exps`, also
+//    exps[N, Vl] = exp(logit - row_max) over the valid columns (the padding is left as it is)
+//    for cross_entropy_backward_kept; exps may alias logits (each row's target logit is read
+//    first): the backward then makes no second exp of each column.
 template <typename T>
 void cross_entropy_local_sums(T* sums, const T* logits, const int32_t* targets, const T* row_max,
-                              int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size);
-// 2 with the exponentials kept: sums as above, and exps[N, Vl] = exp(logit - row_max) over the
-//    valid columns (the padding is left as it is), for cross_entropy_backward_kept. exps may
-//    alias logits (each row's target logit is read first): the backward then makes no second
-//    exp of each column.
-template <typename T>
-void cross_entropy_local_sums_keep(T* sums, T* exps, const T* logits, const int32_t* targets,
-                                   const T* row_max, int64_t N, int64_t Vl, int64_t vocab_begin,
-                                   int64_t vocab_size);
+                              int64_t N, int64_t Vl, int64_t vocab_begin, int64_t vocab_size,
+                              T* exps = nullptr);
 // 3. losses[n] = log(sum_exp[n]) + row_max[n] - target_logit[n]   (sums = [sum_exp | target])
 template <typename T>
 void cross_entropy_loss(T* losses, const T* row_max, const T* sums, int64_t N);
@@ -185,7 +181,7 @@ template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, const T* row_max,
                             const T* sums, const T* dloss, int64_t N, int64_t Vl,
                             int64_t vocab_begin, int64_t vocab_size);
-// cross_entropy_backward from the kept exponentials (cross_entropy_local_sums_keep): the same
+// cross_entropy_backward from the kept exponentials (cross_entropy_local_sums's exps): the same
 // outputs bit for bit. dlogits may alias exps.
 template <typename T>
 void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targets, const T* sums,
