@@ -79,14 +79,9 @@ double best_time(F&& f, int reps) {
   return best;
 }
 
-struct GemmPoint {
-  int size;
-  double gflops;
-};
-
-std::vector<GemmPoint> measure_sgemm(int threads) {
+std::vector<MeasuredGemm> measure_sgemm(int threads) {
   cpu::set_num_threads(threads);
-  std::vector<GemmPoint> points;
+  std::vector<MeasuredGemm> points;
   for (int n : {32, 64, 128, 256, 384, 512, 768, 1024, 1536}) {
     std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
     const double flops = 2.0 * n * static_cast<double>(n) * n;
@@ -99,7 +94,7 @@ std::vector<GemmPoint> measure_sgemm(int threads) {
                              c.data(), n);
         },
         5);
-    points.push_back({n, flops * inner / t / 1e9});
+    points.push_back({static_cast<double>(n), flops * inner / t / 1e9});
   }
   return points;
 }
@@ -111,9 +106,9 @@ std::vector<GemmPoint> measure_sgemm(int threads) {
 // Cubes alone overrate the threads: a step's GEMMs are thin (out 128 wide, 4x longer k) and
 // transposed, and two threads split them worse (2 threads at 256 x 128 x 512: 1.45x one thread,
 // at 256^3: 1.8x, on the Xeon of docs/plan.md).
-std::vector<GemmPoint> measure_linear_training(int threads) {
+std::vector<MeasuredGemm> measure_linear_training(int threads) {
   cpu::set_num_threads(threads);
-  std::vector<GemmPoint> points;
+  std::vector<MeasuredGemm> points;
   for (int s : {32, 64, 128, 256, 384, 512, 768, 1024, 1536}) {
     const int a = std::max(8, static_cast<int>(std::lround(s / std::cbrt(4.0) / 8.0)) * 8);
     const int layers[3][3] = {{s, s, s}, {a, a, 4 * a}, {a, 4 * a, a}};  // tokens, in, out
@@ -140,7 +135,7 @@ std::vector<GemmPoint> measure_linear_training(int threads) {
                  inner;
       flops += f;
     }
-    points.push_back({s, flops / seconds / 1e9});
+    points.push_back({static_cast<double>(s), flops / seconds / 1e9});
   }
   return points;
 }
@@ -172,19 +167,13 @@ double measure_kernel_bandwidth(int threads) {
   return 20.0 * static_cast<double>(n) / (forward + backward);
 }
 
-// The trainer's optimizer pass (the device's gradient square sum, AdamW update and gradient
-// zeroing, as Trainer::train_step runs them) over n parameters, the rank's threads, all ranks
-// at once: bytes per second, the bytes counted as the plan counts them
+// The trainer's optimizer pass (tensor/device.hpp: optimizer_pass) over n parameters, the
+// rank's threads, all ranks at once: bytes per second, the bytes counted as the plan counts them
 // (kOptimizerBytesPerParam). Over sizes, as a small model's state stays in cache.
-struct OptimizerPoint {
-  int64_t parameters;
-  double bytes_per_s;
-};
-
-std::vector<OptimizerPoint> measure_optimizer(int threads) {
+std::vector<MeasuredOptimizer> measure_optimizer(int threads) {
   cpu::set_num_threads(threads);
   const std::unique_ptr<Device> device = make_cpu_device();
-  std::vector<OptimizerPoint> points;
+  std::vector<MeasuredOptimizer> points;
   for (int64_t n : {int64_t{1} << 18, int64_t{1} << 20, int64_t{1} << 22, int64_t{1} << 24,
                     int64_t{1} << 26}) {
     std::vector<float> w(static_cast<size_t>(n), 0.02f), g(w.size()), m(w.size()), v(w.size());
@@ -195,11 +184,8 @@ std::vector<OptimizerPoint> measure_optimizer(int threads) {
     double norms = 0;  // kept, so that the square sums are not optimised away
     const double t = best_time(
         [&] {
-          for (int i = 0; i < inner; ++i) {
-            norms += device->square_sum({{g.data(), n}});
-            device->adamw(w.data(), g.data(), m.data(), v.data(), n, step);
-            device->fill_zero(g.data(), n * static_cast<int64_t>(sizeof(float)));
-          }
+          for (int i = 0; i < inner; ++i)
+            norms += optimizer_pass(*device, w.data(), g.data(), m.data(), v.data(), n, step);
         },
         3);
     if (norms != 0.0) throw Error("bench-hw: the zeroed gradients' square sum is not 0");
@@ -219,14 +205,9 @@ std::string gbs_text(double bytes_per_s) {
 // 4*T*T*HS per head forward, three times that for training), so the causal half the kernel
 // skips shows as a rate above the GEMMs'. size = cbrt(T*T*HS). Heads and batch are chosen for
 // ~2 GFLOP of counted work a timing.
-struct AttentionPoint {
-  int T, head_size;
-  double gflops;
-};
-
-std::vector<AttentionPoint> measure_attention(int threads) {
+std::vector<MeasuredAttention> measure_attention(int threads) {
   cpu::set_num_threads(threads);
-  std::vector<AttentionPoint> points;
+  std::vector<MeasuredAttention> points;
   const int shapes[][2] = {{128, 16}, {256, 32}, {512, 64}, {1024, 64}, {2048, 128}};
   for (const auto& shape : shapes) {
     const int64_t T = shape[0], HS = shape[1];
@@ -247,8 +228,7 @@ std::vector<AttentionPoint> measure_attention(int threads) {
                                   B, T, NH, NH, HS);
         },
         3);
-    points.push_back({static_cast<int>(T), static_cast<int>(HS),
-                      per_head * static_cast<double>(B * NH) / t / 1e9});
+    points.push_back({T, HS, per_head * static_cast<double>(B * NH) / t / 1e9});
   }
   return points;
 }
@@ -396,9 +376,45 @@ std::string fit_line(const char* what, const LinkFit& f) {
   return line;
 }
 
+double best_gflops(const std::vector<MeasuredGemm>& points) {
+  double best = 0;
+  for (const MeasuredGemm& p : points) best = std::max(best, p.gflops);
+  return best;
+}
+
+// The file's comment lines for the measured curves (set_measured_curves), rates shown in
+// `unit` (GFLOP/s on a CPU, TFLOP/s on a GPU), on either device.
+void append_curve_lines(std::vector<std::string>& comment,
+                        const std::vector<MeasuredGemm>& training,
+                        const std::vector<MeasuredAttention>& attention,
+                        const std::vector<MeasuredOptimizer>& optimizer, bool tera) {
+  const char* unit = tera ? "TFLOP/s" : "GFLOP/s";
+  const double scale = tera ? 1e-3 : 1.0;
+  char line[100];
+  comment.push_back("linear layers' training GEMMs (volume s^3: s x s x s, a x a x 4a, a x 4a x a):");
+  for (const MeasuredGemm& p : training) {
+    std::snprintf(line, sizeof line, "  s = %5.0f  %8.2f %s", p.size, p.gflops * scale, unit);
+    comment.push_back(line);
+  }
+  comment.push_back("attention (fused, forward + backward; FLOPs as the plan counts them):");
+  for (const MeasuredAttention& p : attention) {
+    std::snprintf(line, sizeof line, "  T = %5lld, head size %4lld  %8.2f %s",
+                  static_cast<long long>(p.T), static_cast<long long>(p.head_size),
+                  p.gflops * scale, unit);
+    comment.push_back(line);
+  }
+  comment.push_back("optimizer pass (gradient norm, AdamW, zeroing; 36 bytes a parameter):");
+  for (const MeasuredOptimizer& p : optimizer) {
+    std::snprintf(line, sizeof line, "  %9lld parameters  %7.1f GB/s",
+                  static_cast<long long>(p.parameters), p.bytes_per_s / 1e9);
+    comment.push_back(line);
+  }
+}
+
 #ifdef TRIDENT_HAVE_CUDA
 // --device cuda: the GPU module measures (cuda/cuda_bench_hw.hpp); the file is assembled here
-// as the CPU's is: peaks = the best GEMM per precision, the curve = bf16's over its best.
+// as the CPU's is: peaks = the best cube per precision, the curves (set_measured_curves) =
+// the bf16 training GEMMs' and attention's over the bf16 peak, and the optimizer pass's rates.
 void run_gpu_bench_hw(const BenchHwOptions& options) {
   auto measure = reinterpret_cast<CudaModuleBenchFn>(
       cuda_module_function("bench-hw --device cuda", kCudaModuleBenchSymbol));
@@ -410,13 +426,10 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
   hw.name = options.name.empty() ? r.device + " (measured by trident bench-hw)" : options.name;
   hw.devices_per_node = options.ranks > 0 ? options.ranks : ranks;
   hw.device.kind = "gpu";
-  double best16 = 0, best32 = 0;
-  for (const GpuGemmPoint& p : r.bf16) best16 = std::max(best16, p.gflops);
-  for (const GpuGemmPoint& p : r.fp32) best32 = std::max(best32, p.gflops);
+  const double best16 = best_gflops(r.bf16);
   hw.device.peak_tflops_bf16 = best16 / 1e3;
-  hw.device.peak_tflops_fp32 = best32 / 1e3;
-  for (const GpuGemmPoint& p : r.bf16)
-    hw.device.gemm_efficiency.emplace_back(p.size, std::max(1e-3, p.gflops / best16));
+  hw.device.peak_tflops_fp32 = best_gflops(r.fp32) / 1e3;
+  set_measured_curves(hw.device, best16, r.training, r.attention, r.optimizer);
   hw.device.memory_gib = r.memory_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.reserved_gib = r.reserved_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.memory_bandwidth_gbs = r.bandwidth / 1e9;
@@ -439,8 +452,10 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
   std::vector<std::string> comment = {
       "Written by `trident bench-hw --device cuda` (docs/plan.md) on " + r.device + ", " +
           std::to_string(ranks) + " rank(s).",
-      "Peaks = the best trainer GEMM (cuBLASLt, fp32 accumulation; fp32 without TF32) per GPU,",
-      "the slowest rank's; efficiency = each size's bf16 TFLOP/s over the bf16 best.",
+      "Peaks = the best trainer GEMM (cuBLASLt, fp32 accumulation; fp32 without TF32) on cubes",
+      "per GPU, the slowest rank's; efficiency at size s = a linear layer's three bf16 training",
+      "GEMMs (s^3 and the MLP's thin shapes of that volume) over the bf16 best; attention: the",
+      "bf16 fused kernel's forward + backward over the bf16 best.",
       "Memory: the GPU's (cudaMemGetInfo); reserved = what the context and cuBLAS took;",
       "bandwidth: the trainer's bf16 GELU forward + backward over 256 Mi elements (bytes read +",
       "written).",
@@ -448,10 +463,11 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
       "GEMM (n x n x n): bf16, fp32 TFLOP/s"};
   for (size_t i = 0; i < r.bf16.size(); ++i) {
     char line[80];
-    std::snprintf(line, sizeof line, "  n = %5d  %8.1f  %8.1f", r.bf16[i].size,
+    std::snprintf(line, sizeof line, "  n = %5.0f  %8.1f  %8.1f", r.bf16[i].size,
                   r.bf16[i].gflops / 1e3, i < r.fp32.size() ? r.fp32[i].gflops / 1e3 : 0.0);
     comment.push_back(line);
   }
+  append_curve_lines(comment, r.training, r.attention, r.optimizer, true);
   if (!fits.empty()) comment.push_back("NCCL fits (best points; inter_node copies intra_node):");
   comment.insert(comment.end(), fits.begin(), fits.end());
   write_hardware_file(hw, comment, options.out);
@@ -477,35 +493,26 @@ void run_bench_hw(const BenchHwOptions& options) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
   std::vector<std::string> notes;
-  const std::vector<GemmPoint> gemm = measure_sgemm(threads);
-  const std::vector<GemmPoint> training = measure_linear_training(threads);
+  const std::vector<MeasuredGemm> gemm = measure_sgemm(threads);
+  const std::vector<MeasuredGemm> training = measure_linear_training(threads);
   const double copy_bandwidth = measure_copy_bandwidth();
   const double kernel_bandwidth = measure_kernel_bandwidth(threads);
-  const std::vector<AttentionPoint> attention = measure_attention(threads);
-  const std::vector<OptimizerPoint> optimizer = measure_optimizer(threads);
+  const std::vector<MeasuredAttention> attention = measure_attention(threads);
+  const std::vector<MeasuredOptimizer> optimizer = measure_optimizer(threads);
 
   HardwareSpec hw;
   hw.name = options.name.empty() ? cpu_model() + " (measured by trident bench-hw)" : options.name;
   hw.devices_per_node = options.ranks > 0 ? options.ranks : ranks;
   hw.device.kind = "cpu";
-  double best = 0;
-  for (const GemmPoint& p : gemm) best = std::max(best, p.gflops);
+  const double best = best_gflops(gemm);
   // The peak is the best sgemm measured (a rank's cores at full load), not ISA width x clock:
   // the clock under an all-core AVX load is not knowable from /proc, the measured best is.
   hw.device.peak_tflops_fp32 = best / 1e3;
   hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
-  for (const GemmPoint& p : training)
-    hw.device.gemm_efficiency.emplace_back(p.size, std::clamp(p.gflops / best, 1e-3, 1.0));
-  for (const AttentionPoint& p : attention)
-    hw.device.attention_efficiency.emplace_back(
-        std::cbrt(static_cast<double>(p.T) * p.T * p.head_size),
-        std::clamp(p.gflops / best, 1e-3, 1.0));
+  set_measured_curves(hw.device, best, training, attention, optimizer);
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
   hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;
-  for (const OptimizerPoint& p : optimizer)
-    hw.device.optimizer_bandwidth_gbs.emplace_back(static_cast<double>(p.parameters),
-                                                   p.bytes_per_s / 1e9);
 
   std::vector<std::string> table;
   if (ranks >= 2) {
@@ -539,31 +546,12 @@ void run_bench_hw(const BenchHwOptions& options) {
           gbs_text(copy_bandwidth) + " GB/s).",
       notes.front(),
       "sgemm (n x n x n):"};
-  for (const GemmPoint& p : gemm) {
+  for (const MeasuredGemm& p : gemm) {
     char line[80];
-    std::snprintf(line, sizeof line, "  n = %5d  %8.2f GFLOP/s", p.size, p.gflops);
+    std::snprintf(line, sizeof line, "  n = %5.0f  %8.2f GFLOP/s", p.size, p.gflops);
     comment.push_back(line);
   }
-  comment.push_back("linear layers' training GEMMs (volume s^3: s x s x s, a x a x 4a, a x 4a x a):");
-  for (const GemmPoint& p : training) {
-    char line[80];
-    std::snprintf(line, sizeof line, "  s = %5d  %8.2f GFLOP/s", p.size, p.gflops);
-    comment.push_back(line);
-  }
-  comment.push_back("attention (fused, forward + backward; GFLOP/s as the plan counts them):");
-  for (const AttentionPoint& p : attention) {
-    char line[80];
-    std::snprintf(line, sizeof line, "  T = %5d, head size %4d  %8.2f GFLOP/s", p.T, p.head_size,
-                  p.gflops);
-    comment.push_back(line);
-  }
-  comment.push_back("optimizer pass (gradient norm, AdamW, zeroing; 36 bytes a parameter):");
-  for (const OptimizerPoint& p : optimizer) {
-    char line[80];
-    std::snprintf(line, sizeof line, "  %9lld parameters  %6.1f GB/s",
-                  static_cast<long long>(p.parameters), p.bytes_per_s / 1e9);
-    comment.push_back(line);
-  }
+  append_curve_lines(comment, training, attention, optimizer, false);
   if (!table.empty()) comment.push_back("MPI (slowest rank, best of repetitions):");
   comment.insert(comment.end(), table.begin(), table.end());
   write_hardware_file(hw, comment, options.out);

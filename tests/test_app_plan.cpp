@@ -145,6 +145,11 @@ TEST(AppBenchHw, CudaMeasuresTheGpuOrSaysWhatIsMissing) {
     const std::string text = read_file(out);
     EXPECT_NE(text.find("kind = \"gpu\""), std::string::npos) << text;
     EXPECT_NE(text.find("links: NOT measured (1 rank)"), std::string::npos) << text;
+    // The curves as on the CPU: training GEMMs from s = 256, attention from T = 256, HS = 32
+    // (cube root 128), the optimizer pass from 1 Mi parameters.
+    EXPECT_NE(text.find("gemm_efficiency = [[256.0, "), std::string::npos) << text;
+    EXPECT_NE(text.find("attention_efficiency = [[128.0, "), std::string::npos) << text;
+    EXPECT_NE(text.find("optimizer_bandwidth_gbs = [[1048576.0, "), std::string::npos) << text;
     EXPECT_EQ(plan("--config " + source("configs/gpu_124m.toml") + " --hardware " +
                    out.string() + " --nodes 1 --top 1")
                   .exit_code,

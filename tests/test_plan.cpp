@@ -149,6 +149,28 @@ TEST(PlanHardware, OptimizerCurveIsOptionalInGigabytesPerSecond) {
                "device.optimizer_bandwidth_gbs sizes must increase");
 }
 
+// bench-hw's measured rates become the device's curves the same way on both devices: GEMM and
+// attention rates as fractions of the peak (clamped to [1e-3, 1]; attention at the cube root of
+// T T HS), the optimizer's bytes per second in GB/s; the old curves are replaced, not appended.
+TEST(PlanHardware, MeasuredCurvesAreFractionsOfThePeakAndTheOptimizersRates) {
+  DeviceSpec d;
+  d.gemm_efficiency = {{1.0, 0.5}};
+  set_measured_curves(d, 200.0, {{64, 20.0}, {512, 150.0}, {4096, 260.0}, {8192, 0.01}},
+                      {{128, 16, 50.0}}, {{1 << 20, 3.0e10}});
+  const std::vector<std::pair<double, double>> gemm = {
+      {64, 0.1}, {512, 0.75}, {4096, 1.0}, {8192, 1e-3}};
+  EXPECT_EQ(d.gemm_efficiency, gemm);
+  ASSERT_EQ(d.attention_efficiency.size(), 1u);
+  EXPECT_NEAR(d.attention_efficiency[0].first, 64.0, 1e-9);  // cbrt(128 * 128 * 16)
+  EXPECT_DOUBLE_EQ(d.attention_efficiency[0].second, 0.25);
+  const std::vector<std::pair<double, double>> optimizer = {{1048576.0, 30.0}};
+  EXPECT_EQ(d.optimizer_bandwidth_gbs, optimizer);
+  set_measured_curves(d, 200.0, {{64, 20.0}}, {}, {});
+  EXPECT_EQ(d.gemm_efficiency.size(), 1u);
+  EXPECT_TRUE(d.attention_efficiency.empty());
+  EXPECT_TRUE(d.optimizer_bandwidth_gbs.empty());
+}
+
 // The optimizer's time: kOptimizerBytesPerParam bytes per owned parameter (fp32) at the
 // optimizer curve's rate for that count; ZeRO-1 owns half over DP 2, at the curve's rate there.
 TEST(PlanPredict, OptimizerTimeIsItsBytesAtTheCurvesRateForTheOwnedParameters) {

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 
+#include "cuda/cuda_device.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "util/error.hpp"
@@ -55,9 +57,9 @@ double best_seconds(MPI_Comm comm, cudaStream_t stream, int reps,
 // fp32, TF32 off, as the trainer's fp32 path runs). Calls per timing: ~20 ms of work at the
 // guessed rate.
 template <typename TAB, typename TC>
-std::vector<GpuGemmPoint> gemm_curve(MPI_Comm comm, cudaStream_t stream, cuda::CublasContext& ctx,
+std::vector<MeasuredGemm> gemm_curve(MPI_Comm comm, cudaStream_t stream, cuda::CublasContext& ctx,
                                      double guess_tflops) {
-  std::vector<GpuGemmPoint> points;
+  std::vector<MeasuredGemm> points;
   for (int n : {256, 512, 1024, 2048, 4096, 8192}) {
     const size_t elems = static_cast<size_t>(n) * n;
     DeviceBuffer a(elems * sizeof(TAB)), b(elems * sizeof(TAB)), c(elems * sizeof(TC));
@@ -73,7 +75,110 @@ std::vector<GpuGemmPoint> gemm_curve(MPI_Comm comm, cudaStream_t stream, cuda::C
         cuda::gemm<TAB, TC>(ctx, false, false, n, n, n, 1.0f, a.as<TAB>(), n, b.as<TAB>(), n,
                             0.0f, c.as<TC>(), n, stream);
     });
-    points.push_back({n, flops * inner / t / 1e9});
+    points.push_back({static_cast<double>(n), flops * inner / t / 1e9});
+  }
+  return points;
+}
+
+// Calls of a timing for ~20 ms of `flops` each at the guessed rate; at most `cap`, as small
+// sizes are bound by the launches.
+int calls_for(double flops, double guess_tflops, int cap) {
+  return std::clamp(static_cast<int>(0.02 * guess_tflops * 1e12 / flops), 1, cap);
+}
+
+// The efficiency curve, as the CPU's (app/cmd_bench_hw.cpp, measure_linear_training): a linear
+// layer's training GEMMs as the bf16 trainer calls them (linear_forward: inp W^T; linear_backward:
+// dinp = dout W and the fp32 weight gradient accumulated, dout^T inp) at each volume s^3, over
+// tokens x in x out = s x s x s, a x a x 4a and a x 4a x a (a^3 4 = s^3); FLOPs over time.
+std::vector<MeasuredGemm> linear_training_curve(MPI_Comm comm, cudaStream_t stream,
+                                                cuda::CublasContext& ctx) {
+  std::vector<MeasuredGemm> points;
+  for (int s : {256, 512, 1024, 2048, 4096, 8192}) {
+    const int a = std::max(8, static_cast<int>(std::lround(s / std::cbrt(4.0) / 8.0)) * 8);
+    const int layers[3][3] = {{s, s, s}, {a, a, 4 * a}, {a, 4 * a, a}};  // tokens, in, out
+    double flops = 0, seconds = 0;
+    for (const auto& l : layers) {
+      const int64_t M = l[0], C = l[1], OC = l[2];
+      DeviceBuffer inp(M * C * sizeof(bf16)), w(OC * C * sizeof(bf16));
+      DeviceBuffer out(M * OC * sizeof(bf16)), dinp(M * C * sizeof(bf16));
+      DeviceBuffer dw(OC * C * sizeof(float));
+      CUDA_CHECK(cudaMemsetAsync(inp.p, 0x3c, M * C * sizeof(bf16), stream));
+      CUDA_CHECK(cudaMemsetAsync(w.p, 0x3c, OC * C * sizeof(bf16), stream));
+      CUDA_CHECK(cudaMemsetAsync(dw.p, 0, OC * C * sizeof(float), stream));
+      const double f = 6.0 * static_cast<double>(M) * static_cast<double>(C * OC);
+      const int inner = calls_for(f, 400.0, 500);
+      seconds += best_seconds(comm, stream, 5, [&] {
+                   for (int i = 0; i < inner; ++i) {
+                     cuda::linear_forward<bf16>(ctx, out.as<bf16>(), inp.as<bf16>(),
+                                                w.as<bf16>(), nullptr, M, C, OC, stream);
+                     cuda::linear_backward<bf16>(ctx, dinp.as<bf16>(), dw.as<float>(), nullptr,
+                                                 out.as<bf16>(), inp.as<bf16>(), w.as<bf16>(),
+                                                 M, C, OC, stream);
+                   }
+                 }) /
+                 inner;
+      flops += f;
+    }
+    points.push_back({static_cast<double>(s), flops / seconds / 1e9});
+  }
+  return points;
+}
+
+// The bf16 fused attention, forward and backward, over (T, head size), as the CPU's: GFLOP/s
+// counted as the plan counts attention (the full T x T: 12 T T HS a head for training). Heads
+// for ~100 GFLOP of counted work a call (at least 32: the kernels' blocks are per head and
+// query block).
+std::vector<MeasuredAttention> attention_curve(MPI_Comm comm, cudaStream_t stream) {
+  std::vector<MeasuredAttention> points;
+  const int64_t shapes[][2] = {{256, 32},   {512, 64},   {1024, 64},
+                               {2048, 128}, {4096, 128}, {8192, 128}};
+  for (const auto& shape : shapes) {
+    const int64_t T = shape[0], HS = shape[1];
+    const double per_head = 12.0 * static_cast<double>(T * T * HS);
+    const int64_t heads = std::max<int64_t>(32, static_cast<int64_t>(1e11 / per_head));
+    const int64_t NH = 16, B = (heads + NH - 1) / NH;
+    const int64_t qkv_elems = B * T * 3 * NH * HS, out_elems = B * T * NH * HS;
+    DeviceBuffer qkv(qkv_elems * sizeof(bf16)), dqkv(qkv_elems * sizeof(bf16));
+    DeviceBuffer out(out_elems * sizeof(bf16)), dout(out_elems * sizeof(bf16));
+    DeviceBuffer lse(B * NH * T * sizeof(float));
+    DeviceBuffer workspace(cuda::attention_backward_workspace_bytes(B, T, NH));
+    CUDA_CHECK(cudaMemsetAsync(qkv.p, 0x3c, qkv_elems * sizeof(bf16), stream));
+    CUDA_CHECK(cudaMemsetAsync(dout.p, 0x3c, out_elems * sizeof(bf16), stream));
+    const double work = per_head * static_cast<double>(B * NH);
+    const int inner = calls_for(work, 300.0, 200);
+    const double t = best_seconds(comm, stream, 3, [&] {
+      for (int i = 0; i < inner; ++i) {
+        cuda::attention_forward<bf16>(out.as<bf16>(), lse.as<float>(), qkv.as<bf16>(), B, T, NH,
+                                      NH, HS, stream);
+        cuda::attention_backward<bf16>(dqkv.as<bf16>(), dout.as<bf16>(), qkv.as<bf16>(),
+                                       out.as<bf16>(), lse.as<float>(), B, T, NH, NH, HS, stream,
+                                       workspace.p);
+      }
+    });
+    points.push_back({T, HS, work * inner / t / 1e9});
+  }
+  return points;
+}
+
+// The trainer's optimizer pass (tensor/device.hpp: optimizer_pass, through the CudaDevice as a
+// training step runs it) over parameter counts: bytes per second as the plan counts them
+// (kOptimizerBytesPerParam a parameter).
+std::vector<MeasuredOptimizer> optimizer_curve(MPI_Comm comm, CudaDevice& device) {
+  std::vector<MeasuredOptimizer> points;
+  for (int64_t n : {int64_t{1} << 20, int64_t{1} << 22, int64_t{1} << 24, int64_t{1} << 26,
+                    int64_t{1} << 28}) {
+    DeviceArray<float> w(device, n), g(device, n), m(device, n), v(device, n);
+    AdamWStep step;
+    step.lr = 1e-4f;
+    step.weight_decay = 0.1f;
+    const int inner = static_cast<int>(std::max<int64_t>(1, (int64_t{1} << 28) / n));
+    double norms = 0;  // the zeroed gradients' square sums: 0, or the pass is not what it was
+    const double t = best_seconds(comm, device.stream(), 3, [&] {
+      for (int i = 0; i < inner; ++i)
+        norms += optimizer_pass(device, w.data(), g.data(), m.data(), v.data(), n, step);
+    });
+    if (norms != 0.0) throw Error("bench-hw: the zeroed gradients' square sum is not 0");
+    points.push_back({n, kOptimizerBytesPerParam * static_cast<double>(n) * inner / t});
   }
   return points;
 }
@@ -126,12 +231,10 @@ void measure_gpu(MPI_Comm comm, GpuBenchResult& out) {
   MPI_Comm_free(&node);
   MPI_Comm_size(comm, &size);
   CUDA_CHECK(cudaGetDeviceCount(&devices));
-  CUDA_CHECK(cudaSetDevice(local % devices));
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::unique_ptr<cudaStream_t, void (*)(cudaStream_t*)> stream_guard(
-      &stream, [](cudaStream_t* s) { cudaStreamDestroy(*s); });
-  cuda::CublasContext ctx;
+  // The trainer's device: its stream and cuBLAS handles carry every timing below.
+  CudaDevice device(local % devices);
+  const cudaStream_t stream = device.stream();
+  cuda::CublasContext& ctx = device.blas();
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   out.device = cuda::device_summary();
@@ -140,6 +243,9 @@ void measure_gpu(MPI_Comm comm, GpuBenchResult& out) {
 
   out.bf16 = gemm_curve<bf16, bf16>(comm, stream, ctx, 500.0);
   out.fp32 = gemm_curve<float, float>(comm, stream, ctx, 50.0);
+  out.training = linear_training_curve(comm, stream, ctx);
+  out.attention = attention_curve(comm, stream);
+  out.optimizer = optimizer_curve(comm, device);
 
   // The trainer's bf16 GELU, forward (4 bytes an element) and backward (6), over 256 Mi
   // elements: the rate the plan prices activation bytes at, as on the CPU.

@@ -1,23 +1,27 @@
 #pragma once
 // `trident bench-hw --device cuda` (app/cmd_bench_hw.cpp): what the GPU module measures on each
 // rank's GPU, for the hardware file of `trident plan` (docs/plan.md). Plain types only: the
-// struct crosses from libtrident_cuda.so into trident, which links no CUDA library.
+// struct crosses from libtrident_cuda.so into trident, which links no CUDA library. Every rate
+// is the best of its repetitions, the slowest rank's.
 #include <mpi.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace trident {
+#include "plan/hardware.hpp"
 
-struct GpuGemmPoint {
-  int size = 0;        // n of the n x n x n product
-  double gflops = 0;   // best of the repetitions, the slowest rank's
-};
+namespace trident {
 
 struct GpuBenchResult {
   std::string device;                    // cuda::device_summary() of rank 0's GPU
-  std::vector<GpuGemmPoint> bf16, fp32;  // the trainer's GEMM (cuda::gemm, cuBLASLt)
+  std::vector<MeasuredGemm> bf16, fp32;  // cubes n x n x n: the trainer's GEMM (cuBLASLt)
+  // As the CPU measures them (app/cmd_bench_hw.cpp), bf16: a linear layer's training GEMMs
+  // (cuda::linear_forward and linear_backward) over volumes, the fused attention's forward and
+  // backward over (T, head size), and the optimizer pass (CudaDevice) over parameter counts.
+  std::vector<MeasuredGemm> training;
+  std::vector<MeasuredAttention> attention;
+  std::vector<MeasuredOptimizer> optimizer;
   double bandwidth = 0;        // bytes/s: the trainer's bf16 GELU forward + backward, per GPU
   double memory_bytes = 0;     // the GPU's memory (cudaMemGetInfo total)
   double reserved_bytes = 0;   // taken before the trainer allocates: context, cuBLAS workspace

@@ -221,6 +221,28 @@ double HardwareSpec::optimizer_bytes_per_s(double parameters) const {
   return curve_at(device.optimizer_bandwidth_gbs, std::max(parameters, 1.0)) * 1e9;
 }
 
+void set_measured_curves(DeviceSpec& device, double peak_gflops,
+                         const std::vector<MeasuredGemm>& training,
+                         const std::vector<MeasuredAttention>& attention,
+                         const std::vector<MeasuredOptimizer>& optimizer) {
+  const auto fraction = [peak_gflops](double gflops) {
+    return std::clamp(gflops / peak_gflops, 1e-3, 1.0);
+  };
+  device.gemm_efficiency.clear();
+  for (const MeasuredGemm& p : training)
+    device.gemm_efficiency.emplace_back(p.size, fraction(p.gflops));
+  device.attention_efficiency.clear();
+  for (const MeasuredAttention& p : attention)
+    device.attention_efficiency.emplace_back(
+        std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
+                  static_cast<double>(p.head_size)),
+        fraction(p.gflops));
+  device.optimizer_bandwidth_gbs.clear();
+  for (const MeasuredOptimizer& p : optimizer)
+    device.optimizer_bandwidth_gbs.emplace_back(static_cast<double>(p.parameters),
+                                                p.bytes_per_s / 1e9);
+}
+
 double collective_seconds(const HardwareSpec& hw, const LinkSpec& link, Collective c, int64_t n,
                           double bytes) {
   if (c == Collective::SendRecv)
@@ -245,9 +267,13 @@ double all_to_all_seconds(const HardwareSpec& hw, const LinkSpec& link, int64_t 
 std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::string>& comment) {
   std::ostringstream o;
   for (const std::string& line : comment) o << "# " << line << "\n";
+  // Six digits (measured figures), but whole numbers (sizes, parameter counts) exactly.
   auto num = [](double v) {
     char b[40];
-    std::snprintf(b, sizeof b, "%.6g", v);
+    if (v == std::floor(v) && std::fabs(v) < 1e15)
+      std::snprintf(b, sizeof b, "%.1f", v);
+    else
+      std::snprintf(b, sizeof b, "%.6g", v);
     std::string s = b;
     if (s.find_first_of(".e") == std::string::npos) s += ".0";
     return s;

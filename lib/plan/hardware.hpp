@@ -41,16 +41,17 @@ struct DeviceSpec {
   std::vector<std::pair<double, double>> gemm_efficiency;
   // Optional (empty: the GEMM curve at T x HS x T): (size, fraction of peak) the trainer's fused
   // attention forward and backward reach, counted as the plan counts attention's FLOPs (the
-  // full T x T, three passes); size is the cube root of T*T*HS. bench-hw measures it on the
-  // CPU, where the blocked kernel's softmax and small GEMMs run far below the GEMM curve.
+  // full T x T, three passes); size is the cube root of T*T*HS. bench-hw measures it on both
+  // devices; on a CPU the blocked kernel's softmax and small GEMMs run far below the GEMM curve.
   std::vector<std::pair<double, double>> attention_efficiency;
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
   // Optional (empty: memory_bandwidth_gbs at every size): (parameters, GB/s) the trainer's
   // optimizer pass streams at over a rank's parameters (gradient norm, AdamW, gradient zeroing;
-  // bytes as the plan counts them); sorted by parameters. bench-hw measures it on the CPU, where
-  // AdamW streams nearer a copy's rate than the GELU's and a small model's state sits in cache.
+  // bytes as the plan counts them); sorted by parameters. bench-hw measures it on both devices;
+  // on a CPU AdamW streams nearer a copy's rate than the GELU's and a small model's state sits
+  // in cache.
   std::vector<std::pair<double, double>> optimizer_bandwidth_gbs;
   // Both backends of the trainer keep the row logsumexp [B,NH,T] (blocked, fused attention),
   // never the probabilities [B,NH,T,T]; PlanProblem::attention can still model the latter.
@@ -78,6 +79,32 @@ struct HardwareSpec {
   // curve where the file has one (interpolated as gemm_efficiency), else the memory bandwidth.
   double optimizer_bytes_per_s(double parameters) const;
 };
+
+// What `trident bench-hw` measures on a device, in the units it measures (app/cmd_bench_hw.cpp
+// on the CPU, cuda/cuda_bench_hw.cpp on a GPU): GEMM GFLOP/s at a size (the cube root of the
+// FLOPs' m n k; a cube, or a linear layer's three training GEMMs of that volume), the fused
+// attention's GFLOP/s at (T, head size) counted as the plan counts it, and the optimizer pass's
+// bytes per second (kOptimizerBytesPerParam a parameter) over a parameter count.
+struct MeasuredGemm {
+  double size = 0, gflops = 0;
+};
+struct MeasuredAttention {
+  int64_t T = 0, head_size = 0;
+  double gflops = 0;
+};
+struct MeasuredOptimizer {
+  int64_t parameters = 0;
+  double bytes_per_s = 0;
+};
+
+// Sets the device's measured curves from them, the same way for every device: the GEMM curve is
+// `training`'s rates over `peak_gflops` and the attention curve attention's (each fraction
+// clamped to [1e-3, 1]; attention's size the cube root of T T HS), the optimizer curve the rates
+// in GB/s. Empty `attention` or `optimizer`: that optional curve stays empty.
+void set_measured_curves(DeviceSpec& device, double peak_gflops,
+                         const std::vector<MeasuredGemm>& training,
+                         const std::vector<MeasuredAttention>& attention,
+                         const std::vector<MeasuredOptimizer>& optimizer);
 
 // Reads and checks a hardware file. A missing key, a wrong type or an impossible value is a
 // trident::Error of one line naming the file and the key.

@@ -112,6 +112,18 @@ inline std::shared_ptr<void> Device::counted(std::shared_ptr<void> memory, int64
   });
 }
 
+// The optimizer pass over one flat fp32 buffer of n parameters, as a training step runs it on a
+// rank's owned parameters (optim/): the gradient's square sum (the norm), the AdamW update, and
+// the gradient zeroed for the next step; returns the square sum. `trident bench-hw` times it on
+// either device for the plan's optimizer rate (plan/hardware.hpp, kOptimizerBytesPerParam).
+inline double optimizer_pass(Device& device, float* w, float* grad, float* m, float* v,
+                             int64_t n, const AdamWStep& step) {
+  const double sum = device.square_sum({{grad, n}});
+  device.adamw(w, grad, m, v, n, step);
+  device.fill_zero(grad, n * static_cast<int64_t>(sizeof(float)));
+  return sum;
+}
+
 // The host: memory from the aligned allocator, loops from kernels/cpu (OpenMP).
 std::unique_ptr<Device> make_cpu_device();
 
