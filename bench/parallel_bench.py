@@ -5,8 +5,9 @@
                                     measured beside (p-1)/(m+p-1), with peak activation memory
   bench/parallel_bench.py speedup   the same global batch on 1 rank and on 2 ranks as DP = 2,
                                     TP = 2 (blocking, and with parallel.tp_overlap) and PP = 2
-                                    (m = 8; even split, and parallel.pipeline_balance = flops):
-                                    speedup and communication share
+                                    (m = 8; even split, parallel.pipeline_balance = flops, and
+                                    flops with parallel.schedule = zb-h1): speedup and
+                                    communication share
 
 Expects a Release build in build/ (scripts/build.sh). Writes its synthetic corpus and runs
 under build/bench-parallel/. On a 2-core machine PP = 4 oversubscribes the cores (4 ranks on 2
@@ -93,7 +94,10 @@ def speedup():
                ("PP = 2 (m = 8)", 2, ["parallel.pipeline=2", "train.threads=1"]),
                ("PP = 2 (m = 8), balance flops", 2,
                 ["parallel.pipeline=2", "parallel.pipeline_balance=\"flops\"",
-                 "train.threads=1"])]
+                 "train.threads=1"]),
+               ("PP = 2 (m = 8), balance flops, zb-h1", 2,
+                ["parallel.pipeline=2", "parallel.pipeline_balance=\"flops\"",
+                 "parallel.schedule=\"zb-h1\"", "train.threads=1"])]
     results = {}
     for name, ranks, sets in layouts:
         out, rows = run(ranks, base + sets, re.sub(r"\W+", "_", name))
@@ -107,7 +111,7 @@ def speedup():
     one = results["1 rank, 1 thread"][0]
     print("\nAgainst one rank on one core (the per-rank share of the machine):")
     for name in ("DP = 2", "TP = 2", "TP = 2, tp_overlap", "PP = 2 (m = 8)",
-                 "PP = 2 (m = 8), balance flops"):
+                 "PP = 2 (m = 8), balance flops", "PP = 2 (m = 8), balance flops, zb-h1"):
         print("  %s: %.2fx" % (name, results[name][0] / one))
 
 

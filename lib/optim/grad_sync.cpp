@@ -74,8 +74,12 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
   const bool split_experts = groups.expert != nullptr && groups.expert->size() > 1;
-  parts_.push_back({groups.data, false});
-  if (split_experts) parts_.push_back({groups.expert_data, true});
+  parts_.emplace_back().comm = groups.data;
+  if (split_experts) {
+    Part& experts = parts_.emplace_back();
+    experts.comm = groups.expert_data;
+    experts.experts = true;
+  }
   // ZeRO-1: the largest bucket padded to a multiple of its group, and one rank's slice of it.
   int64_t staging = 0, slice = 0;
   for (Part& part : parts_) {
