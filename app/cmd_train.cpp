@@ -19,6 +19,7 @@
 #include "kernels/cpu/blas.hpp"
 #include "model/architecture.hpp"
 #include "model/model_stats.hpp"
+#include "stop_signals.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 
@@ -40,16 +41,10 @@ void add_train_command(CLI::App& app, TrainOptions& options) {
 
 namespace {
 
-// Set by SIGUSR1/SIGTERM; the trainer polls it between steps and between evaluation batches,
-// run_train between the phases of start-up. (A signal handler can only reach process-wide
-// state.)
-volatile std::sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int signal) { g_stop_signal = signal; }
-
 // Whether any rank was asked to stop, agreed by all (the signal reaches ranks at different
 // moments; every rank must leave at the same point or the others wait in a collective).
 bool stop_requested_by_any_rank() {
-  int32_t stop = g_stop_signal != 0;
+  int32_t stop = stop_signal() != 0;
   MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT32_T, MPI_MAX, MPI_COMM_WORLD);
   return stop != 0;
 }
@@ -60,7 +55,7 @@ bool stop_requested_by_any_rank() {
 // the signal would have ended it: 128 + the signal (143 for SIGTERM, 138 for SIGUSR1).
 int stop_exit_code(const Config& config) {
   if (!config.checkpoint.dir.empty()) return kExitRequeue;
-  return 128 + (g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM);
+  return 128 + (stop_signal() != 0 ? stop_signal() : SIGTERM);
 }
 
 // --plan auto: the config with the cost model's layout for the ranks launched applied last
@@ -190,8 +185,10 @@ int set_rank_threads(const Config& config, int ranks_per_node) {
 }
 
 int run_train(const TrainOptions& options) {
-  std::signal(SIGUSR1, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  // SIGUSR1/SIGTERM from now on: recorded by the stop signals' thread (stop_signals.hpp);
+  // the trainer polls stop_signal() between steps and between evaluation batches, run_train
+  // between the phases of start-up.
+  catch_stop_signals();
   // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG, reported like a full disk,
   // instead of the process being killed without a word.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -231,7 +228,7 @@ int run_train(const TrainOptions& options) {
   // a signal can be sent during it.
   if (const char* ms = std::getenv("TRIDENT_TEST_SLOW_START_MS")) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::atoi(ms));
-    while (g_stop_signal == 0 && std::chrono::steady_clock::now() < until)
+    while (stop_signal() == 0 && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (stopped_in_start_up("before building the model")) return stop_exit_code(config);
@@ -278,7 +275,7 @@ int run_train(const TrainOptions& options) {
   }
   std::fflush(stdout);
   if (stopped_in_start_up("before the first step")) return stop_exit_code(config);
-  trainer.set_stop_check([] { return g_stop_signal != 0; });
+  trainer.set_stop_check([] { return stop_signal() != 0; });
   const RunOutcome outcome = trainer.run();
   const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
   const std::string memory = trainer.memory_report();      // collective over all ranks

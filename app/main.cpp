@@ -24,6 +24,7 @@
 #include "comm/comm_watchdog.hpp"
 #include "commands.hpp"
 #include "kernels/cpu/blas.hpp"
+#include "stop_signals.hpp"
 #include "util/error.hpp"
 
 namespace {
@@ -86,6 +87,10 @@ std::string command_list(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any thread (the GEMM check below starts OpenMP's): SIGUSR1 and SIGTERM go to
+  // a thread of their own, never to one running the GEMM (stop_signals.hpp). Kept across the
+  // GEMM kernel's re-run (execv keeps the blocked set and pending signals).
+  trident::start_stop_signal_thread();
   // Before MPI_Init and any thread: may run this program again with the GEMM kernel that fits
   // the core (kernels/cpu/blas.hpp). `train` also times the GEMM now, while no rank's MPI
   // progress loop competes for the cores, for the start-up line printed below.

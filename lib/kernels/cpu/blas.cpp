@@ -120,9 +120,18 @@ std::string env_or_empty(const char* name) {
 }
 
 // Replaces this process by the same program with the same arguments; returns only on failure.
+// It runs the file /proc/self/exe links to, not the link: the kernel names a process after the
+// file it executes, and "exe" would hide the ranks from ps, pkill and the job tools that look
+// for "trident" (tests/tools/test_chaos.py finds the ranks it kills by that name).
 void reexec(char** argv) {
   std::fflush(stdout);
   std::fflush(stderr);
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
   execv("/proc/self/exe", argv);
 }
 
