@@ -96,6 +96,9 @@ int main(int argc, char** argv) {
   // progress loop competes for the cores, for the start-up line printed below.
   trident::cpu::settle_gemm_kernel(argv);
   const bool training = argc > 1 && std::string(argv[1]) == "train";
+  // train: a stop signal from here on is recorded, and run_train's first start-up check ends
+  // the run with the stop's exit code (cmd_train.cpp), even if it came before MPI_Init.
+  if (training) trident::catch_stop_signals();
   trident::cpu::GemmSpeedProbe gemm_probe;
   if (training) gemm_probe = trident::cpu::probe_gemm_speed();
 
