@@ -55,7 +55,8 @@ bool stop_requested_by_any_rank() {
 // the signal would have ended it: 128 + the signal (143 for SIGTERM, 138 for SIGUSR1).
 int stop_exit_code(const Config& config) {
   if (!config.checkpoint.dir.empty()) return kExitRequeue;
-  return 128 + (stop_signal() != 0 ? stop_signal() : SIGTERM);
+  const int signal = stop_signal();
+  return 128 + (signal != 0 ? signal : SIGTERM);
 }
 
 // --plan auto: the config with the cost model's layout for the ranks launched applied last
@@ -185,10 +186,9 @@ int set_rank_threads(const Config& config, int ranks_per_node) {
 }
 
 int run_train(const TrainOptions& options) {
-  // SIGUSR1/SIGTERM from now on: recorded by the stop signals' thread (stop_signals.hpp);
-  // the trainer polls stop_signal() between steps and between evaluation batches, run_train
-  // between the phases of start-up.
-  catch_stop_signals();
+  // SIGUSR1/SIGTERM are recorded since main's first lines (stop_signals.hpp,
+  // catch_stop_signals); the trainer polls stop_signal() between steps and between evaluation
+  // batches, run_train between the phases of start-up.
   // Past a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG, reported like a full disk,
   // instead of the process being killed without a word.
   std::signal(SIGXFSZ, SIG_IGN);

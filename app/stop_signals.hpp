@@ -10,8 +10,8 @@
 // vs. prev_size") in 3-4 of 20 one-rank runs signalled mid-training here, and in
 // tests/slurm/test_slurm_sweep.sh. No thread that can run the GEMM ever takes the signal now.
 //
-// Until a command asks for stop requests (train, after start-up), a stop signal ends the
-// process as its default action would.
+// Until a command asks for stop requests (train does, in main before MPI_Init), a stop signal
+// ends the process as its default action would.
 namespace trident {
 
 // First thing in main, before MPI_Init and any thread (threads inherit the blocked set; one

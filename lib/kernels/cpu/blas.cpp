@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -126,13 +127,9 @@ std::string env_or_empty(const char* name) {
 void reexec(char** argv) {
   std::fflush(stdout);
   std::fflush(stderr);
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n > 0) {
-    path[n] = '\0';
-    execv(path, argv);
-  }
-  execv("/proc/self/exe", argv);
+  std::error_code ec;  // as train/backend.cpp finds the executable
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  execv(ec ? "/proc/self/exe" : exe.c_str(), argv);
 }
 
 }  // namespace
