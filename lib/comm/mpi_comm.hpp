@@ -16,6 +16,11 @@
 // each combining step (mpi_comm.cpp says more, including when they are freed). Argument errors
 // (bad root or peer, negative count) throw trident::Error; MPI failures also throw
 // trident::Error with MPI's message.
+//
+// Waiting: the blocking operations are MPI's nonblocking ones, completed by polling MPI_Test
+// and yielding the core between polls (as are CommRequest waits), never MPI_Wait or a blocking
+// collective, inside which MPICH busy-polls: with more ranks than cores, a rank spinning there
+// keeps the rank it waits for off the core (mpi_comm.cpp, complete()).
 #include <mpi.h>
 
 #include <memory>
@@ -67,8 +72,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommRequest> irecv(void* data, int64_t count, DType type, int peer,
                                      int tag) override;
   void barrier() override;
-  // MPI_Alltoallv (MPI_Alltoallv_c when a count or offset exceeds INT_MAX); send and recv must
-  // not overlap.
+  // MPI_Ialltoallv (MPI_Ialltoallv_c when a count or offset exceeds INT_MAX); send and recv
+  // must not overlap.
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                     const std::vector<int64_t>& recv_counts, DType type) override;
 

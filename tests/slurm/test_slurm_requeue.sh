@@ -24,8 +24,11 @@ ref_loss=$(st_last_loss "$ST_TMP/reference")
 [[ -n $ref_loss ]] || st_fail "no loss in $ST_TMP/reference/metrics.jsonl"
 st_log "reference job $ref: COMPLETED, final loss $ref_loss"
 
-# 2. interrupted
-st_submit interrupted TRIDENT_TP=2 TRIDENT_PP=2 "TRIDENT_ARGS=$args" -- --ntasks=4
+# 2. interrupted. Its 12 steps take a few ms each, less than the signal takes to arrive, so rank 0
+# sleeps 400 ms after each step (TRIDENT_TEST_SLOW_RANK, train/straggler.hpp): the run is still
+# training when the signal comes, and the sleep changes no result.
+st_submit interrupted TRIDENT_TP=2 TRIDENT_PP=2 "TRIDENT_ARGS=$args" TRIDENT_TEST_SLOW_RANK=0:400 \
+  -- --ntasks=4
 jid=$ST_JID
 out=$(st_out interrupted "$jid")
 run=$ST_TMP/runs/interrupted-$jid
