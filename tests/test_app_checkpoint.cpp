@@ -320,6 +320,18 @@ TEST_F(DamagedCheckpoint, AnotherDataOrderIsRefusedUnlessAllowed) {
   EXPECT_NE(allowed.output.find("at step 2"), std::string::npos) << allowed.output;
 }
 
+// The output without mpiexec's report of its own clean-up: MPICH's mpiexec may end a one-process
+// job whose rank exited with code 1 with "YOUR APPLICATION TERMINATED WITH THE EXIT STRING:
+// Hangup (signal 1)" under its "EXIT CODE: 1". A C program that only calls _exit(1) got that
+// line in 4 of 40 runs of `mpiexec -n 1` here (and in 0 of 30 at -n 2); no rank died of it.
+std::string without_mpiexec_hangup(std::string output) {
+  static const std::string kHangup = "EXIT STRING: Hangup (signal 1)";
+  if (output.find("EXIT CODE: 1") == std::string::npos) return output;
+  for (size_t at; (at = output.find(kHangup)) != std::string::npos;)
+    output.erase(at, kHangup.size());
+  return output;
+}
+
 // A full disk while a checkpoint is written: one error line naming the temporary file and
 // the cause, exit 1 and no crash at 1 rank (alone and under mpiexec) and at 2; the
 // checkpoints written before are intact and `latest` still names the newest of them.
@@ -352,7 +364,7 @@ class DiskFull : public Checkpoint {
     EXPECT_NE(line.find("write failed"), std::string::npos) << line;
     EXPECT_NE(line.find(cause), std::string::npos) << line;
     EXPECT_EQ(r.output.find("Segmentation"), std::string::npos) << r.output;
-    EXPECT_EQ(r.output.find("signal"), std::string::npos) << r.output;
+    EXPECT_EQ(without_mpiexec_hangup(r.output).find("signal"), std::string::npos) << r.output;
     // Nothing saved before is lost, nothing half-written is left.
     char last[64];
     std::snprintf(last, sizeof last, "step_%08lld.h5", static_cast<long long>(failing_step - 1));
