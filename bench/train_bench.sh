@@ -97,6 +97,48 @@ config=${TRIDENT_CONFIG:-$repo/configs/tiny.toml}
 die() { echo "train_bench.sh: error: $*" >&2; exit 1; }
 note() { echo "== $*" >&2; }
 
+# The table of DIR/results.jsonl on stdout, and as Markdown in DIR/table.md: one round's
+# results, or (rows with per_round) each cell's best over the rounds with every round's
+# figures beside it. Standard library only.
+print_table() {
+  python3 - "$1/results.jsonl" "$1/table.md" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def f(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+def ratio(x, target):
+    return "—" if x is None else f"{x:.2f} {'ok' if x >= target else 'BELOW'}"
+def each(r, key):  # that key in every round, "a/b/..."
+    return "/".join("-" if p.get(key) is None else f"{p[key]:.1f}" for p in r["per_round"])
+rounds = any("per_round" in r for r in rows)
+hdr = ["threads", "shape", "best sgemm GF/s", "Trident tok/s", "Trident GF/s",
+       "PyTorch tok/s", "PyTorch GF/s", "Trident/PyTorch (≥1.25)", "Trident/sgemm (≥0.85)"]
+if rounds:
+    hdr += ["rounds: Trident", "PyTorch", "sgemm"]
+body = []
+for r in rows:
+    st = r["trident_status"]
+    tr_tok = f(r["trident_tokens_per_s"]) if st == "ok" else ("skipped" if st == "skipped" else "FAIL")
+    tr_gf = f(r["trident_gflops"]) if st == "ok" else tr_tok
+    b = [str(r["threads"]), r["shape"], f(r["sgemm_gflops"]), tr_tok, tr_gf,
+         f(r["pytorch_tokens_per_s"]), f(r["pytorch_gflops"]),
+         ratio(r["ratio_trident_pytorch"], 1.25), ratio(r["ratio_trident_sgemm"], 0.85)]
+    if rounds:
+        b += [each(r, "trident_tokens_per_s"), each(r, "pytorch_tokens_per_s"),
+              each(r, "sgemm_gflops")]
+    body.append(b)
+if not body:
+    sys.exit("train_bench.sh: no results in " + sys.argv[1])
+w = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(hdr)]
+line = lambda cells: "  ".join(c.rjust(w[i]) for i, c in enumerate(cells))
+print(line(hdr)); print(line(["-" * x for x in w]))
+for b in body: print(line(b))
+with open(sys.argv[2], "w") as md:
+    md.write("| " + " | ".join(hdr) + " |\n|" + "|".join("---:" for _ in hdr) + "|\n")
+    for b in body: md.write("| " + " | ".join(b) + " |\n")
+EOF
+}
+
 for t in $threads_list; do [[ $t =~ ^[1-9][0-9]*$ ]] || die "bad thread count '$t'"; done
 for s in $shapes_list; do [[ $s == small || $s == 124m ]] || die "unknown shape '$s' (small, 124m)"; done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds '$rounds' must be a whole number >= 1"
@@ -131,47 +173,27 @@ for k in range(1, rounds + 1):
 def best(rs, key):
     vals = [r.get(key) for r in rs if r.get(key) is not None]
     return max(vals) if vals else None
-def each(rs, key):
-    return "/".join("-" if r.get(key) is None else "%.1f" % r[key] for r in rs)
-fmt = lambda x: "—" if x is None else "%.1f" % x
-ratio = lambda x, target: "—" if x is None else "%.2f %s" % (x, "ok" if x >= target else "BELOW")
-hdr = ["threads", "shape", "best sgemm GF/s", "Trident tok/s", "Trident GF/s", "PyTorch tok/s",
-       "PyTorch GF/s", "Trident/PyTorch (≥1.25)", "Trident/sgemm (≥0.85)", "rounds: Trident",
-       "PyTorch", "sgemm"]
-body, merged = [], []
-for (t, shape), rs in cells.items():
-    flops, tokens = rs[0]["flops_per_step"], rs[0]["tokens_per_step"]
-    ok = [r for r in rs if r["trident_status"] == "ok"]
-    tr = best(ok, "trident_tokens_per_s")
-    pt, sg = best(rs, "pytorch_tokens_per_s"), best(rs, "sgemm_gflops")
-    gf = lambda tps: None if tps is None else tps * flops / tokens * 1e-9
-    m = {"threads": t, "shape": shape, "rounds": len(rs), "trident_rounds_ok": len(ok),
-         "sgemm_gflops": sg, "trident_tokens_per_s": tr, "trident_gflops": gf(tr),
-         "pytorch_tokens_per_s": pt, "pytorch_gflops": gf(pt),
-         "ratio_trident_pytorch": tr / pt if tr and pt else None,
-         "ratio_trident_sgemm": gf(tr) / sg if tr and sg else None,
-         "per_round": [{k: r.get(k) for k in ("trident_tokens_per_s", "pytorch_tokens_per_s",
-                                              "sgemm_gflops", "trident_status")} for r in rs]}
-    merged.append(m)
-    body.append([str(t), shape, fmt(sg), fmt(tr), fmt(gf(tr)), fmt(pt), fmt(gf(pt)),
-                 ratio(m["ratio_trident_pytorch"], 1.25), ratio(m["ratio_trident_sgemm"], 0.85),
-                 each(rs, "trident_tokens_per_s"), each(rs, "pytorch_tokens_per_s"),
-                 each(rs, "sgemm_gflops")])
-if not body:
-    sys.exit("train_bench.sh: no round wrote a result")
-w = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(hdr)]
-line = lambda cells: "  ".join(c.rjust(w[i]) for i, c in enumerate(cells))
-print(line(hdr)); print(line(["-" * x for x in w]))
-for b in body: print(line(b))
 with open(os.path.join(out, "results.jsonl"), "w") as f:
-    for m in merged: f.write(json.dumps(m) + "\n")
-with open(os.path.join(out, "table.md"), "w") as md:
-    md.write("| " + " | ".join(hdr) + " |\n|" + "|".join("---:" for _ in hdr) + "|\n")
-    for b in body: md.write("| " + " | ".join(b) + " |\n")
-print()
-print("results: %s/results.jsonl   table (Markdown): %s/table.md   rounds: %s/round-*/" %
-      (out, out, out))
+    for (t, shape), rs in cells.items():
+        flops, tokens = rs[0]["flops_per_step"], rs[0]["tokens_per_step"]
+        ok = [r for r in rs if r["trident_status"] == "ok"]
+        tr = best(ok, "trident_tokens_per_s")
+        pt, sg = best(rs, "pytorch_tokens_per_s"), best(rs, "sgemm_gflops")
+        gf = lambda tps: None if tps is None else tps * flops / tokens * 1e-9
+        m = {"threads": t, "shape": shape, "rounds": len(rs), "trident_rounds_ok": len(ok),
+             "trident_status": "ok" if ok else rs[0]["trident_status"],
+             "flops_per_step": flops, "tokens_per_step": tokens,
+             "sgemm_gflops": sg, "trident_tokens_per_s": tr, "trident_gflops": gf(tr),
+             "pytorch_tokens_per_s": pt, "pytorch_gflops": gf(pt),
+             "ratio_trident_pytorch": tr / pt if tr and pt else None,
+             "ratio_trident_sgemm": gf(tr) / sg if tr and sg else None,
+             "per_round": [{k: r.get(k) for k in ("trident_tokens_per_s", "pytorch_tokens_per_s",
+                                                  "sgemm_gflops", "trident_status")} for r in rs]}
+        f.write(json.dumps(m) + "\n")
 EOF
+  print_table "$out" || die "the table of the rounds failed"
+  echo
+  echo "results: $out/results.jsonl   table (Markdown): $out/table.md   rounds: $out/round-*/"
   exit $rounds_rc
 fi
 
@@ -464,31 +486,7 @@ EOF
 done
 
 # ---------------------------------------------------------------- table
-"$PYTHON" - "$results" "$out/table.md" <<'EOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-def f(x, nd=1):
-    return "—" if x is None else f"{x:.{nd}f}"
-def ratio(x, target):
-    return "—" if x is None else f"{x:.2f} {'ok' if x >= target else 'BELOW'}"
-hdr = ["threads", "shape", "best sgemm GF/s", "Trident tok/s", "Trident GF/s",
-       "PyTorch tok/s", "PyTorch GF/s", "Trident/PyTorch (≥1.25)", "Trident/sgemm (≥0.85)"]
-body = []
-for r in rows:
-    st = r["trident_status"]
-    tr_tok = f(r["trident_tokens_per_s"]) if st == "ok" else ("skipped" if st == "skipped" else "FAIL")
-    tr_gf = f(r["trident_gflops"]) if st == "ok" else tr_tok
-    body.append([str(r["threads"]), r["shape"], f(r["sgemm_gflops"]), tr_tok, tr_gf,
-                 f(r["pytorch_tokens_per_s"]), f(r["pytorch_gflops"]),
-                 ratio(r["ratio_trident_pytorch"], 1.25), ratio(r["ratio_trident_sgemm"], 0.85)])
-w = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(hdr)]
-line = lambda cells: "  ".join(c.rjust(w[i]) for i, c in enumerate(cells))
-print(line(hdr)); print(line(["-" * x for x in w]))
-for b in body: print(line(b))
-with open(sys.argv[2], "w") as md:
-    md.write("| " + " | ".join(hdr) + " |\n|" + "|".join("---:" for _ in hdr) + "|\n")
-    for b in body: md.write("| " + " | ".join(b) + " |\n")
-EOF
+print_table "$out" || die "the table failed"
 echo
 echo "results: $results   table (Markdown): $out/table.md   logs: $out/logs/"
 read -r load1 _ </proc/loadavg
