@@ -27,8 +27,9 @@ other layer, and a variant with 16 experts): 1 rank, DP 2, TP 2 and DP 2 with EP
    gradients, moments: the buffers' sizes). The prediction compared with it is the plan's
    memory of the fullest stage without `device.reserved_gib` (bench-hw's process size: memory
    the allocator does not hand out).
-4. Prints how far the first layout's time moved between its first run and its last (the
-   machine's drift while the runs went on: the hardware files were measured before them).
+4. Prints how far the first layout's time moved between its first run and its last (with two
+   passes or more; the machine's drift while the runs went on: the hardware files were
+   measured before them).
 5. Prints predicted beside measured and four verdicts: median |step-time error| <= 15 %,
    worst <= 30 %, memory (device peak and activations, fullest rank) within 10 %, and the
    measured fastest layout among the predicted three fastest.
@@ -214,18 +215,19 @@ def main():
           "fastest of %d pass(es), load average %s before" %
           (os.path.relpath(args.config, ROOT), CORES, args.steps, args.steps - args.warmup,
            args.passes, load_before), flush=True)
-    predictions = []
+    # Per layout: its full layout, the ranks of the hardware file it is planned on (1 rank: the
+    # 1-rank file; more: nodes of 2 devices, the 2-rank file) and the plan's prediction.
+    planned = []
     for ranks, partial, model_sets in layouts:
-        # 1 rank: the 1-rank hardware file; more: nodes of 2 devices (the 2-rank file).
-        file_ranks = 1 if ranks == 1 else 2
-        predictions.append(predict(args, hw[file_ranks], ranks // file_ranks,
-                                   full_layout(partial), model_sets))
+        layout, file_ranks = full_layout(partial), 1 if ranks == 1 else 2
+        planned.append((layout, file_ranks, predict(args, hw[file_ranks], ranks // file_ranks,
+                                                    layout, model_sets)))
     runs = [[] for _ in layouts]  # per layout, its passes' measurements in the order run
     for k in range(args.passes):
         order = range(len(layouts)) if k % 2 == 0 else reversed(range(len(layouts)))
         for i in order:
             ranks, _, model_sets = layouts[i]
-            runs[i].append(train(args, ranks, predictions[i], "%02d-%d" % (i, k + 1), tokens,
+            runs[i].append(train(args, ranks, planned[i][2], "%02d-%d" % (i, k + 1), tokens,
                                  model_sets))
         print("pass %d of %d done" % (k + 1, args.passes), file=sys.stderr, flush=True)
 
@@ -236,9 +238,7 @@ def main():
     print("-" * len(header))
     results = []
     for i, (ranks, partial, model_sets) in enumerate(layouts):
-        pred, passes = predictions[i], runs[i]
-        file_ranks = 1 if ranks == 1 else 2
-        layout = full_layout(partial)
+        (layout, file_ranks, pred), passes = planned[i], runs[i]
         if model_sets:
             partial += "," + ",".join(s.split(".", 1)[1] for s in model_sets)
         pred_ms = pred["step_seconds"] * 1e3
@@ -266,11 +266,12 @@ def main():
                error(pred_act, meas["activations"])), flush=True)
 
     # The machine's drift over the run: the first layout's first run (the first of all) against
-    # its last (the last of all when the passes are even). Times differing by more than a few
-    # per cent say the machine changed speed while the runs went on (others on its cores), and
-    # every timing, against hardware files measured at the start, with it.
+    # its last (the last of all when the passes are even; one pass has no second run). Times
+    # differing by more than a few per cent say the machine changed speed while the runs went
+    # on (others on its cores), and every timing, against hardware files measured at the start,
+    # with it.
     first_runs = results[0]["pass_ms"]
-    drift = error(first_runs[-1], first_runs[0])
+    drift = error(first_runs[-1], first_runs[0]) if len(first_runs) > 1 else None
     timed = [r for r in results if r["scored"]]
     mem_errors = [abs(error(r["pred_mem"], r["meas_mem"])) for r in results]
     act_errors = [abs(error(r["pred_act"], r["meas_act"])) for r in results]
@@ -279,8 +280,11 @@ def main():
     print("-" * len(header))
     print("n/s: not scored (more ranks than the %d cores). spread: the slowest pass over the "
           "fastest. Load average %s after." % (CORES, load_after))
-    print("drift: %s, its first run %.1f ms, its last %.1f ms (%+.1f %%)" %
-          (results[0]["short"], first_runs[0], first_runs[-1], drift))
+    if drift is None:
+        print("drift: not measured (one pass: every layout ran once)")
+    else:
+        print("drift: %s, its first run %.1f ms, its last %.1f ms (%+.1f %%)" %
+              (results[0]["short"], first_runs[0], first_runs[-1], drift))
 
     def time_verdicts(ms_of):
         errors = [abs(error(r["pred_ms"], ms_of(r))) for r in timed]
