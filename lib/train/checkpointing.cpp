@@ -5,6 +5,7 @@
 #include <map>
 #include <sstream>
 
+#include "config/schema.hpp"
 #include "data/blend.hpp"
 #include "model/architecture.hpp"
 #include "model/stage_model.hpp"
@@ -174,9 +175,11 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   }
   if (meta.format_version >= 2 || r.has_attribute("/", "model_arch")) {
     const std::string arch = r.attribute_string("/", "model_arch");
+    // The attribute is the file's text: quoted with its control characters escaped, so the
+    // message stays one line whatever the file holds.
     if (arch != c.model.arch)
-      fail("model_arch = \"" + arch + "\", but the stored config's model.arch = \"" +
-           c.model.arch + "\"");
+      fail("model_arch = " + config::toml_string(arch) +
+           ", but the stored config's model.arch = " + config::toml_string(c.model.arch));
   }
   if (meta.format_version >= 2) r.verify_attributes("/");
 

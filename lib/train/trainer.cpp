@@ -15,6 +15,7 @@
 #include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "comm/mpi_comm.hpp"
+#include "config/schema.hpp"
 #include "grid/process_grid.hpp"
 #include "tokenizer/bpe_tokenizer.hpp"
 #include "train/checkpointing.hpp"
@@ -577,8 +578,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   const std::string arch =
       reader.has_attribute("/", "model_arch") ? reader.attribute_string("/", "model_arch") : "gpt2";
   if (arch != c.model.arch)
-    throw Error("checkpoint '" + path + "': model.arch = \"" + arch +
-                "\" in the checkpoint but \"" + c.model.arch + "\" in " + c.source);
+    throw Error("checkpoint '" + path + "': model.arch = " + config::toml_string(arch) +
+                " in the checkpoint but " + config::toml_string(c.model.arch) + " in " + c.source);
   const std::tuple<const char*, const char*, int64_t, int64_t> resolved[] = {
       {"model_kv_heads", "kv_heads", c.model.heads, c.model.kv_head_count()},
       {"model_ffn_width", "ffn_width", 4 * c.model.width, c.model.ffn_size()},

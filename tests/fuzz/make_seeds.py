@@ -207,6 +207,10 @@ put("checkpoint", "missing_dataset", checkpoint(dataset_ops=[0, 1]))
 put("checkpoint", "nan_values", checkpoint(dataset_ops=[4]) + b"\x00\x00\xc0\x7f" * 40)
 put("checkpoint", "config_appended", checkpoint(config_op=2) + b"\x0c[model]\nx=1")
 put("checkpoint", "flipped_byte", checkpoint(dataset_ops=[0] * 40) + b"\x00\x01\x07\x00\x00\x00\x55")
+# model_arch (root attribute 16) written as a string with a newline in it: its mismatch with
+# the stored config's model.arch was reported with the raw text, on two lines.
+put("checkpoint", "newline_in_model_arch",
+    bytes([0, 3]) + bytes(16) + bytes([4, 4]) + b"l]\nx" + bytes(5))
 # A stored config of 10^8 layers, consistent with the root attributes (model_layers set to
 # it): check_checkpoint built that model's parameter list before it noticed the file.
 HUGE = (b'[model]\nlayers = 100000003\nheads = 2\nwidth = 4\nvocab_size = 8\nseq_len = 4\n'
