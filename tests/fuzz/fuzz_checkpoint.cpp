@@ -52,6 +52,33 @@ global_batch = 2
 train = "shards/train_*.bin"
 )";
 
+// The stored model's config and its parameters (global_parameters' order: the token embedding
+// first, the position embedding second), parsed once.
+const trident::Config& base_config() {
+  static const trident::Config config = [] {
+    try {
+      return trident::parse_config(kBaseConfig, "base.toml");
+    } catch (const trident::Error& e) {
+      trident::fuzz::expect(false, std::string("the base config does not load: ") + e.what());
+      throw;
+    }
+  }();
+  return config;
+}
+
+const std::vector<trident::ParamInfo>& base_parameters() {
+  static const std::vector<trident::ParamInfo> params =
+      trident::global_parameters(base_config().model);
+  return params;
+}
+
+// A dataset of the stored model that tamper() changes: its parameter `index` under `root`
+// (named from the model, so that a renamed tensor cannot make the tampering a silent no-op).
+std::string stored_dataset(const char* root, size_t index) {
+  trident::fuzz::expect(index < base_parameters().size(), "the base model has too few tensors");
+  return trident::dataset_path(root, base_parameters()[index].name);
+}
+
 // The root attributes write_checkpoint_attributes writes, in its order.
 const char* const kRootKeys[] = {
     "format_version", "step", "consumed_samples", "consumed_tokens", "sampler_position",
@@ -78,12 +105,7 @@ bool write_checkpoint(const std::string& path, InputReader& in) {
   std::string config_text = kBaseConfig;
   if (config_op % 8 == 1) config_text = std::string(in.bytes(in.u8()));  // a foreign config
   if (config_op % 8 == 2) config_text += "\n" + std::string(in.bytes(in.u8()));
-  trident::Config config;
-  try {
-    config = trident::parse_config(kBaseConfig, "base.toml");
-  } catch (const trident::Error& e) {
-    trident::fuzz::expect(false, std::string("the base config does not load: ") + e.what());
-  }
+  const trident::Config& config = base_config();
   const int64_t step = in.u8() % 12;
   try {
     trident::CheckpointWriter w(path, MPI_COMM_SELF, trident::WriterOptions{.overwrite = true});
@@ -120,7 +142,7 @@ bool write_checkpoint(const std::string& path, InputReader& in) {
     }
     if (in.u8() % 8 != 1) w.seal_attributes("/");
     // The datasets of the stored model, each as it should be or not.
-    for (const trident::ParamInfo& p : trident::global_parameters(config.model)) {
+    for (const trident::ParamInfo& p : base_parameters()) {
       for (const char* root : {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"}) {
         const uint8_t op = in.u8();
         if (op % 16 == 1) continue;  // missing
@@ -156,8 +178,8 @@ void tamper(const std::string& path, InputReader& in) {
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   trident::fuzz::expect(file >= 0, "cannot reopen " + path);
   if (op == 1 || op == 2) {  // flip a byte of a tensor's stored data
-    const hid_t d = H5Dopen2(file, op == 1 ? "/model/wte/weight" : "/optim/exp_avg_sq/lm_head/weight",
-                             H5P_DEFAULT);
+    const std::string name = stored_dataset(op == 1 ? "/model" : "/optim/exp_avg_sq", 0);
+    const hid_t d = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
     if (d >= 0) {
       const haddr_t offset = H5Dget_offset(d);
       const hsize_t bytes = H5Dget_storage_size(d);
@@ -193,9 +215,10 @@ void tamper(const std::string& path, InputReader& in) {
     H5Pclose(lcpl);
     H5Sclose(space);
   } else if (op == 5) {  // a tensor's checksum attribute replaced by one of another type
-    if (H5Adelete_by_name(file, "/model/wpe/weight", "checksum", H5P_DEFAULT) >= 0) {
+    const std::string name = stored_dataset("/model", 1);
+    if (H5Adelete_by_name(file, name.c_str(), "checksum", H5P_DEFAULT) >= 0) {
       const hid_t space = H5Screate(H5S_SCALAR);
-      const hid_t a = H5Acreate_by_name(file, "/model/wpe/weight", "checksum", H5T_NATIVE_DOUBLE,
+      const hid_t a = H5Acreate_by_name(file, name.c_str(), "checksum", H5T_NATIVE_DOUBLE,
                                         space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
       if (a >= 0) {
         const double v = 1.0;

@@ -192,25 +192,51 @@ put("tokenizer", "duplicate_id", tokenizer(GPT2_PRE, []).replace('"\u00de": 222'
 put("tokenizer", "not_json", '{"model": {"type": "BPE", "vocab": {"a": 0}\0a')
 
 
-# ---- checkpoint: bytes that steer what a valid HDF5 checkpoint holds (fuzz_checkpoint.cpp):
-# config op, step, one op per root attribute (20), seal op, one op per dataset, extra, tamper.
-def checkpoint(config_op=0, step=3, attribute_ops=(), seal=0, dataset_ops=(), tail=b""):
-    ops = list(attribute_ops) + [0] * (20 - len(attribute_ops))
-    return bytes([config_op, step] + ops + [seal] + list(dataset_ops)) + tail
+# ---- checkpoint: bytes that steer what a valid HDF5 checkpoint holds (fuzz_checkpoint.cpp),
+# in the order the harness reads them: config op (2: the length byte and the text appended to
+# the stored config follow it), step, one op per root attribute (ROOT_KEYS, kRootKeys there;
+# op 4, a string, is followed by its length byte and text), seal op, one op per dataset
+# (DATASETS: the 1-layer GPT-2's 16 tensors under /model, /optim/exp_avg, /optim/exp_avg_sq;
+# op 4 is followed by 4 bytes per element), extra, tamper.
+ROOT_KEYS = 22
+DATASETS = 48
+
+
+def checkpoint(config_op=0, step=3, attribute_ops=(), seal=0, dataset_ops=(), tail=b"",
+               config_tail=None):
+    """attribute_ops: an op per attribute from the first, each an int or (op, payload bytes)."""
+    head = bytes([config_op])
+    if config_tail is not None:
+        head += bytes([len(config_tail)]) + config_tail
+    ops = b"".join(bytes([op]) if isinstance(op, int) else bytes([op[0]]) + op[1]
+                   for op in attribute_ops) + bytes(ROOT_KEYS - len(attribute_ops))
+    return head + bytes([step]) + ops + bytes([seal] + list(dataset_ops)) + tail
+
+
+def string_attribute(text):
+    return (4, bytes([len(text)]) + text)
 
 
 put("checkpoint", "valid", checkpoint())
 put("checkpoint", "missing_step", checkpoint(attribute_ops=[0, 1]))
-put("checkpoint", "step_as_string", checkpoint(attribute_ops=[0, 4, 3]) + b"abc")
+put("checkpoint", "step_as_string", checkpoint(attribute_ops=[0, string_attribute(b"abc")]))
 put("checkpoint", "unsealed", checkpoint(seal=1))
 put("checkpoint", "missing_dataset", checkpoint(dataset_ops=[0, 1]))
 put("checkpoint", "nan_values", checkpoint(dataset_ops=[4]) + b"\x00\x00\xc0\x7f" * 40)
-put("checkpoint", "config_appended", checkpoint(config_op=2) + b"\x0c[model]\nx=1")
-put("checkpoint", "flipped_byte", checkpoint(dataset_ops=[0] * 40) + b"\x00\x01\x07\x00\x00\x00\x55")
+put("checkpoint", "config_appended", checkpoint(config_op=2, config_tail=b"[model]\nx=1"))
+# No dataset changed (DATASETS ops, then no extra), then tamper op 1: the byte at offset 7 of
+# /model/wte/weight's data XOR 0x55, after its checksum was written.
+put("checkpoint", "flipped_byte",
+    checkpoint(dataset_ops=[0] * DATASETS) + b"\x00\x01\x07\x00\x00\x00\x55")
+# The same after all the checksums: a byte of the token embedding's second moment flipped
+# (tamper op 2); the position embedding's checksum attribute made a double (tamper op 5).
+put("checkpoint", "flipped_moment_byte",
+    checkpoint(dataset_ops=[0] * DATASETS) + b"\x00\x02\x07\x00\x00\x00\x55")
+put("checkpoint", "checksum_of_another_type", checkpoint(dataset_ops=[0] * DATASETS) + b"\x00\x05")
 # model_arch (root attribute 16) written as a string with a newline in it: its mismatch with
 # the stored config's model.arch was reported with the raw text, on two lines.
 put("checkpoint", "newline_in_model_arch",
-    bytes([0, 3]) + bytes(16) + bytes([4, 4]) + b"l]\nx" + bytes(5))
+    checkpoint(attribute_ops=[0] * 16 + [string_attribute(b"l]\nx")]))
 # A stored config of 10^8 layers, consistent with the root attributes (model_layers set to
 # it): check_checkpoint built that model's parameter list before it noticed the file.
 HUGE = (b'[model]\nlayers = 100000003\nheads = 2\nwidth = 4\nvocab_size = 8\nseq_len = 4\n'

@@ -509,5 +509,30 @@ TEST_F(CkptIo, AStoredModelLargerThanTheFileIsRefusedAtOnce) {
   rd.close();
 }
 
+// Found by the suite's 20 s run of tests/fuzz/fuzz_checkpoint (corpus: newline_in_model_arch):
+// a model_arch root attribute holding a newline (sealed, so only its value is wrong) made the
+// mismatch with the stored config's model.arch two lines. The file's text is quoted with its
+// control characters escaped: one line, naming the file, on every rank.
+TEST_F(CkptIo, ModelArchFromTheFileStaysOnOneLine) {
+  const std::string file = path("arch.h5");
+  const Config config = parse_config("[model]\nlayers = 1\n[data]\ntrain = \"x.bin\"\n", "a.toml");
+  {
+    CheckpointWriter w(file, MPI_COMM_WORLD);
+    write_checkpoint_attributes(w, config, CheckpointProgress{});
+    w.set_attribute("/", "model_arch", std::string("l]\nx\"y"));  // sealed at close
+    w.close();
+  }
+  CheckpointReader rd(file, MPI_COMM_WORLD);
+  try {
+    (void)check_checkpoint(rd);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what, "checkpoint '" + file + "': model_arch = \"l]\\nx\\\"y\", but the stored "
+                    "config's model.arch = \"gpt2\"");
+  }
+  rd.close();
+}
+
 }  // namespace
 }  // namespace trident
