@@ -225,7 +225,8 @@ put("checkpoint", "missing_dataset", checkpoint(dataset_ops=[0, 1]))
 put("checkpoint", "nan_values", checkpoint(dataset_ops=[4]) + b"\x00\x00\xc0\x7f" * 40)
 put("checkpoint", "config_appended", checkpoint(config_op=2, config_tail=b"[model]\nx=1"))
 # No dataset changed (DATASETS ops, then no extra), then tamper op 1: the byte at offset 7 of
-# /model/wte/weight's data XOR 0x55, after its checksum was written.
+# the token embedding's data (/model/embedding/token/weight) XOR 0x55, after its checksum was
+# written.
 put("checkpoint", "flipped_byte",
     checkpoint(dataset_ops=[0] * DATASETS) + b"\x00\x01\x07\x00\x00\x00\x55")
 # The same after all the checksums: a byte of the token embedding's second moment flipped
