@@ -56,7 +56,7 @@ TEST(TokenizeApp, BadInputIsOneErrorLine) {
       {"12 256", "--decode", "token id 256 is not in the vocabulary (256 ids)"},
       {"-1", "--decode", "'-1' is not a token id"},
       {"text", "--tokenizer " + (dir / "missing.json").string(), "missing.json"},
-      {"text", "--tokenizer " + (dir / "bad.json").string(), "model type 'WordPiece'"},
+      {"text", "--tokenizer " + (dir / "bad.json").string(), "model type \"WordPiece\""},
       {"text", "--tokenizer " + (dir / "broken.json").string(),
        "broken.json: not a usable tokenizer.json"},
   };

@@ -175,23 +175,23 @@ TEST(Bpe, RefusesWhatItCannotRun) {
   missing_byte["model"]["vocab"].erase(byte_char('q'));
   EXPECT_NE(message(missing_byte).find("tiny.json: the vocabulary has no token for byte 113"),
             std::string::npos);
-  EXPECT_NE(message(tiny_tokenizer({}, {"a b"})).find("merge 0 ('a', 'b')"), std::string::npos);
+  EXPECT_NE(message(tiny_tokenizer({}, {"a b"})).find("merge 0 (\"a\", \"b\")"), std::string::npos);
   json normalized = tiny_tokenizer({}, json::array());
   normalized["normalizer"] = {{"type", "NFC"}};
-  EXPECT_NE(message(normalized).find("normalizer NFC is not supported"), std::string::npos);
+  EXPECT_NE(message(normalized).find("normalizer \"NFC\" is not supported"), std::string::npos);
   json wordpiece = tiny_tokenizer({}, json::array());
   wordpiece["model"]["type"] = "WordPiece";
-  EXPECT_NE(message(wordpiece).find("model type 'WordPiece'"), std::string::npos);
+  EXPECT_NE(message(wordpiece).find("model type \"WordPiece\""), std::string::npos);
   json clash = tiny_tokenizer({}, json::array());
   clash["added_tokens"] = json::array(
       {{{"id", 97}, {"content", "<x>"}, {"special", true}, {"single_word", false},
         {"lstrip", false}, {"rstrip", false}, {"normalized", false}}});
-  EXPECT_NE(message(clash).find("added token '<x>' has id 97, which already stands for"),
+  EXPECT_NE(message(clash).find("added token \"<x>\" has id 97, which already stands for"),
             std::string::npos);
   // Found by fuzz_tokenizer (corpus float_id, duplicate_id).
   json float_id = tiny_tokenizer({}, json::array());
   float_id["model"]["vocab"]["a"] = 3.3e128;
-  EXPECT_NE(message(float_id).find("vocab entry 'a' has id 3.3e+128 (ids are integers"),
+  EXPECT_NE(message(float_id).find("vocab entry \"a\" has id 3.3e+128 (ids are integers"),
             std::string::npos) << message(float_id);
   json duplicate_id = tiny_tokenizer({}, json::array());
   duplicate_id["model"]["vocab"][byte_char(0xDE)] = 'o';
@@ -205,6 +205,18 @@ TEST(Bpe, RefusesWhatItCannotRun) {
                      {"behavior", "Isolated"}, {"invert", false}},
                     {{"type", "ByteLevel"}, {"use_regex", false}}})}};
   EXPECT_NE(message(bad_regex).find("regex does not compile"), std::string::npos);
+  // Found by fuzz_tokenizer (corpus newline_in_vocab_entry): a string from the file is quoted
+  // with its control characters escaped, so that the error stays on one line.
+  json newline_entry = tiny_tokenizer({}, json::array());
+  newline_entry["model"]["vocab"]["a\nb"] = 300;
+  EXPECT_NE(message(newline_entry).find("vocab entry \"a\\nb\" (id 300) is not byte-level text"),
+            std::string::npos) << message(newline_entry);
+  json newline_type = tiny_tokenizer({}, json::array());
+  newline_type["post_processor"] = {{"type", "Template\nProcessing"}};
+  EXPECT_NE(message(newline_type).find("post_processor type \"Template\\nProcessing\" is not"),
+            std::string::npos) << message(newline_type);
+  for (const json& file : {newline_entry, newline_type})
+    EXPECT_EQ(message(file).find('\n'), std::string::npos) << message(file);
   const json no_vocab = {{"model", {{"type", "BPE"}}}};
   EXPECT_NE(message(no_vocab).find("tiny.json: not a usable tokenizer.json"), std::string::npos);
   try {

@@ -85,6 +85,12 @@ std::string read_whole(const std::string& path) {
   return text.str();
 }
 
+// A string from the file, as a JSON string literal: quoted, with newlines and other control
+// characters escaped, so that an error naming it stays on one line.
+std::string json_quoted(const std::string& value) {
+  return json(value).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 // The field's string value, "" when it is absent or null.
 std::string string_field(const json& object, const char* key) {
   if (!object.contains(key) || object[key].is_null()) return "";
@@ -234,15 +240,15 @@ void read_pre_tokenizer(const json& p, const std::string& source, PreTokenizer& 
                   ": only a Regex pattern is supported");
     const std::string behavior = string_field(p, "behavior");
     if (behavior != "Isolated" || bool_field(p, "invert", false))
-      throw Error(source + ": pre_tokenizer Split behavior '" + behavior +
-                  "' (invert " + (bool_field(p, "invert", false) ? "true" : "false") +
+      throw Error(source + ": pre_tokenizer Split behavior " + json_quoted(behavior) +
+                  " (invert " + (bool_field(p, "invert", false) ? "true" : "false") +
                   "): only Isolated without invert is supported");
     out.pattern = pattern["Regex"].get<std::string>();
   } else if (type == "Sequence") {
     for (const json& step : p.at("pretokenizers")) read_pre_tokenizer(step, source, out);
   } else {
-    throw Error(source + ": pre_tokenizer type '" + type +
-                "' is not supported (ByteLevel, or Sequence [Split (Regex), ByteLevel])");
+    throw Error(source + ": pre_tokenizer type " + json_quoted(type) +
+                " is not supported (ByteLevel, or Sequence [Split (Regex), ByteLevel])");
   }
 }
 
@@ -256,8 +262,8 @@ void read_post_processor(const json& p, const std::string& source, std::vector<i
     return;
   }
   if (type != "TemplateProcessing")
-    throw Error(source + ": post_processor type '" + type +
-                "' is not supported (ByteLevel, TemplateProcessing, Sequence of them)");
+    throw Error(source + ": post_processor type " + json_quoted(type) +
+                " is not supported (ByteLevel, TemplateProcessing, Sequence of them)");
   if (!prefix.empty() || !suffix.empty())
     throw Error(source + ": post_processor has two TemplateProcessing steps (not supported)");
   bool seen_sequence = false;
@@ -272,11 +278,11 @@ void read_post_processor(const json& p, const std::string& source, std::vector<i
     const std::string name = item.at("SpecialToken").at("id").get<std::string>();
     const json& special = p.at("special_tokens");
     if (!special.contains(name))
-      throw Error(source + ": post_processor template token '" + name +
-                  "' is not in its special_tokens");
+      throw Error(source + ": post_processor template token " + json_quoted(name) +
+                  " is not in its special_tokens");
     for (const json& id : special[name].at("ids"))
       (seen_sequence ? suffix : prefix)
-          .push_back(token_id_value(id, source, "post_processor token '" + name + "'"));
+          .push_back(token_id_value(id, source, "post_processor token " + json_quoted(name)));
   }
   if (!seen_sequence)
     throw Error(source + ": post_processor single template has no Sequence A");
@@ -290,12 +296,12 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
   try {
     const json root = json::parse(json_text);
     if (root.contains("normalizer") && !root["normalizer"].is_null())
-      throw Error(source + ": normalizer " + root["normalizer"].value("type", "?") +
+      throw Error(source + ": normalizer " + json_quoted(root["normalizer"].value("type", "?")) +
                   " is not supported (byte-level BPE tokenizers have none)");
     const json& model = root.at("model");
     if (string_field(model, "type") != "BPE")
-      throw Error(source + ": model type '" + string_field(model, "type") +
-                  "' is not supported (only BPE)");
+      throw Error(source + ": model type " + json_quoted(string_field(model, "type")) +
+                  " is not supported (only BPE)");
     if (model.contains("dropout") && !model["dropout"].is_null())
       throw Error(source + ": model.dropout is set (not supported: encoding would be random)");
     if (!string_field(model, "continuing_subword_prefix").empty() ||
@@ -312,10 +318,10 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
       for (const json& a : root["added_tokens"]) {
         const std::string content = a.at("content").get<std::string>();
         AddedToken token{content, token_id_value(a.at("id"), source,
-                                                 "added token '" + content + "'")};
+                                                 "added token " + json_quoted(content))};
         for (const char* flag : {"single_word", "lstrip", "rstrip"})
           if (bool_field(a, flag, false))
-            throw Error(source + ": added token '" + token.content + "' has " + flag +
+            throw Error(source + ": added token " + json_quoted(token.content) + " has " + flag +
                         " = true (not supported)");
         if (token.content.empty()) throw Error(source + ": added token with empty content");
         added_ids[token.content] = token.id;
@@ -341,16 +347,16 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
     };
     std::string bytes;
     for (const auto& [token, value] : model.at("vocab").items()) {
-      const int32_t id = token_id_value(value, source, "vocab entry '" + token + "'");
+      const int32_t id = token_id_value(value, source, "vocab entry " + json_quoted(token));
       if (!byte_level_to_bytes(token, bytes)) {
         if (added_ids.count(token)) continue;  // e.g. "<|endoftext|>" in the vocab
-        throw Error(source + ": vocab entry '" + token + "' (id " + std::to_string(id) +
+        throw Error(source + ": vocab entry " + json_quoted(token) + " (id " + std::to_string(id) +
                     ") is not byte-level text (characters outside GPT-2's byte alphabet)");
       }
       t.bytes_to_id_[bytes] = id;
-      set_id(id, bytes, "vocab entry '" + token + "'");
+      set_id(id, bytes, "vocab entry " + json_quoted(token));
     }
-    for (const AddedToken& a : t.added_) set_id(a.id, a.content, "added token '" + a.content + "'");
+    for (const AddedToken& a : t.added_) set_id(a.id, a.content, "added token " + json_quoted(a.content));
     for (int b = 0; b < 256; ++b)
       if (!t.bytes_to_id_.count(std::string(1, static_cast<char>(b))))
         throw Error(source + ": the vocabulary has no token for byte " + std::to_string(b) +
@@ -363,7 +369,7 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
         const std::string s = m.get<std::string>();
         const size_t space = s.find(' ');
         if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-          throw Error(source + ": merge '" + s + "' is not two tokens separated by a space");
+          throw Error(source + ": merge " + json_quoted(s) + " is not two tokens separated by a space");
         left = s.substr(0, space);
         right = s.substr(space + 1);
       } else {  // ["a", "b"]
@@ -376,8 +382,8 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
       if (!byte_level_to_bytes(left, lb) || !byte_level_to_bytes(right, rb) ||
           !t.bytes_to_id_.count(lb) || !t.bytes_to_id_.count(rb) ||
           !t.bytes_to_id_.count(lb + rb))
-        throw Error(source + ": merge " + std::to_string(rank) + " ('" + left + "', '" + right +
-                    "') names a token that is not in the vocabulary");
+        throw Error(source + ": merge " + std::to_string(rank) + " (" + json_quoted(left) + ", " + json_quoted(right) +
+                    ") names a token that is not in the vocabulary");
       t.merges_.emplace(std::make_pair(t.bytes_to_id_[lb], t.bytes_to_id_[rb]),
                         Merge{rank, t.bytes_to_id_[lb + rb]});
       ++rank;

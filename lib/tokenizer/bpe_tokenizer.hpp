@@ -41,6 +41,9 @@ class BpeTokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
   // One past the largest id.
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }
+  // Whether encoding puts a space before each stretch of text between added tokens that does
+  // not start with one (the ByteLevel pre-tokenizer's add_prefix_space); decoding keeps it.
+  bool adds_prefix_space() const { return add_prefix_space_; }
   // The id of an added token's content or a vocabulary entry (raw bytes); -1 if none.
   int32_t token_id(std::string_view token) const;
 

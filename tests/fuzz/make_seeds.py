@@ -189,6 +189,14 @@ put("tokenizer", "float_id", tokenizer(GPT2_PRE, []).replace('"a": 97', '"a": 3.
     + "\0abc")
 put("tokenizer", "duplicate_id", tokenizer(GPT2_PRE, []).replace('"\u00de": 222', '"\u00de": 111')
     + "\0Hello world")
+# Found in CI: a vocab entry holding a newline was named raw, an error of two lines.
+put("tokenizer", "newline_in_vocab_entry", tokenizer(GPT2_PRE, [], ["a\nb"]) + "\0ab")
+# add_prefix_space puts a space before each stretch of text between added tokens, which
+# decoding keeps (the harness's exact-size check did not allow for it).
+put("tokenizer", "add_prefix_space", tokenizer(dict(GPT2_PRE, add_prefix_space=True),
+                                               ["\u0120 w"], ["\u0120w"],
+                                               [("<|endoftext|>", 257)])
+    + "\0" + "world<|endoftext|>wide<|endoftext|> web")
 put("tokenizer", "not_json", '{"model": {"type": "BPE", "vocab": {"a": 0}\0a')
 
 
