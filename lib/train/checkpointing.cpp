@@ -207,7 +207,9 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   }
   for (const std::string& name : r.datasets())
     if (!expected.count(name))
-      fail("unexpected dataset '" + name + "' (not in the stored config's model)");
+      // The name comes from the file: quoted with its control characters escaped.
+      fail("unexpected dataset " + config::toml_string(name) +
+           " (not in the stored config's model)");
   return meta;
 }
 

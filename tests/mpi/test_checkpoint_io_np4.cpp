@@ -28,6 +28,7 @@
 #include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "config/config.hpp"
+#include "model/architecture.hpp"
 #include "train/checkpointing.hpp"
 #include "util/error.hpp"
 
@@ -530,6 +531,43 @@ TEST_F(CkptIo, ModelArchFromTheFileStaysOnOneLine) {
     const std::string what = e.what();
     EXPECT_EQ(what, "checkpoint '" + file + "': model_arch = \"l]\\nx\\\"y\", but the stored "
                     "config's model.arch = \"gpt2\"");
+  }
+  rd.close();
+}
+
+// A dataset name comes from the file too: one the stored model lacks, holding a newline, is
+// named quoted with the newline escaped (one line, naming the file, on every rank).
+TEST_F(CkptIo, AnUnexpectedDatasetNameStaysOnOneLine) {
+  const std::string file = path("extra.h5");
+  const Config config = parse_config(
+      "[model]\nlayers = 1\nheads = 2\nwidth = 4\nvocab_size = 8\nseq_len = 4\n"
+      "[data]\ntrain = \"x.bin\"\n", "e.toml");
+  {
+    CheckpointWriter w(file, MPI_COMM_WORLD);
+    write_checkpoint_attributes(w, config, CheckpointProgress{});
+    const auto write_zeros = [&](const std::string& name, const std::vector<int64_t>& shape) {
+      int64_t numel = 1;
+      for (const int64_t d : shape) numel *= d;
+      w.write_tensor(name, shape, r == 0 ? Runs{R{0, 0, numel}} : Runs{},
+                     std::vector<float>(r == 0 ? numel : 0, 0.0f));
+    };
+    int written = 0;
+    for (const ParamInfo& p : global_parameters(config.model))
+      for (const char* root : {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"}) {
+        write_zeros(dataset_path(root, p.name), p.global_shape);
+        ++written;
+      }
+    EXPECT_GT(written, 3);
+    write_zeros("/model/extra\nline", {2});
+    w.close();
+  }
+  CheckpointReader rd(file, MPI_COMM_WORLD);
+  try {
+    (void)check_checkpoint(rd);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "checkpoint '" + file + "': unexpected dataset "
+                                     "\"/model/extra\\nline\" (not in the stored config's model)");
   }
   rd.close();
 }
