@@ -510,6 +510,19 @@ TEST_F(CkptIo, AStoredModelLargerThanTheFileIsRefusedAtOnce) {
   rd.close();
 }
 
+// What check_checkpoint says of `file`: its error, or "accepted".
+std::string check_checkpoint_error(const std::string& file) {
+  CheckpointReader rd(file, MPI_COMM_WORLD);
+  std::string what = "accepted";
+  try {
+    (void)check_checkpoint(rd);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  rd.close();
+  return what;
+}
+
 // Found by the suite's 20 s run of tests/fuzz/fuzz_checkpoint (corpus: newline_in_model_arch):
 // a model_arch root attribute holding a newline (sealed, so only its value is wrong) made the
 // mismatch with the stored config's model.arch two lines. The file's text is quoted with its
@@ -523,16 +536,9 @@ TEST_F(CkptIo, ModelArchFromTheFileStaysOnOneLine) {
     w.set_attribute("/", "model_arch", std::string("l]\nx\"y"));  // sealed at close
     w.close();
   }
-  CheckpointReader rd(file, MPI_COMM_WORLD);
-  try {
-    (void)check_checkpoint(rd);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what, "checkpoint '" + file + "': model_arch = \"l]\\nx\\\"y\", but the stored "
-                    "config's model.arch = \"gpt2\"");
-  }
-  rd.close();
+  EXPECT_EQ(check_checkpoint_error(file),
+            "checkpoint '" + file + "': model_arch = \"l]\\nx\\\"y\", but the stored "
+            "config's model.arch = \"gpt2\"");
 }
 
 // A dataset name comes from the file too: one the stored model lacks, holding a newline, is
@@ -561,15 +567,9 @@ TEST_F(CkptIo, AnUnexpectedDatasetNameStaysOnOneLine) {
     write_zeros("/model/extra\nline", {2});
     w.close();
   }
-  CheckpointReader rd(file, MPI_COMM_WORLD);
-  try {
-    (void)check_checkpoint(rd);
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "checkpoint '" + file + "': unexpected dataset "
-                                     "\"/model/extra\\nline\" (not in the stored config's model)");
-  }
-  rd.close();
+  EXPECT_EQ(check_checkpoint_error(file),
+            "checkpoint '" + file + "': unexpected dataset \"/model/extra\\nline\" (not in the "
+            "stored config's model)");
 }
 
 }  // namespace
