@@ -14,7 +14,10 @@
 //     --threads N    threads for the BLAS and OpenMP (default 1)
 //     --reps R       timed repetitions per shape, best kept (default 5)
 //     --min-time S   each repetition loops the GEMM until S seconds have passed (default 0.2)
-//     --shapes LIST  comma-separated MxNxK; default: the square and GPT-like set below
+//     --shapes LIST  comma-separated MxNxK, each optionally :XY with X, Y in {N, T}: A, B
+//                    transposed (op(A) is M x K, op(B) K x N, both stored row-major as
+//                    given: the LM head's forward x*W^T is 160x50304x256:NT); default: NN,
+//                    the square and GPT-like set below
 //     --human        also print a table to stderr
 //     --double       dgemm instead of sgemm (cblas only)
 //     --cpu-time     time by the process's CPU time / N instead of the wall clock: on cores
@@ -68,6 +71,10 @@ namespace {
 
 struct Shape {
   long m, n, k;
+  bool trans_a = false, trans_b = false;
+  long lda() const { return trans_a ? m : k; }
+  long ldb() const { return trans_b ? k : n; }
+  std::string ops() const { return std::string(1, trans_a ? 'T' : 'N') + (trans_b ? 'T' : 'N'); }
 };
 
 struct Result {
@@ -94,9 +101,15 @@ std::vector<Shape> parse_shapes(const std::string& list) {
     std::string tok = list.substr(pos, end - pos);
     if (!tok.empty()) {
       Shape s{};
-      if (std::sscanf(tok.c_str(), "%ldx%ldx%ld", &s.m, &s.n, &s.k) != 3 || s.m <= 0 ||
-          s.n <= 0 || s.k <= 0)
-        usage(("bad shape '" + tok + "' (want MxNxK)").c_str());
+      char ops[3] = "NN";
+      int used = 0;
+      const int got = std::sscanf(tok.c_str(), "%ldx%ldx%ld%n:%2[NT]%n", &s.m, &s.n, &s.k,
+                                  &used, ops, &used);
+      if (got < 3 || used != static_cast<int>(tok.size()) || s.m <= 0 || s.n <= 0 || s.k <= 0 ||
+          (got == 4 && ops[1] == '\0'))
+        usage(("bad shape '" + tok + "' (want MxNxK or MxNxK:XY, X and Y each N or T)").c_str());
+      s.trans_a = ops[0] == 'T';
+      s.trans_b = ops[1] == 'T';
       out.push_back(s);
     }
     pos = end + 1;
@@ -126,7 +139,8 @@ void* must_dlsym(void* lib, const char* name, const std::string& path) {
 template <typename T>
 GemmFn<T> linked_gemm() {
   return [](const Shape& s, const T* a, const T* b, T* c) {
-    trident::cpu::gemm<T>(false, false, s.m, s.n, s.k, T(1), a, s.k, b, s.n, T(0), c, s.n);
+    trident::cpu::gemm<T>(s.trans_a, s.trans_b, s.m, s.n, s.k, T(1), a, s.lda(), b, s.ldb(), T(0),
+                          c, s.n);
   };
 }
 
@@ -138,22 +152,23 @@ GemmFn<T> loaded_gemm(void* lib, const std::string& path, const std::string& api
     } else {
       auto f = reinterpret_cast<DnnlSgemm>(must_dlsym(lib, "dnnl_sgemm", path));
       return [f](const Shape& s, const float* a, const float* b, float* c) {
-        f('N', 'N', s.m, s.n, s.k, 1.0f, a, s.k, b, s.n, 0.0f, c, s.n);
+        f(s.ops()[0], s.ops()[1], s.m, s.n, s.k, 1.0f, a, s.lda(), b, s.ldb(), 0.0f, c, s.n);
       };
     }
   }
-  constexpr int kRowMajor = 101, kNoTrans = 111;
+  constexpr int kRowMajor = 101;
+  const auto op = [](bool trans) { return trans ? 112 : 111; };  // CblasTrans, CblasNoTrans
   if constexpr (std::is_same_v<T, float>) {
     auto f = reinterpret_cast<CblasSgemm>(must_dlsym(lib, "cblas_sgemm", path));
-    return [f](const Shape& s, const float* a, const float* b, float* c) {
-      f(kRowMajor, kNoTrans, kNoTrans, int(s.m), int(s.n), int(s.k), 1.0f, a, int(s.k), b,
-        int(s.n), 0.0f, c, int(s.n));
+    return [f, op](const Shape& s, const float* a, const float* b, float* c) {
+      f(kRowMajor, op(s.trans_a), op(s.trans_b), int(s.m), int(s.n), int(s.k), 1.0f, a,
+        int(s.lda()), b, int(s.ldb()), 0.0f, c, int(s.n));
     };
   } else {
     auto f = reinterpret_cast<CblasDgemm>(must_dlsym(lib, "cblas_dgemm", path));
-    return [f](const Shape& s, const double* a, const double* b, double* c) {
-      f(kRowMajor, kNoTrans, kNoTrans, int(s.m), int(s.n), int(s.k), 1.0, a, int(s.k), b,
-        int(s.n), 0.0, c, int(s.n));
+    return [f, op](const Shape& s, const double* a, const double* b, double* c) {
+      f(kRowMajor, op(s.trans_a), op(s.trans_b), int(s.m), int(s.n), int(s.k), 1.0, a,
+        int(s.lda()), b, int(s.ldb()), 0.0, c, int(s.n));
     };
   }
 }
@@ -306,8 +321,8 @@ int main(int argc, char** argv) {
                                                   : linked_gemm<float>(),
                                               s, reps, min_time, copies, cpu_time, threads));
     if (human)
-      std::fprintf(stderr, "  %6ld x %6ld x %6ld  %8.2f GFLOP/s  (%.4f s)\n", s.m, s.n, s.k,
-                   results.back().gflops, results.back().seconds);
+      std::fprintf(stderr, "  %6ld x %6ld x %6ld %s  %8.2f GFLOP/s  (%.4f s)\n", s.m, s.n, s.k,
+                   s.ops().c_str(), results.back().gflops, results.back().seconds);
   }
 
   const Result* ceil = nullptr;
@@ -328,8 +343,9 @@ int main(int argc, char** argv) {
               ceil->s.k);
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
-    std::printf("%s{\"m\":%ld,\"n\":%ld,\"k\":%ld,\"gflops\":%.2f,\"seconds\":%.6f}",
-                i ? "," : "", r.s.m, r.s.n, r.s.k, r.gflops, r.seconds);
+    std::printf("%s{\"m\":%ld,\"n\":%ld,\"k\":%ld,\"ops\":\"%s\",\"gflops\":%.2f,"
+                "\"seconds\":%.6f}",
+                i ? "," : "", r.s.m, r.s.n, r.s.k, r.s.ops().c_str(), r.gflops, r.seconds);
   }
   std::printf("],\"fma_gflops\":%.2f,\"fma_bits\":%d,\"ceiling_of_peak\":%.3f,"
               "\"precision\":\"%s\",\"in_parallel\":%s,\"clock\":\"%s\",\"library\":\"%s\"}\n",

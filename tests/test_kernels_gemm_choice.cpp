@@ -3,6 +3,12 @@
 // the checks that run on this machine's core.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 
@@ -150,6 +156,53 @@ TEST(SgemmLibrary, OneDnnByDefaultOpenBlasWhenAskedNothingElse) {
 
 // sgemm of this process's library (oneDNN unless TRIDENT_SGEMM=openblas) and OpenBLAS's dgemm.
 TEST(GemmThisCore, LinkedGemmMatchesTheReference) { EXPECT_TRUE(gemm_results_correct()); }
+
+// A linear layer's forward (x W^T) on two threads: split by columns of C, each thread its block
+// (blas.cpp). Views (leading dimensions past the sizes), alpha and beta, an N that is not a
+// multiple of the 16-float lines; the columns past N are not touched, two calls agree to the
+// bit, and the result matches a double reference.
+TEST(GemmThisCore, ColumnSplitOfTheForwardProductMatchesTheReference) {
+  const int saved = num_threads();
+  set_num_threads(2);
+  const int64_t M = 7, N = 1001, K = 33, lda = 40, ldb = 35, ldc = 1010;
+  EXPECT_EQ(sgemm_column_split_threads(true, false, N), 1);  // backward products: not split
+  EXPECT_EQ(sgemm_column_split_threads(false, false, N), 1);
+  EXPECT_EQ(sgemm_column_split_threads(false, true, 255), 1);  // too few columns for two
+  const int split = sgemm_column_split_threads(false, true, N);
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    EXPECT_EQ(sgemm_column_split_threads(false, true, N), 1);  // inside a region: never
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(M * lda), b(N * ldb), c0(M * ldc);
+  for (auto* v : {&a, &b, &c0})
+    for (float& x : *v) x = u(rng);
+  std::vector<float> c1 = c0, c2 = c0;
+  gemm<float>(false, true, M, N, K, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c1.data(), ldc);
+  gemm<float>(false, true, M, N, K, 0.5f, a.data(), lda, b.data(), ldb, 1.0f, c2.data(), ldc);
+  set_num_threads(saved);
+  if (sgemm_library() == SgemmLibrary::onednn) EXPECT_EQ(split, 2);
+  EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0);
+  int64_t compared = 0;
+  double worst = 0.0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const size_t at = static_cast<size_t>(i * ldc + j);
+      if (j >= N) {
+        EXPECT_EQ(c1[at], c0[at]) << "column " << j << " past N was written";
+        continue;
+      }
+      double ref = c0[at];
+      for (int64_t k = 0; k < K; ++k)
+        ref += 0.5 * static_cast<double>(a[i * lda + k]) * static_cast<double>(b[j * ldb + k]);
+      worst = std::max(worst, std::fabs(c1[at] - ref));
+      ++compared;
+    }
+  EXPECT_EQ(compared, M * N);
+  EXPECT_LT(worst, 1e-5 * K);
+}
 
 TEST(GemmThisCore, FeaturesAgreeWithTheCompiler) {
   const CpuFeatures f = read_cpu_features();

@@ -15,6 +15,12 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
+// Threads among which the float GEMM splits C's columns, each running a single-threaded
+// GEMM on its block (1: not split; oneDNN's own threading runs): for op(A) = A, op(B) = B^T
+// (a linear layer's forward) on oneDNN, outside a parallel region, blocks of at least 128
+// columns. Why: blas.cpp.
+int sgemm_column_split_threads(bool trans_a, bool trans_b, int64_t N);
+
 // The library of the float GEMM, from the environment variable TRIDENT_SGEMM: "onednn" (also
 // when unset or empty) or "openblas". Read once per process; any other value ends the process
 // with one error line (settle_gemm_kernel reads it first, before MPI_Init).
