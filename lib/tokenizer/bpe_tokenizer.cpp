@@ -356,7 +356,8 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
       t.bytes_to_id_[bytes] = id;
       set_id(id, bytes, "vocab entry " + json_quoted(token));
     }
-    for (const AddedToken& a : t.added_) set_id(a.id, a.content, "added token " + json_quoted(a.content));
+    for (const AddedToken& a : t.added_)
+      set_id(a.id, a.content, "added token " + json_quoted(a.content));
     for (int b = 0; b < 256; ++b)
       if (!t.bytes_to_id_.count(std::string(1, static_cast<char>(b))))
         throw Error(source + ": the vocabulary has no token for byte " + std::to_string(b) +
@@ -369,7 +370,8 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
         const std::string s = m.get<std::string>();
         const size_t space = s.find(' ');
         if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-          throw Error(source + ": merge " + json_quoted(s) + " is not two tokens separated by a space");
+          throw Error(source + ": merge " + json_quoted(s) +
+                      " is not two tokens separated by a space");
         left = s.substr(0, space);
         right = s.substr(space + 1);
       } else {  // ["a", "b"]
@@ -382,8 +384,8 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
       if (!byte_level_to_bytes(left, lb) || !byte_level_to_bytes(right, rb) ||
           !t.bytes_to_id_.count(lb) || !t.bytes_to_id_.count(rb) ||
           !t.bytes_to_id_.count(lb + rb))
-        throw Error(source + ": merge " + std::to_string(rank) + " (" + json_quoted(left) + ", " + json_quoted(right) +
-                    ") names a token that is not in the vocabulary");
+        throw Error(source + ": merge " + std::to_string(rank) + " (" + json_quoted(left) + ", " +
+                    json_quoted(right) + ") names a token that is not in the vocabulary");
       t.merges_.emplace(std::make_pair(t.bytes_to_id_[lb], t.bytes_to_id_[rb]),
                         Merge{rank, t.bytes_to_id_[lb + rb]});
       ++rank;
