@@ -100,10 +100,13 @@ std::string string_field(const json& object, const char* key) {
 // Ids index the decode table: an integer in [0, kMaxTokenId) (2^24, far above any real
 // vocabulary), else refused before anything that large is allocated.
 constexpr int64_t kMaxTokenId = int64_t{1} << 24;
-int32_t token_id_value(const json& value, const std::string& source, const std::string& what) {
+// `kind` and `name` (e.g. "vocab entry", the entry) name it in the error: quoted only then, as
+// this runs for every entry of a vocabulary.
+int32_t token_id_value(const json& value, const std::string& source, const char* kind,
+                       const std::string& name) {
   if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
       value.get<int64_t>() >= kMaxTokenId)
-    throw Error(source + ": " + what + " has id " + value.dump() +
+    throw Error(source + ": " + kind + " " + json_quoted(name) + " has id " + value.dump() +
                 " (ids are integers in [0, 2^24))");
   return static_cast<int32_t>(value.get<int64_t>());
 }
@@ -282,7 +285,7 @@ void read_post_processor(const json& p, const std::string& source, std::vector<i
                   " is not in its special_tokens");
     for (const json& id : special[name].at("ids"))
       (seen_sequence ? suffix : prefix)
-          .push_back(token_id_value(id, source, "post_processor token " + json_quoted(name)));
+          .push_back(token_id_value(id, source, "post_processor token", name));
   }
   if (!seen_sequence)
     throw Error(source + ": post_processor single template has no Sequence A");
@@ -317,8 +320,7 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
     if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
       for (const json& a : root["added_tokens"]) {
         const std::string content = a.at("content").get<std::string>();
-        AddedToken token{content, token_id_value(a.at("id"), source,
-                                                 "added token " + json_quoted(content))};
+        AddedToken token{content, token_id_value(a.at("id"), source, "added token", content)};
         for (const char* flag : {"single_word", "lstrip", "rstrip"})
           if (bool_field(a, flag, false))
             throw Error(source + ": added token " + json_quoted(token.content) + " has " + flag +
@@ -334,30 +336,31 @@ BpeTokenizer BpeTokenizer::from_json(const std::string& json_text, const std::st
                      });
 
     // An id stands for one string, or decoding could not give the text back.
-    const auto set_id = [&](int32_t id, const std::string& bytes, const std::string& what) {
+    const auto set_id = [&](int32_t id, const std::string& bytes, const char* kind,
+                            const std::string& name) {
       if (id >= t.vocab_size()) {
         t.id_to_bytes_.resize(id + 1);
         t.id_used_.resize(id + 1, false);
       }
       if (t.id_used_[id] && t.id_to_bytes_[id] != bytes)
-        throw Error(source + ": " + what + " has id " + std::to_string(id) +
+        throw Error(source + ": " + kind + " " + json_quoted(name) + " has id " +
+                    std::to_string(id) +
                     ", which already stands for another token");
       t.id_to_bytes_[id] = bytes;
       t.id_used_[id] = true;
     };
     std::string bytes;
     for (const auto& [token, value] : model.at("vocab").items()) {
-      const int32_t id = token_id_value(value, source, "vocab entry " + json_quoted(token));
+      const int32_t id = token_id_value(value, source, "vocab entry", token);
       if (!byte_level_to_bytes(token, bytes)) {
         if (added_ids.count(token)) continue;  // e.g. "<|endoftext|>" in the vocab
         throw Error(source + ": vocab entry " + json_quoted(token) + " (id " + std::to_string(id) +
                     ") is not byte-level text (characters outside GPT-2's byte alphabet)");
       }
       t.bytes_to_id_[bytes] = id;
-      set_id(id, bytes, "vocab entry " + json_quoted(token));
+      set_id(id, bytes, "vocab entry", token);
     }
-    for (const AddedToken& a : t.added_)
-      set_id(a.id, a.content, "added token " + json_quoted(a.content));
+    for (const AddedToken& a : t.added_) set_id(a.id, a.content, "added token", a.content);
     for (int b = 0; b < 256; ++b)
       if (!t.bytes_to_id_.count(std::string(1, static_cast<char>(b))))
         throw Error(source + ": the vocabulary has no token for byte " + std::to_string(b) +
