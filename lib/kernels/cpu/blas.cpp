@@ -80,16 +80,6 @@ void onednn_sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 constexpr int64_t kMinSplitColumns = 128;
 constexpr int64_t kSplitAlign = 16;  // floats in 64 bytes
 
-}  // namespace
-
-int sgemm_column_split_threads(bool trans_a, bool trans_b, int64_t N) {
-  if (sgemm_library() != SgemmLibrary::onednn || trans_a || !trans_b || omp_in_parallel())
-    return 1;
-  return static_cast<int>(std::clamp<int64_t>(N / kMinSplitColumns, 1, omp_get_max_threads()));
-}
-
-namespace {
-
 void onednn_sgemm_by_columns(int threads, int64_t M, int64_t N, int64_t K, float alpha,
                              const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
                              float* C, int64_t ldc) {
@@ -106,6 +96,12 @@ void onednn_sgemm_by_columns(int threads, int64_t M, int64_t N, int64_t K, float
 }
 
 }  // namespace
+
+int sgemm_column_split_threads(bool trans_a, bool trans_b, int64_t N) {
+  if (sgemm_library() != SgemmLibrary::onednn || trans_a || !trans_b || omp_in_parallel())
+    return 1;
+  return static_cast<int>(std::clamp<int64_t>(N / kMinSplitColumns, 1, omp_get_max_threads()));
+}
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
