@@ -152,7 +152,8 @@ GemmFn<T> loaded_gemm(void* lib, const std::string& path, const std::string& api
     } else {
       auto f = reinterpret_cast<DnnlSgemm>(must_dlsym(lib, "dnnl_sgemm", path));
       return [f](const Shape& s, const float* a, const float* b, float* c) {
-        f(s.ops()[0], s.ops()[1], s.m, s.n, s.k, 1.0f, a, s.lda(), b, s.ldb(), 0.0f, c, s.n);
+        f(s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', s.m, s.n, s.k, 1.0f, a, s.lda(), b,
+          s.ldb(), 0.0f, c, s.n);
       };
     }
   }
