@@ -7,7 +7,7 @@
                                     the same global batch on 1 rank and on 2 ranks as DP = 2,
                                     TP = 2 (blocking, and with parallel.tp_overlap) and PP = 2
                                     (m = 8; even split, parallel.pipeline_balance = flops, and
-                                    flops with parallel.schedule = zb-h1): speedup and
+                                    flops with parallel.schedule = zb-h1 and zb-h2): speedup and
                                     communication share. Every layout runs once per round
                                     (default 3, alternating order; ~25 s a round) and its
                                     fastest round counts, the baselines' too: the VM's speed
@@ -68,12 +68,12 @@ def median_after_warmup(rows, key, skip=2):
 
 def bubble():
     print("| PP | m | schedule | bubble measured (stage 0 / max) | "
-          "theory (p-1)/(m+p-1), zb-h1 (p-1)/(3m+p-1) | "
+          "theory (simulated, F = B = W: (p-1)/(m+p-1), zb-h1/h2 (p-1)/(3m+p-1)) | "
           "peak micro-batches held (stage 0) | peak activations MB (stage 0) | ms/step |")
     print("|---|---|---|---|---|---|---|---|")
     for pp in (2, 4):
         for m in (1, 2, 4, 8, 16):
-            for schedule in ("1f1b", "gpipe", "zb-h1"):
+            for schedule in ("1f1b", "gpipe", "zb-h1", "zb-h2"):
                 sets = ["parallel.pipeline=%d" % pp, "parallel.schedule=" + schedule,
                         "train.micro_batch=1", "train.global_batch=%d" % m, "train.steps=6",
                         "train.threads=1", "optim.warmup_steps=1"]
@@ -102,7 +102,10 @@ def speedup(rounds):
                  "train.threads=1"]),
                ("PP = 2 (m = 8), balance flops, zb-h1", 2,
                 ["parallel.pipeline=2", "parallel.pipeline_balance=\"flops\"",
-                 "parallel.schedule=\"zb-h1\"", "train.threads=1"])]
+                 "parallel.schedule=\"zb-h1\"", "train.threads=1"]),
+               ("PP = 2 (m = 8), balance flops, zb-h2", 2,
+                ["parallel.pipeline=2", "parallel.pipeline_balance=\"flops\"",
+                 "parallel.schedule=\"zb-h2\"", "train.threads=1"])]
     runs = {name: [] for name, _, _ in layouts}  # (tokens/s, communication share) per round
     for k in range(rounds):
         for name, ranks, sets in (layouts if k % 2 == 0 else layouts[::-1]):
@@ -121,7 +124,8 @@ def speedup(rounds):
     one = results["1 rank, 1 thread"][0]
     print("\nAgainst one rank on one core (the per-rank share of the machine):")
     for name in ("DP = 2", "TP = 2", "TP = 2, tp_overlap", "PP = 2 (m = 8)",
-                 "PP = 2 (m = 8), balance flops", "PP = 2 (m = 8), balance flops, zb-h1"):
+                 "PP = 2 (m = 8), balance flops", "PP = 2 (m = 8), balance flops, zb-h1",
+                 "PP = 2 (m = 8), balance flops, zb-h2"):
         print("  %s: %.2fx" % (name, results[name][0] / one))
 
 

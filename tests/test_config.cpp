@@ -488,8 +488,9 @@ TEST(ConfigReject, ZeroStage) {
 
 TEST(ConfigReject, Choices) {
   EXPECT_ERROR("[parallel]\nschedule = \"zero\"\n",
-               "parallel.schedule (\"zero\") must be 1f1b, gpipe, interleaved or zb-h1");
+               "parallel.schedule (\"zero\") must be 1f1b, gpipe, interleaved, zb-h1 or zb-h2");
   EXPECT_EQ(parse("[parallel]\nschedule = \"zb-h1\"\n").parallel.schedule, "zb-h1");
+  EXPECT_EQ(parse("[parallel]\nschedule = \"zb-h2\"\n").parallel.schedule, "zb-h2");
   EXPECT_ERROR("[train]\ndevice = \"gpu\"\n", "train.device (\"gpu\") must be cpu or cuda");
   EXPECT_ERROR("[train]\ndevice = \"CPU\"\n", "train.device (\"CPU\") must be cpu or cuda");
   EXPECT_ERROR("[train]\nprecision = \"fp16\"\n",

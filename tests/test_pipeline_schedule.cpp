@@ -83,10 +83,17 @@ TEST(pipeline_schedule, ParsesKindsAndNamesOps) {
   EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::ZeroBubbleH1);
   EXPECT_EQ(to_string(ScheduleKind::Interleaved), "interleaved");
   EXPECT_EQ(to_string(ScheduleKind::ZeroBubbleH1), "zb-h1");
-  for (const char* bad : {"", "1F1B", "GPipe", "zb-h2", "zbh1"}) {
+  EXPECT_EQ(parse_schedule_kind("zb-h2"), ScheduleKind::ZeroBubbleH2);
+  EXPECT_EQ(to_string(ScheduleKind::ZeroBubbleH2), "zb-h2");
+  EXPECT_TRUE(splits_backward(ScheduleKind::ZeroBubbleH1));
+  EXPECT_TRUE(splits_backward(ScheduleKind::ZeroBubbleH2));
+  for (ScheduleKind k : {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::Interleaved})
+    EXPECT_FALSE(splits_backward(k)) << to_string(k);
+  for (const char* bad : {"", "1F1B", "GPipe", "zb-h3", "zbh1", "zb-v"}) {
     const std::string msg = error_of([&] { parse_schedule_kind(bad); });
     EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << bad << ": " << msg;
-    EXPECT_NE(msg.find("\"1f1b\", \"gpipe\", \"interleaved\" or \"zb-h1\""), std::string::npos)
+    EXPECT_NE(msg.find("\"1f1b\", \"gpipe\", \"interleaved\", \"zb-h1\" or \"zb-h2\""),
+              std::string::npos)
         << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   }
@@ -263,7 +270,8 @@ TEST(pipeline_schedule, PerStageCostsSimulateEachStageAtItsOwnCosts) {
   // The same costs on every stage: the one-cost simulation exactly.
   const PipeSimCosts unit{1, 2, 0.25, 1};
   for (ScheduleKind kind :
-       {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1}) {
+       {ScheduleKind::OneFOneB, ScheduleKind::GPipe, ScheduleKind::ZeroBubbleH1,
+        ScheduleKind::ZeroBubbleH2}) {
     std::vector<std::vector<PipeOp>> ops;
     for (int s = 0; s < 3; ++s) ops.push_back(pipeline_schedule(kind, s, 3, 5));
     const PipeSimResult same =
@@ -437,6 +445,63 @@ TEST(pipeline_schedule, ZeroBubbleH1DefersWeightGradientsByStage) {
             "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1");
 }
 
+TEST(pipeline_schedule, ZeroBubbleH2RunsMoreForwardsFirstAndDefersTwiceAsMany) {
+  using K = ScheduleKind;
+  // 2 stages x 8 micro-batches: stage 0 runs 2p-1 = 3 forwards before its first input gradient
+  // (H1: 2) and defers none; stage 1 runs one and keeps up to 2 weight gradients pending (H1: 1).
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 0, 2, 8)),
+            "F0 F1 F2 BI0 W0 F3 BI1 W1 F4 BI2 W2 F5 BI3 W3 F6 BI4 W4 F7 BI5 W5 BI6 W6 BI7 W7");
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 1, 2, 8)),
+            "F0 BI0 F1 BI1 F2 BI2 W0 F3 BI3 W1 F4 BI4 W2 F5 BI5 W3 F6 BI6 W4 F7 BI7 W5 W6 W7");
+  // 4 stages: stage 1 runs 5 forwards first and defers 2, stage 3 one forward and defers 6.
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 1, 4, 8)),
+            "F0 F1 F2 F3 F4 BI0 F5 BI1 F6 BI2 W0 F7 BI3 W1 BI4 W2 BI5 W3 BI6 W4 BI7 W5 W6 W7");
+  // Few micro-batches (M < 2p-1): the deferral is capped at M-(p-s): stage 1 of 2 with M = 2
+  // defers 1, not 2.
+  EXPECT_EQ(to_string(pipeline_schedule(K::ZeroBubbleH2, 1, 2, 2)),
+            "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1");
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 3, 4, 3)), "F0 BI0 F1 BI1 F2 BI2 W0 W1 W2");
+}
+
+TEST(pipeline_schedule, ZeroBubbleH2IsNeverSlowerThanH1AndFasterWhenWeightGradientsAreCheaper) {
+  // Unit costs F = B = W: the same step as ZB-H1 for M >= 2p-1, never longer for any M. With
+  // W < B (the weight gradients cheaper than the input gradients, as on real layers) it is
+  // never longer and shorter wherever M >= 2p-1 and p >= 2. Also with the measured costs of
+  // bench/README.md's PP 2 trace (stage 0: F 9.3, BI 9.4, W 6.2 ms; stage 1 with the LM head:
+  // F 15.7, BI 6.2, W 3.9; no transfer time): 223.5 ms -> 219.6 ms in the simulation.
+  const PipeSimCosts unit{1.0, 2.0, 0.0, 1.0}, cheap_w{1.0, 1.6, 0.0, 0.6};
+  int64_t compared = 0, shorter = 0;
+  for (int p = 1; p <= 8; ++p)
+    for (int64_t m = 1; m <= 16; ++m) {
+      for (const PipeSimCosts& c : {unit, cheap_w}) {
+        const PipeSimResult h1 = simulate_pipeline(ScheduleKind::ZeroBubbleH1, p, m, c);
+        const PipeSimResult h2 = simulate_pipeline(ScheduleKind::ZeroBubbleH2, p, m, c);
+        ASSERT_TRUE(h1.ok && h2.ok) << h1.error << h2.error;
+        EXPECT_LE(h2.makespan, h1.makespan + 1e-12) << p << " " << m << " W " << c.weight;
+        const bool deep = p >= 2 && m >= 2 * p - 1;
+        if (deep && c.weight == unit.weight) EXPECT_DOUBLE_EQ(h2.makespan, h1.makespan);
+        if (deep && c.weight < unit.weight) {
+          EXPECT_LT(h2.makespan, h1.makespan - 1e-9) << p << " " << m;
+          shorter += h2.makespan < h1.makespan - 1e-9;
+        }
+        ++compared;
+      }
+    }
+  EXPECT_EQ(compared, 2 * 8 * 16);
+  EXPECT_GT(shorter, 50);
+  std::vector<PipeSimCosts> measured(2);
+  measured[0] = PipeSimCosts{9.3, 9.4 + 6.2, 0.0, 6.2};
+  measured[1] = PipeSimCosts{15.7, 6.2 + 3.9, 0.0, 3.9};
+  auto step = [&](ScheduleKind kind) {
+    const PipeSimResult r = simulate_pipeline_per_stage(
+        {pipeline_schedule(kind, 0, 2, 8), pipeline_schedule(kind, 1, 2, 8)}, 8, measured);
+    EXPECT_TRUE(r.ok) << r.error;
+    return r.makespan;
+  };
+  EXPECT_NEAR(step(ScheduleKind::ZeroBubbleH1), 223.5, 0.05);
+  EXPECT_NEAR(step(ScheduleKind::ZeroBubbleH2), 219.6, 0.05);
+}
+
 TEST(pipeline_schedule, VirtualStageArgumentsAreChecked) {
   using K = ScheduleKind;
   auto check = [](const std::string& msg, const std::string& want) {
@@ -469,6 +534,7 @@ std::vector<Shape> split_and_interleaved_shapes() {
   for (int p = 1; p <= 8; ++p)
     for (int64_t m = 1; m <= 16; ++m) {
       shapes.push_back({ScheduleKind::ZeroBubbleH1, p, m, 1});
+      shapes.push_back({ScheduleKind::ZeroBubbleH2, p, m, 1});
       for (int v = 2; v <= 4; ++v)
         if (p >= 2 && m % p == 0) shapes.push_back({ScheduleKind::Interleaved, p, m, v});
     }
@@ -478,7 +544,7 @@ std::string where(const Shape& x) {
   return where(x.kind, -1, x.stages, x.micro) + " v=" + std::to_string(x.chunks);
 }
 
-TEST(pipeline_schedule, InterleavedAndZbH1RunEveryOpOnceInOrderAndComplete) {
+TEST(pipeline_schedule, InterleavedAndZeroBubbleRunEveryOpOnceInOrderAndComplete) {
   int64_t lists = 0;
   for (const Shape& x : split_and_interleaved_shapes()) {
     SCOPED_TRACE(where(x));
@@ -488,7 +554,7 @@ TEST(pipeline_schedule, InterleavedAndZbH1RunEveryOpOnceInOrderAndComplete) {
       ++lists;
       // Per chunk: forwards, input gradients (whole or split) and weight gradients each run
       // every micro-batch once, in micro-batch order; F before its B before its W.
-      const bool split = x.kind == ScheduleKind::ZeroBubbleH1;
+      const bool split = splits_backward(x.kind);
       for (int c = 0; c < x.chunks; ++c) {
         std::vector<int64_t> f, b, w;
         std::vector<int64_t> f_at(static_cast<size_t>(x.micro), -1), b_at = f_at, w_at = f_at;
@@ -522,9 +588,9 @@ TEST(pipeline_schedule, InterleavedAndZbH1RunEveryOpOnceInOrderAndComplete) {
       EXPECT_EQ(r.peak_in_flight[static_cast<size_t>(s)],
                 schedule_peak_bound(x.kind, s, x.stages, x.micro, x.chunks));
   }
-  // ZB-H1: sum over p = 1..8 of 16 p = 576 stage lists; interleaved: sum over p = 2..8 of
-  // p * floor(16 / p) * 3 values of v = 312.
-  EXPECT_EQ(lists, 576 + 312);
+  // ZB-H1 and ZB-H2: sum over p = 1..8 of 16 p = 576 stage lists each; interleaved: sum over
+  // p = 2..8 of p * floor(16 / p) * 3 values of v = 312.
+  EXPECT_EQ(lists, 2 * 576 + 312);
 }
 
 TEST(pipeline_schedule, BubblesMatchTheClosedForms) {
@@ -571,12 +637,13 @@ TEST(pipeline_schedule, PrintsScheduleComparison) {
       for (const Shape& x : {Shape{ScheduleKind::GPipe, p, m, 1}, Shape{ScheduleKind::OneFOneB, p, m, 1},
                              Shape{ScheduleKind::Interleaved, p, m, 2},
                              Shape{ScheduleKind::Interleaved, p, m, 4},
-                             Shape{ScheduleKind::ZeroBubbleH1, p, m, 1}}) {
+                             Shape{ScheduleKind::ZeroBubbleH1, p, m, 1},
+                             Shape{ScheduleKind::ZeroBubbleH2, p, m, 1}}) {
         const PipeSimResult r = simulate_pipeline(x.kind, p, m, unit, x.chunks);
         ASSERT_TRUE(r.ok) << r.error;
         const double pm1 = p - 1;
-        const double theory = x.kind == ScheduleKind::ZeroBubbleH1 ? pm1 / (3.0 * m + pm1)
-                                                                   : pm1 / (x.chunks * m + pm1);
+        const double theory = splits_backward(x.kind) ? pm1 / (3.0 * m + pm1)
+                                                      : pm1 / (x.chunks * m + pm1);
         std::printf("%-12s %3d %4lld %3d %10.4f %10.4f %8lld/%d\n", to_string(x.kind).c_str(), p,
                     static_cast<long long>(m), x.chunks, r.bubble_fraction(), theory,
                     static_cast<long long>(r.peak_in_flight[0]), x.chunks);

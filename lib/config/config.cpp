@@ -165,9 +165,12 @@ const Key kKeys[] = {
    "divides `parallel.data` and `model.moe_experts`; > 1 needs `model.moe_experts` > 0"},
   {TRIDENT_KEY(parallel, ranks_per_node), at_least(0),
    "Ranks per node; 0: detected with MPI_COMM_TYPE_SHARED."},
-  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
+  {TRIDENT_KEY(parallel, schedule), one_of({"1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2"}),
    "Pipeline schedule. zb-h1: 1F1B with each backward split into the input gradient and the "
-   "linear layers' weight gradients, the latter deferred into the bubble. interleaved: "
+   "linear layers' weight gradients, the latter deferred into the bubble. zb-h2: the same "
+   "split with more forwards before the first backward and more weight gradients deferred, "
+   "holding min(2 * pipeline - 1, micro-batches) micro-batches' activations on every stage "
+   "for less bubble when the weight gradient costs less than the input gradient. interleaved: "
    "Megatron-LM's interleaved 1F1B over `parallel.virtual_stages` model chunks per stage "
    "(docs/pipeline.md).",
    "interleaved: `parallel.virtual_stages` >= 2, `parallel.pipeline` >= 2, the micro-batches "

@@ -57,7 +57,7 @@ struct ParallelConfig {
   // the data-parallel dimension (docs/moe.md); not a factor of the world size.
   int64_t expert = 1;
   int64_t ranks_per_node = 0;          // 0: detect with MPI_COMM_TYPE_SHARED
-  std::string schedule = "1f1b";       // "1f1b" | "gpipe" | "interleaved" | "zb-h1"
+  std::string schedule = "1f1b";       // "1f1b" | "gpipe" | "interleaved" | "zb-h1" | "zb-h2"
   int64_t virtual_stages = 1;          // model chunks per stage (interleaved: >= 2)
   std::string comm = "nccl";           // device buffers (train.device = "cuda"): "nccl" | "mpi"
   bool sequence_parallel = false;

@@ -64,7 +64,7 @@ struct ActivationShape {
   int64_t tp = 1;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
-  bool split_backward = false;  // zb-h1: backward_input keeps tensors for backward_weight
+  bool split_backward = false;  // zb-h1/h2: backward_input keeps tensors for backward_weight
   int64_t element_bytes = 4;    // an activation (fp32 4, bf16 2)
   int64_t stat_bytes = 4;       // a norm statistic
   // What attention keeps for its backward per row and local head, and the bytes of one

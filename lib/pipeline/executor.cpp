@@ -40,9 +40,9 @@ PipelineExecutor::PipelineExecutor(StageModel& model, Communicator& pipeline, Sc
   // The model's chunks are the schedule's virtual stages: pipeline_schedule refuses a count
   // that does not fit the schedule (one chunk for all but interleaved, two or more for it).
   pipeline_schedule(kind, stage_, stages_, stages_, chunks_);
-  // ZB-H1's split backward runs on activations that keep what backward_input leaves for
-  // backward_weight.
-  split_backward_ = kind == ScheduleKind::ZeroBubbleH1;
+  // The zero-bubble schedules' split backward runs on activations that keep what
+  // backward_input leaves for backward_weight.
+  split_backward_ = splits_backward(kind);
   free_slots_.resize(static_cast<size_t>(chunks_));
   wait_timer_ = model.device().make_interval_timer();  // nullptr on the CPU: wall clock
   busy_timer_ = model.device().make_interval_timer();

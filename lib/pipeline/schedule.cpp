@@ -26,9 +26,10 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::GPipe;
   if (name == "interleaved") return ScheduleKind::Interleaved;
   if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
+  if (name == "zb-h2") return ScheduleKind::ZeroBubbleH2;
   throw Error("parallel.schedule = \"" + name +
-              "\" is not a pipeline schedule (expected \"1f1b\", \"gpipe\", \"interleaved\" "
-              "or \"zb-h1\")");
+              "\" is not a pipeline schedule (expected \"1f1b\", \"gpipe\", \"interleaved\", "
+              "\"zb-h1\" or \"zb-h2\")");
 }
 
 std::string to_string(ScheduleKind kind) {
@@ -37,8 +38,13 @@ std::string to_string(ScheduleKind kind) {
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::Interleaved: return "interleaved";
     case ScheduleKind::ZeroBubbleH1: return "zb-h1";
+    case ScheduleKind::ZeroBubbleH2: return "zb-h2";
   }
   return "?";
+}
+
+bool splits_backward(ScheduleKind kind) {
+  return kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2;
 }
 
 std::string to_string(PipeOpKind kind) {
@@ -195,23 +201,38 @@ std::vector<PipeOp> interleaved(int stage, int stages, int64_t microbatches, int
   return b.take();
 }
 
-std::vector<PipeOp> zero_bubble_h1(int stage, int stages, int64_t microbatches) {
+// The zero-bubble schedules: `forwards_first` forwards before the first input gradient, then
+// (input gradient, its weight gradient unless deferred, next forward) until every forward ran,
+// then the remaining input gradients; at most `deferrable` weight gradients stay pending, the
+// rest run at the end.
+std::vector<PipeOp> zero_bubble(int stage, int stages, int64_t microbatches,
+                                int64_t forwards_first, int64_t deferrable) {
   OpListBuilder b(stage, stages, 1);
-  const int64_t warmup = one_f_one_b_warmup(stage, stages, microbatches);
-  const int64_t deferrable = stage;  // weight gradients this stage may keep pending
   int64_t next_forward = 0, next_backward = 0, next_weight = 0;
   auto backward = [&] {
     b.backward(next_backward++, 0, PipeOpKind::BackwardInput);
     if (next_backward - next_weight > deferrable) b.weight(next_weight++, 0);
   };
-  for (int64_t i = 0; i < warmup; ++i) b.forward(next_forward++, 0);
-  for (int64_t i = 0; i < microbatches - warmup; ++i) {
-    b.forward(next_forward++, 0);
+  while (next_forward < std::min(forwards_first, microbatches)) b.forward(next_forward++, 0);
+  while (next_forward < microbatches) {
     backward();
+    b.forward(next_forward++, 0);
   }
   while (next_backward < microbatches) backward();
   while (next_weight < microbatches) b.weight(next_weight++, 0);
   return b.take();
+}
+
+// H1: 1F1B's order (its warmup plus one forward before the first input gradient), s deferred.
+std::vector<PipeOp> zero_bubble_h1(int stage, int stages, int64_t microbatches) {
+  return zero_bubble(stage, stages, microbatches, stages - stage, stage);
+}
+
+// H2: 2(p-s)-1 forwards first, 2s deferred (capped at M-(p-s) for few micro-batches).
+std::vector<PipeOp> zero_bubble_h2(int stage, int stages, int64_t microbatches) {
+  const int64_t deferrable =
+      std::min<int64_t>(2 * int64_t{stage}, std::max<int64_t>(0, microbatches - (stages - stage)));
+  return zero_bubble(stage, stages, microbatches, 2 * int64_t{stages - stage} - 1, deferrable);
 }
 
 }  // namespace
@@ -224,6 +245,7 @@ std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages,
     case ScheduleKind::OneFOneB: return one_f_one_b(stage, stages, microbatches);
     case ScheduleKind::Interleaved: return interleaved(stage, stages, microbatches, virtual_stages);
     case ScheduleKind::ZeroBubbleH1: return zero_bubble_h1(stage, stages, microbatches);
+    case ScheduleKind::ZeroBubbleH2: return zero_bubble_h2(stage, stages, microbatches);
   }
   throw Error("unknown pipeline schedule");
 }
@@ -235,6 +257,7 @@ int64_t schedule_peak_bound(ScheduleKind kind, int stage, int stages, int64_t mi
     case ScheduleKind::GPipe: return microbatches;
     case ScheduleKind::OneFOneB: return std::min<int64_t>(stages - stage, microbatches);
     case ScheduleKind::ZeroBubbleH1: return std::min<int64_t>(stages, microbatches);
+    case ScheduleKind::ZeroBubbleH2: return std::min<int64_t>(2 * int64_t{stages} - 1, microbatches);
     case ScheduleKind::Interleaved:
       return std::min(interleaved_warmup(stage, stages, microbatches, virtual_stages) + 1,
                       microbatches * virtual_stages);

@@ -34,12 +34,17 @@ struct PipeOp {
   bool operator==(const PipeOp&) const = default;
 };
 
-enum class ScheduleKind { OneFOneB, GPipe, Interleaved, ZeroBubbleH1 };
+enum class ScheduleKind { OneFOneB, GPipe, Interleaved, ZeroBubbleH1, ZeroBubbleH2 };
 
-// "1f1b" | "gpipe" | "interleaved" | "zb-h1"; anything else: trident::Error naming
+// "1f1b" | "gpipe" | "interleaved" | "zb-h1" | "zb-h2"; anything else: trident::Error naming
 // parallel.schedule.
 ScheduleKind parse_schedule_kind(const std::string& name);
 std::string to_string(ScheduleKind kind);
+
+// Whether the schedule splits each backward into BackwardInput and BackwardWeight (the
+// zero-bubble schedules): the activations must then keep what the input gradient leaves for
+// the weight gradient.
+bool splits_backward(ScheduleKind kind);
 
 // Short names for logs and test failures: RF, F, SF, RB, B, SB, BI (BackwardInput), W; an op
 // adds its micro-batch ("F3", "RB2") and, for a chunk other than 0, ":chunk" ("F3:1"); a list
@@ -73,6 +78,17 @@ std::string to_string(const std::vector<PipeOp>& ops);
 //          min(stages, M), the first stage's 1F1B peak, and their deferred weight gradients fill
 //          the cooldown bubble: with unit F = B = W the bubble is (p-1)/(3M+p-1), a third of
 //          1F1B's.
+//   ZB-H2 (the same paper's H2): more memory for less bubble when the weight gradient costs
+//          less than the input gradient. Stage s runs 2(p-s)-1 forwards before its first
+//          BackwardInput (H1: p-s), filling the wait for the first gradient, then (input
+//          gradient, weight gradient unless deferred, next forward); it keeps up to 2s weight
+//          gradients pending (H1: s), so the later stages' deferred weight gradients fill the
+//          longer cooldown. Every stage holds min(2p-1, M) micro-batches. For M < 2p-1 the
+//          deferral is capped at M-(p-s): uncapped, the schedule would be slower than ZB-H1
+//          there, capped it is never slower at unit costs (the tests check every p <= 8,
+//          M <= 16). With F = B = W its step equals ZB-H1's for M >= 2p-1; with W < B it is
+//          shorter: the extra forwards fill stage 0's wait for its first gradient, and the later stages'
+//          deferred weight gradients overlap stage 0's last input and weight gradients.
 // Every schedule runs the forwards and the backwards (and weight gradients) of a chunk in
 // micro-batch order, so gradients accumulate in the same order (and to the same bits).
 // trident::Error (one line naming the keys) when stages < 1, stage is not in [0, stages),
@@ -84,7 +100,7 @@ std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int stage, int stages,
 // The activation stashes a stage holds at once under the schedule: chunk micro-batches whose
 // Forward has run and whose Backward (or BackwardWeight, which still needs the stash) has not.
 // In units of one chunk's activations (a stage's activations / v):
-//   GPipe M;  1F1B min(stages - stage, M);  ZB-H1 min(stages, M);
+//   GPipe M;  1F1B min(stages - stage, M);  ZB-H1 min(stages, M);  ZB-H2 min(2 stages - 1, M);
 //   interleaved min(warmup + 1, M v) with warmup as above.
 int64_t schedule_peak_bound(ScheduleKind kind, int stage, int stages, int64_t microbatches,
                             int virtual_stages = 1);

@@ -136,7 +136,7 @@ ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
 // time reports apart.
 struct ChunkCost {
   double forward = 0, backward = 0;  // everything on the op: compute + TP and EP communication
-  double weight = 0;                 // the weight-gradient matmuls inside `backward` (zb-h1)
+  double weight = 0;                 // the weight-gradient matmuls inside `backward` (zb-h1/h2)
   double tp_comm = 0;                // TP communication inside forward + backward
   double ep_comm = 0;                // EP all-to-alls inside forward + backward
 };
@@ -189,7 +189,7 @@ class CostModel {
     // written (twice) and read.
     double stash = static_cast<double>(layer_activation_bytes(m_, none) +
                                        recomputed_activation_bytes(m_, none));
-    // The weight-gradient matmuls a split backward (zb-h1) defers: a MoE layer's experts and
+    // The weight-gradient matmuls a split backward (zb-h1/h2) defers: a MoE layer's experts and
     // router are never deferred (docs/moe.md), its attention's are.
     double deferred = linear / 3.0;
     if (moe) {
@@ -333,11 +333,11 @@ class CostModel {
   double chunk_stash(const Chunk& c) const {
     const double C = static_cast<double>(m_.width);
     const double Ns = l_.sequence_parallel ? n_ / t_ : n_;
-    // The split backward (zb-h1) keeps the linear layers' output gradients (and, under full
+    // The split backward (zb-h1/h2) keeps the linear layers' output gradients (and, under full
     // recomputation, their inputs) from backward_input to backward_weight.
     ActivationShape shape = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
                                              l_.tp, l_.sequence_parallel, l_.recompute, e_);
-    shape.split_backward = l_.schedule == ScheduleKind::ZeroBubbleH1;
+    shape.split_backward = splits_backward(l_.schedule);
     const double layer = static_cast<double>(layer_activation_bytes(m_, shape));
     const double moe = static_cast<double>(moe_layers_in(m_, c));
     double bytes = static_cast<double>(c.layers) * layer + moe * moe_extra_bytes(shape) +
@@ -786,7 +786,7 @@ LayoutFilter parse_layout_filter(const std::string& text) {
         parse_schedule_kind(value);
       } catch (const Error&) {
         throw Error("--layout: schedule = \"" + value +
-                    "\" must be 1f1b, gpipe, interleaved or zb-h1");
+                    "\" must be 1f1b, gpipe, interleaved, zb-h1 or zb-h2");
       }
       f.schedule = value;
     } else if (key == "recompute") {
@@ -813,7 +813,8 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
   std::vector<Layout> out;
   const int64_t devices = p.devices();
   const ScheduleKind schedules[] = {ScheduleKind::OneFOneB, ScheduleKind::GPipe,
-                                    ScheduleKind::ZeroBubbleH1, ScheduleKind::Interleaved};
+                                    ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH2,
+                                    ScheduleKind::Interleaved};
   const Recompute recomputes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
   for (int64_t tp = 1; tp <= p.hw.devices_per_node; ++tp) {
     if ((f.tp && tp != f.tp) || devices % tp != 0) continue;

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "model/model_stats.hpp"
+#include "pipeline/schedule.hpp"
 
 namespace trident {
 namespace {
@@ -87,7 +88,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.tp = std::max(1, shard.tp_size);
   shape.sequence_parallel = shard.sequence_parallel;
   shape.recompute = parse_recompute(config.train.recompute);
-  shape.split_backward = config.parallel.schedule == "zb-h1";
+  shape.split_backward = splits_backward(parse_schedule_kind(config.parallel.schedule));
   shape.element_bytes = static_cast<int64_t>(act);
   shape.attention_saved_per_row = 1;
   r.activation_bytes = layers * static_cast<double>(layer_activation_bytes(m, shape)) +

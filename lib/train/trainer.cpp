@@ -25,6 +25,7 @@
 #include "model/model_stats.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/schedule.hpp"
+#include "pipeline/simulator.hpp"
 #include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
 
@@ -760,21 +761,17 @@ std::string Trainer::pipeline_report() {
                     static_cast<double>(st.peak_in_flight), st.peak_activation_bytes / 1e6};
   std::vector<double> all(3 * groups_.pp_size);
   groups_.pipeline->all_gather(mine, all.data(), 3, DType::F64);
-  const double p = groups_.pp_size, m = static_cast<double>(config_.num_microbatches());
-  // The idle fraction of the schedule in use in units of one forward: 1F1B and GPipe idle
-  // 3(p-1) of 3m+3(p-1) with B = 2F; ZB-H1's deferred weight gradients fill two thirds of
-  // that, (p-1)/(3m+p-1), a figure that assumes F = B = W (B here: the input gradient alone).
-  // Interleaved: each of v chunks is 1/v of a stage's work, so the bubble, still p-1 chunk
-  // forwards and backwards, is (p-1)/(vm+p-1) (Megatron-LM); "held" counts chunk micro-batches.
-  const bool zero_bubble = config_.parallel.schedule == "zb-h1";
-  const bool interleaved = config_.parallel.schedule == "interleaved";
-  const double v = static_cast<double>(config_.parallel.virtual_stages);
-  const double theory = zero_bubble   ? (p - 1) / (3 * m + p - 1)
-                        : interleaved ? (p - 1) / (v * m + p - 1)
-                                      : (p - 1) / (m + p - 1);
-  const char* formula = zero_bubble   ? "(p-1)/(3m+p-1) for F=B=W"
-                        : interleaved ? "(p-1)/(vm+p-1)"
-                                      : "(p-1)/(m+p-1)";
+  // The idle fraction of the schedule in use with unit costs, F = B = W (a whole backward 2):
+  // 1F1B and GPipe (p-1)/(m+p-1); ZB-H1's deferred weight gradients fill two thirds of that,
+  // (p-1)/(3m+p-1), and so do ZB-H2's for m >= 2p-1 (its gain needs W < B); interleaved
+  // (p-1)/(vm+p-1) (Megatron-LM), "held" counting chunk micro-batches. The simulator computes
+  // it for any p and m (the tests check it against these closed forms).
+  const ScheduleKind kind = parse_schedule_kind(config_.parallel.schedule);
+  const PipeSimResult unit =
+      simulate_pipeline(kind, groups_.pp_size, config_.num_microbatches(), {1.0, 2.0, 0.0, 1.0},
+                        static_cast<int>(config_.parallel.virtual_stages));
+  const double theory = unit.ok ? unit.bubble_fraction() : -1.0;
+  const char* formula = "simulated for F=B=W";
   std::string out;
   char line[256];
   for (int s = 0; s < groups_.pp_size; ++s) {
