@@ -460,7 +460,8 @@ TEST(pipeline_schedule, ZeroBubbleH2RunsMoreForwardsFirstAndDefersTwiceAsMany) {
   // defers 1, not 2.
   EXPECT_EQ(to_string(pipeline_schedule(K::ZeroBubbleH2, 1, 2, 2)),
             "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1");
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 3, 4, 3)), "F0 BI0 F1 BI1 F2 BI2 W0 W1 W2");
+  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 3, 4, 3)),
+            "F0 BI0 F1 BI1 F2 BI2 W0 W1 W2");
 }
 
 TEST(pipeline_schedule, ZeroBubbleH2IsNeverSlowerThanH1AndFasterWhenWeightGradientsAreCheaper) {

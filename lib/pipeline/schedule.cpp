@@ -257,7 +257,8 @@ int64_t schedule_peak_bound(ScheduleKind kind, int stage, int stages, int64_t mi
     case ScheduleKind::GPipe: return microbatches;
     case ScheduleKind::OneFOneB: return std::min<int64_t>(stages - stage, microbatches);
     case ScheduleKind::ZeroBubbleH1: return std::min<int64_t>(stages, microbatches);
-    case ScheduleKind::ZeroBubbleH2: return std::min<int64_t>(2 * int64_t{stages} - 1, microbatches);
+    case ScheduleKind::ZeroBubbleH2:
+      return std::min<int64_t>(2 * int64_t{stages} - 1, microbatches);
     case ScheduleKind::Interleaved:
       return std::min(interleaved_warmup(stage, stages, microbatches, virtual_stages) + 1,
                       microbatches * virtual_stages);

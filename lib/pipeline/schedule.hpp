@@ -85,10 +85,11 @@ std::string to_string(const std::vector<PipeOp>& ops);
 //          gradients pending (H1: s), so the later stages' deferred weight gradients fill the
 //          longer cooldown. Every stage holds min(2p-1, M) micro-batches. For M < 2p-1 the
 //          deferral is capped at M-(p-s): uncapped, the schedule would be slower than ZB-H1
-//          there, capped it is never slower at unit costs (the tests check every p <= 8,
-//          M <= 16). With F = B = W its step equals ZB-H1's for M >= 2p-1; with W < B it is
-//          shorter: the extra forwards fill stage 0's wait for its first gradient, and the later stages'
-//          deferred weight gradients overlap stage 0's last input and weight gradients.
+//          there; capped, it is never slower (the tests check every p <= 8, M <= 16 with
+//          W = B and W < B). With F = B = W its step equals ZB-H1's for M >= 2p-1; with
+//          W < B it is shorter: the extra forwards fill stage 0's wait for its first
+//          gradient, and the later stages' deferred weight gradients overlap stage 0's last
+//          input and weight gradients.
 // Every schedule runs the forwards and the backwards (and weight gradients) of a chunk in
 // micro-batch order, so gradients accumulate in the same order (and to the same bits).
 // trident::Error (one line naming the keys) when stages < 1, stage is not in [0, stages),

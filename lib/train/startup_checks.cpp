@@ -80,9 +80,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   const double rows = shard.sequence_parallel ? N / tp : N;
   // The saved tensors of one layer (model_stats.hpp, the model's own count) for the recompute
   // mode; the attention kernels of both backends keep a row statistic [B, NH, T] (the
-  // log-sum-exp; backward recomputes the probabilities). ZB-H1's split backward also keeps a
-  // micro-batch's linear-layer output gradients from its input gradient to its weight gradient
-  // (Transformer::deferred_weight_grad_bytes).
+  // log-sum-exp; backward recomputes the probabilities). The zero-bubble schedules' split
+  // backward also keeps a micro-batch's linear-layer output gradients from its input gradient
+  // to its weight gradient (Transformer::deferred_weight_grad_bytes).
   ActivationShape shape;
   shape.micro_batch = config.train.micro_batch;
   shape.tp = std::max(1, shard.tp_size);

@@ -95,8 +95,9 @@ TEST(ZeroBubble, Pp4MatchesOneFOneBToTheBitHoldingItsPeakBound) {
 // The grads-final hook (data parallelism starts reducing a bucket when it reports it) reports a
 // watermark w only when every gradient at flat offset >= w has its last contribution of the
 // step: a copy taken at the report equals the step's final gradients. Under ZB-H1 and ZB-H2
-// that holds only if the hook runs during the last W, not the last BI. CPU, PP 2, DP 1: the gradients are
-// host memory and nothing after the executor touches offsets above the tied embedding.
+// that holds only if the hook runs during the last W, not the last BI. CPU, PP 2, DP 1: the
+// gradients are host memory and nothing after the executor touches offsets above the tied
+// embedding.
 TEST(ZeroBubble, WhatTheGradsFinalHookReportsFinalStaysFinal) {
   const auto dir = shared_corpus("zero_bubble_hook");
   for (const std::string schedule : {"1f1b", "zb-h1", "zb-h2"}) {
