@@ -1,18 +1,18 @@
 // The timeline trace (log.trace) and the measured pipeline bubble, on PP 2 (2 ranks).
 //
-// Trace: a real run of 4 steps (whose metrics.jsonl lines carry pipeline_bubble, 2 stages) tracing
-// steps 2-3 under 1F1B, GPipe, ZB-H1 and interleaved (v = 2; 4 micro-batches) writes one valid
-// JSON file with one track per rank named with its coordinates, exactly the operations
-// pipeline_schedule() gives each stage in each traced step (names, chunk included, compared in
-// order, so a missing, doubled or reordered op fails), monotone time stamps per track,
-// communicator slices with a group and bytes, and one optimizer slice per traced step.
+// Trace: a real run of 4 steps (whose metrics.jsonl lines carry pipeline_bubble, 2 stages)
+// tracing steps 2-3 under 1F1B, GPipe, ZB-H1, ZB-H2 and interleaved (v = 2; 4 micro-batches)
+// writes one valid JSON file with one track per rank named with its coordinates, exactly the
+// operations pipeline_schedule() gives each stage in each traced step (names, chunk included,
+// compared in order, so a missing, doubled or reordered op fails), monotone time stamps per
+// track, communicator slices with a group and bytes, and one optimizer slice per traced step.
 //
 // Bubble: the real executor's operations timed by its op observer (steps 2-4 of 4; the median
 // step). Per step the pipeline bubble is 1 - (summed compute time of both stages) / (2 * span),
 // the span running from the first compute op to the last on either stage: the simulator's
 // bubble_fraction(). The simulator driven by each stage's (each chunk's) mean measured F, B
 // (BI, W) durations and message latency must agree within kBubbleTolerance, and the schedules
-// must order as theory says: 1F1B above ZB-H1 and above interleaved, GPipe not below 1F1B
+// must order as theory says: 1F1B above ZB-H1, ZB-H2 and interleaved, GPipe not below 1F1B
 // (equal in theory: at p = 2 both idle (p-1)(F+B) per stage); interleaved against ZB-H1 as the
 // simulator at the measured costs predicts, where it predicts a gap above the tolerance.
 #include <gtest/gtest.h>
@@ -272,7 +272,7 @@ BubbleResult measure_bubble(const std::string& schedule) {
       PipeSimCosts& c = costs[stage][chunk];
       c.forward = mean[{chunk, PipeOpKind::Forward}];
       c.comm = result.message_latency[stage];
-      if (schedule == "zb-h1") {
+      if (splits_backward(parse_schedule_kind(schedule))) {
         c.weight = mean[{chunk, PipeOpKind::BackwardWeight}];
         c.backward = mean[{chunk, PipeOpKind::BackwardInput}] + c.weight;
       } else {
@@ -306,12 +306,13 @@ constexpr double kBubbleTolerance = 0.06;
 TEST(TimelineTrace, OneFOneBPp2HasOneSlicePerScheduledOp) { check_trace("1f1b"); }
 TEST(TimelineTrace, GPipePp2HasOneSlicePerScheduledOp) { check_trace("gpipe"); }
 TEST(TimelineTrace, ZeroBubblePp2HasOneSlicePerScheduledOp) { check_trace("zb-h1"); }
+TEST(TimelineTrace, ZeroBubbleH2Pp2HasOneSlicePerScheduledOp) { check_trace("zb-h2"); }
 // Slices named with their chunk ("F3:1"), one per op of each chunk.
 TEST(TimelineTrace, InterleavedPp2V2HasOneSlicePerScheduledOp) { check_trace("interleaved"); }
 
 TEST(MeasuredBubble, Pp2SchedulesOrderAsTheoryAndMatchTheSimulator) {
   std::map<std::string, BubbleResult> r;
-  for (const std::string schedule : {"1f1b", "gpipe", "interleaved", "zb-h1"})
+  for (const std::string schedule : {"1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2"})
     r[schedule] = measure_bubble(schedule);
   if (world_rank() != 0) return;
   for (const auto& [schedule, b] : r) {
@@ -330,6 +331,7 @@ TEST(MeasuredBubble, Pp2SchedulesOrderAsTheoryAndMatchTheSimulator) {
   // Theory at p = 2, m = 4 (F = 1, B = 2): 1F1B and GPipe 0.20, interleaved v = 2 0.11, ZB-H1
   // 0.08 (B = BI + W).
   EXPECT_GT(r["1f1b"].measured, r["zb-h1"].measured);
+  EXPECT_GT(r["1f1b"].measured, r["zb-h2"].measured);
   EXPECT_GT(r["1f1b"].measured, r["interleaved"].measured);
   EXPECT_GE(r["gpipe"].measured, r["1f1b"].measured - kBubbleTolerance);
   // Interleaved against ZB-H1: their theoretical bubbles differ by less than the tolerance, and
