@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The pipeline schedules side by side on the tiny model (configs/tiny.toml: 8 layers, width 128,
 # seq 128, vocab 4096) with the same global batch of 16 sequences: 1f1b, gpipe, interleaved
-# (parallel.virtual_stages = 2) and zb-h1 on PP 2 with m = 4, 8, 16 micro-batches (micro-batch
-# 4, 2, 1) and PP 4 with m = 8. For each run it prints
+# (parallel.virtual_stages = 2), zb-h1 and zb-h2 on PP 2 with m = 4, 8, 16 micro-batches
+# (micro-batch 4, 2, 1) and PP 4 with m = 8. For each run it prints
 #   step ms     median ms_per_step of the steps after the first two (metrics.jsonl)
 #   measured    the executor's measured bubble over those steps: each stage's time waiting in
 #               pipeline messages / its time in the schedule (metrics.jsonl pipeline_bubble),
 #               averaged over the stages
 #   closed      the closed form: (p-1)/(v m + p-1); zb-h1 (p-1)/(3m + p-1), which assumes
-#               F = B = W
-#   simulator   pipeline/simulator.hpp's bubble with F = 1, B = 2 (zb-h1: BI = W = 1)
+#               F = B = W, and zb-h2 the same for m >= 2p - 1
+#   simulator   pipeline/simulator.hpp's bubble with F = 1, B = 2 (zb-h1/h2: BI = W = 1)
 # and, for PP 2 with m = 4, writes a timeline trace of step 3 and its PNG
-# (data_tools/plot_timeline.py) to OUT/timeline_<schedule>.png. All four schedules run
+# (data_tools/plot_timeline.py) to OUT/timeline_<schedule>.png. All five schedules run
 # (interleaved: 8 layers in p * 2 chunks, m a multiple of p).
 #
 # Usage: bench/pipeline_schedules.sh          (from anywhere; runs in the repo root)
@@ -61,7 +61,7 @@ printf "%-12s %3s %4s %3s %6s %10s %9s %8s %10s\n" schedule p m v micro "step ms
 for layout in "2 4" "2 8" "2 16" "4 8"; do
   read -r p m <<<"$layout"
   micro=$((16 / m))
-  for schedule in 1f1b gpipe interleaved zb-h1; do
+  for schedule in 1f1b gpipe interleaved zb-h1 zb-h2; do
     v=1
     sets=(--set parallel.pipeline="$p" --set parallel.schedule="$schedule"
           --set train.global_batch=16 --set train.micro_batch="$micro" --set train.steps="$STEPS"
