@@ -71,6 +71,7 @@ LAYOUTS = [
     (2, "pipeline=2,micro_batch=2,pipeline_balance=flops"),
     (2, "pipeline=2,micro_batch=2,schedule=interleaved,virtual_stages=2"),
     (2, "pipeline=2,micro_batch=2,schedule=zb-h1"),
+    (2, "pipeline=2,micro_batch=2,schedule=zb-h2"),
     (2, "pipeline=2,micro_batch=1,recompute=selective"),
     # Memory only (4 ranks on 2 cores: oversubscribed, timing not scored).
     (4, "tensor=2,pipeline=2,micro_batch=2,sequence_parallel=1"),
