@@ -14,7 +14,6 @@
 
 #include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
-#include "comm/mpi_comm.hpp"
 #include "config/schema.hpp"
 #include "grid/process_grid.hpp"
 #include "tokenizer/bpe_tokenizer.hpp"
@@ -36,7 +35,7 @@ TrainerGroups TrainerGroups::from_grid(ProcessGrid& grid) {
   const GridShape s = grid.shape();
   return {&grid.world(), &grid.tensor(), &grid.pipeline(), &grid.data(), &grid.model(),
           grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp,
-          dynamic_cast<MpiCommunicator&>(grid.world()).comm(), grid.expert(),
+          grid.world_mpi(), grid.expert(),
           grid.expert_data(), c.dp % s.ep, s.ep, grid.placement()};
 }
 
