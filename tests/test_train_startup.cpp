@@ -130,6 +130,51 @@ TEST(RankMemory, RecomputeCountsWhatTheModelKeeps) {
   }
 }
 
+// A pipeline stage holds as many micro-batches' activations as its schedule keeps in flight
+// (schedule_peak_bound): stage 0 of 2 with 8 micro-batches holds 2 under 1F1B and ZB-H1, 3
+// under ZB-H2, all 8 under GPipe, and 5 chunk stashes of half its layers under interleaved
+// (counted as 2 whole ones); the last stage 1 under 1F1B. Stage 0 without recomputation and
+// without the head has nothing held once, so the estimate is exactly that many stashes.
+TEST(RankMemory, CountsTheMicroBatchesTheScheduleHolds) {
+  const std::vector<std::string> pp2 = {"parallel.pipeline=2", "train.global_batch=16"};
+  auto config = [&](const std::string& schedule, std::vector<std::string> more = {}) {
+    more.insert(more.end(), pp2.begin(), pp2.end());
+    more.push_back("parallel.schedule=\"" + schedule + "\"");
+    return tiny(more);
+  };
+  ModelShard first = ModelShard::whole(tiny().model);
+  first.layer_begin = 0, first.layer_end = 2, first.has_head = false;
+  auto held = [&](const Config& c, int stage = 0) {
+    const RankMemory r = estimate_rank_memory(c, first, 1, stage);
+    return std::make_pair(r.micro_batches_held, r.activation_bytes);
+  };
+  const auto [one_f_one_b, stash2] = held(config("1f1b"));
+  const auto [gpipe, stash8] = held(config("gpipe"));
+  const auto [h1, split2] = held(config("zb-h1"));
+  const auto [h2, split3] = held(config("zb-h2"));
+  const auto [interleaved, chunks] = held(config("interleaved", {"parallel.virtual_stages=2"}));
+  EXPECT_EQ(one_f_one_b, 2);
+  EXPECT_EQ(gpipe, 8);
+  EXPECT_EQ(h1, 2);
+  EXPECT_EQ(h2, 3);
+  EXPECT_EQ(interleaved, 2);
+  EXPECT_DOUBLE_EQ(stash8 / 8, stash2 / 2);
+  EXPECT_DOUBLE_EQ(split3 / 3, split2 / 2);
+  EXPECT_DOUBLE_EQ(chunks, stash2);
+  EXPECT_EQ(held(config("1f1b"), 1).first, 1) << "the last stage of 1F1B holds one";
+  EXPECT_EQ(held(tiny({"parallel.schedule=\"gpipe\""})).first, 4)
+      << "GPipe without a pipeline still runs every forward first";
+
+  // The problem line says how many it counted, and why.
+  const std::string act = rank_memory_problem(config("gpipe"), first, 0, 1, 1e3, 0);
+  EXPECT_NE(act.find("8 micro-batches of activations held at once (parallel.schedule = "
+                     "\"gpipe\" on pipeline stage 0) (model.seq_len = 64, train.micro_batch = "
+                     "2) needs "),
+            std::string::npos)
+      << act;
+  EXPECT_EQ(act.find('\n'), std::string::npos);
+}
+
 TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {
   const Config c = tiny();
   const ModelShard shard = ModelShard::whole(c.model);

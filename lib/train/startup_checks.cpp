@@ -55,7 +55,8 @@ std::string checkpoint_dir_problem(const std::string& dir) {
   return "";
 }
 
-RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size) {
+RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size,
+                                int stage) {
   const ModelConfig& m = config.model;
   const double tp = std::max(1, shard.tp_size);
   // Per layer and the rest (embeddings, final norm, an untied head), from the exact count.
@@ -88,20 +89,30 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.tp = std::max(1, shard.tp_size);
   shape.sequence_parallel = shard.sequence_parallel;
   shape.recompute = parse_recompute(config.train.recompute);
-  shape.split_backward = splits_backward(parse_schedule_kind(config.parallel.schedule));
+  const ScheduleKind schedule = parse_schedule_kind(config.parallel.schedule);
+  shape.split_backward = splits_backward(schedule);
   shape.element_bytes = static_cast<int64_t>(act);
   shape.attention_saved_per_row = 1;
-  r.activation_bytes = layers * static_cast<double>(layer_activation_bytes(m, shape)) +
-                       act * rows * C;
-  // Held once: what the rank recomputes in.
+  // One micro-batch's stash: every layer's saved tensors, the stage's input and, on the last
+  // stage, the final norm's output.
+  double stash = layers * static_cast<double>(layer_activation_bytes(m, shape)) + act * rows * C;
+  if (shard.has_head) stash += act * N * C;
+  // As many as the schedule holds at once on this stage; under interleaved its peak counts
+  // chunk stashes, 1/v of the stage's layers each.
+  const int64_t v = std::max<int64_t>(1, config.parallel.virtual_stages);
+  r.micro_batches_held = std::max<int64_t>(
+      1, schedule_peak_bound(schedule, stage, static_cast<int>(config.parallel.pipeline),
+                             config.num_microbatches(), static_cast<int>(v)) /
+             v);
+  r.activation_bytes = static_cast<double>(r.micro_batches_held) * stash;
+  // Held once: what the rank recomputes in, and the LM head's logits, one chunk of rows at a
+  // time.
   r.activation_bytes += static_cast<double>(recompute_workspace_bytes(m, shape));
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
-    // The final norm's output; the logits only one chunk of rows at a time (held once).
-    r.activation_bytes += act * N * C + static_cast<double>(lm_head_scratch_bytes(
-                                            static_cast<int64_t>(N), static_cast<int64_t>(vocab),
-                                            static_cast<int64_t>(act),
-                                            config.train.lm_head_chunk_rows));
+    r.activation_bytes += static_cast<double>(lm_head_scratch_bytes(
+        static_cast<int64_t>(N), static_cast<int64_t>(vocab), static_cast<int64_t>(act),
+        config.train.lm_head_chunk_rows));
   }
   return r;
 }
@@ -113,8 +124,8 @@ double physical_memory_bytes() {
 }
 
 std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
-                                int dp_size, double memory_bytes) {
-  const RankMemory r = estimate_rank_memory(config, shard, dp_size);
+                                int dp_size, double memory_bytes, int stage) {
+  const RankMemory r = estimate_rank_memory(config, shard, dp_size, stage);
   if (memory_bytes <= 0 || r.total() <= memory_bytes) return "";
   const ModelConfig& m = config.model;
   const std::string model =
@@ -124,10 +135,16 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
       std::to_string(config.parallel.tensor) + " x parallel.pipeline = " +
       std::to_string(config.parallel.pipeline) + ": " + count(r.parameters) +
       " parameters) needs " + gb(r.state_bytes) + " for weights, gradients and AdamW state";
-  const std::string activations =
-      "one micro-batch of activations (model.seq_len = " + std::to_string(m.seq_len) +
-      ", train.micro_batch = " + std::to_string(config.train.micro_batch) + ") needs " +
-      gb(r.activation_bytes);
+  const std::string held =
+      r.micro_batches_held == 1
+          ? "one micro-batch of activations"
+          : std::to_string(r.micro_batches_held) + " micro-batches of activations held at once (" +
+                "parallel.schedule = \"" + config.parallel.schedule + "\" on pipeline stage " +
+                std::to_string(stage) + ")";
+  const std::string activations = held + " (model.seq_len = " + std::to_string(m.seq_len) +
+                                  ", train.micro_batch = " +
+                                  std::to_string(config.train.micro_batch) + ") needs " +
+                                  gb(r.activation_bytes);
   const bool model_first = r.state_bytes >= r.activation_bytes;
   return "not enough memory on rank " + std::to_string(rank) + ": " +
          (model_first ? model : activations) + ", and " + (model_first ? activations : model) +

@@ -18,16 +18,21 @@ namespace trident {
 std::string checkpoint_dir_problem(const std::string& dir);
 
 // A lower bound of the host memory one rank needs: its share of the weights, gradients and
-// AdamW state (ZeRO-1: the state over the data-parallel group) and the activations of one
-// micro-batch (a pipeline holds more in flight). Floating point: sizes far beyond int64 are
-// still ordered correctly.
+// AdamW state (ZeRO-1: the state over the data-parallel group) and the activations of the
+// micro-batches its pipeline stage holds at once under parallel.schedule
+// (schedule_peak_bound: 1 without a pipeline, up to M under GPipe, 2p-1 under ZB-H2; under
+// interleaved its chunk stashes over the v chunks, rounded down). Floating point: sizes far
+// beyond int64 are still ordered correctly.
 struct RankMemory {
   double parameters = 0;   // this rank's share (count)
   double state_bytes = 0;  // weights + gradients + optimizer state
   double activation_bytes = 0;
+  int64_t micro_batches_held = 1;  // the stage's micro-batches of activations counted
   double total() const { return state_bytes + activation_bytes; }
 };
-RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size);
+// stage: this rank's pipeline stage (0 .. parallel.pipeline - 1).
+RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size,
+                                int stage = 0);
 
 // The node's physical memory in bytes (0 if unknown).
 double physical_memory_bytes();
@@ -36,6 +41,6 @@ double physical_memory_bytes();
 // the keys that size it: model.layers/model.width (the model's share) or model.seq_len/
 // train.micro_batch (activations), whichever dominates first.
 std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
-                                int dp_size, double memory_bytes);
+                                int dp_size, double memory_bytes, int stage = 0);
 
 }  // namespace trident

@@ -100,7 +100,8 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
       // Host memory holds the model on the CPU only; a GPU rank's model lives in device memory,
       // whose allocation failures name the device.
       problem = rank_memory_problem(config, shard, rank, groups.dp_size,
-                                    config.train.device == "cpu" ? physical_memory_bytes() : 0.0);
+                                    config.train.device == "cpu" ? physical_memory_bytes() : 0.0,
+                                    groups.pp_rank);
     ckpt::agree_or_throw(groups.mpi_world, problem);
   }
   backend_ = make(config, groups, shard);
