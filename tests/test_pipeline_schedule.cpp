@@ -434,34 +434,43 @@ TEST(pipeline_schedule, InterleavedFollowsMegatronOrder) {
             "F0 F1 F0:1 F1:1 B0:1 B1:1 B0 B1");
 }
 
-TEST(pipeline_schedule, ZeroBubbleH1DefersWeightGradientsByStage) {
+// Exact lists of the zero-bubble schedules: their compute ops, or (`comm`) every op.
+TEST(pipeline_schedule, ZeroBubbleListsDeferWeightGradientsByStage) {
   using K = ScheduleKind;
-  // 4 stages x 6 micro-batches: stage s keeps up to s weight gradients pending.
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH1, 0, 4, 6)),
-            "F0 F1 F2 F3 BI0 W0 F4 BI1 W1 F5 BI2 W2 BI3 W3 BI4 W4 BI5 W5");
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH1, 3, 4, 6)),
-            "F0 BI0 F1 BI1 F2 BI2 F3 BI3 W0 F4 BI4 W1 F5 BI5 W2 W3 W4 W5");
-  EXPECT_EQ(to_string(pipeline_schedule(K::ZeroBubbleH1, 1, 2, 2)),
-            "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1");
-}
-
-TEST(pipeline_schedule, ZeroBubbleH2RunsMoreForwardsFirstAndDefersTwiceAsMany) {
-  using K = ScheduleKind;
-  // 2 stages x 8 micro-batches: stage 0 runs 2p-1 = 3 forwards before its first input gradient
-  // (H1: 2) and defers none; stage 1 runs one and keeps up to 2 weight gradients pending (H1: 1).
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 0, 2, 8)),
-            "F0 F1 F2 BI0 W0 F3 BI1 W1 F4 BI2 W2 F5 BI3 W3 F6 BI4 W4 F7 BI5 W5 BI6 W6 BI7 W7");
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 1, 2, 8)),
-            "F0 BI0 F1 BI1 F2 BI2 W0 F3 BI3 W1 F4 BI4 W2 F5 BI5 W3 F6 BI6 W4 F7 BI7 W5 W6 W7");
-  // 4 stages: stage 1 runs 5 forwards first and defers 2, stage 3 one forward and defers 6.
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 1, 4, 8)),
-            "F0 F1 F2 F3 F4 BI0 F5 BI1 F6 BI2 W0 F7 BI3 W1 BI4 W2 BI5 W3 BI6 W4 BI7 W5 W6 W7");
-  // Few micro-batches (M < 2p-1): the deferral is capped at M-(p-s): stage 1 of 2 with M = 2
-  // defers 1, not 2.
-  EXPECT_EQ(to_string(pipeline_schedule(K::ZeroBubbleH2, 1, 2, 2)),
-            "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1");
-  EXPECT_EQ(compute_order(pipeline_schedule(K::ZeroBubbleH2, 3, 4, 3)),
-            "F0 BI0 F1 BI1 F2 BI2 W0 W1 W2");
+  struct Case {
+    K kind;
+    int stage, stages;
+    int64_t micro;
+    bool comm;
+    const char* ops;
+    const char* why;
+  };
+  const Case cases[] = {
+      {K::ZeroBubbleH1, 0, 4, 6, false,
+       "F0 F1 F2 F3 BI0 W0 F4 BI1 W1 F5 BI2 W2 BI3 W3 BI4 W4 BI5 W5",
+       "H1: stage s keeps up to s weight gradients pending; stage 0 none"},
+      {K::ZeroBubbleH1, 3, 4, 6, false,
+       "F0 BI0 F1 BI1 F2 BI2 F3 BI3 W0 F4 BI4 W1 F5 BI5 W2 W3 W4 W5", "H1: the last stage 3"},
+      {K::ZeroBubbleH1, 1, 2, 2, true, "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1",
+       "H1: the last of 2 stages, sends and receives"},
+      {K::ZeroBubbleH2, 0, 2, 8, false,
+       "F0 F1 F2 BI0 W0 F3 BI1 W1 F4 BI2 W2 F5 BI3 W3 F6 BI4 W4 F7 BI5 W5 BI6 W6 BI7 W7",
+       "H2: stage 0 runs 2p-1 = 3 forwards before its first input gradient (H1: 2), defers none"},
+      {K::ZeroBubbleH2, 1, 2, 8, false,
+       "F0 BI0 F1 BI1 F2 BI2 W0 F3 BI3 W1 F4 BI4 W2 F5 BI5 W3 F6 BI6 W4 F7 BI7 W5 W6 W7",
+       "H2: stage 1 of 2 runs one forward first and keeps up to 2 pending (H1: 1)"},
+      {K::ZeroBubbleH2, 1, 4, 8, false,
+       "F0 F1 F2 F3 F4 BI0 F5 BI1 F6 BI2 W0 F7 BI3 W1 BI4 W2 BI5 W3 BI6 W4 BI7 W5 W6 W7",
+       "H2: stage 1 of 4 runs 5 forwards first and defers 2"},
+      {K::ZeroBubbleH2, 1, 2, 2, true, "RF0 F0 BI0 SB0 RF1 F1 BI1 SB1 W0 W1",
+       "H2, M < 2p-1: the deferral capped at M-(p-s) = 1, not 2"},
+      {K::ZeroBubbleH2, 3, 4, 3, false, "F0 BI0 F1 BI1 F2 BI2 W0 W1 W2",
+       "H2, M < 2p-1: stage 3 of 4 defers M-(p-s) = 2, not 6"},
+  };
+  for (const Case& c : cases) {
+    const std::vector<PipeOp> ops = pipeline_schedule(c.kind, c.stage, c.stages, c.micro);
+    EXPECT_EQ(c.comm ? to_string(ops) : compute_order(ops), c.ops) << c.why;
+  }
 }
 
 TEST(pipeline_schedule, ZeroBubbleH2IsNeverSlowerThanH1AndFasterWhenWeightGradientsAreCheaper) {
