@@ -193,10 +193,9 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   MPI_Comm dup = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(world, &dup), "MPI_Comm_dup");
   world_ = std::make_unique<MpiCommunicator>(dup, "world", true);
-  world_mpi_ = dup;
   const GridShape& s = shape_;
   const GridCoord& c = coord_;
-  MPI_Comm w = world_mpi_;
+  MPI_Comm w = world_->comm();
   tensor_ = split(w, c.dp * s.pp + c.pp, c.tp, "tensor");
   pipeline_ = split(w, c.dp * s.tp + c.tp, c.pp, "pipeline");
   data_ = split(w, c.pp * s.tp + c.tp, c.dp, "data");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/mpi_comm.hpp"
 #include "config/config.hpp"
 #include "grid/grid.hpp"
 
@@ -58,7 +59,7 @@ class ProcessGrid {
   Communicator& world() { return *world_; }       // all ranks
   // The MPI communicator behind world() (the grid's duplicate of the caller's), for what
   // needs MPI itself: collective parallel-HDF5 checkpoint I/O and the GPU selection.
-  MPI_Comm world_mpi() const { return world_mpi_; }
+  MPI_Comm world_mpi() const { return world_->comm(); }
   Communicator& tensor() { return *tensor_; }     // same pp, dp; rank = tp
   Communicator& pipeline() { return *pipeline_; } // same tp, dp; rank = pp
   Communicator& data() { return *data_; }         // same tp, pp; rank = dp
@@ -101,8 +102,8 @@ class ProcessGrid {
   std::vector<int> node_of_;           // world rank -> node id
   std::vector<int> local_of_;          // world rank -> rank within node
   std::vector<std::string> host_of_;   // world rank -> processor name
-  MPI_Comm world_mpi_ = MPI_COMM_NULL; // owned by world_
-  std::unique_ptr<Communicator> world_, tensor_, pipeline_, data_, model_, embedding_;
+  std::unique_ptr<MpiCommunicator> world_;
+  std::unique_ptr<Communicator> tensor_, pipeline_, data_, model_, embedding_;
   std::unique_ptr<Communicator> expert_, expert_data_;
 };
 
