@@ -1,4 +1,5 @@
-// The NCCL communicator (cuda/nccl_comm.hpp) on one rank (MPI_COMM_SELF, one GPU): every
+// The NCCL communicator (cuda/nccl_comm.hpp) on one rank (bootstrapped over an MPI communicator
+// of MPI_COMM_SELF, one GPU): every
 // collective of a one-rank group is the identity, so the results are the inputs, but each goes
 // through NCCL on the compute stream: all_reduce (F32 sum and max, F64, I32, I64, BF16 sum and
 // max, bit for bit), all_gather (also in place), reduce_scatter (also in place), broadcast,
@@ -30,6 +31,7 @@ TEST(CudaNccl, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: NCCL tests not 
 #include <vector>
 
 #include "comm/comm_watch.hpp"
+#include "comm/mpi_comm.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "util/bf16.hpp"
@@ -82,13 +84,15 @@ class Nccl : public ::testing::Test {
     if (!init) MPI_Init(nullptr, nullptr);
     CUDA_CHECK(cudaSetDevice(0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    comm = trident::make_nccl_communicator(MPI_COMM_SELF, "nccl-self", stream);
+    host = std::make_unique<trident::MpiCommunicator>(MPI_COMM_SELF, "self", /*owns=*/false);
+    comm = trident::make_nccl_communicator(*host, "nccl-self", stream);
     ASSERT_EQ(comm->rank(), 0);
     ASSERT_EQ(comm->size(), 1);
     ASSERT_EQ(comm->name(), "nccl-self");
   }
   void TearDown() override {
     comm.reset();
+    host.reset();
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -109,6 +113,7 @@ class Nccl : public ::testing::Test {
   }
 
   cudaStream_t stream = nullptr;
+  std::unique_ptr<Communicator> host;  // what the NCCL communicators bootstrap over
   std::unique_ptr<Communicator> comm;
 };
 
@@ -255,7 +260,7 @@ TEST(NcclCount, OnlyTheUsedCommunicators) {
 
 TEST_F(Nccl, PointToPointOnlyGroupHasNoCollectives) {
   auto watch = std::make_shared<trident::CommWatch>(0, 30.0);
-  auto p2p = trident::make_nccl_communicator(MPI_COMM_SELF, "pipeline", stream,
+  auto p2p = trident::make_nccl_communicator(*host, "pipeline", stream,
                                              trident::NcclUse::PointToPoint, watch);
   EXPECT_EQ(watch->handle_count(), 0);  // one rank: no channels, and no collectives
   DeviceBuffer<float> d(4);
@@ -270,7 +275,7 @@ TEST_F(Nccl, PointToPointOnlyGroupHasNoCollectives) {
 
 TEST_F(Nccl, JoinsTheWatchAndAbortEndsIt) {
   auto watch = std::make_shared<trident::CommWatch>(0, 30.0);
-  auto c = trident::make_nccl_communicator(MPI_COMM_SELF, "data", stream,
+  auto c = trident::make_nccl_communicator(*host, "data", stream,
                                            trident::NcclUse::Collectives, watch);
   EXPECT_EQ(watch->summary(), "1 (data 1)");
   EXPECT_TRUE(watch->active());

@@ -1,11 +1,12 @@
 #include "cuda/cuda_backend.hpp"
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "comm/comm_watch.hpp"
-#include "comm/mpi_comm.hpp"
 #include "comm/staged_comm.hpp"
 #include "cuda/cuda_device.hpp"
 #include "cuda/cuda_model.hpp"
@@ -18,14 +19,6 @@
 namespace trident {
 
 namespace {
-
-MPI_Comm mpi_comm_of(Communicator& group) {
-  auto* mpi = dynamic_cast<MpiCommunicator*>(&group);
-  if (mpi == nullptr)
-    throw Error("communicator '" + group.name() + "' is not an MPI communicator; NCCL needs one "
-                "to exchange its unique id");
-  return mpi->comm();
-}
 
 void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
@@ -132,8 +125,7 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   auto for_device = [&](Communicator* group, NcclUse use) -> Communicator* {
     if (group == nullptr || group->size() == 1) return group;
     std::unique_ptr<Communicator> c =
-        nccl ? make_nccl_communicator(mpi_comm_of(*group), group->name(), gpu.stream(), use,
-                                      b.watch)
+        nccl ? make_nccl_communicator(*group, group->name(), gpu.stream(), use, b.watch)
              : make_staged_communicator(*group, gpu, group->name());
     b.owned.push_back(std::move(c));
     return b.owned.back().get();

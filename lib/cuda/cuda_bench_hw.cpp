@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "cuda/cuda_device.hpp"
+#include "comm/mpi_comm.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "util/error.hpp"
@@ -188,8 +189,9 @@ void measure_links(MPI_Comm comm, cudaStream_t stream, GpuBenchResult& out) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
+  MpiCommunicator host(comm, "bench-hw-host", /*owns=*/false);
   const std::unique_ptr<Communicator> nccl =
-      make_nccl_communicator(comm, "bench-hw", stream, NcclUse::Both);
+      make_nccl_communicator(host, "bench-hw", stream, NcclUse::Both);
   const size_t max_bytes = size_t{256} << 20;
   DeviceBuffer send(max_bytes), recv(max_bytes);
   CUDA_CHECK(cudaMemsetAsync(send.p, 0, max_bytes, stream));

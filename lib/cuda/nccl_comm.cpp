@@ -37,14 +37,6 @@ inline void nccl_check(ncclResult_t rc, const std::string& comm, const char* cal
   if (rc != ncclSuccess) nccl_fail(comm, call, rc, handle);
 }
 
-void mpi_check(int rc, const std::string& comm, const char* call) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, text, &len);
-  throw Error("communicator '" + comm + "': " + call + " failed: " + std::string(text, len));
-}
-
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
     case DType::F32: return ncclFloat32;
@@ -84,7 +76,6 @@ struct Handles {
   Channel main;                    // collectives; main.stream = the private iall_reduce stream
   std::vector<Channel> p2p;        // point-to-point channels
   cudaEvent_t ready = nullptr;     // recorded on `compute` before each non-blocking operation
-  MPI_Comm mpi = MPI_COMM_NULL;    // a duplicate of the construction communicator (barrier)
   std::shared_ptr<CommWatch> watch;
   int watch_id = -1;
   bool aborted = false;
@@ -140,9 +131,6 @@ struct Handles {
     for (Channel& c : p2p) release(c);
     release(main);
     if (ready != nullptr) cudaEventDestroy(ready);
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (mpi != MPI_COMM_NULL && !finalized) MPI_Comm_free(&mpi);
   }
 };
 
@@ -190,14 +178,11 @@ class NcclRequest final : public CommRequest {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, std::string name, cudaStream_t stream, NcclUse use,
+  NcclCommunicator(Communicator& host, std::string name, cudaStream_t stream, NcclUse use,
                    std::shared_ptr<CommWatch> watch)
-      : Communicator(std::move(name)) {
+      : Communicator(std::move(name)), host_(host), rank_(host.rank()), size_(host.size()) {
     h_.compute = stream;
     h_.name = name_;
-    mpi_check(MPI_Comm_rank(comm, &rank_), name_, "MPI_Comm_rank");
-    mpi_check(MPI_Comm_size(comm, &size_), name_, "MPI_Comm_size");
-    mpi_check(MPI_Comm_dup(comm, &h_.mpi), name_, "MPI_Comm_dup");
     h_.watch = watch ? std::move(watch) : std::make_shared<CommWatch>(rank_);
 
     // Channels: none for one rank; lower->higher and higher->lower; split by the parity of the
@@ -216,13 +201,15 @@ class NcclCommunicator final : public Communicator {
       ncclResult_t rc = ncclSuccess;
       ncclUniqueId id[5];
     } ids{};
+    // The host communicator's broadcast moves typed elements: the record travels as int32s.
+    static_assert(sizeof(Ids) % sizeof(int32_t) == 0, "Ids must be whole int32s");
     if (rank_ == 0) {
       for (int i = 0; i < ids_needed && ids.ok; ++i) {
         ids.rc = ncclGetUniqueId(&ids.id[i]);
         ids.ok = ids.rc == ncclSuccess;
       }
     }
-    mpi_check(MPI_Bcast(&ids, sizeof ids, MPI_BYTE, 0, h_.mpi), name_, "MPI_Bcast");
+    host_.broadcast(&ids, static_cast<int64_t>(sizeof ids / sizeof(int32_t)), DType::I32, 0);
     if (!ids.ok) nccl_fail(name_, "ncclGetUniqueId (on rank 0)", ids.rc, nullptr);
 
     CUDA_CHECK(cudaEventCreateWithFlags(&h_.ready, cudaEventDisableTiming));
@@ -415,7 +402,7 @@ class NcclCommunicator final : public Communicator {
           return true;
         },
         "barrier of communicator '" + name_ + "' (waiting for the compute stream)");
-    mpi_check(MPI_Barrier(h_.mpi), name_, "MPI_Barrier");
+    host_.barrier();
     count_call(kBarrier, 0, DType::F32, since(t0));
   }
 
@@ -461,8 +448,9 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamWaitEvent(s, h_.ready, 0));
   }
 
-  Handles h_;
+  Communicator& host_;  // the same ranks on the host: the ids' broadcast and barrier()
   int rank_ = 0, size_ = 1;
+  Handles h_;  // after host_ and the ranks, which the constructor reads before filling it
   int parities_ = 1;
 };
 
@@ -474,10 +462,10 @@ int nccl_handle_count(int size, NcclUse use) {
   return (use == NcclUse::PointToPoint ? 0 : 1) + channels;
 }
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name,
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, std::string name,
                                                      cudaStream_t stream, NcclUse use,
                                                      std::shared_ptr<CommWatch> watch) {
-  return std::make_unique<NcclCommunicator>(comm, std::move(name), stream, use,
+  return std::make_unique<NcclCommunicator>(host, std::move(name), stream, use,
                                             std::move(watch));
 }
 

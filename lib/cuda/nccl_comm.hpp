@@ -5,10 +5,12 @@
 // trip and no host staging copies. Several ranks sharing a GPU is refused by NCCL; that case
 // uses comm/staged_comm.hpp over MPI (grid/device_select.hpp picks the device and refuses it).
 //
-// Construction (make_nccl_communicator) is collective over `comm`: rank 0 creates the NCCL
-// unique ids and broadcasts them with MPI over `comm` (a failure there is thrown on every
-// rank), then every rank joins ncclCommInitRank. The current CUDA device must already be this
-// rank's device.
+// Construction (make_nccl_communicator) is collective over `host`, a host communicator of the
+// same ranks in the same order (the process grid's MPI group: NCCL bootstraps over whatever
+// the group already is, so nothing here reaches for MPI): rank 0 creates the NCCL unique ids
+// and broadcasts them over `host` (a failure there is thrown on every rank), then every rank
+// joins ncclCommInitRank. The NCCL communicator takes its rank and size from `host`, which
+// must outlive it. The current CUDA device must already be this rank's device.
 //
 // Streams. Every blocking collective (all_reduce, all_gather, reduce_scatter, broadcast) is
 // enqueued on `stream`, the caller's compute stream, and returns without waiting: work enqueued
@@ -17,7 +19,7 @@
 // over the collectives' communicator: a ncclSend and a ncclRecv per peer with its counts (zero
 // counts skipped), this rank's own block a device copy (its send and receive counts must be
 // equal). barrier() is a host barrier: it waits for
-// `stream` (bounded, see below), then runs MPI_Barrier on a duplicate of `comm`.
+// `stream` (bounded, see below), then runs `host`'s barrier.
 //
 // Non-blocking operations (iall_reduce, isend, irecv) run on private streams: each records an
 // event on `stream` that its private stream waits for (so it sees everything enqueued before
@@ -68,7 +70,6 @@
 // communicators. Requests must be waited on or destroyed first. `stream` must outlive the
 // communicator.
 #include <cuda_runtime_api.h>
-#include <mpi.h>
 
 #include <memory>
 #include <string>
@@ -80,8 +81,8 @@ namespace trident {
 
 enum class NcclUse { Collectives, PointToPoint, Both };
 
-// watch nullptr: a watch of its own (rank = the rank in `comm`).
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name,
+// watch nullptr: a watch of its own (rank = the rank in `host`).
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, std::string name,
                                                      cudaStream_t stream,
                                                      NcclUse use = NcclUse::Both,
                                                      std::shared_ptr<CommWatch> watch = nullptr);
