@@ -5,11 +5,12 @@
                                     measured beside (p-1)/(m+p-1), with peak activation memory
   bench/parallel_bench.py speedup [--rounds N]
                                     the same global batch on 1 rank and on 2 ranks as DP = 2,
-                                    TP = 2 (blocking, and with parallel.tp_overlap) and PP = 2
+                                    TP = 2 (blocking, and with parallel.tp_overlap; without
+                                    and with sequence parallelism) and PP = 2
                                     (m = 8; even split, parallel.pipeline_balance = flops, and
                                     flops with parallel.schedule = zb-h1 and zb-h2): speedup and
                                     communication share. Every layout runs once per round
-                                    (default 3, alternating order; ~25 s a round) and its
+                                    (default 3, alternating order; ~35 s a round) and its
                                     fastest round counts, the baselines' too: the VM's speed
                                     moves by 10-20 % between runs a minute apart, and a
                                     baseline measured once moves a whole column with it.
@@ -96,6 +97,11 @@ def speedup(rounds):
                ("TP = 2", 2, ["parallel.tensor=2", "train.threads=1"]),
                ("TP = 2, tp_overlap", 2,
                 ["parallel.tensor=2", "parallel.tp_overlap=true", "train.threads=1"]),
+               ("TP = 2, SP", 2,
+                ["parallel.tensor=2", "parallel.sequence_parallel=true", "train.threads=1"]),
+               ("TP = 2, SP, tp_overlap", 2,
+                ["parallel.tensor=2", "parallel.sequence_parallel=true",
+                 "parallel.tp_overlap=true", "train.threads=1"]),
                ("PP = 2 (m = 8)", 2, ["parallel.pipeline=2", "train.threads=1"]),
                ("PP = 2 (m = 8), balance flops", 2,
                 ["parallel.pipeline=2", "parallel.pipeline_balance=\"flops\"",
@@ -123,7 +129,8 @@ def speedup(rounds):
             name, tps, tps / ref, share, " / ".join("%.0f" % t for t, _ in runs[name])))
     one = results["1 rank, 1 thread"][0]
     print("\nAgainst one rank on one core (the per-rank share of the machine):")
-    for name in ("DP = 2", "TP = 2", "TP = 2, tp_overlap", "PP = 2 (m = 8)",
+    for name in ("DP = 2", "TP = 2", "TP = 2, tp_overlap", "TP = 2, SP", "TP = 2, SP, tp_overlap",
+                 "PP = 2 (m = 8)",
                  "PP = 2 (m = 8), balance flops", "PP = 2 (m = 8), balance flops, zb-h1",
                  "PP = 2 (m = 8), balance flops, zb-h2"):
         print("  %s: %.2fx" % (name, results[name][0] / one))

@@ -95,6 +95,12 @@ struct CompletedRequest final : CommRequest {
 };
 }  // namespace
 
+std::unique_ptr<CommRequest> Communicator::iall_gather(const void* send, void* recv,
+                                                       int64_t count, DType type) {
+  all_gather(send, recv, count, type);
+  return std::make_unique<CompletedRequest>();
+}
+
 std::unique_ptr<CommRequest> Communicator::ireduce_scatter(const void* send, void* recv,
                                                            int64_t count, DType type) {
   reduce_scatter(send, recv, count, type);
@@ -135,6 +141,7 @@ void Communicator::count_call(const std::string& op, int64_t count, DType type,
 void Communicator::count_post(const std::string& op, int64_t count, DType type) {
   OpStats& s = stats_.ops[op];
   s.calls += 1;
+  s.posted += 1;
   s.bytes += count * static_cast<int64_t>(dtype_bytes(type));
 }
 

@@ -25,6 +25,7 @@ struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;   // payload bytes this rank contributed (count * dtype size)
   double seconds = 0;  // wall time inside the call (for non-blocking p2p: inside wait)
+  int64_t posted = 0;  // of `calls`, those posted non-blocking (MPI's i* calls), waited later
 };
 
 // The operation names the counters are kept under.
@@ -99,6 +100,12 @@ class Communicator {
                                                    ReduceOp op) = 0;
   // recv[size * count] = concatenation of every rank's send[count], in rank order.
   virtual void all_gather(const void* send, void* recv, int64_t count, DType type) = 0;
+  // Non-blocking all_gather (counted as an "all_gather"; its time is the wait's); send and recv
+  // stay untouched by the caller until the wait (send may be recv + rank() * count: in place).
+  // MPI posts MPI_Iallgather; the default (the other backends) runs the blocking call and
+  // returns a completed request.
+  virtual std::unique_ptr<CommRequest> iall_gather(const void* send, void* recv, int64_t count,
+                                                   DType type);
   // send[size * count] summed over ranks; this rank receives block `rank()` of the sum.
   virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType type) = 0;
   // Non-blocking reduce_scatter (counted as a "reduce_scatter"; its time is the wait's); send
@@ -186,7 +193,8 @@ class Communicator {
   // One call of `op`: calls + 1, bytes + count * dtype size, seconds + seconds; the recorder
   // sees it as ending now.
   void count_call(const std::string& op, int64_t count, DType type, double seconds);
-  // calls + 1 and bytes of a non-blocking call being posted (its time comes with count_wait).
+  // calls + 1, posted + 1 and bytes of a non-blocking call being posted (its time comes with
+  // count_wait).
   void count_post(const std::string& op, int64_t count, DType type);
   std::string name_;
   CommStats stats_;

@@ -259,6 +259,24 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
   return req;
 }
 
+std::unique_ptr<CommRequest> MpiCommunicator::iall_gather(const void* send, void* recv,
+                                                          int64_t count, DType type) {
+  check_count("iall_gather", count);
+  if (!fits_int(count))
+    throw Error("communicator '" + name_ + "': iall_gather of " + std::to_string(count) +
+                " elements exceeds the int count of MPI_Iallgather");
+  MPI_Datatype dt = mpi_datatype(type);
+  const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
+  auto req = std::make_unique<MpiRequest>(this, &kAllGather, false, static_cast<int64_t>(block));
+  const void* sbuf = send;
+  if (count > 0 && send == static_cast<const char*>(recv) + block * rank_) sbuf = MPI_IN_PLACE;
+  check(MPI_Iallgather(sbuf, static_cast<int>(count), dt, recv, static_cast<int>(count), dt,
+                       comm_, req->handle()),
+        name_, "MPI_Iallgather");
+  count_post(kAllGather, count, type);
+  return req;
+}
+
 std::unique_ptr<CommRequest> MpiCommunicator::ireduce_scatter(const void* send, void* recv,
                                                               int64_t count, DType type) {
   check_count("ireduce_scatter", count);

@@ -55,6 +55,8 @@ class MpiCommunicator final : public Communicator {
   // send may also be recv + rank() * count elements (in place).
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
                                            ReduceOp op) override;
+  std::unique_ptr<CommRequest> iall_gather(const void* send, void* recv, int64_t count,
+                                           DType type) override;
   std::unique_ptr<CommRequest> ireduce_scatter(const void* send, void* recv, int64_t count,
                                                DType type) override;
   // MPI initialised with MPI_THREAD_SERIALIZED or more (app/main.cpp asks for MULTIPLE).

@@ -100,6 +100,21 @@ class TensorParallel {
     progress_during(*request, weight_grad);
     return partial;
   }
+  // gather_input(x, N, C) with `work` (computation that does not touch x) run meanwhile:
+  // Megatron-LM's overlap, under SP, of the backward's all-gather of a column-parallel layer's
+  // input (the recomputed norm output, which its weight gradient reads) with its input
+  // gradient (which does not). Overlapped as reduce_input_grad_during is; otherwise the
+  // gather, then `work`. The gather copies, so x is the same either way.
+  template <class Work>
+  void gather_input_during(T* x, int64_t N, int64_t C, Work&& work) {
+    if (!sp_ || !overlap_) {
+      gather_input(x, N, C);
+      work();
+      return;
+    }
+    auto request = comm_.iall_gather(x + first_row(N) * C, x, rows(N) * C, K::act_dtype);
+    progress_during(*request, work);
+  }
   // The gradient of all N rows from this rank's rows d[rows(N), C]: d itself, or the
   // all-gather into scratch (SP).
   const T* gather_output_grad(const T* d, int64_t N, int64_t C) {
@@ -120,7 +135,7 @@ class TensorParallel {
   K& k_;
   int rank_, size_;
   bool sp_;
-  bool overlap_;  // reduce_input_grad_during overlaps (parallel.tp_overlap, on the CPU)
+  bool overlap_;  // the *_during calls overlap (parallel.tp_overlap, on the CPU)
   DeviceArray<T> full_, d_full_, d_rows_;
 };
 
@@ -147,11 +162,16 @@ struct ColumnParallelLinear {
     k.linear_forward(y, x, p.w, p.b, N, in, out_local);
   }
   // Accumulates dW, db; returns the rank's rows of dL/dX (in dx_partial [N, in] or scratch).
-  // dX first, so that its sum over the group runs while dW, db are computed (the two are
-  // independent GEMMs: the same bits as one linear_backward call).
+  // x[N, in] as forward() takes it: this rank's rows at first_row(N) on entry (a norm output
+  // recomputed in backward), all rows on return. dX first, as Megatron-LM orders it: under SP
+  // the all-gather of x runs while dX is computed (dX does not read x), then dX's sum over the
+  // group (reduce-scatter under SP) while dW, db are (TensorParallel's *_during). dX and dW
+  // are independent GEMMs: the same bits as one linear_backward call.
   const T* backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx_partial,
-                    const T* dy, const T* x, int64_t N) const {
-    k.linear_backward(dx_partial, nullptr, nullptr, dy, x, p.w, N, in, out_local);
+                    const T* dy, T* x, int64_t N) const {
+    tp.gather_input_during(x, N, in, [&] {
+      k.linear_backward(dx_partial, nullptr, nullptr, dy, x, p.w, N, in, out_local);
+    });
     return tp.reduce_input_grad_during(dx_partial, N, in, [&] {
       k.linear_backward(nullptr, p.dw, p.db, dy, x, p.w, N, in, out_local);
     });

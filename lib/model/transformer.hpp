@@ -255,10 +255,16 @@ class Transformer {
   // The forward tensors not kept in the stash, recomputed from what is: a norm's output [N,C]
   // (all rows, gathered under sequence parallelism) into `out` from its input rows [Ns,C], its
   // statistics written again (the same values); the MLP activation [N,Fl] into `out` from
-  // la.up. The forward's kernels on the forward's inputs: the forward's bits.
-  T* recomputed_norm(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t B);
-  T* recomputed_norm1(LayerActs& la, T* out, size_t i, int64_t B);
-  T* recomputed_norm2(LayerActs& la, T* out, size_t i, int64_t B);
+  // la.up. The forward's kernels on the forward's inputs: the forward's bits. NormRows::Own
+  // leaves the gather to the caller (the rank's rows at first_row(N)): the column-parallel
+  // layer that reads it gathers during its input gradient (ColumnParallelLinear::backward).
+  enum class NormRows { Gathered, Own };
+  T* recomputed_norm(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t B,
+                     NormRows rows);
+  T* recomputed_norm1(LayerActs& la, T* out, size_t i, int64_t B,
+                      NormRows rows = NormRows::Gathered);
+  T* recomputed_norm2(LayerActs& la, T* out, size_t i, int64_t B,
+                      NormRows rows = NormRows::Gathered);
   T* recomputed_act(const LayerActs& la, T* out, int64_t B);
   void act_forward(T* act, const T* up, int64_t N);
   // The LM head and the vocab-parallel loss over chunks of head_chunk_rows(N) rows; the chunk's

@@ -431,25 +431,27 @@ void Transformer<K>::act_forward(T* act, const T* up, int64_t N) {
 
 template <class K>
 typename K::T* Transformer<K>::recomputed_norm(T* out, S* mean, S* rstd, const T* inp, int wi,
-                                                int bi, int64_t B) {
+                                                int bi, int64_t B, NormRows rows) {
   const int64_t N = B * config_.seq_len;
   norm_forward(out + tp_.first_row(N) * C_, mean, rstd, inp, wi, bi, stream_rows(B));
-  tp_.gather_input(out, N, C_);  // as the column-parallel layer did in forward
+  if (rows == NormRows::Gathered) tp_.gather_input(out, N, C_);  // as in forward
   return out;
 }
 
 template <class K>
-typename K::T* Transformer<K>::recomputed_norm1(LayerActs& la, T* out, size_t i, int64_t B) {
+typename K::T* Transformer<K>::recomputed_norm1(LayerActs& la, T* out, size_t i, int64_t B,
+                                                 NormRows rows) {
   const BlockParams& p = layout_.blocks[i];
   return recomputed_norm(out, la.norm1_mean.data(), la.norm1_rstd.data(), la.input.data(),
-                         p.norm1_w, p.norm1_b, B);
+                         p.norm1_w, p.norm1_b, B, rows);
 }
 
 template <class K>
-typename K::T* Transformer<K>::recomputed_norm2(LayerActs& la, T* out, size_t i, int64_t B) {
+typename K::T* Transformer<K>::recomputed_norm2(LayerActs& la, T* out, size_t i, int64_t B,
+                                                 NormRows rows) {
   const BlockParams& p = layout_.blocks[i];
   return recomputed_norm(out, la.norm2_mean.data(), la.norm2_rstd.data(), la.residual1.data(),
-                         p.norm2_w, p.norm2_b, B);
+                         p.norm2_w, p.norm2_b, B, rows);
 }
 
 template <class K>
@@ -671,7 +673,7 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
                                    nullptr, N);
     } else {
       d_norm2 = up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
-                             recomputed_norm2(la, norm_scratch(), i, B), N);
+                             recomputed_norm2(la, norm_scratch(), i, B, NormRows::Own), N);
     }
   }
   norm_backward_into_stream(d, d_norm2, la.residual1.data(), p.norm2_w, p.norm2_b,
@@ -690,7 +692,7 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
           ? qkv_.input_backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
                                 nullptr, N)
           : qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
-                          recomputed_norm1(la, norm_scratch(), i, B), N);
+                          recomputed_norm1(la, norm_scratch(), i, B, NormRows::Own), N);
   norm_backward_into_stream(d, d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
                             la.norm1_mean.data(), la.norm1_rstd.data(), Ns);  // dL/d(input)
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -162,12 +163,46 @@ TEST_F(MpiComm, IreduceScatterEqualsTheBlockingOneAndIsDrivenByTheHelper) {
   EXPECT_EQ(recv, blocking);
   EXPECT_EQ(recv[0], 4.0f * static_cast<float>((r * n) % 1000) + 6);
   EXPECT_EQ(comm->stats().calls("reduce_scatter"), 1);
+  EXPECT_EQ(comm->stats().ops.at("reduce_scatter").posted, 1);
   EXPECT_EQ(comm->stats().ops.at("reduce_scatter").bytes, n * 4);
   const std::unique_ptr<Communicator> self = make_self_communicator("self");
   std::vector<float> one{1.5f, 2.5f}, out(2, 0.0f);
   self->ireduce_scatter(one.data(), out.data(), 2, DType::F32)->wait();
   EXPECT_EQ(out, one);
   EXPECT_EQ(self->stats().calls("reduce_scatter"), 1);
+}
+
+// The non-blocking all-gather (the overlapped backward under sequence parallelism gathers a
+// recomputed norm output in place while its input gradient runs): the blocking one's result,
+// counted as one all_gather posted non-blocking, completed by progress_during's helper; in
+// place and not; a one-rank group's (the default: the blocking call) copies.
+TEST_F(MpiComm, IallGatherEqualsTheBlockingOneAndIsDrivenByTheHelper) {
+  const int64_t n = int64_t{1} << 19;  // a block of 2 MiB, past the eager limit
+  std::vector<float> send(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) send[i] = static_cast<float>((i % 1000) + 1000 * r);
+  std::vector<float> blocking(static_cast<size_t>(4 * n), -1.0f);
+  comm->all_gather(send.data(), blocking.data(), n, DType::F32);
+  EXPECT_EQ(comm->stats().ops.at("all_gather").posted, 0);
+  comm->stats().reset();
+  std::vector<float> recv(static_cast<size_t>(4 * n), -1.0f);
+  auto request = comm->iall_gather(send.data(), recv.data(), n, DType::F32);
+  progress_during(*request, [] {});
+  EXPECT_EQ(recv, blocking);
+  EXPECT_EQ(recv[static_cast<size_t>(3 * n + 7)], 3007.0f);  // rank 3's block, element 7
+  std::vector<float> inplace(static_cast<size_t>(4 * n), -1.0f);
+  std::copy(send.begin(), send.end(), inplace.begin() + r * n);
+  auto in_place = comm->iall_gather(inplace.data() + r * n, inplace.data(), n, DType::F32);
+  progress_during(*in_place, [] {});
+  EXPECT_EQ(inplace, blocking);
+  const OpStats& st = comm->stats().ops.at("all_gather");
+  EXPECT_EQ(st.calls, 2);
+  EXPECT_EQ(st.posted, 2);
+  EXPECT_EQ(st.bytes, 2 * n * 4);
+  const std::unique_ptr<Communicator> self = make_self_communicator("self");
+  std::vector<float> one{1.5f, 2.5f}, out(2, 0.0f);
+  self->iall_gather(one.data(), out.data(), 2, DType::F32)->wait();
+  EXPECT_EQ(out, one);
+  EXPECT_EQ(self->stats().calls("all_gather"), 1);
 }
 
 TEST_F(MpiComm, BroadcastFromAnyRoot) {

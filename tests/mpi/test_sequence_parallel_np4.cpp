@@ -25,6 +25,46 @@ TEST(Parity, Tp2Dp2SequenceParallelZero) {
   check_parity({2, 1, 2}, {"parallel.sequence_parallel=true", "optim.zero_stage=1"});
 }
 
+// parallel.tp_overlap under SP, as Megatron-LM overlaps a column-parallel layer's backward:
+// the all-gather of its recomputed input during its input gradient, then the input gradient's
+// reduce-scatter during its weight gradient. Against the blocking order on TP 2 x DP 2: every
+// loss, weight and AdamW moment to the bit (a gather copies; a sum of two partials is one
+// rounding either way), the same collectives and bytes, and the overlapped ones posted
+// non-blocking: per micro-batch 2 all-gathers a layer (the qkv's and MLP up's inputs) and 2
+// reduce-scatters a layer plus the LM head's.
+TEST(TensorParallel, SequenceParallelOverlapChangesNoBitOrCount) {
+  const auto dir = shared_corpus("sp_overlap");
+  const ParityLayout l{2, 1, 2};
+  constexpr int64_t kSteps = 3;
+  TrainingState blocking;
+  CommStats blocking_stats;
+  on_layout(parity_config(dir, l, kSp), [&](Trainer& t, ProcessGrid& grid) {
+    grid.tensor().stats().reset();
+    blocking = training_state(t, train_steps(t, 0, kSteps));
+    blocking_stats = grid.tensor().stats();
+  });
+  const Config config = parity_config(dir, l, {kSp[0], "parallel.tp_overlap=true"});
+  on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
+    ASSERT_TRUE(grid.tensor().progress_from_helper_thread());
+    grid.tensor().stats().reset();
+    const TrainingState overlapped = training_state(t, train_steps(t, 0, kSteps));
+    const CommStats& st = grid.tensor().stats();
+    const int64_t L = config.model.layers, M = config.num_microbatches() * kSteps;
+    for (const std::string& op : {kAllGather, kReduceScatter, kAllReduce}) {
+      EXPECT_EQ(st.calls(op), blocking_stats.calls(op)) << op;
+      EXPECT_EQ(st.bytes(op), blocking_stats.bytes(op)) << op;
+      EXPECT_EQ(blocking_stats.ops.at(op).posted, 0) << op;
+    }
+    EXPECT_EQ(st.ops.at(kAllGather).posted, M * 2 * L);
+    EXPECT_EQ(st.ops.at(kReduceScatter).posted, M * (2 * L + 1));
+    EXPECT_EQ(overlapped.losses, blocking.losses);  // every loss bit for bit
+    const StateComparison c = compare_states(blocking, overlapped, t, grid);
+    EXPECT_EQ(c.differing, 0) << "of " << c.compared << " elements";
+    EXPECT_EQ(c.weights_covered, global_param_count(config));
+    EXPECT_EQ(c.exp_avg_covered, global_param_count(config));
+  });
+}
+
 TEST(TensorParallel, SequenceParallelTradesAllReducesForGathersAndScatters) {
   const auto dir = shared_corpus("collectives_sp");
   const ParityLayout l{4, 1, 1};
