@@ -106,8 +106,13 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def f(x, nd=1):
     return "—" if x is None else f"{x:.{nd}f}"
-def ratio(x, target):
-    return "—" if x is None else f"{x:.2f} {'ok' if x >= target else 'BELOW'}"
+def ratio(x, target):  # three decimals where two would round across the target
+    if x is None:
+        return "—"
+    shown = f"{x:.2f}"
+    if (float(shown) >= target) != (x >= target):
+        shown = f"{x:.3f}"
+    return f"{shown} {'ok' if x >= target else 'BELOW'}"
 def each(r, key):  # that key in every round, "a/b/..."
     return "/".join("-" if p.get(key) is None else f"{p[key]:.1f}" for p in r["per_round"])
 rounds = any("per_round" in r for r in rows)
