@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <sstream>
@@ -242,56 +243,53 @@ void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp
   stats_.all_reduce_counts.push_back(count);
 }
 
+std::unique_ptr<CommRequest> MpiCommunicator::post_collective(
+    const std::string& op, const char* call, const char* mpi_call, int64_t count, DType type,
+    const std::function<int(MPI_Datatype, MPI_Request*)>& post) {
+  check_count(call, count);
+  if (!fits_int(count))
+    throw Error("communicator '" + name_ + "': " + call + " of " + std::to_string(count) +
+                " elements exceeds the int count of " + mpi_call + "; use smaller pieces");
+  const MPI_Datatype dt = mpi_datatype(type);
+  auto req = std::make_unique<MpiRequest>(this, &op, false,
+                                         count * static_cast<int64_t>(dtype_bytes(type)));
+  check(post(dt, req->handle()), name_, mpi_call);
+  count_post(op, count, type);
+  return req;
+}
+
 std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t count, DType type,
                                                           ReduceOp op) {
-  check_count("iall_reduce", count);
-  if (!fits_int(count))
-    throw Error("communicator '" + name_ + "': iall_reduce of " + std::to_string(count) +
-                " elements exceeds the int count of MPI_Iallreduce; use smaller buckets");
-  MPI_Datatype dt = mpi_datatype(type);
-  auto req = std::make_unique<MpiRequest>(this, &kAllReduce, false,
-                                         count * static_cast<int64_t>(dtype_bytes(type)));
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), dt,
-                       mpi_reduce_op(type, op), comm_, req->handle()),
-        name_, "MPI_Iallreduce");
-  count_post(kAllReduce, count, type);
+  auto req = post_collective(kAllReduce, "iall_reduce", "MPI_Iallreduce", count, type,
+                             [&](MPI_Datatype dt, MPI_Request* r) {
+                               return MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count),
+                                                     dt, mpi_reduce_op(type, op), comm_, r);
+                             });
   stats_.all_reduce_counts.push_back(count);
   return req;
 }
 
 std::unique_ptr<CommRequest> MpiCommunicator::iall_gather(const void* send, void* recv,
                                                           int64_t count, DType type) {
-  check_count("iall_gather", count);
-  if (!fits_int(count))
-    throw Error("communicator '" + name_ + "': iall_gather of " + std::to_string(count) +
-                " elements exceeds the int count of MPI_Iallgather");
-  MPI_Datatype dt = mpi_datatype(type);
-  const size_t block = static_cast<size_t>(count) * dtype_bytes(type);
-  auto req = std::make_unique<MpiRequest>(this, &kAllGather, false, static_cast<int64_t>(block));
+  const size_t block = static_cast<size_t>(std::max<int64_t>(count, 0)) * dtype_bytes(type);
   const void* sbuf = send;
   if (count > 0 && send == static_cast<const char*>(recv) + block * rank_) sbuf = MPI_IN_PLACE;
-  check(MPI_Iallgather(sbuf, static_cast<int>(count), dt, recv, static_cast<int>(count), dt,
-                       comm_, req->handle()),
-        name_, "MPI_Iallgather");
-  count_post(kAllGather, count, type);
-  return req;
+  return post_collective(kAllGather, "iall_gather", "MPI_Iallgather", count, type,
+                         [&](MPI_Datatype dt, MPI_Request* r) {
+                           const int n = static_cast<int>(count);
+                           return MPI_Iallgather(sbuf, n, dt, recv, n, dt, comm_, r);
+                         });
 }
 
 std::unique_ptr<CommRequest> MpiCommunicator::ireduce_scatter(const void* send, void* recv,
                                                               int64_t count, DType type) {
-  check_count("ireduce_scatter", count);
-  if (!fits_int(count))
-    throw Error("communicator '" + name_ + "': ireduce_scatter of " + std::to_string(count) +
-                " elements exceeds the int count of MPI_Ireduce_scatter_block");
-  MPI_Datatype dt = mpi_datatype(type);
-  auto req = std::make_unique<MpiRequest>(this, &kReduceScatter, false,
-                                         count * static_cast<int64_t>(dtype_bytes(type)));
   const void* sbuf = send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Ireduce_scatter_block(sbuf, recv, static_cast<int>(count), dt,
-                                  mpi_reduce_op(type, ReduceOp::Sum), comm_, req->handle()),
-        name_, "MPI_Ireduce_scatter_block");
-  count_post(kReduceScatter, count, type);
-  return req;
+  return post_collective(kReduceScatter, "ireduce_scatter", "MPI_Ireduce_scatter_block", count,
+                         type, [&](MPI_Datatype dt, MPI_Request* r) {
+                           return MPI_Ireduce_scatter_block(sbuf, recv, static_cast<int>(count),
+                                                            dt, mpi_reduce_op(type, ReduceOp::Sum),
+                                                            comm_, r);
+                         });
 }
 
 bool MpiCommunicator::progress_from_helper_thread() const {

@@ -23,6 +23,7 @@
 // keeps the rank it waits for off the core (mpi_comm.cpp, complete()).
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,12 @@ class MpiCommunicator final : public Communicator {
                     const std::vector<int64_t>& recv_counts, DType type) override;
 
  private:
+  // A non-blocking collective of `count` elements of `type`, counted as `op`: the count
+  // checked (MPI's i* collectives take an int), then post(type's MPI datatype, &request),
+  // MPI's call (`mpi_call` in its error). `call` names the operation in errors.
+  std::unique_ptr<CommRequest> post_collective(
+      const std::string& op, const char* call, const char* mpi_call, int64_t count, DType type,
+      const std::function<int(MPI_Datatype, MPI_Request*)>& post);
   MPI_Comm comm_;
   bool owns_;
   int rank_ = 0;
