@@ -195,9 +195,8 @@ const Key kKeys[] = {
    "computes its weight gradient while it runs, and under sequence parallelism gathers its "
    "recomputed input while the input gradient is computed (as Megatron-LM does), a helper "
    "thread driving MPI's progress; false: blocking collectives (the gather before both "
-   "GEMMs, the reduction after both). The "
-   "same numbers either way on 2 tensor ranks. Off by default: on a 2-core machine it "
-   "measured no gain (docs/model.md)."},
+   "GEMMs, the reduction after both). The same numbers either way on 2 tensor ranks. Off by "
+   "default: on a 2-core machine it measured no gain (docs/model.md)."},
   {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
    "Layers per pipeline stage; empty: the split `parallel.pipeline_balance` chooses.",
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},

@@ -11,8 +11,8 @@
 #include <functional>
 #include <memory>
 
-#include "cuda/cuda_device.hpp"
 #include "comm/mpi_comm.hpp"
+#include "cuda/cuda_device.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "util/error.hpp"
