@@ -72,7 +72,8 @@ struct ModelShard {
   // Rows per chunk of the LM head and its loss (train.lm_head_chunk_rows); 0: model_stats.hpp's
   // lm_head_chunk_rows (what fits in kLmHeadChunkBytes).
   int64_t lm_head_chunk_rows = 0;
-  // Overlap a column-parallel layer's input-gradient all-reduce with its weight gradient
+  // Overlap a column-parallel layer's input-gradient all-reduce with its weight gradient, and
+  // under sequence parallelism its input's all-gather with its input gradient
   // (parallel.tp_overlap; model/tensor_parallel.hpp).
   bool tp_overlap = false;
   // Expert parallelism (parallel.expert; grid/grid.hpp expert_group): this rank holds experts
@@ -83,6 +84,11 @@ struct ModelShard {
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};
     return chunks;
+  }
+  // layer_chunks()[chunk] without the copy (0 <= chunk < chunk_count()).
+  std::pair<int64_t, int64_t> layer_chunk(int chunk) const {
+    return chunks.empty() ? std::make_pair(layer_begin, layer_end)
+                          : chunks[static_cast<size_t>(chunk)];
   }
   int chunk_count() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
   int64_t layer_count() const {

@@ -135,7 +135,7 @@ int64_t Transformer<K>::chunk_layers(int chunk) const {
   if (chunk < 0 || chunk >= chunk_count())
     throw Error("model chunk " + std::to_string(chunk) + " is out of range: the shard holds " +
                 std::to_string(chunk_count()));
-  const auto [begin, end] = shard_.layer_chunks()[static_cast<size_t>(chunk)];
+  const auto [begin, end] = shard_.layer_chunk(chunk);
   return end - begin;
 }
 

@@ -18,10 +18,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
 
 namespace trident::cpu {
@@ -75,11 +75,15 @@ inline F online_softmax_block_row(F* s, int64_t len, int64_t n, F& m, F& l, bool
   return shrink;
 }
 
-// Per-thread scratch of the forward: one score block and the running row statistics.
+// Per-thread scratch of the forward (thread_scratch: kept from call to call): one score block
+// and the running row statistics.
+struct ForwardScores;
+struct ForwardStats;
 template <typename F>
 struct ForwardScratch {
-  std::vector<F> s = std::vector<F>(kBlock * kBlock);
-  std::vector<F> m = std::vector<F>(kBlock), l = std::vector<F>(kBlock);
+  F* s = thread_scratch<ForwardScores, F>(kBlock * kBlock);
+  F* m = thread_scratch<ForwardStats, F>(2 * kBlock);
+  F* l = m + kBlock;
 };
 
 // Rows [r0, r1) of one (b, h): o (out of the head, row stride C) and lse (of the head, [T]).
@@ -89,7 +93,7 @@ template <typename F>
 void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, int64_t r0, int64_t r1,
                        const Layout& L, F scale, ForwardScratch<F>& w) {
   const int64_t R = r1 - r0, CQ = L.CQ, C = L.C, HS = L.HS;
-  F* s = w.s.data();
+  F* s = w.s;
   for (int64_t c0 = 0; c0 < r1; c0 += kBlock) {
     const int64_t n = std::min(L.T, c0 + kBlock) - c0;
     const bool first = c0 == 0;
@@ -146,12 +150,17 @@ void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64
 
 namespace {
 
-// Per-thread scratch of the backward: P and dP/dS of one block, D of the group's heads.
+// Per-thread scratch of the backward (thread_scratch: kept from call to call): P and dP/dS of
+// one block, D of the group's heads.
+struct BackwardBlocks;
+struct BackwardRowDots;
 template <typename F>
 struct BackwardScratch {
-  std::vector<F> p = std::vector<F>(kBlock * kBlock), ds = std::vector<F>(kBlock * kBlock);
-  std::vector<F> d;
-  explicit BackwardScratch(int64_t group_rows) : d(group_rows) {}
+  F* p = thread_scratch<BackwardBlocks, F>(2 * kBlock * kBlock);
+  F* ds = p + kBlock * kBlock;
+  F* d;
+  explicit BackwardScratch(int64_t group_rows)
+      : d(thread_scratch<BackwardRowDots, F>(static_cast<size_t>(group_rows))) {}
 };
 
 // d[t] = sum_i dO[t, i] O[t, i] for the T rows of one head (row stride C): the softmax
@@ -177,8 +186,8 @@ void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, con
                     const F* lse, const F* d, int64_t r0, int64_t R, int64_t c0, int64_t n,
                     bool first_kv, const Layout& L, F scale, BackwardScratch<F>& w) {
   const int64_t CQ = L.CQ, C = L.C, HS = L.HS;
-  F* p = w.p.data();
-  F* ds = w.ds.data();
+  F* p = w.p;
+  F* ds = w.ds;
   gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * CQ, CQ, F(0), p, kBlock);
   for (int64_t r = 0; r < R; r++) {
     F* row = p + r * kBlock;
@@ -213,7 +222,7 @@ void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const 
   const int64_t T = L.T;
   for (int64_t hl = 0; hl < L.G; hl++) {
     const int64_t h = j * L.G + hl;
-    rowwise_dot(w.d.data() + hl * T, dout + L.o(b, h), out + L.o(b, h), L);
+    rowwise_dot(w.d + hl * T, dout + L.o(b, h), out + L.o(b, h), L);
   }
   for (int64_t c0 = 0; c0 < T; c0 += kBlock) {
     const int64_t n = std::min(T, c0 + kBlock) - c0;
@@ -223,7 +232,7 @@ void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const 
       for (int64_t r0 = c0; r0 < T; r0 += kBlock) {
         backward_block(dqkv + L.q(b, h), dqkv + L.k(b, j), dqkv + L.v(b, j), qkv + L.q(b, h),
                        qkv + L.k(b, j), qkv + L.v(b, j), dout + L.o(b, h),
-                       lse + (b * L.NH + h) * T, w.d.data() + hl * T, r0,
+                       lse + (b * L.NH + h) * T, w.d + hl * T, r0,
                        std::min(T, r0 + kBlock) - r0, c0, n, first_kv, L, scale, w);
         first_kv = false;
       }

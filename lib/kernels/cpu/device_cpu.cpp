@@ -6,11 +6,15 @@
 #include <new>
 #include <vector>
 
+#include "kernels/cpu/scratch.hpp"
 #include "tensor/device.hpp"
 
 namespace trident {
 
 namespace {
+
+struct ChunkSums;  // range_square_sum's partial sums (cpu::thread_scratch)
+using cpu::thread_scratch;
 
 // Sum of squares of one chunk in 16 independent double lanes, added in lane order at the end:
 // one running sum is bound by the add's latency (4 cycles an element); the lanes vectorise and
@@ -36,12 +40,12 @@ double range_square_sum(const float* x, int64_t n) {
   // Fixed-size chunks summed in order: bitwise the same for any thread count (an OpenMP
   // reduction clause combines partial sums in whatever order threads finish).
   const int64_t chunk = 1 << 14, chunks = (n + chunk - 1) / chunk;
-  std::vector<double> partial(chunks, 0.0);
+  double* partial = thread_scratch<ChunkSums, double>(static_cast<size_t>(chunks));
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c)
     partial[c] = chunk_square_sum(x + c * chunk, std::min(chunk, n - c * chunk));
   double total = 0.0;
-  for (double s : partial) total += s;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[c];
   return total;
 }
 

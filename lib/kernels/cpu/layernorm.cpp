@@ -1,14 +1,17 @@
 // LayerNorm over the last dimension, eps = 1e-5.
 #include <algorithm>
 #include <cmath>
-#include <memory>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
 
 namespace trident::cpu {
 
 namespace {
+
+struct NormPartials;  // layernorm_backward's per-chunk partial sums (thread_scratch)
+
 constexpr double kEps = 1e-5;
 // Rows per partial sum of dweight/dbias in the backward. A fixed chunking (not one chunk per
 // thread) makes the result independent of the thread count as well as reproducible.
@@ -70,12 +73,12 @@ void layernorm_backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const
                              int64_t C) {
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   // [chunks][dweight | dbias] partial sums, every element written before it is read.
-  const std::unique_ptr<T[]> partial(new T[static_cast<size_t>(chunks * 2 * C)]);
+  T* const partial = thread_scratch<NormPartials, T>(static_cast<size_t>(chunks * 2 * C));
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < chunks; k++) {
-      T* pw = partial.get() + k * 2 * C;
+      T* pw = partial + k * 2 * C;
       T* pb = pw + C;
       for (int64_t c = 0; c < C; c++) pw[c] = pb[c] = T(0);
       const int64_t n1 = std::min(N, (k + 1) * kRowsPerChunk);

@@ -3,13 +3,17 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
 
 namespace trident::cpu {
+
+namespace {
+struct BiasSums;  // linear_backward's per-thread bias sums (thread_scratch)
+}  // namespace
 
 // out = inp @ weight^T + bias. With beta = 0 OpenBLAS first zero-fills `out`; writing the bias
 // rows instead and calling with beta = 1 makes the bias add free.
@@ -43,9 +47,9 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
       const int64_t c0 = rb.begin * kAlign;
       const int64_t c1 = std::min(OC, rb.end * kAlign);
       if (c1 > c0) {
-        std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
-        double* a = acc.data();
         const int64_t w = c1 - c0;
+        double* a = thread_scratch<BiasSums, double>(static_cast<size_t>(w));
+        std::fill(a, a + w, 0.0);
         for (int64_t n = 0; n < N; n++) {
           const T* g = dout + n * OC + c0;
 #pragma omp simd

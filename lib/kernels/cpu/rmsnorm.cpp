@@ -5,14 +5,17 @@
 // double one to a rounding of rstd.
 #include <algorithm>
 #include <cmath>
-#include <memory>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
 
 namespace trident::cpu {
 
 namespace {
+
+struct NormPartials;  // rmsnorm_backward's per-chunk partial sums (thread_scratch)
+
 // Rows per partial sum of dweight in the backward. A fixed chunking (not one chunk per
 // thread) makes the result independent of the thread count as well as reproducible.
 constexpr int64_t kRowsPerChunk = 32;
@@ -62,12 +65,12 @@ void rmsnorm_backward_rows(T* dinp, T* dweight, const T* dout, const T* inp, con
                            const T* rstd, int64_t N, int64_t C) {
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   // [chunks, C] partial sums of dweight, every element written before it is read.
-  const std::unique_ptr<T[]> partial(new T[static_cast<size_t>(chunks * C)]);
+  T* const partial = thread_scratch<NormPartials, T>(static_cast<size_t>(chunks * C));
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < chunks; k++) {
-      T* pw = partial.get() + k * C;
+      T* pw = partial + k * C;
       std::fill(pw, pw + C, T(0));
       const int64_t n1 = std::min(N, (k + 1) * kRowsPerChunk);
       for (int64_t n = k * kRowsPerChunk; n < n1; n++) {
