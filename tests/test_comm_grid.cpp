@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -390,6 +394,7 @@ TEST(comm_self, DtypeBytes) {
 
 TEST(comm_self, CollectivesAreIdentityAndCounted) {
   auto c = make_self_communicator("tensor");
+  c->stats().keep_all_reduce_counts = true;
   EXPECT_EQ(c->name(), "tensor");
   EXPECT_EQ(c->rank(), 0);
   EXPECT_EQ(c->size(), 1);
@@ -427,6 +432,70 @@ TEST(comm_self, CollectivesAreIdentityAndCounted) {
 
   c->stats().reset();
   EXPECT_EQ(c->stats().calls("all_reduce"), 0);
+  EXPECT_TRUE(c->stats().all_reduce_counts.empty());
+  EXPECT_TRUE(c->stats().keep_all_reduce_counts);  // a reset keeps the setting
+}
+
+// comm.hpp's ProgressHelper with scripted requests (no MPI): the kept helper thread calls
+// test() until the request reports completion, then the caller's wait() runs; the same helper
+// serves request after request; an error of test() reaches during()'s caller, as does the
+// work's, and the helper serves the next request after either.
+class ScriptedRequest final : public CommRequest {
+ public:
+  explicit ScriptedRequest(int complete_at, bool fail = false)
+      : complete_at_(complete_at), fail_(fail) {}
+  bool test() override {
+    const int n = ++tests;
+    if (fail_) throw Error("scripted request failed");
+    return n >= complete_at_;
+  }
+  void wait() override { waited = true; }
+  std::atomic<int> tests{0};
+  bool waited = false;
+
+ private:
+  int complete_at_;
+  bool fail_;
+};
+
+// Blocks (at most 30 s) until the helper has called test() `n` times.
+void wait_for_tests(const ScriptedRequest& r, int n) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (r.tests.load() < n && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+TEST(ProgressHelper, DrivesEachRequestToCompletionAndServesTheNext) {
+  ProgressHelper helper(std::chrono::microseconds(10));
+  for (int round = 0; round < 3; ++round) {
+    ScriptedRequest request(5);
+    helper.during(request, [&] { wait_for_tests(request, 5); });
+    EXPECT_EQ(request.tests.load(), 5) << "round " << round << ": tested after completing";
+    EXPECT_TRUE(request.waited) << "round " << round;
+  }
+}
+
+TEST(ProgressHelper, ErrorsOfTheRequestAndOfTheWorkReachTheCaller) {
+  ProgressHelper helper(std::chrono::microseconds(10));
+  ScriptedRequest failing(1, /*fail=*/true);
+  EXPECT_THROW(helper.during(failing, [&] { wait_for_tests(failing, 1); }), Error);
+  EXPECT_FALSE(failing.waited);
+  ScriptedRequest never(1 << 30);
+  EXPECT_THROW(helper.during(never, [] { throw std::runtime_error("work failed"); }),
+               std::runtime_error);
+  ScriptedRequest next(2);
+  helper.during(next, [&] { wait_for_tests(next, 2); });
+  EXPECT_EQ(next.tests.load(), 2);
+  EXPECT_TRUE(next.waited);
+}
+
+// A run's communicators keep no list of all-reduce sizes (it would grow with every step).
+TEST(comm_self, AllReduceSizesAreNotKeptUnlessAsked) {
+  auto c = make_self_communicator("data");
+  std::vector<float> x(3, 1.0f);
+  c->all_reduce(x.data(), 3, DType::F32, ReduceOp::Sum);
+  c->iall_reduce(x.data(), 2, DType::F32, ReduceOp::Sum)->wait();
+  EXPECT_EQ(c->stats().calls("all_reduce"), 2);
   EXPECT_TRUE(c->stats().all_reduce_counts.empty());
 }
 

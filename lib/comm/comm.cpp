@@ -15,30 +15,55 @@
 
 namespace trident {
 
-void progress_during(CommRequest& request, const std::function<void()>& work,
-                     std::chrono::microseconds poll) {
-  std::atomic<bool> stop{false};
-  std::exception_ptr failure;
-  // Sleeps between tests so that the helper takes next to no core from the work.
-  std::thread helper([&] {
+ProgressHelper::ProgressHelper(std::chrono::microseconds poll)
+    : poll_(poll), thread_([this] { drive(); }) {}
+
+ProgressHelper::~ProgressHelper() {
+  {
+    std::lock_guard lock(mutex_);
+    quit_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void ProgressHelper::hand_over(CommRequest& request) {
+  {
+    std::lock_guard lock(mutex_);
+    request_ = &request;
+    picked_up_ = false;
+    stop_.store(false, std::memory_order_release);
+  }
+  changed_.notify_all();
+}
+
+void ProgressHelper::take_back() {
+  stop_.store(true, std::memory_order_release);
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return request_ == nullptr; });
+}
+
+void ProgressHelper::drive() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return quit_ || (request_ != nullptr && !picked_up_); });
+    if (quit_) return;
+    picked_up_ = true;
+    CommRequest& request = *request_;
+    lock.unlock();
+    // Sleeps between tests so that the helper takes next to no core from the work.
+    std::exception_ptr failure;
     try {
-      while (!stop.load(std::memory_order_acquire) && !request.test())
-        std::this_thread::sleep_for(poll);
+      while (!stop_.load(std::memory_order_acquire) && !request.test())
+        std::this_thread::sleep_for(poll_);
     } catch (...) {
       failure = std::current_exception();
     }
-  });
-  try {
-    work();
-  } catch (...) {
-    stop.store(true, std::memory_order_release);
-    helper.join();
-    throw;
+    lock.lock();
+    failure_ = failure;
+    request_ = nullptr;
+    changed_.notify_all();
   }
-  stop.store(true, std::memory_order_release);
-  helper.join();
-  if (failure) std::rethrow_exception(failure);
-  request.wait();  // returns at once when the helper saw it complete
 }
 
 size_t dtype_bytes(DType t) {
@@ -190,7 +215,7 @@ class SelfCommunicator final : public Communicator {
   void all_reduce(void*, int64_t count, DType type, ReduceOp) override {
     check_count("all_reduce", count);
     count_call(kAllReduce, count, type, 0.0);
-    stats_.all_reduce_counts.push_back(count);
+    note_all_reduce_count(count);
   }
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
                                            ReduceOp op) override {

@@ -3,13 +3,19 @@
 // MPI implements it now; NCCL implements the same interface for the GPU backend. Every call is
 // counted per group (calls, bytes, seconds) so tests can assert the collective pattern of a
 // training step and the log can print where communication time went.
-#include <chrono>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace trident {
@@ -41,9 +47,17 @@ inline const std::string kAllToAll = "all_to_all";
 // Counts per operation name (the names above).
 struct CommStats {
   std::map<std::string, OpStats> ops;
-  // All-reduces are also recorded one by one (element count) so tests can check sizes.
+  // With keep_all_reduce_counts set, each all-reduce's element count is also appended to
+  // all_reduce_counts (tests check the sizes of the calls). Off by default: a run's list would
+  // grow with every step and never shrink.
+  bool keep_all_reduce_counts = false;
   std::vector<int64_t> all_reduce_counts;
-  void reset() { *this = CommStats{}; }
+  // Zeroes the counts; keep_all_reduce_counts stays as set.
+  void reset() {
+    const bool keep = keep_all_reduce_counts;
+    *this = CommStats{};
+    keep_all_reduce_counts = keep;
+  }
   int64_t calls(const std::string& op) const {
     auto it = ops.find(op);
     return it == ops.end() ? 0 : it->second.calls;
@@ -65,13 +79,50 @@ class CommRequest {
 
 class Communicator;
 
-// Runs `work` (computation, no communication call) while a helper thread drives `request` with
-// test() every `poll` (a busy-polling MPI progresses a non-blocking collective only inside MPI
-// calls, and a GEMM makes none), then waits for it: the collective overlaps the work. The
-// helper is joined before this returns or throws; an error of test() is rethrown here. Only
-// where request's communicator says progress_from_helper_thread().
-void progress_during(CommRequest& request, const std::function<void()>& work,
-                     std::chrono::microseconds poll = std::chrono::microseconds(50));
+// A helper thread, kept for the life of this object, that drives one request at a time.
+// during(request, work) runs `work` (computation, no communication call) on the calling thread
+// while the helper calls test() on `request` every `poll` (a busy-polling MPI progresses a
+// non-blocking collective only inside MPI calls, and a GEMM makes none), then waits for the
+// request: the collective overlaps the work. The helper has let go of the request before
+// during() returns or throws; an error of test() is rethrown by during(). Kept rather than
+// started per call: an overlapped collective costs no thread start and no allocation. Only
+// where the request's communicator says progress_from_helper_thread(); one calling thread.
+class ProgressHelper {
+ public:
+  explicit ProgressHelper(std::chrono::microseconds poll = std::chrono::microseconds(50));
+  ~ProgressHelper();
+  ProgressHelper(const ProgressHelper&) = delete;
+  ProgressHelper& operator=(const ProgressHelper&) = delete;
+
+  template <class Work>
+  void during(CommRequest& request, Work&& work) {
+    hand_over(request);
+    try {
+      work();
+    } catch (...) {
+      take_back();
+      throw;
+    }
+    take_back();
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    request.wait();  // returns at once when the helper saw it complete
+  }
+
+ private:
+  void hand_over(CommRequest& request);  // the helper starts driving `request`
+  void take_back();                      // it stops; returns once it has let go
+  void drive();                          // the helper thread's loop
+
+  const std::chrono::microseconds poll_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  CommRequest* request_ = nullptr;  // handed over, not let go yet (mutex_)
+  bool picked_up_ = false;          // the helper has started on request_ (mutex_)
+  bool quit_ = false;               // (mutex_)
+  std::atomic<bool> stop_{false};   // take_back(): stop testing
+  std::exception_ptr failure_;      // test()'s error, read after take_back()
+  std::thread thread_;
+};
 
 // Sees every call of the communicators it is installed on (set_recorder), with its wall time:
 // the timeline trace (train/timeline_trace.hpp) hooks in here once, not at each call site.
@@ -196,6 +247,10 @@ class Communicator {
   // calls + 1, posted + 1 and bytes of a non-blocking call being posted (its time comes with
   // count_wait).
   void count_post(const std::string& op, int64_t count, DType type);
+  // An all-reduce of `count` elements into stats_.all_reduce_counts, if it keeps them.
+  void note_all_reduce_count(int64_t count) {
+    if (stats_.keep_all_reduce_counts) stats_.all_reduce_counts.push_back(count);
+  }
   std::string name_;
   CommStats stats_;
   CommRecorder* recorder_ = nullptr;

@@ -240,12 +240,14 @@ void MpiCommunicator::all_reduce(void* data, int64_t count, DType type, ReduceOp
   double dt_s = since(t0);
   check(rc, name_, "MPI_Iallreduce");
   count_call(kAllReduce, count, type, dt_s);
-  stats_.all_reduce_counts.push_back(count);
+  note_all_reduce_count(count);
 }
 
-std::unique_ptr<CommRequest> MpiCommunicator::post_collective(
-    const std::string& op, const char* call, const char* mpi_call, int64_t count, DType type,
-    const std::function<int(MPI_Datatype, MPI_Request*)>& post) {
+template <class Post>
+std::unique_ptr<CommRequest> MpiCommunicator::post_collective(const std::string& op,
+                                                              const char* call,
+                                                              const char* mpi_call, int64_t count,
+                                                              DType type, Post&& post) {
   check_count(call, count);
   if (!fits_int(count))
     throw Error("communicator '" + name_ + "': " + call + " of " + std::to_string(count) +
@@ -265,7 +267,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_reduce(void* data, int64_t co
                                return MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count),
                                                      dt, mpi_reduce_op(type, op), comm_, r);
                              });
-  stats_.all_reduce_counts.push_back(count);
+  note_all_reduce_count(count);
   return req;
 }
 
@@ -405,9 +407,16 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<int64_t>&
                                    DType type) {
   const int64_t count = check_all_to_all_counts(send_counts, recv_counts);
   MPI_Datatype dt = mpi_datatype(type);
-  // Packed blocks: each displacement is the sum of the counts before it.
-  std::vector<MPI_Count> scounts(size_), rcounts(size_);
-  std::vector<MPI_Aint> sdispls(size_), rdispls(size_);
+  // Packed blocks: each displacement is the sum of the counts before it. The arrays are the
+  // communicator's, sized once (the call is blocking: they live until it completes).
+  std::vector<MPI_Count>& scounts = a2a_.send_counts;
+  std::vector<MPI_Count>& rcounts = a2a_.recv_counts;
+  std::vector<MPI_Aint>& sdispls = a2a_.send_displs;
+  std::vector<MPI_Aint>& rdispls = a2a_.recv_displs;
+  scounts.resize(size_);
+  rcounts.resize(size_);
+  sdispls.resize(size_);
+  rdispls.resize(size_);
   int64_t soff = 0, roff = 0;
   for (int p = 0; p < size_; ++p) {
     scounts[p] = send_counts[p];
@@ -421,8 +430,11 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<int64_t>&
   const int64_t seq = post(kAllToAll);
   WaitScope waiting(*this, kAllToAll, seq);
   auto t0 = Clock::now();
-  // The int count and displacement arrays of the small case live until the operation completes.
-  std::vector<int> sc, sd, rc_, rd;
+  // The int count and displacement arrays of the small case.
+  std::vector<int>& sc = a2a_.send_counts_int;
+  std::vector<int>& sd = a2a_.send_displs_int;
+  std::vector<int>& rc_ = a2a_.recv_counts_int;
+  std::vector<int>& rd = a2a_.recv_displs_int;
   MPI_Request req;
   int rc;
   if (small) {

@@ -7,8 +7,9 @@
 //           (all_gather: the elements this rank sends; reduce_scatter: the elements of the block
 //           this rank receives; broadcast: the same on the root and the receivers);
 //   seconds += wall time inside the call (isend/irecv: inside CommRequest::wait()).
-// All-reduces also append their element count to stats().all_reduce_counts. Counting allocates
-// nothing per call (besides that vector growing, and the first use of an operation name).
+// All-reduces also append their element count to stats().all_reduce_counts where
+// keep_all_reduce_counts is set (tests). Counting allocates nothing per call (besides that
+// list, and the first use of an operation name).
 //
 // Element counts may exceed INT_MAX (MPI 4 large-count calls are used then). Every operation
 // takes every DType. BF16 (raw bfloat16 bits) travels as a 2-byte MPI type of its own and is
@@ -23,7 +24,6 @@
 // keeps the rank it waits for off the core (mpi_comm.cpp, complete()).
 #include <mpi.h>
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,11 +83,21 @@ class MpiCommunicator final : public Communicator {
  private:
   // A non-blocking collective of `count` elements of `type`, counted as `op`: the count
   // checked (MPI's i* collectives take an int), then post(type's MPI datatype, &request),
-  // MPI's call (`mpi_call` in its error). `call` names the operation in errors.
-  std::unique_ptr<CommRequest> post_collective(
-      const std::string& op, const char* call, const char* mpi_call, int64_t count, DType type,
-      const std::function<int(MPI_Datatype, MPI_Request*)>& post);
+  // MPI's call (`mpi_call` in its error). `call` names the operation in errors. A template
+  // (defined in mpi_comm.cpp, its only user): a std::function of the caller's lambda would
+  // allocate at every call.
+  template <class Post>
+  std::unique_ptr<CommRequest> post_collective(const std::string& op, const char* call,
+                                               const char* mpi_call, int64_t count, DType type,
+                                               Post&& post);
+  // all_to_all_v's count and displacement arrays, kept from call to call.
+  struct AllToAllArrays {
+    std::vector<MPI_Count> send_counts, recv_counts;
+    std::vector<MPI_Aint> send_displs, recv_displs;
+    std::vector<int> send_counts_int, send_displs_int, recv_counts_int, recv_displs_int;
+  };
   MPI_Comm comm_;
+  AllToAllArrays a2a_;
   bool owns_;
   int rank_ = 0;
   int size_ = 1;

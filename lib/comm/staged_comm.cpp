@@ -103,7 +103,7 @@ class StagedCommunicator final : public Communicator {
     host_.all_reduce(h, count, type, op);
     from_host(data, h, b);
     count_call(kAllReduce, count, type, since(t0));
-    stats_.all_reduce_counts.push_back(count);
+    note_all_reduce_count(count);
   }
 
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
@@ -115,7 +115,7 @@ class StagedCommunicator final : public Communicator {
     to_host(req->buffer(), data, b);
     req->set_host_request(host_.iall_reduce(req->buffer(), count, type, op));
     count_call(kAllReduce, count, type, 0.0);
-    stats_.all_reduce_counts.push_back(count);
+    note_all_reduce_count(count);
     return req;
   }
 

@@ -28,7 +28,7 @@
 // Counting (stats(), separate from the host communicator's own counters, which also count):
 // the op names and rules of MpiCommunicator (comm/mpi_comm.hpp): calls +1 per call (isend,
 // irecv, iall_reduce when posted), bytes += count * dtype size of the count argument, every
-// all-reduce appends its count to all_reduce_counts; seconds = host wall time inside the call
+// all-reduce appends its count to all_reduce_counts (if kept); seconds = host wall time inside the call
 // including the staging copies (non-blocking calls: inside wait(), and inside the test() that
 // copies the result back). rank() and size() are the host communicator's. Argument errors
 // (negative count, bad peer or root) throw trident::Error naming this communicator before any

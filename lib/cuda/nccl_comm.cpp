@@ -241,7 +241,7 @@ class NcclCommunicator final : public Communicator {
                name_, "ncclAllReduce", c);
     posted(kAllReduce);
     count_call(kAllReduce, count, type, since(t0));
-    stats_.all_reduce_counts.push_back(count);
+    note_all_reduce_count(count);
   }
 
   std::unique_ptr<CommRequest> iall_reduce(void* data, int64_t count, DType type,
@@ -256,7 +256,7 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaEventRecord(req->event(), h_.main.stream));
     posted(kAllReduce);
     count_call(kAllReduce, count, type, 0.0);
-    stats_.all_reduce_counts.push_back(count);
+    note_all_reduce_count(count);
     return req;
   }
 

@@ -51,7 +51,7 @@
 // ranks) or 4 channels for the pipeline group.
 //
 // Counting: the op names and rules of MpiCommunicator (comm/mpi_comm.hpp): calls and bytes
-// when a call is posted, all_reduce_counts per all-reduce; seconds = host time inside the call
+// when a call is posted, all_reduce_counts per all-reduce (if kept); seconds = host time inside the call
 // (enqueueing; for non-blocking operations inside wait()), not GPU time.
 //
 // Errors: argument errors (negative count, bad peer or root) throw trident::Error before

@@ -9,10 +9,10 @@ namespace trident {
 template class Transformer<CpuKernels<float>>;
 template class Transformer<CpuKernels<double>>;
 
-const ParamInfo& StageModel::param(const std::string& name) const {
+const ParamInfo& StageModel::param(std::string_view name) const {
   for (const ParamInfo& p : params())
     if (p.name == name) return p;
-  throw Error("no parameter named '" + name + "' on this rank");
+  throw Error("no parameter named '" + std::string(name) + "' on this rank");
 }
 
 std::unique_ptr<StageModel> make_cpu_stage_model(const ModelConfig& config,

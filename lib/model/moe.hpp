@@ -120,7 +120,8 @@ class MoeMlp {
                          E_, K_);
     k.moe_aux_loss_forward(m.aux.data(), m.probs.data(), m.expert.data(), B, T_, E_, K_);
     k.moe_z_loss_forward(m.z.data(), m.logits.data(), B, T_, E_);
-    std::vector<int64_t> load(static_cast<size_t>(E_));
+    std::vector<int64_t>& load = plan_.load;
+    load.resize(static_cast<size_t>(E_));
     m.rows = k.moe_dispatch_plan(m.slot.data(), m.slot_token.data(), m.offsets.data(),
                                  load.data(), m.expert.data(), B, T_, E_, K_, capacity_);
     if (count) {
@@ -246,10 +247,14 @@ class MoeMlp {
   // E/EP integers per rank), who orders its arrivals expert-major (kernels/cpu/moe.hpp).
   // Returns R, the rows this rank's experts receive.
   int64_t plan_exchange(MoeActs<K>& m) {
-    std::vector<int64_t> expert_rows(static_cast<size_t>(E_)), arriving(static_cast<size_t>(E_));
+    std::vector<int64_t>& expert_rows = plan_.expert_rows;
+    std::vector<int64_t>& arriving = plan_.arriving;
+    std::vector<int64_t>& per_rank = plan_.per_rank;
+    expert_rows.resize(static_cast<size_t>(E_));
+    arriving.resize(static_cast<size_t>(E_));
+    per_rank.assign(static_cast<size_t>(EP_), El_);
     m.send_rows.assign(static_cast<size_t>(EP_), 0);
     K::moe_ep_send_counts(m.send_rows.data(), expert_rows.data(), m.offsets.data(), E_, EP_);
-    const std::vector<int64_t> per_rank(static_cast<size_t>(EP_), El_);
     expert_group_->all_to_all_v(expert_rows.data(), per_rank, arriving.data(), per_rank,
                                 DType::I64);
     m.recv_rows.assign(static_cast<size_t>(EP_), 0);
@@ -266,20 +271,21 @@ class MoeMlp {
   // rows[M,C] in expert-sorted order -> this rank's experts' rows [R,C], expert-major.
   void exchange_to_experts(K& k, const MoeActs<K>& m, T* expert_rows, const T* rows) {
     T* arrived = arrival_.data();
-    expert_group_->all_to_all_v(rows, scaled(m.send_rows), arrived, scaled(m.recv_rows),
-                                K::act_dtype);
+    expert_group_->all_to_all_v(rows, scaled(m.send_rows, plan_.send_elems), arrived,
+                                scaled(m.recv_rows, plan_.recv_elems), K::act_dtype);
     k.moe_permute(expert_rows, arrived, m.src_row.data(), m.received, C_);
   }
   // The experts' rows [R,C], expert-major -> rows[M,C] back where they were sent from.
   void exchange_from_experts(K& k, const MoeActs<K>& m, T* rows, const T* expert_rows) {
     T* arrived = arrival_.data();
     k.moe_scatter_rows(arrived, expert_rows, m.src_row.data(), m.received, C_);
-    expert_group_->all_to_all_v(arrived, scaled(m.recv_rows), rows, scaled(m.send_rows),
-                                K::act_dtype);
+    expert_group_->all_to_all_v(arrived, scaled(m.recv_rows, plan_.recv_elems), rows,
+                                scaled(m.send_rows, plan_.send_elems), K::act_dtype);
   }
-  // Row counts as element counts of C-wide rows.
-  std::vector<int64_t> scaled(const std::vector<int64_t>& rows) const {
-    std::vector<int64_t> elems(rows.size());
+  // Row counts as element counts of C-wide rows, into `elems` (returned).
+  const std::vector<int64_t>& scaled(const std::vector<int64_t>& rows,
+                                     std::vector<int64_t>& elems) const {
+    elems.resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) elems[i] = rows[i] * C_;
     return elems;
   }
@@ -319,6 +325,10 @@ class MoeMlp {
   double aux_coeff_ = 0.0, z_coeff_ = 0.0;
   int64_t capacity_ = 0;
   MoeStats stats_;
+  // The routing's small lists (E or EP entries), kept from call to call.
+  struct PlanScratch {
+    std::vector<int64_t> load, expert_rows, arriving, per_rank, send_elems, recv_elems;
+  } plan_;
   // Backward scratch shared by the MoE layers (one backward runs at a time).
   int64_t scratch_B_ = 0;
   DeviceArray<T> dy_, da_, dh_, dxp_, dweight_, dprobs_, dlogits_, d_router_, d_norm2_;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -30,7 +31,7 @@ class StageModel {
   virtual const ModelConfig& config() const = 0;
   virtual const ModelShard& shard() const = 0;
   virtual const std::vector<ParamInfo>& params() const = 0;
-  const ParamInfo& param(const std::string& name) const;
+  const ParamInfo& param(std::string_view name) const;  // (a view: no string made per call)
   virtual Device& device() = 0;
 
   // Flat fp32 master weights and gradients (params() offsets), in device() memory.

@@ -22,6 +22,7 @@
 // A column-parallel layer's input buffer is [N,C]: a norm writes the rank's rows into it at
 // first_row(N) and forward() completes it (under SP), so backward finds the whole input there.
 #include <cstdint>
+#include <memory>
 
 #include "comm/comm.hpp"
 #include "model/architecture.hpp"
@@ -43,7 +44,9 @@ class TensorParallel {
         size_(shard.tp_size),
         sp_(shard.sequence_parallel && shard.tp_size > 1),
         overlap_(shard.tp_overlap && shard.tp_size > 1 && kernels.device().is_host() &&
-                 comm.progress_from_helper_thread()) {}
+                 comm.progress_from_helper_thread()) {
+    if (overlap_) progress_ = std::make_unique<ProgressHelper>();
+  }
 
   Communicator& comm() const { return comm_; }
   int rank() const { return rank_; }
@@ -81,7 +84,7 @@ class TensorParallel {
   // reduce_input_grad(partial, N, C) with `weight_grad` (computation only) run meanwhile:
   // Megatron-LM's overlap of a column-parallel layer's backward all-reduce (reduce-scatter
   // under SP) with its weight gradient. On the CPU a non-blocking all-reduce or reduce-scatter,
-  // driven by a helper thread during weight_grad (comm.hpp's progress_during); on the GPU
+  // driven by the helper thread during weight_grad (comm.hpp's ProgressHelper); on the GPU
   // (the stream orders the work anyway) weight_grad, then the blocking collective. The same
   // sum either way up to the MPI library's order of the partial sums.
   template <class Work>
@@ -93,11 +96,11 @@ class TensorParallel {
     if (sp_) {
       T* mine = scratch(d_rows_, rows(N) * C);
       auto request = comm_.ireduce_scatter(partial, mine, rows(N) * C, K::act_dtype);
-      progress_during(*request, weight_grad);
+      progress_->during(*request, weight_grad);
       return mine;
     }
     auto request = comm_.iall_reduce(partial, N * C, K::act_dtype, ReduceOp::Sum);
-    progress_during(*request, weight_grad);
+    progress_->during(*request, weight_grad);
     return partial;
   }
   // gather_input(x, N, C) with `work` (computation that does not touch x) run meanwhile:
@@ -113,7 +116,7 @@ class TensorParallel {
       return;
     }
     auto request = comm_.iall_gather(x + first_row(N) * C, x, rows(N) * C, K::act_dtype);
-    progress_during(*request, work);
+    progress_->during(*request, work);
   }
   // The gradient of all N rows from this rank's rows d[rows(N), C]: d itself, or the
   // all-gather into scratch (SP).
@@ -136,6 +139,7 @@ class TensorParallel {
   int rank_, size_;
   bool sp_;
   bool overlap_;  // the *_during calls overlap (parallel.tp_overlap, on the CPU)
+  std::unique_ptr<ProgressHelper> progress_;  // drives their collectives (overlap_ only)
   DeviceArray<T> full_, d_full_, d_rows_;
 };
 

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -100,7 +101,7 @@ class Transformer {
   const ModelShard& shard() const { return shard_; }
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
-  const ParamInfo& param(const std::string& name) const;
+  const ParamInfo& param(std::string_view name) const;
   K& kernels() { return k_; }
 
   // Flat master weights and gradients (params() offsets), in K's device memory.

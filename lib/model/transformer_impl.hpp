@@ -81,10 +81,10 @@ void Transformer<K>::set_expert_group(Communicator* group) {
 }
 
 template <class K>
-const ParamInfo& Transformer<K>::param(const std::string& name) const {
+const ParamInfo& Transformer<K>::param(std::string_view name) const {
   for (const ParamInfo& p : layout_.params)
     if (p.name == name) return p;
-  throw Error("no parameter named '" + name + "' on this rank");
+  throw Error("no parameter named '" + std::string(name) + "' on this rank");
 }
 
 template <class K>

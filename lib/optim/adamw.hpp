@@ -54,5 +54,10 @@ class AdamW {
 // ranks that share the parameters' gradients and takes the square root.
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const std::vector<FlatRange>& ranges, Device& device);
+// The same with the list of device ranges built in `parts` (cleared first): a caller that sums
+// every step keeps it, and its capacity, from step to step.
+double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
+                       const std::vector<FlatRange>& ranges, Device& device,
+                       std::vector<Device::Range>& parts);
 
 }  // namespace trident

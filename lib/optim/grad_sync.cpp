@@ -189,7 +189,7 @@ double GradientSync::square_sum(const std::vector<ParamInfo>& params, const floa
                                 const ReplicaGroups& host) const {
   double total = 0.0;
   for (const Part& part : parts_) {
-    double sum = grad_square_sum(params, grads, part.owned, device_);
+    double sum = grad_square_sum(params, grads, part.owned, device_, norm_parts_);
     if (part.experts) host.expert->all_reduce_sum(&sum, 1);
     if (part.zero) host_comm(part, host).all_reduce_sum(&sum, 1);
     total += sum;

@@ -120,6 +120,7 @@ class GradientSync {
   std::vector<Part> parts_;
   std::vector<FlatRange> buckets_, owned_;
   DeviceArray<float> staging_, slice_;
+  mutable std::vector<Device::Range> norm_parts_;  // square_sum's ranges, kept for the next step
 };
 
 }  // namespace trident

@@ -1,7 +1,6 @@
 #include "pipeline/executor.hpp"
 
 #include <chrono>
-#include <map>
 
 #include "util/error.hpp"
 
@@ -81,6 +80,12 @@ void PipelineExecutor::release_slot(int slot) {
   in_flight_bytes_ -= model_.activation_bytes(micro_batch_, split_backward_, s.chunk);
 }
 
+int PipelineExecutor::held_slot(int slot, const PipeOp& op) const {
+  if (slot == kNoSlot)
+    throw Error("pipeline schedule: " + to_string(op) + " before its micro-batch's forward");
+  return slot;
+}
+
 void PipelineExecutor::note_memory() {
   stats_.peak_in_flight = std::max<int64_t>(stats_.peak_in_flight, in_flight_);
   const int64_t message_bytes =
@@ -145,16 +150,25 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   collect_device_times();  // the previous step's (finished: no wait)
   if (busy_timer_) busy_timer_->begin();
   const float loss_scale = 1.0f / static_cast<float>(microbatches);
+  // The schedule and the slot map are made for the first step and kept (no allocation in a
+  // step); the micro-batch count only changes if the trainer's does.
+  if (microbatches != schedule_microbatches_) {
+    schedule_ = pipeline_schedule(kind_, stage_, stages_, microbatches, chunks_);
+    schedule_microbatches_ = microbatches;
+  }
+  slot_of_.assign(static_cast<size_t>(microbatches * chunks_), kNoSlot);
   // The RecvForward / RecvBackward of an op runs right before it (pipeline_schedule), so one
   // receive buffer per direction serves every chunk.
-  std::map<std::pair<int64_t, int>, int> slot_of;  // (micro-batch, chunk) -> activation slot
-  auto key = [](const PipeOp& op) { return std::make_pair(op.micro, op.chunk); };
+  auto slot_of = [&](const PipeOp& op) -> int& {
+    return slot_of_[static_cast<size_t>(op.micro * chunks_ + op.chunk)];
+  };
+  int in_flight_ops = 0;               // (micro-batch, chunk)s holding a slot
   int64_t next_weight = 0;             // the BackwardWeight due next (split backward)
   next_final_chunk_ = chunks_ - 1;     // the chunk whose last backward is due next
   // The boundary after this stage's chunk c is chunk c's; the one before it is the previous
   // stage's chunk c, or, on the first stage, the last stage's chunk c - 1.
   auto boundary_before = [&](int chunk) { return stage_ == 0 ? chunk - 1 : chunk; };
-  for (const PipeOp& op : pipeline_schedule(kind_, stage_, stages_, microbatches, chunks_)) {
+  for (const PipeOp& op : schedule_) {
     const auto op_start = Clock::now();
     switch (op.kind) {
       case PipeOpKind::RecvForward: {
@@ -166,12 +180,13 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
       }
       case PipeOpKind::Forward: {
         const int slot = acquire_slot(op.chunk);
-        slot_of[key(op)] = slot;
+        slot_of(op) = slot;
+        ++in_flight_ops;
         forward(op.micro, slot, load, loss_scale);
         break;
       }
       case PipeOpKind::SendForward: {
-        Slot& s = *slots_[slot_of.at(key(op))];
+        Slot& s = *slots_[held_slot(slot_of(op), op)];
         s.pending_send = pipe_.isend(model_.output(*s.acts), stream_elems_, stream_type_,
                                      next_stage(), forward_tag(op.micro, op.chunk, chunks_));
         break;
@@ -184,10 +199,11 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
       }
       case PipeOpKind::Backward:
       case PipeOpKind::BackwardInput:
-        run_backward(op, microbatches, loss_scale, slot_of.at(key(op)));
+        run_backward(op, microbatches, loss_scale, held_slot(slot_of(op), op));
         if (op.kind == PipeOpKind::Backward) {  // BackwardInput: kept until BackwardWeight
-          release_slot(slot_of.at(key(op)));
-          slot_of.erase(key(op));
+          release_slot(slot_of(op));
+          slot_of(op) = kNoSlot;
+          --in_flight_ops;
         }
         break;
       case PipeOpKind::BackwardWeight: {
@@ -197,13 +213,14 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
           throw Error("pipeline schedule: " + to_string(op) + " out of order (W" +
                       std::to_string(next_weight) + " is next)");
         ++next_weight;
-        const int slot = slot_of.at(key(op));
+        const int slot = held_slot(slot_of(op), op);
         const bool final_micro = op.micro == microbatches - 1;
         if (final_micro) model_.set_grads_final_hook(last_hook_);
         model_.backward_weight(*slots_[slot]->acts);
         if (final_micro) model_.set_grads_final_hook(nullptr);
         release_slot(slot);  // the activations were kept for the weight gradient
-        slot_of.erase(key(op));
+        slot_of(op) = kNoSlot;
+        --in_flight_ops;
         break;
       }
       case PipeOpKind::SendBackward:
@@ -215,7 +232,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
     if (op_observer_) op_observer_(op, op_start, Clock::now());
   }
   wait(pending_grad_send_);
-  if (!slot_of.empty()) throw Error("pipeline schedule left micro-batches without a backward");
+  if (in_flight_ops != 0) throw Error("pipeline schedule left micro-batches without a backward");
   // The trainer's gradient-norm and non-finite check after the step reads every gradient: under
   // a split backward each must have received its weight-gradient part by now.
   if (split_backward_ && next_weight != microbatches)

@@ -80,7 +80,10 @@ class PipelineExecutor {
     std::unique_ptr<StageModel::Activations> acts;
     std::unique_ptr<CommRequest> pending_send;  // its forward output, on its way
   };
+  static constexpr int kNoSlot = -1;
   int acquire_slot(int chunk);
+  // `slot` (the one op's micro-batch holds), or an Error naming op when it holds none.
+  int held_slot(int slot, const PipeOp& op) const;
   void release_slot(int slot);
   void wait(std::unique_ptr<CommRequest>& request);
   // loss_scale: the micro-batch's backward's (training), 0 for evaluation (StageModel::forward).
@@ -105,6 +108,9 @@ class PipelineExecutor {
   int chunks_;  // the model's chunks: the schedule's virtual stages
   int64_t micro_batch_, stream_elems_;
   DType stream_type_;
+  std::vector<PipeOp> schedule_;       // train()'s ops for schedule_microbatches_
+  int64_t schedule_microbatches_ = 0;
+  std::vector<int> slot_of_;           // [micro * chunks_ + chunk] -> slot, kNoSlot if none
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<std::vector<int>> free_slots_;  // per chunk
   int in_flight_ = 0;

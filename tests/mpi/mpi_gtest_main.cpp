@@ -44,7 +44,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   // As app/main.cpp: MPI_THREAD_MULTIPLE (the watchdog's thread; the tensor-parallel backward's
-  // progress helper, comm.hpp's progress_during).
+  // progress helper, comm.hpp's ProgressHelper).
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   ::testing::InitGoogleTest(&argc, argv);

@@ -58,6 +58,7 @@ TEST(Grid8, Grid222OnTwoSimulatedNodes) {
 
   // One collective on a group, to see traffic flows inside it: data group {r%4, r%4+4}.
   int64_t x = r;
+  grid.data().stats().keep_all_reduce_counts = true;
   grid.data().all_reduce(&x, 1, DType::I64, ReduceOp::Sum);
   EXPECT_EQ(x, 2 * (r % 4) + 4);
   EXPECT_EQ(grid.data().stats().all_reduce_counts, std::vector<int64_t>{1});

@@ -32,6 +32,7 @@ TEST(TensorParallel, CollectivesPerStepAreMegatrons) {
   const Config config = parity_config(dir, l);
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     grid.tensor().stats().reset();
+    grid.tensor().stats().keep_all_reduce_counts = true;
     t.forward_backward(0);
     // Per micro-batch: 2 all-reduces of [N,C] per layer forward and 2 backward, the embedding
     // lookup's and the LM head input gradient's [N,C], the cross-entropy's max [N] and

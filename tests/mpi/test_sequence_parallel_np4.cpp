@@ -72,6 +72,7 @@ TEST(TensorParallel, SequenceParallelTradesAllReducesForGathersAndScatters) {
   const Config plain = parity_config(dir, l);
   on_layout(config, [&](Trainer& t, ProcessGrid& grid) {
     grid.tensor().stats().reset();
+    grid.tensor().stats().keep_all_reduce_counts = true;
     t.forward_backward(0);
     // Per micro-batch, in place of the [N,C] all-reduces: a reduce-scatter after each
     // row-parallel matmul and the embedding lookup (2 per layer and 1), one after each

@@ -45,6 +45,7 @@ class Staged : public ::testing::Test {
     mpi = std::make_unique<MpiCommunicator>(dup_world(), "host");
     checking = std::make_unique<CheckingComm>(*mpi, dev);
     comm = make_staged_communicator(*checking, dev, "staged");
+    comm->stats().keep_all_reduce_counts = true;
     ASSERT_EQ(comm->size(), 2);
     ASSERT_EQ(comm->rank(), mpi->rank());
     ASSERT_EQ(comm->name(), "staged");
@@ -266,6 +267,7 @@ TEST_F(Staged, ArgumentErrorsThrowBeforeAnyCopy) {
 // (calls, bytes, all-reduce sizes under the same op names).
 TEST_F(Staged, CountsLikeMpiCommunicator) {
   MpiCommunicator plain(dup_world(), "plain");
+  plain.stats().keep_all_reduce_counts = true;
   const int peer = 1 - r;
   std::vector<float> h(8, 1.0f), h2(8);
   DeviceArray<float> d(dev, 8), d2(dev, 8);
@@ -292,6 +294,7 @@ TEST_F(Staged, CountsLikeMpiCommunicator) {
     EXPECT_EQ(b.ops.at(op).bytes, s.bytes) << op;
     EXPECT_GE(b.ops.at(op).seconds, 0.0) << op;
   }
+  EXPECT_EQ(a.all_reduce_counts, (std::vector<int64_t>{3, 5}));
   EXPECT_EQ(b.all_reduce_counts, a.all_reduce_counts);
   EXPECT_EQ(b.calls("barrier"), 1);
 }

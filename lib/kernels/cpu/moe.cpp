@@ -7,13 +7,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/scratch.hpp"
 
 namespace trident::cpu {
 
 namespace {
+// The thread_scratch buffers of the routing kernels (scratch.hpp), one tag per use.
+struct RouterProbs;
+struct RouterOrder;
+struct RouterGradients;
+struct AuxCounts;
+struct AuxProbSums;
+struct ZLossProbs;
+struct DispatchKept;
+struct DispatchInSequence;
+struct DispatchNext;
+struct ReceiveBlockStart;
 
 // log(sum_e exp(row[e])) and, when p != nullptr, p = softmax(row), in double.
 template <typename T>
@@ -38,17 +49,17 @@ void moe_router_forward(T* probs, int32_t* expert, T* weight, const T* logits, i
                         int64_t E, int64_t K) {
 #pragma omp parallel
   {
-    std::vector<double> p(static_cast<size_t>(E));
-    std::vector<int32_t> order(static_cast<size_t>(E));
+    double* const p = thread_scratch<RouterProbs, double>(static_cast<size_t>(E));
+    int32_t* const order = thread_scratch<RouterOrder, int32_t>(static_cast<size_t>(E));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-      softmax_row(p.data(), logits + n * E, E);
+      softmax_row(p, logits + n * E, E);
       for (int64_t e = 0; e < E; e++) {
         probs[n * E + e] = static_cast<T>(p[e]);
         order[e] = static_cast<int32_t>(e);
       }
       // The K largest in descending order; equal probabilities: the lower expert first.
-      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+      std::partial_sort(order, order + K, order + E, [&](int32_t a, int32_t b) {
         return p[a] > p[b] || (p[a] == p[b] && a < b);
       });
       double chosen = 0.0;
@@ -67,7 +78,7 @@ void moe_router_backward(T* dlogits, const T* dweight, const T* dprobs_extra, co
                          int64_t K) {
 #pragma omp parallel
   {
-    std::vector<double> dp(static_cast<size_t>(E));
+    double* const dp = thread_scratch<RouterGradients, double>(static_cast<size_t>(E));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
       const T* p = probs + n * E;
@@ -92,10 +103,10 @@ void moe_router_backward(T* dlogits, const T* dweight, const T* dprobs_extra, co
 
 namespace {
 
-// counts[e] = assignments of sequence b routed to e (before dropping).
-void sequence_counts(std::vector<int64_t>& counts, const int32_t* expert, int64_t b, int64_t Tn,
+// counts[e] = assignments of sequence b routed to e (before dropping), e < E.
+void sequence_counts(int64_t* counts, int64_t E, const int32_t* expert, int64_t b, int64_t Tn,
                      int64_t K) {
-  std::fill(counts.begin(), counts.end(), 0);
+  std::fill(counts, counts + E, 0);
   const int32_t* ex = expert + b * Tn * K;
   for (int64_t i = 0; i < Tn * K; i++) counts[ex[i]]++;
 }
@@ -105,11 +116,11 @@ void sequence_counts(std::vector<int64_t>& counts, const int32_t* expert, int64_
 template <typename T>
 void moe_aux_loss_forward(T* aux, const T* probs, const int32_t* expert, int64_t B, int64_t Tn,
                           int64_t E, int64_t K) {
-  std::vector<int64_t> counts(static_cast<size_t>(E));
-  std::vector<double> P(static_cast<size_t>(E));
+  int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
+  double* const P = thread_scratch<AuxProbSums, double>(static_cast<size_t>(E));
   for (int64_t b = 0; b < B; b++) {
-    sequence_counts(counts, expert, b, Tn, K);
-    std::fill(P.begin(), P.end(), 0.0);
+    sequence_counts(counts, E, expert, b, Tn, K);
+    std::fill(P, P + E, 0.0);
     for (int64_t t = 0; t < Tn; t++)
       for (int64_t e = 0; e < E; e++) P[e] += static_cast<double>(probs[(b * Tn + t) * E + e]);
     double sum = 0.0;
@@ -122,9 +133,9 @@ void moe_aux_loss_forward(T* aux, const T* probs, const int32_t* expert, int64_t
 template <typename T>
 void moe_aux_loss_backward(T* dprobs, const T* daux, const int32_t* expert, int64_t B,
                            int64_t Tn, int64_t E, int64_t K) {
-  std::vector<int64_t> counts(static_cast<size_t>(E));
+  int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
   for (int64_t b = 0; b < B; b++) {
-    sequence_counts(counts, expert, b, Tn, K);
+    sequence_counts(counts, E, expert, b, Tn, K);
     for (int64_t e = 0; e < E; e++) {
       const double f = static_cast<double>(counts[e]) / static_cast<double>(Tn * K);
       const T g = static_cast<T>(static_cast<double>(daux[b]) * static_cast<double>(E) * f /
@@ -151,10 +162,10 @@ void moe_z_loss_backward(T* dlogits, const T* dz, const T* logits, int64_t B, in
                          int64_t E) {
 #pragma omp parallel
   {
-    std::vector<double> p(static_cast<size_t>(E));
+    double* const p = thread_scratch<ZLossProbs, double>(static_cast<size_t>(E));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < B * Tn; n++) {
-      const double lse = softmax_row(p.data(), logits + n * E, E);
+      const double lse = softmax_row(p, logits + n * E, E);
       const double g = static_cast<double>(dz[n / Tn]) * 2.0 * lse / static_cast<double>(Tn);
       for (int64_t e = 0; e < E; e++) dlogits[n * E + e] += static_cast<T>(g * p[e]);
     }
@@ -171,10 +182,13 @@ int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets, 
                           const int32_t* expert, int64_t B, int64_t Tn, int64_t E, int64_t K,
                           int64_t capacity) {
   // Pass 1: which assignments are kept (slot = 0 kept, -1 dropped) and each expert's rows.
-  std::vector<int64_t> kept(static_cast<size_t>(E), 0), in_sequence(static_cast<size_t>(E));
+  int64_t* const kept = thread_scratch<DispatchKept, int64_t>(static_cast<size_t>(E));
+  int64_t* const in_sequence =
+      thread_scratch<DispatchInSequence, int64_t>(static_cast<size_t>(E));
+  std::fill(kept, kept + E, 0);
   std::fill(load, load + E, 0);
   for (int64_t b = 0; b < B; b++) {
-    std::fill(in_sequence.begin(), in_sequence.end(), 0);
+    std::fill(in_sequence, in_sequence + E, 0);
     for (int64_t i = b * Tn * K; i < (b + 1) * Tn * K; i++) {
       const int32_t e = expert[i];
       load[e]++;
@@ -187,7 +201,8 @@ int64_t moe_dispatch_plan(int64_t* slot, int64_t* slot_token, int64_t* offsets, 
   offsets[0] = 0;
   for (int64_t e = 0; e < E; e++) offsets[e + 1] = offsets[e] + kept[e];
   // Pass 2: rows in (token, choice) order within each expert.
-  std::vector<int64_t> next(offsets, offsets + E);
+  int64_t* const next = thread_scratch<DispatchNext, int64_t>(static_cast<size_t>(E));
+  std::copy(offsets, offsets + E, next);
   for (int64_t i = 0; i < B * Tn * K; i++) {
     if (slot[i] < 0) continue;
     const int64_t row = next[expert[i]]++;
@@ -207,7 +222,8 @@ void moe_ep_send_counts(int64_t* send_rows, int64_t* expert_rows, const int64_t*
 int64_t moe_ep_receive_plan(int64_t* offsets, int64_t* src_row, const int64_t* counts,
                             int64_t EP, int64_t El) {
   // Where each (source, expert) block starts in the received buffer.
-  std::vector<int64_t> block_start(static_cast<size_t>(EP * El));
+  int64_t* const block_start =
+      thread_scratch<ReceiveBlockStart, int64_t>(static_cast<size_t>(EP * El));
   int64_t received = 0;
   for (int64_t i = 0; i < EP * El; i++) {
     block_start[i] = received;
