@@ -28,9 +28,9 @@
 // Counting (stats(), separate from the host communicator's own counters, which also count):
 // the op names and rules of MpiCommunicator (comm/mpi_comm.hpp): calls +1 per call (isend,
 // irecv, iall_reduce when posted), bytes += count * dtype size of the count argument, every
-// all-reduce appends its count to all_reduce_counts (if kept); seconds = host wall time inside the call
-// including the staging copies (non-blocking calls: inside wait(), and inside the test() that
-// copies the result back). rank() and size() are the host communicator's. Argument errors
+// all-reduce appends its count to all_reduce_counts (if kept); seconds = host wall time inside
+// the call including the staging copies (non-blocking calls: inside wait(), and inside the
+// test() that copies the result back). rank() and size() are the host communicator's. Argument errors
 // (negative count, bad peer or root) throw trident::Error naming this communicator before any
 // copy or communication, and a rejected call is not counted.
 #include <memory>

@@ -51,8 +51,8 @@
 // ranks) or 4 channels for the pipeline group.
 //
 // Counting: the op names and rules of MpiCommunicator (comm/mpi_comm.hpp): calls and bytes
-// when a call is posted, all_reduce_counts per all-reduce (if kept); seconds = host time inside the call
-// (enqueueing; for non-blocking operations inside wait()), not GPU time.
+// when a call is posted, all_reduce_counts per all-reduce (if kept); seconds = host time inside
+// the call (enqueueing; for non-blocking operations inside wait()), not GPU time.
 //
 // Errors: argument errors (negative count, bad peer or root) throw trident::Error before
 // anything is enqueued; every NCCL failure throws trident::Error naming the communicator, the
