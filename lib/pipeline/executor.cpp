@@ -162,7 +162,6 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
   auto slot_of = [&](const PipeOp& op) -> int& {
     return slot_of_[static_cast<size_t>(op.micro * chunks_ + op.chunk)];
   };
-  int in_flight_ops = 0;               // (micro-batch, chunk)s holding a slot
   int64_t next_weight = 0;             // the BackwardWeight due next (split backward)
   next_final_chunk_ = chunks_ - 1;     // the chunk whose last backward is due next
   // The boundary after this stage's chunk c is chunk c's; the one before it is the previous
@@ -181,7 +180,6 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
       case PipeOpKind::Forward: {
         const int slot = acquire_slot(op.chunk);
         slot_of(op) = slot;
-        ++in_flight_ops;
         forward(op.micro, slot, load, loss_scale);
         break;
       }
@@ -203,7 +201,6 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         if (op.kind == PipeOpKind::Backward) {  // BackwardInput: kept until BackwardWeight
           release_slot(slot_of(op));
           slot_of(op) = kNoSlot;
-          --in_flight_ops;
         }
         break;
       case PipeOpKind::BackwardWeight: {
@@ -220,7 +217,6 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
         if (final_micro) model_.set_grads_final_hook(nullptr);
         release_slot(slot);  // the activations were kept for the weight gradient
         slot_of(op) = kNoSlot;
-        --in_flight_ops;
         break;
       }
       case PipeOpKind::SendBackward:
@@ -232,7 +228,7 @@ double PipelineExecutor::train(int64_t microbatches, const LoadFn& load) {
     if (op_observer_) op_observer_(op, op_start, Clock::now());
   }
   wait(pending_grad_send_);
-  if (in_flight_ops != 0) throw Error("pipeline schedule left micro-batches without a backward");
+  if (in_flight_ != 0) throw Error("pipeline schedule left micro-batches without a backward");
   // The trainer's gradient-norm and non-finite check after the step reads every gradient: under
   // a split backward each must have received its weight-gradient part by now.
   if (split_backward_ && next_weight != microbatches)
