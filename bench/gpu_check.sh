@@ -50,6 +50,10 @@
 #      `trident plan` then predicts f's run (GPT-2 124M, bf16, f's micro-batch, one GPU) from it
 #      and from the datasheet file configs/hardware/h200_dgx.toml (one device of it): predicted
 #      against f's measured ms/step, reported                              [H200 est. ~20 s]
+#   o. where f's step goes: Nsight Compute's kernel times (gpu__time_duration) of 3 steps of
+#      f's run, per kernel and per step ($OUT/trident_kernels.txt), against f's ms/step; and
+#      PyTorch's kernels for g's step (torch.profiler, $OUT/torch_kernels.txt), reported
+#                                                                          [H200 est. ~90 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -80,7 +84,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l m n"
+STEPS="a b c d e f g h i j k l m n o"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -332,6 +336,62 @@ def cmd_table(rows_tsv, facts, md_path, json_path, title):
         json.dump({"title": title, "rows": [dict(zip(hdr, r)) for r in rows], "facts": fl}, f, indent=1)
     bad = [r for r in rows if r[4] not in ("PASS", "INFO", "DRY", "SKIP")]
     sys.exit(1 if bad else 0)
+
+def cmd_kernels(csv_path, steps, step_ms, out_path):
+    """`ncu --import --csv --page raw` of a run of `steps` steps: each kernel's time per step,
+    largest first, into out_path; prints one JSON (kernel ms per step, GEMM and attention shares).
+    Kernels whose call count is not a multiple of `steps` ran outside the steady step (weight
+    init, the first step's one-off work); they are counted all the same."""
+    import csv
+    steps, step_ms = int(steps), float(step_ms) if step_ms else None
+    scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0,
+             "ms": 1.0, "second": 1e3, "s": 1e3}
+    with open(csv_path, newline="") as f:
+        rows = list(csv.reader(f))
+    head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if head is None:
+        print(json.dumps({"error": f"no 'Kernel Name' column in {csv_path}"})); return
+    cols = rows[head]
+    k_name, k_time = cols.index("Kernel Name"), next(
+        (i for i, c in enumerate(cols) if c.startswith("gpu__time_duration")), None)
+    if k_time is None:
+        print(json.dumps({"error": "no gpu__time_duration column"})); return
+    unit, per = "nsecond", {}
+    for r in rows[head + 1:]:
+        if len(r) <= max(k_name, k_time):
+            continue
+        v = r[k_time].replace(",", "")
+        try:
+            ms = float(v)
+        except ValueError:
+            unit = v or unit  # the units row
+            continue
+        ms *= scale.get(unit, 1e-6)
+        t, n = per.get(r[k_name], (0.0, 0))
+        per[r[k_name]] = (t + ms, n + 1)
+    if not per:
+        print(json.dumps({"error": "no kernel rows"})); return
+    total = sum(t for t, _ in per.values()) / steps
+    kind = lambda k: ("gemm" if any(w in k.lower() for w in ("gemm", "cutlass", "xmma", "nvjet",
+                                                             "cublas", "sm90_", "sm80_"))
+                      else "attention" if "attention" in k.lower() or "flash" in k.lower()
+                      else "other")
+    by_kind = {}
+    for k, (t, _) in per.items():
+        by_kind[kind(k)] = by_kind.get(kind(k), 0.0) + t / steps
+    with open(out_path, "w") as f:
+        f.write(f"# Trident, ncu gpu__time_duration of {steps} steps (weight init included): "
+                f"{total:.3f} ms of kernels per step"
+                + (f" against {step_ms:.3f} ms measured per step" if step_ms else "") + "\n")
+        f.write("#   " + ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(by_kind.items())) + "\n")
+        f.write("#   ms/step   share  calls/step  kernel\n")
+        for k, (t, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+            f.write(f"{t / steps:11.3f}  {100 * t / steps / total:5.1f}%  {n / steps:10.2f}  {k[:160]}\n")
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])[:4]
+    print(json.dumps({"kernel_ms_per_step": total, "step_ms": step_ms,
+                      "by_kind_ms": by_kind, "kernels": len(per),
+                      "kinds": ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(by_kind.items())),
+                      "top": "; ".join(f"{k[:40]} {t / steps:.2f} ms" for k, (t, _) in top)}))
 
 if __name__ == "__main__":
     globals()["cmd_" + sys.argv[1]](*sys.argv[2:])
@@ -959,10 +1019,13 @@ gpu_generate() {
   done
   run_generate "$name" "$n" "$t" "${args[@]}" --set train.device=cpu
 }
-generate_row() {  # CHECK REF RUN RUN_RC
-  local check=$1 ref=$2 run=$3 rc=$4 res
+generate_row() {  # CHECK REF RUN RUN_RC REF_RC
+  local check=$1 ref=$2 run=$3 rc=$4 ref_rc=$5 res
   if [[ $rc != 0 ]]; then
     row l "$check" "identical text" "run failed (rc $rc; $run.log: $(errline "$LOGS/$run.log"))${run_note:+; $run_note}" ERROR; return
+  fi
+  if [[ $ref_rc != 0 ]]; then
+    row l "$check" "identical text" "the reference $ref failed (rc $ref_rc; $ref.log: $(errline "$LOGS/$ref.log")); $run itself ran (rc 0)" ERROR; return
   fi
   res=$(gc compare_text "$LOGS/$ref.out" "$LOGS/$run.out" "$WORK/prompts.txt" 2>&1)
   echo "$res" >"$LOGS/compare-$run.json"
@@ -990,14 +1053,12 @@ if want l; then
   rc_cpu=$?
   gpu_generate gen-cuda 1 "$(limit 45 25)" --set train.device=cuda --set train.precision=fp32
   rc_cuda=$?
-  rc=$rc_cuda; [[ $rc_cpu != 0 ]] && rc=$rc_cpu
-  generate_row "generate greedy, GPU vs CPU, fp32" gen-cpu gen-cuda "$rc"
+  generate_row "generate greedy, GPU vs CPU, fp32" gen-cpu gen-cuda "$rc_cuda" "$rc_cpu"
   note_tp1=$run_note
   gpu_generate gen-cuda-tp2 2 "$(limit 45 0)" --set train.device=cuda --set train.precision=fp32 \
       --set parallel.comm=mpi
   rc=$?
-  [[ $rc_cuda != 0 ]] && rc=$rc_cuda
-  generate_row "generate greedy, TP 2 (2 ranks on 1 GPU) vs TP 1, GPU fp32" gen-cuda gen-cuda-tp2 "$rc"
+  generate_row "generate greedy, TP 2 (2 ranks on 1 GPU) vs TP 1, GPU fp32" gen-cuda gen-cuda-tp2 "$rc" "$rc_cuda"
   # A 6-step model's greedy text is mostly its most frequent byte; sampling with one seed
   # (drawn on the host from the whole logits) walks through many more tokens. A draw falls
   # within fp32 rounding of a probability boundary with odds of about 1e-6 per token.
@@ -1006,8 +1067,7 @@ if want l; then
   rc_cpu=$?
   gpu_generate gen-cuda-sampled 1 "$(limit 45 0)" --set train.device=cuda --set train.precision=fp32
   rc=$?
-  [[ $rc_cpu != 0 ]] && rc=$rc_cpu
-  generate_row "generate sampled (T 1, top-k 40, seed 7), GPU vs CPU, fp32" gen-cpu-sampled gen-cuda-sampled "$rc"
+  generate_row "generate sampled (T 1, top-k 40, seed 7), GPU vs CPU, fp32" gen-cpu-sampled gen-cuda-sampled "$rc" "$rc_cpu"
   gen_sampling=(--temperature 0)
 fi
 
@@ -1049,6 +1109,55 @@ if want n; then
           "predicted $pred vs measured $f_ms ($err %)" "$([[ $DRY == 1 ]] && echo DRY || echo INFO)"
     fi
   done
+fi
+
+# ================================================================ o. where f's step goes
+# Kernel times of 3 steps of f's run under Nsight Compute (one metric, gpu__time_duration: one
+# replay pass per kernel; clocks and caches left alone), summed per kernel, against f's measured
+# ms/step: what the GPU computes and how long it waits for the host. Then PyTorch's kernels for
+# the same step (torch.profiler, 2 steps). Diagnostics, reported; last, so the checks above come
+# first. H200 estimate: ~60-120 s.
+if want o; then
+  say "o. kernel time of f's step: ncu (Trident), torch.profiler (PyTorch)"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [[ $DRY == 1 || -z $NCU || -z ${L:-} ]]; then
+    row o "Trident kernels per step (ncu)" "reported" "not run (${NCU:-no ncu}; dry run: $DRY)" SKIP
+  else
+    rm -rf "${RUNS:?}/ncu"
+    t=$(limit 150 0)
+    say "ncu: $NCU (limit ${t}s)"
+    tenv timeout -k 10 "$t" "$NCU" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum -f -o "$WORK/trident_kernels" \
+        "$BIN/trident" train --config configs/gpu_124m.toml --set log.dir="$RUNS/ncu" \
+        --set model.layers=$L --set model.heads=$H --set model.width=$C --set model.vocab_size=$V \
+        --set model.seq_len=$T --set train.steps=3 --set train.micro_batch=$B \
+        --set train.global_batch=$B --set train.device=cuda --set train.precision=bf16 \
+        >"$LOGS/ncu-run.log" 2>&1
+    rc=$?
+    "$NCU" -i "$WORK/trident_kernels.ncu-rep" --csv --page raw --print-kernel-base function \
+        --print-units base >"$LOGS/ncu.csv" 2>"$LOGS/ncu-import.err"
+    res=$(gc kernels "$LOGS/ncu.csv" 3 "${f_ms:-}" "$OUT/trident_kernels.txt" 2>&1)
+    fact "{\"what\": \"ncu trident\", \"rc\": $rc, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
+    IFS=$'\x1f' read -r kms err top <<<"$(get "$res" kernel_ms_per_step error top)"
+    if [[ -n $err || -z $kms ]]; then
+      row o "Trident kernels per step (ncu)" "reported" "failed (rc $rc): ${err:-$res} $(errline "$LOGS/ncu-run.log")" ERROR
+    else
+      row o "Trident kernels per step (ncu, 3 steps)" "reported" \
+          "$kms ms of kernels per step vs f's ${f_ms:-?} ms; $(get "$res" kinds); top: $top" INFO
+    fi
+  fi
+  if [[ $DRY == 0 && -n ${PYT:-} && -n ${L:-} ]]; then
+    PYTHONUNBUFFERED=1 timeout -k 10 "$(limit 60 0)" "$PYT" bench/torch_gpt.py --layers "$L" \
+        --heads "$H" --width "$C" --vocab "$V" --seq "$T" --batch "$B" --device cuda \
+        --dtype bf16 --warmup 3 --steps 1 --threads 4 --profile-out "$OUT/torch_kernels.txt" \
+        >"$LOGS/torch-profile.json" 2>"$LOGS/torch-profile.err"
+    rc=$?
+    if [[ $rc == 0 && -s $OUT/torch_kernels.txt ]]; then
+      row o "PyTorch kernels per step (torch.profiler, 2 steps)" "reported" "$(head -1 "$OUT/torch_kernels.txt" | cut -c3-)" INFO
+    else
+      row o "PyTorch kernels per step (torch.profiler)" "reported" "failed (rc $rc): $(tail -1 "$LOGS/torch-profile.err" | cut -c1-120)" ERROR
+    fi
+  fi
 fi
 }
 

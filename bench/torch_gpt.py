@@ -72,6 +72,9 @@ def parse_args():
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: autocast(bfloat16) over fp32 master weights (default fp32)")
     p.add_argument("--verbose", action="store_true", help="per-step times on stderr")
+    p.add_argument("--profile-out", metavar="FILE",
+                   help="after the timed steps, profile 2 more (torch.profiler, device "
+                        "activity) and write the kernels' device time per step to FILE")
     a = p.parse_args()
     base = SHAPES[a.shape or ("small" if a.layers is None else "124m")]
     names = ("layers", "heads", "width", "vocab", "seq", "batch")
@@ -227,6 +230,43 @@ def autocast():
     return contextlib.nullcontext()
 
 
+def train_step(model, opt, batch):
+    """One untimed step, the same work as a timed one."""
+    x, y = (t.to(DEVICE) for t in batch())
+    opt.zero_grad(set_to_none=True)
+    with autocast():
+        loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def profile_steps(path, steps, step):
+    """Device time of every kernel over `steps` steps, per step, largest first, into `path`."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CUDA] if args.device == "cuda" else [ProfilerActivity.CPU]
+    sync()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        if us > 0:
+            rows.append((us / steps, e.count // steps, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    with open(path, "w") as f:
+        f.write(f"# PyTorch {torch.__version__}: device time per step over {steps} profiled "
+                f"steps: {total / 1e3:.3f} ms in {sum(r[1] for r in rows)} kernel calls\n")
+        f.write("#   ms/step   share  calls/step  kernel\n")
+        for us, n, key in rows:
+            f.write(f"{us / 1e3:11.3f}  {100 * us / total:5.1f}%  {n:10d}  {key[:160]}\n")
+
+
 def main():
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.heads, args.width, args.vocab, args.seq).to(DEVICE)
@@ -258,6 +298,9 @@ def main():
         if args.verbose:
             print(f"step {step}: {dt:.3f} s  loss {losses[-1]:.4f}"
                   f"{'  (warm-up)' if step < args.warmup else ''}", file=sys.stderr)
+
+    if args.profile_out:
+        profile_steps(args.profile_out, 2, lambda: train_step(model, opt, batch))
 
     tokens = args.batch * args.seq
     flops = flops_per_step(args.layers, args.width, args.vocab, args.seq, args.batch)

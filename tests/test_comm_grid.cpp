@@ -540,6 +540,53 @@ TEST(comm_self, AllToAllVCopiesTheOneBlockAndCountsIt) {
   EXPECT_EQ(c->stats().calls("all_to_all"), 2);
 }
 
+// A one-rank group over device memory (the GPU backend's, for every group of one rank): each
+// copy a collective makes goes through the device's copy, with its bytes; the all-reduce and
+// broadcast copy nothing; point-to-point to itself is refused in one line naming the group. The
+// host self communicator handed device pointers to MPI (a segfault of `trident generate` at
+// TP 1 on the H200, 2026-12-04).
+TEST(comm_self, DeviceSelfCommunicatorCopiesOnTheDevice) {
+  struct Copy {
+    void* dst;
+    const void* src;
+    int64_t bytes;
+  };
+  std::vector<Copy> copies;
+  auto c = make_device_self_communicator("tensor", [&](void* dst, const void* src, int64_t n) {
+    copies.push_back({dst, src, n});
+    std::memcpy(dst, src, static_cast<size_t>(n));
+  });
+  EXPECT_EQ(c->size(), 1);
+  std::vector<float> send{1, 2, 3}, recv(3, 0);
+  c->all_gather(send.data(), recv.data(), 3, DType::F32);
+  EXPECT_EQ(recv, send);
+  c->reduce_scatter(send.data(), recv.data(), 2, DType::BF16);
+  c->all_to_all_v(send.data(), {3}, recv.data(), {3}, DType::F32);
+  c->all_gather(recv.data(), recv.data(), 3, DType::F32);  // in place: nothing to copy
+  c->all_reduce(send.data(), 3, DType::F32, ReduceOp::Sum);
+  c->broadcast(send.data(), 3, DType::F32, 0);
+  ASSERT_EQ(copies.size(), 3u);
+  EXPECT_EQ(copies[0].dst, recv.data());
+  EXPECT_EQ(copies[0].src, send.data());
+  EXPECT_EQ(copies[0].bytes, 12);
+  EXPECT_EQ(copies[1].bytes, 4);  // two bf16
+  EXPECT_EQ(copies[2].bytes, 12);
+  EXPECT_EQ(c->stats().calls("all_gather"), 2);
+  for (auto op : {+[](Communicator& x, float* p) { x.isend(p, 1, DType::F32, 0, 5); },
+                  +[](Communicator& x, float* p) { x.irecv(p, 1, DType::F32, 0, 5); }}) {
+    try {
+      op(*c, send.data());
+      ADD_FAILURE() << "point-to-point to itself over device memory was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("communicator 'tensor' (one rank, device memory)"),
+                std::string::npos)
+          << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+  }
+  EXPECT_THROW(make_device_self_communicator("tensor", DeviceCopy{}), Error);
+}
+
 // A backend without an all-to-all (MPI, NCCL, staged and one-rank communicators have one; a
 // backend that does not override it gets this default): one line naming the group, never a
 // silent no-op.

@@ -207,7 +207,9 @@ void check_one_rank_peer(const std::string& comm, const char* op, int peer) {
 // (bytes = count * dtype size, the count argument of the call).
 class SelfCommunicator final : public Communicator {
  public:
-  explicit SelfCommunicator(const std::string& name) : Communicator(name) {}
+  // device_copy: empty for host memory (memmove), else the device's copy (device memory).
+  SelfCommunicator(const std::string& name, DeviceCopy device_copy)
+      : Communicator(name), device_copy_(std::move(device_copy)) {}
 
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -246,6 +248,7 @@ class SelfCommunicator final : public Communicator {
                                      int tag) override {
     check_count("isend", count);
     check_one_rank_peer(name_, "isend", peer);
+    check_host_memory("isend");
     const size_t bytes = static_cast<size_t>(count) * dtype_bytes(type);
     count_call(kSend, count, type, 0.0);
     for (auto it = pending_recvs_.begin(); it != pending_recvs_.end(); ++it) {
@@ -266,6 +269,7 @@ class SelfCommunicator final : public Communicator {
                                      int tag) override {
     check_count("irecv", count);
     check_one_rank_peer(name_, "irecv", peer);
+    check_host_memory("irecv");
     count_call(kRecv, count, type, 0.0);
     auto state = std::make_shared<RecvState>();
     state->comm = name_;
@@ -344,11 +348,22 @@ class SelfCommunicator final : public Communicator {
   static double since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  static void copy(const void* send, void* recv, int64_t count, DType type) {
+  void copy(const void* send, void* recv, int64_t count, DType type) {
     const size_t bytes = static_cast<size_t>(count) * dtype_bytes(type);
-    if (bytes && send != recv) std::memmove(recv, send, bytes);
+    if (bytes == 0 || send == recv) return;
+    if (device_copy_)
+      device_copy_(recv, send, static_cast<int64_t>(bytes));
+    else
+      std::memmove(recv, send, bytes);
+  }
+  // The mailbox holds messages in host memory: a device's buffers cannot go through it.
+  void check_host_memory(const char* op) const {
+    if (device_copy_)
+      throw Error("communicator '" + name_ + "' (one rank, device memory): " + op +
+                  " to itself is not supported");
   }
 
+  DeviceCopy device_copy_;
   std::deque<Message> mailbox_;
   std::deque<std::shared_ptr<RecvState>> pending_recvs_;
 };
@@ -356,7 +371,13 @@ class SelfCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name) {
-  return std::make_unique<SelfCommunicator>(name);
+  return std::make_unique<SelfCommunicator>(name, DeviceCopy{});
+}
+
+std::unique_ptr<Communicator> make_device_self_communicator(const std::string& name,
+                                                            DeviceCopy copy) {
+  if (!copy) throw Error("make_device_self_communicator('" + name + "'): no copy function");
+  return std::make_unique<SelfCommunicator>(name, std::move(copy));
 }
 
 }  // namespace trident

@@ -264,4 +264,12 @@ class Communicator {
 // reports the same call pattern as a parallel one).
 std::unique_ptr<Communicator> make_self_communicator(const std::string& name);
 
+// The same for buffers in a device's memory (a GPU's): the copies that all_gather,
+// reduce_scatter and all_to_all_v make (send to recv) go through `copy` (dst, src, bytes), the
+// device's own stream-ordered copy, never through the host. Point-to-point messages to oneself
+// would be read on the host and are refused with an Error.
+using DeviceCopy = std::function<void(void* dst, const void* src, int64_t bytes)>;
+std::unique_ptr<Communicator> make_device_self_communicator(const std::string& name,
+                                                            DeviceCopy copy);
+
 }  // namespace trident

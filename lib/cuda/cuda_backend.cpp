@@ -120,13 +120,21 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   CudaDevice& gpu = *device;
   gpu.set_identity(gpu_choice.identity);
   b.device = std::move(device);
-  // A group of one rank keeps the groups' own communicator: the model only all-reduces over
-  // it, which is the identity there and touches no memory.
+  // A group of one rank gets a device self communicator: its all-reduces touch no memory, and
+  // the copies of its other collectives (the decoder's logits all_gather at TP 1) stay on the
+  // GPU. The groups' own one-rank communicator would hand device pointers to MPI.
   auto for_device = [&](Communicator* group, NcclUse use) -> Communicator* {
-    if (group == nullptr || group->size() == 1) return group;
-    std::unique_ptr<Communicator> c =
-        nccl ? make_nccl_communicator(*group, group->name(), gpu.stream(), use, b.watch)
-             : make_staged_communicator(*group, gpu, group->name());
+    if (group == nullptr) return group;
+    std::unique_ptr<Communicator> c;
+    if (group->size() == 1)
+      c = make_device_self_communicator(
+          group->name(), [&gpu](void* dst, const void* src, int64_t bytes) {
+            gpu.copy(dst, src, bytes);
+          });
+    else if (nccl)
+      c = make_nccl_communicator(*group, group->name(), gpu.stream(), use, b.watch);
+    else
+      c = make_staged_communicator(*group, gpu, group->name());
     b.owned.push_back(std::move(c));
     return b.owned.back().get();
   };

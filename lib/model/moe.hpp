@@ -139,7 +139,7 @@ class MoeMlp {
     const int64_t* offsets = m.offsets.data();
     if (EP_ > 1) {
       ensure_exchange(k.device(), B);
-      R = plan_exchange(m);
+      R = plan_exchange(k.device(), m);
       xe = m.xe.data();
       exchange_to_experts(k, m, m.xe.data(), m.xp.data());
       ye = expert_side_.data();
@@ -245,8 +245,10 @@ class MoeMlp {
  private:
   // The forward's exchange plan: each expert's row count goes to its owner (one all-to-all of
   // E/EP integers per rank), who orders its arrivals expert-major (kernels/cpu/moe.hpp).
-  // Returns R, the rows this rank's experts receive.
-  int64_t plan_exchange(MoeActs<K>& m) {
+  // Returns R, the rows this rank's experts receive. The counts are host integers, but the
+  // expert group's communicator takes device memory (a GPU's is staged or NCCL), so they
+  // travel through counts_ on the device, E sent then E received.
+  int64_t plan_exchange(Device& dev, MoeActs<K>& m) {
     std::vector<int64_t>& expert_rows = plan_.expert_rows;
     std::vector<int64_t>& arriving = plan_.arriving;
     std::vector<int64_t>& per_rank = plan_.per_rank;
@@ -255,8 +257,11 @@ class MoeMlp {
     per_rank.assign(static_cast<size_t>(EP_), El_);
     m.send_rows.assign(static_cast<size_t>(EP_), 0);
     K::moe_ep_send_counts(m.send_rows.data(), expert_rows.data(), m.offsets.data(), E_, EP_);
-    expert_group_->all_to_all_v(expert_rows.data(), per_rank, arriving.data(), per_rank,
+    const int64_t bytes = E_ * static_cast<int64_t>(sizeof(int64_t));
+    dev.from_host(counts_.data(), expert_rows.data(), bytes);
+    expert_group_->all_to_all_v(counts_.data(), per_rank, counts_.data() + E_, per_rank,
                                 DType::I64);
+    dev.to_host(arriving.data(), counts_.data() + E_, bytes);
     m.recv_rows.assign(static_cast<size_t>(EP_), 0);
     int64_t R = 0;
     for (int64_t q = 0; q < EP_; ++q)
@@ -297,6 +302,7 @@ class MoeMlp {
     const int64_t R = B * T_ * K_ * EP_;
     arrival_ = DeviceArray<T>(dev, R * C_);
     expert_side_ = DeviceArray<T>(dev, R * C_);
+    if (counts_.size() == 0) counts_ = DeviceArray<int64_t>(dev, 2 * E_);
   }
 
   void ensure_scratch(Device& dev, int64_t B) {
@@ -338,6 +344,7 @@ class MoeMlp {
   Communicator* expert_group_ = nullptr;
   int64_t EP_ = 1, El_ = 0, exchange_B_ = 0;
   DeviceArray<T> arrival_, expert_side_, dye_, dxe_;
+  DeviceArray<int64_t> counts_;  // the plan's row counts in device memory: [sent E | received E]
 };
 
 }  // namespace trident

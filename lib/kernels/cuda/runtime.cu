@@ -11,6 +11,10 @@ void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int l
   msg += file;
   msg += ":" + std::to_string(line) + ": " + expr + ": " + cudaGetErrorName(err) + ": " +
          cudaGetErrorString(err);
+  // The runtime keeps a failed call's error as its last error: cleared here, or the next
+  // launch check (cudaGetLastError) would report it again, against an innocent kernel. A
+  // sticky error (a fault in a kernel) stays: every later call returns it anyway.
+  cudaGetLastError();
   throw Error(msg);
 }
 
