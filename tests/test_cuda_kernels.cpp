@@ -189,6 +189,14 @@ TEST(CudaDevice, Summary) {
     EXPECT_NE(what.find("test_cuda_kernels.cpp"), std::string::npos) << what;
     EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
   }
+  // A failed call that threw leaves no error behind for the next launch check to report (the
+  // runtime keeps it as its last error; before the fix a caught cudaErrorInvalidValue of a
+  // device-to-host copy from host memory failed the next test's first kernel, 2026-12-04).
+  std::vector<float> host_src(4), host_dst(4);
+  EXPECT_THROW(CUDA_CHECK(cudaMemcpyAsync(host_dst.data(), host_src.data(), 16,
+                                          static_cast<cudaMemcpyKind>(42), nullptr)),
+               trident::Error);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   // Bad arguments are rejected before any launch.
   DevBuf<float> x(16);
   EXPECT_THROW(gpu::attention_forward<float>(x.get(), x.get(), x.get(), 1, 1, 1, 1, 48),

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
@@ -69,8 +70,8 @@ ModelConfig moe_config(double capacity_factor) {
 // `group`, nullptr: all experts on this rank). loss_scale is the LM loss's: the per-sequence
 // auxiliary weight is loss_scale / B, so B = 1 with 0.5 weighs a sequence like B = 2 with 1.
 BlockRun run_block(const Problem& pr, const ModelConfig& m, Communicator* group, int64_t first,
-              int64_t B, double loss_scale) {
-  K k;
+              int64_t B, double loss_scale, Device* device = nullptr) {
+  K k = device ? K(*device) : K();
   auto self = make_self_communicator("tensor");
   ModelShard shard;
   TensorParallel<K> tp(*self, shard, k);
@@ -107,6 +108,110 @@ int64_t expect_close(const Vec& a, const double* b, int64_t n, double tol, const
   for (int64_t i = 0; i < n && i < static_cast<int64_t>(a.size()); ++i, ++compared)
     EXPECT_NEAR(a[i], b[i], tol) << what << " element " << i;
   return compared;
+}
+
+// The host device, recording the memory it hands out.
+class TrackingDevice final : public Device {
+ public:
+  bool is_host() const override { return true; }
+  std::string describe() const override { return "tracking cpu"; }
+  std::shared_ptr<void> allocate(int64_t bytes) override {
+    std::shared_ptr<void> p = host_->allocate(bytes);
+    live_.push_back({static_cast<const char*>(p.get()), bytes, p});
+    return p;
+  }
+  void to_host(void* h, const void* src, int64_t n) override { host_->to_host(h, src, n); }
+  void from_host(void* dst, const void* h, int64_t n) override { host_->from_host(dst, h, n); }
+  void copy(void* dst, const void* src, int64_t n) override { host_->copy(dst, src, n); }
+  void fill_zero(void* dst, int64_t n) override { host_->fill_zero(dst, n); }
+  void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
+  double square_sum(const std::vector<Range>& r) override { return host_->square_sum(r); }
+  void adamw(float* w, const float* g, float* m, float* v, int64_t n,
+             const AdamWStep& step) override {
+    host_->adamw(w, g, m, v, n, step);
+  }
+  void synchronize() override {}
+  // True when [p, p + bytes) lies inside memory this device allocated and still holds.
+  bool holds(const void* p, int64_t bytes) const {
+    const char* a = static_cast<const char*>(p);
+    for (const Block& b : live_)
+      if (!b.owner.expired() && a >= b.base && a + bytes <= b.base + b.bytes) return true;
+    return false;
+  }
+
+ private:
+  struct Block {
+    const char* base;
+    int64_t bytes;
+    std::weak_ptr<void> owner;
+  };
+  std::unique_ptr<Device> host_ = make_cpu_device();
+  std::vector<Block> live_;
+};
+
+// The expert group as a GPU backend gives it (staged or NCCL): it takes device memory only. Fails
+// every all_to_all_v handed a buffer the device did not allocate; counts the ones it checked.
+class DeviceOnlyGroup final : public Communicator {
+ public:
+  DeviceOnlyGroup(Communicator& inner, const TrackingDevice& device)
+      : Communicator("expert"), inner_(inner), device_(device) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                    const std::vector<int64_t>& recv_counts, DType type) override {
+    int64_t sent = 0, received = 0;
+    for (int64_t c : send_counts) sent += c;
+    for (int64_t c : recv_counts) received += c;
+    const auto bytes = [&](int64_t n) { return n * static_cast<int64_t>(dtype_bytes(type)); };
+    EXPECT_TRUE(sent == 0 || device_.holds(send, bytes(sent)))
+        << "all_to_all_v #" << checked << " sends from memory that is not the device's";
+    EXPECT_TRUE(received == 0 || device_.holds(recv, bytes(received)))
+        << "all_to_all_v #" << checked << " receives into memory that is not the device's";
+    ++checked;
+    inner_.all_to_all_v(send, send_counts, recv, recv_counts, type);
+  }
+  void all_reduce(void*, int64_t, DType, ReduceOp) override { unexpected("all_reduce"); }
+  std::unique_ptr<CommRequest> iall_reduce(void*, int64_t, DType, ReduceOp) override {
+    return unexpected("iall_reduce");
+  }
+  void all_gather(const void*, void*, int64_t, DType) override { unexpected("all_gather"); }
+  void reduce_scatter(const void*, void*, int64_t, DType) override {
+    unexpected("reduce_scatter");
+  }
+  void broadcast(void*, int64_t, DType, int) override { unexpected("broadcast"); }
+  std::unique_ptr<CommRequest> isend(const void*, int64_t, DType, int, int) override {
+    return unexpected("isend");
+  }
+  std::unique_ptr<CommRequest> irecv(void*, int64_t, DType, int, int) override {
+    return unexpected("irecv");
+  }
+  void barrier() override { unexpected("barrier"); }
+  int checked = 0;
+
+ private:
+  std::unique_ptr<CommRequest> unexpected(const char* op) {
+    ADD_FAILURE() << "the MoE block called " << op << " on its expert group";
+    return nullptr;
+  }
+  Communicator& inner_;
+  const TrackingDevice& device_;
+};
+
+// Every buffer the block hands its expert group lies in device memory: the row counts of the
+// exchange plan included (they are host integers; a GPU's staged or NCCL communicator cannot
+// read host memory: cudaErrorInvalidValue on the H200, 2026-12-04, before the counts went
+// through device memory). Forward: counts, rows out, rows back; backward: two more.
+TEST(MoeExpertParallelMemory, TheExpertGroupIsHandedDeviceMemoryOnly) {
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  MpiCommunicator expert(dup, "expert");
+  ASSERT_EQ(expert.size(), 2);
+  TrackingDevice device;
+  DeviceOnlyGroup group(expert, device);
+  const ModelConfig m = moe_config(0.0);
+  const BlockRun ep = run_block(Problem(18), m, &group, expert.rank(), 1, 0.5, &device);
+  EXPECT_EQ(group.checked, 5);
+  EXPECT_FALSE(ep.out.empty());
 }
 
 class MoeExpertParallel : public ::testing::TestWithParam<double> {};
