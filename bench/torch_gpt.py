@@ -230,19 +230,20 @@ def autocast():
     return contextlib.nullcontext()
 
 
-def train_step(model, opt, batch):
-    """One untimed step, the same work as a timed one."""
-    x, y = (t.to(DEVICE) for t in batch())
+def train_step(model, opt, x, y):
+    """One training step on the batch (x, y); returns the loss."""
     opt.zero_grad(set_to_none=True)
     with autocast():
         loss = model(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
+    return loss
 
 
 def profile_steps(path, steps, step):
-    """Device time of every kernel over `steps` steps, per step, largest first, into `path`."""
+    """Time of every kernel (GPU) or operator (CPU) over `steps` more steps, per step, largest
+    first, into `path`."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CUDA] if args.device == "cuda" else [ProfilerActivity.CPU]
     sync()
@@ -250,21 +251,26 @@ def profile_steps(path, steps, step):
         for _ in range(steps):
             step()
         sync()
+    # Self time: a kernel's own on the GPU; an operator's own (children excluded) on the CPU.
+    if args.device == "cuda":
+        what = "device time"
+        self_us = lambda e: getattr(e, "self_device_time_total",
+                                    getattr(e, "self_cuda_time_total", 0.0))
+    else:
+        what, self_us = "CPU self time", lambda e: e.self_cpu_time_total
     rows = []
     for e in prof.key_averages():
-        us = getattr(e, "self_device_time_total", None)
-        if us is None:
-            us = getattr(e, "self_cuda_time_total", 0.0)
+        us = self_us(e)
         if us > 0:
             rows.append((us / steps, e.count // steps, e.key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
     with open(path, "w") as f:
-        f.write(f"# PyTorch {torch.__version__}: device time per step over {steps} profiled "
-                f"steps: {total / 1e3:.3f} ms in {sum(r[1] for r in rows)} kernel calls\n")
-        f.write("#   ms/step   share  calls/step  kernel\n")
+        f.write(f"# PyTorch {torch.__version__}: {what} per step over {steps} profiled "
+                f"steps: {total / 1e3:.3f} ms in {sum(r[1] for r in rows)} calls\n")
+        f.write("#   ms/step   share  calls/step  name\n")
         for us, n, key in rows:
-            f.write(f"{us / 1e3:11.3f}  {100 * us / total:5.1f}%  {n:10d}  {key[:160]}\n")
+            f.write(f"{us / 1e3:11.3f}  {100 * us / max(total, 1e-9):5.1f}%  {n:10d}  {key[:160]}\n")
 
 
 def main():
@@ -284,12 +290,7 @@ def main():
         x, y = (t.to(DEVICE) for t in batch())
         sync()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with autocast():
-            loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, x, y)
         sync()
         dt = time.perf_counter() - t0
         losses.append(loss.item())
@@ -300,7 +301,8 @@ def main():
                   f"{'  (warm-up)' if step < args.warmup else ''}", file=sys.stderr)
 
     if args.profile_out:
-        profile_steps(args.profile_out, 2, lambda: train_step(model, opt, batch))
+        profile_steps(args.profile_out, 2,
+                      lambda: train_step(model, opt, *(t.to(DEVICE) for t in batch())))
 
     tokens = args.batch * args.seq
     flops = flops_per_step(args.layers, args.width, args.vocab, args.seq, args.batch)

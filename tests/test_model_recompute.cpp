@@ -13,6 +13,7 @@
 
 #include "comm/comm.hpp"
 #include "config/config.hpp"
+#include "host_device.hpp"
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "util/error.hpp"
@@ -22,15 +23,13 @@ using namespace trident;
 namespace {
 
 // Host memory that counts the bytes of its live allocations: what a model really holds.
-class CountingDevice final : public Device {
+class CountingDevice final : public testing_support::HostForwardingDevice {
  public:
-  CountingDevice() : host_(make_cpu_device()) {}
   int64_t live_bytes() const { return *live_; }
 
-  bool is_host() const override { return true; }
-  std::string describe() const override { return "counting " + host_->describe(); }
+  std::string describe() const override { return "counting cpu"; }
   std::shared_ptr<void> allocate(int64_t bytes) override {
-    std::shared_ptr<void> memory = host_->allocate(bytes);
+    std::shared_ptr<void> memory = host().allocate(bytes);
     *live_ += bytes;
     void* p = memory.get();
     return std::shared_ptr<void>(p, [memory, live = live_, bytes](void*) mutable {
@@ -38,20 +37,8 @@ class CountingDevice final : public Device {
       memory.reset();
     });
   }
-  void to_host(void* h, const void* src, int64_t n) override { host_->to_host(h, src, n); }
-  void from_host(void* dst, const void* h, int64_t n) override { host_->from_host(dst, h, n); }
-  void copy(void* dst, const void* src, int64_t n) override { host_->copy(dst, src, n); }
-  void fill_zero(void* dst, int64_t n) override { host_->fill_zero(dst, n); }
-  void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
-  double square_sum(const std::vector<Range>& r) override { return host_->square_sum(r); }
-  void adamw(float* w, const float* g, float* m, float* v, int64_t n,
-             const AdamWStep& step) override {
-    host_->adamw(w, g, m, v, n, step);
-  }
-  void synchronize() override { host_->synchronize(); }
 
  private:
-  std::unique_ptr<Device> host_;
   std::shared_ptr<int64_t> live_ = std::make_shared<int64_t>(0);
 };
 

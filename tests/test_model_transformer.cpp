@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "comm/comm.hpp"
+#include "host_device.hpp"
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "model/stage_model.hpp"
@@ -535,31 +536,14 @@ TEST(ModelLayout, BadSplitsAreRefusedNamingTheKey) {
 namespace {
 
 // The host device, counting the copies to host memory (a GPU's synchronising reads).
-class CountingDevice final : public Device {
+class CountingDevice final : public testing_support::HostForwardingDevice {
  public:
-  bool is_host() const override { return true; }
   std::string describe() const override { return "counting cpu"; }
-  std::shared_ptr<void> allocate(int64_t bytes) override { return host_->allocate(bytes); }
-  void to_host(void* host, const void* src, int64_t bytes) override {
+  void to_host(void* h, const void* src, int64_t bytes) override {
     ++reads;
-    host_->to_host(host, src, bytes);
+    host().to_host(h, src, bytes);
   }
-  void from_host(void* dst, const void* host, int64_t bytes) override {
-    host_->from_host(dst, host, bytes);
-  }
-  void copy(void* dst, const void* src, int64_t bytes) override { host_->copy(dst, src, bytes); }
-  void fill_zero(void* dst, int64_t bytes) override { host_->fill_zero(dst, bytes); }
-  void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
-  double square_sum(const std::vector<Range>& ranges) override { return host_->square_sum(ranges); }
-  void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
-             const AdamWStep& step) override {
-    host_->adamw(w, grad, m, v, n, step);
-  }
-  void synchronize() override { host_->synchronize(); }
   int reads = 0;
-
- private:
-  std::unique_ptr<Device> host_ = make_cpu_device();
 };
 
 }  // namespace

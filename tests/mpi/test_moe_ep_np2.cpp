@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
+#include "host_device.hpp"
 #include "model/cpu_kernels.hpp"
 #include "model/moe.hpp"
 #include "model/tensor_parallel.hpp"
@@ -111,26 +112,14 @@ int64_t expect_close(const Vec& a, const double* b, int64_t n, double tol, const
 }
 
 // The host device, recording the memory it hands out.
-class TrackingDevice final : public Device {
+class TrackingDevice final : public testing_support::HostForwardingDevice {
  public:
-  bool is_host() const override { return true; }
   std::string describe() const override { return "tracking cpu"; }
   std::shared_ptr<void> allocate(int64_t bytes) override {
-    std::shared_ptr<void> p = host_->allocate(bytes);
+    std::shared_ptr<void> p = host().allocate(bytes);
     live_.push_back({static_cast<const char*>(p.get()), bytes, p});
     return p;
   }
-  void to_host(void* h, const void* src, int64_t n) override { host_->to_host(h, src, n); }
-  void from_host(void* dst, const void* h, int64_t n) override { host_->from_host(dst, h, n); }
-  void copy(void* dst, const void* src, int64_t n) override { host_->copy(dst, src, n); }
-  void fill_zero(void* dst, int64_t n) override { host_->fill_zero(dst, n); }
-  void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
-  double square_sum(const std::vector<Range>& r) override { return host_->square_sum(r); }
-  void adamw(float* w, const float* g, float* m, float* v, int64_t n,
-             const AdamWStep& step) override {
-    host_->adamw(w, g, m, v, n, step);
-  }
-  void synchronize() override {}
   // True when [p, p + bytes) lies inside memory this device allocated and still holds.
   bool holds(const void* p, int64_t bytes) const {
     const char* a = static_cast<const char*>(p);
@@ -145,7 +134,6 @@ class TrackingDevice final : public Device {
     int64_t bytes;
     std::weak_ptr<void> owner;
   };
-  std::unique_ptr<Device> host_ = make_cpu_device();
   std::vector<Block> live_;
 };
 
