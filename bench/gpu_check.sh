@@ -22,7 +22,8 @@
 #   f. GPT-2 124M (configs/gpu_124m.toml: 12 x 768, 12 heads, vocab 50304, seq 1024), bf16,
 #      micro-batch 16 (8 if 16 runs out of memory), 20 steps: tokens/s (median of the steps after
 #      the first 3), TFLOP/s by bench/train_bench.sh's formula, MFU = that / the ceiling of e
-#      (target >= 40%)
+#      (target >= 40%); then the same run with the LM head in 320-row chunks (the CPU's 32 MiB
+#      budget, the GPU's default before 2026-12-04), 11 steps, and the ratio of the two
 #   g. the PyTorch eager reference (bench/torch_gpt.py --device cuda --dtype bf16), same shape
 #      and batch: tokens/s, and Trident/PyTorch (target >= 1)
 #   h. checkpoint resume on the GPU, fp32 and bf16: 6 steps straight vs 3 steps
@@ -794,6 +795,28 @@ if want f; then
       else
         row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "no ceiling measured" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
       fi
+    fi
+  fi
+  # The LM head's chunks, side by side: the run above takes the device's default (GPU: 512 MiB
+  # of logits a chunk, 4 chunks of 4,096 rows at B = 16); the CPU's 32 MiB gave 320-row chunks
+  # (52 of them), the default of the first H200 run (62.1 ms a step).
+  if [[ -n $tri_tps ]]; then
+    Nrows=$((B * T)) old_rows=$(( (32 << 20) / (V * 2) / 32 * 32 ))
+    [[ $DRY == 1 ]] && old_rows=$(( (32 << 20) / (V * 4) / 32 * 32 ))
+    ((old_rows > Nrows)) && old_rows=$Nrows
+    gpu_run gpt-b$B-rows$old_rows "$cfg" "$(limit 60 60)" 1 "${shape[@]}" --set train.steps=$((SKIP + 8)) \
+        --set train.micro_batch=$B --set train.global_batch=$B --set train.device=cuda \
+        --set train.precision=bf16 --set train.lm_head_chunk_rows=$old_rows
+    rc=$?
+    res=$(gc throughput "$RUNS/gpt-b$B-rows$old_rows/metrics.jsonl" "$SKIP" "$L" "$C" "$V" "$T" "$B" 2>&1)
+    IFS=$'\x1f' read -r otps oms err <<<"$(get "$res" tokens_per_s ms_per_step error)"
+    v=INFO; [[ $DRY == 1 ]] && v=DRY
+    if [[ $rc != 0 || -n $err || -z $otps ]]; then
+      row f "the same, LM head in chunks of $old_rows rows (32 MiB)" "reported" "failed (rc $rc): ${err:-$(errline "$LOGS/gpt-b$B-rows$old_rows.log")}" ERROR
+    else
+      ratio=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$tri_tps" "$otps")
+      row f "the same, LM head in chunks of $old_rows rows (32 MiB)" "reported" \
+          "$otps tok/s, $oms ms/step; the default chunks run $ratio x as fast" "$v"
     fi
   fi
 fi

@@ -3,6 +3,7 @@
 // independent reference; the FLOPs reduce to the GPT-2 formula and follow their definition.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -202,6 +203,41 @@ TEST(ModelStats, InvalidShapeIsAnError) {
   m.heads = 7;  // 768 % 7 != 0
   EXPECT_THROW(parameter_count(m), Error);
   EXPECT_THROW(training_flops_per_token(gpt2_124m(), 100), Error);  // Vp < V
+}
+
+// The LM head's chunks: the fewest that fit the budget, as even as multiples of 32 rows allow.
+TEST(ModelStats, LmHeadChunksAreTheFewestEvenOnesWithinTheBudget) {
+  constexpr int64_t V = 50304;
+  // CPU, fp32, 1,024 rows: 166 rows fit in 32 MiB -> 160; 7 chunks of 147 -> 160 (as before).
+  EXPECT_EQ(lm_head_chunk_rows(1024, V, 4, 0, kLmHeadChunkBytesCpu), 160);
+  // Half the vocabulary (TP 2): 333 fit -> 320; 4 chunks -> 256 each, not 3 x 320 + 64.
+  EXPECT_EQ(lm_head_chunk_rows(1024, V / 2, 4, 0, kLmHeadChunkBytesCpu), 256);
+  // GPU, bf16, 16,384 rows (GPT-2 124M at micro-batch 16): 5,336 fit in 512 MiB -> 5,312;
+  // 4 chunks of 4,096 (at 32 MiB: 52 chunks of 320 rows).
+  EXPECT_EQ(lm_head_chunk_rows(16384, V, 2, 0, kLmHeadChunkBytesGpu), 4096);
+  EXPECT_EQ(lm_head_chunk_rows(16384, V, 2, 0, kLmHeadChunkBytesCpu), 320);
+  // Everything fits: one chunk; fewer than 32 rows fit: no rounding to 32.
+  EXPECT_EQ(lm_head_chunk_rows(100, V, 2, 0, kLmHeadChunkBytesGpu), 100);
+  EXPECT_EQ(lm_head_chunk_rows(100, V, 4, 0, 10 * V * 4), 10);
+  EXPECT_EQ(lm_head_chunk_rows(95, V, 4, 0, 10 * V * 4), 10);  // 10 chunks of 9.5 -> 10
+  // train.lm_head_chunk_rows wins, capped at the rows there are.
+  EXPECT_EQ(lm_head_chunk_rows(1024, V, 4, 96, kLmHeadChunkBytesCpu), 96);
+  EXPECT_EQ(lm_head_chunk_rows(64, V, 4, 96, kLmHeadChunkBytesCpu), 64);
+  // Every chunk stays within the budget, and the chunk count is the fewest possible.
+  for (const int64_t N : {1, 31, 32, 33, 1000, 1024, 4097, 16384})
+    for (const int64_t budget : {V * 4, 32 * V * 4, kLmHeadChunkBytesCpu, kLmHeadChunkBytesGpu}) {
+      const int64_t rows = lm_head_chunk_rows(N, V, 4, 0, budget);
+      SCOPED_TRACE("N " + std::to_string(N) + ", budget " + std::to_string(budget));
+      EXPECT_GE(rows, 1);
+      EXPECT_LE(rows, N);
+      EXPECT_LE(rows * V * 4, std::max<int64_t>(budget, V * 4));
+      int64_t fit = std::min<int64_t>(N, std::max<int64_t>(1, budget / (V * 4)));
+      if (fit >= 32 && fit < N) fit -= fit % 32;
+      EXPECT_EQ((N + rows - 1) / rows, (N + fit - 1) / fit);
+    }
+  EXPECT_EQ(lm_head_chunk_bytes(true), kLmHeadChunkBytesGpu);
+  EXPECT_EQ(lm_head_chunk_bytes(false), kLmHeadChunkBytesCpu);
+  EXPECT_THROW(lm_head_chunk_rows(1024, V, 4, 0, 0), Error);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ struct TrainConfig {
   std::string device = "cpu";       // "cpu" | "cuda"
   std::string precision = "fp32";   // "fp32" | "bf16"
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
-  int64_t lm_head_chunk_rows = 0;   // rows per LM head + loss chunk; 0: what fits in 32 MiB
+  int64_t lm_head_chunk_rows = 0;   // rows per LM head + loss chunk; 0: the device's default
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never
   int64_t max_consecutive_skips = 10;  // end the run after this many skipped steps in a row; 0: never

@@ -70,7 +70,7 @@ struct ModelShard {
   // How the rank keeps its activations for backward (train.recompute).
   Recompute recompute = Recompute::None;
   // Rows per chunk of the LM head and its loss (train.lm_head_chunk_rows); 0: model_stats.hpp's
-  // lm_head_chunk_rows (what fits in kLmHeadChunkBytes).
+  // lm_head_chunk_rows (what fits in the device's lm_head_chunk_bytes).
   int64_t lm_head_chunk_rows = 0;
   // Overlap a column-parallel layer's input-gradient all-reduce with its weight gradient, and
   // under sequence parallelism its input's all-gather with its input gradient

@@ -224,22 +224,29 @@ int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s
 }
 
 int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes,
-                           int64_t requested) {
-  if (N < 1 || local_vocab < 1 || element_bytes < 1)
+                           int64_t requested, int64_t chunk_bytes) {
+  if (N < 1 || local_vocab < 1 || element_bytes < 1 || chunk_bytes < 1)
     throw Error("lm_head_chunk_rows: rows (" + std::to_string(N) + "), local vocabulary (" +
-                std::to_string(local_vocab) + ") and element bytes (" +
-                std::to_string(element_bytes) + ") must be >= 1");
+                std::to_string(local_vocab) + "), element bytes (" +
+                std::to_string(element_bytes) + ") and chunk bytes (" +
+                std::to_string(chunk_bytes) + ") must be >= 1");
   if (requested > 0) return std::min(requested, N);
-  int64_t rows = kLmHeadChunkBytes / (local_vocab * element_bytes);
-  if (rows >= 32) rows -= rows % 32;
-  return std::clamp<int64_t>(rows, 1, N);
+  int64_t most = chunk_bytes / (local_vocab * element_bytes);  // rows that fit
+  if (most >= 32) most -= most % 32;
+  most = std::clamp<int64_t>(most, 1, N);
+  // The fewest chunks of at most `most` rows, evened out: a multiple of 32 rows is at most
+  // `most` (itself one, or under 32), so rounding up keeps the chunk within its bytes.
+  const int64_t chunks = (N + most - 1) / most;
+  int64_t rows = (N + chunks - 1) / chunks;
+  if (most >= 32) rows = std::min(most, (rows + 31) / 32 * 32);
+  return std::min(rows, N);
 }
 
 int64_t lm_head_scratch_bytes(int64_t N, int64_t local_vocab, int64_t element_bytes,
-                              int64_t requested) {
+                              int64_t requested, int64_t chunk_bytes) {
   // The statistics type S: fp32 (fp64 for a double model), as the kernel sets' S.
   const int64_t stat_bytes = std::max<int64_t>(element_bytes, 4);
-  const int64_t rows = lm_head_chunk_rows(N, local_vocab, element_bytes, requested);
+  const int64_t rows = lm_head_chunk_rows(N, local_vocab, element_bytes, requested, chunk_bytes);
   return rows * local_vocab * element_bytes + rows * stat_bytes;
 }
 

@@ -123,17 +123,27 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the
 // Transformer's head_forward/head_backward), so the logits [N, Vl] are never whole in memory:
-// only one chunk [rows, Vl], held once per rank, not per micro-batch. A chunk is as many rows as
-// fit in kLmHeadChunkBytes (a multiple of 32 rows when at least 32 fit, so the head GEMM keeps
-// its shape), at least 1 and at most N; `requested` > 0 (train.lm_head_chunk_rows) instead
-// min(requested, N). The same on every tensor rank (Vl is the same), so the per-chunk
-// collectives of the vocab-parallel loss match up.
-constexpr int64_t kLmHeadChunkBytes = int64_t{32} << 20;
+// only one chunk [rows, Vl], held once per rank, not per micro-batch. The N rows are cut into
+// the fewest chunks of at most `chunk_bytes` of logits, as even as a multiple of 32 rows allows
+// (so the head's GEMMs keep their shape; fewer than 32 rows when not even 32 fit), at least 1
+// and at most N rows each; `requested` > 0 (train.lm_head_chunk_rows) instead min(requested, N).
+// The same on every tensor rank (Vl is the same), so the per-chunk collectives of the
+// vocab-parallel loss match up.
 int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes,
-                           int64_t requested = 0);
+                           int64_t requested, int64_t chunk_bytes);
+// The default `chunk_bytes` by device. A CPU: 32 MiB, near its caches (the chunk is written and
+// read back at once; docs/model.md). A GPU: 512 MiB, so that the head's GEMMs fill the device:
+// at 32 MiB the GPT-2 124M bf16 head of 16,384 rows ran as 52 chunks of 320 rows, the input
+// gradient's GEMM as 320 x 768 output tiles over K = 50,304, and the fp32 weight gradient
+// [50,304 x 768] was read and written once per chunk (16 GB a step).
+constexpr int64_t kLmHeadChunkBytesCpu = int64_t{32} << 20;
+constexpr int64_t kLmHeadChunkBytesGpu = int64_t{512} << 20;
+inline int64_t lm_head_chunk_bytes(bool gpu) {
+  return gpu ? kLmHeadChunkBytesGpu : kLmHeadChunkBytesCpu;
+}
 // Bytes of that one chunk of logits, lm_head_chunk_rows(...) * local_vocab * element_bytes,
 // and of its rows' dL/d(loss) (a training forward's, in the statistics type).
 int64_t lm_head_scratch_bytes(int64_t N, int64_t local_vocab, int64_t element_bytes,
-                              int64_t requested = 0);
+                              int64_t requested, int64_t chunk_bytes);
 
 }  // namespace trident

@@ -310,6 +310,7 @@ class Transformer {
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)
   DeviceArray<S> head_dloss_;     // [head_chunk_rows]: loss_scale / N, dL/d(row loss)
+  int64_t head_chunk_bytes_ = 0;  // the device's default chunk (model_stats.hpp)
   std::function<void(int64_t)> grads_final_;
   // Backward scratch shared by all micro-batches (one backward runs at a time).
   int64_t scratch_rows_ = 0;

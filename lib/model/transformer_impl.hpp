@@ -21,6 +21,7 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
       llama_(config.is_llama()),
       recompute_(shard.recompute) {
   const int tp = shard.tp_size;
+  head_chunk_bytes_ = lm_head_chunk_bytes(!k_.device().is_host());
   C_ = config.width;
   HS_ = config.head_size();
   NHl_ = config.heads / tp;
@@ -266,12 +267,13 @@ template <class K>
 int64_t Transformer<K>::head_scratch_bytes(int64_t B) const {
   if (!shard_.has_head) return 0;
   return lm_head_scratch_bytes(B * config_.seq_len, head_.out_local, sizeof(T),
-                               shard_.lm_head_chunk_rows);
+                               shard_.lm_head_chunk_rows, head_chunk_bytes_);
 }
 
 template <class K>
 int64_t Transformer<K>::head_chunk_rows(int64_t N) const {
-  return lm_head_chunk_rows(N, head_.out_local, sizeof(T), shard_.lm_head_chunk_rows);
+  return lm_head_chunk_rows(N, head_.out_local, sizeof(T), shard_.lm_head_chunk_rows,
+                            head_chunk_bytes_);
 }
 
 template <class K>

@@ -383,7 +383,8 @@ class CostModel {
   double head_scratch() const {
     const int64_t local_vocab = vp_ / static_cast<int64_t>(t_);
     return static_cast<double>(
-        lm_head_scratch_bytes(static_cast<int64_t>(n_), local_vocab, static_cast<int64_t>(e_)));
+        lm_head_scratch_bytes(static_cast<int64_t>(n_), local_vocab, static_cast<int64_t>(e_), 0,
+                              lm_head_chunk_bytes(hw_.device.kind == "gpu")));
   }
   double micro_rows() const { return n_; }
   const TrainingFlopsParts& parts() const { return parts_; }

@@ -112,7 +112,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
     r.activation_bytes += static_cast<double>(lm_head_scratch_bytes(
         static_cast<int64_t>(N), static_cast<int64_t>(vocab), static_cast<int64_t>(act),
-        config.train.lm_head_chunk_rows));
+        config.train.lm_head_chunk_rows, lm_head_chunk_bytes(config.train.device == "cuda")));
   }
   return r;
 }
