@@ -111,31 +111,7 @@ int64_t expect_close(const Vec& a, const double* b, int64_t n, double tol, const
   return compared;
 }
 
-// The host device, recording the memory it hands out.
-class TrackingDevice final : public testing_support::HostForwardingDevice {
- public:
-  std::string describe() const override { return "tracking cpu"; }
-  std::shared_ptr<void> allocate(int64_t bytes) override {
-    std::shared_ptr<void> p = host().allocate(bytes);
-    live_.push_back({static_cast<const char*>(p.get()), bytes, p});
-    return p;
-  }
-  // True when [p, p + bytes) lies inside memory this device allocated and still holds.
-  bool holds(const void* p, int64_t bytes) const {
-    const char* a = static_cast<const char*>(p);
-    for (const Block& b : live_)
-      if (!b.owner.expired() && a >= b.base && a + bytes <= b.base + b.bytes) return true;
-    return false;
-  }
-
- private:
-  struct Block {
-    const char* base;
-    int64_t bytes;
-    std::weak_ptr<void> owner;
-  };
-  std::vector<Block> live_;
-};
+using testing_support::TrackingDevice;
 
 // The expert group as a GPU backend gives it (staged or NCCL): it takes device memory only. Fails
 // every all_to_all_v handed a buffer the device did not allocate; counts the ones it checked.

@@ -7,12 +7,16 @@
 // run's bit for bit, on TP2xPP2, PP2xDP2 with ZeRO-1 and TP2xDP2, and for the Llama
 // architecture with sequence parallelism on TP2xPP2 and TP2xDP2 with ZeRO-1, and a mixture of
 // experts on TP2xPP2 and with expert parallelism (EP 2 of DP 4, ZeRO-1).
+// The device is a strict tracking device (tests/host_device.hpp), and the groups of one rank
+// get device self communicators, as on a GPU: any host memory handed to a communicator, or
+// copied as if it were device memory, fails the test as a GPU would refuse it.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
 
 #include "comm/staged_comm.hpp"
+#include "host_device.hpp"
 #include "parity.hpp"
 
 using namespace trident;
@@ -20,13 +24,21 @@ using namespace trident::test;
 
 namespace {
 
+// What the GPU backend (cuda/cuda_backend.cpp, parallel.comm = "mpi") builds, over a strict
+// tracking device instead of a GPU.
 Backend staged_cpu_backend(const Config& config, const TrainerGroups& groups,
                            const ModelShard& shard) {
   Backend b;
-  b.device = make_cpu_device();
+  b.device = std::make_unique<testing_support::TrackingDevice>(/*strict=*/true);
+  Device& device = *b.device;
   auto staged = [&](Communicator* group) -> Communicator* {
-    if (group == nullptr || group->size() == 1) return group;
-    b.owned.push_back(make_staged_communicator(*group, *b.device, group->name()));
+    if (group == nullptr) return group;
+    if (group->size() == 1)
+      b.owned.push_back(make_device_self_communicator(
+          group->name(),
+          [&device](void* dst, const void* src, int64_t n) { device.copy(dst, src, n); }));
+    else
+      b.owned.push_back(make_staged_communicator(*group, device, group->name()));
     return b.owned.back().get();
   };
   b.tensor = staged(groups.tensor);
