@@ -106,6 +106,12 @@ class MoeMlp {
     m.y = DeviceArray<T>(dev, NK * C_);
     m.aux = DeviceArray<S>(dev, B);
     m.z = DeviceArray<S>(dev, B);
+    if (EP_ > 1) {  // the exchange plan's host lists, at their largest: no allocation per step
+      m.send_rows.reserve(static_cast<size_t>(EP_));
+      m.recv_rows.reserve(static_cast<size_t>(EP_));
+      m.local_offsets.reserve(static_cast<size_t>(El_ + 1));
+      m.src_row.reserve(static_cast<size_t>(R));
+    }
     return m;
   }
 
@@ -234,11 +240,20 @@ class MoeMlp {
   }
   int64_t local_experts() const { return El_; }
 
-  // The statistics since the last call; resets them.
+  // The statistics since the last call, into `into` (its load list reused: no allocation once
+  // it holds E); resets them.
+  void take_stats(MoeStats& into) {
+    into.aux_loss_sum = stats_.aux_loss_sum;
+    into.z_loss_sum = stats_.z_loss_sum;
+    into.dropped = stats_.dropped;
+    into.load.assign(stats_.load.begin(), stats_.load.end());
+    stats_.aux_loss_sum = stats_.z_loss_sum = 0.0;
+    stats_.dropped = 0;
+    std::fill(stats_.load.begin(), stats_.load.end(), int64_t{0});
+  }
   MoeStats take_stats() {
-    MoeStats s = stats_;
-    stats_ = MoeStats{};
-    stats_.load.assign(static_cast<size_t>(E_), 0);
+    MoeStats s;
+    take_stats(s);
     return s;
   }
 

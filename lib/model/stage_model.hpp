@@ -67,9 +67,15 @@ class StageModel {
   // The sum of the micro-batches' mean losses since the last call (0 off the last stage), and
   // resets it: one device-to-host read per step.
   virtual double take_loss_sum() = 0;
-  // The MoE layers' auxiliary losses and expert loads since the last call (model/moe.hpp), and
-  // resets them; empty for a dense model.
-  virtual MoeStats take_moe_stats() { return {}; }
+  // The MoE layers' auxiliary losses and expert loads since the last call (model/moe.hpp), into
+  // `into` (its load list reused: no allocation in a step), and resets them; empty for a dense
+  // model.
+  virtual void take_moe_stats(MoeStats& into) { into = MoeStats{}; }
+  MoeStats take_moe_stats() {
+    MoeStats s;
+    take_moe_stats(s);
+    return s;
+  }
   // Expert parallelism: the expert group of this rank (model/moe.hpp), set before the first
   // activations are made; its size and rank must be the shard's ep_size and ep_rank.
   virtual void set_expert_group(Communicator* group) = 0;

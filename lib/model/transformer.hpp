@@ -164,6 +164,7 @@ class Transformer {
   // The MoE layers' auxiliary losses and expert loads over the forwards since the last call
   // (the shard's layers only); resets them. Empty loads for a dense model.
   MoeStats take_moe_stats() { return moe_.take_stats(); }
+  void take_moe_stats(MoeStats& into) { moe_.take_stats(into); }  // into's load list reused
   // Expert parallelism (ModelShard::ep_size > 1): the expert group (grid/grid.hpp), whose size
   // and rank must be the shard's; before the first activations are made. Throws
   // trident::Error when they differ.

@@ -50,7 +50,8 @@ class TransformerStage final : public StageModel {
     model_.forward(acts(a), tokens, targets, static_cast<const T*>(input), loss_scale);
   }
   double take_loss_sum() override { return model_.take_loss_sum(); }
-  MoeStats take_moe_stats() override { return model_.take_moe_stats(); }
+  using StageModel::take_moe_stats;
+  void take_moe_stats(MoeStats& into) override { model_.take_moe_stats(into); }
   void set_expert_group(Communicator* group) override { model_.set_expert_group(group); }
   void backward(Activations& a, float loss_scale, const void* d_output, void* d_input) override {
     model_.backward(acts(a), loss_scale, static_cast<const T*>(d_output),

@@ -242,12 +242,12 @@ double Trainer::forward_backward(int64_t step) {
   const int64_t micro_batches = config_.num_microbatches();
   StageModel& model = *model_;
   model.zero_grads();
-  model.take_moe_stats();  // forwards since the last step (evaluation) are not this step's
+  model.take_moe_stats(step_moe_);  // forwards since the last step (evaluation): not this step's
   const double loss_sum = executor_->train(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                               int32_t* targets) {
     load_microbatch(*train_data_, batch_of(step), micro, tokens, targets);
   });
-  step_moe_ = model.take_moe_stats();
+  model.take_moe_stats(step_moe_);
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
   // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
   for (const ParamInfo& p : model.params())
@@ -331,7 +331,8 @@ void Trainer::moe_metrics(StepMetrics& m) {
   // [aux, z, dropped, load_0 .. load_E-1]: summed over the stages' layers and the replicas
   // (the tensor ranks of a stage hold the same figures). The losses are sums over micro-batches
   // of the per-micro-batch means: / micro-batches / replicas is the global batch's mean.
-  std::vector<double> v(static_cast<size_t>(3 + E), 0.0);
+  std::vector<double>& v = moe_sums_;  // kept: no allocation in a step
+  v.assign(static_cast<size_t>(3 + E), 0.0);
   v[0] = step_moe_.aux_loss_sum;
   v[1] = step_moe_.z_loss_sum;
   v[2] = static_cast<double>(step_moe_.dropped);

@@ -218,6 +218,7 @@ class Trainer {
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   MoeStats step_moe_;  // the last forward_backward's, this rank's layers
+  std::vector<double> moe_sums_;  // moe_metrics' [aux, z, dropped, loads], summed over ranks
   int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted
