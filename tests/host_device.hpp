@@ -72,12 +72,10 @@ class TrackingDevice final : public HostForwardingDevice {
       if (!b.owner.expired() && a >= b.base && a + bytes <= b.base + b.bytes) return true;
     return false;
   }
-  int64_t refused() const { return refused_; }
 
  private:
   void expect_device(const void* p, int64_t bytes, const char* what) {
     if (!strict_ || bytes == 0 || holds(p, bytes)) return;
-    ++refused_;
     ADD_FAILURE() << "device " << what << " memory that is not the device's (" << bytes
                   << " bytes)";
   }
@@ -89,7 +87,6 @@ class TrackingDevice final : public HostForwardingDevice {
   bool strict_;
   mutable std::mutex mutex_;
   std::vector<Block> live_;
-  int64_t refused_ = 0;
 };
 
 }  // namespace trident::testing_support

@@ -240,4 +240,12 @@ std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Devic
   return std::make_unique<StagedCommunicator>(host, device, std::move(name));
 }
 
+std::unique_ptr<Communicator> make_device_communicator(Communicator& group, Device& device) {
+  if (group.size() == 1)
+    return make_device_self_communicator(
+        group.name(),
+        [&device](void* dst, const void* src, int64_t bytes) { device.copy(dst, src, bytes); });
+  return make_staged_communicator(group, device, group.name());
+}
+
 }  // namespace trident

@@ -46,4 +46,10 @@ namespace trident {
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host, Device& device,
                                                        std::string name);
 
+// What a group of a GPU run gets without NCCL (and a one-rank group with it): a one-rank group
+// a device self communicator (comm.hpp: its copies are the device's, its all-reduces touch
+// nothing), a larger one the group staged through host memory as above. The group's own
+// communicator would hand device pointers to MPI.
+std::unique_ptr<Communicator> make_device_communicator(Communicator& group, Device& device);
+
 }  // namespace trident

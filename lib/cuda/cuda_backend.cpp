@@ -120,21 +120,14 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   CudaDevice& gpu = *device;
   gpu.set_identity(gpu_choice.identity);
   b.device = std::move(device);
-  // A group of one rank gets a device self communicator: its all-reduces touch no memory, and
-  // the copies of its other collectives (the decoder's logits all_gather at TP 1) stay on the
-  // GPU. The groups' own one-rank communicator would hand device pointers to MPI.
+  // NCCL for a group of several ranks under parallel.comm = "nccl"; else staged, or a device
+  // self communicator for a group of one rank (the decoder all-gathers its logits at TP 1 too).
   auto for_device = [&](Communicator* group, NcclUse use) -> Communicator* {
     if (group == nullptr) return group;
-    std::unique_ptr<Communicator> c;
-    if (group->size() == 1)
-      c = make_device_self_communicator(
-          group->name(), [&gpu](void* dst, const void* src, int64_t bytes) {
-            gpu.copy(dst, src, bytes);
-          });
-    else if (nccl)
-      c = make_nccl_communicator(*group, group->name(), gpu.stream(), use, b.watch);
-    else
-      c = make_staged_communicator(*group, gpu, group->name());
+    std::unique_ptr<Communicator> c =
+        nccl && group->size() > 1
+            ? make_nccl_communicator(*group, group->name(), gpu.stream(), use, b.watch)
+            : make_device_communicator(*group, gpu);
     b.owned.push_back(std::move(c));
     return b.owned.back().get();
   };

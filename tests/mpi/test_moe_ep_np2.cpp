@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
+#include "comm/staged_comm.hpp"
 #include "host_device.hpp"
 #include "model/cpu_kernels.hpp"
 #include "model/moe.hpp"
@@ -111,70 +112,22 @@ int64_t expect_close(const Vec& a, const double* b, int64_t n, double tol, const
   return compared;
 }
 
-using testing_support::TrackingDevice;
-
-// The expert group as a GPU backend gives it (staged or NCCL): it takes device memory only. Fails
-// every all_to_all_v handed a buffer the device did not allocate; counts the ones it checked.
-class DeviceOnlyGroup final : public Communicator {
- public:
-  DeviceOnlyGroup(Communicator& inner, const TrackingDevice& device)
-      : Communicator("expert"), inner_(inner), device_(device) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
-                    const std::vector<int64_t>& recv_counts, DType type) override {
-    int64_t sent = 0, received = 0;
-    for (int64_t c : send_counts) sent += c;
-    for (int64_t c : recv_counts) received += c;
-    const auto bytes = [&](int64_t n) { return n * static_cast<int64_t>(dtype_bytes(type)); };
-    EXPECT_TRUE(sent == 0 || device_.holds(send, bytes(sent)))
-        << "all_to_all_v #" << checked << " sends from memory that is not the device's";
-    EXPECT_TRUE(received == 0 || device_.holds(recv, bytes(received)))
-        << "all_to_all_v #" << checked << " receives into memory that is not the device's";
-    ++checked;
-    inner_.all_to_all_v(send, send_counts, recv, recv_counts, type);
-  }
-  void all_reduce(void*, int64_t, DType, ReduceOp) override { unexpected("all_reduce"); }
-  std::unique_ptr<CommRequest> iall_reduce(void*, int64_t, DType, ReduceOp) override {
-    return unexpected("iall_reduce");
-  }
-  void all_gather(const void*, void*, int64_t, DType) override { unexpected("all_gather"); }
-  void reduce_scatter(const void*, void*, int64_t, DType) override {
-    unexpected("reduce_scatter");
-  }
-  void broadcast(void*, int64_t, DType, int) override { unexpected("broadcast"); }
-  std::unique_ptr<CommRequest> isend(const void*, int64_t, DType, int, int) override {
-    return unexpected("isend");
-  }
-  std::unique_ptr<CommRequest> irecv(void*, int64_t, DType, int, int) override {
-    return unexpected("irecv");
-  }
-  void barrier() override { unexpected("barrier"); }
-  int checked = 0;
-
- private:
-  std::unique_ptr<CommRequest> unexpected(const char* op) {
-    ADD_FAILURE() << "the MoE block called " << op << " on its expert group";
-    return nullptr;
-  }
-  Communicator& inner_;
-  const TrackingDevice& device_;
-};
-
-// Every buffer the block hands its expert group lies in device memory: the row counts of the
-// exchange plan included (they are host integers; a GPU's staged or NCCL communicator cannot
-// read host memory: cudaErrorInvalidValue on the H200, 2026-12-04, before the counts went
-// through device memory). Forward: counts, rows out, rows back; backward: two more.
+// Every buffer the block hands its expert group lies in device memory, the row counts of the
+// exchange plan included: they are host integers, and a GPU's staged or NCCL communicator cannot
+// read host memory (cudaErrorInvalidValue on the H200, 2026-12-04, before the counts went
+// through device memory). The group is the one a GPU run without NCCL gets
+// (make_device_communicator: staged) over a strict tracking device, which fails every copy
+// whose device side is host memory. Forward: counts, rows out, rows back; backward: two more.
 TEST(MoeExpertParallelMemory, TheExpertGroupIsHandedDeviceMemoryOnly) {
   MPI_Comm dup;
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   MpiCommunicator expert(dup, "expert");
   ASSERT_EQ(expert.size(), 2);
-  TrackingDevice device;
-  DeviceOnlyGroup group(expert, device);
-  const ModelConfig m = moe_config(0.0);
-  const BlockRun ep = run_block(Problem(18), m, &group, expert.rank(), 1, 0.5, &device);
-  EXPECT_EQ(group.checked, 5);
+  testing_support::TrackingDevice device(/*strict=*/true);
+  const auto group = make_device_communicator(expert, device);
+  const BlockRun ep = run_block(Problem(18), moe_config(0.0), group.get(), expert.rank(), 1,
+                                0.5, &device);
+  EXPECT_EQ(group->stats().calls("all_to_all"), 5);
   EXPECT_FALSE(ep.out.empty());
 }
 

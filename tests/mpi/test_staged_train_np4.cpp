@@ -30,15 +30,9 @@ Backend staged_cpu_backend(const Config& config, const TrainerGroups& groups,
                            const ModelShard& shard) {
   Backend b;
   b.device = std::make_unique<testing_support::TrackingDevice>(/*strict=*/true);
-  Device& device = *b.device;
   auto staged = [&](Communicator* group) -> Communicator* {
     if (group == nullptr) return group;
-    if (group->size() == 1)
-      b.owned.push_back(make_device_self_communicator(
-          group->name(),
-          [&device](void* dst, const void* src, int64_t n) { device.copy(dst, src, n); }));
-    else
-      b.owned.push_back(make_staged_communicator(*group, device, group->name()));
+    b.owned.push_back(make_device_communicator(*group, *b.device));
     return b.owned.back().get();
   };
   b.tensor = staged(groups.tensor);
