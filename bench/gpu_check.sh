@@ -374,8 +374,10 @@ def cmd_kernels(csv_path, steps, step_ms, out_path):
         print(json.dumps({"error": "no kernel rows"})); return
     total = sum(t for t, _ in per.values()) / steps
     kind = lambda k: ("gemm" if any(w in k.lower() for w in ("gemm", "cutlass", "xmma", "nvjet",
-                                                             "cublas", "sm90_", "sm80_"))
-                      else "attention" if "attention" in k.lower() or "flash" in k.lower()
+                                                             "cublas", "sm90_", "sm80_",
+                                                             "splitkreduce"))
+                      else "attention" if any(w in k.lower() for w in ("attention", "attn_",
+                                                                       "flash", "fmha"))
                       else "other")
     by_kind = {}
     for k, (t, _) in per.items():

@@ -422,6 +422,7 @@ TEST(CudaLayerNorm, Bf16) {
   REQUIRE_CUDA_DEVICE();
   run_layernorm<bf16>(300, 768, 34);
   run_layernorm<bf16>(7, 100, 35);
+  run_layernorm<bf16>(4100, 768, 36);  // 129 row chunks: each column-sum thread adds several
 }
 
 // ================================================================ GELU, residual
@@ -561,11 +562,14 @@ TEST(CudaCrossEntropy, Fp32) {
   run_cross_entropy<float>(64, 1024, 1000, 1, 51);
   run_cross_entropy<float>(64, 1024, 1000, 2, 52);  // rank 1: 488 real + 24 padding columns
   run_cross_entropy<float>(16, 50304, 50257, 1, 53);
+  run_cross_entropy<float>(16, 1001, 990, 1, 56);  // rows not 16-byte aligned: the scalar path
 }
 TEST(CudaCrossEntropy, Bf16) {
   REQUIRE_CUDA_DEVICE();
   run_cross_entropy<bf16>(64, 1024, 1000, 1, 54);
   run_cross_entropy<bf16>(64, 1024, 1000, 2, 55);
+  run_cross_entropy<bf16>(64, 1024, 997, 1, 57);   // 16-byte packs, then a 5-column tail
+  run_cross_entropy<bf16>(16, 1003, 1003, 1, 58);  // rows not 16-byte aligned: the scalar path
 }
 
 // ================================================================ AdamW, grad norm
@@ -910,7 +914,7 @@ TEST(CudaLlama, RmsNormFp32) {
   REQUIRE_CUDA_DEVICE();
   run_rmsnorm<float>(300, 768, 1e-5f, 211);
   run_rmsnorm<float>(7, 100, 1e-6f, 212);
-  run_rmsnorm<float>(1030, 64, 1e-5f, 213);  // 5 row chunks
+  run_rmsnorm<float>(1030, 64, 1e-5f, 213);  // 33 row chunks
 }
 TEST(CudaLlama, RmsNormBf16) {
   REQUIRE_CUDA_DEVICE();

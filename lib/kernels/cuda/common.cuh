@@ -118,6 +118,38 @@ __device__ __forceinline__ U block_reduce(U v, U* shared, Op op, U identity) {
   return shared[32];
 }
 
+// Column sums of per-chunk partials, partial[chunks, W] (row k = chunk k), for the norm
+// backwards' parameter gradients: block (32 columns, kColumnSumRows), grid ceil(W / 32). Thread
+// (x, y) adds chunks y, y + kColumnSumRows, ... of its column in order; row y = 0 then adds the
+// kColumnSumRows sums in order and hands column j's total to add(j, total). Fixed tree:
+// deterministic. Wide enough for hundreds of chunks (one thread per column summed them in
+// series before: 16k rows in 64 chunks of 256 rows ran a 124M model's layernorm backward at
+// 0.5 ms a call on an H200, 24 % of the step).
+constexpr int kColumnSumRows = 32;
+template <typename Add>
+__global__ void column_sums_kernel(const float* __restrict__ partial, int64_t chunks, int64_t W,
+                                   Add add) {
+  __shared__ float sums[kColumnSumRows][33];
+  const int64_t j = blockIdx.x * int64_t(32) + threadIdx.x;
+  float s = 0.f;
+  if (j < W)
+    for (int64_t k = threadIdx.y; k < chunks; k += kColumnSumRows) s += partial[k * W + j];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < W) {
+    float total = 0.f;
+    for (int r = 0; r < kColumnSumRows; r++) total += sums[r][threadIdx.x];
+    add(j, total);
+  }
+}
+template <typename Add>
+void launch_column_sums(const float* partial, int64_t chunks, int64_t W, Add add,
+                        cudaStream_t stream) {
+  const dim3 block(32, kColumnSumRows);
+  column_sums_kernel<<<grid_for(W, 32, INT32_MAX), block, 0, stream>>>(partial, chunks, W, add);
+  CUDA_CHECK_LAUNCH();
+}
+
 struct SumOp {
   template <typename U>
   __device__ __forceinline__ U operator()(U a, U b) const {

@@ -1,6 +1,8 @@
 // Vocab-parallel softmax cross-entropy: the CPU's three local passes and the in-place backward,
 // plus a fused single-rank forward (online softmax: one read of the logits). One block per row,
-// fp32 statistics (exp sums reduced across the block in fp64), fixed reduction trees.
+// fp32 statistics (exp sums reduced across the block in fp64), fixed reduction trees. The fused
+// forward and the backward read (and write) rows in 16-byte packs when every row starts
+// 16-byte aligned: they stream the LM head's logits, the largest tensor of a step.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -58,7 +60,22 @@ __global__ void ce_loss_kernel(float* __restrict__ losses, const float* __restri
   if (n < N) losses[n] = logf(sums[n]) + row_max[n] - sums[N + n];
 }
 
-template <typename T>
+// Online softmax of one thread's columns: s = sum exp(x - m), m the largest x seen.
+struct OnlineSoftmax {
+  float m = -INFINITY, s = 0.f;
+  __device__ __forceinline__ void add(float x) {
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;  // (m = -inf: exp(-inf) = 0)
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+};
+
+// kVector: columns [0, valid) in 16-byte packs as far as whole packs reach, the rest one by
+// one (every row 16-byte aligned: the launcher checks).
+template <typename T, bool kVector>
 __global__ void ce_fused_forward_kernel(float* __restrict__ losses, float* __restrict__ row_max,
                                         float* __restrict__ sums, const T* __restrict__ logits,
                                         const int32_t* __restrict__ targets, int64_t N, int64_t Vl,
@@ -67,17 +84,22 @@ __global__ void ce_fused_forward_kernel(float* __restrict__ losses, float* __res
   __shared__ double shd[33];
   const int64_t n = blockIdx.x;
   const T* l = logits + n * Vl;
-  // Online softmax per thread: s = sum exp(x - m) over the thread's columns.
-  float m = -INFINITY, s = 0.f;
-  for (int64_t v = threadIdx.x; v < valid; v += blockDim.x) {
-    const float x = detail::to_f32(l[v]);
-    if (x > m) {
-      s = s * expf(m - x) + 1.f;  // (m = -inf: exp(-inf) = 0)
-      m = x;
-    } else {
-      s += expf(x - m);
+  OnlineSoftmax part;
+  int64_t scalar_begin = 0;
+  if constexpr (kVector) {
+    using P = detail::Pack<T>;
+    const int64_t packs = valid / P::kSize;
+    const P* lp = reinterpret_cast<const P*>(l);
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const P in = lp[p];
+#pragma unroll
+      for (int k = 0; k < P::kSize; k++) part.add(detail::to_f32(in.v[k]));
     }
+    scalar_begin = packs * P::kSize;
   }
+  for (int64_t v = scalar_begin + threadIdx.x; v < valid; v += blockDim.x)
+    part.add(detail::to_f32(l[v]));
+  const float m = part.m, s = part.s;
   const float M = detail::block_reduce(m, shf, detail::MaxOp{}, -INFINITY);
   const float scaled = (m == -INFINITY) ? 0.f : s * expf(m - M);
   const double total = detail::block_reduce(static_cast<double>(scaled), shd, detail::SumOp{}, 0.0);
@@ -92,8 +114,16 @@ __global__ void ce_fused_forward_kernel(float* __restrict__ losses, float* __res
   }
 }
 
-// Each column is read and then written by the same thread: dlogits may alias logits.
-template <typename T>
+// Each column is read and then written by the same thread (kVector: each pack): dlogits may
+// alias logits. kVector needs every row 16-byte aligned and Vl a whole number of packs.
+__device__ __forceinline__ float ce_grad(float x, int64_t v, int64_t valid, int64_t tl, float m,
+                                         float scale, float g) {
+  if (v >= valid) return 0.f;
+  const float out = expf(x - m) * scale;
+  return v == tl ? out - g : out;
+}
+
+template <typename T, bool kVector>
 __global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* __restrict__ targets,
                                    const float* __restrict__ row_max,
                                    const float* __restrict__ sums,
@@ -106,14 +136,30 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* _
   const float g = dloss[n];
   const float scale = g / sums[n];
   const int64_t tl = local_target(targets[n], vocab_begin, valid);
-  for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) {
-    float out = 0.f;
-    if (v < valid) {
-      out = expf(detail::to_f32(l[v]) - m) * scale;
-      if (v == tl) out -= g;
+  if constexpr (kVector) {
+    using P = detail::Pack<T>;
+    const P* lp = reinterpret_cast<const P*>(l);
+    P* dp = reinterpret_cast<P*>(d);
+    for (int64_t p = threadIdx.x; p < Vl / P::kSize; p += blockDim.x) {
+      const P in = lp[p];
+      P out;
+#pragma unroll
+      for (int k = 0; k < P::kSize; k++)
+        out.v[k] = detail::from_f32<T>(
+            ce_grad(detail::to_f32(in.v[k]), p * P::kSize + k, valid, tl, m, scale, g));
+      dp[p] = out;
     }
-    d[v] = detail::from_f32<T>(out);
+  } else {
+    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x)
+      d[v] = detail::from_f32<T>(ce_grad(detail::to_f32(l[v]), v, valid, tl, m, scale, g));
   }
+}
+
+// Whether rows of Vl elements starting at `a` (and `b`) are all 16-byte aligned.
+template <typename T>
+bool rows_aligned16(int64_t Vl, const void* a, const void* b = nullptr) {
+  return Vl % detail::Pack<T>::kSize == 0 && detail::aligned16(a) &&
+         (b == nullptr || detail::aligned16(b));
 }
 
 void check_ce(int64_t N, int64_t Vl, const char* what) {
@@ -160,8 +206,14 @@ void cross_entropy_forward_fused(float* losses, float* row_max, float* sums, con
                                  int64_t vocab_size, cudaStream_t stream) {
   check_ce(N, Vl, "cross_entropy_forward_fused: bad sizes");
   if (N == 0) return;
-  ce_fused_forward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-      losses, row_max, sums, logits, targets, N, Vl, valid_columns(Vl, 0, vocab_size));
+  const int64_t valid = valid_columns(Vl, 0, vocab_size);
+  if (rows_aligned16<T>(Vl, logits)) {
+    ce_fused_forward_kernel<T, true><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        losses, row_max, sums, logits, targets, N, Vl, valid);
+  } else {
+    ce_fused_forward_kernel<T, false><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        losses, row_max, sums, logits, targets, N, Vl, valid);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -172,9 +224,14 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
                             cudaStream_t stream) {
   check_ce(N, Vl, "cross_entropy_backward: bad sizes");
   if (N == 0 || Vl == 0) return;
-  ce_backward_kernel<T><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-      dlogits, logits, targets, row_max, sums, dloss, Vl, vocab_begin,
-      valid_columns(Vl, vocab_begin, vocab_size));
+  const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
+  if (rows_aligned16<T>(Vl, logits, dlogits)) {
+    ce_backward_kernel<T, true><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        dlogits, logits, targets, row_max, sums, dloss, Vl, vocab_begin, valid);
+  } else {
+    ce_backward_kernel<T, false><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        dlogits, logits, targets, row_max, sums, dloss, Vl, vocab_begin, valid);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

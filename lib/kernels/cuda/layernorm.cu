@@ -5,8 +5,9 @@
 // Backward: one block per chunk of kRowsPerChunk rows. Its warps compute dinp row by row
 // (dx = rstd (w g - mean_c(w g) - xhat mean_c(w g xhat))); its threads, split over the columns,
 // sum dout * xhat and dout over the chunk's rows in row order into per-chunk partials; a second
-// kernel adds the partials in chunk order to dweight/dbias. Fixed chunking, fixed order:
-// deterministic, no atomics.
+// kernel (common.cuh's column sums) adds the partials to dweight/dbias in a fixed tree. Fixed
+// chunking, fixed order: deterministic, no atomics. The chunks are short so that a batch's rows
+// make several blocks per SM (16k rows: 512 blocks on an H200's 132 SMs).
 #include "kernels/cuda/common.cuh"
 
 namespace trident::cuda {
@@ -14,7 +15,7 @@ namespace trident::cuda {
 namespace {
 
 constexpr float kEps = 1e-5f;
-constexpr int kRowsPerChunk = 256;
+constexpr int kRowsPerChunk = 32;
 constexpr int kThreads = 256;  // 8 warps
 
 template <typename T>
@@ -91,19 +92,19 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
   }
 }
 
-__global__ void layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
-                                            const float* __restrict__ partial, int64_t chunks,
-                                            int64_t C) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // [0, 2C)
-  if (j >= 2 * C) return;
-  float s = 0.f;
-  for (int64_t k = 0; k < chunks; k++) s += partial[k * 2 * C + j];
-  if (j < C) {
-    dweight[j] += s;
-  } else {
-    dbias[j - C] += s;
+// dweight[c] += column c's total, dbias[c] += column C + c's (partial rows are [dw | db]).
+struct AddParamGrads {
+  float* dweight;
+  float* dbias;
+  int64_t C;
+  __device__ void operator()(int64_t j, float total) const {
+    if (j < C) {
+      dweight[j] += total;
+    } else {
+      dbias[j - C] += total;
+    }
   }
-}
+};
 
 }  // namespace
 
@@ -136,9 +137,7 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, co
   layernorm_backward_kernel<T><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
       dinp, partial, dout, inp, weight, mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  layernorm_param_grad_kernel<<<detail::grid_for(2 * C, 256), 256, 0, stream>>>(
-      dweight, dbias, partial, chunks, C);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_column_sums(partial, chunks, 2 * C, AddParamGrads{dweight, dbias, C}, stream);
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                 \

@@ -7,7 +7,7 @@
 // the row in fp32. v is never touched.
 // RMSNorm forward: one warp per row, fp32 sum of squares. Backward: the layernorm.cu scheme, one
 // block per chunk of kRowsPerChunk rows: dinp row by row, and per-chunk dweight partials summed
-// over the chunk's rows in row order; a second kernel adds the partials in chunk order.
+// over the chunk's rows in row order; common.cuh's column sums add the partials in a fixed tree.
 // Fixed chunking and order: deterministic, no atomics.
 // SwiGLU: elementwise over [N, Fh], 16-byte vectors when the rows allow it.
 #include "kernels/cuda/common.cuh"
@@ -17,7 +17,7 @@ namespace trident::cuda {
 namespace {
 
 constexpr int kThreads = 256;         // 8 warps
-constexpr int kRowsPerChunk = 256;    // rmsnorm backward: rows per dweight partial
+constexpr int kRowsPerChunk = 32;     // rmsnorm backward: rows per dweight partial (layernorm.cu)
 
 // ---------------------------------------------------------------- RoPE
 // qkv[N, C3] (C3 = (NH + 2*KVH)*HS), in place on the first `heads` = NH + KVH heads of each row
@@ -113,16 +113,11 @@ __global__ void rmsnorm_backward_kernel(T* dinp, float* __restrict__ partial, co
   }
 }
 
-// dweight[c] += sum over chunks k (in order) of partial[k, c].
-__global__ void rmsnorm_param_grad_kernel(float* __restrict__ dweight,
-                                          const float* __restrict__ partial, int64_t chunks,
-                                          int64_t C) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.f;
-  for (int64_t k = 0; k < chunks; k++) s += partial[k * C + c];
-  dweight[c] += s;
-}
+// dweight[c] += column c's total of the chunk partials.
+struct AddWeightGrad {
+  float* dweight;
+  __device__ void operator()(int64_t c, float total) const { dweight[c] += total; }
+};
 
 // ---------------------------------------------------------------- SwiGLU
 // silu(x) = x sig(x), sig(x) = 1 / (1 + exp(-x)), silu'(x) = sig (1 + x (1 - sig)). As in the
@@ -235,9 +230,7 @@ void rmsnorm_backward(T* dinp, float* dweight, const T* dout, const T* inp, cons
   rmsnorm_backward_kernel<T><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
       dinp, partial, dout, inp, weight, rstd, N, C);
   CUDA_CHECK_LAUNCH();
-  rmsnorm_param_grad_kernel<<<detail::grid_for(C, 256), 256, 0, stream>>>(dweight, partial,
-                                                                          chunks, C);
-  CUDA_CHECK_LAUNCH();
+  detail::launch_column_sums(partial, chunks, C, AddWeightGrad{dweight}, stream);
 }
 
 template <typename T>
