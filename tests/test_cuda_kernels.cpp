@@ -417,11 +417,12 @@ TEST(CudaLayerNorm, Fp32) {
   run_layernorm<float>(300, 768, 31);
   run_layernorm<float>(7, 100, 32);
   run_layernorm<float>(1030, 64, 33);
+  run_layernorm<float>(5, 30, 37);  // rows not 16-byte aligned: the scalar path
 }
 TEST(CudaLayerNorm, Bf16) {
   REQUIRE_CUDA_DEVICE();
   run_layernorm<bf16>(300, 768, 34);
-  run_layernorm<bf16>(7, 100, 35);
+  run_layernorm<bf16>(7, 100, 35);  // 100 columns: not whole packs of 8, the scalar path
   run_layernorm<bf16>(4100, 768, 36);  // 129 row chunks: each column-sum thread adds several
 }
 

@@ -180,8 +180,16 @@ void CudaDevice::scale(float* x, int64_t n, float s) { cuda::scale_inplace(x, n,
 double CudaDevice::square_sum(const std::vector<Range>& ranges) {
   auto* result = static_cast<double*>(norm_result_.get());
   CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
-  for (const Range& r : ranges)  // queued back to back; the host waits once, below
-    cuda::grad_square_sum(result, r.data, r.size, true, stream_, norm_workspace_.get());
+  // Ranges that lie back to back (a model's parameters in the flat buffer) are summed as one:
+  // a launch pair per tensor (148 for GPT-2 124M) took 0.9 ms of kernels a step on an H200,
+  // where one pass over the 0.5 GB of gradients needs about 0.15 ms. Queued back to back; the
+  // host waits once, below.
+  for (size_t i = 0; i < ranges.size();) {
+    const float* begin = ranges[i].data;
+    int64_t size = ranges[i].size;
+    for (++i; i < ranges.size() && ranges[i].data == begin + size; ++i) size += ranges[i].size;
+    cuda::grad_square_sum(result, begin, size, true, stream_, norm_workspace_.get());
+  }
   double host = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   wait_stream("square_sum (gradient norm)");
