@@ -46,9 +46,9 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
   }
 }
 
-// The backward's per-row and per-column work, on one element (x, dout g, weight w) of row n.
+// A row's saved statistics, and its normalised input xhat = (x - mean) rstd.
 struct LnGrad {
-  float m, s;  // the row's mean and rstd
+  float m, s;  // mean, rstd
   __device__ __forceinline__ float xhat(float x) const { return (x - m) * s; }
 };
 
