@@ -55,6 +55,11 @@
 #      f's run, per kernel and per step ($OUT/trident_kernels.txt), against f's ms/step; and
 #      PyTorch's kernels for g's step (torch.profiler, $OUT/torch_kernels.txt), reported
 #                                                                          [H200 est. ~90 s]
+#   p. a Llama on the GPU: configs/llama_3.2_1b.toml's shapes (16 x 2048, 32 heads sharing 8
+#      kv heads, SwiGLU 8192, tied head) with vocabulary 50304 (the packed random tokens), one
+#      GPU, bf16, micro-batch 4 x 2048 tokens, 12 steps: tokens/s, the trainer's TFLOP/s and
+#      their share of e's ceiling; then ncu's kernel times of 3 steps ($OUT/llama_kernels.txt),
+#      reported                                                           [H200 est. ~60 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -73,7 +78,7 @@
 # Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
 #
 # Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
-#          --budget SECONDS, --steps "b c h" (a subset of b-n; a always runs)
+#          --budget SECONDS, --steps "b c h" (a subset of b-p; a always runs)
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
@@ -85,7 +90,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l m n o"
+STEPS="a b c d e f g h i j k l m n o p"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -1183,6 +1188,64 @@ if want o; then
       row o "PyTorch kernels per step (torch.profiler, 2 steps)" "reported" "$(head -1 "$OUT/torch_kernels.txt" | cut -c3-)" INFO
     else
       row o "PyTorch kernels per step (torch.profiler)" "reported" "failed (rc $rc): $(tail -1 "$LOGS/torch-profile.err" | cut -c1-120)" ERROR
+    fi
+  fi
+fi
+
+# ================================================================ p. a Llama's speed
+# Llama 3.2 1B's shapes with the packed 50304-token data (uint16 shards cannot hold its 128256
+# ids); reported, no reference: the PyTorch script is GPT-2 only. The trainer's own FLOP count
+# (gflops_per_rank) covers grouped-query attention and SwiGLU, which f's GPT-2 formula does not.
+if want p; then
+  cfg=configs/llama_3.2_1b.toml
+  if [[ $DRY == 1 ]]; then
+    lshape=(--set model.layers=2 --set model.width=128 --set model.heads=4 --set model.kv_heads=2
+            --set model.ffn_width=256 --set model.seq_len=128)
+    LB=2 LN=5 LSKIP=2 llabel="stand-in L2 C128 T128 B=2, CPU fp32"
+  else
+    lshape=() LB=4 LN=12 LSKIP=3 llabel="Llama 3.2 1B shapes, vocab 50304, bf16 B=4 x 2048"
+  fi
+  lcommon=("${lshape[@]}" --set model.vocab_size=50304 --set data.train=gpu_pack/data/random_50304.bin
+           --set data.val= --set parallel.tensor=1 --set parallel.data=1 --set optim.zero_stage=0
+           --set eval.interval=0 --set checkpoint.dir= --set log.interval=1
+           --set train.micro_batch=$LB --set train.global_batch=$LB)
+  say "p. $llabel, $LN steps"
+  gpu_run llama-1b "$cfg" "$(limit 90 30)" 1 "${lcommon[@]}" --set train.steps=$LN \
+      --set train.device=cuda --set train.precision=bf16
+  rc=$?
+  v=INFO; [[ $DRY == 1 ]] && v=DRY
+  res=$(gc throughput "$RUNS/llama-1b/metrics.jsonl" "$LSKIP" 1 1 1 1 "$LB" 2>&1)
+  fact "{\"what\": \"trident llama 1b\", \"rc\": $rc, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
+  IFS=$'\x1f' read -r ltps lms ltfl err <<<"$(get "$res" tokens_per_s ms_per_step trainer_tflops error)"
+  if [[ $rc != 0 || -n $err || -z $ltps || -z $ltfl ]]; then
+    row p "Trident $llabel: tokens/s" "reported" "failed (rc $rc): ${err:-$(errline "$LOGS/llama-1b.log")}" ERROR
+  else
+    share="no ceiling measured"
+    [[ -n ${ceiling:-} ]] && share=$("$PY" -c "import sys; print(f'{100*float(sys.argv[1])/float(sys.argv[2]):.1f}% of the ceiling ({sys.argv[2]} TFLOP/s)')" "$ltfl" "$ceiling")
+    row p "Trident $llabel: tokens/s (median of $(get "$res" steps_used) steps)" "reported" \
+        "$ltps tok/s, $lms ms/step, $ltfl TFLOP/s (trainer's count): $share" "$v"
+  fi
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [[ $DRY == 1 || -z $NCU || -z $ltps ]]; then
+    row p "Llama kernels per step (ncu)" "reported" "not run (${NCU:-no ncu}; dry run: $DRY)" SKIP
+  else
+    t=$(limit 90 0)
+    say "ncu (Llama): $NCU (limit ${t}s)"
+    tenv timeout -k 10 "$t" "$NCU" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum -f -o "$WORK/llama_kernels" \
+        "$BIN/trident" train --config "$cfg" --set log.dir="$RUNS/ncu-llama" "${lcommon[@]}" \
+        --set train.steps=3 --set train.device=cuda --set train.precision=bf16 \
+        >"$LOGS/ncu-llama-run.log" 2>&1
+    rc=$?
+    "$NCU" -i "$WORK/llama_kernels.ncu-rep" --csv --page raw --print-kernel-base function \
+        --print-units base >"$LOGS/ncu-llama.csv" 2>"$LOGS/ncu-llama-import.err"
+    res=$(gc kernels "$LOGS/ncu-llama.csv" 3 "${lms:-}" "$OUT/llama_kernels.txt" 2>&1)
+    IFS=$'\x1f' read -r kms err top <<<"$(get "$res" kernel_ms_per_step error top)"
+    if [[ -n $err || -z $kms ]]; then
+      row p "Llama kernels per step (ncu)" "reported" "failed (rc $rc): ${err:-$res} $(errline "$LOGS/ncu-llama-run.log")" ERROR
+    else
+      row p "Llama kernels per step (ncu, 3 steps)" "reported" \
+          "$kms ms of kernels per step vs ${lms:-?} ms; $(get "$res" kinds); top: $top" INFO
     fi
   fi
 fi
