@@ -916,11 +916,13 @@ TEST(CudaLlama, RmsNormFp32) {
   run_rmsnorm<float>(300, 768, 1e-5f, 211);
   run_rmsnorm<float>(7, 100, 1e-6f, 212);
   run_rmsnorm<float>(1030, 64, 1e-5f, 213);  // 33 row chunks
+  run_rmsnorm<float>(5, 30, 1e-5f, 216);      // rows not 16-byte aligned: the scalar path
 }
 TEST(CudaLlama, RmsNormBf16) {
   REQUIRE_CUDA_DEVICE();
   run_rmsnorm<bf16>(300, 768, 1e-5f, 214);
-  run_rmsnorm<bf16>(7, 100, 1e-6f, 215);
+  run_rmsnorm<bf16>(7, 100, 1e-6f, 215);      // 100 columns: not whole packs, the scalar path
+  run_rmsnorm<bf16>(1100, 2048, 1e-5f, 217);  // Llama 3.2 1B's width, 35 row chunks
 }
 
 // ================================================================ Llama: SwiGLU

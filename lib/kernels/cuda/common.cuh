@@ -80,6 +80,39 @@ struct alignas(16) Pack {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// kStep consecutive elements of a row as floats: one 16-byte pack (kVector: the address must be
+// 16-byte aligned) or a single element. Lets a kernel be written once for its vector and scalar
+// paths.
+template <typename T, bool kVector>
+struct Cols {
+  static constexpr int kStep = kVector ? Pack<T>::kSize : 1;
+  float v[kStep];
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (kVector) {
+      const Pack<T> q = *reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+      for (int k = 0; k < kStep; k++) v[k] = to_f32(q.v[k]);
+    } else {
+      v[0] = to_f32(*p);
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (kVector) {
+      Pack<T> q;
+#pragma unroll
+      for (int k = 0; k < kStep; k++) q.v[k] = from_f32<T>(v[k]);
+      *reinterpret_cast<Pack<T>*>(p) = q;
+    } else {
+      *p = from_f32<T>(v[0]);
+    }
+  }
+};
+// Whether rows of C elements of T at every one of the pointers are all 16-byte aligned.
+template <typename T, typename... Ptrs>
+bool rows_aligned16(int64_t C, const Ptrs*... ptrs) {
+  return C % Pack<T>::kSize == 0 && (aligned16(ptrs) && ...);
+}
+
 // ---------------------------------------------------------------- reductions
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

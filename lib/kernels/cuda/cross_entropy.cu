@@ -155,13 +155,6 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* _
   }
 }
 
-// Whether rows of Vl elements starting at `a` (and `b`) are all 16-byte aligned.
-template <typename T>
-bool rows_aligned16(int64_t Vl, const void* a, const void* b = nullptr) {
-  return Vl % detail::Pack<T>::kSize == 0 && detail::aligned16(a) &&
-         (b == nullptr || detail::aligned16(b));
-}
-
 void check_ce(int64_t N, int64_t Vl, const char* what) {
   detail::check_dims(N >= 0 && Vl >= 0, what);
   detail::check_dims(N <= INT32_MAX, what);
@@ -207,7 +200,7 @@ void cross_entropy_forward_fused(float* losses, float* row_max, float* sums, con
   check_ce(N, Vl, "cross_entropy_forward_fused: bad sizes");
   if (N == 0) return;
   const int64_t valid = valid_columns(Vl, 0, vocab_size);
-  if (rows_aligned16<T>(Vl, logits)) {
+  if (detail::rows_aligned16<T>(Vl, logits)) {
     ce_fused_forward_kernel<T, true><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
         losses, row_max, sums, logits, targets, N, Vl, valid);
   } else {
@@ -225,7 +218,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   check_ce(N, Vl, "cross_entropy_backward: bad sizes");
   if (N == 0 || Vl == 0) return;
   const int64_t valid = valid_columns(Vl, vocab_begin, vocab_size);
-  if (rows_aligned16<T>(Vl, logits, dlogits)) {
+  if (detail::rows_aligned16<T>(Vl, logits, dlogits)) {
     ce_backward_kernel<T, true><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
         dlogits, logits, targets, row_max, sums, dloss, Vl, vocab_begin, valid);
   } else {

@@ -46,12 +46,6 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
   }
 }
 
-// A row's saved statistics, and its normalised input xhat = (x - mean) rstd.
-struct LnGrad {
-  float m, s;  // mean, rstd
-  __device__ __forceinline__ float xhat(float x) const { return (x - m) * s; }
-};
-
 // kVector: rows, dout, dinp and weight read and written in 16-byte packs (C a whole number of
 // packs, every pointer 16-byte aligned: the launcher checks); otherwise one element at a time.
 template <typename T, bool kVector>
@@ -59,8 +53,8 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
                                           const T* __restrict__ inp, const T* __restrict__ weight,
                                           const float* __restrict__ mean,
                                           const float* __restrict__ rstd, int64_t N, int64_t C) {
-  using P = detail::Pack<T>;
-  constexpr int kStep = kVector ? P::kSize : 1;  // columns per load
+  using V = detail::Cols<T, kVector>;
+  constexpr int kStep = V::kStep;
   const int64_t r0 = blockIdx.x * int64_t(kRowsPerChunk);
   const int64_t r1 = min(N, r0 + kRowsPerChunk);
   // Column partials first (they read dout; dinp is written after the barrier, so dinp may
@@ -70,20 +64,14 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
   for (int64_t c = threadIdx.x * int64_t(kStep); c < C; c += int64_t(blockDim.x) * kStep) {
     float sw[kStep] = {}, sb[kStep] = {};
     for (int64_t n = r0; n < r1; n++) {
-      const LnGrad row{mean[n], rstd[n]};
-      if constexpr (kVector) {
-        const P g = *reinterpret_cast<const P*>(dout + n * C + c);
-        const P x = *reinterpret_cast<const P*>(inp + n * C + c);
+      const float m = mean[n], s = rstd[n];
+      V g, x;
+      g.load(dout + n * C + c);
+      x.load(inp + n * C + c);
 #pragma unroll
-        for (int k = 0; k < kStep; k++) {
-          const float gk = detail::to_f32(g.v[k]);
-          sw[k] += gk * row.xhat(detail::to_f32(x.v[k]));
-          sb[k] += gk;
-        }
-      } else {
-        const float g = detail::to_f32(dout[n * C + c]);
-        sw[0] += g * row.xhat(detail::to_f32(inp[n * C + c]));
-        sb[0] += g;
+      for (int k = 0; k < kStep; k++) {
+        sw[k] += g.v[k] * ((x.v[k] - m) * s);
+        sb[k] += g.v[k];
       }
     }
 #pragma unroll
@@ -97,48 +85,34 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
   // for c = l kStep, (l + 32) kStep, ...
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int64_t n = r0 + warp; n < r1; n += warps) {
-    const T* x = inp + n * C;
-    const T* g = dout + n * C;
-    const LnGrad row{mean[n], rstd[n]};
+    const T* xr = inp + n * C;
+    const T* gr = dout + n * C;
+    const float m = mean[n], s = rstd[n];
     float sum_g = 0.f, sum_gx = 0.f;
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
-      if constexpr (kVector) {
-        const P xv = *reinterpret_cast<const P*>(x + c);
-        const P gv = *reinterpret_cast<const P*>(g + c);
-        const P wv = *reinterpret_cast<const P*>(weight + c);
+      V x, g, w;
+      x.load(xr + c);
+      g.load(gr + c);
+      w.load(weight + c);
 #pragma unroll
-        for (int k = 0; k < kStep; k++) {
-          const float gw = detail::to_f32(wv.v[k]) * detail::to_f32(gv.v[k]);
-          sum_g += gw;
-          sum_gx += gw * row.xhat(detail::to_f32(xv.v[k]));
-        }
-      } else {
-        const float gw = detail::to_f32(weight[c]) * detail::to_f32(g[c]);
+      for (int k = 0; k < kStep; k++) {
+        const float gw = w.v[k] * g.v[k];
         sum_g += gw;
-        sum_gx += gw * row.xhat(detail::to_f32(x[c]));
+        sum_gx += gw * ((x.v[k] - m) * s);
       }
     }
     const float mean_g = detail::warp_sum(sum_g) / static_cast<float>(C);
     const float mean_gx = detail::warp_sum(sum_gx) / static_cast<float>(C);
     T* dx = dinp + n * C;
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
-      if constexpr (kVector) {
-        const P xv = *reinterpret_cast<const P*>(x + c);
-        const P gv = *reinterpret_cast<const P*>(g + c);
-        const P wv = *reinterpret_cast<const P*>(weight + c);
-        P out;
+      V x, g, w, out;
+      x.load(xr + c);
+      g.load(gr + c);
+      w.load(weight + c);
 #pragma unroll
-        for (int k = 0; k < kStep; k++) {
-          const float gw = detail::to_f32(wv.v[k]) * detail::to_f32(gv.v[k]);
-          const float xhat = row.xhat(detail::to_f32(xv.v[k]));
-          out.v[k] = detail::from_f32<T>(row.s * (gw - mean_g - xhat * mean_gx));
-        }
-        *reinterpret_cast<P*>(dx + c) = out;
-      } else {
-        const float gw = detail::to_f32(weight[c]) * detail::to_f32(g[c]);
-        const float xhat = row.xhat(detail::to_f32(x[c]));
-        dx[c] = detail::from_f32<T>(row.s * (gw - mean_g - xhat * mean_gx));
-      }
+      for (int k = 0; k < kStep; k++)
+        out.v[k] = s * (w.v[k] * g.v[k] - mean_g - ((x.v[k] - m) * s) * mean_gx);
+      out.store(dx + c);
     }
   }
 }
@@ -185,10 +159,7 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, co
   detail::check_dims(chunks <= INT32_MAX, "layernorm_backward: N too large");
   detail::Scratch scratch(workspace, layernorm_backward_workspace_bytes(N, C), stream);
   float* partial = scratch.as<float>();
-  const bool vector = C % detail::Pack<T>::kSize == 0 && detail::aligned16(dinp) &&
-                      detail::aligned16(dout) && detail::aligned16(inp) &&
-                      detail::aligned16(weight);
-  if (vector) {
+  if (detail::rows_aligned16<T>(C, dinp, dout, inp, weight)) {
     layernorm_backward_kernel<T, true><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
         dinp, partial, dout, inp, weight, mean, rstd, N, C);
   } else {

@@ -79,36 +79,57 @@ __global__ void rmsnorm_forward_kernel(T* __restrict__ out, float* __restrict__ 
 // y = x r w with r = (mean(x^2) + eps)^(-1/2), so with xhat = x r and gw = g w:
 //   dx = r (gw - xhat mean_c(gw xhat)),   dweight += sum_n g xhat.
 // Block = one chunk of kRowsPerChunk rows; partial[chunk, C] gets the chunk's dweight sums.
-template <typename T>
+// kVector: 16-byte packs (C a whole number of packs, every pointer aligned: the launcher
+// checks), as in layernorm_backward.
+template <typename T, bool kVector>
 __global__ void rmsnorm_backward_kernel(T* dinp, float* __restrict__ partial, const T* dout,
                                         const T* __restrict__ inp, const T* __restrict__ weight,
                                         const float* __restrict__ rstd, int64_t N, int64_t C) {
+  using V = detail::Cols<T, kVector>;
+  constexpr int kStep = V::kStep;
   const int64_t r0 = blockIdx.x * int64_t(kRowsPerChunk);
   const int64_t r1 = min(N, r0 + kRowsPerChunk);
   // Column partials first (they read dout; dinp is written after the barrier, so dinp may
-  // alias dout, as in layernorm_backward).
+  // alias dout, as in layernorm_backward). Thread t owns columns [c, c + kStep).
   float* pw = partial + blockIdx.x * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float sw = 0.f;
-    for (int64_t n = r0; n < r1; n++)
-      sw += detail::to_f32(dout[n * C + c]) * (detail::to_f32(inp[n * C + c]) * rstd[n]);
-    pw[c] = sw;
+  for (int64_t c = threadIdx.x * int64_t(kStep); c < C; c += int64_t(blockDim.x) * kStep) {
+    float sw[kStep] = {};
+    for (int64_t n = r0; n < r1; n++) {
+      const float r = rstd[n];
+      V g, x;
+      g.load(dout + n * C + c);
+      x.load(inp + n * C + c);
+#pragma unroll
+      for (int k = 0; k < kStep; k++) sw[k] += g.v[k] * (x.v[k] * r);
+    }
+#pragma unroll
+    for (int k = 0; k < kStep; k++) pw[c + k] = sw[k];
   }
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int64_t n = r0 + warp; n < r1; n += warps) {
-    const T* x = inp + n * C;
-    const T* g = dout + n * C;
+    const T* xr = inp + n * C;
+    const T* gr = dout + n * C;
     const float r = rstd[n];
     float sum_gx = 0.f;
-    for (int64_t c = lane; c < C; c += 32)
-      sum_gx += detail::to_f32(weight[c]) * detail::to_f32(g[c]) * (detail::to_f32(x[c]) * r);
+    for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
+      V x, g, w;
+      x.load(xr + c);
+      g.load(gr + c);
+      w.load(weight + c);
+#pragma unroll
+      for (int k = 0; k < kStep; k++) sum_gx += w.v[k] * g.v[k] * (x.v[k] * r);
+    }
     const float mean_gx = detail::warp_sum(sum_gx) / static_cast<float>(C);
     T* dx = dinp + n * C;
-    for (int64_t c = lane; c < C; c += 32) {
-      const float xhat = detail::to_f32(x[c]) * r;
-      const float gw = detail::to_f32(weight[c]) * detail::to_f32(g[c]);
-      dx[c] = detail::from_f32<T>(r * (gw - xhat * mean_gx));
+    for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
+      V x, g, w, out;
+      x.load(xr + c);
+      g.load(gr + c);
+      w.load(weight + c);
+#pragma unroll
+      for (int k = 0; k < kStep; k++) out.v[k] = r * (w.v[k] * g.v[k] - (x.v[k] * r) * mean_gx);
+      out.store(dx + c);
     }
   }
 }
@@ -227,8 +248,13 @@ void rmsnorm_backward(T* dinp, float* dweight, const T* dout, const T* inp, cons
   detail::check_dims(chunks <= INT32_MAX, "rmsnorm_backward: N too large");
   detail::Scratch scratch(workspace, rmsnorm_backward_workspace_bytes(N, C), stream);
   float* partial = scratch.as<float>();
-  rmsnorm_backward_kernel<T><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-      dinp, partial, dout, inp, weight, rstd, N, C);
+  if (detail::rows_aligned16<T>(C, dinp, dout, inp, weight)) {
+    rmsnorm_backward_kernel<T, true><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+        dinp, partial, dout, inp, weight, rstd, N, C);
+  } else {
+    rmsnorm_backward_kernel<T, false><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
+        dinp, partial, dout, inp, weight, rstd, N, C);
+  }
   CUDA_CHECK_LAUNCH();
   detail::launch_column_sums(partial, chunks, C, AddWeightGrad{dweight}, stream);
 }
