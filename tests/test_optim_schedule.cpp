@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "tensor/device.hpp"
 
 using namespace trident;
 
@@ -106,4 +109,19 @@ TEST(GradNorm, CountsOnlyParametersMarkedCounted) {
   auto host = make_cpu_device();
   EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{0, 4}}, *host), 9.0);
   EXPECT_DOUBLE_EQ(grad_square_sum({a, b}, g.data(), {{1, 4}}, *host), 8.0);
+}
+
+TEST(GradNorm, BackToBackRangesRunTogether) {
+  std::vector<float> g(10);
+  const std::vector<Device::Range> ranges = {
+      {g.data(), 2}, {g.data() + 2, 3}, {g.data() + 6, 1}, {g.data() + 7, 3}, {g.data(), 1}};
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (offset, size)
+  for_each_contiguous_run(ranges, [&](const float* data, int64_t size) {
+    runs.emplace_back(data - g.data(), size);
+  });
+  const std::vector<std::pair<int64_t, int64_t>> expected = {{0, 5}, {6, 4}, {0, 1}};
+  EXPECT_EQ(runs, expected);
+  int calls = 0;
+  for_each_contiguous_run({}, [&](const float*, int64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
 }

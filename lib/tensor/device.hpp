@@ -82,6 +82,20 @@ class Device {
   std::shared_ptr<AllocationMeter> meter_ = std::make_shared<AllocationMeter>();
 };
 
+// Calls f(data, size) once for each run of ranges that lie back to back in memory (each one
+// starting where the one before it ends), in order. A model's parameters sit back to back in
+// its flat buffer, so a device can sum their gradients' squares in one pass rather than one
+// per tensor (CudaDevice::square_sum).
+template <typename F>
+void for_each_contiguous_run(const std::vector<Device::Range>& ranges, F&& f) {
+  for (size_t i = 0; i < ranges.size();) {
+    const float* begin = ranges[i].data;
+    int64_t size = ranges[i].size;
+    for (++i; i < ranges.size() && ranges[i].data == begin + size; ++i) size += ranges[i].size;
+    f(begin, size);
+  }
+}
+
 // Typed view of an allocation: memory of n elements of T on `device`.
 template <typename T>
 class DeviceArray {
