@@ -107,6 +107,15 @@ struct Cols {
     }
   }
 };
+// A norm backward's columns [c, c + kStep) of one row: its input x, its output gradient g and
+// the norm's weight w (layernorm.cu, llama.cu's RMSNorm).
+template <typename V, typename T>
+__device__ __forceinline__ void load_norm_cols(V& x, V& g, V& w, const T* x_row, const T* g_row,
+                                               const T* weight, int64_t c) {
+  x.load(x_row + c);
+  g.load(g_row + c);
+  w.load(weight + c);
+}
 // Whether rows of C elements of T at every one of the pointers are all 16-byte aligned.
 template <typename T, typename... Ptrs>
 bool rows_aligned16(int64_t C, const Ptrs*... ptrs) {

@@ -91,9 +91,7 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
     float sum_g = 0.f, sum_gx = 0.f;
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
       V x, g, w;
-      x.load(xr + c);
-      g.load(gr + c);
-      w.load(weight + c);
+      detail::load_norm_cols(x, g, w, xr, gr, weight, c);
 #pragma unroll
       for (int k = 0; k < kStep; k++) {
         const float gw = w.v[k] * g.v[k];
@@ -106,9 +104,7 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
     T* dx = dinp + n * C;
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
       V x, g, w, out;
-      x.load(xr + c);
-      g.load(gr + c);
-      w.load(weight + c);
+      detail::load_norm_cols(x, g, w, xr, gr, weight, c);
 #pragma unroll
       for (int k = 0; k < kStep; k++)
         out.v[k] = s * (w.v[k] * g.v[k] - mean_g - ((x.v[k] - m) * s) * mean_gx);

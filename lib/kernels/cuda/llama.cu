@@ -114,9 +114,7 @@ __global__ void rmsnorm_backward_kernel(T* dinp, float* __restrict__ partial, co
     float sum_gx = 0.f;
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
       V x, g, w;
-      x.load(xr + c);
-      g.load(gr + c);
-      w.load(weight + c);
+      detail::load_norm_cols(x, g, w, xr, gr, weight, c);
 #pragma unroll
       for (int k = 0; k < kStep; k++) sum_gx += w.v[k] * g.v[k] * (x.v[k] * r);
     }
@@ -124,9 +122,7 @@ __global__ void rmsnorm_backward_kernel(T* dinp, float* __restrict__ partial, co
     T* dx = dinp + n * C;
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
       V x, g, w, out;
-      x.load(xr + c);
-      g.load(gr + c);
-      w.load(weight + c);
+      detail::load_norm_cols(x, g, w, xr, gr, weight, c);
 #pragma unroll
       for (int k = 0; k < kStep; k++) out.v[k] = r * (w.v[k] * g.v[k] - (x.v[k] * r) * mean_gx);
       out.store(dx + c);
