@@ -260,7 +260,7 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t Fh, cudaStream_
   detail::check_dims(N >= 0 && Fh >= 0, "swiglu_forward: negative size");
   if (N == 0 || Fh == 0) return;
   constexpr int kPack = detail::Pack<T>::kSize;
-  if (Fh % kPack == 0 && detail::aligned16(out) && detail::aligned16(gate_up)) {
+  if (detail::rows_aligned16<T>(Fh, out, gate_up)) {  // (gate_up's rows of 2 Fh too)
     swiglu_forward_kernel<T, kPack><<<detail::grid_for(N * Fh / kPack, kThreads), kThreads, 0,
                                       stream>>>(out, gate_up, N, Fh);
   } else {
@@ -276,8 +276,7 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, in
   detail::check_dims(N >= 0 && Fh >= 0, "swiglu_backward: negative size");
   if (N == 0 || Fh == 0) return;
   constexpr int kPack = detail::Pack<T>::kSize;
-  if (Fh % kPack == 0 && detail::aligned16(dgate_up) && detail::aligned16(dout) &&
-      detail::aligned16(gate_up)) {
+  if (detail::rows_aligned16<T>(Fh, dgate_up, dout, gate_up)) {
     swiglu_backward_kernel<T, kPack><<<detail::grid_for(N * Fh / kPack, kThreads), kThreads, 0,
                                        stream>>>(dgate_up, dout, gate_up, N, Fh);
   } else {
