@@ -1214,6 +1214,7 @@ if want p; then
       --set train.device=cuda --set train.precision=bf16
   rc=$?
   v=INFO; [[ $DRY == 1 ]] && v=DRY
+  # (L C V T = 1: the GPT-2 formula's TFLOP/s is not used here, only the trainer's own)
   res=$(gc throughput "$RUNS/llama-1b/metrics.jsonl" "$LSKIP" 1 1 1 1 "$LB" 2>&1)
   fact "{\"what\": \"trident llama 1b\", \"rc\": $rc, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
   IFS=$'\x1f' read -r ltps lms ltfl err <<<"$(get "$res" tokens_per_s ms_per_step trainer_tflops error)"
