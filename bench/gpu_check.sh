@@ -407,6 +407,40 @@ PYEOF
 gc() { "$PY" "$WORK/gc.py" "$@"; }
 get() { gc get "$@"; }   # get JSON KEY... -> values separated by \x1f
 
+# ncu_row STEP WHAT NAME LIMIT READY MS VS CONFIG [--set ...]: Nsight Compute's kernel times
+# (gpu__time_duration) of 3 steps of `trident train --config CONFIG ...`, each kernel's time per
+# step in $OUT/NAME.txt, as one row of STEP ("WHAT kernels per step") against the run's
+# measured MS a step (shown as "vs VS ms"). Not run (SKIP) in a dry run, without ncu, or when
+# READY is empty (the measured run it profiles did not happen); limit LIMIT seconds.
+ncu_row() {
+  local step=$1 what=$2 name=$3 nominal=$4 ready=$5 ms=$6 vs=$7 config=$8; shift 8
+  local ncu t rc res kms err top
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [[ $DRY == 1 || -z $ncu || -z $ready ]]; then
+    row "$step" "$what kernels per step (ncu)" "reported" "not run (${ncu:-no ncu}; dry run: $DRY)" SKIP
+    return
+  fi
+  rm -rf "${RUNS:?}/ncu-$name"
+  t=$(limit "$nominal" 0)
+  say "ncu ($what): $ncu (limit ${t}s)"
+  tenv timeout -k 10 "$t" "$ncu" --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum -f -o "$WORK/$name" \
+      "$BIN/trident" train --config "$config" --set log.dir="$RUNS/ncu-$name" "$@" \
+      --set train.steps=3 >"$LOGS/ncu-$name-run.log" 2>&1
+  rc=$?
+  "$ncu" -i "$WORK/$name.ncu-rep" --csv --page raw --print-kernel-base function \
+      --print-units base >"$LOGS/ncu-$name.csv" 2>"$LOGS/ncu-$name-import.err"
+  res=$(gc kernels "$LOGS/ncu-$name.csv" 3 "$ms" "$OUT/$name.txt" 2>&1)
+  fact "{\"what\": \"ncu $name\", \"rc\": $rc, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
+  IFS=$'\x1f' read -r kms err top <<<"$(get "$res" kernel_ms_per_step error top)"
+  if [[ -n $err || -z $kms ]]; then
+    row "$step" "$what kernels per step (ncu)" "reported" "failed (rc $rc): ${err:-$res} $(errline "$LOGS/ncu-$name-run.log")" ERROR
+  else
+    row "$step" "$what kernels per step (ncu, 3 steps)" "reported" \
+        "$kms ms of kernels per step vs $vs ms; $(get "$res" kinds); top: $top" INFO
+  fi
+}
+
 main() {
 say "gpu_check.sh in $repo; pack $PACK; out $OUT; work $WORK; budget ${BUDGET}s; steps: $STEPS"
 [[ -d $PACK/bin ]] || { say "no $PACK/bin: run bench/gpu_pack.sh here and carry gpu_pack"; row a pack "gpu_pack/ present" "missing" ERROR; return; }
@@ -1151,33 +1185,10 @@ fi
 # first. H200 estimate: ~60-120 s.
 if want o; then
   say "o. kernel time of f's step: ncu (Trident), torch.profiler (PyTorch)"
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  if [[ $DRY == 1 || -z $NCU || -z ${L:-} ]]; then
-    row o "Trident kernels per step (ncu)" "reported" "not run (${NCU:-no ncu}; dry run: $DRY)" SKIP
-  else
-    rm -rf "${RUNS:?}/ncu"
-    t=$(limit 150 0)
-    say "ncu: $NCU (limit ${t}s)"
-    tenv timeout -k 10 "$t" "$NCU" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum -f -o "$WORK/trident_kernels" \
-        "$BIN/trident" train --config configs/gpu_124m.toml --set log.dir="$RUNS/ncu" \
-        --set model.layers=$L --set model.heads=$H --set model.width=$C --set model.vocab_size=$V \
-        --set model.seq_len=$T --set train.steps=3 --set train.micro_batch=$B \
-        --set train.global_batch=$B --set train.device=cuda --set train.precision=bf16 \
-        >"$LOGS/ncu-run.log" 2>&1
-    rc=$?
-    "$NCU" -i "$WORK/trident_kernels.ncu-rep" --csv --page raw --print-kernel-base function \
-        --print-units base >"$LOGS/ncu.csv" 2>"$LOGS/ncu-import.err"
-    res=$(gc kernels "$LOGS/ncu.csv" 3 "${f_ms:-}" "$OUT/trident_kernels.txt" 2>&1)
-    fact "{\"what\": \"ncu trident\", \"rc\": $rc, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
-    IFS=$'\x1f' read -r kms err top <<<"$(get "$res" kernel_ms_per_step error top)"
-    if [[ -n $err || -z $kms ]]; then
-      row o "Trident kernels per step (ncu)" "reported" "failed (rc $rc): ${err:-$res} $(errline "$LOGS/ncu-run.log")" ERROR
-    else
-      row o "Trident kernels per step (ncu, 3 steps)" "reported" \
-          "$kms ms of kernels per step vs f's ${f_ms:-?} ms; $(get "$res" kinds); top: $top" INFO
-    fi
-  fi
+  ncu_row o Trident trident_kernels 150 "${L:-}" "${f_ms:-}" "f's ${f_ms:-?}" configs/gpu_124m.toml \
+      --set model.layers=${L:-} --set model.heads=${H:-} --set model.width=${C:-} \
+      --set model.vocab_size=${V:-} --set model.seq_len=${T:-} --set train.micro_batch=${B:-} \
+      --set train.global_batch=${B:-} --set train.device=cuda --set train.precision=bf16
   if [[ $DRY == 0 && -n ${PYT:-} && -n ${L:-} ]]; then
     PYTHONUNBUFFERED=1 timeout -k 10 "$(limit 60 0)" "$PYT" bench/torch_gpt.py --layers "$L" \
         --heads "$H" --width "$C" --vocab "$V" --seq "$T" --batch "$B" --device cuda \
@@ -1226,29 +1237,8 @@ if want p; then
     row p "Trident $llabel: tokens/s (median of $(get "$res" steps_used) steps)" "reported" \
         "$ltps tok/s, $lms ms/step, $ltfl TFLOP/s (trainer's count): $share" "$v"
   fi
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  if [[ $DRY == 1 || -z $NCU || -z $ltps ]]; then
-    row p "Llama kernels per step (ncu)" "reported" "not run (${NCU:-no ncu}; dry run: $DRY)" SKIP
-  else
-    t=$(limit 90 0)
-    say "ncu (Llama): $NCU (limit ${t}s)"
-    tenv timeout -k 10 "$t" "$NCU" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum -f -o "$WORK/llama_kernels" \
-        "$BIN/trident" train --config "$cfg" --set log.dir="$RUNS/ncu-llama" "${lcommon[@]}" \
-        --set train.steps=3 --set train.device=cuda --set train.precision=bf16 \
-        >"$LOGS/ncu-llama-run.log" 2>&1
-    rc=$?
-    "$NCU" -i "$WORK/llama_kernels.ncu-rep" --csv --page raw --print-kernel-base function \
-        --print-units base >"$LOGS/ncu-llama.csv" 2>"$LOGS/ncu-llama-import.err"
-    res=$(gc kernels "$LOGS/ncu-llama.csv" 3 "${lms:-}" "$OUT/llama_kernels.txt" 2>&1)
-    IFS=$'\x1f' read -r kms err top <<<"$(get "$res" kernel_ms_per_step error top)"
-    if [[ -n $err || -z $kms ]]; then
-      row p "Llama kernels per step (ncu)" "reported" "failed (rc $rc): ${err:-$res} $(errline "$LOGS/ncu-llama-run.log")" ERROR
-    else
-      row p "Llama kernels per step (ncu, 3 steps)" "reported" \
-          "$kms ms of kernels per step vs ${lms:-?} ms; $(get "$res" kinds); top: $top" INFO
-    fi
-  fi
+  ncu_row p Llama llama_kernels 90 "$ltps" "${lms:-}" "${lms:-?}" "$cfg" "${lcommon[@]}" \
+      --set train.device=cuda --set train.precision=bf16
 fi
 }
 
