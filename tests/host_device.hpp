@@ -23,9 +23,9 @@ class HostForwardingDevice : public Device {
   void fill_zero(void* dst, int64_t n) override { host_->fill_zero(dst, n); }
   void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
   double square_sum(const std::vector<Range>& r) override { return host_->square_sum(r); }
-  void adamw(float* w, const float* g, float* m, float* v, int64_t n,
-             const AdamWStep& step) override {
-    host_->adamw(w, g, m, v, n, step);
+  void adamw(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& step,
+             uint16_t* w_bf16) override {
+    host_->adamw(w, g, m, v, n, step, w_bf16);
   }
   void synchronize() override { host_->synchronize(); }
 

@@ -303,7 +303,8 @@ class FakeGpu final : public Device {
   void fill_zero(void*, int64_t) override {}
   void scale(float*, int64_t, float) override {}
   double square_sum(const std::vector<Range>&) override { return 0; }
-  void adamw(float*, const float*, float*, float*, int64_t, const AdamWStep&) override {}
+  void adamw(float*, const float*, float*, float*, int64_t, const AdamWStep&,
+             uint16_t*) override {}
   void synchronize() override {}
 
  private:

@@ -26,8 +26,10 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests no
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -574,51 +576,112 @@ TEST(CudaCrossEntropy, Bf16) {
 }
 
 // ================================================================ AdamW, grad norm
+// The CPU AdamW formula (CpuDevice::adamw) on [lo, hi) of w, m, v with one weight decay.
+void cpu_adamw(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m,
+               std::vector<float>& v, size_t lo, size_t hi, const gpu::AdamWHyper& h,
+               float bias1, float bias2) {
+  for (size_t i = lo; i < hi; i++) {
+    const float gi = g[i] * h.grad_scale;
+    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
+    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
+    const float m_hat = m[i] / bias1, v_hat = v[i] / bias2;
+    w[i] -= h.lr * (m_hat / (std::sqrt(v_hat) + h.eps) + h.weight_decay * w[i]);
+  }
+}
+
+// Three steps over two segments as the optimizer runs them (decay on the first, none on the
+// second, which starts at an odd offset: 16-byte packs and a tail, then the scalar path),
+// against the CPU formula; the bf16 copy is exactly the round-to-nearest-even of the GPU's own
+// fp32 weights; and a run with every array one float off 16-byte alignment (the scalar path
+// throughout) and one without the copy give the same fp32 bits.
 TEST(CudaOptim, AdamW) {
   REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(61);
-  const int64_t n = 100003;
+  const size_t n = 100003, split = 50001;
   auto w = random_vec(rng, n);
   std::vector<float> m(n, 0.f), v(n, 0.f);
-  std::vector<uint8_t> mask(n);
-  for (auto& x : mask) x = static_cast<uint8_t>(rng() & 1);
-  DevBuf<float> d_w(n), d_g(n), d_m(n), d_v(n);
-  DevBuf<uint8_t> d_mask(n);
-  DevBuf<bf16> d_wb(n);
-  d_w.upload(w);
-  d_m.upload(m);
-  d_v.upload(v);
-  d_mask.upload_raw(mask);
+  // Run 0: aligned, with the copy; run 1: every array at offset 1 (misaligned), with the copy;
+  // run 2: aligned, without the copy.
+  constexpr int kRuns = 3;
+  std::vector<std::unique_ptr<DevBuf<float>>> d_w, d_g, d_m, d_v;
+  std::vector<std::unique_ptr<DevBuf<bf16>>> d_wb;
+  for (int r = 0; r < kRuns; r++) {
+    const size_t off = r == 1 ? 1 : 0;
+    std::vector<float> padded(n + 1, 0.f);
+    std::copy(w.begin(), w.end(), padded.begin() + off);
+    d_w.push_back(std::make_unique<DevBuf<float>>(n + 1));
+    d_g.push_back(std::make_unique<DevBuf<float>>(n + 1));
+    d_m.push_back(std::make_unique<DevBuf<float>>(n + 1));
+    d_v.push_back(std::make_unique<DevBuf<float>>(n + 1));
+    d_wb.push_back(std::make_unique<DevBuf<bf16>>(n + 1));
+    d_w[r]->upload(padded);
+    d_m[r]->upload(std::vector<float>(n + 1, 0.f));
+    d_v[r]->upload(std::vector<float>(n + 1, 0.f));
+  }
   gpu::AdamWHyper h;
   h.lr = 1e-3f;
   h.beta1 = 0.9f;
   h.beta2 = 0.95f;
   h.eps = 1e-8f;
-  h.weight_decay = 0.1f;
   h.grad_scale = 0.5f;
   for (int64_t step = 0; step < 3; step++) {
     const auto g = random_vec(rng, n);
-    d_g.upload(g);
     h.step = step;
-    gpu::adamw_update(d_w.get(), d_g.get(), d_m.get(), d_v.get(), n, h, d_mask.get(),
-                      d_wb.get());
-    // The CPU AdamW::update formula.
+    for (int r = 0; r < kRuns; r++) {
+      const size_t off = r == 1 ? 1 : 0;
+      std::vector<float> padded(n + 1, 0.f);
+      std::copy(g.begin(), g.end(), padded.begin() + off);
+      d_g[r]->upload(padded);
+      for (const auto [lo, hi, decay] : {std::tuple{size_t{0}, split, 0.1f},
+                                         std::tuple{split, n, 0.0f}}) {
+        gpu::AdamWHyper seg = h;
+        seg.weight_decay = decay;
+        gpu::adamw_update(d_w[r]->get() + off + lo, d_g[r]->get() + off + lo,
+                          d_m[r]->get() + off + lo, d_v[r]->get() + off + lo,
+                          static_cast<int64_t>(hi - lo), seg,
+                          r == 2 ? nullptr : d_wb[r]->get() + off + lo);
+      }
+    }
     const double b1 = h.beta1, b2 = h.beta2;
     const float bias1 = static_cast<float>(1.0 - std::pow(b1, double(step + 1)));
     const float bias2 = static_cast<float>(1.0 - std::pow(b2, double(step + 1)));
-    for (int64_t i = 0; i < n; i++) {
-      const float gi = g[i] * h.grad_scale;
-      m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
-      v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
-      const float m_hat = m[i] / bias1, v_hat = v[i] / bias2;
-      const float wd = mask[i] ? h.weight_decay : 0.f;
-      w[i] -= h.lr * (m_hat / (std::sqrt(v_hat) + h.eps) + wd * w[i]);
-    }
+    gpu::AdamWHyper seg = h;
+    seg.weight_decay = 0.1f;
+    cpu_adamw(w, g, m, v, 0, split, seg, bias1, bias2);
+    seg.weight_decay = 0.0f;
+    cpu_adamw(w, g, m, v, split, n, seg, bias1, bias2);
   }
-  expect_close("adamw 3 steps", "weights", "fp32", d_w.download(), w, 1e-6);
-  expect_close("adamw 3 steps", "exp_avg", "fp32", d_m.download(), m, 1e-6);
-  expect_close("adamw 3 steps", "exp_avg_sq", "fp32", d_v.download(), v, 1e-6);
-  expect_close("adamw 3 steps", "weights_bf16", "bf16", d_wb.download(), w, 1e-2);
+  auto first_n = [&](std::vector<float> x, size_t off) {
+    return std::vector<float>(x.begin() + off, x.begin() + off + n);
+  };
+  const auto w0 = first_n(d_w[0]->download(), 0);
+  expect_close("adamw 3 steps", "weights", "fp32", w0, w, 1e-6);
+  expect_close("adamw 3 steps", "exp_avg", "fp32", first_n(d_m[0]->download(), 0), m, 1e-6);
+  expect_close("adamw 3 steps", "exp_avg_sq", "fp32", first_n(d_v[0]->download(), 0), v, 1e-6);
+  const auto wb = d_wb[0]->download_raw();
+  size_t copy_differ = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t got, want;
+    const bf16 rounded = __float2bfloat16_rn(w0[i]);
+    std::memcpy(&got, &wb[i], sizeof got);
+    std::memcpy(&want, &rounded, sizeof want);
+    copy_differ += got != want;
+  }
+  std::printf("  adamw bf16 copy: %zu of %zu differ from the rounded fp32 weights\n", copy_differ,
+              n);
+  EXPECT_EQ(copy_differ, 0u);
+  for (int r = 1; r < kRuns; r++) {
+    const size_t off = r == 1 ? 1 : 0;
+    const auto wr = first_n(d_w[r]->download(), off);
+    const auto mr = first_n(d_m[r]->download(), off);
+    EXPECT_EQ(std::memcmp(wr.data(), w0.data(), n * sizeof(float)), 0) << "run " << r;
+    EXPECT_EQ(std::memcmp(mr.data(), first_n(d_m[0]->download(), 0).data(), n * sizeof(float)),
+              0)
+        << "run " << r;
+  }
+  const auto wb1 = d_wb[1]->download_raw();
+  EXPECT_EQ(std::memcmp(wb1.data() + 1, wb.data(), n * sizeof(bf16)), 0)
+      << "the scalar path's bf16 copy differs from the packed one";
 }
 
 TEST(CudaOptim, GradSquareSum) {

@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
 #include "tensor/device.hpp"
+#include "util/bf16.hpp"
 
 using namespace trident;
 
@@ -67,6 +70,72 @@ TEST(AdamW, OneStepMatchesTheFormulaAndSkipsDecayWhereAsked) {
   EXPECT_EQ(w2[2], weights[2]);
   EXPECT_EQ(w2[3], -2.0f);
   EXPECT_EQ(shard.state_bytes(), 2 * 2 * 4);
+}
+
+// A bf16 model's compute copy: rewritten in the update's own pass, bit for bit the rounding of
+// the updated weights, when the optimizer owns every parameter; left alone (and reported so)
+// for a ZeRO-1 shard, whose other weights arrive later by all-gather. Neighbouring tensors of
+// the same decay run as one loop: the results are those of one loop per tensor.
+TEST(AdamW, RewritesTheBf16CopyOnlyWhenItOwnsEveryParameter) {
+  OptimConfig o;
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
+  std::vector<ParamInfo> params;
+  const int64_t sizes[] = {7, 5, 9, 3};
+  const bool decay[] = {true, true, false, true};
+  int64_t offset = 0;
+  for (int i = 0; i < 4; ++i) {
+    ParamInfo p;
+    p.name = "p" + std::to_string(i);
+    p.local_shape = p.global_shape = {sizes[i]};
+    p.weight_decay = decay[i];
+    p.offset = offset;
+    offset += sizes[i];
+    params.push_back(p);
+  }
+  const int64_t n = offset;
+  std::vector<float> start(n), grads(n);
+  for (int64_t i = 0; i < n; ++i) {
+    start[i] = 0.1f * static_cast<float>(i % 11) - 0.5f + 1e-3f * static_cast<float>(i);
+    grads[i] = 0.03f * static_cast<float>((i * 7) % 13) - 0.2f;
+  }
+  auto host = make_cpu_device();
+  // One AdamW per tensor: the reference for the merged loops.
+  std::vector<float> ref = start;
+  for (const ParamInfo& p : params) {
+    AdamW one({p}, {{p.offset, p.offset + p.numel()}}, o, *host);
+    for (int step = 0; step < 2; ++step)
+      one.update(ref.data(), grads.data(), o.lr, 0.5);
+  }
+  AdamW all(params, {{0, n}}, o, *host);
+  EXPECT_TRUE(all.owns_every_parameter());
+  std::vector<float> weights = start;
+  std::vector<uint16_t> copy(n, 0xffff);
+  for (int step = 0; step < 2; ++step)
+    EXPECT_TRUE(all.update(weights.data(), grads.data(), o.lr, 0.5, copy.data()));
+  int64_t compared = 0;
+  for (int64_t i = 0; i < n; ++i, ++compared) {
+    EXPECT_EQ(weights[i], ref[i]) << i;
+    EXPECT_EQ(copy[i], float_to_bf16(weights[i])) << i;
+  }
+  EXPECT_EQ(compared, n);
+  // Without a copy: the same weights.
+  AdamW plain(params, {{0, n}}, o, *host);
+  std::vector<float> w_plain = start;
+  for (int step = 0; step < 2; ++step)
+    EXPECT_FALSE(plain.update(w_plain.data(), grads.data(), o.lr, 0.5));
+  EXPECT_EQ(w_plain, weights);
+  // A ZeRO-1 shard: its part updated like the whole, the copy untouched.
+  AdamW shard(params, {{4, 15}}, o, *host);
+  EXPECT_FALSE(shard.owns_every_parameter());
+  std::vector<float> w_shard = start;
+  std::vector<uint16_t> untouched(n, 0xffff);
+  for (int step = 0; step < 2; ++step)
+    EXPECT_FALSE(shard.update(w_shard.data(), grads.data(), o.lr, 0.5, untouched.data()));
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(w_shard[i], (i >= 4 && i < 15) ? ref[i] : start[i]) << i;
+    EXPECT_EQ(untouched[i], 0xffff) << i;
+  }
 }
 
 TEST(GradSync, BucketsCoverTheBufferFromTheEndAtParameterBoundaries) {

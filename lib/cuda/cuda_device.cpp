@@ -194,7 +194,7 @@ double CudaDevice::square_sum(const std::vector<Range>& ranges) {
 }
 
 void CudaDevice::adamw(float* w, const float* grad, float* m, float* v, int64_t n,
-                       const AdamWStep& s) {
+                       const AdamWStep& s, uint16_t* w_bf16) {
   cuda::AdamWHyper h;
   h.lr = s.lr;
   h.beta1 = s.beta1;
@@ -204,7 +204,7 @@ void CudaDevice::adamw(float* w, const float* grad, float* m, float* v, int64_t 
   h.grad_scale = s.grad_scale;
   h.bias1 = s.bias1;
   h.bias2 = s.bias2;
-  cuda::adamw_update(w, grad, m, v, n, h, nullptr, nullptr, stream_);
+  cuda::adamw_update(w, grad, m, v, n, h, reinterpret_cast<cuda::bf16*>(w_bf16), stream_);
 }
 
 void CudaDevice::synchronize() { wait_stream("synchronize"); }

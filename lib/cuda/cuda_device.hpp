@@ -56,8 +56,8 @@ class CudaDevice final : public Device {
   void fill_zero(void* dst, int64_t bytes) override;
   void scale(float* x, int64_t n, float s) override;
   double square_sum(const std::vector<Range>& ranges) override;
-  void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
-             const AdamWStep& step) override;
+  void adamw(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWStep& step,
+             uint16_t* w_bf16) override;
   void synchronize() override;
 
   // Waits (bounded, as above) until `event`, recorded on a stream of this device, has completed;

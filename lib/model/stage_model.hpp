@@ -42,8 +42,12 @@ class StageModel {
   virtual void init_weights(uint64_t seed) = 0;
   virtual void zero_grads() = 0;
   // To be called after anything but the model wrote weights() (optimizer, checkpoint load,
-  // broadcast): a bf16 model refreshes its compute copy.
+  // broadcast): a bf16 model refreshes its compute copy. (Not after an AdamW::update that
+  // rewrote the copy itself.)
   virtual void weights_changed() {}
+  // A bf16 model's compute copy of weights(), element for element (bf16 bits), for the
+  // optimizer to rewrite in its own pass; nullptr where the model computes on weights().
+  virtual uint16_t* bf16_weights() { return nullptr; }
 
   // The type of the residual stream that crosses pipeline stages (F32 or BF16), and its
   // elements per micro-batch of B sequences (fewer under sequence parallelism).

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -106,6 +107,8 @@ class Transformer {
 
   // Flat master weights and gradients (params() offsets), in K's device memory.
   G* weights() { return master_.data(); }
+  // The compute copy of weights() where T differs from G (bf16), else nullptr.
+  T* compute_weights() { return std::is_same_v<T, G> ? nullptr : compute_.data(); }
   G* grads() { return grads_.data(); }
   int64_t flat_size() const { return layout_.flat_size; }
   // Init from the counter-based RNG keyed by (seed, parameter name, global index).

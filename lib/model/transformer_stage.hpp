@@ -30,6 +30,14 @@ class TransformerStage final : public StageModel {
   void init_weights(uint64_t seed) override { model_.init_weights(seed); }
   void zero_grads() override { model_.zero_grads(); }
   void weights_changed() override { model_.weights_changed(); }
+  uint16_t* bf16_weights() override {
+    if constexpr (K::act_dtype == DType::BF16) {
+      static_assert(sizeof(typename K::T) == sizeof(uint16_t));
+      return reinterpret_cast<uint16_t*>(model_.compute_weights());
+    } else {
+      return nullptr;
+    }
+  }
 
   DType stream_dtype() const override { return K::act_dtype; }
   int64_t stream_elements(int64_t B) const override {

@@ -18,13 +18,31 @@ AdamW::AdamW(const std::vector<ParamInfo>& params, std::vector<FlatRange> owned,
     segments_.push_back({p.offset, p.offset + p.numel(), decays(p, optim)});
   std::sort(segments_.begin(), segments_.end(),
             [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
+  std::vector<Segment> merged;
+  for (const Segment& s : segments_) {
+    if (!merged.empty() && merged.back().end == s.begin && merged.back().decay == s.decay)
+      merged.back().end = s.end;
+    else
+      merged.push_back(s);
+  }
+  segments_ = std::move(merged);
   int64_t state = 0;
   for (const FlatRange& r : owned_) state += r.size();
+  int64_t parameter_elements = 0, owned_parameter_elements = 0;
+  for (const Segment& s : segments_) {
+    parameter_elements += s.end - s.begin;
+    for (const FlatRange& r : owned_)
+      owned_parameter_elements += std::max<int64_t>(0, std::min(s.end, r.end) -
+                                                           std::max(s.begin, r.begin));
+  }
+  owns_every_parameter_ = owned_parameter_elements == parameter_elements;
   exp_avg_ = DeviceArray<float>(device, state);
   exp_avg_sq_ = DeviceArray<float>(device, state);
 }
 
-void AdamW::update(float* weights, const float* grads, double lr, double grad_scale) {
+bool AdamW::update(float* weights, const float* grads, double lr, double grad_scale,
+                   uint16_t* bf16_copy) {
+  if (!owns_every_parameter_) bf16_copy = nullptr;
   const double b1 = optim_.beta1, b2 = optim_.beta2;
   const double t = static_cast<double>(++updates_);
   AdamWStep step;
@@ -43,10 +61,12 @@ void AdamW::update(float* weights, const float* grads, double lr, double grad_sc
       step.weight_decay = s.decay ? static_cast<float>(optim_.weight_decay) : 0.0f;
       const int64_t state_index = state_offset + (lo - range.begin);
       device_.adamw(weights + lo, grads + lo, exp_avg_.data() + state_index,
-                    exp_avg_sq_.data() + state_index, hi - lo, step);
+                    exp_avg_sq_.data() + state_index, hi - lo, step,
+                    bf16_copy == nullptr ? nullptr : bf16_copy + lo);
     }
     state_offset += range.size();
   }
+  return bf16_copy != nullptr;
 }
 
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,

@@ -26,7 +26,14 @@ class AdamW {
 
   // One update of the owned elements: gradients times grad_scale (clipping), bias correction
   // by the number of updates done so far (a skipped step does not count).
-  void update(float* weights, const float* grads, double lr, double grad_scale);
+  // `bf16_copy`: a bf16 model's compute copy of `weights` (StageModel::bf16_weights), or
+  // nullptr. When this optimizer owns every parameter element, the update rewrites the copy in
+  // its own pass and returns true; otherwise (ZeRO-1 over several ranks: most weights arrive
+  // by all-gather afterwards) it leaves the copy alone and returns false, and the caller
+  // refreshes it (StageModel::weights_changed).
+  bool update(float* weights, const float* grads, double lr, double grad_scale,
+              uint16_t* bf16_copy = nullptr);
+  bool owns_every_parameter() const { return owns_every_parameter_; }
 
   int64_t updates() const { return updates_; }
   void set_updates(int64_t n) { updates_ = n; }
@@ -41,8 +48,11 @@ class AdamW {
     int64_t begin, end;
     bool decay;
   };
-  std::vector<Segment> segments_;  // sorted, covering every parameter element
+  // Sorted, covering every parameter element; neighbours with the same decay are one segment
+  // (one device loop instead of one per tensor).
+  std::vector<Segment> segments_;
   std::vector<FlatRange> owned_;
+  bool owns_every_parameter_ = false;
   OptimConfig optim_;
   Device& device_;
   int64_t updates_ = 0;

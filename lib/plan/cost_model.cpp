@@ -19,7 +19,9 @@ namespace trident {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// kOptimizerBytesPerParam (plan/hardware.hpp); bf16 adds the refreshed compute copy (2 bytes).
+// kOptimizerBytesPerParam (plan/hardware.hpp); bf16 adds the refreshed compute copy: 2 bytes
+// written in the AdamW pass where the rank owns all its parameters, else (ZeRO-1 over several
+// replicas) a pass of its own over the gathered weights, 4 read and 2 written.
 
 double activation_element_bytes(const std::string& precision) {
   return precision == "bf16" ? 2.0 : 4.0;
@@ -723,7 +725,9 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
       l.zero1 ? (largest_flat - largest_experts) / static_cast<double>(l.dp) +
                     largest_experts / static_cast<double>(l.dp / l.ep)
               : largest_flat;
-  r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * bf16_copy) /
+  const bool copy_in_adamw = !(l.zero1 && l.dp > 1);
+  const double copy_bytes = bf16_copy > 0.0 && !copy_in_adamw ? bf16_copy + 4.0 : bf16_copy;
+  r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * copy_bytes) /
                      hw.optimizer_bytes_per_s(owned);
 
   // Throughput.

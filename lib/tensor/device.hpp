@@ -53,8 +53,11 @@ class Device {
   // One AdamW update of n elements:
   //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
   //   w -= lr * (m / bias1 / (sqrt(v / bias2) + eps) + weight_decay * w)
+  // With w_bf16 (not nullptr), each updated w is also written there rounded to bf16 (to
+  // nearest, ties to even; the bits of util/bf16.hpp): a bf16 model's compute copy, refreshed in
+  // the same pass instead of a second one over the weights.
   virtual void adamw(float* w, const float* grad, float* m, float* v, int64_t n,
-                     const AdamWStep& step) = 0;
+                     const AdamWStep& step, uint16_t* w_bf16) = 0;
   // Waits for everything queued on the device.
   virtual void synchronize() = 0;
   // A timer of the device's own stream, where the device runs ahead of the host (a GPU);
@@ -133,7 +136,7 @@ inline std::shared_ptr<void> Device::counted(std::shared_ptr<void> memory, int64
 inline double optimizer_pass(Device& device, float* w, float* grad, float* m, float* v,
                              int64_t n, const AdamWStep& step) {
   const double sum = device.square_sum({{grad, n}});
-  device.adamw(w, grad, m, v, n, step);
+  device.adamw(w, grad, m, v, n, step, nullptr);
   device.fill_zero(grad, n * static_cast<int64_t>(sizeof(float)));
   return sum;
 }

@@ -304,9 +304,10 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   if (!bad) {
     const double clip = config_.optim.grad_clip;
     const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
-    optimizer_->update(model.weights(), grads, lr, scale);
+    const bool copy_refreshed =
+        optimizer_->update(model.weights(), grads, lr, scale, model.bf16_weights());
     sync_->all_gather_weights(model.weights());
-    model.weights_changed();
+    if (!copy_refreshed) model.weights_changed();
     consecutive_skipped_ = 0;
   } else {
     ++skipped_steps_;  // the same decision on every rank

@@ -61,7 +61,8 @@ class FakeDevice final : public Device {
     ADD_FAILURE() << "square_sum: not used";
     return 0;
   }
-  void adamw(float*, const float*, float*, float*, int64_t, const AdamWStep&) override {
+  void adamw(float*, const float*, float*, float*, int64_t, const AdamWStep&,
+             uint16_t*) override {
     ADD_FAILURE() << "adamw: not used";
   }
   void synchronize() override {}

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/scratch.hpp"
 #include "tensor/device.hpp"
+#include "util/bf16.hpp"
 
 namespace trident {
 
@@ -84,7 +85,8 @@ class CpuDevice final : public Device {
   // reference, every iteration reloaded it and the loop stayed scalar); -fno-math-errno lets
   // sqrt be the vector instruction. Elementwise, so the result is the scalar loop's, bit for bit.
   void adamw(float* __restrict w, const float* __restrict grad, float* __restrict m,
-             float* __restrict v, int64_t n, const AdamWStep& step) override {
+             float* __restrict v, int64_t n, const AdamWStep& step,
+             uint16_t* __restrict w_bf16) override {
     const AdamWStep s = step;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -93,6 +95,11 @@ class CpuDevice final : public Device {
       v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
       const float m_hat = m[i] / s.bias1, v_hat = v[i] / s.bias2;
       w[i] -= s.lr * (m_hat / (std::sqrt(v_hat) + s.eps) + s.weight_decay * w[i]);
+    }
+    // (A second loop: the first stays the vectorised one it was without a copy.)
+    if (w_bf16 != nullptr) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) w_bf16[i] = float_to_bf16(w[i]);
     }
   }
   void synchronize() override {}
