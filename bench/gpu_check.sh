@@ -52,13 +52,13 @@
 #      and from the datasheet file configs/hardware/h200_dgx.toml (one device of it): predicted
 #      against f's measured ms/step, reported                              [H200 est. ~20 s]
 #   o. where f's step goes: Nsight Compute's kernel times (gpu__time_duration) of 3 steps of
-#      f's run, per kernel and per step ($OUT/trident_kernels.txt), against f's ms/step; and
-#      PyTorch's kernels for g's step (torch.profiler, $OUT/torch_kernels.txt), reported
+#      f's run, per kernel and per step, against f's ms/step; and PyTorch's kernels for g's
+#      step (torch.profiler); both tables in $OUT/kernels.txt, reported
 #                                                                          [H200 est. ~90 s]
 #   p. a Llama on the GPU: configs/llama_3.2_1b.toml's shapes (16 x 2048, 32 heads sharing 8
 #      kv heads, SwiGLU 8192, tied head) with vocabulary 50304 (the packed random tokens), one
 #      GPU, bf16, micro-batch 4 x 2048 tokens, 12 steps: tokens/s, the trainer's TFLOP/s and
-#      their share of e's ceiling; then ncu's kernel times of 3 steps ($OUT/llama_kernels.txt),
+#      their share of e's ceiling; then ncu's kernel times of 3 steps ($OUT/kernels.txt),
 #      reported                                                           [H200 est. ~60 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
@@ -66,8 +66,10 @@
 # the throughput steps, so a slow start costs them, not e-g); a failed step is reported and the
 # next one runs. Output: the log on stdout, the summary table last; under $OUT
 # (default build-gpu/gpu-check-out): gpu_check.md (the table), gpu_check.json (table + raw
-# figures), gpu_check.log (stdout), gemm.json, logs.tar.gz (every command's output, the runs'
-# metrics.jsonl, the gtest JSON).
+# figures), gpu_check.log (stdout), gemm.json, gpu_measured.toml (n's hardware file),
+# kernels.txt (o's and p's kernel tables, one after another), logs.tar.gz (every command's
+# output, the runs' metrics.jsonl, the gtest JSON, the kernel tables). Seven files: the device
+# tool brings back at most 8.
 #
 # Without a GPU (no nvidia-smi GPU and no /dev/nvidia0), or with --dry-run, it runs what the CPU
 # can: the real CUDA commands are still tried (and fail, which is logged), and each GPU run is
@@ -409,7 +411,7 @@ get() { gc get "$@"; }   # get JSON KEY... -> values separated by \x1f
 
 # ncu_row STEP WHAT NAME LIMIT READY MS VS CONFIG [--set ...]: Nsight Compute's kernel times
 # (gpu__time_duration) of 3 steps of `trident train --config CONFIG ...`, each kernel's time per
-# step in $OUT/NAME.txt, as one row of STEP ("WHAT kernels per step") against the run's
+# step in $LOGS/NAME.txt (gathered into $OUT/kernels.txt at the end), as one row of STEP ("WHAT kernels per step") against the run's
 # measured MS a step (shown as "vs VS ms"). Not run (SKIP) in a dry run, without ncu, or when
 # READY is empty (the measured run it profiles did not happen); limit LIMIT seconds.
 ncu_row() {
@@ -430,7 +432,7 @@ ncu_row() {
   rc=$?
   "$ncu" -i "$WORK/$name.ncu-rep" --csv --page raw --print-kernel-base function \
       --print-units base >"$LOGS/ncu-$name.csv" 2>"$LOGS/ncu-$name-import.err"
-  res=$(gc kernels "$LOGS/ncu-$name.csv" 3 "$ms" "$OUT/$name.txt" 2>&1)
+  res=$(gc kernels "$LOGS/ncu-$name.csv" 3 "$ms" "$LOGS/$name.txt" 2>&1)
   fact "{\"what\": \"ncu $name\", \"rc\": $rc, \"result\": $(echo "$res" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
   IFS=$'\x1f' read -r kms err top <<<"$(get "$res" kernel_ms_per_step error top)"
   if [[ -n $err || -z $kms ]]; then
@@ -1192,11 +1194,11 @@ if want o; then
   if [[ $DRY == 0 && -n ${PYT:-} && -n ${L:-} ]]; then
     PYTHONUNBUFFERED=1 timeout -k 10 "$(limit 60 0)" "$PYT" bench/torch_gpt.py --layers "$L" \
         --heads "$H" --width "$C" --vocab "$V" --seq "$T" --batch "$B" --device cuda \
-        --dtype bf16 --warmup 3 --steps 1 --threads 4 --profile-out "$OUT/torch_kernels.txt" \
+        --dtype bf16 --warmup 3 --steps 1 --threads 4 --profile-out "$LOGS/torch_kernels.txt" \
         >"$LOGS/torch-profile.json" 2>"$LOGS/torch-profile.err"
     rc=$?
-    if [[ $rc == 0 && -s $OUT/torch_kernels.txt ]]; then
-      row o "PyTorch kernels per step (torch.profiler, 2 steps)" "reported" "$(head -1 "$OUT/torch_kernels.txt" | cut -c3-)" INFO
+    if [[ $rc == 0 && -s $LOGS/torch_kernels.txt ]]; then
+      row o "PyTorch kernels per step (torch.profiler, 2 steps)" "reported" "$(head -1 "$LOGS/torch_kernels.txt" | cut -c3-)" INFO
     else
       row o "PyTorch kernels per step (torch.profiler)" "reported" "failed (rc $rc): $(tail -1 "$LOGS/torch-profile.err" | cut -c1-120)" ERROR
     fi
@@ -1253,8 +1255,12 @@ for r in "$RUNS"/*/; do
   [[ -f $r/metrics.jsonl ]] && cp "$r/metrics.jsonl" "$LOGS/$(basename "$r").metrics.jsonl"
 done
 cp "$PACK/MANIFEST.txt" "$LOGS/" 2>/dev/null
+for k in trident_kernels torch_kernels llama_kernels; do
+  [[ -s $LOGS/$k.txt ]] && { echo "## $k"; cat "$LOGS/$k.txt"; echo; }
+done >"$OUT/kernels.txt"
+[[ -s $OUT/kernels.txt ]] || rm -f "$OUT/kernels.txt"
 tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null
 echo
-echo "out: $OUT (gpu_check.md, gpu_check.json, gpu_check.log, gemm.json, logs.tar.gz)"
+echo "out: $OUT ($(cd "$OUT" && ls | tr '\n' ' ' | sed 's/ $//; s/ /, /g'))"
 rm -rf "$WORK"
 exit "$status"
