@@ -22,8 +22,8 @@
 #   f. GPT-2 124M (configs/gpu_124m.toml: 12 x 768, 12 heads, vocab 50304, seq 1024), bf16,
 #      micro-batch 16 (8 if 16 runs out of memory), 20 steps: tokens/s (median of the steps after
 #      the first 3), TFLOP/s by bench/train_bench.sh's formula, MFU = that / the ceiling of e
-#      (target >= 40%); then the same run with the LM head in 320-row chunks (the CPU's 32 MiB
-#      budget, the GPU's default before 2026-12-04), 11 steps, and the ratio of the two
+#      (target >= 40%); then the same run with the LM head in 320-row chunks (32 MiB of
+#      logits, the GPU's default before 2026-12-04), 11 steps, and the ratio of the two
 #   g. the PyTorch eager reference (bench/torch_gpt.py --device cuda --dtype bf16), same shape
 #      and batch: tokens/s, and Trident/PyTorch (target >= 1)
 #   h. checkpoint resume on the GPU, fp32 and bf16: 6 steps straight vs 3 steps
@@ -843,8 +843,8 @@ if want f; then
     fi
   fi
   # The LM head's chunks, side by side: the run above takes the device's default (GPU: 512 MiB
-  # of logits a chunk, 4 chunks of 4,096 rows at B = 16); the CPU's 32 MiB gave 320-row chunks
-  # (52 of them), the default of the first H200 run (62.1 ms a step).
+  # of logits a chunk, 4 chunks of 4,096 rows at B = 16); 32 MiB gave 320-row chunks (52 of
+  # them), the default of the first H200 run (62.1 ms a step).
   if [[ -n $tri_tps ]]; then
     Nrows=$((B * T)) old_rows=$(( (32 << 20) / (V * 2) / 32 * 32 ))
     [[ $DRY == 1 ]] && old_rows=$(( (32 << 20) / (V * 4) / 32 * 32 ))
