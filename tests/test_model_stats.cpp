@@ -208,13 +208,16 @@ TEST(ModelStats, InvalidShapeIsAnError) {
 // The LM head's chunks: the fewest that fit the budget, as even as multiples of 32 rows allow.
 TEST(ModelStats, LmHeadChunksAreTheFewestEvenOnesWithinTheBudget) {
   constexpr int64_t V = 50304;
-  // CPU, fp32, 1,024 rows: 333 rows fit in 64 MiB -> 320; 4 chunks -> 256 each, not
-  // 3 x 320 + 64.
-  EXPECT_EQ(lm_head_chunk_rows(1024, V, 4, 0, kLmHeadChunkBytesCpu), 256);
-  // At 32 MiB: 166 rows fit -> 160; 7 chunks of 147 -> 160.
+  // CPU, fp32, 1,024 rows: 667 rows fit in 128 MiB -> 640; 2 chunks of 512.
+  EXPECT_EQ(lm_head_chunk_rows(1024, V, 4, 0, kLmHeadChunkBytesCpu), 512);
+  // At 64 MiB: 333 fit -> 320; 4 chunks -> 256 each, not 3 x 320 + 64. At 32 MiB: 166 fit ->
+  // 160; 7 chunks of 147 -> 160.
+  EXPECT_EQ(lm_head_chunk_rows(1024, V, 4, 0, int64_t{64} << 20), 256);
   EXPECT_EQ(lm_head_chunk_rows(1024, V, 4, 0, int64_t{32} << 20), 160);
-  // Half the vocabulary (TP 2): 667 fit -> 640; 2 chunks of 512.
-  EXPECT_EQ(lm_head_chunk_rows(1024, V / 2, 4, 0, kLmHeadChunkBytesCpu), 512);
+  // Half the vocabulary (TP 2): all 1,024 rows fit, one chunk; at 8,192 rows 1,334 fit ->
+  // 1,312; 7 chunks of 1,171 -> 1,184.
+  EXPECT_EQ(lm_head_chunk_rows(1024, V / 2, 4, 0, kLmHeadChunkBytesCpu), 1024);
+  EXPECT_EQ(lm_head_chunk_rows(8192, V / 2, 4, 0, kLmHeadChunkBytesCpu), 1184);
   // GPU, bf16, 16,384 rows (GPT-2 124M at micro-batch 16): 5,336 fit in 512 MiB -> 5,312;
   // 4 chunks of 4,096 (at 32 MiB: 52 chunks of 320 rows).
   EXPECT_EQ(lm_head_chunk_rows(16384, V, 2, 0, kLmHeadChunkBytesGpu), 4096);

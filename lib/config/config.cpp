@@ -241,7 +241,7 @@ const Key kKeys[] = {
    "micro-batch, so the logits [rows, vocabulary / parallel.tensor] are never whole in memory: "
    "one chunk is held per rank, none per micro-batch: the training forward forms each chunk's "
    "gradient and the head's input and weight gradients while the chunk's logits are there, so "
-   "they are computed once. 0: the fewest even chunks (multiples of 32 rows) of at most 64 MiB "
+   "they are computed once. 0: the fewest even chunks (multiples of 32 rows) of at most 128 MiB "
    "of logits on the CPU, 512 MiB on a GPU (train.device = \"cuda\"). Losses and gradients "
    "agree with any chunking to float rounding. See docs/model.md."},
   {TRIDENT_KEY(train, exit_interval), at_least(0),

@@ -131,13 +131,14 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 // vocab-parallel loss match up.
 int64_t lm_head_chunk_rows(int64_t N, int64_t local_vocab, int64_t element_bytes,
                            int64_t requested, int64_t chunk_bytes);
-// The default `chunk_bytes` by device. A CPU: 64 MiB (GPT-2's vocabulary: 4 chunks of 256 of
-// 1,024 rows, 2-5 % faster steps on the small benchmark shape than 32 MiB's 160-row chunks,
-// for 19 MB more; docs/model.md). A GPU: 512 MiB, so that the head's GEMMs fill the device:
-// at 32 MiB the GPT-2 124M bf16 head of 16,384 rows ran as 52 chunks of 320 rows, the input
-// gradient's GEMM as 320 x 768 output tiles over K = 50,304, and the fp32 weight gradient
-// [50,304 x 768] was read and written once per chunk (16 GB a step).
-constexpr int64_t kLmHeadChunkBytesCpu = int64_t{64} << 20;
+// The default `chunk_bytes` by device. A CPU: 128 MiB (GPT-2's vocabulary: 2 chunks of 512 of
+// 1,024 rows; the small benchmark shape's step 2-6 % faster than in 32 MiB's 160-row chunks
+// with AVX-512 GEMM kernels and 6 % with AVX2 ones, for 71 MB more; docs/model.md). A GPU:
+// 512 MiB, so that the head's GEMMs fill the device: at 32 MiB the GPT-2 124M bf16 head of
+// 16,384 rows ran as 52 chunks of 320 rows, the input gradient's GEMM as 320 x 768 output
+// tiles over K = 50,304, and the fp32 weight gradient [50,304 x 768] was read and written once
+// per chunk (16 GB a step).
+constexpr int64_t kLmHeadChunkBytesCpu = int64_t{128} << 20;
 constexpr int64_t kLmHeadChunkBytesGpu = int64_t{512} << 20;
 inline int64_t lm_head_chunk_bytes(bool gpu) {
   return gpu ? kLmHeadChunkBytesGpu : kLmHeadChunkBytesCpu;
