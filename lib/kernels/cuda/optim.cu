@@ -29,44 +29,39 @@ __device__ __forceinline__ void adamw_element(float& w, float grad, float& m, fl
   w = w - c.lr * (m_hat / (sqrtf(v_hat) + c.eps) + c.weight_decay * w);
 }
 
-__global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ grads,
-                             float* __restrict__ m, float* __restrict__ v, int64_t n,
-                             AdamWConsts c, bf16* __restrict__ w_bf16) {
+// The same per element on four at once, and the bf16 copy of one or four weights.
+__device__ __forceinline__ void adamw_element(float4& w, float4 g, float4& m, float4& v,
+                                              const AdamWConsts& c) {
+  adamw_element(w.x, g.x, m.x, v.x, c);
+  adamw_element(w.y, g.y, m.y, v.y, c);
+  adamw_element(w.z, g.z, m.z, v.z, c);
+  adamw_element(w.w, g.w, m.w, v.w, c);
+}
+__device__ __forceinline__ void store_bf16(bf16* out, float w) { *out = __float2bfloat16_rn(w); }
+__device__ __forceinline__ void store_bf16(uint2* out, float4 w) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(w.x, w.y);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(w.z, w.w);
+  uint2 bits;
+  memcpy(&bits.x, &lo, sizeof lo);
+  memcpy(&bits.y, &hi, sizeof hi);
+  *out = bits;
+}
+
+// V = float (one element per thread, any alignment; B = bf16) or float4 (16-byte loads and
+// stores of four, B = uint2: their bf16 copy in one 8-byte store; n counts packs, and the
+// caller runs the float kernel on the n % 4 left).
+template <typename V, typename B>
+__global__ void adamw_kernel(V* __restrict__ w, const V* __restrict__ grads, V* __restrict__ m,
+                             V* __restrict__ v, int64_t n, AdamWConsts c,
+                             B* __restrict__ w_bf16) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    float wi = w[i], mi = m[i], vi = v[i];
+    V wi = w[i], mi = m[i], vi = v[i];
     adamw_element(wi, grads[i], mi, vi, c);
     w[i] = wi;
     m[i] = mi;
     v[i] = vi;
-    if (w_bf16 != nullptr) w_bf16[i] = __float2bfloat16_rn(wi);
-  }
-}
-
-// Four elements per thread in 16-byte loads and stores (the copy in 8-byte ones); n4 = n / 4
-// packs, the caller runs the scalar kernel on the remaining n % 4.
-__global__ void adamw_packed_kernel(float4* __restrict__ w, const float4* __restrict__ grads,
-                                    float4* __restrict__ m, float4* __restrict__ v, int64_t n4,
-                                    AdamWConsts c, uint2* __restrict__ w_bf16) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    float4 wi = w[i], mi = m[i], vi = v[i];
-    const float4 g = grads[i];
-    adamw_element(wi.x, g.x, mi.x, vi.x, c);
-    adamw_element(wi.y, g.y, mi.y, vi.y, c);
-    adamw_element(wi.z, g.z, mi.z, vi.z, c);
-    adamw_element(wi.w, g.w, mi.w, vi.w, c);
-    w[i] = wi;
-    m[i] = mi;
-    v[i] = vi;
-    if (w_bf16 != nullptr) {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(wi.x, wi.y);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(wi.z, wi.w);
-      uint2 bits;
-      memcpy(&bits.x, &lo, sizeof lo);
-      memcpy(&bits.y, &hi, sizeof hi);
-      w_bf16[i] = bits;
-    }
+    if (w_bf16 != nullptr) store_bf16(w_bf16 + i, wi);
   }
 }
 
@@ -122,7 +117,7 @@ void adamw_update(float* weights, const float* grads, float* exp_avg, float* exp
                       (weights_bf16 == nullptr || aligned(weights_bf16, 8));
   const int64_t n4 = packed ? n / 4 : 0, done = 4 * n4;
   if (n4 > 0) {
-    adamw_packed_kernel<<<detail::grid_for(n4, 256), 256, 0, stream>>>(
+    adamw_kernel<<<detail::grid_for(n4, 256), 256, 0, stream>>>(
         reinterpret_cast<float4*>(weights), reinterpret_cast<const float4*>(grads),
         reinterpret_cast<float4*>(exp_avg), reinterpret_cast<float4*>(exp_avg_sq), n4, c,
         reinterpret_cast<uint2*>(weights_bf16));
