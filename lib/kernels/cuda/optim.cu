@@ -65,10 +65,6 @@ __global__ void adamw_kernel(V* __restrict__ w, const V* __restrict__ grads, V* 
   }
 }
 
-bool aligned(const void* p, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
 __global__ void grad_sq_partial_kernel(double* __restrict__ partial, const float* __restrict__ g,
                                        int64_t n) {
   __shared__ double sh[33];
@@ -112,9 +108,9 @@ void adamw_update(float* weights, const float* grads, float* exp_avg, float* exp
   c.eps = h.eps;
   c.weight_decay = h.weight_decay;
   c.grad_scale = h.grad_scale;
-  const bool packed = aligned(weights, 16) && aligned(grads, 16) && aligned(exp_avg, 16) &&
-                      aligned(exp_avg_sq, 16) &&
-                      (weights_bf16 == nullptr || aligned(weights_bf16, 8));
+  const bool packed = detail::aligned16(weights) && detail::aligned16(grads) &&
+                      detail::aligned16(exp_avg) && detail::aligned16(exp_avg_sq) &&
+                      reinterpret_cast<uintptr_t>(weights_bf16) % 8 == 0;  // (nullptr too)
   const int64_t n4 = packed ? n / 4 : 0, done = 4 * n4;
   if (n4 > 0) {
     adamw_kernel<<<detail::grid_for(n4, 256), 256, 0, stream>>>(
