@@ -70,6 +70,34 @@ TEST_F(GemmApp, StartUpLineNamesLibraryKernelAndCore) {
       << olines[0];
 }
 
+// oneDNN capped at AVX2 (what an AVX2 core such as AMD Zen 3 runs): the line says that A^T B
+// runs on OpenBLAS, and the run trains to the losses of the uncapped one within rounding.
+TEST_F(GemmApp, OneDnnCappedAtAvx2HandsATransposedBToOpenBlas) {
+  if (cpu::fma_vector_bits(cpu::read_cpu_features()) == 0)
+    GTEST_SKIP() << "no AVX2/FMA on this core: oneDNN cannot run its AVX2 kernels here";
+  const auto step_losses = [&] {
+    std::vector<double> out;
+    for (const auto& row : read_metrics(dir_ / "run"))
+      if (!row.contains("type")) out.push_back(row.at("loss").get<double>());
+    return out;
+  };
+  const auto capped = train(kClean + "ONEDNN_MAX_CPU_ISA=AVX2 ");
+  ASSERT_EQ(capped.exit_code, 0) << capped.output;
+  const auto lines = gemm_lines(capped.output);
+  ASSERT_EQ(lines.size(), 1u) << capped.output;
+  EXPECT_NE(lines[0].find("(JIT kernels up to avx2) with A^T B on OpenBLAS, dgemm OpenBLAS "),
+            std::string::npos)
+      << lines[0];
+  const std::vector<double> a = step_losses();
+  std::filesystem::remove_all(dir_ / "run");
+  const auto uncapped = train(kClean);
+  ASSERT_EQ(uncapped.exit_code, 0) << uncapped.output;
+  const std::vector<double> b = step_losses();
+  ASSERT_EQ(a.size(), 2u) << capped.output;
+  ASSERT_EQ(b.size(), a.size()) << uncapped.output;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i + 1;
+}
+
 TEST_F(GemmApp, AnUnknownSgemmLibraryIsOneLine) {
   const auto r = train(kClean + "TRIDENT_SGEMM=mkl ", std::string(TRIDENT_MPIEXEC) + " -n 2 ",
                        " --set parallel.data=2 --set train.threads=1");

@@ -154,6 +154,22 @@ TEST(SgemmLibrary, OneDnnByDefaultOpenBlasWhenAskedNothingElse) {
     EXPECT_FALSE(parse_sgemm_library(bad).has_value()) << bad;
 }
 
+// Under oneDNN, A^T B runs on OpenBLAS where oneDNN's widest ISA is AVX2; nothing else moves.
+TEST(SgemmLibrary, ATransposedBRunsOnOpenBlasWhereOneDnnIsAvx2Only) {
+  const SgemmLibrary onednn = SgemmLibrary::onednn, openblas = SgemmLibrary::openblas;
+  int checked = 0;
+  for (const bool avx2 : {false, true})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        const bool moved = avx2 && ta && !tb;
+        EXPECT_EQ(sgemm_library_for_product(onednn, avx2, ta, tb), moved ? openblas : onednn)
+            << "avx2 " << avx2 << " trans_a " << ta << " trans_b " << tb;
+        EXPECT_EQ(sgemm_library_for_product(openblas, avx2, ta, tb), openblas);
+        checked += 2;
+      }
+  EXPECT_EQ(checked, 16);
+}
+
 // sgemm of this process's library (oneDNN unless TRIDENT_SGEMM=openblas) and OpenBLAS's dgemm.
 TEST(GemmThisCore, LinkedGemmMatchesTheReference) { EXPECT_TRUE(gemm_results_correct()); }
 

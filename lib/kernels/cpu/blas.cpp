@@ -1,5 +1,6 @@
-// Row-major GEMM. float: oneDNN's dnnl_sgemm (its JIT kernels for the core's widest ISA), or
-// OpenBLAS with TRIDENT_SGEMM=openblas; double (the gradient checks only): OpenBLAS, since
+// Row-major GEMM. float: oneDNN's dnnl_sgemm (its JIT kernels for the core's widest ISA; A^T B
+// on OpenBLAS where that ISA is AVX2: sgemm_library_for_product), or OpenBLAS with
+// TRIDENT_SGEMM=openblas; double (the gradient checks only): OpenBLAS, since
 // oneDNN has no dgemm. Why oneDNN for float: docs/gemm.md (measured on Intel and AMD cores).
 // Both are OpenMP builds over the same libgomp: called outside a parallel region they use the
 // thread count set by set_num_threads; called inside one (the attention kernels call GEMM per
@@ -51,6 +52,21 @@ SgemmLibrary sgemm_library() {
     return *parsed;
   }();
   return library;
+}
+
+SgemmLibrary sgemm_library_for_product(SgemmLibrary library, bool onednn_avx2_widest,
+                                       bool trans_a, bool trans_b) {
+  if (library == SgemmLibrary::onednn && onednn_avx2_widest && trans_a && !trans_b)
+    return SgemmLibrary::openblas;
+  return library;
+}
+
+bool onednn_avx2_widest() {
+  static const bool avx2 = [] {
+    const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return isa == dnnl_cpu_isa_avx2 || isa == dnnl_cpu_isa_avx2_vnni;
+  }();
+  return avx2;
 }
 
 namespace {
@@ -109,7 +125,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
-    if (sgemm_library() == SgemmLibrary::onednn) {
+    if (sgemm_library_for_product(sgemm_library(), onednn_avx2_widest(), trans_a, trans_b) ==
+        SgemmLibrary::onednn) {
       const int threads = sgemm_column_split_threads(trans_a, trans_b, N);
       if (threads > 1)
         onednn_sgemm_by_columns(threads, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -320,7 +337,8 @@ std::string gemm_description() {
   // is the one OpenBLAS picked alone; the one in use is openblas_get_corename().
   const std::string libraries =
       sgemm_library() == SgemmLibrary::onednn
-          ? "sgemm " + onednn_description() + ", dgemm " + config
+          ? "sgemm " + onednn_description() +
+                (onednn_avx2_widest() ? " with A^T B on OpenBLAS" : "") + ", dgemm " + config
           : "sgemm and dgemm " + config + " (" + kSgemmVariable + "=openblas as set)";
   return libraries + ", kernel " + openblas_get_corename() + " (" + source + "), core " +
          isa_name(f) + " (" + f.vendor + " family " + std::to_string(f.family) + " model " +

@@ -29,6 +29,17 @@ inline constexpr const char* kSgemmVariable = "TRIDENT_SGEMM";
 std::optional<SgemmLibrary> parse_sgemm_library(std::string_view value);
 SgemmLibrary sgemm_library();
 
+// The library that runs one float product op(A) op(B), given the process's choice: the choice
+// itself, except that under oneDNN a product A^T B (a weight gradient) runs on OpenBLAS when
+// oneDNN's widest JIT ISA is AVX2 (`onednn_avx2_widest`). oneDNN 2.6's AVX2 sgemm runs some of
+// those products at half its rate (1024x256x1024 A^T B at 43-54 GFLOP/s against 95-110 for the
+// others and OpenBLAS's), measured in docs/gemm.md ("A^T B on AVX2 cores"). A pure function.
+SgemmLibrary sgemm_library_for_product(SgemmLibrary library, bool onednn_avx2_widest,
+                                       bool trans_a, bool trans_b);
+// True when oneDNN's widest JIT ISA in this process is AVX2 (avx2 or avx2_vnni: no AVX-512),
+// e.g. AMD Zen 3 or ONEDNN_MAX_CPU_ISA=AVX2. Asked once per process.
+bool onednn_avx2_widest();
+
 // Threads used by OpenBLAS, oneDNN and our OpenMP loops in this process.
 void set_num_threads(int threads);
 int num_threads();
