@@ -25,6 +25,15 @@ std::vector<std::string> gemm_lines(const std::string& output) {
   return out;
 }
 
+// The one "gemm: " line of a run that worked; "" after a failure when the run failed or did
+// not say it exactly once.
+std::string only_gemm_line(const RunResult& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = gemm_lines(r.output);
+  EXPECT_EQ(lines.size(), 1u) << r.output;
+  return r.exit_code == 0 && lines.size() == 1 ? lines[0] : "";
+}
+
 // The environment Trident's choice starts from: no kernel set by anyone.
 const std::string kClean = "env -u OPENBLAS_CORETYPE -u TRIDENT_GEMM_KERNEL -u TRIDENT_SGEMM ";
 
@@ -48,26 +57,18 @@ std::string usable_kernel() {
 }
 
 TEST_F(GemmApp, StartUpLineNamesLibraryKernelAndCore) {
-  const auto r = train(kClean);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto lines = gemm_lines(r.output);
-  ASSERT_EQ(lines.size(), 1u) << r.output;
+  const std::string line = only_gemm_line(train(kClean));
   const cpu::CpuFeatures f = cpu::read_cpu_features();
-  EXPECT_EQ(lines[0].rfind("gemm: sgemm oneDNN ", 0), 0u) << lines[0];
-  EXPECT_NE(lines[0].find(", dgemm OpenBLAS "), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find(", kernel "), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find(", core " + cpu::isa_name(f) + " (" + f.vendor), std::string::npos)
-      << lines[0];
-  EXPECT_NE(lines[0].find("; sgemm probe "), std::string::npos) << lines[0];
+  EXPECT_EQ(line.rfind("gemm: sgemm oneDNN ", 0), 0u) << line;
+  EXPECT_NE(line.find(", dgemm OpenBLAS "), std::string::npos) << line;
+  EXPECT_NE(line.find(", kernel "), std::string::npos) << line;
+  EXPECT_NE(line.find(", core " + cpu::isa_name(f) + " (" + f.vendor), std::string::npos) << line;
+  EXPECT_NE(line.find("; sgemm probe "), std::string::npos) << line;
 
   // OpenBLAS for float too, when asked.
-  const auto o = train(kClean + "TRIDENT_SGEMM=openblas ");
-  ASSERT_EQ(o.exit_code, 0) << o.output;
-  const auto olines = gemm_lines(o.output);
-  ASSERT_EQ(olines.size(), 1u) << o.output;
-  EXPECT_EQ(olines[0].rfind("gemm: sgemm and dgemm OpenBLAS ", 0), 0u) << olines[0];
-  EXPECT_NE(olines[0].find("(TRIDENT_SGEMM=openblas as set), kernel "), std::string::npos)
-      << olines[0];
+  const std::string oline = only_gemm_line(train(kClean + "TRIDENT_SGEMM=openblas "));
+  EXPECT_EQ(oline.rfind("gemm: sgemm and dgemm OpenBLAS ", 0), 0u) << oline;
+  EXPECT_NE(oline.find("(TRIDENT_SGEMM=openblas as set), kernel "), std::string::npos) << oline;
 }
 
 // oneDNN capped at AVX2 (what an AVX2 core such as AMD Zen 3 runs): the line says that A^T B
@@ -81,20 +82,16 @@ TEST_F(GemmApp, OneDnnCappedAtAvx2HandsATransposedBToOpenBlas) {
       if (!row.contains("type")) out.push_back(row.at("loss").get<double>());
     return out;
   };
-  const auto capped = train(kClean + "ONEDNN_MAX_CPU_ISA=AVX2 ");
-  ASSERT_EQ(capped.exit_code, 0) << capped.output;
-  const auto lines = gemm_lines(capped.output);
-  ASSERT_EQ(lines.size(), 1u) << capped.output;
-  EXPECT_NE(lines[0].find("(JIT kernels up to avx2) with A^T B on OpenBLAS, dgemm OpenBLAS "),
+  const std::string line = only_gemm_line(train(kClean + "ONEDNN_MAX_CPU_ISA=AVX2 "));
+  EXPECT_NE(line.find("(JIT kernels up to avx2) with A^T B on OpenBLAS, dgemm OpenBLAS "),
             std::string::npos)
-      << lines[0];
+      << line;
   const std::vector<double> a = step_losses();
   std::filesystem::remove_all(dir_ / "run");
-  const auto uncapped = train(kClean);
-  ASSERT_EQ(uncapped.exit_code, 0) << uncapped.output;
+  EXPECT_NE(only_gemm_line(train(kClean)), "");
   const std::vector<double> b = step_losses();
-  ASSERT_EQ(a.size(), 2u) << capped.output;
-  ASSERT_EQ(b.size(), a.size()) << uncapped.output;
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i + 1;
 }
 
@@ -117,32 +114,24 @@ TEST_F(GemmApp, ANarrowKernelIsReplacedByRunningAgainAlsoUnderMpiexec) {
                                cpu::isa_name(cpu::read_cpu_features()) +
                                " core; OpenBLAS alone picks Prescott)";
   const std::string env = kClean + "TRIDENT_TEST_GEMM_CORENAME=Prescott ";
-  const auto r = train(env);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto lines = gemm_lines(r.output);
-  ASSERT_EQ(lines.size(), 1u) << r.output;
-  EXPECT_NE(lines[0].find(expected), std::string::npos) << lines[0];
+  const std::string line = only_gemm_line(train(env));
+  EXPECT_NE(line.find(expected), std::string::npos) << line;
 
   // Two ranks: each runs itself again before MPI_Init; the job works, rank 0 says it once.
-  const auto m = train(env, std::string(TRIDENT_MPIEXEC) + " -n 2 ",
-                       " --set parallel.data=2 --set train.threads=1");
-  ASSERT_EQ(m.exit_code, 0) << m.output;
-  lines = gemm_lines(m.output);
-  ASSERT_EQ(lines.size(), 1u) << m.output;
-  EXPECT_NE(lines[0].find(expected), std::string::npos) << lines[0];
+  const std::string mline = only_gemm_line(train(
+      env, std::string(TRIDENT_MPIEXEC) + " -n 2 ", " --set parallel.data=2 --set train.threads=1"));
+  EXPECT_NE(mline.find(expected), std::string::npos) << mline;
 }
 
 TEST_F(GemmApp, AKernelWithWrongResultsIsUndone) {
   if (cpu::fma_vector_bits(cpu::read_cpu_features()) == 0)
     GTEST_SKIP() << "no AVX2/FMA on this core: Trident forces no kernel";
-  const auto r = train(kClean + "TRIDENT_TEST_GEMM_CORENAME=Prescott TRIDENT_TEST_GEMM_WRONG=1 ");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto lines = gemm_lines(r.output);
-  ASSERT_EQ(lines.size(), 1u) << r.output;
-  EXPECT_NE(lines[0].find("(OpenBLAS's own choice: " + usable_kernel() +
-                          " computed wrong results on this core)"),
+  const std::string line = only_gemm_line(
+      train(kClean + "TRIDENT_TEST_GEMM_CORENAME=Prescott TRIDENT_TEST_GEMM_WRONG=1 "));
+  EXPECT_NE(line.find("(OpenBLAS's own choice: " + usable_kernel() +
+                      " computed wrong results on this core)"),
             std::string::npos)
-      << lines[0];
+      << line;
 }
 
 TEST_F(GemmApp, AUsersCoretypeIsKeptAndASlowGemmIsWarnedAbout) {
@@ -151,12 +140,9 @@ TEST_F(GemmApp, AUsersCoretypeIsKeptAndASlowGemmIsWarnedAbout) {
   // Prescott: OpenBLAS's SSE3 kernel, a fraction of what AVX2 or AVX-512 FMAs reach; it runs
   // the float GEMM (and so the probe) under TRIDENT_SGEMM=openblas.
   const auto r = train(kClean + "OPENBLAS_CORETYPE=Prescott TRIDENT_SGEMM=openblas ");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto lines = gemm_lines(r.output);
-  ASSERT_EQ(lines.size(), 1u) << r.output;
-  EXPECT_NE(lines[0].find("kernel Prescott (OPENBLAS_CORETYPE=Prescott as set)"),
-            std::string::npos)
-      << lines[0];
+  const std::string line = only_gemm_line(r);
+  EXPECT_NE(line.find("kernel Prescott (OPENBLAS_CORETYPE=Prescott as set)"), std::string::npos)
+      << line;
   EXPECT_NE(r.output.find("trident: warning: sgemm runs at "), std::string::npos) << r.output;
 }
 
