@@ -65,8 +65,8 @@ GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_core
                                 std::string_view marker, std::string_view detected);
 
 // First thing in main, before MPI_Init and before any other thread: checks TRIDENT_SGEMM and
-// carries out plan_gemm_kernel (OpenBLAS's kernel serves dgemm, and sgemm under
-// TRIDENT_SGEMM=openblas). OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded (before
+// carries out plan_gemm_kernel (OpenBLAS's kernel serves dgemm, sgemm under
+// TRIDENT_SGEMM=openblas, and A^T B on AVX2-only cores). OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded (before
 // main), so forcing a kernel means running the program again (execv of /proc/self/exe, same pid,
 // arguments, open files and environment plus the two variables): at most twice, the second
 // time only when the forced kernel computed a wrong result on this core.
