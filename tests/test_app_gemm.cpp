@@ -118,8 +118,8 @@ TEST_F(GemmApp, ANarrowKernelIsReplacedByRunningAgainAlsoUnderMpiexec) {
   EXPECT_NE(line.find(expected), std::string::npos) << line;
 
   // Two ranks: each runs itself again before MPI_Init; the job works, rank 0 says it once.
-  const std::string mline = only_gemm_line(train(
-      env, std::string(TRIDENT_MPIEXEC) + " -n 2 ", " --set parallel.data=2 --set train.threads=1"));
+  const std::string mline = only_gemm_line(train(env, std::string(TRIDENT_MPIEXEC) + " -n 2 ",
+                                                 " --set parallel.data=2 --set train.threads=1"));
   EXPECT_NE(mline.find(expected), std::string::npos) << mline;
 }
 

@@ -33,7 +33,7 @@ SgemmLibrary sgemm_library();
 // itself, except that under oneDNN a product A^T B (a weight gradient) runs on OpenBLAS when
 // oneDNN's widest JIT ISA is AVX2 (`onednn_avx2_widest`). oneDNN 2.6's AVX2 sgemm runs some of
 // those products at half its rate (1024x256x1024 A^T B at 43-54 GFLOP/s against 95-110 for the
-// others and OpenBLAS's), measured in docs/gemm.md ("A^T B on AVX2 cores"). A pure function.
+// others and OpenBLAS's), measured in docs/gemm.md ("Aᵀ·B on AVX2 cores"). A pure function.
 SgemmLibrary sgemm_library_for_product(SgemmLibrary library, bool onednn_avx2_widest,
                                        bool trans_a, bool trans_b);
 // True when oneDNN's widest JIT ISA in this process is AVX2 (avx2 or avx2_vnni: no AVX-512),
@@ -66,10 +66,10 @@ GemmKernelPlan plan_gemm_kernel(const CpuFeatures& f, std::string_view user_core
 
 // First thing in main, before MPI_Init and before any other thread: checks TRIDENT_SGEMM and
 // carries out plan_gemm_kernel (OpenBLAS's kernel serves dgemm, sgemm under
-// TRIDENT_SGEMM=openblas, and A^T B on AVX2-only cores). OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded (before
-// main), so forcing a kernel means running the program again (execv of /proc/self/exe, same pid,
-// arguments, open files and environment plus the two variables): at most twice, the second
-// time only when the forced kernel computed a wrong result on this core.
+// TRIDENT_SGEMM=openblas, and A^T B on AVX2-only cores). OpenBLAS reads OPENBLAS_CORETYPE once,
+// when it is loaded (before main), so forcing a kernel means running the program again (execv of
+// /proc/self/exe, same pid, arguments, open files and environment plus the two variables): at
+// most twice, the second time only when the forced kernel computed a wrong result on this core.
 void settle_gemm_kernel(char** argv);
 
 // True when sgemm and dgemm match a plain reference on a few odd shapes (all transpositions).
