@@ -412,8 +412,9 @@ get() { gc get "$@"; }   # get JSON KEY... -> values separated by \x1f
 # ncu_row STEP WHAT NAME LIMIT READY MS VS CONFIG [--set ...]: Nsight Compute's kernel times
 # (gpu__time_duration) of 3 steps of `trident train --config CONFIG ...`, each kernel's time per
 # step in $LOGS/NAME.txt (gathered into $OUT/kernels.txt at the end), as one row of STEP ("WHAT
-# kernels per step") against the run's measured MS a step (shown as "vs VS ms"). Not run (SKIP) in a dry run, without ncu, or when
-# READY is empty (the measured run it profiles did not happen); limit LIMIT seconds.
+# kernels per step") against the run's measured MS a step (shown as "vs VS ms"). Not run (SKIP)
+# in a dry run, without ncu, or when READY is empty (the measured run it profiles did not
+# happen); limit LIMIT seconds.
 ncu_row() {
   local step=$1 what=$2 name=$3 nominal=$4 ready=$5 ms=$6 vs=$7 config=$8; shift 8
   local ncu t rc res kms err top
