@@ -118,6 +118,8 @@ put("safetensors", "unsupported_dtype", safetensors([("i", "I64", [1], bytes(8))
                                                      ("s", "F32", [], f32[:4])]))
 put("safetensors", "scalar_and_empty", safetensors([("e", "F32", [0, 5], b""),
                                                     ("s", "F32", [], f32[:4])], meta=False))
+# Empty: a size of 0 after one past any file (the harness once took it for a broken promise).
+put("safetensors", "empty_after_huge_size", safetensors([("e", "F32", [9999999999, 0], b"")]))
 put("safetensors", "offsets_past_end", safetensors([("a", "F32", [2, 3], f32[:8])],
     raw_header='{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}'))
 put("safetensors", "huge_shape", safetensors([("a", "F32", [2, 3], f32)],
