@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!t.supported) continue;
     // The product is taken left to right, as the reader and the reference take it: a running
     // product past 64 bits is refused even where a later size of 0 would make it 0, and a
-    // size of 0 after a huge one is an empty tensor (CI's finding: [9999999999, 0], 0 bytes).
+    // size of 0 after a huge one is an empty tensor ([9999999999, 0] of 0 bytes aborted the
+    // harness once, the likely cause of a CI failure whose input was not in the log).
     int64_t numel = 1;
     for (const int64_t d : t.shape) {
       expect(d >= 0, "tensor '" + name + "' has a negative size");
