@@ -489,6 +489,24 @@ TEST(ProgressHelper, ErrorsOfTheRequestAndOfTheWorkReachTheCaller) {
   EXPECT_TRUE(next.waited);
 }
 
+// The caller never waits out the helper's poll: with a poll of 30 s, during() of a request that
+// never completes returns as soon as its work does, while the helper sleeps in its poll.
+TEST(ProgressHelper, TakingBackDoesNotWaitForThePoll) {
+  ProgressHelper helper(std::chrono::seconds(30));
+  const auto start = std::chrono::steady_clock::now();
+  ScriptedRequest first(1 << 30);
+  helper.during(first, [&] { wait_for_tests(first, 1); });  // the helper is now in its poll
+  EXPECT_EQ(first.tests.load(), 1);
+  EXPECT_TRUE(first.waited);
+  ScriptedRequest never(1 << 30);
+  helper.during(never, [] {});
+  helper.during(never, [] {});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0) << "during() waited for the helper's 30 s poll";
+  EXPECT_TRUE(never.waited);
+}
+
 // A run's communicators keep no list of all-reduce sizes (it would grow with every step).
 TEST(comm_self, AllReduceSizesAreNotKeptUnlessAsked) {
   auto c = make_self_communicator("data");

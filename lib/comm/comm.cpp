@@ -23,46 +23,48 @@ ProgressHelper::~ProgressHelper() {
     std::lock_guard lock(mutex_);
     quit_ = true;
   }
-  changed_.notify_all();
+  wake_.notify_all();
   thread_.join();
 }
 
 void ProgressHelper::hand_over(CommRequest& request) {
   {
-    std::lock_guard lock(mutex_);
-    request_ = &request;
-    picked_up_ = false;
-    stop_.store(false, std::memory_order_release);
+    std::lock_guard lock(mutex_);  // so that the helper cannot miss the notification
+    request_.store(&request);
+    ++handed_over_;
   }
-  changed_.notify_all();
+  wake_.notify_one();
 }
 
 void ProgressHelper::take_back() {
-  stop_.store(true, std::memory_order_release);
-  std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return request_ == nullptr; });
+  request_.store(nullptr);
+  while (testing_.load()) std::this_thread::yield();  // one test() at most
 }
 
 void ProgressHelper::drive() {
   std::unique_lock lock(mutex_);
+  uint64_t seen = 0;  // the hand-overs this loop has started on
   for (;;) {
-    changed_.wait(lock, [&] { return quit_ || (request_ != nullptr && !picked_up_); });
+    wake_.wait(lock, [&] { return quit_ || request_.load() != nullptr; });
     if (quit_) return;
-    picked_up_ = true;
-    CommRequest& request = *request_;
+    seen = handed_over_;
     lock.unlock();
-    // Sleeps between tests so that the helper takes next to no core from the work.
-    std::exception_ptr failure;
-    try {
-      while (!stop_.load(std::memory_order_acquire) && !request.test())
-        std::this_thread::sleep_for(poll_);
-    } catch (...) {
-      failure = std::current_exception();
+    testing_.store(true);
+    if (CommRequest* request = request_.load()) {
+      try {
+        // Complete: stop testing it (unless taken back already, and another handed over).
+        if (request->test()) request_.compare_exchange_strong(request, nullptr);
+      } catch (...) {
+        failure_ = std::current_exception();
+        request_.compare_exchange_strong(request, nullptr);
+      }
     }
+    testing_.store(false);
     lock.lock();
-    failure_ = failure;
-    request_ = nullptr;
-    changed_.notify_all();
+    // Sleeps a poll between tests, so that the helper takes next to no core from the work; a
+    // request taken back is seen at the poll's end, one handed over ends the poll at once.
+    if (request_.load() != nullptr)
+      wake_.wait_for(lock, poll_, [&] { return quit_ || handed_over_ != seen; });
   }
 }
 

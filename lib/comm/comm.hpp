@@ -87,6 +87,11 @@ class Communicator;
 // during() returns or throws; an error of test() is rethrown by during(). Kept rather than
 // started per call: an overlapped collective costs no thread start and no allocation. Only
 // where the request's communicator says progress_from_helper_thread(); one calling thread.
+//
+// The caller never sleeps on the helper: hand_over() wakes it without waiting, and take_back()
+// clears the request and waits only while a test() is running (microseconds), not for the
+// helper to wake from its poll. Waiting for that wake-up (a condition variable handshake each
+// way) cost 35-140 us per call on a 2-vCPU VM, about 5 % of a 2-rank TP step.
 class ProgressHelper {
  public:
   explicit ProgressHelper(std::chrono::microseconds poll = std::chrono::microseconds(50));
@@ -101,6 +106,7 @@ class ProgressHelper {
       work();
     } catch (...) {
       take_back();
+      failure_ = nullptr;  // the work's error is the one to report
       throw;
     }
     take_back();
@@ -114,13 +120,16 @@ class ProgressHelper {
   void drive();                          // the helper thread's loop
 
   const std::chrono::microseconds poll_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  CommRequest* request_ = nullptr;  // handed over, not let go yet (mutex_)
-  bool picked_up_ = false;          // the helper has started on request_ (mutex_)
-  bool quit_ = false;               // (mutex_)
-  std::atomic<bool> stop_{false};   // take_back(): stop testing
-  std::exception_ptr failure_;      // test()'s error, read after take_back()
+  std::mutex mutex_;                 // for the helper's sleep only
+  std::condition_variable wake_;     // a request handed over, or quit_
+  bool quit_ = false;                // (mutex_)
+  uint64_t handed_over_ = 0;         // hand_over() calls so far (mutex_)
+  // The request being driven, null when none. The helper sets testing_ before it reads
+  // request_ and take_back() clears request_ before it reads testing_ (both sequentially
+  // consistent), so a test() never starts on a request taken back.
+  std::atomic<CommRequest*> request_{nullptr};
+  std::atomic<bool> testing_{false};
+  std::exception_ptr failure_;  // test()'s error: written before testing_ falls, read after
   std::thread thread_;
 };
 
