@@ -173,12 +173,31 @@ class JobWatchdog {
   std::shared_ptr<CommWatch> device_;
 };
 
+// The cores this process may run on (its affinity mask), which its node's ranks share.
+int cores_available() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// parallel.tp_overlap's helper thread (comm.hpp's ProgressHelper) polls MPI while the GEMMs
+// run. Where the ranks' threads take every core, each poll takes its core from a GEMM: one line
+// says so at start (docs/model.md, "Overlap in backward", has the measurements).
+void note_overlap_without_a_core(const Config& config, int threads, int ranks_per_node) {
+  if (!config.parallel.tp_overlap || config.parallel.tensor < 2 || config.train.device != "cpu")
+    return;
+  const int cores = cores_available();
+  if (static_cast<int64_t>(threads) * ranks_per_node < cores) return;
+  std::printf("note: parallel.tp_overlap: no core is left for the helper thread that drives the "
+              "overlapped collectives (%d ranks on this node, %d thread%s each, %d cores); its "
+              "polls then take time from the GEMMs (3-6 %% of a 2-rank TP step on 2 cores, "
+              "docs/model.md)\n",
+              ranks_per_node, threads, threads == 1 ? "" : "s", cores);
+}
 }  // namespace
 
 int set_rank_threads(const Config& config, int ranks_per_node) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  const int cores = cores_available();
   const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads)
                                                : std::max(1, cores / std::max(1, ranks_per_node));
   cpu::set_num_threads(threads);
@@ -220,6 +239,7 @@ int run_train(const TrainOptions& options) {
   if (lead) {
     write_resolved_config(config);
     print_figures(config, grid.world_size(), threads);
+    note_overlap_without_a_core(config, threads, grid.ranks_per_node());
     std::printf("%s\n", grid.describe().c_str());
     std::fflush(stdout);
   }

@@ -2,6 +2,7 @@
 // input ends it with one clear error line and a non-zero exit code (never a crash or a hang).
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -84,6 +85,37 @@ TEST(TrainApp, PipelineBalancedByFlopsTrainsAsOneRank) {
     params[rank] = std::stod(two.output.substr(at + tag.size()));
   }
   EXPECT_GT(params[0], 1.5 * params[1]) << two.output;
+}
+
+// parallel.tp_overlap where the ranks' threads take every core this node gives them: one note at
+// start (its helper thread has no core of its own); none without the overlap.
+TEST(TrainApp, TensorOverlapWithNoCoreLeftIsNoted) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const int cores = CPU_COUNT(&set);  // 2 ranks x `cores` threads take them all
+  const auto dir = scratch_dir("train_tp_overlap_note");
+  const auto config = make_tiny_run(dir);
+  const std::string common = "train --config " + config.string() +
+                             " --set train.steps=1 --set eval.interval=0 --set parallel.tensor=2"
+                             " --set train.threads=" + std::to_string(cores);
+  const std::string note = "note: parallel.tp_overlap: no core is left for the helper thread";
+  for (const bool overlap : {true, false}) {
+    const auto r = run_command(
+        std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+            trident_cmd(common + " --set parallel.tp_overlap=" + (overlap ? "true" : "false") +
+                        " --set log.dir=" + (dir / (overlap ? "on" : "off")).string()),
+        120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    size_t notes = 0;
+    for (size_t p = r.output.find(note); p != std::string::npos; p = r.output.find(note, p + 1))
+      ++notes;
+    EXPECT_EQ(notes, overlap ? 1u : 0u) << r.output;
+    if (overlap)
+      EXPECT_NE(r.output.find("(2 ranks on this node, " + std::to_string(cores) + " thread"),
+                std::string::npos)
+          << r.output;
+  }
 }
 
 TEST(TrainApp, SameSeedIsBitwiseIdenticalAndAnotherSeedDiffers) {

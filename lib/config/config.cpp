@@ -196,7 +196,9 @@ const Key kKeys[] = {
    "recomputed input while the input gradient is computed (as Megatron-LM does), a helper "
    "thread driving MPI's progress; false: blocking collectives (the gather before both "
    "GEMMs, the reduction after both). The same numbers either way on 2 tensor ranks. Off by "
-   "default: on a 2-core machine it measured no gain (docs/model.md)."},
+   "default: on a 2-core machine it measured no gain (docs/model.md). Where the ranks' "
+   "threads take every core of the node, the helper has none of its own: a note at start "
+   "says so."},
   {TRIDENT_KEY(parallel, pipeline_layers), at_least(1),
    "Layers per pipeline stage; empty: the split `parallel.pipeline_balance` chooses.",
    "if not empty: `parallel.pipeline` entries summing to `model.layers`"},
