@@ -91,7 +91,8 @@ class Communicator;
 // The caller never sleeps on the helper: hand_over() wakes it without waiting, and take_back()
 // clears the request and waits only while a test() is running (microseconds), not for the
 // helper to wake from its poll. Waiting for that wake-up (a condition variable handshake each
-// way) cost 35-140 us per call on a 2-vCPU VM, about 5 % of a 2-rank TP step.
+// way, and the end of a 50 us sleep) cost 33-107 us per call on a 2-vCPU VM
+// (bench_progress_helper), 2-4 % of a 2-rank TP step there (docs/model.md).
 class ProgressHelper {
  public:
   explicit ProgressHelper(std::chrono::microseconds poll = std::chrono::microseconds(50));
@@ -120,7 +121,7 @@ class ProgressHelper {
   void drive();                          // the helper thread's loop
 
   const std::chrono::microseconds poll_;
-  std::mutex mutex_;                 // for the helper's sleep only
+  std::mutex mutex_;                 // quit_, handed_over_ and the helper's sleep
   std::condition_variable wake_;     // a request handed over, or quit_
   bool quit_ = false;                // (mutex_)
   uint64_t handed_over_ = 0;         // hand_over() calls so far (mutex_)
