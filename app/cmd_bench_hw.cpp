@@ -17,7 +17,6 @@
 #include <ctime>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -504,7 +503,7 @@ void run_bench_hw(const BenchHwOptions& options) {
 #endif
   }
   const int ranks = world_size(), rank = world_rank();
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = cores_available();
   const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
   std::vector<std::string> notes;
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;

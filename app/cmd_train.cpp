@@ -173,13 +173,6 @@ class JobWatchdog {
   std::shared_ptr<CommWatch> device_;
 };
 
-// The cores this process may run on (its affinity mask), which its node's ranks share.
-int cores_available() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-}
-
 // parallel.tp_overlap's helper thread (comm.hpp's ProgressHelper) polls MPI while the GEMMs
 // run. Where the ranks' threads take every core, each poll takes its core from a GEMM: one line
 // says so at start (docs/model.md, "Overlap in backward", has the measurements).
@@ -195,6 +188,12 @@ void note_overlap_without_a_core(const Config& config, int threads, int ranks_pe
               ranks_per_node, threads, threads == 1 ? "" : "s", cores);
 }
 }  // namespace
+
+int cores_available() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
 
 int set_rank_threads(const Config& config, int ranks_per_node) {
   const int cores = cores_available();

@@ -20,6 +20,10 @@ inline constexpr int kExitDiverged = 77;
 void add_config_options(CLI::App& cmd, std::vector<std::string>& configs,
                         std::vector<std::string>& overrides);
 
+// The cores this process may run on: its affinity mask (a Slurm cpuset or mpiexec's binding),
+// which its node's ranks share; not the machine's count (std::thread::hardware_concurrency).
+int cores_available();
+
 struct Config;
 // Each rank gets its share of the node's cores (train.threads > 0: that many), so ranks never
 // oversubscribe them; sets the CPU kernels' thread count and returns it.

@@ -130,6 +130,21 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
 
 // --device cuda goes through the GPU module: without a GPU (this project's CI) one error line
 // naming what is missing; with one, a file of kind "gpu" that the plan reads.
+// The cores are those of the affinity mask, as `train.threads = 0` counts them: under a cpuset
+// of one core (Slurm's --cpus-per-task, mpiexec's binding; here taskset) one thread is measured,
+// not one per core of the machine.
+TEST(AppBenchHw, CountsTheCoresOfItsAffinityMask) {
+  if (run_command("command -v taskset").exit_code != 0) GTEST_SKIP() << "no taskset here";
+  const auto dir = scratch_dir("app_bench_hw_affinity");
+  const auto out = dir / "cpu.toml";
+  const RunResult r =
+      run_command("taskset -c 0 " + trident_cmd("bench-hw --out " + out.string()), 240);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = read_file(out);
+  EXPECT_NE(text.find(", 1 cores, 1 rank(s) x 1 thread(s)."), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(AppBenchHw, CudaMeasuresTheGpuOrSaysWhatIsMissing) {
   const auto dir = scratch_dir("app_bench_hw_cuda");
   const auto out = dir / "gpu.toml";
