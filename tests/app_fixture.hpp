@@ -1,10 +1,12 @@
 #pragma once
 // Shared helpers for tests that run the trident binary: a tiny config and a small synthetic
-// corpus in a scratch directory, and readers for the run's metrics.jsonl.
+// corpus in a scratch directory, readers for the run's metrics.jsonl, and the test's cores.
 #include <nlohmann/json.hpp>
+#include <sched.h>
 
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,16 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& run
   while (std::getline(in, line))
     if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
   return rows;
+}
+
+// The cores this test may run on (its affinity mask), which trident, started from it, counts
+// as its own (app/commands.hpp, cores_available).
+inline cpu_set_t affinity_mask() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0)
+    throw std::runtime_error("sched_getaffinity failed");
+  return set;
 }
 
 inline std::string trident_cmd(const std::string& args) {

@@ -3,8 +3,6 @@
 // layout, a model that fits no layout).
 #include <gtest/gtest.h>
 
-#include <sched.h>
-
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -135,11 +133,9 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
 // not one per core of the machine.
 TEST(AppBenchHw, CountsTheCoresOfItsAffinityMask) {
   if (run_command("command -v taskset").exit_code != 0) GTEST_SKIP() << "no taskset here";
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const cpu_set_t mask = affinity_mask();
   int cpu = 0;
-  while (!CPU_ISSET(cpu, &set)) ++cpu;  // the first core this test may run on
+  while (!CPU_ISSET(cpu, &mask)) ++cpu;  // the first core this test may run on
   const auto dir = scratch_dir("app_bench_hw_affinity");
   const auto out = dir / "cpu.toml";
   const RunResult r = run_command(

@@ -2,7 +2,6 @@
 // input ends it with one clear error line and a non-zero exit code (never a crash or a hang).
 #include <gtest/gtest.h>
 
-#include <sched.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -90,10 +89,8 @@ TEST(TrainApp, PipelineBalancedByFlopsTrainsAsOneRank) {
 // parallel.tp_overlap where the ranks' threads take every core this node gives them: one note at
 // start (its helper thread has no core of its own); none without the overlap.
 TEST(TrainApp, TensorOverlapWithNoCoreLeftIsNoted) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
-  const int cores = CPU_COUNT(&set);  // 2 ranks x `cores` threads take them all
+  const cpu_set_t mask = affinity_mask();
+  const int cores = CPU_COUNT(&mask);  // 2 ranks x `cores` threads take them all
   const auto dir = scratch_dir("train_tp_overlap_note");
   const auto config = make_tiny_run(dir);
   const std::string common = "train --config " + config.string() +
