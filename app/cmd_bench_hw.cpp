@@ -23,6 +23,7 @@
 #ifdef TRIDENT_HAVE_CUDA
 #include "cuda/cuda_bench_hw.hpp"
 #endif
+#include "grid/process_grid.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
@@ -503,8 +504,11 @@ void run_bench_hw(const BenchHwOptions& options) {
 #endif
   }
   const int ranks = world_size(), rank = world_rank();
-  const int cores = cores_available();
-  const int threads = std::max(1, cores / ranks);  // as train.threads = 0 gives each rank
+  // The ranks of this node as one data-parallel grid: each gets the threads train.threads = 0
+  // gives it (its share of the machine's cores, grid/core_share.hpp).
+  const ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, ranks}, 0, ModelConfig{});
+  const CoreShare& share = grid.core_share();
+  const int threads = share.threads;
   std::vector<std::string> notes;
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;
   for (int round = 0; round < kGemmRounds; ++round) {
@@ -553,8 +557,8 @@ void run_bench_hw(const BenchHwOptions& options) {
   if (rank != 0) return;
   std::vector<std::string> comment = {
       "Written by `trident bench-hw` (docs/plan.md) on " + cpu_model() + ", " +
-          std::to_string(cores) + " cores, " + std::to_string(ranks) + " rank(s) x " +
-          std::to_string(threads) + " thread(s).",
+          std::to_string(ranks) + " rank(s) x " + std::to_string(threads) +
+          " thread(s) (rank 0: " + share.describe() + ").",
       "Peak = the best trainer sgemm (cubes) measured per rank (all ranks at once); efficiency at",
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
       "volume) over that best. bf16 = fp32: the CPU backend computes in fp32.",

@@ -186,7 +186,7 @@ void run_generate(const GenerateOptions& options) {
     throw Error("generate: the tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " ids but the checkpoint's model.vocab_size is " + std::to_string(m.vocab_size));
   ProcessGrid grid(MPI_COMM_WORLD, config);
-  set_rank_threads(config, grid.ranks_per_node());
+  set_rank_threads(config, grid);
   const TrainerGroups groups = TrainerGroups::from_grid(grid);
   ModelShard shard = ModelShard::whole(m);
   shard.tp_rank = groups.tp_rank;

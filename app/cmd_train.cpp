@@ -1,5 +1,4 @@
 // trident train: resolve the config, build the grid, print the run's figures, train.
-#include <sched.h>
 
 #include <chrono>
 #include <csignal>
@@ -80,7 +79,7 @@ Config load_planned_config(const TrainOptions& options) {
   return load_configs(options.configs, overrides);
 }
 
-void print_figures(const Config& c, int world_size, int threads) {
+void print_figures(const Config& c, int world_size, int threads, const CoreShare& share) {
   const int64_t params = parameter_count(c.model);
   const double flops =
       training_flops_per_token(c.model, padded_vocab_size(c.model, c.parallel.tensor)) *
@@ -103,7 +102,8 @@ void print_figures(const Config& c, int world_size, int threads) {
               static_cast<long long>(c.train.micro_batch));
   std::printf("training FLOPs per step: %.4g (matmuls, forward + backward; docs/model.md)\n",
               flops);
-  std::printf("ranks: %d, threads per rank: %d\n", world_size, threads);
+  std::printf("ranks: %d, threads per rank: %d (rank 0: %s)\n", world_size, threads,
+              share.describe().c_str());
   std::fflush(stdout);
 }
 
@@ -176,29 +176,30 @@ class JobWatchdog {
 // parallel.tp_overlap's helper thread (comm.hpp's ProgressHelper) polls MPI while the GEMMs
 // run. Where the ranks' threads take every core, each poll takes its core from a GEMM: one line
 // says so at start (docs/model.md, "Overlap in backward", has the measurements).
-void note_overlap_without_a_core(const Config& config, int threads, int ranks_per_node) {
+void note_overlap_without_a_core(const Config& config, int threads, const CoreShare& share) {
   if (!config.parallel.tp_overlap || config.parallel.tensor < 2 || config.train.device != "cpu")
     return;
-  const int cores = cores_available();
-  if (static_cast<int64_t>(threads) * ranks_per_node < cores) return;
+  if (static_cast<int64_t>(threads) * share.sharers < share.cores) return;
   std::printf("note: parallel.tp_overlap: no core is left for the helper thread that drives the "
-              "overlapped collectives (%d ranks on this node, %d thread%s each, %d cores); its "
-              "polls then take time from the GEMMs (3-6 %% of a 2-rank TP step on 2 cores, "
-              "docs/model.md)\n",
-              ranks_per_node, threads, threads == 1 ? "" : "s", cores);
+              "overlapped collectives (rank 0: %d thread%s on %s); its polls then take time "
+              "from the GEMMs (3-6 %% of a 2-rank TP step on 2 cores, docs/model.md)\n",
+              threads, threads == 1 ? "" : "s", share.describe().c_str());
+}
+
+// train.threads set above a rank's share: its threads and those of the ranks it shares cores
+// with take turns on them (the step slows down, nothing else).
+void note_threads_above_share(const Config& config, int threads, const CoreShare& share) {
+  if (config.train.threads <= 0 || static_cast<int64_t>(threads) * share.sharers <= share.cores)
+    return;
+  std::printf("note: train.threads = %d: rank 0's share is %s, so threads take turns on its "
+              "cores (train.threads = 0: one thread per core of the share)\n",
+              threads, share.describe().c_str());
 }
 }  // namespace
 
-int cores_available() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-}
-
-int set_rank_threads(const Config& config, int ranks_per_node) {
-  const int cores = cores_available();
+int set_rank_threads(const Config& config, const ProcessGrid& grid) {
   const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads)
-                                               : std::max(1, cores / std::max(1, ranks_per_node));
+                                               : grid.core_share().threads;
   cpu::set_num_threads(threads);
   return threads;
 }
@@ -233,12 +234,13 @@ int run_train(const TrainOptions& options) {
   JobWatchdog watchdog(grid, config);
 
   // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
-  const int threads = set_rank_threads(config, grid.ranks_per_node());
+  const int threads = set_rank_threads(config, grid);
   const bool lead = grid.rank() == 0;
   if (lead) {
     write_resolved_config(config);
-    print_figures(config, grid.world_size(), threads);
-    note_overlap_without_a_core(config, threads, grid.ranks_per_node());
+    print_figures(config, grid.world_size(), threads, grid.core_share());
+    note_threads_above_share(config, threads, grid.core_share());
+    note_overlap_without_a_core(config, threads, grid.core_share());
     std::printf("%s\n", grid.describe().c_str());
     std::fflush(stdout);
   }

@@ -20,14 +20,13 @@ inline constexpr int kExitDiverged = 77;
 void add_config_options(CLI::App& cmd, std::vector<std::string>& configs,
                         std::vector<std::string>& overrides);
 
-// The cores this process may run on: its affinity mask (a Slurm cpuset or mpiexec's binding),
-// which its node's ranks share; not the machine's count (std::thread::hardware_concurrency).
-int cores_available();
-
 struct Config;
-// Each rank gets its share of the node's cores (train.threads > 0: that many), so ranks never
-// oversubscribe them; sets the CPU kernels' thread count and returns it.
-int set_rank_threads(const Config& config, int ranks_per_node);
+class ProcessGrid;
+// Each rank gets its share of its machine's cores (ProcessGrid::core_share: the physical cores
+// of its affinity mask, over the ranks whose masks hold them too), so ranks never oversubscribe
+// them and bound ranks keep their own; train.threads > 0: that many. Sets the CPU kernels' thread
+// count and returns it.
+int set_rank_threads(const Config& config, const ProcessGrid& grid);
 
 struct TrainOptions {
   std::vector<std::string> configs;  // layered in order: a later file's values win

@@ -60,7 +60,7 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& run
 }
 
 // The cores this test may run on (its affinity mask), which trident, started from it, counts
-// as its own (app/commands.hpp, cores_available).
+// as its own (grid/core_share.hpp).
 inline cpu_set_t affinity_mask() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -108,11 +108,52 @@ TEST(TrainApp, TensorOverlapWithNoCoreLeftIsNoted) {
     for (size_t p = r.output.find(note); p != std::string::npos; p = r.output.find(note, p + 1))
       ++notes;
     EXPECT_EQ(notes, overlap ? 1u : 0u) << r.output;
-    if (overlap)
-      EXPECT_NE(r.output.find("(2 ranks on this node, " + std::to_string(cores) + " thread"),
-                std::string::npos)
+    if (overlap) {
+      EXPECT_NE(r.output.find("(rank 0: " + std::to_string(cores) + " thread"), std::string::npos)
           << r.output;
+      EXPECT_NE(r.output.find(" shared by 2 ranks); its polls"), std::string::npos) << r.output;
+    }
   }
+}
+
+// train.threads = 0 divides a rank's cores among the ranks that may run on them: unbound ranks
+// (mpiexec's default) share the node's, ranks bound each to cores of its own (srun
+// --cpus-per-task, mpiexec's binding; here taskset through mpiexec's MPMD form) keep theirs.
+// Too many threads for the share get a note.
+TEST(TrainApp, RanksBoundToTheirOwnCoresKeepThem) {
+  if (run_command("command -v taskset").exit_code != 0) GTEST_SKIP() << "no taskset here";
+  const cpu_set_t mask = affinity_mask();
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu)
+    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU in this test's affinity mask";
+  const auto dir = scratch_dir("train_core_share");
+  const auto config = make_tiny_run(dir);
+  const std::string args = "train --config " + config.string() +
+                           " --set train.steps=1 --set eval.interval=0 --set parallel.data=2"
+                           " --set log.dir=" + (dir / "run").string();
+  auto bound = [&](int cpu, const std::string& more) {
+    return "-n 1 taskset -c " + std::to_string(cpu) + " " + trident_cmd(args + more);
+  };
+  const std::string mpiexec = std::string(TRIDENT_MPIEXEC) + " ";
+  const auto unbound = run_command(mpiexec + "-n 2 " + trident_cmd(args), 120);
+  ASSERT_EQ(unbound.exit_code, 0) << unbound.output;
+  EXPECT_NE(unbound.output.find(" shared by 2 ranks)\n"), std::string::npos) << unbound.output;
+  const auto own = run_command(mpiexec + bound(cpus[0], "") + " : " + bound(cpus[1], ""), 120);
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_NE(own.output.find("threads per rank: 1 (rank 0: 1 core of its own)\n"),
+            std::string::npos)
+      << own.output;
+  EXPECT_EQ(own.output.find("note: train.threads"), std::string::npos) << own.output;
+  const std::string three = " --set train.threads=3";
+  const auto over =
+      run_command(mpiexec + bound(cpus[0], three) + " : " + bound(cpus[1], three), 120);
+  ASSERT_EQ(over.exit_code, 0) << over.output;
+  EXPECT_NE(over.output.find("note: train.threads = 3: rank 0's share is 1 core of its own, so "
+                             "threads take turns on its cores"),
+            std::string::npos)
+      << over.output;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainApp, SameSeedIsBitwiseIdenticalAndAnotherSeedDiffers) {

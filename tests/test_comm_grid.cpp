@@ -1,6 +1,7 @@
 // Pure tests of the process grid (no MPI): the rank map, group membership, layout validation,
-// vocabulary padding, the self communicator, GPU selection (select_device) and the host bf16
-// conversions that the MPI BF16 reductions use.
+// vocabulary padding, the self communicator, GPU selection (select_device), each rank's share of
+// its machine's cores (share_cores) and the host bf16 conversions that the MPI BF16 reductions
+// use.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "comm/comm.hpp"
 #include "config/config.hpp"
+#include "grid/core_share.hpp"
 #include "grid/device_select.hpp"
 #include "grid/grid.hpp"
 #include "util/bf16.hpp"
@@ -881,6 +883,95 @@ TEST(comm_bf16, InfinityAndNaN) {
   std::memcpy(&low_nan, &bits, sizeof low_nan);
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(low_nan))));
   EXPECT_TRUE(std::signbit(bf16_to_float(float_to_bf16(low_nan))));
+}
+
+// ---- Each rank's share of its machine's cores (grid/core_share.hpp)
+
+// Cores [first, first + n) of a machine without SMT (each CPU a core of its own).
+CoreSet cores_from(int first, int n) {
+  std::vector<int> cpus(n);
+  std::iota(cpus.begin(), cpus.end(), first);
+  return cores_of_cpus(cpus, [](int cpu) { return cpu; });
+}
+
+TEST(comm_core_share, UnboundRanksDivideTheNodeAmongThem) {
+  // mpiexec without binding: 8 ranks, each may run on all 128 cores.
+  const std::vector<CoreSet> host(8, cores_from(0, 128));
+  for (size_t r = 0; r < host.size(); ++r) {
+    const CoreShare s = share_cores(host, r, 128);
+    EXPECT_EQ(s.cores, 128);
+    EXPECT_EQ(s.sharers, 8);
+    EXPECT_EQ(s.threads, 16);
+  }
+}
+
+TEST(comm_core_share, BoundRanksKeepTheirOwnCores) {
+  // srun --ntasks-per-node=8 --cpus-per-task=16 under task/affinity: rank r on cores 16r..16r+15.
+  // Dividing each rank's 16 cores by the node's 8 ranks again would leave it 2 threads.
+  std::vector<CoreSet> host;
+  for (int r = 0; r < 8; ++r) host.push_back(cores_from(16 * r, 16));
+  for (size_t r = 0; r < host.size(); ++r) {
+    const CoreShare s = share_cores(host, r, 16);
+    EXPECT_EQ(s.sharers, 1);
+    EXPECT_EQ(s.threads, 16);
+    EXPECT_EQ(s.describe(), "16 cores of its own");
+  }
+}
+
+TEST(comm_core_share, RanksBoundPerSocketShareTheirSocket) {
+  // mpiexec -bind-to socket, 4 ranks on 2 sockets of 64 cores: two ranks on each socket.
+  const std::vector<CoreSet> host{cores_from(0, 64), cores_from(64, 64), cores_from(0, 64),
+                                  cores_from(64, 64)};
+  for (size_t r = 0; r < host.size(); ++r) {
+    const CoreShare s = share_cores(host, r, 64);
+    EXPECT_EQ(s.sharers, 2);
+    EXPECT_EQ(s.threads, 32);
+    EXPECT_EQ(s.describe(), "64 cores shared by 2 ranks");
+  }
+}
+
+TEST(comm_core_share, MoreRanksThanCoresRunOneThreadEach) {
+  const std::vector<CoreSet> host(4, cores_from(0, 2));
+  const CoreShare s = share_cores(host, 3, 2);
+  EXPECT_EQ(s.sharers, 4);
+  EXPECT_EQ(s.threads, 1);
+}
+
+TEST(comm_core_share, HyperThreadsOfOneCoreCountOnce) {
+  // 4 cores with 2 hardware threads each, siblings numbered as Linux does: cpu c and c + 4.
+  auto first_sibling = [](int cpu) { return cpu % 4; };
+  const CoreSet all = cores_of_cpus({0, 1, 2, 3, 4, 5, 6, 7}, first_sibling);
+  EXPECT_EQ(all.count(), 4);
+  CoreShare s = share_cores({all}, 0, 8);
+  EXPECT_EQ(s.threads, 4);
+  EXPECT_EQ(s.describe(), "4 cores (8 CPUs) of its own");
+  // Two ranks bound to the two hardware threads of the same cores share those cores.
+  const CoreSet low = cores_of_cpus({0, 1, 2, 3}, first_sibling);
+  const CoreSet high = cores_of_cpus({4, 5, 6, 7}, first_sibling);
+  EXPECT_TRUE(low.overlaps(high));
+  s = share_cores({low, high}, 1, 4);
+  EXPECT_EQ(s.sharers, 2);
+  EXPECT_EQ(s.threads, 2);
+}
+
+TEST(comm_core_share, SetsHoldCoresUpToTheLastCpuId) {
+  CoreSet s;
+  for (int core : {0, 63, 64, kMaxCpus - 1, kMaxCpus, -1}) s.add(core);
+  EXPECT_EQ(s.count(), 4);
+  EXPECT_TRUE(s.has(63) && s.has(64) && s.has(kMaxCpus - 1));
+  EXPECT_FALSE(s.has(1) || s.has(kMaxCpus) || s.has(-1));
+  CoreSet other;
+  other.add(kMaxCpus - 1);
+  EXPECT_TRUE(s.overlaps(other));
+  EXPECT_FALSE(other.overlaps(cores_from(0, 64)));
+}
+
+TEST(comm_core_share, ThisProcessRunsOnTheCoresOfItsMask) {
+  const ProcessCpus mine = this_process_cpus();
+  ASSERT_FALSE(mine.cpus.empty());
+  EXPECT_GE(mine.cores.count(), 1);
+  EXPECT_LE(mine.cores.count(), static_cast<int>(mine.cpus.size()));
+  for (int cpu : mine.cpus) EXPECT_LT(cpu, kMaxCpus);
 }
 
 }  // namespace

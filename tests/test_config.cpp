@@ -337,11 +337,11 @@ TEST(ConfigReject, CountsMustBeNonNegative) {
 // Issue 22 item 11: train.threads = 100000 spun for ten minutes creating threads.
 TEST(ConfigReject, ThreadsAreBounded) {
   EXPECT_EQ(error_of_key("train.threads", "-1"),
-            kSrc + ": train.threads (-1) must be in [0, 1024] (more threads than a node has "
-                   "cores only slow a run down)");
+            kSrc + ": train.threads (-1) must be in [0, 1024] (more threads than a rank's "
+                   "share of cores only slow a run down)");
   EXPECT_EQ(error_of_key("train.threads", "100000"),
-            kSrc + ": train.threads (100000) must be in [0, 1024] (more threads than a node has "
-                   "cores only slow a run down)");
+            kSrc + ": train.threads (100000) must be in [0, 1024] (more threads than a rank's "
+                   "share of cores only slow a run down)");
   EXPECT_NO_THROW(parse_config(set_key("train.threads", "0"), kSrc));
   EXPECT_NO_THROW(parse_config(set_key("train.threads", "1024"), kSrc));
 }

@@ -61,6 +61,8 @@ struct ProcessGrid::RankInfo {
   int32_t shm_leader;     // lowest world rank of this rank's shared-memory group
   int32_t shm_rank;       // rank in the shared-memory group
   int32_t shm_size;       // size of the shared-memory group
+  int32_t cpus;           // logical CPUs of the rank's affinity mask
+  CoreSet cores;          // their physical cores (core_share.hpp)
   char host[MPI_MAX_PROCESSOR_NAME];
 };
 
@@ -118,6 +120,11 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
     mine.shm_leader = leader;
   }
   MPI_Comm_free(&shm);
+  {
+    const ProcessCpus cpus = this_process_cpus();
+    mine.cpus = static_cast<int32_t>(cpus.cpus.size());
+    mine.cores = cpus.cores;
+  }
   int len = 0;
   MPI_Get_processor_name(mine.host, &len);
   mine.host[std::min(len, MPI_MAX_PROCESSOR_NAME - 1)] = '\0';
@@ -187,6 +194,16 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   node_ = node_of_[rank_];
   local_rank_ = local_of_[rank_];
   ranks_per_node_ = node_size[node_];
+  // The cores are shared among the ranks of the machine (the shared-memory group), whether or
+  // not nodes are simulated: a simulated node's ranks still run on this machine's cores.
+  std::vector<CoreSet> machine;
+  size_t me = 0;
+  for (int r = 0; r < world_size; ++r) {
+    if (all[r].shm_leader != all[rank_].shm_leader) continue;
+    if (r == rank_) me = machine.size();
+    machine.push_back(all[r].cores);
+  }
+  core_share_ = share_cores(machine, me, all[rank_].cpus);
 
   // 3. The group communicators. Colors number the groups, keys give the group-rank order of
   //    the pure functions in grid.hpp.

@@ -1,7 +1,7 @@
 #pragma once
-// The MPI side of the 3D process grid: node detection, layout validation and one communicator
-// per process group. Rank layout, group order and validation rules: grid/grid.hpp and
-// docs/parallelism.md.
+// The MPI side of the 3D process grid: node detection, layout validation, one communicator per
+// process group, and each rank's share of its machine's cores. Rank layout, group order and
+// validation rules: grid/grid.hpp and docs/parallelism.md.
 //
 // Nodes. ranks_per_node > 0 (the config's parallel.ranks_per_node) or else the environment
 // variable TRIDENT_RANKS_PER_NODE (> 0) simulates nodes of that many consecutive world ranks
@@ -22,6 +22,7 @@
 #include "comm/comm.hpp"
 #include "comm/mpi_comm.hpp"
 #include "config/config.hpp"
+#include "grid/core_share.hpp"
 #include "grid/grid.hpp"
 
 namespace trident {
@@ -54,6 +55,10 @@ class ProcessGrid {
     return {node_, num_nodes_, local_rank_, ranks_per_node_, simulated_};
   }
   const std::string& host() const;                // MPI_Get_processor_name of this rank
+  // This rank's share of its machine's cores (grid/core_share.hpp): the physical cores of its
+  // affinity mask over the ranks of the machine whose masks hold any of them. Its threads are
+  // the default of train.threads.
+  const CoreShare& core_share() const { return core_share_; }
 
   // Group communicators; group rank order = grid.hpp's *_group() order.
   Communicator& world() { return *world_; }       // all ranks
@@ -98,6 +103,7 @@ class ProcessGrid {
   int rank_ = 0;
   int node_ = 0, num_nodes_ = 1, local_rank_ = 0, ranks_per_node_ = 1;
   bool simulated_ = false;
+  CoreShare core_share_;
   std::string node_source_;            // how the nodes were found (for describe())
   std::vector<int> node_of_;           // world rank -> node id
   std::vector<int> local_of_;          // world rank -> rank within node
