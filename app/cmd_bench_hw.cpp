@@ -505,10 +505,11 @@ void run_bench_hw(const BenchHwOptions& options) {
   }
   const int ranks = world_size(), rank = world_rank();
   // The ranks of this node as one data-parallel grid: each gets the threads train.threads = 0
-  // gives it (its share of the machine's cores, grid/core_share.hpp).
+  // gives it (OMP_NUM_THREADS, else its share of the machine's cores, grid/core_share.hpp).
   const ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, ranks}, 0, ModelConfig{});
   const CoreShare& share = grid.core_share();
-  const int threads = share.threads;
+  const RankThreads chosen = rank_threads(0, share);
+  const int threads = chosen.threads;
   std::vector<std::string> notes;
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;
   for (int round = 0; round < kGemmRounds; ++round) {
@@ -558,7 +559,8 @@ void run_bench_hw(const BenchHwOptions& options) {
   std::vector<std::string> comment = {
       "Written by `trident bench-hw` (docs/plan.md) on " + cpu_model() + ", " +
           std::to_string(ranks) + " rank(s) x " + std::to_string(threads) +
-          " thread(s) (rank 0: " + share.describe() + ").",
+          " thread(s) (" + (chosen.source.empty() ? "" : chosen.source + "; ") +
+          "rank 0: " + share.describe() + ").",
       "Peak = the best trainer sgemm (cubes) measured per rank (all ranks at once); efficiency at",
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
       "volume) over that best. bf16 = fp32: the CPU backend computes in fp32.",

@@ -1,6 +1,7 @@
 // trident train: resolve the config, build the grid, print the run's figures, train.
 
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -79,7 +80,8 @@ Config load_planned_config(const TrainOptions& options) {
   return load_configs(options.configs, overrides);
 }
 
-void print_figures(const Config& c, int world_size, int threads, const CoreShare& share) {
+void print_figures(const Config& c, int world_size, const RankThreads& threads,
+                   const CoreShare& share) {
   const int64_t params = parameter_count(c.model);
   const double flops =
       training_flops_per_token(c.model, padded_vocab_size(c.model, c.parallel.tensor)) *
@@ -102,7 +104,8 @@ void print_figures(const Config& c, int world_size, int threads, const CoreShare
               static_cast<long long>(c.train.micro_batch));
   std::printf("training FLOPs per step: %.4g (matmuls, forward + backward; docs/model.md)\n",
               flops);
-  std::printf("ranks: %d, threads per rank: %d (rank 0: %s)\n", world_size, threads,
+  std::printf("ranks: %d, threads per rank: %d (%s%srank 0: %s)\n", world_size, threads.threads,
+              threads.source.c_str(), threads.source.empty() ? "" : "; ",
               share.describe().c_str());
   std::fflush(stdout);
 }
@@ -186,21 +189,35 @@ void note_overlap_without_a_core(const Config& config, int threads, const CoreSh
               threads, threads == 1 ? "" : "s", share.describe().c_str());
 }
 
-// train.threads set above a rank's share: its threads and those of the ranks it shares cores
-// with take turns on them (the step slows down, nothing else).
-void note_threads_above_share(const Config& config, int threads, const CoreShare& share) {
-  if (config.train.threads <= 0 || static_cast<int64_t>(threads) * share.sharers <= share.cores)
+// train.threads or OMP_NUM_THREADS above a rank's share: its threads and those of the ranks it
+// shares cores with take turns on them (the step slows down, nothing else).
+void note_threads_above_share(const RankThreads& threads, const CoreShare& share) {
+  if (threads.source.empty() ||
+      static_cast<int64_t>(threads.threads) * share.sharers <= share.cores)
     return;
-  std::printf("note: train.threads = %d: rank 0's share is %s, so threads take turns on its "
-              "cores (train.threads = 0: one thread per core of the share)\n",
-              threads, share.describe().c_str());
+  std::printf("note: %s = %d: rank 0's share is %s, so threads take turns on its cores "
+              "(train.threads = 0 without OMP_NUM_THREADS: one thread per core of the share)\n",
+              threads.source.c_str(), threads.threads, share.describe().c_str());
 }
 }  // namespace
 
-int set_rank_threads(const Config& config, const ProcessGrid& grid) {
-  const int threads = config.train.threads > 0 ? static_cast<int>(config.train.threads)
-                                               : grid.core_share().threads;
-  cpu::set_num_threads(threads);
+RankThreads rank_threads(int64_t configured, const CoreShare& share) {
+  if (configured > 0) return {static_cast<int>(configured), "train.threads"};
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env == nullptr || *env == '\0') return {share.threads, ""};
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(env, &end, 10);
+  if (end == env || (*end != '\0' && *end != ',') || errno != 0 || n < 1 || n > 1024)
+    throw Error("OMP_NUM_THREADS=" + std::string(env) +
+                " is not a thread count in [1, 1024] (with train.threads = 0 it sets the "
+                "threads per rank; unset it for one thread per core of the rank's share)");
+  return {static_cast<int>(n), "OMP_NUM_THREADS"};
+}
+
+RankThreads set_rank_threads(const Config& config, const ProcessGrid& grid) {
+  const RankThreads threads = rank_threads(config.train.threads, grid.core_share());
+  cpu::set_num_threads(threads.threads);
   return threads;
 }
 
@@ -233,14 +250,14 @@ int run_train(const TrainOptions& options) {
   ProcessGrid grid(MPI_COMM_WORLD, config);
   JobWatchdog watchdog(grid, config);
 
-  // Each rank gets its share of the node's cores, so ranks never oversubscribe them.
-  const int threads = set_rank_threads(config, grid);
+  // train.threads, else OMP_NUM_THREADS, else the rank's share of its machine's cores.
+  const RankThreads threads = set_rank_threads(config, grid);
   const bool lead = grid.rank() == 0;
   if (lead) {
     write_resolved_config(config);
     print_figures(config, grid.world_size(), threads, grid.core_share());
-    note_threads_above_share(config, threads, grid.core_share());
-    note_overlap_without_a_core(config, threads, grid.core_share());
+    note_threads_above_share(threads, grid.core_share());
+    note_overlap_without_a_core(config, threads.threads, grid.core_share());
     std::printf("%s\n", grid.describe().c_str());
     std::fflush(stdout);
   }

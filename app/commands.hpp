@@ -21,12 +21,22 @@ void add_config_options(CLI::App& cmd, std::vector<std::string>& configs,
                         std::vector<std::string>& overrides);
 
 struct Config;
+struct CoreShare;
 class ProcessGrid;
-// Each rank gets its share of its machine's cores (ProcessGrid::core_share: the physical cores
-// of its affinity mask, over the ranks whose masks hold them too), so ranks never oversubscribe
-// them and bound ranks keep their own; train.threads > 0: that many. Sets the CPU kernels' thread
-// count and returns it.
-int set_rank_threads(const Config& config, const ProcessGrid& grid);
+// A rank's CPU threads and what decided them.
+struct RankThreads {
+  int threads = 1;
+  std::string source;  // "train.threads", "OMP_NUM_THREADS", or "" (the rank's share of cores)
+};
+// train.threads > 0: that many. Else OMP_NUM_THREADS where it is set (its first value, as
+// OpenMP reads a list of nesting levels; the count job scripts and launchers such as torchrun
+// set); a value that is not a count in [1, 1024] throws trident::Error naming it. Else the
+// rank's share of its machine's cores (grid/core_share.hpp: the physical cores of its affinity
+// mask over the ranks whose masks hold them too), so ranks never oversubscribe them and bound
+// ranks keep their own.
+RankThreads rank_threads(int64_t configured, const CoreShare& share);
+// rank_threads for this rank of `grid`; sets the CPU kernels' thread count.
+RankThreads set_rank_threads(const Config& config, const ProcessGrid& grid);
 
 struct TrainOptions {
   std::vector<std::string> configs;  // layered in order: a later file's values win

@@ -139,7 +139,8 @@ TEST(AppBenchHw, CountsTheCoresOfItsAffinityMask) {
   const auto dir = scratch_dir("app_bench_hw_affinity");
   const auto out = dir / "cpu.toml";
   const RunResult r = run_command(
-      "taskset -c " + std::to_string(cpu) + " " + trident_cmd("bench-hw --out " + out.string()),
+      "env -u OMP_NUM_THREADS taskset -c " + std::to_string(cpu) + " " +
+          trident_cmd("bench-hw --out " + out.string()),
       240);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string text = read_file(out);

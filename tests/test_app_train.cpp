@@ -131,11 +131,12 @@ TEST(TrainApp, RanksBoundToTheirOwnCoresKeepThem) {
   const auto config = make_tiny_run(dir);
   const std::string args = "train --config " + config.string() +
                            " --set train.steps=1 --set eval.interval=0 --set parallel.data=2"
-                           " --set log.dir=" + (dir / "run").string();
+                           " --set train.threads=0 --set log.dir=" + (dir / "run").string();
   auto bound = [&](int cpu, const std::string& more) {
     return "-n 1 taskset -c " + std::to_string(cpu) + " " + trident_cmd(args + more);
   };
-  const std::string mpiexec = std::string(TRIDENT_MPIEXEC) + " ";
+  // OMP_NUM_THREADS, where the environment sets it, would decide instead (the test below).
+  const std::string mpiexec = "env -u OMP_NUM_THREADS " + std::string(TRIDENT_MPIEXEC) + " ";
   const auto unbound = run_command(mpiexec + "-n 2 " + trident_cmd(args), 120);
   ASSERT_EQ(unbound.exit_code, 0) << unbound.output;
   EXPECT_NE(unbound.output.find(" shared by 2 ranks)\n"), std::string::npos) << unbound.output;
@@ -153,6 +154,42 @@ TEST(TrainApp, RanksBoundToTheirOwnCoresKeepThem) {
                              "threads take turns on its cores"),
             std::string::npos)
       << over.output;
+  std::filesystem::remove_all(dir);
+}
+
+// With train.threads = 0, OMP_NUM_THREADS (its first value) sets the threads per rank, as job
+// scripts and launchers set it; train.threads > 0 wins over it; a value that is no count stops the
+// run with one line naming it.
+TEST(TrainApp, OmpNumThreadsSetsTheThreadsWhereTrainThreadsIsZero) {
+  const auto dir = scratch_dir("train_omp_num_threads");
+  const auto config = make_tiny_run(dir);
+  auto train = [&](const std::string& env, const std::string& more) {
+    return run_command("env OMP_NUM_THREADS=" + env + " " +
+                           trident_cmd("train --config " + config.string() +
+                                       " --set train.steps=1 --set eval.interval=0"
+                                       " --set train.threads=0 --set log.dir=" +
+                                       (dir / "run").string() + more),
+                       120);
+  };
+  const RunResult from_env = train("1,1", "");
+  ASSERT_EQ(from_env.exit_code, 0) << from_env.output;
+  EXPECT_NE(from_env.output.find("threads per rank: 1 (OMP_NUM_THREADS; rank 0: "),
+            std::string::npos)
+      << from_env.output;
+  const RunResult configured = train("1", " --set train.threads=2");
+  ASSERT_EQ(configured.exit_code, 0) << configured.output;
+  EXPECT_NE(configured.output.find("threads per rank: 2 (train.threads; rank 0: "),
+            std::string::npos)
+      << configured.output;
+  for (const std::string bad : {"many", "0", "2x"}) {
+    const RunResult r = train(bad, "");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    const std::string line = "trident: error: OMP_NUM_THREADS=" + bad +
+                             " is not a thread count in [1, 1024] (with train.threads = 0 it sets "
+                             "the threads per rank; unset it for one thread per core of the "
+                             "rank's share)\n";
+    EXPECT_NE(r.output.find(line), std::string::npos) << r.output;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -223,9 +223,10 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, global_batch), at_least(1), "Sequences per optimizer step, all replicas.",
    "divisible by `train.micro_batch * parallel.data`"},
   {TRIDENT_KEY(train, threads), between(0, 1024),
-   "CPU threads per rank; 0: one per physical core the rank may run on (its affinity mask: the "
-   "node's cores unbound, its own under srun --cpus-per-task or mpiexec's binding), shared out "
-   "among the ranks whose masks hold the same cores (docs/parallelism.md, \"Threads per rank\").",
+   "CPU threads per rank; 0: OMP_NUM_THREADS where the environment sets it, else one per "
+   "physical core the rank may run on (its affinity mask: the node's cores unbound, its own "
+   "under srun --cpus-per-task or mpiexec's binding), shared out among the ranks whose masks "
+   "hold the same cores (docs/parallelism.md, \"Threads per rank\").",
    {}, "more threads than a rank's share of cores only slow a run down"},
   {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}),
    "Compute device. cuda: one GPU per rank, picked by the rank's index within its node."},
