@@ -894,15 +894,21 @@ CoreSet cores_from(int first, int n) {
   return cores_of_cpus(cpus, [](int cpu) { return cpu; });
 }
 
+// Every rank of `host` (cpus CPUs in each mask) gets the same share.
+void expect_every_rank_shares(const std::vector<CoreSet>& host, int cpus, int sharers, int threads,
+                              const std::string& described) {
+  for (size_t r = 0; r < host.size(); ++r) {
+    const CoreShare s = share_cores(host, r, cpus);
+    EXPECT_EQ(s.sharers, sharers) << "rank " << r;
+    EXPECT_EQ(s.threads, threads) << "rank " << r;
+    EXPECT_EQ(s.describe(), described) << "rank " << r;
+  }
+}
+
 TEST(comm_core_share, UnboundRanksDivideTheNodeAmongThem) {
   // mpiexec without binding: 8 ranks, each may run on all 128 cores.
-  const std::vector<CoreSet> host(8, cores_from(0, 128));
-  for (size_t r = 0; r < host.size(); ++r) {
-    const CoreShare s = share_cores(host, r, 128);
-    EXPECT_EQ(s.cores, 128);
-    EXPECT_EQ(s.sharers, 8);
-    EXPECT_EQ(s.threads, 16);
-  }
+  expect_every_rank_shares(std::vector<CoreSet>(8, cores_from(0, 128)), 128, 8, 16,
+                           "128 cores shared by 8 ranks");
 }
 
 TEST(comm_core_share, BoundRanksKeepTheirOwnCores) {
@@ -910,24 +916,14 @@ TEST(comm_core_share, BoundRanksKeepTheirOwnCores) {
   // Dividing each rank's 16 cores by the node's 8 ranks again would leave it 2 threads.
   std::vector<CoreSet> host;
   for (int r = 0; r < 8; ++r) host.push_back(cores_from(16 * r, 16));
-  for (size_t r = 0; r < host.size(); ++r) {
-    const CoreShare s = share_cores(host, r, 16);
-    EXPECT_EQ(s.sharers, 1);
-    EXPECT_EQ(s.threads, 16);
-    EXPECT_EQ(s.describe(), "16 cores of its own");
-  }
+  expect_every_rank_shares(host, 16, 1, 16, "16 cores of its own");
 }
 
 TEST(comm_core_share, RanksBoundPerSocketShareTheirSocket) {
   // mpiexec -bind-to socket, 4 ranks on 2 sockets of 64 cores: two ranks on each socket.
-  const std::vector<CoreSet> host{cores_from(0, 64), cores_from(64, 64), cores_from(0, 64),
-                                  cores_from(64, 64)};
-  for (size_t r = 0; r < host.size(); ++r) {
-    const CoreShare s = share_cores(host, r, 64);
-    EXPECT_EQ(s.sharers, 2);
-    EXPECT_EQ(s.threads, 32);
-    EXPECT_EQ(s.describe(), "64 cores shared by 2 ranks");
-  }
+  expect_every_rank_shares({cores_from(0, 64), cores_from(64, 64), cores_from(0, 64),
+                            cores_from(64, 64)},
+                           64, 2, 32, "64 cores shared by 2 ranks");
 }
 
 TEST(comm_core_share, MoreRanksThanCoresRunOneThreadEach) {
