@@ -1,7 +1,7 @@
 // trident train: resolve the config, build the grid, print the run's figures, train.
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
