@@ -59,7 +59,9 @@ ProcessCpus this_process_cpus() {
     for (int cpu = 0; cpu < kMaxCpus; ++cpu)
       if (CPU_ISSET(cpu, &set)) out.cpus.push_back(cpu);
   }
-  if (out.cpus.empty()) out.cpus.push_back(sched_getcpu() >= 0 ? sched_getcpu() : 0);
+  // No mask read (a kernel with more than kMaxCpus CPUs refuses a cpu_set_t): the CPU this
+  // thread runs on stands for the rank's cores, one thread.
+  if (out.cpus.empty()) out.cpus.push_back(std::max(0, sched_getcpu()));
   out.cores = cores_of_cpus(out.cpus, first_sibling_from_sysfs);
   return out;
 }

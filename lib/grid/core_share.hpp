@@ -42,7 +42,8 @@ CoreSet cores_of_cpus(const std::vector<int>& cpus, const std::function<int(int)
 
 // The CPUs this process may run on (sched_getaffinity) and their cores, each CPU's siblings
 // read from /sys/devices/system/cpu/cpuN/topology/thread_siblings_list (a CPU whose file cannot
-// be read counts as a core of its own).
+// be read counts as a core of its own). On a machine of more than kMaxCpus CPUs the mask cannot
+// be read: the CPU the caller runs on stands for it (one thread).
 struct ProcessCpus {
   std::vector<int> cpus;
   CoreSet cores;
