@@ -52,18 +52,17 @@ int first_sibling_from_sysfs(int cpu) {
 }  // namespace
 
 ProcessCpus this_process_cpus() {
-  ProcessCpus out;
+  std::vector<int> cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) {
     for (int cpu = 0; cpu < kMaxCpus; ++cpu)
-      if (CPU_ISSET(cpu, &set)) out.cpus.push_back(cpu);
+      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   }
   // No mask read (a kernel with more than kMaxCpus CPUs refuses a cpu_set_t): the CPU this
   // thread runs on stands for the rank's cores, one thread.
-  if (out.cpus.empty()) out.cpus.push_back(std::max(0, sched_getcpu()));
-  out.cores = cores_of_cpus(out.cpus, first_sibling_from_sysfs);
-  return out;
+  if (cpus.empty()) cpus.push_back(std::max(0, sched_getcpu()));
+  return {static_cast<int>(cpus.size()), cores_of_cpus(cpus, first_sibling_from_sysfs)};
 }
 
 CoreShare share_cores(const std::vector<CoreSet>& host, size_t me, int cpus) {

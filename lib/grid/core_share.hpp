@@ -45,7 +45,7 @@ CoreSet cores_of_cpus(const std::vector<int>& cpus, const std::function<int(int)
 // be read counts as a core of its own). On a machine of more than kMaxCpus CPUs the mask cannot
 // be read: the CPU the caller runs on stands for it (one thread).
 struct ProcessCpus {
-  std::vector<int> cpus;
+  int cpus = 1;  // logical CPUs of the mask
   CoreSet cores;
 };
 ProcessCpus this_process_cpus();

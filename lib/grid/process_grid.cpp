@@ -122,7 +122,7 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   MPI_Comm_free(&shm);
   {
     const ProcessCpus cpus = this_process_cpus();
-    mine.cpus = static_cast<int32_t>(cpus.cpus.size());
+    mine.cpus = cpus.cpus;
     mine.cores = cpus.cores;
   }
   int len = 0;
@@ -199,11 +199,11 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   std::vector<CoreSet> machine;
   size_t me = 0;
   for (int r = 0; r < world_size; ++r) {
-    if (all[r].shm_leader != all[rank_].shm_leader) continue;
+    if (all[r].shm_leader != mine.shm_leader) continue;
     if (r == rank_) me = machine.size();
     machine.push_back(all[r].cores);
   }
-  core_share_ = share_cores(machine, me, all[rank_].cpus);
+  core_share_ = share_cores(machine, me, mine.cpus);
 
   // 3. The group communicators. Colors number the groups, keys give the group-rank order of
   //    the pure functions in grid.hpp.
