@@ -7,6 +7,8 @@
 // on any machine.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <map>
 #include <sstream>
 
 #include "app_fixture.hpp"
@@ -148,6 +150,71 @@ TEST_F(GemmApp, AUsersCoretypeIsKeptAndASlowGemmIsWarnedAbout) {
   EXPECT_NE(line.find("kernel Prescott (OPENBLAS_CORETYPE=Prescott as set)"), std::string::npos)
       << line;
   EXPECT_NE(r.output.find("trident: warning: sgemm runs at "), std::string::npos) << r.output;
+}
+
+// bench/gemm_profile.cpp preloaded: each rank writes one table of its GEMM calls at exit,
+// whose rows add up to its header, from the library that ran them.
+struct ProfileTable {
+  long long header_calls = -1, row_calls = 0;
+  std::map<std::string, int> rows_by_library;
+  bool every_rate_positive = true;
+};
+std::map<std::string, ProfileTable> profile_tables(const std::string& output) {
+  std::map<std::string, ProfileTable> tables;  // by the header's "rank N"
+  std::istringstream in(output);
+  std::string line;
+  ProfileTable* table = nullptr;
+  while (std::getline(in, line)) {
+    if (line.rfind("gemm profile, ", 0) == 0) {
+      const std::string rank = line.substr(14, line.find(" (pid") - 14);
+      table = &tables[rank];
+      const size_t colon = line.find("): ");
+      table->header_calls = colon == std::string::npos ? -1 : std::stoll(line.substr(colon + 3));
+      continue;
+    }
+    // "  oneDNN  512 x 50304 x 256  NT  library  12  1503.7  26.3%  105.2", with "2 threads" in
+    // place of "library" where a team of two ran the pieces
+    std::istringstream row(line);
+    std::vector<std::string> words;
+    for (std::string w; row >> w;) words.push_back(w);
+    if (table == nullptr || line.rfind("  ", 0) != 0 || words.size() < 11 || words[2] != "x" ||
+        !std::isdigit(static_cast<unsigned char>(words[1][0])))  // not the column names
+      continue;
+    const std::string& library = words[0];
+    const long long calls = std::stoll(words[words.size() - 4]);
+    const double rate = std::stod(words.back());
+    table->row_calls += calls;
+    table->rows_by_library[library]++;
+    if (!(rate > 0)) table->every_rate_positive = false;
+  }
+  return tables;
+}
+
+TEST_F(GemmApp, ThePreloadedProfileTablesEachRanksGemms) {
+  if (kUnderAddressSanitizer)
+    GTEST_SKIP() << "sanitized build: the sanitizer's runtime must be the first library loaded, "
+                    "so nothing can be preloaded before it";
+  const std::string preload = "LD_PRELOAD=" + std::string(TRIDENT_GEMM_PROFILE_LIBRARY) + " ";
+  for (const std::string library : {"oneDNN", "OpenBLAS"}) {
+    SCOPED_TRACE(library);
+    std::filesystem::remove_all(dir_ / "run");
+    const auto r = train(kClean + preload +
+                             (library == "OpenBLAS" ? "TRIDENT_SGEMM=openblas " : ""),
+                         std::string(TRIDENT_MPIEXEC) + " -n 2 ",
+                         " --set parallel.data=2 --set train.threads=1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto tables = profile_tables(r.output);
+    ASSERT_EQ(tables.size(), 2u) << r.output;
+    for (const std::string rank : {"rank 0", "rank 1"}) {
+      ASSERT_EQ(tables.count(rank), 1u) << r.output;
+      const ProfileTable& t = tables.at(rank);
+      EXPECT_GT(t.header_calls, 0) << r.output;
+      EXPECT_EQ(t.row_calls, t.header_calls) << r.output;
+      EXPECT_EQ(t.rows_by_library.size(), 1u) << r.output;
+      EXPECT_GT(t.rows_by_library.count(library), 0u) << r.output;
+      EXPECT_TRUE(t.every_rate_positive) << r.output;
+    }
+  }
 }
 
 }  // namespace
