@@ -2,8 +2,8 @@
 // (LD_PRELOAD=libtrident_gemm_profile.so), this library stands in front of oneDNN's dnnl_sgemm
 // and OpenBLAS's cblas_sgemm, times each call, and at exit writes one table per process to
 // stderr: for every (library, M x N x K, transposes, who threads it) the calls, the
-// milliseconds, the share of all GEMM time and the GFLOP/s (2·M·N·K a call). bench/README.md
-// ("Where a run's GEMM time goes") shows it on the training shapes.
+// milliseconds, the share of all GEMM time and the GFLOP/s (2·M·N·K a call). docs/gemm.md
+// ("Where a run's GEMM time goes") shows how to run it, bench/README.md what it measured.
 //
 // Who threads it: a call made outside an OpenMP parallel region is threaded by the library
 // itself ("library"), and its time is wall time. A call made inside a region of T threads is
