@@ -559,8 +559,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   std::vector<std::string> comment = {
       "Written by `trident bench-hw` (docs/plan.md) on " + cpu_model() + ", " +
           std::to_string(ranks) + " rank(s) x " + std::to_string(threads) +
-          " thread(s) (" + (chosen.source.empty() ? "" : chosen.source + "; ") +
-          "rank 0: " + share.describe() + ").",
+          " thread(s) (" + chosen.explain(share) + ").",
       "Peak = the best trainer sgemm (cubes) measured per rank (all ranks at once); efficiency at",
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
       "volume) over that best. bf16 = fp32: the CPU backend computes in fp32.",

@@ -104,9 +104,8 @@ void print_figures(const Config& c, int world_size, const RankThreads& threads,
               static_cast<long long>(c.train.micro_batch));
   std::printf("training FLOPs per step: %.4g (matmuls, forward + backward; docs/model.md)\n",
               flops);
-  std::printf("ranks: %d, threads per rank: %d (%s%srank 0: %s)\n", world_size, threads.threads,
-              threads.source.c_str(), threads.source.empty() ? "" : "; ",
-              share.describe().c_str());
+  std::printf("ranks: %d, threads per rank: %d (%s)\n", world_size, threads.threads,
+              threads.explain(share).c_str());
   std::fflush(stdout);
 }
 
@@ -200,6 +199,10 @@ void note_threads_above_share(const RankThreads& threads, const CoreShare& share
               threads.source.c_str(), threads.threads, share.describe().c_str());
 }
 }  // namespace
+
+std::string RankThreads::explain(const CoreShare& share) const {
+  return (source.empty() ? "" : source + "; ") + "rank 0: " + share.describe();
+}
 
 RankThreads rank_threads(int64_t configured, const CoreShare& share) {
   if (configured > 0) return {static_cast<int>(configured), "train.threads"};

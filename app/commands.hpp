@@ -27,6 +27,8 @@ class ProcessGrid;
 struct RankThreads {
   int threads = 1;
   std::string source;  // "train.threads", "OMP_NUM_THREADS", or "" (the rank's share of cores)
+  // What rank 0 prints in brackets after its thread count: "[source; ]rank 0: <share>".
+  std::string explain(const CoreShare& share) const;
 };
 // train.threads > 0: that many. Else OMP_NUM_THREADS where it is set (its first value, as
 // OpenMP reads a list of nesting levels; the count job scripts and launchers such as torchrun
