@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -146,6 +147,8 @@ PlanProblem problem_of(const Config& c, const std::string& hardware) {
 
 AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, int ranks) {
   PlanProblem problem = problem_of(c, hardware);
+  if (const std::string why = plan_size_problem(problem, "train.global_batch"); !why.empty())
+    throw Error("train --plan auto: " + why);
   const int64_t per_node = problem.hw.devices_per_node;
   if (ranks < per_node) {
     problem.hw.devices_per_node = ranks;  // one node, partly used
@@ -188,6 +191,7 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
 }
 
 void run_plan(const PlanOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
   const Config c = load_configs(options.configs, options.overrides);
   if (options.nodes < 1)
     throw Error("plan --nodes = " + std::to_string(options.nodes) + " must be >= 1");
@@ -195,12 +199,31 @@ void run_plan(const PlanOptions& options) {
   PlanProblem problem = problem_of(c, options.hardware);
   if (options.global_batch > 0) problem.global_batch = options.global_batch;
   if (options.global_batch < 0) throw Error("plan --global-batch must be >= 1");
+  // The bounds of what a plan models (plan/cost_model.hpp), each naming its option.
+  const int64_t per_node = problem.hw.devices_per_node;
+  if (options.nodes > kPlanMaxDevices / per_node)
+    throw Error("plan --nodes = " + std::to_string(options.nodes) + " is past the " +
+                std::to_string(kPlanMaxDevices / per_node) + " nodes of " +
+                std::to_string(per_node) + " devices a plan models (" +
+                std::to_string(kPlanMaxDevices) + " devices)");
   problem.nodes = options.nodes;
+  if (const std::string why = plan_size_problem(
+          problem, options.global_batch > 0 ? "--global-batch" : "train.global_batch");
+      !why.empty())
+    throw Error("plan " + why);
   problem.attention = options.attention;
   problem.dp_overlap = !options.no_dp_overlap;
   problem.attention_dropout = options.attention_dropout;
   if (!options.precision.empty()) problem.precision = options.precision;
   const LayoutFilter filter = parse_layout_filter(options.layout);
+  if (filter.pp > kPlanMaxPipeline)
+    throw Error("plan --layout pipeline = " + std::to_string(filter.pp) + " is past the " +
+                std::to_string(kPlanMaxPipeline) + " pipeline stages a plan models");
+  // Deeper pipelines the model and the devices would allow are not listed: say so.
+  const bool pipeline_capped = pipeline_cap_excludes(problem, filter);
+  const std::string cap_note = "pipelines deeper than " + std::to_string(kPlanMaxPipeline) +
+                               " stages are not modelled (model.layers = " +
+                               std::to_string(c.model.layers) + ")";
   const std::vector<Layout> layouts = enumerate_layouts(problem, filter);
   if (layouts.empty()) {
     // A fully given layout says exactly why; otherwise name what must divide what.
@@ -219,10 +242,13 @@ void run_plan(const PlanOptions& options) {
                 (options.layout.empty() ? "" : " with --layout " + options.layout) +
                 " (TP must divide the devices per node, model.heads and model.kv_heads; TP x "
                 "PP x DP = the devices; micro-batch x DP must divide the global batch " +
-                std::to_string(problem.global_batch) + ")" + why);
+                std::to_string(problem.global_batch) + (pipeline_capped ? "; " + cap_note : "") +
+                ")" + why);
   }
   const std::vector<Prediction> ranked = rank_layouts(problem, layouts);
   if (!ranked.front().fits) throw Error(nothing_fits(problem, ranked));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -235,7 +261,7 @@ void run_plan(const PlanOptions& options) {
                           {"nodes", problem.nodes},     {"devices", problem.devices()},
                           {"global_batch", problem.global_batch},
                           {"precision", problem.precision}, {"layouts", ranked.size()},
-                          {"fitting", fitting}};
+                          {"fitting", fitting}, {"plan_seconds", seconds}};
     out["best"] = nlohmann::json::array();
     for (size_t i = 0; i < ranked.size() && i < top; ++i)
       out["best"].push_back(to_json(ranked[i], problem.global_batch));
@@ -268,6 +294,8 @@ void run_plan(const PlanOptions& options) {
   std::printf("layouts: %zu valid, %zu fit in memory (! marks one that does not); times in "
               "seconds per step\n",
               ranked.size(), fitting);
+  if (pipeline_capped) std::printf("%s\n", cap_note.c_str());
+  std::printf("planned in %.2f s\n", seconds);
   print_table(ranked, top, c.model.moe_experts > 0);
   std::printf("best layout:\n ");
   for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -101,6 +102,44 @@ TEST(AppPlan, BadInputIsOneErrorLine) {
                              source("configs/hardware/cpu_2core.toml") + " --nodes 1"),
                         "no layout fits");
   std::filesystem::remove_all(dir);
+}
+
+// Issue 56: values that made the plan search for minutes printing nothing (every count up to a
+// global batch of 2^62; a 100000-stage pipeline simulated; a node count whose devices
+// overflowed to "-8 devices") answer within seconds, each with one line naming the option and
+// the bound; a plan that reaches the pipeline cap says so, and every plan how long it took.
+TEST(AppPlan, HugeValuesAnswerWithinSeconds) {
+  const std::string tiny = "--config " + source("configs/tiny.toml") + " --hardware " +
+                           source("configs/hardware/h100_dgx.toml");
+  const std::pair<std::string, std::string> cases[] = {
+      {kLlama7bOnH100 + " --nodes 1 --global-batch 4611686018427387904",
+       "plan --global-batch = 4611686018427387904 is past the 16777216 sequences per step a "
+       "plan models"},
+      {kLlama7bOnH100 + " --nodes 1 --set train.global_batch=1073741824",
+       "plan train.global_batch = 1073741824 is past the 16777216 sequences"},
+      {tiny + " --nodes 100000 --set model.layers=100000",
+       "8 devices = 800000 devices (TP must divide the devices per node, model.heads and "
+       "model.kv_heads; TP x PP x DP = the devices; micro-batch x DP must divide the global "
+       "batch 16; pipelines deeper than 128 stages are not modelled (model.layers = 100000))"},
+      {tiny + " --nodes 99999999999999999999",
+       "plan --nodes = 9223372036854775807 is past the 131072 nodes of 8 devices a plan models"},
+      {tiny + " --nodes 1 --set model.layers=1000 --layout pipeline=1000",
+       "plan --layout pipeline = 1000 is past the 128 pipeline stages a plan models"}};
+  for (const auto& [args, error] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const RunResult r = run_command(trident_cmd("plan " + args), 60);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(r.exit_code, 124) << "still searching after 60 s: " << args;
+    EXPECT_LT(seconds, 15.0) << args;
+    expect_one_error_line(r, error);
+  }
+  const RunResult capped = plan(tiny + " --set model.layers=256 --nodes 17 --top 1");
+  EXPECT_EQ(capped.exit_code, 0) << capped.output;
+  EXPECT_NE(capped.output.find("\npipelines deeper than 128 stages are not modelled "
+                               "(model.layers = 256)\nplanned in "),
+            std::string::npos)
+      << capped.output;
 }
 
 TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {

@@ -4,6 +4,7 @@
 // memory is the trainer's flat buffers and stash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -531,6 +532,47 @@ TEST(PlanEnumerate, EveryLayoutIsValidAndFiltersHold) {
     if (ranked[i].fits == ranked[i - 1].fits) {
       EXPECT_LE(ranked[i - 1].step_seconds, ranked[i].step_seconds);
     }
+}
+
+// Issue 56: the enumeration walked every count up to the global batch (2^62 looped for ever)
+// and every PP up to model.layers (a 100000-stage pipeline simulated for minutes). It walks
+// divisors now, refuses a problem past the plan's bounds in one line, and lists PP up to
+// kPlanMaxPipeline, saying when that left one out.
+TEST(PlanEnumerate, BoundedProblemsAndPipelinesUpToTheCap) {
+  ModelConfig m = small_gpt();
+  m.heads = 1;  // TP 1 only
+  PlanProblem p = problem(m, 1, kPlanMaxGlobalBatch);
+  p.hw.devices_per_node = 1;
+  EXPECT_EQ(plan_size_problem(p, "--global-batch"), "");
+  // Every micro-batch dividing 2^24: the 25 powers of two.
+  const std::vector<Layout> all = enumerate_layouts(p, parse_layout_filter("recompute=none"));
+  EXPECT_EQ(all.size(), 25u);
+  p.global_batch = kPlanMaxGlobalBatch + 1;
+  EXPECT_EQ(plan_size_problem(p, "--global-batch"),
+            "--global-batch = 16777217 is past the 16777216 sequences per step a plan models "
+            "(1 to 16777216)");
+  EXPECT_THROW(enumerate_layouts(p, {}), Error);
+  p.global_batch = 1;
+  p.hw.devices_per_node = 8;
+  p.nodes = kPlanMaxDevices / 8 + 1;
+  EXPECT_NE(plan_size_problem(p, "").find("131073 node(s) x 8 devices per node are past the "
+                                          "1048576 devices a plan models"),
+            std::string::npos);
+  // 256 layers on 256 devices, two sequences a step: PP 256 (DP 1) is valid for the trainer,
+  // left out; PP 128 (DP 2) listed.
+  m.layers = 256;
+  p = problem(m, 32, 2);
+  p.hw.devices_per_node = 8;
+  const std::vector<Layout> capped = enumerate_layouts(p, parse_layout_filter("recompute=none"));
+  ASSERT_FALSE(capped.empty());
+  int64_t deepest = 0;
+  for (const Layout& l : capped) deepest = std::max(deepest, l.pp);
+  EXPECT_EQ(deepest, kPlanMaxPipeline);
+  EXPECT_TRUE(pipeline_cap_excludes(p, {}));
+  EXPECT_FALSE(pipeline_cap_excludes(p, parse_layout_filter("pipeline=2")));
+  m.layers = 128;
+  p.model = m;
+  EXPECT_FALSE(pipeline_cap_excludes(p, {}));
 }
 
 // parallel.pipeline_balance is a layout dimension: both splits where they differ (PP > 1, one

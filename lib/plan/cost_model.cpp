@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <tuple>
 
@@ -814,21 +815,55 @@ LayoutFilter parse_layout_filter(const std::string& text) {
   return f;
 }
 
+namespace {
+
+// The divisors of n (>= 1) up to `limit`, ascending: trial division to sqrt(n), so a bounded n
+// (plan_size_problem) costs at most 4096 steps.
+std::vector<int64_t> divisors(int64_t n, int64_t limit) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    if (d <= limit) low.push_back(d);
+    if (d != n / d && n / d <= limit) high.push_back(n / d);
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+}  // namespace
+
+std::string plan_size_problem(const PlanProblem& p, const std::string& batch_source) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  // nodes x devices_per_node compared without forming the product (it may overflow).
+  if (p.nodes < 1 || p.hw.devices_per_node < 1 ||
+      p.nodes > kPlanMaxDevices / p.hw.devices_per_node)
+    return n(p.nodes) + " node(s) x " + n(p.hw.devices_per_node) +
+           " devices per node are past the " + n(kPlanMaxDevices) + " devices a plan models";
+  if (p.global_batch < 1 || p.global_batch > kPlanMaxGlobalBatch)
+    return batch_source + " = " + n(p.global_batch) + " is past the " + n(kPlanMaxGlobalBatch) +
+           " sequences per step a plan models (1 to " + n(kPlanMaxGlobalBatch) + ")";
+  return "";
+}
+
 std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f) {
+  if (const std::string why = plan_size_problem(p, "the global batch"); !why.empty())
+    throw Error(why);
   std::vector<Layout> out;
   const int64_t devices = p.devices();
   const ScheduleKind schedules[] = {ScheduleKind::OneFOneB, ScheduleKind::GPipe,
                                     ScheduleKind::ZeroBubbleH1, ScheduleKind::ZeroBubbleH2,
                                     ScheduleKind::Interleaved};
   const Recompute recomputes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
-  for (int64_t tp = 1; tp <= p.hw.devices_per_node; ++tp) {
-    if ((f.tp && tp != f.tp) || devices % tp != 0) continue;
-    for (int64_t pp = 1; pp <= std::min(p.model.layers, devices / tp); ++pp) {
-      if ((f.pp && pp != f.pp) || (devices / tp) % pp != 0) continue;
+  // Every loop walks divisors, never counts: the work is bounded by the divisors of the
+  // devices and of the global batch, not by their values.
+  for (int64_t tp : divisors(devices, p.hw.devices_per_node)) {
+    if (f.tp && tp != f.tp) continue;
+    for (int64_t pp : divisors(devices / tp, std::min(p.model.layers, kPlanMaxPipeline))) {
+      if (f.pp && pp != f.pp) continue;
       const int64_t dp = devices / (tp * pp);
       if ((f.dp && dp != f.dp) || p.global_batch % dp != 0) continue;
-      for (int64_t mb = 1; mb <= p.global_batch / dp; ++mb) {
-        if ((f.micro_batch && mb != f.micro_batch) || (p.global_batch / dp) % mb != 0) continue;
+      for (int64_t mb : divisors(p.global_batch / dp, p.global_batch / dp)) {
+        if (f.micro_batch && mb != f.micro_batch) continue;
         for (ScheduleKind kind : schedules) {
           if (!f.schedule.empty() && kind != parse_schedule_kind(f.schedule)) continue;
           // With one stage every schedule is the same sequence: keep 1F1B's.
@@ -842,10 +877,10 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
                 if (f.sequence_parallel >= 0 && sp != f.sequence_parallel) continue;
                 for (Recompute rc : recomputes) {
                   if (!f.recompute.empty() && rc != parse_recompute(f.recompute)) continue;
-                  for (int64_t ep = 1; ep <= dp; ++ep) {
-                    if ((f.ep && ep != f.ep) || dp % ep != 0) continue;
-                    if (ep > 1 && (p.model.moe_experts == 0 || p.model.moe_experts % ep != 0))
-                      continue;
+                  // EP > 1 only divides both DP and the experts.
+                  const int64_t experts = p.model.moe_experts > 0 ? p.model.moe_experts : 1;
+                  for (int64_t ep : divisors(std::gcd(dp, experts), dp)) {
+                    if (f.ep && ep != f.ep) continue;
                     // layout_problem keeps "flops" only where it differs from "even".
                     for (const char* balance : {"even", "flops"}) {
                       if (!f.balance.empty() && f.balance != balance) continue;
@@ -862,6 +897,21 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
     }
   }
   return out;
+}
+
+bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f) {
+  if (f.pp || !plan_size_problem(p, "").empty()) return false;
+  const int64_t devices = p.devices();
+  const std::vector<int64_t> dps = divisors(p.global_batch, p.global_batch);
+  for (int64_t tp : divisors(devices, p.hw.devices_per_node)) {
+    if (f.tp && tp != f.tp) continue;
+    for (int64_t dp : dps) {
+      if ((f.dp && dp != f.dp) || (devices / tp) % dp != 0) continue;
+      const int64_t pp = devices / tp / dp;
+      if (pp > kPlanMaxPipeline && pp <= p.model.layers) return true;
+    }
+  }
+  return false;
 }
 
 std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts) {

@@ -156,10 +156,30 @@ LayoutFilter parse_layout_filter(const std::string& text);
 // trident train --plan auto applies them.
 std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch);
 
+// What a plan models, beyond which it refuses (plan_size_problem) rather than search for
+// minutes: the enumeration walks the divisors of the devices and of the global batch, and each
+// layout's pipeline simulation costs PP x 5 PP micro-batches (pipeline_makespan), so a PP of
+// 128 takes ~0.2 s and the PP^2 growth makes deeper ones minutes. The largest published runs
+// are ~10^5 devices, a few thousand sequences a step and PP <= 64.
+inline constexpr int64_t kPlanMaxDevices = int64_t{1} << 20;      // nodes x devices per node
+inline constexpr int64_t kPlanMaxGlobalBatch = int64_t{1} << 24;  // sequences per step
+inline constexpr int64_t kPlanMaxPipeline = 128;                  // stages; deeper: not listed
+
+// Why `p` is past those bounds (one line naming the devices or the global batch, and the
+// bound), or "" when it is not. `batch_source` names where the global batch came from
+// ("--global-batch", "train.global_batch").
+std::string plan_size_problem(const PlanProblem& p, const std::string& batch_source);
+
 // Every valid layout matching `f` (layout_problem() == ""), in a fixed order. With MoE layers
 // (model.moe_experts = E > 0) every EP dividing both DP and E; a dense model EP 1 only. Both
 // pipeline balances where they differ (PP > 1, one chunk per stage), "even" elsewhere.
+// PP up to kPlanMaxPipeline. trident::Error (plan_size_problem's line) for a problem past the
+// plan's bounds.
 std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f);
+// Whether kPlanMaxPipeline left out a PP that `f`, the devices, the layers and the global batch
+// allow (TP x PP x DP = the devices, PP <= model.layers, DP dividing the global batch): the plan
+// then says so.
+bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f);
 
 // Predictions of `layouts`, the fitting ones first, each group by step time (fastest first).
 std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts);
