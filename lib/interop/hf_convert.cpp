@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "checkpoint/ckpt_mpi.hpp"
+#include "checkpoint/ckpt_runs.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "config/schema.hpp"
 #include "interop/hf_model.hpp"
@@ -557,6 +558,15 @@ std::string import_hf(const std::string& in_dir, const std::string& out_file,
             if (!error.empty()) return {};
             hf_order.resize(static_cast<size_t>(n));
             convert_to_float32(src.dtype, bytes.data(), n, hf_order.data());
+            // A NaN or infinity would be written, then refused by every reader (ckpt info
+            // --verify, --resume): refused here, naming the tensor and the element.
+            if (const std::string bad = check_values(hf_order.data(), rows.begin * t.cols(), n,
+                                                     ValueCheck::Finite);
+                !bad.empty()) {
+              error = "'" + src.file + "': tensor '" + t.hf_name + "' " + bad +
+                      " (a checkpoint's weights are finite)";
+              return {};
+            }
             dataset_order.resize(static_cast<size_t>(n));
             t.to_dataset_order(hf_order.data(), rows.begin, rows.end, dataset_order.data());
             return {t.dataset_runs(rows.begin, rows.end), dataset_order};

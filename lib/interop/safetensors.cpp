@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "util/bf16.hpp"
@@ -63,6 +64,41 @@ float f16_to_float(uint16_t h) {
 std::string printable(const std::string& text) {
   const std::string quoted = nlohmann::json(text).dump();
   return quoted.substr(1, quoted.size() - 2);
+}
+
+// A tensor's data_offsets, relative to the data.
+struct Extent {
+  int64_t begin = 0, end = 0;
+  std::string name;
+};
+
+// The reference's rule (safetensors' Metadata::validate and read_metadata): in the order of
+// their offsets, the tensors' bytes follow each other from 0 with no gap and no overlap and end
+// at the end of the file. Two tensors sharing bytes would import one's values as the other's.
+void check_tiling(const std::string& path, std::vector<Extent> extents, int64_t data_bytes) {
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  const Extent* previous = nullptr;
+  int64_t covered = 0;
+  auto offsets = [](const Extent& e) {
+    return nlohmann::json::array({e.begin, e.end}).dump();  // as the header writes them
+  };
+  for (const Extent& e : extents) {
+    const std::string where = "tensor '" + printable(e.name) + "': data_offsets " + offsets(e);
+    if (e.begin < covered)
+      fail(path, where + " overlap tensor '" + printable(previous->name) + "' " +
+                     offsets(*previous) + " (each byte belongs to one tensor)");
+    if (e.begin > covered)
+      fail(path, where + " leave bytes " + std::to_string(covered) + " to " +
+                     std::to_string(e.begin) + " of the data to no tensor (the tensors follow "
+                     "each other with no gap)");
+    covered = e.end;
+    previous = &e;
+  }
+  if (covered != data_bytes)
+    fail(path, "the tensors cover " + std::to_string(covered) + " of the file's " +
+                   std::to_string(data_bytes) + " data bytes (they must end at its end)");
 }
 
 }  // namespace
@@ -181,6 +217,7 @@ std::map<std::string, SafetensorsTensor> read_safetensors_header(const std::stri
   if (!header.is_object()) fail(path, "the header is not a JSON object");
   const int64_t data_start = 8 + static_cast<int64_t>(n), data_bytes = size - data_start;
   std::map<std::string, SafetensorsTensor> out;
+  std::vector<Extent> extents;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = "tensor '" + printable(name) + "': ";
@@ -222,7 +259,9 @@ std::map<std::string, SafetensorsTensor> read_safetensors_header(const std::stri
     t.offset = data_start + begin;
     t.bytes = end - begin;
     out.emplace(name, std::move(t));
+    extents.push_back({begin, end, name});
   }
+  check_tiling(path, std::move(extents), data_bytes);
   return out;
 }
 

@@ -53,7 +53,9 @@ SafetensorsLayout plan_safetensors(std::vector<TensorSpec> tensors, TensorDType 
 // A file to read: its tensors by name with absolute byte offsets in the file. Throws one line
 // naming the file when it is not a safetensors file (too short, a header length past the
 // file, JSON that does not parse, an entry without dtype / shape / data_offsets, offsets that
-// do not match the shape or run past the file, sizes or offsets past 64 bits; a tensor name
+// do not match the shape or run past the file, sizes or offsets past 64 bits, tensors whose
+// bytes do not tile the data as the reference requires (in offset order, from 0 to the end of
+// the file, no gap, no overlap); a tensor name
 // is printed with control characters escaped, so the message stays one line); an unsupported
 // dtype is kept as dtype_text (with supported = false) for the caller to reject naming the
 // tensor.

@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fuzz_util.hpp"
@@ -23,6 +26,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     trident::fuzz::expect_one_line_naming(e, path);
     return 0;
   }
+  // The reference's rule (issue 56: tensors sharing bytes were accepted): in offset order the
+  // tensors' bytes follow each other from the end of the header, no gap and no overlap, to
+  // the end of the file.
+  std::vector<std::pair<int64_t, int64_t>> extents;
+  for (const auto& [name, t] : tensors) extents.push_back({t.offset, t.offset + t.bytes});
+  std::sort(extents.begin(), extents.end());
+  uint64_t header = 0;
+  std::memcpy(&header, data, 8);  // accepted: at least 8 bytes, a header inside the file
+  auto covered = static_cast<int64_t>(8 + header);
+  for (const auto& [begin, end] : extents) {
+    expect(begin == covered, "accepted tensors that overlap or leave a gap");
+    covered = end;
+  }
+  expect(covered == static_cast<int64_t>(size), "accepted tensors that do not reach the end");
   // What the header promises must hold: every tensor lies inside the file, and a supported
   // one holds exactly its shape's elements; then it is read and converted as the import does.
   for (const auto& [name, t] : tensors) {
