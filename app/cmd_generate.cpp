@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "checkpoint/h5_file.hpp"
@@ -32,6 +31,7 @@
 #include "train/generation.hpp"
 #include "train/trainer.hpp"  // TrainerGroups
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace trident {
 
@@ -72,12 +72,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& options) {
 
 namespace {
 
+// A prompt file: a regular text file of at most 64 MiB (many times any model.seq_len in text).
 std::string read_text(const std::string& path, const std::string& option) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(option + " '" + path + "': cannot read it");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_input_file(path, {option + " " + path, "prompt", int64_t{64} << 20,
+                                option + " needs a text file"});
 }
 
 // The prompts' texts: one, or a line each of --prompts (a last empty line ignored).

@@ -4,10 +4,13 @@
 // seed, greedy decoding of none, and bad input is one error line.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "app_fixture.hpp"
+#include "sanitizer.hpp"
 
 using namespace trident;
 using namespace trident::test;
@@ -233,6 +236,50 @@ TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
             std::string::npos)
       << line;
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+// Issue 56 item 2: a FIFO as --prompt-file or --tokenizer blocked for ever, /dev/zero was read
+// until the kernel's OOM killer came. Every file argument is checked as a config file is: a
+// regular file of bounded size, refused before it is read (and before the checkpoint is). Each
+// run is bounded in time and, but under AddressSanitizer, in memory, so that the unfixed
+// program fails the test instead of hanging it or filling the machine's memory.
+TEST(GenerateFiles, FifoDeviceDirectoryAndHugeFileAreRefusedUnread) {
+  const fs::path dir = scratch_dir("generate_files");
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const fs::path huge = dir / "huge.txt";
+  write_file(huge, "abc");
+  fs::resize_file(huge, (int64_t{64} << 20) + 1);  // sparse: costs nothing
+  const std::string limit = kUnderAddressSanitizer ? "" : "ulimit -v 4000000; ";
+  const std::string ckpt = "generate --ckpt " + (dir / "missing.h5").string() + " ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--prompt-file " + fifo,
+       "--prompt-file " + fifo + ": not a regular file (a FIFO): --prompt-file needs a text file"},
+      {"--prompt-file /dev/zero", "--prompt-file /dev/zero: not a regular file (a character "
+                                  "device): --prompt-file needs a text file"},
+      {"--prompt-file " + dir.string(), "--prompt-file " + dir.string() +
+                                            ": not a regular file (a directory): --prompt-file "
+                                            "needs a text file"},
+      {"--prompts " + fifo,
+       "--prompts " + fifo + ": not a regular file (a FIFO): --prompts needs a text file"},
+      {"--prompt-file " + huge.string(),
+       "--prompt-file " + huge.string() + ": prompt file is 67108865 bytes, more than the 64 "
+                                          "MiB a prompt may have: --prompt-file needs a text file"},
+      {"--prompt a --tokenizer " + fifo,
+       fifo + ": not a regular file (a FIFO): --tokenizer needs a tokenizer.json file"},
+      {"--prompt a --tokenizer /dev/zero",
+       "/dev/zero: not a regular file (a character device): --tokenizer needs a tokenizer.json "
+       "file"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = run_command(limit + trident_cmd(ckpt + args + " < /dev/null"), 20);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    const size_t pos = r.output.find("trident: error: ");
+    ASSERT_NE(pos, std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.substr(pos, r.output.find('\n', pos) - pos), "trident: error: " + message)
+        << r.output;
+  }
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, GenerateApp,

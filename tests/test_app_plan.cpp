@@ -2,6 +2,7 @@
 // JSON, one given layout, and the one-line errors (bad hardware file, impossible node count or
 // layout, a model that fits no layout).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "app_fixture.hpp"
+#include "sanitizer.hpp"
 
 using namespace trident::test;
 
@@ -100,6 +102,26 @@ TEST(AppPlan, BadInputIsOneErrorLine) {
                              " --set train.precision=fp32 --set train.device=cpu --hardware " +
                              source("configs/hardware/cpu_2core.toml") + " --nodes 1"),
                         "no layout fits");
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 56 item 2: --hardware /dev/zero was read until killed, a FIFO blocked; both are refused
+// before reading, as a config file is (plan's and train --plan auto's reader). Bounded in time
+// and, but under AddressSanitizer, in memory.
+TEST(AppPlan, HardwareFileThatIsNoRegularFileIsRefusedUnread) {
+  const auto dir = scratch_dir("app_plan_hw_files");
+  const std::string fifo = (dir / "hw.toml").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string limit = kUnderAddressSanitizer ? "" : "ulimit -v 4000000; ";
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    const auto r = run_command(limit + trident_cmd("plan --config " +
+                                                   source("configs/llama_2_7b.toml") +
+                                                   " --hardware " + path + " --nodes 1"),
+                               20);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    expect_one_error_line(r, path + ": not a regular file (");
+    expect_one_error_line(r, "): --hardware needs a TOML file");
+  }
   std::filesystem::remove_all(dir);
 }
 
