@@ -203,8 +203,10 @@ void run_generate(const GenerateOptions& options) {
       if (row == 0 && position + 1 < static_cast<int64_t>(prompts[0].size()))
         loss_sum += cross_entropy(logits, m.vocab_size, prompts[0][position + 1]);
     };
-  if (!batch && printing) {
-    if (!options.prompt_loss) write_bytes(texts[0]);
+  // One prompt streams its text as it comes; with --prompt-loss the text follows the loss line,
+  // written once at the end.
+  if (!batch && printing && !options.prompt_loss) {
+    write_bytes(texts[0]);
     callbacks.on_token = [&](int64_t, int32_t id) { write_bytes(tokenizer.decode({id})); };
   }
   GenerateRequest request;

@@ -77,6 +77,22 @@ TEST_P(GenerateApp, PromptLossEqualsEvaluationOfTheWindow) {
   EXPECT_NEAR(cached, evaluated, 1e-5 * evaluated);
 }
 
+// Issue 56 item 6: with --prompt-loss the new tokens were streamed and then the whole text
+// printed again. The loss line, then the text once: what the run without --prompt-loss prints.
+TEST_P(GenerateApp, PromptLossPrintsTheTextOnce) {
+  const std::string args = "--prompt abcdef --max-new-tokens 6 --temperature 0";
+  const auto plain = generate(args);
+  const auto with_loss = generate(args + " --prompt-loss");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(with_loss.exit_code, 0) << with_loss.output;
+  EXPECT_EQ(plain.output.size(), 6u + 6u + 1u) << plain.output;
+  const size_t line_end = with_loss.output.find('\n');
+  ASSERT_NE(line_end, std::string::npos) << with_loss.output;
+  EXPECT_EQ(with_loss.output.rfind("prompt loss ", 0), 0u) << with_loss.output;
+  EXPECT_NE(with_loss.output.find(" over 5 tokens\n"), std::string::npos) << with_loss.output;
+  EXPECT_EQ(with_loss.output.substr(line_end + 1), plain.output);
+}
+
 TEST_P(GenerateApp, SamplingFollowsTheSeed) {
   const std::string base = "--prompt abc --max-new-tokens 20 --top-k 50 --top-p 0.95 ";
   const auto a = generate(base + "--seed 1");
