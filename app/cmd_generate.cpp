@@ -19,9 +19,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "checkpoint/h5_file.hpp"
+#include "cli_numbers.hpp"
 #include "commands.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
@@ -51,14 +53,14 @@ void add_generate_command(CLI::App& app, GenerateOptions& options) {
   file->excludes(prompt)->excludes(prompts);
   prompts->excludes(prompt)->excludes(file);
   cmd->add_option("--max-new-tokens", options.max_new_tokens, "tokens to generate")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--temperature", options.temperature, "0: greedy (the most likely token)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_number(0.0, std::numeric_limits<double>::max()));
   cmd->add_option("--top-k", options.top_k, "sample among the k most likely tokens; 0: all")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--top-p", options.top_p,
                   "sample among the most likely tokens whose probabilities sum to p (nucleus)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_number(0.0, 1.0));
   cmd->add_option("--seed", options.seed, "sampling seed");
   cmd->add_option("--stop", options.stop,
                   "a token (e.g. <|endoftext|>) that ends a sequence when sampled (not printed)");

@@ -21,6 +21,7 @@
 #include <vector>
 #include <thread>
 
+#include "cli_numbers.hpp"
 #include "comm/comm_watchdog.hpp"
 #include "commands.hpp"
 #include "kernels/cpu/blas.hpp"
@@ -134,6 +135,7 @@ int main(int argc, char** argv) {
   trident::add_generate_command(app, generate_options);
   trident::TokenizeOptions tokenize_options;
   trident::add_tokenize_command(app, tokenize_options);
+  trident::check_number_types(app);
 
   try {
     app.parse(argc, argv);

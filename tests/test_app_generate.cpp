@@ -298,6 +298,29 @@ TEST(GenerateFiles, FifoDeviceDirectoryAndHugeFileAreRefusedUnread) {
   fs::remove_all(dir);
 }
 
+// Issue 56 item 12: --temperature nan and --top-p nan were accepted (every comparison with nan
+// is false), --max-new-tokens -1 was refused with a 300-digit bound. Each is refused while the
+// command line is parsed, in a short line naming the option and the value.
+TEST(GenerateCli, NumbersOutOfRangeAreRefusedNamingTheValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--temperature nan", "--temperature: must be a number >= 0, got nan"},
+      {"--temperature inf", "--temperature: must be a number >= 0, got inf"},
+      {"--temperature -1", "--temperature: must be a number >= 0, got -1"},
+      {"--top-p nan", "--top-p: must be a number in [0, 1], got nan"},
+      {"--top-p 1.5", "--top-p: must be a number in [0, 1], got 1.5"},
+      {"--max-new-tokens -1", "--max-new-tokens: must be a whole number >= 0, got -1"},
+      {"--top-k 99999999999999999999",
+       "--top-k: must be a whole number >= 0, got 99999999999999999999 (beyond 64 bits)"},
+      {"--seed -1", "--seed: must be a whole number >= 0 (64 bits), got -1"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = run_command(trident_cmd("generate --ckpt missing.h5 --prompt a " + args), 30);
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_LT(r.output.size(), 200u) << r.output;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, GenerateApp,
                          ::testing::Values("--set model.arch=gpt2",
                                            "--set model.arch=llama --set model.kv_heads=2"));
