@@ -24,6 +24,7 @@
 #include "cli_numbers.hpp"
 #include "comm/comm_watchdog.hpp"
 #include "commands.hpp"
+#include "file_size_signal.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "stop_signals.hpp"
 #include "util/error.hpp"
@@ -104,9 +105,13 @@ int main(int argc, char** argv) {
   if (training) gemm_probe = trident::cpu::probe_gemm_speed();
 
   // MPI_THREAD_MULTIPLE: the collective watchdog's thread (comm/comm_watchdog.hpp) calls
-  // MPI_Abort while the main thread may be inside a blocking MPI call.
+  // MPI_Abort while the main thread may be inside a blocking MPI call. A file-size limit too
+  // small for MPI's start-up ends it in one line; past it, a write beyond the limit fails with
+  // EFBIG, reported by the writer naming its file (file_size_signal.hpp).
+  trident::fail_on_file_size_signal();
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  trident::ignore_file_size_signal();
   if (provided < MPI_THREAD_MULTIPLE && world_rank() == 0)
     std::fprintf(stderr, "trident: warning: this MPI provides thread level %d, not "
                          "MPI_THREAD_MULTIPLE: the collective watchdog's abort from its own "

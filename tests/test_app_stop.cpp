@@ -4,6 +4,8 @@
 // resumed at its last step reports no share of a training time it did not have.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "app_fixture.hpp"
 
 using namespace trident::test;
@@ -101,6 +103,31 @@ TEST_F(Stop, UnknownCommandIsNamed) {
   EXPECT_NE(error_line(r).find("unknown command 'frobnicate' (trident ckpt's commands: info"),
             std::string::npos)
       << r.output;
+}
+
+// Issue 56 item 13: a file-size limit (ulimit -f) below what MPI's start-up writes (its
+// shared-memory files, several MB) killed every run inside MPI_Init with SIGXFSZ and no word;
+// one line now names the limit. Past MPI_Init the signal is ignored: a checkpoint larger than
+// the limit fails with EFBIG in the writer's error line, which names the file.
+TEST_F(Stop, FileSizeLimitIsOneErrorLine) {
+  RunResult r = run_command("ulimit -f 1000; " + trident_cmd("tokenize < /dev/null"), 30);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("trident: error: MPI's start-up wrote beyond the file-size limit "
+                           "(ulimit -f) of 1024000 bytes (1000 KiB)",
+                           0),
+            0u)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  // 64 MiB lets MPI start; the checkpoint of 4.8 M parameters (weights and AdamW's two
+  // moments, about 77 MB) is larger.
+  r = train("--set train.steps=1 --set model.width=256 --set model.layers=6 "
+            "--set checkpoint.dir=" + (dir_ / "ckpt").string(),
+            "ulimit -f 65536;");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string line = error_line(r);
+  EXPECT_NE(line.find((dir_ / "ckpt" / "step_00000001.h5").string()), std::string::npos)
+      << r.output;
+  EXPECT_NE(line.find("File too large"), std::string::npos) << r.output;
 }
 
 TEST_F(Stop, ResumeAtTheLastStepReportsNoTrainingTimeShare) {
