@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "app_fixture.hpp"
+#include "sanitizer.hpp"
 
 using namespace trident::test;
 namespace fs = std::filesystem;
@@ -128,6 +129,28 @@ TEST_F(Stop, FileSizeLimitIsOneErrorLine) {
   EXPECT_NE(line.find((dir_ / "ckpt" / "step_00000001.h5").string()), std::string::npos)
       << r.output;
   EXPECT_NE(line.find("File too large"), std::string::npos) << r.output;
+}
+
+// Issue 56 item 14: under `ulimit -v` a model that fits the node's physical memory but not the
+// address space failed after 35 s with "internal error: std::bad_alloc" naming nothing. The
+// start-up check compares with the address space left and names the keys and the limit.
+TEST_F(Stop, AddressSpaceLimitTooSmallForTheModelIsNamedAtStartUp) {
+  if (trident::test::kUnderAddressSanitizer) GTEST_SKIP() << "ASan's shadow memory: no ulimit -v";
+  // 2.0e8 parameters, 3.2 GB of weights, gradients and AdamW state; 3 GB of address space.
+  const auto r = train("--set train.steps=1 --set model.width=2048 --set model.layers=4 "
+                       "--set model.heads=16",
+                       "ulimit -v 3000000;");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string line = error_line(r);
+  EXPECT_NE(line.find("not enough memory on rank 0: this rank's share of the model "
+                      "(model.layers = 4, model.width = 2048, "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(line.find(" of address space this process may still map under its limit (ulimit -v, "
+                      "RLIMIT_AS: 3.1 GB, "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step "), std::string::npos) << "refused before training";
 }
 
 TEST_F(Stop, ResumeAtTheLastStepReportsNoTrainingTimeShare) {
