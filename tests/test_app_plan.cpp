@@ -125,6 +125,20 @@ TEST(AppPlan, HardwareFileThatIsNoRegularFileIsRefusedUnread) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 56 (cosmetic): bench-hw --out in a missing directory failed only after the whole
+// benchmark (a minute); the file is checked first.
+TEST(AppBenchHw, OutputThatCannotBeWrittenIsRefusedBeforeMeasuring) {
+  const auto r = run_command(trident_cmd("bench-hw --out /nonexistent/hw.toml"), 20);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  expect_one_error_line(r, "bench-hw --out /nonexistent/hw.toml: cannot write: No such file or "
+                           "directory");
+  const auto dir = scratch_dir("app_bench_hw_out");
+  const auto d = run_command(trident_cmd("bench-hw --out " + dir.string()), 20);
+  EXPECT_EQ(d.exit_code, 1) << d.output;
+  expect_one_error_line(d, "bench-hw --out " + dir.string() + ": not a regular file");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   const auto dir = scratch_dir("app_bench_hw");
   const auto out = dir / "cpu.toml";

@@ -153,6 +153,33 @@ TEST_F(Stop, AddressSpaceLimitTooSmallForTheModelIsNamedAtStartUp) {
   EXPECT_EQ(r.output.find("step "), std::string::npos) << "refused before training";
 }
 
+// Issue 56 (cosmetic): every error of a one-process run was followed by MPICH's "Abort(1) on
+// node 0 ..." line, CLI11's errors by "Run with --help for more information.", and `trident
+// --frob` said "A subcommand is required". Each error is one line, on one rank or two.
+TEST_F(Stop, ErrorsAreExactlyOneLine) {
+  const std::string two = std::string(TRIDENT_MPIEXEC) + " -n 2 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {trident_cmd("tokenize --tokenizer " + (dir_ / "missing.json").string() + " < /dev/null"),
+       "trident: error: " + (dir_ / "missing.json").string() +
+           ": cannot open file: No such file or directory"},
+      {two + trident_cmd("tokenize --tokenizer " + (dir_ / "missing.json").string() +
+                         " < /dev/null"),
+       "trident: error: " + (dir_ / "missing.json").string() +
+           ": cannot open file: No such file or directory"},
+      {trident_cmd("--frob"), "trident: error: unknown option '--frob' (trident's commands: "},
+      {trident_cmd("generate --ckpt x.h5 --max-new-tokens -1"),
+       "trident: error: --max-new-tokens: must be a whole number >= 0, got -1 (see --help)"},
+      {trident_cmd("eval --ckpt x.h5"), "trident: error: --data is required (see --help)"},
+  };
+  for (const auto& [command, start] : cases) {
+    const auto r = run_command(command, 30);
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_EQ(r.output.rfind(start, 0), 0u) << command << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << command << "\n"
+                                                                      << r.output;
+  }
+}
+
 TEST_F(Stop, ResumeAtTheLastStepReportsNoTrainingTimeShare) {
   const std::string ck = "--set train.steps=2 --set checkpoint.dir=" + (dir_ / "ckpt").string();
   auto r = train(ck);
