@@ -944,13 +944,12 @@ void check_blends(const Config& c, const std::string& source) {
   }
 }
 
-// A rule violation names the file that set the key (a base, a later --config file), or the
-// config's source for a default or an override (whose message says "--set" itself).
+// A rule violation names what set the key: the file (a base, a later --config file), "--set"
+// for an override, or the config's source for a default.
 void validate(const Config& c, const std::string& source) {
   for (const Key& key : kKeys) {
     const auto set_by = c.provenance.find(full_name(key));
-    const bool from_file = set_by != c.provenance.end() && set_by->second != kFromOverride;
-    check_rule(key, c, from_file ? set_by->second : source);
+    check_rule(key, c, set_by != c.provenance.end() ? set_by->second : source);
   }
   check_relations(c, source);
   check_blends(c, source);
