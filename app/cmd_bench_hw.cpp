@@ -6,11 +6,14 @@
 // over message sizes between the ranks it is launched with (latency and bandwidth from the
 // best timings, see fit()).
 #include <mpi.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/ckpt_mpi.hpp"
 #include "commands.hpp"
 #ifdef TRIDENT_HAVE_CUDA
 #include "cuda/cuda_bench_hw.hpp"
@@ -369,6 +373,20 @@ void set_stand_in_links(HardwareSpec& hw, double bytes_per_s) {
   hw.intra_node.latency_us = 1.0;
 }
 
+// "" when `path` can be written, checked before minutes of measuring: an existing regular file
+// is opened for writing (not truncated), a new one created and removed again.
+std::string output_file_problem(const std::string& path) {
+  const std::string what = "bench-hw --out " + path;
+  struct stat st {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) return what + ": not a regular file";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) return what + ": cannot write: " + std::strerror(errno);
+  ::close(fd);
+  if (!exists) ::unlink(path.c_str());
+  return "";
+}
+
 // Rank 0: the file, read back first (what it writes, it reads), then printed.
 void write_hardware_file(const HardwareSpec& hw, const std::vector<std::string>& comment,
                          const std::string& path) {
@@ -494,6 +512,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   if (options.device != "cpu" && options.device != "cuda" && options.device != "gpu")
     throw Error("bench-hw --device \"" + options.device + "\" must be cpu or cuda");
   if (options.ranks < 0) throw Error("bench-hw --ranks must be >= 0");
+  ckpt::agree_or_throw(MPI_COMM_WORLD, world_rank() == 0 ? output_file_problem(options.out) : "");
   if (options.device != "cpu") {
 #ifdef TRIDENT_HAVE_CUDA
     run_gpu_bench_hw(options);

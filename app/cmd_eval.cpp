@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/h5_file.hpp"
+#include "cli_numbers.hpp"
 #include "commands.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
@@ -35,7 +36,7 @@ void add_eval_command(CLI::App& app, EvalOptions& options) {
       ->take_all();
   cmd->add_option("--steps", options.steps,
                   "global batches to evaluate (eval.steps); default: the checkpoint's eval.steps")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
   cmd->add_flag("--json", options.json,
                 "print {\"loss\": ..., \"perplexity\": ..., \"tokens\": ...} as the last line");
   cmd->add_option("--set", options.overrides,

@@ -19,10 +19,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "checkpoint/h5_file.hpp"
+#include "cli_numbers.hpp"
 #include "commands.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
@@ -32,6 +33,7 @@
 #include "train/generation.hpp"
 #include "train/trainer.hpp"  // TrainerGroups
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace trident {
 
@@ -51,14 +53,14 @@ void add_generate_command(CLI::App& app, GenerateOptions& options) {
   file->excludes(prompt)->excludes(prompts);
   prompts->excludes(prompt)->excludes(file);
   cmd->add_option("--max-new-tokens", options.max_new_tokens, "tokens to generate")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--temperature", options.temperature, "0: greedy (the most likely token)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_number(0.0, std::numeric_limits<double>::max()));
   cmd->add_option("--top-k", options.top_k, "sample among the k most likely tokens; 0: all")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_option("--top-p", options.top_p,
                   "sample among the most likely tokens whose probabilities sum to p (nucleus)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(finite_number(0.0, 1.0));
   cmd->add_option("--seed", options.seed, "sampling seed");
   cmd->add_option("--stop", options.stop,
                   "a token (e.g. <|endoftext|>) that ends a sequence when sampled (not printed)");
@@ -72,12 +74,10 @@ void add_generate_command(CLI::App& app, GenerateOptions& options) {
 
 namespace {
 
+// A prompt file: a regular text file of at most 64 MiB (many times any model.seq_len in text).
 std::string read_text(const std::string& path, const std::string& option) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(option + " '" + path + "': cannot read it");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_input_file(path, {option + " " + path, "prompt", int64_t{64} << 20,
+                                option + " needs a text file"});
 }
 
 // The prompts' texts: one, or a line each of --prompts (a last empty line ignored).
@@ -205,8 +205,10 @@ void run_generate(const GenerateOptions& options) {
       if (row == 0 && position + 1 < static_cast<int64_t>(prompts[0].size()))
         loss_sum += cross_entropy(logits, m.vocab_size, prompts[0][position + 1]);
     };
-  if (!batch && printing) {
-    if (!options.prompt_loss) write_bytes(texts[0]);
+  // One prompt streams its text as it comes; with --prompt-loss the text follows the loss line,
+  // written once at the end.
+  if (!batch && printing && !options.prompt_loss) {
+    write_bytes(texts[0]);
     callbacks.on_token = [&](int64_t, int32_t id) { write_bytes(tokenizer.decode({id})); };
   }
   GenerateRequest request;

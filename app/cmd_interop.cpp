@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "cli_numbers.hpp"
 #include "commands.hpp"
 #include "interop/hf_convert.hpp"
 
@@ -34,7 +35,7 @@ void add_export_command(CLI::App& app, ExportOptions& options) {
                   "500MB, 2GiB, bytes");
   cmd->add_option("--chunk-elements", options.chunk_elements,
                   "elements a rank converts at a time (memory bound; default 4194304)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
 }
 
 void run_export(const ExportOptions& options) {
@@ -60,10 +61,10 @@ void add_import_command(CLI::App& app, ImportOptions& options) {
       ->required();
   cmd->add_option("--seq-len", options.seq_len,
                   "llama: model.seq_len of the stored config (default max_position_embeddings)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
   cmd->add_option("--chunk-elements", options.chunk_elements,
                   "elements a rank converts at a time (memory bound; default 4194304)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1));
 }
 
 void run_import(const ImportOptions& options) {

@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "comm/comm_watchdog.hpp"
+#include "comm/mpi_comm.hpp"
 #include "checkpoint/commit.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
@@ -163,10 +164,7 @@ class JobWatchdog {
       std::lock_guard<std::mutex> lock(mutex_);
       if (device_) device_->abort_all("collective watchdog: " + line);
     }
-    // As main()'s fail(): let mpiexec's proxies forward the line before the abort kills all.
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
-    std::_Exit(kCommTimeoutExitCode);
+    abort_job(kCommTimeoutExitCode);
   }
 
   ProcessGrid& grid_;

@@ -21,8 +21,11 @@
 #include <vector>
 #include <thread>
 
+#include "cli_numbers.hpp"
 #include "comm/comm_watchdog.hpp"
+#include "comm/mpi_comm.hpp"
 #include "commands.hpp"
+#include "file_size_signal.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "stop_signals.hpp"
 #include "util/error.hpp"
@@ -44,11 +47,7 @@ int world_rank() {
   std::fprintf(stderr, "trident: error%s: %s\n",
                rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(), message.c_str());
   std::fflush(stderr);
-  // MPI_Abort makes mpiexec kill every process at once; give its proxies a moment to forward
-  // the line just written, or under load the job can end with the error message lost.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
+  trident::abort_job(code);
 }
 
 // The command level (the app or a subcommand such as `ckpt`) that required a subcommand and
@@ -64,7 +63,7 @@ std::string unknown_command(CLI::App& app, const CLI::ParseError& e) {
   if (level->get_require_subcommand_min() == 0) return "";
   for (CLI::App* a = level; a != nullptr; a = a->get_parent()) {
     const std::vector<std::string> rest = a->remaining();
-    if (!rest.empty()) return rest.front().empty() || rest.front()[0] == '-' ? "" : rest.front();
+    if (!rest.empty()) return rest.front();
   }
   return "";
 }
@@ -82,6 +81,14 @@ std::string command_list(CLI::App& app) {
   const auto all = level->get_subcommands({});
   for (size_t i = 0; i < all.size(); ++i) out += (i == 0 ? "" : ", ") + all[i]->get_name();
   return out;
+}
+
+// CLI11's messages, on one line.
+std::string one_line(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  return text;
 }
 
 }  // namespace
@@ -103,9 +110,13 @@ int main(int argc, char** argv) {
   if (training) gemm_probe = trident::cpu::probe_gemm_speed();
 
   // MPI_THREAD_MULTIPLE: the collective watchdog's thread (comm/comm_watchdog.hpp) calls
-  // MPI_Abort while the main thread may be inside a blocking MPI call.
+  // MPI_Abort while the main thread may be inside a blocking MPI call. A file-size limit too
+  // small for MPI's start-up ends it in one line; past it, a write beyond the limit fails with
+  // EFBIG, reported by the writer naming its file (file_size_signal.hpp).
+  trident::fail_on_file_size_signal();
   int provided = MPI_THREAD_SINGLE;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  trident::ignore_file_size_signal();
   if (provided < MPI_THREAD_MULTIPLE && world_rank() == 0)
     std::fprintf(stderr, "trident: warning: this MPI provides thread level %d, not "
                          "MPI_THREAD_MULTIPLE: the collective watchdog's abort from its own "
@@ -134,21 +145,28 @@ int main(int argc, char** argv) {
   trident::add_generate_command(app, generate_options);
   trident::TokenizeOptions tokenize_options;
   trident::add_tokenize_command(app, tokenize_options);
+  trident::check_number_types(app);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // A word that is no command: CLI11 would only say "A subcommand is required". Name it.
+    // A word that is no command (or an option where a command belongs): CLI11 would only say
+    // "A subcommand is required". Name it.
     if (const std::string word = unknown_command(app, e); !word.empty()) {
       if (world_rank() == 0)
-        std::fprintf(stderr, "trident: error: unknown command '%s' (%s; see --help)\n",
-                     word.c_str(), command_list(app).c_str());
+        std::fprintf(stderr, "trident: error: unknown %s '%s' (%s; see --help)\n",
+                     word[0] == '-' ? "option" : "command", word.c_str(),
+                     command_list(app).c_str());
       MPI_Finalize();
       return 1;
     }
-    int code = 0;
-    if (world_rank() == 0) code = app.exit(e);
-    else code = e.get_exit_code();
+    // --help and --version print as CLI11 does; an error is one line, as every other error.
+    const int code = e.get_exit_code();
+    if (world_rank() == 0) {
+      if (code == 0) app.exit(e);
+      else
+        std::fprintf(stderr, "trident: error: %s (see --help)\n", one_line(e.what()).c_str());
+    }
     MPI_Finalize();
     return code;
   }

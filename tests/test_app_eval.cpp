@@ -149,3 +149,22 @@ TEST_F(EvalApp, BadInputOneErrorLine) {
     EXPECT_NE(line.find(c.message), std::string::npos) << line;
   }
 }
+
+// Issue 56 item 12: --steps 99999999999999999999 was taken as INT64_MAX (CLI11's strtoll
+// saturates) and the evaluation ran until killed; CLI range errors printed a 300-digit bound.
+// Refused while the command line is parsed, naming the value, before any checkpoint is read.
+TEST(EvalCli, StepsOutOfRangeAreRefusedNamingTheValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"99999999999999999999",
+       "--steps: must be a whole number >= 1, got 99999999999999999999 (beyond 64 bits)"},
+      {"0", "--steps: must be a whole number >= 1, got 0"},
+      {"1e3", "--steps: must be a whole number >= 1, got 1e3"},
+  };
+  for (const auto& [steps, message] : cases) {
+    const auto r = run_command(
+        trident_cmd("eval --ckpt missing.h5 --data missing.bin --steps " + steps), 30);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_LT(r.output.size(), 200u) << r.output;
+  }
+}

@@ -4,10 +4,13 @@
 // seed, greedy decoding of none, and bad input is one error line.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "app_fixture.hpp"
+#include "sanitizer.hpp"
 
 using namespace trident;
 using namespace trident::test;
@@ -72,6 +75,22 @@ TEST_P(GenerateApp, PromptLossEqualsEvaluationOfTheWindow) {
   std::printf("%s: prompt loss through the cache %.10f, trainer's evaluation %.10f\n",
               GetParam().c_str(), cached, evaluated);
   EXPECT_NEAR(cached, evaluated, 1e-5 * evaluated);
+}
+
+// Issue 56 item 6: with --prompt-loss the new tokens were streamed and then the whole text
+// printed again. The loss line, then the text once: what the run without --prompt-loss prints.
+TEST_P(GenerateApp, PromptLossPrintsTheTextOnce) {
+  const std::string args = "--prompt abcdef --max-new-tokens 6 --temperature 0";
+  const auto plain = generate(args);
+  const auto with_loss = generate(args + " --prompt-loss");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(with_loss.exit_code, 0) << with_loss.output;
+  EXPECT_EQ(plain.output.size(), 6u + 6u + 1u) << plain.output;
+  const size_t line_end = with_loss.output.find('\n');
+  ASSERT_NE(line_end, std::string::npos) << with_loss.output;
+  EXPECT_EQ(with_loss.output.rfind("prompt loss ", 0), 0u) << with_loss.output;
+  EXPECT_NE(with_loss.output.find(" over 5 tokens\n"), std::string::npos) << with_loss.output;
+  EXPECT_EQ(with_loss.output.substr(line_end + 1), plain.output);
 }
 
 TEST_P(GenerateApp, SamplingFollowsTheSeed) {
@@ -233,6 +252,73 @@ TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
             std::string::npos)
       << line;
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+// Issue 56 item 2: a FIFO as --prompt-file or --tokenizer blocked for ever, /dev/zero was read
+// until the kernel's OOM killer came. Every file argument is checked as a config file is: a
+// regular file of bounded size, refused before it is read (and before the checkpoint is). Each
+// run is bounded in time and, but under AddressSanitizer, in memory, so that the unfixed
+// program fails the test instead of hanging it or filling the machine's memory.
+TEST(GenerateFiles, FifoDeviceDirectoryAndHugeFileAreRefusedUnread) {
+  const fs::path dir = scratch_dir("generate_files");
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const fs::path huge = dir / "huge.txt";
+  write_file(huge, "abc");
+  fs::resize_file(huge, (int64_t{64} << 20) + 1);  // sparse: costs nothing
+  const std::string limit = kUnderAddressSanitizer ? "" : "ulimit -v 4000000; ";
+  const std::string ckpt = "generate --ckpt " + (dir / "missing.h5").string() + " ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--prompt-file " + fifo,
+       "--prompt-file " + fifo + ": not a regular file (a FIFO): --prompt-file needs a text file"},
+      {"--prompt-file /dev/zero", "--prompt-file /dev/zero: not a regular file (a character "
+                                  "device): --prompt-file needs a text file"},
+      {"--prompt-file " + dir.string(), "--prompt-file " + dir.string() +
+                                            ": not a regular file (a directory): --prompt-file "
+                                            "needs a text file"},
+      {"--prompts " + fifo,
+       "--prompts " + fifo + ": not a regular file (a FIFO): --prompts needs a text file"},
+      {"--prompt-file " + huge.string(),
+       "--prompt-file " + huge.string() + ": prompt file is 67108865 bytes, more than the 64 "
+                                          "MiB a prompt may have: --prompt-file needs a text file"},
+      {"--prompt a --tokenizer " + fifo,
+       fifo + ": not a regular file (a FIFO): --tokenizer needs a tokenizer.json file"},
+      {"--prompt a --tokenizer /dev/zero",
+       "/dev/zero: not a regular file (a character device): --tokenizer needs a tokenizer.json "
+       "file"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = run_command(limit + trident_cmd(ckpt + args + " < /dev/null"), 20);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    const size_t pos = r.output.find("trident: error: ");
+    ASSERT_NE(pos, std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.substr(pos, r.output.find('\n', pos) - pos), "trident: error: " + message)
+        << r.output;
+  }
+  fs::remove_all(dir);
+}
+
+// Issue 56 item 12: --temperature nan and --top-p nan were accepted (every comparison with nan
+// is false), --max-new-tokens -1 was refused with a 300-digit bound. Each is refused while the
+// command line is parsed, in a short line naming the option and the value.
+TEST(GenerateCli, NumbersOutOfRangeAreRefusedNamingTheValue) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--temperature nan", "--temperature: must be a number >= 0, got nan"},
+      {"--temperature inf", "--temperature: must be a number >= 0, got inf"},
+      {"--temperature -1", "--temperature: must be a number >= 0, got -1"},
+      {"--top-p nan", "--top-p: must be a number in [0, 1], got nan"},
+      {"--top-p 1.5", "--top-p: must be a number in [0, 1], got 1.5"},
+      {"--max-new-tokens -1", "--max-new-tokens: must be a whole number >= 0, got -1"},
+      {"--top-k 99999999999999999999",
+       "--top-k: must be a whole number >= 0, got 99999999999999999999 (beyond 64 bits)"},
+      {"--seed -1", "--seed: must be a whole number >= 0 (64 bits), got -1"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = run_command(trident_cmd("generate --ckpt missing.h5 --prompt a " + args), 30);
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_LT(r.output.size(), 200u) << r.output;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, GenerateApp,

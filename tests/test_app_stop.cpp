@@ -4,7 +4,10 @@
 // resumed at its last step reports no share of a training time it did not have.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "app_fixture.hpp"
+#include "sanitizer.hpp"
 
 using namespace trident::test;
 namespace fs = std::filesystem;
@@ -101,6 +104,80 @@ TEST_F(Stop, UnknownCommandIsNamed) {
   EXPECT_NE(error_line(r).find("unknown command 'frobnicate' (trident ckpt's commands: info"),
             std::string::npos)
       << r.output;
+}
+
+// Issue 56 item 13: a file-size limit (ulimit -f) below what MPI's start-up writes (its
+// shared-memory files, several MB) killed every run inside MPI_Init with SIGXFSZ and no word;
+// one line now names the limit. Past MPI_Init the signal is ignored: a checkpoint larger than
+// the limit fails with EFBIG in the writer's error line, which names the file.
+TEST_F(Stop, FileSizeLimitIsOneErrorLine) {
+  RunResult r = run_command("ulimit -f 1000; " + trident_cmd("tokenize < /dev/null"), 30);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("trident: error: MPI's start-up wrote beyond the file-size limit "
+                           "(ulimit -f) of 1024000 bytes (1000 KiB)",
+                           0),
+            0u)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  // 64 MiB lets MPI start; the checkpoint of 4.8 M parameters (weights and AdamW's two
+  // moments, about 77 MB) is larger.
+  r = train("--set train.steps=1 --set model.width=256 --set model.layers=6 "
+            "--set checkpoint.dir=" + (dir_ / "ckpt").string(),
+            "ulimit -f 65536;");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string line = error_line(r);
+  EXPECT_NE(line.find((dir_ / "ckpt" / "step_00000001.h5").string()), std::string::npos)
+      << r.output;
+  EXPECT_NE(line.find("File too large"), std::string::npos) << r.output;
+}
+
+// Issue 56 item 14: under `ulimit -v` a model that fits the node's physical memory but not the
+// address space failed after 35 s with "internal error: std::bad_alloc" naming nothing. The
+// start-up check compares with the address space left and names the keys and the limit.
+TEST_F(Stop, AddressSpaceLimitTooSmallForTheModelIsNamedAtStartUp) {
+  if (trident::test::kUnderAddressSanitizer) GTEST_SKIP() << "ASan's shadow memory: no ulimit -v";
+  // 2.0e8 parameters, 3.2 GB of weights, gradients and AdamW state; 3 GB of address space.
+  const auto r = train("--set train.steps=1 --set model.width=2048 --set model.layers=4 "
+                       "--set model.heads=16",
+                       "ulimit -v 3000000;");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string line = error_line(r);
+  EXPECT_NE(line.find("not enough memory on rank 0: this rank's share of the model "
+                      "(model.layers = 4, model.width = 2048, "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(line.find(" of address space this process may still map under its limit (ulimit -v, "
+                      "RLIMIT_AS: 3.1 GB, "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step "), std::string::npos) << "refused before training";
+}
+
+// Issue 56 (cosmetic): every error of a one-process run was followed by MPICH's "Abort(1) on
+// node 0 ..." line, CLI11's errors by "Run with --help for more information.", and `trident
+// --frob` said "A subcommand is required". Each error is one line, on one rank or two.
+TEST_F(Stop, ErrorsAreExactlyOneLine) {
+  const std::string two = std::string(TRIDENT_MPIEXEC) + " -n 2 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {trident_cmd("tokenize --tokenizer " + (dir_ / "missing.json").string() + " < /dev/null"),
+       "trident: error: " + (dir_ / "missing.json").string() +
+           ": cannot open file: No such file or directory"},
+      {two + trident_cmd("tokenize --tokenizer " + (dir_ / "missing.json").string() +
+                         " < /dev/null"),
+       "trident: error: " + (dir_ / "missing.json").string() +
+           ": cannot open file: No such file or directory"},
+      {trident_cmd("--frob"), "trident: error: unknown option '--frob' (trident's commands: "},
+      {trident_cmd("generate --ckpt x.h5 --max-new-tokens -1"),
+       "trident: error: --max-new-tokens: must be a whole number >= 0, got -1 (see --help)"},
+      {trident_cmd("eval --ckpt x.h5"), "trident: error: --data is required (see --help)"},
+  };
+  for (const auto& [command, start] : cases) {
+    const auto r = run_command(command, 30);
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_EQ(r.output.rfind(start, 0), 0u) << command << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << command << "\n"
+                                                                      << r.output;
+  }
 }
 
 TEST_F(Stop, ResumeAtTheLastStepReportsNoTrainingTimeShare) {

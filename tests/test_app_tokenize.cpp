@@ -2,8 +2,10 @@
 // input (ids, text, files) ending it with one error line naming what is wrong. (The ids of real
 // tokenizer.json files against Hugging Face's: tests/tools/test_tokenizer.py.)
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "app_fixture.hpp"
+#include "sanitizer.hpp"
 
 using namespace trident::test;
 namespace fs = std::filesystem;
@@ -66,4 +68,24 @@ TEST(TokenizeApp, BadInputIsOneErrorLine) {
     const std::string line = error_line(r.output);
     EXPECT_NE(line.find(c.message), std::string::npos) << c.args << "\n" << r.output;
   }
+}
+
+// Issue 56 item 2: a FIFO or a device as --tokenizer blocked (or was read without end); both are
+// refused before reading, as a config file is. Bounded in time and memory (see
+// test_app_generate.cpp's GenerateFiles).
+TEST(TokenizeApp, TokenizerThatIsNoRegularFileIsRefusedUnread) {
+  const auto dir = scratch_dir("tokenize_files");
+  const std::string fifo = (dir / "fifo.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string limit = trident::test::kUnderAddressSanitizer ? "" : "ulimit -v 4000000; ";
+  for (const std::string& path : {fifo, std::string("/dev/zero"), dir.string()}) {
+    const auto r = run_command(limit + trident_cmd("tokenize --tokenizer " + path + " < /dev/null"),
+                               20);
+    EXPECT_EQ(r.exit_code, 1) << path << "\n" << r.output;
+    const std::string line = error_line(r.output);
+    EXPECT_NE(line.find(path + ": not a regular file ("), std::string::npos) << r.output;
+    EXPECT_NE(line.find("): --tokenizer needs a tokenizer.json file"), std::string::npos)
+        << r.output;
+  }
+  fs::remove_all(dir);
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 
@@ -93,6 +94,27 @@ TEST(CommWatchdog, NamesTheStuckWaitAfterTheTimeout) {
   EXPECT_EQ(data.last_completed(), 42);
   data.set_watchdog(nullptr);
   EXPECT_EQ(kCommTimeoutExitCode, 76);
+}
+
+// Issue 56 (cosmetic): a timeout that TRIDENT_COMM_TIMEOUT_S set was cited as
+// parallel.comm_timeout_s; the line names what set it.
+TEST(CommWatchdog, LineCitesTheEnvironmentVariableWhenItSetTheTimeout) {
+  FakeClock fc;
+  CommWatchdog dog(0, 2.0, nullptr, fc.clock());
+  NumberingComm world("world", {0, 1});
+  world.set_watchdog(&dog);
+  {
+    Communicator::WaitScope w(world, kBarrier, world.post(kBarrier));
+    fc.t += 2;
+    setenv(kCommTimeoutEnv, "2", 1);
+    const std::string line = dog.check();
+    unsetenv(kCommTimeoutEnv);
+    EXPECT_EQ(line.substr(line.rfind(" (")), " (TRIDENT_COMM_TIMEOUT_S)") << line;
+    EXPECT_EQ(line.find("parallel.comm_timeout_s"), std::string::npos) << line;
+    const std::string configured = dog.check();
+    EXPECT_EQ(configured.substr(configured.rfind(" (")), " (parallel.comm_timeout_s)");
+  }
+  world.set_watchdog(nullptr);
 }
 
 TEST(CommWatchdog, ThreadCallsOnTimeoutOnce) {

@@ -380,8 +380,11 @@ TEST(ConfigReject, ModelArchitecture) {
                "model.arch (\"mistral\") must be gpt2 or llama");
   EXPECT_ERROR("[model]\narch = \"Llama\"\n", "model.arch (\"Llama\") must be gpt2 or llama");
   EXPECT_ERROR("[model]\narch = \"\"\n", "model.arch (\"\") must be gpt2 or llama");
+  // A value from --set names the override, not the file (issue 56: it named the file).
   EXPECT_EQ(error_of("", {"model.arch=gpt3"}),
-            kSrc + ": model.arch (\"gpt3\") must be gpt2 or llama");
+            "--set: model.arch (\"gpt3\") must be gpt2 or llama");
+  EXPECT_EQ(error_of("[train]\nsteps = 5\n", {"train.steps=0"}),
+            "--set: train.steps (0) must be >= 1");
   EXPECT_TRUE(parse("[model]\narch = \"llama\"\n").model.is_llama());
   EXPECT_FALSE(parse("[model]\narch = \"gpt2\"\n").model.is_llama());
 }

@@ -1,6 +1,7 @@
 // The start-up checks of a run (lib/train/startup_checks.hpp): checkpoint.dir usable, and a
 // rank's share of the model and activations against the node's memory (issue 22, items 8, 13).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "comm/comm.hpp"
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
+#include "sanitizer.hpp"
 #include "train/startup_checks.hpp"
 
 using namespace trident;
@@ -200,5 +202,74 @@ TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {
                       0),
             0u)
       << act;
-  EXPECT_GT(physical_memory_bytes(), 1e8);
+  EXPECT_GT(physical_memory_bytes().bytes, 1e8);
+}
+
+// Issue 56 item 14: under `ulimit -v` a model too large for the address space passed the
+// start-up check (physical memory only) and failed 36 s later with "internal error:
+// std::bad_alloc". The check takes the smallest of physical memory, the address space left
+// under RLIMIT_AS, the cgroup's memory limit and Slurm's, and its line names which.
+TEST(MemoryLimits, CgroupV1AndV2LimitsOfTheProcessAndItsAncestors) {
+  const auto root = scratch("cgroup");
+  auto put = [&](const std::string& rel, const std::string& text) {
+    fs::create_directories((root / rel).parent_path());
+    std::ofstream(root / rel) << text << "\n";
+  };
+  put("memory/job/step/memory.limit_in_bytes", "9223372036854771712");  // v1's "unlimited"
+  put("memory/job/memory.limit_in_bytes", "2000000000");
+  put("memory/memory.limit_in_bytes", "9223372036854771712");
+  MemoryLimit v1 = cgroup_memory_limit("5:devices:/\n4:cpu,memory:/job/step\n0::/\n",
+                                       root.string());
+  EXPECT_EQ(v1.bytes, 2e9);
+  EXPECT_EQ(v1.what, "of the memory limit of this process's cgroup (" + root.string() +
+                         "/memory/job/memory.limit_in_bytes)");
+  put("slice/task/memory.max", "max");
+  put("slice/memory.max", "3000000000");
+  put("unified/slice/task/memory.max", "1500000000");  // a hybrid layout's v2 tree
+  const MemoryLimit v2 = cgroup_memory_limit("0::/slice/task\n", root.string());
+  EXPECT_EQ(v2.bytes, 1.5e9);
+  EXPECT_NE(v2.what.find("unified/slice/task/memory.max)"), std::string::npos) << v2.what;
+  EXPECT_EQ(cgroup_memory_limit("0::/\n1:name=systemd:/\n", root.string()).bytes, 0.0);
+  EXPECT_EQ(cgroup_memory_limit("", "/nonexistent").bytes, 0.0);
+  fs::remove_all(root);
+}
+
+TEST(MemoryLimits, SlurmMemoryPerNodeOrPerCpuAndTheSmallestLimitIsNamed) {
+  const char* keys[] = {"SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE"};
+  for (const char* k : keys) ::unsetenv(k);
+  EXPECT_EQ(slurm_memory_limit().bytes, 0.0);
+  ::setenv("SLURM_MEM_PER_CPU", "1000", 1);
+  ::setenv("SLURM_CPUS_ON_NODE", "4", 1);
+  MemoryLimit slurm = slurm_memory_limit();
+  EXPECT_EQ(slurm.bytes, 4000.0 * 1024 * 1024);
+  EXPECT_EQ(slurm.what, "of the job's memory on this node (SLURM_MEM_PER_CPU = 1000 MB x "
+                        "SLURM_CPUS_ON_NODE = 4)");
+  ::setenv("SLURM_MEM_PER_NODE", "1", 1);  // 1 MiB: below any other limit
+  slurm = physical_memory_bytes();
+  EXPECT_EQ(slurm.bytes, 1024.0 * 1024);
+  EXPECT_EQ(slurm.what, "of the job's memory on this node (SLURM_MEM_PER_NODE = 1 MB)");
+  const Config c = tiny();
+  const std::string line = rank_memory_problem(c, ModelShard::whole(c.model), 0, 1, slurm);
+  EXPECT_NE(line.find("more than the 0.0 GB of the job's memory on this node "
+                      "(SLURM_MEM_PER_NODE = 1 MB)"),
+            std::string::npos)
+      << line;
+  for (const char* k : keys) ::unsetenv(k);
+  EXPECT_EQ(physical_memory_bytes().what.find("SLURM"), std::string::npos);
+}
+
+TEST(MemoryLimits, AddressSpaceLimitLessWhatIsMapped) {
+  if (test::kUnderAddressSanitizer) GTEST_SKIP() << "ASan's shadow memory: no RLIMIT_AS";
+  // In a child: the limit set there stays there.
+  const auto child = [] {
+    const rlimit limit{rlim_t{64} << 30, rlim_t{64} << 30};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) std::exit(3);
+    const MemoryLimit as = address_space_limit();
+    const bool named = as.what.rfind("of address space this process may still map under its "
+                                     "limit (ulimit -v, RLIMIT_AS: 68.7 GB, ", 0) == 0;
+    const bool less = as.bytes > 0 && as.bytes < 68.72e9;
+    const bool smallest = physical_memory_bytes().bytes <= as.bytes;
+    std::exit(named && less && smallest ? 0 : 2);
+  };
+  EXPECT_EXIT(child(), testing::ExitedWithCode(0), "");
 }

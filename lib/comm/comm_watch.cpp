@@ -33,6 +33,11 @@ double comm_timeout_seconds(double configured) {
   return comm_timeout_from_env();
 }
 
+std::string comm_timeout_key() {
+  const char* v = std::getenv(kCommTimeoutEnv);
+  return v != nullptr && *v != '\0' ? kCommTimeoutEnv : "parallel.comm_timeout_s";
+}
+
 WaitClock WaitClock::steady() {
   WaitClock c;
   c.now = [] {
@@ -213,7 +218,7 @@ std::string CommWatch::describe_failure(const WaitResult& r, const std::string& 
     m << "communication timeout: " << what << " did not finish within " << timeout_s_
       << " s; last operations posted: " << last_operations()
       << "; all communicators of this rank aborted (a peer failed or stalled; "
-      << "parallel.comm_timeout_s sets the limit)";
+      << comm_timeout_key() << " sets the limit)";
   } else {
     m << r.error << " (during " << what;
     if (r.seconds > 0) m << ", after " << r.seconds << " s";

@@ -45,6 +45,9 @@ double comm_timeout_from_env();
 // TRIDENT_COMM_TIMEOUT_S when set (checked as above), else `configured`
 // (parallel.comm_timeout_s).
 double comm_timeout_seconds(double configured);
+// What set the timeout, for the lines that cite it: "TRIDENT_COMM_TIMEOUT_S" when that is set,
+// else "parallel.comm_timeout_s".
+std::string comm_timeout_key();
 
 // The clock a bounded wait reads and the sleep between its polls (seconds); injectable so a
 // test runs a 600 s timeout in no time.

@@ -107,7 +107,7 @@ std::string CommWatchdog::check() const {
   for (size_t i = 0; i < ranks.size(); ++i) m << (i ? "," : "") << ranks[i];
   m << ") has not completed after " << timeout_s_ << " s (last completed: #" << completed_before_
     << "); a peer failed or stalled; ending the job with exit code " << kCommTimeoutExitCode
-    << " (parallel.comm_timeout_s)";
+    << " (" << comm_timeout_key() << ")";
   return m.str();
 }
 

@@ -1,17 +1,31 @@
 #include "comm/mpi_comm.hpp"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "util/bf16.hpp"
 #include "util/error.hpp"
 
 namespace trident {
+
+void abort_job(int exit_code) {
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null >= 0) ::dup2(null, STDERR_FILENO);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
 
 namespace {
 

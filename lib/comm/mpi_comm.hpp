@@ -32,6 +32,13 @@
 
 namespace trident {
 
+// Ends the whole job with `exit_code` after the caller has printed its one error line:
+// MPI_Abort makes mpiexec/srun kill every process. Waits a moment first, so that the
+// launcher's proxies forward the line before the kill (under load it was lost), and sends
+// stderr to /dev/null for the abort, whose own "Abort(1) on node 0 ..." line MPICH prints
+// even with MPIR_CVAR_SUPPRESS_ABORT_MESSAGE (errors are one line).
+[[noreturn]] void abort_job(int exit_code);
+
 // MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T, and for BF16 a committed contiguous type
 // of 2 bytes (created on first use; MPI must be initialized; valid until MPI_Finalize).
 MPI_Datatype mpi_datatype(DType t);

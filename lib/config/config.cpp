@@ -5,13 +5,8 @@
 // follow it. Only constraints that relate two keys are written out, in check_relations().
 #include "config/config.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +25,7 @@
 #include "config/schema.hpp"
 #include "data/blend.hpp"
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace trident {
 namespace {
@@ -948,13 +944,12 @@ void check_blends(const Config& c, const std::string& source) {
   }
 }
 
-// A rule violation names the file that set the key (a base, a later --config file), or the
-// config's source for a default or an override (whose message says "--set" itself).
+// A rule violation names what set the key: the file (a base, a later --config file), "--set"
+// for an override, or the config's source for a default.
 void validate(const Config& c, const std::string& source) {
   for (const Key& key : kKeys) {
     const auto set_by = c.provenance.find(full_name(key));
-    const bool from_file = set_by != c.provenance.end() && set_by->second != kFromOverride;
-    check_rule(key, c, from_file ? set_by->second : source);
+    check_rule(key, c, set_by != c.provenance.end() ? set_by->second : source);
   }
   check_relations(c, source);
   check_blends(c, source);
@@ -963,48 +958,11 @@ void validate(const Config& c, const std::string& source) {
 // ---------------------------------------------------------------------------------------------
 // Files and includes
 
-// A config file's text. A config is a small regular file. stat before opening: opening a FIFO
-// for reading blocks until a writer comes (ignoring SIGTERM meanwhile), and /dev/zero never
-// ends; O_NONBLOCK covers a FIFO put in the file's place in between, and the size read is
-// capped. `shown` names the file in errors (with the chain of includes that led to it).
+// A config file's text: a regular file of at most 16 MiB (util/input_file.hpp). `shown` names
+// the file in errors (with the chain of includes that led to it).
 std::string read_config_file(const std::string& path, const std::string& shown) {
-  constexpr int64_t kMaxBytes = int64_t{16} << 20;
-  auto not_regular = [&](mode_t mode) {
-    const char* kind = S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO"
-                       : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
-                       : S_ISSOCK(mode) ? "a socket" : "not a file";
-    fail(shown, std::string("not a regular file (") + kind + "): --config needs a TOML file");
-  };
-  auto too_large = [&](const std::string& size) {
-    fail(shown, "config file is " + size + ", more than the " + int_text(kMaxBytes >> 20) +
-                    " MiB a config may have: --config needs a TOML file");
-  };
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    fail(shown, std::string("cannot open file: ") + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) not_regular(st.st_mode);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(shown, std::string("cannot open file: ") + std::strerror(errno));
-  std::string text, error;
-  if (::fstat(fd, &st) != 0) error = std::string("cannot stat file: ") + std::strerror(errno);
-  else if (!S_ISREG(st.st_mode)) error = "not regular";
-  else if (st.st_size > kMaxBytes) error = "too large";
-  char buf[1 << 16];
-  while (error.empty()) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) error = std::string("cannot read file: ") + std::strerror(errno);
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (static_cast<int64_t>(text.size()) > kMaxBytes) error = "too large";  // it grew
-  }
-  ::close(fd);
-  if (error == "not regular") not_regular(st.st_mode);
-  if (error == "too large")
-    too_large(std::to_string(std::max<int64_t>(st.st_size, static_cast<int64_t>(text.size()))) +
-              " bytes");
-  if (!error.empty()) fail(shown, error);
-  return text;
+  return read_input_file(path, {one_line(shown), "config", int64_t{16} << 20,
+                                "--config needs a TOML file"});
 }
 
 toml::table parse_toml(const std::string& toml_text, const std::string& source) {

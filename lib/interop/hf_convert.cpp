@@ -14,7 +14,6 @@
 #include <map>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include "checkpoint/ckpt_mpi.hpp"
 #include "checkpoint/ckpt_runs.hpp"
@@ -24,6 +23,7 @@
 #include "model/architecture.hpp"
 #include "train/checkpointing.hpp"
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -338,12 +338,10 @@ struct ImportPlan {
 };
 
 nlohmann::json read_json_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("'" + path.string() + "': cannot open: " + errno_text());
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(
+      path, {"'" + path.string() + "'", "JSON", int64_t{64} << 20, "import needs a JSON file"});
   try {
-    return nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error("'" + path.string() + "': not JSON (" + std::string(e.what()) + ")");
   }

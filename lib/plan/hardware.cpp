@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <sstream>
 
 #include <toml++/toml.h>
 
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace trident {
 namespace {
@@ -180,11 +180,8 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
 }
 
 HardwareSpec load_hardware(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("hardware file " + path + ": cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_hardware(ss.str(), path);
+  return parse_hardware(read_input_file(path, {path, "hardware", int64_t{16} << 20,
+                                               "--hardware needs a TOML file"}), path);
 }
 
 double HardwareSpec::peak_flops(const std::string& precision) const {

@@ -5,12 +5,11 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace trident {
 
@@ -76,13 +75,10 @@ bool byte_level_to_bytes(const std::string& token, std::string& out) {
   return true;
 }
 
+// A tokenizer.json: a regular file; the largest published ones are tens of MiB.
 std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read tokenizer '" + path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) throw Error("cannot read tokenizer '" + path + "'");
-  return text.str();
+  return read_input_file(path, {path, "tokenizer", int64_t{512} << 20,
+                                "--tokenizer needs a tokenizer.json file"});
 }
 
 // A string from the file, as a JSON string literal: quoted, with newlines and other control

@@ -1,15 +1,19 @@
 #include "train/startup_checks.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "model/model_stats.hpp"
 #include "pipeline/schedule.hpp"
@@ -117,16 +121,117 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   return r;
 }
 
-double physical_memory_bytes() {
+namespace {
+
+// The first whitespace-separated number of a file, or -1.
+double number_in_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word)) return -1;
+  char* end = nullptr;
+  const double v = std::strtod(word.c_str(), &end);
+  return end != word.c_str() && *end == '\0' ? v : -1;
+}
+
+// The smaller of two limits; one of 0 bytes is none.
+MemoryLimit smaller(MemoryLimit a, MemoryLimit b) {
+  if (a.bytes <= 0) return b;
+  if (b.bytes <= 0) return a;
+  return b.bytes < a.bytes ? b : a;
+}
+
+// The smallest `file` limit in `dir` and its ancestors up to `top` (values of 2^62 and more,
+// and "max", are no limit).
+MemoryLimit cgroup_file_limit(const std::string& top, const std::string& path,
+                              const std::string& file) {
+  MemoryLimit best;
+  std::string rel = path;
+  while (true) {
+    const std::string at = top + (rel == "/" ? "" : rel) + "/" + file;
+    const double v = number_in_file(at);
+    if (v >= 0 && v < 0x1p62) best = smaller(best, MemoryLimit(v, "of the memory limit of this "
+                                                                 "process's cgroup (" + at + ")"));
+    if (rel.empty() || rel == "/") break;
+    const size_t slash = rel.rfind('/');
+    rel = slash == 0 || slash == std::string::npos ? "/" : rel.substr(0, slash);
+  }
+  return best;
+}
+
+std::string mb(double n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f MB", n);
+  return buf;
+}
+
+double env_number(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  return end != v && *end == '\0' && x > 0 ? x : -1;
+}
+
+}  // namespace
+
+MemoryLimit address_space_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return {};
+  const double page = static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  const double mapped = std::max(0.0, number_in_file("/proc/self/statm")) * page;
+  const double cap = static_cast<double>(limit.rlim_cur);
+  return MemoryLimit(std::max(1.0, cap - mapped),
+                     "of address space this process may still map under its limit (ulimit -v, "
+                     "RLIMIT_AS: " + gb(cap) + ", " + gb(mapped) + " mapped)");
+}
+
+MemoryLimit cgroup_memory_limit(const std::string& proc_self_cgroup, const std::string& root) {
+  MemoryLimit best;
+  std::istringstream lines(proc_self_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    // "ID:CONTROLLERS:PATH": v2 has ID 0 and no controllers; v1's memory line lists "memory".
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (controllers.empty()) {
+      for (const std::string& top : {root, root + "/unified"})
+        best = smaller(best, cgroup_file_limit(top, path, "memory.max"));
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      best = smaller(best, cgroup_file_limit(root + "/memory", path, "memory.limit_in_bytes"));
+    }
+  }
+  return best;
+}
+
+MemoryLimit slurm_memory_limit() {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (const double node = env_number("SLURM_MEM_PER_NODE"); node > 0)
+    return MemoryLimit(node * kMiB, "of the job's memory on this node (SLURM_MEM_PER_NODE = " +
+                                        mb(node) + ")");
+  const double cpu = env_number("SLURM_MEM_PER_CPU"), cpus = env_number("SLURM_CPUS_ON_NODE");
+  if (cpu > 0 && cpus > 0)
+    return MemoryLimit(cpu * cpus * kMiB, "of the job's memory on this node (SLURM_MEM_PER_CPU = " +
+                                              mb(cpu) + " x SLURM_CPUS_ON_NODE = " +
+                                              count(cpus) + ")");
+  return {};
+}
+
+MemoryLimit physical_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return 0;
-  return static_cast<double>(pages) * static_cast<double>(page);
+  MemoryLimit best;
+  if (pages > 0 && page > 0) best = MemoryLimit(static_cast<double>(pages) * page);
+  std::ifstream cgroup("/proc/self/cgroup");
+  std::ostringstream text;
+  text << cgroup.rdbuf();
+  best = smaller(best, cgroup_memory_limit(text.str()));
+  best = smaller(best, slurm_memory_limit());
+  return smaller(best, address_space_limit());
 }
 
 std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
-                                int dp_size, double memory_bytes, int stage) {
+                                int dp_size, const MemoryLimit& memory, int stage) {
   const RankMemory r = estimate_rank_memory(config, shard, dp_size, stage);
-  if (memory_bytes <= 0 || r.total() <= memory_bytes) return "";
+  if (memory.bytes <= 0 || r.total() <= memory.bytes) return "";
   const ModelConfig& m = config.model;
   const std::string model =
       "this rank's share of the model (model.layers = " + std::to_string(m.layers) +
@@ -148,8 +253,8 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
   const bool model_first = r.state_bytes >= r.activation_bytes;
   return "not enough memory on rank " + std::to_string(rank) + ": " +
          (model_first ? model : activations) + ", and " + (model_first ? activations : model) +
-         "; at least " + gb(r.total()) + " in all, more than the " + gb(memory_bytes) +
-         " of physical memory of this node";
+         "; at least " + gb(r.total()) + " in all, more than the " + gb(memory.bytes) + " " +
+         memory.what;
 }
 
 }  // namespace trident

@@ -5,6 +5,7 @@
 // agrees on it across ranks so that every rank stops with the same error.
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "config/config.hpp"
 #include "model/architecture.hpp"
@@ -34,13 +35,37 @@ struct RankMemory {
 RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size,
                                 int stage = 0);
 
-// The node's physical memory in bytes (0 if unknown).
-double physical_memory_bytes();
+// An amount of memory a rank may use and what limits it, as the problem line words it after
+// the amount ("more than the 8.0 GB <what>"). Made from a bare number (a test's, or 0: unknown,
+// no check), it is the node's physical memory.
+struct MemoryLimit {
+  double bytes = 0;
+  std::string what = "of physical memory of this node";
+  MemoryLimit(double b = 0) : bytes(b) {}  // NOLINT: implicit, as the number it stands for
+  MemoryLimit(double b, std::string w) : bytes(b), what(std::move(w)) {}
+};
 
-// "" if the rank's estimate fits in `memory_bytes` (or memory_bytes is 0), else a line naming
-// the keys that size it: model.layers/model.width (the model's share) or model.seq_len/
-// train.micro_batch (activations), whichever dominates first.
+// The limits a rank's memory is under, each {0, ...} when there is none or it is unknown:
+// the address space this process may still map under RLIMIT_AS (ulimit -v: the limit less what
+// is mapped already, /proc/self/statm);
+MemoryLimit address_space_limit();
+// the memory limit of the process's cgroup and its ancestors (v2 memory.max, v1
+// memory.limit_in_bytes) from the text of /proc/self/cgroup, under `root` (/sys/fs/cgroup, with
+// v2 also looked for under root/unified, v1 under root/memory);
+MemoryLimit cgroup_memory_limit(const std::string& proc_self_cgroup,
+                                const std::string& root = "/sys/fs/cgroup");
+// the job's memory on this node under Slurm: SLURM_MEM_PER_NODE, else SLURM_MEM_PER_CPU x
+// SLURM_CPUS_ON_NODE (MB, as Slurm counts: MiB).
+MemoryLimit slurm_memory_limit();
+
+// The smallest of the node's physical memory and the limits above: the memory a rank of this
+// process may use at most ({0, ...} if none is known).
+MemoryLimit physical_memory_bytes();
+
+// "" if the rank's estimate fits in `memory` (or memory.bytes is 0), else a line naming the keys
+// that size it: model.layers/model.width (the model's share) or model.seq_len/train.micro_batch
+// (activations), whichever dominates first, and the limit it exceeds.
 std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
-                                int dp_size, double memory_bytes, int stage = 0);
+                                int dp_size, const MemoryLimit& memory, int stage = 0);
 
 }  // namespace trident
