@@ -268,6 +268,17 @@ TEST_F(DamagedCheckpoint, RootAttributesAreSealedAndCheckedAgainstEachOther) {
   // What no cross-check covers, the seal does.
   expect_refused(tampered("layout.h5", {"attr-string layout tensor=9"}),
                  "the attributes of '/' are corrupt (attributes_checksum mismatch)");
+  // Version 1 predates the seal: set back to 1, a sealed file is refused, seal redone or not,
+  // while one without the seal (as version 1 wrote them) is still read.
+  const std::string v1 = "format_version = 1, but the root carries version 2's "
+                         "'attributes_checksum' (the attributes were changed after writing)";
+  expect_refused(tampered("v1.h5", {"attr format_version 1"}), v1);
+  expect_refused(tampered("v1_resealed.h5", {"attr format_version 1 reseal"}), v1);
+  const auto unsealed = run_command(trident_cmd(
+      "ckpt info --verify " +
+      tampered("v1_unsealed.h5", {"attr format_version 1", "delete-attr attributes_checksum"})
+          .string()));
+  EXPECT_EQ(unsealed.exit_code, 0) << unsealed.output;
 }
 
 TEST_F(DamagedCheckpoint, VerifyChecksTheCompleteSchema) {
