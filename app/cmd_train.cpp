@@ -312,6 +312,11 @@ int run_train(const TrainOptions& options) {
                     config.train.init_from.c_str(), static_cast<long long>(written_at), seconds);
     }
   }
+  // Remains of killed writes (docs/checkpoint-format.md, "Directory").
+  if (lead && !config.checkpoint.dir.empty())
+    if (const auto note = clean_temp_files(config.checkpoint.dir).describe(config.checkpoint.dir);
+        !note.empty())
+      std::printf("%s\n", note.c_str());
   std::fflush(stdout);
   if (stopped_in_start_up("before the first step")) return stop_exit_code(config);
   trainer.set_stop_check([] { return stop_signal() != 0; });

@@ -159,6 +159,8 @@ def tamper(path, action, args):
             d.attrs["checksum"] = str(old) if args[1] == "string" else float(old)
         elif action == "delete":
             del f[args[0]]
+        elif action == "delete-attr":
+            del f.attrs[args[0]]
         elif action == "set":
             d = f[args[0]]
             values = d[...]

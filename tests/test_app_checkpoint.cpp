@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "app_fixture.hpp"
+#include "tmpfs_mount.hpp"
 
 using namespace trident::test;
 namespace fs = std::filesystem;
@@ -267,6 +268,17 @@ TEST_F(DamagedCheckpoint, RootAttributesAreSealedAndCheckedAgainstEachOther) {
   // What no cross-check covers, the seal does.
   expect_refused(tampered("layout.h5", {"attr-string layout tensor=9"}),
                  "the attributes of '/' are corrupt (attributes_checksum mismatch)");
+  // Version 1 predates the seal: set back to 1, a sealed file is refused, seal redone or not,
+  // while one without the seal (as version 1 wrote them) is still read.
+  const std::string v1 = "format_version = 1, but the root carries version 2's "
+                         "'attributes_checksum' (the attributes were changed after writing)";
+  expect_refused(tampered("v1.h5", {"attr format_version 1"}), v1);
+  expect_refused(tampered("v1_resealed.h5", {"attr format_version 1 reseal"}), v1);
+  const auto unsealed = run_command(trident_cmd(
+      "ckpt info --verify " +
+      tampered("v1_unsealed.h5", {"attr format_version 1", "delete-attr attributes_checksum"})
+          .string()));
+  EXPECT_EQ(unsealed.exit_code, 0) << unsealed.output;
 }
 
 TEST_F(DamagedCheckpoint, VerifyChecksTheCompleteSchema) {
@@ -348,14 +360,15 @@ class DiskFull : public Checkpoint {
   // Runs `launch` from `from_step` (0: fresh) to step 4 with a checkpoint every step into `ck`,
   // and checks the failure at the checkpoint of `failing_step`.
   void expect_clean_failure(const Launch& launch, const fs::path& ck, int64_t failing_step,
-                            const std::string& cause, const std::string& env = "") const {
+                            const std::string& cause, const std::string& env = "",
+                            int timeout_s = 60) const {
     const auto r = run_command(
         env + " " + launch.prefix + " " +
             trident_cmd("train --config " + config_.string() + " " + launch.sets +
                         " --set train.steps=4 --set eval.interval=0 --set checkpoint.interval=1"
                         " --set checkpoint.dir=" + ck.string() + " --set log.dir=" +
                         (dir_ / "run").string() + " --resume auto"),
-        60);
+        timeout_s);
     EXPECT_EQ(r.exit_code, 1) << launch.prefix << ":\n" << r.output;
     char tmp[64];
     std::snprintf(tmp, sizeof tmp, "step_%08lld.h5.tmp-", static_cast<long long>(failing_step));
@@ -395,6 +408,52 @@ TEST_F(DiskFull, OnASmallFileSystemEndsWithOneErrorAtEveryRankCount) {
   for (const Launch& launch : launches()) {
     const fs::path ck = mnt / ("ck" + std::to_string(i++));
     expect_clean_failure(launch, ck, 3, "No space left on device");
+    fs::remove_all(ck);  // room for the next launch
+  }
+}
+
+// A model whose checkpoint (52 MB, 4 layers of width 256) spans several rounds of ROMIO's
+// 16 MiB collective buffer: closing the abandoned file rewrote its metadata span in one
+// collective write, whose failing round sent rank 0 on to the file's resize while the other
+// ranks waited in the next round, for ever. It ends within seconds at 2 ranks and TP2 x DP2.
+class DiskFullWide : public DiskFull {
+ protected:
+  static constexpr const char* kWide = " --set model.width=256 --set model.layers=4";
+  std::vector<Launch> launches() const {
+    return {{std::string(TRIDENT_MPIEXEC) + " -n 2", std::string("--set parallel.data=2") + kWide},
+            {std::string(TRIDENT_MPIEXEC) + " -n 4",
+             std::string("--set parallel.data=2 --set parallel.tensor=2") + kWide}};
+  }
+  // Checkpoint 1 of the wide model, written without a limit; returns its size.
+  uintmax_t first_checkpoint(const fs::path& ck) const {
+    const auto r = run_command(trident_cmd("train --config " + config_.string() + kWide +
+                                           " --set train.steps=1 --set eval.interval=0"
+                                           " --set checkpoint.dir=" + ck.string() +
+                                           " --set log.dir=" + (dir_ / "m").string()));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return fs::exists(ck / "step_00000001.h5") ? fs::file_size(ck / "step_00000001.h5") : 0;
+  }
+};
+
+TEST_F(DiskFullWide, ThroughAFileSizeLimitEndsWithinSeconds) {
+  const auto size = first_checkpoint(dir_ / "ckpt");
+  ASSERT_GT(size, 32u << 20) << "the checkpoint must span several 16 MiB rounds";
+  for (const Launch& launch : launches())
+    expect_clean_failure(launch, dir_ / "ckpt", 2, "File too large",
+                         "TRIDENT_TEST_CHECKPOINT_FILE_LIMIT=" + std::to_string(size / 2), 30);
+}
+
+TEST_F(DiskFullWide, OnASmallFileSystemEndsWithinSeconds) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root (ThroughAFileSizeLimit runs)";
+  const auto size = first_checkpoint(dir_ / "m_ckpt");
+  ASSERT_GT(size, 32u << 20) << "the checkpoint must span several 16 MiB rounds";
+  // Room for a checkpoint and a half: step 1 is written, step 2 fills the disk.
+  TmpfsMount disk(dir_ / "small", "size=" + std::to_string(size * 3 / 2 / 1024) + "k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs";
+  int i = 0;
+  for (const Launch& launch : launches()) {
+    const fs::path ck = disk.dir() / ("ck" + std::to_string(i++));
+    expect_clean_failure(launch, ck, 2, "No space left on device", "", 30);
     fs::remove_all(ck);  // room for the next launch
   }
 }

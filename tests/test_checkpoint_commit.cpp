@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -119,6 +120,55 @@ TEST_F(checkpointDir, PruneKeepsNewestProtectedAndLatest) {
   EXPECT_EQ(left, (std::set<int64_t>{200, 400}));
   EXPECT_THROW(prune_checkpoints(dir, -1), Error);
   EXPECT_TRUE(prune_checkpoints(path("missing"), 1).empty());
+}
+
+TEST_F(checkpointDir, TempFilesOlderThanTheNewestCheckpointAreRemoved) {
+  // No committed checkpoint: nothing to compare with, every temp file is kept and reported.
+  touch("step_00000010.h5.tmp-1-aa");
+  auto c = clean_temp_files(dir);
+  EXPECT_EQ(c.kept, (std::vector<std::string>{"step_00000010.h5.tmp-1-aa"}));
+  EXPECT_TRUE(c.removed.empty());
+  EXPECT_NE(c.describe(dir).find("kept 1 temporary file (no committed checkpoint"),
+            std::string::npos) << c.describe(dir);
+
+  const auto now = fs::file_time_type::clock::now();
+  auto age = [&](const std::string& name, int seconds) {
+    fs::last_write_time(path(name), now - std::chrono::seconds(seconds));
+  };
+  touch("step_00000020.h5.tmp-1-bb");
+  touch("step_00000030.h5.tmp-2-cc");
+  touch(checkpoint_name(20));
+  touch(checkpoint_name(25));
+  touch("latest", checkpoint_name(20) + "\n");
+  touch("notes.h5.tmp-1-dd");   // not a checkpoint's temp name: never touched
+  touch("step_00000040.h5.tmp-3-ee");
+  age("step_00000010.h5.tmp-1-aa", 300);
+  age("step_00000020.h5.tmp-1-bb", 200);
+  age("notes.h5.tmp-1-dd", 300);
+  age(checkpoint_name(20), 100);  // latest names it: the newest committed one
+  age("step_00000030.h5.tmp-2-cc", 50);
+  age("step_00000040.h5.tmp-3-ee", 100);  // as old as the checkpoint: kept
+  c = clean_temp_files(dir);
+  EXPECT_EQ(c.newest, checkpoint_name(20));
+  EXPECT_EQ(c.removed, (std::vector<std::string>{"step_00000010.h5.tmp-1-aa",
+                                                 "step_00000020.h5.tmp-1-bb"}));
+  EXPECT_EQ(c.kept, (std::vector<std::string>{"step_00000030.h5.tmp-2-cc",
+                                              "step_00000040.h5.tmp-3-ee"}));
+  EXPECT_FALSE(fs::exists(path("step_00000010.h5.tmp-1-aa")));
+  EXPECT_TRUE(fs::exists(path("step_00000030.h5.tmp-2-cc")));
+  EXPECT_TRUE(fs::exists(path("notes.h5.tmp-1-dd")));
+  EXPECT_EQ(list_checkpoints(dir).size(), 2u);
+  EXPECT_EQ(c.describe(dir),
+            "checkpoint directory '" + dir + "': removed 2 temporary files of unfinished writes "
+            "older than step_00000020.h5 (step_00000010.h5.tmp-1-aa, step_00000020.h5.tmp-1-bb); "
+            "kept 2 temporary files not older than step_00000020.h5 (a write in progress?): "
+            "step_00000030.h5.tmp-2-cc, step_00000040.h5.tmp-3-ee");
+  // Nothing left to remove, and a directory without temp files has nothing to say.
+  EXPECT_TRUE(clean_temp_files(dir).removed.empty());
+  fs::remove(path("step_00000030.h5.tmp-2-cc"));
+  fs::remove(path("step_00000040.h5.tmp-3-ee"));
+  EXPECT_EQ(clean_temp_files(dir).describe(dir), "");
+  EXPECT_EQ(clean_temp_files(path("missing")).describe(path("missing")), "");
 }
 
 TEST_F(checkpointDir, PublishRenamesAndPointsLatest) {

@@ -139,6 +139,72 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep,
 
 namespace {
 
+bool is_temp_name(const std::string& name) {
+  const size_t at = name.find(".h5.tmp-");
+  return at != std::string::npos && checkpoint_step(name.substr(0, at + 3)).has_value();
+}
+
+// "a, b, c and 2 more"
+std::string some_names(const std::vector<std::string>& names) {
+  std::string out;
+  const size_t shown = std::min<size_t>(names.size(), 3);
+  for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > shown) out += " and " + std::to_string(names.size() - shown) + " more";
+  return out;
+}
+
+}  // namespace
+
+TempFileCleanup clean_temp_files(const std::string& dir) {
+  TempFileCleanup out;
+  std::error_code ec;
+  fs::file_time_type newest_time = fs::file_time_type::min();
+  if (const auto latest = latest_checkpoint(dir)) {
+    const auto t = fs::last_write_time(*latest, ec);
+    if (!ec) {
+      out.newest = fs::path(*latest).filename().string();
+      newest_time = t;
+    }
+  }
+  std::vector<std::string> temps;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code ec2;
+    const std::string name = it->path().filename().string();
+    if (is_temp_name(name) && it->is_regular_file(ec2)) temps.push_back(name);
+  }
+  std::sort(temps.begin(), temps.end());
+  for (const std::string& name : temps) {
+    std::error_code ec2;
+    const auto t = fs::last_write_time(join(dir, name), ec2);
+    const bool stale = !out.newest.empty() && !ec2 && t < newest_time;
+    if (stale && fs::remove(join(dir, name), ec2)) {
+      out.removed.push_back(name);
+    } else {
+      out.kept.push_back(stale ? name + " (cannot delete: " + ec2.message() + ")" : name);
+    }
+  }
+  return out;
+}
+
+std::string TempFileCleanup::describe(const std::string& dir) const {
+  if (removed.empty() && kept.empty()) return "";
+  std::string line = "checkpoint directory '" + dir + "':";
+  if (!removed.empty())
+    line += " removed " + std::to_string(removed.size()) + " temporary file" +
+            (removed.size() == 1 ? "" : "s") + " of unfinished writes older than " + newest +
+            " (" + some_names(removed) + ")" + (kept.empty() ? "" : ";");
+  if (!kept.empty())
+    line += " kept " + std::to_string(kept.size()) + " temporary file" +
+            (kept.size() == 1 ? "" : "s") +
+            (newest.empty() ? " (no committed checkpoint to compare with)"
+                            : " not older than " + newest + " (a write in progress?)") +
+            ": " + some_names(kept);
+  return line;
+}
+
+namespace {
+
 // Test hook (the chaos test, docs/reliability.md): TRIDENT_TEST_COMMIT_PAUSE_MS=N makes rank 0
 // sleep N ms at each step of the commit below, so that a kill lands inside it.
 void test_pause_in_commit() {

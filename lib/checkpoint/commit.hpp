@@ -47,6 +47,20 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep,
                                            const std::vector<std::string>& protect = {});
 
+// Temporary files of writes that did not finish (`step_<digits>.h5.tmp-*`, regular files) in
+// `dir`: those last modified before the newest committed checkpoint (latest_checkpoint) are
+// the remains of killed writes and are deleted; the others are kept (a write that may still
+// be in progress, of another run sharing the directory). Not collective: call it on one rank,
+// before training. Touches nothing else; a failed delete is kept and listed with its error.
+struct TempFileCleanup {
+  std::vector<std::string> removed, kept;  // file names, sorted
+  std::string newest;                      // the committed checkpoint compared with ("": none)
+  // One line for the log ("" when there was no temp file): what was removed and kept, naming
+  // the directory and up to three files of each.
+  std::string describe(const std::string& dir) const;
+};
+TempFileCleanup clean_temp_files(const std::string& dir);
+
 // Rank-0 part of the commit (exposed for tests and tools): fsyncs `tmp_path`, renames it to
 // dir/checkpoint_name(step), fsyncs `dir`, points `latest` at it (latest.tmp, fsync, rename,
 // fsync dir). Returns the final path. Throws trident::Error naming the file on failure; if

@@ -1,5 +1,6 @@
 #include "checkpoint/h5_file.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -178,6 +180,38 @@ struct In {
 
 const char* kChecksumKey = "checksum";
 
+// Allocates the first `bytes` of the file at `path` on disk (extending its size to them), so
+// that no write below fails for space or the file-size limit. Returns 0 or the errno
+// (EOPNOTSUPP: the file system cannot).
+int reserve_file(const std::string& path, int64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int err = 0;
+  if (bytes > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) err = errno;
+  ::close(fd);
+  return err;
+}
+
+// Points every descriptor of this process open on the file `opened` (device and inode) at
+// /dev/null, where writes cannot fail and reads find nothing. HDF5's MPI-IO driver gives no
+// access to its descriptors, /proc/self/fd lists them.
+void divert_to_null(const struct stat& opened) {
+  if (opened.st_ino == 0) return;
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd < 0) return;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const int fd = std::atoi(it->path().filename().c_str());
+    struct stat st {};
+    if (fd != null_fd && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_dev == opened.st_dev && st.st_ino == opened.st_ino) {
+      (void)::dup2(null_fd, fd);
+    }
+  }
+  ::close(null_fd);
+}
+
 }  // namespace
 
 uint64_t attributes_checksum(const std::map<std::string, AttributeValue>& attributes) {
@@ -248,6 +282,19 @@ struct CheckpointWriter::Impl {
   std::vector<std::string> sealed;
   int slow_ms = 0;
   bool closed = false;
+  // The file as this rank opened it (device, inode), to find HDF5's descriptors of it.
+  struct stat opened {};
+  // For the room the file needs (room()): the end of the datasets' storage, the objects
+  // written and the bytes of attribute values.
+  int64_t data_end = 0, objects = 0, attribute_bytes = 0;
+  // An upper bound of the file's size once closed (HDF5 1.10 tells the end of allocated space
+  // of a file only with a SWMR driver): the datasets' storage (contiguous, allocated at
+  // creation), then the metadata allocated after the last of them: the checksum attributes,
+  // the attribute values, continuation blocks (measured: 6 KB after 156 datasets; allowed:
+  // 64 KiB + 512 bytes a dataset + twice the attribute bytes).
+  int64_t room() const {
+    return data_end + (int64_t{64} << 10) + 512 * objects + 2 * attribute_bytes;
+  }
   // TRIDENT_TEST_CHECKPOINT_FILE_LIMIT: the file-size limit in force from creation to the end
   // of close() or abandon(), and the one it replaced.
   bool limited = false;
@@ -322,6 +369,7 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
     throw Error(err);
   }
 
+  if (::stat(path.c_str(), &m.opened) != 0) m.opened = {};
   m.collective = options.collective_data;
   m.dxpl = Hid(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(m.dxpl.get(),
@@ -370,11 +418,21 @@ void CheckpointWriter::abandon() {
   Impl& m = *impl_;
   m.closed = true;
   if (!m.file.valid()) return;
-  // The file is garbage now. Emptying it first gives back the space its data took, so that
-  // after a full disk the close (metadata flush, EOF extension: sparse) succeeds: with HDF5
-  // 1.10 a failed H5Fclose leaves a half-destroyed file behind that crashes the library's
-  // clean-up at exit. (A rank still writing its last piece only adds garbage.)
-  if (comm_rank(m.comm) == 0) (void)::truncate(path_.c_str(), 0);
+  // The file is garbage now, but H5Fclose still writes the dirty metadata, collectively (see
+  // reserve_metadata_room()): a write failing there leaves the ranks in different collectives
+  // for ever. So rank 0 empties the file, giving back the space its data took, and reserves
+  // room for what the close writes; where that is impossible (the file did not fit, a file-
+  // size limit, no fallocate) every rank first points its descriptors of the file at
+  // /dev/null: the close then has no write that can fail, only its final resize of the file
+  // fails, on every rank alike (with HDF5 1.10 a failed H5Fclose leaves a half-destroyed file
+  // that crashes the library's clean-up, see h5_init).
+  int reserved = 0;
+  if (comm_rank(m.comm) == 0) {
+    (void)::truncate(path_.c_str(), 0);
+    reserved = reserve_file(path_, m.room()) == 0;
+  }
+  MPI_Bcast(&reserved, 1, MPI_INT, 0, m.comm);
+  if (!reserved) divert_to_null(m.opened);
   (void)m.file.reset();  // collective
   H5Eclear2(H5E_DEFAULT);
 }
@@ -459,6 +517,15 @@ void CheckpointWriter::write_tensor_in_passes(const std::string& name_in,
                H5Dclose);
     if (!dset.valid() && err.empty()) err = where + ": cannot create: " + h5_detail();
   }
+  if (dset.valid()) {
+    const haddr_t offset = H5Dget_offset(dset.get());  // HADDR_UNDEF: no storage (empty)
+    if (offset != HADDR_UNDEF) {
+      m.data_end = std::max(m.data_end, static_cast<int64_t>(offset) +
+                                            numel * static_cast<int64_t>(sizeof(float)));
+    }
+    H5Eclear2(H5E_DEFAULT);
+  }
+  ++m.objects;
   const uint64_t hash = fnv1a(name, shape);
   if (m.collective) {
     // Collective transfers: every rank must enter H5Dwrite, so first agree that every rank has
@@ -659,6 +726,7 @@ void CheckpointWriter::queue_attribute(const std::string& object, const std::str
   if (value.kind == AttributeValue::Kind::String && value.text.find('\0') != std::string::npos) {
     throw Error(where + ": string value contains a NUL character");
   }
+  m.attribute_bytes += static_cast<int64_t>(obj.size() + key.size() + value.text.size() + 8);
   m.attributes.push_back({obj, key, std::move(value)});
 }
 
@@ -669,6 +737,23 @@ void CheckpointWriter::seal_attributes(const std::string& object) {
     throw Error("checkpoint '" + path_ + "': '" + obj + "': seal_attributes: the writer is closed");
   }
   if (std::find(m.sealed.begin(), m.sealed.end(), obj) == m.sealed.end()) m.sealed.push_back(obj);
+}
+
+std::string CheckpointWriter::reserve_metadata_room() {
+  // HDF5 writes the dirty metadata in one collective MPI-IO write, which ROMIO's two-phase I/O
+  // carries out in rounds of its collective buffer (16 MiB), reading and rewriting the holes
+  // between the metadata blocks: about the file's whole size. A round that fails (a full
+  // disk, a file-size limit) makes the writing rank leave the call at once while the others
+  // wait for the next round: a hang no agreement afterwards can undo. Below the reserved size
+  // no write fails for space. File systems without fallocate go without (docs/
+  // checkpoint-format.md).
+  Impl& m = *impl_;
+  if (comm_rank(m.comm) != 0) return "";
+  const int64_t bytes = m.room();
+  const int err = reserve_file(path_, bytes);
+  if (err == 0 || err == EOPNOTSUPP) return "";
+  return "checkpoint '" + path_ + "': rank 0: cannot reserve " + std::to_string(bytes) +
+         " bytes for closing the file: " + std::strerror(err);
 }
 
 void CheckpointWriter::close() {
@@ -694,9 +779,13 @@ void CheckpointWriter::close() {
     abandon();
     throw;
   }
-  // Flush first: a flush that fails (full disk) leaves the file closable, a failing H5Fclose
-  // does not (see abandon()).
-  std::string err;
+  // Room for the metadata first (reserve_metadata_room()), then flush: a flush that fails
+  // leaves the file closable, a failing H5Fclose does not (see abandon()).
+  std::string err = agree(m.comm, reserve_metadata_room());
+  if (!err.empty()) {
+    abandon();
+    throw Error(err);
+  }
   if (H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL) < 0) {
     err = "checkpoint '" + path_ + "': " + rank_prefix(m.comm) + "flush failed: " + h5_detail();
   }

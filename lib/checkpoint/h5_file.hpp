@@ -85,7 +85,8 @@ class CheckpointWriter {
   // !options.overwrite.
   CheckpointWriter(const std::string& path, MPI_Comm comm, const WriterOptions& options = {});
   // If close() was not called (an error, or an exception elsewhere): abandons the file, i.e.
-  // empties it (rank 0) and closes it (collectively; errors ignored); the caller deletes it.
+  // empties it (rank 0) and closes it (collectively, with nothing written that can fail on a
+  // full disk; errors ignored); the caller deletes it.
   // Every rank must destroy the writer, which holds when every error came from this class
   // (they are thrown on all ranks).
   ~CheckpointWriter();
@@ -146,6 +147,7 @@ class CheckpointWriter {
 
  private:
   void abandon();
+  std::string reserve_metadata_room();
   void finish_pending();
   void queue_attribute(const std::string& object, const std::string& key, AttributeValue value);
   struct Impl;

@@ -113,6 +113,10 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
     fail("format version " + std::to_string(meta.format_version) + " (this build reads " +
          std::to_string(kCheckpointOldestFormatVersion) + " to " +
          std::to_string(kCheckpointFormatVersion) + ")");
+  // Version 1 predates the seal: a file saying 1 that carries one was changed after writing.
+  if (meta.format_version < 2 && r.has_attribute("/", kAttributesChecksumKey))
+    fail("format_version = 1, but the root carries version 2's '" +
+         std::string(kAttributesChecksumKey) + "' (the attributes were changed after writing)");
   auto count = [&](const char* key) {
     const int64_t v = r.attribute_int("/", key);
     if (v < 0) fail(std::string(key) + " = " + std::to_string(v) + " is negative");
