@@ -273,7 +273,7 @@ int run_train(const TrainOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (stopped_in_start_up("before building the model")) return stop_exit_code(config);
-  Trainer trainer(config, TrainerGroups::from_grid(grid));
+  Trainer trainer(config, grid.dims());
   watchdog.watch_device(trainer.comm_watch());
   if (stopped_in_start_up("after building the model")) return stop_exit_code(config);
   if (lead) {

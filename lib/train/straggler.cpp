@@ -10,8 +10,9 @@
 #include <thread>
 
 #include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "grid/parallel_dims.hpp"
 #include "train/metrics_log.hpp"
-#include "train/trainer.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -92,18 +93,12 @@ nlohmann::json straggler_record(int64_t last_step, int64_t steps,
           {"compute_ms", compute_ms}, {"comm_ms", comm_ms}, {"slowest", slowest}};
 }
 
-std::vector<const Communicator*> timed_communicators(const TrainerGroups& groups,
-                                                     const Backend& backend,
+std::vector<const Communicator*> timed_communicators(const ParallelDims& groups,
                                                      const Config& config) {
   std::vector<const Communicator*> out;
-  auto add = [&out](const Communicator* c) {
-    if (c && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  };
-  for (const Communicator* c : {groups.world, groups.tensor, groups.pipeline, groups.data,
-                                groups.model_parallel, groups.embedding})
-    add(c);
+  for (const Communicator* c : groups.host_communicators()) out.push_back(c);
   if (config.train.device == "cuda" && config.parallel.comm == "nccl")
-    for (const auto& c : backend.owned) add(c.get());
+    for (const Communicator* c : groups.device_communicators()) out.push_back(c);
   return out;
 }
 
