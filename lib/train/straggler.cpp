@@ -14,6 +14,7 @@
 #include "grid/parallel_dims.hpp"
 #include "train/metrics_log.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -26,12 +27,13 @@ double now_seconds() {
 
 // TRIDENT_TEST_SLOW_RANK = "rank:ms": the delay for world rank `rank` (0 for the others).
 int slow_ms_from_env(int rank) {
-  const char* v = std::getenv(kSlowRankEnv);
-  if (v == nullptr || *v == '\0') return 0;
+  const std::string v = test_hook(TestHook::SlowRank);
+  if (v.empty()) return 0;
   int r = -1, ms = -1;
   char extra = 0;
-  if (std::sscanf(v, "%d:%d%c", &r, &ms, &extra) != 2 || r < 0 || ms < 0)
-    throw Error(std::string(kSlowRankEnv) + "='" + v + "' is not rank:milliseconds");
+  if (std::sscanf(v.c_str(), "%d:%d%c", &r, &ms, &extra) != 2 || r < 0 || ms < 0)
+    throw Error(std::string(test_hook_variable(TestHook::SlowRank)) + "='" + v +
+                "' is not rank:milliseconds");
   return r == rank ? ms : 0;
 }
 

@@ -13,8 +13,8 @@
 // rank shows a high compute score; its peers, which wait for it inside collectives, show a
 // high communication score.
 //
-// Test hook (tests only, not a user setting): TRIDENT_TEST_SLOW_RANK = "rank:ms" makes world
-// rank `rank` sleep that many milliseconds per step (counted as compute).
+// Test hook (util/test_hooks.hpp): TRIDENT_TEST_SLOW_RANK = "rank:ms" makes world rank `rank`
+// sleep that many milliseconds per step (counted as compute).
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -26,8 +26,6 @@ class Communicator;
 class MetricsLog;
 class ParallelDims;
 struct Config;
-
-inline constexpr const char* kSlowRankEnv = "TRIDENT_TEST_SLOW_RANK";
 
 struct RankScore {
   int rank = 0;

@@ -26,6 +26,7 @@
 #include "pipeline/simulator.hpp"
 #include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -34,11 +35,10 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
       groups_(groups),
       guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
       skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
-  if (const char* corrupt = std::getenv("TRIDENT_TEST_CORRUPT_BATCHES")) {
-    std::string list = "[";  // "7,8" -> "[7,8]"
-    list.append(corrupt).append("]");
-    test_corrupt_batches_ = parse_skip_list(list, "TRIDENT_TEST_CORRUPT_BATCHES");
-  }
+  if (const std::string corrupt = test_hook(TestHook::CorruptBatches); !corrupt.empty())
+    // "7,8" -> "[7,8]"
+    test_corrupt_batches_ = parse_skip_list("[" + corrupt + "]",
+                                            test_hook_variable(TestHook::CorruptBatches));
   const ModelConfig& m = config.model;
   const bool sequence_parallel = config.parallel.sequence_parallel && groups.tensor().size > 1;
   if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tensor().size != 0)
