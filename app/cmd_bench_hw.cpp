@@ -32,7 +32,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
 #include "tensor/device.hpp"
-#include "train/backend.hpp"
+#include "runtime/backend.hpp"
 #include "util/error.hpp"
 
 namespace trident {

@@ -108,7 +108,7 @@ void run_eval(const EvalOptions& options) {
   const Config config = eval_config(options, stored_toml, world_size);
   ProcessGrid grid(MPI_COMM_WORLD, config);
   set_rank_threads(config, grid);
-  Trainer trainer(config, TrainerGroups::from_grid(grid));
+  Trainer trainer(config, grid.dims());
   const int64_t written_at = trainer.init_weights_from(options.checkpoint);
   const std::optional<double> loss = trainer.evaluate();
   if (!loss) throw Error("eval: the evaluation was stopped");

@@ -27,11 +27,10 @@
 #include "commands.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
+#include "runtime/backend.hpp"
 #include "tokenizer/bpe_tokenizer.hpp"
-#include "train/backend.hpp"
 #include "train/checkpointing.hpp"
 #include "train/generation.hpp"
-#include "train/trainer.hpp"  // TrainerGroups
 #include "util/error.hpp"
 #include "util/input_file.hpp"
 
@@ -187,11 +186,11 @@ void run_generate(const GenerateOptions& options) {
                 " ids but the checkpoint's model.vocab_size is " + std::to_string(m.vocab_size));
   ProcessGrid grid(MPI_COMM_WORLD, config);
   set_rank_threads(config, grid);
-  const TrainerGroups groups = TrainerGroups::from_grid(grid);
+  const ParallelDims& dims = grid.dims();
   ModelShard shard = ModelShard::whole(m);
-  shard.tp_rank = groups.tp_rank;
-  shard.tp_size = groups.tp_size;
-  Backend backend = make_backend(config, groups, shard);
+  shard.tp_rank = dims.tensor().index;
+  shard.tp_size = dims.tensor().size;
+  Backend backend = make_backend(config, dims, shard);
   StageModel& model = *backend.model;
   read_model_weights(reader, model, [](const ParamInfo&) { return true; });
   reader.close();  // checksums checked here

@@ -23,6 +23,7 @@
 #include "stop_signals.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -131,6 +132,16 @@ void write_resolved_config(const Config& c) {
   if (ec) throw Error("cannot write '" + path.string() + "': " + ec.message());
 }
 
+// TRIDENT_TEST_SKIP_COLLECTIVE's hook; its group must be one of the table of dimensions
+// (grid/parallel_dims.hpp), else the hook would never fire and its test wait in vain.
+SkipHook skip_hook_of_table(const std::string& text) {
+  SkipHook hook = parse_skip_hook(text);
+  if (find_dim(hook.group) == nullptr)
+    throw Error(std::string(test_hook_variable(TestHook::SkipCollective)) + "='" + text +
+                "': no group '" + hook.group + "' (the groups: " + dim_names() + ")");
+  return hook;
+}
+
 // The collective watchdog of this rank (comm/comm_watchdog.hpp) over the grid's communicators,
 // from start-up to the end of the run. Its timeout ends the job: the line on stderr, the
 // device's NCCL communicators aborted (their kernels may wait for the stalled peer), then
@@ -141,8 +152,8 @@ class JobWatchdog {
       : grid_(grid),
         watchdog_(grid.rank(), comm_timeout_seconds(config.parallel.comm_timeout_s),
                   [this](const std::string& line) { end_job(line); }) {
-    if (const char* hook = std::getenv(kSkipHookEnv); hook && *hook)
-      watchdog_.set_skip_hook(parse_skip_hook(hook));
+    if (const std::string hook = test_hook(TestHook::SkipCollective); !hook.empty())
+      watchdog_.set_skip_hook(skip_hook_of_table(hook));
     for (Communicator* c : grid_.communicators()) c->set_watchdog(&watchdog_);
     watchdog_.start();
   }
@@ -265,13 +276,13 @@ int run_train(const TrainOptions& options) {
 
   // Tests: a start-up that takes this long (as a large model's initialisation would), so that
   // a signal can be sent during it.
-  if (const char* ms = std::getenv("TRIDENT_TEST_SLOW_START_MS")) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::atoi(ms));
+  if (const int64_t ms = test_hook_int(TestHook::SlowStartMs); ms != 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
     while (stop_signal() == 0 && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (stopped_in_start_up("before building the model")) return stop_exit_code(config);
-  Trainer trainer(config, TrainerGroups::from_grid(grid));
+  Trainer trainer(config, grid.dims());
   watchdog.watch_device(trainer.comm_watch());
   if (stopped_in_start_up("after building the model")) return stop_exit_code(config);
   if (lead) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <regex>
+#include <thread>
 
 #include "app_fixture.hpp"
 
@@ -141,4 +142,25 @@ TEST_F(Watchdog, SlowRankIsNamedSlowest) {
   const std::string line = line_with(r.output, "straggler report, steps 5-8");
   std::printf("%s\n", line.c_str());
   EXPECT_NE(line.find("slowest rank 1 x"), std::string::npos) << r.output;
+}
+
+// The skip hook's group is a name of the table of groups (grid/parallel_dims.hpp): a name that
+// is none would never fire, and the test using it would wait for a timeout that never comes.
+TEST_F(Watchdog, SkipHookOfAnUnknownGroupIsRefusedAtStart) {
+  const auto r = run_command(
+      train_cmd("TRIDENT_TEST_SKIP_COLLECTIVE=1:dat:5", "--set train.steps=1000"), 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TRIDENT_TEST_SKIP_COLLECTIVE='1:dat:5': no group 'dat' (the groups: "
+                          "world, tensor, context, pipeline, data, model, embedding, expert, "
+                          "expert_data, grad_reduce)"),
+            std::string::npos)
+      << r.output;
+  // Every rank fails the same way; the last ones may still be on their way out as mpiexec
+  // returns.
+  std::string left = ranks_left();
+  for (int i = 0; i < 50 && !left.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    left = ranks_left();
+  }
+  EXPECT_EQ(left, "");
 }

@@ -6,7 +6,7 @@
 //    and their last operations;
 //  * an asynchronous error ends the wait at once, aborts every communicator and is reported;
 //  * a stream that completes after a while returns normally and aborts nothing;
-//  * teardown: a Backend (train/backend.hpp) with a fake GPU device (its memory freed through
+//  * teardown: a Backend (runtime/backend.hpp) with a fake GPU device (its memory freed through
 //    the watch, as CudaDevice's is) and fake NCCL communicators: while an exception unwinds,
 //    every communicator is aborted BEFORE the first device memory is freed (also memory
 //    destroyed before the backend, as the trainer's optimizer state is) and the device never
@@ -22,7 +22,7 @@
 
 #include "comm/comm_watch.hpp"
 #include "tensor/device.hpp"
-#include "train/backend.hpp"
+#include "runtime/backend.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -362,8 +362,8 @@ struct TrainerLike {
     for (const char* g : {"tensor", "data"}) {
       backend.owned.push_back(std::make_unique<FakeNccl>(g, backend.watch, log));
     }
-    backend.tensor = backend.owned[0].get();
-    backend.data = backend.owned[1].get();
+    backend.comms[dim_index(Dim::Tensor)] = backend.owned[0].get();
+    backend.comms[dim_index(Dim::Data)] = backend.owned[1].get();
     moments = DeviceArray<float>(*backend.device, 16);
   }
 };

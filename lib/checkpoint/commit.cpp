@@ -19,6 +19,7 @@
 
 #include "checkpoint/ckpt_mpi.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -208,8 +209,8 @@ namespace {
 // Test hook (the chaos test, docs/reliability.md): TRIDENT_TEST_COMMIT_PAUSE_MS=N makes rank 0
 // sleep N ms at each step of the commit below, so that a kill lands inside it.
 void test_pause_in_commit() {
-  if (const char* ms = std::getenv("TRIDENT_TEST_COMMIT_PAUSE_MS"))
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+  if (const int64_t ms = test_hook_int(TestHook::CommitPauseMs); ms != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace

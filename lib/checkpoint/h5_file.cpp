@@ -19,6 +19,7 @@
 
 #include "checkpoint/ckpt_mpi.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -386,15 +387,16 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
   H5Tset_size(m.vlen_str.get(), H5T_VARIABLE);
   H5Tset_cset(m.vlen_str.get(), H5T_CSET_UTF8);
 
-  if (const char* s = std::getenv("TRIDENT_TEST_SLOW_CHECKPOINT_MS")) m.slow_ms = std::atoi(s);
+  m.slow_ms = static_cast<int>(test_hook_int(TestHook::SlowCheckpointMs));
   // Test hook: a full disk without a small file system (which needs root to mount). Writes past
   // N bytes fail with EFBIG (SIGXFSZ ignored), the abandoning close included, as on a disk that
   // is full.
-  if (const char* s = std::getenv("TRIDENT_TEST_CHECKPOINT_FILE_LIMIT")) {
+  if (!test_hook(TestHook::CheckpointFileLimit).empty()) {
     if (getrlimit(RLIMIT_FSIZE, &m.saved_limit) == 0) {
       std::signal(SIGXFSZ, SIG_IGN);
       struct rlimit small = m.saved_limit;
-      small.rlim_cur = static_cast<rlim_t>(std::max(0ll, std::atoll(s)));
+      small.rlim_cur = static_cast<rlim_t>(
+          std::max<int64_t>(0, test_hook_int(TestHook::CheckpointFileLimit)));
       m.limited = setrlimit(RLIMIT_FSIZE, &small) == 0;
     }
   }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -14,7 +15,7 @@ namespace trident {
 
 SkipHook parse_skip_hook(const std::string& text) {
   auto bad = [&] {
-    return Error(std::string(kSkipHookEnv) + "='" + text +
+    return Error(std::string(test_hook_variable(TestHook::SkipCollective)) + "='" + text +
                  "' is not rank:group:seq (a world rank, a group name, an operation number >= 1)");
   };
   const auto a = text.find(':');
@@ -115,7 +116,7 @@ void CommWatchdog::maybe_stall(const Communicator& comm, const std::string& op,
                                int64_t seq) const {
   if (skip_.rank != world_rank_ || skip_.seq != seq || skip_.group != comm.name()) return;
   std::fprintf(stderr, "trident: test hook %s: rank %d never joins %s #%lld of group '%s'\n",
-               kSkipHookEnv, world_rank_, op.c_str(), static_cast<long long>(seq),
+               test_hook_variable(TestHook::SkipCollective), world_rank_, op.c_str(), static_cast<long long>(seq),
                comm.name().c_str());
   std::fflush(stderr);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));

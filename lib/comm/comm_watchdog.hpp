@@ -41,7 +41,7 @@ namespace trident {
 // save anything, so it is not a requeue request.
 inline constexpr int kCommTimeoutExitCode = 76;
 
-// Test hook (TRIDENT_TEST_SKIP_COLLECTIVE = "rank:group:seq", tests only, not a user setting):
+// Test hook (TRIDENT_TEST_SKIP_COLLECTIVE = "rank:group:seq", util/test_hooks.hpp):
 // world rank `rank` never joins operation number `seq` of group `group`: it stalls there, as a
 // rank would that took another path, and its peers' watchdogs end the job.
 struct SkipHook {
@@ -51,7 +51,6 @@ struct SkipHook {
 };
 // Parses "rank:group:seq"; throws trident::Error naming the variable on a malformed value.
 SkipHook parse_skip_hook(const std::string& text);
-inline constexpr const char* kSkipHookEnv = "TRIDENT_TEST_SKIP_COLLECTIVE";
 
 class CommWatchdog {
  public:

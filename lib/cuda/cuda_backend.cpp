@@ -13,7 +13,7 @@
 #include "cuda/nccl_comm.hpp"
 #include "grid/device_select.hpp"
 #include "grid/grid.hpp"
-#include "train/trainer.hpp"
+#include "grid/parallel_dims.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -102,19 +102,19 @@ Choice choose_gpu(MPI_Comm world, const NodePlacement& place, bool nccl) {
 
 }  // namespace
 
-Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
+Backend make_cuda_backend(const Config& config, const ParallelDims& dims,
                           const ModelShard& shard) {
   const bool nccl = config.parallel.comm == "nccl";
   Choice gpu_choice;
   try {
-    gpu_choice = choose_gpu(groups.mpi_world, groups.placement, nccl);
+    gpu_choice = choose_gpu(dims.mpi_world, dims.placement, nccl);
   } catch (const Error& e) {
     throw Error(config.source + ": train.device = \"cuda\": " + e.what());
   }
 
   Backend b;
   // The communicators whose work the device's stream carries: its waits are bounded by them.
-  b.watch = std::make_shared<CommWatch>(groups.world->rank(),
+  b.watch = std::make_shared<CommWatch>(dims.world().host->rank(),
                                         comm_timeout_seconds(config.parallel.comm_timeout_s));
   auto device = std::make_unique<CudaDevice>(gpu_choice.ordinal, b.watch);
   CudaDevice& gpu = *device;
@@ -122,29 +122,21 @@ Backend make_cuda_backend(const Config& config, const TrainerGroups& groups,
   b.device = std::move(device);
   // NCCL for a group of several ranks under parallel.comm = "nccl"; else staged, or a device
   // self communicator for a group of one rank (the decoder all-gathers its logits at TP 1 too).
-  auto for_device = [&](Communicator* group, NcclUse use) -> Communicator* {
-    if (group == nullptr) return group;
+  // In table order on every rank: NCCL's initialisation is collective over each group. Only
+  // what is used is created: the pipeline group only sends and receives (its channels, no
+  // communicator for collectives); the others only run collectives; the embedding group of an
+  // untied embedding is idle (carries_device_buffers).
+  make_device_comms(config, dims, b, [&](Communicator& group, DeviceUse use) {
+    const NcclUse nccl_use =
+        use == DeviceUse::PointToPoint ? NcclUse::PointToPoint : NcclUse::Collectives;
     std::unique_ptr<Communicator> c =
-        nccl && group->size() > 1
-            ? make_nccl_communicator(*group, group->name(), gpu.stream(), use, b.watch)
-            : make_device_communicator(*group, gpu);
+        nccl && group.size() > 1
+            ? make_nccl_communicator(group, group.name(), gpu.stream(), nccl_use, b.watch)
+            : make_device_communicator(group, gpu);
     b.owned.push_back(std::move(c));
     return b.owned.back().get();
-  };
-  // The same order on every rank: NCCL's initialisation is collective over each group. Only
-  // what is used is created: the pipeline group only sends and receives (its channels, no
-  // communicator for collectives); the others only run collectives.
-  b.tensor = for_device(groups.tensor, NcclUse::Collectives);
-  b.pipeline = for_device(groups.pipeline, NcclUse::PointToPoint);
-  b.data = for_device(groups.data, NcclUse::Collectives);
-  // The embedding group sums the gradient of a tied embedding's two copies; untied, it is idle.
-  b.embedding =
-      config.model.tie_embeddings ? for_device(groups.embedding, NcclUse::Collectives) : nullptr;
-  // Expert parallelism: the token exchange (all_to_all_v: grouped send/receive on the
-  // collectives' NCCL communicator) and the experts' gradient reduction.
-  b.expert = for_device(groups.expert, NcclUse::Collectives);
-  b.expert_data = for_device(groups.expert_data, NcclUse::Collectives);
-  b.model = make_cuda_stage_model(config.model, shard, *b.tensor, gpu,
+  });
+  b.model = make_cuda_stage_model(config.model, shard, *b.comm(Dim::Tensor), gpu,
                                   config.train.precision == "bf16");
   return b;
 }

@@ -11,10 +11,11 @@ namespace trident {
 namespace {
 
 void check_shape(const GridShape& s) {
-  if (s.tp < 1 || s.pp < 1 || s.dp < 1) {
+  if (s.tp < 1 || s.pp < 1 || s.dp < 1 || s.cp < 1) {
     std::ostringstream m;
-    m << "invalid grid shape TP=" << s.tp << " PP=" << s.pp << " DP=" << s.dp
-      << ": every dimension must be >= 1";
+    m << "invalid grid shape TP=" << s.tp << " PP=" << s.pp << " DP=" << s.dp;
+    if (s.cp != 1) m << " CP=" << s.cp;
+    m << ": every dimension must be >= 1";
     throw Error(m.str());
   }
 }
@@ -24,9 +25,22 @@ void check_rank(const GridShape& s, int rank) {
   if (rank < 0 || rank >= s.world()) {
     std::ostringstream m;
     m << "rank " << rank << " is outside the grid TP*PP*DP = " << s.tp << "*" << s.pp << "*"
-      << s.dp << " = " << s.world();
+      << s.dp;
+    if (s.cp != 1) m << " (CP = " << s.cp << ")";
+    m << " = " << s.world();
     throw Error(m.str());
   }
+}
+
+// The ranks whose coordinates are `c`'s but for the ones `vary` sets, in group-rank order:
+// vary(c, i) gives the coordinate of member i.
+template <typename Vary>
+std::vector<int> group_of(const GridShape& shape, int rank, int size, Vary vary) {
+  const GridCoord c = coord_of(shape, rank);
+  std::vector<int> g;
+  g.reserve(size);
+  for (int i = 0; i < size; ++i) g.push_back(rank_of(shape, vary(c, i)));
+  return g;
 }
 
 }  // namespace
@@ -34,65 +48,71 @@ void check_rank(const GridShape& s, int rank) {
 int rank_of(const GridShape& shape, const GridCoord& c) {
   check_shape(shape);
   if (c.tp < 0 || c.tp >= shape.tp || c.pp < 0 || c.pp >= shape.pp || c.dp < 0 ||
-      c.dp >= shape.dp) {
+      c.dp >= shape.dp || c.cp < 0 || c.cp >= shape.cp) {
     std::ostringstream m;
-    m << "grid coordinate (tp=" << c.tp << ", pp=" << c.pp << ", dp=" << c.dp
-      << ") is outside the grid TP=" << shape.tp << " PP=" << shape.pp << " DP=" << shape.dp;
+    m << "grid coordinate (tp=" << c.tp << ", pp=" << c.pp << ", dp=" << c.dp;
+    if (shape.cp != 1 || c.cp != 0) m << ", cp=" << c.cp;
+    m << ") is outside the grid TP=" << shape.tp << " PP=" << shape.pp << " DP=" << shape.dp;
+    if (shape.cp != 1) m << " CP=" << shape.cp;
     throw Error(m.str());
   }
-  return (c.dp * shape.pp + c.pp) * shape.tp + c.tp;
+  return ((c.dp * shape.pp + c.pp) * shape.cp + c.cp) * shape.tp + c.tp;
 }
 
 GridCoord coord_of(const GridShape& shape, int rank) {
   check_rank(shape, rank);
   GridCoord c;
   c.tp = rank % shape.tp;
-  c.pp = (rank / shape.tp) % shape.pp;
-  c.dp = rank / (shape.tp * shape.pp);
+  c.cp = (rank / shape.tp) % shape.cp;
+  c.pp = (rank / (shape.tp * shape.cp)) % shape.pp;
+  c.dp = rank / (shape.tp * shape.cp * shape.pp);
   return c;
 }
 
 std::vector<int> tensor_group(const GridShape& shape, int rank) {
-  GridCoord c = coord_of(shape, rank);
-  std::vector<int> g;
-  g.reserve(shape.tp);
-  for (int t = 0; t < shape.tp; ++t) g.push_back(rank_of(shape, {t, c.pp, c.dp}));
-  return g;
+  return group_of(shape, rank, shape.tp, [](GridCoord c, int i) { c.tp = i; return c; });
+}
+
+std::vector<int> context_group(const GridShape& shape, int rank) {
+  return group_of(shape, rank, shape.cp, [](GridCoord c, int i) { c.cp = i; return c; });
 }
 
 std::vector<int> pipeline_group(const GridShape& shape, int rank) {
-  GridCoord c = coord_of(shape, rank);
-  std::vector<int> g;
-  g.reserve(shape.pp);
-  for (int p = 0; p < shape.pp; ++p) g.push_back(rank_of(shape, {c.tp, p, c.dp}));
-  return g;
+  return group_of(shape, rank, shape.pp, [](GridCoord c, int i) { c.pp = i; return c; });
 }
 
 std::vector<int> data_group(const GridShape& shape, int rank) {
-  GridCoord c = coord_of(shape, rank);
-  std::vector<int> g;
-  g.reserve(shape.dp);
-  for (int d = 0; d < shape.dp; ++d) g.push_back(rank_of(shape, {c.tp, c.pp, d}));
-  return g;
+  return group_of(shape, rank, shape.dp, [](GridCoord c, int i) { c.dp = i; return c; });
 }
 
 std::vector<int> model_group(const GridShape& shape, int rank) {
-  // Group-rank order = pp * TP + tp, i.e. the contiguous block of one data replica.
-  GridCoord c = coord_of(shape, rank);
-  std::vector<int> g;
-  g.reserve(shape.tp * shape.pp);
-  for (int p = 0; p < shape.pp; ++p)
-    for (int t = 0; t < shape.tp; ++t) g.push_back(rank_of(shape, {t, p, c.dp}));
-  return g;
+  // Group-rank order = pp * TP + tp: under CP = 1 the contiguous block of one data replica.
+  const int tp = shape.tp;
+  return group_of(shape, rank, shape.tp * shape.pp, [tp](GridCoord c, int i) {
+    c.pp = i / tp;
+    c.tp = i % tp;
+    return c;
+  });
+}
+
+std::vector<int> grad_reduce_group(const GridShape& shape, int rank) {
+  const int cp = shape.cp;
+  return group_of(shape, rank, shape.dp * shape.cp, [cp](GridCoord c, int i) {
+    c.dp = i / cp;
+    c.cp = i % cp;
+    return c;
+  });
 }
 
 std::vector<int> embedding_group(const GridShape& shape, int rank) {
-  // For a middle-stage rank this is the embedding group of its (tp, dp) column, which does not
-  // contain `rank` itself: such a rank is not a member (ProcessGrid gives it no communicator).
-  GridCoord c = coord_of(shape, rank);
-  std::vector<int> g{rank_of(shape, {c.tp, 0, c.dp})};
-  if (shape.pp > 1) g.push_back(rank_of(shape, {c.tp, shape.pp - 1, c.dp}));
-  return g;
+  // For a middle-stage rank this is the embedding group of its (tp, cp, dp) column, which does
+  // not contain `rank` itself: such a rank is not a member (ProcessGrid gives it no
+  // communicator).
+  const int last = shape.pp - 1;
+  return group_of(shape, rank, shape.pp > 1 ? 2 : 1, [last](GridCoord c, int i) {
+    c.pp = i == 0 ? 0 : last;
+    return c;
+  });
 }
 
 namespace {
@@ -109,21 +129,16 @@ void check_expert(const GridShape& shape, int ep) {
 
 std::vector<int> expert_group(const GridShape& shape, int ep, int rank) {
   check_expert(shape, ep);
-  const GridCoord c = coord_of(shape, rank);
-  const int first = c.dp - c.dp % ep;
-  std::vector<int> g;
-  g.reserve(ep);
-  for (int d = first; d < first + ep; ++d) g.push_back(rank_of(shape, {c.tp, c.pp, d}));
-  return g;
+  const int first = coord_of(shape, rank).dp / ep * ep;
+  return group_of(shape, rank, ep, [first](GridCoord c, int i) { c.dp = first + i; return c; });
 }
 
 std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank) {
   check_expert(shape, ep);
-  const GridCoord c = coord_of(shape, rank);
-  std::vector<int> g;
-  g.reserve(shape.dp / ep);
-  for (int d = c.dp % ep; d < shape.dp; d += ep) g.push_back(rank_of(shape, {c.tp, c.pp, d}));
-  return g;
+  return group_of(shape, rank, shape.dp / ep, [ep](GridCoord c, int i) {
+    c.dp = c.dp % ep + i * ep;
+    return c;
+  });
 }
 
 int64_t padded_vocab(int64_t vocab_size, int64_t vocab_multiple, int64_t tp) {
@@ -145,6 +160,11 @@ void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
     std::ostringstream m;
     m << "parallel.tensor, parallel.pipeline and parallel.data must be >= 1 (got " << shape.tp
       << ", " << shape.pp << ", " << shape.dp << ")";
+    fail(m);
+  }
+  if (shape.cp != 1) {
+    std::ostringstream m;
+    m << "context parallelism (CP = " << shape.cp << ") is not built yet: CP must be 1";
     fail(m);
   }
   check_expert(shape, shape.ep);

@@ -1,8 +1,10 @@
 #pragma once
-// The 3D process grid. rank = (dp * PP + pp) * TP + tp: tensor ranks are fastest (a tensor
-// group is contiguous and sits inside a node), pipeline ranks cross nodes, data replicas on top.
-// The pure part (coordinates, group membership, layout validation) is separate from the MPI part
-// (communicators) so it can be unit-tested without MPI.
+// The process grid. rank = ((dp * PP + pp) * CP + cp) * TP + tp: tensor ranks are fastest (a
+// tensor group is contiguous and sits inside a node), then context ranks (CP = 1 until context
+// parallelism comes), pipeline ranks cross nodes, data replicas on top. The pure part
+// (coordinates, group membership, layout validation) is separate from the MPI part
+// (communicators) so it can be unit-tested without MPI. The groups themselves, one named entry
+// per dimension, are grid/parallel_dims.hpp's table.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,11 +20,14 @@ struct GridShape {
   // Expert parallelism (parallel.expert): EP ranks taken from inside the data-parallel
   // dimension (expert_group below); not a fourth factor of the world size. Divides dp.
   int ep = 1;
-  int world() const { return tp * pp * dp; }
+  // Context parallelism: the sequence split over CP ranks. 1 until it is built (no config key
+  // yet); carried so that the rank order and the groups already have their place for it.
+  int cp = 1;
+  int world() const { return tp * cp * pp * dp; }
 };
 
 // Where a rank sits among the nodes, as the process grid found them (detected or simulated):
-// the one node detection of the job. TrainerGroups carries it to the GPU backend, which takes
+// the one node detection of the job. ParallelDims carries it to the GPU backend, which takes
 // the node-local rank from it to choose this rank's GPU.
 struct NodePlacement {
   int node = 0, num_nodes = 1;
@@ -32,6 +37,7 @@ struct NodePlacement {
 
 struct GridCoord {
   int tp = 0, pp = 0, dp = 0;
+  int cp = 0;  // last, so that {tp, pp, dp} still reads as before
   bool operator==(const GridCoord&) const = default;
 };
 
@@ -39,11 +45,15 @@ int rank_of(const GridShape& shape, const GridCoord& c);
 GridCoord coord_of(const GridShape& shape, int rank);
 
 // Global ranks of each group containing `rank`, in group-rank order.
-std::vector<int> tensor_group(const GridShape& shape, int rank);     // same pp, dp
-std::vector<int> pipeline_group(const GridShape& shape, int rank);   // same tp, dp
-std::vector<int> data_group(const GridShape& shape, int rank);       // same tp, pp
-std::vector<int> model_group(const GridShape& shape, int rank);      // same dp (tp x pp)
-// First and last pipeline stage with the same tp, dp (one rank when PP == 1). For a rank of a
+std::vector<int> tensor_group(const GridShape& shape, int rank);     // same cp, pp, dp
+std::vector<int> context_group(const GridShape& shape, int rank);    // same tp, pp, dp
+std::vector<int> pipeline_group(const GridShape& shape, int rank);   // same tp, cp, dp
+std::vector<int> data_group(const GridShape& shape, int rank);       // same tp, cp, pp
+std::vector<int> model_group(const GridShape& shape, int rank);      // same cp, dp (tp x pp)
+// The gradient reduction of a replicated parameter: data x context (same tp, pp), group rank
+// dp * CP + cp. The data group itself while CP = 1.
+std::vector<int> grad_reduce_group(const GridShape& shape, int rank);
+// First and last pipeline stage with the same tp, cp, dp (one rank when PP == 1). For a rank of a
 // middle stage this is its column's group, which does not contain `rank` (not a member).
 std::vector<int> embedding_group(const GridShape& shape, int rank);
 
@@ -53,8 +63,8 @@ std::vector<int> embedding_group(const GridShape& shape, int rank);
 // the expert group (all-to-all); an expert's gradient is reduced over the expert-data group,
 // the DP/EP ranks of the column with the same expert rank. Both throw trident::Error naming
 // parallel.expert when EP does not divide DP.
-std::vector<int> expert_group(const GridShape& shape, int ep, int rank);       // same tp, pp, dp/EP
-std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank);  // same tp, pp, dp%EP
+std::vector<int> expert_group(const GridShape& shape, int ep, int rank);  // same tp,cp,pp, dp/EP
+std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank);  // same .., dp%EP
 
 // The vocabulary size rounded up to a multiple of vocab_multiple * tp (the embedding and the
 // output layer hold padded/tp rows per tensor rank). Throws trident::Error if any value is < 1.

@@ -81,7 +81,10 @@ ProcessGrid::ProcessGrid(MPI_Comm world, const Config& config) {
        config.model);
 }
 
-ProcessGrid::~ProcessGrid() = default;
+ProcessGrid::~ProcessGrid() {
+  // Groups before the world they were split from: the reverse of table order.
+  while (!owned_.empty()) owned_.pop_back();
+}
 
 void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_node,
                        const ModelConfig& model) {
@@ -179,18 +182,7 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
     if (uniform) validate_layout(shape_, world_size, node_size[0], model);
   }
   // Every tensor group inside one node (catches uneven nodes and ranks placed round-robin).
-  for (int r = 0; r < world_size; ++r) {
-    const int first = r - r % shape_.tp;
-    if (node_of_[r] != node_of_[first]) {
-      std::ostringstream m;
-      m << "parallel.tensor = " << shape_.tp << ": the tensor-parallel group of ranks " << first
-        << "-" << first + shape_.tp - 1 << " spans node " << node_of_[first] << " ("
-        << host_of_[first] << ") and node " << node_of_[r] << " (" << host_of_[r]
-        << "); a tensor group must not cross a node (place ranks node by node, each node "
-           "holding a multiple of parallel.tensor ranks)";
-      throw Error(m.str());
-    }
-  }
+  check_inside_nodes(shape_, node_of_, host_of_);
   node_ = node_of_[rank_];
   local_rank_ = local_of_[rank_];
   ranks_per_node_ = node_size[node_];
@@ -205,43 +197,38 @@ void ProcessGrid::init(MPI_Comm world, const GridShape& shape, int ranks_per_nod
   }
   core_share_ = share_cores(machine, me, mine.cpus);
 
-  // 3. The group communicators. Colors number the groups, keys give the group-rank order of
-  //    the pure functions in grid.hpp.
+  // 4. The table and its communicators, in table order: collective over `world`, the same
+  //    order on every rank. A group's color is its lowest world rank, its key this rank's
+  //    index (the group-rank order of the pure functions in grid.hpp).
+  dims_ = ParallelDims(shape_, rank_);
+  dims_.placement = placement();
   MPI_Comm dup = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(world, &dup), "MPI_Comm_dup");
-  world_ = std::make_unique<MpiCommunicator>(dup, "world", true);
-  const GridShape& s = shape_;
-  const GridCoord& c = coord_;
-  MPI_Comm w = world_->comm();
-  tensor_ = split(w, c.dp * s.pp + c.pp, c.tp, "tensor");
-  pipeline_ = split(w, c.dp * s.tp + c.tp, c.pp, "pipeline");
-  data_ = split(w, c.pp * s.tp + c.tp, c.dp, "data");
-  model_ = split(w, c.dp, c.pp * s.tp + c.tp, "model");
-  const bool end_stage = c.pp == 0 || c.pp == s.pp - 1;
-  embedding_ = split(w, end_stage ? c.dp * s.tp + c.tp : MPI_UNDEFINED, c.pp, "embedding");
-  if (s.ep > 1) {
-    const int column = c.pp * s.tp + c.tp, columns = s.pp * s.tp;
-    expert_ = split(w, c.dp / s.ep * columns + column, c.dp % s.ep, "expert");
-    expert_data_ = split(w, c.dp % s.ep * columns + column, c.dp / s.ep, "expert_data");
+  auto world_comm = std::make_unique<MpiCommunicator>(dup, "world", true);
+  world_ = world_comm.get();
+  dims_.mpi_world = world_->comm();
+  for (DimGroup& g : dims_) {
+    if (g.dim == Dim::World) {
+      owned_.push_back(std::move(world_comm));
+      g.host = world_;
+    } else if (g.shared()) {
+      g.host = dims_[g.shares].host;
+    } else if (g.formed) {
+      const int color =
+          g.member() ? *std::min_element(g.ranks.begin(), g.ranks.end()) : MPI_UNDEFINED;
+      if (std::unique_ptr<Communicator> c = split(world_->comm(), color, g.index, g.name)) {
+        owned_.push_back(std::move(c));
+        g.host = owned_.back().get();
+      }
+    }
   }
 }
 
 const std::string& ProcessGrid::host() const { return host_of_[rank_]; }
 
-std::vector<Communicator*> ProcessGrid::communicators() {
-  std::vector<Communicator*> v{world_.get(), tensor_.get(), pipeline_.get(), data_.get(),
-                               model_.get()};
-  for (Communicator* c : {embedding_.get(), expert_.get(), expert_data_.get()})
-    if (c) v.push_back(c);
-  return v;
-}
-
 std::vector<const Communicator*> ProcessGrid::communicators() const {
-  std::vector<const Communicator*> v{world_.get(), tensor_.get(), pipeline_.get(), data_.get(),
-                                     model_.get()};
-  for (const Communicator* c : {embedding_.get(), expert_.get(), expert_data_.get()})
-    if (c) v.push_back(c);
-  return v;
+  const std::vector<Communicator*> all = dims_.host_communicators();
+  return {all.begin(), all.end()};
 }
 
 void ProcessGrid::reset_stats() {

@@ -24,6 +24,7 @@
 #include "config/config.hpp"
 #include "grid/core_share.hpp"
 #include "grid/grid.hpp"
+#include "grid/parallel_dims.hpp"
 
 namespace trident {
 
@@ -60,29 +61,34 @@ class ProcessGrid {
   // the default of train.threads.
   const CoreShare& core_share() const { return core_share_; }
 
+  // This rank's table of parallel dimensions (grid/parallel_dims.hpp): every group's size, index,
+  // ranks and communicator, the MPI world and the node placement. The communicators are the
+  // grid's: a copy of the table is valid while the grid lives.
+  const ParallelDims& dims() const { return dims_; }
+
   // Group communicators; group rank order = grid.hpp's *_group() order.
   Communicator& world() { return *world_; }       // all ranks
   // The MPI communicator behind world() (the grid's duplicate of the caller's), for what
   // needs MPI itself: collective parallel-HDF5 checkpoint I/O and the GPU selection.
   MPI_Comm world_mpi() const { return world_->comm(); }
-  Communicator& tensor() { return *tensor_; }     // same pp, dp; rank = tp
-  Communicator& pipeline() { return *pipeline_; } // same tp, dp; rank = pp
-  Communicator& data() { return *data_; }         // same tp, pp; rank = dp
-  Communicator& model() { return *model_; }       // same dp;  rank = pp * TP + tp
+  Communicator& tensor() { return *dims_.tensor().host; }      // rank = tp
+  Communicator& pipeline() { return *dims_.pipeline().host; }  // rank = pp
+  Communicator& data() { return *dims_.data().host; }          // rank = dp
+  Communicator& model() { return *dims_.model().host; }        // rank = pp * TP + tp
   // First and last stage of this rank's (tp, dp) column (tied embedding gradients): rank 0 =
   // first stage, 1 = last stage; a one-rank group when PP == 1. nullptr on a middle stage,
   // which is not a member.
-  Communicator* embedding() { return embedding_.get(); }
-  bool in_embedding_group() const { return embedding_ != nullptr; }
+  Communicator* embedding() { return dims_.embedding().host; }
+  bool in_embedding_group() const { return dims_.embedding().host != nullptr; }
   // Expert parallelism (shape().ep > 1; grid.hpp): the expert group (rank = dp % EP: the
   // expert rank) and the expert-data group (same tp, pp, dp % EP; rank = dp / EP). nullptr
   // when EP = 1.
-  Communicator* expert() { return expert_.get(); }
-  Communicator* expert_data() { return expert_data_.get(); }
+  Communicator* expert() { return dims_.expert().host; }
+  Communicator* expert_data() { return dims_.expert_data().host; }
 
-  // world, tensor, pipeline, data, model, embedding (when a member), expert and expert_data
-  // (EP > 1), in that order.
-  std::vector<Communicator*> communicators();
+  // Every communicator of the table once, in table order (world, tensor, pipeline, data, model,
+  // embedding when a member, expert and expert_data when EP > 1).
+  std::vector<Communicator*> communicators() { return dims_.host_communicators(); }
   std::vector<const Communicator*> communicators() const;
   void reset_stats();
 
@@ -108,9 +114,10 @@ class ProcessGrid {
   std::vector<int> node_of_;           // world rank -> node id
   std::vector<int> local_of_;          // world rank -> rank within node
   std::vector<std::string> host_of_;   // world rank -> processor name
-  std::unique_ptr<MpiCommunicator> world_;
-  std::unique_ptr<Communicator> tensor_, pipeline_, data_, model_, embedding_;
-  std::unique_ptr<Communicator> expert_, expert_data_;
+  ParallelDims dims_;
+  // The communicators the table points to, in table order (freed in reverse, world last).
+  std::vector<std::unique_ptr<Communicator>> owned_;
+  MpiCommunicator* world_ = nullptr;  // owned_[0]
 };
 
 // A table of the counters of `comms` (one line per group and operation with calls > 0:

@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "grid/parallel_dims.hpp"
 #include "train/metrics_log.hpp"
-#include "train/trainer.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -25,12 +27,13 @@ double now_seconds() {
 
 // TRIDENT_TEST_SLOW_RANK = "rank:ms": the delay for world rank `rank` (0 for the others).
 int slow_ms_from_env(int rank) {
-  const char* v = std::getenv(kSlowRankEnv);
-  if (v == nullptr || *v == '\0') return 0;
+  const std::string v = test_hook(TestHook::SlowRank);
+  if (v.empty()) return 0;
   int r = -1, ms = -1;
   char extra = 0;
-  if (std::sscanf(v, "%d:%d%c", &r, &ms, &extra) != 2 || r < 0 || ms < 0)
-    throw Error(std::string(kSlowRankEnv) + "='" + v + "' is not rank:milliseconds");
+  if (std::sscanf(v.c_str(), "%d:%d%c", &r, &ms, &extra) != 2 || r < 0 || ms < 0)
+    throw Error(std::string(test_hook_variable(TestHook::SlowRank)) + "='" + v +
+                "' is not rank:milliseconds");
   return r == rank ? ms : 0;
 }
 
@@ -92,18 +95,12 @@ nlohmann::json straggler_record(int64_t last_step, int64_t steps,
           {"compute_ms", compute_ms}, {"comm_ms", comm_ms}, {"slowest", slowest}};
 }
 
-std::vector<const Communicator*> timed_communicators(const TrainerGroups& groups,
-                                                     const Backend& backend,
+std::vector<const Communicator*> timed_communicators(const ParallelDims& groups,
                                                      const Config& config) {
   std::vector<const Communicator*> out;
-  auto add = [&out](const Communicator* c) {
-    if (c && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  };
-  for (const Communicator* c : {groups.world, groups.tensor, groups.pipeline, groups.data,
-                                groups.model_parallel, groups.embedding})
-    add(c);
+  for (const Communicator* c : groups.host_communicators()) out.push_back(c);
   if (config.train.device == "cuda" && config.parallel.comm == "nccl")
-    for (const auto& c : backend.owned) add(c.get());
+    for (const Communicator* c : groups.device_communicators()) out.push_back(c);
   return out;
 }
 

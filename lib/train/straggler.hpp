@@ -13,8 +13,8 @@
 // rank shows a high compute score; its peers, which wait for it inside collectives, show a
 // high communication score.
 //
-// Test hook (tests only, not a user setting): TRIDENT_TEST_SLOW_RANK = "rank:ms" makes world
-// rank `rank` sleep that many milliseconds per step (counted as compute).
+// Test hook (util/test_hooks.hpp): TRIDENT_TEST_SLOW_RANK = "rank:ms" makes world rank `rank`
+// sleep that many milliseconds per step (counted as compute).
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -24,11 +24,8 @@ namespace trident {
 
 class Communicator;
 class MetricsLog;
-struct Backend;
+class ParallelDims;
 struct Config;
-struct TrainerGroups;
-
-inline constexpr const char* kSlowRankEnv = "TRIDENT_TEST_SLOW_RANK";
 
 struct RankScore {
   int rank = 0;
@@ -49,11 +46,10 @@ nlohmann::json straggler_record(int64_t last_step, int64_t steps,
                                 const std::vector<double>& compute_ms,
                                 const std::vector<double>& comm_ms, int shown = 3);
 
-// The communicators whose seconds are a trainer rank's communication time: the groups' (each
-// once), and on a GPU run over NCCL the device communicators (staged MPI ones are counted by
-// the groups' communicators they run on).
-std::vector<const Communicator*> timed_communicators(const TrainerGroups& groups,
-                                                     const Backend& backend,
+// The communicators whose seconds are a trainer rank's communication time: every host
+// communicator of the table once, and on a GPU run over NCCL its device communicators (staged
+// MPI ones are counted by the host communicators they run on).
+std::vector<const Communicator*> timed_communicators(const ParallelDims& groups,
                                                      const Config& config);
 
 class StragglerReport {

@@ -15,7 +15,6 @@
 #include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "config/schema.hpp"
-#include "grid/process_grid.hpp"
 #include "tokenizer/bpe_tokenizer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/generation.hpp"
@@ -27,98 +26,78 @@
 #include "pipeline/simulator.hpp"
 #include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 namespace trident {
 
-TrainerGroups TrainerGroups::from_grid(ProcessGrid& grid) {
-  const GridCoord c = grid.coord();
-  const GridShape s = grid.shape();
-  return {&grid.world(), &grid.tensor(), &grid.pipeline(), &grid.data(), &grid.model(),
-          grid.embedding(), c.tp, s.tp, c.pp, s.pp, c.dp, s.dp,
-          grid.world_mpi(), grid.expert(),
-          grid.expert_data(), c.dp % s.ep, s.ep, grid.placement()};
-}
-
-SelfGroups::SelfGroups()
-    : world_(make_self_communicator("world")),
-      tensor_(make_self_communicator("tensor")),
-      pipeline_(make_self_communicator("pipeline")),
-      data_(make_self_communicator("data")),
-      model_(make_self_communicator("model")),
-      embedding_(make_self_communicator("embedding")) {}
-
-TrainerGroups SelfGroups::groups() {
-  return {world_.get(), tensor_.get(), pipeline_.get(), data_.get(), model_.get(),
-          embedding_.get(), 0, 1, 0, 1, 0, 1, MPI_COMM_SELF, nullptr, nullptr, 0, 1,
-          NodePlacement{}};
-}
-
-Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make)
+Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory& make)
     : config_(config),
       groups_(groups),
       guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
       skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
-  if (const char* corrupt = std::getenv("TRIDENT_TEST_CORRUPT_BATCHES")) {
-    std::string list = "[";  // "7,8" -> "[7,8]"
-    list.append(corrupt).append("]");
-    test_corrupt_batches_ = parse_skip_list(list, "TRIDENT_TEST_CORRUPT_BATCHES");
-  }
+  if (const std::string corrupt = test_hook(TestHook::CorruptBatches); !corrupt.empty())
+    // "7,8" -> "[7,8]"
+    test_corrupt_batches_ = parse_skip_list("[" + corrupt + "]",
+                                            test_hook_variable(TestHook::CorruptBatches));
   const ModelConfig& m = config.model;
-  const bool sequence_parallel = config.parallel.sequence_parallel && groups.tp_size > 1;
-  if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tp_size != 0)
+  const bool sequence_parallel = config.parallel.sequence_parallel && groups.tensor().size > 1;
+  if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tensor().size != 0)
     throw Error(config.source + ": parallel.sequence_parallel = true needs train.micro_batch * "
                 "model.seq_len (" + std::to_string(config.train.micro_batch * m.seq_len) +
-                ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
-  const auto counts = stage_split(m, groups.pp_size, config.parallel.pipeline_layers,
+                ") divisible by parallel.tensor (" + std::to_string(groups.tensor().size) + ")");
+  const auto counts = stage_split(m, groups.pipeline().size, config.parallel.pipeline_layers,
                                   config.parallel.pipeline_balance);
-  const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
+  const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pipeline().index);
   ModelShard shard;
-  shard.tp_rank = groups.tp_rank;
-  shard.tp_size = groups.tp_size;
+  shard.tp_rank = groups.tensor().index;
+  shard.tp_size = groups.tensor().size;
   shard.layer_begin = layer_begin;
   shard.layer_end = layer_end;
-  shard.has_embedding = groups.pp_rank == 0;
-  shard.has_head = groups.pp_rank == groups.pp_size - 1;
+  shard.has_embedding = groups.pipeline().index == 0;
+  shard.has_head = groups.pipeline().index == groups.pipeline().size - 1;
   shard.sequence_parallel = sequence_parallel;
   shard.recompute = parse_recompute(config.train.recompute);
   shard.lm_head_chunk_rows = config.train.lm_head_chunk_rows;
   shard.tp_overlap = config.parallel.tp_overlap;
-  shard.ep_rank = groups.ep_rank;
-  shard.ep_size = groups.ep_size;
+  shard.ep_rank = groups.expert().index;
+  shard.ep_size = groups.expert().size;
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (config.parallel.schedule == "interleaved")
-    shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,
+    shard.chunks = stage_layer_chunks(m.layers, groups.pipeline().size,
                                       static_cast<int>(config.parallel.virtual_stages),
-                                      groups.pp_rank);
+                                      groups.pipeline().index);
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
   {
-    const int rank = groups.world->rank();
+    const int rank = groups.world().index;
     std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
     if (problem.empty())
       // Host memory holds the model on the CPU only; a GPU rank's model lives in device memory,
       // whose allocation failures name the device.
-      problem = rank_memory_problem(config, shard, rank, groups.dp_size,
+      problem = rank_memory_problem(config, shard, rank, groups.data().size,
                                     config.train.device == "cpu" ? physical_memory_bytes() : 0.0,
-                                    groups.pp_rank);
+                                    groups.pipeline().index);
     ckpt::agree_or_throw(groups.mpi_world, problem);
   }
   backend_ = make(config, groups, shard);
+  groups_.set_device(backend_.comms);
   model_ = backend_.model.get();
-  model_->set_expert_group(backend_.expert);
+  model_->set_expert_group(groups_.expert().device);
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
-  if (groups.pp_size > 1 && backend_.embedding && m.tie_embeddings) {
+  if (groups.pipeline().size > 1 && groups_.embedding().device && m.tie_embeddings) {
     // The tied embedding starts identical on the first and the last stage: the counter-based
     // init makes it so already; the broadcast keeps it so whatever produced the weights.
     const ParamInfo& wte = model_->param("embedding.token.weight");
-    backend_.embedding->broadcast(model_->weights() + wte.offset, wte.numel(), DType::F32, 0);
+    groups_.embedding().device->broadcast(model_->weights() + wte.offset, wte.numel(),
+                                          DType::F32, 0);
   }
   model_->weights_changed();
   sync_ = std::make_unique<GradientSync>(
       model_->params(), model_->flat_size(),
-      ReplicaGroups{backend_.data, backend_.expert, backend_.expert_data},
+      ReplicaGroups{groups_.data().device, groups_.expert().device,
+                    groups_.expert_data().device},
       config.parallel.dp_bucket_mb, config.optim.zero_stage == 1, device);
   optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
 
@@ -133,7 +112,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   }
   if (is_logging_rank()) log_blend_shares();
   executor_ = std::make_unique<PipelineExecutor>(
-      *model_, *backend_.pipeline, parse_schedule_kind(config.parallel.schedule),
+      *model_, *groups_.pipeline().device, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
   // Data-parallel reduction overlaps the last backward, except under sequence parallelism:
   // there the LayerNorm gradients are complete only after their sum over the tensor group,
@@ -141,7 +120,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   if (!sequence_parallel)
     executor_->set_last_backward_hook(
         [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
-  flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
+  flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tensor().size)) *
                     static_cast<double>(config.tokens_per_step());
   // An empty log.dir: no metrics log (`trident eval` builds a trainer that never trains).
   if (is_logging_rank() && !config.log.dir.empty()) {
@@ -152,17 +131,14 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
 }
 
 void Trainer::start_trace() {
-  const std::string track = "rank " + std::to_string(groups_.world->rank()) + " (tp " +
-                            std::to_string(groups_.tp_rank) + ", pp " +
-                            std::to_string(groups_.pp_rank) + ", dp " +
-                            std::to_string(groups_.dp_rank) + ")";
+  const std::string track = "rank " + std::to_string(groups_.world().host->rank()) + " (tp " +
+                            std::to_string(groups_.tensor().index) + ", pp " +
+                            std::to_string(groups_.pipeline().index) + ", dp " +
+                            std::to_string(groups_.data().index) + ")";
   trace_ = std::make_unique<TimelineTrace>(groups_.mpi_world, config_.log.trace_steps[0],
                                            config_.log.trace_steps[1], track);
-  for (Communicator* comm : {groups_.world, groups_.tensor, groups_.pipeline, groups_.data,
-                             groups_.model_parallel, groups_.embedding, backend_.tensor,
-                             backend_.pipeline, backend_.data, backend_.embedding})
-    if (comm) trace_->install_on(*comm);
-  for (const auto& comm : backend_.owned) trace_->install_on(*comm);
+  for (Communicator* comm : groups_.host_communicators()) trace_->install_on(*comm);
+  for (Communicator* comm : groups_.device_communicators()) trace_->install_on(*comm);
   executor_->set_op_observer(
       [trace = trace_.get()](const PipeOp& op, TimelineTrace::Clock::time_point start,
                              TimelineTrace::Clock::time_point end) {
@@ -207,8 +183,8 @@ void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
   const ModelShard& shard = model_->shard();
   if (!shard.has_embedding && !shard.has_head) return;
   const int64_t mb = config_.train.micro_batch, T = config_.model.seq_len;
-  const int64_t first = BatchSampler::first_sample(config_.train.global_batch, groups_.dp_rank,
-                                                   groups_.dp_size, micro, mb);
+  const int64_t first = BatchSampler::first_sample(config_.train.global_batch, groups_.data().index,
+                                                   groups_.data().size, micro, mb);
   for (int64_t b = 0; b < mb; ++b)
     data.window(step, first + b, tokens + b * T, targets + b * T);
 }
@@ -233,8 +209,8 @@ std::vector<float> Trainer::host_grads() {
 }
 
 double Trainer::from_last_stage(double value) {
-  if (groups_.pp_size > 1)
-    groups_.pipeline->broadcast(&value, 1, DType::F64, groups_.pp_size - 1);
+  if (groups_.pipeline().size > 1)
+    groups_.pipeline().host->broadcast(&value, 1, DType::F64, groups_.pipeline().size - 1);
   return value;
 }
 
@@ -251,19 +227,20 @@ double Trainer::forward_backward(int64_t step) {
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
   // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
   for (const ParamInfo& p : model.params())
-    if (p.tensor_partial_grad) backend_.tensor->all_reduce_sum(model.grads() + p.offset, p.numel());
-  if (groups_.pp_size > 1 && backend_.embedding && config_.model.tie_embeddings) {
+    if (p.tensor_partial_grad)
+      groups_.tensor().device->all_reduce_sum(model.grads() + p.offset, p.numel());
+  if (groups_.pipeline().size > 1 && groups_.embedding().device && config_.model.tie_embeddings) {
     // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
     // hold part of its gradient: sum them so both copies take the same update. It sits at
     // offset 0, in the bucket data parallelism reduces last.
     const ParamInfo& wte = model.param("embedding.token.weight");
-    backend_.embedding->all_reduce_sum(model.grads() + wte.offset, wte.numel());
+    groups_.embedding().device->all_reduce_sum(model.grads() + wte.offset, wte.numel());
   }
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
   double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
-  if (groups_.dp_size > 1) {
-    groups_.data->all_reduce_sum(&loss, 1);
-    loss /= groups_.dp_size;
+  if (groups_.data().size > 1) {
+    groups_.data().host->all_reduce_sum(&loss, 1);
+    loss /= groups_.data().size;
   }
   sync_->finish(model.grads());
   if (!test_corrupt_batches_.empty()) corrupt_for_test(step, loss);
@@ -290,7 +267,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   // embedding on the first stage only; under ZeRO-1 the slices over the data group too, and
   // different experts over the expert group.
   double square_sum = sync_->square_sum(model.params(), grads, host_replicas());
-  groups_.model_parallel->all_reduce_sum(&square_sum, 1);
+  groups_.model().host->all_reduce_sum(&square_sum, 1);
   const double grad_norm = std::sqrt(square_sum);
   const double lr =
       learning_rate(config_.optim, config_.train.steps, step) * rollback_lr_factor();
@@ -299,7 +276,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   // reaches the weights, the moments or a checkpoint. The inputs are global values; the
   // all-reduce makes sure every rank acts on the same verdict.
   int32_t bad = guard_.is_bad(loss, grad_norm);
-  groups_.world->all_reduce(&bad, 1, DType::I32, ReduceOp::Max);
+  groups_.world().host->all_reduce(&bad, 1, DType::I32, ReduceOp::Max);
   guard_.record(loss, bad != 0);
   if (!bad) {
     const double clip = config_.optim.grad_clip;
@@ -340,10 +317,10 @@ void Trainer::moe_metrics(StepMetrics& m) {
   for (int64_t e = 0; e < E && e < static_cast<int64_t>(step_moe_.load.size()); ++e)
     v[3 + e] = static_cast<double>(step_moe_.load[e]);
   const int64_t n = static_cast<int64_t>(v.size());
-  if (groups_.pp_size > 1) groups_.pipeline->all_reduce_sum(v.data(), n);
-  if (groups_.dp_size > 1) groups_.data->all_reduce_sum(v.data(), n);
+  if (groups_.pipeline().size > 1) groups_.pipeline().host->all_reduce_sum(v.data(), n);
+  if (groups_.data().size > 1) groups_.data().host->all_reduce_sum(v.data(), n);
   const double replicas_microbatches =
-      static_cast<double>(groups_.dp_size) * static_cast<double>(config_.num_microbatches());
+      static_cast<double>(groups_.data().size) * static_cast<double>(config_.num_microbatches());
   double total = 0.0, lo = INFINITY, hi = 0.0;
   for (int64_t e = 0; e < E; ++e) {
     total += v[3 + e];
@@ -367,7 +344,7 @@ StepMetrics Trainer::train_step(int64_t step) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.ms_per_step = seconds * 1e3;
   m.tokens_per_s = static_cast<double>(config_.tokens_per_step()) / seconds;
-  m.gflops_per_rank = flops_per_step_ / seconds / 1e9 / groups_.world->size();
+  m.gflops_per_rank = flops_per_step_ / seconds / 1e9 / groups_.world().host->size();
   return m;
 }
 
@@ -397,7 +374,7 @@ std::optional<double> Trainer::evaluate() {
     // A stop request is honoured between evaluation batches too (eval.steps may be large):
     // all ranks agree, as between steps, and the evaluation is abandoned.
     int32_t stop = stop_check_ && stop_check_();
-    groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+    groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
     if (stop) {
       if (is_logging_rank()) {
         std::printf("evaluation stopped after %lld of %lld batches (stop requested)\n",
@@ -413,9 +390,9 @@ std::optional<double> Trainer::evaluate() {
   }
   double loss =
       from_last_stage(loss_sum / static_cast<double>(micro_batches * config_.eval.steps));
-  if (groups_.dp_size > 1) {
-    groups_.data->all_reduce_sum(&loss, 1);
-    loss /= groups_.dp_size;
+  if (groups_.data().size > 1) {
+    groups_.data().host->all_reduce_sum(&loss, 1);
+    loss /= groups_.data().size;
   }
   return loss;
 }
@@ -425,8 +402,8 @@ RunOutcome Trainer::run() {
   const auto started = Clock::now();
   const int64_t steps = config_.train.steps;
   const CheckpointConfig& ck = config_.checkpoint;
-  StragglerReport straggler(config_.log.straggler_interval, *groups_.world,
-                            timed_communicators(groups_, backend_, config_), log_.get());
+  StragglerReport straggler(config_.log.straggler_interval, *groups_.world().host,
+                            timed_communicators(groups_, config_), log_.get());
   for (int64_t step = start_step_; step < steps; ++step) {
     StepMetrics m = train_step(step);
     train_seconds_ += m.ms_per_step / 1e3;
@@ -446,7 +423,8 @@ RunOutcome Trainer::run() {
       }
     }
     const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
-    if (log_step && groups_.pp_size > 1) m.pipeline_bubble = interval_bubbles();  // all ranks
+    if (log_step && groups_.pipeline().size > 1)
+      m.pipeline_bubble = interval_bubbles();  // all ranks
     if (log_ && log_step) {
       const int64_t samples_done = (step + 1) * config_.train.global_batch;
       if (train_data_->size() > 1)
@@ -477,7 +455,7 @@ RunOutcome Trainer::run() {
                     minutes >= config_.train.exit_after_minutes) ||
                    (config_.train.exit_interval > 0 &&
                     (step + 1) % config_.train.exit_interval == 0);
-    groups_.world->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+    groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
     // No periodic checkpoint inside a streak of bad steps that may yet end in a rollback: the
     // checkpoint it reads must be from before the streak, so that its continuation is the run
     // without the streak's batches.
@@ -511,9 +489,9 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
   const float* weights = host_view(model.weights(), wn, weight_staging);
   const float* m = host_view(optimizer_->exp_avg().data(), sn, m_staging);
   const float* v = host_view(optimizer_->exp_avg_sq().data(), sn, v_staging);
-  const std::string layout = "tensor=" + std::to_string(groups_.tp_size) +
-                             " pipeline=" + std::to_string(groups_.pp_size) +
-                             " data=" + std::to_string(groups_.dp_size) +
+  const std::string layout = "tensor=" + std::to_string(groups_.tensor().size) +
+                             " pipeline=" + std::to_string(groups_.pipeline().size) +
+                             " data=" + std::to_string(groups_.data().size) +
                              " zero_stage=" + std::to_string(c.optim.zero_stage);
   auto fill = [&](CheckpointWriter& w) {
     // Every rank walks the global parameter list in the same order (the writes are
@@ -748,10 +726,10 @@ std::vector<double> Trainer::interval_bubbles() {
   double mine[2] = {st.wait_seconds - logged_wait_seconds_, st.busy_seconds - logged_busy_seconds_};
   logged_wait_seconds_ = st.wait_seconds;
   logged_busy_seconds_ = st.busy_seconds;
-  std::vector<double> all(2 * groups_.pp_size);
-  groups_.pipeline->all_gather(mine, all.data(), 2, DType::F64);
-  std::vector<double> bubbles(groups_.pp_size);
-  for (int s = 0; s < groups_.pp_size; ++s)
+  std::vector<double> all(2 * groups_.pipeline().size);
+  groups_.pipeline().host->all_gather(mine, all.data(), 2, DType::F64);
+  std::vector<double> bubbles(groups_.pipeline().size);
+  for (int s = 0; s < groups_.pipeline().size; ++s)
     bubbles[s] = all[2 * s + 1] > 0 ? all[2 * s] / all[2 * s + 1] : 0.0;
   return bubbles;
 }
@@ -761,8 +739,8 @@ std::string Trainer::pipeline_report() {
   const PipelineStats& st = executor_->stats();
   double mine[3] = {st.busy_seconds > 0 ? st.wait_seconds / st.busy_seconds : 0.0,
                     static_cast<double>(st.peak_in_flight), st.peak_activation_bytes / 1e6};
-  std::vector<double> all(3 * groups_.pp_size);
-  groups_.pipeline->all_gather(mine, all.data(), 3, DType::F64);
+  std::vector<double> all(3 * groups_.pipeline().size);
+  groups_.pipeline().host->all_gather(mine, all.data(), 3, DType::F64);
   // The idle fraction of the schedule in use with unit costs, F = B = W (a whole backward 2):
   // 1F1B and GPipe (p-1)/(m+p-1); ZB-H1's deferred weight gradients fill two thirds of that,
   // (p-1)/(3m+p-1), and so do ZB-H2's for m >= 2p-1 (its gain needs W < B); interleaved
@@ -770,13 +748,14 @@ std::string Trainer::pipeline_report() {
   // it for any p and m (the tests check it against these closed forms).
   const ScheduleKind kind = parse_schedule_kind(config_.parallel.schedule);
   const PipeSimResult unit =
-      simulate_pipeline(kind, groups_.pp_size, config_.num_microbatches(), {1.0, 2.0, 0.0, 1.0},
+      simulate_pipeline(kind, groups_.pipeline().size, config_.num_microbatches(),
+                        {1.0, 2.0, 0.0, 1.0},
                         static_cast<int>(config_.parallel.virtual_stages));
   const double theory = unit.ok ? unit.bubble_fraction() : -1.0;
   const char* formula = "simulated for F=B=W";
   std::string out;
   char line[256];
-  for (int s = 0; s < groups_.pp_size; ++s) {
+  for (int s = 0; s < groups_.pipeline().size; ++s) {
     std::snprintf(line, sizeof line,
                   "pipeline stage %d: bubble %.3f measured, %.3f theory %s | peak "
                   "%g micro-batches held, %.1f MB activations\n",
@@ -801,11 +780,11 @@ std::string Trainer::memory_report() {
                     executor_->stats().peak_activation_bytes / mb,
                     device().allocated_bytes() / mb,
                     device().peak_allocated_bytes() / mb};
-  std::vector<double> all(6 * groups_.world->size());
-  groups_.world->all_gather(mine, all.data(), 6, DType::F64);
+  std::vector<double> all(6 * groups_.world().host->size());
+  groups_.world().host->all_gather(mine, all.data(), 6, DType::F64);
   std::string out;
   char line[320];
-  for (int r = 0; r < groups_.world->size(); ++r) {
+  for (int r = 0; r < groups_.world().host->size(); ++r) {
     const double* a = &all[6 * r];
     std::snprintf(line, sizeof line,
                   "memory rank %d: parameters %.2f MB | gradients %.2f MB | optimizer state "

@@ -14,12 +14,13 @@
 #include "config/config.hpp"
 #include "data/blend.hpp"
 #include "grid/grid.hpp"
+#include "grid/parallel_dims.hpp"
 #include "model/architecture.hpp"
 #include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/grad_sync.hpp"
 #include "pipeline/executor.hpp"
-#include "train/backend.hpp"
+#include "runtime/backend.hpp"
 #include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
 #include "train/timeline_trace.hpp"
@@ -27,40 +28,6 @@
 namespace trident {
 
 class BpeTokenizer;
-
-class ProcessGrid;
-
-// The communicators the trainer uses, and this rank's place in the grid.
-struct TrainerGroups {
-  Communicator* world;
-  Communicator* tensor;
-  Communicator* pipeline;
-  Communicator* data;
-  Communicator* model_parallel;  // tensor x pipeline: the gradient norm's sum
-  Communicator* embedding;       // first + last stage; nullptr on middle stages
-  int tp_rank = 0, tp_size = 1;
-  int pp_rank = 0, pp_size = 1;
-  int dp_rank = 0, dp_size = 1;
-  MPI_Comm mpi_world = MPI_COMM_SELF;  // the job's ranks, for collective checkpoint I/O
-  // Expert parallelism (parallel.expert > 1; grid/grid.hpp): nullptr without.
-  Communicator* expert = nullptr;       // rank = ep_rank
-  Communicator* expert_data = nullptr;  // the replicas of this rank's experts
-  int ep_rank = 0, ep_size = 1;
-  // This rank's node and node-local rank, as the grid found them; one node for SelfGroups.
-  NodePlacement placement;
-
-  static TrainerGroups from_grid(ProcessGrid& grid);
-};
-
-// Groups of one rank each (the single-rank reference run of parity tests).
-class SelfGroups {
- public:
-  SelfGroups();
-  TrainerGroups groups();
-
- private:
-  std::unique_ptr<Communicator> world_, tensor_, pipeline_, data_, model_, embedding_;
-};
 
 // How a run ended: all steps done; stopped early (signal, time limit) after a checkpoint; or
 // diverged: the divergence guard asked for a rollback that could not be taken (no committed
@@ -71,11 +38,13 @@ class Trainer {
  public:
   // Builds the device, model and device communicators of train.device.
   using BackendFactory =
-      std::function<Backend(const Config&, const TrainerGroups&, const ModelShard&)>;
-  Trainer(const Config& config, TrainerGroups groups) : Trainer(config, groups, make_backend) {}
+      std::function<Backend(const Config&, const ParallelDims&, const ModelShard&)>;
+  // `groups`: this rank's table of dimensions (ProcessGrid::dims(), SelfGroups); the trainer
+  // adds the backend's device communicators to its copy.
+  Trainer(const Config& config, ParallelDims groups) : Trainer(config, groups, make_backend) {}
   // With another factory (tests: the CPU model behind the staged communicators of the GPU's
   // MPI path).
-  Trainer(const Config& config, TrainerGroups groups, const BackendFactory& make);
+  Trainer(const Config& config, ParallelDims groups, const BackendFactory& make);
 
   // Trains from start_step() to train.steps, logging, evaluating and checkpointing as
   // configured. Throws (every rank) when train.max_consecutive_skips steps in a row were
@@ -139,7 +108,7 @@ class Trainer {
   GradientSync& gradient_sync() { return *sync_; }
   // The host-memory communicators of the data-parallel replicas (scalars: norms, counts).
   ReplicaGroups host_replicas() const {
-    return {groups_.data, groups_.expert, groups_.expert_data};
+    return {groups_.data().host, groups_.expert().host, groups_.expert_data().host};
   }
   // Test hook: runs on this rank after the step's backward, before the gradient reductions
   // that follow it. Buckets above the first may already be in flight: touch only the first
@@ -163,7 +132,7 @@ class Trainer {
   int64_t batch_of(int64_t step) const { return batch_of_step(step, skipped_batches_); }
   double train_seconds() const { return train_seconds_; }  // in train steps, evaluation excluded
   int64_t steps_run() const { return steps_run_; }          // by run() in this process
-  bool is_logging_rank() const { return groups_.world->rank() == 0; }
+  bool is_logging_rank() const { return groups_.world().index == 0; }
   // "" unless writes of the run's log failed on this rank (MetricsLog::failure).
   std::string log_failure() const { return log_ ? log_->failure() : ""; }
   // Per-stage pipeline figures gathered on every rank: "stage p: bubble measured x, theory y".
@@ -200,7 +169,7 @@ class Trainer {
   void finish_trace(int64_t steps_done, bool run_over);
 
   Config config_;
-  TrainerGroups groups_;
+  ParallelDims groups_;  // device communicators set once backend_ is built
   std::shared_ptr<const BpeTokenizer> sample_tokenizer_;  // eval.sample_interval > 0
   Backend backend_;
   StageModel* model_ = nullptr;  // backend_.model

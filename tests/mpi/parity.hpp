@@ -32,7 +32,7 @@ void on_layout(const Config& config, Body body) {
   MPI_Comm_split(MPI_COMM_WORLD, world_rank / size, world_rank, &sub);
   {
     ProcessGrid grid(sub, config);
-    Trainer trainer(config, TrainerGroups::from_grid(grid));
+    Trainer trainer(config, grid.dims());
     body(trainer, grid);
   }
   MPI_Comm_free(&sub);

@@ -7,7 +7,7 @@
 // isend/irecv pairs (a send copies at post time), argument errors, and the counters against an
 // MpiCommunicator running the same calls; all_to_all_v (tests/mpi/staged_all_to_all_cases.hpp,
 // also run on 3 ranks by test_staged_comm_np3). Also the node placement the GPU backend takes
-// from the process grid (TrainerGroups::placement, filled by from_grid: one node detection for
+// from the process grid (ParallelDims::placement, filled by ProcessGrid: one node detection for
 // both backends).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -313,7 +313,7 @@ TEST(NodePlacement, TakenFromTheGrid) {
   }
   {
     ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, world}, 0, ModelConfig{});
-    const NodePlacement p = TrainerGroups::from_grid(grid).placement;
+    const NodePlacement p = grid.dims().placement;
     EXPECT_EQ(p.local_rank, rank);  // both ranks on this machine (detected)
     EXPECT_EQ(p.local_size, world);
     EXPECT_EQ(p.num_nodes, 1);
@@ -323,7 +323,7 @@ TEST(NodePlacement, TakenFromTheGrid) {
   {
     // parallel.ranks_per_node = 1: each rank its own simulated node, node-local rank 0.
     ProcessGrid grid(MPI_COMM_WORLD, GridShape{1, 1, world}, 1, ModelConfig{});
-    const NodePlacement p = TrainerGroups::from_grid(grid).placement;
+    const NodePlacement p = grid.dims().placement;
     EXPECT_EQ(p.local_rank, 0);
     EXPECT_EQ(p.local_size, 1);
     EXPECT_EQ(p.node, rank);

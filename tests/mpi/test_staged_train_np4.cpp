@@ -26,22 +26,15 @@ namespace {
 
 // What the GPU backend (cuda/cuda_backend.cpp, parallel.comm = "mpi") builds, over a strict
 // tracking device instead of a GPU.
-Backend staged_cpu_backend(const Config& config, const TrainerGroups& groups,
+Backend staged_cpu_backend(const Config& config, const ParallelDims& groups,
                            const ModelShard& shard) {
   Backend b;
   b.device = std::make_unique<testing_support::TrackingDevice>(/*strict=*/true);
-  auto staged = [&](Communicator* group) -> Communicator* {
-    if (group == nullptr) return group;
-    b.owned.push_back(make_device_communicator(*group, *b.device));
+  make_device_comms(config, groups, b, [&](Communicator& group, DeviceUse) {
+    b.owned.push_back(make_device_communicator(group, *b.device));
     return b.owned.back().get();
-  };
-  b.tensor = staged(groups.tensor);
-  b.pipeline = staged(groups.pipeline);
-  b.data = staged(groups.data);
-  b.embedding = staged(groups.embedding);
-  b.expert = staged(groups.expert);
-  b.expert_data = staged(groups.expert_data);
-  b.model = make_cpu_stage_model(config.model, shard, *b.tensor, *b.device);
+  });
+  b.model = make_cpu_stage_model(config.model, shard, *b.comm(Dim::Tensor), *b.device);
   return b;
 }
 
@@ -51,7 +44,7 @@ std::vector<double> losses_on(const Config& config, bool staged, int64_t steps) 
   std::vector<double> losses;
   {
     ProcessGrid grid(MPI_COMM_WORLD, config);
-    const TrainerGroups groups = TrainerGroups::from_grid(grid);
+    const ParallelDims& groups = grid.dims();
     Trainer t = staged ? Trainer(config, groups, staged_cpu_backend) : Trainer(config, groups);
     for (int64_t s = 0; s < steps; ++s) losses.push_back(t.train_step(s).loss);
     if (staged) {

@@ -10,6 +10,7 @@
 #include "kernels/cpu/blas.hpp"
 
 #include "kernels/cpu/vecmath.hpp"
+#include "util/test_hooks.hpp"
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -228,7 +229,7 @@ void settle_gemm_kernel(char** argv) {
   // Tests: TRIDENT_TEST_GEMM_CORENAME pretends OpenBLAS picked that kernel alone (to reach the
   // re-run on any machine); TRIDENT_TEST_GEMM_WRONG=1 pretends the forced kernel's results
   // were wrong.
-  const std::string pretend = env_or_empty("TRIDENT_TEST_GEMM_CORENAME");
+  const std::string pretend = test_hook(TestHook::GemmCorename);
   const std::string detected = pretend.empty() ? openblas_get_corename() : pretend;
   const GemmKernelPlan plan = plan_gemm_kernel(
       read_cpu_features(), env_or_empty("OPENBLAS_CORETYPE"), env_or_empty(kMarkerVariable),
@@ -245,7 +246,7 @@ void settle_gemm_kernel(char** argv) {
     return;
   }
   if (plan.action == Action::verify_forced &&
-      (env_or_empty("TRIDENT_TEST_GEMM_WRONG") == "1" || !gemm_results_correct())) {
+      (test_hook(TestHook::GemmWrong) == "1" || !gemm_results_correct())) {
     // A kernel that computes wrong results here is not kept: back to OpenBLAS's own choice.
     const std::string marker = "rejected:" + plan.coretype + ":" + detected;
     unsetenv("OPENBLAS_CORETYPE");

@@ -1,6 +1,5 @@
-#include "train/backend.hpp"
+#include "runtime/backend.hpp"
 
-#include "train/trainer.hpp"
 #include "util/error.hpp"
 
 #ifdef TRIDENT_HAVE_CUDA
@@ -45,24 +44,23 @@ namespace {
 
 // The GPU backend lives in libtrident_cuda.so (cuda/cuda_backend.hpp), loaded here on the
 // first GPU run of the process and kept for its lifetime (the objects it makes run its code).
-Backend load_cuda_backend(const Config& config, const TrainerGroups& groups,
+Backend load_cuda_backend(const Config& config, const ParallelDims& dims,
                           const ModelShard& shard) {
   const std::string who = config.source + ": train.device = \"cuda\"";
   auto make =
       reinterpret_cast<CudaModuleMakeFn>(cuda_module_function(who, kCudaModuleMakeSymbol));
   Backend b;
-  make(config, groups, shard, b);
+  make(config, dims, shard, b);
   return b;
 }
 
 }  // namespace
 #endif
 
-Backend make_backend(const Config& config, const TrainerGroups& groups,
-                     const ModelShard& shard) {
+Backend make_backend(const Config& config, const ParallelDims& dims, const ModelShard& shard) {
   if (config.train.device == "cuda") {
 #ifdef TRIDENT_HAVE_CUDA
-    return load_cuda_backend(config, groups, shard);
+    return load_cuda_backend(config, dims, shard);
 #else
     throw Error(config.source + ": train.device = \"cuda\", but this trident was built without "
                 "CUDA (nvcc was not found when it was configured; see docs/gpu.md)");
@@ -73,13 +71,9 @@ Backend make_backend(const Config& config, const TrainerGroups& groups,
                 "\" needs train.device = \"cuda\"; the CPU backend computes in fp32");
   Backend b;
   b.device = make_cpu_device();
-  b.tensor = groups.tensor;
-  b.pipeline = groups.pipeline;
-  b.data = groups.data;
-  b.embedding = groups.embedding;
-  b.expert = groups.expert;
-  b.expert_data = groups.expert_data;
-  b.model = make_cpu_stage_model(config.model, shard, *groups.tensor, *b.device);
+  // Host memory: the device communicators are the groups' own.
+  make_device_comms(config, dims, b, [](Communicator& host, DeviceUse) { return &host; });
+  b.model = make_cpu_stage_model(config.model, shard, *b.comm(Dim::Tensor), *b.device);
   return b;
 }
 

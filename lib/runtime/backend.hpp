@@ -1,7 +1,12 @@
 #pragma once
 // The device a rank computes on, its model shard there, and the communicators that carry that
-// device's buffers. The trainer talks to host-memory communicators (TrainerGroups) for scalars
-// (losses, norms, stop flags) and to these for weights, gradients and activations.
+// device's buffers, one per dimension of the table (grid/parallel_dims.hpp). The trainer talks
+// to the table's host communicators for scalars (losses, norms, stop flags) and to these for
+// weights, gradients and activations.
+//
+// lib/runtime/ sits between the grid, the model and the GPU module (lib/cuda) below, and the
+// trainer above: what the GPU module and the trainer both need of a rank's device (this header)
+// lives here, so that nothing below lib/train/ includes it.
 //
 //   train.device = "cpu":  host memory, the CPU transformer; the device communicators ARE the groups'.
 //   train.device = "cuda": one GPU (lib/cuda), fp32 or bf16 compute; NCCL communicators
@@ -14,27 +19,24 @@
 #include "comm/comm.hpp"
 #include "comm/comm_watch.hpp"
 #include "config/config.hpp"
+#include "grid/parallel_dims.hpp"
 #include "model/stage_model.hpp"
 #include "tensor/device.hpp"
 
 namespace trident {
 
-struct TrainerGroups;
-
 struct Backend {
   std::unique_ptr<Device> device;
-  // Communicators for device buffers; embedding is nullptr where the groups' is.
-  Communicator* tensor = nullptr;
-  Communicator* pipeline = nullptr;
-  Communicator* data = nullptr;
-  Communicator* embedding = nullptr;
-  Communicator* expert = nullptr;       // expert parallelism only (grid/grid.hpp)
-  Communicator* expert_data = nullptr;
+  // Per dimension, the communicator of its device buffers (carries_device_buffers), nullptr
+  // where the table has none; ParallelDims::set_device hands them to the table.
+  DeviceComms comms{};
   std::vector<std::unique_ptr<Communicator>> owned;  // those not borrowed from the groups
   std::unique_ptr<StageModel> model;
   // GPU runs: the communicators whose work the device's stream carries (comm/comm_watch.hpp),
   // shared with the device, its memory and the NCCL communicators; nullptr on the CPU.
   std::shared_ptr<CommWatch> watch;
+
+  Communicator* comm(Dim d) const { return comms[dim_index(d)]; }
 
   // Teardown, in this order: while an exception unwinds, the communicators are aborted FIRST
   // (a kernel of theirs may wait for a peer that is gone, and freeing device memory or
@@ -48,12 +50,7 @@ struct Backend {
   Backend& operator=(Backend&& other) {
     release();
     device = std::move(other.device);
-    tensor = other.tensor;
-    pipeline = other.pipeline;
-    data = other.data;
-    embedding = other.embedding;
-    expert = other.expert;
-    expert_data = other.expert_data;
+    comms = other.comms;
     owned = std::move(other.owned);
     model = std::move(other.model);
     watch = std::move(other.watch);
@@ -69,9 +66,31 @@ struct Backend {
   }
 };
 
+// Whether dimension `d` carries device buffers under `config`: its DeviceUse, and for the
+// embedding group a tied embedding (untied, it is idle).
+inline bool carries_device_buffers(Dim d, const Config& config) {
+  if (dim_spec(d).device == DeviceUse::None) return false;
+  return d != Dim::Embedding || config.model.tie_embeddings;
+}
+
+// Fills backend.comms from the table: `make(group, use)` gives the device communicator of a
+// group that carries device buffers and has a communicator, in table order (the same on every
+// rank: NCCL's initialisation is collective over each group); a shared entry takes its owner's.
+template <typename Make>
+void make_device_comms(const Config& config, const ParallelDims& dims, Backend& backend,
+                       Make make) {
+  for (const DimGroup& g : dims) {
+    Communicator*& c = backend.comms[dim_index(g.dim)];
+    if (g.shared())
+      c = backend.comms[dim_index(g.shares)];
+    else if (g.host && carries_device_buffers(g.dim, config))
+      c = make(*g.host, dim_spec(g.dim).device);
+  }
+}
+
 // Builds the backend train.device and train.precision name; throws trident::Error (naming the
 // key and config.source) for a combination this build or machine cannot run.
-Backend make_backend(const Config& config, const TrainerGroups& groups, const ModelShard& shard);
+Backend make_backend(const Config& config, const ParallelDims& dims, const ModelShard& shard);
 
 #ifdef TRIDENT_HAVE_CUDA
 // The C function `symbol` of the GPU module (<dir of the executable>/../lib/libtrident_cuda.so,
