@@ -31,6 +31,7 @@
 #include "train/checkpointing.hpp"
 #include "train/generation.hpp"
 #include "train/trainer.hpp"  // TrainerGroups
+#include "train/training_checkpoint.hpp"
 #include "util/error.hpp"
 
 namespace trident {
