@@ -17,6 +17,7 @@
 #include "train/startup_checks.hpp"
 #include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
+#include "optim/grad_finalize.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/simulator.hpp"
@@ -237,16 +238,10 @@ double Trainer::forward_backward(int64_t step) {
   });
   model.take_moe_stats(step_moe_);
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
-  // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
-  for (const ParamInfo& p : model.params())
-    if (p.tensor_partial_grad) backend_.tensor->all_reduce_sum(model.grads() + p.offset, p.numel());
-  if (groups_.pp_size > 1 && backend_.embedding && config_.model.tie_embeddings) {
-    // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
-    // hold part of its gradient: sum them so both copies take the same update. It sits at
-    // offset 0, in the bucket data parallelism reduces last.
-    const ParamInfo& wte = model.param("embedding.token.weight");
-    backend_.embedding->all_reduce_sum(model.grads() + wte.offset, wte.numel());
-  }
+  // Sequence parallelism's norms and the tied embedding's two copies (optim/grad_finalize.hpp).
+  const bool tied_across_stages = groups_.pp_size > 1 && config_.model.tie_embeddings;
+  sum_split_gradients(model.params(), model.grads(),
+                      {backend_.tensor, tied_across_stages ? backend_.embedding : nullptr});
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
   double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
   if (groups_.dp_size > 1) {
@@ -273,13 +268,8 @@ void Trainer::corrupt_for_test(int64_t step, double& loss) {
 StepMetrics Trainer::apply_update(int64_t step, double loss) {
   StageModel& model = *model_;
   float* grads = model.grads();
-  // Global gradient norm, every parameter counted once: sharded tensors summed over the tensor
-  // group, replicated ones on tensor rank 0 only, stages over the pipeline group, the tied
-  // embedding on the first stage only; under ZeRO-1 the slices over the data group too, and
-  // different experts over the expert group.
-  double square_sum = sync_->square_sum(model.params(), grads, host_replicas());
-  groups_.model_parallel->all_reduce_sum(&square_sum, 1);
-  const double grad_norm = std::sqrt(square_sum);
+  const double grad_norm = global_grad_norm(*sync_, model.params(), grads, host_replicas(),
+                                            *groups_.model_parallel);
   const double lr =
       learning_rate(config_.optim, config_.train.steps, step) * rollback_lr_factor();
   const auto optimizer_start = std::chrono::steady_clock::now();
@@ -290,8 +280,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   groups_.world->all_reduce(&bad, 1, DType::I32, ReduceOp::Max);
   guard_.record(loss, bad != 0);
   if (!bad) {
-    const double clip = config_.optim.grad_clip;
-    const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
+    const double scale = clip_scale(grad_norm, config_.optim.grad_clip);
     const bool copy_refreshed =
         optimizer_->update(model.weights(), grads, lr, scale, model.bf16_weights());
     sync_->all_gather_weights(model.weights());
