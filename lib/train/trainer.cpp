@@ -20,8 +20,8 @@
 #include "optim/grad_finalize.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/schedule.hpp"
+#include "pipeline/shard_plan.hpp"
 #include "pipeline/simulator.hpp"
-#include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -60,32 +60,9 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
     test_corrupt_batches_ = parse_skip_list(list, "TRIDENT_TEST_CORRUPT_BATCHES");
   }
   const ModelConfig& m = config.model;
-  const bool sequence_parallel = config.parallel.sequence_parallel && groups.tp_size > 1;
-  if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tp_size != 0)
-    throw Error(config.source + ": parallel.sequence_parallel = true needs train.micro_batch * "
-                "model.seq_len (" + std::to_string(config.train.micro_batch * m.seq_len) +
-                ") divisible by parallel.tensor (" + std::to_string(groups.tp_size) + ")");
-  const auto counts = stage_split(m, groups.pp_size, config.parallel.pipeline_layers,
-                                  config.parallel.pipeline_balance);
-  const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pp_rank);
-  ModelShard shard;
-  shard.tp_rank = groups.tp_rank;
-  shard.tp_size = groups.tp_size;
-  shard.layer_begin = layer_begin;
-  shard.layer_end = layer_end;
-  shard.has_embedding = groups.pp_rank == 0;
-  shard.has_head = groups.pp_rank == groups.pp_size - 1;
-  shard.sequence_parallel = sequence_parallel;
-  shard.recompute = parse_recompute(config.train.recompute);
-  shard.lm_head_chunk_rows = config.train.lm_head_chunk_rows;
-  shard.tp_overlap = config.parallel.tp_overlap;
-  shard.ep_rank = groups.ep_rank;
-  shard.ep_size = groups.ep_size;
-  // Interleaved: the stage's model chunks (virtual stages) in place of one range.
-  if (config.parallel.schedule == "interleaved")
-    shard.chunks = stage_layer_chunks(m.layers, groups.pp_size,
-                                      static_cast<int>(config.parallel.virtual_stages),
-                                      groups.pp_rank);
+  const ModelShard shard =
+      plan_model_shard(config, {groups.tp_rank, groups.tp_size, groups.pp_rank, groups.pp_size,
+                                groups.ep_rank, groups.ep_size});
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
@@ -134,7 +111,7 @@ Trainer::Trainer(const Config& config, TrainerGroups groups, const BackendFactor
   // Data-parallel reduction overlaps the last backward, except under sequence parallelism:
   // there the LayerNorm gradients are complete only after their sum over the tensor group,
   // which forward_backward runs after the backward.
-  if (!sequence_parallel)
+  if (!shard.sequence_parallel)
     executor_->set_last_backward_hook(
         [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tp_size)) *
