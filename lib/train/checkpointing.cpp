@@ -13,8 +13,8 @@
 namespace trident {
 
 ValueCheck checkpoint_value_check(const std::string& dataset) {
-  return dataset.rfind("/optim/exp_avg_sq/", 0) == 0 ? ValueCheck::FiniteNonNegative
-                                                      : ValueCheck::Finite;
+  const bool second_moment = dataset.rfind(std::string(kExpAvgSqRoot) + "/", 0) == 0;
+  return second_moment ? ValueCheck::FiniteNonNegative : ValueCheck::Finite;
 }
 
 ReaderOptions checkpoint_reader_options() {
