@@ -212,7 +212,8 @@ std::string model_config_difference(const ModelConfig& checkpoint, const ModelCo
     std::snprintf(buf, sizeof buf, "%.17g", v);
     return std::string(buf);
   };
-  auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  // Quoted with control characters escaped: the message stays one line (docs/fuzzing.md).
+  auto quoted = [](const std::string& s) { return config::toml_string(s); };
   auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
   // In schema order (config.hpp), each resolved as the model uses it.
   const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
