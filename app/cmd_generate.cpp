@@ -31,6 +31,7 @@
 #include "tokenizer/bpe_tokenizer.hpp"
 #include "train/checkpointing.hpp"
 #include "train/generation.hpp"
+#include "train/training_checkpoint.hpp"
 #include "util/error.hpp"
 #include "util/input_file.hpp"
 

@@ -37,10 +37,12 @@ int run(const char* checkpoint, const char* tokens_path, const char* logits_path
   const ModelConfig& m = meta.config.model;
   auto comm = make_self_communicator("tensor");
   CpuModel<float> model(m, ModelShard::whole(m), *comm);
-  for (const ParamInfo& p : model.params())
-    reader.read_tensor(dataset_path("/model", p.name), p.global_shape,
-                       param_runs(p, 0, p.numel(), p.offset),
-                       {model.weights(), static_cast<size_t>(model.flat_size())});
+  const std::span<float> weights(model.weights(), static_cast<size_t>(model.flat_size()));
+  // The whole model: every tensor is this rank's.
+  for_each_checkpoint_tensor(m, model.params(), [&](const CheckpointTensor& t) {
+    reader.read_tensor(t.dataset(kWeightsRoot), t.global.global_shape,
+                       param_runs(*t.local, 0, t.local->numel(), t.local->offset), weights);
+  });
   reader.close();
   model.weights_changed();
 

@@ -188,6 +188,25 @@ TEST_F(Checkpoint, BadFilesAndMismatchesAreClearErrors) {
   EXPECT_EQ(read_file(dir_ / "ckpt" / "latest"), "step_00000002.h5\n");
 }
 
+// Resume and train.init_from run the one compatibility check: every model key (a llama's
+// rope_theta too, which changes no tensor: resume took it before), the first that differs with
+// both values and the config file, then the first dataset a shape-changing key changes.
+TEST_F(Checkpoint, ResumeAndInitFromRefuseAnotherModelWithTheSameLine) {
+  const std::string llama = "--set model.arch=\"llama\" --set log.dir=" + (dir_ / "run").string();
+  ASSERT_EQ(run_command(train(llama + " --set train.steps=2")).exit_code, 0);
+  const std::string ck = checkpoint(2).string();
+  const std::string theta = llama + " --set model.rope_theta=500000";
+  const std::string key = "model.rope_theta = 10000 in the checkpoint but 500000 in " +
+                          config_.string();
+  expect_error(run_command(train(theta + " --resume " + ck)), "checkpoint '" + ck + "': " + key);
+  expect_error(run_command(train(theta + " --set checkpoint.dir= --set train.init_from=" + ck)),
+               "train.init_from '" + ck + "': " + key);
+  expect_error(run_command(train(llama + " --set model.width=64 --resume " + ck)),
+               "checkpoint '" + ck + "': model.width = 32 in the checkpoint but 64 in " +
+                   config_.string() + " (dataset '/model/embedding/token/weight': shape "
+                   "mismatch: expected [256, 64], found [256, 32])");
+}
+
 // ---- Second wave (issue 22): damaged and mismatched checkpoints, a full disk.
 
 namespace {

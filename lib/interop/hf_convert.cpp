@@ -531,8 +531,11 @@ std::string import_hf(const std::string& in_dir, const std::string& out_file,
   std::vector<std::byte> bytes;
   CheckpointWriter writer(out_file, comm);
   try {
-    for (const ParamInfo& p : global_parameters(config.model)) {
-      const std::string dataset = dataset_path("/model", p.name);
+    // The checkpoint's tensors in the walk's order (every rank makes every write), none of
+    // them held by a rank: each tensor is written in chunks spread over the ranks.
+    for_each_checkpoint_tensor(config.model, {}, [&](const CheckpointTensor& t) {
+      const ParamInfo& p = t.global;
+      const std::string dataset = t.dataset(kWeightsRoot);
       // The Hugging Face tensors this dataset is made of, cut into chunks of rows.
       std::vector<std::pair<const HfTensor*, RowChunk>> chunks;
       for (const HfTensor& t : tensors)
@@ -577,16 +580,16 @@ std::string import_hf(const std::string& in_dir, const std::string& out_file,
       const int64_t chunk = std::max<int64_t>(1, options.chunk_elements);
       const int64_t count = (numel + chunk - 1) / chunk;
       const std::vector<float> zeros(static_cast<size_t>(std::min(chunk, numel)), 0.0f);
-      for (const char* root : {"/optim/exp_avg", "/optim/exp_avg_sq"})
+      for (const char* root : {kExpAvgRoot, kExpAvgSqRoot})
         writer.write_tensor_in_passes(
-            dataset_path(root, p.name), p.global_shape, (count + size - 1) / size,
+            t.dataset(root), p.global_shape, (count + size - 1) / size,
             [&](int64_t round) -> CheckpointWriter::TensorPiece {
               const int64_t c = round * size + rank;
               if (c >= count) return {};
               const int64_t begin = c * chunk, length = std::min(chunk, numel - begin);
               return {{Run{0, begin, length}}, std::span<const float>(zeros.data(), length)};
             });
-    }
+    });
     CheckpointProgress progress;
     progress.layout = "imported from Hugging Face (" + in_dir + ")";
     write_checkpoint_attributes(writer, config, progress);

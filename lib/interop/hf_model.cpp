@@ -5,7 +5,7 @@
 
 #include "config/schema.hpp"
 #include "model/architecture.hpp"
-#include "train/checkpointing.hpp"
+#include "train/checkpoint_tensors.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -83,20 +83,22 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
   if (!m.is_llama() && m.kv_head_count() != m.heads)
     throw Error("model.kv_heads = " + std::to_string(m.kv_heads) + " (grouped-query attention) "
                 "has no GPT2LMHeadModel equivalent: gpt2 exports need kv_heads = heads");
-  std::map<std::string, std::vector<int64_t>> shapes;
-  for (const ParamInfo& p : global_parameters(m)) shapes[p.name] = p.global_shape;
+  std::map<std::string, std::vector<int64_t>> shapes;  // the checkpoint's, by parameter name
+  for_each_checkpoint_tensor(m, {}, [&](const CheckpointTensor& t) {
+    shapes[t.global.name] = t.global.global_shape;
+  });
   std::vector<HfTensor> out;
   // A whole dataset, or its transpose.
   auto whole = [&](const std::string& hf, const std::string& param, bool transposed = false) {
     const std::vector<int64_t>& shape = shapes.at(param);
     std::vector<int64_t> hf_shape = shape;
     if (transposed) hf_shape = {shape[1], shape[0]};
-    out.push_back({hf, hf_shape, dataset_path("/model", param), shape, 0, transposed});
+    out.push_back({hf, hf_shape, dataset_path(kWeightsRoot, param), shape, 0, transposed});
   };
   // Rows [begin, begin + rows) of a dataset.
   auto rows = [&](const std::string& hf, const std::string& param, int64_t begin, int64_t count) {
     const std::vector<int64_t>& shape = shapes.at(param);
-    out.push_back({hf, {count, shape[1]}, dataset_path("/model", param), shape, begin, false});
+    out.push_back({hf, {count, shape[1]}, dataset_path(kWeightsRoot, param), shape, begin, false});
   };
   if (!m.is_llama()) {
     // GPT2LMHeadModel: Conv1D weights hold [in, out], the transpose of Trident's [out, in].

@@ -1,100 +1,20 @@
 #include "train/checkpointing.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <map>
-#include <sstream>
 
 #include "config/schema.hpp"
 #include "data/blend.hpp"
 #include "model/architecture.hpp"
-#include "model/stage_model.hpp"
 #include "optim/lr_schedule.hpp"
 #include "train/divergence_guard.hpp"
 #include "util/error.hpp"
 
 namespace trident {
 
-std::string dataset_path(const std::string& root, const std::string& param_name) {
-  std::string path = root;
-  std::stringstream parts(param_name);
-  std::string part;
-  bool after_layers = false;
-  while (std::getline(parts, part, '.')) {
-    if (after_layers && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%03d", std::stoi(part));
-      part = buf;
-    }
-    after_layers = part == "layers";
-    path += "/" + part;
-  }
-  return path;
-}
-
-std::vector<Run> param_runs(const ParamInfo& p, int64_t begin, int64_t end, int64_t local_base) {
-  // Candidate runs from the shard map, one per block (row split, replicated) or per row and
-  // block (column split), clipped to [begin, end); adjacent ones merged.
-  std::vector<Run> runs;
-  auto add = [&](int64_t local, int64_t global, int64_t length) {
-    const int64_t lo = std::max(local, begin), hi = std::min(local + length, end);
-    if (lo >= hi) return;
-    const Run run{local_base + (lo - begin), global + (lo - local), hi - lo};
-    if (!runs.empty()) {
-      Run& last = runs.back();
-      if (last.local_offset + last.length == run.local_offset &&
-          last.global_offset + last.length == run.global_offset) {
-        last.length += run.length;
-        return;
-      }
-    }
-    runs.push_back(run);
-  };
-  const int64_t cols = p.local_shape.size() == 2 ? p.local_shape[1] : 1;
-  const int64_t global_cols = p.global_shape.size() == 2 ? p.global_shape[1] : 1;
-  // Expert parallelism: the rank's rows start at global row p.row_begin (0 otherwise).
-  const int64_t base = p.row_begin * global_cols;
-  if (p.split_dim < 0) {
-    add(0, base, p.numel());
-  } else if (p.split_dim == 0) {
-    for (const ShardBlock& b : p.blocks)
-      add(b.local_begin * cols, base + b.global_begin * cols, b.length * cols);
-  } else {
-    const int64_t rows = p.local_shape[0];
-    for (int64_t r = 0; r < rows; ++r)
-      for (const ShardBlock& b : p.blocks)
-        add(r * cols + b.local_begin, base + r * global_cols + b.global_begin, b.length);
-  }
-  return runs;
-}
-
-std::vector<Run> state_runs(const ParamInfo& p, const std::vector<FlatRange>& owned) {
-  std::vector<Run> runs;
-  int64_t state_offset = 0;
-  for (const FlatRange& r : owned) {
-    const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
-    if (lo < hi) {
-      auto part = param_runs(p, lo - p.offset, hi - p.offset, state_offset + (lo - r.begin));
-      runs.insert(runs.end(), part.begin(), part.end());
-    }
-    state_offset += r.size();
-  }
-  return runs;
-}
-
-}  // namespace trident
-
-namespace trident {
-
-namespace {
-
-const char* kRoots[] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
-
-}  // namespace
-
 ValueCheck checkpoint_value_check(const std::string& dataset) {
-  return dataset.rfind("/optim/exp_avg_sq/", 0) == 0 ? ValueCheck::FiniteNonNegative
-                                                      : ValueCheck::Finite;
+  const bool second_moment = dataset.rfind(std::string(kExpAvgSqRoot) + "/", 0) == 0;
+  return second_moment ? ValueCheck::FiniteNonNegative : ValueCheck::Finite;
 }
 
 ReaderOptions checkpoint_reader_options() {
@@ -103,9 +23,31 @@ ReaderOptions checkpoint_reader_options() {
   return options;
 }
 
-CheckpointMeta check_checkpoint(const CheckpointReader& r) {
-  const std::string file = "checkpoint '" + r.path() + "'";
-  auto fail = [&](const std::string& what) { throw Error(file + ": " + what); };
+namespace {
+
+// Throws "checkpoint 'F': <what>".
+struct Failure {
+  std::string file;  // "checkpoint 'F'"
+  [[noreturn]] void operator()(const std::string& what) const { throw Error(file + ": " + what); }
+};
+
+// Throws unless found == expected: "<what> = <found>, but <how> = <expected>".
+void expect_equal(const Failure& fail, const std::string& what, __int128 found,
+                  __int128 expected, const std::string& how) {
+  if (found == expected) return;
+  fail(what + " = " + std::to_string(static_cast<long long>(found)) + ", but " + how + " = " +
+       std::to_string(static_cast<long long>(expected)));
+}
+
+// The root's counters that CheckpointMeta does not keep.
+struct StoredTotals {
+  int64_t consumed_samples = 0, consumed_tokens = 0, seed = 0;
+};
+
+// The root attributes, in order: the format version, the counters (each >= 0), the stored
+// config.
+CheckpointMeta read_root_attributes(const CheckpointReader& r, const Failure& fail,
+                                    StoredTotals& totals) {
   CheckpointMeta meta;
   meta.format_version = r.attribute_int("/", "format_version");
   if (meta.format_version < kCheckpointOldestFormatVersion ||
@@ -125,80 +67,89 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   meta.step = count("step");
   meta.optimizer_updates = count("optimizer_updates");
   meta.skipped_steps = count("skipped_steps");
-  const int64_t consumed_samples = count("consumed_samples");
-  const int64_t consumed_tokens = count("consumed_tokens");
+  totals.consumed_samples = count("consumed_samples");
+  totals.consumed_tokens = count("consumed_tokens");
   meta.sampler_position = count("sampler_position");
   // Written since rollbacks exist; absent: a run that skipped nothing.
   if (r.has_attribute("/", "skipped_batches"))
     meta.skipped_batches = parse_skip_list(r.attribute_string("/", "skipped_batches"),
-                                           file + ": skipped_batches");
+                                           fail.file + ": skipped_batches");
   if (r.has_attribute("/", "rollbacks")) meta.rollbacks = count("rollbacks");
-  const int64_t seed = r.attribute_int("/", "seed");
+  totals.seed = r.attribute_int("/", "seed");
   (void)r.attribute_double("/", "learning_rate_next");
   (void)r.attribute_string("/", "layout");
-  meta.config = parse_config(r.attribute_string("/", "config"), file + " attribute 'config'");
-  const Config& c = meta.config;
+  meta.config =
+      parse_config(r.attribute_string("/", "config"), fail.file + " attribute 'config'");
+  return meta;
+}
 
-  // The counters against each other and against the stored config.
-  auto mismatch = [&](const std::string& what, __int128 found, __int128 expected,
-                      const std::string& how) {
-    if (found == expected) return;
-    fail(what + " = " + std::to_string(static_cast<long long>(found)) + ", but " + how +
-         " = " + std::to_string(static_cast<long long>(expected)));
-  };
-  mismatch("optimizer_updates + skipped_steps",
-           static_cast<__int128>(meta.optimizer_updates) + meta.skipped_steps, meta.step,
-           "step");
-  mismatch("consumed_samples", consumed_samples,
-           static_cast<__int128>(meta.step) * c.train.global_batch,
-           "step * train.global_batch (" + std::to_string(meta.step) + " * " +
-               std::to_string(c.train.global_batch) + ")");
-  mismatch("consumed_tokens", consumed_tokens,
-           static_cast<__int128>(meta.step) * c.train.global_batch * c.model.seq_len,
-           "step * train.global_batch * model.seq_len");
-  mismatch("sampler_position", meta.sampler_position,
-           batch_of_step(meta.step, meta.skipped_batches),
-           "the batch index of step " + std::to_string(meta.step) + " after skipped_batches " +
-               skip_list_text(meta.skipped_batches));
-  mismatch("seed", seed, c.train.seed, "the stored config's train.seed");
+// The counters against each other and against the stored config.
+void check_counters(const CheckpointMeta& meta, const StoredTotals& totals,
+                    const Failure& fail) {
+  const Config& c = meta.config;
+  expect_equal(fail, "optimizer_updates + skipped_steps",
+               static_cast<__int128>(meta.optimizer_updates) + meta.skipped_steps, meta.step,
+               "step");
+  expect_equal(fail, "consumed_samples", totals.consumed_samples,
+               static_cast<__int128>(meta.step) * c.train.global_batch,
+               "step * train.global_batch (" + std::to_string(meta.step) + " * " +
+                   std::to_string(c.train.global_batch) + ")");
+  expect_equal(fail, "consumed_tokens", totals.consumed_tokens,
+               static_cast<__int128>(meta.step) * c.train.global_batch * c.model.seq_len,
+               "step * train.global_batch * model.seq_len");
+  expect_equal(fail, "sampler_position", meta.sampler_position,
+               batch_of_step(meta.step, meta.skipped_batches),
+               "the batch index of step " + std::to_string(meta.step) +
+                   " after skipped_batches " + skip_list_text(meta.skipped_batches));
+  expect_equal(fail, "seed", totals.seed, c.train.seed, "the stored config's train.seed");
   if (meta.step > c.train.steps)
     fail("step = " + std::to_string(meta.step) + " is past the stored config's train.steps = " +
          std::to_string(c.train.steps));
+}
+
+// The model_* attributes against the stored config's model, then the attributes' seal.
+void check_model_attributes(const CheckpointReader& r, const CheckpointMeta& meta,
+                            const Failure& fail) {
+  const ModelConfig& m = meta.config.model;
   const std::pair<const char*, int64_t> dims[] = {
-      {"model_layers", c.model.layers},        {"model_heads", c.model.heads},
-      {"model_width", c.model.width},          {"model_vocab_size", c.model.vocab_size},
-      {"model_seq_len", c.model.seq_len},      {"model_kv_heads", c.model.kv_head_count()},
-      {"model_ffn_width", c.model.ffn_size()},
-      {"model_tie_embeddings", c.model.tie_embeddings ? 1 : 0}};
+      {"model_layers", m.layers},        {"model_heads", m.heads},
+      {"model_width", m.width},          {"model_vocab_size", m.vocab_size},
+      {"model_seq_len", m.seq_len},      {"model_kv_heads", m.kv_head_count()},
+      {"model_ffn_width", m.ffn_size()}, {"model_tie_embeddings", m.tie_embeddings ? 1 : 0}};
   for (const auto& [key, value] : dims) {
     // model_kv_heads, model_ffn_width, model_tie_embeddings, model_arch: absent in files
     // written before the architectures existed.
     if (meta.format_version < 2 && !r.has_attribute("/", key)) continue;
-    mismatch(key, r.attribute_int("/", key), value, "the stored config's model." +
-                                                         std::string(key + 6));
+    expect_equal(fail, key, r.attribute_int("/", key), value,
+                 "the stored config's model." + std::string(key + 6));
   }
   if (meta.format_version >= 2 || r.has_attribute("/", "model_arch")) {
     const std::string arch = r.attribute_string("/", "model_arch");
     // The attribute is the file's text: quoted with its control characters escaped, so the
     // message stays one line whatever the file holds.
-    if (arch != c.model.arch)
+    if (arch != m.arch)
       fail("model_arch = " + config::toml_string(arch) +
-           ", but the stored config's model.arch = " + config::toml_string(c.model.arch));
+           ", but the stored config's model.arch = " + config::toml_string(m.arch));
   }
   if (meta.format_version >= 2) r.verify_attributes("/");
+}
 
-  // The complete schema of the stored model. A stored config may describe a model far larger
-  // than the file (10^8 layers: building its parameter list took minutes and gigabytes before
-  // the first missing dataset showed); every layer has tensors under each of the three roots,
-  // so a model with more layers than a third of the file's datasets cannot be in it.
+// The complete schema of the stored model: every dataset of the walk with its shape, float32
+// and a checksum, and no other.
+void check_schema(const CheckpointReader& r, const ModelConfig& m, const Failure& fail) {
+  // A stored config may describe a model far larger than the file (10^8 layers: building its
+  // parameter list took minutes and gigabytes before the first missing dataset showed); every
+  // layer has tensors under each of the three roots, so a model with more layers than a third
+  // of the file's datasets cannot be in it.
   const auto datasets_in_file = static_cast<int64_t>(r.datasets().size());
-  if (c.model.layers > datasets_in_file / 3)
-    fail("the stored config's model has " + std::to_string(c.model.layers) +
+  if (m.layers > datasets_in_file / 3)
+    fail("the stored config's model has " + std::to_string(m.layers) +
          " layers, more than the file's " + std::to_string(datasets_in_file) +
          " datasets can hold");
   std::map<std::string, std::vector<int64_t>> expected;
-  for (const ParamInfo& p : global_parameters(c.model))
-    for (const char* root : kRoots) expected[dataset_path(root, p.name)] = p.global_shape;
+  for_each_checkpoint_tensor(m, {}, [&](const CheckpointTensor& t) {
+    for (const char* root : kCheckpointRoots) expected[t.dataset(root)] = t.global.global_shape;
+  });
   for (const auto& [name, shape] : expected) {
     if (!r.has_dataset(name))
       fail("no dataset '" + name + "' (the stored config's model has it)");
@@ -214,6 +165,17 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
       // The name comes from the file: quoted with its control characters escaped.
       fail("unexpected dataset " + config::toml_string(name) +
            " (not in the stored config's model)");
+}
+
+}  // namespace
+
+CheckpointMeta check_checkpoint(const CheckpointReader& r) {
+  const Failure fail{"checkpoint '" + r.path() + "'"};
+  StoredTotals totals;
+  CheckpointMeta meta = read_root_attributes(r, fail, totals);
+  check_counters(meta, totals, fail);
+  check_model_attributes(r, meta, fail);
+  check_schema(r, meta.config.model, fail);
   return meta;
 }
 
@@ -254,7 +216,8 @@ std::string model_config_difference(const ModelConfig& checkpoint, const ModelCo
     std::snprintf(buf, sizeof buf, "%.17g", v);
     return std::string(buf);
   };
-  auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+  // Quoted with control characters escaped: the message stays one line (docs/fuzzing.md).
+  auto quoted = [](const std::string& s) { return config::toml_string(s); };
   auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
   // In schema order (config.hpp), each resolved as the model uses it.
   const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
@@ -286,6 +249,35 @@ std::string model_config_difference(const ModelConfig& checkpoint, const ModelCo
              values.second + " in " + run_source;
   }
   return "";
+}
+
+std::string checkpoint_tensor_difference(const CheckpointReader& reader, const ModelConfig& run) {
+  std::string difference;
+  for_each_checkpoint_tensor(run, {}, [&](const CheckpointTensor& t) {
+    for (const char* root : kCheckpointRoots) {
+      const std::string name = t.dataset(root);
+      if (!difference.empty()) return;
+      if (!reader.has_dataset(name))
+        difference = "no dataset '" + name + "' (the run's model has it)";
+      else if (reader.shape(name) != t.global.global_shape)
+        difference = "dataset '" + name + "': shape mismatch: expected " +
+                     shape_string(t.global.global_shape) + ", found " +
+                     shape_string(reader.shape(name));
+    }
+  });
+  return difference;
+}
+
+void check_checkpoint_compatible(const CheckpointReader& reader, const CheckpointMeta& meta,
+                                 const ModelConfig& run, const std::string& run_source,
+                                 const std::string& subject) {
+  // The key says what differs; the dataset, what it changes in the file (none for norm_eps,
+  // say). Equal keys describe the stored model's tensors, which check_checkpoint verified.
+  const std::string keys = model_config_difference(meta.config.model, run, run_source);
+  const std::string tensors = checkpoint_tensor_difference(reader, run);
+  if (keys.empty() && tensors.empty()) return;
+  if (keys.empty()) throw Error(subject + ": " + tensors);
+  throw Error(subject + ": " + keys + (tensors.empty() ? "" : " (" + tensors + ")"));
 }
 
 CheckpointMeta verify_checkpoint(CheckpointReader& reader) {
@@ -328,29 +320,6 @@ std::string data_order_changes(const Config& written, const Config& now) {
   add("data.train weights", blend_weights_text(written.data.train),
       blend_weights_text(now.data.train));
   return out;
-}
-
-void read_model_weights(CheckpointReader& reader, StageModel& model,
-                        const std::function<bool(const ParamInfo&)>& counts_checksum) {
-  const int64_t n = model.flat_size();
-  Device& device = model.device();
-  std::vector<float> staging;
-  if (!device.is_host()) staging.resize(static_cast<size_t>(n));
-  float* weights = device.is_host() ? model.weights() : staging.data();
-  std::map<std::string, const ParamInfo*> mine;
-  for (const ParamInfo& p : model.params()) mine[p.name] = &p;
-  for (const ParamInfo& g : global_parameters(model.config())) {
-    const auto it = mine.find(g.name);
-    const ParamInfo* p = it == mine.end() ? nullptr : it->second;
-    const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
-    const bool owner = p && p->counted_in_norm && counts_checksum(*p);
-    reader.read_tensor(dataset_path("/model", g.name), g.global_shape, runs,
-                       {weights, static_cast<size_t>(n)},
-                       owner ? ChecksumShare::all() : ChecksumShare::none());
-  }
-  if (!device.is_host())
-    device.from_host(model.weights(), weights, n * static_cast<int64_t>(sizeof(float)));
-  model.weights_changed();
 }
 
 }  // namespace trident

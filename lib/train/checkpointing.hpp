@@ -1,21 +1,20 @@
 #pragma once
-// The model's and optimizer's tensors in a checkpoint file: dataset names and the runs each
-// rank writes and reads. A checkpoint holds every tensor once, with its global shape, so any
-// layout reads what any layout wrote (docs/checkpoint-format.md).
+// A model checkpoint's metadata and the checks on it: its root attributes, the checks of a
+// file on its own (check_checkpoint) and against a run's model (check_checkpoint_compatible).
+// Its tensors and each rank's shards of them: train/checkpoint_tensors.hpp; what a training
+// run saves and loads: train/training_checkpoint.hpp. A checkpoint holds every tensor once,
+// with its global shape, so any layout reads what any layout wrote
+// (docs/checkpoint-format.md).
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/ckpt_runs.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "config/config.hpp"
-#include "model/params.hpp"
-#include "optim/grad_sync.hpp"
+#include "train/checkpoint_tensors.hpp"
 
 namespace trident {
-
-class StageModel;
 
 // 2: the root's attributes are sealed (attributes_checksum). 1 is still read (no seal; every
 // other check applies).
@@ -74,6 +73,24 @@ void write_checkpoint_attributes(CheckpointWriter& writer, const Config& config,
 std::string model_config_difference(const ModelConfig& checkpoint, const ModelConfig& run,
                                     const std::string& run_source);
 
+// The first dataset (weights and both moments of every tensor, in the walk's order) that the
+// model `run` describes and the file lacks or holds with another shape, as one phrase:
+// "dataset '/model/layers/001/mlp/router/weight': shape mismatch: expected [2, 32], found
+// [4, 32]"; "" when the file holds every one.
+std::string checkpoint_tensor_difference(const CheckpointReader& reader, const ModelConfig& run);
+
+// The one compatibility check of a checkpoint with a run's model (resume, train.init_from,
+// `trident eval`), after check_checkpoint gave `meta`: the stored model's keys against the
+// run's (model_config_difference) and the run's tensors against the file's datasets
+// (checkpoint_tensor_difference). Throws one line: `subject` (how the file was named:
+// "checkpoint 'F'", "train.init_from 'F'"), the first differing key with both values and the
+// run's config file, and the first dataset that differs with both shapes:
+// "checkpoint 'F': model.moe_experts = 4 in the checkpoint but 2 in run.toml (dataset
+// '/model/layers/001/mlp/router/weight': shape mismatch: expected [2, 32], found [4, 32])".
+void check_checkpoint_compatible(const CheckpointReader& reader, const CheckpointMeta& meta,
+                                 const ModelConfig& run, const std::string& run_source,
+                                 const std::string& subject);
+
 // What a model checkpoint's values must be: finite, second moments also >= 0.
 ValueCheck checkpoint_value_check(const std::string& dataset);
 // Reader options for a model checkpoint (value_check = checkpoint_value_check).
@@ -88,25 +105,5 @@ CheckpointMeta verify_checkpoint(CheckpointReader& reader);
 // checkpoint was written with and `now`:
 // "train.global_batch 8 -> 16, data.shuffle true -> false"; "" if none does.
 std::string data_order_changes(const Config& written, const Config& now);
-
-// Collective over the reader's ranks: this rank's shard of every weight of the model
-// checkpoint into model.weights() (any layout's checkpoint into the model's layout), then
-// weights_changed(). Every rank visits every weight dataset in the same order; each parameter
-// for which `counts_checksum` holds on one copy of the model (data-parallel rank 0; for an
-// expert under expert parallelism, expert-data rank 0) counts what it read in the checksums, which reader.close() verifies. The model must be the checkpoint's (the caller
-// compares the configs first).
-void read_model_weights(CheckpointReader& reader, StageModel& model,
-                        const std::function<bool(const ParamInfo&)>& counts_checksum);
-
-// "layers.3.mlp.fc1.weight" under "/model" -> "/model/layers/003/mlp/fc1/weight".
-std::string dataset_path(const std::string& root, const std::string& param_name);
-
-// Runs of the local elements [begin, end) of parameter `p` (indices within the parameter's
-// local tensor): local_offset = local_base + (i - begin). Padding rows are left out.
-std::vector<Run> param_runs(const ParamInfo& p, int64_t begin, int64_t end, int64_t local_base);
-
-// The runs of parameter `p` that fall in the optimizer's owned ranges of the flat buffer, with
-// local offsets into the optimizer's state (the owned ranges' moments, concatenated).
-std::vector<Run> state_runs(const ParamInfo& p, const std::vector<FlatRange>& owned);
 
 }  // namespace trident

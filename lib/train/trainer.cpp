@@ -7,24 +7,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <tuple>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/commit.hpp"
-#include "checkpoint/h5_file.hpp"
-#include "config/schema.hpp"
 #include "tokenizer/bpe_tokenizer.hpp"
-#include "train/checkpointing.hpp"
+#include "train/training_checkpoint.hpp"
 #include "train/generation.hpp"
 #include "train/startup_checks.hpp"
 #include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
+#include "optim/grad_finalize.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/schedule.hpp"
+#include "pipeline/shard_plan.hpp"
 #include "pipeline/simulator.hpp"
-#include "pipeline/stage_split.hpp"
 #include "util/error.hpp"
 #include "util/test_hooks.hpp"
 
@@ -40,32 +36,10 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
     test_corrupt_batches_ = parse_skip_list("[" + corrupt + "]",
                                             test_hook_variable(TestHook::CorruptBatches));
   const ModelConfig& m = config.model;
-  const bool sequence_parallel = config.parallel.sequence_parallel && groups.tensor().size > 1;
-  if (sequence_parallel && (config.train.micro_batch * m.seq_len) % groups.tensor().size != 0)
-    throw Error(config.source + ": parallel.sequence_parallel = true needs train.micro_batch * "
-                "model.seq_len (" + std::to_string(config.train.micro_batch * m.seq_len) +
-                ") divisible by parallel.tensor (" + std::to_string(groups.tensor().size) + ")");
-  const auto counts = stage_split(m, groups.pipeline().size, config.parallel.pipeline_layers,
-                                  config.parallel.pipeline_balance);
-  const auto [layer_begin, layer_end] = stage_layer_range(counts, groups.pipeline().index);
-  ModelShard shard;
-  shard.tp_rank = groups.tensor().index;
-  shard.tp_size = groups.tensor().size;
-  shard.layer_begin = layer_begin;
-  shard.layer_end = layer_end;
-  shard.has_embedding = groups.pipeline().index == 0;
-  shard.has_head = groups.pipeline().index == groups.pipeline().size - 1;
-  shard.sequence_parallel = sequence_parallel;
-  shard.recompute = parse_recompute(config.train.recompute);
-  shard.lm_head_chunk_rows = config.train.lm_head_chunk_rows;
-  shard.tp_overlap = config.parallel.tp_overlap;
-  shard.ep_rank = groups.expert().index;
-  shard.ep_size = groups.expert().size;
-  // Interleaved: the stage's model chunks (virtual stages) in place of one range.
-  if (config.parallel.schedule == "interleaved")
-    shard.chunks = stage_layer_chunks(m.layers, groups.pipeline().size,
-                                      static_cast<int>(config.parallel.virtual_stages),
-                                      groups.pipeline().index);
+  const ModelShard shard =
+      plan_model_shard(config, {groups.tensor().index, groups.tensor().size,
+                                groups.pipeline().index, groups.pipeline().size,
+                                groups.expert().index, groups.expert().size});
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
@@ -117,7 +91,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   // Data-parallel reduction overlaps the last backward, except under sequence parallelism:
   // there the LayerNorm gradients are complete only after their sum over the tensor group,
   // which forward_backward runs after the backward.
-  if (!sequence_parallel)
+  if (!shard.sequence_parallel)
     executor_->set_last_backward_hook(
         [this](int64_t watermark) { sync_->grads_final_from(model_->grads(), watermark); });
   flops_per_step_ = training_flops_per_token(m, padded_vocab_size(m, groups.tensor().size)) *
@@ -189,13 +163,6 @@ void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
     data.window(step, first + b, tokens + b * T, targets + b * T);
 }
 
-float* Trainer::host_view(float* data, int64_t n, std::vector<float>& staging) {
-  if (device().is_host()) return data;
-  staging.resize(static_cast<size_t>(n));
-  device().to_host(staging.data(), data, n * static_cast<int64_t>(sizeof(float)));
-  return staging.data();
-}
-
 std::vector<float> Trainer::host_weights() {
   std::vector<float> out(static_cast<size_t>(model_->flat_size()));
   device().to_host(out.data(), model_->weights(), model_->flat_size() * 4);
@@ -225,17 +192,11 @@ double Trainer::forward_backward(int64_t step) {
   });
   model.take_moe_stats(step_moe_);
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
-  // Sequence parallelism: each tensor rank's LayerNorm gradients cover its rows only.
-  for (const ParamInfo& p : model.params())
-    if (p.tensor_partial_grad)
-      groups_.tensor().device->all_reduce_sum(model.grads() + p.offset, p.numel());
-  if (groups_.pipeline().size > 1 && groups_.embedding().device && config_.model.tie_embeddings) {
-    // The tied embedding's two copies (lookup on the first stage, LM head on the last) each
-    // hold part of its gradient: sum them so both copies take the same update. It sits at
-    // offset 0, in the bucket data parallelism reduces last.
-    const ParamInfo& wte = model.param("embedding.token.weight");
-    groups_.embedding().device->all_reduce_sum(model.grads() + wte.offset, wte.numel());
-  }
+  // Sequence parallelism's norms and the tied embedding's two copies (optim/grad_finalize.hpp).
+  const bool tied_across_stages = groups_.pipeline().size > 1 && config_.model.tie_embeddings;
+  sum_split_gradients(model.params(), model.grads(),
+                      {groups_.tensor().device,
+                       tied_across_stages ? groups_.embedding().device : nullptr});
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
   double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
   if (groups_.data().size > 1) {
@@ -262,13 +223,8 @@ void Trainer::corrupt_for_test(int64_t step, double& loss) {
 StepMetrics Trainer::apply_update(int64_t step, double loss) {
   StageModel& model = *model_;
   float* grads = model.grads();
-  // Global gradient norm, every parameter counted once: sharded tensors summed over the tensor
-  // group, replicated ones on tensor rank 0 only, stages over the pipeline group, the tied
-  // embedding on the first stage only; under ZeRO-1 the slices over the data group too, and
-  // different experts over the expert group.
-  double square_sum = sync_->square_sum(model.params(), grads, host_replicas());
-  groups_.model().host->all_reduce_sum(&square_sum, 1);
-  const double grad_norm = std::sqrt(square_sum);
+  const double grad_norm = global_grad_norm(*sync_, model.params(), grads, host_replicas(),
+                                            *groups_.model().host);
   const double lr =
       learning_rate(config_.optim, config_.train.steps, step) * rollback_lr_factor();
   const auto optimizer_start = std::chrono::steady_clock::now();
@@ -279,8 +235,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   groups_.world().host->all_reduce(&bad, 1, DType::I32, ReduceOp::Max);
   guard_.record(loss, bad != 0);
   if (!bad) {
-    const double clip = config_.optim.grad_clip;
-    const double scale = (clip > 0.0 && grad_norm > clip) ? clip / (grad_norm + 1e-6) : 1.0;
+    const double scale = clip_scale(grad_norm, config_.optim.grad_clip);
     const bool copy_refreshed =
         optimizer_->update(model.weights(), grads, lr, scale, model.bf16_weights());
     sync_->all_gather_weights(model.weights());
@@ -479,178 +434,29 @@ RunOutcome Trainer::run() {
   return RunOutcome::Finished;
 }
 
+CheckpointedState Trainer::checkpointed_state() { return {*model_, *optimizer_, *sync_}; }
+
 std::string Trainer::save_checkpoint(int64_t steps_done) {
-  const Config& c = config_;
-  StageModel& model = *model_;
-  const auto global = global_parameters(c.model);
-  // HDF5 writes from host memory: a GPU rank copies its shard and moments to the host first.
-  std::vector<float> weight_staging, m_staging, v_staging;
-  const int64_t wn = model.flat_size(), sn = optimizer_->exp_avg().size();
-  const float* weights = host_view(model.weights(), wn, weight_staging);
-  const float* m = host_view(optimizer_->exp_avg().data(), sn, m_staging);
-  const float* v = host_view(optimizer_->exp_avg_sq().data(), sn, v_staging);
   const std::string layout = "tensor=" + std::to_string(groups_.tensor().size) +
                              " pipeline=" + std::to_string(groups_.pipeline().size) +
                              " data=" + std::to_string(groups_.data().size) +
-                             " zero_stage=" + std::to_string(c.optim.zero_stage);
-  auto fill = [&](CheckpointWriter& w) {
-    // Every rank walks the global parameter list in the same order (the writes are
-    // collective); a rank writes the parts it owns: its shard, once per replicated copy.
-    std::map<std::string, const ParamInfo*> mine;
-    for (const ParamInfo& p : model.params()) mine[p.name] = &p;
-    for (const ParamInfo& g : global) {
-      const auto it = mine.find(g.name);
-      const ParamInfo* p = it == mine.end() ? nullptr : it->second;
-      std::vector<Run> weight_runs, moment_runs;
-      if (p && p->counted_in_norm) {
-        // The first of p's data-parallel replicas (under expert parallelism an expert's are
-        // its expert-data group), or every holder of a ZeRO-1 slice.
-        const bool first_replica = sync_->replica_of(*p) == 0;
-        if (first_replica) weight_runs = param_runs(*p, 0, p->numel(), p->offset);
-        if (first_replica || sync_->zero_for(*p))
-          moment_runs = state_runs(*p, optimizer_->owned());
-      }
-      w.write_tensor(dataset_path("/model", g.name), g.global_shape, weight_runs,
-                     {weights, static_cast<size_t>(wn)});
-      w.write_tensor(dataset_path("/optim/exp_avg", g.name), g.global_shape, moment_runs,
-                     {m, static_cast<size_t>(sn)});
-      w.write_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
-                     {v, static_cast<size_t>(sn)});
-    }
-    write_checkpoint_attributes(w, c, {steps_done, optimizer_->updates(), skipped_steps_, layout,
-                                       skipped_batches_, rollbacks_, rollback_lr_factor()});
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string path = write_checkpoint(c.checkpoint.dir, steps_done, groups_.mpi_world, fill);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (is_logging_rank()) {
-    std::vector<std::string> protect = {path};
-    if (!resumed_from_.empty()) protect.push_back(resumed_from_);
-    prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, protect);
-    const double mb = std::filesystem::file_size(path) / 1e6;
-    std::printf("checkpoint %s written (step %lld): %.1f MB in %.3f s, %.1f MB/s\n",
-                path.c_str(), static_cast<long long>(steps_done), mb, seconds, mb / seconds);
-    std::fflush(stdout);
-  }
-  return path;
+                             " zero_stage=" + std::to_string(config_.optim.zero_stage);
+  return save_training_checkpoint(
+      config_, checkpointed_state(),
+      {steps_done, optimizer_->updates(), skipped_steps_, layout, skipped_batches_, rollbacks_,
+       rollback_lr_factor()},
+      groups_.mpi_world, is_logging_rank(), resumed_from_);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Config& c = config_;
-  StageModel& model = *model_;
-  // The same checks as `trident ckpt info --verify`: the metadata and schema here, the
-  // checksums and values of every tensor as it is read (checkpoint_reader_options).
-  CheckpointReader reader(path, groups_.mpi_world, checkpoint_reader_options());
-  const CheckpointMeta meta = check_checkpoint(reader);
-  // The model's shape must be the config's; everything else may differ (the layout above all).
-  const std::pair<const char*, int64_t> dims[] = {
-      {"layers", c.model.layers}, {"heads", c.model.heads}, {"width", c.model.width},
-      {"vocab_size", c.model.vocab_size}, {"seq_len", c.model.seq_len}};
-  for (const auto& [key, value] : dims) {
-    const int64_t stored = reader.attribute_int("/", std::string("model_") + key);
-    if (stored != value)
-      throw Error("checkpoint '" + path + "': model." + key + " = " + std::to_string(stored) +
-                  " in the checkpoint but " + std::to_string(value) + " in " + c.source);
-  }
-  // The architecture's keys, resolved (kv_heads 0 and ffn_width 0 stand for their defaults);
-  // checkpoints written before they existed are gpt2 with its defaults.
-  const std::string arch =
-      reader.has_attribute("/", "model_arch") ? reader.attribute_string("/", "model_arch") : "gpt2";
-  if (arch != c.model.arch)
-    throw Error("checkpoint '" + path + "': model.arch = " + config::toml_string(arch) +
-                " in the checkpoint but " + config::toml_string(c.model.arch) + " in " + c.source);
-  const std::tuple<const char*, const char*, int64_t, int64_t> resolved[] = {
-      {"model_kv_heads", "kv_heads", c.model.heads, c.model.kv_head_count()},
-      {"model_ffn_width", "ffn_width", 4 * c.model.width, c.model.ffn_size()},
-      {"model_tie_embeddings", "tie_embeddings", 1, c.model.tie_embeddings ? 1 : 0}};
-  for (const auto& [attribute, key, before, value] : resolved) {
-    const int64_t stored =
-        reader.has_attribute("/", attribute) ? reader.attribute_int("/", attribute) : before;
-    if (stored != value)
-      throw Error("checkpoint '" + path + "': model." + key + " = " + std::to_string(stored) +
-                  " in the checkpoint but " + std::to_string(value) + " in " + c.source);
-  }
-  // Which samples step `meta.step` reads depends on the global batch, the seed and shuffling
-  // (the sampler is a pure function of them and the step): with another value the run would
-  // not go on with the samples it has not seen yet.
-  const std::string changes = data_order_changes(meta.config, c);
-  if (!changes.empty() && !c.checkpoint.allow_data_change)
-    throw Error("checkpoint '" + path + "' was written with another data order (" + changes +
-                " in " + c.source + "): resuming would not continue where it stopped; set "
-                "checkpoint.allow_data_change = true to resume anyway");
-  if (!changes.empty() && is_logging_rank())
-    std::printf("note: resuming with another data order (%s; checkpoint.allow_data_change): "
-                "step %lld reads the new order's batch %lld\n",
-                changes.c_str(), static_cast<long long>(meta.step),
-                static_cast<long long>(meta.step));
-  // The checkpoint's skip list joins the run's. The batches the steps before it read must stay
-  // the same: a skip added below its position would shift them.
-  const std::vector<int64_t> skips = merged_skip_list(skipped_batches_, meta.skipped_batches);
-  if (skips_below(skips, meta.sampler_position) != skips_below(meta.skipped_batches,
-                                                                meta.sampler_position) &&
-      !c.checkpoint.allow_data_change)
-    throw Error("checkpoint '" + path + "' is at global batch " +
-                std::to_string(meta.sampler_position) + " with skipped_batches " +
-                skip_list_text(meta.skipped_batches) + ", but train.skip_batches in " +
-                c.source + " skips " + skip_list_text(skips_below(skips, meta.sampler_position)) +
-                " below it: resuming would not continue where it stopped; set "
-                "checkpoint.allow_data_change = true to resume anyway");
-  // HDF5 reads into host memory: a GPU rank reads into staging and copies to the device after.
-  const int64_t wn64 = model.flat_size(), sn64 = optimizer_->exp_avg().size();
-  std::vector<float> weight_staging, m_staging, v_staging;
-  float* weights = host_view(model.weights(), wn64, weight_staging);
-  float* exp_avg = host_view(optimizer_->exp_avg().data(), sn64, m_staging);
-  float* exp_avg_sq = host_view(optimizer_->exp_avg_sq().data(), sn64, v_staging);
-  const size_t wn = static_cast<size_t>(wn64), sn = static_cast<size_t>(sn64);
-  std::map<std::string, const ParamInfo*> mine;
-  for (const ParamInfo& p : model.params()) mine[p.name] = &p;
-  // Reads are collective like the writes: every rank visits every dataset, in the same order,
-  // with its own runs (none for tensors of other stages).
-  for (const ParamInfo& g : global_parameters(c.model)) {
-    const auto it = mine.find(g.name);
-    const ParamInfo* p = it == mine.end() ? nullptr : it->second;
-    // Every rank reads its whole shard; the checksum counts each element on one rank only
-    // (the rank that would write it), so the sums agree with the file's.
-    const auto weight_runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
-    const bool owner = p && p->counted_in_norm;
-    const bool first_replica = p && sync_->replica_of(*p) == 0;
-    reader.read_tensor(dataset_path("/model", g.name), g.global_shape, weight_runs,
-                       {weights, wn},
-                       owner && first_replica ? ChecksumShare::all() : ChecksumShare::none());
-    const auto moment_runs = p ? state_runs(*p, optimizer_->owned()) : std::vector<Run>{};
-    const ChecksumShare moment_share =
-        owner && (first_replica || sync_->zero_for(*p)) ? ChecksumShare::all()
-                                                        : ChecksumShare::none();
-    reader.read_tensor(dataset_path("/optim/exp_avg", g.name), g.global_shape, moment_runs,
-                       {exp_avg, sn}, moment_share);
-    reader.read_tensor(dataset_path("/optim/exp_avg_sq", g.name), g.global_shape, moment_runs,
-                       {exp_avg_sq, sn}, moment_share);
-  }
-  reader.close();  // verifies the checksums and values of everything read, on every rank
-  start_step_ = meta.step;
-  optimizer_->set_updates(meta.optimizer_updates);
-  skipped_steps_ = meta.skipped_steps;
-  skipped_batches_ = skips;
-  rollbacks_ = std::max(rollbacks_, meta.rollbacks);
-  if (!device().is_host()) {
-    device().from_host(model.weights(), weights, wn64 * 4);
-    device().from_host(optimizer_->exp_avg().data(), exp_avg, sn64 * 4);
-    device().from_host(optimizer_->exp_avg_sq().data(), exp_avg_sq, sn64 * 4);
-  }
-  model.weights_changed();
+  const ResumedProgress resumed =
+      load_training_checkpoint(path, config_, skipped_batches_, checkpointed_state(),
+                               groups_.mpi_world, is_logging_rank());
+  start_step_ = resumed.meta.step;
+  skipped_steps_ = resumed.meta.skipped_steps;
+  skipped_batches_ = resumed.skipped_batches;
+  rollbacks_ = std::max(rollbacks_, resumed.meta.rollbacks);
   resumed_from_ = path;
-  if (is_logging_rank()) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double mb = std::filesystem::file_size(path) / 1e6;
-    std::printf("checkpoint %s read: %.1f MB in %.3f s, %.1f MB/s\n", path.c_str(), mb, seconds,
-                mb / seconds);
-  }
-  if (start_step_ > c.train.steps)
-    throw Error("checkpoint '" + path + "' is at step " + std::to_string(start_step_) +
-                ", past train.steps = " + std::to_string(c.train.steps));
 }
 
 double Trainer::rollback_lr_factor() const {
@@ -662,10 +468,7 @@ bool Trainer::roll_back(int64_t step) {
   const int64_t streak = guard_.bad_streak();
   std::vector<int64_t> bad_batches;
   for (int64_t s = step + 1 - streak; s <= step; ++s) bad_batches.push_back(batch_of(s));
-  // Where to go back to: rank 0 looks, every rank reads the same file.
-  std::string latest;
-  if (is_logging_rank()) latest = latest_checkpoint(config_.checkpoint.dir).value_or("");
-  latest = ckpt::bcast_string(groups_.mpi_world, latest, 0);
+  const std::string latest = agreed_latest_checkpoint(config_.checkpoint.dir, groups_.mpi_world);
   const std::string what = std::to_string(streak) + " bad steps in a row (steps " +
                            std::to_string(step + 2 - streak) + " to " +
                            std::to_string(step + 1) + ", global batches " +
@@ -704,17 +507,10 @@ bool Trainer::roll_back(int64_t step) {
 }
 
 int64_t Trainer::init_weights_from(const std::string& path) {
-  StageModel& model = *model_;
-  CheckpointReader reader(path, groups_.mpi_world, checkpoint_reader_options());
-  const CheckpointMeta meta = check_checkpoint(reader);
-  if (const std::string diff = model_config_difference(meta.config.model, config_.model,
-                                                       config_.source);
-      !diff.empty())
-    throw Error("train.init_from '" + path + "': " + diff);
-  read_model_weights(reader, model,
-                     [&](const ParamInfo& p) { return sync_->replica_of(p) == 0; });
-  reader.close();  // verifies the checksums and values of everything read, on every rank
-  return meta.step;
+  // Each weight's checksum is counted by its first data-parallel replica.
+  return load_checkpoint_weights(path, config_, *model_,
+                                 [&](const ParamInfo& p) { return sync_->replica_of(p) == 0; },
+                                 groups_.mpi_world);
 }
 
 }  // namespace trident

@@ -28,6 +28,7 @@
 namespace trident {
 
 class BpeTokenizer;
+struct CheckpointedState;
 
 // How a run ended: all steps done; stopped early (signal, time limit) after a checkpoint; or
 // diverged: the divergence guard asked for a rollback that could not be taken (no committed
@@ -64,16 +65,17 @@ class Trainer {
   // ones; returns its path.
   std::string save_checkpoint(int64_t steps_done);
   // Collective: loads a checkpoint written by any layout; training continues at its step.
-  // Runs check_checkpoint (train/checkpointing.hpp), refuses a model other than the config's
-  // and, unless checkpoint.allow_data_change, another data order (train.global_batch,
-  // train.seed, data.shuffle, data.train blend weights); the tensors must be intact
-  // (checksums) and finite.
+  // Runs check_checkpoint and check_checkpoint_compatible (train/checkpointing.hpp), refuses a
+  // model other than the config's and, unless checkpoint.allow_data_change, another data order
+  // (train.global_batch, train.seed, data.shuffle, data.train blend weights); the tensors must
+  // be intact (checksums) and finite (train/training_checkpoint.hpp).
   void load_checkpoint(const std::string& path);
   // Collective: takes the weights of a checkpoint written by any layout (train.init_from; an
   // imported one too) in place of the random init; the step counter, optimizer state and data
-  // order stay fresh. Runs check_checkpoint and refuses a checkpoint whose stored model
-  // differs from the config's, naming the first differing key and both values; its weights
-  // must be intact (checksums) and finite. Returns the step the checkpoint was written at.
+  // order stay fresh. Runs check_checkpoint and check_checkpoint_compatible: refuses a
+  // checkpoint whose stored model differs from the config's, naming the first differing key
+  // and both values; its weights must be intact (checksums) and finite. Returns the step the
+  // checkpoint was written at.
   int64_t init_weights_from(const std::string& path);
   // One optimizer step (0-based `step`): forward_backward, then apply_update.
   StepMetrics train_step(int64_t step);
@@ -157,9 +159,8 @@ class Trainer {
   void corrupt_for_test(int64_t step, double& loss);
   // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
   double rollback_lr_factor() const;
-  // Host memory holding `n` floats of device memory `data`: the memory itself on the host
-  // device, else a copy in `staging` (checkpoints).
-  float* host_view(float* data, int64_t n, std::vector<float>& staging);
+  // What checkpoints hold of this rank (train/training_checkpoint.hpp).
+  CheckpointedState checkpointed_state();
   // Collective over the pipeline group: every stage's measured bubble (wait / busy) since the
   // previous call (StepMetrics::pipeline_bubble).
   std::vector<double> interval_bubbles();

@@ -1,0 +1,234 @@
+#include "train/training_checkpoint.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/ckpt_mpi.hpp"
+#include "checkpoint/commit.hpp"
+#include "model/stage_model.hpp"
+#include "optim/adamw.hpp"
+#include "optim/grad_sync.hpp"
+#include "train/checkpoint_tensors.hpp"
+#include "train/divergence_guard.hpp"
+#include "util/error.hpp"
+
+namespace trident {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Host memory holding `n` floats of device memory `data`: the memory itself on the host
+// device, else a copy in `staging` (HDF5 reads and writes host memory).
+float* host_view(Device& device, float* data, int64_t n, std::vector<float>& staging) {
+  if (device.is_host()) return data;
+  staging.resize(static_cast<size_t>(n));
+  device.to_host(staging.data(), data, n * static_cast<int64_t>(sizeof(float)));
+  return staging.data();
+}
+
+// Host views of a training state's weights and moments (a GPU rank's staged copies).
+struct HostState {
+  std::vector<float> weight_staging, m_staging, v_staging;
+  std::span<float> weights, exp_avg, exp_avg_sq;
+
+  explicit HostState(const CheckpointedState& s) {
+    Device& device = s.model.device();
+    const int64_t wn = s.model.flat_size(), sn = s.optimizer.exp_avg().size();
+    weights = {host_view(device, s.model.weights(), wn, weight_staging), static_cast<size_t>(wn)};
+    exp_avg = {host_view(device, s.optimizer.exp_avg().data(), sn, m_staging),
+               static_cast<size_t>(sn)};
+    exp_avg_sq = {host_view(device, s.optimizer.exp_avg_sq().data(), sn, v_staging),
+                  static_cast<size_t>(sn)};
+  }
+  // After a read: the staged copies back to the device.
+  void to_device(const CheckpointedState& s) const {
+    Device& device = s.model.device();
+    if (device.is_host()) return;
+    auto bytes = [](std::span<float> v) { return static_cast<int64_t>(v.size_bytes()); };
+    device.from_host(s.model.weights(), weights.data(), bytes(weights));
+    device.from_host(s.optimizer.exp_avg().data(), exp_avg.data(), bytes(exp_avg));
+    device.from_host(s.optimizer.exp_avg_sq().data(), exp_avg_sq.data(), bytes(exp_avg_sq));
+  }
+};
+
+// This rank's part of one tensor of the training state: the runs of its whole shard (weights
+// in the flat buffer, moments in the optimizer's state), and whether its copy is the one the
+// checkpoint holds: then it writes it, and what it reads counts in the checksums (each element
+// on one rank only, so the sums agree with the file's).
+struct TensorShare {
+  std::vector<Run> weights, moments;
+  bool writes_weights = false, writes_moments = false;
+};
+
+TensorShare share_of(const CheckpointTensor& t, const CheckpointedState& s) {
+  TensorShare share;
+  const ParamInfo* p = t.local;
+  if (p == nullptr) return share;
+  share.weights = param_runs(*p, 0, p->numel(), p->offset);
+  share.moments = state_runs(*p, s.optimizer.owned());
+  // The first of p's data-parallel replicas (under expert parallelism an expert's are its
+  // expert-data group) writes p; every holder of a ZeRO-1 slice writes its slice's moments.
+  const bool first_replica = s.sync.replica_of(*p) == 0;
+  share.writes_weights = p->counted_in_norm && first_replica;
+  share.writes_moments = p->counted_in_norm && (first_replica || s.sync.zero_for(*p));
+  return share;
+}
+
+ChecksumShare counted_if(bool counts) {
+  return counts ? ChecksumShare::all() : ChecksumShare::none();
+}
+
+// Resume's checks of the data order against the checkpoint's; returns the run's skip list
+// joined with the checkpoint's.
+std::vector<int64_t> resumed_skip_list(const std::string& path, const CheckpointMeta& meta,
+                                       const Config& c, const std::vector<int64_t>& run_skips,
+                                       bool report) {
+  // Which samples step `meta.step` reads depends on the global batch, the seed and shuffling
+  // (the sampler is a pure function of them and the step): with another value the run would
+  // not go on with the samples it has not seen yet.
+  const std::string changes = data_order_changes(meta.config, c);
+  if (!changes.empty() && !c.checkpoint.allow_data_change)
+    throw Error("checkpoint '" + path + "' was written with another data order (" + changes +
+                " in " + c.source + "): resuming would not continue where it stopped; set "
+                "checkpoint.allow_data_change = true to resume anyway");
+  if (!changes.empty() && report)
+    std::printf("note: resuming with another data order (%s; checkpoint.allow_data_change): "
+                "step %lld reads the new order's batch %lld\n",
+                changes.c_str(), static_cast<long long>(meta.step),
+                static_cast<long long>(meta.step));
+  // The checkpoint's skip list joins the run's. The batches the steps before it read must stay
+  // the same: a skip added below its position would shift them.
+  const std::vector<int64_t> skips = merged_skip_list(run_skips, meta.skipped_batches);
+  if (skips_below(skips, meta.sampler_position) != skips_below(meta.skipped_batches,
+                                                                meta.sampler_position) &&
+      !c.checkpoint.allow_data_change)
+    throw Error("checkpoint '" + path + "' is at global batch " +
+                std::to_string(meta.sampler_position) + " with skipped_batches " +
+                skip_list_text(meta.skipped_batches) + ", but train.skip_batches in " +
+                c.source + " skips " + skip_list_text(skips_below(skips, meta.sampler_position)) +
+                " below it: resuming would not continue where it stopped; set "
+                "checkpoint.allow_data_change = true to resume anyway");
+  return skips;
+}
+
+}  // namespace
+
+std::string save_training_checkpoint(const Config& c, const CheckpointedState& state,
+                                     const CheckpointProgress& progress, MPI_Comm comm,
+                                     bool report, const std::string& resumed_from) {
+  const HostState host(state);
+  auto fill = [&](CheckpointWriter& w) {
+    // Every rank makes every write (they are collective); a rank's runs are the parts it
+    // writes, none for the copies another rank writes.
+    for_each_checkpoint_tensor(c.model, state.model.params(), [&](const CheckpointTensor& t) {
+      const TensorShare share = share_of(t, state);
+      const std::vector<Run> none;
+      const std::vector<int64_t>& shape = t.global.global_shape;
+      w.write_tensor(t.dataset(kWeightsRoot), shape, share.writes_weights ? share.weights : none,
+                     host.weights);
+      w.write_tensor(t.dataset(kExpAvgRoot), shape, share.writes_moments ? share.moments : none,
+                     host.exp_avg);
+      w.write_tensor(t.dataset(kExpAvgSqRoot), shape,
+                     share.writes_moments ? share.moments : none, host.exp_avg_sq);
+    });
+    write_checkpoint_attributes(w, c, progress);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string path = write_checkpoint(c.checkpoint.dir, progress.step, comm, fill);
+  const double seconds = seconds_since(t0);
+  if (report) {
+    std::vector<std::string> protect = {path};
+    if (!resumed_from.empty()) protect.push_back(resumed_from);
+    prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, protect);
+    const double mb = std::filesystem::file_size(path) / 1e6;
+    std::printf("checkpoint %s written (step %lld): %.1f MB in %.3f s, %.1f MB/s\n",
+                path.c_str(), static_cast<long long>(progress.step), mb, seconds, mb / seconds);
+    std::fflush(stdout);
+  }
+  return path;
+}
+
+std::string agreed_latest_checkpoint(const std::string& dir, MPI_Comm comm) {
+  std::string latest;
+  if (ckpt::comm_rank(comm) == 0) latest = latest_checkpoint(dir).value_or("");
+  return ckpt::bcast_string(comm, latest, 0);
+}
+
+ResumedProgress load_training_checkpoint(const std::string& path, const Config& c,
+                                         const std::vector<int64_t>& run_skips,
+                                         const CheckpointedState& state, MPI_Comm comm,
+                                         bool report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // The same checks as `trident ckpt info --verify`: the metadata and schema here, the
+  // checksums and values of every tensor as it is read (checkpoint_reader_options).
+  CheckpointReader reader(path, comm, checkpoint_reader_options());
+  ResumedProgress out;
+  out.meta = check_checkpoint(reader);
+  // The model must be the config's; everything else may differ (the layout above all).
+  check_checkpoint_compatible(reader, out.meta, c.model, c.source, "checkpoint '" + path + "'");
+  out.skipped_batches = resumed_skip_list(path, out.meta, c, run_skips, report);
+  HostState host(state);  // a GPU rank's copies: padding keeps the device's values
+  // Every rank reads its whole shard; reads are collective like the writes.
+  for_each_checkpoint_tensor(c.model, state.model.params(), [&](const CheckpointTensor& t) {
+    const TensorShare share = share_of(t, state);
+    const std::vector<int64_t>& shape = t.global.global_shape;
+    reader.read_tensor(t.dataset(kWeightsRoot), shape, share.weights, host.weights,
+                       counted_if(share.writes_weights));
+    reader.read_tensor(t.dataset(kExpAvgRoot), shape, share.moments, host.exp_avg,
+                       counted_if(share.writes_moments));
+    reader.read_tensor(t.dataset(kExpAvgSqRoot), shape, share.moments, host.exp_avg_sq,
+                       counted_if(share.writes_moments));
+  });
+  reader.close();  // verifies the checksums and values of everything read, on every rank
+  state.optimizer.set_updates(out.meta.optimizer_updates);
+  host.to_device(state);
+  state.model.weights_changed();
+  if (report) {
+    const double seconds = seconds_since(t0);
+    const double mb = std::filesystem::file_size(path) / 1e6;
+    std::printf("checkpoint %s read: %.1f MB in %.3f s, %.1f MB/s\n", path.c_str(), mb, seconds,
+                mb / seconds);
+  }
+  if (out.meta.step > c.train.steps)
+    throw Error("checkpoint '" + path + "' is at step " + std::to_string(out.meta.step) +
+                ", past train.steps = " + std::to_string(c.train.steps));
+  return out;
+}
+
+int64_t load_checkpoint_weights(const std::string& path, const Config& config, StageModel& model,
+                                const std::function<bool(const ParamInfo&)>& counts_checksum,
+                                MPI_Comm comm) {
+  CheckpointReader reader(path, comm, checkpoint_reader_options());
+  const CheckpointMeta meta = check_checkpoint(reader);
+  check_checkpoint_compatible(reader, meta, config.model, config.source,
+                              "train.init_from '" + path + "'");
+  read_model_weights(reader, model, counts_checksum);
+  reader.close();  // verifies the checksums and values of everything read, on every rank
+  return meta.step;
+}
+
+void read_model_weights(CheckpointReader& reader, StageModel& model,
+                        const std::function<bool(const ParamInfo&)>& counts_checksum) {
+  const int64_t n = model.flat_size();
+  Device& device = model.device();
+  std::vector<float> staging;
+  if (!device.is_host()) staging.resize(static_cast<size_t>(n));
+  float* weights = device.is_host() ? model.weights() : staging.data();
+  for_each_checkpoint_tensor(model.config(), model.params(), [&](const CheckpointTensor& t) {
+    const ParamInfo* p = t.local;
+    const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
+    reader.read_tensor(t.dataset(kWeightsRoot), t.global.global_shape, runs,
+                       {weights, static_cast<size_t>(n)},
+                       counted_if(p && p->counted_in_norm && counts_checksum(*p)));
+  });
+  if (!device.is_host())
+    device.from_host(model.weights(), weights, n * static_cast<int64_t>(sizeof(float)));
+  model.weights_changed();
+}
+
+}  // namespace trident

@@ -1,0 +1,77 @@
+#pragma once
+// What a training run saves and loads: one rank's model shard, AdamW's moments and the run's
+// counters, in the model checkpoint format of train/checkpointing.hpp. Every reader and writer
+// here goes through the one walk over the checkpoint's tensors (train/checkpoint_tensors.hpp)
+// and the one compatibility check (check_checkpoint_compatible). All functions are collective
+// over `comm` (the job's ranks) and throw one trident::Error line naming the file.
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/h5_file.hpp"
+#include "config/config.hpp"
+#include "model/params.hpp"
+#include "train/checkpointing.hpp"
+
+namespace trident {
+
+class AdamW;
+class GradientSync;
+class StageModel;
+
+// One rank's part of the training state a checkpoint holds.
+struct CheckpointedState {
+  StageModel& model;
+  AdamW& optimizer;          // its moments (of the ranges it owns) and update count
+  const GradientSync& sync;  // which replica of each tensor writes it (and counts its checksum)
+};
+
+// Writes checkpoint `progress.step` of `state` into config.checkpoint.dir atomically
+// (checkpoint/commit.hpp). Then, where `report` holds (rank 0), prunes the directory to
+// checkpoint.keep (never the new file nor `resumed_from`) and prints its line: path, size,
+// seconds, MB/s. Returns the path.
+std::string save_training_checkpoint(const Config& config, const CheckpointedState& state,
+                                     const CheckpointProgress& progress, MPI_Comm comm,
+                                     bool report, const std::string& resumed_from);
+
+// The checkpoint a rollback goes back to: the one rank 0 finds in `dir` (latest_checkpoint,
+// checkpoint/commit.hpp), on every rank, so that all read the same file; "" when there is none.
+std::string agreed_latest_checkpoint(const std::string& dir, MPI_Comm comm);
+
+// What a resume takes from its checkpoint besides the tensors.
+struct ResumedProgress {
+  CheckpointMeta meta;                   // step, optimizer updates, skipped steps, rollbacks
+  std::vector<int64_t> skipped_batches;  // the run's skip list joined with the checkpoint's
+};
+
+// Loads a checkpoint written by any layout into `state` (weights, moments, the optimizer's
+// update count): check_checkpoint, check_checkpoint_compatible with config.model, the data
+// order and skip list (refused if they changed, unless checkpoint.allow_data_change), every
+// tensor's checksum and values; refuses a step past train.steps. `run_skips`: the run's skip
+// list. Where `report` holds (rank 0) it prints the note of a changed data order and the
+// read's line.
+ResumedProgress load_training_checkpoint(const std::string& path, const Config& config,
+                                         const std::vector<int64_t>& run_skips,
+                                         const CheckpointedState& state, MPI_Comm comm, bool report);
+
+// train.init_from (and `trident eval`): the weights of a checkpoint written by any layout into
+// `model` in place of its init, after check_checkpoint and check_checkpoint_compatible (the
+// message names "train.init_from 'PATH'"); checksums and values verified. `counts_checksum`
+// as for read_model_weights. Returns the step the checkpoint was written at.
+int64_t load_checkpoint_weights(const std::string& path, const Config& config, StageModel& model,
+                                const std::function<bool(const ParamInfo&)>& counts_checksum,
+                                MPI_Comm comm);
+
+// Collective over the reader's ranks: this rank's shard of every weight of the model
+// checkpoint into model.weights() (any layout's checkpoint into the model's layout), then
+// weights_changed(). Each parameter for which `counts_checksum` holds on one copy of the model
+// (data-parallel rank 0; for an expert under expert parallelism, expert-data rank 0) counts
+// what it read in the checksums, which reader.close() verifies. The model must be the
+// checkpoint's (check_checkpoint_compatible).
+void read_model_weights(CheckpointReader& reader, StageModel& model,
+                        const std::function<bool(const ParamInfo&)>& counts_checksum);
+
+}  // namespace trident
