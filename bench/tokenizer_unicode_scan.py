@@ -135,6 +135,9 @@ def scan(kind, cps, binary, tmp):
                 c = chunk[i // len(CONTEXTS)]
                 differing.setdefault(c, []).append(CONTEXTS[i % len(CONTEXTS)][0])
         compared += len(texts)
+        if len(cps) > CHUNK:
+            print(f"{kind}: U+{chunk[0]:04X}..U+{chunk[-1]:04X} done, {len(differing)} "
+                  "characters differ so far", file=sys.stderr, flush=True)
     return differing, compared
 
 
