@@ -49,6 +49,8 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 SLICE_BLOCKS = [
     (0x0000, 0x00FF, "Basic Latin, Latin-1 (U+0085 NEL, U+00A0)"),
     (0x1800, 0x18AF, "Mongolian (U+180E, \\s in PCRE2, Cf in Oniguruma)"),
+    (0x1C80, 0x1C8F, "Cyrillic Extended-C (U+1C89-1C8A: Unicode 16.0 in an older block)"),
+    (0xA7C0, 0xA7FF, "Latin Extended-D, its end (U+A7CB-A7DC: Unicode 16.0)"),
     (0x2000, 0x206F, "General Punctuation (spaces, U+2028/2029)"),
     (0x3000, 0x303F, "CJK Symbols and Punctuation (U+3000)"),
     (0x11F00, 0x11F5F, "Kawi (Unicode 15.0)"),
@@ -142,8 +144,10 @@ def scan(kind, cps, binary, tmp):
 
 
 def describe(c):
+    """U+XXXX and its name where this Python's Unicode data has one."""
     import unicodedata
-    return f"U+{c:04X} {unicodedata.name(chr(c), '(no name in Python ' + unicodedata.unidata_version + ')')}"
+    version = unicodedata.unidata_version
+    return f"U+{c:04X} {unicodedata.name(chr(c), f'(unnamed in Python Unicode {version})')}"
 
 
 def main():
