@@ -1,11 +1,13 @@
 // The BPE tokenizer on tiny hand-made tokenizer.json files: merge order (lowest rank first,
 // leftmost among equals), both merge forms, pieces never merged across, added tokens cut out
-// first (longest wins), the post-processor's template, decoding, and refused files.
+// first (longest wins), the post-processor's template, decoding, and refused files; the
+// pre-tokenizer's Unicode classes as tokenizers has them (Unicode 16.0), not as PCRE2 has.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/bpe_tokenizer.hpp"
+#include "tokenizer/unicode_classes.hpp"
 #include "util/error.hpp"
 
 using namespace trident;
@@ -225,4 +227,71 @@ TEST(Bpe, RefusesWhatItCannotRun) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/tokenizer.json"), std::string::npos);
   }
+}
+
+namespace {
+
+// The byte-level form of raw bytes, as vocabulary entries are written.
+std::string byte_level(std::string_view bytes) {
+  std::string out;
+  for (const char c : bytes) out += byte_char(static_cast<uint8_t>(c));
+  return out;
+}
+
+}  // namespace
+
+// The pre-tokenizer's Unicode classes are the ones Hugging Face tokenizers matches (Unicode
+// 16.0, Oniguruma's \s), whatever the installed PCRE2's tables say (Debian's 10.42: Unicode 14,
+// U+180E in \s). Each text's expected pieces are whole vocabulary entries (ignore_merges), so
+// a piece cut elsewhere falls apart into byte ids. Ids as tokenizers 0.23 gives them.
+TEST(Bpe, UnicodeClassesAreTokenizersNotPcre2) {
+  const std::string mvs = "\xE1\xA0\x8E";          // U+180E: Cf, not \s, since Unicode 6.3
+  const std::string ext_h = "\xF0\xB1\x8D\x90";    // U+31350: CJK Extension H (Unicode 15.0)
+  const std::string kawi = "\xF0\x91\xBD\x90";     // U+11F50: KAWI DIGIT ZERO (15.0, Nd)
+  const std::string nel = "\xC2\x85";              // U+0085: \s in both
+  json j = tiny_tokenizer({byte_level("!" + mvs), byte_level("a" + ext_h + "b"),
+                           byte_level("1" + kawi + "2"), byte_level(nel + nel)},
+                          json::array());
+  j["model"]["ignore_merges"] = true;
+  const auto t = load(j);
+  EXPECT_EQ(t.encode("!" + mvs), ids({256}));               // ' ?[^\s\p{L}\p{N}]+'
+  EXPECT_EQ(t.encode("a" + ext_h + "b"), ids({257}));       // ' ?\p{L}+'
+  EXPECT_EQ(t.encode("1" + kawi + "2"), ids({258}));         // ' ?\p{N}+'
+  EXPECT_EQ(t.encode("x" + nel + nel), ids({'x', 259}));     // '\s+(?!\S)'
+}
+
+TEST(Bpe, UnicodeClassesAsExplicitRanges) {
+  EXPECT_STREQ(pinned_unicode_version(), "16.0");
+  // Outside a class a bracketed set; inside one its ranges; negations as the complement.
+  const std::string space = "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}"
+                            "\\x{2028}-\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+  EXPECT_EQ(pin_unicode_classes("\\s+", "t"), "[" + space + "]+");
+  EXPECT_EQ(pin_unicode_classes("[^\\s]", "t"), "[^" + space + "]");
+  EXPECT_EQ(pin_unicode_classes("\\S", "t").substr(0, 18), "[\\x{0}-\\x{8}\\x{E}-");
+  EXPECT_EQ(pin_unicode_classes("\\p{Nd}", "t").substr(0, 29), "[\\x{30}-\\x{39}\\x{660}-\\x{669}");
+  EXPECT_EQ(pin_unicode_classes("\\pN", "t"), pin_unicode_classes("\\p{Number}", "t"));
+  EXPECT_EQ(pin_unicode_classes("\\P{L}", "t"), pin_unicode_classes("\\p{^letter}", "t"));
+  // What is not a Unicode class is left as it is (escapes, \Q..\E, groups, options).
+  const std::string plain = "(?i:'s|'t)|\\x{41}\\Q\\p{L}\\E[\\]\\n]|(?-i)a{1,3}(?#\\p{Han})";
+  EXPECT_EQ(pin_unicode_classes(plain, "t"), plain);
+  // (?i) ends with its group: the class after it is outside.
+  EXPECT_NO_THROW(pin_unicode_classes("(?i:'s)|(a(?i)b)\\p{L}", "t"));
+  const auto message = [](const std::string& pattern) {
+    try {
+      pin_unicode_classes(pattern, "t.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("\\p{Han}").find("t.json: pre_tokenizer regex: \\p{Han} (Trident pins"),
+            std::string::npos) << message("\\p{Han}");
+  EXPECT_NE(message("(?i:\\p{Lu})").find("inside a case-insensitive group (at offset 4)"),
+            std::string::npos) << message("(?i:\\p{Lu})");
+  EXPECT_NE(message("(?i)x|\\s").find("case-insensitive"), std::string::npos);
+  EXPECT_NE(message("[[:alpha:]]").find("POSIX class"), std::string::npos);
+  EXPECT_NE(message("a\\b").find("\\b (at offset 1)"), std::string::npos);
+  EXPECT_NE(message("\\h").find("\\h"), std::string::npos);
+  EXPECT_NE(message("(?x) a").find("(?x)"), std::string::npos);
+  EXPECT_NE(message("\\p{Cs}").find("\\p{Cs}"), std::string::npos);
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/unicode_classes.hpp"
 #include "util/error.hpp"
 #include "util/input_file.hpp"
 
@@ -118,21 +119,31 @@ bool bool_field(const json& object, const char* key, bool fallback) {
 // and the text between them in order, as HF's Split with behaviour "Isolated" does.
 class PieceSplitter {
  public:
+  // The file's pattern is compiled as written first, so that a syntax error's offset is one
+  // in the file; then with its Unicode classes as explicit ranges (unicode_classes.hpp), which
+  // is what runs: the pieces do not depend on the Unicode tables of the PCRE2 installed.
   PieceSplitter(const std::string& pattern, const std::string& source) : source_(source) {
+    pcre2_code_free(compile(pattern, source));
+    const std::string pinned = pin_unicode_classes(pattern, source);
+    code_ = compile(pinned, source + " (its Unicode classes as explicit ranges)");
+    // Without JIT (a PCRE2 built without it) the interpreter gives the same matches, slower.
+    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  }
+  ~PieceSplitter() { pcre2_code_free(code_); }
+  static pcre2_code* compile(const std::string& pattern, const std::string& source) {
     int error = 0;
     PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                          PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
-    if (code_ == nullptr) {
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()),
+                                     pattern.size(), PCRE2_UTF | PCRE2_UCP, &error, &offset,
+                                     nullptr);
+    if (code == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof message);
       throw Error(source + ": pre_tokenizer regex does not compile at offset " +
                   std::to_string(offset) + ": " + reinterpret_cast<const char*>(message));
     }
-    // Without JIT (a PCRE2 built without it) the interpreter gives the same matches, slower.
-    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+    return code;
   }
-  ~PieceSplitter() { pcre2_code_free(code_); }
   PieceSplitter(const PieceSplitter&) = delete;
   PieceSplitter& operator=(const PieceSplitter&) = delete;
 

@@ -1,7 +1,7 @@
 #pragma once
 // Byte-level BPE as Hugging Face `tokenizers` runs it, read from a tokenizer.json: added
-// (special) tokens split off first, then the pre-tokenizer's regex (PCRE2, Unicode classes)
-// cuts the text into pieces, each piece's bytes are merged by the BPE merge ranks, and the
+// (special) tokens split off first, then the pre-tokenizer's regex (PCRE2, its Unicode classes
+// as tokenizers has them: unicode_classes.hpp) cuts the text into pieces, each piece's bytes are merged by the BPE merge ranks, and the
 // post-processor's template adds its special tokens. Decoding maps ids back to bytes. Also the
 // byte-level vocabulary of data_tools/prepare_text.py's default (token = byte value, 256 ids).
 // docs/tokenizer.md lists what of tokenizer.json is supported; anything else is refused with
