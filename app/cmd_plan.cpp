@@ -354,6 +354,7 @@ void run_plan(const PlanOptions& options) {
   if (options.json) {
     nlohmann::json out = {{"config", c.source},         {"hardware", problem.hw.source},
                           {"nodes", problem.nodes},     {"devices", problem.devices()},
+                          {"device_memory_gib", problem.hw.device.memory_gib},
                           {"global_batch", problem.global_batch},
                           {"precision", problem.precision}, {"layouts", ranked.size()},
                           {"fitting", fitting}, {"plan_seconds", seconds},

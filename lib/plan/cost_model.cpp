@@ -963,12 +963,12 @@ std::vector<PlanWarning> problem_warnings(const PlanProblem& p) {
   if (p.global_batch < devices)
     out.push_back(
         {"batch", 'B',
-         format("batch: the global batch of %lld sequences is fewer than the %lld devices (the "
+         format("batch: the global batch of %lld sequence%s is fewer than the %lld devices (the "
                 "data-parallel ranks of a layout without model parallelism): DP is at most %lld, "
                 "so every layout splits each model replica over TP x PP >= %lld devices whether "
                 "the model needs it or not; plan fewer nodes or a global batch of at least %lld",
-                static_cast<long long>(p.global_batch), static_cast<long long>(devices),
-                static_cast<long long>(p.global_batch),
+                static_cast<long long>(p.global_batch), p.global_batch == 1 ? "" : "s",
+                static_cast<long long>(devices), static_cast<long long>(p.global_batch),
                 static_cast<long long>((devices + p.global_batch - 1) / p.global_batch),
                 static_cast<long long>(devices))});
   return out;
