@@ -105,8 +105,8 @@ struct Prediction {
   // The data-parallel gradient reduction (DP > 1): its whole time, the backward it is taken to
   // overlap (the last micro-batch's, on the busiest stage) and the part of it the model counts
   // as hidden there. That overlap is assumed, not simulated: the pipeline's simulator schedules
-  // the stages' ops and transfers, never the reduction's buckets (plan_warnings says so).
-  double dp_gradient_bytes = 0.0;  // the fullest stage's gradients, fp32
+  // the stages' ops and transfers, never the reduction's buckets (layout_warnings says so).
+  double dp_gradient_bytes = 0.0;  // the largest stage's gradients, fp32
   double dp_reduce_seconds = 0.0;
   double dp_window_seconds = 0.0;
   double dp_hidden_seconds = 0.0;
