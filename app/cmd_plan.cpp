@@ -30,6 +30,9 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
                   "Sequences per step (default: the config's train.global_batch)");
   cmd->add_option("--top", options.top, "Layouts to print (default 10)");
   cmd->add_flag("--json", options.json, "Print JSON instead of the table");
+  cmd->add_flag("--wide", options.wide,
+                "Every column of the table: each time and memory part, tokens/s, TFLOP/s "
+                "(default: what fits 120 columns)");
   cmd->add_option("--layout", options.layout,
                   "Only layouts with these values, e.g. tensor=8,pipeline=2,recompute=full");
   // Modelling another system than Trident's trainer (validation against published runs).
@@ -51,7 +54,13 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
+nlohmann::json warnings_json(const std::vector<PlanWarning>& warnings) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const PlanWarning& w : warnings) out.push_back({{"kind", w.kind}, {"text", w.text}});
+  return out;
+}
+
+nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t global_batch) {
   const Layout& l = p.layout;
   return {{"layout",
            {{"tensor", l.tp}, {"pipeline", l.pp}, {"data", l.dp}, {"micro_batch", l.micro_batch},
@@ -75,17 +84,31 @@ nlohmann::json to_json(const Prediction& p, int64_t global_batch) {
           {"tokens_per_second", p.tokens_per_second},
           {"tflops_per_device", p.tflops_per_device},
           {"mfu", p.mfu},
+          {"dp_reduction",
+           {{"gradient_bytes", p.dp_gradient_bytes}, {"seconds", p.dp_reduce_seconds},
+            {"backward_window_seconds", p.dp_window_seconds},
+            {"assumed_hidden_seconds", p.dp_hidden_seconds}}},
+          {"warnings", warnings_json(layout_warnings(problem, p))},
           {"set", layout_overrides(p.layout, global_batch)}};
 }
 
-// With MoE layers (`moe`) two more columns: the expert-parallel degree and its all-to-alls.
-void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
+// The warn column: each warning's letter, in their fixed order.
+std::string warning_codes(const std::vector<PlanWarning>& warnings) {
+  std::string codes;
+  for (const PlanWarning& w : warnings) codes += w.code;
+  return codes.empty() ? "-" : codes;
+}
+
+// --wide: every column, each time and memory part apart. With MoE layers (`moe`) two more
+// columns: the expert-parallel degree and its all-to-alls.
+void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>& ranked,
+                      size_t top, bool moe) {
   std::printf("%4s %3s %3s %4s%s %3s %-11s %4s %-5s %2s %2s %-9s %9s | %8s %7s%s %7s %7s %7s "
-              "%7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s\n",
+              "%7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s %s\n",
               "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z", "SP",
               "recompute", "step s", "compute", "tp", moe ? "      ep" : "", "bubble", "pp", "dp",
               "optim", "mem GiB", "wts", "grads", "opt", "acts", "bufs", "tokens/s", "TFLOP/s",
-              "MFU");
+              "MFU", "warn");
   for (size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Prediction& p = ranked[i];
     const Layout& l = p.layout;
@@ -96,7 +119,7 @@ void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
     }
     std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | %8.3g "
                 "%7.3g%s %7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g "
-                "%7.4g %5.1f%%\n",
+                "%7.4g %5.1f%% %s\n",
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
                 static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
@@ -107,8 +130,77 @@ void print_table(const std::vector<Prediction>& ranked, size_t top, bool moe) {
                 p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,
                 p.memory.gradients / kGiB, p.memory.optimizer / kGiB,
                 p.memory.activations / kGiB, p.memory.buffers / kGiB, p.tokens_per_second,
-                p.tflops_per_device, 100.0 * p.mfu);
+                p.tflops_per_device, 100.0 * p.mfu,
+                warning_codes(layout_warnings(problem, p)).c_str());
   }
+}
+
+// The default table, within 120 columns (114 with the EP column): the layout, the step time
+// and its shares (compute; communication: TP, EP, pipeline transfers and the exposed DP
+// reduction; bubble; optimizer), the memory of the fullest device, MFU and the warnings'
+// letters.
+void print_table(const PlanProblem& problem, const std::vector<Prediction>& ranked, size_t top,
+                 bool moe) {
+  std::printf("%4s %3s %3s %4s%s %3s %-11s %2s %-5s %1s %2s %-9s %8s %5s %5s %5s %5s %8s  %5s "
+              "%s\n",
+              "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z", "SP",
+              "recompute", "step s", "comp%", "comm%", "bub%", "opt%", "mem GiB", "MFU%", "warn");
+  for (size_t i = 0; i < ranked.size() && i < top; ++i) {
+    const Prediction& p = ranked[i];
+    const Layout& l = p.layout;
+    char ep[16] = "";
+    if (moe) std::snprintf(ep, sizeof ep, " %3lld", static_cast<long long>(l.ep));
+    const double step = p.step_seconds > 0.0 ? p.step_seconds : 1.0;
+    auto share = [step](double seconds) { return 100.0 * seconds / step; };
+    const double comm =
+        p.time.tp_comm + p.time.ep_comm + p.time.pp_transfer + p.time.dp_exposed;
+    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %2lld %-5s %1d %2d %-9s %8.4g %5.1f %5.1f "
+                "%5.1f %5.1f %8.3g%s %5.1f %s\n",
+                i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
+                static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
+                to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
+                l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0,
+                to_string(l.recompute).c_str(), p.step_seconds, share(p.time.compute),
+                share(comm), share(p.time.bubble), share(p.time.optimizer),
+                p.memory.total() / kGiB, p.fits ? " " : "!", 100.0 * p.mfu,
+                warning_codes(layout_warnings(problem, p)).c_str());
+  }
+}
+
+// `text` after `lead`, its words wrapped within 120 columns, continuation lines indented 4.
+void print_wrapped(const std::string& lead, const std::string& text) {
+  constexpr size_t kColumns = 120;
+  std::string line = lead;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(' ', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(at, end - at);
+    const bool fresh = line.find_first_not_of(' ') == std::string::npos;
+    if (!fresh && line.size() + 1 + word.size() > kColumns) {
+      std::printf("%s\n", line.c_str());
+      line = "    ";
+    }
+    line += (line.find_first_not_of(' ') == std::string::npos ? "" : " ") + word;
+    at = end + 1;
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+// The warnings in full: the plan's own, then the best layout's; the other rows' are their
+// letters in the warn column. Nothing when there are none.
+void print_warnings(const PlanProblem& problem, const std::vector<Prediction>& ranked,
+                    size_t top) {
+  const std::vector<PlanWarning> all = problem_warnings(problem);
+  const std::vector<PlanWarning> best = layout_warnings(problem, ranked.front());
+  bool listed = false;  // any listed row with a warning
+  for (size_t i = 0; i < ranked.size() && i < top && !listed; ++i)
+    listed = !layout_warnings(problem, ranked[i]).empty();
+  if (all.empty() && !listed) return;
+  std::printf("warnings (warn: m micro-batches per stage, h memory headroom, b bubble, o overlap "
+              "assumed; docs/plan.md \"Warnings\"):\n");
+  for (const PlanWarning& w : all) print_wrapped("  every layout:", w.text);
+  for (const PlanWarning& w : best) print_wrapped("  layout 1:", w.text);
 }
 
 // The one line for a model that fits no layout: the layout that needs the least memory, and
@@ -187,6 +279,9 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
                   problem.hw.device.memory_gib, p.fits ? "" : " (does not fit)");
     chosen.why += line;
   }
+  std::vector<PlanWarning> warnings = problem_warnings(problem);
+  for (PlanWarning& w : layout_warnings(problem, ranked.front())) warnings.push_back(w);
+  for (const PlanWarning& w : warnings) chosen.why += "\n  warning: " + w.text;
   return chosen;
 }
 
@@ -259,12 +354,14 @@ void run_plan(const PlanOptions& options) {
   if (options.json) {
     nlohmann::json out = {{"config", c.source},         {"hardware", problem.hw.source},
                           {"nodes", problem.nodes},     {"devices", problem.devices()},
+                          {"device_memory_gib", problem.hw.device.memory_gib},
                           {"global_batch", problem.global_batch},
                           {"precision", problem.precision}, {"layouts", ranked.size()},
-                          {"fitting", fitting}, {"plan_seconds", seconds}};
+                          {"fitting", fitting}, {"plan_seconds", seconds},
+                          {"warnings", warnings_json(problem_warnings(problem))}};
     out["best"] = nlohmann::json::array();
     for (size_t i = 0; i < ranked.size() && i < top; ++i)
-      out["best"].push_back(to_json(ranked[i], problem.global_batch));
+      out["best"].push_back(to_json(problem, ranked[i], problem.global_batch));
     std::printf("%s\n", out.dump(2).c_str());
     std::fflush(stdout);
     return;
@@ -296,7 +393,11 @@ void run_plan(const PlanOptions& options) {
               ranked.size(), fitting);
   if (pipeline_capped) std::printf("%s\n", cap_note.c_str());
   std::printf("planned in %.2f s\n", seconds);
-  print_table(ranked, top, c.model.moe_experts > 0);
+  if (options.wide)
+    print_wide_table(problem, ranked, top, c.model.moe_experts > 0);
+  else
+    print_table(problem, ranked, top, c.model.moe_experts > 0);
+  print_warnings(problem, ranked, top);
   std::printf("best layout:\n ");
   for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))
     std::printf(" --set %s", s.c_str());

@@ -108,6 +108,7 @@ struct PlanOptions {
   int64_t global_batch = 0;  // 0: the config's train.global_batch
   int64_t top = 10;
   bool json = false;
+  bool wide = false;         // every column of the table (default: what fits 120 columns)
   std::string layout;        // "" or a partial layout (plan/cost_model.hpp LayoutFilter)
   std::string attention;     // "" | "materialized" | "fused" (PlanProblem::attention)
   bool no_dp_overlap = false;

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -341,4 +343,147 @@ TEST(AppPlan, MixtureOfExpertsListsExpertParallelLayouts) {
                                  " --nodes 2 --precision bf16 --top 1");
   EXPECT_EQ(mixtral.exit_code, 0) << mixtral.output;
   EXPECT_NE(mixtral.output.find("peak 989.4 TFLOP/s bf16"), std::string::npos) << mixtral.output;
+}
+
+// Issue 54 item 3 ("honest at scale"): the default table fits 120 columns, --wide prints every
+// column; both tables carry the warn column.
+namespace {
+
+// The table's lines: from its header ("   #  TP") to the line before "warnings" or "best layout:".
+std::vector<std::string> table_lines(const std::string& output) {
+  std::vector<std::string> lines;
+  const size_t start = output.find("\n   #  TP");
+  if (start == std::string::npos) return lines;
+  std::istringstream in(output.substr(start + 1));
+  std::string line;
+  while (std::getline(in, line) && line.rfind("warnings", 0) != 0 &&
+         line.rfind("best layout:", 0) != 0)
+    lines.push_back(line);
+  return lines;
+}
+
+size_t widest(const std::vector<std::string>& lines) {
+  size_t w = 0;
+  for (const std::string& l : lines) w = std::max(w, l.size());
+  return w;
+}
+
+const std::string kLlama8bOnH100 = "--config " + source("configs/llama_3.1_8b.toml") +
+                                   " --hardware " + source("configs/hardware/h100_dgx.toml");
+
+}  // namespace
+
+TEST(AppPlan, DefaultTableFitsOneHundredTwentyColumnsAndWideHasEveryColumn) {
+  const std::string moe = "--config " + source("configs/moe_tiny.toml") + " --hardware " +
+                          source("configs/hardware/cpu_2core.toml") + " --nodes 1 --top 10";
+  for (const std::string& args : {kLlama8bOnH100 + " --nodes 8 --top 10", moe}) {
+    const RunResult r = plan(args);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<std::string> table = table_lines(r.output);
+    ASSERT_EQ(table.size(), 11u) << r.output;  // the header and 10 rows
+    EXPECT_LE(widest(table), 120u) << r.output;
+    EXPECT_NE(table[0].find(" step s comp% comm%  bub%  opt%  mem GiB   MFU% warn"),
+              std::string::npos)
+        << table[0];
+    const RunResult w = plan(args + " --wide");
+    ASSERT_EQ(w.exit_code, 0) << w.output;
+    const std::vector<std::string> wide = table_lines(w.output);
+    ASSERT_EQ(wide.size(), 11u) << w.output;
+    EXPECT_GT(widest(wide), 120u) << w.output;
+    for (const char* column : {" compute ", " tp ", " bubble ", " pp ", " dp ", " optim ",
+                               " mem GiB ", " wts ", " grads ", " opt ", " acts ", " bufs ",
+                               " tokens/s ", " TFLOP/s ", " MFU ", " warn"})
+      EXPECT_NE(wide[0].find(column), std::string::npos) << column << "\n" << wide[0];
+  }
+}
+
+// The issue's cases: 256 sequences on 64 nodes of 8 GPUs is planned with a word about the
+// batch; on 8 nodes every listed layout's warnings are exactly those its own numbers call for
+// (JSON), and the best one's are printed in full.
+TEST(AppPlan, WarningsSayWhatTheNumbersHide) {
+  const RunResult big = plan(kLlama8bOnH100 + " --nodes 64 --top 3");
+  ASSERT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_NE(big.output.find("\n  every layout: batch: the global batch of 256 sequences is fewer "
+                            "than the 512 devices"),
+            std::string::npos)
+      << big.output;
+  const RunResult bj = run_command(trident_cmd("plan " + kLlama8bOnH100 + " --nodes 64 --top 1 "
+                                                                          "--json"),
+                                   120, false);
+  ASSERT_EQ(bj.exit_code, 0) << bj.output;
+  const nlohmann::json big_json = nlohmann::json::parse(bj.output);
+  ASSERT_EQ(big_json["warnings"].size(), 1u) << bj.output;
+  EXPECT_EQ(big_json["warnings"][0]["kind"], "batch");
+
+  const RunResult j = run_command(trident_cmd("plan " + kLlama8bOnH100 + " --nodes 8 --top 10 "
+                                                                         "--json"),
+                                  120, false);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  const nlohmann::json out = nlohmann::json::parse(j.output);
+  EXPECT_TRUE(out["warnings"].empty()) << "256 sequences on 64 devices";
+  const double capacity = out["device_memory_gib"].get<double>() * 1024 * 1024 * 1024;
+  std::set<std::string> seen;
+  for (const nlohmann::json& best : out["best"]) {
+    std::set<std::string> kinds;
+    for (const nlohmann::json& w : best["warnings"]) kinds.insert(w["kind"].get<std::string>());
+    const int64_t pp = best["layout"]["pipeline"];
+    const double step = best["step_seconds"];
+    const bool microbatches = pp > 1 && best["microbatches"].get<int64_t>() < 2 * pp;
+    const bool headroom =
+        best["fits"].get<bool>() && best["memory_bytes"]["total"].get<double>() > 0.9 * capacity;
+    const bool bubble = best["time"]["bubble"].get<double>() > 0.2 * step;
+    const bool overlap = best["dp_reduction"]["assumed_hidden_seconds"].get<double>() > 0.0;
+    EXPECT_EQ(kinds.count("microbatches") == 1, microbatches) << best.dump();
+    EXPECT_EQ(kinds.count("headroom") == 1, headroom) << best.dump();
+    EXPECT_EQ(kinds.count("bubble") == 1, bubble) << best.dump();
+    EXPECT_EQ(kinds.count("overlap") == 1, overlap) << best.dump();
+    seen.insert(kinds.begin(), kinds.end());
+  }
+  EXPECT_FALSE(seen.empty()) << "a plan whose ten best layouts hide nothing: " << j.output;
+  // The text prints the best layout's in full.
+  const RunResult t = plan(kLlama8bOnH100 + " --nodes 8 --top 10");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  for (const nlohmann::json& w : out["best"][0]["warnings"])
+    EXPECT_NE(t.output.find("\n  layout 1: " + w["kind"].get<std::string>() + ": "),
+              std::string::npos)
+        << w.dump() << "\n" << t.output;
+}
+
+// trident train --plan auto says the chosen layout's warnings with its reasons: one sequence a
+// step on two ranks.
+TEST(AppPlan, TrainPlanAutoSaysTheChosenLayoutsWarnings) {
+  const auto dir = scratch_dir("plan_auto_warnings");
+  const auto config = make_tiny_run(dir);
+  const RunResult r = run_command(
+      std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+          trident_cmd("train --config " + config.string() +
+                      " --set train.steps=1 --set train.global_batch=1 --set train.micro_batch=1 "
+                      "--plan auto --hardware " + source("configs/hardware/cpu_2core.toml")),
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n  warning: batch: the global batch of 1 sequence is fewer than the "
+                          "2 devices"),
+            std::string::npos)
+      << r.output;
+  std::filesystem::remove_all(dir);
+}
+
+// Errors are exactly one line, on one process or several: no MPI abort lines after it.
+TEST(AppPlan, ErrorsAreExactlyOneLine) {
+  const std::string cpu_7b = "--config " + source("configs/llama_2_7b.toml") +
+                             " --set train.precision=fp32 --set train.device=cpu --hardware " +
+                             source("configs/hardware/cpu_2core.toml") + " --nodes 1";
+  const std::pair<std::string, std::string> cases[] = {
+      {kLlama7bOnH100 + " --nodes 0", "trident: error: plan --nodes = 0 must be >= 1"},
+      {kLlama7bOnH100 + " --nodes 1 --layout colour=red",
+       "trident: error: --layout: unknown key \"colour\""},
+      {cpu_7b, "trident: error: no layout fits: "}};
+  for (const std::string launcher : {std::string(), std::string(TRIDENT_MPIEXEC) + " -n 2 "})
+    for (const auto& [args, start] : cases) {
+      const RunResult r = run_command(launcher + trident_cmd("plan " + args), 60);
+      EXPECT_EQ(r.exit_code, 1) << launcher << args << "\n" << r.output;
+      EXPECT_EQ(r.output.rfind(start, 0), 0u) << launcher << args << "\n" << r.output;
+      EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
+          << launcher << args << "\n" << r.output;
+    }
 }

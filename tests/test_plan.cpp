@@ -804,3 +804,164 @@ TEST(PlanMoe, ExpertParallelLayoutsAreEnumeratedWhereTheyDivide) {
   EXPECT_NE(layout_problem(p, l).find("needs a mixture of experts"), std::string::npos);
   for (const Layout& d : enumerate_layouts(p, {})) EXPECT_EQ(d.ep, 1);
 }
+
+// Issue 54 item 3: what a plan's numbers may hide is said beside them (docs/plan.md
+// "Warnings"), each warning exactly where its condition holds.
+namespace {
+
+const PlanWarning* find_warning(const std::vector<PlanWarning>& warnings, const std::string& kind) {
+  for (const PlanWarning& w : warnings)
+    if (w.kind == kind) return &w;
+  return nullptr;
+}
+
+bool warns(const PlanProblem& p, const Prediction& r, const std::string& kind) {
+  const std::vector<PlanWarning> warnings = layout_warnings(p, r);
+  return find_warning(warnings, kind) != nullptr;
+}
+
+bool warns(const PlanProblem& p, const Layout& l, const std::string& kind) {
+  return warns(p, predict(p, l), kind);
+}
+
+}  // namespace
+
+// M = global batch / (DP x micro-batch) micro-batches a step: PP > 1 and M < 2 PP warns.
+TEST(PlanWarnings, FewerThanTwoMicrobatchesPerPipelineStage) {
+  PlanProblem p = problem(small_gpt(), 1, 8);
+  p.hw.devices_per_node = 4;
+  EXPECT_FALSE(warns(p, layout(1, 4, 1, 1), "microbatches"));  // M = 8 = 2 PP
+  p.global_batch = 7;
+  const Prediction r = predict(p, layout(1, 4, 1, 1));
+  EXPECT_EQ(r.microbatches, 7);
+  const std::vector<PlanWarning> warnings = layout_warnings(p, r);
+  const PlanWarning* w = find_warning(warnings, "microbatches");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->code, 'm');
+  EXPECT_NE(w->text.find("7 micro-batches a step (global batch 7 / (DP 1 x micro-batch 1)) for 4 "
+                         "pipeline stages, fewer than 2 per stage"),
+            std::string::npos)
+      << w->text;
+  EXPECT_EQ(w->text.find('\n'), std::string::npos);
+  // DP and the micro-batch count: 24 / (2 x 2) = 6 < 8 on 4 stages; 32 / (2 x 2) = 8 is not.
+  p.hw.devices_per_node = 8;
+  p.global_batch = 24;
+  EXPECT_TRUE(warns(p, layout(1, 4, 2, 2), "microbatches"));
+  p.global_batch = 32;
+  EXPECT_FALSE(warns(p, layout(1, 4, 2, 2), "microbatches"));
+  // One stage has no pipeline to fill: one micro-batch a step is no warning.
+  p.hw.devices_per_node = 1;
+  p.global_batch = 1;
+  EXPECT_FALSE(warns(p, layout(1, 1, 1, 1), "microbatches"));
+}
+
+// Fewer sequences a step than devices: DP (which divides the global batch) cannot reach the
+// devices, so every layout splits the model; the plan says so once, for all of them.
+TEST(PlanWarnings, FewerSequencesThanDevices) {
+  PlanProblem p = problem(small_gpt(), 1, 8);  // 8 devices
+  EXPECT_TRUE(problem_warnings(p).empty());
+  p.global_batch = 7;
+  std::vector<PlanWarning> w = problem_warnings(p);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].kind, "batch");
+  EXPECT_NE(w[0].text.find("the global batch of 7 sequences is fewer than the 8 devices"),
+            std::string::npos)
+      << w[0].text;
+  EXPECT_NE(w[0].text.find("TP x PP >= 2 devices"), std::string::npos) << w[0].text;
+  // 2 nodes: 256 sequences on 512 devices is the issue's 64-node case in small.
+  p.nodes = 2;
+  p.global_batch = 8;
+  w = problem_warnings(p);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].text.find("8 sequences is fewer than the 16 devices"), std::string::npos)
+      << w[0].text;
+  p.global_batch = 16;
+  EXPECT_TRUE(problem_warnings(p).empty());
+}
+
+// A fitting layout with under 10 % of memory_gib left warns; one that does not fit is marked
+// as such instead.
+TEST(PlanWarnings, MemoryHeadroomUnderTenPercent) {
+  PlanProblem p = problem(small_gpt(), 1, 32);
+  p.hw.devices_per_node = 1;
+  const double used = predict(p, layout(1, 1, 1, 1)).memory.total();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  p.hw.device.memory_gib = used / 0.95 / gib;  // 5 % left
+  const Prediction tight = predict(p, layout(1, 1, 1, 1));
+  ASSERT_TRUE(tight.fits);
+  const std::vector<PlanWarning> warnings = layout_warnings(p, tight);
+  const PlanWarning* w = find_warning(warnings, "headroom");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->code, 'h');
+  EXPECT_NE(w->text.find("5.0 % left, under 10 %"), std::string::npos) << w->text;
+  p.hw.device.memory_gib = used / 0.91 / gib;  // 9 % left
+  EXPECT_TRUE(warns(p, layout(1, 1, 1, 1), "headroom"));
+  p.hw.device.memory_gib = used / 0.89 / gib;  // 11 % left
+  EXPECT_FALSE(warns(p, layout(1, 1, 1, 1), "headroom"));
+  p.hw.device.memory_gib = used / 2.0 / gib;  // does not fit
+  EXPECT_FALSE(predict(p, layout(1, 1, 1, 1)).fits);
+  EXPECT_FALSE(warns(p, layout(1, 1, 1, 1), "headroom"));
+}
+
+// The bubble over 20 % of the step warns: 1F1B on 4 stages idles ~(p - 1)/(M + p - 1) of it,
+// 3/7 with 4 micro-batches, 3/19 with 16.
+TEST(PlanWarnings, BubbleOverTwentyPercentOfTheStep) {
+  PlanProblem p = problem(small_gpt(), 1, 4);
+  p.hw.devices_per_node = 4;
+  p.hw.device.peak_tflops_fp32 = 1e-3;  // compute far above the transfers' latencies
+  const Prediction few = predict(p, layout(1, 4, 1, 1));
+  EXPECT_GT(few.time.bubble / few.step_seconds, 0.35);
+  const std::vector<PlanWarning> warnings = layout_warnings(p, few);
+  const PlanWarning* w = find_warning(warnings, "bubble");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->code, 'b');
+  EXPECT_NE(w->text.find("over 20 %) idle in the pipeline's fill and drain"), std::string::npos)
+      << w->text;
+  p.global_batch = 16;
+  const Prediction many = predict(p, layout(1, 4, 1, 1));
+  EXPECT_GT(many.time.bubble / many.step_seconds, 0.1);
+  EXPECT_LT(many.time.bubble / many.step_seconds, 0.2);
+  EXPECT_FALSE(warns(p, many, "bubble"));
+  // No pipeline, no bubble.
+  p.hw.devices_per_node = 1;
+  EXPECT_FALSE(warns(p, layout(1, 1, 1, 1), "bubble"));
+}
+
+// The DP reduction's part counted as hidden behind the last backward is an assumption of the
+// model (the simulator never schedules the buckets): every layout that hides some says how much.
+TEST(PlanWarnings, DataParallelOverlapIsAssumedNotScheduled) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  p.hw.device.peak_tflops_fp32 = 1e-3;  // a backward far longer than the reduction
+  p.dp_bucket_mb = 1.0 / 1024;          // the last bucket, 1 KiB, exposed; the rest hidden
+  const double grads = 4.0 * static_cast<double>(parameter_layout(m, ModelShard::whole(m)).flat_size);
+  const double all_reduce =
+      collective_seconds(p.hw, p.hw.intra_node, Collective::AllReduce, 2, grads);
+  const Prediction r = predict(p, layout(1, 1, 2, 2));
+  EXPECT_DOUBLE_EQ(r.dp_gradient_bytes, grads);
+  EXPECT_DOUBLE_EQ(r.dp_reduce_seconds, all_reduce);
+  EXPECT_GT(r.dp_window_seconds, all_reduce);
+  EXPECT_NEAR(r.dp_hidden_seconds, all_reduce * (1.0 - 1024.0 / grads), 1e-15);
+  EXPECT_NEAR(r.dp_hidden_seconds + r.time.dp_exposed, all_reduce, 1e-15);
+  const std::vector<PlanWarning> warnings = layout_warnings(p, r);
+  const PlanWarning* w = find_warning(warnings, "overlap");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->code, 'o');
+  EXPECT_NE(w->text.find("data-parallel gradient reduction ("), std::string::npos) << w->text;
+  EXPECT_NE(w->text.find("over DP 2, within a node) counted as hidden behind the last "
+                         "micro-batch's backward"),
+            std::string::npos)
+      << w->text;
+  EXPECT_NE(w->text.find("assumed, not scheduled"), std::string::npos) << w->text;
+  // Nothing hidden, nothing said: the reduction started after backward (another system's), one
+  // bucket holding every gradient, or no data parallelism.
+  PlanProblem after = p;
+  after.dp_overlap = false;
+  EXPECT_EQ(predict(after, layout(1, 1, 2, 2)).dp_hidden_seconds, 0.0);
+  EXPECT_FALSE(warns(after, layout(1, 1, 2, 2), "overlap"));
+  PlanProblem whole = p;
+  whole.dp_bucket_mb = 1e6;
+  EXPECT_FALSE(warns(whole, layout(1, 1, 2, 2), "overlap"));
+  EXPECT_FALSE(warns(p, layout(2, 1, 1, 2), "overlap"));
+}

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -717,6 +718,10 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     r.time.dp_exposed = p.dp_overlap
                             ? std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket
                             : reduce;
+    r.dp_gradient_bytes = grads;
+    r.dp_reduce_seconds = reduce;
+    r.dp_window_seconds = window;
+    r.dp_hidden_seconds = p.dp_overlap ? std::min(reduce * (1.0 - bucket), window) : 0.0;
     if (l.zero1)
       r.time.dp_exposed +=
           collective_seconds(hw, dp_link, Collective::AllGather, l.dp, dense_grads) +
@@ -937,6 +942,81 @@ std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch)
       "train.recompute=" + to_string(l.recompute), "parallel.expert=" + std::to_string(l.ep),
       "parallel.pipeline_balance=" + l.balance};
   return s;
+}
+
+namespace {
+
+// printf into a std::string (the warnings' one-line texts).
+template <typename... Args>
+std::string format(const char* pattern, Args... args) {
+  const int n = std::snprintf(nullptr, 0, pattern, args...);
+  std::string out(static_cast<size_t>(std::max(n, 0)), '\0');
+  std::snprintf(out.data(), out.size() + 1, pattern, args...);
+  return out;
+}
+
+}  // namespace
+
+std::vector<PlanWarning> problem_warnings(const PlanProblem& p) {
+  std::vector<PlanWarning> out;
+  const int64_t devices = p.devices();
+  if (p.global_batch < devices)
+    out.push_back(
+        {"batch", 'B',
+         format("batch: the global batch of %lld sequence%s is fewer than the %lld devices (the "
+                "data-parallel ranks of a layout without model parallelism): DP is at most %lld, "
+                "so every layout splits each model replica over TP x PP >= %lld devices whether "
+                "the model needs it or not; plan fewer nodes or a global batch of at least %lld",
+                static_cast<long long>(p.global_batch), p.global_batch == 1 ? "" : "s",
+                static_cast<long long>(devices), static_cast<long long>(p.global_batch),
+                static_cast<long long>((devices + p.global_batch - 1) / p.global_batch),
+                static_cast<long long>(devices))});
+  return out;
+}
+
+std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction& r) {
+  std::vector<PlanWarning> out;
+  const Layout& l = r.layout;
+  if (l.pp > 1 && r.microbatches < kWarnMicrobatchesPerStage * l.pp)
+    out.push_back(
+        {"microbatches", 'm',
+         format("microbatches: %lld micro-batches a step (global batch %lld / (DP %lld x "
+                "micro-batch %lld)) for %lld pipeline stages, fewer than %lld per stage: the "
+                "schedule hardly leaves its fill and drain; a larger global batch, a smaller "
+                "micro-batch or fewer stages give it more",
+                static_cast<long long>(r.microbatches), static_cast<long long>(p.global_batch),
+                static_cast<long long>(l.dp), static_cast<long long>(l.micro_batch),
+                static_cast<long long>(l.pp), static_cast<long long>(kWarnMicrobatchesPerStage))});
+  const double capacity = p.hw.device.memory_gib * kGiB;
+  const double used = r.memory.total();
+  if (r.fits && used > (1.0 - kWarnHeadroom) * capacity)
+    out.push_back(
+        {"headroom", 'h',
+         format("headroom: %.3g GiB of the device's %.3g predicted (stage %lld), %.1f %% left, "
+                "under %.0f %%: allocator fragmentation or memory the model does not count "
+                "can make it fail to fit",
+                used / kGiB, capacity / kGiB, static_cast<long long>(r.fullest_stage),
+                100.0 * (capacity - used) / capacity, 100.0 * kWarnHeadroom)});
+  if (r.step_seconds > 0.0 && r.time.bubble > kWarnBubble * r.step_seconds)
+    out.push_back(
+        {"bubble", 'b',
+         format("bubble: %.3g s of the %.4g s step (%.1f %%, over %.0f %%) idle in the "
+                "pipeline's fill and drain; more micro-batches a step, fewer stages or a "
+                "zero-bubble schedule shrink it",
+                r.time.bubble, r.step_seconds, 100.0 * r.time.bubble / r.step_seconds,
+                100.0 * kWarnBubble)});
+  if (r.dp_hidden_seconds > 0.0)
+    out.push_back(
+        {"overlap", 'o',
+         format("overlap: %.3g s of the %.3g s data-parallel gradient reduction (%.3g GB over "
+                "DP %lld, %s) counted as hidden behind the last micro-batch's backward (%.3g s): "
+                "assumed, not scheduled (nothing models its contention with the backward); "
+                "--no-dp-overlap predicts it exposed",
+                r.dp_hidden_seconds, r.dp_reduce_seconds, r.dp_gradient_bytes / 1e9,
+                static_cast<long long>(l.dp),
+                l.devices() <= p.hw.devices_per_node ? "within a node" : "across nodes",
+                r.dp_window_seconds)});
+  return out;
 }
 
 }  // namespace trident

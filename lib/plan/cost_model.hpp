@@ -102,7 +102,41 @@ struct Prediction {
   double hardware_flops_per_step = 0.0; // + recomputation
   double tflops_per_device = 0.0;       // hardware FLOPs / step time / devices
   double mfu = 0.0;                     // model FLOPs / step time / devices / peak
+  // The data-parallel gradient reduction (DP > 1): its whole time, the backward it is taken to
+  // overlap (the last micro-batch's, on the busiest stage) and the part of it the model counts
+  // as hidden there. That overlap is assumed, not simulated: the pipeline's simulator schedules
+  // the stages' ops and transfers, never the reduction's buckets (layout_warnings says so).
+  double dp_gradient_bytes = 0.0;  // the largest stage's gradients, fp32
+  double dp_reduce_seconds = 0.0;
+  double dp_window_seconds = 0.0;
+  double dp_hidden_seconds = 0.0;
 };
+
+// What a plan's numbers may hide, said beside them (docs/plan.md "Warnings"). `kind` is a
+// short name (JSON) and `code` its letter in the table's warn column; `text` one line.
+struct PlanWarning {
+  std::string kind;
+  char code = ' ';
+  std::string text;
+};
+
+// The thresholds of the warnings (docs/plan.md "Warnings").
+inline constexpr int64_t kWarnMicrobatchesPerStage = 2;  // micro-batches per step per stage
+inline constexpr double kWarnHeadroom = 0.10;            // of the device's memory
+inline constexpr double kWarnBubble = 0.20;              // of the step
+
+// The plan's own warnings, for every layout alike: fewer sequences per step than devices (no
+// layout can give every device a sequence of its own: DP <= the global batch, so the rest of the
+// devices go to TP x PP whether or not the model needs them).
+std::vector<PlanWarning> problem_warnings(const PlanProblem& p);
+
+// A predicted layout's warnings, each where its condition holds:
+//   microbatches (m): PP > 1 and M = global batch / (DP x micro_batch) < 2 PP micro-batches;
+//   headroom (h): it fits, with under 10 % of the device's memory_gib left;
+//   bubble (b): the pipeline bubble over 20 % of the step;
+//   overlap (o): some of the DP gradient reduction counted as hidden behind backward, an
+//   overlap the model assumes rather than schedules.
+std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction& r);
 
 // Why `l` cannot run `p` (one line naming the key), or "" when it can: the trainer's own
 // layout checks (heads, kv heads, FFN width and vocabulary divisible by TP; TP within a node;
