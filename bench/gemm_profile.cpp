@@ -97,11 +97,16 @@ class Profile {
       const double seconds = seconds_of(key, t);
       char who[32] = "library";
       if (key.team > 1) std::snprintf(who, sizeof who, "%d threads", key.team);
-      std::snprintf(line, sizeof line,
-                    "  %-8s %6lld x %6lld x %6lld  %c%c   %-11s %9lld %11.1f %6.1f%% %7.1f\n",
+      // A tiny product (a 7 x 5 x 3 kernel check) runs well under 1 GF/s: three significant
+      // digits there, so that a rate never reads as 0.0.
+      const double rate = seconds > 0 ? flop / seconds / 1e9 : 0.0;
+      const char* format =
+          rate >= 1 ? "  %-8s %6lld x %6lld x %6lld  %c%c   %-11s %9lld %11.1f %6.1f%% %7.1f\n"
+                    : "  %-8s %6lld x %6lld x %6lld  %c%c   %-11s %9lld %11.1f %6.1f%% %7.3g\n";
+      std::snprintf(line, sizeof line, format,
                     key.library, key.m, key.n, key.k, key.trans_a, key.trans_b, who, t.calls,
                     seconds * 1e3, gemm_seconds > 0 ? 100.0 * seconds / gemm_seconds : 0.0,
-                    seconds > 0 ? flop / seconds / 1e9 : 0.0);
+                    rate);
       out += line;
     }
     // One write, so that the tables of ranks sharing a terminal do not interleave line by line.
