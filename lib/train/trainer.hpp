@@ -155,6 +155,12 @@ class Trainer {
   // line and one metrics.jsonl record. False (after saying why) when there is no checkpoint
   // to go back to or train.max_rollbacks rollbacks were taken already.
   bool roll_back(int64_t step);
+  // Collective, when a rollback finds no checkpoint: writes the state from before the streak
+  // that began at step `first_bad` (bad steps are never applied) as checkpoint `first_bad`,
+  // the streak's batches skipped, marked rollback_save. Returns its path.
+  std::string save_rollback_checkpoint(int64_t first_bad, const std::vector<int64_t>& bad_batches);
+  // "tensor=2 pipeline=2 data=2 zero_stage=1": the checkpoint attribute layout.
+  std::string layout() const;
   // Test only: the loss and gradients of a batch in TRIDENT_TEST_CORRUPT_BATCHES times 1000.
   void corrupt_for_test(int64_t step, double& loss);
   // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
@@ -193,6 +199,7 @@ class Trainer {
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted
   int64_t rollbacks_ = 0;                 // taken by this run, resumes included
+  int64_t rolled_back_to_ = -1;           // the step of the last rollback's checkpoint
   // Test only (TRIDENT_TEST_CORRUPT_BATCHES): global batches whose loss and gradients are
   // multiplied by 1000, a loss spike the guard must catch.
   std::vector<int64_t> test_corrupt_batches_;
