@@ -1,8 +1,8 @@
 #pragma once
 // The divergence guard: step by step, whether training has gone bad (a non-finite gradient
 // norm, or a loss spike against the recent good steps), and when enough bad steps in a row ask
-// for a rollback to the last committed checkpoint. Pure: the trainer feeds it the step's loss
-// and gradient norm, which are the same on every rank, and acts on what it says
+// for a rollback to a checkpoint from before the streak. Pure: the trainer feeds it the step's
+// loss and gradient norm, which are the same on every rank, and acts on what it says
 // (docs/reliability.md, "Divergence guard and rollback").
 //
 // The skip list: global batches a run leaves out (train.skip_batches, and the batches of the
