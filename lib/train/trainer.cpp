@@ -516,9 +516,15 @@ bool Trainer::roll_back(int64_t step) {
   if (!refusal.empty()) {
     // Nothing to go back to, but the weights are still those from before the streak (bad
     // steps are not applied): keep them, unless they are what the last load read.
-    std::string saved;
-    if (target.empty() && rollbacks_ < t.max_rollbacks && first_bad > start_step_)
-      saved = save_rollback_checkpoint(first_bad, bad_batches);
+    std::string saved, save_failure;
+    if (target.empty() && rollbacks_ < t.max_rollbacks && first_bad > start_step_) {
+      // A failed save (every rank throws the same error) leaves the exit as it is: diverged.
+      try {
+        saved = save_rollback_checkpoint(first_bad, bad_batches);
+      } catch (const Error& e) {
+        save_failure = std::string("; the rollback save failed: ") + e.what();
+      }
+    }
     if (log_) {
       nlohmann::json record = {{"type", "event"},         {"event", "diverged"},
                                {"step", step + 1},        {"bad_batches", bad_batches},
@@ -529,7 +535,7 @@ bool Trainer::roll_back(int64_t step) {
                                                       std::to_string(first_bad) +
                                                       " (before the bad steps) saved as " +
                                                       saved + " (a rollback save)") +
-                            "; exit code 77",
+                            save_failure + "; exit code 77",
                         record);
     }
     return false;
