@@ -199,7 +199,8 @@ TEST_F(Rollback, StreakCutByTheEndOfARunGoesOnAfterTheResume) {
 // skipped those batches from the start.
 TEST_F(Rollback, DivergedBeforeTheFirstCheckpointSavesTheWeightsBeforeTheStreak) {
   const std::string sets = " --set checkpoint.interval=100 --set train.steps=12";
-  const auto r = train_np2("TRIDENT_TEST_CORRUPT_BATCHES=7,8", "--set train.max_rollbacks=1" + sets);
+  const auto r =
+      train_np2("TRIDENT_TEST_CORRUPT_BATCHES=7,8", "--set train.max_rollbacks=1" + sets);
   ASSERT_EQ(r.exit_code, 77) << r.output;
   const fs::path saved = dir_ / "ckpt" / "step_00000007.h5";
   EXPECT_NE(r.output.find("and no rollback: no committed checkpoint in checkpoint.dir '" +
