@@ -161,6 +161,8 @@ def tamper(path, action, args):
             del f[args[0]]
         elif action == "delete-attr":
             del f.attrs[args[0]]
+            if args[1:] == ["reseal"]:
+                f.attrs.modify("attributes_checksum", np.uint64(attributes_checksum(f.attrs)))
         elif action == "set":
             d = f[args[0]]
             values = d[...]

@@ -300,6 +300,27 @@ TEST_F(DamagedCheckpoint, RootAttributesAreSealedAndCheckedAgainstEachOther) {
   EXPECT_EQ(unsealed.exit_code, 0) << unsealed.output;
 }
 
+// The divergence guard's attributes (issue 56, item 8): checked like the others, and a file
+// written before they existed (all three removed, the seal redone) is still read.
+TEST_F(DamagedCheckpoint, GuardAttributesAreCheckedAndOptional) {
+  expect_refused(tampered("losses.h5", {"attr-string guard_losses [3.5,x] reseal"}),
+                 "guard_losses = \"[3.5,x]\" is not a list of finite numbers like [3.25, 3.5]");
+  expect_refused(tampered("streak.h5", {"attr guard_bad_streak 1 reseal"}),
+                 "guard_bad_streak = 1 is more than skipped_steps = 0");
+  expect_refused(tampered("rollback_save.h5", {"attr rollback_save 2 reseal"}),
+                 "rollback_save = 2 is not 0 or 1");
+  const fs::path older = tampered("older.h5", {"delete-attr guard_losses reseal",
+                                               "delete-attr guard_bad_streak reseal",
+                                               "delete-attr rollback_save reseal"});
+  const auto resume = run_command(train("--set train.steps=4 --set log.dir=" +
+                                        (dir_ / "older").string() + " --resume " +
+                                        older.string()));
+  EXPECT_EQ(resume.exit_code, 0) << resume.output;
+  EXPECT_NE(resume.output.find("resumed from " + older.string() + " at step 2"),
+            std::string::npos)
+      << resume.output;
+}
+
 TEST_F(DamagedCheckpoint, VerifyChecksTheCompleteSchema) {
   expect_refused(tampered("deleted.h5", {"delete /optim/exp_avg/layers/001/ln1/bias"}),
                  "no dataset '/optim/exp_avg/layers/001/ln1/bias' (the stored config's model "

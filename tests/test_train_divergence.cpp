@@ -86,3 +86,40 @@ TEST(SkipList, MergeBelowTextAndParse) {
       trident::test::error_of([&] { parse_skip_list("[" + std::string(200, '1'), "s"); }),
       {"(cut) is not a list"});
 }
+
+// The guard's state a checkpoint carries (issue 56, item 8): restored, the window checks the
+// first step after a resume; a longer recorded window keeps its newest losses; a streak goes
+// on counting.
+TEST(DivergenceGuard, RestoredWindowChecksTheFirstStep) {
+  DivergenceGuard before({3.0, 4, 3});
+  for (double loss : {5.0, 4.0, 6.0, 5.5}) before.record(loss, false);
+  before.record(100.0, true);
+  DivergenceGuard resumed({3.0, 3, 3});
+  EXPECT_FALSE(resumed.is_bad(1000.0, 1.0)) << "an empty window: no reference";
+  resumed.restore(before.losses(), before.bad_streak());
+  EXPECT_EQ(resumed.losses(), (std::vector<double>{4.0, 6.0, 5.5}));
+  EXPECT_TRUE(resumed.is_bad(1000.0, 1.0));
+  EXPECT_EQ(resumed.bad_streak(), 1);
+  resumed.record(1000.0, true);
+  resumed.record(1000.0, true);
+  EXPECT_TRUE(resumed.rollback_due());
+}
+
+TEST(DivergenceGuard, NonFiniteLossNeverEntersTheWindow) {
+  DivergenceGuard off({0, 2, 0});  // spike_factor 0: such a step is not bad, yet no reference
+  off.record(std::numeric_limits<double>::quiet_NaN(), false);
+  off.record(std::numeric_limits<double>::infinity(), false);
+  off.record(2.0, false);
+  EXPECT_EQ(off.losses(), std::vector<double>{2.0});
+}
+
+TEST(LossList, TextRoundTripsAndBadTextIsOneLine) {
+  const std::vector<double> losses = {3.9155480000000001, 0.1, 1e-300, 4.0};
+  EXPECT_EQ(parse_loss_list(loss_list_text(losses), "x"), losses);
+  EXPECT_EQ(parse_loss_list("[]", "x"), std::vector<double>{});
+  for (const char* bad : {"", "[", "[1,]", "[a]", "[null]", "[true]", "{}", "[1e999]", "3"})
+    trident::test::expect_one_line_with(
+        trident::test::error_of([&] { parse_loss_list(bad, "guard_losses"); }),
+        {"guard_losses = \"" + std::string(bad) +
+         "\" is not a list of finite numbers like [3.25, 3.5]"});
+}

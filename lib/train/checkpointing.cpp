@@ -75,6 +75,16 @@ CheckpointMeta read_root_attributes(const CheckpointReader& r, const Failure& fa
     meta.skipped_batches = parse_skip_list(r.attribute_string("/", "skipped_batches"),
                                            fail.file + ": skipped_batches");
   if (r.has_attribute("/", "rollbacks")) meta.rollbacks = count("rollbacks");
+  // Written since the guard's state is carried over resumes; absent: an empty window.
+  if (r.has_attribute("/", "guard_losses"))
+    meta.guard_losses = parse_loss_list(r.attribute_string("/", "guard_losses"),
+                                        fail.file + ": guard_losses");
+  if (r.has_attribute("/", "guard_bad_streak")) meta.guard_bad_streak = count("guard_bad_streak");
+  if (r.has_attribute("/", "rollback_save")) {
+    const int64_t v = r.attribute_int("/", "rollback_save");
+    if (v != 0 && v != 1) fail("rollback_save = " + std::to_string(v) + " is not 0 or 1");
+    meta.rollback_save = v == 1;
+  }
   totals.seed = r.attribute_int("/", "seed");
   (void)r.attribute_double("/", "learning_rate_next");
   (void)r.attribute_string("/", "layout");
@@ -102,6 +112,10 @@ void check_counters(const CheckpointMeta& meta, const StoredTotals& totals,
                "the batch index of step " + std::to_string(meta.step) +
                    " after skipped_batches " + skip_list_text(meta.skipped_batches));
   expect_equal(fail, "seed", totals.seed, c.train.seed, "the stored config's train.seed");
+  // Every bad step of the streak was a skipped step.
+  if (meta.guard_bad_streak > meta.skipped_steps)
+    fail("guard_bad_streak = " + std::to_string(meta.guard_bad_streak) +
+         " is more than skipped_steps = " + std::to_string(meta.skipped_steps));
   if (meta.step > c.train.steps)
     fail("step = " + std::to_string(meta.step) + " is past the stored config's train.steps = " +
          std::to_string(c.train.steps));
@@ -190,6 +204,9 @@ void write_checkpoint_attributes(CheckpointWriter& w, const Config& c,
   w.set_attribute("/", "sampler_position", batch_of_step(step, progress.skipped_batches));
   w.set_attribute("/", "skipped_batches", skip_list_text(progress.skipped_batches));
   w.set_attribute("/", "rollbacks", progress.rollbacks);
+  w.set_attribute("/", "guard_losses", loss_list_text(progress.guard_losses));
+  w.set_attribute("/", "guard_bad_streak", progress.guard_bad_streak);
+  w.set_attribute("/", "rollback_save", static_cast<int64_t>(progress.rollback_save));
   w.set_attribute("/", "seed", c.train.seed);
   w.set_attribute("/", "optimizer_updates", progress.optimizer_updates);
   w.set_attribute("/", "skipped_steps", progress.skipped_steps);

@@ -6,6 +6,7 @@
 // with its global shape, so any layout reads what any layout wrote
 // (docs/checkpoint-format.md).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ struct CheckpointMeta {
   int64_t sampler_position = 0;   // the global batch index the next step reads
   std::vector<int64_t> skipped_batches;  // attribute skipped_batches; absent: none
   int64_t rollbacks = 0;                 // attribute rollbacks; absent: 0
+  // The divergence guard's window of good losses and its streak of bad steps when written
+  // (guard_losses, guard_bad_streak); absent in older files: nullopt and 0.
+  std::optional<std::vector<double>> guard_losses;
+  int64_t guard_bad_streak = 0;
+  bool rollback_save = false;     // attribute rollback_save; absent: false
   Config config;                  // the config it was written with (attribute "config")
 };
 
@@ -56,6 +62,12 @@ struct CheckpointProgress {
   std::vector<int64_t> skipped_batches;
   int64_t rollbacks = 0;
   double lr_scale = 1.0;
+  // The divergence guard's state (DivergenceGuard::losses, bad_streak), which a resume restores.
+  std::vector<double> guard_losses;
+  int64_t guard_bad_streak = 0;
+  // Written when the run diverged with no checkpoint to roll back to: the weights from before
+  // the bad steps, which were never applied (docs/reliability.md).
+  bool rollback_save = false;
 };
 
 // Collective (a CheckpointWriter call): every root attribute of a model checkpoint (the table

@@ -10,6 +10,18 @@
 
 namespace trident {
 
+namespace {
+
+// The attribute's text as an error shows it: quoted with its control characters escaped and
+// cut to 60 bytes, so the error stays one line whatever the file holds.
+std::string shown_text(const std::string& text) {
+  return nlohmann::json(text.substr(0, 60))
+             .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         (text.size() > 60 ? " (cut)" : "");
+}
+
+}  // namespace
+
 bool DivergenceGuard::is_bad(double loss, double grad_norm) const {
   if (!std::isfinite(grad_norm)) return true;
   if (settings_.spike_factor <= 0) return false;
@@ -25,8 +37,15 @@ void DivergenceGuard::record(double loss, bool bad) {
     return;
   }
   bad_streak_ = 0;
+  if (!std::isfinite(loss)) return;
   window_.push_back(loss);
   while (static_cast<int64_t>(window_.size()) > settings_.spike_window) window_.pop_front();
+}
+
+void DivergenceGuard::restore(const std::vector<double>& losses, int64_t bad_streak) {
+  const size_t keep = std::min(losses.size(), static_cast<size_t>(settings_.spike_window));
+  window_.assign(losses.end() - static_cast<std::ptrdiff_t>(keep), losses.end());
+  bad_streak_ = bad_streak;
 }
 
 double DivergenceGuard::median() const {
@@ -72,11 +91,7 @@ std::string skip_list_text(const std::vector<int64_t>& skipped) {
 
 std::vector<int64_t> parse_skip_list(const std::string& text, const std::string& what) {
   auto fail = [&] {
-    // The text comes from a file (a checkpoint attribute): quoted with its control characters
-    // escaped and cut to 60 bytes, so the error stays one line whatever the file holds.
-    const std::string shown = nlohmann::json(text.substr(0, 60))
-                                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    throw Error(what + " = " + shown + (text.size() > 60 ? " (cut)" : "") +
+    throw Error(what + " = " + shown_text(text) +
                 " is not a list of non-negative integers like [7, 8]");
   };
   if (text.size() < 2 || text.front() != '[' || text.back() != ']') fail();
@@ -105,6 +120,25 @@ std::vector<int64_t> parse_skip_list(const std::string& text, const std::string&
     }
   }
   return merged_skip_list(out, {});
+}
+
+std::string loss_list_text(const std::vector<double>& losses) {
+  // nlohmann writes the shortest text that reads back to the same double.
+  return nlohmann::json(losses).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::vector<double> parse_loss_list(const std::string& text, const std::string& what) {
+  const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, false);
+  std::vector<double> out;
+  bool ok = parsed.is_array();
+  for (size_t i = 0; ok && i < parsed.size(); ++i) {
+    ok = parsed[i].is_number() && std::isfinite(parsed[i].get<double>());
+    if (ok) out.push_back(parsed[i].get<double>());
+  }
+  if (!ok)
+    throw Error(what + " = " + shown_text(text) +
+                " is not a list of finite numbers like [3.25, 3.5]");
+  return out;
 }
 
 }  // namespace trident

@@ -1,8 +1,8 @@
 #pragma once
 // The divergence guard: step by step, whether training has gone bad (a non-finite gradient
 // norm, or a loss spike against the recent good steps), and when enough bad steps in a row ask
-// for a rollback to the last committed checkpoint. Pure: the trainer feeds it the step's loss
-// and gradient norm, which are the same on every rank, and acts on what it says
+// for a rollback to a checkpoint from before the streak. Pure: the trainer feeds it the step's
+// loss and gradient norm, which are the same on every rank, and acts on what it says
 // (docs/reliability.md, "Divergence guard and rollback").
 //
 // The skip list: global batches a run leaves out (train.skip_batches, and the batches of the
@@ -29,9 +29,17 @@ class DivergenceGuard {
   // finite; or, with spike_factor > 0, the loss is not finite or, once the window holds
   // spike_window good losses, above spike_factor x their median.
   bool is_bad(double loss, double grad_norm) const;
-  // Counts a step in: a good step's loss enters the window (the oldest leaves) and ends the
-  // streak of bad steps; a bad one lengthens it.
+  // Counts a step in: a good step's loss enters the window (the oldest leaves; a non-finite
+  // one, possible with spike_factor 0, is no reference and stays out) and ends the streak of
+  // bad steps; a bad one lengthens it.
   void record(double loss, bool bad);
+  // The window's losses, oldest first: with bad_streak(), what a checkpoint records of the
+  // guard (attributes guard_losses, guard_bad_streak).
+  std::vector<double> losses() const { return {window_.begin(), window_.end()}; }
+  // A resume's guard: the window and streak its checkpoint recorded (the last spike_window of
+  // `losses`), so that spikes are caught from the first step after the resume on and a streak
+  // cut by a stop goes on counting.
+  void restore(const std::vector<double>& losses, int64_t bad_streak);
   int64_t bad_streak() const { return bad_streak_; }
   bool rollback_due() const {
     return settings_.max_bad_steps > 0 && bad_streak_ >= settings_.max_bad_steps;
@@ -62,5 +70,10 @@ std::vector<int64_t> skips_below(const std::vector<int64_t>& skipped, int64_t po
 // naming `what` on anything but a list of non-negative integers.
 std::string skip_list_text(const std::vector<int64_t>& skipped);
 std::vector<int64_t> parse_skip_list(const std::string& text, const std::string& what);
+// "[3.25, 3.5]" and back (the checkpoint attribute guard_losses; each value round-trips
+// exactly). Parsing throws trident::Error naming `what` on anything but a list of finite
+// numbers.
+std::string loss_list_text(const std::vector<double>& losses);
+std::vector<double> parse_loss_list(const std::string& text, const std::string& what);
 
 }  // namespace trident

@@ -437,14 +437,31 @@ RunOutcome Trainer::run() {
 CheckpointedState Trainer::checkpointed_state() { return {*model_, *optimizer_, *sync_}; }
 
 std::string Trainer::save_checkpoint(int64_t steps_done) {
-  const std::string layout = "tensor=" + std::to_string(groups_.tensor().size) +
-                             " pipeline=" + std::to_string(groups_.pipeline().size) +
-                             " data=" + std::to_string(groups_.data().size) +
-                             " zero_stage=" + std::to_string(config_.optim.zero_stage);
   return save_training_checkpoint(
       config_, checkpointed_state(),
-      {steps_done, optimizer_->updates(), skipped_steps_, layout, skipped_batches_, rollbacks_,
-       rollback_lr_factor()},
+      {steps_done, optimizer_->updates(), skipped_steps_, layout(), skipped_batches_, rollbacks_,
+       rollback_lr_factor(), guard_.losses(), guard_.bad_streak()},
+      groups_.mpi_world, is_logging_rank(), resumed_from_);
+}
+
+std::string Trainer::layout() const {
+  return "tensor=" + std::to_string(groups_.tensor().size) +
+         " pipeline=" + std::to_string(groups_.pipeline().size) +
+         " data=" + std::to_string(groups_.data().size) +
+         " zero_stage=" + std::to_string(config_.optim.zero_stage);
+}
+
+std::string Trainer::save_rollback_checkpoint(int64_t first_bad,
+                                              const std::vector<int64_t>& bad_batches) {
+  // The bad steps' updates were never applied: the weights and moments are those of step
+  // first_bad. Saved as that step with the bad batches skipped, it is the checkpoint the
+  // rollback would have gone back to.
+  const int64_t streak = guard_.bad_streak();
+  return save_training_checkpoint(
+      config_, checkpointed_state(),
+      {first_bad, optimizer_->updates(), skipped_steps_ - streak, layout(),
+       merged_skip_list(skipped_batches_, bad_batches), rollbacks_, rollback_lr_factor(),
+       guard_.losses(), 0, true},
       groups_.mpi_world, is_logging_rank(), resumed_from_);
 }
 
@@ -457,6 +474,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   skipped_batches_ = resumed.skipped_batches;
   rollbacks_ = std::max(rollbacks_, resumed.meta.rollbacks);
   resumed_from_ = path;
+  // Older checkpoints hold no guard state: the window then fills again (no spike check until
+  // it is full).
+  if (resumed.meta.guard_losses)
+    guard_.restore(*resumed.meta.guard_losses, resumed.meta.guard_bad_streak);
 }
 
 double Trainer::rollback_lr_factor() const {
@@ -466,41 +487,73 @@ double Trainer::rollback_lr_factor() const {
 bool Trainer::roll_back(int64_t step) {
   const TrainConfig& t = config_.train;
   const int64_t streak = guard_.bad_streak();
+  const int64_t first_bad = step + 1 - streak;  // 0-based, also the steps done before it
   std::vector<int64_t> bad_batches;
-  for (int64_t s = step + 1 - streak; s <= step; ++s) bad_batches.push_back(batch_of(s));
-  const std::string latest = agreed_latest_checkpoint(config_.checkpoint.dir, groups_.mpi_world);
+  for (int64_t s = first_bad; s <= step; ++s) bad_batches.push_back(batch_of(s));
+  // The checkpoint to go back to predates the streak. If the streak began at the very step
+  // the last rollback went back to, that checkpoint led straight into bad steps again on
+  // other batches: its weights are suspect (an update that looked good, its loss taken before
+  // it, made them), so go back past it.
+  const bool suspect = rolled_back_to_ >= 0 && first_bad == rolled_back_to_;
+  const int64_t max_step = suspect ? first_bad - 1 : first_bad;
+  const std::string target =
+      agreed_checkpoint_at_or_before(config_.checkpoint.dir, max_step, groups_.mpi_world);
   const std::string what = std::to_string(streak) + " bad steps in a row (steps " +
-                           std::to_string(step + 2 - streak) + " to " +
+                           std::to_string(first_bad + 1) + " to " +
                            std::to_string(step + 1) + ", global batches " +
                            skip_list_text(bad_batches) + "; train.max_bad_steps = " +
                            std::to_string(t.max_bad_steps) + ")";
+  const std::string passed_over =
+      suspect ? "; passed over step " + std::to_string(rolled_back_to_) +
+                    ", whose first step was bad again after the last rollback to it"
+              : "";
   std::string refusal;
   if (rollbacks_ >= t.max_rollbacks)
     refusal = "train.max_rollbacks = " + std::to_string(t.max_rollbacks) + " rollbacks taken";
-  else if (latest.empty())
-    refusal = "no committed checkpoint in checkpoint.dir '" + config_.checkpoint.dir + "'";
+  else if (target.empty())
+    refusal = "no committed checkpoint in checkpoint.dir '" + config_.checkpoint.dir +
+              "' at or before step " + std::to_string(max_step) + passed_over;
   if (!refusal.empty()) {
-    if (log_)
+    // Nothing to go back to, but the weights are still those from before the streak (bad
+    // steps are not applied): keep them, unless they are what the last load read.
+    std::string saved, save_failure;
+    if (target.empty() && rollbacks_ < t.max_rollbacks && first_bad > start_step_) {
+      // A failed save (every rank throws the same error) leaves the exit as it is: diverged.
+      try {
+        saved = save_rollback_checkpoint(first_bad, bad_batches);
+      } catch (const Error& e) {
+        save_failure = std::string("; the rollback save failed: ") + e.what();
+      }
+    }
+    if (log_) {
+      nlohmann::json record = {{"type", "event"},         {"event", "diverged"},
+                               {"step", step + 1},        {"bad_batches", bad_batches},
+                               {"rollbacks", rollbacks_}, {"reason", refusal}};
+      if (!saved.empty()) record["rollback_save"] = saved;
       log_->write_event("training diverged: " + what + ", and no rollback: " + refusal +
-                            "; exit code 77",
-                        {{"type", "event"}, {"event", "diverged"}, {"step", step + 1},
-                         {"bad_batches", bad_batches}, {"rollbacks", rollbacks_},
-                         {"reason", refusal}});
+                            (saved.empty() ? "" : "; the weights of step " +
+                                                      std::to_string(first_bad) +
+                                                      " (before the bad steps) saved as " +
+                                                      saved + " (a rollback save)") +
+                            save_failure + "; exit code 77",
+                        record);
+    }
     return false;
   }
   skipped_batches_ = merged_skip_list(skipped_batches_, bad_batches);
   ++rollbacks_;
-  guard_.clear_streak();
   consecutive_skipped_ = 0;
-  load_checkpoint(latest);
+  load_checkpoint(target);
+  guard_.clear_streak();  // a target written inside an earlier, ended streak recorded it
+  rolled_back_to_ = start_step_;
   if (log_)
     log_->write_event(
         "rollback " + std::to_string(rollbacks_) + " of at most " +
-            std::to_string(t.max_rollbacks) + ": " + what + "; back to " + latest +
-            " (step " + std::to_string(start_step_) + "), skipping global batches " +
+            std::to_string(t.max_rollbacks) + ": " + what + "; back to " + target +
+            " (step " + std::to_string(start_step_) + passed_over + "), skipping global batches " +
             skip_list_text(bad_batches) + " from now on",
         {{"type", "event"}, {"event", "rollback"}, {"step", step + 1}, {"to_step", start_step_},
-         {"checkpoint", latest}, {"bad_batches", bad_batches},
+         {"checkpoint", target}, {"bad_batches", bad_batches},
          {"skipped_batches", skipped_batches_}, {"rollbacks", rollbacks_},
          {"lr_scale", rollback_lr_factor()}});
   return true;

@@ -52,7 +52,7 @@ class Trainer {
   // skipped for a non-finite gradient norm. Between steps all ranks agree (one all-reduce) whether any rank's stop check
   // fired or train.exit_after_minutes has passed; if so they write a checkpoint and return
   // Stopped. When train.max_bad_steps steps in a row were bad (the divergence guard), it rolls
-  // back to the last committed checkpoint and goes on from there without the bad steps'
+  // back to a committed checkpoint from before the streak and goes on without the bad steps'
   // global batches; when it cannot, it returns Diverged (every rank).
   RunOutcome run();
   int64_t start_step() const { return start_step_; }
@@ -150,11 +150,19 @@ class Trainer {
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
   double from_last_stage(double value);
-  // Collective: the rollback after the bad steps up to step `step` (0-based) — the last
-  // committed checkpoint read again, the bad steps' batches added to the skip list, one log
-  // line and one metrics.jsonl record. False (after saying why) when there is no checkpoint
-  // to go back to or train.max_rollbacks rollbacks were taken already.
+  // Collective: the rollback after the bad steps up to step `step` (0-based) — the newest
+  // committed checkpoint at or before the streak's first step read again (an older one when
+  // the streak began right at the step the last rollback went to), the bad steps' batches
+  // added to the skip list, one log line and one metrics.jsonl record. False (after saying
+  // why) when there is no checkpoint to go back to (then after save_rollback_checkpoint) or
+  // train.max_rollbacks rollbacks were taken already.
   bool roll_back(int64_t step);
+  // Collective, when a rollback finds no checkpoint: writes the state from before the streak
+  // that began at step `first_bad` (bad steps are never applied) as checkpoint `first_bad`,
+  // the streak's batches skipped, marked rollback_save. Returns its path.
+  std::string save_rollback_checkpoint(int64_t first_bad, const std::vector<int64_t>& bad_batches);
+  // "tensor=2 pipeline=2 data=2 zero_stage=1": the checkpoint attribute layout.
+  std::string layout() const;
   // Test only: the loss and gradients of a batch in TRIDENT_TEST_CORRUPT_BATCHES times 1000.
   void corrupt_for_test(int64_t step, double& loss);
   // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
@@ -193,6 +201,7 @@ class Trainer {
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted
   int64_t rollbacks_ = 0;                 // taken by this run, resumes included
+  int64_t rolled_back_to_ = -1;           // the step of the last rollback's checkpoint
   // Test only (TRIDENT_TEST_CORRUPT_BATCHES): global batches whose loss and gradients are
   // multiplied by 1000, a loss spike the guard must catch.
   std::vector<int64_t> test_corrupt_batches_;

@@ -153,10 +153,13 @@ std::string save_training_checkpoint(const Config& c, const CheckpointedState& s
   return path;
 }
 
-std::string agreed_latest_checkpoint(const std::string& dir, MPI_Comm comm) {
-  std::string latest;
-  if (ckpt::comm_rank(comm) == 0) latest = latest_checkpoint(dir).value_or("");
-  return ckpt::bcast_string(comm, latest, 0);
+std::string agreed_checkpoint_at_or_before(const std::string& dir, int64_t max_step,
+                                           MPI_Comm comm) {
+  std::string found;
+  if (ckpt::comm_rank(comm) == 0)
+    for (const CheckpointEntry& e : list_checkpoints(dir))
+      if (e.step <= max_step) found = e.path;  // by increasing step: the newest that qualifies
+  return ckpt::bcast_string(comm, found, 0);
 }
 
 ResumedProgress load_training_checkpoint(const std::string& path, const Config& c,

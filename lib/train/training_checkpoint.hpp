@@ -37,9 +37,12 @@ std::string save_training_checkpoint(const Config& config, const CheckpointedSta
                                      const CheckpointProgress& progress, MPI_Comm comm,
                                      bool report, const std::string& resumed_from);
 
-// The checkpoint a rollback goes back to: the one rank 0 finds in `dir` (latest_checkpoint,
-// checkpoint/commit.hpp), on every rank, so that all read the same file; "" when there is none.
-std::string agreed_latest_checkpoint(const std::string& dir, MPI_Comm comm);
+// The checkpoint a rollback goes back to: the newest committed one in `dir` (list_checkpoints,
+// checkpoint/commit.hpp) at step <= max_step (the first bad step: one written inside the
+// streak, by a stop or the last step, holds the streak's steps as done), as rank 0 finds it,
+// on every rank, so that all read the same file; "" when there is none.
+std::string agreed_checkpoint_at_or_before(const std::string& dir, int64_t max_step,
+                                           MPI_Comm comm);
 
 // What a resume takes from its checkpoint besides the tensors.
 struct ResumedProgress {

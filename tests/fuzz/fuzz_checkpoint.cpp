@@ -85,7 +85,7 @@ const char* const kRootKeys[] = {
     "seed", "optimizer_updates", "skipped_steps", "learning_rate_next", "layout", "config",
     "model_layers", "model_heads", "model_width", "model_vocab_size", "model_seq_len",
     "model_arch", "model_kv_heads", "model_ffn_width", "model_tie_embeddings",
-    "skipped_batches", "rollbacks"};
+    "skipped_batches", "rollbacks", "guard_losses", "guard_bad_streak", "rollback_save"};
 
 // An integer near the interesting values: small, negative, or the extremes.
 int64_t fuzzed_int(InputReader& in) {
@@ -139,6 +139,9 @@ bool write_checkpoint(const std::string& path, InputReader& in) {
         w.set_attribute("/", k, static_cast<int64_t>(config.model.tie_embeddings));
       else if (k == "skipped_batches") w.set_attribute("/", k, "[]");
       else if (k == "rollbacks") w.set_attribute("/", k, int64_t{0});
+      else if (k == "guard_losses") w.set_attribute("/", k, "[3.5,4.25]");
+      else if (k == "guard_bad_streak" || k == "rollback_save")
+        w.set_attribute("/", k, int64_t{0});
     }
     if (in.u8() % 8 != 1) w.seal_attributes("/");
     // The datasets of the stored model, each as it should be or not.

@@ -208,7 +208,7 @@ put("tokenizer", "not_json", '{"model": {"type": "BPE", "vocab": {"a": 0}\0a')
 # op 4, a string, is followed by its length byte and text), seal op, one op per dataset
 # (DATASETS: the 1-layer GPT-2's 16 tensors under /model, /optim/exp_avg, /optim/exp_avg_sq;
 # op 4 is followed by 4 bytes per element), extra, tamper.
-ROOT_KEYS = 22
+ROOT_KEYS = 25
 DATASETS = 48
 
 
@@ -248,6 +248,9 @@ put("checkpoint", "checksum_of_another_type", checkpoint(dataset_ops=[0] * DATAS
 # the stored config's model.arch was reported with the raw text, on two lines.
 put("checkpoint", "newline_in_model_arch",
     checkpoint(attribute_ops=[0] * 16 + [string_attribute(b"l]\nx")]))
+# guard_losses (root attribute 22) not a list of numbers: one line naming the attribute.
+put("checkpoint", "guard_losses_not_a_list",
+    checkpoint(attribute_ops=[0] * 22 + [string_attribute(b"[3.5,\nx]")]))
 # A stored config of 10^8 layers, consistent with the root attributes (model_layers set to
 # it): check_checkpoint built that model's parameter list before it noticed the file.
 HUGE = (b'[model]\nlayers = 100000003\nheads = 2\nwidth = 4\nvocab_size = 8\nseq_len = 4\n'
