@@ -293,9 +293,17 @@ TEST_F(DamagedCheckpoint, RootAttributesAreSealedAndCheckedAgainstEachOther) {
                          "'attributes_checksum' (the attributes were changed after writing)";
   expect_refused(tampered("v1.h5", {"attr format_version 1"}), v1);
   expect_refused(tampered("v1_resealed.h5", {"attr format_version 1 reseal"}), v1);
+  // The divergence guard's attributes are version 2's too: without the seal they would be
+  // read unchecked.
+  expect_refused(
+      tampered("v1_guard.h5", {"attr format_version 1", "delete-attr attributes_checksum"}),
+      "format_version = 1, but the root carries version 2's 'guard_losses' (the attributes were "
+      "changed after writing)");
   const auto unsealed = run_command(trident_cmd(
       "ckpt info --verify " +
-      tampered("v1_unsealed.h5", {"attr format_version 1", "delete-attr attributes_checksum"})
+      tampered("v1_unsealed.h5", {"attr format_version 1", "delete-attr attributes_checksum",
+                                  "delete-attr guard_losses", "delete-attr guard_bad_streak",
+                                  "delete-attr rollback_save"})
           .string()));
   EXPECT_EQ(unsealed.exit_code, 0) << unsealed.output;
 }

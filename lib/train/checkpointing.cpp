@@ -55,10 +55,13 @@ CheckpointMeta read_root_attributes(const CheckpointReader& r, const Failure& fa
     fail("format version " + std::to_string(meta.format_version) + " (this build reads " +
          std::to_string(kCheckpointOldestFormatVersion) + " to " +
          std::to_string(kCheckpointFormatVersion) + ")");
-  // Version 1 predates the seal: a file saying 1 that carries one was changed after writing.
-  if (meta.format_version < 2 && r.has_attribute("/", kAttributesChecksumKey))
-    fail("format_version = 1, but the root carries version 2's '" +
-         std::string(kAttributesChecksumKey) + "' (the attributes were changed after writing)");
+  // Version 1 predates the seal and the divergence guard's attributes: a file saying 1 that
+  // carries one of them was changed after writing (and would skip the seal check).
+  for (const char* key : {kAttributesChecksumKey, "guard_losses", "guard_bad_streak",
+                          "rollback_save"})
+    if (meta.format_version < 2 && r.has_attribute("/", key))
+      fail("format_version = 1, but the root carries version 2's '" + std::string(key) +
+           "' (the attributes were changed after writing)");
   auto count = [&](const char* key) {
     const int64_t v = r.attribute_int("/", key);
     if (v < 0) fail(std::string(key) + " = " + std::to_string(v) + " is negative");
