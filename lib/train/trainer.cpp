@@ -404,13 +404,17 @@ RunOutcome Trainer::run() {
 
     // Stop between steps if any rank was signalled or the time limit has passed: one small
     // all-reduce so that every rank takes the same decision at the same step.
-    const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
-    int32_t stop = (stop_check_ && stop_check_()) ||
-                   (config_.train.exit_after_minutes > 0 &&
-                    minutes >= config_.train.exit_after_minutes) ||
-                   (config_.train.exit_interval > 0 &&
-                    (step + 1) % config_.train.exit_interval == 0);
-    groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+    auto stop_requested = [&] {
+      const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
+      int32_t stop = (stop_check_ && stop_check_()) ||
+                     (config_.train.exit_after_minutes > 0 &&
+                      minutes >= config_.train.exit_after_minutes) ||
+                     (config_.train.exit_interval > 0 &&
+                      (step + 1) % config_.train.exit_interval == 0);
+      groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+      return stop != 0;
+    };
+    bool stop = stop_requested();
     // No periodic checkpoint inside a streak of bad steps that may yet end in a rollback: the
     // checkpoint it reads must be from before the streak, so that its continuation is the run
     // without the streak's batches.
@@ -420,6 +424,9 @@ RunOutcome Trainer::run() {
       const auto save_start = Clock::now();
       save_checkpoint(step + 1);
       if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
+      // A stop requested while the checkpoint was written (a write may take minutes): that
+      // checkpoint is the run's state, so stop now rather than run a step and save again.
+      if (!stop && !last) stop = stop_requested();
     }
     finish_trace(step + 1, last || stop);
     if (stop && !last) {
