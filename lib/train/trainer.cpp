@@ -452,13 +452,13 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
       config_, checkpointed_state(),
       {steps_done, optimizer_->updates(), skipped_steps_, layout, skipped_batches_, rollbacks_,
        rollback_lr_factor()},
-      groups_.mpi_world, is_logging_rank(), resumed_from_);
+      groups_.mpi_world, is_logging_rank(), resumed_from_, checkpoint_watchdog_);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
   const ResumedProgress resumed =
       load_training_checkpoint(path, config_, skipped_batches_, checkpointed_state(),
-                               groups_.mpi_world, is_logging_rank());
+                               groups_.mpi_world, is_logging_rank(), checkpoint_watchdog_);
   start_step_ = resumed.meta.step;
   skipped_steps_ = resumed.meta.skipped_steps;
   skipped_batches_ = resumed.skipped_batches;
@@ -517,7 +517,7 @@ int64_t Trainer::init_weights_from(const std::string& path) {
   // Each weight's checksum is counted by its first data-parallel replica.
   return load_checkpoint_weights(path, config_, *model_,
                                  [&](const ParamInfo& p) { return sync_->replica_of(p) == 0; },
-                                 groups_.mpi_world);
+                                 groups_.mpi_world, checkpoint_watchdog_);
 }
 
 }  // namespace trident
