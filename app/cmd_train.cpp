@@ -154,6 +154,7 @@ class JobWatchdog {
                   [this](const std::string& line) { end_job(line); }) {
     if (const std::string hook = test_hook(TestHook::SkipCollective); !hook.empty())
       watchdog_.set_skip_hook(skip_hook_of_table(hook));
+    watchdog_.set_io_timeout(config.checkpoint.io_timeout_s, "checkpoint.io_timeout_s");
     for (Communicator* c : grid_.communicators()) c->set_watchdog(&watchdog_);
     watchdog_.start();
   }
@@ -161,6 +162,7 @@ class JobWatchdog {
     watchdog_.stop();
     for (Communicator* c : grid_.communicators()) c->set_watchdog(nullptr);
   }
+  CommWatchdog* get() { return &watchdog_; }
   // GPU runs: the device's communicators, aborted before the job ends.
   void watch_device(std::shared_ptr<CommWatch> device) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -284,6 +286,7 @@ int run_train(const TrainOptions& options) {
   if (stopped_in_start_up("before building the model")) return stop_exit_code(config);
   Trainer trainer(config, grid.dims());
   watchdog.watch_device(trainer.comm_watch());
+  trainer.set_checkpoint_watchdog(watchdog.get());
   if (stopped_in_start_up("after building the model")) return stop_exit_code(config);
   if (lead) {
     std::printf("device of rank 0: %s, precision %s%s\n", trainer.device().describe().c_str(),

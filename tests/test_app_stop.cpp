@@ -191,3 +191,35 @@ TEST_F(Stop, ResumeAtTheLastStepReportsNoTrainingTimeShare) {
   const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
   EXPECT_EQ(line.find('%'), std::string::npos) << line;
 }
+
+// Issue 56 item 10: a stop request that arrived while a checkpoint was being written ran one
+// more step and wrote a second checkpoint before exit 75. The run stops right after the write
+// in flight: its checkpoint, of the step the request arrived in, is the run's last state.
+TEST_F(Stop, SignalDuringACheckpointWriteStopsAfterThatWrite) {
+  const fs::path ck = dir_ / "ckpt", out = dir_ / "out.txt";
+  // Each rank writes its pid (the shell's, which exec keeps for trident); rank 1 alone is
+  // signalled, once the temporary file of checkpoint 5 exists (each tensor's write slowed).
+  const std::string pid_file = (dir_ / "pid_").string();
+  const auto r = run_command(
+      "TRIDENT_TEST_SLOW_CHECKPOINT_MS=40 " + std::string(TRIDENT_MPIEXEC) +
+          " -n 2 bash -c 'echo $$ > " + pid_file + "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}; exec " +
+          trident_cmd("train --config " + config_.string() +
+                      " --set parallel.data=2 --set eval.interval=0 --set train.steps=1000"
+                      " --set checkpoint.interval=5 --set checkpoint.dir=" + ck.string() +
+                      " --set log.dir=" + (dir_ / "run").string()) +
+          "' > " + out.string() + " 2>&1 & pid=$!; trap 'kill -KILL $pid' TERM; " +
+          "for i in $(seq 1500); do ls " + ck.string() + "/step_00000005.h5.tmp* >/dev/null " +
+          "2>&1 && break; sleep 0.02; done; kill -TERM $(cat " + pid_file + "1); wait $pid; " +
+          "rc=$?; cat " + out.string() + "; exit $rc",
+      60);
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("stopping after step 5 of 1000"), std::string::npos) << r.output;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(ck)) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"latest", "step_00000005.h5"})) << r.output;
+  EXPECT_EQ(read_file(ck / "latest"), "step_00000005.h5\n");
+  const auto rows = read_metrics(dir_ / "run");
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.back()["step"], 5) << "no step after the write";
+}

@@ -1,7 +1,9 @@
 // The collective watchdog and the straggler report of real 2-rank runs (docs/reliability.md):
 // a rank that never joins a collective (test hook) or is stopped (SIGSTOP) mid-training ends
 // the job within parallel.comm_timeout_s and a few seconds, exit code 76, with the line naming
-// the group and operation, and leaves no rank running; a slowed rank is named slowest.
+// the group and operation, and leaves no rank running; a rank stopped during a checkpoint
+// write ends the job within checkpoint.io_timeout_s, naming the file; a slowed rank is named
+// slowest.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -163,4 +165,63 @@ TEST_F(Watchdog, SkipHookOfAnUnknownGroupIsRefusedAtStart) {
     left = ranks_left();
   }
   EXPECT_EQ(left, "");
+}
+
+// Issue 56 item 7: the watchdog did not cover checkpoint I/O. A rank stopped (SIGSTOP) during
+// a checkpoint write left the other waiting inside HDF5's collective MPI-IO for ever, with no
+// word (the communication timeout never fired: no Communicator was waiting). The write is now
+// watched with checkpoint.io_timeout_s: the job ends with one line naming the file and the key,
+// exit code 76, and the previous checkpoint stays the latest.
+TEST_F(Watchdog, RankStoppedDuringACheckpointWriteEndsTheJob) {
+  const fs::path ck = dir_ / "ckpt", out = dir_ / "out.txt";
+  const std::string pattern = "^" + std::string(TRIDENT_BINARY) + " train --config " +
+                              config_.string();
+  constexpr int kIoTimeout = 6;
+  // Checkpoint 3 is written under the same limit (a healthy write, each tensor slowed by
+  // 20 ms: about 2 s); a rank is stopped once checkpoint 6's temporary file exists. The job is
+  // killed by the script if it has not ended 40 s after the stop.
+  const std::string script =
+      train_cmd("TRIDENT_TEST_SLOW_CHECKPOINT_MS=20",
+                "--set train.steps=100000 --set checkpoint.interval=3 --set checkpoint.dir=" +
+                    ck.string() + " --set checkpoint.io_timeout_s=" +
+                    std::to_string(kIoTimeout)) +
+      " > " + out.string() + " 2>&1 &\n"
+      "job=$!\n"
+      "for i in $(seq 1500); do\n"
+      "  ls " + ck.string() + "/step_00000006.h5.tmp* > /dev/null 2>&1 && break; sleep 0.02\n"
+      "done\n"
+      "victim=$(pgrep -f '" + pattern + "' | tail -1)\n"
+      "echo victim=$victim\n"
+      "t0=$(date +%s.%N); kill -STOP $victim\n"
+      "for i in $(seq 400); do kill -0 $job 2> /dev/null || break; sleep 0.1; done\n"
+      "kill -0 $job 2> /dev/null && { echo hung; kill -KILL $(pgrep -f '" + pattern +
+      "') $job; }\n"
+      "wait $job; rc=$?\n"
+      "t1=$(date +%s.%N)\n"
+      "echo rc=$rc\n"
+      "echo seconds=$(echo \"$t1 - $t0\" | bc)\n"
+      "sleep 1; echo left=$(pgrep -f '" + pattern + "' | wc -l)\n";
+  const auto r = run_command(script, 90);
+  const std::string log = read_file(out);
+  std::printf("%s", r.output.c_str());
+  ASSERT_NE(line_with(r.output, "victim="), "victim=") << "no rank found: " << log;
+  EXPECT_EQ(r.output.find("hung"), std::string::npos) << log;
+  EXPECT_NE(r.output.find("rc=76"), std::string::npos) << r.output << log;
+  EXPECT_NE(r.output.find("left=0"), std::string::npos) << r.output << log;
+  std::smatch m;
+  const std::string seconds = line_with(r.output, "seconds=");
+  ASSERT_TRUE(std::regex_search(seconds, m, std::regex("seconds=([0-9.]+)"))) << r.output;
+  EXPECT_LT(std::stod(m[1]), kIoTimeout + 10) << r.output << log;
+  const std::string line = line_with(log, "checkpoint I/O timeout");
+  std::printf("%s\n", line.c_str());
+  // From the rank that was not stopped (whichever pid it had).
+  const std::string expected =
+      ": checkpoint I/O timeout: writing checkpoint '" + (ck / "step_00000006.h5").string() +
+      "' has not finished after " + std::to_string(kIoTimeout) + " s; another rank stalled in "
+      "it (MPI-IO does not say which) or the file system does not answer; ending the job with "
+      "exit code 76 (checkpoint.io_timeout_s)";
+  EXPECT_TRUE(line == "trident: error: rank 0" + expected ||
+              line == "trident: error: rank 1" + expected)
+      << line << "\n" << log;
+  EXPECT_EQ(read_file(ck / "latest"), "step_00000003.h5\n") << log;
 }

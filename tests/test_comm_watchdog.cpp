@@ -117,6 +117,43 @@ TEST(CommWatchdog, LineCitesTheEnvironmentVariableWhenItSetTheTimeout) {
   world.set_watchdog(nullptr);
 }
 
+// Issue 56 item 7: checkpoint I/O (collective HDF5 over MPI-IO) waits outside the
+// Communicators; an I/O scope is watched with its own, longer limit and named by its file.
+TEST(CommWatchdog, NamesACheckpointIoThatOutlastsItsOwnTimeout) {
+  FakeClock fc;
+  CommWatchdog dog(1, 2.0, nullptr, fc.clock());
+  {
+    const CommWatchdog::IoScope unwatched(&dog, "writing checkpoint '/c/step_00000005.h5'");
+    fc.t += 1e6;
+    EXPECT_EQ(dog.check(), "") << "no I/O timeout set: I/O is not watched";
+  }
+  dog.set_io_timeout(30.0, "checkpoint.io_timeout_s");
+  EXPECT_DOUBLE_EQ(dog.poll_seconds(), 0.1) << "the shorter limit sets the poll period";
+  NumberingComm world("world", {0, 1});
+  world.set_watchdog(&dog);
+  {
+    const CommWatchdog::IoScope io(&dog, "writing checkpoint '/c/step_00000005.h5'");
+    fc.t += 29.9;
+    EXPECT_EQ(dog.check(), "") << "past the communication timeout, within the I/O one";
+    fc.t += 0.1;
+    EXPECT_EQ(dog.check(),
+              "rank 1: checkpoint I/O timeout: writing checkpoint '/c/step_00000005.h5' has not "
+              "finished after 30 s; another rank stalled in it (MPI-IO does not say which) or "
+              "the file system does not answer; ending the job with exit code 76 "
+              "(checkpoint.io_timeout_s)");
+  }
+  EXPECT_EQ(dog.check(), "") << "the I/O ended";
+  {
+    // A collective wait keeps its own, shorter limit.
+    Communicator::WaitScope w(world, kBarrier, world.post(kBarrier));
+    fc.t += 2;
+    EXPECT_NE(dog.check().find("communication timeout: barrier #1"), std::string::npos);
+  }
+  world.set_watchdog(nullptr);
+  EXPECT_THROW(dog.set_io_timeout(0, "checkpoint.io_timeout_s"), Error);
+  { const CommWatchdog::IoScope none(nullptr, "reading checkpoint 'x'"); }  // watches nothing
+}
+
 TEST(CommWatchdog, ThreadCallsOnTimeoutOnce) {
   std::atomic<int> calls{0};
   std::string line;

@@ -50,8 +50,16 @@ CommWatchdog::CommWatchdog(int world_rank, double timeout_s, OnTimeout on_timeou
 
 CommWatchdog::~CommWatchdog() { stop(); }
 
+void CommWatchdog::set_io_timeout(double seconds, std::string key) {
+  if (!(seconds > 0)) throw Error(key + ": the checkpoint I/O timeout must be > 0 seconds");
+  std::lock_guard<std::mutex> lock(mutex_);
+  io_timeout_s_ = seconds;
+  io_key_ = std::move(key);
+}
+
 double CommWatchdog::poll_seconds() const {
-  return std::clamp(timeout_s_ / 20, 0.01, 1.0);
+  const double shortest = io_timeout_s_ > 0 ? std::min(timeout_s_, io_timeout_s_) : timeout_s_;
+  return std::clamp(shortest / 20, 0.01, 1.0);
 }
 
 void CommWatchdog::start() {
@@ -96,9 +104,39 @@ void CommWatchdog::wait_end() {
   comm_ = nullptr;
 }
 
+void CommWatchdog::io_begin(const std::string& what) {
+  const double now = clock_.now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  io_what_ = what;
+  io_since_ = now;
+}
+
+void CommWatchdog::io_end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  io_what_.clear();
+}
+
+CommWatchdog::IoScope::IoScope(CommWatchdog* watchdog, const std::string& what)
+    : watchdog_(watchdog) {
+  if (watchdog_) watchdog_->io_begin(what);
+}
+
+CommWatchdog::IoScope::~IoScope() {
+  if (watchdog_) watchdog_->io_end();
+}
+
 std::string CommWatchdog::check() const {
   const double now = clock_.now();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (io_timeout_s_ > 0 && !io_what_.empty() && now - io_since_ >= io_timeout_s_) {
+    std::ostringstream m;
+    m << "rank " << world_rank_ << ": checkpoint I/O timeout: " << io_what_
+      << " has not finished after " << io_timeout_s_
+      << " s; another rank stalled in it (MPI-IO does not say which) or the file system does "
+         "not answer; ending the job with exit code "
+      << kCommTimeoutExitCode << " (" << io_key_ << ")";
+    return m.str();
+  }
   if (comm_ == nullptr || now - since_ < timeout_s_) return "";
   std::ostringstream m;
   m << "rank " << world_rank_ << ": communication timeout: " << *op_ << " #" << seq_

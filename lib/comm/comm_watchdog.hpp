@@ -20,8 +20,15 @@
 // step time, docs/reliability.md). A rank that is stuck in computation (or stopped, SIGSTOP)
 // is not waiting: its peers are, in the operation it never joins, and they end the job.
 //
-// Not covered: MPI-IO of collective checkpoint writes (HDF5) and waits before the watchdog
-// starts (the grid's construction).
+// Checkpoint I/O. A checkpoint's collective HDF5 calls wait inside MPI-IO, not in a
+// Communicator, so a rank stopped during a write (SIGSTOP) or a file system that stops
+// answering would leave the others waiting there for ever. The trainer brackets every
+// checkpoint write and read with an IoScope; the same thread ends the job once one has lasted
+// checkpoint.io_timeout_s (longer than a collective: a large write takes minutes), with one
+// line naming the file and the key. Which rank did not arrive is not known there (MPI-IO does
+// not say): the line comes from the ranks that wait, never from the stalled one.
+//
+// Not covered: waits before the watchdog starts (the grid's construction).
 //
 // Pure C++ (no MPI): tests/test_comm_watchdog.cpp drives it with a fake clock.
 #include <condition_variable>
@@ -62,16 +69,38 @@ class CommWatchdog {
   CommWatchdog(const CommWatchdog&) = delete;
   CommWatchdog& operator=(const CommWatchdog&) = delete;
 
+  // Checkpoint I/O's limit (seconds, > 0; throws trident::Error otherwise) and the key that set
+  // it, for the line. Before start(): the thread's poll period follows the shorter limit.
+  // Unset, checkpoint I/O is not watched.
+  void set_io_timeout(double seconds, std::string key);
   // Starts the watchdog thread (once). Without it, check() can still be called by hand.
   void start();
   void stop();
   double timeout_s() const { return timeout_s_; }
+  double io_timeout_s() const { return io_timeout_s_; }
   double poll_seconds() const;
+
+  // The rank is in checkpoint I/O (`what`: "writing checkpoint 'PATH'") from now on / no
+  // longer. Not nested.
+  void io_begin(const std::string& what);
+  void io_end();
+  // io_begin .. io_end over a scope; a null watchdog watches nothing.
+  class IoScope {
+   public:
+    IoScope(CommWatchdog* watchdog, const std::string& what);
+    ~IoScope();
+    IoScope(const IoScope&) = delete;
+    IoScope& operator=(const IoScope&) = delete;
+
+   private:
+    CommWatchdog* watchdog_;
+  };
 
   // The rank waits for operation `seq` (`op`) of `comm` from now on / no longer.
   void wait_begin(const Communicator& comm, const std::string& op, int64_t seq);
   void wait_end();
-  // The timeout line when the current wait has lasted timeout_s or more, else "".
+  // The timeout line when the current wait has lasted timeout_s or more, or the current
+  // checkpoint I/O io_timeout_s or more, else "".
   std::string check() const;
 
   void set_skip_hook(SkipHook hook) { skip_ = std::move(hook); }
@@ -94,6 +123,11 @@ class CommWatchdog {
   const std::string* op_ = nullptr;
   int64_t seq_ = 0, completed_before_ = 0;
   double since_ = 0;
+  // The current checkpoint I/O ("": none), under the same mutex.
+  double io_timeout_s_ = 0;  // 0: not watched
+  std::string io_key_;
+  std::string io_what_;
+  double io_since_ = 0;
 
   std::thread thread_;
   std::mutex stop_mutex_;

@@ -337,6 +337,13 @@ const Key kKeys[] = {
    "`data.shuffle` or `data.train` blend weights (refused otherwise): the run goes on at the "
    "checkpoint's step in the new sample order, so some samples may be seen twice and others "
    "never (docs/checkpoint-format.md)."},
+  {TRIDENT_KEY(checkpoint, io_timeout_s), above(0),
+   "Checkpoint I/O watchdog: a rank whose checkpoint write or read (collective HDF5 over "
+   "MPI-IO) has lasted this many seconds prints one line naming the file and ends the whole "
+   "job with exit code 76, as the collective watchdog does (a rank stopped during the write, "
+   "a file system that does not answer). Its own limit, longer by default than "
+   "`parallel.comm_timeout_s`: writing a large checkpoint takes minutes. See "
+   "docs/reliability.md."},
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},

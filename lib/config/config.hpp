@@ -129,6 +129,7 @@ struct CheckpointConfig {
   int64_t interval = 0;   // 0: only at the end / on signal
   int64_t keep = 2;
   bool allow_data_change = false;  // resume despite another global_batch / seed / shuffle
+  double io_timeout_s = 1800.0;    // checkpoint I/O watchdog (comm/comm_watchdog.hpp)
 };
 
 struct LogConfig {

@@ -404,13 +404,17 @@ RunOutcome Trainer::run() {
 
     // Stop between steps if any rank was signalled or the time limit has passed: one small
     // all-reduce so that every rank takes the same decision at the same step.
-    const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
-    int32_t stop = (stop_check_ && stop_check_()) ||
-                   (config_.train.exit_after_minutes > 0 &&
-                    minutes >= config_.train.exit_after_minutes) ||
-                   (config_.train.exit_interval > 0 &&
-                    (step + 1) % config_.train.exit_interval == 0);
-    groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+    auto stop_requested = [&] {
+      const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
+      int32_t stop = (stop_check_ && stop_check_()) ||
+                     (config_.train.exit_after_minutes > 0 &&
+                      minutes >= config_.train.exit_after_minutes) ||
+                     (config_.train.exit_interval > 0 &&
+                      (step + 1) % config_.train.exit_interval == 0);
+      groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+      return stop != 0;
+    };
+    bool stop = stop_requested();
     // No periodic checkpoint inside a streak of bad steps that may yet end in a rollback: the
     // checkpoint it reads must be from before the streak, so that its continuation is the run
     // without the streak's batches.
@@ -420,6 +424,9 @@ RunOutcome Trainer::run() {
       const auto save_start = Clock::now();
       save_checkpoint(step + 1);
       if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
+      // A stop requested while the checkpoint was written (a write may take minutes): that
+      // checkpoint is the run's state, so stop now rather than run a step and save again.
+      if (!stop && !last) stop = stop_requested();
     }
     finish_trace(step + 1, last || stop);
     if (stop && !last) {
@@ -441,7 +448,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
       config_, checkpointed_state(),
       {steps_done, optimizer_->updates(), skipped_steps_, layout(), skipped_batches_, rollbacks_,
        rollback_lr_factor(), guard_.losses(), guard_.bad_streak()},
-      groups_.mpi_world, is_logging_rank(), resumed_from_);
+      groups_.mpi_world, is_logging_rank(), resumed_from_, checkpoint_watchdog_);
 }
 
 std::string Trainer::layout() const {
@@ -462,13 +469,13 @@ std::string Trainer::save_rollback_checkpoint(int64_t first_bad,
       {first_bad, optimizer_->updates(), skipped_steps_ - streak, layout(),
        merged_skip_list(skipped_batches_, bad_batches), rollbacks_, rollback_lr_factor(),
        guard_.losses(), 0, true},
-      groups_.mpi_world, is_logging_rank(), resumed_from_);
+      groups_.mpi_world, is_logging_rank(), resumed_from_, checkpoint_watchdog_);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
   const ResumedProgress resumed =
       load_training_checkpoint(path, config_, skipped_batches_, checkpointed_state(),
-                               groups_.mpi_world, is_logging_rank());
+                               groups_.mpi_world, is_logging_rank(), checkpoint_watchdog_);
   start_step_ = resumed.meta.step;
   skipped_steps_ = resumed.meta.skipped_steps;
   skipped_batches_ = resumed.skipped_batches;
@@ -563,7 +570,7 @@ int64_t Trainer::init_weights_from(const std::string& path) {
   // Each weight's checksum is counted by its first data-parallel replica.
   return load_checkpoint_weights(path, config_, *model_,
                                  [&](const ParamInfo& p) { return sync_->replica_of(p) == 0; },
-                                 groups_.mpi_world);
+                                 groups_.mpi_world, checkpoint_watchdog_);
 }
 
 }  // namespace trident

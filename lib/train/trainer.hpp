@@ -60,6 +60,9 @@ class Trainer {
   // job to checkpoint and stop (it must stay true once it was: a stop inside an evaluation is
   // acted on at the step boundary that follows).
   void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
+  // The rank's collective watchdog, told about every checkpoint write and read so that one
+  // that stalls ends the job (checkpoint.io_timeout_s, comm/comm_watchdog.hpp); not owned.
+  void set_checkpoint_watchdog(CommWatchdog* watchdog) { checkpoint_watchdog_ = watchdog; }
 
   // Collective: writes checkpoint `steps_done` into checkpoint.dir atomically and prunes old
   // ones; returns its path.
@@ -210,6 +213,7 @@ class Trainer {
   int64_t start_step_ = 0;
   std::string resumed_from_;
   std::function<bool()> stop_check_;
+  CommWatchdog* checkpoint_watchdog_ = nullptr;
 };
 
 }  // namespace trident

@@ -7,6 +7,7 @@
 
 #include "checkpoint/ckpt_mpi.hpp"
 #include "checkpoint/commit.hpp"
+#include "comm/comm_watchdog.hpp"
 #include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/grad_sync.hpp"
@@ -120,7 +121,8 @@ std::vector<int64_t> resumed_skip_list(const std::string& path, const Checkpoint
 
 std::string save_training_checkpoint(const Config& c, const CheckpointedState& state,
                                      const CheckpointProgress& progress, MPI_Comm comm,
-                                     bool report, const std::string& resumed_from) {
+                                     bool report, const std::string& resumed_from,
+                                     CommWatchdog* watchdog) {
   const HostState host(state);
   auto fill = [&](CheckpointWriter& w) {
     // Every rank makes every write (they are collective); a rank's runs are the parts it
@@ -139,7 +141,15 @@ std::string save_training_checkpoint(const Config& c, const CheckpointedState& s
     write_checkpoint_attributes(w, c, progress);
   };
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string path = write_checkpoint(c.checkpoint.dir, progress.step, comm, fill);
+  std::string path;
+  {
+    const CommWatchdog::IoScope io(
+        watchdog, "writing checkpoint '" +
+                      (std::filesystem::path(c.checkpoint.dir) / checkpoint_name(progress.step))
+                          .string() +
+                      "'");
+    path = write_checkpoint(c.checkpoint.dir, progress.step, comm, fill);
+  }
   const double seconds = seconds_since(t0);
   if (report) {
     std::vector<std::string> protect = {path};
@@ -165,8 +175,9 @@ std::string agreed_checkpoint_at_or_before(const std::string& dir, int64_t max_s
 ResumedProgress load_training_checkpoint(const std::string& path, const Config& c,
                                          const std::vector<int64_t>& run_skips,
                                          const CheckpointedState& state, MPI_Comm comm,
-                                         bool report) {
+                                         bool report, CommWatchdog* watchdog) {
   const auto t0 = std::chrono::steady_clock::now();
+  const CommWatchdog::IoScope io(watchdog, "reading checkpoint '" + path + "'");
   // The same checks as `trident ckpt info --verify`: the metadata and schema here, the
   // checksums and values of every tensor as it is read (checkpoint_reader_options).
   CheckpointReader reader(path, comm, checkpoint_reader_options());
@@ -205,7 +216,8 @@ ResumedProgress load_training_checkpoint(const std::string& path, const Config& 
 
 int64_t load_checkpoint_weights(const std::string& path, const Config& config, StageModel& model,
                                 const std::function<bool(const ParamInfo&)>& counts_checksum,
-                                MPI_Comm comm) {
+                                MPI_Comm comm, CommWatchdog* watchdog) {
+  const CommWatchdog::IoScope io(watchdog, "reading checkpoint '" + path + "'");
   CheckpointReader reader(path, comm, checkpoint_reader_options());
   const CheckpointMeta meta = check_checkpoint(reader);
   check_checkpoint_compatible(reader, meta, config.model, config.source,

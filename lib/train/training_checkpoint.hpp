@@ -19,6 +19,7 @@
 namespace trident {
 
 class AdamW;
+class CommWatchdog;
 class GradientSync;
 class StageModel;
 
@@ -32,10 +33,12 @@ struct CheckpointedState {
 // Writes checkpoint `progress.step` of `state` into config.checkpoint.dir atomically
 // (checkpoint/commit.hpp). Then, where `report` holds (rank 0), prunes the directory to
 // checkpoint.keep (never the new file nor `resumed_from`) and prints its line: path, size,
-// seconds, MB/s. Returns the path.
+// seconds, MB/s. Returns the path. `watchdog` (when not null) watches the write
+// (checkpoint.io_timeout_s, comm/comm_watchdog.hpp); so it does the reads below.
 std::string save_training_checkpoint(const Config& config, const CheckpointedState& state,
                                      const CheckpointProgress& progress, MPI_Comm comm,
-                                     bool report, const std::string& resumed_from);
+                                     bool report, const std::string& resumed_from,
+                                     CommWatchdog* watchdog = nullptr);
 
 // The checkpoint a rollback goes back to: the newest committed one in `dir` (list_checkpoints,
 // checkpoint/commit.hpp) at step <= max_step (the first bad step: one written inside the
@@ -58,7 +61,8 @@ struct ResumedProgress {
 // read's line.
 ResumedProgress load_training_checkpoint(const std::string& path, const Config& config,
                                          const std::vector<int64_t>& run_skips,
-                                         const CheckpointedState& state, MPI_Comm comm, bool report);
+                                         const CheckpointedState& state, MPI_Comm comm, bool report,
+                                         CommWatchdog* watchdog = nullptr);
 
 // train.init_from (and `trident eval`): the weights of a checkpoint written by any layout into
 // `model` in place of its init, after check_checkpoint and check_checkpoint_compatible (the
@@ -66,7 +70,7 @@ ResumedProgress load_training_checkpoint(const std::string& path, const Config& 
 // as for read_model_weights. Returns the step the checkpoint was written at.
 int64_t load_checkpoint_weights(const std::string& path, const Config& config, StageModel& model,
                                 const std::function<bool(const ParamInfo&)>& counts_checksum,
-                                MPI_Comm comm);
+                                MPI_Comm comm, CommWatchdog* watchdog = nullptr);
 
 // Collective over the reader's ranks: this rank's shard of every weight of the model
 // checkpoint into model.weights() (any layout's checkpoint into the model's layout), then
