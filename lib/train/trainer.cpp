@@ -13,6 +13,7 @@
 #include "tokenizer/bpe_tokenizer.hpp"
 #include "train/training_checkpoint.hpp"
 #include "train/generation.hpp"
+#include "train/run_reports.hpp"
 #include "train/startup_checks.hpp"
 #include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
@@ -29,6 +30,7 @@ namespace trident {
 Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory& make)
     : config_(config),
       groups_(groups),
+      out_(groups.world().index == 0),
       guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
       skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
   if (const std::string corrupt = test_hook(TestHook::CorruptBatches); !corrupt.empty())
@@ -84,7 +86,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
                                                  m.seq_len, m.vocab_size,
                                                  config.train.global_batch, false, 0);
   }
-  if (is_logging_rank()) log_blend_shares();
+  out_.text(blend_shares_text(train_data_.get(), val_data_.get()));
   executor_ = std::make_unique<PipelineExecutor>(
       *model_, *groups_.pipeline().device, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
@@ -124,30 +126,13 @@ void Trainer::finish_trace(int64_t steps_done, bool run_over) {
   if (!trace_ || trace_->written() || (steps_done < trace_->last_step() && !run_over)) return;
   const std::string path = (std::filesystem::path(config_.log.dir) / "trace.json").string();
   trace_->write(path);
-  if (is_logging_rank()) {
-    std::printf("timeline trace of steps %lld-%lld (those run): %s\n",
-                static_cast<long long>(config_.log.trace_steps[0]),
-                static_cast<long long>(config_.log.trace_steps[1]), path.c_str());
-    std::fflush(stdout);
-  }
-}
-
-void Trainer::log_blend_shares() const {
-  const std::pair<const char*, const BlendedDataset*> blends[] = {
-      {"data.train", train_data_.get()}, {"data.val", val_data_.get()}};
-  for (const auto& [key, data] : blends) {
-    if (data == nullptr || data->size() < 2) continue;
-    std::printf("%s: blend of %zu datasets\n%s", key, data->size(), data->describe(key).c_str());
-  }
-  std::fflush(stdout);
+  out_.print("timeline trace of steps %lld-%lld (those run): %s\n",
+             static_cast<long long>(config_.log.trace_steps[0]),
+             static_cast<long long>(config_.log.trace_steps[1]), path.c_str());
 }
 
 void Trainer::log_blend_counts(int64_t steps_done) const {
-  if (!is_logging_rank() || train_data_->size() < 2) return;
-  const int64_t samples = steps_done * config_.train.global_batch;
-  std::printf("data.train: samples per dataset in steps [0, %lld): %s\n",
-              static_cast<long long>(steps_done), train_data_->describe_counts(samples).c_str());
-  std::fflush(stdout);
+  if (out_.on()) out_.text(blend_counts_text(*train_data_, steps_done, config_.train.global_batch));
 }
 
 void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
@@ -331,11 +316,8 @@ std::optional<double> Trainer::evaluate() {
     int32_t stop = stop_check_ && stop_check_();
     groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
     if (stop) {
-      if (is_logging_rank()) {
-        std::printf("evaluation stopped after %lld of %lld batches (stop requested)\n",
-                    static_cast<long long>(batch), static_cast<long long>(config_.eval.steps));
-        std::fflush(stdout);
-      }
+      out_.print("evaluation stopped after %lld of %lld batches (stop requested)\n",
+                 static_cast<long long>(batch), static_cast<long long>(config_.eval.steps));
       return std::nullopt;
     }
     loss_sum += executor_->evaluate(micro_batches, [&](int64_t micro, int32_t* tokens,
@@ -369,14 +351,9 @@ RunOutcome Trainer::run() {
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
     const int64_t sample_every = config_.eval.sample_interval;
-    if (sample_every > 0 && ((step + 1) % sample_every == 0 || last)) {
-      const std::string text = sample_text();
-      if (is_logging_rank()) {
-        std::printf("sample at step %lld: %s\n", static_cast<long long>(step + 1),
-                    nlohmann::json(text).dump().c_str());
-        std::fflush(stdout);
-      }
-    }
+    if (sample_every > 0 && ((step + 1) % sample_every == 0 || last))
+      out_.print("sample at step %lld: %s\n", static_cast<long long>(step + 1),
+                 nlohmann::json(sample_text()).dump().c_str());
     const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
     if (log_step && groups_.pipeline().size > 1)
       m.pipeline_bubble = interval_bubbles();  // all ranks
@@ -424,10 +401,9 @@ RunOutcome Trainer::run() {
     finish_trace(step + 1, last || stop);
     if (stop && !last) {
       log_blend_counts(step + 1);
-      if (is_logging_rank())
-        std::printf("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
-                    static_cast<long long>(step + 1), static_cast<long long>(steps),
-                    ck.dir.empty() ? "; no checkpoint.dir, nothing saved" : "");
+      out_.print("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
+                 static_cast<long long>(step + 1), static_cast<long long>(steps),
+                 ck.dir.empty() ? "; no checkpoint.dir, nothing saved" : "");
       return RunOutcome::Stopped;
     }
   }
@@ -513,82 +489,17 @@ int64_t Trainer::init_weights_from(const std::string& path) {
                                  groups_.mpi_world);
 }
 
-}  // namespace trident
-
-namespace trident {
-
 std::vector<double> Trainer::interval_bubbles() {
-  const PipelineStats& st = executor_->stats();
-  double mine[2] = {st.wait_seconds - logged_wait_seconds_, st.busy_seconds - logged_busy_seconds_};
-  logged_wait_seconds_ = st.wait_seconds;
-  logged_busy_seconds_ = st.busy_seconds;
-  std::vector<double> all(2 * groups_.pipeline().size);
-  groups_.pipeline().host->all_gather(mine, all.data(), 2, DType::F64);
-  std::vector<double> bubbles(groups_.pipeline().size);
-  for (int s = 0; s < groups_.pipeline().size; ++s)
-    bubbles[s] = all[2 * s + 1] > 0 ? all[2 * s] / all[2 * s + 1] : 0.0;
-  return bubbles;
+  return bubbles_.since_last(executor_->stats(), groups_.pipeline());
 }
 
 std::string Trainer::pipeline_report() {
-  // [bubble fraction, peak in-flight micro-batches, peak activation MB] of every stage.
-  const PipelineStats& st = executor_->stats();
-  double mine[3] = {st.busy_seconds > 0 ? st.wait_seconds / st.busy_seconds : 0.0,
-                    static_cast<double>(st.peak_in_flight), st.peak_activation_bytes / 1e6};
-  std::vector<double> all(3 * groups_.pipeline().size);
-  groups_.pipeline().host->all_gather(mine, all.data(), 3, DType::F64);
-  // The idle fraction of the schedule in use with unit costs, F = B = W (a whole backward 2):
-  // 1F1B and GPipe (p-1)/(m+p-1); ZB-H1's deferred weight gradients fill two thirds of that,
-  // (p-1)/(3m+p-1), and so do ZB-H2's for m >= 2p-1 (its gain needs W < B); interleaved
-  // (p-1)/(vm+p-1) (Megatron-LM), "held" counting chunk micro-batches. The simulator computes
-  // it for any p and m (the tests check it against these closed forms).
-  const ScheduleKind kind = parse_schedule_kind(config_.parallel.schedule);
-  const PipeSimResult unit =
-      simulate_pipeline(kind, groups_.pipeline().size, config_.num_microbatches(),
-                        {1.0, 2.0, 0.0, 1.0},
-                        static_cast<int>(config_.parallel.virtual_stages));
-  const double theory = unit.ok ? unit.bubble_fraction() : -1.0;
-  const char* formula = "simulated for F=B=W";
-  std::string out;
-  char line[256];
-  for (int s = 0; s < groups_.pipeline().size; ++s) {
-    std::snprintf(line, sizeof line,
-                  "pipeline stage %d: bubble %.3f measured, %.3f theory %s | peak "
-                  "%g micro-batches held, %.1f MB activations\n",
-                  s, all[3 * s], theory, formula, all[3 * s + 1], all[3 * s + 2]);
-    out += line;
-  }
-  return out;
+  return trident::pipeline_report(executor_->stats(), groups_.pipeline(), config_);
 }
 
-}  // namespace trident
-
-namespace trident {
-
 std::string Trainer::memory_report() {
-  const double mb = 1e6;
-  // Counted: the buffers' sizes and the executor's count of its stashes. Measured: what the
-  // device's allocator handed out (every weight, gradient, moment, stash, scratch and message
-  // buffer the rank made), now and at its most.
-  double mine[6] = {model_->flat_size() * sizeof(float) / mb,
-                    model_->flat_size() * sizeof(float) / mb,
-                    optimizer_->state_bytes() / mb,
-                    executor_->stats().peak_activation_bytes / mb,
-                    device().allocated_bytes() / mb,
-                    device().peak_allocated_bytes() / mb};
-  std::vector<double> all(6 * groups_.world().host->size());
-  groups_.world().host->all_gather(mine, all.data(), 6, DType::F64);
-  std::string out;
-  char line[320];
-  for (int r = 0; r < groups_.world().host->size(); ++r) {
-    const double* a = &all[6 * r];
-    std::snprintf(line, sizeof line,
-                  "memory rank %d: parameters %.2f MB | gradients %.2f MB | optimizer state "
-                  "%.2f MB | peak activations %.2f MB | device allocated %.2f MB, peak %.2f MB\n",
-                  r, a[0], a[1], a[2], a[3], a[4], a[5]);
-    out += line;
-  }
-  return out;
+  return trident::memory_report(*model_, *optimizer_, executor_->stats(), device(),
+                                *groups_.world().host);
 }
 
 }  // namespace trident

@@ -23,7 +23,9 @@
 #include "runtime/backend.hpp"
 #include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
+#include "train/run_reports.hpp"
 #include "train/timeline_trace.hpp"
+#include "util/rank_log.hpp"
 
 namespace trident {
 
@@ -141,11 +143,10 @@ class Trainer {
   std::string pipeline_report();
 
  private:
-  // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
-  // Rank 0's log lines of the blends: each dataset's target share (at start) and the samples
-  // each gave in steps [0, steps_done) (at the end and when stopping).
-  void log_blend_shares() const;
+  // Rank 0's log line of the samples each dataset of the data.train blend gave in steps
+  // [0, steps_done) (at the end and when stopping).
   void log_blend_counts(int64_t steps_done) const;
+  // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
   void load_microbatch(const BlendedDataset& data, int64_t step,
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
@@ -171,6 +172,7 @@ class Trainer {
 
   Config config_;
   ParallelDims groups_;  // device communicators set once backend_ is built
+  RankLog out_;          // the logging rank's lines on standard output
   std::shared_ptr<const BpeTokenizer> sample_tokenizer_;  // eval.sample_interval > 0
   Backend backend_;
   StageModel* model_ = nullptr;  // backend_.model
@@ -184,7 +186,7 @@ class Trainer {
   // log.trace; declared after backend_ so that it uninstalls itself from the communicators
   // before they go.
   std::unique_ptr<TimelineTrace> trace_;
-  double logged_wait_seconds_ = 0, logged_busy_seconds_ = 0;  // at the last interval_bubbles()
+  PipelineBubbles bubbles_;  // interval_bubbles()' last figures
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   MoeStats step_moe_;  // the last forward_backward's, this rank's layers
