@@ -239,40 +239,8 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   m.lr = lr;
   m.grad_norm = grad_norm;
   m.skipped_steps = skipped_steps_;
-  moe_metrics(m);
+  moe_metrics_.fill(step_moe_, config_.model.moe_experts, config_.num_microbatches(), groups_, m);
   return m;
-}
-
-void Trainer::moe_metrics(StepMetrics& m) {
-  const int64_t E = config_.model.moe_experts;
-  if (E == 0) return;
-  // [aux, z, dropped, load_0 .. load_E-1]: summed over the stages' layers and the replicas
-  // (the tensor ranks of a stage hold the same figures). The losses are sums over micro-batches
-  // of the per-micro-batch means: / micro-batches / replicas is the global batch's mean.
-  std::vector<double>& v = moe_sums_;  // kept: no allocation in a step
-  v.assign(static_cast<size_t>(3 + E), 0.0);
-  v[0] = step_moe_.aux_loss_sum;
-  v[1] = step_moe_.z_loss_sum;
-  v[2] = static_cast<double>(step_moe_.dropped);
-  for (int64_t e = 0; e < E && e < static_cast<int64_t>(step_moe_.load.size()); ++e)
-    v[3 + e] = static_cast<double>(step_moe_.load[e]);
-  const int64_t n = static_cast<int64_t>(v.size());
-  if (groups_.pipeline().size > 1) groups_.pipeline().host->all_reduce_sum(v.data(), n);
-  if (groups_.data().size > 1) groups_.data().host->all_reduce_sum(v.data(), n);
-  const double replicas_microbatches =
-      static_cast<double>(groups_.data().size) * static_cast<double>(config_.num_microbatches());
-  double total = 0.0, lo = INFINITY, hi = 0.0;
-  for (int64_t e = 0; e < E; ++e) {
-    total += v[3 + e];
-    lo = std::min(lo, v[3 + e]);
-    hi = std::max(hi, v[3 + e]);
-  }
-  m.moe = true;
-  m.moe_aux_loss = v[0] / replicas_microbatches;
-  m.moe_z_loss = v[1] / replicas_microbatches;
-  m.moe_load_min = total > 0 ? lo / total : 0.0;
-  m.moe_load_max = total > 0 ? hi / total : 0.0;
-  m.moe_dropped = total > 0 ? v[2] / total : 0.0;
 }
 
 StepMetrics Trainer::train_step(int64_t step) {

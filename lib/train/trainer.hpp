@@ -23,6 +23,7 @@
 #include "runtime/backend.hpp"
 #include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
+#include "train/moe_metrics.hpp"
 #include "train/run_reports.hpp"
 #include "train/timeline_trace.hpp"
 #include "util/rank_log.hpp"
@@ -87,9 +88,6 @@ class Trainer {
   // Global norm, clipping and AdamW on the gradients forward_backward left; fills the metrics
   // other than timing.
   StepMetrics apply_update(int64_t step, double loss);
-  // The MoE figures of the step forward_backward ran (StepMetrics::moe...), agreed by all
-  // ranks; nothing (and no communication) for a dense model.
-  void moe_metrics(StepMetrics& m);
   // Mean validation loss over eval.steps global batches from the start of the val set;
   // nullopt if a stop was requested (the stop check, agreed by all ranks between batches).
   std::optional<double> evaluate();
@@ -190,7 +188,7 @@ class Trainer {
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   MoeStats step_moe_;  // the last forward_backward's, this rank's layers
-  std::vector<double> moe_sums_;  // moe_metrics' [aux, z, dropped, loads], summed over ranks
+  MoeStepMetrics moe_metrics_;  // StepMetrics::moe... of step_moe_, agreed by all ranks
   int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted
