@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +13,7 @@
 #include "train/training_checkpoint.hpp"
 #include "train/generation.hpp"
 #include "train/run_reports.hpp"
+#include "train/run_trace.hpp"
 #include "train/startup_checks.hpp"
 #include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
@@ -103,32 +103,11 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
     log_ = std::make_unique<MetricsLog>(config.log.dir);
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
   }
-  if (config.log.trace) start_trace();
-}
-
-void Trainer::start_trace() {
-  const std::string track = "rank " + std::to_string(groups_.world().host->rank()) + " (tp " +
-                            std::to_string(groups_.tensor().index) + ", pp " +
-                            std::to_string(groups_.pipeline().index) + ", dp " +
-                            std::to_string(groups_.data().index) + ")";
-  trace_ = std::make_unique<TimelineTrace>(groups_.mpi_world, config_.log.trace_steps[0],
-                                           config_.log.trace_steps[1], track);
-  for (Communicator* comm : groups_.host_communicators()) trace_->install_on(*comm);
-  for (Communicator* comm : groups_.device_communicators()) trace_->install_on(*comm);
-  executor_->set_op_observer(
-      [trace = trace_.get()](const PipeOp& op, TimelineTrace::Clock::time_point start,
-                             TimelineTrace::Clock::time_point end) {
-        trace->add_op(op, start, end);
-      });
+  if (config.log.trace) trace_ = start_run_trace(config.log, groups_, *executor_);
 }
 
 void Trainer::finish_trace(int64_t steps_done, bool run_over) {
-  if (!trace_ || trace_->written() || (steps_done < trace_->last_step() && !run_over)) return;
-  const std::string path = (std::filesystem::path(config_.log.dir) / "trace.json").string();
-  trace_->write(path);
-  out_.print("timeline trace of steps %lld-%lld (those run): %s\n",
-             static_cast<long long>(config_.log.trace_steps[0]),
-             static_cast<long long>(config_.log.trace_steps[1]), path.c_str());
+  finish_run_trace(trace_.get(), config_.log, steps_done, run_over, out_);
 }
 
 void Trainer::log_blend_counts(int64_t steps_done) const {

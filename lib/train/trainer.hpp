@@ -163,8 +163,6 @@ class Trainer {
   // Collective over the pipeline group: every stage's measured bubble (wait / busy) since the
   // previous call (StepMetrics::pipeline_bubble).
   std::vector<double> interval_bubbles();
-  // log.trace: the recorder on every communicator and on the pipeline executor.
-  void start_trace();
   // Collective: writes log.dir/trace.json once the last traced step (or the run) is over.
   void finish_trace(int64_t steps_done, bool run_over);
 
