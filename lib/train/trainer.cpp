@@ -23,7 +23,6 @@
 #include "pipeline/shard_plan.hpp"
 #include "pipeline/simulator.hpp"
 #include "util/error.hpp"
-#include "util/test_hooks.hpp"
 
 namespace trident {
 
@@ -33,10 +32,6 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
       out_(groups.world().index == 0),
       guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
       skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
-  if (const std::string corrupt = test_hook(TestHook::CorruptBatches); !corrupt.empty())
-    // "7,8" -> "[7,8]"
-    test_corrupt_batches_ = parse_skip_list("[" + corrupt + "]",
-                                            test_hook_variable(TestHook::CorruptBatches));
   const ModelConfig& m = config.model;
   const ModelShard shard =
       plan_model_shard(config, {groups.tensor().index, groups.tensor().size,
@@ -168,20 +163,9 @@ double Trainer::forward_backward(int64_t step) {
     loss /= groups_.data().size;
   }
   sync_->finish(model.grads());
-  if (!test_corrupt_batches_.empty()) corrupt_for_test(step, loss);
+  if (test_corruption_.any())  // test only (train/test_corruption.hpp)
+    test_corruption_.apply(batch_of(step), loss, device(), model.grads(), model.flat_size());
   return loss;
-}
-
-void Trainer::corrupt_for_test(int64_t step, double& loss) {
-  const int64_t batch = batch_of(step);
-  if (!std::binary_search(test_corrupt_batches_.begin(), test_corrupt_batches_.end(), batch))
-    return;
-  // The same on every rank (the loss is agreed already; each rank scales its own gradients):
-  // a spike of the loss and of the gradient norm, as a bad batch would bring.
-  loss *= 1000;
-  std::vector<float> grads = host_grads();
-  for (float& g : grads) g *= 1000;
-  device().from_host(model_->grads(), grads.data(), model_->flat_size() * 4);
 }
 
 StepMetrics Trainer::apply_update(int64_t step, double loss) {

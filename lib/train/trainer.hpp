@@ -25,6 +25,7 @@
 #include "train/metrics_log.hpp"
 #include "train/moe_metrics.hpp"
 #include "train/run_reports.hpp"
+#include "train/test_corruption.hpp"
 #include "train/timeline_trace.hpp"
 #include "util/rank_log.hpp"
 
@@ -154,8 +155,6 @@ class Trainer {
   // line and one metrics.jsonl record. False (after saying why) when there is no checkpoint
   // to go back to or train.max_rollbacks rollbacks were taken already.
   bool roll_back(int64_t step);
-  // Test only: the loss and gradients of a batch in TRIDENT_TEST_CORRUPT_BATCHES times 1000.
-  void corrupt_for_test(int64_t step, double& loss);
   // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
   double rollback_lr_factor() const;
   // What checkpoints hold of this rank (train/training_checkpoint.hpp).
@@ -191,9 +190,8 @@ class Trainer {
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted
   int64_t rollbacks_ = 0;                 // taken by this run, resumes included
-  // Test only (TRIDENT_TEST_CORRUPT_BATCHES): global batches whose loss and gradients are
-  // multiplied by 1000, a loss spike the guard must catch.
-  std::vector<int64_t> test_corrupt_batches_;
+  // Test only (TRIDENT_TEST_CORRUPT_BATCHES): a loss spike the guard must catch, on purpose.
+  BatchCorruption test_corruption_;
   double train_seconds_ = 0;
   int64_t steps_run_ = 0;
   int64_t start_step_ = 0;
