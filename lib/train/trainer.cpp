@@ -4,9 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/bpe_tokenizer.hpp"
@@ -15,13 +12,11 @@
 #include "train/run_reports.hpp"
 #include "train/run_trace.hpp"
 #include "train/startup_checks.hpp"
-#include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
 #include "optim/grad_finalize.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/shard_plan.hpp"
-#include "pipeline/simulator.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -40,17 +35,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
-  {
-    const int rank = groups.world().index;
-    std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
-    if (problem.empty())
-      // Host memory holds the model on the CPU only; a GPU rank's model lives in device memory,
-      // whose allocation failures name the device.
-      problem = rank_memory_problem(config, shard, rank, groups.data().size,
-                                    config.train.device == "cpu" ? physical_memory_bytes() : 0.0,
-                                    groups.pipeline().index);
-    ckpt::agree_or_throw(groups.mpi_world, problem);
-  }
+  agree_start_up_checks(config, shard, groups);
   backend_ = make(config, groups, shard);
   groups_.set_device(backend_.comms);
   model_ = backend_.model.get();
