@@ -210,17 +210,7 @@ std::string Trainer::sample_text() {
     sample_tokenizer_ = std::make_shared<const BpeTokenizer>(
         e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
                                    : BpeTokenizer::from_file(e.sample_tokenizer));
-  const BpeTokenizer& tokenizer = *sample_tokenizer_;
-  std::vector<int32_t> prompt = tokenizer.encode(e.sample_prompt);
-  // The context holds the prompt's last tokens and the new ones.
-  const int64_t keep = std::max<int64_t>(1, config_.model.seq_len - e.sample_tokens + 1);
-  if (static_cast<int64_t>(prompt.size()) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
-  GenerateRequest request;
-  request.max_new_tokens = e.sample_tokens;
-  request.sampling = {e.sample_temperature, 0, 1.0, static_cast<uint64_t>(config_.train.seed)};
-  request.sample_vocab = tokenizer.vocab_size();
-  const auto generated = generate_tokens(*model_, {prompt}, request);
-  return e.sample_prompt + tokenizer.decode(generated[0]);
+  return sample_continuation(*model_, config_, *sample_tokenizer_);
 }
 
 std::optional<double> Trainer::evaluate() {
