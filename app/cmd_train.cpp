@@ -21,8 +21,10 @@
 #include "model/architecture.hpp"
 #include "model/model_stats.hpp"
 #include "stop_signals.hpp"
+#include "train/run_reports.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
+#include "util/rank_log.hpp"
 #include "util/test_hooks.hpp"
 
 namespace trident {
@@ -80,35 +82,6 @@ Config load_planned_config(const TrainOptions& options) {
     std::fflush(stdout);
   }
   return load_configs(options.configs, overrides);
-}
-
-void print_figures(const Config& c, int world_size, const RankThreads& threads,
-                   const CoreShare& share) {
-  const int64_t params = parameter_count(c.model);
-  const double flops =
-      training_flops_per_token(c.model, padded_vocab_size(c.model, c.parallel.tensor)) *
-      static_cast<double>(c.tokens_per_step());
-  std::printf("# resolved config (from %s)\n%s\n", c.source.c_str(), c.to_toml().c_str());
-  std::printf("model: %s, parameters: %lld (%.2f M)\n", c.model.arch.c_str(),
-              static_cast<long long>(params), params / 1e6);
-  if (c.model.moe_experts > 0)
-    std::printf("mixture of experts: %lld experts, top-%lld, active parameters per token: "
-                "%lld\n",
-                static_cast<long long>(c.model.moe_experts),
-                static_cast<long long>(c.model.moe_top_k),
-                static_cast<long long>(active_parameter_count(c.model)));
-  std::printf("tokens per step: %lld (global batch %lld x seq %lld; %lld micro-batches of %lld "
-              "per replica)\n",
-              static_cast<long long>(c.tokens_per_step()),
-              static_cast<long long>(c.train.global_batch),
-              static_cast<long long>(c.model.seq_len),
-              static_cast<long long>(c.num_microbatches()),
-              static_cast<long long>(c.train.micro_batch));
-  std::printf("training FLOPs per step: %.4g (matmuls, forward + backward; docs/model.md)\n",
-              flops);
-  std::printf("ranks: %d, threads per rank: %d (%s)\n", world_size, threads.threads,
-              threads.explain(share).c_str());
-  std::fflush(stdout);
 }
 
 // <log.dir>/config.toml: the resolved config with the provenance of each value, so that a run
@@ -186,29 +159,6 @@ class JobWatchdog {
   std::shared_ptr<CommWatch> device_;
 };
 
-// parallel.tp_overlap's helper thread (comm.hpp's ProgressHelper) polls MPI while the GEMMs
-// run. Where the ranks' threads take every core, each poll takes its core from a GEMM: one line
-// says so at start (docs/model.md, "Overlap in backward", has the measurements).
-void note_overlap_without_a_core(const Config& config, int threads, const CoreShare& share) {
-  if (!config.parallel.tp_overlap || config.parallel.tensor < 2 || config.train.device != "cpu")
-    return;
-  if (static_cast<int64_t>(threads) * share.sharers < share.cores) return;
-  std::printf("note: parallel.tp_overlap: no core is left for the helper thread that drives the "
-              "overlapped collectives (rank 0: %d thread%s on %s); its polls then take time "
-              "from the GEMMs (3-6 %% of a 2-rank TP step on 2 cores, docs/model.md)\n",
-              threads, threads == 1 ? "" : "s", share.describe().c_str());
-}
-
-// train.threads or OMP_NUM_THREADS above a rank's share: its threads and those of the ranks it
-// shares cores with take turns on them (the step slows down, nothing else).
-void note_threads_above_share(const RankThreads& threads, const CoreShare& share) {
-  if (threads.source.empty() ||
-      static_cast<int64_t>(threads.threads) * share.sharers <= share.cores)
-    return;
-  std::printf("note: %s = %d: rank 0's share is %s, so threads take turns on its cores "
-              "(train.threads = 0 without OMP_NUM_THREADS: one thread per core of the share)\n",
-              threads.source.c_str(), threads.threads, share.describe().c_str());
-}
 }  // namespace
 
 std::string RankThreads::explain(const CoreShare& share) const {
@@ -267,13 +217,14 @@ int run_train(const TrainOptions& options) {
   // train.threads, else OMP_NUM_THREADS, else the rank's share of its machine's cores.
   const RankThreads threads = set_rank_threads(config, grid);
   const bool lead = grid.rank() == 0;
+  const RankLog out(lead);
   if (lead) {
+    const CoreShare& share = grid.core_share();
     write_resolved_config(config);
-    print_figures(config, grid.world_size(), threads, grid.core_share());
-    note_threads_above_share(threads, grid.core_share());
-    note_overlap_without_a_core(config, threads.threads, grid.core_share());
-    std::printf("%s\n", grid.describe().c_str());
-    std::fflush(stdout);
+    out.text(start_up_figures(config, grid.world_size(), threads.threads, threads.explain(share)) +
+             threads_above_share_note(threads.threads, threads.source, share) +
+             overlap_without_a_core_note(config, threads.threads, share));
+    out.print("%s\n", grid.describe().c_str());
   }
 
   // Tests: a start-up that takes this long (as a large model's initialisation would), so that
@@ -288,14 +239,11 @@ int run_train(const TrainOptions& options) {
   watchdog.watch_device(trainer.comm_watch());
   trainer.set_checkpoint_watchdog(watchdog.get());
   if (stopped_in_start_up("after building the model")) return stop_exit_code(config);
-  if (lead) {
-    std::printf("device of rank 0: %s, precision %s%s\n", trainer.device().describe().c_str(),
-                config.train.precision.c_str(),
-                config.train.device == "cuda"
-                    ? (", device buffers over " + config.parallel.comm).c_str()
-                    : "");
-    std::fflush(stdout);
-  }
+  out.print("device of rank 0: %s, precision %s%s\n", trainer.device().describe().c_str(),
+            config.train.precision.c_str(),
+            config.train.device == "cuda"
+                ? (", device buffers over " + config.parallel.comm).c_str()
+                : "");
   std::string resume_from;
   if (options.resume == "auto") {
     if (config.checkpoint.dir.empty())
@@ -306,63 +254,40 @@ int run_train(const TrainOptions& options) {
   }
   if (!resume_from.empty()) {
     trainer.load_checkpoint(resume_from);
-    if (lead) std::printf("resumed from %s at step %lld\n", resume_from.c_str(),
-                          static_cast<long long>(trainer.start_step()));
+    out.print("resumed from %s at step %lld\n", resume_from.c_str(),
+              static_cast<long long>(trainer.start_step()));
     // A resumed run has trained past its initial weights: the checkpoint holds them.
-    if (lead && !config.train.init_from.empty())
-      std::printf("train.init_from = %s ignored: resuming from %s\n",
-                  config.train.init_from.c_str(), resume_from.c_str());
+    if (!config.train.init_from.empty())
+      out.print("train.init_from = %s ignored: resuming from %s\n",
+                config.train.init_from.c_str(), resume_from.c_str());
   } else {
-    if (lead && options.resume == "auto")
-      std::printf("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
+    if (options.resume == "auto")
+      out.print("no checkpoint in %s: starting from step 0\n", config.checkpoint.dir.c_str());
     if (!config.train.init_from.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t written_at = trainer.init_weights_from(config.train.init_from);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (lead)
-        std::printf("weights initialised from %s (train.init_from; written at step %lld): "
-                    "step 0, fresh optimizer state, in %.3f s\n",
-                    config.train.init_from.c_str(), static_cast<long long>(written_at), seconds);
+      out.print("weights initialised from %s (train.init_from; written at step %lld): "
+                "step 0, fresh optimizer state, in %.3f s\n",
+                config.train.init_from.c_str(), static_cast<long long>(written_at), seconds);
     }
   }
   // Remains of killed writes (docs/checkpoint-format.md, "Directory").
   if (lead && !config.checkpoint.dir.empty())
     if (const auto note = clean_temp_files(config.checkpoint.dir).describe(config.checkpoint.dir);
         !note.empty())
-      std::printf("%s\n", note.c_str());
-  std::fflush(stdout);
+      out.print("%s\n", note.c_str());
   if (stopped_in_start_up("before the first step")) return stop_exit_code(config);
   trainer.set_stop_check([] { return stop_signal() != 0; });
   const RunOutcome outcome = trainer.run();
   const std::string pipeline = trainer.pipeline_report();  // collective over the pipeline group
   const std::string memory = trainer.memory_report();      // collective over all ranks
-  if (lead) {
-    double comm_seconds = 0;
-    for (const Communicator* c : grid.communicators())
-      for (const auto& [op, st] : c->stats().ops) comm_seconds += st.seconds;
-    std::printf("%s%scommunication of rank 0:\n%s", pipeline.c_str(), memory.c_str(),
-                grid.stats_table().c_str());
-    // GPU runs: the device-buffer communicators (NCCL or staged MPI) carry the tensors.
-    for (const auto& c : trainer.device_communicators())
-      for (const auto& [op, st] : c->stats().ops) {
-        std::printf("device communicator %-9s %-14s %8lld calls %12.3f MB %9.3f s\n",
-                    c->name().c_str(), op.c_str(), static_cast<long long>(st.calls),
-                    st.bytes / 1e6, st.seconds);
-        comm_seconds += st.seconds;
-      }
-    // A share of the training time only when there was some (a run resumed at its last step
-    // trains nothing: its communication is the start-up's).
-    char share[64] = "";
-    if (trainer.steps_run() > 0 && trainer.train_seconds() > 0)
-      std::snprintf(share, sizeof share, " (%.1f%% of the training time)",
-                    100.0 * comm_seconds / trainer.train_seconds());
-    std::printf("run summary: %lld steps in %.3f s of training; rank 0 spent %.3f s in "
-                "communication calls%s\n",
-                static_cast<long long>(trainer.steps_run()), trainer.train_seconds(), comm_seconds,
-                share);
-    std::fflush(stdout);
-  }
+  if (lead)
+    out.text(pipeline + memory +
+             communication_report(grid.stats_table(), grid.communicators(),
+                                  trainer.device_communicators(), trainer.steps_run(),
+                                  trainer.train_seconds()));
   // Lost log lines (a full disk) did not stop training; they make the run fail at its end.
   std::string log_failure = trainer.log_failure();
   if (lead && log_failure.empty() && (std::fflush(stdout) != 0 || std::ferror(stdout)))

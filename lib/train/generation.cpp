@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "tokenizer/bpe_tokenizer.hpp"
 #include "util/error.hpp"
 #include "util/rng.hpp"
 
@@ -100,6 +101,21 @@ std::vector<std::vector<int32_t>> generate_tokens(StageModel& model,
     }
   }
   return generated;
+}
+
+std::string sample_continuation(StageModel& model, const Config& config,
+                                const BpeTokenizer& tokenizer) {
+  const EvalConfig& e = config.eval;
+  std::vector<int32_t> prompt = tokenizer.encode(e.sample_prompt);
+  // The context holds the prompt's last tokens and the new ones.
+  const int64_t keep = std::max<int64_t>(1, config.model.seq_len - e.sample_tokens + 1);
+  if (static_cast<int64_t>(prompt.size()) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
+  GenerateRequest request;
+  request.max_new_tokens = e.sample_tokens;
+  request.sampling = {e.sample_temperature, 0, 1.0, static_cast<uint64_t>(config.train.seed)};
+  request.sample_vocab = tokenizer.vocab_size();
+  const auto generated = generate_tokens(model, {prompt}, request);
+  return e.sample_prompt + tokenizer.decode(generated[0]);
 }
 
 }  // namespace trident

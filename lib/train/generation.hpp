@@ -8,11 +8,15 @@
 // the steps; a finished one repeats its last step (its cache row is never read again).
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "config/config.hpp"
 #include "model/stage_model.hpp"
 
 namespace trident {
+
+class BpeTokenizer;
 
 struct SamplingOptions {
   double temperature = 1.0;  // 0: greedy (the most likely token; ties: the lowest id)
@@ -54,5 +58,12 @@ std::vector<std::vector<int32_t>> generate_tokens(StageModel& model,
                                                   const std::vector<std::vector<int32_t>>& prompts,
                                                   const GenerateRequest& request,
                                                   const GenerateCallbacks& callbacks = {});
+
+// The trainer's periodic sample (eval.sample_interval): eval.sample_prompt and its continuation
+// of eval.sample_tokens tokens from the model's current weights (eval.sample_temperature, seed
+// train.seed), the prompt cut to its last tokens so that it and the new ones fit model.seq_len.
+// Collective over the tensor group, as generate_tokens.
+std::string sample_continuation(StageModel& model, const Config& config,
+                                const BpeTokenizer& tokenizer);
 
 }  // namespace trident

@@ -15,6 +15,8 @@
 #include <random>
 #include <sstream>
 
+#include "checkpoint/ckpt_mpi.hpp"
+#include "grid/parallel_dims.hpp"
 #include "model/model_stats.hpp"
 #include "pipeline/schedule.hpp"
 
@@ -255,6 +257,17 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
          (model_first ? model : activations) + ", and " + (model_first ? activations : model) +
          "; at least " + gb(r.total()) + " in all, more than the " + gb(memory.bytes) + " " +
          memory.what;
+}
+
+void agree_start_up_checks(const Config& config, const ModelShard& shard,
+                           const ParallelDims& groups) {
+  const int rank = groups.world().index;
+  std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
+  if (problem.empty())
+    problem = rank_memory_problem(config, shard, rank, groups.data().size,
+                                  config.train.device == "cpu" ? physical_memory_bytes() : 0.0,
+                                  groups.pipeline().index);
+  ckpt::agree_or_throw(groups.mpi_world, problem);
 }
 
 }  // namespace trident

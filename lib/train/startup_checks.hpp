@@ -12,6 +12,8 @@
 
 namespace trident {
 
+class ParallelDims;
+
 // checkpoint.dir as the checkpoint writer will need it: creates it (and its parents) when
 // missing, as the writer would, then checks that it is a directory in which a file can be
 // created (a file is created and removed: permission bits alone say nothing for root or on a
@@ -67,5 +69,12 @@ MemoryLimit physical_memory_bytes();
 // (activations), whichever dominates first, and the limit it exceeds.
 std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
                                 int dp_size, const MemoryLimit& memory, int stage = 0);
+
+// Collective over the world of `groups`: checkpoint_dir_problem (rank 0) and rank_memory_problem
+// (every rank, against physical_memory_bytes on the CPU; a GPU rank's model lives in device
+// memory, whose allocation failures name the device), agreed so that every rank throws the
+// first problem found, or none does.
+void agree_start_up_checks(const Config& config, const ModelShard& shard,
+                           const ParallelDims& groups);
 
 }  // namespace trident

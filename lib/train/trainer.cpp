@@ -3,38 +3,30 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/bpe_tokenizer.hpp"
 #include "train/training_checkpoint.hpp"
 #include "train/generation.hpp"
+#include "train/run_reports.hpp"
+#include "train/run_trace.hpp"
 #include "train/startup_checks.hpp"
-#include "checkpoint/ckpt_mpi.hpp"
 #include "model/model_stats.hpp"
 #include "optim/grad_finalize.hpp"
 #include "optim/lr_schedule.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/shard_plan.hpp"
-#include "pipeline/simulator.hpp"
 #include "util/error.hpp"
-#include "util/test_hooks.hpp"
 
 namespace trident {
 
 Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory& make)
     : config_(config),
       groups_(groups),
+      out_(groups.world().index == 0),
       guard_({config.train.spike_factor, config.train.spike_window, config.train.max_bad_steps}),
       skipped_batches_(merged_skip_list(config.train.skip_batches, {})) {
-  if (const std::string corrupt = test_hook(TestHook::CorruptBatches); !corrupt.empty())
-    // "7,8" -> "[7,8]"
-    test_corrupt_batches_ = parse_skip_list("[" + corrupt + "]",
-                                            test_hook_variable(TestHook::CorruptBatches));
   const ModelConfig& m = config.model;
   const ModelShard shard =
       plan_model_shard(config, {groups.tensor().index, groups.tensor().size,
@@ -43,17 +35,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
-  {
-    const int rank = groups.world().index;
-    std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
-    if (problem.empty())
-      // Host memory holds the model on the CPU only; a GPU rank's model lives in device memory,
-      // whose allocation failures name the device.
-      problem = rank_memory_problem(config, shard, rank, groups.data().size,
-                                    config.train.device == "cpu" ? physical_memory_bytes() : 0.0,
-                                    groups.pipeline().index);
-    ckpt::agree_or_throw(groups.mpi_world, problem);
-  }
+  agree_start_up_checks(config, shard, groups);
   backend_ = make(config, groups, shard);
   groups_.set_device(backend_.comms);
   model_ = backend_.model.get();
@@ -84,7 +66,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
                                                  m.seq_len, m.vocab_size,
                                                  config.train.global_batch, false, 0);
   }
-  if (is_logging_rank()) log_blend_shares();
+  out_.text(blend_shares_text(train_data_.get(), val_data_.get()));
   executor_ = std::make_unique<PipelineExecutor>(
       *model_, *groups_.pipeline().device, parse_schedule_kind(config.parallel.schedule),
       config.train.micro_batch);
@@ -101,53 +83,15 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
     log_ = std::make_unique<MetricsLog>(config.log.dir);
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
   }
-  if (config.log.trace) start_trace();
-}
-
-void Trainer::start_trace() {
-  const std::string track = "rank " + std::to_string(groups_.world().host->rank()) + " (tp " +
-                            std::to_string(groups_.tensor().index) + ", pp " +
-                            std::to_string(groups_.pipeline().index) + ", dp " +
-                            std::to_string(groups_.data().index) + ")";
-  trace_ = std::make_unique<TimelineTrace>(groups_.mpi_world, config_.log.trace_steps[0],
-                                           config_.log.trace_steps[1], track);
-  for (Communicator* comm : groups_.host_communicators()) trace_->install_on(*comm);
-  for (Communicator* comm : groups_.device_communicators()) trace_->install_on(*comm);
-  executor_->set_op_observer(
-      [trace = trace_.get()](const PipeOp& op, TimelineTrace::Clock::time_point start,
-                             TimelineTrace::Clock::time_point end) {
-        trace->add_op(op, start, end);
-      });
+  if (config.log.trace) trace_ = start_run_trace(config.log, groups_, *executor_);
 }
 
 void Trainer::finish_trace(int64_t steps_done, bool run_over) {
-  if (!trace_ || trace_->written() || (steps_done < trace_->last_step() && !run_over)) return;
-  const std::string path = (std::filesystem::path(config_.log.dir) / "trace.json").string();
-  trace_->write(path);
-  if (is_logging_rank()) {
-    std::printf("timeline trace of steps %lld-%lld (those run): %s\n",
-                static_cast<long long>(config_.log.trace_steps[0]),
-                static_cast<long long>(config_.log.trace_steps[1]), path.c_str());
-    std::fflush(stdout);
-  }
-}
-
-void Trainer::log_blend_shares() const {
-  const std::pair<const char*, const BlendedDataset*> blends[] = {
-      {"data.train", train_data_.get()}, {"data.val", val_data_.get()}};
-  for (const auto& [key, data] : blends) {
-    if (data == nullptr || data->size() < 2) continue;
-    std::printf("%s: blend of %zu datasets\n%s", key, data->size(), data->describe(key).c_str());
-  }
-  std::fflush(stdout);
+  finish_run_trace(trace_.get(), config_.log, steps_done, run_over, out_);
 }
 
 void Trainer::log_blend_counts(int64_t steps_done) const {
-  if (!is_logging_rank() || train_data_->size() < 2) return;
-  const int64_t samples = steps_done * config_.train.global_batch;
-  std::printf("data.train: samples per dataset in steps [0, %lld): %s\n",
-              static_cast<long long>(steps_done), train_data_->describe_counts(samples).c_str());
-  std::fflush(stdout);
+  if (out_.on()) out_.text(blend_counts_text(*train_data_, steps_done, config_.train.global_batch));
 }
 
 void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
@@ -204,20 +148,9 @@ double Trainer::forward_backward(int64_t step) {
     loss /= groups_.data().size;
   }
   sync_->finish(model.grads());
-  if (!test_corrupt_batches_.empty()) corrupt_for_test(step, loss);
+  if (test_corruption_.any())  // test only (train/test_corruption.hpp)
+    test_corruption_.apply(batch_of(step), loss, device(), model.grads(), model.flat_size());
   return loss;
-}
-
-void Trainer::corrupt_for_test(int64_t step, double& loss) {
-  const int64_t batch = batch_of(step);
-  if (!std::binary_search(test_corrupt_batches_.begin(), test_corrupt_batches_.end(), batch))
-    return;
-  // The same on every rank (the loss is agreed already; each rank scales its own gradients):
-  // a spike of the loss and of the gradient norm, as a bad batch would bring.
-  loss *= 1000;
-  std::vector<float> grads = host_grads();
-  for (float& g : grads) g *= 1000;
-  device().from_host(model_->grads(), grads.data(), model_->flat_size() * 4);
 }
 
 StepMetrics Trainer::apply_update(int64_t step, double loss) {
@@ -254,40 +187,8 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   m.lr = lr;
   m.grad_norm = grad_norm;
   m.skipped_steps = skipped_steps_;
-  moe_metrics(m);
+  moe_metrics_.fill(step_moe_, config_.model.moe_experts, config_.num_microbatches(), groups_, m);
   return m;
-}
-
-void Trainer::moe_metrics(StepMetrics& m) {
-  const int64_t E = config_.model.moe_experts;
-  if (E == 0) return;
-  // [aux, z, dropped, load_0 .. load_E-1]: summed over the stages' layers and the replicas
-  // (the tensor ranks of a stage hold the same figures). The losses are sums over micro-batches
-  // of the per-micro-batch means: / micro-batches / replicas is the global batch's mean.
-  std::vector<double>& v = moe_sums_;  // kept: no allocation in a step
-  v.assign(static_cast<size_t>(3 + E), 0.0);
-  v[0] = step_moe_.aux_loss_sum;
-  v[1] = step_moe_.z_loss_sum;
-  v[2] = static_cast<double>(step_moe_.dropped);
-  for (int64_t e = 0; e < E && e < static_cast<int64_t>(step_moe_.load.size()); ++e)
-    v[3 + e] = static_cast<double>(step_moe_.load[e]);
-  const int64_t n = static_cast<int64_t>(v.size());
-  if (groups_.pipeline().size > 1) groups_.pipeline().host->all_reduce_sum(v.data(), n);
-  if (groups_.data().size > 1) groups_.data().host->all_reduce_sum(v.data(), n);
-  const double replicas_microbatches =
-      static_cast<double>(groups_.data().size) * static_cast<double>(config_.num_microbatches());
-  double total = 0.0, lo = INFINITY, hi = 0.0;
-  for (int64_t e = 0; e < E; ++e) {
-    total += v[3 + e];
-    lo = std::min(lo, v[3 + e]);
-    hi = std::max(hi, v[3 + e]);
-  }
-  m.moe = true;
-  m.moe_aux_loss = v[0] / replicas_microbatches;
-  m.moe_z_loss = v[1] / replicas_microbatches;
-  m.moe_load_min = total > 0 ? lo / total : 0.0;
-  m.moe_load_max = total > 0 ? hi / total : 0.0;
-  m.moe_dropped = total > 0 ? v[2] / total : 0.0;
 }
 
 StepMetrics Trainer::train_step(int64_t step) {
@@ -309,17 +210,7 @@ std::string Trainer::sample_text() {
     sample_tokenizer_ = std::make_shared<const BpeTokenizer>(
         e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
                                    : BpeTokenizer::from_file(e.sample_tokenizer));
-  const BpeTokenizer& tokenizer = *sample_tokenizer_;
-  std::vector<int32_t> prompt = tokenizer.encode(e.sample_prompt);
-  // The context holds the prompt's last tokens and the new ones.
-  const int64_t keep = std::max<int64_t>(1, config_.model.seq_len - e.sample_tokens + 1);
-  if (static_cast<int64_t>(prompt.size()) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
-  GenerateRequest request;
-  request.max_new_tokens = e.sample_tokens;
-  request.sampling = {e.sample_temperature, 0, 1.0, static_cast<uint64_t>(config_.train.seed)};
-  request.sample_vocab = tokenizer.vocab_size();
-  const auto generated = generate_tokens(*model_, {prompt}, request);
-  return e.sample_prompt + tokenizer.decode(generated[0]);
+  return sample_continuation(*model_, config_, *sample_tokenizer_);
 }
 
 std::optional<double> Trainer::evaluate() {
@@ -331,11 +222,8 @@ std::optional<double> Trainer::evaluate() {
     int32_t stop = stop_check_ && stop_check_();
     groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
     if (stop) {
-      if (is_logging_rank()) {
-        std::printf("evaluation stopped after %lld of %lld batches (stop requested)\n",
-                    static_cast<long long>(batch), static_cast<long long>(config_.eval.steps));
-        std::fflush(stdout);
-      }
+      out_.print("evaluation stopped after %lld of %lld batches (stop requested)\n",
+                 static_cast<long long>(batch), static_cast<long long>(config_.eval.steps));
       return std::nullopt;
     }
     loss_sum += executor_->evaluate(micro_batches, [&](int64_t micro, int32_t* tokens,
@@ -369,14 +257,9 @@ RunOutcome Trainer::run() {
     if (val_data_ && eval_every > 0 && ((step + 1) % eval_every == 0 || last))
       m.val_loss = evaluate();
     const int64_t sample_every = config_.eval.sample_interval;
-    if (sample_every > 0 && ((step + 1) % sample_every == 0 || last)) {
-      const std::string text = sample_text();
-      if (is_logging_rank()) {
-        std::printf("sample at step %lld: %s\n", static_cast<long long>(step + 1),
-                    nlohmann::json(text).dump().c_str());
-        std::fflush(stdout);
-      }
-    }
+    if (sample_every > 0 && ((step + 1) % sample_every == 0 || last))
+      out_.print("sample at step %lld: %s\n", static_cast<long long>(step + 1),
+                 nlohmann::json(sample_text()).dump().c_str());
     const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
     if (log_step && groups_.pipeline().size > 1)
       m.pipeline_bubble = interval_bubbles();  // all ranks
@@ -431,10 +314,9 @@ RunOutcome Trainer::run() {
     finish_trace(step + 1, last || stop);
     if (stop && !last) {
       log_blend_counts(step + 1);
-      if (is_logging_rank())
-        std::printf("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
-                    static_cast<long long>(step + 1), static_cast<long long>(steps),
-                    ck.dir.empty() ? "; no checkpoint.dir, nothing saved" : "");
+      out_.print("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
+                 static_cast<long long>(step + 1), static_cast<long long>(steps),
+                 ck.dir.empty() ? "; no checkpoint.dir, nothing saved" : "");
       return RunOutcome::Stopped;
     }
   }
@@ -573,82 +455,17 @@ int64_t Trainer::init_weights_from(const std::string& path) {
                                  groups_.mpi_world, checkpoint_watchdog_);
 }
 
-}  // namespace trident
-
-namespace trident {
-
 std::vector<double> Trainer::interval_bubbles() {
-  const PipelineStats& st = executor_->stats();
-  double mine[2] = {st.wait_seconds - logged_wait_seconds_, st.busy_seconds - logged_busy_seconds_};
-  logged_wait_seconds_ = st.wait_seconds;
-  logged_busy_seconds_ = st.busy_seconds;
-  std::vector<double> all(2 * groups_.pipeline().size);
-  groups_.pipeline().host->all_gather(mine, all.data(), 2, DType::F64);
-  std::vector<double> bubbles(groups_.pipeline().size);
-  for (int s = 0; s < groups_.pipeline().size; ++s)
-    bubbles[s] = all[2 * s + 1] > 0 ? all[2 * s] / all[2 * s + 1] : 0.0;
-  return bubbles;
+  return bubbles_.since_last(executor_->stats(), groups_.pipeline());
 }
 
 std::string Trainer::pipeline_report() {
-  // [bubble fraction, peak in-flight micro-batches, peak activation MB] of every stage.
-  const PipelineStats& st = executor_->stats();
-  double mine[3] = {st.busy_seconds > 0 ? st.wait_seconds / st.busy_seconds : 0.0,
-                    static_cast<double>(st.peak_in_flight), st.peak_activation_bytes / 1e6};
-  std::vector<double> all(3 * groups_.pipeline().size);
-  groups_.pipeline().host->all_gather(mine, all.data(), 3, DType::F64);
-  // The idle fraction of the schedule in use with unit costs, F = B = W (a whole backward 2):
-  // 1F1B and GPipe (p-1)/(m+p-1); ZB-H1's deferred weight gradients fill two thirds of that,
-  // (p-1)/(3m+p-1), and so do ZB-H2's for m >= 2p-1 (its gain needs W < B); interleaved
-  // (p-1)/(vm+p-1) (Megatron-LM), "held" counting chunk micro-batches. The simulator computes
-  // it for any p and m (the tests check it against these closed forms).
-  const ScheduleKind kind = parse_schedule_kind(config_.parallel.schedule);
-  const PipeSimResult unit =
-      simulate_pipeline(kind, groups_.pipeline().size, config_.num_microbatches(),
-                        {1.0, 2.0, 0.0, 1.0},
-                        static_cast<int>(config_.parallel.virtual_stages));
-  const double theory = unit.ok ? unit.bubble_fraction() : -1.0;
-  const char* formula = "simulated for F=B=W";
-  std::string out;
-  char line[256];
-  for (int s = 0; s < groups_.pipeline().size; ++s) {
-    std::snprintf(line, sizeof line,
-                  "pipeline stage %d: bubble %.3f measured, %.3f theory %s | peak "
-                  "%g micro-batches held, %.1f MB activations\n",
-                  s, all[3 * s], theory, formula, all[3 * s + 1], all[3 * s + 2]);
-    out += line;
-  }
-  return out;
+  return trident::pipeline_report(executor_->stats(), groups_.pipeline(), config_);
 }
 
-}  // namespace trident
-
-namespace trident {
-
 std::string Trainer::memory_report() {
-  const double mb = 1e6;
-  // Counted: the buffers' sizes and the executor's count of its stashes. Measured: what the
-  // device's allocator handed out (every weight, gradient, moment, stash, scratch and message
-  // buffer the rank made), now and at its most.
-  double mine[6] = {model_->flat_size() * sizeof(float) / mb,
-                    model_->flat_size() * sizeof(float) / mb,
-                    optimizer_->state_bytes() / mb,
-                    executor_->stats().peak_activation_bytes / mb,
-                    device().allocated_bytes() / mb,
-                    device().peak_allocated_bytes() / mb};
-  std::vector<double> all(6 * groups_.world().host->size());
-  groups_.world().host->all_gather(mine, all.data(), 6, DType::F64);
-  std::string out;
-  char line[320];
-  for (int r = 0; r < groups_.world().host->size(); ++r) {
-    const double* a = &all[6 * r];
-    std::snprintf(line, sizeof line,
-                  "memory rank %d: parameters %.2f MB | gradients %.2f MB | optimizer state "
-                  "%.2f MB | peak activations %.2f MB | device allocated %.2f MB, peak %.2f MB\n",
-                  r, a[0], a[1], a[2], a[3], a[4], a[5]);
-    out += line;
-  }
-  return out;
+  return trident::memory_report(*model_, *optimizer_, executor_->stats(), device(),
+                                *groups_.world().host);
 }
 
 }  // namespace trident

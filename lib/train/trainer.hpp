@@ -23,7 +23,11 @@
 #include "runtime/backend.hpp"
 #include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
+#include "train/moe_metrics.hpp"
+#include "train/run_reports.hpp"
+#include "train/test_corruption.hpp"
 #include "train/timeline_trace.hpp"
+#include "util/rank_log.hpp"
 
 namespace trident {
 
@@ -88,9 +92,6 @@ class Trainer {
   // Global norm, clipping and AdamW on the gradients forward_backward left; fills the metrics
   // other than timing.
   StepMetrics apply_update(int64_t step, double loss);
-  // The MoE figures of the step forward_backward ran (StepMetrics::moe...), agreed by all
-  // ranks; nothing (and no communication) for a dense model.
-  void moe_metrics(StepMetrics& m);
   // Mean validation loss over eval.steps global batches from the start of the val set;
   // nullopt if a stop was requested (the stop check, agreed by all ranks between batches).
   std::optional<double> evaluate();
@@ -144,11 +145,10 @@ class Trainer {
   std::string pipeline_report();
 
  private:
-  // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
-  // Rank 0's log lines of the blends: each dataset's target share (at start) and the samples
-  // each gave in steps [0, steps_done) (at the end and when stopping).
-  void log_blend_shares() const;
+  // Rank 0's log line of the samples each dataset of the data.train blend gave in steps
+  // [0, steps_done) (at the end and when stopping).
   void log_blend_counts(int64_t steps_done) const;
+  // Fills tokens/targets of micro-batch `micro` of `step` for this data-parallel rank.
   void load_microbatch(const BlendedDataset& data, int64_t step,
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
@@ -166,8 +166,6 @@ class Trainer {
   std::string save_rollback_checkpoint(int64_t first_bad, const std::vector<int64_t>& bad_batches);
   // "tensor=2 pipeline=2 data=2 zero_stage=1": the checkpoint attribute layout.
   std::string layout() const;
-  // Test only: the loss and gradients of a batch in TRIDENT_TEST_CORRUPT_BATCHES times 1000.
-  void corrupt_for_test(int64_t step, double& loss);
   // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
   double rollback_lr_factor() const;
   // What checkpoints hold of this rank (train/training_checkpoint.hpp).
@@ -175,13 +173,12 @@ class Trainer {
   // Collective over the pipeline group: every stage's measured bubble (wait / busy) since the
   // previous call (StepMetrics::pipeline_bubble).
   std::vector<double> interval_bubbles();
-  // log.trace: the recorder on every communicator and on the pipeline executor.
-  void start_trace();
   // Collective: writes log.dir/trace.json once the last traced step (or the run) is over.
   void finish_trace(int64_t steps_done, bool run_over);
 
   Config config_;
   ParallelDims groups_;  // device communicators set once backend_ is built
+  RankLog out_;          // the logging rank's lines on standard output
   std::shared_ptr<const BpeTokenizer> sample_tokenizer_;  // eval.sample_interval > 0
   Backend backend_;
   StageModel* model_ = nullptr;  // backend_.model
@@ -195,19 +192,18 @@ class Trainer {
   // log.trace; declared after backend_ so that it uninstalls itself from the communicators
   // before they go.
   std::unique_ptr<TimelineTrace> trace_;
-  double logged_wait_seconds_ = 0, logged_busy_seconds_ = 0;  // at the last interval_bubbles()
+  PipelineBubbles bubbles_;  // interval_bubbles()' last figures
   double flops_per_step_ = 0;
   int64_t skipped_steps_ = 0;
   MoeStats step_moe_;  // the last forward_backward's, this rank's layers
-  std::vector<double> moe_sums_;  // moe_metrics' [aux, z, dropped, loads], summed over ranks
+  MoeStepMetrics moe_metrics_;  // StepMetrics::moe... of step_moe_, agreed by all ranks
   int64_t consecutive_skipped_ = 0;  // skipped steps in a row up to the last one
   DivergenceGuard guard_;
   std::vector<int64_t> skipped_batches_;  // sorted
   int64_t rollbacks_ = 0;                 // taken by this run, resumes included
   int64_t rolled_back_to_ = -1;           // the step of the last rollback's checkpoint
-  // Test only (TRIDENT_TEST_CORRUPT_BATCHES): global batches whose loss and gradients are
-  // multiplied by 1000, a loss spike the guard must catch.
-  std::vector<int64_t> test_corrupt_batches_;
+  // Test only (TRIDENT_TEST_CORRUPT_BATCHES): a loss spike the guard must catch, on purpose.
+  BatchCorruption test_corruption_;
   double train_seconds_ = 0;
   int64_t steps_run_ = 0;
   int64_t start_step_ = 0;

@@ -15,7 +15,7 @@
 namespace trident {
 
 enum class TestHook {
-  CorruptBatches,       // lib/train/trainer.cpp
+  CorruptBatches,       // lib/train/test_corruption.cpp
   SlowRank,             // lib/train/straggler.cpp
   SkipCollective,       // app/cmd_train.cpp -> lib/comm/comm_watchdog.cpp
   SlowStartMs,          // app/cmd_train.cpp
