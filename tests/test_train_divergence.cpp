@@ -7,6 +7,7 @@
 
 #include "expect_error.hpp"
 #include "train/divergence_guard.hpp"
+#include "train/rollback_plan.hpp"
 
 using namespace trident;
 
@@ -122,4 +123,39 @@ TEST(LossList, TextRoundTripsAndBadTextIsOneLine) {
         trident::test::error_of([&] { parse_loss_list(bad, "guard_losses"); }),
         {"guard_losses = \"" + std::string(bad) +
          "\" is not a list of finite numbers like [3.25, 3.5]"});
+}
+
+// The rollback's decisions (train/rollback_plan.hpp): the streak's batches through the skip
+// list, the newest step it may go back to, and the pass-over of a checkpoint that led straight
+// into bad steps again.
+TEST(RollbackPlan, TargetStepBatchesAndPassOver) {
+  const std::vector<int64_t> skipped = {3};  // batch 3 already left out
+  const auto batch_of = [&](int64_t s) { return batch_of_step(s, skipped); };
+  const RollbackPlan p = plan_rollback(/*step=*/9, /*streak=*/3, /*rolled_back_to=*/-1, 3, batch_of);
+  EXPECT_EQ(p.first_bad, 7);
+  EXPECT_EQ(p.max_step, 7);
+  EXPECT_FALSE(p.passes_over);
+  EXPECT_EQ(p.bad_batches, (std::vector<int64_t>{8, 9, 10}));
+  EXPECT_EQ(p.what, "3 bad steps in a row (steps 8 to 10, global batches [8, 9, 10]; "
+                    "train.max_bad_steps = 3)");
+  EXPECT_EQ(rollback_refusal(p, 0, 2, "ck/step_00000007.h5", "ck"), "");
+  EXPECT_EQ(rollback_refusal(p, 2, 2, "ck/step_00000007.h5", "ck"),
+            "train.max_rollbacks = 2 rollbacks taken");
+  EXPECT_EQ(rollback_refusal(p, 0, 2, "", "ck"),
+            "no committed checkpoint in checkpoint.dir 'ck' at or before step 7");
+  // The streak began where the last rollback went back to: that checkpoint is passed over.
+  const RollbackPlan again = plan_rollback(9, 3, 7, 3, batch_of);
+  EXPECT_TRUE(again.passes_over);
+  EXPECT_EQ(again.max_step, 6);
+  EXPECT_EQ(rollback_refusal(again, 0, 2, "", "ck"),
+            "no committed checkpoint in checkpoint.dir 'ck' at or before step 6; passed over "
+            "step 7, whose first step was bad again after the last rollback to it");
+  EXPECT_EQ(rollback_line(again, 1, 2, "ck/step_00000005.h5", 5),
+            "rollback 1 of at most 2: " + again.what +
+                "; back to ck/step_00000005.h5 (step 5; passed over step 7, whose first step "
+                "was bad again after the last rollback to it), skipping global batches "
+                "[8, 9, 10] from now on");
+  EXPECT_EQ(diverged_record(p, "r", 1, "").count("rollback_save"), 0u);
+  EXPECT_EQ(diverged_record(p, "r", 1, "ck/step_00000007.h5")["rollback_save"],
+            "ck/step_00000007.h5");
 }

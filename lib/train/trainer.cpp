@@ -10,6 +10,7 @@
 #include "train/training_checkpoint.hpp"
 #include "train/generation.hpp"
 #include "train/run_reports.hpp"
+#include "train/rollback_plan.hpp"
 #include "train/run_trace.hpp"
 #include "train/startup_checks.hpp"
 #include "model/model_stats.hpp"
@@ -240,6 +241,31 @@ std::optional<double> Trainer::evaluate() {
   return loss;
 }
 
+void Trainer::throw_if_skipping_for_ever(int64_t step) const {
+  // Every step skipped for a while: the state cannot recover by itself (it does not change),
+  // so end the run rather than spend the job on it. The same count on every rank.
+  const int64_t skip_limit = config_.train.max_consecutive_skips;
+  if (skip_limit > 0 && consecutive_skipped_ >= skip_limit)
+    throw Error("training diverged: the gradient norm was not finite in " +
+                std::to_string(consecutive_skipped_) + " steps in a row (steps " +
+                std::to_string(step + 2 - consecutive_skipped_) + " to " +
+                std::to_string(step + 1) + ", all skipped; train.max_consecutive_skips = " +
+                std::to_string(skip_limit) + ")");
+}
+
+bool Trainer::stop_requested(int64_t step, std::chrono::steady_clock::time_point started) {
+  // Stop between steps if any rank was signalled or the time limit has passed: one small
+  // all-reduce so that every rank takes the same decision at the same step.
+  const TrainConfig& t = config_.train;
+  const double minutes =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() / 60;
+  int32_t stop = (stop_check_ && stop_check_()) ||
+                 (t.exit_after_minutes > 0 && minutes >= t.exit_after_minutes) ||
+                 (t.exit_interval > 0 && (step + 1) % t.exit_interval == 0);
+  groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
+  return stop != 0;
+}
+
 RunOutcome Trainer::run() {
   using Clock = std::chrono::steady_clock;
   const auto started = Clock::now();
@@ -275,29 +301,8 @@ RunOutcome Trainer::run() {
       step = start_step_ - 1;  // the loop's ++step makes it the checkpoint's step
       continue;
     }
-    // Every step skipped for a while: the state cannot recover by itself (it does not change),
-    // so end the run rather than spend the job on it. The same count on every rank.
-    const int64_t skip_limit = config_.train.max_consecutive_skips;
-    if (skip_limit > 0 && consecutive_skipped_ >= skip_limit)
-      throw Error("training diverged: the gradient norm was not finite in " +
-                  std::to_string(consecutive_skipped_) + " steps in a row (steps " +
-                  std::to_string(step + 2 - consecutive_skipped_) + " to " +
-                  std::to_string(step + 1) + ", all skipped; train.max_consecutive_skips = " +
-                  std::to_string(skip_limit) + ")");
-
-    // Stop between steps if any rank was signalled or the time limit has passed: one small
-    // all-reduce so that every rank takes the same decision at the same step.
-    auto stop_requested = [&] {
-      const double minutes = std::chrono::duration<double>(Clock::now() - started).count() / 60;
-      int32_t stop = (stop_check_ && stop_check_()) ||
-                     (config_.train.exit_after_minutes > 0 &&
-                      minutes >= config_.train.exit_after_minutes) ||
-                     (config_.train.exit_interval > 0 &&
-                      (step + 1) % config_.train.exit_interval == 0);
-      groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
-      return stop != 0;
-    };
-    bool stop = stop_requested();
+    throw_if_skipping_for_ever(step);
+    bool stop = stop_requested(step, started);
     // No periodic checkpoint inside a streak of bad steps that may yet end in a rollback: the
     // checkpoint it reads must be from before the streak, so that its continuation is the run
     // without the streak's batches.
@@ -309,7 +314,7 @@ RunOutcome Trainer::run() {
       if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
       // A stop requested while the checkpoint was written (a write may take minutes): that
       // checkpoint is the run's state, so stop now rather than run a step and save again.
-      if (!stop && !last) stop = stop_requested();
+      if (!stop && !last) stop = stop_requested(step, started);
     }
     finish_trace(step + 1, last || stop);
     if (stop && !last) {
@@ -375,76 +380,40 @@ double Trainer::rollback_lr_factor() const {
 
 bool Trainer::roll_back(int64_t step) {
   const TrainConfig& t = config_.train;
-  const int64_t streak = guard_.bad_streak();
-  const int64_t first_bad = step + 1 - streak;  // 0-based, also the steps done before it
-  std::vector<int64_t> bad_batches;
-  for (int64_t s = first_bad; s <= step; ++s) bad_batches.push_back(batch_of(s));
-  // The checkpoint to go back to predates the streak. If the streak began at the very step
-  // the last rollback went back to, that checkpoint led straight into bad steps again on
-  // other batches: its weights are suspect (an update that looked good, its loss taken before
-  // it, made them), so go back past it.
-  const bool suspect = rolled_back_to_ >= 0 && first_bad == rolled_back_to_;
-  const int64_t max_step = suspect ? first_bad - 1 : first_bad;
+  const RollbackPlan plan =
+      plan_rollback(step, guard_.bad_streak(), rolled_back_to_, t.max_bad_steps,
+                    [this](int64_t s) { return batch_of(s); });
   const std::string target =
-      agreed_checkpoint_at_or_before(config_.checkpoint.dir, max_step, groups_.mpi_world);
-  const std::string what = std::to_string(streak) + " bad steps in a row (steps " +
-                           std::to_string(first_bad + 1) + " to " +
-                           std::to_string(step + 1) + ", global batches " +
-                           skip_list_text(bad_batches) + "; train.max_bad_steps = " +
-                           std::to_string(t.max_bad_steps) + ")";
-  const std::string passed_over =
-      suspect ? "; passed over step " + std::to_string(rolled_back_to_) +
-                    ", whose first step was bad again after the last rollback to it"
-              : "";
-  std::string refusal;
-  if (rollbacks_ >= t.max_rollbacks)
-    refusal = "train.max_rollbacks = " + std::to_string(t.max_rollbacks) + " rollbacks taken";
-  else if (target.empty())
-    refusal = "no committed checkpoint in checkpoint.dir '" + config_.checkpoint.dir +
-              "' at or before step " + std::to_string(max_step) + passed_over;
+      agreed_checkpoint_at_or_before(config_.checkpoint.dir, plan.max_step, groups_.mpi_world);
+  const std::string refusal =
+      rollback_refusal(plan, rollbacks_, t.max_rollbacks, target, config_.checkpoint.dir);
   if (!refusal.empty()) {
     // Nothing to go back to, but the weights are still those from before the streak (bad
     // steps are not applied): keep them, unless they are what the last load read.
     std::string saved, save_failure;
-    if (target.empty() && rollbacks_ < t.max_rollbacks && first_bad > start_step_) {
+    if (target.empty() && rollbacks_ < t.max_rollbacks && plan.first_bad > start_step_) {
       // A failed save (every rank throws the same error) leaves the exit as it is: diverged.
       try {
-        saved = save_rollback_checkpoint(first_bad, bad_batches);
+        saved = save_rollback_checkpoint(plan.first_bad, plan.bad_batches);
       } catch (const Error& e) {
         save_failure = std::string("; the rollback save failed: ") + e.what();
       }
     }
-    if (log_) {
-      nlohmann::json record = {{"type", "event"},         {"event", "diverged"},
-                               {"step", step + 1},        {"bad_batches", bad_batches},
-                               {"rollbacks", rollbacks_}, {"reason", refusal}};
-      if (!saved.empty()) record["rollback_save"] = saved;
-      log_->write_event("training diverged: " + what + ", and no rollback: " + refusal +
-                            (saved.empty() ? "" : "; the weights of step " +
-                                                      std::to_string(first_bad) +
-                                                      " (before the bad steps) saved as " +
-                                                      saved + " (a rollback save)") +
-                            save_failure + "; exit code 77",
-                        record);
-    }
+    if (log_)
+      log_->write_event(diverged_line(plan, refusal, saved, save_failure),
+                        diverged_record(plan, refusal, rollbacks_, saved));
     return false;
   }
-  skipped_batches_ = merged_skip_list(skipped_batches_, bad_batches);
+  skipped_batches_ = merged_skip_list(skipped_batches_, plan.bad_batches);
   ++rollbacks_;
   consecutive_skipped_ = 0;
   load_checkpoint(target);
   guard_.clear_streak();  // a target written inside an earlier, ended streak recorded it
   rolled_back_to_ = start_step_;
   if (log_)
-    log_->write_event(
-        "rollback " + std::to_string(rollbacks_) + " of at most " +
-            std::to_string(t.max_rollbacks) + ": " + what + "; back to " + target +
-            " (step " + std::to_string(start_step_) + passed_over + "), skipping global batches " +
-            skip_list_text(bad_batches) + " from now on",
-        {{"type", "event"}, {"event", "rollback"}, {"step", step + 1}, {"to_step", start_step_},
-         {"checkpoint", target}, {"bad_batches", bad_batches},
-         {"skipped_batches", skipped_batches_}, {"rollbacks", rollbacks_},
-         {"lr_scale", rollback_lr_factor()}});
+    log_->write_event(rollback_line(plan, rollbacks_, t.max_rollbacks, target, start_step_),
+                      rollback_record(plan, rollbacks_, start_step_, target, skipped_batches_,
+                                      rollback_lr_factor()));
   return true;
 }
 

@@ -4,6 +4,7 @@
 // built (the process grid does that).
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -160,6 +161,12 @@ class Trainer {
   // why) when there is no checkpoint to go back to (then after save_rollback_checkpoint) or
   // train.max_rollbacks rollbacks were taken already.
   bool roll_back(int64_t step);
+  // Throws (every rank) when train.max_consecutive_skips steps in a row up to `step` were
+  // skipped for a non-finite gradient norm.
+  void throw_if_skipping_for_ever(int64_t step) const;
+  // Collective: whether any rank's stop check fired, train.exit_after_minutes has passed
+  // since `started`, or step `step` (0-based) ends a train.exit_interval.
+  bool stop_requested(int64_t step, std::chrono::steady_clock::time_point started);
   // Collective, when a rollback finds no checkpoint: writes the state from before the streak
   // that began at step `first_bad` (bad steps are never applied) as checkpoint `first_bad`,
   // the streak's batches skipped, marked rollback_save. Returns its path.
