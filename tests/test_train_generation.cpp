@@ -16,6 +16,7 @@
 #include "model/cpu_model.hpp"
 #include "model/stage_model.hpp"
 #include "train/generation.hpp"
+#include "train/run_reports.hpp"
 #include "util/error.hpp"
 
 using namespace trident;
@@ -260,4 +261,11 @@ TEST(GenerationConfig, SamplesNeedPipelineOneAndBytesNeedTheirVocabulary) {
   EXPECT_EQ(c.eval.sample_prompt, "Q: ");
   EXPECT_EQ(c.eval.sample_tokens, 7);
   EXPECT_EQ(c.eval.sample_temperature, 0.5);
+}
+
+// eval.sample_interval's line: a sample that is no UTF-8 (bytes the model chose) is shown with
+// U+FFFD; the JSON dump threw "invalid UTF-8 byte" before and ended the run as an internal error.
+TEST(SampleLine, BytesThatAreNoUtf8AreShownAsReplacementCharacters) {
+  EXPECT_EQ(trident::sample_line(4, "ab\"c"), "sample at step 4: \"ab\\\"c\"\n");
+  EXPECT_EQ(trident::sample_line(2, "a\xC7(b"), "sample at step 2: \"a\xEF\xBF\xBD(b\"\n");
 }

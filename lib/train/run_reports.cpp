@@ -2,6 +2,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "comm/comm.hpp"
 #include "data/blend.hpp"
@@ -187,6 +188,12 @@ std::string communication_report(const std::string& host_table,
                    "communication calls%s\n",
                    ll(steps_run), train_seconds, comm_seconds, share.c_str());
   return out;
+}
+
+std::string sample_line(int64_t steps_done, const std::string& text) {
+  return "sample at step " + std::to_string(steps_done) + ": " +
+         nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
 }
 
 }  // namespace trident

@@ -23,6 +23,11 @@ struct CoreShare;
 struct DimGroup;
 struct PipelineStats;
 
+// "sample at step N: \"...\"\n": eval.sample_interval's text as a JSON string. A sample is
+// whatever bytes the model chose: bytes that are no UTF-8 (a byte-level vocabulary's, or a
+// token cut inside a character) are shown as U+FFFD instead of ending the run.
+std::string sample_line(int64_t steps_done, const std::string& text);
+
 // Start-up: the resolved config, the model's size, the tokens and FLOPs of a step, the ranks and
 // their threads (`threads` per rank, `threads_explained`: where that number comes from).
 std::string start_up_figures(const Config& config, int world_size, int threads,

@@ -284,8 +284,7 @@ RunOutcome Trainer::run() {
       m.val_loss = evaluate();
     const int64_t sample_every = config_.eval.sample_interval;
     if (sample_every > 0 && ((step + 1) % sample_every == 0 || last))
-      out_.print("sample at step %lld: %s\n", static_cast<long long>(step + 1),
-                 nlohmann::json(sample_text()).dump().c_str());
+      out_.text(sample_line(step + 1, sample_text()));
     const bool log_step = (step + 1) % config_.log.interval == 0 || last || m.val_loss;
     if (log_step && groups_.pipeline().size > 1)
       m.pipeline_bubble = interval_bubbles();  // all ranks
