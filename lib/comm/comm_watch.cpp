@@ -27,15 +27,20 @@ double comm_timeout_from_env() {
   return s;
 }
 
-double comm_timeout_seconds(double configured) {
+namespace {
+// Whether TRIDENT_COMM_TIMEOUT_S sets the limit (set and not empty), over the config key.
+bool timeout_from_environment() {
   const char* v = std::getenv(kCommTimeoutEnv);
-  if (v == nullptr || *v == '\0') return configured;
-  return comm_timeout_from_env();
+  return v != nullptr && *v != '\0';
+}
+}  // namespace
+
+double comm_timeout_seconds(double configured) {
+  return timeout_from_environment() ? comm_timeout_from_env() : configured;
 }
 
 std::string comm_timeout_key() {
-  const char* v = std::getenv(kCommTimeoutEnv);
-  return v != nullptr && *v != '\0' ? kCommTimeoutEnv : "parallel.comm_timeout_s";
+  return timeout_from_environment() ? kCommTimeoutEnv : "parallel.comm_timeout_s";
 }
 
 WaitClock WaitClock::steady() {

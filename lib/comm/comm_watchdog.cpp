@@ -154,8 +154,8 @@ void CommWatchdog::maybe_stall(const Communicator& comm, const std::string& op,
                                int64_t seq) const {
   if (skip_.rank != world_rank_ || skip_.seq != seq || skip_.group != comm.name()) return;
   std::fprintf(stderr, "trident: test hook %s: rank %d never joins %s #%lld of group '%s'\n",
-               test_hook_variable(TestHook::SkipCollective), world_rank_, op.c_str(), static_cast<long long>(seq),
-               comm.name().c_str());
+               test_hook_variable(TestHook::SkipCollective), world_rank_, op.c_str(),
+               static_cast<long long>(seq), comm.name().c_str());
   std::fflush(stderr);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
