@@ -202,7 +202,7 @@ TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {
                       0),
             0u)
       << act;
-  EXPECT_GT(physical_memory_bytes().bytes, 1e8);
+  EXPECT_GT(usable_memory_limit().bytes, 1e8);
 }
 
 // Issue 56 item 14: under `ulimit -v` a model too large for the address space passed the
@@ -245,7 +245,7 @@ TEST(MemoryLimits, SlurmMemoryPerNodeOrPerCpuAndTheSmallestLimitIsNamed) {
   EXPECT_EQ(slurm.what, "of the job's memory on this node (SLURM_MEM_PER_CPU = 1000 MB x "
                         "SLURM_CPUS_ON_NODE = 4)");
   ::setenv("SLURM_MEM_PER_NODE", "1", 1);  // 1 MiB: below any other limit
-  slurm = physical_memory_bytes();
+  slurm = usable_memory_limit();
   EXPECT_EQ(slurm.bytes, 1024.0 * 1024);
   EXPECT_EQ(slurm.what, "of the job's memory on this node (SLURM_MEM_PER_NODE = 1 MB)");
   const Config c = tiny();
@@ -255,7 +255,7 @@ TEST(MemoryLimits, SlurmMemoryPerNodeOrPerCpuAndTheSmallestLimitIsNamed) {
             std::string::npos)
       << line;
   for (const char* k : keys) ::unsetenv(k);
-  EXPECT_EQ(physical_memory_bytes().what.find("SLURM"), std::string::npos);
+  EXPECT_EQ(usable_memory_limit().what.find("SLURM"), std::string::npos);
 }
 
 TEST(MemoryLimits, AddressSpaceLimitLessWhatIsMapped) {
@@ -268,7 +268,7 @@ TEST(MemoryLimits, AddressSpaceLimitLessWhatIsMapped) {
     const bool named = as.what.rfind("of address space this process may still map under its "
                                      "limit (ulimit -v, RLIMIT_AS: 68.7 GB, ", 0) == 0;
     const bool less = as.bytes > 0 && as.bytes < 68.72e9;
-    const bool smallest = physical_memory_bytes().bytes <= as.bytes;
+    const bool smallest = usable_memory_limit().bytes <= as.bytes;
     std::exit(named && less && smallest ? 0 : 2);
   };
   EXPECT_EXIT(child(), testing::ExitedWithCode(0), "");

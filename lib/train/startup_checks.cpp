@@ -218,7 +218,7 @@ MemoryLimit slurm_memory_limit() {
   return {};
 }
 
-MemoryLimit physical_memory_bytes() {
+MemoryLimit usable_memory_limit() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   MemoryLimit best;
   if (pages > 0 && page > 0) best = MemoryLimit(static_cast<double>(pages) * page);
@@ -265,7 +265,7 @@ void agree_start_up_checks(const Config& config, const ModelShard& shard,
   std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
   if (problem.empty())
     problem = rank_memory_problem(config, shard, rank, groups.data().size,
-                                  config.train.device == "cpu" ? physical_memory_bytes() : 0.0,
+                                  config.train.device == "cpu" ? usable_memory_limit() : 0.0,
                                   groups.pipeline().index);
   ckpt::agree_or_throw(groups.mpi_world, problem);
 }

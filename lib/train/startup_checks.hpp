@@ -62,7 +62,7 @@ MemoryLimit slurm_memory_limit();
 
 // The smallest of the node's physical memory and the limits above: the memory a rank of this
 // process may use at most ({0, ...} if none is known).
-MemoryLimit physical_memory_bytes();
+MemoryLimit usable_memory_limit();
 
 // "" if the rank's estimate fits in `memory` (or memory.bytes is 0), else a line naming the keys
 // that size it: model.layers/model.width (the model's share) or model.seq_len/train.micro_batch
@@ -71,7 +71,7 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
                                 int dp_size, const MemoryLimit& memory, int stage = 0);
 
 // Collective over the world of `groups`: checkpoint_dir_problem (rank 0) and rank_memory_problem
-// (every rank, against physical_memory_bytes on the CPU; a GPU rank's model lives in device
+// (every rank, against usable_memory_limit on the CPU; a GPU rank's model lives in device
 // memory, whose allocation failures name the device), agreed so that every rank throws the
 // first problem found, or none does.
 void agree_start_up_checks(const Config& config, const ModelShard& shard,
