@@ -1,6 +1,7 @@
 // The decoding kernels (generation with a key/value cache, Transformer::forward_decode): rotary
 // embeddings of rows at given positions, and the attention of one new query row per sequence
-// over the keys and values cached for it.
+// over the keys and values cached for it. The rotation's transpose at given positions serves the
+// context-parallel backward (a rank's rows are two chunks of the sequence).
 //
 // Both follow their training twins (rope.cpp, attention.cpp): angles t * theta^(-2i/HS) with
 // cos/sin and the rotation in double; scores scaled by 1/sqrt(HS) in F, softmax with
@@ -15,9 +16,13 @@
 
 namespace trident::cpu {
 
+namespace {
+
+// Rotates the q and k heads of row n by the angles of position positions[n]; sign = -1 rotates
+// back (the transpose: only the sign of sin changes).
 template <typename F>
-void rope_forward_at(F* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
-                     int64_t HS, double theta) {
+void rope_rotate_at(F* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                    int64_t HS, double theta, double sign) {
   const int64_t half = HS / 2, CQ = (NH + 2 * KVH) * HS;
   std::vector<double> inv_freq(half);
   for (int64_t i = 0; i < half; i++)
@@ -27,7 +32,7 @@ void rope_forward_at(F* qkv, const int32_t* positions, int64_t N, int64_t NH, in
     const double t = static_cast<double>(positions[n]);
     for (int64_t i = 0; i < half; i++) {
       const double angle = t * inv_freq[i];
-      const double c = std::cos(angle), s = std::sin(angle);
+      const double c = std::cos(angle), s = sign * std::sin(angle);
       for (int64_t h = 0; h < NH + KVH; h++) {
         F* x = qkv + n * CQ + h * HS;
         const double a = x[i], b = x[i + half];
@@ -36,6 +41,21 @@ void rope_forward_at(F* qkv, const int32_t* positions, int64_t N, int64_t NH, in
       }
     }
   }
+}
+
+}  // namespace
+
+template <typename F>
+void rope_forward_at(F* qkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                     int64_t HS, double theta) {
+  rope_rotate_at(qkv, positions, N, NH, KVH, HS, theta, 1.0);
+}
+
+// The context-parallel backward: a rank's rows are at the positions of its two chunks.
+template <typename F>
+void rope_backward_at(F* dqkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                      int64_t HS, double theta) {
+  rope_rotate_at(dqkv, positions, N, NH, KVH, HS, theta, -1.0);
 }
 
 template <typename F>
@@ -82,6 +102,8 @@ void kv_cache_attention(F* out, F* k_cache, F* v_cache, const F* qkv, const int3
 #define TRIDENT_INSTANTIATE(F)                                                               \
   template void rope_forward_at<F>(F*, const int32_t*, int64_t, int64_t, int64_t, int64_t,  \
                                    double);                                                  \
+  template void rope_backward_at<F>(F*, const int32_t*, int64_t, int64_t, int64_t, int64_t, \
+                                    double);                                                 \
   template void kv_cache_attention<F>(F*, F*, F*, const F*, const int32_t*, int64_t, int64_t, \
                                       int64_t, int64_t, int64_t);
 TRIDENT_INSTANTIATE(float)

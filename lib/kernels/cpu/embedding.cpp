@@ -81,6 +81,41 @@ void position_embedding_backward(T* dwpe, const T* dout, int64_t B, int64_t T_, 
   }
 }
 
+// Rows at arbitrary positions (context parallelism: a rank holds two chunks of each sequence).
+template <typename T>
+void position_embedding_forward_at(T* out, const T* wpe, const int32_t* positions, int64_t N,
+                                   int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    T* o = out + n * C;
+    const T* w = wpe + static_cast<int64_t>(positions[n]) * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; c++) o[c] += w[c];
+  }
+}
+
+// Positions may repeat (every sequence of the batch has them): column ranges per thread, rows
+// in order, as token_embedding_backward.
+template <typename T>
+void position_embedding_backward_at(T* dwpe, const T* dout, const int32_t* positions, int64_t N,
+                                    int64_t C) {
+  constexpr int64_t kAlign = 64 / sizeof(T);
+  const int64_t blocks = (C + kAlign - 1) / kAlign;
+#pragma omp parallel
+  {
+    const int64_t parts = omp_get_num_threads();
+    const detail::Range rb = detail::split_range(blocks, parts, omp_get_thread_num());
+    const int64_t c0 = rb.begin * kAlign;
+    const int64_t c1 = std::min(C, rb.end * kAlign);
+    for (int64_t n = 0; n < N; n++) {
+      T* dst = dwpe + static_cast<int64_t>(positions[n]) * C;
+      const T* src = dout + n * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+    }
+  }
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                  \
   template void token_embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t,     \
                                            int64_t, int64_t);                                  \
@@ -89,7 +124,11 @@ void position_embedding_backward(T* dwpe, const T* dout, int64_t B, int64_t T_, 
   template void position_embedding_forward<T>(T*, const T*, int64_t, int64_t, int64_t);        \
   template void position_embedding_forward_rows<T>(T*, const T*, int64_t, int64_t, int64_t,    \
                                                    int64_t);                                   \
-  template void position_embedding_backward<T>(T*, const T*, int64_t, int64_t, int64_t);
+  template void position_embedding_backward<T>(T*, const T*, int64_t, int64_t, int64_t);      \
+  template void position_embedding_forward_at<T>(T*, const T*, const int32_t*, int64_t,        \
+                                                 int64_t);                                     \
+  template void position_embedding_backward_at<T>(T*, const T*, const int32_t*, int64_t,       \
+                                                  int64_t);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

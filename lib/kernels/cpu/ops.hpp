@@ -113,6 +113,57 @@ template <typename F>
 void kv_cache_attention(F* out, F* k_cache, F* v_cache, const F* qkv, const int32_t* positions,
                         int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS);
 
+// ---------------------------------------------------------------- context parallelism
+// Ring attention: a sequence of length T is cut into 2N chunks of Tc rows; context rank i holds
+// chunks i and 2N-1-i, its local sequence of Tl = 2*Tc rows (chunk i first), and the causal
+// attention of its rows is attention_forward on the local qkv merged with the key/value blocks
+// of the other ranks. The block that travels is kv[B,Tl,2*KVH*HS]: per row [k of kv heads
+// 0..KVH-1 | v of kv heads] (qkv's k and v columns, same order).
+//
+// kv[N,2*KVH*HS] = the k and v columns of qkv[N,(NH+2*KVH)*HS] (overwrite).
+template <typename F>
+void kv_pack(F* kv, const F* qkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS);
+// The k and v columns of dqkv[N,(NH+2*KVH)*HS] = dkv[N,2*KVH*HS] (overwrite; q columns
+// untouched).
+template <typename F>
+void kv_unpack(F* dqkv, const F* dkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS);
+// Merges one key/value block into a partial attention result, per sequence b < B and head h:
+// for the query rows t in [q0, q0+Tq) of qkv[B,Tl,(NH+2*KVH)*HS], out[B,Tl,NH*HS] and
+// lse[B,NH,Tl] hold the normalised attention over the keys seen so far and the log-sum-exp of
+// their scaled scores (lse = -inf: no keys yet, out is then ignored); afterwards they hold the
+// attention over those keys and the keys s in [k0, k0+Tk) of kv[B,Tl,2*KVH*HS] (same b, all
+// visible: no mask), as if attention_forward had seen them all. Rows outside [q0, q0+Tq) are
+// untouched. The block's own result is computed with the online softmax and merged as
+//   lse' = log(exp(lse) + exp(lse_blk)),  out' = out exp(lse - lse') + out_blk exp(lse_blk - lse').
+template <typename F>
+void attention_merge_forward(F* out, F* lse, const F* qkv, const F* kv, int64_t B, int64_t Tl,
+                             int64_t q0, int64_t Tq, int64_t k0, int64_t Tk, int64_t NH,
+                             int64_t KVH, int64_t HS);
+// The backward of one merged block, from the FINAL out and lse (after every merge) and dout
+// [B,Tl,NH*HS]: with P = exp(scale q k^T - lse) over the block and D = rowsum(dout * out),
+//   dv += P^T dout,  dS = P * (dout v^T - D),  dk += scale dS^T q,  dq += scale dS k.
+// ACCUMULATES: dq into the q columns of dqkv[B,Tl,(NH+2*KVH)*HS] rows [q0, q0+Tq), dk and dv
+// into dkv[B,Tl,2*KVH*HS] rows [k0, k0+Tk); nothing else is written. The sum of the blocks'
+// dq over all the keys a row sees, plus attention_backward's, is the row's dq.
+template <typename F>
+void attention_merge_backward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv,
+                              const F* out, const F* lse, int64_t B, int64_t Tl, int64_t q0,
+                              int64_t Tq, int64_t k0, int64_t Tk, int64_t NH, int64_t KVH,
+                              int64_t HS);
+// rope_backward on N rows of dqkv[N,(NH+2*KVH)*HS] where row n is at position positions[n]:
+// the transpose of rope_forward_at (in place).
+template <typename F>
+void rope_backward_at(F* dqkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                      int64_t HS, double theta);
+// out[N,C] += wpe[positions[n]]   (wpe: [T_max > every position, C])
+template <typename F>
+void position_embedding_forward_at(F* out, const F* wpe, const int32_t* positions, int64_t N,
+                                   int64_t C);
+// dwpe[positions[n],C] += dout[n], summed in row order n = 0..N-1 (repeated positions allowed).
+template <typename F>
+void position_embedding_backward_at(F* dwpe, const F* dout, const int32_t* positions, int64_t N,
+                                    int64_t C);
+
 // ---------------------------------------------------------------- RMSNorm
 // out[N,C] = inp * rstd * weight, rstd[n] = 1 / sqrt(mean_c(inp^2) + eps) (saved for backward;
 // statistics accumulated in double for float).
