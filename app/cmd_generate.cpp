@@ -103,13 +103,14 @@ Config generate_config(const GenerateOptions& o, const std::string& stored_toml,
       "train.exit_after_minutes=0", "train.max_bad_steps=0", "log.dir=\"\"",
       "log.tensorboard=false", "log.trace=false", "parallel.tensor=" + std::to_string(world),
       "parallel.pipeline=1",
-      "parallel.pipeline_layers=[]", "parallel.schedule=\"1f1b\"",
+      "parallel.context=1", "parallel.pipeline_layers=[]", "parallel.schedule=\"1f1b\"",
       "parallel.sequence_parallel=false", "parallel.data=1", "eval.sample_interval=0"};
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
   const Config config = parse_config(stored_toml, o.checkpoint + " (stored config)", overrides);
-  if (config.parallel.pipeline != 1 || config.parallel.data != 1)
+  if (config.parallel.pipeline != 1 || config.parallel.data != 1 || config.parallel.context != 1)
     throw Error("generate: parallel.pipeline = " + std::to_string(config.parallel.pipeline) +
                 ", parallel.data = " + std::to_string(config.parallel.data) +
+                ", parallel.context = " + std::to_string(config.parallel.context) +
                 ": generation runs tensor parallelism only (launch parallel.tensor ranks)");
   if (config.parallel.tensor != world)
     throw Error("generate: parallel.tensor = " + std::to_string(config.parallel.tensor) +

@@ -93,8 +93,8 @@ TEST(ParallelDims, EntriesAreTheGridsGroups) {
 
 TEST(ParallelDims, DerivedGroupsFormOnlyWhereTheyDiffer) {
   const ParallelDims ep1(GridShape{2, 2, 2}, 5), ep2(GridShape{1, 2, 4, 2}, 3);
-  // Context parallelism is not built: no context communicator, and the gradient reduction
-  // over data x context is the data group's communicator.
+  // CP = 1: no context communicator, and the gradient reduction over data x context is the
+  // data group's communicator.
   EXPECT_FALSE(ep1.context().formed);
   EXPECT_EQ(ep1.context().size, 1);
   EXPECT_EQ(ep1.grad_reduce().shares, Dim::Data);
@@ -108,7 +108,7 @@ TEST(ParallelDims, DerivedGroupsFormOnlyWhereTheyDiffer) {
 }
 
 TEST(ParallelDims, ContextRanksSitBetweenTensorAndPipeline) {
-  // CP = 2 (the pure rank map only; validate_layout refuses CP != 1 until it is built).
+  // CP = 2: the rank map, the groups, and validate_layout's chunk rule.
   GridShape s{2, 2, 2};
   s.cp = 2;
   ASSERT_EQ(s.world(), 16);
@@ -127,7 +127,12 @@ TEST(ParallelDims, ContextRanksSitBetweenTensorAndPipeline) {
   EXPECT_EQ(dims.context().index, 1);
   EXPECT_FALSE(dims.grad_reduce().shared());
   EXPECT_EQ(dims.grad_reduce().index, 0 * 2 + 1);  // dp * CP + cp
-  EXPECT_THROW(validate_layout(s, 16, 0, ModelConfig{}), Error);
+  ModelConfig m;
+  m.seq_len = 36;  // 2 * CP = 4 chunks of 9
+  EXPECT_NO_THROW(validate_layout(s, 16, 0, m));
+  m.seq_len = 34;
+  EXPECT_THROW(validate_layout(s, 16, 0, m), Error);
+  EXPECT_THROW(validate_layout(s, 8, 0, ModelConfig{}), Error);  // TP*CP*PP*DP = 16 ranks
 }
 
 TEST(SelfGroups, OneSelfCommunicatorPerFormedGroup) {

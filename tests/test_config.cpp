@@ -1107,3 +1107,35 @@ TEST(ConfigMoe, RejectsImpossibleRouting) {
 
 }  // namespace
 }  // namespace trident
+
+namespace trident {
+namespace {
+
+TEST(ConfigContext, ChunkLayoutAndUnsupportedFeatures) {
+  const Config ok = parse("[parallel]\ncontext = 4\ntensor = 2\n");  // seq_len 64: chunks of 8
+  EXPECT_EQ(ok.parallel.context, 4);
+  EXPECT_EQ(ok.parallel.world_size(), 8);
+  EXPECT_EQ(parse_config(ok.to_toml(), "again.toml").parallel.context, 4);
+  EXPECT_ERROR("[model]\nseq_len = 60\n[parallel]\ncontext = 4\n",
+               "model.seq_len (60) must be divisible by 2 * parallel.context (4): each sequence "
+               "is cut into 2 * context equal chunks");
+  EXPECT_ERROR("[model]\nseq_len = 24\n[parallel]\ncontext = 2\ntensor = 5\n"
+               "sequence_parallel = true\n[train]\nmicro_batch = 1\nglobal_batch = 1\n",
+               "train.micro_batch * model.seq_len / parallel.context (2) = 1 * 12 must be "
+               "divisible by parallel.tensor (5) under parallel.sequence_parallel: each tensor "
+               "rank holds a slice of a context rank's tokens");
+  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\ncontext = 2\n",
+               "parallel.context (2) > 1 with model.moe_experts (4) > 0: mixture-of-experts "
+               "layers under context parallelism are not built yet");
+  EXPECT_ERROR("[parallel]\ncontext = 2\n[eval]\nsample_interval = 10\n",
+               "parallel.context (2) > 1 with eval.sample_interval (10) > 0: sampling decodes "
+               "the whole sequence on one rank, which context parallelism does not hold (set "
+               "eval.sample_interval = 0; `trident generate` decodes from the checkpoint)");
+  EXPECT_ERROR("[parallel]\ncontext = 2\n[train]\ndevice = \"cuda\"\n",
+               "parallel.context (2) > 1 with train.device = \"cuda\": the GPU kernels of the "
+               "context ring are not built yet (use train.device = \"cpu\")");
+  EXPECT_NE(error_of("", {"parallel.context=0"}).find("parallel.context"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident

@@ -154,6 +154,16 @@ const Key kKeys[] = {
   {TRIDENT_KEY(parallel, tensor), at_least(1), "Tensor-parallel degree (TP)."},
   {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
   {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
+  {TRIDENT_KEY(parallel, context), at_least(1),
+   "Context-parallel degree (CP): each sequence is cut into 2 CP chunks and context rank i "
+   "holds chunks i and 2 CP - 1 - i (the causal load balance); attention exchanges the "
+   "key/value blocks in a ring over the context group, everything else is local to the "
+   "rank's tokens. Weight gradients are reduced over data x context. See "
+   "docs/parallelism.md.",
+   "`model.seq_len` divisible by 2 * context; under `parallel.sequence_parallel`, "
+   "`train.micro_batch * model.seq_len / context` divisible by `parallel.tensor`; > 1 not "
+   "with `model.moe_experts` > 0, `eval.sample_interval` > 0 or `train.device = \"cuda\"` "
+   "(not built yet)"},
   {TRIDENT_KEY(parallel, expert), at_least(1),
    "Expert-parallel degree (EP): the experts of each MoE layer split over EP ranks taken "
    "from inside the data-parallel dimension (not a factor of the world size). See "
@@ -835,6 +845,36 @@ void check_moe(const Config& c, const std::string& source) {
                      "GPU's mixture-of-experts kernels are fp32 only)");
 }
 
+// parallel.context (model/context_parallel.hpp): the chunk layout and what CP runs with.
+void check_context(const Config& c, const std::string& source) {
+  const int64_t cp = c.parallel.context;
+  if (cp == 1) return;
+  const std::string key = "parallel.context (" + int_text(cp) + ")";
+  if (c.model.seq_len % (2 * cp) != 0)
+    fail(source, "model.seq_len (" + int_text(c.model.seq_len) + ") must be divisible by 2 * " +
+                     key + ": each sequence is cut into 2 * context equal chunks");
+  const int64_t tp = c.parallel.tensor;
+  if (c.parallel.sequence_parallel && tp > 1 &&
+      (c.train.micro_batch * (c.model.seq_len / cp)) % tp != 0)
+    fail(source, "train.micro_batch * model.seq_len / " + key + " = " +
+                     int_text(c.train.micro_batch) + " * " + int_text(c.model.seq_len / cp) +
+                     " must be divisible by parallel.tensor (" + int_text(tp) +
+                     ") under parallel.sequence_parallel: each tensor rank holds a slice of a "
+                     "context rank's tokens");
+  if (c.model.moe_experts > 0)
+    fail(source, key + " > 1 with model.moe_experts (" + int_text(c.model.moe_experts) +
+                     ") > 0: mixture-of-experts layers under context parallelism are not "
+                     "built yet");
+  if (c.eval.sample_interval > 0)
+    fail(source, key + " > 1 with eval.sample_interval (" + int_text(c.eval.sample_interval) +
+                     ") > 0: sampling decodes the whole sequence on one rank, which context "
+                     "parallelism does not hold (set eval.sample_interval = 0; `trident "
+                     "generate` decodes from the checkpoint)");
+  if (c.train.device == "cuda")
+    fail(source, key + " > 1 with train.device = \"cuda\": the GPU kernels of the context "
+                     "ring are not built yet (use train.device = \"cpu\")");
+}
+
 // Constraints between keys (each is described in the `relations` text of its key).
 void check_relations(const Config& c, const std::string& source) {
   const ModelConfig& m = c.model;
@@ -855,6 +895,7 @@ void check_relations(const Config& c, const std::string& source) {
                      ") is too large for the default MLP size (model.ffn_width = 0)");
 
   check_moe(c, source);
+  check_context(c, source);
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;

@@ -53,6 +53,9 @@ struct ParallelConfig {
   int64_t tensor = 1;
   int64_t pipeline = 1;
   int64_t data = 1;
+  // Context parallelism (CP): each sequence split over CP ranks (model/context_parallel.hpp,
+  // docs/parallelism.md); a factor of the world size, between tensor and pipeline in the grid.
+  int64_t context = 1;
   // Expert parallelism (EP): the experts of a MoE layer split over EP ranks taken from inside
   // the data-parallel dimension (docs/moe.md); not a factor of the world size.
   int64_t expert = 1;
@@ -66,7 +69,7 @@ struct ParallelConfig {
   std::string pipeline_balance = "even"; // "even" | "flops" (pipeline/schedule.hpp)
   double dp_bucket_mb = 25.0;
   double comm_timeout_s = 600.0;       // collective watchdog (comm/comm_watchdog.hpp)
-  int64_t world_size() const { return tensor * pipeline * data; }
+  int64_t world_size() const { return tensor * context * pipeline * data; }
 };
 
 struct TrainConfig {

@@ -156,15 +156,21 @@ int64_t padded_vocab(int64_t vocab_size, int64_t vocab_multiple, int64_t tp) {
 void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
                      const ModelConfig& model) {
   auto fail = [](const std::ostringstream& m) { throw Error(m.str()); };
-  if (shape.tp < 1 || shape.pp < 1 || shape.dp < 1) {
+  if (shape.tp < 1 || shape.pp < 1 || shape.dp < 1 || shape.cp < 1) {
     std::ostringstream m;
-    m << "parallel.tensor, parallel.pipeline and parallel.data must be >= 1 (got " << shape.tp
-      << ", " << shape.pp << ", " << shape.dp << ")";
+    if (shape.cp == 1)
+      m << "parallel.tensor, parallel.pipeline and parallel.data must be >= 1 (got " << shape.tp
+        << ", " << shape.pp << ", " << shape.dp << ")";
+    else
+      m << "parallel.tensor, parallel.context, parallel.pipeline and parallel.data must be >= 1 "
+           "(got "
+        << shape.tp << ", " << shape.cp << ", " << shape.pp << ", " << shape.dp << ")";
     fail(m);
   }
-  if (shape.cp != 1) {
+  if (shape.cp > 1 && model.seq_len % (2 * shape.cp) != 0) {
     std::ostringstream m;
-    m << "context parallelism (CP = " << shape.cp << ") is not built yet: CP must be 1";
+    m << "model.seq_len = " << model.seq_len << " is not divisible by 2 * parallel.context = "
+      << 2 * shape.cp << " (each sequence is cut into 2 * context equal chunks)";
     fail(m);
   }
   check_expert(shape, shape.ep);
@@ -174,10 +180,15 @@ void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
       << shape.ep << ")";
     fail(m);
   }
-  if (static_cast<int64_t>(shape.tp) * shape.pp * shape.dp != world_size) {
+  if (static_cast<int64_t>(shape.tp) * shape.cp * shape.pp * shape.dp != world_size) {
     std::ostringstream m;
-    m << "parallel.tensor * parallel.pipeline * parallel.data = " << shape.tp << "*" << shape.pp
-      << "*" << shape.dp << " = " << static_cast<int64_t>(shape.tp) * shape.pp * shape.dp
+    if (shape.cp == 1)
+      m << "parallel.tensor * parallel.pipeline * parallel.data = " << shape.tp << "*"
+        << shape.pp << "*" << shape.dp;
+    else
+      m << "parallel.tensor * parallel.context * parallel.pipeline * parallel.data = "
+        << shape.tp << "*" << shape.cp << "*" << shape.pp << "*" << shape.dp;
+    m << " = " << static_cast<int64_t>(shape.tp) * shape.cp * shape.pp * shape.dp
       << " but the job has " << world_size << " ranks";
     fail(m);
   }

@@ -13,7 +13,7 @@ namespace {
 constexpr std::array<DimSpec, kDimCount> kSpecs = {{
     {Dim::World, "world", "", DeviceUse::None, false},
     {Dim::Tensor, "tensor", "parallel.tensor", DeviceUse::Collectives, true},
-    {Dim::Context, "context", "", DeviceUse::Collectives, false},
+    {Dim::Context, "context", "parallel.context", DeviceUse::Collectives, false},
     {Dim::Pipeline, "pipeline", "parallel.pipeline", DeviceUse::PointToPoint, false},
     {Dim::Data, "data", "parallel.data", DeviceUse::Collectives, false},
     {Dim::Model, "model", "", DeviceUse::None, false},

@@ -76,6 +76,7 @@ ProcessGrid::ProcessGrid(MPI_Comm world, const Config& config) {
   shape.tp = to_int(config.parallel.tensor, "parallel.tensor");
   shape.pp = to_int(config.parallel.pipeline, "parallel.pipeline");
   shape.dp = to_int(config.parallel.data, "parallel.data");
+  shape.cp = to_int(config.parallel.context, "parallel.context");
   shape.ep = to_int(config.parallel.expert, "parallel.expert");
   init(world, shape, to_int(config.parallel.ranks_per_node, "parallel.ranks_per_node"),
        config.model);

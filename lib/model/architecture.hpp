@@ -80,6 +80,12 @@ struct ModelShard {
   // [ep_rank * E/ep_size, (ep_rank + 1) * E/ep_size) of every MoE layer.
   int ep_rank = 0;
   int ep_size = 1;
+  // Context parallelism (parallel.context; model/context_parallel.hpp): every sequence cut into
+  // 2 * cp_size chunks, this rank holding chunks cp_rank and 2 * cp_size - 1 - cp_rank, so
+  // seq_len / cp_size rows of each sequence (seq_rows()).
+  int cp_rank = 0;
+  int cp_size = 1;
+  int64_t seq_rows(int64_t seq_len) const { return seq_len / cp_size; }
 
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};

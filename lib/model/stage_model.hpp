@@ -83,6 +83,9 @@ class StageModel {
   // Expert parallelism: the expert group of this rank (model/moe.hpp), set before the first
   // activations are made; its size and rank must be the shard's ep_size and ep_rank.
   virtual void set_expert_group(Communicator* group) = 0;
+  // Context parallelism: the context group of this rank (model/context_parallel.hpp), set
+  // before the first forward; its size and rank must be the shard's cp_size and cp_rank.
+  virtual void set_context_group(Communicator* group) = 0;
   // Backward of the micro-batch whose forward filled `a` (see Transformer::backward); `d_output` and
   // `d_input` are device memory.
   virtual void backward(Activations& a, float loss_scale, const void* d_output,

@@ -28,6 +28,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/architecture.hpp"
+#include "model/context_parallel.hpp"
 #include "model/model_stats.hpp"
 #include "model/moe.hpp"
 #include "model/tensor_parallel.hpp"
@@ -124,7 +125,7 @@ class Transformer {
   // model chunk they are for (0 .. chunk_count()-1).
   Activations make_activations(int64_t B, bool split_backward = false, int chunk = 0);
   // Rows of the residual stream this rank holds for B sequences (what crosses stages).
-  int64_t stream_rows(int64_t B) const { return tp_.rows(B * config_.seq_len); }
+  int64_t stream_rows(int64_t B) const { return tp_.rows(B * Tl_); }
   // Bytes make_activations(B, split_backward, chunk) allocates (model_stats.hpp's
   // layer_activation_bytes per layer, for the shard's recompute mode).
   int64_t activation_bytes(int64_t B, bool split_backward = false, int chunk = 0) const;
@@ -172,6 +173,14 @@ class Transformer {
   // and rank must be the shard's; before the first activations are made. Throws
   // trident::Error when they differ.
   void set_expert_group(Communicator* group);
+  // Context parallelism (ModelShard::cp_size > 1): the context group (grid/grid.hpp), whose
+  // size and rank must be the shard's; before the first forward. The rank then holds
+  // seq_len / CP rows of each sequence (model/context_parallel.hpp's chunk layout): forward
+  // takes the whole sequences' tokens and targets and keeps its rows, attention runs the ring.
+  // Throws trident::Error when the group is not the shard's.
+  void set_context_group(Communicator* group);
+  // Elements of T this rank sent around the context ring so far (0 without one).
+  int64_t context_elements_sent() const { return ring_.elements_sent(); }
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
   // `loss_scale` (1/micro-batches), the one the forward was given (else trident::Error);
   // other stages: `d_output` [stream_rows(B), C] arrives from the
@@ -250,6 +259,20 @@ class Transformer {
                       bool defer_weights);
   // Attention's backward, recomputing its saved state first under selective recomputation.
   void attention_backward(LayerActs& la, T* d_qkv, int64_t B);
+  // Attention, rotary embeddings and their backward over the rank's rows: the kernels' own on
+  // one context rank, the ring and the rotation at the rows' positions otherwise.
+  void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B);
+  void rope_forward(T* qkv, int64_t B);
+  // Learned positions: x (the rank's stream rows) += wpe at their positions, and wpe's gradient
+  // from d_all (all B * Tl_ rows).
+  void position_embedding_forward(T* x, int64_t B);
+  void position_embedding_backward(const T* d_all, int64_t B);
+  void rope_backward(T* d_qkv, int64_t B);
+  // The rank's rows of B whole sequences' ids [B*seq_len] (host): `ids` itself without context
+  // parallelism, else gathered into host_ids_.
+  const int32_t* local_rows(const int32_t* ids, int64_t B);
+  // Device [B*Tl_]: the position in its sequence of each of the rank's rows (context ring only).
+  const int32_t* positions(int64_t B);
   // The buffers of one layer's stash for `mode` (see LayerActs); `moe`: with a MoE layer's.
   LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward, bool moe);
   // The MoE MLP of block p (model/moe.hpp): forward into the rank's output rows from norm2,
@@ -299,6 +322,13 @@ class Transformer {
   TensorParallel<K> tp_;
   bool llama_;
   Recompute recompute_;
+  // Rows of each sequence on this rank: seq_len, or seq_len / CP under context parallelism; and
+  // the config as the rank's activations see it (seq_len = Tl_), for model_stats.hpp's counts.
+  int64_t Tl_;
+  ModelConfig rows_config_;
+  ContextRing<K> ring_;               // inactive (one rank) unless set_context_group
+  DeviceArray<int32_t> positions_;    // positions(B)'s, for the largest B so far
+  std::vector<int32_t> host_ids_;     // local_rows's
   std::vector<size_t> chunk_block0_;  // per chunk: its first layer's index in layout_.blocks
   // Widths on this rank: model, attention (heads), kv heads, fused qkv, MLP hidden, MLP up.
   int64_t C_, NHl_, KVHl_, HS_, Hl_, QKVl_, Fl_, Ul_;

@@ -19,7 +19,10 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
       k_(std::move(kernels)),
       tp_(tensor_comm, shard, k_),
       llama_(config.is_llama()),
-      recompute_(shard.recompute) {
+      recompute_(shard.recompute),
+      Tl_(shard.seq_rows(config.seq_len)),
+      rows_config_(config) {
+  rows_config_.seq_len = Tl_;
   const int tp = shard.tp_size;
   head_chunk_bytes_ = lm_head_chunk_bytes(!k_.device().is_host());
   C_ = config.width;
@@ -69,6 +72,41 @@ double Transformer<K>::take_loss_sum() {
   dev.to_host(&sum, loss_sum_.data(), sizeof(double));
   dev.fill_zero(loss_sum_.data(), sizeof(double));
   return sum;
+}
+
+template <class K>
+void Transformer<K>::set_context_group(Communicator* group) {
+  const int size = group ? group->size() : 1, rank = group ? group->rank() : 0;
+  if (size != shard_.cp_size || rank != shard_.cp_rank)
+    throw Error("the context group (rank " + std::to_string(rank) + " of " +
+                std::to_string(size) + ") is not the model shard's (context rank " +
+                std::to_string(shard_.cp_rank) + " of " + std::to_string(shard_.cp_size) + ")");
+  if (size == 1) return;
+  if (config_.seq_len % (2 * size) != 0)
+    throw Error("model.seq_len = " + std::to_string(config_.seq_len) +
+                " is not divisible by 2 * parallel.context = " + std::to_string(2 * size));
+  ring_ = ContextRing<K>(group, {rank, size, config_.seq_len}, NHl_, KVHl_, HS_);
+}
+
+template <class K>
+const int32_t* Transformer<K>::local_rows(const int32_t* ids, int64_t B) {
+  if (!ring_.active()) return ids;
+  host_ids_.resize(static_cast<size_t>(B * Tl_));
+  ring_.layout().take_local(host_ids_.data(), ids, B);
+  return host_ids_.data();
+}
+
+template <class K>
+const int32_t* Transformer<K>::positions(int64_t B) {
+  const int64_t N = B * Tl_;
+  if (positions_.size() < N) {
+    std::vector<int32_t> host(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n)
+      host[static_cast<size_t>(n)] = static_cast<int32_t>(ring_.layout().position(n % Tl_));
+    positions_ = DeviceArray<int32_t>(k_.device(), N);
+    k_.upload_ids(positions_.data(), host.data(), N);
+  }
+  return positions_.data();
 }
 
 template <class K>
@@ -144,7 +182,7 @@ template <class K>
 typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
                                                                      bool split_backward,
                                                                      int chunk) {
-  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  const int64_t T_ = Tl_, N = B * T_, Ns = stream_rows(B), C = C_;
   if (tp_.sequence_parallel() && N % shard_.tp_size != 0)
     throw Error("sequence parallelism: train.micro_batch * model.seq_len (" + std::to_string(N) +
                 ") must be divisible by parallel.tensor (" + std::to_string(shard_.tp_size) +
@@ -177,7 +215,7 @@ template <class K>
 typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Recompute mode,
                                                                    bool split_backward,
                                                                    bool moe) {
-  const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
+  const int64_t N = B * Tl_, Ns = stream_rows(B), C = C_;
   Device& dev = k_.device();
   const bool layernorm = !llama_;
   const bool forward_tensors = mode != Recompute::Full;
@@ -203,7 +241,7 @@ typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Re
     la.up = DeviceArray<T>(dev, N * Ul_);
   }
   if (mode == Recompute::None)
-    la.att = DeviceArray<Saved>(dev, K::attention_saved_size(B, config_.seq_len, NHl_));
+    la.att = DeviceArray<Saved>(dev, K::attention_saved_size(B, Tl_, NHl_));
   if constexpr (kernels_have_moe<K>)
     if (forward_tensors && moe) la.moe = moe_.make_acts(dev, B);
   if (split_backward) {
@@ -217,7 +255,7 @@ typename Transformer<K>::LayerActs Transformer<K>::make_layer_acts(int64_t B, Re
 
 template <class K>
 ActivationShape Transformer<K>::activation_shape(int64_t B, bool split_backward) const {
-  const int64_t T_ = config_.seq_len;
+  const int64_t T_ = Tl_;
   ActivationShape s;
   s.micro_batch = B;
   s.tp = shard_.tp_size;
@@ -233,32 +271,32 @@ ActivationShape Transformer<K>::activation_shape(int64_t B, bool split_backward)
 
 template <class K>
 int64_t Transformer<K>::deferred_weight_grad_bytes(int64_t B, int chunk) const {
-  const int64_t per_layer = layer_activation_bytes(config_, activation_shape(B, true)) -
-                            layer_activation_bytes(config_, activation_shape(B, false));
+  const int64_t per_layer = layer_activation_bytes(rows_config_, activation_shape(B, true)) -
+                            layer_activation_bytes(rows_config_, activation_shape(B, false));
   return chunk_layers(chunk) * per_layer;
 }
 
 template <class K>
 int64_t Transformer<K>::backward_scratch_bytes(int64_t B) const {
-  return trident::backward_scratch_bytes(config_, activation_shape(B, false));
+  return trident::backward_scratch_bytes(rows_config_, activation_shape(B, false));
 }
 
 template <class K>
 int64_t Transformer<K>::recompute_workspace_bytes(int64_t B) const {
-  return trident::recompute_workspace_bytes(config_, activation_shape(B, false));
+  return trident::recompute_workspace_bytes(rows_config_, activation_shape(B, false));
 }
 
 template <class K>
 int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chunk) const {
-  const int64_t N = B * config_.seq_len, Ns = stream_rows(B), C = C_;
+  const int64_t N = B * Tl_, Ns = stream_rows(B), C = C_;
   const int64_t t = sizeof(T), s = sizeof(S), stats = llama_ ? 1 : 2;
   const ActivationShape shape = activation_shape(B, split_backward);
   int64_t moe_layers = 0;
   const size_t block0 = chunk_block0_[static_cast<size_t>(chunk)];
   for (int64_t l = 0; l < chunk_layers(chunk); ++l)
     if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
-  int64_t total = chunk_layers(chunk) * layer_activation_bytes(config_, shape) +
-                  moe_layers * moe_layer_extra_bytes(config_, shape) + t * Ns * C + 8 * N;
+  int64_t total = chunk_layers(chunk) * layer_activation_bytes(rows_config_, shape) +
+                  moe_layers * moe_layer_extra_bytes(rows_config_, shape) + t * Ns * C + 8 * N;
   if (runs_head(chunk)) total += t * N * C + s * (stats * Ns + 4 * N);
   return total;
 }
@@ -266,7 +304,7 @@ int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chu
 template <class K>
 int64_t Transformer<K>::head_scratch_bytes(int64_t B) const {
   if (!shard_.has_head) return 0;
-  return lm_head_scratch_bytes(B * config_.seq_len, head_.out_local, sizeof(T),
+  return lm_head_scratch_bytes(B * Tl_, head_.out_local, sizeof(T),
                                shard_.lm_head_chunk_rows, head_chunk_bytes_);
 }
 
@@ -278,7 +316,7 @@ int64_t Transformer<K>::head_chunk_rows(int64_t N) const {
 
 template <class K>
 void Transformer<K>::ensure_head_scratch(int64_t B) {
-  const int64_t rows = head_chunk_rows(B * config_.seq_len);
+  const int64_t rows = head_chunk_rows(B * Tl_);
   const int64_t n = rows * head_.out_local;
   if (head_logits_.size() < n) head_logits_ = DeviceArray<T>(k_.device(), n);
   if (head_dloss_.size() < rows) head_dloss_ = DeviceArray<S>(k_.device(), rows);
@@ -312,16 +350,14 @@ void Transformer<K>::norm_backward(T* dinp, const T* dout, const T* inp, int wi,
 template <class K>
 void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_t* targets,
                              const T* input, S loss_scale) {
-  const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  const int64_t B = a.B, T_ = Tl_, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);  // the norms' outputs and the MLP activation are computed there
   ensure_recompute_workspace(B);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
   if (runs_embedding(a)) {
-    k_.upload_ids(a.tokens.data(), tokens, N);
+    k_.upload_ids(a.tokens.data(), local_rows(tokens, B), N);
     embedding_.forward(tp_, k_, w(layout_.token_embedding), x, a.tokens.data(), N);
-    if (layout_.position_embedding >= 0)
-      k_.position_embedding_forward(x, w(layout_.position_embedding), tp_.first_row(N), Ns, T_,
-                                    C_);
+    if (layout_.position_embedding >= 0) position_embedding_forward(x, B);
   } else {
     k_.copy(x, input, Ns * C_);
   }
@@ -370,7 +406,7 @@ template <class K>
 void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* output,
                                    int64_t B) {
   const BlockParams& p = layout_.blocks[i];
-  const int64_t T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B), C = C_;
+  const int64_t T_ = Tl_, N = B * T_, Ns = stream_rows(B), C = C_;
   const int64_t row0 = tp_.first_row(N);
   // Attention: residual1 = input + proj(attention(rope(qkv(norm1(input))))). The norms' outputs
   // and the MLP activation go to the rank's scratch (LayerActs: recomputed in backward).
@@ -378,11 +414,11 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   norm_forward(norm1 + row0 * C, la.norm1_mean.data(), la.norm1_rstd.data(), input, p.norm1_w,
                p.norm1_b, Ns);
   qkv_.forward(tp_, k_, linear(p.qkv_w, p.qkv_b), la.qkv.data(), norm1, N);
-  if (llama_) k_.rope_forward(la.qkv.data(), B, T_, NHl_, KVHl_, HS_, config_.rope_theta);
+  if (llama_) rope_forward(la.qkv.data(), B);
   // Selective recomputation: attention's saved state lives in the workspace until the next
   // forward; the layer's backward recomputes it.
   Saved* saved = recompute_ == Recompute::Selective ? recompute_att_.data() : la.att.data();
-  k_.attention_forward(la.atty.data(), saved, la.qkv.data(), B, T_, NHl_, KVHl_, HS_);
+  attention_forward(la.atty.data(), saved, la.qkv.data(), B);
   proj_.forward(tp_, k_, linear(p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
   // MLP: output = residual1 + down(act(up(norm2(residual1)))); the residual add and norm2 in
   // one pass.
@@ -404,7 +440,7 @@ template <class K>
 void Transformer<K>::moe_forward(const BlockParams& p, LayerActs& la, T* norm2, T* output,
                                  int64_t B) {
   if constexpr (kernels_have_moe<K>) {
-    const int64_t N = B * config_.seq_len;
+    const int64_t N = B * Tl_;
     tp_.gather_input(norm2, N, C_);  // the router and the experts read every row
     const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
                           linear(p.down_w, p.down_b)};
@@ -434,7 +470,7 @@ void Transformer<K>::act_forward(T* act, const T* up, int64_t N) {
 template <class K>
 typename K::T* Transformer<K>::recomputed_norm(T* out, S* mean, S* rstd, const T* inp, int wi,
                                                 int bi, int64_t B, NormRows rows) {
-  const int64_t N = B * config_.seq_len;
+  const int64_t N = B * Tl_;
   norm_forward(out + tp_.first_row(N) * C_, mean, rstd, inp, wi, bi, stream_rows(B));
   if (rows == NormRows::Gathered) tp_.gather_input(out, N, C_);  // as in forward
   return out;
@@ -458,15 +494,15 @@ typename K::T* Transformer<K>::recomputed_norm2(LayerActs& la, T* out, size_t i,
 
 template <class K>
 typename K::T* Transformer<K>::recomputed_act(const LayerActs& la, T* out, int64_t B) {
-  act_forward(out, la.up.data(), B * config_.seq_len);
+  act_forward(out, la.up.data(), B * Tl_);
   return out;
 }
 
 template <class K>
 void Transformer<K>::head_forward(Activations& a, const int32_t* targets, S loss_scale) {
   // Final norm, LM head (vocab-parallel), cross-entropy without gathering the logits.
-  const int64_t N = a.B * config_.seq_len, Ns = stream_rows(a.B);
-  k_.upload_ids(a.targets.data(), targets, N);
+  const int64_t N = a.B * Tl_, Ns = stream_rows(a.B);
+  k_.upload_ids(a.targets.data(), local_rows(targets, a.B), N);
   norm_forward(a.final_norm.data() + tp_.first_row(N) * C_, a.final_mean.data(),
                a.final_rstd.data(), a.output.data(), layout_.final_norm_w, layout_.final_norm_b,
                Ns);
@@ -524,12 +560,12 @@ void Transformer<K>::logits(const Activations& a, T* out) {
     throw Error("Transformer::logits: after a training forward (loss_scale > 0) the final norm's "
                 "output has made way for its gradient; run the forward with loss_scale 0");
   k_.linear_forward(out, a.final_norm.data(), w(layout_.lm_head), nullptr,
-                    a.B * config_.seq_len, C_, head_.out_local);
+                    a.B * Tl_, C_, head_.out_local);
 }
 
 template <class K>
 void Transformer<K>::ensure_scratch(int64_t B) {
-  const int64_t N = B * config_.seq_len;
+  const int64_t N = B * Tl_;
   if (N <= scratch_rows_) return;
   scratch_rows_ = N;
   Device& dev = k_.device();
@@ -544,12 +580,12 @@ void Transformer<K>::ensure_scratch(int64_t B) {
 
 template <class K>
 void Transformer<K>::ensure_recompute_workspace(int64_t B) {
-  const int64_t N = B * config_.seq_len;
+  const int64_t N = B * Tl_;
   if (recompute_ == Recompute::None || N <= workspace_rows_) return;
   workspace_rows_ = N;
   Device& dev = k_.device();
   if (recompute_ == Recompute::Selective) {
-    recompute_att_ = DeviceArray<Saved>(dev, K::attention_saved_size(B, config_.seq_len, NHl_));
+    recompute_att_ = DeviceArray<Saved>(dev, K::attention_saved_size(B, Tl_, NHl_));
     recompute_atty_ = DeviceArray<T>(dev, N * Hl_);
   } else {
     recompute_layer_ = make_layer_acts(B, Recompute::None, false, config_.moe_experts > 0);
@@ -592,7 +628,7 @@ void Transformer<K>::backward_input(Activations& a, S loss_scale, const T* d_out
 template <class K>
 void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_output, T* d_input,
                                    bool defer_weights) {
-  const int64_t B = a.B, T_ = config_.seq_len, N = B * T_, Ns = stream_rows(B);
+  const int64_t B = a.B, T_ = Tl_, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);
   ensure_recompute_workspace(B);
   loss_scale_ = loss_scale;
@@ -615,8 +651,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   }
   if (runs_embedding(a)) {
     const T* d_all = tp_.gather_output_grad(d, N, C_);
-    if (layout_.position_embedding >= 0)
-      k_.position_embedding_backward(g(layout_.position_embedding), d_all, B, T_, C_);
+    if (layout_.position_embedding >= 0) position_embedding_backward(d_all, B);
     embedding_.backward(k_, g(layout_.token_embedding), d_all, a.tokens.data(), N);
   } else {
     k_.copy(d_input, d, Ns * C_);
@@ -645,7 +680,7 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   // the weights, the column-parallel layers' output gradients are written straight into `kept`
   // and the row-parallel ones copied there.
   const BlockParams& p = layout_.blocks[i];
-  const int64_t N = B * config_.seq_len, Ns = stream_rows(B);
+  const int64_t N = B * Tl_, Ns = stream_rows(B);
   T* d_up = defer_weights ? kept.d_up.data() : d_up_.data();
   T* d_qkv = defer_weights ? kept.d_qkv.data() : d_qkv_.data();
   // MLP branch (a MoE layer's weight gradients are never deferred).
@@ -687,7 +722,7 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   else
     proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
   attention_backward(la, d_qkv, B);
-  if (llama_) k_.rope_backward(d_qkv, B, config_.seq_len, NHl_, KVHl_, HS_, config_.rope_theta);
+  if (llama_) rope_backward(d_qkv, B);
   if (keeps_copies) recomputed_norm1(la, kept.norm1.data(), i, B);
   const T* d_norm1 =
       defer_weights
@@ -701,20 +736,70 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
 
 template <class K>
 void Transformer<K>::attention_backward(LayerActs& la, T* d_qkv, int64_t B) {
-  const int64_t T_ = config_.seq_len;
   const T* out = la.atty.data();
   const Saved* saved = la.att.data();
   if (recompute_ == Recompute::Selective) {
     // Scores, softmax and weighted sum again from the kept (rotated) q, k, v: the forward's
     // kernel on the forward's inputs, so the forward's saved state to the bit. The output is
     // recomputed beside the kept one, which backward_weight may still read.
-    k_.attention_forward(recompute_atty_.data(), recompute_att_.data(), la.qkv.data(), B, T_,
-                         NHl_, KVHl_, HS_);
+    attention_forward(recompute_atty_.data(), recompute_att_.data(), la.qkv.data(), B);
     out = recompute_atty_.data();
     saved = recompute_att_.data();
   }
-  k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B, T_, NHl_, KVHl_,
-                        HS_);
+  if (ring_.active())
+    ring_.backward(k_, d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B);
+  else
+    k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B, Tl_, NHl_,
+                          KVHl_, HS_);
+}
+
+template <class K>
+void Transformer<K>::attention_forward(T* out, Saved* saved, const T* qkv, int64_t B) {
+  if (ring_.active())
+    ring_.forward(k_, out, saved, qkv, B);
+  else
+    k_.attention_forward(out, saved, qkv, B, Tl_, NHl_, KVHl_, HS_);
+}
+
+template <class K>
+void Transformer<K>::position_embedding_forward(T* x, int64_t B) {
+  const int64_t N = B * Tl_, first = tp_.first_row(N), Ns = stream_rows(B);
+  const T* wpe = w(layout_.position_embedding);
+  if (!ring_.active()) return k_.position_embedding_forward(x, wpe, first, Ns, Tl_, C_);
+  if constexpr (kernels_have_context_ring<K>)
+    k_.position_embedding_forward_at(x, wpe, positions(B) + first, Ns, C_);
+  else
+    throw Error("parallel.context > 1: this kernel set has no position embedding at positions");
+}
+
+template <class K>
+void Transformer<K>::position_embedding_backward(const T* d_all, int64_t B) {
+  G* dwpe = g(layout_.position_embedding);
+  if (!ring_.active()) return k_.position_embedding_backward(dwpe, d_all, B, Tl_, C_);
+  if constexpr (kernels_have_context_ring<K>)
+    k_.position_embedding_backward_at(dwpe, d_all, positions(B), B * Tl_, C_);
+  else
+    throw Error("parallel.context > 1: this kernel set has no position embedding at positions");
+}
+
+template <class K>
+void Transformer<K>::rope_forward(T* qkv, int64_t B) {
+  if (!ring_.active())
+    return k_.rope_forward(qkv, B, Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
+  if constexpr (kernels_have_context_ring<K>)
+    k_.rope_forward_at(qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
+  else
+    throw Error("parallel.context > 1: this kernel set has no rotary embeddings at positions");
+}
+
+template <class K>
+void Transformer<K>::rope_backward(T* d_qkv, int64_t B) {
+  if (!ring_.active())
+    return k_.rope_backward(d_qkv, B, Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
+  if constexpr (kernels_have_context_ring<K>)
+    k_.rope_backward_at(d_qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
+  else
+    throw Error("parallel.context > 1: this kernel set has no rotary embeddings at positions");
 }
 
 template <class K>
@@ -741,7 +826,7 @@ void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
   // The norms' outputs and the MLP activation: the copies layer_backward recomputed into the
   // stash (full recomputation), else recomputed now from the stash into the scratch.
   const BlockParams& p = layout_.blocks[i];
-  const int64_t N = B * config_.seq_len;
+  const int64_t N = B * Tl_;
   ensure_scratch(B);
   const bool kept = la.act.size() > 0;
   if (!p.moe()) {  // a MoE layer's were accumulated by backward_input
@@ -762,6 +847,8 @@ namespace trident {
 
 template <class K>
 typename Transformer<K>::KvCache Transformer<K>::make_kv_cache(int64_t B) {
+  if (ring_.active())
+    throw Error("decoding needs each sequence whole on the rank: parallel.context must be 1");
   if (!shard_.has_embedding || !shard_.has_head || chunk_count() != 1)
     throw Error("generation needs the whole model on each rank (parallel.pipeline = 1)");
   Device& dev = k_.device();

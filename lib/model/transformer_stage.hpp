@@ -61,6 +61,7 @@ class TransformerStage final : public StageModel {
   using StageModel::take_moe_stats;
   void take_moe_stats(MoeStats& into) override { model_.take_moe_stats(into); }
   void set_expert_group(Communicator* group) override { model_.set_expert_group(group); }
+  void set_context_group(Communicator* group) override { model_.set_context_group(group); }
   void backward(Activations& a, float loss_scale, const void* d_output, void* d_input) override {
     model_.backward(acts(a), loss_scale, static_cast<const T*>(d_output),
                     static_cast<T*>(d_input));

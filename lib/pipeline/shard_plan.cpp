@@ -10,10 +10,12 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   const ModelConfig& m = config.model;
   const ParallelConfig& par = config.parallel;
   const bool sequence_parallel = par.sequence_parallel && coord.tp_size > 1;
-  if (sequence_parallel && (config.train.micro_batch * m.seq_len) % coord.tp_size != 0)
+  const int64_t rows = config.train.micro_batch * (m.seq_len / coord.cp_size);
+  if (sequence_parallel && rows % coord.tp_size != 0)
     throw Error(config.source + ": parallel.sequence_parallel = true needs train.micro_batch * "
-                "model.seq_len (" + std::to_string(config.train.micro_batch * m.seq_len) +
-                ") divisible by parallel.tensor (" + std::to_string(coord.tp_size) + ")");
+                "model.seq_len" + std::string(coord.cp_size > 1 ? " / parallel.context" : "") +
+                " (" + std::to_string(rows) + ") divisible by parallel.tensor (" +
+                std::to_string(coord.tp_size) + ")");
   const auto counts = stage_split(m, coord.pp_size, par.pipeline_layers, par.pipeline_balance);
   const auto [layer_begin, layer_end] = stage_layer_range(counts, coord.pp_rank);
   ModelShard shard;
@@ -29,6 +31,8 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   shard.tp_overlap = par.tp_overlap;
   shard.ep_rank = coord.ep_rank;
   shard.ep_size = coord.ep_size;
+  shard.cp_rank = coord.cp_rank;
+  shard.cp_size = coord.cp_size;
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (par.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, coord.pp_size,

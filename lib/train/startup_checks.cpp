@@ -83,7 +83,11 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
 
   const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
   const double B = static_cast<double>(config.train.micro_batch);
-  const double T = static_cast<double>(m.seq_len), N = B * T, C = static_cast<double>(m.width);
+  // Under context parallelism the rank holds seq_len / CP rows of each sequence: the model as
+  // its activations see it.
+  ModelConfig local = m;
+  local.seq_len = shard.seq_rows(m.seq_len);
+  const double T = static_cast<double>(local.seq_len), N = B * T, C = static_cast<double>(m.width);
   const double rows = shard.sequence_parallel ? N / tp : N;
   // The saved tensors of one layer (model_stats.hpp, the model's own count) for the recompute
   // mode; the attention kernels of both backends keep a row statistic [B, NH, T] (the
@@ -101,7 +105,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.attention_saved_per_row = 1;
   // One micro-batch's stash: every layer's saved tensors, the stage's input and, on the last
   // stage, the final norm's output.
-  double stash = layers * static_cast<double>(layer_activation_bytes(m, shape)) + act * rows * C;
+  double stash = layers * static_cast<double>(layer_activation_bytes(local, shape)) + act * rows * C;
   if (shard.has_head) stash += act * N * C;
   // As many as the schedule holds at once on this stage; under interleaved its peak counts
   // chunk stashes, 1/v of the stage's layers each.
@@ -113,7 +117,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   r.activation_bytes = static_cast<double>(r.micro_batches_held) * stash;
   // Held once: what the rank recomputes in, and the LM head's logits, one chunk of rows at a
   // time.
-  r.activation_bytes += static_cast<double>(recompute_workspace_bytes(m, shape));
+  r.activation_bytes += static_cast<double>(recompute_workspace_bytes(local, shape));
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
     r.activation_bytes += static_cast<double>(lm_head_scratch_bytes(
@@ -264,7 +268,7 @@ void agree_start_up_checks(const Config& config, const ModelShard& shard,
   const int rank = groups.world().index;
   std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
   if (problem.empty())
-    problem = rank_memory_problem(config, shard, rank, groups.data().size,
+    problem = rank_memory_problem(config, shard, rank, groups.grad_reduce().size,
                                   config.train.device == "cpu" ? usable_memory_limit() : 0.0,
                                   groups.pipeline().index);
   ckpt::agree_or_throw(groups.mpi_world, problem);

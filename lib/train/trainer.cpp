@@ -32,7 +32,8 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   const ModelShard shard =
       plan_model_shard(config, {groups.tensor().index, groups.tensor().size,
                                 groups.pipeline().index, groups.pipeline().size,
-                                groups.expert().index, groups.expert().size});
+                                groups.expert().index, groups.expert().size,
+                                groups.context().index, groups.context().size});
   // Agreed across ranks before anything is allocated: an unusable checkpoint.dir (else found
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
@@ -41,6 +42,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   groups_.set_device(backend_.comms);
   model_ = backend_.model.get();
   model_->set_expert_group(groups_.expert().device);
+  model_->set_context_group(groups_.context().device);
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
   if (groups.pipeline().size > 1 && groups_.embedding().device && m.tie_embeddings) {
@@ -53,7 +55,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   model_->weights_changed();
   sync_ = std::make_unique<GradientSync>(
       model_->params(), model_->flat_size(),
-      ReplicaGroups{groups_.data().device, groups_.expert().device,
+      ReplicaGroups{groups_.grad_reduce().device, groups_.expert().device,
                     groups_.expert_data().device},
       config.parallel.dp_bucket_mb, config.optim.zero_stage == 1, device);
   optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
@@ -126,6 +128,17 @@ double Trainer::from_last_stage(double value) {
   return value;
 }
 
+double Trainer::replica_mean(double value) {
+  // Every rank of the data x context group averaged the same number of tokens (a context rank
+  // seq_len / CP of each of its replica's sequences): the global mean is the mean of theirs.
+  const DimGroup& replicas = groups_.grad_reduce();
+  if (replicas.size > 1) {
+    replicas.host->all_reduce_sum(&value, 1);
+    value /= replicas.size;
+  }
+  return value;
+}
+
 double Trainer::forward_backward(int64_t step) {
   const int64_t micro_batches = config_.num_microbatches();
   StageModel& model = *model_;
@@ -143,11 +156,7 @@ double Trainer::forward_backward(int64_t step) {
                       {groups_.tensor().device,
                        tied_across_stages ? groups_.embedding().device : nullptr});
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
-  double loss = from_last_stage(loss_sum / static_cast<double>(micro_batches));
-  if (groups_.data().size > 1) {
-    groups_.data().host->all_reduce_sum(&loss, 1);
-    loss /= groups_.data().size;
-  }
+  double loss = replica_mean(from_last_stage(loss_sum / static_cast<double>(micro_batches)));
   sync_->finish(model.grads());
   if (test_corruption_.any())  // test only (train/test_corruption.hpp)
     test_corruption_.apply(batch_of(step), loss, device(), model.grads(), model.flat_size());
@@ -232,13 +241,8 @@ std::optional<double> Trainer::evaluate() {
       load_microbatch(*val_data_, batch, micro, tokens, targets);
     });
   }
-  double loss =
-      from_last_stage(loss_sum / static_cast<double>(micro_batches * config_.eval.steps));
-  if (groups_.data().size > 1) {
-    groups_.data().host->all_reduce_sum(&loss, 1);
-    loss /= groups_.data().size;
-  }
-  return loss;
+  return replica_mean(
+      from_last_stage(loss_sum / static_cast<double>(micro_batches * config_.eval.steps)));
 }
 
 void Trainer::throw_if_skipping_for_ever(int64_t step) const {

@@ -115,7 +115,7 @@ class Trainer {
   GradientSync& gradient_sync() { return *sync_; }
   // The host-memory communicators of the data-parallel replicas (scalars: norms, counts).
   ReplicaGroups host_replicas() const {
-    return {groups_.data().host, groups_.expert().host, groups_.expert_data().host};
+    return {groups_.grad_reduce().host, groups_.expert().host, groups_.expert_data().host};
   }
   // Test hook: runs on this rank after the step's backward, before the gradient reductions
   // that follow it. Buckets above the first may already be in flight: touch only the first
@@ -154,6 +154,8 @@ class Trainer {
                        int64_t micro, int32_t* tokens, int32_t* targets) const;
   // The last stage's value, on every rank of the pipeline group.
   double from_last_stage(double value);
+  // The mean of `value` over the data x context group (the replicas of a loss).
+  double replica_mean(double value);
   // Collective: the rollback after the bad steps up to step `step` (0-based) — the newest
   // committed checkpoint at or before the streak's first step read again (an older one when
   // the streak began right at the step the last rollback went to), the bad steps' batches

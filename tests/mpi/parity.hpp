@@ -96,6 +96,7 @@ struct Reference {
 
 inline Reference reference_run(Config config, int64_t steps, int64_t grads_step = 0) {
   config.parallel.tensor = config.parallel.pipeline = config.parallel.data = 1;
+  config.parallel.context = 1;
   if (config.parallel.schedule == "interleaved") {  // needs two stages: one rank runs 1F1B
     config.parallel.schedule = "1f1b";
     config.parallel.virtual_stages = 1;
@@ -473,9 +474,10 @@ inline GradParity grad_parity(Trainer& t, const Reference& ref, const Config& co
 constexpr int64_t kParitySteps = 20;
 
 struct ParityLayout {
-  int tp = 1, pp = 1, dp = 1;
+  int tp = 1, pp = 1, dp = 1, cp = 1;
   std::string name() const {
-    return "TP=" + std::to_string(tp) + " PP=" + std::to_string(pp) + " DP=" + std::to_string(dp);
+    return "TP=" + std::to_string(tp) + (cp > 1 ? " CP=" + std::to_string(cp) : "") +
+           " PP=" + std::to_string(pp) + " DP=" + std::to_string(dp);
   }
 };
 
@@ -485,7 +487,8 @@ inline Config parity_config(const std::filesystem::path& dir, const ParityLayout
   std::vector<std::string> overrides = {
       "train.steps=20", "eval.interval=0", "model.vocab_size=250", "model.layers=4",
       "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
-      "parallel.data=" + std::to_string(l.dp), "log.dir=" + (dir / "run").string()};
+      "parallel.data=" + std::to_string(l.dp), "parallel.context=" + std::to_string(l.cp),
+      "log.dir=" + (dir / "run").string()};
   const std::string indexed = (dir / "web_document").string();
   if (data == ParityData::Indexed) overrides.push_back("data.train=" + indexed);
   if (data == ParityData::Blend) {
