@@ -4,9 +4,9 @@
 //
 // The config is the one stored in the checkpoint, with data.val (and data.train, which is never
 // read) = the --data sources, eval.steps = --steps, no checkpoint.dir, no log and the layout
-// set for this job: parallel.tensor = parallel.pipeline = 1 and parallel.data = the world
-// size over them, unless --set gives parallel.* (a checkpoint reads into any layout). --set
-// applies last and may change any key but the model's.
+// set for this job: parallel.tensor = parallel.context = parallel.pipeline = 1 and
+// parallel.data = the world size over them, unless --set gives parallel.* (a checkpoint reads
+// into any layout). --set applies last and may change any key but the model's.
 #include <mpi.h>
 
 #include <cmath>
@@ -74,6 +74,7 @@ Config eval_config(const EvalOptions& options, const std::string& stored_toml, i
       "log.dir=\"\"",
       "log.tensorboard=false",
       "parallel.tensor=1",
+      "parallel.context=1",
       "parallel.pipeline=1",
       "parallel.pipeline_layers=[]",
       "parallel.sequence_parallel=false",
@@ -83,11 +84,13 @@ Config eval_config(const EvalOptions& options, const std::string& stored_toml, i
   overrides.insert(overrides.end(), options.overrides.begin(), options.overrides.end());
   Config config = parse_config(stored_toml, source, overrides);
   if (!sets_key(options.overrides, "parallel.data")) {
-    // Data parallelism takes the ranks that tensor and pipeline parallelism leave.
-    const int64_t model_ranks = config.parallel.tensor * config.parallel.pipeline;
+    // Data parallelism takes the ranks that tensor, context and pipeline parallelism leave.
+    const int64_t model_ranks =
+        config.parallel.tensor * config.parallel.context * config.parallel.pipeline;
     if (world_size % model_ranks != 0)
       throw Error("eval: " + std::to_string(world_size) + " ranks are not a multiple of "
-                  "parallel.tensor * parallel.pipeline (" + std::to_string(model_ranks) + ")");
+                  "parallel.tensor * parallel.context * parallel.pipeline (" +
+                  std::to_string(model_ranks) + ")");
     overrides.push_back("parallel.data=" + std::to_string(world_size / model_ranks));
     config = parse_config(stored_toml, source, overrides);
   }

@@ -110,6 +110,18 @@ TEST_F(EvalApp, PipelineLayoutEqualsLoggedValidationLoss) {
   EXPECT_NEAR(data2, logged, 1e-5 * logged);
 }
 
+// Context parallelism: a CP = 2 run's logged validation loss is the CP = 2 evaluation's to the
+// bit, and one rank's within 1e-5 (the eval layout's default is CP = 1, whatever trained).
+TEST_F(EvalApp, ContextParallelEqualsLoggedValidationLoss) {
+  const double logged = train(2, "--set parallel.context=2 --set eval.sample_interval=0");
+  const double context2 = eval(2, "--set parallel.context=2")["loss"].get<double>();
+  const double one_rank = eval(1, "")["loss"].get<double>();
+  std::printf("logged val_loss (CP2) %.17g; eval CP2 %.17g, 1 rank %.17g\n", logged, context2,
+              one_rank);
+  EXPECT_EQ(context2, logged);
+  EXPECT_NEAR(one_rank, logged, 1e-5 * logged);
+}
+
 TEST_F(EvalApp, BlendOfValidationSets) {
   train(1, "");
   const auto r = run_command(trident_cmd(

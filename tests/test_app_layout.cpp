@@ -90,6 +90,36 @@ TEST_F(BadLayout, FewerSequencesThanOneMicroBatchPerReplica) {
   expect_layout_error(2, "--set parallel.data=2 --set train.global_batch=2", "train.global_batch");
 }
 
+// Context parallelism (issue 49 item 7): the chunk rule, the ranks, and what CP does not run
+// with yet, each before any work.
+TEST_F(BadLayout, ContextSequenceNotDivisibleByTwiceTheContext) {
+  // seq_len 32 cannot be cut into 2 * 3 = 6 equal chunks.
+  expect_layout_error(3, "--set parallel.context=3 --set eval.sample_interval=0",
+                      "model.seq_len (32) must be divisible by 2 * parallel.context (3)");
+}
+
+TEST_F(BadLayout, ContextTimesTheOthersIsNotTheWorld) {
+  expect_layout_error(2, "--set parallel.context=2 --set parallel.tensor=2",
+                      "parallel.tensor * parallel.context * parallel.pipeline * parallel.data = "
+                      "2*2*1*1 = 4 but the job has 2 ranks");
+}
+
+TEST_F(BadLayout, ContextWithSequenceParallelRowsNotDivisibleByTensor) {
+  // micro_batch 1 x 32 / CP 2 = 16 rows per context rank cannot be split over 3 tensor ranks.
+  expect_layout_error(6,
+                      "--set parallel.context=2 --set parallel.tensor=3 --set model.heads=3 "
+                      "--set model.width=48 --set parallel.sequence_parallel=true "
+                      "--set train.micro_batch=1",
+                      "must be divisible by parallel.tensor (3) under parallel.sequence_parallel");
+}
+
+TEST_F(BadLayout, ContextWithUnsupportedFeatures) {
+  expect_layout_error(2, "--set parallel.context=2 --set model.moe_experts=4",
+                      "parallel.context (2) > 1 with model.moe_experts (4) > 0");
+  expect_layout_error(2, "--set parallel.context=2 --set eval.sample_interval=5",
+                      "parallel.context (2) > 1 with eval.sample_interval (5) > 0");
+}
+
 // Issue 22 item 8: a checkpoint.dir that is not a directory, or one in which no file can be
 // created, was found only at the first save, after training up to it. Now it is found at start,
 // before the model is built, with one line naming checkpoint.dir, on every rank count.

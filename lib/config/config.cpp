@@ -152,8 +152,6 @@ const Key kKeys[] = {
    "Every this-many-th layer is a MoE layer: layers l with l % interval == 0 (1: all)."},
 
   {TRIDENT_KEY(parallel, tensor), at_least(1), "Tensor-parallel degree (TP)."},
-  {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
-  {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
   {TRIDENT_KEY(parallel, context), at_least(1),
    "Context-parallel degree (CP): each sequence is cut into 2 CP chunks and context rank i "
    "holds chunks i and 2 CP - 1 - i (the causal load balance); attention exchanges the "
@@ -164,6 +162,8 @@ const Key kKeys[] = {
    "`train.micro_batch * model.seq_len / context` divisible by `parallel.tensor`; > 1 not "
    "with `model.moe_experts` > 0, `eval.sample_interval` > 0 or `train.device = \"cuda\"` "
    "(not built yet)"},
+  {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
+  {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
   {TRIDENT_KEY(parallel, expert), at_least(1),
    "Expert-parallel degree (EP): the experts of each MoE layer split over EP ranks taken "
    "from inside the data-parallel dimension (not a factor of the world size). See "

@@ -238,7 +238,9 @@ void ProcessGrid::reset_stats() {
 
 std::string ProcessGrid::describe() const {
   std::ostringstream o;
-  o << "process grid: TP=" << shape_.tp << " PP=" << shape_.pp << " DP=" << shape_.dp
+  const bool cp = shape_.cp > 1;  // the cp column only where there is context parallelism
+  o << "process grid: TP=" << shape_.tp << (cp ? " CP=" + std::to_string(shape_.cp) : "")
+    << " PP=" << shape_.pp << " DP=" << shape_.dp
     << (shape_.ep > 1 ? " (EP=" + std::to_string(shape_.ep) + " inside DP)" : std::string())
     << ", "
     << world_size() << " ranks on " << num_nodes_ << (num_nodes_ == 1 ? " node" : " nodes")
@@ -246,13 +248,15 @@ std::string ProcessGrid::describe() const {
   size_t host_w = 4;
   for (const auto& h : host_of_) host_w = std::max(host_w, h.size());
   char line[512];
-  std::snprintf(line, sizeof line, "%6s %5s %6s %4s %4s %4s  %s\n", "rank", "node", "local",
-                "tp", "pp", "dp", "host");
+  std::snprintf(line, sizeof line, "%6s %5s %6s %4s%s %4s %4s  %s\n", "rank", "node", "local",
+                "tp", cp ? "   cp" : "", "pp", "dp", "host");
   o << line;
   for (int r = 0; r < world_size(); ++r) {
     GridCoord c = coord_of(shape_, r);
-    std::snprintf(line, sizeof line, "%6d %5d %6d %4d %4d %4d  %s\n", r, node_of_[r],
-                  local_of_[r], c.tp, c.pp, c.dp, host_of_[r].c_str());
+    char cp_column[16] = "";
+    if (cp) std::snprintf(cp_column, sizeof cp_column, " %4d", c.cp);
+    std::snprintf(line, sizeof line, "%6d %5d %6d %4d%s %4d %4d  %s\n", r, node_of_[r],
+                  local_of_[r], c.tp, cp_column, c.pp, c.dp, host_of_[r].c_str());
     o << line;
   }
   return o.str();

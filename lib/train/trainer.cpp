@@ -342,7 +342,9 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 std::string Trainer::layout() const {
+  const int cp = groups_.context().size;
   return "tensor=" + std::to_string(groups_.tensor().size) +
+         (cp > 1 ? " context=" + std::to_string(cp) : "") +
          " pipeline=" + std::to_string(groups_.pipeline().size) +
          " data=" + std::to_string(groups_.data().size) +
          " zero_stage=" + std::to_string(config_.optim.zero_stage);
