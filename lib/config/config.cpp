@@ -163,7 +163,7 @@ const Key kKeys[] = {
    "`model.seq_len` divisible by 2 * context; under `parallel.sequence_parallel`, "
    "`train.micro_batch * model.seq_len / context` divisible by `parallel.tensor`; > 1 not "
    "with `model.moe_experts` > 0, `eval.sample_interval` > 0 or `train.device = \"cuda\"` "
-   "(not built yet)"},
+   "(its kernels not yet checked on a GPU)"},
   {TRIDENT_KEY(parallel, expert), at_least(1),
    "Expert-parallel degree (EP): the experts of each MoE layer split over EP ranks taken "
    "from inside the data-parallel dimension (not a factor of the world size). See "
@@ -872,7 +872,7 @@ void check_context(const Config& c, const std::string& source) {
                      "generate` decodes from the checkpoint)");
   if (c.train.device == "cuda")
     fail(source, key + " > 1 with train.device = \"cuda\": the GPU kernels of the context "
-                     "ring are not built yet (use train.device = \"cpu\")");
+                     "ring have not yet been checked on a GPU (use train.device = \"cpu\")");
 }
 
 // Constraints between keys (each is described in the `relations` text of its key).
