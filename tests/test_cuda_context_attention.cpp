@@ -346,11 +346,15 @@ void check_merge(const MergeCase& c) {
   for (float& x : lse_f)
     if (std::isinf(x)) x = 0.f;  // rows outside the query range are not read; keep it finite
   const auto dout = random_values<S>(rng, c.B * c.Tl * c.C());
-  // fp32: random gradients to accumulate onto; bf16: zeros, as the rounding of an order-1 sum
-  // to bf16 would swamp the increment compared below.
+  // fp32: small random gradients to accumulate onto (the CPU adds a kv head's query heads one
+  // GEMM at a time, the GPU once: order-1 starting values would round the two apart by more
+  // than the tolerance of the increment compared below); bf16: zeros, as the rounding of any
+  // sum to bf16 would swamp the increment.
   const bool fp32 = std::is_same_v<S, float>;
-  const auto dqkv0 = fp32 ? random_values<S>(rng, qkv.size()) : std::vector<float>(qkv.size());
-  const auto dkv0 = fp32 ? random_values<S>(rng, kv.size()) : std::vector<float>(kv.size());
+  const auto dqkv0 = fp32 ? random_values<S>(rng, qkv.size(), -1e-2f, 1e-2f)
+                          : std::vector<float>(qkv.size());
+  const auto dkv0 = fp32 ? random_values<S>(rng, kv.size(), -1e-2f, 1e-2f)
+                         : std::vector<float>(kv.size());
   std::vector<float> dqkv = dqkv0, dkv = dkv0;
   cpu::attention_merge_backward<float>(dqkv.data(), dkv.data(), dout.data(), qkv.data(),
                                        kv.data(), out_s.data(), lse_f.data(), c.B, c.Tl, c.q0,
