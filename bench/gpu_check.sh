@@ -7,6 +7,10 @@
 #   a. the GPU (nvidia-smi), the library path (gpu_pack/lib + the image's CUDA libraries),
 #      mpiexec -n 2
 #   b. the GPU unit tests: every gpu_pack/bin/test_cuda_* (the _npN ones under mpiexec -n N)
+#      (context parallelism: test_cuda_context_attention, the ring kernels against the CPU's;
+#      test_cuda_train_np2's GpuTrainer.ContextParallelOverMpiMatchesOneGpu, CP 2 on the 2 ranks
+#      sharing the GPU over MPI vs CP 1, fp32 <= 1e-5, which skips while config.cpp's
+#      check_context refuses parallel.context > 1 with train.device = "cuda")
 #   c. parity: configs/gpu_parity.toml (2 layers, width 128, seq 128, vocab 256), 10 steps,
 #      train.device = cpu vs cuda fp32 (worst relative loss difference <= 1e-5) and cuda bf16
 #      (<= 2e-2), per step, from the runs' metrics.jsonl; the same shape as a Llama

@@ -1133,7 +1133,7 @@ TEST(ConfigContext, ChunkLayoutAndUnsupportedFeatures) {
                "eval.sample_interval = 0; `trident generate` decodes from the checkpoint)");
   EXPECT_ERROR("[parallel]\ncontext = 2\n[train]\ndevice = \"cuda\"\n",
                "parallel.context (2) > 1 with train.device = \"cuda\": the GPU kernels of the "
-               "context ring are not built yet (use train.device = \"cpu\")");
+               "context ring have not yet been checked on a GPU (use train.device = \"cpu\")");
   EXPECT_NE(error_of("", {"parallel.context=0"}).find("parallel.context"), std::string::npos);
 }
 

@@ -161,7 +161,7 @@ const Key kKeys[] = {
    "`model.seq_len` divisible by 2 * context; under `parallel.sequence_parallel`, "
    "`train.micro_batch * model.seq_len / context` divisible by `parallel.tensor`; > 1 not "
    "with `model.moe_experts` > 0, `eval.sample_interval` > 0 or `train.device = \"cuda\"` "
-   "(not built yet)"},
+   "(not built yet; the GPU's kernels: not yet checked on a GPU)"},
   {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
   {TRIDENT_KEY(parallel, data), at_least(1), "Data-parallel replicas (DP)."},
   {TRIDENT_KEY(parallel, expert), at_least(1),
@@ -872,7 +872,7 @@ void check_context(const Config& c, const std::string& source) {
                      "generate` decodes from the checkpoint)");
   if (c.train.device == "cuda")
     fail(source, key + " > 1 with train.device = \"cuda\": the GPU kernels of the context "
-                     "ring are not built yet (use train.device = \"cpu\")");
+                     "ring have not yet been checked on a GPU (use train.device = \"cpu\")");
 }
 
 // Constraints between keys (each is described in the `relations` text of its key).

@@ -143,6 +143,46 @@ class CudaKernels : public CudaMoeSupport<Tx> {
                           int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS) {
     cuda::kv_cache_attention(out, k_cache, v_cache, qkv, positions, B, Tmax, NH, KVH, HS, s());
   }
+  // Context parallelism's ring attention (model/context_parallel.hpp;
+  // kernels/cuda/context_attention.cu), float and bf16: key/value blocks [N, 2 KVH HS] packed
+  // from qkv rows and the gradient's unpacked into them, one block merged into the running
+  // output and the attention's saved log-sum-exp (Saved, [B,NH,Tl]), and its backward; rotary
+  // embeddings and learned positions at the rows' positions (device memory, upload_ids).
+  static constexpr bool has_context_ring = true;
+  void kv_pack(T* kv, const T* qkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
+    cuda::kv_pack(kv, qkv, N, NH, KVH, HS, s());
+  }
+  void kv_unpack(T* dqkv, const T* dkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
+    cuda::kv_unpack(dqkv, dkv, N, NH, KVH, HS, s());
+  }
+  void attention_merge_forward(T* out, Saved* lse, const T* qkv, const T* kv, int64_t B,
+                               int64_t Tl, int64_t q0, int64_t Tq, int64_t k0, int64_t Tk,
+                               int64_t NH, int64_t KVH, int64_t HS) {
+    cuda::attention_merge_forward(out, lse, qkv, kv, B, Tl, q0, Tq, k0, Tk, NH, KVH, HS, s());
+  }
+  void attention_merge_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv,
+                                const T* out, const Saved* lse, int64_t B, int64_t Tl,
+                                int64_t q0, int64_t Tq, int64_t k0, int64_t Tk, int64_t NH,
+                                int64_t KVH, int64_t HS) {
+    cuda::attention_merge_backward(
+        dqkv, dkv, dout, qkv, kv, out, lse, B, Tl, q0, Tq, k0, Tk, NH, KVH, HS, s(),
+        workspace(cuda::attention_merge_backward_workspace_bytes(B, Tq, NH)));
+  }
+  void rope_backward_at(T* dqkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                        int64_t HS, double theta) {
+    cuda::rope_backward_at(dqkv, positions, N, NH, KVH, HS, theta, s());
+  }
+  void position_embedding_forward_at(T* out, const T* wpe, const int32_t* positions, int64_t N,
+                                     int64_t C) {
+    cuda::position_embedding_forward_at(out, wpe, positions, N, C, s());
+  }
+  void position_embedding_backward_at(G* dwpe, const T* dout, const int32_t* positions,
+                                      int64_t N, int64_t C) {
+    cuda::position_embedding_backward_at(
+        dwpe, dout, positions, N, C, s(),
+        workspace(cuda::position_embedding_backward_at_workspace_bytes(N)));
+  }
+
   // host[n] = x[n] as float (the decoded logits for the sampler); waits for the stream.
   void to_host_float(float* host, const T* x, int64_t n) {
     if constexpr (std::is_same_v<T, float>) {

@@ -11,6 +11,8 @@
 //    architectures) against one GPU.
 //  * A mixture of experts (fp32): the GPU against the CPU as above, and TP=2 over MPI against
 //    one GPU.
+//  * Context parallelism: CP=2 over MPI against one GPU, GPT-2 and Llama (skipped while the
+//    configuration refuses CP on the GPU).
 // Every test skips on a machine without a GPU (CI), with a message saying so.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -183,6 +185,26 @@ TEST(GpuTrainer, LlamaSequenceParallelOverMpiMatchesOneGpu) {
   check_layout_over_mpi("llama TP=2 SP",
                         with(kLlama, {"model.kv_heads=2", "parallel.tensor=2",
                                       "parallel.sequence_parallel=true"}));
+}
+
+// Context parallelism on the GPU (kernels/cuda/context_attention.cu): CP=2 on the two ranks
+// sharing the GPU, the ring's key/value blocks and their gradients staged through host memory,
+// against one GPU; GPT-2 (learned positions at the chunks' positions) and Llama (grouped-query
+// attention, RoPE at the chunks' positions). The configuration refuses parallel.context > 1
+// with train.device = "cuda" (config.cpp, check_context) until a GPU has passed this test: while
+// it does, the test skips, naming the refusal; lifting it makes the test run.
+TEST(GpuTrainer, ContextParallelOverMpiMatchesOneGpu) {
+  REQUIRE_GPU();
+  try {
+    gpu_config(shared_corpus("gpu_CP=2"),
+               {"train.device=cuda", "parallel.comm=mpi", "parallel.context=2"});
+  } catch (const Error& e) {
+    GTEST_SKIP() << "the configuration refuses context parallelism on the GPU (lift the "
+                    "refusal in config.cpp's check_context to run this test): "
+                 << e.what();
+  }
+  check_layout_over_mpi("CP=2", {"parallel.context=2"});
+  check_layout_over_mpi("llama CP=2", with(kLlama, {"parallel.context=2"}));
 }
 
 // A mixture of experts in every layer (kernels/cuda/moe.cu): 4 experts, top-2, a capacity that

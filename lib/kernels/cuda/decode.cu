@@ -2,7 +2,8 @@
 // kernels/cpu/decode.cpp, storage T float or bf16, arithmetic fp32 (angles in double).
 //
 // rope_forward_at: the rotation of llama.cu's RoPE (detail::rope_rotate_pair) with the position
-// of row n read from positions[n].
+// of row n read from positions[n]; rope_backward_at (context parallelism's backward: a rank's
+// rows are two chunks of the sequence) the same with the transposed rotation.
 // kv_cache_attention: one kernel writes each sequence's new k and v rows into the cache; a
 // second runs one block per (sequence, query head): the scores of the cached positions into
 // shared memory, a block max and sum (fixed tree order: deterministic), then each thread one
@@ -17,7 +18,8 @@ constexpr int kThreads = 128;  // 4 warps per (sequence, head)
 
 template <typename T>
 __global__ void rope_at_kernel(T* __restrict__ qkv, const int32_t* __restrict__ positions,
-                               int64_t N, int heads, int64_t C3, int HS, double theta) {
+                               int64_t N, int heads, int64_t C3, int HS, double theta,
+                               float sign) {
   const int half = HS / 2;
   const int64_t total = N * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -25,7 +27,7 @@ __global__ void rope_at_kernel(T* __restrict__ qkv, const int32_t* __restrict__ 
     const int64_t n = idx / half;
     const int i = static_cast<int>(idx % half);
     detail::rope_rotate_pair(qkv + n * C3, heads, HS, i, static_cast<double>(positions[n]),
-                             theta, 1.0f);
+                             theta, sign);
   }
 }
 
@@ -90,7 +92,19 @@ void rope_forward_at(T* qkv, const int32_t* positions, int64_t N, int64_t NH, in
   if (N == 0) return;
   rope_at_kernel<T><<<detail::grid_for(N * (HS / 2), kThreads), kThreads, 0, stream>>>(
       qkv, positions, N, static_cast<int>(NH + KVH), (NH + 2 * KVH) * HS, static_cast<int>(HS),
-      theta);
+      theta, 1.0f);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void rope_backward_at(T* dqkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                      int64_t HS, double theta, cudaStream_t stream) {
+  detail::check_dims(N >= 0 && NH > 0 && KVH > 0 && NH % KVH == 0 && HS > 0 && HS % 2 == 0,
+                     "rope_backward_at: N >= 0, KVH dividing NH and an even HS required");
+  if (N == 0) return;
+  rope_at_kernel<T><<<detail::grid_for(N * (HS / 2), kThreads), kThreads, 0, stream>>>(
+      dqkv, positions, N, static_cast<int>(NH + KVH), (NH + 2 * KVH) * HS, static_cast<int>(HS),
+      theta, -1.0f);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -117,6 +131,8 @@ void kv_cache_attention(T* out, T* k_cache, T* v_cache, const T* qkv, const int3
 #define TRIDENT_INSTANTIATE(T)                                                                 \
   template void rope_forward_at<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,    \
                                    double, cudaStream_t);                                      \
+  template void rope_backward_at<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t,   \
+                                    double, cudaStream_t);                                     \
   template void kv_cache_attention<T>(T*, T*, T*, const T*, const int32_t*, int64_t, int64_t, \
                                       int64_t, int64_t, int64_t, cudaStream_t);
 TRIDENT_INSTANTIATE(float)

@@ -89,6 +89,22 @@ __global__ void position_embedding_forward_kernel(T* __restrict__ out, const T* 
   }
 }
 
+// out[n, C] += wpe[positions[n]] (context parallelism: a rank's rows are two chunks of each
+// sequence).
+template <typename T>
+__global__ void position_embedding_forward_at_kernel(T* __restrict__ out,
+                                                     const T* __restrict__ wpe,
+                                                     const int32_t* __restrict__ positions,
+                                                     int64_t N, int64_t C) {
+  const int64_t total = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / C, c = i % C;
+    const int64_t t = positions[n];
+    out[i] = detail::from_f32<T>(detail::to_f32(out[i]) + detail::to_f32(wpe[t * C + c]));
+  }
+}
+
 template <typename T>
 __global__ void position_embedding_backward_kernel(float* __restrict__ dwpe,
                                                    const T* __restrict__ dout, int64_t B,
@@ -186,6 +202,28 @@ void position_embedding_backward(float* dwpe, const T* dout, int64_t B, int64_t 
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename T>
+void position_embedding_forward_at(T* out, const T* wpe, const int32_t* positions, int64_t N,
+                                   int64_t C, cudaStream_t stream) {
+  detail::check_dims(N >= 0 && C >= 0, "position_embedding_forward_at: negative size");
+  if (N * C == 0) return;
+  position_embedding_forward_at_kernel<T>
+      <<<detail::grid_for(N * C, 256), 256, 0, stream>>>(out, wpe, positions, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Positions may repeat (every sequence of the batch has them): the token table's backward with
+// the positions as ids, so each position's rows are summed in row order (deterministic).
+size_t position_embedding_backward_at_workspace_bytes(int64_t N) {
+  return token_embedding_backward_workspace_bytes(N, kMaxPositionRows);
+}
+
+template <typename T>
+void position_embedding_backward_at(float* dwpe, const T* dout, const int32_t* positions,
+                                    int64_t N, int64_t C, cudaStream_t stream, void* workspace) {
+  token_embedding_backward(dwpe, dout, positions, N, C, 0, kMaxPositionRows, stream, workspace);
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                  \
   template void token_embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t,     \
                                            int64_t, int64_t, cudaStream_t);                    \
@@ -196,7 +234,11 @@ void position_embedding_backward(float* dwpe, const T* dout, int64_t B, int64_t 
   template void position_embedding_forward_rows<T>(T*, const T*, int64_t, int64_t, int64_t,    \
                                                    int64_t, cudaStream_t);                     \
   template void position_embedding_backward<T>(float*, const T*, int64_t, int64_t, int64_t,    \
-                                               cudaStream_t);
+                                               cudaStream_t);                                  \
+  template void position_embedding_forward_at<T>(T*, const T*, const int32_t*, int64_t,        \
+                                                 int64_t, cudaStream_t);                       \
+  template void position_embedding_backward_at<T>(float*, const T*, const int32_t*, int64_t,   \
+                                                  int64_t, cudaStream_t, void*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -260,6 +260,55 @@ template <typename T>
 void kv_cache_attention(T* out, T* k_cache, T* v_cache, const T* qkv, const int32_t* positions,
                         int64_t B, int64_t Tmax, int64_t NH, int64_t KVH, int64_t HS,
                         cudaStream_t stream = nullptr);
+
+// ---------------------------------------------------------------- context parallelism
+// Ring attention (model/context_parallel.hpp; kernels/cpu/ops.hpp has the contracts and
+// kernels/cuda/context_attention.cu the design). The saved state is attention_forward's lse
+// [B,NH,Tl] (fp32), which the merges update and read. Storage T float or bf16, arithmetic fp32;
+// deterministic (no atomics). HS in {32, 64, 128} as attention_forward.
+// kv[N,2*KVH*HS] = the k and v columns of qkv[N,(NH+2*KVH)*HS] (a strided copy).
+template <typename T>
+void kv_pack(T* kv, const T* qkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS,
+             cudaStream_t stream = nullptr);
+// The k and v columns of dqkv = dkv (q columns untouched).
+template <typename T>
+void kv_unpack(T* dqkv, const T* dkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS,
+               cudaStream_t stream = nullptr);
+// Query rows [q0, q0+Tq) of out[B,Tl,NH*HS] and lse merged with the keys [k0, k0+Tk) of
+// kv[B,Tl,2*KVH*HS], all visible (lse = -inf: no keys yet).
+template <typename T>
+void attention_merge_forward(T* out, float* lse, const T* qkv, const T* kv, int64_t B,
+                             int64_t Tl, int64_t q0, int64_t Tq, int64_t k0, int64_t Tk,
+                             int64_t NH, int64_t KVH, int64_t HS, cudaStream_t stream = nullptr);
+// The block's backward from the final out and lse: ACCUMULATES dq into the q columns of dqkv
+// rows [q0, q0+Tq) and dk, dv into dkv rows [k0, k0+Tk). workspace (fp32 dO.O row sums):
+// attention_merge_backward_workspace_bytes(B, Tq, NH).
+template <typename T>
+void attention_merge_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv,
+                              const T* out, const float* lse, int64_t B, int64_t Tl, int64_t q0,
+                              int64_t Tq, int64_t k0, int64_t Tk, int64_t NH, int64_t KVH,
+                              int64_t HS, cudaStream_t stream = nullptr,
+                              void* workspace = nullptr);
+size_t attention_merge_backward_workspace_bytes(int64_t B, int64_t Tq, int64_t NH);
+// rope_backward on N rows of dqkv, row n at position positions[n] (device memory): the
+// transpose of rope_forward_at, in place.
+template <typename T>
+void rope_backward_at(T* dqkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
+                      int64_t HS, double theta, cudaStream_t stream = nullptr);
+// out[N,C] += wpe[positions[n]]   (positions: device memory)
+template <typename T>
+void position_embedding_forward_at(T* out, const T* wpe, const int32_t* positions, int64_t N,
+                                   int64_t C, cudaStream_t stream = nullptr);
+// dwpe[positions[n],C] += dout[n] (fp32; repeated positions allowed, each position's rows summed
+// in row order, then added: token_embedding_backward's deterministic sort). Positions must be
+// below kMaxPositionRows (attention's limit on a sequence). workspace:
+// position_embedding_backward_at_workspace_bytes(N).
+constexpr int64_t kMaxPositionRows = int64_t(1) << 24;
+template <typename T>
+void position_embedding_backward_at(float* dwpe, const T* dout, const int32_t* positions,
+                                    int64_t N, int64_t C, cudaStream_t stream = nullptr,
+                                    void* workspace = nullptr);
+size_t position_embedding_backward_at_workspace_bytes(int64_t N);
 // out[N,C] = inp * rstd * weight, rstd[N] fp32 = 1/sqrt(mean(inp^2) + eps) (fp32 statistics).
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
