@@ -1,6 +1,6 @@
 // Context parallelism (parallel.context; model/context_parallel.hpp) against the single-rank
 // run: per-step losses of 20 steps and every gradient after step 1 within 1e-5 relative
-// (parity.hpp), on CP alone and with tensor (and sequence) parallelism, pipeline schedules,
+// (parity.hpp), on CP alone and with tensor (and sequence) parallelism, every pipeline schedule,
 // data parallelism with ZeRO-1, recomputation and both architectures; and a checkpoint written
 // on CP = 2 resumed on CP = 1 and on TP = 2.
 #include <gtest/gtest.h>
@@ -42,6 +42,14 @@ TEST(ContextParity, Tp2Cp2SequenceParallel) {
 }
 TEST(ContextParity, Cp2Pp2OneFOneB) { check_parity(cp(2, 1, 2)); }
 TEST(ContextParity, Cp2Pp2ZeroBubble) { check_parity(cp(2, 1, 2), {"parallel.schedule=zb-h1"}); }
+TEST(ContextParity, Cp2Pp2ZeroBubbleH2) {
+  check_parity(cp(2, 1, 2), {"parallel.schedule=zb-h2"});
+}
+TEST(ContextParity, Cp2Pp2GPipe) { check_parity(cp(2, 1, 2), {"parallel.schedule=gpipe"}); }
+// 4 layers in 2 stages x 2 chunks.
+TEST(ContextParity, Cp2Pp2Interleaved) {
+  check_parity(cp(2, 1, 2), {"parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+}
 TEST(ContextParity, Cp2Dp2Zero1) { check_parity(cp(2, 1, 1, 2), {"optim.zero_stage=1"}); }
 TEST(ContextParity, Cp2SelectiveRecompute) {
   check_parity(cp(2), {"train.recompute=selective"});
