@@ -233,6 +233,19 @@ std::string nothing_fits(const PlanProblem& problem, const std::vector<Predictio
   return line;
 }
 
+// Why the trainer refuses layout `l` with the rest of config `c`, or "" when it accepts it: the
+// config's own checks (parse_config with the layout's overrides). layout_problem knows the
+// grid's rules; the config also knows what the trainer does not run yet with its other keys
+// (e.g. context parallelism with train.device = "cuda" or eval.sample_interval > 0).
+std::string trainer_refusal(const Config& c, const Layout& l, int64_t global_batch) {
+  try {
+    parse_config(c.to_toml(), c.source, layout_overrides(l, global_batch));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 PlanProblem problem_of(const Config& c, const std::string& hardware) {
   PlanProblem problem;
   problem.model = c.model;
@@ -266,17 +279,37 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
                 " (TP must divide model.heads, model.kv_heads and the devices per node; "
                 "micro-batch x DP must divide the global batch; 2 x CP must divide "
                 "model.seq_len)");
-  const std::vector<Prediction> ranked = rank_layouts(problem, layouts);
-  if (!ranked.front().fits) throw Error("train --plan auto: " + nothing_fits(problem, ranked));
+  const std::vector<Prediction> all = rank_layouts(problem, layouts);
+  if (!all.front().fits) throw Error("train --plan auto: " + nothing_fits(problem, all));
+  // The fastest three the trainer runs with this config; the faster ones it refuses are said.
+  std::vector<Prediction> ranked;
+  size_t refused = 0;
+  std::string first_refusal;
+  for (const Prediction& p : all) {
+    if (ranked.size() == 3 || (!p.fits && ranked.empty())) break;
+    const std::string why = trainer_refusal(c, p.layout, problem.global_batch);
+    if (why.empty()) {
+      ranked.push_back(p);
+    } else if (ranked.empty()) {
+      if (refused++ == 0) first_refusal = to_string(p.layout) + ": " + why;
+    }
+  }
+  if (ranked.empty())
+    throw Error("train --plan auto: the trainer refuses every layout that fits with this config "
+                "(the fastest, " + first_refusal + ")");
   AutoLayout chosen;
   chosen.overrides = layout_overrides(ranked.front().layout, problem.global_batch);
-  char line[400];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "plan auto: %d rank(s) as %lld node(s) x %lld devices of %s; %zu valid layouts",
                 ranks, static_cast<long long>(problem.nodes),
                 static_cast<long long>(problem.hw.devices_per_node), problem.hw.name.c_str(),
-                ranked.size());
+                all.size());
   chosen.why = line;
+  if (refused > 0)
+    chosen.why += "\n  skipped " + std::to_string(refused) +
+                  " faster layout(s) the trainer refuses with this config, the fastest " +
+                  first_refusal;
   for (size_t i = 0; i < ranked.size() && i < 3; ++i) {
     const Prediction& p = ranked[i];
     std::snprintf(line, sizeof line,
@@ -284,8 +317,8 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
                   "bubble %.3g, pipeline %.3g, data %.3g, optimizer %.3g), %.3g GiB of %.3g per "
                   "device%s",
                   i == 0 ? "chosen" : "next  ", to_string(p.layout).c_str(), p.step_seconds,
-                  p.time.compute, p.time.tp_comm, p.time.cp_comm, p.time.bubble, p.time.pp_transfer,
-                  p.time.dp_exposed, p.time.optimizer, p.memory.total() / kGiB,
+                  p.time.compute, p.time.tp_comm, p.time.cp_comm, p.time.bubble,
+                  p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer, p.memory.total() / kGiB,
                   problem.hw.device.memory_gib, p.fits ? "" : " (does not fit)");
     chosen.why += line;
   }
@@ -415,6 +448,9 @@ void run_plan(const PlanOptions& options) {
   for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))
     std::printf(" --set %s", s.c_str());
   std::printf("\n");
+  // The plan models what the trainer is designed to run; say where this config cannot run it yet.
+  const std::string refusal = trainer_refusal(c, ranked.front().layout, problem.global_batch);
+  if (!refusal.empty()) print_wrapped("note:", "with this config the trainer refuses it: " + refusal);
   std::fflush(stdout);
 }
 

@@ -511,5 +511,42 @@ TEST(AppPlan, LongSequencePlansContextParallelism) {
   expect_one_error_line(plan(kLlama8bOnH100 + " --set model.seq_len=131072 --nodes 3 "
                                               "--global-batch 1 --layout tensor=8,context=3,"
                                               "pipeline=1,data=1,micro_batch=1"),
-                        "model.seq_len (131072) is not divisible by 2 x context (6)");
+                        "model.seq_len = 131072 is not divisible by 2 * parallel.context = 6");
+}
+
+// trident train --plan auto trains a context-parallel layout where the plan predicts it
+// fastest, and skips, saying so, the layouts the trainer refuses with the config's other keys.
+// One 2048-token sequence a step on two ranks (DP 1): CP 2 is predicted ~1 % faster than TP 2
+// (its all-reduces) and PP 2 (half the step idle). With eval.sample_interval > 0 the trainer
+// refuses CP > 1 (sampling decodes the whole sequence on one rank), so a CP-free layout runs.
+TEST(AppPlan, TrainPlanAutoRunsContextParallelismOrSkipsWhatTheConfigRefuses) {
+  const auto dir = scratch_dir("plan_auto_context");
+  const auto config = make_tiny_run(dir);
+  const std::string train =
+      std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+      trident_cmd("train --config " + config.string() +
+                  " --set model.seq_len=2048 --set train.steps=1 --set train.global_batch=1 "
+                  "--set train.micro_batch=1 --plan auto --hardware " +
+                  source("configs/hardware/cpu_2core.toml"));
+  const auto chosen_line = [](const std::string& output) {
+    const size_t at = output.find("\n  chosen ");
+    return at == std::string::npos ? std::string()
+                                   : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
+  };
+  const RunResult r = run_command(train, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(chosen_line(r.output).rfind("  chosen tensor=1,context=2,", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.find("skipped "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step      1/1 | loss "), std::string::npos) << r.output;
+  const RunResult s = run_command(train + " --set eval.sample_interval=1000", 120);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("\n  skipped "), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find(" faster layout(s) the trainer refuses with this config, the fastest "
+                          "tensor=1,context=2,"),
+            std::string::npos)
+      << s.output;
+  EXPECT_NE(s.output.find("eval.sample_interval"), std::string::npos) << s.output;
+  EXPECT_EQ(chosen_line(s.output).find("context="), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find("step      1/1 | loss "), std::string::npos) << s.output;
+  std::filesystem::remove_all(dir);
 }

@@ -1087,8 +1087,8 @@ TEST(PlanContext, LayoutsTheTrainerRefusesAreRefusedWithAReason) {
   PlanProblem p = problem(m, 1, 8);
   EXPECT_EQ(layout_problem(p, context_layout(1, 4, 1, 2)), "");  // 24 = 8 chunks of 3
   EXPECT_EQ(layout_problem(p, context_layout(1, 8, 1, 1)),
-            "model.seq_len (24) is not divisible by 2 x context (16): each sequence is cut into "
-            "2 x context equal chunks");
+            "model.seq_len = 24 is not divisible by 2 * parallel.context = 16 (each sequence is "
+            "cut into 2 * context equal chunks)");
   EXPECT_THROW(predict(p, context_layout(1, 8, 1, 1)), Error);
   EXPECT_TRUE(enumerate_layouts(p, parse_layout_filter("context=8")).empty());
   Layout sp = context_layout(4, 2, 1, 1);  // 24 / 2 = 12 tokens a rank: 3 per tensor rank

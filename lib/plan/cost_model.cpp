@@ -633,11 +633,16 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
            n(l.pp) + " x data " + n(l.dp) + " = " + n(l.devices()) + " devices, but " +
            n(p.nodes) + " node(s) x " + n(p.hw.devices_per_node) + " = " + n(p.devices()) +
            " devices";
-  // The context dimension's own conditions (the trainer's, config.cpp's check_context) are
-  // said here, and the rest of the grid is checked as the trainer checks it.
-  if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0)
-    return "model.seq_len (" + n(m.seq_len) + ") is not divisible by 2 x context (" +
-           n(2 * l.cp) + "): each sequence is cut into 2 x context equal chunks";
+  // The grid as the trainer checks it (the sequence cut into 2 CP chunks included), then the
+  // context dimension's conditions that config.cpp's check_context adds.
+  try {
+    GridShape shape{static_cast<int>(l.tp), static_cast<int>(l.pp), static_cast<int>(l.dp)};
+    shape.cp = static_cast<int>(l.cp);
+    validate_layout(shape, static_cast<int>(l.devices()), static_cast<int>(p.hw.devices_per_node),
+                    m);
+  } catch (const Error& e) {
+    return e.what();
+  }
   if (l.cp > 1 && l.sequence_parallel && l.tp > 1 &&
       (l.micro_batch * (m.seq_len / l.cp)) % l.tp != 0)
     return "micro_batch x model.seq_len / context = " + n(l.micro_batch) + " x " +
@@ -646,14 +651,6 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
   if (l.cp > 1 && m.moe_experts > 0)
     return "context (" + n(l.cp) + ") > 1 with a mixture of experts (model.moe_experts = " +
            n(m.moe_experts) + "): MoE layers under context parallelism are not supported yet";
-  try {
-    validate_layout(GridShape{static_cast<int>(l.tp), static_cast<int>(l.pp),
-                              static_cast<int>(l.dp)},
-                    static_cast<int>(l.tp * l.pp * l.dp), static_cast<int>(p.hw.devices_per_node),
-                    m);
-  } catch (const Error& e) {
-    return e.what();
-  }
   if (p.global_batch % (l.micro_batch * l.dp) != 0)
     return "micro_batch " + n(l.micro_batch) + " x data " + n(l.dp) +
            " does not divide the global batch " + n(p.global_batch);
