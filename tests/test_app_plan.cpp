@@ -516,8 +516,9 @@ TEST(AppPlan, LongSequencePlansContextParallelism) {
 
 // trident train --plan auto trains a context-parallel layout where the plan predicts it
 // fastest, and skips, saying so, the layouts the trainer refuses with the config's other keys.
-// One 2048-token sequence a step on two ranks (DP 1): CP 2 is predicted ~1 % faster than TP 2
-// (its all-reduces) and PP 2 (half the step idle). With eval.sample_interval > 0 the trainer
+// One 4096-token sequence a step on two ranks (DP 1; the validation shard is shorter than one
+// sequence: a training shard stands in): CP 2 is predicted ~1.5 % faster than TP 2 (its all-reduces) and PP 2 (half the
+// step idle). With eval.sample_interval > 0 the trainer
 // refuses CP > 1 (sampling decodes the whole sequence on one rank), so a CP-free layout runs.
 TEST(AppPlan, TrainPlanAutoRunsContextParallelismOrSkipsWhatTheConfigRefuses) {
   const auto dir = scratch_dir("plan_auto_context");
@@ -525,8 +526,9 @@ TEST(AppPlan, TrainPlanAutoRunsContextParallelismOrSkipsWhatTheConfigRefuses) {
   const std::string train =
       std::string(TRIDENT_MPIEXEC) + " -n 2 " +
       trident_cmd("train --config " + config.string() +
-                  " --set model.seq_len=2048 --set train.steps=1 --set train.global_batch=1 "
-                  "--set train.micro_batch=1 --plan auto --hardware " +
+                  " --set model.seq_len=4096 --set train.steps=1 --set train.global_batch=1 "
+                  "--set train.micro_batch=1 --set data.val=" + (dir / "train_001.bin").string() +
+                  " --plan auto --hardware " +
                   source("configs/hardware/cpu_2core.toml"));
   const auto chosen_line = [](const std::string& output) {
     const size_t at = output.find("\n  chosen ");

@@ -1119,7 +1119,7 @@ TEST(PlanContext, LayoutsTheTrainerRefusesAreRefusedWithAReason) {
 // sequence, TP x CP x PP x DP = the devices. A long sequence whose one-rank layouts cannot fit
 // gets a CP layout that does; a short one, where CP only adds the ring, keeps CP 1.
 TEST(PlanContext, LongSequencesPickContextShortOnesDoNot) {
-  PlanProblem p = problem(long_llama(8192), 1, 8);
+  PlanProblem p = problem(long_llama(16384), 1, 8);
   const std::vector<Layout> all = enumerate_layouts(p, {});
   std::set<int64_t> cps;
   for (const Layout& l : all) {
@@ -1137,7 +1137,7 @@ TEST(PlanContext, LongSequencesPickContextShortOnesDoNot) {
   EXPECT_TRUE(best.fits);
   EXPECT_GT(best.layout.cp, 1) << to_string(best.layout);
 
-  PlanProblem short_p = problem(long_llama(2048), 1, 8);
+  PlanProblem short_p = problem(long_llama(4096), 1, 8);
   const std::vector<Layout> short_all = enumerate_layouts(short_p, {});
   EXPECT_TRUE(std::any_of(short_all.begin(), short_all.end(),
                           [](const Layout& l) { return l.cp == 2; }));

@@ -225,12 +225,13 @@ inline constexpr int64_t kPlanMaxPipeline = 128;                  // stages; dee
 std::string plan_size_problem(const PlanProblem& p, const std::string& batch_source);
 
 // The context-parallel degrees enumerated: powers of two up to kPlanMaxContext that leave each
-// context rank at least kPlanMinContextTokens of a sequence (2K of a 128K sequence at CP 64; at
-// most CP 2 for 2K): a ring step of fewer tokens is too small an attention to hide its
-// transfer or fill a device, and each degree multiplies the layouts searched. Any other
-// value only when `--layout context=` asks for it.
+// context rank at least kPlanMinContextTokens of a sequence (two chunks of 1K; 2K of a 128K
+// sequence at CP 64, no CP for 2K): a ring step of fewer tokens is too small an attention to
+// hide its transfer or fill a device, and each degree multiplies the layouts searched (a 4K
+// sequence's CP 2 alone: 2x the layouts). Any other value only when `--layout context=` asks
+// for it.
 inline constexpr int64_t kPlanMaxContext = 64;
-inline constexpr int64_t kPlanMinContextTokens = 1024;
+inline constexpr int64_t kPlanMinContextTokens = 2048;
 
 // Every valid layout matching `f` (layout_problem() == ""), in a fixed order. With MoE layers
 // (model.moe_experts = E > 0) every EP dividing both DP and E; a dense model EP 1 only. Both
