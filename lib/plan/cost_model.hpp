@@ -153,7 +153,7 @@ std::vector<PlanWarning> problem_warnings(const PlanProblem& p);
 //   overlap (o): some of the DP gradient reduction counted as hidden behind backward, an
 //   overlap the model assumes rather than schedules;
 //   ring (r): the context-parallel ring's exposed transfers over 5 % of the step;
-//   context nodes (x): CP > 1 and the context group crosses nodes (TP x CP > devices per node),
+//   context_nodes (x): CP > 1 and the context group crosses nodes (TP x CP > devices per node),
 //   its ring on the inter-node link.
 std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction& r);
 
