@@ -63,7 +63,8 @@ nlohmann::json warnings_json(const std::vector<PlanWarning>& warnings) {
 nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t global_batch) {
   const Layout& l = p.layout;
   return {{"layout",
-           {{"tensor", l.tp}, {"pipeline", l.pp}, {"data", l.dp}, {"micro_batch", l.micro_batch},
+           {{"tensor", l.tp}, {"context", l.cp}, {"pipeline", l.pp}, {"data", l.dp},
+            {"micro_batch", l.micro_batch},
             {"schedule", to_string(l.schedule)}, {"virtual_stages", l.virtual_stages},
             {"zero", l.zero1 ? 1 : 0}, {"sequence_parallel", l.sequence_parallel},
             {"recompute", to_string(l.recompute)}, {"expert", l.ep},
@@ -73,7 +74,7 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
           {"time",
            {{"compute", p.time.compute}, {"tp_comm", p.time.tp_comm}, {"bubble", p.time.bubble},
             {"pp_transfer", p.time.pp_transfer}, {"ep_comm", p.time.ep_comm},
-            {"dp_exposed", p.time.dp_exposed},
+            {"cp_comm", p.time.cp_comm}, {"dp_exposed", p.time.dp_exposed},
             {"optimizer", p.time.optimizer}}},
           {"memory_bytes",
            {{"weights", p.memory.weights}, {"gradients", p.memory.gradients},
@@ -88,6 +89,10 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
            {{"gradient_bytes", p.dp_gradient_bytes}, {"seconds", p.dp_reduce_seconds},
             {"backward_window_seconds", p.dp_window_seconds},
             {"assumed_hidden_seconds", p.dp_hidden_seconds}}},
+          {"context_ring",
+           {{"block_bytes", p.cp_block_bytes},
+            {"forward_bytes_per_layer", p.cp_forward_bytes_per_layer},
+            {"transfer_seconds", p.cp_ring_seconds}, {"exposed_seconds", p.time.cp_comm}}},
           {"warnings", warnings_json(layout_warnings(problem, p))},
           {"set", layout_overrides(p.layout, global_batch)}};
 }
@@ -103,12 +108,12 @@ std::string warning_codes(const std::vector<PlanWarning>& warnings) {
 // columns: the expert-parallel degree and its all-to-alls.
 void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>& ranked,
                       size_t top, bool moe) {
-  std::printf("%4s %3s %3s %4s%s %3s %-11s %4s %-5s %2s %2s %-9s %9s | %8s %7s%s %7s %7s %7s "
-              "%7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s %s\n",
-              "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z", "SP",
-              "recompute", "step s", "compute", "tp", moe ? "      ep" : "", "bubble", "pp", "dp",
-              "optim", "mem GiB", "wts", "grads", "opt", "acts", "bufs", "tokens/s", "TFLOP/s",
-              "MFU", "warn");
+  std::printf("%4s %3s %3s %3s %4s%s %3s %-11s %4s %-5s %2s %2s %-9s %9s | %8s %7s%s %7s %7s "
+              "%7s %7s %7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s %s\n",
+              "#", "TP", "CP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z",
+              "SP", "recompute", "step s", "compute", "tp", moe ? "      ep" : "", "cp", "bubble",
+              "pp", "dp", "optim", "mem GiB", "wts", "grads", "opt", "acts", "bufs", "tokens/s",
+              "TFLOP/s", "MFU", "warn");
   for (size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Prediction& p = ranked[i];
     const Layout& l = p.layout;
@@ -117,15 +122,15 @@ void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>&
       std::snprintf(ep, sizeof ep, " %3lld", static_cast<long long>(l.ep));
       std::snprintf(ep_time, sizeof ep_time, " %7.3g", p.time.ep_comm);
     }
-    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | %8.3g "
-                "%7.3g%s %7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %10.4g "
-                "%7.4g %5.1f%% %s\n",
-                i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
-                static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
-                to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
-                l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0,
-                to_string(l.recompute).c_str(),
-                p.step_seconds, p.time.compute, p.time.tp_comm, ep_time, p.time.bubble,
+    std::printf("%4zu %3lld %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | "
+                "%8.3g %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g "
+                "%7.3g | %10.4g %7.4g %5.1f%% %s\n",
+                i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.cp),
+                static_cast<long long>(l.pp), static_cast<long long>(l.dp), ep,
+                static_cast<long long>(l.micro_batch), to_string(l.schedule).c_str(),
+                static_cast<long long>(l.virtual_stages), l.balance.c_str(), l.zero1 ? 1 : 0,
+                l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(), p.step_seconds,
+                p.time.compute, p.time.tp_comm, ep_time, p.time.cp_comm, p.time.bubble,
                 p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
                 p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,
                 p.memory.gradients / kGiB, p.memory.optimizer / kGiB,
@@ -135,16 +140,17 @@ void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>&
   }
 }
 
-// The default table, within 120 columns (114 with the EP column): the layout, the step time
-// and its shares (compute; communication: TP, EP, pipeline transfers and the exposed DP
-// reduction; bubble; optimizer), the memory of the fullest device, MFU and the warnings'
-// letters.
+// The default table, within 120 columns (118 with the EP column): the layout, the step time
+// and its shares (compute; communication: TP, EP, the exposed CP ring, pipeline transfers and
+// the exposed DP reduction; bubble; optimizer), the memory of the fullest device, MFU and the
+// warnings' letters.
 void print_table(const PlanProblem& problem, const std::vector<Prediction>& ranked, size_t top,
                  bool moe) {
-  std::printf("%4s %3s %3s %4s%s %3s %-11s %2s %-5s %1s %2s %-9s %8s %5s %5s %5s %5s %8s  %5s "
-              "%s\n",
-              "#", "TP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z", "SP",
-              "recompute", "step s", "comp%", "comm%", "bub%", "opt%", "mem GiB", "MFU%", "warn");
+  std::printf("%4s %3s %3s %3s %4s%s %3s %-11s %2s %-5s %1s %2s %-9s %8s %5s %5s %5s %5s %8s  "
+              "%5s %s\n",
+              "#", "TP", "CP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z",
+              "SP", "recompute", "step s", "comp%", "comm%", "bub%", "opt%", "mem GiB", "MFU%",
+              "warn");
   for (size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Prediction& p = ranked[i];
     const Layout& l = p.layout;
@@ -152,12 +158,13 @@ void print_table(const PlanProblem& problem, const std::vector<Prediction>& rank
     if (moe) std::snprintf(ep, sizeof ep, " %3lld", static_cast<long long>(l.ep));
     const double step = p.step_seconds > 0.0 ? p.step_seconds : 1.0;
     auto share = [step](double seconds) { return 100.0 * seconds / step; };
-    const double comm =
-        p.time.tp_comm + p.time.ep_comm + p.time.pp_transfer + p.time.dp_exposed;
-    std::printf("%4zu %3lld %3lld %4lld%s %3lld %-11s %2lld %-5s %1d %2d %-9s %8.4g %5.1f %5.1f "
-                "%5.1f %5.1f %8.3g%s %5.1f %s\n",
-                i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.pp),
-                static_cast<long long>(l.dp), ep, static_cast<long long>(l.micro_batch),
+    const double comm = p.time.tp_comm + p.time.ep_comm + p.time.cp_comm + p.time.pp_transfer +
+                        p.time.dp_exposed;
+    std::printf("%4zu %3lld %3lld %3lld %4lld%s %3lld %-11s %2lld %-5s %1d %2d %-9s %8.4g %5.1f "
+                "%5.1f %5.1f %5.1f %8.3g%s %5.1f %s\n",
+                i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.cp),
+                static_cast<long long>(l.pp), static_cast<long long>(l.dp), ep,
+                static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
                 l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0,
                 to_string(l.recompute).c_str(), p.step_seconds, share(p.time.compute),
@@ -197,8 +204,9 @@ void print_warnings(const PlanProblem& problem, const std::vector<Prediction>& r
   for (size_t i = 0; i < ranked.size() && i < top && !listed; ++i)
     listed = !layout_warnings(problem, ranked[i]).empty();
   if (all.empty() && !listed) return;
-  std::printf("warnings (warn: m micro-batches per stage, h memory headroom, b bubble, o overlap "
-              "assumed; docs/plan.md \"Warnings\"):\n");
+  print_wrapped("warnings", "(warn: m micro-batches per stage, h memory headroom, b bubble, o "
+                            "overlap assumed, r context ring exposed, x context group across "
+                            "nodes; docs/plan.md \"Warnings\"):");
   for (const PlanWarning& w : all) print_wrapped("  every layout:", w.text);
   for (const PlanWarning& w : best) print_wrapped("  layout 1:", w.text);
 }
@@ -223,6 +231,19 @@ std::string nothing_fits(const PlanProblem& problem, const std::vector<Predictio
                 m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, m.buffers / kGiB,
                 m.total() / kGiB - capacity);
   return line;
+}
+
+// Why the trainer refuses layout `l` with the rest of config `c`, or "" when it accepts it: the
+// config's own checks (parse_config with the layout's overrides). layout_problem knows the
+// grid's rules; the config also knows what the trainer does not run yet with its other keys
+// (e.g. context parallelism with train.device = "cuda" or eval.sample_interval > 0).
+std::string trainer_refusal(const Config& c, const Layout& l, int64_t global_batch) {
+  try {
+    parse_config(c.to_toml(), c.source, layout_overrides(l, global_batch));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 PlanProblem problem_of(const Config& c, const std::string& hardware) {
@@ -256,26 +277,48 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
                 " ranks for this model and train.global_batch = " +
                 std::to_string(problem.global_batch) +
                 " (TP must divide model.heads, model.kv_heads and the devices per node; "
-                "micro-batch x DP must divide the global batch)");
-  const std::vector<Prediction> ranked = rank_layouts(problem, layouts);
-  if (!ranked.front().fits) throw Error("train --plan auto: " + nothing_fits(problem, ranked));
+                "micro-batch x DP must divide the global batch; 2 x CP must divide "
+                "model.seq_len)");
+  const std::vector<Prediction> all = rank_layouts(problem, layouts);
+  if (!all.front().fits) throw Error("train --plan auto: " + nothing_fits(problem, all));
+  // The fastest three the trainer runs with this config; the faster ones it refuses are said.
+  std::vector<Prediction> ranked;
+  size_t refused = 0;
+  std::string first_refusal;
+  for (const Prediction& p : all) {
+    if (ranked.size() == 3 || (!p.fits && ranked.empty())) break;
+    const std::string why = trainer_refusal(c, p.layout, problem.global_batch);
+    if (why.empty()) {
+      ranked.push_back(p);
+    } else if (ranked.empty()) {
+      if (refused++ == 0) first_refusal = to_string(p.layout) + ": " + why;
+    }
+  }
+  if (ranked.empty())
+    throw Error("train --plan auto: the trainer refuses every layout that fits with this config "
+                "(the fastest, " + first_refusal + ")");
   AutoLayout chosen;
   chosen.overrides = layout_overrides(ranked.front().layout, problem.global_batch);
-  char line[400];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "plan auto: %d rank(s) as %lld node(s) x %lld devices of %s; %zu valid layouts",
                 ranks, static_cast<long long>(problem.nodes),
                 static_cast<long long>(problem.hw.devices_per_node), problem.hw.name.c_str(),
-                ranked.size());
+                all.size());
   chosen.why = line;
+  if (refused > 0)
+    chosen.why += "\n  skipped " + std::to_string(refused) +
+                  " faster layout(s) the trainer refuses with this config, the fastest " +
+                  first_refusal;
   for (size_t i = 0; i < ranked.size() && i < 3; ++i) {
     const Prediction& p = ranked[i];
     std::snprintf(line, sizeof line,
-                  "\n  %s %s: predicted %.4g s/step (compute %.3g, tensor %.3g, bubble %.3g, "
-                  "pipeline %.3g, data %.3g, optimizer %.3g), %.3g GiB of %.3g per device%s",
+                  "\n  %s %s: predicted %.4g s/step (compute %.3g, tensor %.3g, context %.3g, "
+                  "bubble %.3g, pipeline %.3g, data %.3g, optimizer %.3g), %.3g GiB of %.3g per "
+                  "device%s",
                   i == 0 ? "chosen" : "next  ", to_string(p.layout).c_str(), p.step_seconds,
-                  p.time.compute, p.time.tp_comm, p.time.bubble, p.time.pp_transfer,
-                  p.time.dp_exposed, p.time.optimizer, p.memory.total() / kGiB,
+                  p.time.compute, p.time.tp_comm, p.time.cp_comm, p.time.bubble,
+                  p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer, p.memory.total() / kGiB,
                   problem.hw.device.memory_gib, p.fits ? "" : " (does not fit)");
     chosen.why += line;
   }
@@ -327,7 +370,9 @@ void run_plan(const PlanOptions& options) {
              filter.virtual_stages ? filter.virtual_stages : 1, filter.zero1 == 1,
              filter.sequence_parallel == 1,
              filter.recompute.empty() ? Recompute::None : parse_recompute(filter.recompute),
-             filter.ep ? filter.ep : 1};
+             filter.ep ? filter.ep : 1,
+             filter.balance.empty() ? "even" : filter.balance,
+             filter.cp ? filter.cp : 1};
     const std::string why = (filter.tp && filter.pp && filter.dp && filter.micro_batch)
                                 ? ": " + layout_problem(problem, l)
                                 : "";
@@ -336,7 +381,8 @@ void run_plan(const PlanOptions& options) {
                 std::to_string(problem.devices()) + " devices" +
                 (options.layout.empty() ? "" : " with --layout " + options.layout) +
                 " (TP must divide the devices per node, model.heads and model.kv_heads; TP x "
-                "PP x DP = the devices; micro-batch x DP must divide the global batch " +
+                "CP x PP x DP = the devices; 2 x CP must divide model.seq_len; micro-batch x "
+                "DP must divide the global batch " +
                 std::to_string(problem.global_batch) + (pipeline_capped ? "; " + cap_note : "") +
                 ")" + why);
   }
@@ -402,6 +448,9 @@ void run_plan(const PlanOptions& options) {
   for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))
     std::printf(" --set %s", s.c_str());
   std::printf("\n");
+  // The plan models what the trainer is designed to run; say where this config cannot run it yet.
+  const std::string refusal = trainer_refusal(c, ranked.front().layout, problem.global_batch);
+  if (!refusal.empty()) print_wrapped("note:", "with this config the trainer refuses it: " + refusal);
   std::fflush(stdout);
 }
 

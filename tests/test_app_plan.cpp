@@ -123,8 +123,9 @@ TEST(AppPlan, HugeValuesAnswerWithinSeconds) {
        "plan train.global_batch = 1073741824 is past the 16777216 sequences"},
       {tiny + " --nodes 100000 --set model.layers=100000",
        "8 devices = 800000 devices (TP must divide the devices per node, model.heads and "
-       "model.kv_heads; TP x PP x DP = the devices; micro-batch x DP must divide the global "
-       "batch 16; pipelines deeper than 128 stages are not modelled (model.layers = 100000))"},
+       "model.kv_heads; TP x CP x PP x DP = the devices; 2 x CP must divide model.seq_len; "
+       "micro-batch x DP must divide the global batch 16; pipelines deeper than 128 stages are "
+       "not modelled (model.layers = 100000))"},
       {tiny + " --nodes 9223372036854775807",
        "plan --nodes = 9223372036854775807 is past the 131072 nodes of 8 devices a plan models"},
       // Past 64 bits: the command line's own check (app/cli_numbers.hpp) names the text.
@@ -486,4 +487,68 @@ TEST(AppPlan, ErrorsAreExactlyOneLine) {
       EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1)
           << launcher << args << "\n" << r.output;
     }
+}
+
+// Issue 49 item 6: Llama 3.1 8B at 128K tokens a sequence on 8 DGX H100 nodes: the plan lists
+// context-parallel layouts and the best one that fits splits the sequence (CP > 1 in the table
+// and the --set line); a CP the sequence cannot be cut by is refused with the reason.
+TEST(AppPlan, LongSequencePlansContextParallelism) {
+  const RunResult r = plan(kLlama8bOnH100 + " --set model.seq_len=131072 --nodes 8 --top 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> table = table_lines(r.output);
+  ASSERT_EQ(table.size(), 4u) << r.output;
+  EXPECT_NE(table[0].find("   #  TP  CP  PP   DP"), std::string::npos) << table[0];
+  // Row 1: "   1  TP  CP ..." and its memory without the '!' of a layout that does not fit.
+  std::istringstream row(table[1]);
+  int64_t rank = 0, tp = 0, cp = 0;
+  row >> rank >> tp >> cp;
+  EXPECT_EQ(rank, 1);
+  EXPECT_GT(cp, 1) << r.output;
+  EXPECT_EQ(table[1].find('!'), std::string::npos) << table[1];
+  EXPECT_NE(r.output.find("--set parallel.context=" + std::to_string(cp) + " "),
+            std::string::npos)
+      << r.output;
+  expect_one_error_line(plan(kLlama8bOnH100 + " --set model.seq_len=131072 --nodes 3 "
+                                              "--global-batch 1 --layout tensor=8,context=3,"
+                                              "pipeline=1,data=1,micro_batch=1"),
+                        "model.seq_len = 131072 is not divisible by 2 * parallel.context = 6");
+}
+
+// trident train --plan auto trains a context-parallel layout where the plan predicts it
+// fastest, and skips, saying so, the layouts the trainer refuses with the config's other keys.
+// One 4096-token sequence a step on two ranks (DP 1; the validation shard is shorter than one
+// sequence: a training shard stands in): CP 2 is predicted ~1.5 % faster than TP 2 (its all-reduces) and PP 2 (half the
+// step idle). With eval.sample_interval > 0 the trainer
+// refuses CP > 1 (sampling decodes the whole sequence on one rank), so a CP-free layout runs.
+TEST(AppPlan, TrainPlanAutoRunsContextParallelismOrSkipsWhatTheConfigRefuses) {
+  const auto dir = scratch_dir("plan_auto_context");
+  const auto config = make_tiny_run(dir);
+  const std::string train =
+      std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+      trident_cmd("train --config " + config.string() +
+                  " --set model.seq_len=4096 --set train.steps=1 --set train.global_batch=1 "
+                  "--set train.micro_batch=1 --set data.val=" + (dir / "train_001.bin").string() +
+                  " --plan auto --hardware " +
+                  source("configs/hardware/cpu_2core.toml"));
+  const auto chosen_line = [](const std::string& output) {
+    const size_t at = output.find("\n  chosen ");
+    return at == std::string::npos ? std::string()
+                                   : output.substr(at + 1, output.find('\n', at + 1) - at - 1);
+  };
+  const RunResult r = run_command(train, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(chosen_line(r.output).rfind("  chosen tensor=1,context=2,", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.find("skipped "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step      1/1 | loss "), std::string::npos) << r.output;
+  const RunResult s = run_command(train + " --set eval.sample_interval=1000", 120);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("\n  skipped "), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find(" faster layout(s) the trainer refuses with this config, the fastest "
+                          "tensor=1,context=2,"),
+            std::string::npos)
+      << s.output;
+  EXPECT_NE(s.output.find("eval.sample_interval"), std::string::npos) << s.output;
+  EXPECT_EQ(chosen_line(s.output).find("context="), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find("step      1/1 | loss "), std::string::npos) << s.output;
+  std::filesystem::remove_all(dir);
 }

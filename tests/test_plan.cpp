@@ -867,7 +867,7 @@ TEST(PlanWarnings, FewerSequencesThanDevices) {
   EXPECT_NE(w[0].text.find("the global batch of 7 sequences is fewer than the 8 devices"),
             std::string::npos)
       << w[0].text;
-  EXPECT_NE(w[0].text.find("TP x PP >= 2 devices"), std::string::npos) << w[0].text;
+  EXPECT_NE(w[0].text.find("TP x CP x PP >= 2 devices"), std::string::npos) << w[0].text;
   // 2 nodes: 256 sequences on 512 devices is the 64-node case in small.
   p.nodes = 2;
   p.global_batch = 8;
@@ -964,4 +964,222 @@ TEST(PlanWarnings, DataParallelOverlapIsAssumedNotScheduled) {
   whole.dp_bucket_mb = 1e6;
   EXPECT_FALSE(warns(whole, layout(1, 1, 2, 2), "overlap"));
   EXPECT_FALSE(warns(p, layout(2, 1, 1, 2), "overlap"));
+}
+
+// Context parallelism (parallel.context = CP, docs/plan.md "Context parallelism"): each
+// sequence split over CP ranks, attention by a ring of K/V blocks over them.
+namespace {
+
+// A small Llama with grouped-query attention (8 query heads sharing 2 K/V heads of size 16) and
+// a sequence long enough for the plan to list CP (seq_len / kPlanMinContextTokens).
+ModelConfig long_llama(int64_t seq_len) {
+  ModelConfig m;
+  m.arch = "llama";
+  m.layers = 4;
+  m.heads = 8;
+  m.kv_heads = 2;
+  m.width = 128;
+  m.vocab_size = 64;
+  m.seq_len = seq_len;
+  return m;
+}
+
+Layout context_layout(int64_t tp, int64_t cp, int64_t pp, int64_t dp, int64_t mb = 1) {
+  Layout l = layout(tp, pp, dp, mb);
+  l.cp = cp;
+  return l;
+}
+
+}  // namespace
+
+// Everything a rank keeps for backward is per token, and a context rank holds T/CP tokens of
+// each sequence (attention fused: no T x T state), so the activations fall as 1/CP; the weights
+// are replicated as under DP, and ZeRO-1 shards the moments over data x context.
+TEST(PlanContext, ActivationMemoryFallsAsOneOverContext) {
+  const ModelConfig m = long_llama(4096);
+  PlanProblem p = problem(m, 1, 8);
+  p.hw.devices_per_node = 4;
+  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    Layout one = context_layout(1, 1, 1, 4);
+    one.recompute = rc;
+    const Prediction base = predict(p, one);
+    for (int64_t cp : {2, 4}) {
+      Layout l = context_layout(1, cp, 1, 4 / cp);
+      l.recompute = rc;
+      const Prediction r = predict(p, l);
+      EXPECT_NEAR(r.memory.activations * static_cast<double>(cp), base.memory.activations,
+                  1e-12 * base.memory.activations)
+          << to_string(l);
+      EXPECT_EQ(r.memory.weights, base.memory.weights) << to_string(l);
+      EXPECT_EQ(r.memory.gradients, base.memory.gradients) << to_string(l);
+      EXPECT_LT(r.memory.total(), base.memory.total()) << to_string(l);
+    }
+  }
+  Layout sharded = context_layout(1, 2, 1, 2);
+  sharded.zero1 = true;
+  Layout over_data = context_layout(1, 1, 1, 4);
+  over_data.zero1 = true;
+  EXPECT_EQ(predict(p, sharded).memory.optimizer, predict(p, over_data).memory.optimizer);
+  EXPECT_LT(predict(p, sharded).memory.optimizer,
+            predict(p, context_layout(1, 2, 1, 2)).memory.optimizer / 3.0);
+}
+
+// The ring's block is the rank's tokens' k and v of its KV heads: B x T/CP x 2 x KVH/TP x HS
+// elements, sent CP - 1 times a layer in forward. Its time is hidden behind a ring step's
+// attention where that covers it: with attention free, every transfer is exposed (forward
+// CP - 1 blocks; backward CP - 1 steps of two blocks, K/V and dK/dV, and the last dK/dV); with
+// attention slow, only the last dK/dV, which has no step left to hide behind.
+TEST(PlanContext, RingBytesAndTheExcessOverAttention) {
+  const ModelConfig m = long_llama(4096);
+  PlanProblem p = problem(m, 1, 8);
+  p.precision = "bf16";
+  const int64_t tp = 2, cp = 4, mb = 2;
+  const Layout l = context_layout(tp, cp, 1, 1, mb);  // 8 devices in one node
+  const double block = static_cast<double>(mb) * (4096.0 / cp) * 2.0 * (2.0 / tp) * 16.0 * 2.0;
+  const Prediction r = predict(p, l);
+  EXPECT_DOUBLE_EQ(r.cp_block_bytes, block);
+  EXPECT_DOUBLE_EQ(r.cp_forward_bytes_per_layer, block * (cp - 1));
+  const double x = collective_seconds(p.hw, p.hw.intra_node, Collective::SendRecv, 2, block);
+  const double layers_steps = 4.0 * 4.0;  // 4 layers x 4 micro-batches (8 / (DP 1 x mb 2))
+  p.hw.device.peak_tflops_bf16 = 1e12;    // attention takes no time
+  const Prediction fast = predict(p, l);
+  const double all = (cp - 1) * x + (cp - 1) * 2.0 * x + x;
+  EXPECT_NEAR(fast.time.cp_comm, layers_steps * all, 1e-9 * fast.time.cp_comm);
+  EXPECT_NEAR(fast.cp_ring_seconds, fast.time.cp_comm, 1e-9 * fast.time.cp_comm);
+  // Recomputing the attention reruns its forward ring in backward.
+  Layout full = l;
+  full.recompute = Recompute::Full;
+  EXPECT_NEAR(predict(p, full).time.cp_comm, layers_steps * (all + (cp - 1) * x),
+              1e-9 * fast.time.cp_comm);
+  p.hw.device.peak_tflops_bf16 = 1e-3;  // attention far longer than a block's transfer
+  const Prediction slow = predict(p, l);
+  EXPECT_NEAR(slow.time.cp_comm, layers_steps * x, 1e-9 * slow.time.cp_comm);
+  EXPECT_NEAR(slow.cp_ring_seconds, fast.cp_ring_seconds, 1e-9 * fast.cp_ring_seconds);
+  // The parts still sum to the step; no ring without CP.
+  EXPECT_NEAR(slow.time.total(), slow.step_seconds, 1e-12 * slow.step_seconds);
+  const Prediction none = predict(p, context_layout(tp, 1, 1, 4, mb));
+  EXPECT_EQ(none.time.cp_comm, 0.0);
+  EXPECT_EQ(none.cp_block_bytes, 0.0);
+}
+
+// Weight gradients are reduced over data x context: CP 2 with DP 1 still all-reduces them over
+// its two ranks (one replica of the weights each, different tokens).
+TEST(PlanContext, WeightGradientsAreReducedOverDataAndContext) {
+  const ModelConfig m = long_llama(4096);
+  PlanProblem p = problem(m, 1, 8);
+  p.hw.devices_per_node = 2;
+  p.dp_overlap = false;
+  const double grads =
+      4.0 * static_cast<double>(parameter_layout(m, ModelShard::whole(m)).flat_size);
+  const Prediction r = predict(p, context_layout(1, 2, 1, 1));
+  EXPECT_DOUBLE_EQ(r.dp_reduce_seconds,
+                   collective_seconds(p.hw, p.hw.intra_node, Collective::AllReduce, 2, grads));
+  EXPECT_DOUBLE_EQ(r.time.dp_exposed, r.dp_reduce_seconds);
+  EXPECT_DOUBLE_EQ(r.dp_reduce_seconds, predict(p, context_layout(1, 1, 1, 2)).dp_reduce_seconds);
+}
+
+// Layouts the trainer would refuse are refused with the key and the reason: a sequence not cut
+// into 2 CP equal chunks, SP's tokens not divisible by TP, CP with MoE layers; the --layout key
+// and the --set line.
+TEST(PlanContext, LayoutsTheTrainerRefusesAreRefusedWithAReason) {
+  ModelConfig m = long_llama(24);
+  m.kv_heads = 4;  // TP 4
+  PlanProblem p = problem(m, 1, 8);
+  EXPECT_EQ(layout_problem(p, context_layout(1, 4, 1, 2)), "");  // 24 = 8 chunks of 3
+  EXPECT_EQ(layout_problem(p, context_layout(1, 8, 1, 1)),
+            "model.seq_len = 24 is not divisible by 2 * parallel.context = 16 (each sequence is "
+            "cut into 2 * context equal chunks)");
+  EXPECT_THROW(predict(p, context_layout(1, 8, 1, 1)), Error);
+  EXPECT_TRUE(enumerate_layouts(p, parse_layout_filter("context=8")).empty());
+  Layout sp = context_layout(4, 2, 1, 1);  // 24 / 2 = 12 tokens a rank: 3 per tensor rank
+  sp.sequence_parallel = true;
+  EXPECT_EQ(layout_problem(p, sp), "");
+  m.seq_len = 20;  // 10 tokens a context rank, not divisible by TP 4
+  p.model = m;
+  EXPECT_NE(layout_problem(p, sp).find("micro_batch x model.seq_len / context = 1 x 10 is not "
+                                       "divisible by tensor (4) under sequence_parallel"),
+            std::string::npos)
+      << layout_problem(p, sp);
+  m.moe_experts = 4;
+  m.moe_top_k = 2;
+  p.model = m;
+  EXPECT_NE(layout_problem(p, context_layout(1, 2, 1, 4)).find("context (2) > 1 with a mixture "
+                                                               "of experts"),
+            std::string::npos);
+  EXPECT_EQ(parse_layout_filter("context=4").cp, 4);
+  EXPECT_THROW(parse_layout_filter("context=0"), Error);
+  const Layout l = context_layout(2, 4, 1, 1);
+  EXPECT_EQ(to_string(l).rfind("tensor=2,context=4,pipeline=1,data=1,", 0), 0u) << to_string(l);
+  const std::vector<std::string> set = layout_overrides(l, 8);
+  EXPECT_NE(std::find(set.begin(), set.end(), "parallel.context=4"), set.end());
+  EXPECT_NE(std::find(set.begin(), set.end(), "parallel.tensor=2"), set.end());
+}
+
+// The enumeration lists CP in powers of two while each rank keeps kPlanMinContextTokens of a
+// sequence, TP x CP x PP x DP = the devices. A long sequence whose one-rank layouts cannot fit
+// gets a CP layout that does; a short one, where CP only adds the ring, keeps CP 1.
+TEST(PlanContext, LongSequencesPickContextShortOnesDoNot) {
+  PlanProblem p = problem(long_llama(16384), 1, 8);
+  const std::vector<Layout> all = enumerate_layouts(p, {});
+  std::set<int64_t> cps;
+  for (const Layout& l : all) {
+    cps.insert(l.cp);
+    EXPECT_EQ(l.tp * l.cp * l.pp * l.dp, 8) << to_string(l);
+  }
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4, 8}));
+  // The device holds a little less than the smallest CP 1 layout needs.
+  double least = 1e30;
+  const std::vector<Layout> one_rank = enumerate_layouts(p, parse_layout_filter("context=1"));
+  for (const Prediction& r : rank_layouts(p, one_rank))
+    least = std::min(least, r.memory.total());
+  p.hw.device.memory_gib = 0.99 * least / (1024.0 * 1024.0 * 1024.0);
+  const Prediction best = rank_layouts(p, all).front();
+  EXPECT_TRUE(best.fits);
+  EXPECT_GT(best.layout.cp, 1) << to_string(best.layout);
+
+  PlanProblem short_p = problem(long_llama(4096), 1, 8);
+  const std::vector<Layout> short_all = enumerate_layouts(short_p, {});
+  EXPECT_TRUE(std::any_of(short_all.begin(), short_all.end(),
+                          [](const Layout& l) { return l.cp == 2; }));
+  EXPECT_TRUE(std::none_of(short_all.begin(), short_all.end(),
+                           [](const Layout& l) { return l.cp > 2; }));
+  const std::vector<Prediction> short_ranked = rank_layouts(short_p, short_all);
+  EXPECT_TRUE(short_ranked.front().fits);
+  EXPECT_EQ(short_ranked.front().layout.cp, 1) << to_string(short_ranked.front().layout);
+  // Not a tie the enumeration's order breaks: the fastest CP 2 layout is slower.
+  const auto with_cp = std::find_if(short_ranked.begin(), short_ranked.end(),
+                                    [](const Prediction& r) { return r.layout.cp == 2; });
+  ASSERT_NE(with_cp, short_ranked.end());
+  EXPECT_LT(short_ranked.front().step_seconds, with_cp->step_seconds);
+}
+
+// The ring's exposed part over 5 % of the step warns (r), and a context group wider than a node
+// (TP x CP > devices per node) says its ring crosses nodes (x).
+TEST(PlanContext, WarningsForAnExposedRingAndAGroupAcrossNodes) {
+  PlanProblem p = problem(long_llama(4096), 1, 8);
+  p.hw.device.peak_tflops_fp32 = 1e9;  // attention hides nothing
+  const Prediction exposed = predict(p, context_layout(1, 8, 1, 1));
+  ASSERT_GT(exposed.time.cp_comm, 0.05 * exposed.step_seconds);
+  const std::vector<PlanWarning> warnings = layout_warnings(p, exposed);
+  const PlanWarning* w = find_warning(warnings, "ring");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->code, 'r');
+  EXPECT_NE(w->text.find("over 5 %) is the context ring's K/V and dK/dV transfers"),
+            std::string::npos)
+      << w->text;
+  EXPECT_FALSE(warns(p, context_layout(1, 8, 1, 1), "context_nodes"));
+  p.hw.device.peak_tflops_fp32 = 1e-3;  // attention hides all but the last dK/dV
+  const Prediction hidden = predict(p, context_layout(1, 8, 1, 1));
+  EXPECT_LT(hidden.time.cp_comm, 0.05 * hidden.step_seconds);
+  EXPECT_FALSE(warns(p, hidden, "ring"));
+  p.hw.devices_per_node = 4;
+  p.nodes = 2;
+  const std::vector<PlanWarning> across =
+      layout_warnings(p, predict(p, context_layout(1, 8, 1, 1)));
+  w = find_warning(across, "context_nodes");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->code, 'x');
+  EXPECT_NE(w->text.find("TP x CP = 8 > 4 devices per node) crosses nodes"), std::string::npos)
+      << w->text;
+  EXPECT_FALSE(warns(p, context_layout(1, 4, 1, 2), "context_nodes"));
 }

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "grid/grid.hpp"
 #include "model/architecture.hpp"
@@ -34,6 +35,15 @@ ModelConfig dense_of(const ModelConfig& m) {
   ModelConfig d = m;
   d.moe_experts = 0;
   return d;
+}
+
+// The model as one context rank sees its tokens: model.seq_len / CP of each sequence. The
+// activation counts (model_stats.hpp) take their rows N = micro_batch x seq_len from it; the
+// attention still spans the whole sequence (its FLOPs per token, a materialized row's T).
+ModelConfig context_local(const ModelConfig& m, int64_t cp) {
+  ModelConfig local = m;
+  local.seq_len = m.seq_len / cp;
+  return local;
 }
 
 // The trainer's ActivationShape for a layout (fp32 statistics and saved attention state on
@@ -139,27 +149,31 @@ ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
 // Seconds of one chunk's forward and backward for one micro-batch, with the parts the step
 // time reports apart.
 struct ChunkCost {
-  double forward = 0, backward = 0;  // everything on the op: compute + TP and EP communication
+  double forward = 0, backward = 0;  // everything on the op: compute + TP, EP and CP communication
   double weight = 0;                 // the weight-gradient matmuls inside `backward` (zb-h1/h2)
   double tp_comm = 0;                // TP communication inside forward + backward
   double ep_comm = 0;                // EP all-to-alls inside forward + backward
+  double cp_comm = 0;                // the CP ring's exposed transfers inside forward + backward
+  double cp_ring = 0;                // all the CP ring's transfers, hidden or not
 };
 
 struct LayerModel {
   double fwd_compute = 0, bwd_compute = 0, weight = 0, fwd_comm = 0, bwd_comm = 0;
   double fwd_ep = 0, bwd_ep = 0;  // a MoE layer's all-to-alls (EP > 1)
+  double fwd_cp = 0, bwd_cp = 0;  // the CP ring's exposed transfers (CP > 1)
+  double cp_ring = 0;             // the CP ring's transfers, forward + backward, hidden or not
 };
 
 class CostModel {
  public:
   CostModel(const PlanProblem& p, const Layout& l)
-      : p_(p), l_(l), m_(p.model), hw_(p.hw),
+      : p_(p), l_(l), m_(p.model), local_(context_local(p.model, l.cp)), hw_(p.hw),
         e_(activation_element_bytes(p.precision)),
         vp_(padded_vocab_size(m_, static_cast<int>(l.tp))),
         parts_(training_flops_parts(m_, vp_)),
         dense_linear_(training_flops_parts(dense_of(m_), vp_).layer_linear),
         peak_(hw_.peak_flops(p.precision)),
-        n_(static_cast<double>(l.micro_batch * m_.seq_len)),
+        n_(static_cast<double>(l.micro_batch * local_.seq_len)),
         t_(static_cast<double>(l.tp)) {}
 
   // One transformer layer, one micro-batch, one tensor rank: a dense one, or (`moe`) one
@@ -181,18 +195,19 @@ class CostModel {
       time += f / hw_.gemm_efficiency(s[0], s[1], s[2]);
     }
     const double eff_linear = flops / time;
-    const double eff_attention = hw_.attention_efficiency(T, HS);
+    // Under CP a rank's attention is CP ring steps of T/CP query rows against T/CP keys.
+    const double eff_attention =
+        hw_.attention_efficiency(T / static_cast<double>(l_.cp), HS);
     double linear = dense_linear_ * n_ / t_ / (peak_ * eff_linear);
     const double attention = parts_.layer_attention * n_ / t_ / (peak_ * eff_attention);
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
     // written once in forward and read twice in backward (its own op's backward and the
     // gradient it produces).
-    ActivationShape none = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
-                                            l_.tp, l_.sequence_parallel, Recompute::None, e_);
+    ActivationShape none = shape(Recompute::None);
     // The norms' outputs and the MLP activation are recomputed rather than kept: still
     // written (twice) and read.
-    double stash = static_cast<double>(layer_activation_bytes(m_, none) +
-                                       recomputed_activation_bytes(m_, none));
+    double stash = static_cast<double>(layer_activation_bytes(local_, none) +
+                                       recomputed_activation_bytes(local_, none));
     // The weight-gradient matmuls a split backward (zb-h1/h2) defers: a MoE layer's experts and
     // router are never deferred (docs/moe.md), its attention's are.
     double deferred = linear / 3.0;
@@ -200,7 +215,7 @@ class CostModel {
       linear = moe_linear_seconds(shapes[0], shapes[1]);
       deferred = attention_linear_seconds(shapes[0], shapes[1]) / 3.0;
       // The router's, the permutation's and the experts' rows: the trainer's own count.
-      stash += static_cast<double>(moe_layer_extra_bytes(m_, none));
+      stash += static_cast<double>(moe_layer_extra_bytes(local_, none));
     }
     const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
     // Materialized attention also streams its scores [N, NH/TP, T] (fp32, as the probabilities
@@ -247,15 +262,59 @@ class CostModel {
       // the output gradients and the input gradients the same way; full recomputation reruns
       // forward's. Every tensor rank of the group exchanges its whole rows (the router's
       // dispatch is replicated over TP).
-      const double rows = moe_routed_rows(m_, l_.micro_batch);
+      const double rows = moe_routed_rows(local_, l_.micro_batch);
       const double a2a = all_to_all_seconds(hw_, ep_link(), l_.ep, rows * C * e_);
       const double counts = all_to_all_seconds(hw_, ep_link(), l_.ep,
                                                8.0 * static_cast<double>(m_.moe_experts));
       r.fwd_ep = 2.0 * a2a + counts;
       r.bwd_ep = 2.0 * a2a + (l_.recompute == Recompute::Full ? r.fwd_ep : 0.0);
     }
+    if (l_.cp > 1) ring(attention, r);
     return r;
   }
+
+  // The context ring of one layer (CP > 1) over `attention`, the seconds of the rank's
+  // attention (forward a third, backward two). Forward: CP steps, each the attention of the
+  // local queries against one K/V block (the causal load balance makes them equal, the
+  // diagonal one aside); during each of the first CP - 1 the next block arrives from the
+  // previous rank, hidden where the step's attention covers it, the excess exposed.
+  // Backward: CP steps; during each of the first CP - 1 the next K/V block and the dK/dV
+  // accumulator of the block just done travel together (two blocks), and the last
+  // accumulator, which brings each block's dK/dV home, has no step left to hide behind.
+  // Recomputation (selective or full) reruns the attention forward, its ring included.
+  void ring(double attention, LayerModel& r) const {
+    const double cp = static_cast<double>(l_.cp);
+    const double block = collective_seconds(hw_, cp_link(), Collective::SendRecv, 2,
+                                            ring_block_bytes());
+    const double step_forward = attention / 3.0 / cp, step_backward = 2.0 * attention / 3.0 / cp;
+    r.fwd_cp = (cp - 1.0) * std::max(0.0, block - step_forward);
+    r.bwd_cp = (cp - 1.0) * std::max(0.0, 2.0 * block - step_backward) + block;
+    r.cp_ring = (cp - 1.0) * block + (2.0 * cp - 1.0) * block;
+    if (l_.recompute != Recompute::None) {
+      r.bwd_cp += r.fwd_cp;
+      r.cp_ring += (cp - 1.0) * block;
+    }
+  }
+
+  // One K/V block of the ring: the k and v of the rank's tokens (micro_batch x T/CP) and of its
+  // KVH/TP key/value heads, in activation elements.
+  double ring_block_bytes() const {
+    return n_ * 2.0 * static_cast<double>(m_.kv_head_count()) / t_ *
+           static_cast<double>(m_.head_size()) * e_;
+  }
+
+  // The context group's link: CP ranks TP apart (grid/grid.hpp), so TP x CP consecutive ranks.
+  const LinkSpec& cp_link() const {
+    return l_.tp * l_.cp <= hw_.devices_per_node ? hw_.intra_node : hw_.inter_node;
+  }
+
+  // The trainer's ActivationShape of the layout under `recompute`; its rows come from
+  // local_ (the rank's T/CP tokens of each sequence).
+  ActivationShape shape(Recompute recompute) const {
+    return activation_shape(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
+                            l_.sequence_parallel, recompute, e_);
+  }
+  const ModelConfig& local() const { return local_; }
 
   // A MoE layer's linear layers, one micro-batch, one tensor rank: attention's qkv and
   // projection at their shapes; the experts' two (llama: gate_up, down) over the routed rows,
@@ -266,7 +325,7 @@ class CostModel {
     const double C = static_cast<double>(m_.width), F = static_cast<double>(m_.ffn_size());
     const double U = m_.is_llama() ? 2.0 * F : F;
     const double E = static_cast<double>(m_.moe_experts);
-    const double rows = moe_routed_rows(m_, l_.micro_batch);
+    const double rows = moe_routed_rows(local_, l_.micro_batch);
     const double per_expert = rows * static_cast<double>(l_.ep) / E;
     const double experts_local = E / static_cast<double>(l_.ep);
     return attention_linear_seconds(qkv, proj) +
@@ -283,9 +342,11 @@ class CostModel {
     return 3.0 * 2.0 * m * k * n * count / (peak_ * hw_.gemm_efficiency(m, k, n));
   }
 
-  // The expert group's link: EP data ranks of a (tp, pp) column, TP x PP apart (grid/grid.hpp).
+  // The expert group's link: EP data ranks of a (tp, cp, pp) column, TP x CP x PP apart
+  // (grid/grid.hpp).
   const LinkSpec& ep_link() const {
-    return l_.tp * l_.pp * l_.ep <= hw_.devices_per_node ? hw_.intra_node : hw_.inter_node;
+    return l_.tp * l_.cp * l_.pp * l_.ep <= hw_.devices_per_node ? hw_.intra_node
+                                                                  : hw_.inter_node;
   }
 
   ChunkCost chunk(const Chunk& c, const LayerModel& dense, const LayerModel& moe) const {
@@ -293,11 +354,13 @@ class CostModel {
     const double Lm = static_cast<double>(moe_layers_in(m_, c));
     const double Ld = static_cast<double>(c.layers) - Lm;
     auto add = [&r](double L, const LayerModel& layer) {
-      r.forward += L * (layer.fwd_compute + layer.fwd_comm + layer.fwd_ep);
-      r.backward += L * (layer.bwd_compute + layer.bwd_comm + layer.bwd_ep);
+      r.forward += L * (layer.fwd_compute + layer.fwd_comm + layer.fwd_ep + layer.fwd_cp);
+      r.backward += L * (layer.bwd_compute + layer.bwd_comm + layer.bwd_ep + layer.bwd_cp);
       r.weight += L * layer.weight;
       r.tp_comm += L * (layer.fwd_comm + layer.bwd_comm);
       r.ep_comm += L * (layer.fwd_ep + layer.bwd_ep);
+      r.cp_comm += L * (layer.fwd_cp + layer.bwd_cp);
+      r.cp_ring += L * layer.cp_ring;
     };
     add(Ld, dense);
     add(Lm, moe);
@@ -339,12 +402,11 @@ class CostModel {
     const double Ns = l_.sequence_parallel ? n_ / t_ : n_;
     // The split backward (zb-h1/h2) keeps the linear layers' output gradients (and, under full
     // recomputation, their inputs) from backward_input to backward_weight.
-    ActivationShape shape = activation_shape(m_, p_.materialized_attention(), l_.micro_batch,
-                                             l_.tp, l_.sequence_parallel, l_.recompute, e_);
-    shape.split_backward = splits_backward(l_.schedule);
-    const double layer = static_cast<double>(layer_activation_bytes(m_, shape));
+    ActivationShape kept = shape(l_.recompute);
+    kept.split_backward = splits_backward(l_.schedule);
+    const double layer = static_cast<double>(layer_activation_bytes(local_, kept));
     const double moe = static_cast<double>(moe_layers_in(m_, c));
-    double bytes = static_cast<double>(c.layers) * layer + moe * moe_extra_bytes(shape) +
+    double bytes = static_cast<double>(c.layers) * layer + moe * moe_extra_bytes(kept) +
                    Ns * C * e_;  // + the output
     if (c.embedding || c.head) bytes += 2.0 * n_ * 4.0;                   // tokens, targets
     if (c.head) bytes += n_ * C * e_ + 4.0 * n_ * 4.0;  // final norm, loss statistics (no logits)
@@ -355,7 +417,7 @@ class CostModel {
   // (the experts' input, pre-activation, activation and output, N K rows each) are sized for
   // N K EP under expert parallelism, the most a rank's experts can receive (docs/moe.md).
   double moe_extra_bytes(const ActivationShape& shape) const {
-    double bytes = static_cast<double>(moe_layer_extra_bytes(m_, shape));
+    double bytes = static_cast<double>(moe_layer_extra_bytes(local_, shape));
     if (bytes == 0.0 || l_.ep == 1) return bytes;
     const double C = static_cast<double>(m_.width), F = static_cast<double>(m_.ffn_size()) / t_;
     const double U = m_.is_llama() ? 2.0 * F : F;
@@ -398,18 +460,19 @@ class CostModel {
   const PlanProblem& p_;
   const Layout& l_;
   const ModelConfig& m_;
+  ModelConfig local_;  // m_ with the T/CP tokens a context rank holds of each sequence
   const HardwareSpec& hw_;
   double e_;
   int64_t vp_;
   TrainingFlopsParts parts_;
   double dense_linear_;  // a dense layer's linear training FLOPs per token
   double peak_;
-  double n_;  // rows of one micro-batch: micro_batch * seq_len
+  double n_;  // rows of one micro-batch on the rank: micro_batch * seq_len / CP
   double t_;
 };
 
 // The link a group of `span` consecutive-in-stride ranks crosses: intra-node when every member
-// shares the node (rank = (dp * PP + pp) * TP + tp, grid/grid.hpp).
+// shares the node (rank = ((dp * PP + pp) * CP + cp) * TP + tp, grid/grid.hpp).
 const LinkSpec& group_link(const HardwareSpec& hw, int64_t extent) {
   return extent <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
 }
@@ -458,11 +521,16 @@ std::vector<int64_t> stash_slots(const Layout& l, int64_t stage, int64_t microba
 // ZeRO-1's reduce-scatter staging (grad_sync.cpp): the largest gradient bucket padded to a
 // multiple of DP, and its slice, fp32. Buckets are parallel.dp_bucket_mb cut at parameter
 // boundaries; the largest is taken as min(dp_bucket_mb, the stage's buffer).
+// The ranks sharing a layout's gradients: data x context (CP ranks hold the same weights and
+// see different tokens), the group ZeRO-1 shards over.
+int64_t gradient_group(const Layout& l) { return l.dp * l.cp; }
+
 double zero1_staging(const PlanProblem& p, const Layout& l, double flat) {
-  if (!l.zero1 || l.dp < 2) return 0.0;
+  const int64_t n = gradient_group(l);
+  if (!l.zero1 || n < 2) return 0.0;
   const double bucket = std::min(flat, std::floor(p.dp_bucket_mb * 1024.0 * 1024.0 / 4.0));
-  const double slice = std::ceil(bucket / static_cast<double>(l.dp));
-  return 4.0 * (slice * static_cast<double>(l.dp) + slice);
+  const double slice = std::ceil(bucket / static_cast<double>(n));
+  return 4.0 * (slice * static_cast<double>(n) + slice);
 }
 
 }  // namespace
@@ -533,7 +601,9 @@ double moe_routed_rows(const ModelConfig& m, int64_t micro_batch) {
 
 std::string to_string(const Layout& l) {
   std::ostringstream o;
-  o << "tensor=" << l.tp << ",pipeline=" << l.pp << ",data=" << l.dp
+  o << "tensor=" << l.tp;
+  if (l.cp > 1) o << ",context=" << l.cp;
+  o << ",pipeline=" << l.pp << ",data=" << l.dp
     << ",micro_batch=" << l.micro_batch << ",schedule=" << to_string(l.schedule)
     << ",virtual_stages=" << l.virtual_stages << ",zero=" << (l.zero1 ? 1 : 0)
     << ",sequence_parallel=" << (l.sequence_parallel ? 1 : 0)
@@ -554,20 +624,33 @@ double layer_activation_bytes(const ModelConfig& m, bool materialized_attention,
 std::string layout_problem(const PlanProblem& p, const Layout& l) {
   const ModelConfig& m = p.model;
   auto n = [](int64_t v) { return std::to_string(v); };
-  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.micro_batch < 1 || l.virtual_stages < 1)
-    return "tensor, pipeline, data, micro_batch and virtual_stages must be >= 1 (" +
+  if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.dp < 1 || l.micro_batch < 1 ||
+      l.virtual_stages < 1)
+    return "tensor, context, pipeline, data, micro_batch and virtual_stages must be >= 1 (" +
            to_string(l) + ")";
   if (l.devices() != p.devices())
-    return "tensor " + n(l.tp) + " x pipeline " + n(l.pp) + " x data " + n(l.dp) + " = " +
-           n(l.devices()) + " devices, but " + n(p.nodes) + " node(s) x " +
-           n(p.hw.devices_per_node) + " = " + n(p.devices()) + " devices";
+    return "tensor " + n(l.tp) + (l.cp > 1 ? " x context " + n(l.cp) : "") + " x pipeline " +
+           n(l.pp) + " x data " + n(l.dp) + " = " + n(l.devices()) + " devices, but " +
+           n(p.nodes) + " node(s) x " + n(p.hw.devices_per_node) + " = " + n(p.devices()) +
+           " devices";
+  // The grid as the trainer checks it (the sequence cut into 2 CP chunks included), then the
+  // context dimension's conditions that config.cpp's check_context adds.
   try {
-    validate_layout(GridShape{static_cast<int>(l.tp), static_cast<int>(l.pp),
-                              static_cast<int>(l.dp)},
-                    static_cast<int>(l.devices()), static_cast<int>(p.hw.devices_per_node), m);
+    GridShape shape{static_cast<int>(l.tp), static_cast<int>(l.pp), static_cast<int>(l.dp)};
+    shape.cp = static_cast<int>(l.cp);
+    validate_layout(shape, static_cast<int>(l.devices()), static_cast<int>(p.hw.devices_per_node),
+                    m);
   } catch (const Error& e) {
     return e.what();
   }
+  if (l.cp > 1 && l.sequence_parallel && l.tp > 1 &&
+      (l.micro_batch * (m.seq_len / l.cp)) % l.tp != 0)
+    return "micro_batch x model.seq_len / context = " + n(l.micro_batch) + " x " +
+           n(m.seq_len / l.cp) + " is not divisible by tensor (" + n(l.tp) +
+           ") under sequence_parallel: each tensor rank holds a slice of a context rank's tokens";
+  if (l.cp > 1 && m.moe_experts > 0)
+    return "context (" + n(l.cp) + ") > 1 with a mixture of experts (model.moe_experts = " +
+           n(m.moe_experts) + "): MoE layers under context parallelism are not supported yet";
   if (p.global_batch % (l.micro_batch * l.dp) != 0)
     return "micro_batch " + n(l.micro_batch) + " x data " + n(l.dp) +
            " does not divide the global batch " + n(p.global_batch);
@@ -606,6 +689,7 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   const LayerModel dense_layer = model.layer(false);
   const LayerModel moe_layer = m.moe_experts > 0 ? model.layer(true) : LayerModel{};
   const int64_t microbatches = p.global_batch / (l.micro_batch * l.dp);
+  const int64_t replicas = gradient_group(l);  // data x context: the gradients' group
 
   Prediction r;
   r.layout = l;
@@ -625,21 +709,30 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
       stage.backward += op.backward;
       stage.tp_comm += op.tp_comm;
       stage.ep_comm += op.ep_comm;
+      stage.cp_comm += op.cp_comm;
+      stage.cp_ring += op.cp_ring;
     }
     if (stage.forward + stage.backward > busiest.forward + busiest.backward) busiest = stage;
   }
   const double C = static_cast<double>(m.width), e = model.element_bytes();
   const double message = (l.sequence_parallel ? model.micro_rows() / static_cast<double>(l.tp)
                                               : model.micro_rows()) * C * e;
-  const LinkSpec& pp_link = group_link(hw, l.tp * l.pp);
+  const LinkSpec& pp_link = group_link(hw, l.tp * l.cp * l.pp);
   const double transfer = collective_seconds(hw, pp_link, Collective::SendRecv, 2, message);
   const PipelineTimes pipe = simulate(l, microbatches, chunk_cost, transfer);
   const double busy = static_cast<double>(microbatches) * (busiest.forward + busiest.backward);
   const double busy_comm = static_cast<double>(microbatches) * busiest.tp_comm;
   const double busy_ep = static_cast<double>(microbatches) * busiest.ep_comm;
-  r.time.compute = busy - busy_comm - busy_ep;
+  const double busy_cp = static_cast<double>(microbatches) * busiest.cp_comm;
+  r.time.compute = busy - busy_comm - busy_ep - busy_cp;
   r.time.tp_comm = busy_comm;
   r.time.ep_comm = busy_ep;
+  r.time.cp_comm = busy_cp;
+  if (l.cp > 1) {
+    r.cp_block_bytes = model.ring_block_bytes();
+    r.cp_forward_bytes_per_layer = static_cast<double>(l.cp - 1) * r.cp_block_bytes;
+    r.cp_ring_seconds = static_cast<double>(microbatches) * busiest.cp_ring;
+  }
   r.time.bubble = std::max(0.0, pipe.makespan_without_transfers - busy);
   r.time.pp_transfer = std::max(0.0, pipe.makespan - pipe.makespan_without_transfers);
 
@@ -649,10 +742,11 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // The backward's scratch (the trainer's own count, model_stats.hpp) and the pipeline's
   // message buffers.
   const double scratch =
-      static_cast<double>(backward_scratch_bytes(
-          m, activation_shape(m, p.materialized_attention(), l.micro_batch, l.tp,
-                              l.sequence_parallel, Recompute::None, e))) +
+      static_cast<double>(backward_scratch_bytes(model.local(), model.shape(Recompute::None))) +
       2.0 * message;
+  // The ring's blocks in flight (CP > 1): the K/V block arriving beside the one in use, and in
+  // backward the dK/dV accumulator received and the one sent.
+  const double ring_buffers = l.cp > 1 ? 4.0 * model.ring_block_bytes() : 0.0;
   double largest_flat = 0.0, largest_experts = 0.0;  // the largest stage's, and its experts'
   for (int64_t s = 0; s < l.pp; ++s) {
     double flat = 0.0, experts = 0.0;
@@ -675,21 +769,20 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     mem.gradients = flat * 4.0;
     // ZeRO-1: the dense parameters' moments over DP, the experts' over the DP / EP ranks that
     // hold the same experts (the expert-data group).
-    mem.optimizer = (l.zero1 ? std::ceil((flat - experts) / static_cast<double>(l.dp)) +
-                                   std::ceil(experts / static_cast<double>(l.dp / l.ep))
+    mem.optimizer = (l.zero1 ? std::ceil((flat - experts) / static_cast<double>(replicas)) +
+                                   std::ceil(experts / static_cast<double>(replicas / l.ep))
                              : flat) * 8.0;
     mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
-    const ActivationShape shape = activation_shape(m, p.materialized_attention(), l.micro_batch,
-                                                   l.tp, l.sequence_parallel, l.recompute, e);
-    mem.activations += static_cast<double>(recompute_workspace_bytes(m, shape));
+    const ActivationShape shape = model.shape(l.recompute);
+    mem.activations += static_cast<double>(recompute_workspace_bytes(model.local(), shape));
     if (l.recompute == Recompute::Full && m.moe_experts > 0) {  // its MoE extra, EP-sized
       ActivationShape kept = shape;
       kept.recompute = Recompute::None;
       mem.activations += model.moe_extra_bytes(kept) -
-                         static_cast<double>(moe_layer_extra_bytes(m, kept));
+                         static_cast<double>(moe_layer_extra_bytes(model.local(), kept));
     }
-    mem.buffers = reserved + scratch + zero1_staging(p, l, flat);
+    mem.buffers = reserved + scratch + ring_buffers + zero1_staging(p, l, flat);
     if (experts > 0.0) mem.buffers += model.moe_buffer_bytes();
     // One chunk of the LM head's logits, held once by the last stage.
     if (s == l.pp - 1) mem.buffers += model.head_scratch();
@@ -704,15 +797,15 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // (grad_sync.hpp) and hides behind it, all but the bucket holding offset 0; ZeRO-1's
   // all-gather of the updated weights follows the optimizer, exposed.
   // The experts' gradients are reduced over the DP / EP ranks holding the same experts (the
-  // expert-data group, also spanning the whole grid), the rest over DP.
-  if (l.dp > 1) {
+  // expert-data group, also spanning the whole grid), the rest over DP x CP (`replicas`).
+  if (replicas > 1) {
     const LinkSpec& dp_link = group_link(hw, l.devices());
     const double grads = largest_flat * 4.0;
     const double dense_grads = (largest_flat - largest_experts) * 4.0;
     const double expert_grads = largest_experts * 4.0;
     const Collective kind = l.zero1 ? Collective::ReduceScatter : Collective::AllReduce;
-    const double reduce = collective_seconds(hw, dp_link, kind, l.dp, dense_grads) +
-                          collective_seconds(hw, dp_link, kind, l.dp / l.ep, expert_grads);
+    const double reduce = collective_seconds(hw, dp_link, kind, replicas, dense_grads) +
+                          collective_seconds(hw, dp_link, kind, replicas / l.ep, expert_grads);
     const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
     const double window = p.dp_overlap ? busiest.backward : 0.0;  // the stage's chunks'
     r.time.dp_exposed = p.dp_overlap
@@ -724,14 +817,14 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
     r.dp_hidden_seconds = p.dp_overlap ? std::min(reduce * (1.0 - bucket), window) : 0.0;
     if (l.zero1)
       r.time.dp_exposed +=
-          collective_seconds(hw, dp_link, Collective::AllGather, l.dp, dense_grads) +
-          collective_seconds(hw, dp_link, Collective::AllGather, l.dp / l.ep, expert_grads);
+          collective_seconds(hw, dp_link, Collective::AllGather, replicas, dense_grads) +
+          collective_seconds(hw, dp_link, Collective::AllGather, replicas / l.ep, expert_grads);
   }
   const double owned =
-      l.zero1 ? (largest_flat - largest_experts) / static_cast<double>(l.dp) +
-                    largest_experts / static_cast<double>(l.dp / l.ep)
+      l.zero1 ? (largest_flat - largest_experts) / static_cast<double>(replicas) +
+                    largest_experts / static_cast<double>(replicas / l.ep)
               : largest_flat;
-  const bool copy_in_adamw = !(l.zero1 && l.dp > 1);
+  const bool copy_in_adamw = !(l.zero1 && replicas > 1);
   const double copy_bytes = bf16_copy > 0.0 && !copy_in_adamw ? bf16_copy + 4.0 : bf16_copy;
   r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * copy_bytes) /
                      hw.optimizer_bytes_per_s(owned);
@@ -785,6 +878,7 @@ LayoutFilter parse_layout_filter(const std::string& text) {
     else if (key == "micro_batch") f.micro_batch = integer(1);
     else if (key == "virtual_stages") f.virtual_stages = integer(1);
     else if (key == "expert") f.ep = integer(1);
+    else if (key == "context") f.cp = integer(1);
     else if (key == "zero") {
       f.zero1 = static_cast<int>(integer(0));
       if (f.zero1 > 1) throw Error("--layout: zero = " + value + " must be 0 or 1");
@@ -813,8 +907,8 @@ LayoutFilter parse_layout_filter(const std::string& text) {
       f.balance = value;
     } else {
       throw Error("--layout: unknown key \"" + key +
-                  "\" (tensor, pipeline, data, micro_batch, schedule, virtual_stages, zero, "
-                  "sequence_parallel, recompute, expert, pipeline_balance)");
+                  "\" (tensor, context, pipeline, data, micro_batch, schedule, virtual_stages, "
+                  "zero, sequence_parallel, recompute, expert, pipeline_balance)");
     }
   }
   return f;
@@ -833,6 +927,32 @@ std::vector<int64_t> divisors(int64_t n, int64_t limit) {
   }
   low.insert(low.end(), high.rbegin(), high.rend());
   return low;
+}
+
+// The context-parallel degrees a plan lists for `tp`: f.cp alone when given, else 1 and the
+// powers of two dividing devices / TP up to kPlanMaxContext and model.seq_len /
+// kPlanMinContextTokens, with 2 CP dividing model.seq_len (layout_problem says why any other is
+// refused).
+std::vector<int64_t> context_degrees(const PlanProblem& p, const LayoutFilter& f, int64_t tp) {
+  const int64_t rest = p.devices() / tp;
+  if (f.cp) return rest % f.cp == 0 ? std::vector<int64_t>{f.cp} : std::vector<int64_t>{};
+  const int64_t cap = std::min(kPlanMaxContext, p.model.seq_len / kPlanMinContextTokens);
+  std::vector<int64_t> out = {1};
+  for (int64_t cp = 2; cp <= cap && rest % cp == 0; cp *= 2)
+    if (p.model.seq_len % (2 * cp) == 0) out.push_back(cp);
+  return out;
+}
+
+// The (CP, PP) pairs listed for `tp`: each of context_degrees with every PP dividing the
+// devices left, up to model.layers and kPlanMaxPipeline, matching f.pp.
+std::vector<std::pair<int64_t, int64_t>> context_and_pipeline(const PlanProblem& p,
+                                                              const LayoutFilter& f, int64_t tp) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t cp : context_degrees(p, f, tp))
+    for (int64_t pp : divisors(p.devices() / (tp * cp),
+                               std::min(p.model.layers, kPlanMaxPipeline)))
+      if (!f.pp || pp == f.pp) out.emplace_back(cp, pp);
+  return out;
 }
 
 }  // namespace
@@ -863,9 +983,8 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
   // devices and of the global batch, not by their values.
   for (int64_t tp : divisors(devices, p.hw.devices_per_node)) {
     if (f.tp && tp != f.tp) continue;
-    for (int64_t pp : divisors(devices / tp, std::min(p.model.layers, kPlanMaxPipeline))) {
-      if (f.pp && pp != f.pp) continue;
-      const int64_t dp = devices / (tp * pp);
+    for (const auto& [cp, pp] : context_and_pipeline(p, f, tp)) {
+      const int64_t dp = devices / (tp * cp * pp);
       if ((f.dp && dp != f.dp) || p.global_batch % dp != 0) continue;
       for (int64_t mb : divisors(p.global_batch / dp, p.global_batch / dp)) {
         if (f.micro_batch && mb != f.micro_batch) continue;
@@ -877,7 +996,8 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
             if (f.virtual_stages && v != f.virtual_stages) continue;
             if ((kind == ScheduleKind::Interleaved) != (v > 1)) continue;
             for (int zero = 0; zero <= 1; ++zero) {
-              if ((f.zero1 >= 0 && zero != f.zero1) || (zero && dp == 1 && f.zero1 < 0)) continue;
+              if ((f.zero1 >= 0 && zero != f.zero1) || (zero && dp * cp == 1 && f.zero1 < 0))
+                continue;
               for (int sp = 0; sp <= 1; ++sp) {
                 if (f.sequence_parallel >= 0 && sp != f.sequence_parallel) continue;
                 for (Recompute rc : recomputes) {
@@ -889,7 +1009,7 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
                     // layout_problem keeps "flops" only where it differs from "even".
                     for (const char* balance : {"even", "flops"}) {
                       if (!f.balance.empty() && f.balance != balance) continue;
-                      Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep, balance};
+                      Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep, balance, cp};
                       if (layout_problem(p, l).empty()) out.push_back(l);
                     }
                   }
@@ -910,11 +1030,12 @@ bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f) {
   const std::vector<int64_t> dps = divisors(p.global_batch, p.global_batch);
   for (int64_t tp : divisors(devices, p.hw.devices_per_node)) {
     if (f.tp && tp != f.tp) continue;
-    for (int64_t dp : dps) {
-      if ((f.dp && dp != f.dp) || (devices / tp) % dp != 0) continue;
-      const int64_t pp = devices / tp / dp;
-      if (pp > kPlanMaxPipeline && pp <= p.model.layers) return true;
-    }
+    for (int64_t cp : context_degrees(p, f, tp))
+      for (int64_t dp : dps) {
+        if ((f.dp && dp != f.dp) || (devices / tp / cp) % dp != 0) continue;
+        const int64_t pp = devices / tp / cp / dp;
+        if (pp > kPlanMaxPipeline && pp <= p.model.layers) return true;
+      }
   }
   return false;
 }
@@ -932,7 +1053,8 @@ std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Lay
 
 std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch) {
   std::vector<std::string> s = {
-      "parallel.tensor=" + std::to_string(l.tp), "parallel.pipeline=" + std::to_string(l.pp),
+      "parallel.tensor=" + std::to_string(l.tp), "parallel.context=" + std::to_string(l.cp),
+      "parallel.pipeline=" + std::to_string(l.pp),
       "parallel.data=" + std::to_string(l.dp), "train.micro_batch=" + std::to_string(l.micro_batch),
       "train.global_batch=" + std::to_string(global_batch),
       "parallel.schedule=" + to_string(l.schedule),
@@ -955,6 +1077,13 @@ std::string format(const char* pattern, Args... args) {
   return out;
 }
 
+// "DP 8", or "DP 4 x CP 2": the group the gradients are reduced over.
+std::string gradient_group_text(const Layout& l) {
+  std::string text = "DP " + std::to_string(l.dp);
+  if (l.cp > 1) text += " x CP " + std::to_string(l.cp);
+  return text;
+}
+
 }  // namespace
 
 std::vector<PlanWarning> problem_warnings(const PlanProblem& p) {
@@ -965,8 +1094,9 @@ std::vector<PlanWarning> problem_warnings(const PlanProblem& p) {
         {"batch", 'B',
          format("batch: the global batch of %lld sequence%s is fewer than the %lld devices (the "
                 "data-parallel ranks of a layout without model parallelism): DP is at most %lld, "
-                "so every layout splits each model replica over TP x PP >= %lld devices whether "
-                "the model needs it or not; plan fewer nodes or a global batch of at least %lld",
+                "so every layout splits each model replica over TP x CP x PP >= %lld devices "
+                "whether the model needs it or not; plan fewer nodes or a global batch of at "
+                "least %lld",
                 static_cast<long long>(p.global_batch), p.global_batch == 1 ? "" : "s",
                 static_cast<long long>(devices), static_cast<long long>(p.global_batch),
                 static_cast<long long>((devices + p.global_batch - 1) / p.global_batch),
@@ -1009,13 +1139,33 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
     out.push_back(
         {"overlap", 'o',
          format("overlap: %.3g s of the %.3g s data-parallel gradient reduction (%.3g GB over "
-                "DP %lld, %s) counted as hidden behind the last micro-batch's backward (%.3g s): "
+                "%s, %s) counted as hidden behind the last micro-batch's backward (%.3g s): "
                 "assumed, not scheduled (nothing models its contention with the backward); "
                 "--no-dp-overlap predicts it exposed",
                 r.dp_hidden_seconds, r.dp_reduce_seconds, r.dp_gradient_bytes / 1e9,
-                static_cast<long long>(l.dp),
+                gradient_group_text(l).c_str(),
                 l.devices() <= p.hw.devices_per_node ? "within a node" : "across nodes",
                 r.dp_window_seconds)});
+  if (r.step_seconds > 0.0 && r.time.cp_comm > kWarnRingExposed * r.step_seconds)
+    out.push_back(
+        {"ring", 'r',
+         format("ring: %.3g s of the %.4g s step (%.1f %%, over %.0f %%) is the context ring's "
+                "K/V and dK/dV transfers (%.3g MB blocks over CP %lld, %s) that the attention "
+                "of a ring step does not cover (of %.3g s of transfers); fewer context ranks, a "
+                "context group within a node or a longer sequence per rank hide more",
+                r.time.cp_comm, r.step_seconds, 100.0 * r.time.cp_comm / r.step_seconds,
+                100.0 * kWarnRingExposed, r.cp_block_bytes / 1e6, static_cast<long long>(l.cp),
+                l.tp * l.cp <= p.hw.devices_per_node ? "within a node" : "across nodes",
+                r.cp_ring_seconds)});
+  if (l.cp > 1 && l.tp * l.cp > p.hw.devices_per_node)
+    out.push_back(
+        {"context_nodes", 'x',
+         format("context_nodes: the context group (CP %lld of ranks TP %lld apart: TP x CP = %lld "
+                "> %lld devices per node) crosses nodes, so its ring runs on the inter-node link "
+                "(%.4g GB/s a device against %.4g within a node)",
+                static_cast<long long>(l.cp), static_cast<long long>(l.tp),
+                static_cast<long long>(l.tp * l.cp), static_cast<long long>(p.hw.devices_per_node),
+                p.hw.inter_node.bandwidth_gbs, p.hw.intra_node.bandwidth_gbs)});
   return out;
 }
 

@@ -35,11 +35,17 @@ struct Layout {
   // "even", or "flops" (the last stage, which runs the LM head, gets fewer; one chunk per stage,
   // PP > 1 only: interleaved chunks are always even).
   std::string balance = "even";
-  int64_t devices() const { return tp * pp * dp; }
+  // Context parallelism (parallel.context, docs/plan.md "Context parallelism"): each sequence
+  // split over CP ranks (2 CP chunks, rank i holding chunks i and 2 CP - 1 - i), attention by a
+  // ring of K/V blocks over them; a factor of the world size, between tensor and pipeline
+  // (rank = ((dp * PP + pp) * CP + cp) * TP + tp).
+  int64_t cp = 1;
+  int64_t devices() const { return tp * cp * pp * dp; }
 };
 // "tensor=8,pipeline=2,data=4,micro_batch=1,schedule=1f1b,virtual_stages=1,zero=1,
-//  sequence_parallel=1,recompute=full" (one line, the --layout syntax), ",expert=EP" added
-// when EP > 1, ",pipeline_balance=flops" when the split is by FLOPs.
+//  sequence_parallel=1,recompute=full" (one line, the --layout syntax), ",context=CP" after
+// the tensor degree when CP > 1, ",expert=EP" added when EP > 1, ",pipeline_balance=flops"
+// when the split is by FLOPs.
 std::string to_string(const Layout& l);
 
 // What one plan is about: the model, the batch, the precision, the cluster.
@@ -72,10 +78,12 @@ struct StepTime {
   double bubble = 0.0;       // pipeline idle time (the schedule's simulator)
   double pp_transfer = 0.0;  // pipeline activation / gradient messages on the critical path
   double ep_comm = 0.0;      // expert-parallel all-to-alls of the MoE layers' routed rows
+  double cp_comm = 0.0;      // the context-parallel K/V ring, what attention does not hide
   double dp_exposed = 0.0;   // data-parallel gradient reduction not hidden behind backward
   double optimizer = 0.0;    // AdamW (memory-bound) on the rank's slice
   double total() const {
-    return compute + tp_comm + bubble + pp_transfer + ep_comm + dp_exposed + optimizer;
+    return compute + tp_comm + bubble + pp_transfer + ep_comm + cp_comm + dp_exposed +
+           optimizer;
   }
 };
 
@@ -110,6 +118,13 @@ struct Prediction {
   double dp_reduce_seconds = 0.0;
   double dp_window_seconds = 0.0;
   double dp_hidden_seconds = 0.0;
+  // The context-parallel ring (CP > 1): one K/V block (B x T/CP tokens' k and v of the rank's
+  // KVH/TP heads), the bytes one layer's forward sends (CP - 1 blocks), and over the step on
+  // the busiest stage the seconds all its transfers take on the link (forward, backward's K/V
+  // and dK/dV, recomputation's) and the part of them exposed (time.cp_comm).
+  double cp_block_bytes = 0.0;
+  double cp_forward_bytes_per_layer = 0.0;
+  double cp_ring_seconds = 0.0;
 };
 
 // What a plan's numbers may hide, said beside them (docs/plan.md "Warnings"). `kind` is a
@@ -124,6 +139,7 @@ struct PlanWarning {
 inline constexpr int64_t kWarnMicrobatchesPerStage = 2;  // micro-batches per step per stage
 inline constexpr double kWarnHeadroom = 0.10;            // of the device's memory
 inline constexpr double kWarnBubble = 0.20;              // of the step
+inline constexpr double kWarnRingExposed = 0.05;         // of the step
 
 // The plan's own warnings, for every layout alike: fewer sequences per step than devices (no
 // layout can give every device a sequence of its own: DP <= the global batch, so the rest of the
@@ -135,7 +151,10 @@ std::vector<PlanWarning> problem_warnings(const PlanProblem& p);
 //   headroom (h): it fits, with under 10 % of the device's memory_gib left;
 //   bubble (b): the pipeline bubble over 20 % of the step;
 //   overlap (o): some of the DP gradient reduction counted as hidden behind backward, an
-//   overlap the model assumes rather than schedules.
+//   overlap the model assumes rather than schedules;
+//   ring (r): the context-parallel ring's exposed transfers over 5 % of the step;
+//   context_nodes (x): CP > 1 and the context group crosses nodes (TP x CP > devices per node),
+//   its ring on the inter-node link.
 std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction& r);
 
 // Why `l` cannot run `p` (one line naming the key), or "" when it can: the trainer's own
@@ -143,7 +162,8 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
 // PP <= layers), plus: devices = nodes * devices_per_node, micro_batch * DP dividing the global
 // batch, the schedule's own conditions (interleaved, as the trainer runs it: v >= 2, PP >= 2,
 // micro-batches a multiple of PP, model.layers divisible by PP x v; others v = 1), sequence
-// parallelism only with TP > 1.
+// parallelism only with TP > 1, and context parallelism's: model.seq_len divisible by 2 CP,
+// under sequence parallelism micro_batch x seq_len / CP divisible by TP, no MoE layers.
 std::string layout_problem(const PlanProblem& p, const Layout& l);
 
 // The prediction for a valid layout; trident::Error (layout_problem's line) otherwise.
@@ -174,15 +194,15 @@ double pipeline_makespan(const Layout& l, int64_t microbatches,
 
 // A partial layout: fields left unset (0 / empty) are enumerated.
 struct LayoutFilter {
-  int64_t tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0, ep = 0;
+  int64_t tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0, ep = 0, cp = 0;
   std::string schedule;   // "" or a schedule name
   int zero1 = -1;         // -1 any, 0, 1
   int sequence_parallel = -1;
   std::string recompute;  // "" or none|selective|full
   std::string balance;    // "" or even|flops (pipeline_balance)
 };
-// "tensor=8,pipeline=2,..." (to_string(Layout)'s keys, any subset); trident::Error naming the
-// unknown key or bad value.
+// "tensor=8,context=2,pipeline=2,..." (to_string(Layout)'s keys, any subset); trident::Error
+// naming the unknown key or bad value.
 LayoutFilter parse_layout_filter(const std::string& text);
 
 // The trainer's config overrides that run layout `l` at `global_batch` sequences per step
@@ -204,15 +224,26 @@ inline constexpr int64_t kPlanMaxPipeline = 128;                  // stages; dee
 // ("--global-batch", "train.global_batch").
 std::string plan_size_problem(const PlanProblem& p, const std::string& batch_source);
 
+// The context-parallel degrees enumerated: powers of two up to kPlanMaxContext that leave each
+// context rank at least kPlanMinContextTokens of a sequence (two chunks of 1K; 2K of a 128K
+// sequence at CP 64, no CP for 2K): a ring step of fewer tokens is too small an attention to
+// hide its transfer or fill a device, and each degree multiplies the layouts searched (a 4K
+// sequence's CP 2 alone: 2x the layouts). Any other value only when `--layout context=` asks
+// for it.
+inline constexpr int64_t kPlanMaxContext = 64;
+inline constexpr int64_t kPlanMinContextTokens = 2048;
+
 // Every valid layout matching `f` (layout_problem() == ""), in a fixed order. With MoE layers
 // (model.moe_experts = E > 0) every EP dividing both DP and E; a dense model EP 1 only. Both
-// pipeline balances where they differ (PP > 1, one chunk per stage), "even" elsewhere.
+// pipeline balances where they differ (PP > 1, one chunk per stage), "even" elsewhere. CP in
+// powers of two up to kPlanMaxContext and model.seq_len / kPlanMinContextTokens (f.cp: that
+// value only).
 // PP up to kPlanMaxPipeline. trident::Error (plan_size_problem's line) for a problem past the
 // plan's bounds.
 std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& f);
 // Whether kPlanMaxPipeline left out a PP that `f`, the devices, the layers and the global batch
-// allow (TP x PP x DP = the devices, PP <= model.layers, DP dividing the global batch): the plan
-// then says so.
+// allow (TP x CP x PP x DP = the devices, PP <= model.layers, DP dividing the global batch): the
+// plan then says so.
 bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f);
 
 // Predictions of `layouts`, the fitting ones first, each group by step time (fastest first).
