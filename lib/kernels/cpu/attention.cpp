@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/online_softmax.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
@@ -49,30 +50,6 @@ struct Layout {
 // Columns of key block [c0, c0 + n) that query row t sees: s <= t.
 inline int64_t visible_columns(int64_t t, int64_t c0, int64_t n) {
   return std::min(n, t - c0 + 1);
-}
-
-// One key block of row t's online softmax. s[0, len) holds the block's scaled scores (the
-// rest of the n columns are masked); m and l are the row's running max and sum of exp(S - m)
-// over the earlier blocks (`first`: there are none). On return s[0, n) = exp(s - m_new) (0 where
-// masked), m = m_new, l = the sum including this block; the result is exp(m_old - m_new), by
-// which the row's output accumulated so far must shrink.
-template <typename F>
-inline F online_softmax_block_row(F* s, int64_t len, int64_t n, F& m, F& l, bool first) {
-  F mx = first ? -std::numeric_limits<F>::infinity() : m;
-#pragma omp simd reduction(max : mx)
-  for (int64_t c = 0; c < len; c++) mx = mx > s[c] ? mx : s[c];  // (std::max: scalar code)
-  F sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < len; c++) {
-    const F e = detail::exp_fast(s[c] - mx);
-    s[c] = e;
-    sum += e;
-  }
-  std::fill(s + len, s + n, F(0));
-  const F shrink = first ? F(0) : detail::exp_fast(m - mx);
-  l = first ? sum : l * shrink + sum;
-  m = mx;
-  return shrink;
 }
 
 // Per-thread scratch of the forward (thread_scratch: kept from call to call): one score block

@@ -24,6 +24,7 @@
 #include <limits>
 
 #include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/online_softmax.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
@@ -67,28 +68,6 @@ struct RingLayout {
   int64_t o(int64_t b, int64_t h) const { return b * Tl * C + h * HS; }
   int64_t row_stats(int64_t b, int64_t h) const { return (b * NH + h) * Tl; }  // lse
 };
-
-// One key block of a row's online softmax, every column visible (attention.cpp's
-// online_softmax_block_row without the mask): s[0, n) holds the scaled scores, m and l the
-// running max and sum of exp(S - m) (`first`: none yet). On return s = exp(s - m_new), m =
-// m_new, l includes this block; the result exp(m_old - m_new) rescales the accumulated output.
-template <typename F>
-inline F online_softmax_row(F* s, int64_t n, F& m, F& l, bool first) {
-  F mx = first ? -std::numeric_limits<F>::infinity() : m;
-#pragma omp simd reduction(max : mx)
-  for (int64_t c = 0; c < n; c++) mx = mx > s[c] ? mx : s[c];
-  F sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = 0; c < n; c++) {
-    const F e = detail::exp_fast(s[c] - mx);
-    s[c] = e;
-    sum += e;
-  }
-  const F shrink = first ? F(0) : detail::exp_fast(m - mx);
-  l = first ? sum : l * shrink + sum;
-  m = mx;
-  return shrink;
-}
 
 // Per-thread scratch of the forward: one score block, the running row statistics and the
 // block's unnormalised output rows.
@@ -141,7 +120,7 @@ void merge_forward_rows(F* o, F* lse, const F* q, const F* k, const F* v, int64_
     // S = scale * Q[r0:r1] K[c0:c0+n]^T
     gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * KVC, KVC, F(0), s, kBlock);
     for (int64_t r = 0; r < R; r++) {
-      const F shrink = online_softmax_row(s + r * kBlock, n, w.m[r], w.l[r], first);
+      const F shrink = online_softmax_block_row(s + r * kBlock, n, n, w.m[r], w.l[r], first);
       if (first) continue;  // ob is written (beta = 0) below
       F* brow = w.ob + r * HS;
 #pragma omp simd
