@@ -92,6 +92,23 @@ TEST(RankMemory, ShareOfTheModel) {
   EXPECT_LT(m.activation_bytes, whole.activation_bytes);
 }
 
+// Context parallelism: a rank of CP = 2 holds seq_len / 2 rows of each sequence, so its
+// activations are those of CP = 1 at half the sequence length, to the byte; the model's
+// state is untouched (replicated over the context group), and ZeRO-1 shards it over
+// data x context (the replica count the caller passes).
+TEST(RankMemory, ContextParallelHoldsTheRowsOfAHalfLengthSequence) {
+  const Config c = tiny({"model.seq_len=64"}), half_length = tiny({"model.seq_len=32"});
+  ModelShard cp2 = ModelShard::whole(c.model);
+  cp2.cp_size = 2;
+  const RankMemory split = estimate_rank_memory(c, cp2, 1);
+  const RankMemory whole = estimate_rank_memory(c, ModelShard::whole(c.model), 1);
+  const RankMemory shorter =
+      estimate_rank_memory(half_length, ModelShard::whole(half_length.model), 1);
+  EXPECT_DOUBLE_EQ(split.activation_bytes, shorter.activation_bytes);
+  EXPECT_LT(split.activation_bytes, 0.6 * whole.activation_bytes);
+  EXPECT_DOUBLE_EQ(split.state_bytes, whole.state_bytes);
+}
+
 // ZB-H1 keeps a micro-batch's linear-layer output gradients from its input gradient to its
 // weight gradient: the estimate adds exactly what the model allocates for them.
 TEST(RankMemory, ZeroBubbleAddsTheDeferredOutputGradients) {
