@@ -35,7 +35,7 @@
    trainer's start-up check reads it (lib/train/startup_checks.cpp, usable_memory_limit) and
    refuses a run its estimate does not fit, and any allocation past it fails in the process
    itself. Address space counts what a process maps, not what it touches: MPI's shared
-   memory, the BLAS buffers and the thread stacks (about 650 MiB of it before the first
+   memory, the BLAS buffers, thread stacks and malloc arenas (about 0.7 GB of it before the first
    step here) count against it, resident or not.
 
 Threads: ranks x threads = 2 (the machine's cores) for 1 and 2 ranks (1 rank x 2 threads,
