@@ -38,10 +38,10 @@
    memory, the BLAS buffers, thread stacks and malloc arenas (about 0.7 GB of it before the first
    step here) count against it, resident or not.
 
-Threads: ranks x threads = 2 (the machine's cores) for 1 and 2 ranks (1 rank x 2 threads,
-2 ranks x 1 thread); 4 ranks x 1 thread oversubscribe 2 cores, and MPICH's ranks busy-poll
-while they wait, so the 4-rank tokens/s measure time-slicing as much as the ring. Run it on an
-otherwise idle machine: the load average is printed before and after.
+Threads: ranks x threads = the cores this process may run on, where ranks <= cores (here, 2
+cores: 1 rank x 2 threads, 2 ranks x 1 thread); 4 ranks x 1 thread oversubscribe 2 cores, and
+MPICH's ranks busy-poll while they wait, so the 4-rank tokens/s measure time-slicing as much as
+the ring. Run it on an otherwise idle machine: the load average is printed before and after.
 
 Expects a Release build in build/ (scripts/build.sh). Writes its synthetic tokens and runs
 under the figure's directory.
@@ -59,6 +59,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024.0 * 1024.0
+CORES = len(os.sched_getaffinity(0))  # ranks x threads per rank = CORES, or ranks > CORES
 # The model: configs/tiny.toml's with these overrides (see the docstring).
 MODEL = ["model.arch=llama", "model.layers=2", "model.width=64", "model.heads=2",
          "model.vocab_size=256"]
@@ -120,7 +121,7 @@ def last_error(text):
 
 def train(args, tokens, name, ranks, seq_len, steps, timeout, budget_mib=None, threads=None):
     """One `trident train` on `ranks` ranks with parallel.context = ranks; returns a dict."""
-    threads = threads or max(1, 2 // ranks)
+    threads = threads or max(1, CORES // ranks)
     run_dir = os.path.join(args.work, "runs", name)
     subprocess.run(["rm", "-rf", run_dir], check=True)
     os.makedirs(run_dir)
@@ -194,10 +195,10 @@ def fmt(values, form="%.0f"):
 
 
 def layouts(args):
-    """(ranks, threads per rank): every rank count on the 2 cores, and one rank on one core."""
-    out = [(n, max(1, 2 // n)) for n in args.ranks]
-    if 1 in args.ranks and not args.no_one_thread:
-        out.insert(out.index((1, 2)) + 1, (1, 1))
+    """(ranks, threads per rank): every rank count on all the cores, and one rank on one."""
+    out = [(n, max(1, CORES // n)) for n in args.ranks]
+    if 1 in args.ranks and CORES > 1 and not args.no_one_thread:
+        out.insert(out.index((1, CORES)) + 1, (1, 1))
     return out
 
 
@@ -229,11 +230,11 @@ def table(args, tokens):
             if r["ranks"] == 1 and r["tokens_per_s"] is not None}
     print("\npeak memory per rank (MiB; the fullest rank), tokens/s of the whole job (median "
           "after step 1, the fastest of %d round(s)); ratios against one rank at the same length "
-          "(memory: 1 rank x 2 threads; tokens/s: 1 rank x 2 threads, the same 2 cores, and "
-          "1 rank x 1 thread, one core)" % args.rounds)
+          "(memory: 1 rank x %d threads; tokens/s: 1 rank x %d threads, the same %d cores, and "
+          "1 rank x 1 thread, one core)" % (args.rounds, CORES, CORES, CORES))
     print("| seq_len | CP = ranks | threads/rank | peak RSS/rank | vs CP 1 | activations/rank "
           "(trainer) | vs CP 1 | device peak/rank (trainer) | address space/rank (VmPeak) "
-          "| tokens/s | vs CP 1 x 2 thr | vs CP 1 x 1 thr | every round | last loss | status |")
+          "| tokens/s | vs CP 1 x all thr | vs CP 1 x 1 thr | every round | last loss | status |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
     for r in results:
         ok = r["tokens_per_s"] is not None
@@ -246,9 +247,9 @@ def table(args, tokens):
         def speed_ratio(b):
             return "%.2f" % (r["tokens_per_s"] / b["tokens_per_s"]) if ok and b else "-"
 
-        mem_base = base.get((r["seq_len"], 2))
-        note = r["status"] + (" (oversubscribed: %d ranks on 2 cores)" % r["ranks"]
-                              if ok and r["ranks"] > 2 else "")
+        mem_base = base.get((r["seq_len"], CORES))
+        note = r["status"] + (" (oversubscribed: %d ranks on %d cores)" % (r["ranks"], CORES)
+                              if ok and r["ranks"] > CORES else "")
         print("| %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["seq_len"], r["ranks"], r["threads"], fmt(r["max_rss_mib"]),
             ratio("max_rss_mib", mem_base), fmt(r["activations_mib"], "%.1f"),
@@ -273,7 +274,7 @@ def plot(results, path):
             continue
         label = "CP %d (%d rank%s x %d thread%s%s)" % (
             ranks, ranks, "s" if ranks > 1 else "", threads, "s" if threads > 1 else "",
-            ", oversubscribed" if ranks > 2 else "")
+            ", oversubscribed" if ranks > CORES else "")
         x = [r["seq_len"] for r in rows]
         style = "o-" if (ranks, threads) != (1, 1) else "o:"
         if (ranks, threads) != (1, 1):  # its memory is the 2-thread run's
@@ -293,7 +294,7 @@ def plot(results, path):
     speed.set_ylabel("tokens/s (whole job)")
     speed.set_title("training throughput (fastest round)", fontsize=10)
     fig.suptitle("Trident context parallelism: Llama, 2 layers, width 64, one sequence per step, "
-                 "2 cores", fontsize=10)
+                 "%d cores" % CORES, fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -384,8 +385,8 @@ def main():
     tokens = os.path.join(args.work, "tokens_%d.bin" % need)
     if not os.path.exists(tokens):
         write_tokens(tokens, need)
-    print("load average before: %s (2 cores; near 0.5 or above: others are running)" %
-          load_average(), flush=True)
+    print("load average before: %s (%d cores; near 0.5 or above: others are running)" %
+          (load_average(), CORES), flush=True)
     results = found = None
     if not args.no_table:
         results = table(args, tokens)
