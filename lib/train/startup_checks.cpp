@@ -106,7 +106,10 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   // One micro-batch's stash: every layer's saved tensors, the stage's input and, on the last
   // stage, the final norm's output.
   double stash = layers * static_cast<double>(layer_activation_bytes(local, shape)) + act * rows * C;
-  if (shard.has_head) stash += act * N * C;
+  // The micro-batch's token and target ids; on the last stage the final norm's output and the
+  // loss statistics (Transformer::activation_bytes).
+  stash += 8.0 * N;
+  if (shard.has_head) stash += act * N * C + 4.0 * ((m.is_llama() ? 1.0 : 2.0) * rows + 4.0 * N);
   // As many as the schedule holds at once on this stage; under interleaved its peak counts
   // chunk stashes, 1/v of the stage's layers each.
   const int64_t v = std::max<int64_t>(1, config.parallel.virtual_stages);
@@ -115,9 +118,14 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
                              config.num_microbatches(), static_cast<int>(v)) /
              v);
   r.activation_bytes = static_cast<double>(r.micro_batches_held) * stash;
-  // Held once: what the rank recomputes in, and the LM head's logits, one chunk of rows at a
-  // time.
+  // Held once: what the rank recomputes in, the backward's scratch, the context ring's four
+  // key/value blocks (model/context_parallel.hpp), and the LM head's logits, one chunk of rows
+  // at a time.
   r.activation_bytes += static_cast<double>(recompute_workspace_bytes(local, shape));
+  r.activation_bytes += static_cast<double>(backward_scratch_bytes(local, shape));
+  if (shard.cp_size > 1)
+    r.activation_bytes += 4.0 * act * N * 2.0 * static_cast<double>(m.kv_head_count()) / tp *
+                          static_cast<double>(m.head_size());
   if (shard.has_head) {
     const double vocab = static_cast<double>(padded_vocab_size(m, shard.tp_size)) / tp;
     r.activation_bytes += static_cast<double>(lm_head_scratch_bytes(
