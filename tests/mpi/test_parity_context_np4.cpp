@@ -125,3 +125,20 @@ TEST(ContextRing, BytesPerStepAreTheDesigns) {
                   static_cast<long long>(micro), static_cast<long long>(E));
   }
 }
+
+// Same-layout resume on CP = 2, and on CP2 x DP2 with ZeRO-1 (moments sliced over data x
+// context): every loss, weight and AdamW moment bit for bit, each global element compared
+// (parity.hpp).
+TEST(ContextResume, SameLayoutIsBitwise) {
+  const auto dir = shared_corpus("context_bitwise");
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const std::string ckpt = "ckpt_" + std::to_string(world_rank / 2);
+  expect_bitwise_resume(checkpoint_config(dir, 1, 1, 1, 0, ckpt, {"parallel.context=2"}), 6, 3);
+}
+
+TEST(ContextResume, SameLayoutWithZero1OverDataAndContextIsBitwise) {
+  const auto dir = shared_corpus("context_bitwise_zero1");
+  expect_bitwise_resume(
+      checkpoint_config(dir, 1, 1, 2, 1, "ckpt", {"parallel.context=2"}), 6, 3);
+}
