@@ -25,23 +25,13 @@
 
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernel_vectors.hpp"
 
 namespace {
 
 using namespace trident::cpu;
-
-template <typename T>
-std::vector<T> random_vec(std::mt19937_64& rng, size_t n, double lo = -1.0, double hi = 1.0) {
-  std::uniform_real_distribution<double> u(lo, hi);
-  std::vector<T> v(n);
-  for (T& x : v) x = static_cast<T>(u(rng));
-  return v;
-}
-
-template <typename T>
-bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
-}
+using trident::test::bitwise_equal;
+using trident::test::random_vec;
 
 // max |a - ref| / max |ref|, adding the number of compared values to *compared.
 template <typename T>

@@ -10,15 +10,6 @@
 
 namespace trident::test {
 
-// test_parity_llama_np4.cpp's model: 8 query heads of size 4 in 4 kv groups, the head untied.
-inline std::vector<std::string> llama(std::vector<std::string> extra) {
-  std::vector<std::string> o = {"model.arch=llama",  "model.heads=8",
-                                "model.kv_heads=4",  "model.ffn_width=64",
-                                "model.tie_embeddings=false", "model.rope_theta=500.0"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
 inline void check_counted_parity(const ParityLayout& l, std::vector<std::string> extra,
                                  ParityData data = ParityData::Shards) {
   int world_rank = 0, world_size = 1;

@@ -470,6 +470,16 @@ inline GradParity grad_parity(Trainer& t, const Reference& ref, const Config& co
   return out;
 }
 
+// The Llama overrides of the parity tests (and `extra` after them): 8 query heads of size 4 in
+// 4 kv groups (2 per kv head), the MLP 64 wide, the head untied.
+inline std::vector<std::string> llama(std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"model.arch=llama",  "model.heads=8",
+                                "model.kv_heads=4",  "model.ffn_width=64",
+                                "model.tie_embeddings=false", "model.rope_theta=500.0"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+
 // The layouts of the parity tests: tiny_config with 4 layers, vocab 250, 20 steps.
 constexpr int64_t kParitySteps = 20;
 

@@ -12,15 +12,6 @@ using namespace trident::test;
 
 namespace {
 
-// 8 query heads of size 4 in 4 kv groups (2 per kv head); the MLP 64 wide; the head untied.
-std::vector<std::string> llama(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.arch=llama",  "model.heads=8",
-                                "model.kv_heads=4",  "model.ffn_width=64",
-                                "model.tie_embeddings=false", "model.rope_theta=500.0"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
 ParityLayout cp(int n, int tp = 1, int pp = 1, int dp = 1) {
   ParityLayout l;
   l.cp = n;

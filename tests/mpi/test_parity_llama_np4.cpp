@@ -9,19 +9,6 @@
 
 using namespace trident::test;
 
-namespace {
-
-// 8 query heads of size 4 in 4 kv groups; the MLP 64 wide; the head untied.
-std::vector<std::string> llama(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.arch=llama",  "model.heads=8",
-                                "model.kv_heads=4",  "model.ffn_width=64",
-                                "model.tie_embeddings=false", "model.rope_theta=500.0"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return o;
-}
-
-}  // namespace
-
 constexpr ParityData kIndexed = ParityData::Indexed;
 
 TEST(LlamaParity, Tp2) { check_parity({2, 1, 1}, llama(), kIndexed); }
