@@ -1135,6 +1135,10 @@ TEST(ConfigContext, ChunkLayoutAndUnsupportedFeatures) {
                "parallel.context (2) > 1 with train.device = \"cuda\": the GPU kernels of the "
                "context ring have not yet been checked on a GPU (use train.device = \"cpu\")");
   EXPECT_NE(error_of("", {"parallel.context=0"}).find("parallel.context"), std::string::npos);
+  // 2 * context would overflow: still the chunk rule's line (it passed as -2 before).
+  EXPECT_ERROR("[parallel]\ncontext = 9223372036854775807\n",
+               "model.seq_len (64) must be divisible by 2 * parallel.context "
+               "(9223372036854775807): each sequence is cut into 2 * context equal chunks");
 }
 
 }  // namespace

@@ -850,12 +850,13 @@ void check_context(const Config& c, const std::string& source) {
   const int64_t cp = c.parallel.context;
   if (cp == 1) return;
   const std::string key = "parallel.context (" + int_text(cp) + ")";
-  if (c.model.seq_len % (2 * cp) != 0)
+  // seq_len % (2 cp), without forming 2 cp (it may overflow).
+  if (c.model.seq_len % cp != 0 || (c.model.seq_len / cp) % 2 != 0)
     fail(source, "model.seq_len (" + int_text(c.model.seq_len) + ") must be divisible by 2 * " +
                      key + ": each sequence is cut into 2 * context equal chunks");
   const int64_t tp = c.parallel.tensor;
   if (c.parallel.sequence_parallel && tp > 1 &&
-      (c.train.micro_batch * (c.model.seq_len / cp)) % tp != 0)
+      (static_cast<__int128>(c.train.micro_batch) * (c.model.seq_len / cp)) % tp != 0)
     fail(source, "train.micro_batch * model.seq_len / " + key + " = " +
                      int_text(c.train.micro_batch) + " * " + int_text(c.model.seq_len / cp) +
                      " must be divisible by parallel.tensor (" + int_text(tp) +

@@ -167,10 +167,11 @@ void validate_layout(const GridShape& shape, int world_size, int ranks_per_node,
         << shape.tp << ", " << shape.cp << ", " << shape.pp << ", " << shape.dp << ")";
     fail(m);
   }
-  if (shape.cp > 1 && model.seq_len % (2 * shape.cp) != 0) {
+  const int64_t chunks = 2 * static_cast<int64_t>(shape.cp);
+  if (shape.cp > 1 && model.seq_len % chunks != 0) {
     std::ostringstream m;
     m << "model.seq_len = " << model.seq_len << " is not divisible by 2 * parallel.context = "
-      << 2 * shape.cp << " (each sequence is cut into 2 * context equal chunks)";
+      << chunks << " (each sequence is cut into 2 * context equal chunks)";
     fail(m);
   }
   check_expert(shape, shape.ep);

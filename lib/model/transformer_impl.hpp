@@ -82,7 +82,7 @@ void Transformer<K>::set_context_group(Communicator* group) {
                 std::to_string(size) + ") is not the model shard's (context rank " +
                 std::to_string(shard_.cp_rank) + " of " + std::to_string(shard_.cp_size) + ")");
   if (size == 1) return;
-  if (config_.seq_len % (2 * size) != 0)
+  if (config_.seq_len % (2 * static_cast<int64_t>(size)) != 0)
     throw Error("model.seq_len = " + std::to_string(config_.seq_len) +
                 " is not divisible by 2 * parallel.context = " + std::to_string(2 * size));
   ring_ = ContextRing<K>(group, {rank, size, config_.seq_len}, NHl_, KVHl_, HS_);
