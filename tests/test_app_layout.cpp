@@ -114,8 +114,10 @@ TEST_F(BadLayout, ContextWithSequenceParallelRowsNotDivisibleByTensor) {
 }
 
 TEST_F(BadLayout, ContextWithUnsupportedFeatures) {
-  expect_layout_error(2, "--set parallel.context=2 --set model.moe_experts=4",
-                      "parallel.context (2) > 1 with model.moe_experts (4) > 0");
+  expect_layout_error(2,
+                      "--set parallel.context=2 --set model.moe_experts=4 "
+                      "--set model.moe_capacity_factor=1.0",
+                      "parallel.context (2) > 1 with model.moe_capacity_factor (1.0) > 0");
   expect_layout_error(2, "--set parallel.context=2 --set eval.sample_interval=5",
                       "parallel.context (2) > 1 with eval.sample_interval (5) > 0");
 }

@@ -1100,12 +1100,18 @@ TEST(PlanContext, LayoutsTheTrainerRefusesAreRefusedWithAReason) {
                                        "divisible by tensor (4) under sequence_parallel"),
             std::string::npos)
       << layout_problem(p, sp);
-  m.moe_experts = 4;
+  m.moe_experts = 4;  // dropless without expert parallelism: the trainer runs it
   m.moe_top_k = 2;
   p.model = m;
-  EXPECT_NE(layout_problem(p, context_layout(1, 2, 1, 4)).find("context (2) > 1 with a mixture "
-                                                               "of experts"),
-            std::string::npos);
+  const Layout moe_cp = context_layout(1, 2, 1, 4);
+  const std::string dropless = layout_problem(p, moe_cp);
+  EXPECT_EQ(dropless.find("mixture of experts"), std::string::npos) << dropless;
+  m.moe_capacity_factor = 1.0;  // token dropping: refused as the trainer refuses it
+  p.model = m;
+  EXPECT_NE(layout_problem(p, moe_cp).find("context (2) > 1 with a mixture of experts that "
+                                           "drops tokens"),
+            std::string::npos)
+      << layout_problem(p, moe_cp);
   EXPECT_EQ(parse_layout_filter("context=4").cp, 4);
   EXPECT_THROW(parse_layout_filter("context=0"), Error);
   const Layout l = context_layout(2, 4, 1, 1);

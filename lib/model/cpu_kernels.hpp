@@ -257,6 +257,21 @@ class CpuKernels {
                              int64_t Tn, int64_t E, int64_t K) {
     cpu::moe_aux_loss_backward(dprobs, daux, expert, B, Tn, E, K);
   }
+  // Context parallelism: the load-balancing loss of sequences split over ranks.
+  static constexpr bool has_moe_context = true;
+  void moe_aux_loss_partials(double* partials, const T* probs, const int32_t* expert, int64_t B,
+                             int64_t Tn, int64_t E, int64_t K) {
+    cpu::moe_aux_loss_partials(partials, probs, expert, B, Tn, E, K);
+  }
+  void moe_aux_loss_from_partials(S* aux, const double* partials, int64_t B, int64_t T_seq,
+                                  int64_t E, int64_t K) {
+    cpu::moe_aux_loss_from_partials(aux, partials, B, T_seq, E, K);
+  }
+  void moe_aux_loss_backward_from_partials(T* dprobs, const S* daux, const double* partials,
+                                           int64_t B, int64_t Tn, int64_t T_seq, int64_t E,
+                                           int64_t K, double scale) {
+    cpu::moe_aux_loss_backward_from_partials(dprobs, daux, partials, B, Tn, T_seq, E, K, scale);
+  }
   void moe_z_loss_forward(S* z, const T* logits, int64_t B, int64_t Tn, int64_t E) {
     cpu::moe_z_loss_forward(z, logits, B, Tn, E);
   }

@@ -28,6 +28,9 @@ namespace trident {
 
 template <class K>
 constexpr bool kernels_have_moe = requires { K::has_moe; };
+// The load-balancing loss of sequences split over a context group (moe_aux_loss_partials).
+template <class K>
+constexpr bool kernels_have_moe_context = requires { K::has_moe_context; };
 
 // What a MoE layer keeps from its forward to its backward (one micro-batch), M <= N*K rows.
 template <class K>
@@ -42,6 +45,9 @@ struct MoeActs {
   DeviceArray<int64_t> offsets;      // [E+1]
   DeviceArray<T> xp, h, a, y;        // [M,C], [M,Ul], [M,Fl], [M,C] (y: this rank's partial)
   DeviceArray<S> aux, z;             // [B] per sequence
+  // Context parallelism: each sequence's assignment counts and probability sums [B, 2E] over
+  // the context group, from forward to backward (moe_aux_loss_partials).
+  DeviceArray<double> aux_partials;
   int64_t rows = 0;                  // M
   // Expert parallelism (EP > 1): the exchange of this micro-batch and the rows this rank's
   // experts received, expert-major (xe; h and a are then [R, ...]).
@@ -106,6 +112,7 @@ class MoeMlp {
     m.y = DeviceArray<T>(dev, NK * C_);
     m.aux = DeviceArray<S>(dev, B);
     m.z = DeviceArray<S>(dev, B);
+    if (CP_ > 1) m.aux_partials = DeviceArray<double>(dev, B * 2 * E_);
     if (EP_ > 1) {  // the exchange plan's host lists, at their largest: no allocation per step
       m.send_rows.reserve(static_cast<size_t>(EP_));
       m.recv_rows.reserve(static_cast<size_t>(EP_));
@@ -124,7 +131,7 @@ class MoeMlp {
     k.linear_forward(m.logits.data(), norm2, p.router, nullptr, N, C_, E_);
     k.moe_router_forward(m.probs.data(), m.expert.data(), m.weight.data(), m.logits.data(), N,
                          E_, K_);
-    k.moe_aux_loss_forward(m.aux.data(), m.probs.data(), m.expert.data(), B, T_, E_, K_);
+    aux_loss_forward(k, m, B);
     k.moe_z_loss_forward(m.z.data(), m.logits.data(), B, T_, E_);
     std::vector<int64_t>& load = plan_.load;
     load.resize(static_cast<size_t>(E_));
@@ -209,7 +216,7 @@ class MoeMlp {
     k.fill(dprobs_.data(), N * E_, S(0));
     if (aux_coeff_ > 0) {
       k.fill(daux_.data(), B, static_cast<S>(aux_coeff_) * per_sequence);
-      k.moe_aux_loss_backward(dprobs_.data(), daux_.data(), m.expert.data(), B, T_, E_, K_);
+      aux_loss_backward(k, m, B);
     }
     k.moe_router_backward(dlogits_.data(), dweight_.data(), dprobs_.data(), m.probs.data(),
                           m.expert.data(), m.weight.data(), N, E_, K_);
@@ -223,6 +230,19 @@ class MoeMlp {
                       dlogits_.data(), norm2, p.router, N, C_, E_);
     if (tp.rank() == 0) k.add_inplace(d_norm2_.data(), d_router_.data(), N * C_);
     return tp.reduce_input_grad(d_norm2_.data(), N, C_);
+  }
+
+  // Context parallelism (model/context_parallel.hpp): `group` is the context group, each
+  // sequence's rows split over it (T_ is the rank's share), so the load-balancing loss of a
+  // sequence sums its counts and probabilities over the group. The z-loss is a mean over
+  // tokens: the group's average of the ranks' means is the sequence's. Token dropping decides
+  // per sequence in order and is refused under CP (config.cpp); nullptr: CP = 1.
+  void set_context_group(Communicator* group) {
+    CP_ = group ? group->size() : 1;
+    context_group_ = CP_ > 1 ? group : nullptr;
+    if (CP_ > 1 && capacity_ > 0)
+      throw Error("model.moe_capacity_factor > 0 (token dropping) with parallel.context > 1: "
+                  "not built");
   }
 
   // Expert parallelism: `group` is the expert group (grid/grid.hpp expert_group; its size is
@@ -310,6 +330,37 @@ class MoeMlp {
     return elems;
   }
 
+  // The load-balancing loss of the micro-batch's B sequences into m.aux: from the rank's rows,
+  // or under context parallelism from their sums over the group (kept in m for backward).
+  void aux_loss_forward(K& k, MoeActs<K>& m, int64_t B) {
+    if (CP_ == 1)
+      return k.moe_aux_loss_forward(m.aux.data(), m.probs.data(), m.expert.data(), B, T_, E_,
+                                    K_);
+    if constexpr (kernels_have_moe_context<K>) {
+      k.moe_aux_loss_partials(m.aux_partials.data(), m.probs.data(), m.expert.data(), B, T_, E_,
+                              K_);
+      context_group_->all_reduce(m.aux_partials.data(), B * 2 * E_, DType::F64, ReduceOp::Sum);
+      k.moe_aux_loss_from_partials(m.aux.data(), m.aux_partials.data(), B, T_ * CP_, E_, K_);
+    } else {
+      throw Error("parallel.context > 1: this kernel set has no mixture of experts under "
+                  "context parallelism");
+    }
+  }
+  // dprobs_ += the load-balancing loss's gradient (daux_ per sequence). Under context
+  // parallelism the rank's rows get CP times theirs: the replicas' gradients are averaged
+  // over data x context, and this loss is the sequence's, not the rank's share of it.
+  void aux_loss_backward(K& k, const MoeActs<K>& m, int64_t B) {
+    if (CP_ == 1)
+      return k.moe_aux_loss_backward(dprobs_.data(), daux_.data(), m.expert.data(), B, T_, E_,
+                                     K_);
+    if constexpr (kernels_have_moe_context<K>)
+      k.moe_aux_loss_backward_from_partials(dprobs_.data(), daux_.data(), m.aux_partials.data(),
+                                            B, T_, T_ * CP_, E_, K_, static_cast<double>(CP_));
+    else
+      throw Error("parallel.context > 1: this kernel set has no mixture of experts under "
+                  "context parallelism");
+  }
+
   // The exchange's arrival-order and expert-output rows (forward and backward).
   void ensure_exchange(Device& dev, int64_t B) {
     if (B <= exchange_B_) return;
@@ -358,6 +409,8 @@ class MoeMlp {
   // rows in arrival order, the experts' forward output and the backward's expert-side rows.
   Communicator* expert_group_ = nullptr;
   int64_t EP_ = 1, El_ = 0, exchange_B_ = 0;
+  Communicator* context_group_ = nullptr;  // context parallelism (set_context_group)
+  int64_t CP_ = 1;
   DeviceArray<T> arrival_, expert_side_, dye_, dxe_;
   DeviceArray<int64_t> counts_;  // the plan's row counts in device memory: [sent E | received E]
 };

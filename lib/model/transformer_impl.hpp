@@ -43,7 +43,7 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
                 ": rotary embeddings need an even head size");
   if (config.moe_experts > 0) {
     if constexpr (kernels_have_moe<K>)
-      moe_ = MoeMlp<K>(config, Fl_, llama_);
+      moe_ = MoeMlp<K>(rows_config_, Fl_, llama_);  // the rank's rows of each sequence
     else
       throw Error("model.moe_experts = " + std::to_string(config.moe_experts) +
                   ": this kernel set has no mixture of experts (the CPU's and the GPU's fp32 "
@@ -86,6 +86,7 @@ void Transformer<K>::set_context_group(Communicator* group) {
     throw Error("model.seq_len = " + std::to_string(config_.seq_len) +
                 " is not divisible by 2 * parallel.context = " + std::to_string(2 * size));
   ring_ = ContextRing<K>(group, {rank, size, config_.seq_len}, NHl_, KVHl_, HS_);
+  if (config_.moe_experts > 0) moe_.set_context_group(group);
 }
 
 template <class K>

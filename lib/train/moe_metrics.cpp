@@ -22,9 +22,12 @@ void MoeStepMetrics::fill(const MoeStats& step, int64_t E, int64_t micro_batches
     v[3 + e] = static_cast<double>(step.load[e]);
   const int64_t n = static_cast<int64_t>(v.size());
   if (groups.pipeline().size > 1) groups.pipeline().host->all_reduce_sum(v.data(), n);
-  if (groups.data().size > 1) groups.data().host->all_reduce_sum(v.data(), n);
+  // The replicas: data x context (a context rank's loads are its rows' assignments, its
+  // losses the sequences' load-balancing loss and its rows' mean z-loss).
+  const DimGroup& replicas = groups.grad_reduce();
+  if (replicas.size > 1) replicas.host->all_reduce_sum(v.data(), n);
   const double replicas_microbatches =
-      static_cast<double>(groups.data().size) * static_cast<double>(micro_batches);
+      static_cast<double>(replicas.size) * static_cast<double>(micro_batches);
   double total = 0.0, lo = INFINITY, hi = 0.0;
   for (int64_t e = 0; e < E; ++e) {
     total += v[3 + e];

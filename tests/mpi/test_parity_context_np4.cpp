@@ -5,6 +5,7 @@
 // on CP = 2 resumed on CP = 1 and on TP = 2.
 #include <gtest/gtest.h>
 
+#include "moe_configs.hpp"
 #include "parity.hpp"
 
 using namespace trident;
@@ -49,6 +50,14 @@ TEST(ContextParity, Cp2FullRecompute) { check_parity(cp(2), {"train.recompute=fu
 // Grouped-query attention: only the 4 kv heads travel; rotary embeddings at the positions.
 TEST(ContextParity, LlamaGqaCp2) { check_parity(cp(2), llama(), ParityData::Indexed); }
 TEST(ContextParity, LlamaGqaTp2Cp2) { check_parity(cp(2, 2), llama(), ParityData::Indexed); }
+
+// A dropless mixture of experts: the load-balancing loss of a sequence from its counts and
+// probabilities summed over the context group (model/moe.hpp); the aux loss and the expert
+// loads compared too (check_parity).
+TEST(ContextParity, DroplessMoeCp2) {
+  check_parity(cp(2), gpt2_moe({"model.moe_capacity_factor=0"}));
+}
+TEST(ContextParity, LlamaDroplessMoeTp2Cp2) { check_parity(cp(2, 2), llama_moe()); }
 
 // A CP = 2 checkpoint (weights and moments of global tensors: unchanged by CP) resumed on one
 // rank and on TP = 2: the losses of the resumed steps within 1e-5 of the uninterrupted run's.

@@ -146,6 +146,48 @@ void moe_aux_loss_backward(T* dprobs, const T* daux, const int32_t* expert, int6
 }
 
 template <typename T>
+void moe_aux_loss_partials(double* partials, const T* probs, const int32_t* expert, int64_t B,
+                           int64_t Tn, int64_t E, int64_t K) {
+  int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
+  for (int64_t b = 0; b < B; b++) {
+    sequence_counts(counts, E, expert, b, Tn, K);
+    double* const row = partials + b * 2 * E;
+    for (int64_t e = 0; e < E; e++) row[e] = static_cast<double>(counts[e]);
+    double* const P = row + E;
+    std::fill(P, P + E, 0.0);
+    for (int64_t t = 0; t < Tn; t++)
+      for (int64_t e = 0; e < E; e++) P[e] += static_cast<double>(probs[(b * Tn + t) * E + e]);
+  }
+}
+
+template <typename T>
+void moe_aux_loss_from_partials(T* aux, const double* partials, int64_t B, int64_t T_seq,
+                                int64_t E, int64_t K) {
+  for (int64_t b = 0; b < B; b++) {
+    const double* const row = partials + b * 2 * E;
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; e++)
+      sum += row[e] / static_cast<double>(T_seq * K) * (row[E + e] / static_cast<double>(T_seq));
+    aux[b] = static_cast<T>(static_cast<double>(E) * sum);
+  }
+}
+
+template <typename T>
+void moe_aux_loss_backward_from_partials(T* dprobs, const T* daux, const double* partials,
+                                         int64_t B, int64_t Tn, int64_t T_seq, int64_t E,
+                                         int64_t K, double scale) {
+  for (int64_t b = 0; b < B; b++) {
+    const double* const row = partials + b * 2 * E;
+    for (int64_t e = 0; e < E; e++) {
+      const double f = row[e] / static_cast<double>(T_seq * K);
+      const T g = static_cast<T>(scale * static_cast<double>(daux[b]) * static_cast<double>(E) *
+                                 f / static_cast<double>(T_seq));
+      for (int64_t t = 0; t < Tn; t++) dprobs[(b * Tn + t) * E + e] += g;
+    }
+  }
+}
+
+template <typename T>
 void moe_z_loss_forward(T* z, const T* logits, int64_t B, int64_t Tn, int64_t E) {
   for (int64_t b = 0; b < B; b++) {
     double sum = 0.0;
@@ -344,6 +386,13 @@ void moe_expert_linear_backward(T* dinp, T* dw, T* db, const T* dout, const T* i
                                         int64_t);                                                \
   template void moe_aux_loss_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,         \
                                          int64_t, int64_t);                                      \
+  template void moe_aux_loss_partials<T>(double*, const T*, const int32_t*, int64_t, int64_t,   \
+                                         int64_t, int64_t);                                      \
+  template void moe_aux_loss_from_partials<T>(T*, const double*, int64_t, int64_t, int64_t,      \
+                                              int64_t);                                          \
+  template void moe_aux_loss_backward_from_partials<T>(T*, const T*, const double*, int64_t,     \
+                                                       int64_t, int64_t, int64_t, int64_t,       \
+                                                       double);                                  \
   template void moe_z_loss_forward<T>(T*, const T*, int64_t, int64_t, int64_t);                  \
   template void moe_z_loss_backward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);       \
   template void moe_permute<T>(T*, const T*, const int64_t*, int64_t, int64_t);                  \

@@ -37,6 +37,24 @@ void moe_aux_loss_forward(T* aux, const T* probs, const int32_t* expert, int64_t
 template <typename T>
 void moe_aux_loss_backward(T* dprobs, const T* daux, const int32_t* expert, int64_t B,
                            int64_t Tn, int64_t E, int64_t K);
+// Context parallelism splits each sequence over ranks (model/context_parallel.hpp): the loss
+// of a sequence then needs its sums over the group. For the rank's Tn rows of each of B
+// sequences: partials[b, 0..E) = assignments routed to e, partials[b, E..2E) = sum_t probs[t,e]
+// (summed over the context group by the caller).
+template <typename T>
+void moe_aux_loss_partials(double* partials, const T* probs, const int32_t* expert, int64_t B,
+                           int64_t Tn, int64_t E, int64_t K);
+// aux[b] from the group's sums, T the whole sequence's length: moe_aux_loss_forward's formula.
+template <typename T>
+void moe_aux_loss_from_partials(T* aux, const double* partials, int64_t B, int64_t T_seq,
+                                int64_t E, int64_t K);
+// dprobs[b*Tn + t, e] += scale * daux[b] * E * f[b,e] / T for the rank's Tn rows, f from the
+// group's sums (scale: the context size, whose average of the replicas' gradients the loss's
+// gradient must survive).
+template <typename T>
+void moe_aux_loss_backward_from_partials(T* dprobs, const T* daux, const double* partials,
+                                         int64_t B, int64_t Tn, int64_t T_seq, int64_t E,
+                                         int64_t K, double scale);
 // Router z-loss per sequence: z[b] = mean_t logsumexp(logits[t,:])^2.
 template <typename T>
 void moe_z_loss_forward(T* z, const T* logits, int64_t B, int64_t Tn, int64_t E);
