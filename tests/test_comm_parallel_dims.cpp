@@ -122,6 +122,9 @@ TEST(ParallelDims, ContextRanksSitBetweenTensorAndPipeline) {
   EXPECT_EQ(pipeline_group(s, 5), (std::vector<int>{1, 5}));
   EXPECT_EQ(data_group(s, 5), (std::vector<int>{5, 13}));
   EXPECT_EQ(grad_reduce_group(s, 5), (std::vector<int>{5, 7, 13, 15}));
+  // An expert's replicas: the same expert rank (dp % EP) on every context rank.
+  EXPECT_EQ(expert_data_group(s, 2, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(expert_data_group(s, 1, 5), (std::vector<int>{5, 7, 13, 15}));
   const ParallelDims dims(s, 7);  // tp 1, cp 1, pp 1, dp 0
   EXPECT_TRUE(dims.context().formed);
   EXPECT_EQ(dims.context().index, 1);

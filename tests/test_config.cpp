@@ -1124,16 +1124,17 @@ TEST(ConfigContext, ChunkLayoutAndUnsupportedFeatures) {
                "train.micro_batch * model.seq_len / parallel.context (2) = 1 * 12 must be "
                "divisible by parallel.tensor (5) under parallel.sequence_parallel: each tensor "
                "rank holds a slice of a context rank's tokens");
-  // A dropless mixture of experts runs (model/moe.hpp); token dropping and EP do not yet.
+  // A dropless mixture of experts runs (model/moe.hpp), with expert parallelism too; token
+  // dropping does not yet.
   EXPECT_EQ(parse("[model]\nmoe_experts = 4\n[parallel]\ncontext = 2\n").parallel.context, 2);
   EXPECT_ERROR("[model]\nmoe_experts = 4\nmoe_capacity_factor = 1.5\n[parallel]\ncontext = 2\n",
                "parallel.context (2) > 1 with model.moe_capacity_factor (1.5) > 0: token "
                "dropping decides per sequence, in order, and a context rank holds a part of "
                "each; use a dropless mixture of experts (model.moe_capacity_factor = 0)");
-  EXPECT_ERROR("[model]\nmoe_experts = 4\n[parallel]\ncontext = 2\nexpert = 2\ndata = 2\n"
-               "[train]\nglobal_batch = 8\n",
-               "parallel.context (2) > 1 with parallel.expert (2) > 1: the experts' gradients "
-               "would need a reduction over expert data x context, not built yet");
+  EXPECT_EQ(parse("[model]\nmoe_experts = 4\n[parallel]\ncontext = 2\nexpert = 2\ndata = 2\n"
+                  "[train]\nglobal_batch = 8\n")
+                .parallel.expert,
+            2);
   EXPECT_ERROR("[parallel]\ncontext = 2\n[eval]\nsample_interval = 10\n",
                "parallel.context (2) > 1 with eval.sample_interval (10) > 0: sampling decodes "
                "the whole sequence on one rank, which context parallelism does not hold (set "

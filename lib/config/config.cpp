@@ -160,7 +160,7 @@ const Key kKeys[] = {
    "docs/parallelism.md.",
    "`model.seq_len` divisible by 2 * context; under `parallel.sequence_parallel`, "
    "`train.micro_batch * model.seq_len / context` divisible by `parallel.tensor`; > 1 not "
-   "with `model.moe_capacity_factor` > 0, `parallel.expert` > 1, `eval.sample_interval` > 0 or "
+   "with `model.moe_capacity_factor` > 0, `eval.sample_interval` > 0 or "
    "`train.device = \"cuda\"` "
    "(not built yet; the GPU's kernels: not yet checked on a GPU)"},
   {TRIDENT_KEY(parallel, pipeline), at_least(1), "Pipeline stages (PP)."},
@@ -863,17 +863,14 @@ void check_context(const Config& c, const std::string& source) {
                      " must be divisible by parallel.tensor (" + int_text(tp) +
                      ") under parallel.sequence_parallel: each tensor rank holds a slice of a "
                      "context rank's tokens");
-  // Mixture of experts: dropless, without expert parallelism (model/moe.hpp).
+  // Mixture of experts: dropless (model/moe.hpp).
   if (c.model.moe_experts > 0 && c.model.moe_capacity_factor > 0)
     fail(source, key + " > 1 with model.moe_capacity_factor (" +
                      config::toml_float(c.model.moe_capacity_factor) +
                      ") > 0: token dropping decides per sequence, in order, and a context rank "
                      "holds a part of each; use a dropless mixture of experts "
                      "(model.moe_capacity_factor = 0)");
-  if (c.parallel.expert > 1)
-    fail(source, key + " > 1 with parallel.expert (" + int_text(c.parallel.expert) +
-                     ") > 1: the experts' gradients would need a reduction over expert data x "
-                     "context, not built yet");
+
   if (c.eval.sample_interval > 0)
     fail(source, key + " > 1 with eval.sample_interval (" + int_text(c.eval.sample_interval) +
                      ") > 0: sampling decodes the whole sequence on one rank, which context "

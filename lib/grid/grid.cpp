@@ -135,8 +135,12 @@ std::vector<int> expert_group(const GridShape& shape, int ep, int rank) {
 
 std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank) {
   check_expert(shape, ep);
-  return group_of(shape, rank, shape.dp / ep, [ep](GridCoord c, int i) {
-    c.dp = c.dp % ep + i * ep;
+  // Every context rank of those replicas too: an expert's gradient sums the tokens of every
+  // rank that routes to it, and under context parallelism those are data x context.
+  const int cp = shape.cp;
+  return group_of(shape, rank, shape.dp / ep * cp, [ep, cp](GridCoord c, int i) {
+    c.dp = c.dp % ep + i / cp * ep;
+    c.cp = i % cp;
     return c;
   });
 }

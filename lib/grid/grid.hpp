@@ -61,10 +61,11 @@ std::vector<int> embedding_group(const GridShape& shape, int rank);
 // taken from inside the data-parallel dimension, consecutive data ranks [g*EP, (g+1)*EP) of
 // one (tp, pp) column; expert rank = dp % EP holds experts [e*E/EP, (e+1)*E/EP). Tokens cross
 // the expert group (all-to-all); an expert's gradient is reduced over the expert-data group,
-// the DP/EP ranks of the column with the same expert rank. Both throw trident::Error naming
-// parallel.expert when EP does not divide DP.
+// the DP/EP ranks of the column with the same expert rank, times their CP context ranks
+// (group rank (dp / EP) * CP + cp). Both throw trident::Error naming parallel.expert when EP
+// does not divide DP.
 std::vector<int> expert_group(const GridShape& shape, int ep, int rank);  // same tp,cp,pp, dp/EP
-std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank);  // same .., dp%EP
+std::vector<int> expert_data_group(const GridShape& shape, int ep, int rank);  // tp,pp,dp%EP
 
 // The vocabulary size rounded up to a multiple of vocab_multiple * tp (the embedding and the
 // output layer hold padded/tp rows per tensor rank). Throws trident::Error if any value is < 1.

@@ -648,11 +648,10 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
     return "micro_batch x model.seq_len / context = " + n(l.micro_batch) + " x " +
            n(m.seq_len / l.cp) + " is not divisible by tensor (" + n(l.tp) +
            ") under sequence_parallel: each tensor rank holds a slice of a context rank's tokens";
-  // The trainer's MoE under CP: dropless and without expert parallelism (config.cpp).
-  if (l.cp > 1 && m.moe_experts > 0 && (m.moe_capacity_factor > 0 || l.ep > 1))
+  // The trainer's MoE under CP: dropless (config.cpp).
+  if (l.cp > 1 && m.moe_experts > 0 && m.moe_capacity_factor > 0)
     return "context (" + n(l.cp) + ") > 1 with a mixture of experts that drops tokens "
-           "(model.moe_capacity_factor > 0) or is expert-parallel (expert " + n(l.ep) +
-           "): not supported under context parallelism yet";
+           "(model.moe_capacity_factor > 0): not supported under context parallelism yet";
   if (p.global_batch % (l.micro_batch * l.dp) != 0)
     return "micro_batch " + n(l.micro_batch) + " x data " + n(l.dp) +
            " does not divide the global batch " + n(p.global_batch);

@@ -58,6 +58,15 @@ TEST(ContextParity, DroplessMoeCp2) {
   check_parity(cp(2), gpt2_moe({"model.moe_capacity_factor=0"}));
 }
 TEST(ContextParity, LlamaDroplessMoeTp2Cp2) { check_parity(cp(2, 2), llama_moe()); }
+// Expert parallelism over the data ranks: each expert's gradient sums over expert data x
+// context (grid.hpp expert_data_group).
+TEST(ContextParity, DroplessMoeCp2Dp2Ep2) {
+  check_parity(cp(2, 1, 1, 2), gpt2_moe({"model.moe_capacity_factor=0", "parallel.expert=2"}));
+}
+TEST(ContextParity, DroplessMoeCp2Dp2Ep2Zero1) {
+  check_parity(cp(2, 1, 1, 2), gpt2_moe({"model.moe_capacity_factor=0", "parallel.expert=2",
+                                         "optim.zero_stage=1"}));
+}
 
 // A CP = 2 checkpoint (weights and moments of global tensors: unchanged by CP) resumed on one
 // rank and on TP = 2: the losses of the resumed steps within 1e-5 of the uninterrupted run's.
