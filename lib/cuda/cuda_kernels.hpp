@@ -148,7 +148,6 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   // from qkv rows and the gradient's unpacked into them, one block merged into the running
   // output and the attention's saved log-sum-exp (Saved, [B,NH,Tl]), and its backward; rotary
   // embeddings and learned positions at the rows' positions (device memory, upload_ids).
-  static constexpr bool has_context_ring = true;
   void kv_pack(T* kv, const T* qkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
     cuda::kv_pack(kv, qkv, N, NH, KVH, HS, s());
   }

@@ -32,7 +32,6 @@
 
 #include "comm/comm.hpp"
 #include "tensor/device.hpp"
-#include "util/error.hpp"
 
 namespace trident {
 
@@ -62,12 +61,9 @@ struct ContextLayout {
   }
 };
 
-template <class K>
-constexpr bool kernels_have_context_ring = requires { K::has_context_ring; };
-
 // The ring attention of one rank (see above). Holds the blocks in flight (two key/value blocks
-// and two gradient accumulators, allocated for the largest micro-batch seen) and counts the
-// elements it sent.
+// and two gradient accumulators, allocated for the largest micro-batch seen); the context
+// communicator counts what crosses the group.
 template <class K>
 class ContextRing {
  public:
@@ -80,33 +76,26 @@ class ContextRing {
 
   bool active() const { return layout_.size > 1; }
   const ContextLayout& layout() const { return layout_; }
-  // Elements of T sent to the next rank since construction (the forward's and backward's).
-  int64_t elements_sent() const { return elements_sent_; }
 
   // out [B,Tl,NH HS], lse [B,NH,Tl] (the kernels' Saved) of the local queries against the whole
   // sequence's keys, from the local qkv [B,Tl,(NH+2KVH) HS] (q and k rotated).
   void forward(K& k, T* out, Saved* lse, const T* qkv, int64_t B) {
-    if constexpr (kernels_have_context_ring<K>) {
-      const int64_t Tl = layout_.rows(), N = B * Tl;
-      ensure(k.device(), B);
-      k.kv_pack(kv_[0].data(), qkv, N, NH_, KVH_, HS_);
-      for (int step = 0; step < layout_.size; ++step) {
-        Exchange ex;
-        if (step + 1 < layout_.size) ex.start(*this, kv_[0].data(), kv_[1].data(), N, kTagKv);
-        const int src = holder(step);
-        if (step == 0)
-          k.attention_forward(out, lse, qkv, B, Tl, NH_, KVH_, HS_);
-        else
-          visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
-            k.attention_merge_forward(out, lse, qkv, kv_[0].data(), B, Tl, q0, Tq, k0, Tk, NH_,
-                                      KVH_, HS_);
-          });
-        ex.finish();
-        if (step + 1 < layout_.size) std::swap(kv_[0], kv_[1]);
-      }
-    } else {
-      (void)k, (void)out, (void)lse, (void)qkv, (void)B;
-      throw Error("parallel.context > 1: this kernel set has no context-parallel attention");
+    const int64_t Tl = layout_.rows(), N = B * Tl;
+    ensure(k.device(), B);
+    k.kv_pack(kv_[0].data(), qkv, N, NH_, KVH_, HS_);
+    for (int step = 0; step < layout_.size; ++step) {
+      Exchange ex;
+      if (step + 1 < layout_.size) ex.start(*this, kv_[0].data(), kv_[1].data(), N, kTagKv);
+      const int src = holder(step);
+      if (step == 0)
+        k.attention_forward(out, lse, qkv, B, Tl, NH_, KVH_, HS_);
+      else
+        visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
+          k.attention_merge_forward(out, lse, qkv, kv_[0].data(), B, Tl, q0, Tq, k0, Tk, NH_,
+                                    KVH_, HS_);
+        });
+      ex.finish();
+      if (step + 1 < layout_.size) std::swap(kv_[0], kv_[1]);
     }
   }
 
@@ -114,39 +103,34 @@ class ContextRing {
   // lse.
   void backward(K& k, T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* lse,
                 int64_t B) {
-    if constexpr (kernels_have_context_ring<K>) {
-      const int64_t Tl = layout_.rows(), N = B * Tl;
-      ensure(k.device(), B);
-      k.kv_pack(kv_[0].data(), qkv, N, NH_, KVH_, HS_);
-      for (int step = 0; step < layout_.size; ++step) {
-        Exchange blocks;
-        if (step + 1 < layout_.size)
-          blocks.start(*this, kv_[0].data(), kv_[1].data(), N, kTagKv);
-        const int src = holder(step);
-        if (step == 0) {
-          // The local block: dq from the local keys, and the local block's own dk, dv, which
-          // start its accumulator.
-          k.attention_backward(dqkv, dout, qkv, out, lse, B, Tl, NH_, KVH_, HS_);
-          k.kv_pack(dkv_[0].data(), dqkv, N, NH_, KVH_, HS_);
-        } else {
-          visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
-            k.attention_merge_backward(dqkv, dkv_[0].data(), dout, qkv, kv_[0].data(), out, lse,
-                                       B, Tl, q0, Tq, k0, Tk, NH_, KVH_, HS_);
-          });
-        }
-        // The accumulator follows its block; after the last step it goes home.
-        Exchange grads;
-        grads.start(*this, dkv_[0].data(), dkv_[1].data(), N, kTagGrad);
-        blocks.finish();
-        grads.finish();
-        std::swap(kv_[0], kv_[1]);
-        std::swap(dkv_[0], dkv_[1]);
+    const int64_t Tl = layout_.rows(), N = B * Tl;
+    ensure(k.device(), B);
+    k.kv_pack(kv_[0].data(), qkv, N, NH_, KVH_, HS_);
+    for (int step = 0; step < layout_.size; ++step) {
+      Exchange blocks;
+      if (step + 1 < layout_.size)
+        blocks.start(*this, kv_[0].data(), kv_[1].data(), N, kTagKv);
+      const int src = holder(step);
+      if (step == 0) {
+        // The local block: dq from the local keys, and the local block's own dk, dv, which
+        // start its accumulator.
+        k.attention_backward(dqkv, dout, qkv, out, lse, B, Tl, NH_, KVH_, HS_);
+        k.kv_pack(dkv_[0].data(), dqkv, N, NH_, KVH_, HS_);
+      } else {
+        visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
+          k.attention_merge_backward(dqkv, dkv_[0].data(), dout, qkv, kv_[0].data(), out, lse,
+                                     B, Tl, q0, Tq, k0, Tk, NH_, KVH_, HS_);
+        });
       }
-      k.kv_unpack(dqkv, dkv_[0].data(), N, NH_, KVH_, HS_);
-    } else {
-      (void)k, (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B;
-      throw Error("parallel.context > 1: this kernel set has no context-parallel attention");
+      // The accumulator follows its block; after the last step it goes home.
+      Exchange grads;
+      grads.start(*this, dkv_[0].data(), dkv_[1].data(), N, kTagGrad);
+      blocks.finish();
+      grads.finish();
+      std::swap(kv_[0], kv_[1]);
+      std::swap(dkv_[0], dkv_[1]);
     }
+    k.kv_unpack(dqkv, dkv_[0].data(), N, NH_, KVH_, HS_);
   }
 
  private:
@@ -162,7 +146,6 @@ class ContextRing {
       const int64_t count = N * 2 * ring.KVH_ * ring.HS_;
       recv = ring.group_->irecv(theirs, count, K::act_dtype, (r + n - 1) % n, tag);
       send = ring.group_->isend(mine, count, K::act_dtype, (r + 1) % n, tag);
-      ring.elements_sent_ += count;
     }
     void finish() {
       if (send) send->wait();
@@ -194,7 +177,6 @@ class ContextRing {
   ContextLayout layout_;
   int64_t NH_ = 0, KVH_ = 0, HS_ = 0;
   DeviceArray<T> kv_[2], dkv_[2];
-  int64_t elements_sent_ = 0;
 };
 
 }  // namespace trident

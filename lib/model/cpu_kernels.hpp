@@ -125,7 +125,6 @@ class CpuKernels {
   // key/value blocks [N, 2 KVH HS] packed from qkv rows and the gradient's unpacked into them,
   // one block merged into the running output and log-sum-exp, and its backward; rotary
   // embeddings and learned positions at the rows' positions in their sequences.
-  static constexpr bool has_context_ring = true;
   void kv_pack(T* kv, const T* qkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
     cpu::kv_pack(kv, qkv, N, NH, KVH, HS);
   }

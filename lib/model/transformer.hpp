@@ -179,8 +179,6 @@ class Transformer {
   // takes the whole sequences' tokens and targets and keeps its rows, attention runs the ring.
   // Throws trident::Error when the group is not the shard's.
   void set_context_group(Communicator* group);
-  // Elements of T this rank sent around the context ring so far (0 without one).
-  int64_t context_elements_sent() const { return ring_.elements_sent(); }
   // Backward of the micro-batch whose forward filled `a`. Last stage: the loss is scaled by
   // `loss_scale` (1/micro-batches), the one the forward was given (else trident::Error);
   // other stages: `d_output` [stream_rows(B), C] arrives from the

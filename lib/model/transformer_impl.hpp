@@ -767,40 +767,28 @@ void Transformer<K>::position_embedding_forward(T* x, int64_t B) {
   const int64_t N = B * Tl_, first = tp_.first_row(N), Ns = stream_rows(B);
   const T* wpe = w(layout_.position_embedding);
   if (!ring_.active()) return k_.position_embedding_forward(x, wpe, first, Ns, Tl_, C_);
-  if constexpr (kernels_have_context_ring<K>)
-    k_.position_embedding_forward_at(x, wpe, positions(B) + first, Ns, C_);
-  else
-    throw Error("parallel.context > 1: this kernel set has no position embedding at positions");
+  k_.position_embedding_forward_at(x, wpe, positions(B) + first, Ns, C_);
 }
 
 template <class K>
 void Transformer<K>::position_embedding_backward(const T* d_all, int64_t B) {
   G* dwpe = g(layout_.position_embedding);
   if (!ring_.active()) return k_.position_embedding_backward(dwpe, d_all, B, Tl_, C_);
-  if constexpr (kernels_have_context_ring<K>)
-    k_.position_embedding_backward_at(dwpe, d_all, positions(B), B * Tl_, C_);
-  else
-    throw Error("parallel.context > 1: this kernel set has no position embedding at positions");
+  k_.position_embedding_backward_at(dwpe, d_all, positions(B), B * Tl_, C_);
 }
 
 template <class K>
 void Transformer<K>::rope_forward(T* qkv, int64_t B) {
   if (!ring_.active())
     return k_.rope_forward(qkv, B, Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
-  if constexpr (kernels_have_context_ring<K>)
-    k_.rope_forward_at(qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
-  else
-    throw Error("parallel.context > 1: this kernel set has no rotary embeddings at positions");
+  k_.rope_forward_at(qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
 }
 
 template <class K>
 void Transformer<K>::rope_backward(T* d_qkv, int64_t B) {
   if (!ring_.active())
     return k_.rope_backward(d_qkv, B, Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
-  if constexpr (kernels_have_context_ring<K>)
-    k_.rope_backward_at(d_qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
-  else
-    throw Error("parallel.context > 1: this kernel set has no rotary embeddings at positions");
+  k_.rope_backward_at(d_qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
 }
 
 template <class K>
