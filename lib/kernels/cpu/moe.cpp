@@ -19,7 +19,7 @@ struct RouterProbs;
 struct RouterOrder;
 struct RouterGradients;
 struct AuxCounts;
-struct AuxProbSums;
+struct AuxPartials;
 struct ZLossProbs;
 struct DispatchKept;
 struct DispatchInSequence;
@@ -114,38 +114,6 @@ void sequence_counts(int64_t* counts, int64_t E, const int32_t* expert, int64_t 
 }  // namespace
 
 template <typename T>
-void moe_aux_loss_forward(T* aux, const T* probs, const int32_t* expert, int64_t B, int64_t Tn,
-                          int64_t E, int64_t K) {
-  int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
-  double* const P = thread_scratch<AuxProbSums, double>(static_cast<size_t>(E));
-  for (int64_t b = 0; b < B; b++) {
-    sequence_counts(counts, E, expert, b, Tn, K);
-    std::fill(P, P + E, 0.0);
-    for (int64_t t = 0; t < Tn; t++)
-      for (int64_t e = 0; e < E; e++) P[e] += static_cast<double>(probs[(b * Tn + t) * E + e]);
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; e++)
-      sum += static_cast<double>(counts[e]) / static_cast<double>(Tn * K) * (P[e] / Tn);
-    aux[b] = static_cast<T>(static_cast<double>(E) * sum);
-  }
-}
-
-template <typename T>
-void moe_aux_loss_backward(T* dprobs, const T* daux, const int32_t* expert, int64_t B,
-                           int64_t Tn, int64_t E, int64_t K) {
-  int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
-  for (int64_t b = 0; b < B; b++) {
-    sequence_counts(counts, E, expert, b, Tn, K);
-    for (int64_t e = 0; e < E; e++) {
-      const double f = static_cast<double>(counts[e]) / static_cast<double>(Tn * K);
-      const T g = static_cast<T>(static_cast<double>(daux[b]) * static_cast<double>(E) * f /
-                                 static_cast<double>(Tn));
-      for (int64_t t = 0; t < Tn; t++) dprobs[(b * Tn + t) * E + e] += g;
-    }
-  }
-}
-
-template <typename T>
 void moe_aux_loss_partials(double* partials, const T* probs, const int32_t* expert, int64_t B,
                            int64_t Tn, int64_t E, int64_t K) {
   int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
@@ -185,6 +153,29 @@ void moe_aux_loss_backward_from_partials(T* dprobs, const T* daux, const double*
       for (int64_t t = 0; t < Tn; t++) dprobs[(b * Tn + t) * E + e] += g;
     }
   }
+}
+
+// One rank's whole sequences: the loss from their own sums, the same arithmetic as the
+// context-parallel path's.
+template <typename T>
+void moe_aux_loss_forward(T* aux, const T* probs, const int32_t* expert, int64_t B, int64_t Tn,
+                          int64_t E, int64_t K) {
+  double* const partials = thread_scratch<AuxPartials, double>(static_cast<size_t>(B * 2 * E));
+  moe_aux_loss_partials(partials, probs, expert, B, Tn, E, K);
+  moe_aux_loss_from_partials(aux, partials, B, Tn, E, K);
+}
+
+template <typename T>
+void moe_aux_loss_backward(T* dprobs, const T* daux, const int32_t* expert, int64_t B,
+                           int64_t Tn, int64_t E, int64_t K) {
+  // Only the counts are read: the probability sums of the partials stay unset.
+  double* const partials = thread_scratch<AuxPartials, double>(static_cast<size_t>(B * 2 * E));
+  int64_t* const counts = thread_scratch<AuxCounts, int64_t>(static_cast<size_t>(E));
+  for (int64_t b = 0; b < B; b++) {
+    sequence_counts(counts, E, expert, b, Tn, K);
+    for (int64_t e = 0; e < E; e++) partials[b * 2 * E + e] = static_cast<double>(counts[e]);
+  }
+  moe_aux_loss_backward_from_partials(dprobs, daux, partials, B, Tn, Tn, E, K, 1.0);
 }
 
 template <typename T>
