@@ -450,7 +450,8 @@ void run_plan(const PlanOptions& options) {
   std::printf("\n");
   // The plan models what the trainer is designed to run; say where this config cannot run it yet.
   const std::string refusal = trainer_refusal(c, ranked.front().layout, problem.global_batch);
-  if (!refusal.empty()) print_wrapped("note:", "with this config the trainer refuses it: " + refusal);
+  if (!refusal.empty())
+    print_wrapped("note:", "with this config the trainer refuses it: " + refusal);
   std::fflush(stdout);
 }
 

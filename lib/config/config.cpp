@@ -870,7 +870,6 @@ void check_context(const Config& c, const std::string& source) {
                      ") > 0: token dropping decides per sequence, in order, and a context rank "
                      "holds a part of each; use a dropless mixture of experts "
                      "(model.moe_capacity_factor = 0)");
-
   if (c.eval.sample_interval > 0)
     fail(source, key + " > 1 with eval.sample_interval (" + int_text(c.eval.sample_interval) +
                      ") > 0: sampling decodes the whole sequence on one rank, which context "

@@ -87,7 +87,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   // its activations see it.
   ModelConfig local = m;
   local.seq_len = shard.seq_rows(m.seq_len);
-  const double T = static_cast<double>(local.seq_len), N = B * T, C = static_cast<double>(m.width);
+  const double T = static_cast<double>(local.seq_len), N = B * T;
+  const double C = static_cast<double>(m.width);
   const double rows = shard.sequence_parallel ? N / tp : N;
   // The saved tensors of one layer (model_stats.hpp, the model's own count) for the recompute
   // mode; the attention kernels of both backends keep a row statistic [B, NH, T] (the
@@ -105,7 +106,8 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.attention_saved_per_row = 1;
   // One micro-batch's stash: every layer's saved tensors, the stage's input and, on the last
   // stage, the final norm's output.
-  double stash = layers * static_cast<double>(layer_activation_bytes(local, shape)) + act * rows * C;
+  double stash =
+      layers * static_cast<double>(layer_activation_bytes(local, shape)) + act * rows * C;
   // The micro-batch's token and target ids; on the last stage the final norm's output and the
   // loss statistics (Transformer::activation_bytes).
   stash += 8.0 * N;
