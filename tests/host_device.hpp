@@ -22,6 +22,7 @@ class HostForwardingDevice : public Device {
   void copy(void* dst, const void* src, int64_t n) override { host_->copy(dst, src, n); }
   void fill_zero(void* dst, int64_t n) override { host_->fill_zero(dst, n); }
   void scale(float* x, int64_t n, float s) override { host_->scale(x, n, s); }
+  void add(float* y, const float* x, int64_t n) override { host_->add(y, x, n); }
   double square_sum(const std::vector<Range>& r) override { return host_->square_sum(r); }
   void adamw(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& step,
              uint16_t* w_bf16) override {

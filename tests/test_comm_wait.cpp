@@ -302,6 +302,7 @@ class FakeGpu final : public Device {
   void copy(void*, const void*, int64_t) override {}
   void fill_zero(void*, int64_t) override {}
   void scale(float*, int64_t, float) override {}
+  void add(float*, const float*, int64_t) override {}
   double square_sum(const std::vector<Range>&) override { return 0; }
   void adamw(float*, const float*, float*, float*, int64_t, const AdamWStep&,
              uint16_t*) override {}

@@ -485,9 +485,15 @@ TEST(ConfigReject, Interleaved) {
 }
 
 TEST(ConfigReject, ZeroStage) {
-  EXPECT_ERROR("[optim]\nzero_stage = 2\n", "optim.zero_stage (2) must be 0 or 1");
-  EXPECT_ERROR("[optim]\nzero_stage = -1\n", "optim.zero_stage (-1) must be 0 or 1");
-  EXPECT_EQ(parse("[optim]\nzero_stage = 1\n").optim.zero_stage, 1);
+  EXPECT_ERROR("[optim]\nzero_stage = 4\n", "optim.zero_stage (4) must be 0, 1, 2 or 3");
+  EXPECT_ERROR("[optim]\nzero_stage = -1\n", "optim.zero_stage (-1) must be 0, 1, 2 or 3");
+  EXPECT_ERROR("[optim]\nzero_stage = \"3\"\n",
+               "optim.zero_stage: expected an integer, got string \"3\"");
+  EXPECT_ERROR("[optim]\nzero_stage = 2.5\n",
+               "optim.zero_stage: expected an integer, got float 2.5");
+  for (int stage = 0; stage <= 3; ++stage)
+    EXPECT_EQ(parse("[optim]\nzero_stage = " + std::to_string(stage) + "\n").optim.zero_stage,
+              stage);
 }
 
 TEST(ConfigReject, Choices) {

@@ -306,8 +306,11 @@ const Key kKeys[] = {
   {TRIDENT_KEY(optim, beta2), in_unit_interval(), "AdamW second-moment decay."},
   {TRIDENT_KEY(optim, eps), above(0), "AdamW epsilon."},
   {TRIDENT_KEY(optim, grad_clip), at_least(0), "Global gradient-norm clip; 0: no clipping."},
-  {TRIDENT_KEY(optim, zero_stage), one_of({"0", "1"}),
-   "ZeRO stage: 1 shards optimizer state across data-parallel ranks."},
+  {TRIDENT_KEY(optim, zero_stage), one_of({"0", "1", "2", "3"}),
+   "ZeRO stage over the data (x context) group: 1 shards the AdamW moments, 2 also the "
+   "gradients (each layer's reduce-scattered as its backward ends), 3 also the fp32 weights "
+   "(each layer's compute copy gathered when read, the next layer's prefetched); "
+   "docs/parallelism.md \"ZeRO stages\"."},
   {TRIDENT_KEY(optim, decay_position_embedding), any(),
    "Also apply weight decay to the position embedding table (gpt2; llama has none and "
    "ignores it)."},

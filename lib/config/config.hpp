@@ -104,7 +104,7 @@ struct OptimConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;                // 0: no clipping
-  int64_t zero_stage = 0;                // 0 | 1
+  int64_t zero_stage = 0;                // 0 to 3
   bool decay_position_embedding = false; // weight decay on the position table
 };
 

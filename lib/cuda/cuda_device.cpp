@@ -176,6 +176,7 @@ void CudaDevice::fill_zero(void* dst, int64_t bytes) {
 }
 
 void CudaDevice::scale(float* x, int64_t n, float s) { cuda::scale_inplace(x, n, s, stream_); }
+void CudaDevice::add(float* y, const float* x, int64_t n) { cuda::add_inplace(y, x, n, stream_); }
 
 double CudaDevice::square_sum(const std::vector<Range>& ranges) {
   auto* result = static_cast<double*>(norm_result_.get());

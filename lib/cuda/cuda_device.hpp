@@ -55,6 +55,7 @@ class CudaDevice final : public Device {
   void copy(void* dst, const void* src, int64_t bytes) override;
   void fill_zero(void* dst, int64_t bytes) override;
   void scale(float* x, int64_t n, float s) override;
+  void add(float* y, const float* x, int64_t n) override;
   double square_sum(const std::vector<Range>& ranges) override;
   void adamw(float* w, const float* grad, float* m, float* v, int64_t n, const AdamWStep& step,
              uint16_t* w_bf16) override;

@@ -69,4 +69,58 @@ std::optional<int64_t> ParamInfo::global_index(int64_t i) const {
   return (row_begin + row) * global_cols + col;
 }
 
+FlatRange zero_slice(const FlatRange& range, int rank, int size) {
+  const int64_t slice = (range.size() + size - 1) / size;
+  const int64_t begin = std::min(range.end, range.begin + rank * slice);
+  const int64_t end = std::min(range.end, begin + slice);
+  return {begin, end};
+}
+
+int64_t FlatStore::index_of(int64_t flat) const {
+  int64_t index = 0;
+  for (const FlatRange& r : ranges) {
+    if (flat >= r.begin && flat < r.end) return index + (flat - r.begin);
+    index += r.size();
+  }
+  throw Error("flat offset " + std::to_string(flat) + " is not stored on this rank");
+}
+
+int64_t FlatStore::size() const {
+  int64_t n = 0;
+  for (const FlatRange& r : ranges) n += r.size();
+  return n;
+}
+
+namespace {
+// "layers.3.mlp.fc1.weight" -> ("layers.3", 3); "final_norm.weight" -> ("final_norm", -1).
+std::pair<std::string, int> unit_key(const std::string& name) {
+  if (name.rfind("layers.", 0) == 0) {
+    const size_t dot = name.find('.', 7);
+    return {name.substr(0, dot), std::stoi(name.substr(7, dot - 7))};
+  }
+  return {name.substr(0, name.rfind('.')), -1};
+}
+}  // namespace
+
+std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params, int64_t flat_size) {
+  std::vector<int> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return params[a].offset < params[b].offset; });
+  std::vector<ParamUnit> units;
+  std::string open_key;
+  for (int i : order) {
+    const ParamInfo& p = params[static_cast<size_t>(i)];
+    const auto [key, layer] = unit_key(p.name);
+    if (units.empty() || key != open_key || p.expert != units.back().expert) {
+      if (!units.empty()) units.back().range.end = p.offset;
+      units.push_back({{units.empty() ? 0 : p.offset, 0}, layer, p.expert, {}});
+      open_key = key;
+    }
+    units.back().params.push_back(i);
+  }
+  if (!units.empty()) units.back().range.end = flat_size;
+  return units;
+}
+
 }  // namespace trident

@@ -61,4 +61,50 @@ struct ParamInfo {
   std::optional<int64_t> global_index(int64_t i) const;
 };
 
+struct FlatRange {
+  int64_t begin = 0, end = 0;  // [begin, end) of the flat parameter/gradient buffer
+  int64_t size() const { return end - begin; }
+  bool operator==(const FlatRange&) const = default;
+};
+
+// Pure: the slice of `range` that rank `rank` of `size` owns when it is sharded over a group
+// (ZeRO): slices of ceil(len/size) elements; the last ones may be short or empty.
+FlatRange zero_slice(const FlatRange& range, int rank, int size);
+
+// Which elements of the flat buffer a device array stores, and where: `ranges` (sorted,
+// disjoint) concatenated in order. The whole buffer is one range [0, flat_size), stored at its
+// flat offsets; under ZeRO-2/3 the gradients (and at stage 3 the weights) store only this rank's
+// slices, packed.
+struct FlatStore {
+  std::vector<FlatRange> ranges;
+  static FlatStore whole(int64_t flat_size) { return {{FlatRange{0, flat_size}}}; }
+  int64_t size() const;  // elements stored
+  // Where flat offset `flat` is stored (it must be: trident::Error otherwise).
+  int64_t index_of(int64_t flat) const;
+  // Calls visit(flat_begin, stored_index, length) for each stored run of [begin, end) (in order).
+  template <class F>
+  void for_each_stored(int64_t begin, int64_t end, F&& visit) const {
+    int64_t index = 0;
+    for (const FlatRange& r : ranges) {
+      const int64_t lo = begin > r.begin ? begin : r.begin, hi = end < r.end ? end : r.end;
+      if (lo < hi) visit(lo, index + (lo - r.begin), hi - lo);
+      index += r.size();
+    }
+  }
+};
+
+// The units ZeRO-2/3 shard, gather and reduce at once: a layer's parameters ("layers.N.*"; its
+// stacked experts a unit of their own, reduced over another group), and each other tensor group
+// (the token embedding, the position embedding, the final norm, the LM head). Each unit covers a
+// contiguous range of the flat buffer: from its first parameter's offset to the next unit's (the
+// first from 0, the last to flat_size), so that the units tile the buffer.
+struct ParamUnit {
+  FlatRange range;
+  int layer = -1;       // the layer index of "layers.N" (-1: not a layer's)
+  bool expert = false;  // the stacked experts (ParamInfo::expert) of a layer
+  std::vector<int> params;  // indices into the params list
+};
+// Pure: the units of `params` (in flat order), tiling [0, flat_size).
+std::vector<ParamUnit> param_units(const std::vector<ParamInfo>& params, int64_t flat_size);
+
 }  // namespace trident

@@ -15,6 +15,7 @@
 #include "model/architecture.hpp"
 #include "model/moe.hpp"
 #include "model/params.hpp"
+#include "model/zero_shards.hpp"
 #include "tensor/device.hpp"
 
 namespace trident {
@@ -38,6 +39,18 @@ class StageModel {
   virtual float* weights() = 0;
   virtual float* grads() = 0;
   virtual int64_t flat_size() const = 0;
+  // Which elements of the flat buffer weights() and grads() store, and where: the whole buffer
+  // at its offsets, or under ZeRO-2/3 the rank's slices packed (model/zero_shards.hpp).
+  virtual const FlatStore& weight_store() const = 0;
+  virtual const FlatStore& grad_store() const = 0;
+  // ZeRO-2/3 (optim.zero_stage 2 or 3): gradients (and at 3 the master weights) sharded over
+  // `data` (the data x context group), the stacked experts over `expert_data` (nullptr: data).
+  // Before init_weights.
+  virtual void set_zero(int stage, Communicator& data, Communicator* expert_data) = 0;
+  // ZeRO-2/3: reduces what backward left unreduced; after the step's last backward.
+  virtual void reduce_gradients() = 0;
+  // The model state's bytes on this rank by kind (the optimizer adds its moments).
+  virtual ModelStateBytes state_bytes() const = 0;
   // GPT-2 init from the counter-based RNG keyed by (seed, parameter name, global index).
   virtual void init_weights(uint64_t seed) = 0;
   virtual void zero_grads() = 0;

@@ -32,6 +32,7 @@
 #include "model/model_stats.hpp"
 #include "model/moe.hpp"
 #include "model/tensor_parallel.hpp"
+#include "model/zero_shards.hpp"
 #include "tensor/device.hpp"
 
 namespace trident {
@@ -106,12 +107,32 @@ class Transformer {
   const ParamInfo& param(std::string_view name) const;
   K& kernels() { return k_; }
 
-  // Flat master weights and gradients (params() offsets), in K's device memory.
-  G* weights() { return master_.data(); }
-  // The compute copy of weights() where T differs from G (bf16), else nullptr.
-  T* compute_weights() { return std::is_same_v<T, G> ? nullptr : compute_.data(); }
-  G* grads() { return grads_.data(); }
+  // Flat master weights and gradients (params() offsets), in K's device memory, stored as
+  // weight_store() and grad_store() say: the whole buffer, or under ZeRO-2/3 (set_zero) the
+  // rank's slices, packed.
+  G* weights() { return zero_ && zero_->stage() == 3 ? zero_->master() : master_.data(); }
+  // The compute copy of weights() where T differs from G (bf16), else nullptr (and at ZeRO-3,
+  // where each unit's copy is gathered when read).
+  T* compute_weights() {
+    return std::is_same_v<T, G> || (zero_ && zero_->stage() == 3) ? nullptr : compute_.data();
+  }
+  G* grads() { return zero_ ? zero_->grads() : grads_.data(); }
   int64_t flat_size() const { return layout_.flat_size; }
+  const FlatStore& weight_store() const {
+    return zero_ && zero_->stage() == 3 ? zero_->store() : whole_;
+  }
+  const FlatStore& grad_store() const { return zero_ ? zero_->store() : whole_; }
+  // ZeRO-2/3 (optim.zero_stage; model/zero_shards.hpp): shard the gradients (stage 2) and the
+  // master weights (stage 3) over `data`, the stacked experts over `expert_data` (nullptr:
+  // data). Before init_weights; weights()/grads() then hold the rank's slices.
+  void set_zero(int stage, Communicator& data, Communicator* expert_data);
+  // ZeRO-2/3: reduce-scatter the gradients backward left whole (a unit whose backward did not
+  // end in this rank's passes: the tied LM head's on the last stage). A no-op otherwise.
+  void reduce_gradients() {
+    if (zero_) zero_->reduce_all();
+  }
+  // The model state's bytes on this rank by kind (moments: none; the optimizer holds them).
+  ModelStateBytes state_bytes() const;
   // Init from the counter-based RNG keyed by (seed, parameter name, global index).
   void init_weights(uint64_t seed);
   void zero_grads();
@@ -233,7 +254,19 @@ class Transformer {
 
  private:
   const T* w(int i) const;
-  G* g(int i) { return i < 0 ? nullptr : grads_.data() + layout_.params[i].offset; }
+  G* g(int i) {
+    if (i < 0) return nullptr;
+    const int64_t offset = layout_.params[i].offset;
+    return zero_ ? zero_->grad(i, offset) : grads_.data() + offset;
+  }
+  // ZeRO-2/3: the backward of the running micro-batch is done with the layer of block parameter
+  // `param`, with the final norm and LM head, with the embeddings: their gradients are reduced.
+  void reduce_layer_of(int param);
+  void reduce_head();
+  void reduce_embeddings();
+  // ZeRO-3: a pass over chunk `chunk` starts (forward or backward; model/zero_shards.hpp).
+  void begin_pass(int chunk, bool backward);
+  void init_sharded_weights(uint64_t seed);
   LinearParams<K> linear(int weight, int bias);
   void norm_forward(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t rows);
   void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const S* mean,
@@ -338,6 +371,8 @@ class Transformer {
   bool recomputing_ = false;  // a forward rerun for full recomputation: not counted in stats
   S loss_scale_ = S(1);  // the running backward's, for the MoE auxiliary losses
   DeviceArray<G> master_, grads_;
+  FlatStore whole_;                        // the whole flat buffer: [0, flat_size)
+  std::unique_ptr<ZeroShards<K>> zero_;    // ZeRO-2/3, or none
   DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)

@@ -59,6 +59,7 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   embedding_ = {C_, vocab_begin, local_vocab};
   loss_ = {local_vocab, vocab_begin, config.vocab_size};
   Device& dev = k_.device();
+  whole_ = FlatStore::whole(layout_.flat_size);
   master_ = DeviceArray<G>(dev, layout_.flat_size);
   grads_ = DeviceArray<G>(dev, layout_.flat_size);
   if constexpr (!std::is_same_v<T, G>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
@@ -131,6 +132,7 @@ template <class K>
 const typename K::T* Transformer<K>::w(int i) const {
   if (i < 0) return nullptr;
   const int64_t offset = layout_.params[i].offset;
+  if (zero_ && zero_->stage() == 3) return zero_->weight(i, offset);
   if constexpr (std::is_same_v<T, G>)
     return master_.data() + offset;
   else
@@ -143,7 +145,89 @@ LinearParams<K> Transformer<K>::linear(int weight, int bias) {
 }
 
 template <class K>
+void Transformer<K>::set_zero(int stage, Communicator& data, Communicator* expert_data) {
+  zero_ = std::make_unique<ZeroShards<K>>(layout_.params, layout_.flat_size, stage, data,
+                                          expert_data, k_);
+  grads_ = DeviceArray<G>();  // backward writes into the shards' windows
+  if (stage == 3) {
+    master_ = DeviceArray<G>();
+    compute_ = DeviceArray<T>();
+  }
+}
+
+template <class K>
+ModelStateBytes Transformer<K>::state_bytes() const {
+  ModelStateBytes b;
+  const int64_t g = sizeof(G);
+  b.weights = weight_store().size() * g;
+  b.gradients = grad_store().size() * g;
+  b.compute = compute_.bytes();
+  if (zero_) b.gather = zero_->gather_bytes();
+  return b;
+}
+
+template <class K>
+void Transformer<K>::reduce_layer_of(int param) {
+  if (zero_)
+    zero_->reduce_layer(zero_->units()[static_cast<size_t>(zero_->unit_of(param))].layer);
+}
+
+template <class K>
+void Transformer<K>::reduce_head() {
+  if (!zero_) return;
+  zero_->reduce_unit(zero_->unit_of(layout_.final_norm_w));
+  // A tied head shares the token embedding's unit: reduced after the lookup's backward where
+  // this rank runs it, here otherwise (the last stage).
+  if (!lm_head_is_tied() || !shard_.has_embedding)
+    zero_->reduce_unit(zero_->unit_of(layout_.lm_head));
+}
+
+template <class K>
+void Transformer<K>::reduce_embeddings() {
+  if (!zero_) return;
+  zero_->reduce_unit(zero_->unit_of(layout_.token_embedding));
+  if (layout_.position_embedding >= 0)
+    zero_->reduce_unit(zero_->unit_of(layout_.position_embedding));
+}
+
+template <class K>
+void Transformer<K>::begin_pass(int chunk, bool backward) {
+  if (!zero_ || zero_->stage() != 3) return;
+  zero_->begin_pass(backward);
+  // The chunk's first layer in the pass's direction starts gathering at once.
+  const size_t first = chunk_block0_[static_cast<size_t>(chunk)];
+  const size_t layers = static_cast<size_t>(chunk_layers(chunk));
+  if (layers == 0) return;
+  const int param = layout_.blocks[backward ? first + layers - 1 : first].norm1_w;
+  zero_->prefetch_layer(zero_->units()[static_cast<size_t>(zero_->unit_of(param))].layer);
+}
+
+template <class K>
+void Transformer<K>::init_sharded_weights(uint64_t seed) {
+  // One unit at a time through host memory: the rank's slice of each is kept.
+  Device& dev = k_.device();
+  std::vector<G> host;
+  const auto& units = zero_->units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const FlatRange range = units[u].range, mine = zero_->slice_of(static_cast<int>(u));
+    host.assign(static_cast<size_t>(range.size()), G(0));
+    for (int i : units[u].params) {
+      const ParamInfo& p = layout_.params[static_cast<size_t>(i)];
+      init_parameter(p, seed, config_.layers, host.data() + (p.offset - range.begin));
+    }
+    dev.from_host(zero_->master() + zero_->packed_index(static_cast<int>(u)),
+                  host.data() + (mine.begin - range.begin),
+                  mine.size() * static_cast<int64_t>(sizeof(G)));
+  }
+}
+
+template <class K>
 void Transformer<K>::init_weights(uint64_t seed) {
+  if (zero_ && zero_->stage() == 3) {
+    init_sharded_weights(seed);
+    weights_changed();
+    return;
+  }
   Device& dev = k_.device();
   std::vector<G> host;
   for (const ParamInfo& p : layout_.params) {
@@ -162,11 +246,15 @@ void Transformer<K>::init_weights(uint64_t seed) {
 
 template <class K>
 void Transformer<K>::zero_grads() {
-  k_.device().fill_zero(grads_.data(), grads_.bytes());
+  if (zero_)
+    zero_->zero_grads();
+  else
+    k_.device().fill_zero(grads_.data(), grads_.bytes());
 }
 
 template <class K>
 void Transformer<K>::weights_changed() {
+  if (zero_ && zero_->stage() == 3) return zero_->weights_changed();
   if constexpr (!std::is_same_v<T, G>) k_.convert(compute_.data(), master_.data(), master_.size());
 }
 
@@ -354,6 +442,7 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
   const int64_t B = a.B, T_ = Tl_, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);  // the norms' outputs and the MLP activation are computed there
   ensure_recompute_workspace(B);
+  begin_pass(a.chunk, false);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
   if (runs_embedding(a)) {
     k_.upload_ids(a.tokens.data(), local_rows(tokens, B), N);
@@ -632,6 +721,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   const int64_t B = a.B, T_ = Tl_, N = B * T_, Ns = stream_rows(B);
   ensure_scratch(B);
   ensure_recompute_workspace(B);
+  begin_pass(a.chunk, true);
   loss_scale_ = loss_scale;
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
   if (runs_head(a.chunk))
@@ -649,11 +739,13 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
       k_.copy(kept.atty.data(), la.atty.data(), B * T_ * Hl_);
     }
     report_final(layout_.blocks[block0 + i].norm1_w);
+    if (!defer_weights) reduce_layer_of(layout_.blocks[block0 + i].norm1_w);
   }
   if (runs_embedding(a)) {
     const T* d_all = tp_.gather_output_grad(d, N, C_);
     if (layout_.position_embedding >= 0) position_embedding_backward(d_all, B);
     embedding_.backward(k_, g(layout_.token_embedding), d_all, a.tokens.data(), N);
+    reduce_embeddings();
   } else {
     k_.copy(d_input, d, Ns * C_);
   }
@@ -672,6 +764,7 @@ void Transformer<K>::head_backward(Activations& a, S loss_scale, T* d) {
                 layout_.final_norm_b, a.final_mean.data(), a.final_rstd.data(),
                 stream_rows(a.B));
   report_final(layout_.final_norm_w);
+  reduce_head();
 }
 
 template <class K>
@@ -802,10 +895,12 @@ void Transformer<K>::backward_weight(Activations& a) {
     if (!lm_head_is_tied()) report_final(layout_.lm_head);
     report_final(layout_.final_norm_w);  // final since backward_input
   }
+  // No weights are read here (dW = dy^T x): no ZeRO-3 pass, no gathers.
   const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = a.layers.size(); i-- > 0;) {
     layer_weight_backward(block0 + i, a.layers[i], a.B);
     report_final(layout_.blocks[block0 + i].norm1_w);
+    reduce_layer_of(layout_.blocks[block0 + i].norm1_w);
   }
 }
 
@@ -877,6 +972,7 @@ void Transformer<K>::forward_decode(KvCache& c, const int32_t* tokens, const int
       throw Error("decode: position " + std::to_string(positions[b]) + " is outside the " +
                   "context of model.seq_len = " + std::to_string(config_.seq_len));
   TensorParallel<K>& tp = *c.tp;
+  begin_pass(0, false);
   k_.upload_ids(c.tokens.data(), tokens, B);
   k_.upload_ids(c.positions.data(), positions, B);
   embedding_.forward(tp, k_, w(layout_.token_embedding), c.x.data(), c.tokens.data(), B);

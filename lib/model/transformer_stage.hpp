@@ -27,6 +27,13 @@ class TransformerStage final : public StageModel {
   float* weights() override { return model_.weights(); }
   float* grads() override { return model_.grads(); }
   int64_t flat_size() const override { return model_.flat_size(); }
+  const FlatStore& weight_store() const override { return model_.weight_store(); }
+  const FlatStore& grad_store() const override { return model_.grad_store(); }
+  void set_zero(int stage, Communicator& data, Communicator* expert_data) override {
+    model_.set_zero(stage, data, expert_data);
+  }
+  void reduce_gradients() override { model_.reduce_gradients(); }
+  ModelStateBytes state_bytes() const override { return model_.state_bytes(); }
   void init_weights(uint64_t seed) override { model_.init_weights(seed); }
   void zero_grads() override { model_.zero_grads(); }
   void weights_changed() override { model_.weights_changed(); }

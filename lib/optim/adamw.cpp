@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 namespace trident {
@@ -12,8 +13,11 @@ bool decays(const ParamInfo& p, const OptimConfig& optim) {
 }
 
 AdamW::AdamW(const std::vector<ParamInfo>& params, std::vector<FlatRange> owned,
-             const OptimConfig& optim, Device& device)
+             const OptimConfig& optim, Device& device, const FlatStore* weights_at,
+             const FlatStore* grads_at)
     : owned_(std::move(owned)), optim_(optim), device_(device) {
+  if (weights_at) weights_at_ = *weights_at;
+  if (grads_at) grads_at_ = *grads_at;
   for (const ParamInfo& p : params)
     segments_.push_back({p.offset, p.offset + p.numel(), decays(p, optim)});
   std::sort(segments_.begin(), segments_.end(),
@@ -60,7 +64,9 @@ bool AdamW::update(float* weights, const float* grads, double lr, double grad_sc
       if (lo >= hi) continue;
       step.weight_decay = s.decay ? static_cast<float>(optim_.weight_decay) : 0.0f;
       const int64_t state_index = state_offset + (lo - range.begin);
-      device_.adamw(weights + lo, grads + lo, exp_avg_.data() + state_index,
+      const int64_t w_at = weights_at_ ? weights_at_->index_of(lo) : lo;
+      const int64_t g_at = grads_at_ ? grads_at_->index_of(lo) : lo;
+      device_.adamw(weights + w_at, grads + g_at, exp_avg_.data() + state_index,
                     exp_avg_sq_.data() + state_index, hi - lo, step,
                     bf16_copy == nullptr ? nullptr : bf16_copy + lo);
     }
@@ -78,12 +84,21 @@ double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const std::vector<FlatRange>& ranges, Device& device,
                        std::vector<Device::Range>& parts) {
+  return grad_square_sum(params, grads, FlatStore::whole(INT64_MAX), ranges, device, parts);
+}
+
+double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
+                       const FlatStore& grads_at, const std::vector<FlatRange>& ranges,
+                       Device& device, std::vector<Device::Range>& parts) {
   parts.clear();
   for (const ParamInfo& p : params) {
     if (!p.counted_in_norm) continue;
     for (const FlatRange& r : ranges) {
       const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
-      if (lo < hi) parts.push_back({grads + lo, hi - lo});
+      if (lo < hi)
+        grads_at.for_each_stored(lo, hi, [&](int64_t, int64_t at, int64_t n) {
+          parts.push_back({grads + at, n});
+        });
     }
   }
   return device.square_sum(parts);

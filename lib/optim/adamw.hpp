@@ -5,6 +5,7 @@
 // and moments live on the model's Device (host memory or a GPU); the element loop is the
 // device's.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/config.hpp"
@@ -20,9 +21,12 @@ bool decays(const ParamInfo& p, const OptimConfig& optim);
 
 class AdamW {
  public:
-  // `owned`: sorted, disjoint ranges of the flat buffer this optimizer updates.
+  // `owned`: sorted, disjoint ranges of the flat buffer this optimizer updates. `weights_at`,
+  // `grads_at`: how update()'s weights and gradients are stored (model/params.hpp's FlatStore:
+  // under ZeRO-2/3 packed slices); nullptr: at their flat offsets.
   AdamW(const std::vector<ParamInfo>& params, std::vector<FlatRange> owned,
-        const OptimConfig& optim, Device& device);
+        const OptimConfig& optim, Device& device, const FlatStore* weights_at = nullptr,
+        const FlatStore* grads_at = nullptr);
 
   // One update of the owned elements: gradients times grad_scale (clipping), bias correction
   // by the number of updates done so far (a skipped step does not count).
@@ -52,6 +56,7 @@ class AdamW {
   // (one device loop instead of one per tensor).
   std::vector<Segment> segments_;
   std::vector<FlatRange> owned_;
+  std::optional<FlatStore> weights_at_, grads_at_;
   bool owns_every_parameter_ = false;
   OptimConfig optim_;
   Device& device_;
@@ -69,5 +74,9 @@ double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const std::vector<FlatRange>& ranges, Device& device,
                        std::vector<Device::Range>& parts);
+// The same over gradients stored as `grads_at` says (ZeRO-2/3's packed slices).
+double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
+                       const FlatStore& grads_at, const std::vector<FlatRange>& ranges,
+                       Device& device, std::vector<Device::Range>& parts);
 
 }  // namespace trident

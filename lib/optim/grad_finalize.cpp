@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "util/error.hpp"
 
@@ -9,15 +10,25 @@ namespace trident {
 
 void sum_split_gradients(const std::vector<ParamInfo>& params, float* grads,
                          const SplitGradientGroups& groups) {
+  sum_split_gradients(params, grads, FlatStore::whole(INT64_MAX), groups);
+}
+
+void sum_split_gradients(const std::vector<ParamInfo>& params, float* grads,
+                         const FlatStore& grads_at, const SplitGradientGroups& groups) {
+  const auto sum_over = [&](Communicator& group, const ParamInfo& p) {
+    grads_at.for_each_stored(p.offset, p.offset + p.numel(), [&](int64_t, int64_t at, int64_t n) {
+      group.all_reduce_sum(grads + at, n);
+    });
+  };
   for (const ParamInfo& p : params)
-    if (p.tensor_partial_grad) groups.tensor->all_reduce_sum(grads + p.offset, p.numel());
+    if (p.tensor_partial_grad) sum_over(*groups.tensor, p);
   if (groups.embedding == nullptr) return;
   const auto wte = std::find_if(params.begin(), params.end(), [](const ParamInfo& p) {
     return p.name == "embedding.token.weight";
   });
   if (wte == params.end())
     throw Error("sum_split_gradients: an embedding group but no embedding.token.weight");
-  groups.embedding->all_reduce_sum(grads + wte->offset, wte->numel());
+  sum_over(*groups.embedding, *wte);
 }
 
 double global_grad_norm(const GradientSync& sync, const std::vector<ParamInfo>& params,

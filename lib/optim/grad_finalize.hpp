@@ -29,6 +29,10 @@ struct SplitGradientGroups {
 // `embedding`.
 void sum_split_gradients(const std::vector<ParamInfo>& params, float* grads,
                          const SplitGradientGroups& groups);
+// The same over gradients stored as `grads_at` says (ZeRO-2/3: the rank's slices, packed; every
+// rank of a group holds the same slices of these tensors, so the sums are element for element).
+void sum_split_gradients(const std::vector<ParamInfo>& params, float* grads,
+                         const FlatStore& grads_at, const SplitGradientGroups& groups);
 
 // Collective: the global gradient norm, every parameter counted once: sharded tensors summed
 // over the tensor group, replicated ones on tensor rank 0 only, stages over the pipeline group,

@@ -61,16 +61,10 @@ std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_
   return buckets;
 }
 
-FlatRange zero_slice(const FlatRange& bucket, int rank, int size) {
-  const int64_t slice = (bucket.size() + size - 1) / size;
-  const int64_t begin = std::min(bucket.end, bucket.begin + rank * slice);
-  const int64_t end = std::min(bucket.end, begin + slice);
-  return {begin, end};
-}
-
 GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size,
-                           ReplicaGroups groups, double bucket_mb, bool zero, Device& device)
-    : data_(*groups.data), device_(device) {
+                           ReplicaGroups groups, double bucket_mb, int zero_stage,
+                           Device& device)
+    : data_(*groups.data), device_(device), stage_(zero_stage) {
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * 1024 * 1024 / sizeof(float)));
   const bool split_experts = groups.expert != nullptr && groups.expert->size() > 1;
@@ -80,19 +74,28 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
     experts.comm = groups.expert_data;
     experts.experts = true;
   }
-  // ZeRO-1: the largest bucket padded to a multiple of its group, and one rank's slice of it.
+  // ZeRO-1 and 2: the largest bucket padded to a multiple of its group, and one rank's slice of
+  // it (the reduce-scatter's and the weights' all-gather's staging; stage 3 needs neither).
   int64_t staging = 0, slice = 0;
+  const std::vector<ParamUnit> units =
+      zero_stage >= 2 ? param_units(params, buffer_size) : std::vector<ParamUnit>{};
   for (Part& part : parts_) {
     const bool experts_part = part.experts;
-    part.buckets =
-        split_experts ? make_buckets(params, buffer_size, bucket_elems,
-                                     [&](const ParamInfo& p) { return p.expert == experts_part; })
-                      : make_buckets(params, buffer_size, bucket_elems);
+    if (zero_stage >= 2) {
+      for (const ParamUnit& u : units)
+        if (!split_experts || u.expert == experts_part) part.buckets.push_back(u.range);
+      std::reverse(part.buckets.begin(), part.buckets.end());  // backward's order
+    } else {
+      const auto in_part = [&](const ParamInfo& p) { return p.expert == experts_part; };
+      part.buckets = split_experts ? make_buckets(params, buffer_size, bucket_elems, in_part)
+                                   : make_buckets(params, buffer_size, bucket_elems);
+    }
     const int size = part.comm->size();
-    part.zero = zero && size > 1;
+    part.zero = zero_stage >= 1 && size > 1;
     if (part.zero) {
       for (const FlatRange& b : part.buckets) {
         part.owned.push_back(zero_slice(b, part.comm->rank(), size));
+        if (zero_stage == 3) continue;
         staging = std::max(staging, (b.size() + size - 1) / size * size);
         slice = std::max(slice, (b.size() + size - 1) / size);
       }
@@ -103,6 +106,7 @@ GradientSync::GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_
     owned_.insert(owned_.end(), part.owned.begin(), part.owned.end());
   }
   owned_ = coalesced(owned_);
+  grad_store_ = zero_stage >= 2 ? FlatStore{owned_} : FlatStore::whole(buffer_size);
   if (staging > 0) {
     staging_ = DeviceArray<float>(device, staging);
     slice_ = DeviceArray<float>(device, slice);
@@ -114,6 +118,7 @@ const GradientSync::Part& GradientSync::part_of(const ParamInfo& p) const {
 }
 
 void GradientSync::grads_final_from(float* grads, int64_t watermark) {
+  if (stage_ >= 2) return;  // the model reduced each unit as its backward ended
   for (Part& part : parts_) {
     if (part.zero || part.comm->size() == 1) continue;
     while (part.next_bucket < part.buckets.size() &&
@@ -132,6 +137,10 @@ void GradientSync::finish(float* grads) {
   // Every part averages over all the replicas of the batch: an expert's gradient already sums
   // the tokens of its expert group (they came to it by all-to-all).
   const float inv = 1.0f / static_cast<float>(dp);
+  if (stage_ >= 2) {  // the model's reduce-scatters left the sums of the owned slices, packed
+    device_.scale(grads, grad_store_.size(), inv);
+    return;
+  }
   grads_final_from(grads, 0);
   for (Part& part : parts_) {
     if (part.zero) {
@@ -159,6 +168,7 @@ void GradientSync::reduce_scatter_buckets(Part& part, float* grads) {
 }
 
 void GradientSync::all_gather_weights(float* weights) {
+  if (stage_ == 3) return;
   for (Part& part : parts_) {
     if (!part.zero) continue;
     Communicator& comm = *part.comm;
@@ -189,7 +199,7 @@ double GradientSync::square_sum(const std::vector<ParamInfo>& params, const floa
                                 const ReplicaGroups& host) const {
   double total = 0.0;
   for (const Part& part : parts_) {
-    double sum = grad_square_sum(params, grads, part.owned, device_, norm_parts_);
+    double sum = grad_square_sum(params, grads, grad_store_, part.owned, device_, norm_parts_);
     if (part.experts) host.expert->all_reduce_sum(&sum, 1);
     if (part.zero) host_comm(part, host).all_reduce_sum(&sum, 1);
     total += sum;

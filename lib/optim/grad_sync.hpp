@@ -14,6 +14,13 @@
 // the average of its slices only, the optimizer keeps moments for those slices only, and the
 // updated weights are all-gathered back.
 //
+// ZeRO-2 and ZeRO-3 (optim.zero_stage = 2, 3): the buckets are the model's units
+// (param_units) and the model reduce-scatters each unit's gradient as backward finishes it
+// (model/zero_shards.hpp), so that the model's grads() already hold the sums of this rank's
+// slices, packed (grad_store()); finish() only averages them. At stage 2 the updated slices are
+// all-gathered back into the whole weights as under ZeRO-1; at stage 3 the weights stay sharded
+// (the model gathers a unit's compute copy when it reads it).
+//
 // Expert parallelism: a rank's experts are replicated over its expert-data group only, so
 // their buckets are reduced (and sliced under ZeRO-1) over that group; the rest over the data
 // group as above.
@@ -28,12 +35,6 @@
 
 namespace trident {
 
-struct FlatRange {
-  int64_t begin = 0, end = 0;  // [begin, end) of the flat parameter/gradient buffer
-  int64_t size() const { return end - begin; }
-  bool operator==(const FlatRange&) const = default;
-};
-
 // Pure: buckets of at most `bucket_elems` elements (a single larger parameter gets a bucket of
 // its own), split at parameter boundaries, ordered from the END of the buffer (the order in
 // which backward completes them). A parameter's extent runs from its offset to the next
@@ -43,9 +44,6 @@ struct FlatRange {
 std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_t buffer_size,
                                     int64_t bucket_elems,
                                     const std::function<bool(const ParamInfo&)>& select = {});
-// Pure: the slice of `bucket` that data-parallel rank `rank` of `size` owns under ZeRO-1
-// (slices of ceil(len/size) elements; the last ones may be short or empty).
-FlatRange zero_slice(const FlatRange& bucket, int rank, int size);
 
 // The groups over which a rank's parameters are replicated: the data group and, under expert
 // parallelism (parallel.expert > 1; grid/grid.hpp), the expert group (different experts on
@@ -63,17 +61,23 @@ class GradientSync {
   // expert-data group (their ZeRO-1 slices too) and everything else over `data`; both are
   // averaged over the whole data-parallel dimension (data's size: the replicas of the batch).
   // `groups`: the communicators of the gradients' memory (`data` required).
+  // `zero_stage`: optim.zero_stage (0 to 3).
   GradientSync(const std::vector<ParamInfo>& params, int64_t buffer_size, ReplicaGroups groups,
-               double bucket_mb, bool zero, Device& device);
+               double bucket_mb, int zero_stage, Device& device);
 
   // Every gradient at flat offset >= watermark is final for this step: start reducing the
-  // buckets that lie entirely above it (not under ZeRO-1, which reduces in finish()).
+  // buckets that lie entirely above it (not under ZeRO, which reduces elsewhere).
   void grads_final_from(float* grads, int64_t watermark);
   // Reduces the remaining buckets, waits for all, averages over the data-parallel group.
-  // Afterwards the gradients of owned() are the global-batch average.
+  // Afterwards the gradients of owned() are the global-batch average. `grads` is stored as
+  // grad_store() says.
   void finish(float* grads);
-  // ZeRO-1: gather every rank's updated slices so all replicas hold the same weights again.
+  // ZeRO-1 and 2: gather every rank's updated slices so all replicas hold the same weights
+  // again (nothing at stage 3, whose weights stay sharded).
   void all_gather_weights(float* weights);
+  // How the gradients it reduces are stored: the whole buffer, or at ZeRO-2/3 owned() packed.
+  const FlatStore& grad_store() const { return grad_store_; }
+  int zero_stage() const { return stage_; }
 
   // The ranges whose averaged gradients this rank holds and whose optimizer state it keeps,
   // sorted: the whole buffer without ZeRO-1, this rank's bucket slices with it.
@@ -82,8 +86,10 @@ class GradientSync {
   const std::vector<FlatRange>& buckets() const { return buckets_; }
   // ZeRO-1 over the data group (the parameters that are not experts).
   bool zero() const { return parts_.front().zero; }
-  // Whether this rank keeps only a slice of p's optimizer state (ZeRO-1 over p's group).
+  // Whether this rank keeps only a slice of p's optimizer state (ZeRO over p's group).
   bool zero_for(const ParamInfo& p) const { return part_of(p).zero; }
+  // Whether this rank keeps only a slice of p's weights (ZeRO-3 over p's group).
+  bool weights_sharded_for(const ParamInfo& p) const { return stage_ == 3 && part_of(p).zero; }
   // Sums `n` host values in place over the data-parallel ranks that hold different owned
   // elements of p: none without ZeRO-1 (every replica holds all of p), the data group with it;
   // for an expert tensor under expert parallelism, the expert group, and the expert-data group
@@ -117,6 +123,8 @@ class GradientSync {
 
   Communicator& data_;
   Device& device_;
+  int stage_;
+  FlatStore grad_store_;
   std::vector<Part> parts_;
   std::vector<FlatRange> buckets_, owned_;
   DeviceArray<float> staging_, slice_;

@@ -42,6 +42,8 @@ class Device {
   virtual void fill_zero(void* dst, int64_t bytes) = 0;
   // x[i] *= s
   virtual void scale(float* x, int64_t n, float s) = 0;
+  // y[i] += x[i] (ZeRO-2/3: a micro-batch's reduced gradient slice into the accumulated one)
+  virtual void add(float* y, const float* x, int64_t n) = 0;
   // Sum of x[i]^2 in double over every element of the ranges {x, n}, with a summation order
   // that depends on the ranges only (bitwise reproducible for any thread count or SM count of
   // the same device kind). One call per gradient norm: a GPU waits once.

@@ -43,22 +43,34 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   model_ = backend_.model.get();
   model_->set_expert_group(groups_.expert().device);
   model_->set_context_group(groups_.context().device);
+  const int zero_stage = static_cast<int>(config.optim.zero_stage);
+  const bool split_experts = groups_.expert().size > 1;
+  if (zero_stage >= 2)
+    model_->set_zero(zero_stage, *groups_.grad_reduce().device,
+                     split_experts ? groups_.expert_data().device : nullptr);
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
   if (groups.pipeline().size > 1 && groups_.embedding().device && m.tie_embeddings) {
     // The tied embedding starts identical on the first and the last stage: the counter-based
     // init makes it so already; the broadcast keeps it so whatever produced the weights.
     const ParamInfo& wte = model_->param("embedding.token.weight");
-    groups_.embedding().device->broadcast(model_->weights() + wte.offset, wte.numel(),
-                                          DType::F32, 0);
+    model_->weight_store().for_each_stored(
+        wte.offset, wte.offset + wte.numel(), [&](int64_t, int64_t at, int64_t n) {
+          groups_.embedding().device->broadcast(model_->weights() + at, n, DType::F32, 0);
+        });
   }
   model_->weights_changed();
   sync_ = std::make_unique<GradientSync>(
       model_->params(), model_->flat_size(),
       ReplicaGroups{groups_.grad_reduce().device, groups_.expert().device,
                     groups_.expert_data().device},
-      config.parallel.dp_bucket_mb, config.optim.zero_stage == 1, device);
-  optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device);
+      config.parallel.dp_bucket_mb, zero_stage, device);
+  // The model's shards and the optimizer's must be the same slices (one unit rule for both).
+  if (zero_stage >= 2 && model_->grad_store().ranges != sync_->owned())
+    throw Error("ZeRO-" + std::to_string(zero_stage) +
+                ": the model's gradient slices are not the optimizer's (internal error)");
+  optimizer_ = std::make_unique<AdamW>(model_->params(), sync_->owned(), config.optim, device,
+                                       &model_->weight_store(), &model_->grad_store());
 
   train_data_ = std::make_unique<BlendedDataset>(
       parse_blend(config.data.train, "data.train"), m.seq_len, m.vocab_size,
@@ -111,14 +123,16 @@ void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
 }
 
 std::vector<float> Trainer::host_weights() {
-  std::vector<float> out(static_cast<size_t>(model_->flat_size()));
-  device().to_host(out.data(), model_->weights(), model_->flat_size() * 4);
+  const int64_t n = model_->weight_store().size();
+  std::vector<float> out(static_cast<size_t>(n));
+  device().to_host(out.data(), model_->weights(), n * 4);
   return out;
 }
 
 std::vector<float> Trainer::host_grads() {
-  std::vector<float> out(static_cast<size_t>(model_->flat_size()));
-  device().to_host(out.data(), model_->grads(), model_->flat_size() * 4);
+  const int64_t n = model_->grad_store().size();
+  std::vector<float> out(static_cast<size_t>(n));
+  device().to_host(out.data(), model_->grads(), n * 4);
   return out;
 }
 
@@ -149,17 +163,19 @@ double Trainer::forward_backward(int64_t step) {
     load_microbatch(*train_data_, batch_of(step), micro, tokens, targets);
   });
   model.take_moe_stats(step_moe_);
+  model.reduce_gradients();  // ZeRO-2/3: what backward left whole
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
   // Sequence parallelism's norms and the tied embedding's two copies (optim/grad_finalize.hpp).
   const bool tied_across_stages = groups_.pipeline().size > 1 && config_.model.tie_embeddings;
-  sum_split_gradients(model.params(), model.grads(),
+  sum_split_gradients(model.params(), model.grads(), model.grad_store(),
                       {groups_.tensor().device,
                        tied_across_stages ? groups_.embedding().device : nullptr});
   // Mean over the global batch: each replica averaged its micro-batches; average the replicas.
   double loss = replica_mean(from_last_stage(loss_sum / static_cast<double>(micro_batches)));
   sync_->finish(model.grads());
   if (test_corruption_.any())  // test only (train/test_corruption.hpp)
-    test_corruption_.apply(batch_of(step), loss, device(), model.grads(), model.flat_size());
+    test_corruption_.apply(batch_of(step), loss, device(), model.grads(),
+                           model.grad_store().size());
   return loss;
 }
 
@@ -423,9 +439,13 @@ bool Trainer::roll_back(int64_t step) {
 }
 
 int64_t Trainer::init_weights_from(const std::string& path) {
-  // Each weight's checksum is counted by its first data-parallel replica.
+  // Each weight's checksum is counted by its first data-parallel replica, or at ZeRO-3 by the
+  // holder of each slice.
   return load_checkpoint_weights(path, config_, *model_,
-                                 [&](const ParamInfo& p) { return sync_->replica_of(p) == 0; },
+                                 [&](const ParamInfo& p) {
+                                   return sync_->replica_of(p) == 0 ||
+                                          sync_->weights_sharded_for(p);
+                                 },
                                  groups_.mpi_world, checkpoint_watchdog_);
 }
 

@@ -39,7 +39,7 @@ struct HostState {
 
   explicit HostState(const CheckpointedState& s) {
     Device& device = s.model.device();
-    const int64_t wn = s.model.flat_size(), sn = s.optimizer.exp_avg().size();
+    const int64_t wn = s.model.weight_store().size(), sn = s.optimizer.exp_avg().size();
     weights = {host_view(device, s.model.weights(), wn, weight_staging), static_cast<size_t>(wn)};
     exp_avg = {host_view(device, s.optimizer.exp_avg().data(), sn, m_staging),
                static_cast<size_t>(sn)};
@@ -70,12 +70,13 @@ TensorShare share_of(const CheckpointTensor& t, const CheckpointedState& s) {
   TensorShare share;
   const ParamInfo* p = t.local;
   if (p == nullptr) return share;
-  share.weights = param_runs(*p, 0, p->numel(), p->offset);
+  share.weights = state_runs(*p, s.model.weight_store().ranges);
   share.moments = state_runs(*p, s.optimizer.owned());
   // The first of p's data-parallel replicas (under expert parallelism an expert's are its
-  // expert-data group) writes p; every holder of a ZeRO-1 slice writes its slice's moments.
+  // expert-data group) writes p; every holder of a ZeRO slice writes its slice's moments (and
+  // at ZeRO-3 its slice's weights).
   const bool first_replica = s.sync.replica_of(*p) == 0;
-  share.writes_weights = p->counted_in_norm && first_replica;
+  share.writes_weights = p->counted_in_norm && (first_replica || s.sync.weights_sharded_for(*p));
   share.writes_moments = p->counted_in_norm && (first_replica || s.sync.zero_for(*p));
   return share;
 }
@@ -229,14 +230,14 @@ int64_t load_checkpoint_weights(const std::string& path, const Config& config, S
 
 void read_model_weights(CheckpointReader& reader, StageModel& model,
                         const std::function<bool(const ParamInfo&)>& counts_checksum) {
-  const int64_t n = model.flat_size();
+  const int64_t n = model.weight_store().size();
   Device& device = model.device();
   std::vector<float> staging;
   if (!device.is_host()) staging.resize(static_cast<size_t>(n));
   float* weights = device.is_host() ? model.weights() : staging.data();
   for_each_checkpoint_tensor(model.config(), model.params(), [&](const CheckpointTensor& t) {
     const ParamInfo* p = t.local;
-    const auto runs = p ? param_runs(*p, 0, p->numel(), p->offset) : std::vector<Run>{};
+    const auto runs = p ? state_runs(*p, model.weight_store().ranges) : std::vector<Run>{};
     reader.read_tensor(t.dataset(kWeightsRoot), t.global.global_shape, runs,
                        {weights, static_cast<size_t>(n)},
                        counted_if(p && p->counted_in_norm && counts_checksum(*p)));

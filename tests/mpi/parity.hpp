@@ -122,13 +122,14 @@ inline Reference reference_run(Config config, int64_t steps, int64_t grads_step 
 }
 
 // Relative error ||g - g_ref|| / ||g_ref|| of every parameter, this rank's shard mapped to
-// global indices and the sums completed over the tensor group (and, under ZeRO-1, where each
+// global indices and the sums completed over the tensor group (and, under ZeRO, where each
 // data-parallel rank holds the averaged gradients of its slices only, over the data group).
 // Returns the worst; `compared` (if given) gets the count of this rank's elements compared.
 inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& grid,
                                std::string* worst_name = nullptr, int64_t* compared = nullptr) {
   const StageModel& model = t.model();
   const std::vector<float> grads = t.host_grads();
+  const FlatStore& stored = model.grad_store();  // ZeRO-2/3: packed slices
   const GradientSync& sync = t.gradient_sync();
   auto owned = [&](int64_t flat) {
     for (const FlatRange& r : sync.owned())
@@ -143,7 +144,9 @@ inline double worst_grad_error(Trainer& t, const Reference& ref, ProcessGrid& gr
       const auto gi = p.global_index(i);
       if (!gi || !owned(p.offset + i)) continue;
       if (compared) ++*compared;
-      const double d = static_cast<double>(grads[p.offset + i]) - global[*gi];
+      const double d =
+          static_cast<double>(grads[static_cast<size_t>(stored.index_of(p.offset + i))]) -
+          global[*gi];
       sums[0] += d * d;
       sums[1] += static_cast<double>(global[*gi]) * global[*gi];
     }
@@ -246,12 +249,12 @@ void for_each_owned_element(Trainer& t, Visit visit) {
 // Whether this rank is the one that accounts for element i of p in a job-wide count: the rank
 // that counts p in the gradient norm (tensor rank 0 of a replicated tensor, the first stage for
 // the tied embedding), on data-parallel rank 0 (an expert under expert parallelism: on its
-// expert-data rank 0) unless each holder has its own slice (`moments` under ZeRO-1). Padding
-// has no global element.
+// expert-data rank 0) unless each holder has its own slice (`moments` under ZeRO, the weights
+// under ZeRO-3). Padding has no global element.
 inline bool counts_element(const ParamInfo& p, int64_t i, bool moments, Trainer& t) {
   const GradientSync& sync = t.gradient_sync();
-  return p.counted_in_norm && ((moments && sync.zero_for(p)) || sync.replica_of(p) == 0) &&
-         p.global_index(i);
+  const bool sliced = moments ? sync.zero_for(p) : sync.weights_sharded_for(p);
+  return p.counted_in_norm && (sliced || sync.replica_of(p) == 0) && p.global_index(i);
 }
 
 // A rank's final training state, copied to the host.
@@ -295,12 +298,15 @@ inline StateComparison compare_states(const TrainingState& a, const TrainingStat
     sums[1] = 1;
   } else {
     for (const ParamInfo& p : t.model().params())
-      for (int64_t i = 0; i < p.numel(); ++i) {
-        const auto k = static_cast<size_t>(p.offset + i);
-        sums[0] += 1;
-        sums[1] += same(a.weights[k], b.weights[k]) ? 0 : 1;
-        if (counts_element(p, i, false, t)) sums[2] += 1;
-      }
+      t.model().weight_store().for_each_stored(
+          p.offset, p.offset + p.numel(), [&](int64_t flat, int64_t at, int64_t n) {
+            for (int64_t j = 0; j < n; ++j) {
+              const auto k = static_cast<size_t>(at + j);
+              sums[0] += 1;
+              sums[1] += same(a.weights[k], b.weights[k]) ? 0 : 1;
+              if (counts_element(p, flat - p.offset + j, false, t)) sums[2] += 1;
+            }
+          });
     for_each_owned_element(t, [&](const ParamInfo& p, int64_t i, int64_t s) {
       const auto k = static_cast<size_t>(s);
       sums[0] += 2;

@@ -57,6 +57,7 @@ class FakeDevice final : public Device {
   void copy(void* dst, const void* src, int64_t bytes) override { std::memmove(dst, src, bytes); }
   void fill_zero(void* dst, int64_t bytes) override { std::memset(dst, kKey, bytes); }
   void scale(float*, int64_t, float) override { ADD_FAILURE() << "scale: not used"; }
+  void add(float*, const float*, int64_t) override { ADD_FAILURE() << "add: not used"; }
   double square_sum(const std::vector<Range>&) override {
     ADD_FAILURE() << "square_sum: not used";
     return 0;

@@ -75,6 +75,10 @@ class CpuDevice final : public Device {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] *= s;
   }
+  void add(float* __restrict y, const float* __restrict x, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
   double square_sum(const std::vector<Range>& ranges) override {
     double total = 0.0;
     for (const Range& r : ranges) total += range_square_sum(r.data, r.size);
