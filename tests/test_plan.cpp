@@ -1404,3 +1404,20 @@ TEST(PlanZero, EnumeratedWhereTheyShardAndBadValuesRefused) {
     }
   }
 }
+
+// rank_layouts simulates a pipeline once for the layouts that differ only in their ZeRO stage:
+// every ranked prediction is the layout's own.
+TEST(PlanZero, RankingSharesThePipelineSimulationAcrossStagesOnly) {
+  PlanProblem p = problem(small_gpt(), 1, 32);
+  const std::vector<Layout> layouts =
+      enumerate_layouts(p, parse_layout_filter("tensor=1,recompute=none,sequence_parallel=0"));
+  std::set<int> stages;
+  for (const Prediction& r : rank_layouts(p, layouts)) {
+    const Prediction own = predict(p, r.layout);
+    EXPECT_EQ(r.step_seconds, own.step_seconds) << to_string(r.layout);
+    EXPECT_EQ(r.time.bubble, own.time.bubble) << to_string(r.layout);
+    EXPECT_EQ(r.memory.total(), own.memory.total()) << to_string(r.layout);
+    if (r.layout.pp > 1) stages.insert(r.layout.zero_stage);
+  }
+  EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
+}

@@ -842,7 +842,22 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
   return "";
 }
 
-Prediction predict(const PlanProblem& p, const Layout& l) {
+namespace {
+
+// The pipeline's simulated times do not depend on the ZeRO stage (its traffic is added to the
+// makespan, not scheduled in it): rank_layouts simulates a layout once for all its stages,
+// keyed by the layout at stage 0.
+using PipelineCache = std::map<std::string, PipelineTimes>;
+
+Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache);
+
+}  // namespace
+
+Prediction predict(const PlanProblem& p, const Layout& l) { return predict_with(p, l, nullptr); }
+
+namespace {
+
+Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache) {
   if (const std::string why = layout_problem(p, l); !why.empty()) throw Error(why);
   const ModelConfig& m = p.model;
   const HardwareSpec& hw = p.hw;
@@ -882,7 +897,16 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
                                               : model.micro_rows()) * C * e;
   const LinkSpec& pp_link = group_link(hw, l.tp * l.cp * l.pp);
   const double transfer = collective_seconds(hw, pp_link, Collective::SendRecv, 2, message);
-  const PipelineTimes pipe = simulate(l, microbatches, chunk_cost, transfer);
+  PipelineTimes pipe;
+  if (cache) {
+    Layout key = l;
+    key.zero_stage = 0;
+    const auto [at, fresh] = cache->try_emplace(to_string(key));
+    if (fresh) at->second = simulate(l, microbatches, chunk_cost, transfer);
+    pipe = at->second;
+  } else {
+    pipe = simulate(l, microbatches, chunk_cost, transfer);
+  }
   const double busy = static_cast<double>(microbatches) * (busiest.forward + busiest.backward);
   const double busy_comm = static_cast<double>(microbatches) * busiest.tp_comm;
   const double busy_ep = static_cast<double>(microbatches) * busiest.ep_comm;
@@ -991,6 +1015,8 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   r.mfu = r.model_flops_per_step / r.step_seconds / devices / model.peak();
   return r;
 }
+
+}  // namespace
 
 LayoutFilter parse_layout_filter(const std::string& text) {
   LayoutFilter f;
@@ -1189,7 +1215,8 @@ bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f) {
 std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts) {
   std::vector<Prediction> out;
   out.reserve(layouts.size());
-  for (const Layout& l : layouts) out.push_back(predict(p, l));
+  PipelineCache simulated;
+  for (const Layout& l : layouts) out.push_back(predict_with(p, l, &simulated));
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_seconds < b.step_seconds;
