@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -66,7 +67,7 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
            {{"tensor", l.tp}, {"context", l.cp}, {"pipeline", l.pp}, {"data", l.dp},
             {"micro_batch", l.micro_batch},
             {"schedule", to_string(l.schedule)}, {"virtual_stages", l.virtual_stages},
-            {"zero", l.zero1 ? 1 : 0}, {"sequence_parallel", l.sequence_parallel},
+            {"zero", l.zero_stage}, {"sequence_parallel", l.sequence_parallel},
             {"recompute", to_string(l.recompute)}, {"expert", l.ep},
             {"pipeline_balance", l.balance}}},
           {"microbatches", p.microbatches},
@@ -88,7 +89,9 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
           {"dp_reduction",
            {{"gradient_bytes", p.dp_gradient_bytes}, {"seconds", p.dp_reduce_seconds},
             {"backward_window_seconds", p.dp_window_seconds},
-            {"assumed_hidden_seconds", p.dp_hidden_seconds}}},
+            {"assumed_hidden_seconds", p.dp_hidden_seconds},
+            {"reduced_bytes_per_step", p.dp_reduced_bytes},
+            {"gathered_bytes_per_step", p.dp_gathered_bytes}}},
           {"context_ring",
            {{"block_bytes", p.cp_block_bytes},
             {"forward_bytes_per_layer", p.cp_forward_bytes_per_layer},
@@ -128,7 +131,7 @@ void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>&
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.cp),
                 static_cast<long long>(l.pp), static_cast<long long>(l.dp), ep,
                 static_cast<long long>(l.micro_batch), to_string(l.schedule).c_str(),
-                static_cast<long long>(l.virtual_stages), l.balance.c_str(), l.zero1 ? 1 : 0,
+                static_cast<long long>(l.virtual_stages), l.balance.c_str(), l.zero_stage,
                 l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(), p.step_seconds,
                 p.time.compute, p.time.tp_comm, ep_time, p.time.cp_comm, p.time.bubble,
                 p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
@@ -166,7 +169,7 @@ void print_table(const PlanProblem& problem, const std::vector<Prediction>& rank
                 static_cast<long long>(l.pp), static_cast<long long>(l.dp), ep,
                 static_cast<long long>(l.micro_batch),
                 to_string(l.schedule).c_str(), static_cast<long long>(l.virtual_stages),
-                l.balance.c_str(), l.zero1 ? 1 : 0, l.sequence_parallel ? 1 : 0,
+                l.balance.c_str(), l.zero_stage, l.sequence_parallel ? 1 : 0,
                 to_string(l.recompute).c_str(), p.step_seconds, share(p.time.compute),
                 share(comm), share(p.time.bubble), share(p.time.optimizer),
                 p.memory.total() / kGiB, p.fits ? " " : "!", 100.0 * p.mfu,
@@ -367,7 +370,7 @@ void run_plan(const PlanOptions& options) {
     // A fully given layout says exactly why; otherwise name what must divide what.
     Layout l{filter.tp, filter.pp, filter.dp, filter.micro_batch,
              filter.schedule.empty() ? ScheduleKind::OneFOneB : parse_schedule_kind(filter.schedule),
-             filter.virtual_stages ? filter.virtual_stages : 1, filter.zero1 == 1,
+             filter.virtual_stages ? filter.virtual_stages : 1, std::max(filter.zero_stage, 0),
              filter.sequence_parallel == 1,
              filter.recompute.empty() ? Recompute::None : parse_recompute(filter.recompute),
              filter.ep ? filter.ep : 1,

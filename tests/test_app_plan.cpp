@@ -100,6 +100,8 @@ TEST(AppPlan, BadInputIsOneErrorLine) {
                         "no valid layout");
   expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 1 --layout colour=red"),
                         "--layout: unknown key \"colour\"");
+  expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 1 --layout tensor=8,zero=4"),
+                        "--layout: zero = \"4\" must be 0, 1, 2 or 3 (the ZeRO stage)");
   // A 7B model on one 2-core CPU machine (fp32, 16 bytes a parameter at least): short by GiB.
   expect_one_error_line(plan("--config " + source("configs/llama_2_7b.toml") +
                              " --set train.precision=fp32 --set train.device=cpu --hardware " +

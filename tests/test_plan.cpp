@@ -185,7 +185,7 @@ TEST(PlanPredict, OptimizerTimeIsItsBytesAtTheCurvesRateForTheOwnedParameters) {
   p.hw.device.optimizer_bandwidth_gbs = {{flat / 2, 10.0}, {flat, 40.0}};
   EXPECT_NEAR(predict(p, layout(1, 1, 2, 2)).time.optimizer, 36.0 * flat / 40e9, 1e-15);
   Layout z = layout(1, 1, 2, 2);
-  z.zero1 = true;
+  z.zero_stage = 1;
   const double owned = std::ceil(flat / 2);
   EXPECT_NEAR(predict(p, z).time.optimizer,
               36.0 * owned / p.hw.optimizer_bytes_per_s(owned), 1e-15);
@@ -417,7 +417,7 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
   EXPECT_DOUBLE_EQ(plain.memory.gradients, flat * 4);
   EXPECT_DOUBLE_EQ(plain.memory.optimizer, flat * 8);
   Layout z = layout(1, 1, 2, 2);
-  z.zero1 = true;
+  z.zero_stage = 1;
   EXPECT_DOUBLE_EQ(predict(p, z).memory.optimizer, std::ceil(flat / 2) * 8);
   // ZeRO-1 adds its reduce-scatter staging (grad_sync.cpp): the largest bucket (here the whole
   // buffer, under 25 MiB) padded to a multiple of DP, and its slice, fp32.
@@ -679,7 +679,7 @@ TEST(PlanMoe, ParametersPerLayerKindAndExpertsSplitByExpertParallelism) {
   // elements); ZeRO-1 splits the rest's moments over DP 2 and the experts' over DP / EP = 1.
   Layout ep = layout(1, 1, 2, 2);
   ep.ep = 2;
-  ep.zero1 = true;
+  ep.zero_stage = 1;
   const Prediction e = predict(p, ep);
   const double experts_local = 4 * kExpertsPerMoeLayer / 2;
   const double local = flat - experts_local;
@@ -1016,9 +1016,9 @@ TEST(PlanContext, ActivationMemoryFallsAsOneOverContext) {
     }
   }
   Layout sharded = context_layout(1, 2, 1, 2);
-  sharded.zero1 = true;
+  sharded.zero_stage = 1;
   Layout over_data = context_layout(1, 1, 1, 4);
-  over_data.zero1 = true;
+  over_data.zero_stage = 1;
   EXPECT_EQ(predict(p, sharded).memory.optimizer, predict(p, over_data).memory.optimizer);
   EXPECT_LT(predict(p, sharded).memory.optimizer,
             predict(p, context_layout(1, 2, 1, 2)).memory.optimizer / 3.0);
@@ -1188,4 +1188,236 @@ TEST(PlanContext, WarningsForAnExposedRingAndAGroupAcrossNodes) {
   EXPECT_NE(w->text.find("TP x CP = 8 > 4 devices per node) crosses nodes"), std::string::npos)
       << w->text;
   EXPECT_FALSE(warns(p, context_layout(1, 4, 1, 2), "context_nodes"));
+}
+
+// Issue 50 item 6: the ZeRO stages (docs/plan.md "ZeRO stages").
+namespace {
+
+// small_gpt's units, by hand: a GPT-2 layer is 12 C^2 + 13 C (qkv C x 3C + 3C, projection
+// C x C + C, fc C x 4C + 4C, fc projection 4C x C + C, two layer norms 4C); the embedding
+// V C + T C (tied head); the head's unit is then the final layer norm, 2C.
+constexpr double kGptLayer = 12.0 * 64 * 64 + 13.0 * 64;
+constexpr double kGptEmbedding = 64.0 * 64 + 16.0 * 64;
+constexpr double kGptFinalNorm = 2.0 * 64;
+
+Layout zero_layout(int64_t dp, int64_t mb, int stage) {
+  Layout l = layout(1, 1, dp, mb);
+  l.zero_stage = stage;
+  return l;
+}
+
+}  // namespace
+
+// Model state by stage against the formula, a parameter's bytes (d = DP): fp32 16 at stage 0;
+// 8 + 8/d at 1; 4 + 12/d and two units' gradient windows at 2; 16/d, three units' gather
+// buffers (the compute copy, fp32 here) and two gradient windows at 3. bf16 adds the 2-byte
+// compute copy to stages 0-2 (18 B/param at stage 0) and gathers 2-byte units at stage 3.
+TEST(PlanZero, ModelStatePerStageIsTheFormula) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 4;
+  const double flat = static_cast<double>(parameter_layout(m, ModelShard::whole(m)).flat_size);
+  ASSERT_EQ(flat, 8 * kGptLayer + kGptEmbedding + kGptFinalNorm);
+  const double owned = std::ceil(flat / 4), unit = kGptLayer;  // the largest unit: a layer
+  for (const std::string precision : {"fp32", "bf16"}) {
+    p.precision = precision;
+    const double copy = precision == "bf16" ? 2.0 : 0.0, compute = precision == "bf16" ? 2 : 4;
+    const Prediction z0 = predict(p, zero_layout(4, 1, 0));
+    const Prediction z1 = predict(p, zero_layout(4, 1, 1));
+    const Prediction z2 = predict(p, zero_layout(4, 1, 2));
+    const Prediction z3 = predict(p, zero_layout(4, 1, 3));
+    auto state = [](const Prediction& r) {
+      return r.memory.weights + r.memory.gradients + r.memory.optimizer;
+    };
+    EXPECT_DOUBLE_EQ(state(z0), flat * (16 + copy)) << precision;
+    EXPECT_DOUBLE_EQ(z1.memory.weights, flat * (4 + copy)) << precision;
+    EXPECT_DOUBLE_EQ(z1.memory.gradients, flat * 4) << precision;
+    EXPECT_DOUBLE_EQ(z1.memory.optimizer, owned * 8) << precision;
+    EXPECT_DOUBLE_EQ(z2.memory.weights, flat * (4 + copy)) << precision;
+    EXPECT_DOUBLE_EQ(z2.memory.gradients, owned * 4 + 2 * unit * 4) << precision;
+    EXPECT_DOUBLE_EQ(z2.memory.optimizer, owned * 8) << precision;
+    EXPECT_DOUBLE_EQ(z3.memory.weights, owned * 4 + 3 * unit * compute) << precision;
+    EXPECT_DOUBLE_EQ(z3.memory.gradients, owned * 4 + 2 * unit * 4) << precision;
+    EXPECT_DOUBLE_EQ(z3.memory.optimizer, owned * 8) << precision;
+    // Only stage 1 stages its reduce-scatter in a bucket of its own (the windows are 2 and
+    // 3's); the activations do not depend on the stage.
+    EXPECT_GT(z1.memory.buffers, z0.memory.buffers) << precision;
+    EXPECT_DOUBLE_EQ(z2.memory.buffers, z0.memory.buffers) << precision;
+    EXPECT_DOUBLE_EQ(z3.memory.buffers, z0.memory.buffers) << precision;
+    EXPECT_DOUBLE_EQ(z3.memory.activations, z0.memory.activations) << precision;
+    EXPECT_LT(z3.memory.total(), z2.memory.total()) << precision;
+    EXPECT_LT(z2.memory.total(), z1.memory.total()) << precision;
+  }
+  // The largest unit is the stage's: a pipeline stage of the embedding and 2 layers with a
+  // vocabulary of 4096 gathers the embedding ((4096 + 16) x 64 elements), the next stages a
+  // layer.
+  ModelConfig wide_vocab = m;
+  wide_vocab.vocab_size = 4096;
+  PlanProblem q = problem(wide_vocab, 1, 32);
+  Layout piped = layout(1, 4, 2, 1);
+  piped.zero_stage = 3;
+  const Prediction r = predict(q, piped);
+  EXPECT_EQ(r.fullest_stage, 0);
+  const double stage0 = 2 * kGptLayer + (4096.0 + 16) * 64;
+  EXPECT_DOUBLE_EQ(r.memory.weights, std::ceil(stage0 / 2) * 4 + 3 * (4096.0 + 16) * 64 * 4);
+}
+
+// The data group's traffic a step (message bytes) and its time with nothing hidden
+// (--no-dp-overlap): stage 0 all-reduces the gradients once; 1 reduce-scatters them and
+// all-gathers the fp32 weights; 2 reduce-scatters them in every micro-batch (M = 8), unit by
+// unit (10 units: 8 layers, the embedding, the head: a latency step each); 3 also all-gathers
+// the compute copy twice a micro-batch and nothing after the update.
+TEST(PlanZero, CollectiveBytesAndTimesPerStage) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  p.dp_overlap = false;
+  const double flat = 8 * kGptLayer + kGptEmbedding + kGptFinalNorm, M = 8, units = 10;
+  auto x = [&](Collective c, double bytes) {
+    return collective_seconds(p.hw, p.hw.intra_node, c, 2, bytes);
+  };
+  auto per_unit = [&](Collective c, double bytes) { return x(c, bytes) + (units - 1) * x(c, 0); };
+  const Prediction z0 = predict(p, zero_layout(2, 2, 0));
+  EXPECT_EQ(z0.microbatches, 8);
+  EXPECT_DOUBLE_EQ(z0.dp_reduced_bytes, 4 * flat);
+  EXPECT_DOUBLE_EQ(z0.dp_gathered_bytes, 0.0);
+  EXPECT_NEAR(z0.time.dp_exposed, x(Collective::AllReduce, 4 * flat), 1e-15);
+  const Prediction z1 = predict(p, zero_layout(2, 2, 1));
+  EXPECT_DOUBLE_EQ(z1.dp_reduced_bytes, 4 * flat);
+  EXPECT_DOUBLE_EQ(z1.dp_gathered_bytes, 4 * flat);
+  EXPECT_NEAR(z1.time.dp_exposed,
+              x(Collective::ReduceScatter, 4 * flat) + x(Collective::AllGather, 4 * flat), 1e-15);
+  const Prediction z2 = predict(p, zero_layout(2, 2, 2));
+  EXPECT_DOUBLE_EQ(z2.dp_reduced_bytes, M * 4 * flat);
+  EXPECT_DOUBLE_EQ(z2.dp_gathered_bytes, 4 * flat);
+  EXPECT_NEAR(z2.time.dp_exposed,
+              M * per_unit(Collective::ReduceScatter, 4 * flat) +
+                  per_unit(Collective::AllGather, 4 * flat),
+              1e-12);
+  EXPECT_EQ(z2.dp_hidden_seconds, 0.0);
+  for (const std::string precision : {"fp32", "bf16"}) {
+    p.precision = precision;
+    const double compute = precision == "bf16" ? 2 : 4;
+    const Prediction z3 = predict(p, zero_layout(2, 2, 3));
+    EXPECT_DOUBLE_EQ(z3.dp_reduced_bytes, M * 4 * flat) << precision;
+    EXPECT_DOUBLE_EQ(z3.dp_gathered_bytes, 2 * M * compute * flat) << precision;
+    EXPECT_NEAR(z3.time.dp_exposed,
+                M * (per_unit(Collective::ReduceScatter, 4 * flat) +
+                     2 * per_unit(Collective::AllGather, compute * flat)),
+                1e-12)
+        << precision;
+    EXPECT_NEAR(z3.time.total(), z3.step_seconds, 1e-12 * z3.step_seconds);
+  }
+}
+
+// Overlapped: with the compute slow (1 GFLOP/s) every unit's collective hides behind the
+// compute it overlaps, but for the first unit (the embedding: the forward's first, the
+// backward's last): stage 2 exposes the last micro-batch's reduce-scatter of it and the
+// all-gather after the update; stage 3 each micro-batch's forward gather of it (nothing before
+// it to hide behind) and the last micro-batch's reduce-scatter of it.
+TEST(PlanZero, OverlapHidesAllButTheFirstUnits) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 32);
+  p.hw.devices_per_node = 2;
+  p.hw.device.peak_tflops_fp32 = 1e-3;
+  const double flat = 8 * kGptLayer + kGptEmbedding + kGptFinalNorm, M = 8, units = 10;
+  auto x = [&](Collective c, double bytes) {
+    return collective_seconds(p.hw, p.hw.intra_node, c, 2, bytes);
+  };
+  auto per_unit = [&](Collective c, double bytes) { return x(c, bytes) + (units - 1) * x(c, 0); };
+  const double rs_first = x(Collective::ReduceScatter, 4 * kGptEmbedding);
+  const Prediction z2 = predict(p, zero_layout(2, 2, 2));
+  EXPECT_NEAR(z2.time.dp_exposed, rs_first + per_unit(Collective::AllGather, 4 * flat), 1e-12);
+  EXPECT_NEAR(z2.dp_hidden_seconds, M * per_unit(Collective::ReduceScatter, 4 * flat) - rs_first,
+              1e-12);
+  const Prediction z3 = predict(p, zero_layout(2, 2, 3));
+  EXPECT_NEAR(z3.time.dp_exposed, M * x(Collective::AllGather, 4 * kGptEmbedding) + rs_first,
+              1e-12);
+  const std::vector<PlanWarning> warnings = layout_warnings(p, z3);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0].kind, "overlap");
+  EXPECT_NE(warnings[0].text.find("ZeRO-3 traffic"), std::string::npos) << warnings[0].text;
+  EXPECT_NE(warnings[0].text.find("8 micro-batches"), std::string::npos) << warnings[0].text;
+}
+
+// The search takes the stages as any other choice: fitting first, then by step time. Only
+// stage 3 fits in a device between its memory and stage 2's: it comes first though slower
+// (links of 0.1 GB/s: its gathers exposed); with memory for all and the optimizer slow (1 GB/s)
+// stage 1 is fastest (its pass over 1/DP of the parameters, one reduce-scatter and all-gather a
+// step against stage 2 and 3's one a micro-batch) and chosen.
+TEST(PlanZero, SearchPicksTheStageThatFitsThenTheFastest) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m, 1, 128);
+  p.hw.intra_node.bandwidth_gbs = 0.1;
+  p.hw.device.optimizer_bandwidth_gbs = {{1.0, 1.0}, {1e9, 1.0}};
+  const LayoutFilter f =
+      parse_layout_filter("tensor=1,pipeline=1,data=8,micro_batch=1,recompute=none");
+  const std::vector<Layout> layouts = enumerate_layouts(p, f);
+  ASSERT_EQ(layouts.size(), 4u);
+  double memory[4], step[4];
+  for (const Layout& l : layouts) {
+    const Prediction r = predict(p, l);
+    memory[l.zero_stage] = r.memory.total();
+    step[l.zero_stage] = r.step_seconds;
+  }
+  EXPECT_LT(step[1], step[0]);
+  EXPECT_LT(step[1], step[2]);
+  EXPECT_LT(step[2], step[3]);
+  EXPECT_LT(memory[3], memory[2]);
+  std::vector<Prediction> ranked = rank_layouts(p, layouts);
+  EXPECT_TRUE(ranked.back().fits);
+  EXPECT_EQ(ranked.front().layout.zero_stage, 1);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  p.hw.device.memory_gib = (memory[3] + memory[2]) / 2 / kGiB;
+  ranked = rank_layouts(p, layouts);
+  EXPECT_EQ(ranked.front().layout.zero_stage, 3);
+  EXPECT_TRUE(ranked.front().fits);
+  EXPECT_FALSE(ranked[1].fits);
+  EXPECT_EQ(layout_overrides(ranked.front().layout, 128)[9], "optim.zero_stage=3");
+}
+
+// Stages 1-3 are enumerated where they shard something (DP x CP > 1), stage 0 alone elsewhere;
+// --layout zero= takes 0 to 3 and refuses anything else in one line naming the key.
+TEST(PlanZero, EnumeratedWhereTheyShardAndBadValuesRefused) {
+  PlanProblem p = problem(small_gpt(), 1, 32);
+  p.hw.devices_per_node = 2;
+  std::set<std::pair<int64_t, int>> seen;  // (DP, stage)
+  for (const Layout& l : enumerate_layouts(p, parse_layout_filter("micro_batch=1,recompute=none")))
+    seen.insert({l.dp, l.zero_stage});
+  EXPECT_EQ(seen, (std::set<std::pair<int64_t, int>>{{1, 0}, {2, 0}, {2, 1}, {2, 2}, {2, 3}}));
+  for (int stage = 0; stage <= 3; ++stage) {
+    const LayoutFilter f = parse_layout_filter("zero=" + std::to_string(stage));
+    EXPECT_EQ(f.zero_stage, stage);
+    const std::vector<Layout> only = enumerate_layouts(p, f);
+    ASSERT_FALSE(only.empty());
+    for (const Layout& l : only) EXPECT_EQ(l.zero_stage, stage);
+    EXPECT_NE(to_string(only.front()).find(",zero=" + std::to_string(stage) + ","),
+              std::string::npos);
+  }
+  for (const std::string bad : {"4", "-1", "two", "", "1.5", "03"}) {
+    try {
+      parse_layout_filter("tensor=1,zero=" + bad);
+      ADD_FAILURE() << "zero=" << bad << " accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what, "--layout: zero = \"" + bad + "\" must be 0, 1, 2 or 3 (the ZeRO stage)");
+    }
+  }
+}
+
+// rank_layouts simulates a pipeline once for the layouts that differ only in their ZeRO stage:
+// every ranked prediction is the layout's own.
+TEST(PlanZero, RankingSharesThePipelineSimulationAcrossStagesOnly) {
+  PlanProblem p = problem(small_gpt(), 1, 32);
+  const std::vector<Layout> layouts =
+      enumerate_layouts(p, parse_layout_filter("tensor=1,recompute=none,sequence_parallel=0"));
+  std::set<int> stages;
+  for (const Prediction& r : rank_layouts(p, layouts)) {
+    const Prediction own = predict(p, r.layout);
+    EXPECT_EQ(r.step_seconds, own.step_seconds) << to_string(r.layout);
+    EXPECT_EQ(r.time.bubble, own.time.bubble) << to_string(r.layout);
+    EXPECT_EQ(r.memory.total(), own.memory.total()) << to_string(r.layout);
+    if (r.layout.pp > 1) stages.insert(r.layout.zero_stage);
+  }
+  EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
 }

@@ -111,6 +111,38 @@ struct ChunkParams {
     return dense_layer * (static_cast<double>(c.layers) - moe) + moe_shared * moe +
            experts_of(m, c, ep) + ends;
   }
+  // ZeRO-2/3's units (Layout::zero_stage): a layer, its experts a unit of their own under
+  // EP > 1; the embedding; the LM head with the final norm (a chunk with both ends holds the
+  // embedding, tied head included, and the rest as the head's unit).
+  double moe_unit(int64_t ep) const {
+    return ep > 1 ? std::max(moe_shared, moe_experts / static_cast<double>(ep))
+                  : moe_shared + moe_experts;
+  }
+  double head_unit(const Chunk& c) const {
+    return c.embedding ? both - embedding : head;
+  }
+  // The largest unit of chunk c, in elements.
+  double largest_unit(const ModelConfig& m, const Chunk& c, int64_t ep) const {
+    const double moe = static_cast<double>(moe_layers_in(m, c));
+    double unit = static_cast<double>(c.layers) > moe ? dense_layer : 0.0;
+    if (moe > 0) unit = std::max(unit, moe_unit(ep));
+    if (c.embedding) unit = std::max(unit, embedding);
+    if (c.head) unit = std::max(unit, head_unit(c));
+    return unit;
+  }
+  // The unit a chunk's forward starts with and its backward ends with: the embedding, or the
+  // chunk's first layer (without its experts under EP > 1, a unit of their own).
+  double first_unit(const ModelConfig& m, const Chunk& c, int64_t ep) const {
+    if (c.embedding) return embedding;
+    if (!m.is_moe_layer(c.layer_begin)) return dense_layer;
+    return ep > 1 ? moe_shared : moe_shared + moe_experts;
+  }
+  // The units of chunk c.
+  double units(const ModelConfig& m, const Chunk& c, int64_t ep) const {
+    const double moe = static_cast<double>(moe_layers_in(m, c));
+    return static_cast<double>(c.layers) + (ep > 1 ? moe : 0.0) + (c.embedding ? 1.0 : 0.0) +
+           (c.head ? 1.0 : 0.0);
+  }
 };
 
 ChunkParams chunk_params(const ModelConfig& m, int64_t tp) {
@@ -527,11 +559,141 @@ int64_t gradient_group(const Layout& l) { return l.dp * l.cp; }
 
 double zero1_staging(const PlanProblem& p, const Layout& l, double flat) {
   const int64_t n = gradient_group(l);
-  if (!l.zero1 || n < 2) return 0.0;
+  if (l.zero_stage != 1 || n < 2) return 0.0;
   const double bucket = std::min(flat, std::floor(p.dp_bucket_mb * 1024.0 * 1024.0 / 4.0));
   const double slice = std::ceil(bucket / static_cast<double>(n));
   return 4.0 * (slice * static_cast<double>(n) + slice);
 }
+
+// A pipeline stage's parameters as the ZeRO stages see them, elements of one rank: all of
+// them and the experts' (EP-split), its largest unit, the first unit of each of its chunks
+// (the one a chunk's forward starts with and its backward ends with) and its units.
+struct StageParams {
+  double flat = 0, experts = 0, largest_unit = 0, first_units = 0, units = 0;
+};
+
+// The elements of `flat` (of which `experts`) a rank owns under a ZeRO stage >= 1: the dense
+// ones over data x context, the experts' over the expert-data group. `whole` rounds each
+// share up to whole elements (the trainer's padded slices), else the exact fraction.
+double owned_params(const Layout& l, double flat, double experts, bool whole) {
+  const double dense = (flat - experts) / static_cast<double>(gradient_group(l));
+  const double expert = experts / static_cast<double>(gradient_group(l) / l.ep);
+  return whole ? std::ceil(dense) + std::ceil(expert) : dense + expert;
+}
+
+// The model state of one pipeline stage by ZeRO stage (bytes a parameter, d the group;
+// docs/plan.md "ZeRO stages"), with `copy` bytes of the bf16 compute copy (0 in fp32) and
+// `compute` bytes of a compute-copy element:
+//   0: 4 master + copy + 4 gradient + 8 moments;   1: 4 + copy + 4 + 8/d;
+//   2: 4 + copy + 12/d, + the gradient windows of kZeroGradientWindows units (fp32);
+//   3: 16/d, + the gather buffers of kZeroGatherBuffers units (`compute` bytes an element) and
+//      the gradient windows; a unit is the stage's largest.
+MemoryUse model_state_bytes(const Layout& l, const StageParams& s, double copy, double compute) {
+  const double owned = owned_params(l, s.flat, s.experts, true);
+  MemoryUse mem;
+  mem.weights = s.flat * (4.0 + copy);
+  mem.gradients = s.flat * 4.0;
+  mem.optimizer = (l.zero_stage >= 1 ? owned : s.flat) * 8.0;
+  if (l.zero_stage >= 2)
+    mem.gradients = owned * 4.0 + kZeroGradientWindows * s.largest_unit * 4.0;
+  if (l.zero_stage == 3) mem.weights = owned * 4.0 + kZeroGatherBuffers * s.largest_unit * compute;
+  return mem;
+}
+
+// The data group's collectives of a step on the largest stage (`s`), and what of them the
+// busiest stage's compute hides (docs/plan.md "Data parallelism", "ZeRO stages").
+struct DataTraffic {
+  const PlanProblem& p;
+  const Layout& l;
+  const StageParams& s;
+  const ChunkCost& busiest;  // per micro-batch, the stage's chunks summed
+  int64_t microbatches;
+  double compute_bytes;      // an element of the compute copy (ZeRO-3's gathers)
+
+  const LinkSpec& link() const { return group_link(p.hw, l.devices()); }
+  // One collective of `kind` over the stage's parameters, `bytes` an element: the dense ones
+  // over DP x CP, the experts' over the expert-data group.
+  double over_stage(Collective kind, double bytes) const {
+    const int64_t n = gradient_group(l);
+    return collective_seconds(p.hw, link(), kind, n, (s.flat - s.experts) * bytes) +
+           collective_seconds(p.hw, link(), kind, n / l.ep, s.experts * bytes);
+  }
+  // The same unit by unit: each unit its own collective, so its latency steps once a unit.
+  double per_unit(Collective kind, double bytes) const {
+    return over_stage(kind, bytes) +
+           (s.units - 1.0) * collective_seconds(p.hw, link(), kind, gradient_group(l), 0.0);
+  }
+
+  // Stages 0 and 1: the gradients reduced once a step (all-reduce; stage 1 reduce-scatter),
+  // bucket by bucket from the last micro-batch's backward (grad_sync.hpp), hidden behind it
+  // all but the bucket holding offset 0; stage 1's all-gather of the updated weights follows
+  // the optimizer, exposed.
+  void per_step(Prediction& r) const {
+    const double grads = s.flat * 4.0;
+    const Collective kind = l.zero_stage == 1 ? Collective::ReduceScatter : Collective::AllReduce;
+    const double reduce = over_stage(kind, 4.0);
+    const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
+    const double window = p.dp_overlap ? busiest.backward : 0.0;
+    r.time.dp_exposed = p.dp_overlap
+                            ? std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket
+                            : reduce;
+    r.dp_gradient_bytes = grads;
+    r.dp_reduce_seconds = reduce;
+    r.dp_window_seconds = window;
+    r.dp_hidden_seconds = p.dp_overlap ? std::min(reduce * (1.0 - bucket), window) : 0.0;
+    r.dp_reduced_bytes = grads;
+    if (l.zero_stage == 1) {
+      r.time.dp_exposed += over_stage(Collective::AllGather, 4.0);
+      r.dp_gathered_bytes = grads;
+    }
+  }
+
+  // Stages 2 and 3, unit by unit in every micro-batch (M of them a step). Each unit's gradient
+  // is reduce-scattered when its backward is done, behind the backward of the units below it;
+  // the chunks' first units (the embedding, or a chunk's first layer), whose backward comes
+  // last, are reduce-scattered behind the next micro-batch's forward, the last micro-batch's
+  // exposed. Stage 2 all-gathers the updated fp32 weights after the optimizer, exposed.
+  // Stage 3 all-gathers each unit's compute copy before its forward and again before its
+  // backward, the next unit prefetched behind the current one's compute: the chunks' first
+  // units' forward gathers have nothing before them and are exposed; the rest of the forward's
+  // gathers share the forward with the previous micro-batch's last reduce-scatters, the
+  // backward's gathers the backward with the reduce-scatters. What a window does not cover
+  // is exposed.
+  void per_microbatch(Prediction& r) const {
+    const double M = static_cast<double>(microbatches);
+    const int64_t n = gradient_group(l);
+    const double reduce = per_unit(Collective::ReduceScatter, 4.0);
+    const double reduce_first =
+        collective_seconds(p.hw, link(), Collective::ReduceScatter, n, s.first_units * 4.0);
+    const bool gathers = l.zero_stage == 3;
+    const double gather = gathers ? per_unit(Collective::AllGather, compute_bytes) : 0.0;
+    const double gather_first =
+        gathers ? collective_seconds(p.hw, link(), Collective::AllGather, n,
+                                     s.first_units * compute_bytes)
+                : 0.0;
+    const double forward = p.dp_overlap ? busiest.forward : 0.0;
+    const double backward = p.dp_overlap ? busiest.backward : 0.0;
+    const double ahead = gather - gather_first;  // the forward's prefetched gathers
+    const double exposed = M * gather_first + M * std::max(0.0, gather + reduce - reduce_first -
+                                                                    backward) +
+                           (M - 1.0) * std::max(0.0, ahead + reduce_first - forward) +
+                           std::max(0.0, ahead - forward) + reduce_first;
+    const double traffic = M * (2.0 * gather + reduce);
+    r.time.dp_exposed = exposed;
+    r.dp_gradient_bytes = s.flat * 4.0;
+    r.dp_reduce_seconds = traffic;
+    r.dp_window_seconds = M * (forward + backward);
+    // Without a window nothing is hidden (the sum's rounding aside).
+    r.dp_hidden_seconds = traffic - exposed > 1e-9 * traffic ? traffic - exposed : 0.0;
+    r.dp_reduced_bytes = M * s.flat * 4.0;
+    if (gathers) {
+      r.dp_gathered_bytes = 2.0 * M * s.flat * compute_bytes;
+    } else {
+      r.time.dp_exposed += per_unit(Collective::AllGather, 4.0);
+      r.dp_gathered_bytes = s.flat * 4.0;
+    }
+  }
+};
 
 }  // namespace
 
@@ -605,7 +767,7 @@ std::string to_string(const Layout& l) {
   if (l.cp > 1) o << ",context=" << l.cp;
   o << ",pipeline=" << l.pp << ",data=" << l.dp
     << ",micro_batch=" << l.micro_batch << ",schedule=" << to_string(l.schedule)
-    << ",virtual_stages=" << l.virtual_stages << ",zero=" << (l.zero1 ? 1 : 0)
+    << ",virtual_stages=" << l.virtual_stages << ",zero=" << l.zero_stage
     << ",sequence_parallel=" << (l.sequence_parallel ? 1 : 0)
     << ",recompute=" << to_string(l.recompute);
   if (l.ep > 1) o << ",expert=" << l.ep;
@@ -680,7 +842,22 @@ std::string layout_problem(const PlanProblem& p, const Layout& l) {
   return "";
 }
 
-Prediction predict(const PlanProblem& p, const Layout& l) {
+namespace {
+
+// The pipeline's simulated times do not depend on the ZeRO stage (its traffic is added to the
+// makespan, not scheduled in it): rank_layouts simulates a layout once for all its stages,
+// keyed by the layout at stage 0.
+using PipelineCache = std::map<std::string, PipelineTimes>;
+
+Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache);
+
+}  // namespace
+
+Prediction predict(const PlanProblem& p, const Layout& l) { return predict_with(p, l, nullptr); }
+
+namespace {
+
+Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache) {
   if (const std::string why = layout_problem(p, l); !why.empty()) throw Error(why);
   const ModelConfig& m = p.model;
   const HardwareSpec& hw = p.hw;
@@ -720,7 +897,16 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
                                               : model.micro_rows()) * C * e;
   const LinkSpec& pp_link = group_link(hw, l.tp * l.cp * l.pp);
   const double transfer = collective_seconds(hw, pp_link, Collective::SendRecv, 2, message);
-  const PipelineTimes pipe = simulate(l, microbatches, chunk_cost, transfer);
+  PipelineTimes pipe;
+  if (cache) {
+    Layout key = l;
+    key.zero_stage = 0;
+    const auto [at, fresh] = cache->try_emplace(to_string(key));
+    if (fresh) at->second = simulate(l, microbatches, chunk_cost, transfer);
+    pipe = at->second;
+  } else {
+    pipe = simulate(l, microbatches, chunk_cost, transfer);
+  }
   const double busy = static_cast<double>(microbatches) * (busiest.forward + busiest.backward);
   const double busy_comm = static_cast<double>(microbatches) * busiest.tp_comm;
   const double busy_ep = static_cast<double>(microbatches) * busiest.ep_comm;
@@ -748,31 +934,26 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   // The ring's blocks in flight (CP > 1): the K/V block arriving beside the one in use, and in
   // backward the dK/dV accumulator received and the one sent.
   const double ring_buffers = l.cp > 1 ? 4.0 * model.ring_block_bytes() : 0.0;
-  double largest_flat = 0.0, largest_experts = 0.0;  // the largest stage's, and its experts'
+  // The largest stage's parameters (by elements), as the data group's traffic moves them.
+  StageParams largest;
+  const double e_compute = model.element_bytes();  // the compute copy's element (ZeRO-3)
   for (int64_t s = 0; s < l.pp; ++s) {
-    double flat = 0.0, experts = 0.0;
+    StageParams stage;
     for (int64_t c = 0; c < l.virtual_stages; ++c) {
       const Chunk& chunk = chunks[static_cast<size_t>(c * l.pp + s)];
-      flat += params.of(m, chunk, l.ep);
-      experts += params.experts_of(m, chunk, l.ep);
+      stage.flat += params.of(m, chunk, l.ep);
+      stage.experts += params.experts_of(m, chunk, l.ep);
+      stage.largest_unit = std::max(stage.largest_unit, params.largest_unit(m, chunk, l.ep));
+      stage.first_units += params.first_unit(m, chunk, l.ep);
+      stage.units += params.units(m, chunk, l.ep);
     }
-    if (flat > largest_flat) {
-      largest_flat = flat;
-      largest_experts = experts;
-    }
+    if (stage.flat > largest.flat) largest = stage;
     const std::vector<int64_t> slots = stash_slots(l, s, microbatches);
     double stashes = 0.0;
     for (int64_t c = 0; c < l.virtual_stages; ++c)
       stashes += static_cast<double>(slots[static_cast<size_t>(c)]) *
                  model.chunk_stash(chunks[static_cast<size_t>(c * l.pp + s)]);
-    MemoryUse mem;
-    mem.weights = flat * (4.0 + bf16_copy);
-    mem.gradients = flat * 4.0;
-    // ZeRO-1: the dense parameters' moments over DP, the experts' over the DP / EP ranks that
-    // hold the same experts (the expert-data group).
-    mem.optimizer = (l.zero1 ? std::ceil((flat - experts) / static_cast<double>(replicas)) +
-                                   std::ceil(experts / static_cast<double>(replicas / l.ep))
-                             : flat) * 8.0;
+    MemoryUse mem = model_state_bytes(l, stage, bf16_copy, e_compute);
     mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
     const ActivationShape shape = model.shape(l.recompute);
@@ -783,8 +964,8 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
       mem.activations += model.moe_extra_bytes(kept) -
                          static_cast<double>(moe_layer_extra_bytes(model.local(), kept));
     }
-    mem.buffers = reserved + scratch + ring_buffers + zero1_staging(p, l, flat);
-    if (experts > 0.0) mem.buffers += model.moe_buffer_bytes();
+    mem.buffers = reserved + scratch + ring_buffers + zero1_staging(p, l, stage.flat);
+    if (stage.experts > 0.0) mem.buffers += model.moe_buffer_bytes();
     // One chunk of the LM head's logits, held once by the last stage.
     if (s == l.pp - 1) mem.buffers += model.head_scratch();
     if (s == 0 || mem.total() > r.memory.total()) {
@@ -794,41 +975,26 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   }
   r.fits = r.memory.total() <= hw.device.memory_gib * kGiB;
 
-  // Data parallelism: the gradient reduction starts during the last micro-batch's backward
-  // (grad_sync.hpp) and hides behind it, all but the bucket holding offset 0; ZeRO-1's
-  // all-gather of the updated weights follows the optimizer, exposed.
-  // The experts' gradients are reduced over the DP / EP ranks holding the same experts (the
-  // expert-data group, also spanning the whole grid), the rest over DP x CP (`replicas`).
+  // Data parallelism (docs/plan.md "Data parallelism", "ZeRO stages"). The experts' traffic
+  // goes over the DP x CP / EP ranks holding the same experts (the expert-data group, also
+  // spanning the whole grid), the rest over DP x CP (`replicas`).
   if (replicas > 1) {
-    const LinkSpec& dp_link = group_link(hw, l.devices());
-    const double grads = largest_flat * 4.0;
-    const double dense_grads = (largest_flat - largest_experts) * 4.0;
-    const double expert_grads = largest_experts * 4.0;
-    const Collective kind = l.zero1 ? Collective::ReduceScatter : Collective::AllReduce;
-    const double reduce = collective_seconds(hw, dp_link, kind, replicas, dense_grads) +
-                          collective_seconds(hw, dp_link, kind, replicas / l.ep, expert_grads);
-    const double bucket = std::min(1.0, p.dp_bucket_mb * 1024.0 * 1024.0 / grads);
-    const double window = p.dp_overlap ? busiest.backward : 0.0;  // the stage's chunks'
-    r.time.dp_exposed = p.dp_overlap
-                            ? std::max(0.0, reduce * (1.0 - bucket) - window) + reduce * bucket
-                            : reduce;
-    r.dp_gradient_bytes = grads;
-    r.dp_reduce_seconds = reduce;
-    r.dp_window_seconds = window;
-    r.dp_hidden_seconds = p.dp_overlap ? std::min(reduce * (1.0 - bucket), window) : 0.0;
-    if (l.zero1)
-      r.time.dp_exposed +=
-          collective_seconds(hw, dp_link, Collective::AllGather, replicas, dense_grads) +
-          collective_seconds(hw, dp_link, Collective::AllGather, replicas / l.ep, expert_grads);
+    const DataTraffic traffic{p, l, largest, busiest, microbatches, e_compute};
+    if (l.zero_stage < 2)
+      traffic.per_step(r);
+    else
+      traffic.per_microbatch(r);
   }
-  const double owned =
-      l.zero1 ? (largest_flat - largest_experts) / static_cast<double>(replicas) +
-                    largest_experts / static_cast<double>(replicas / l.ep)
-              : largest_flat;
-  const bool copy_in_adamw = !(l.zero1 && replicas > 1);
-  const double copy_bytes = bf16_copy > 0.0 && !copy_in_adamw ? bf16_copy + 4.0 : bf16_copy;
-  r.time.optimizer = (owned * kOptimizerBytesPerParam + largest_flat * copy_bytes) /
-                     hw.optimizer_bytes_per_s(owned);
+  const double owned = l.zero_stage >= 1 ? owned_params(l, largest.flat, largest.experts, false)
+                                         : largest.flat;
+  // The bf16 compute copy: written by AdamW as it goes where the rank updates all it holds
+  // (stage 0, one replica) or its slice of it (stage 3, whose slices are what is gathered);
+  // under stages 1 and 2 over several replicas a pass of its own over the gathered weights.
+  double copy = largest.flat * bf16_copy;
+  if (l.zero_stage == 3) copy = owned * bf16_copy;
+  if ((l.zero_stage == 1 || l.zero_stage == 2) && replicas > 1 && bf16_copy > 0.0)
+    copy = largest.flat * (bf16_copy + 4.0);
+  r.time.optimizer = (owned * kOptimizerBytesPerParam + copy) / hw.optimizer_bytes_per_s(owned);
 
   // Throughput.
   const TrainingFlopsParts& parts = model.parts();
@@ -849,6 +1015,8 @@ Prediction predict(const PlanProblem& p, const Layout& l) {
   r.mfu = r.model_flops_per_step / r.step_seconds / devices / model.peak();
   return r;
 }
+
+}  // namespace
 
 LayoutFilter parse_layout_filter(const std::string& text) {
   LayoutFilter f;
@@ -881,8 +1049,9 @@ LayoutFilter parse_layout_filter(const std::string& text) {
     else if (key == "expert") f.ep = integer(1);
     else if (key == "context") f.cp = integer(1);
     else if (key == "zero") {
-      f.zero1 = static_cast<int>(integer(0));
-      if (f.zero1 > 1) throw Error("--layout: zero = " + value + " must be 0 or 1");
+      if (value.size() != 1 || value[0] < '0' || value[0] > '3')
+        throw Error("--layout: zero = \"" + value + "\" must be 0, 1, 2 or 3 (the ZeRO stage)");
+      f.zero_stage = value[0] - '0';
     } else if (key == "sequence_parallel") {
       f.sequence_parallel = static_cast<int>(integer(0));
       if (f.sequence_parallel > 1)
@@ -996,8 +1165,10 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
           for (int64_t v = 1; v <= 8; ++v) {
             if (f.virtual_stages && v != f.virtual_stages) continue;
             if ((kind == ScheduleKind::Interleaved) != (v > 1)) continue;
-            for (int zero = 0; zero <= 1; ++zero) {
-              if ((f.zero1 >= 0 && zero != f.zero1) || (zero && dp * cp == 1 && f.zero1 < 0))
+            for (int zero = 0; zero <= 3; ++zero) {
+              // A stage shards over DP x CP: with one rank there it shards nothing.
+              if ((f.zero_stage >= 0 && zero != f.zero_stage) ||
+                  (zero > 0 && dp * cp == 1 && f.zero_stage < 0))
                 continue;
               for (int sp = 0; sp <= 1; ++sp) {
                 if (f.sequence_parallel >= 0 && sp != f.sequence_parallel) continue;
@@ -1010,7 +1181,7 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const LayoutFilter& 
                     // layout_problem keeps "flops" only where it differs from "even".
                     for (const char* balance : {"even", "flops"}) {
                       if (!f.balance.empty() && f.balance != balance) continue;
-                      Layout l{tp, pp, dp, mb, kind, v, zero == 1, sp == 1, rc, ep, balance, cp};
+                      Layout l{tp, pp, dp, mb, kind, v, zero, sp == 1, rc, ep, balance, cp};
                       if (layout_problem(p, l).empty()) out.push_back(l);
                     }
                   }
@@ -1044,7 +1215,8 @@ bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f) {
 std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts) {
   std::vector<Prediction> out;
   out.reserve(layouts.size());
-  for (const Layout& l : layouts) out.push_back(predict(p, l));
+  PipelineCache simulated;
+  for (const Layout& l : layouts) out.push_back(predict_with(p, l, &simulated));
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_seconds < b.step_seconds;
@@ -1061,7 +1233,7 @@ std::vector<std::string> layout_overrides(const Layout& l, int64_t global_batch)
       "parallel.schedule=" + to_string(l.schedule),
       "parallel.virtual_stages=" + std::to_string(l.virtual_stages),
       "parallel.sequence_parallel=" + std::string(l.sequence_parallel ? "true" : "false"),
-      "optim.zero_stage=" + std::string(l.zero1 ? "1" : "0"),
+      "optim.zero_stage=" + std::to_string(l.zero_stage),
       "train.recompute=" + to_string(l.recompute), "parallel.expert=" + std::to_string(l.ep),
       "parallel.pipeline_balance=" + l.balance};
   return s;
@@ -1136,7 +1308,8 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
                 "zero-bubble schedule shrink it",
                 r.time.bubble, r.step_seconds, 100.0 * r.time.bubble / r.step_seconds,
                 100.0 * kWarnBubble)});
-  if (r.dp_hidden_seconds > 0.0)
+  const char* link = l.devices() <= p.hw.devices_per_node ? "within a node" : "across nodes";
+  if (r.dp_hidden_seconds > 0.0 && l.zero_stage < 2)
     out.push_back(
         {"overlap", 'o',
          format("overlap: %.3g s of the %.3g s data-parallel gradient reduction (%.3g GB over "
@@ -1144,9 +1317,21 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
                 "assumed, not scheduled (nothing models its contention with the backward); "
                 "--no-dp-overlap predicts it exposed",
                 r.dp_hidden_seconds, r.dp_reduce_seconds, r.dp_gradient_bytes / 1e9,
-                gradient_group_text(l).c_str(),
-                l.devices() <= p.hw.devices_per_node ? "within a node" : "across nodes",
-                r.dp_window_seconds)});
+                gradient_group_text(l).c_str(), link, r.dp_window_seconds)});
+  if (r.dp_hidden_seconds > 0.0 && l.zero_stage >= 2)
+    out.push_back(
+        {"overlap", 'o',
+         format("overlap: %.3g s of the %.3g s of ZeRO-%d traffic a step (%.3g GB of gradients "
+                "reduce-scattered%s, over %s, %s, unit by unit in each of %lld micro-batch%s) "
+                "counted as hidden behind the micro-batches' forward and backward (%.3g s): "
+                "assumed, not scheduled (nothing models its contention with the compute); "
+                "--no-dp-overlap predicts it exposed",
+                r.dp_hidden_seconds, r.dp_reduce_seconds, l.zero_stage, r.dp_reduced_bytes / 1e9,
+                l.zero_stage == 3 ? format(" and %.3g GB of weights all-gathered",
+                                           r.dp_gathered_bytes / 1e9).c_str()
+                                  : "",
+                gradient_group_text(l).c_str(), link, static_cast<long long>(r.microbatches),
+                r.microbatches == 1 ? "" : "es", r.dp_window_seconds)});
   if (r.step_seconds > 0.0 && r.time.cp_comm > kWarnRingExposed * r.step_seconds)
     out.push_back(
         {"ring", 'r',

@@ -25,7 +25,13 @@ struct Layout {
   int64_t micro_batch = 1;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int64_t virtual_stages = 1;
-  bool zero1 = false;
+  // optim.zero_stage, sharded over the data x context group (the experts' over the
+  // expert-data group; docs/plan.md "ZeRO stages"): 0 nothing; 1 the AdamW moments; 2 the
+  // gradients too, reduce-scattered unit by unit in every micro-batch's backward; 3 the fp32
+  // master weights too, each unit's compute copy all-gathered before its forward and its
+  // backward. A unit: a transformer layer (its experts a second one under EP), the embedding,
+  // the LM head with the final norm.
+  int zero_stage = 0;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
   // Expert parallelism (parallel.expert, docs/moe.md): the experts of each MoE layer split over
@@ -42,7 +48,7 @@ struct Layout {
   int64_t cp = 1;
   int64_t devices() const { return tp * cp * pp * dp; }
 };
-// "tensor=8,pipeline=2,data=4,micro_batch=1,schedule=1f1b,virtual_stages=1,zero=1,
+// "tensor=8,pipeline=2,data=4,micro_batch=1,schedule=1f1b,virtual_stages=1,zero=3,
 //  sequence_parallel=1,recompute=full" (one line, the --layout syntax), ",context=CP" after
 // the tensor degree when CP > 1, ",expert=EP" added when EP > 1, ",pipeline_balance=flops"
 // when the split is by FLOPs.
@@ -89,9 +95,10 @@ struct StepTime {
 
 // Bytes on the fullest device, by kind.
 struct MemoryUse {
-  double weights = 0.0;      // fp32 master (+ the bf16 compute copy)
-  double gradients = 0.0;    // fp32
-  double optimizer = 0.0;    // AdamW moments, fp32 (1/DP under ZeRO-1)
+  double weights = 0.0;      // fp32 master (+ the bf16 compute copy); ZeRO-3: the master's
+                             // slice and the gather buffers of the units' compute copies
+  double gradients = 0.0;    // fp32; ZeRO-2/3: the slice and the units' gradient windows
+  double optimizer = 0.0;    // AdamW moments, fp32 (1/(DP x CP) from ZeRO stage 1)
   double activations = 0.0;  // the stashes the schedule holds at its peak
   double buffers = 0.0;      // communication and backward scratch, reserved memory
   double total() const { return weights + gradients + optimizer + activations + buffers; }
@@ -118,6 +125,13 @@ struct Prediction {
   double dp_reduce_seconds = 0.0;
   double dp_window_seconds = 0.0;
   double dp_hidden_seconds = 0.0;
+  // The data group's traffic over a step, message bytes (the buffer each collective is of,
+  // as collective_seconds takes it) of the largest stage: the gradients reduced (an
+  // all-reduce or, from ZeRO stage 1, a reduce-scatter: once a step, from stage 2 once a
+  // micro-batch) and the weights all-gathered (stages 1 and 2: the fp32 weights after the
+  // update; stage 3: the compute copy before each micro-batch's forward and backward).
+  double dp_reduced_bytes = 0.0;
+  double dp_gathered_bytes = 0.0;
   // The context-parallel ring (CP > 1): one K/V block (B x T/CP tokens' k and v of the rank's
   // KVH/TP heads), the bytes one layer's forward sends (CP - 1 blocks), and over the step on
   // the busiest stage the seconds all its transfers take on the link (forward, backward's K/V
@@ -126,6 +140,13 @@ struct Prediction {
   double cp_forward_bytes_per_layer = 0.0;
   double cp_ring_seconds = 0.0;
 };
+
+// ZeRO-2 and 3's transient full-size units (docs/plan.md "ZeRO stages"), each the size of the
+// stage's largest unit: the gradient windows a unit's backward writes before they are
+// reduce-scattered (fp32: the one being written, the one in flight) and, under stage 3, the
+// gather buffers of the compute copy (the unit in use, the one prefetched, the one in flight).
+inline constexpr double kZeroGradientWindows = 2.0;
+inline constexpr double kZeroGatherBuffers = 3.0;
 
 // What a plan's numbers may hide, said beside them (docs/plan.md "Warnings"). `kind` is a
 // short name (JSON) and `code` its letter in the table's warn column; `text` one line.
@@ -196,7 +217,7 @@ double pipeline_makespan(const Layout& l, int64_t microbatches,
 struct LayoutFilter {
   int64_t tp = 0, pp = 0, dp = 0, micro_batch = 0, virtual_stages = 0, ep = 0, cp = 0;
   std::string schedule;   // "" or a schedule name
-  int zero1 = -1;         // -1 any, 0, 1
+  int zero_stage = -1;    // -1 any, 0 .. 3
   int sequence_parallel = -1;
   std::string recompute;  // "" or none|selective|full
   std::string balance;    // "" or even|flops (pipeline_balance)
