@@ -22,6 +22,7 @@
 #include "model/model_stats.hpp"
 #include "stop_signals.hpp"
 #include "train/run_reports.hpp"
+#include "train/startup_checks.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
 #include "util/rank_log.hpp"
@@ -225,6 +226,8 @@ int run_train(const TrainOptions& options) {
              threads_above_share_note(threads.threads, threads.source, share) +
              overlap_without_a_core_note(config, threads.threads, share));
     out.print("%s\n", grid.describe().c_str());
+    out.text(model_state_lines(config, static_cast<int>(config.parallel.data *
+                                                        config.parallel.context)));
   }
 
   // Tests: a start-up that takes this long (as a large model's initialisation would), so that

@@ -254,11 +254,22 @@ class Transformer {
 
  private:
   const T* w(int i) const;
+  // Parameter i's gradient. Under ZeRO-2/3 only where gradients are formed (backward, and the
+  // LM head's in a training forward: taking_grads_), else nullptr: asking opens the unit's
+  // window, and a forward's LinearParams would open every layer's.
   G* g(int i) {
     if (i < 0) return nullptr;
     const int64_t offset = layout_.params[i].offset;
-    return zero_ ? zero_->grad(i, offset) : grads_.data() + offset;
+    if (!zero_) return grads_.data() + offset;
+    return taking_grads_ ? zero_->grad(i, offset) : nullptr;
   }
+  // Sets taking_grads_ for its lifetime.
+  struct TakingGrads {
+    bool& flag;
+    bool before;
+    TakingGrads(bool& f, bool now) : flag(f), before(f) { flag = now; }
+    ~TakingGrads() { flag = before; }
+  };
   // ZeRO-2/3: the backward of the running micro-batch is done with the layer of block parameter
   // `param`, with the final norm and LM head, with the embeddings: their gradients are reduced.
   void reduce_layer_of(int param);
@@ -373,6 +384,7 @@ class Transformer {
   DeviceArray<G> master_, grads_;
   FlatStore whole_;                        // the whole flat buffer: [0, flat_size)
   std::unique_ptr<ZeroShards<K>> zero_;    // ZeRO-2/3, or none
+  bool taking_grads_ = false;              // in a pass that forms gradients (g())
   DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)

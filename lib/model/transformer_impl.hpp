@@ -459,7 +459,10 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
     layer_forward(block0 + i, la, a.layers[i].input.data(), out, B);
   }
   if (!runs_head(a.chunk)) return;
-  head_forward(a, targets, loss_scale);
+  {
+    const TakingGrads head_grads(taking_grads_, loss_scale != S(0));  // the head's, formed here
+    head_forward(a, targets, loss_scale);
+  }
   k_.accumulate_mean(loss_sum_.data(), a.losses.data(), N);
 }
 
@@ -722,6 +725,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   ensure_scratch(B);
   ensure_recompute_workspace(B);
   begin_pass(a.chunk, true);
+  const TakingGrads grads(taking_grads_, true);
   loss_scale_ = loss_scale;
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
   if (runs_head(a.chunk))
@@ -895,7 +899,8 @@ void Transformer<K>::backward_weight(Activations& a) {
     if (!lm_head_is_tied()) report_final(layout_.lm_head);
     report_final(layout_.final_norm_w);  // final since backward_input
   }
-  // No weights are read here (dW = dy^T x): no ZeRO-3 pass, no gathers.
+  // ZeRO-3: the recomputed norms read their weights, gathered as this pass asks for them.
+  const TakingGrads grads(taking_grads_, true);
   const size_t block0 = chunk_block0_[static_cast<size_t>(a.chunk)];
   for (size_t i = a.layers.size(); i-- > 0;) {
     layer_weight_backward(block0 + i, a.layers[i], a.B);

@@ -139,26 +139,32 @@ std::string pipeline_report(const PipelineStats& st, const DimGroup& pipeline,
 }
 
 std::string memory_report(const StageModel& model, const AdamW& optimizer,
-                          const PipelineStats& stats, const Device& device, Communicator& world) {
+                          const GradientSync& sync, const PipelineStats& stats,
+                          const Device& device, Communicator& world) {
   const double mb = 1e6;
-  // Counted: the buffers' sizes and the executor's count of its stashes. Measured: what the
-  // device's allocator handed out (every weight, gradient, moment, stash, scratch and message
-  // buffer the rank made), now and at its most.
-  double mine[6] = {model.flat_size() * sizeof(float) / mb,
-                    model.flat_size() * sizeof(float) / mb,
-                    optimizer.state_bytes() / mb,
-                    stats.peak_activation_bytes / mb,
-                    device.allocated_bytes() / mb,
-                    device.peak_allocated_bytes() / mb};
-  std::vector<double> all(6 * world.size());
-  world.all_gather(mine, all.data(), 6, DType::F64);
+  // Counted: the buffers' sizes (ZeRO-2/3: the rank's slices; the compute copy and gather
+  // buffers after them) and the executor's count of its stashes. Measured: what the device's
+  // allocator handed out (every weight, gradient, moment, stash, scratch and message buffer the
+  // rank made), now and at its most.
+  const ModelStateBytes state = model.state_bytes();
+  constexpr int kFigures = 8;
+  double mine[kFigures] = {state.weights / mb,
+                           state.gradients / mb,
+                           optimizer.state_bytes() / mb,
+                           stats.peak_activation_bytes / mb,
+                           device.allocated_bytes() / mb,
+                           device.peak_allocated_bytes() / mb,
+                           state.compute / mb,
+                           (state.gather + sync.staging_bytes()) / mb};
+  std::vector<double> all(kFigures * world.size());
+  world.all_gather(mine, all.data(), kFigures, DType::F64);
   std::string out;
   for (int r = 0; r < world.size(); ++r) {
-    const double* a = &all[6 * r];
+    const double* a = &all[kFigures * r];
     out += formatted("memory rank %d: parameters %.2f MB | gradients %.2f MB | optimizer state "
                      "%.2f MB | peak activations %.2f MB | device allocated %.2f MB, peak %.2f "
-                     "MB\n",
-                     r, a[0], a[1], a[2], a[3], a[4], a[5]);
+                     "MB | compute copy %.2f MB | gather buffers %.2f MB\n",
+                     r, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
   }
   return out;
 }

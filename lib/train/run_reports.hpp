@@ -18,6 +18,7 @@ class AdamW;
 class BlendedDataset;
 class Communicator;
 class Device;
+class GradientSync;
 class StageModel;
 struct CoreShare;
 struct DimGroup;
@@ -62,10 +63,12 @@ class PipelineBubbles {
 // costs, the peak micro-batches held and their activations. Collective over the pipeline group.
 std::string pipeline_report(const PipelineStats& stats, const DimGroup& pipeline,
                             const Config& config);
-// Per rank: parameters, gradients, optimizer state and peak activations counted; the device
-// allocator's bytes now and at their peak, measured. Collective over `world`.
+// Per rank: parameters (the weights stored), gradients, optimizer state and peak activations
+// counted; the device allocator's bytes now and at their peak, measured; the compute copy and
+// the gather buffers (ZeRO's windows, slots and staging) counted. Collective over `world`.
 std::string memory_report(const StageModel& model, const AdamW& optimizer,
-                          const PipelineStats& stats, const Device& device, Communicator& world);
+                          const GradientSync& sync, const PipelineStats& stats,
+                          const Device& device, Communicator& world);
 
 // Rank 0's communication at the end of a run: the host table (`host_table`, the process grid's
 // stats_table over `host`), a line per operation of each device communicator (GPU runs), and

@@ -18,6 +18,7 @@
 #include "checkpoint/ckpt_mpi.hpp"
 #include "grid/parallel_dims.hpp"
 #include "model/model_stats.hpp"
+#include "pipeline/shard_plan.hpp"
 #include "pipeline/schedule.hpp"
 
 namespace trident {
@@ -61,25 +62,89 @@ std::string checkpoint_dir_problem(const std::string& dir) {
   return "";
 }
 
-RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size,
-                                int stage) {
-  const ModelConfig& m = config.model;
+namespace {
+// This rank's parameters and its largest ZeRO unit (an upper bound: every layer counted as a
+// MoE layer where there are any; the embeddings and head as one unit).
+struct ShardParameters {
+  double parameters = 0, largest_unit = 0;
+};
+ShardParameters shard_parameters(const ModelConfig& m, const ModelShard& shard) {
   const double tp = std::max(1, shard.tp_size);
-  // Per layer and the rest (embeddings, final norm, an untied head), from the exact count.
   ModelConfig one = m, two = m;
   one.layers = 1;
   two.layers = 2;
-  // Every layer counted as a MoE layer when there are any: an upper bound.
   one.moe_layer_interval = two.moe_layer_interval = 1;
   const double per_layer =
       static_cast<double>(parameter_count(two)) - static_cast<double>(parameter_count(one));
   const double rest = static_cast<double>(parameter_count(one)) - per_layer;
   const double layers = static_cast<double>(shard.layer_count());
+  const bool ends = shard.has_embedding || shard.has_head;
+  return {(layers * per_layer + (ends ? rest : 0.0)) / tp,
+          std::max(layers > 0 ? per_layer : 0.0, ends ? rest : 0.0) / tp};
+}
+}  // namespace
+
+ModelStateBytes estimate_model_state(const Config& config, const ModelShard& shard,
+                                     int dp_size) {
+  const ShardParameters s = shard_parameters(config.model, shard);
+  const double P = s.parameters, L = s.largest_unit;
+  const int stage = static_cast<int>(config.optim.zero_stage);
+  const double d = stage >= 1 ? std::max(1, dp_size) : 1;
+  const bool bf16 = config.train.precision == "bf16";
+  const double compute_element = bf16 ? 2.0 : 4.0;
+  double gather = 0;
+  if (stage == 1 || stage == 2) {  // the staging of the largest bucket (stage 2: a unit)
+    const double bucket_elems = config.parallel.dp_bucket_mb * 1024 * 1024 / 4;
+    const double bucket = stage == 2 ? L : std::min(P, std::max(bucket_elems, L));
+    gather += 4.0 * (bucket + bucket / d);
+  }
+  if (stage >= 2) gather += 8.0 * L + 4.0 * L / d;  // two windows, the received slice
+  if (stage == 3) {
+    const double slots = config.parallel.expert > 1 ? 5 : 3;
+    gather += slots * compute_element * (L + L / d);
+  }
+  auto bytes = [](double x) { return static_cast<int64_t>(std::llround(x)); };
+  ModelStateBytes b;
+  b.weights = bytes(4.0 * P / (stage == 3 ? d : 1.0));
+  b.compute = bytes(bf16 && stage < 3 ? 2.0 * P : 0.0);
+  b.gradients = bytes(4.0 * P / (stage >= 2 ? d : 1.0));
+  b.moments = bytes(8.0 * P / d);
+  b.gather = bytes(gather);
+  return b;
+}
+
+std::string model_state_lines(const Config& config, int dp_size) {
+  std::string out;
+  const int pp = static_cast<int>(config.parallel.pipeline);
+  for (int stage = 0; stage < pp; ++stage) {
+    const ModelShard shard = plan_model_shard(config, {0, static_cast<int>(config.parallel.tensor),
+                                                       stage, pp, 0,
+                                                       static_cast<int>(config.parallel.expert),
+                                                       0, static_cast<int>(config.parallel.context)});
+    const ModelStateBytes b = estimate_model_state(config, shard, dp_size);
+    const double mb = 1e6;
+    char line[400];
+    std::snprintf(line, sizeof line,
+                  "model state per rank%s (ZeRO-%lld over %d replicas): weights %.2f MB | compute "
+                  "copy %.2f MB | gradients %.2f MB | moments %.2f MB | gather buffers %.2f MB | "
+                  "total %.2f MB\n",
+                  pp > 1 ? (" of stage " + std::to_string(stage)).c_str() : "",
+                  static_cast<long long>(config.optim.zero_stage), dp_size, b.weights / mb,
+                  b.compute / mb, b.gradients / mb, b.moments / mb, b.gather / mb,
+                  b.total() / mb);
+    out += line;
+  }
+  return out;
+}
+
+RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size,
+                                int stage) {
+  const ModelConfig& m = config.model;
+  const double tp = std::max(1, shard.tp_size);
+  const double layers = static_cast<double>(shard.layer_count());
   RankMemory r;
-  r.parameters = (layers * per_layer + (shard.has_embedding || shard.has_head ? rest : 0.0)) / tp;
-  const bool zero = config.optim.zero_stage == 1;
-  // fp32 weights and gradients; AdamW's two fp32 moments, sharded over the replicas by ZeRO-1.
-  r.state_bytes = r.parameters * (4.0 + 4.0 + 8.0 / (zero ? std::max(1, dp_size) : 1));
+  r.parameters = shard_parameters(m, shard).parameters;
+  r.state_bytes = static_cast<double>(estimate_model_state(config, shard, dp_size).total());
 
   const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
   const double B = static_cast<double>(config.train.micro_batch);

@@ -9,6 +9,7 @@
 
 #include "config/config.hpp"
 #include "model/architecture.hpp"
+#include "model/zero_shards.hpp"
 
 namespace trident {
 
@@ -20,8 +21,20 @@ class ParallelDims;
 // read-only mount). "" when usable.
 std::string checkpoint_dir_problem(const std::string& dir);
 
+// The model state of one rank holding its share of the model, by kind, under ZeRO stage
+// optim.zero_stage over `dp_size` replicas (docs/parallelism.md "ZeRO stages"); per parameter
+// P: weights 4, gradients 4, moments 8 at stage 0; moments 8/d at stage 1; gradients 4/d too at
+// stage 2; weights 4/d too at stage 3; a compute copy of 2 at bf16 (none at stage 3). Gather
+// buffers, from the largest unit L (a layer, or the embeddings on the stages that hold them):
+// stage 1 and 2 the staging of a reduce-scatter / all-gather, 4 (B + B/d) for a bucket B;
+// stage 2 two gradient windows, 8L; stage 3 those and 2u+1 slots of L + L/d compute elements
+// (u: units a layer has, 2 with expert parallelism).
+ModelStateBytes estimate_model_state(const Config& config, const ModelShard& shard, int dp_size);
+// "model state per rank (ZeRO-3 over 4 ranks): weights 2.1 MB | ..." for each pipeline stage.
+std::string model_state_lines(const Config& config, int dp_size);
+
 // A lower bound of the host memory one rank needs: its share of the weights, gradients and
-// AdamW state (ZeRO-1: the state over the data-parallel group) and the activations of the
+// AdamW state (estimate_model_state) and the activations of the
 // micro-batches its pipeline stage holds at once under parallel.schedule
 // (schedule_peak_bound: 1 without a pipeline, up to M under GPipe, 2p-1 under ZB-H2; under
 // interleaved its chunk stashes over the v chunks, rounded down). Floating point: sizes far

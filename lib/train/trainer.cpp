@@ -458,7 +458,7 @@ std::string Trainer::pipeline_report() {
 }
 
 std::string Trainer::memory_report() {
-  return trident::memory_report(*model_, *optimizer_, executor_->stats(), device(),
+  return trident::memory_report(*model_, *optimizer_, *sync_, executor_->stats(), device(),
                                 *groups_.world().host);
 }
 
