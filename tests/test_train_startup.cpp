@@ -81,8 +81,10 @@ TEST(RankMemory, ShareOfTheModel) {
   EXPECT_DOUBLE_EQ(estimate_rank_memory(c, half, 1).parameters, total / 2);
 
   const Config zero = tiny({"optim.zero_stage=1"});
+  // Weights, gradients, a quarter of the moments, and the reduce-scatter's staging: the tiny
+  // model is one bucket (under parallel.dp_bucket_mb), padded, and a slice of it.
   EXPECT_DOUBLE_EQ(estimate_rank_memory(zero, ModelShard::whole(c.model), 4).state_bytes,
-                   (4 + 4 + 2) * total);
+                   (4 + 4 + 2) * total + 4 * (total + total / 4));
 
   ModelShard middle = ModelShard::whole(c.model);  // a middle stage: layers only
   middle.layer_begin = 1, middle.layer_end = 3, middle.has_embedding = false,

@@ -86,6 +86,9 @@ struct ModelShard {
   int cp_rank = 0;
   int cp_size = 1;
   int64_t seq_rows(int64_t seq_len) const { return seq_len / cp_size; }
+  // ZeRO stage (optim.zero_stage; model/zero_shards.hpp): from 2 the model never allocates the
+  // whole gradient buffer, from 3 nor the whole weights (its shards hold slices; set_zero).
+  int zero_stage = 0;
 
   std::vector<std::pair<int64_t, int64_t>> layer_chunks() const {
     if (chunks.empty()) return {{layer_begin, layer_end}};

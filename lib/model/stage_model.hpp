@@ -43,10 +43,10 @@ class StageModel {
   // at its offsets, or under ZeRO-2/3 the rank's slices packed (model/zero_shards.hpp).
   virtual const FlatStore& weight_store() const = 0;
   virtual const FlatStore& grad_store() const = 0;
-  // ZeRO-2/3 (optim.zero_stage 2 or 3): gradients (and at 3 the master weights) sharded over
-  // `data` (the data x context group), the stacked experts over `expert_data` (nullptr: data).
-  // Before init_weights.
-  virtual void set_zero(int stage, Communicator& data, Communicator* expert_data) = 0;
+  // ZeRO-2/3 (ModelShard::zero_stage 2 or 3): gradients (and at 3 the master weights) sharded
+  // over `data` (the data x context group), the stacked experts over `expert_data` (nullptr:
+  // data). Before init_weights.
+  virtual void set_zero(Communicator& data, Communicator* expert_data) = 0;
   // ZeRO-2/3: reduces what backward left unreduced; after the step's last backward.
   virtual void reduce_gradients() = 0;
   // The model state's bytes on this rank by kind (the optimizer adds its moments).

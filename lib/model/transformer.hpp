@@ -122,10 +122,10 @@ class Transformer {
     return zero_ && zero_->stage() == 3 ? zero_->store() : whole_;
   }
   const FlatStore& grad_store() const { return zero_ ? zero_->store() : whole_; }
-  // ZeRO-2/3 (optim.zero_stage; model/zero_shards.hpp): shard the gradients (stage 2) and the
-  // master weights (stage 3) over `data`, the stacked experts over `expert_data` (nullptr:
-  // data). Before init_weights; weights()/grads() then hold the rank's slices.
-  void set_zero(int stage, Communicator& data, Communicator* expert_data);
+  // ZeRO-2/3 (ModelShard::zero_stage; model/zero_shards.hpp): shard the gradients (stage 2)
+  // and the master weights (stage 3) over `data`, the stacked experts over `expert_data`
+  // (nullptr: data). Before init_weights; weights()/grads() then hold the rank's slices.
+  void set_zero(Communicator& data, Communicator* expert_data);
   // ZeRO-2/3: reduce-scatter the gradients backward left whole (a unit whose backward did not
   // end in this rank's passes: the tied LM head's on the last stage). A no-op otherwise.
   void reduce_gradients() {

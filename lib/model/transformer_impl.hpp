@@ -60,9 +60,12 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   loss_ = {local_vocab, vocab_begin, config.vocab_size};
   Device& dev = k_.device();
   whole_ = FlatStore::whole(layout_.flat_size);
-  master_ = DeviceArray<G>(dev, layout_.flat_size);
-  grads_ = DeviceArray<G>(dev, layout_.flat_size);
-  if constexpr (!std::is_same_v<T, G>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
+  // ZeRO-2/3 hold slices (set_zero): the whole buffers are never made, not even for a moment.
+  if (shard.zero_stage < 3) {
+    master_ = DeviceArray<G>(dev, layout_.flat_size);
+    if constexpr (!std::is_same_v<T, G>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
+  }
+  if (shard.zero_stage < 2) grads_ = DeviceArray<G>(dev, layout_.flat_size);
   loss_sum_ = DeviceArray<double>(dev, 1);
 }
 
@@ -145,14 +148,12 @@ LinearParams<K> Transformer<K>::linear(int weight, int bias) {
 }
 
 template <class K>
-void Transformer<K>::set_zero(int stage, Communicator& data, Communicator* expert_data) {
-  zero_ = std::make_unique<ZeroShards<K>>(layout_.params, layout_.flat_size, stage, data,
-                                          expert_data, k_);
-  grads_ = DeviceArray<G>();  // backward writes into the shards' windows
-  if (stage == 3) {
-    master_ = DeviceArray<G>();
-    compute_ = DeviceArray<T>();
-  }
+void Transformer<K>::set_zero(Communicator& data, Communicator* expert_data) {
+  if (shard_.zero_stage < 2)
+    throw Error("Transformer::set_zero: the shard's ZeRO stage is " +
+                std::to_string(shard_.zero_stage) + " (2 or 3 shard the model)");
+  zero_ = std::make_unique<ZeroShards<K>>(layout_.params, layout_.flat_size, shard_.zero_stage,
+                                          data, expert_data, k_);
 }
 
 template <class K>

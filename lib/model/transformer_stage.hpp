@@ -29,8 +29,8 @@ class TransformerStage final : public StageModel {
   int64_t flat_size() const override { return model_.flat_size(); }
   const FlatStore& weight_store() const override { return model_.weight_store(); }
   const FlatStore& grad_store() const override { return model_.grad_store(); }
-  void set_zero(int stage, Communicator& data, Communicator* expert_data) override {
-    model_.set_zero(stage, data, expert_data);
+  void set_zero(Communicator& data, Communicator* expert_data) override {
+    model_.set_zero(data, expert_data);
   }
   void reduce_gradients() override { model_.reduce_gradients(); }
   ModelStateBytes state_bytes() const override { return model_.state_bytes(); }

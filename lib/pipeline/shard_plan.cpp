@@ -27,6 +27,7 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   shard.has_head = coord.pp_rank == coord.pp_size - 1;
   shard.sequence_parallel = sequence_parallel;
   shard.recompute = parse_recompute(config.train.recompute);
+  shard.zero_stage = static_cast<int>(config.optim.zero_stage);
   shard.lm_head_chunk_rows = config.train.lm_head_chunk_rows;
   shard.tp_overlap = par.tp_overlap;
   shard.ep_rank = coord.ep_rank;

@@ -93,12 +93,12 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
   const bool bf16 = config.train.precision == "bf16";
   const double compute_element = bf16 ? 2.0 : 4.0;
   double gather = 0;
-  if (stage == 1 || stage == 2) {  // the staging of the largest bucket (stage 2: a unit)
+  if ((stage == 1 || stage == 2) && d > 1) {  // the largest bucket's staging (stage 2: a unit)
     const double bucket_elems = config.parallel.dp_bucket_mb * 1024 * 1024 / 4;
     const double bucket = stage == 2 ? L : std::min(P, std::max(bucket_elems, L));
     gather += 4.0 * (bucket + bucket / d);
   }
-  if (stage >= 2) gather += 8.0 * L + 4.0 * L / d;  // two windows, the received slice
+  if (stage >= 2) gather += (d > 1 ? 8.0 * L : 0.0) + 4.0 * L / d;  // 2 windows, a received slice
   if (stage == 3) {
     const double slots = config.parallel.expert > 1 ? 5 : 3;
     gather += slots * compute_element * (L + L / d);

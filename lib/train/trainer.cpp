@@ -46,7 +46,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   const int zero_stage = static_cast<int>(config.optim.zero_stage);
   const bool split_experts = groups_.expert().size > 1;
   if (zero_stage >= 2)
-    model_->set_zero(zero_stage, *groups_.grad_reduce().device,
+    model_->set_zero(*groups_.grad_reduce().device,
                      split_experts ? groups_.expert_data().device : nullptr);
   Device& device = *backend_.device;
   model_->init_weights(static_cast<uint64_t>(config.train.seed));
