@@ -155,6 +155,14 @@ TEST(GpuTrainer, DataParallelZeroOverMpiMatchesOneGpu) {
   check_layout_over_mpi("DP=2 ZeRO-1", {"parallel.data=2", "optim.zero_stage=1"});
 }
 
+// ZeRO-2's gradient windows and ZeRO-3's weight gathers (bf16 compute copies on the GPU) over
+// the device communicator.
+TEST(GpuTrainer, DataParallelZero2And3OverMpiMatchOneGpu) {
+  REQUIRE_GPU();
+  check_layout_over_mpi("DP=2 ZeRO-2", {"parallel.data=2", "optim.zero_stage=2"});
+  check_layout_over_mpi("DP=2 ZeRO-3", {"parallel.data=2", "optim.zero_stage=3"});
+}
+
 // Llama with head size 32: 2 query heads sharing 1 kv head.
 const std::vector<std::string> kLlama = {"model.arch=llama", "model.kv_heads=1",
                                          "model.ffn_width=128"};

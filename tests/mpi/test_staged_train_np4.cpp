@@ -6,7 +6,8 @@
 // data-parallel overlap hook). Staging only copies, so the losses must equal the plain MPI
 // run's bit for bit, on TP2xPP2, PP2xDP2 with ZeRO-1 and TP2xDP2, and for the Llama
 // architecture with sequence parallelism on TP2xPP2 and TP2xDP2 with ZeRO-1, and a mixture of
-// experts on TP2xPP2 and with expert parallelism (EP 2 of DP 4, ZeRO-1).
+// experts on TP2xPP2 and with expert parallelism (EP 2 of DP 4, ZeRO-1); ZeRO-3 on PP2xDP2 and
+// ZeRO-2 with Llama's sequence parallelism on TP2xDP2.
 // The device is a strict tracking device (tests/host_device.hpp), and the groups of one rank
 // get device self communicators, as on a GPU: any host memory handed to a communicator, or
 // copied as if it were device memory, fails the test as a GPU would refuse it.
@@ -121,3 +122,14 @@ TEST(StagedTrain, MoeExpertParallelZeroMatchesMpiBitwise) {
 }
 
 }  // namespace
+
+// ZeRO-3's gathers of weight units (non-blocking, into slots) and ZeRO-2/3's reduce-scatters of
+// gradient windows take the staged path too.
+TEST(StagedTrain, Zero3PipelineDataParallelMatchesMpiBitwise) {
+  check("PP2xDP2 ZeRO-3", {"parallel.pipeline=2", "parallel.data=2", "optim.zero_stage=3"});
+}
+TEST(StagedTrain, LlamaSequenceParallelZero2MatchesMpiBitwise) {
+  check("llama SP TP2xDP2 ZeRO-2",
+        llama({"parallel.tensor=2", "parallel.data=2", "optim.zero_stage=2",
+               "parallel.sequence_parallel=true"}));
+}
