@@ -38,6 +38,13 @@ void on_layout(const Config& config, Body body) {
   MPI_Comm_free(&sub);
 }
 
+// This process's rank in MPI_COMM_WORLD.
+inline int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 inline double max_over_world(double x) {
   MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return x;

@@ -28,12 +28,6 @@ Config config_for(const std::filesystem::path& dir, int tp, int pp, int dp,
                            {"train.steps=" + std::to_string(kSteps), "parallel.dp_bucket_mb=0.05"});
 }
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
 std::string from_world_rank0(std::string s) {
   int64_t n = static_cast<int64_t>(s.size());
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);

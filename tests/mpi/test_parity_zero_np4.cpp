@@ -21,12 +21,6 @@ constexpr int64_t kSteps = 20;
 // Below the tiny model's gradient norms in some of the 20 steps: clipping scales those.
 constexpr double kClip = 0.5;
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
 // One stage's run of a layout: per-step losses, how many steps were clipped, and the final
 // weights as the checkpoint written after the last step holds them (global tensors).
 struct StageRun {

@@ -48,12 +48,6 @@ int64_t total_over_world(int64_t n) {
   return n;
 }
 
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
 }  // namespace
 
 TEST(Rollback, SkipsTheSpikeBatchesLikeARunThatNeverSawThem) {

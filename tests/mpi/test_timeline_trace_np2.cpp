@@ -33,12 +33,6 @@ using namespace trident::test;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 constexpr int64_t kMicro = 4;  // global batch 8 in micro-batches of 2
 
 // The schedule's options: interleaved with 2 chunks per stage (4 layers: chunks of one layer).

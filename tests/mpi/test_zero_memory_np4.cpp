@@ -13,16 +13,6 @@
 using namespace trident;
 using namespace trident::test;
 
-namespace {
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
-}  // namespace
-
 TEST(ZeroMemory, EachStageHoldsWhatTheFormulaSays) {
   const auto dir = shared_corpus("zero_memory");
   const double per_param[4][3] = {// bytes per parameter at d = 1, 2, 4
