@@ -18,10 +18,20 @@
 // the prefetch. A new pass forgets what the slots hold, so a unit is gathered once per pass that
 // reads it, the same number on every rank of its group (the gathers are collectives).
 //
+// Both stages' collectives are non-blocking: a unit's reduce-scatter is completed (its slice
+// added, its window handed back) when the next one is posted, or when the step's gradients are
+// asked for; a gather when its unit is read. So at most three windows exist: the one in flight,
+// the one backward writes, and with a tied head the token embedding's. Where the communicator allows
+// it (MPI with threads), a helper thread tests the newest request in flight while the rank
+// computes (comm.hpp's ProgressHelper: a busy-polling MPI advances a non-blocking collective
+// only inside MPI calls, and MPICH's progress engine advances every request when it tests one),
+// so the collectives overlap the layers' compute.
+//
 // Ranks of a group make the same calls in the same order (they run the same schedule on the
 // same layout), which is what the collectives need.
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -88,7 +98,9 @@ class ZeroShards {
     store_.ranges = std::move(merged);
     Device& dev = k_.device();
     grads_ = DeviceArray<G>(dev, at);
-    received_ = DeviceArray<G>(dev, max_slice_);
+    if (data.progress_from_helper_thread() &&
+        (!expert_data || expert_data->progress_from_helper_thread()))
+      progress_ = std::make_unique<ProgressHelper>();
     if (stage_ == 3) {
       master_ = DeviceArray<G>(dev, at);
       int slots = 0;
@@ -112,6 +124,7 @@ class ZeroShards {
   FlatRange slice_of(int u) const { return shards_[static_cast<size_t>(u)].mine; }
 
   void zero_grads() {
+    finish_reductions(0);
     for (Shard& s : shards_) close_window(s);
     k_.device().fill_zero(grads_.data(), grads_.bytes());
   }
@@ -130,29 +143,37 @@ class ZeroShards {
     }
     return s.window->data() + (offset - range.begin);
   }
-  // The backward of unit u for the running micro-batch is done: reduce-scatter its window (if
-  // open) and add the rank's slice into the packed gradients.
+  // The backward of unit u for the running micro-batch is done: post the reduce-scatter of its
+  // window (if open); its slice is added into the packed gradients when it completes (in the
+  // order posted: the same sums on every run).
   void reduce_unit(int u) {
     Shard& s = shards_[static_cast<size_t>(u)];
     if (!s.window) return;
-    Device& dev = k_.device();
-    s.comm->reduce_scatter(s.window->data(), received_.data(), s.slice, master_dtype);
-    G* into = grads_.data() + s.index;
-    if constexpr (std::is_same_v<G, float>) {
-      dev.add(into, received_.data(), s.mine.size());
-    } else {  // the double kernel set: host memory
-      for (int64_t i = 0; i < s.mine.size(); ++i) into[i] += received_.data()[i];
+    finish_reductions(kReductionsInFlight - 1);
+    Reduction& r = reductions_.emplace_back();
+    r.unit = u;
+    r.window = std::move(s.window);
+    if (free_received_.empty()) {
+      r.received = std::make_unique<DeviceArray<G>>(k_.device(), max_slice_);
+      received_bytes_ += r.received->bytes();
+    } else {
+      r.received = std::move(free_received_.back());
+      free_received_.pop_back();
     }
-    close_window(s);
+    r.request = s.comm->ireduce_scatter(r.window->data(), r.received->data(), s.slice,
+                                        master_dtype);
+    posted(*r.request);
   }
   // Every unit of layer `layer` (a dense part and its experts).
   void reduce_layer(int layer) {
     for (size_t u = 0; u < units_.size(); ++u)
       if (units_[u].layer == layer) reduce_unit(static_cast<int>(u));
   }
-  // Every window still open (end of a step: a unit whose backward did not say it was done).
+  // Every window still open (end of a step: a unit whose backward did not say it was done),
+  // and every reduction completed: grads() holds the step's sums.
   void reduce_all() {
     for (size_t u = 0; u < units_.size(); ++u) reduce_unit(static_cast<int>(u));
+    finish_reductions(0);
   }
 
   // ------------------------------------------------------------------------ weights (stage 3)
@@ -185,12 +206,29 @@ class ZeroShards {
     for (Slot& slot : slots_) slot.unit = -1;
   }
 
-  // Bytes held beyond the packed slices: the gather slots and the windows (at their peak).
+  // Bytes held beyond the packed slices: the gather slots, the windows and the received
+  // slices (every one made: their peak).
   int64_t gather_bytes() const {
-    int64_t n = window_bytes_;
+    int64_t n = window_bytes_ + received_bytes_;
     for (const Slot& slot : slots_) n += slot.buffer.bytes() + slot.send.bytes();
-    return n + received_.bytes();
+    return n;
   }
+
+  // Completes what is still in flight (a prefetch the last pass made) unless an error unwinds:
+  // then the requests are dropped (comm.hpp: never block while unwinding).
+  ~ZeroShards() {
+    try {
+      if (progress_ && !in_flight_.empty()) progress_->stop_driving();
+      in_flight_.clear();
+      if (std::uncaught_exceptions() > 0) return;
+      for (Slot& slot : slots_)
+        if (slot.pending) slot.pending->wait();
+      for (Reduction& r : reductions_) r.request->wait();
+    } catch (...) {  // a failed collective at exit: its error was or will be reported elsewhere
+    }
+  }
+  ZeroShards(const ZeroShards&) = delete;
+  ZeroShards& operator=(const ZeroShards&) = delete;
 
  private:
   struct Shard {
@@ -200,6 +238,16 @@ class ZeroShards {
     int64_t index = 0;  // where `mine` starts in the packed buffers
     std::unique_ptr<DeviceArray<G>> window;  // the unit's whole gradient (open) or none
   };
+  // A unit's reduce-scatter in flight: its window and the slice it receives.
+  struct Reduction {
+    int unit = -1;
+    std::unique_ptr<DeviceArray<G>> window, received;
+    std::unique_ptr<CommRequest> request;
+  };
+  // A layer's reduce-scatter overlaps the backward of the next: more in flight would hold more
+  // windows (a window each).
+  static constexpr size_t kReductionsInFlight = 1;
+
   struct Slot {
     int unit = -1;           // the unit whose compute copy `buffer` holds (-1: none)
     int64_t used = 0;        // the demand counter when last used (least recently used goes)
@@ -227,6 +275,43 @@ class ZeroShards {
 
   // A free window of at least `elements` (the smallest such), else a new one of exactly that
   // size: units of one size (the layers) share their windows.
+  // Completes the oldest reductions until at most `keep` are in flight: each one's slice added
+  // into the packed gradients, its window and received buffer handed back.
+  void finish_reductions(size_t keep) {
+    while (reductions_.size() > keep) {
+      Reduction& r = reductions_.front();
+      completing(*r.request);
+      r.request->wait();
+      const Shard& s = shards_[static_cast<size_t>(r.unit)];
+      G* into = grads_.data() + s.index;
+      if constexpr (std::is_same_v<G, float>) {
+        k_.device().add(into, r.received->data(), s.mine.size());
+      } else {  // the double kernel set: host memory
+        for (int64_t i = 0; i < s.mine.size(); ++i) into[i] += r.received->data()[i];
+      }
+      free_windows_.push_back(std::move(r.window));
+      free_received_.push_back(std::move(r.received));
+      reductions_.erase(reductions_.begin());
+    }
+  }
+  // The helper thread (if any) drives the newest request in flight.
+  void posted(CommRequest& request) {
+    if (!progress_) return;
+    if (!in_flight_.empty()) progress_->stop_driving();
+    in_flight_.push_back(&request);
+    progress_->start_driving(request);
+  }
+  // `request` is about to be waited for: the helper lets go of it (and drives the newest other).
+  void completing(CommRequest& request) {
+    if (!progress_) return;
+    const auto it = std::find(in_flight_.begin(), in_flight_.end(), &request);
+    if (it == in_flight_.end()) return;
+    const bool driven = it + 1 == in_flight_.end();
+    if (driven) progress_->stop_driving();
+    in_flight_.erase(it);
+    if (driven && !in_flight_.empty()) progress_->start_driving(*in_flight_.back());
+  }
+
   std::unique_ptr<DeviceArray<G>> take_window(int64_t elements) {
     auto best = free_windows_.end();
     for (auto it = free_windows_.begin(); it != free_windows_.end(); ++it)
@@ -254,6 +339,7 @@ class ZeroShards {
     Slot* slot = find_slot(u);
     if (!slot) slot = &start_gather(u);
     if (slot->pending) {
+      completing(*slot->pending);
       slot->pending->wait();
       slot->pending.reset();
     }
@@ -271,6 +357,7 @@ class ZeroShards {
     }
     Slot& slot = *victim;
     if (slot.pending) {
+      completing(*slot.pending);
       slot.pending->wait();
       slot.pending.reset();
     }
@@ -291,6 +378,7 @@ class ZeroShards {
     slot.prefetched_next = false;
     slot.pending =
         s.comm->iall_gather(slot.send.data(), slot.buffer.data(), s.slice, K::act_dtype);
+    posted(*slot.pending);
     return slot;
   }
 
@@ -301,12 +389,18 @@ class ZeroShards {
   std::vector<Shard> shards_;
   FlatStore store_;
   int64_t max_slice_ = 0;  // the largest unit slice: the reduce-scatter's receive buffer
-  DeviceArray<G> grads_, master_, received_;
+  DeviceArray<G> grads_, master_;
+  std::vector<Reduction> reductions_;  // in flight, oldest first
+  std::vector<std::unique_ptr<DeviceArray<G>>> free_received_;
+  int64_t received_bytes_ = 0;  // every received-slice buffer made
   std::vector<std::unique_ptr<DeviceArray<G>>> free_windows_;
   int64_t window_bytes_ = 0;  // every window made
   std::vector<Slot> slots_;
   bool backward_ = false;
   int64_t demands_ = 0;
+  // Declared last: destroyed first, so that the helper has stopped before the requests go.
+  std::unique_ptr<ProgressHelper> progress_;
+  std::vector<CommRequest*> in_flight_;  // posted, not yet waited for; the newest is driven
 };
 
 }  // namespace trident

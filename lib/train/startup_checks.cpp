@@ -98,7 +98,7 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
     const double bucket = stage == 2 ? L : std::min(P, std::max(bucket_elems, L));
     gather += 4.0 * (bucket + bucket / d);
   }
-  if (stage >= 2) gather += (d > 1 ? 8.0 * L : 0.0) + 4.0 * L / d;  // 2 windows, a received slice
+  if (stage >= 2) gather += (d > 1 ? 12.0 * L : 0.0) + 4.0 * L / d;  // 3 windows, a received slice
   if (stage == 3) {
     const double slots = config.parallel.expert > 1 ? 5 : 3;
     gather += slots * compute_element * (L + L / d);

@@ -27,7 +27,7 @@ std::string checkpoint_dir_problem(const std::string& dir);
 // stage 2; weights 4/d too at stage 3; a compute copy of 2 at bf16 (none at stage 3). Gather
 // buffers, from the largest unit L (a layer, or the embeddings on the stages that hold them):
 // stage 1 and 2 the staging of a reduce-scatter / all-gather, 4 (B + B/d) for a bucket B;
-// stage 2 two gradient windows, 8L, and a received slice, 4L/d; stage 3 those and 2u+1 slots
+// stage 2 three gradient windows, 12L, and a received slice, 4L/d; stage 3 those and 2u+1 slots
 // of L + L/d compute elements (u: units a layer has, 2 with expert parallelism). Over one
 // replica (d = 1) no staging and no windows.
 ModelStateBytes estimate_model_state(const Config& config, const ModelShard& shard, int dp_size);
