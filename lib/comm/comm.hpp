@@ -114,14 +114,6 @@ class ProgressHelper {
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
     request.wait();  // returns at once when the helper saw it complete
   }
-  // The same without a work function: the helper drives `request` from start_driving() until
-  // stop_driving() (which rethrows an error of its test()); the caller waits for the request
-  // after stop_driving(). One request at a time.
-  void start_driving(CommRequest& request) { hand_over(request); }
-  void stop_driving() {
-    take_back();
-    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
-  }
 
  private:
   void hand_over(CommRequest& request);  // the helper starts driving `request`

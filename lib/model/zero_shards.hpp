@@ -21,11 +21,10 @@
 // Both stages' collectives are non-blocking: a unit's reduce-scatter is completed (its slice
 // added, its window handed back) when the next one is posted, or when the step's gradients are
 // asked for; a gather when its unit is read. So at most three windows exist: the one in flight,
-// the one backward writes, and with a tied head the token embedding's. Where the communicator allows
-// it (MPI with threads), a helper thread tests the newest request in flight while the rank
-// computes (comm.hpp's ProgressHelper: a busy-polling MPI advances a non-blocking collective
-// only inside MPI calls, and MPICH's progress engine advances every request when it tests one),
-// so the collectives overlap the layers' compute.
+// the one backward writes, and with a tied head the token embedding's. On the CPU, MPI
+// progresses them inside the rank's MPI calls only; a helper thread testing them
+// (comm.hpp's ProgressHelper) made ZeRO-3 slower on a machine whose cores all compute (0.76x
+// of ZeRO-1 against 0.80x without, bench/zero_stages.py): the copies it drives need a core.
 //
 // Ranks of a group make the same calls in the same order (they run the same schedule on the
 // same layout), which is what the collectives need.
@@ -98,9 +97,6 @@ class ZeroShards {
     store_.ranges = std::move(merged);
     Device& dev = k_.device();
     grads_ = DeviceArray<G>(dev, at);
-    if (data.progress_from_helper_thread() &&
-        (!expert_data || expert_data->progress_from_helper_thread()))
-      progress_ = std::make_unique<ProgressHelper>();
     if (stage_ == 3) {
       master_ = DeviceArray<G>(dev, at);
       int slots = 0;
@@ -162,7 +158,6 @@ class ZeroShards {
     }
     r.request = s.comm->ireduce_scatter(r.window->data(), r.received->data(), s.slice,
                                         master_dtype);
-    posted(*r.request);
   }
   // Every unit of layer `layer` (a dense part and its experts).
   void reduce_layer(int layer) {
@@ -218,8 +213,6 @@ class ZeroShards {
   // then the requests are dropped (comm.hpp: never block while unwinding).
   ~ZeroShards() {
     try {
-      if (progress_ && !in_flight_.empty()) progress_->stop_driving();
-      in_flight_.clear();
       if (std::uncaught_exceptions() > 0) return;
       for (Slot& slot : slots_)
         if (slot.pending) slot.pending->wait();
@@ -280,7 +273,6 @@ class ZeroShards {
   void finish_reductions(size_t keep) {
     while (reductions_.size() > keep) {
       Reduction& r = reductions_.front();
-      completing(*r.request);
       r.request->wait();
       const Shard& s = shards_[static_cast<size_t>(r.unit)];
       G* into = grads_.data() + s.index;
@@ -294,24 +286,6 @@ class ZeroShards {
       reductions_.erase(reductions_.begin());
     }
   }
-  // The helper thread (if any) drives the newest request in flight.
-  void posted(CommRequest& request) {
-    if (!progress_) return;
-    if (!in_flight_.empty()) progress_->stop_driving();
-    in_flight_.push_back(&request);
-    progress_->start_driving(request);
-  }
-  // `request` is about to be waited for: the helper lets go of it (and drives the newest other).
-  void completing(CommRequest& request) {
-    if (!progress_) return;
-    const auto it = std::find(in_flight_.begin(), in_flight_.end(), &request);
-    if (it == in_flight_.end()) return;
-    const bool driven = it + 1 == in_flight_.end();
-    if (driven) progress_->stop_driving();
-    in_flight_.erase(it);
-    if (driven && !in_flight_.empty()) progress_->start_driving(*in_flight_.back());
-  }
-
   std::unique_ptr<DeviceArray<G>> take_window(int64_t elements) {
     auto best = free_windows_.end();
     for (auto it = free_windows_.begin(); it != free_windows_.end(); ++it)
@@ -339,7 +313,6 @@ class ZeroShards {
     Slot* slot = find_slot(u);
     if (!slot) slot = &start_gather(u);
     if (slot->pending) {
-      completing(*slot->pending);
       slot->pending->wait();
       slot->pending.reset();
     }
@@ -357,7 +330,6 @@ class ZeroShards {
     }
     Slot& slot = *victim;
     if (slot.pending) {
-      completing(*slot.pending);
       slot.pending->wait();
       slot.pending.reset();
     }
@@ -378,7 +350,6 @@ class ZeroShards {
     slot.prefetched_next = false;
     slot.pending =
         s.comm->iall_gather(slot.send.data(), slot.buffer.data(), s.slice, K::act_dtype);
-    posted(*slot.pending);
     return slot;
   }
 
@@ -398,9 +369,6 @@ class ZeroShards {
   std::vector<Slot> slots_;
   bool backward_ = false;
   int64_t demands_ = 0;
-  // Declared last: destroyed first, so that the helper has stopped before the requests go.
-  std::unique_ptr<ProgressHelper> progress_;
-  std::vector<CommRequest*> in_flight_;  // posted, not yet waited for; the newest is driven
 };
 
 }  // namespace trident
