@@ -103,6 +103,7 @@ def train(args, tokens, stage, name):
     r["comm"] = comm_per_step(out, max(1, len(rows)))
     share = SHARE_LINE.search(out)
     r["comm_share"] = float(share.group(1)) if share else None
+    r["trace"] = trace_summary(run_dir) if args.trace else None
     if proc.returncode == 124:
         r["status"] = "TIMEOUT (> %d s)" % args.timeout
     elif proc.returncode != 0:
@@ -115,6 +116,66 @@ def train(args, tokens, stage, name):
     else:
         r["status"] = "ok"
     return r
+
+
+def trace_summary(run_dir):
+    """Per traced step, from RUN_DIR/trace.json: the ranks' mean ms in forward ops, backward
+    ops and the optimizer; per data-group collective, by op and by what it ran in (F, B, the
+    optimizer, or "-": between them), the ranks' mean ms and the both-arrived ms: for the k-th
+    such call of a step, the shorter of the two ranks' durations (the part neither rank spent
+    waiting for the other to arrive; for a prefetched all-gather's wait, what the compute since
+    its post did not cover)."""
+    path = os.path.join(run_dir, "trace.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted({e["args"]["step"] for e in events})
+    ops = {}  # (rank, step) -> [(start, end, kind)] of the pipeline ops
+    calls = {}  # (rank, step) -> [(op, pass, dur)] of the data group's collectives, in order
+    out = {"steps": len(steps), "compute": {}, "data": {}}
+    for e in sorted(events, key=lambda e: e["ts"]):
+        key = (e["pid"], e["args"]["step"])
+        if e["cat"] in ("pipeline", "optimizer"):
+            kind = e["args"]["kind"] if e["cat"] == "pipeline" else "optimizer"
+            ops.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"], kind))
+            out["compute"][kind] = out["compute"].get(kind, 0.0) + e["dur"] / 1000.0
+        if e["cat"] == "comm" and e["args"].get("group") == "data":
+            inside = [k for s, end, k in ops.get(key, []) if s <= e["ts"] < end]
+            calls.setdefault(key, []).append((e["name"], inside[-1] if inside else "-",
+                                              e["dur"] / 1000.0))
+    ranks = sorted({rank for rank, _ in calls} | {rank for rank, _ in ops})
+    norm = float(len(ranks) * len(steps))
+    out["compute"] = {k: v / norm for k, v in out["compute"].items()}
+    for step in steps:
+        per_rank = [calls.get((rank, step), []) for rank in ranks]
+        for i, call in enumerate(per_rank[0]):
+            same = [c[i] for c in per_rank if i < len(c) and c[i][0] == call[0]]
+            mean = sum(c[2] for c in same) / len(same)
+            slot = out["data"].setdefault((call[0], call[1]), [0, 0.0, 0.0])
+            slot[0] += 1.0 / len(steps)
+            slot[1] += mean / len(steps)
+            slot[2] += min(c[2] for c in same) / len(steps)
+    return out
+
+
+def print_trace(results):
+    print("\ntimeline (log.trace, steps 3-4), ms per step, the ranks' mean; data-group "
+          "collectives by op and what they ran in (F forward, B backward, optimizer, - none): "
+          "calls, mean ms, both-arrived ms (the shorter rank's: not waiting for the other)")
+    print("| stage | forward | backward | optimizer | collectives: op in pass: calls / mean ms / "
+          "both-arrived ms |")
+    print("|---:|---:|---:|---:|---|")
+    for r in results:
+        t = r.get("trace")
+        if not t:
+            print("| %d | - | - | - | no trace.json |" % r["stage"])
+            continue
+        c = t["compute"]
+        print("| %d | %.0f | %.0f | %.0f | %s |" % (
+            r["stage"], c.get("F", 0.0), c.get("B", 0.0), c.get("optimizer", 0.0),
+            "; ".join("%s in %s: %.0f / %.1f / %.1f" % (op, where, n, mean, both)
+                      for (op, where), (n, mean, both) in sorted(t["data"].items()))))
 
 
 def data_ops(r, op):
@@ -131,11 +192,10 @@ def print_table(args, results):
         if r["tokens_per_s"] is None or not b or b["tokens_per_s"] is None:
             return "-"
         value = r["tokens_per_s"] / b["tokens_per_s"]
-        mark = ""
-        if base == 1 and r["stage"] in TARGETS:
-            mark = " (target >= %.2f: %s)" % (TARGETS[r["stage"]],
+        if base != 1 or r["stage"] not in TARGETS:
+            return "%.3fx" % value
+        return "%.3fx (target >= %.2f: %s)" % (value, TARGETS[r["stage"]],
                                                "met" if value >= TARGETS[r["stage"]] else "MISSED")
-        return "%.2fx%s" % (value, mark)
 
     params = 12 * args.layers * args.width ** 2 + (args.vocab + args.seq_len) * args.width
     print("\nDP 2 (2 ranks x %d thread%s), GPT-2 %d layers, width %d, %d heads, vocabulary %d, "
@@ -256,9 +316,13 @@ def main():
                 flush=True)
     results = [cp.best_of_rounds(runs[s]) for s in args.stages]
     print_table(args, results)
+    if args.trace:
+        print_trace(results)
     plot(args, results, args.out)
     with open(os.path.join(args.work, "results.json"), "w") as f:
-        json.dump([dict(r, comm={"%s %s" % k: v for k, v in r["comm"].items()})
+        json.dump([dict(r, comm={"%s %s" % k: v for k, v in r["comm"].items()},
+                        trace=r["trace"] and dict(r["trace"], data={
+                            "%s in %s" % k: v for k, v in r["trace"]["data"].items()}))
                    for r in results], f, indent=1)
     print("\nfigure: %s\nload average after: %s; every run's output under %s/runs/" % (
         args.out, cp.load_average(), args.work))
