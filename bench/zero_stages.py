@@ -2,7 +2,7 @@
 """ZeRO stages side by side on this machine: tokens/s and peak memory per rank of
 optim.zero_stage = 0, 1, 2 and 3 on DP 2 (a benchmark, not a test; issue 50).
 
-  bench/zero_stages.py [--stages 0,1,2,3] [--rounds 2] [--steps 8] [--layers 4] [--width 512]
+  bench/zero_stages.py [--stages 0,1,2,3] [--rounds 3] [--steps 8] [--layers 4] [--width 512]
                        [--heads 8] [--vocab 4096] [--seq-len 256] [--micro-batch 2]
                        [--micro-batches 2] [--threads 1] [--timeout 180] [--trace]
                        [--out PNG] [--trident PATH]
@@ -10,8 +10,9 @@ optim.zero_stage = 0, 1, 2 and 3 on DP 2 (a benchmark, not a test; issue 50).
 Every stage trains the same GPT-2 (configs/tiny.toml with --layers/--width/--heads/--vocab/
 --seq-len, random tokens) on 2 ranks, parallel.data = 2, --micro-batches micro-batches of
 --micro-batch sequences per rank and step, --threads threads per rank (1: the 2 ranks fill the
-2 cores). Every stage runs once per round (--rounds, default 2, the second in reverse order)
-and its fastest round counts: the VM's speed moves by 10-40 % within minutes. Per run:
+2 cores). Every stage runs once per round (--rounds, default 3, every other round in reverse
+order) and its fastest round counts: the VM's speed moves by up to 1.7x within seconds here
+(other jobs on the cores). Per run:
 - tokens/s: the median of metrics.jsonl's tokens_per_s after the first 2 steps (warm-up);
   the ratios are against stage 1 (targets: stage 2 >= 0.9x, stage 3 >= 0.85x) and stage 0;
 - peak resident memory per rank: each rank runs under bench/context_parallel.py's wrapper
@@ -19,6 +20,9 @@ and its fastest round counts: the VM's speed moves by 10-40 % within minutes. Pe
   `trident` process (ru_maxrss from wait4: its final VmHWM); beside it the trainer's "memory
   rank" lines (the device allocator's peak: weights, gradients, moments, activations, scratch,
   ZeRO windows and gather slots);
+- the CPU others used during the run, in cores: the machine's busy time (/proc/stat) less
+  this run's processes' (their rusage), over the wall time; a round with others near 1 core
+  is no measurement of the stage (the table shows it beside every round's tokens/s);
 - the data group's collectives of rank 0 from the trainer's "communication" table, per step:
   reduce-scatter and all-gather calls, MB and seconds (the wait of a non-blocking all-gather
   counts in its seconds), and the share of the training time rank 0 spent in communication.
@@ -27,12 +31,13 @@ then RUN_DIR/trace.json (data_tools/plot_timeline.py draws it).
 
 Expects a Release build in build/ (scripts/build.sh). Run it on an otherwise idle machine:
 with 2 cores, anything beside it halves a number; the load average is printed before and
-after. Writes its tokens and runs under the figure's directory (default build/bench-zero/).
+after, and each round's others' cores beside it. Writes its tokens and runs under the figure's directory (default build/bench-zero/).
 """
 import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,6 +49,20 @@ ROOT = cp.ROOT
 COMM_LINE = re.compile(r"^(\w+)\s+(\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$", re.M)
 SHARE_LINE = re.compile(r"\(([\d.]+)% of the training time\)")
 TARGETS = {2: 0.9, 3: 0.85}  # tokens/s against stage 1 (issue 50)
+
+
+def machine_cpu_s():
+    """Seconds of CPU time the machine's cores have run anything (/proc/stat's first line:
+    user, nice, system, irq, softirq; steal, the hypervisor's, apart)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:3]) + fields[5] + fields[6]) / tick, fields[7] / tick
+
+
+def children_cpu_s():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def settings(args, stage, run_dir, tokens):
@@ -76,13 +95,17 @@ def train(args, tokens, stage, name):
         (["--set", s] for s in settings(args, stage, run_dir, tokens)), [])
     cmd = ["timeout", str(args.timeout), "mpiexec", "-n", "2", sys.executable,
            os.path.abspath(__file__), "--rank-wrapper", run_dir, "--"] + trident
-    start = time.time()
+    start, (busy0, steal0), mine0 = time.time(), machine_cpu_s(), children_cpu_s()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall, (busy1, steal1), mine1 = time.time() - start, machine_cpu_s(), children_cpu_s()
     out = proc.stdout
     with open(os.path.join(run_dir, "output.txt"), "w") as f:
         f.write(" ".join(cmd) + "\n" + out)
-    r = {"stage": stage, "name": name, "wall_s": time.time() - start, "exit": proc.returncode,
-         "log": run_dir}
+    # Cores' worth of CPU that others used during the run (this run's processes are waited
+    # for, so their CPU time is the children's): near 0 on a quiet machine.
+    r = {"stage": stage, "name": name, "wall_s": wall, "exit": proc.returncode, "log": run_dir,
+         "others_cores": max(0.0, (busy1 - busy0) - (mine1 - mine0)) / wall,
+         "steal_cores": (steal1 - steal0) / wall}
     reports = []
     for k in range(2):
         path = os.path.join(run_dir, "rank%d.json" % k)
@@ -206,15 +229,16 @@ def print_table(args, results):
              args.vocab, args.seq_len, params / 1e6, args.micro_batches,
              "es" if args.micro_batches > 1 else "", args.micro_batch,
              2 * args.micro_batch * args.micro_batches * args.seq_len, args.rounds))
-    print("| stage | tokens/s | vs stage 1 | vs stage 0 | every round | peak RSS/rank MiB | "
-          "device peak/rank MiB (trainer) | reduce-scatter | all-gather | all-reduce | "
-          "comm share (rank 0) | last loss | status |")
+    print("| stage | tokens/s | vs stage 1 | vs stage 0 | every round (others' cores) | "
+          "peak RSS/rank MiB | device peak/rank MiB (trainer) | reduce-scatter | all-gather | "
+          "all-reduce | comm share (rank 0) | last loss | status |")
     print("|---:|---:|---|---:|---|---:|---:|---|---|---|---:|---:|---|")
     for r in results:
         ok = r["tokens_per_s"] is not None
         print("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["stage"], "%.0f" % r["tokens_per_s"] if ok else "-", ratio(r, 1), ratio(r, 0),
-            " / ".join("-" if x is None else "%.0f" % x for x in r["rounds"]),
+            " / ".join(("-" if x is None else "%.0f" % x) + " (%.2f)" % o
+                       for x, o in zip(r["rounds"], r["others"])),
             cp.fmt(r["max_rss_mib"]), cp.fmt(r["device_peak_mib"], "%.1f"),
             data_ops(r, "reduce_scatter"), data_ops(r, "all_gather"), data_ops(r, "all_reduce"),
             "-" if r["comm_share"] is None else "%.1f%%" % r["comm_share"],
@@ -269,7 +293,7 @@ def main():
     p.add_argument("--trident", default=os.path.join(ROOT, "build", "app", "trident"))
     p.add_argument("--config", default=os.path.join(ROOT, "configs", "tiny.toml"))
     p.add_argument("--stages", type=stage_list, default=[0, 1, 2, 3])
-    p.add_argument("--rounds", type=int, default=2, help="runs of every stage (alternating "
+    p.add_argument("--rounds", type=int, default=3, help="runs of every stage (alternating "
                    "order); the fastest counts")
     p.add_argument("--steps", type=int, default=8, help="steps per run (the first 2 warm up)")
     p.add_argument("--layers", type=int, default=4)
@@ -310,11 +334,15 @@ def main():
                 continue  # it did not fit the time once: not again
             r = train(args, tokens, stage, "zero%d_r%d" % (stage, k + 1))
             runs[stage].append(r)
-            print("  round %d: ZeRO-%d: %s, %s tokens/s (%.0f s)" % (
-                k + 1, stage, r["status"],
-                "-" if r["tokens_per_s"] is None else "%.0f" % r["tokens_per_s"], r["wall_s"]),
-                flush=True)
-    results = [cp.best_of_rounds(runs[s]) for s in args.stages]
+            print("  round %d: ZeRO-%d: %s, %s tokens/s (%.0f s; others used %.2f cores, steal "
+                  "%.2f)" % (k + 1, stage, r["status"],
+                             "-" if r["tokens_per_s"] is None else "%.0f" % r["tokens_per_s"],
+                             r["wall_s"], r["others_cores"], r["steal_cores"]), flush=True)
+    results = []
+    for s in args.stages:
+        row = cp.best_of_rounds(runs[s])
+        row["others"] = [r["others_cores"] for r in runs[s]]
+        results.append(row)
     print_table(args, results)
     if args.trace:
         print_trace(results)
