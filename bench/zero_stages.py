@@ -20,7 +20,7 @@ the VM's speed moves by up to 1.7x within seconds here (other jobs on the cores)
   (this script with --rank-wrapper), which takes the kernel's peak resident set of the
   `trident` process (ru_maxrss from wait4: its final VmHWM); beside it the trainer's "memory
   rank" lines (the device allocator's peak: weights, gradients, moments, activations, scratch,
-  ZeRO windows and gather slots);
+  ZeRO windows and gather slots; the fuller rank's);
 - the CPU others used during the run, in cores: the machine's busy time (/proc/stat) less
   this run's processes' (their rusage), over the wall time; a round with others near 1 core
   is no measurement of the stage (every round's figure is in the table);
@@ -32,7 +32,8 @@ then RUN_DIR/trace.json (data_tools/plot_timeline.py draws it).
 
 Expects a Release build in build/ (scripts/build.sh). Run it on an otherwise idle machine:
 with 2 cores, anything beside it halves a number; the load average is printed before and
-after, and each round's others' cores beside it. Writes its tokens and runs under the figure's directory (default build/bench-zero/).
+after, and each round's others' cores beside it. Writes its tokens and runs under the
+figure's directory (default build/bench-zero/).
 """
 import argparse
 import json
@@ -243,15 +244,16 @@ def print_table(args, results):
           "seq_len %d (~%.1f M parameters), %d micro-batch%s of %d per rank and step "
           "(%d tokens/step); tokens/s: median after step 2, the fastest of %d round(s) "
           "among those where others used <= %.2f cores; "
-          "memory: the fuller rank; collectives: rank 0's data group per step (calls / MB / ms)"
+          "device peak: the fuller rank; collectives: rank 0's data group per step "
+          "(calls / MB / ms)"
           % (args.threads, "s" if args.threads > 1 else "", args.layers, args.width, args.heads,
              args.vocab, args.seq_len, params / 1e6, args.micro_batches,
              "es" if args.micro_batches > 1 else "", args.micro_batch,
              2 * args.micro_batch * args.micro_batches * args.seq_len, args.rounds,
              args.quiet))
     print("| stage | tokens/s | vs stage 1 | vs stage 0 | every round (others' cores) | "
-          "peak RSS/rank MiB | device peak/rank MiB (trainer) | reduce-scatter | all-gather | "
-          "all-reduce | comm share (rank 0) | last loss | status |")
+          "peak RSS MiB rank 0 / 1 | device peak/rank MiB (trainer, fuller) | reduce-scatter | "
+          "all-gather | all-reduce | comm share (rank 0) | last loss | status |")
     print("|---:|---:|---|---:|---|---:|---:|---|---|---|---:|---:|---|")
     for r in results:
         ok = r["tokens_per_s"] is not None
@@ -259,7 +261,8 @@ def print_table(args, results):
             r["stage"], "%.0f" % r["tokens_per_s"] if ok else "-", ratio(r, 1), ratio(r, 0),
             " / ".join(("-" if x is None else "%.0f" % x) + " (%.2f)" % o
                        for x, o in zip(r["rounds"], r["others"])),
-            cp.fmt(r["max_rss_mib"]), cp.fmt(r["device_peak_mib"], "%.1f"),
+            " / ".join("%.0f" % x for x in r["max_rss_mib"]) or "-",
+            cp.fmt(r["device_peak_mib"], "%.1f"),
             data_ops(r, "reduce_scatter"), data_ops(r, "all_gather"), data_ops(r, "all_reduce"),
             "-" if r["comm_share"] is None else "%.1f%%" % r["comm_share"],
             "-" if r["last_loss"] is None else "%.6f" % r["last_loss"], r["status"]))
