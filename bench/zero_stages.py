@@ -23,7 +23,8 @@ the VM's speed moves by up to 1.7x within seconds here (other jobs on the cores)
   ZeRO windows and gather slots; the fuller rank's);
 - the CPU others used during the run, in cores: the machine's busy time (/proc/stat) less
   this run's processes' (their rusage), over the wall time; a round with others near 1 core
-  is no measurement of the stage (every round's figure is in the table);
+  is no measurement of the stage (every round's figure is in the table; a stage without a
+  quiet round is compared with none: its ratios say "not comparable");
 - the data group's collectives of rank 0 from the trainer's "communication" table, per step:
   reduce-scatter and all-gather calls, MB and seconds (the wait of a non-blocking all-gather
   counts in its seconds), and the share of the training time rank 0 spent in communication.
@@ -152,6 +153,7 @@ def best_round(runs, quiet):
     row = dict(max(calm or ok, key=lambda r: r["tokens_per_s"]) if ok else runs[0])
     row["rounds"] = [r["tokens_per_s"] if r["status"] == "ok" else None for r in runs]
     row["others"] = [r["others_cores"] for r in runs]
+    row["quiet"] = bool(calm)
     failed = [r for r in runs if r["status"] != "ok"]
     if ok and failed:
         row["status"] = "ok in %d of %d rounds; %s" % (len(ok), len(runs), failed[0]["status"])
@@ -234,6 +236,8 @@ def print_table(args, results):
         if r["tokens_per_s"] is None or not b or b["tokens_per_s"] is None:
             return "-"
         value = r["tokens_per_s"] / b["tokens_per_s"]
+        if not (r["quiet"] and b["quiet"]):  # a busy round beside a quiet one: no comparison
+            return "%.3fx (not comparable: no quiet round)" % value
         if base != 1 or r["stage"] not in TARGETS:
             return "%.3fx" % value
         return "%.3fx (target >= %.2f: %s)" % (value, TARGETS[r["stage"]],
