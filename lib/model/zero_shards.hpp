@@ -205,7 +205,7 @@ class ZeroShards {
   // slices (every one made: their peak).
   int64_t gather_bytes() const {
     int64_t n = window_bytes_ + received_bytes_;
-    for (const Slot& slot : slots_) n += slot.buffer.bytes() + slot.send.bytes();
+    for (const Slot& slot : slots_) n += slot.buffer.bytes();
     return n;
   }
 
@@ -246,7 +246,6 @@ class ZeroShards {
     int64_t used = 0;        // the demand counter when last used (least recently used goes)
     bool prefetched_next = false;
     DeviceArray<T> buffer;   // [slice * size] the gathered unit
-    DeviceArray<T> send;     // [slice] this rank's slice in T, padded
     std::unique_ptr<CommRequest> pending;  // the gather in flight
   };
 
@@ -334,22 +333,21 @@ class ZeroShards {
       slot.pending.reset();
     }
     const Shard& s = shards_[static_cast<size_t>(u)];
-    if (slot.buffer.size() < s.slice * s.comm->size()) {  // grown to the largest unit it held
+    if (slot.buffer.size() < s.slice * s.comm->size())  // grown to the largest unit it held
       slot.buffer = DeviceArray<T>(k_.device(), s.slice * s.comm->size());
-      slot.send = DeviceArray<T>(k_.device(), s.slice);
-    }
+    // In place: the rank's slice goes where the gather puts it (no send buffer, no copy of it).
     Device& dev = k_.device();
     const int64_t mine = s.mine.size();
+    T* own = slot.buffer.data() + s.comm->rank() * s.slice;
     if constexpr (std::is_same_v<T, G>)
-      dev.copy(slot.send.data(), master_.data() + s.index, mine * sizeof(G));
+      dev.copy(own, master_.data() + s.index, mine * sizeof(G));
     else
-      k_.convert(slot.send.data(), master_.data() + s.index, mine);
-    dev.fill_zero(slot.send.data() + mine, (s.slice - mine) * sizeof(T));
+      k_.convert(own, master_.data() + s.index, mine);
+    dev.fill_zero(own + mine, (s.slice - mine) * sizeof(T));
     slot.unit = u;
     slot.used = ++demands_;
     slot.prefetched_next = false;
-    slot.pending =
-        s.comm->iall_gather(slot.send.data(), slot.buffer.data(), s.slice, K::act_dtype);
+    slot.pending = s.comm->iall_gather(own, slot.buffer.data(), s.slice, K::act_dtype);
     return slot;
   }
 

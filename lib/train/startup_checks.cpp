@@ -101,7 +101,7 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
   if (stage >= 2) gather += (d > 1 ? 12.0 * L : 0.0) + 4.0 * L / d;  // 3 windows, a received slice
   if (stage == 3) {
     const double slots = config.parallel.expert > 1 ? 5 : 3;
-    gather += slots * compute_element * (L + L / d);
+    gather += slots * compute_element * L;
   }
   auto bytes = [](double x) { return static_cast<int64_t>(std::llround(x)); };
   ModelStateBytes b;

@@ -28,7 +28,7 @@ std::string checkpoint_dir_problem(const std::string& dir);
 // buffers, from the largest unit L (a layer, or the embeddings on the stages that hold them):
 // stage 1 and 2 the staging of a reduce-scatter / all-gather, 4 (B + B/d) for a bucket B;
 // stage 2 three gradient windows, 12L, and a received slice, 4L/d; stage 3 those and 2u+1 slots
-// of L + L/d compute elements (u: units a layer has, 2 with expert parallelism). Over one
+// of L compute elements (u: units a layer has, 2 with expert parallelism). Over one
 // replica (d = 1) no staging and no windows.
 ModelStateBytes estimate_model_state(const Config& config, const ModelShard& shard, int dp_size);
 // "model state per rank (ZeRO-3 over 4 ranks): weights 2.1 MB | ..." for each pipeline stage.
