@@ -7,16 +7,17 @@
 // Stage 2: the rank keeps the accumulated gradients of its slices only (packed, grad_store()).
 // Backward writes a unit's gradients into a window of the whole unit, opened (zeroed) the first
 // time a gradient of the unit is asked for; when the unit's backward of a micro-batch is done the
-// window is reduce-scattered over the unit's group, the rank's slice added into the packed
-// gradients, and the window handed back. The micro-batches accumulate into the slices, so at
-// most the windows of the units a backward is working on exist at a time.
+// window's reduce-scatter over the unit's group is posted, and when it completes (below) the
+// rank's slice is added into the packed gradients and the window handed back. The micro-batches
+// accumulate into the slices.
 //
 // Stage 3: the fp32 master weights are packed slices too (weight_store()). The compute copy of
-// a unit (K's T: fp32 on the CPU, bf16 on a GPU) is all-gathered into one of a few slots the
-// first time a pass (one micro-batch's forward or backward of a chunk) reads it, and each layer
-// the pass reaches starts the gather of the next layer in the pass's direction (non-blocking):
-// the prefetch. A new pass forgets what the slots hold, so a unit is gathered once per pass that
-// reads it, the same number on every rank of its group (the gathers are collectives).
+// a unit (K's T: fp32 on the CPU, bf16 on a GPU) is all-gathered, in place, into one of a few
+// slots the first time a pass (one micro-batch's forward or backward of a chunk) reads it, and
+// each layer the pass reaches starts the gather of the next layer in the pass's direction
+// (non-blocking): the prefetch. A new pass forgets what the slots hold, so a unit is gathered
+// once per pass that reads it, the same number on every rank of its group (the gathers are
+// collectives).
 //
 // Both stages' collectives are non-blocking: a unit's reduce-scatter is completed (its slice
 // added, its window handed back) when the next one is posted, or when the step's gradients are

@@ -117,10 +117,13 @@ std::string model_state_lines(const Config& config, int dp_size) {
   std::string out;
   const int pp = static_cast<int>(config.parallel.pipeline);
   for (int stage = 0; stage < pp; ++stage) {
-    const ModelShard shard = plan_model_shard(config, {0, static_cast<int>(config.parallel.tensor),
-                                                       stage, pp, 0,
-                                                       static_cast<int>(config.parallel.expert),
-                                                       0, static_cast<int>(config.parallel.context)});
+    ShardCoord coord;
+    coord.tp_size = static_cast<int>(config.parallel.tensor);
+    coord.pp_rank = stage;
+    coord.pp_size = pp;
+    coord.ep_size = static_cast<int>(config.parallel.expert);
+    coord.cp_size = static_cast<int>(config.parallel.context);
+    const ModelShard shard = plan_model_shard(config, coord);
     const ModelStateBytes b = estimate_model_state(config, shard, dp_size);
     const double mb = 1e6;
     char line[400];
