@@ -69,6 +69,20 @@ std::optional<int64_t> ParamInfo::global_index(int64_t i) const {
   return (row_begin + row) * global_cols + col;
 }
 
+std::vector<FlatRange> coalesced(std::vector<FlatRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    if (r.size() == 0) continue;
+    if (!out.empty() && out.back().end == r.begin)
+      out.back().end = r.end;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
 FlatRange zero_slice(const FlatRange& range, int rank, int size) {
   const int64_t slice = (range.size() + size - 1) / size;
   const int64_t begin = std::min(range.end, range.begin + rank * slice);

@@ -67,6 +67,9 @@ struct FlatRange {
   bool operator==(const FlatRange&) const = default;
 };
 
+// Pure: `ranges` sorted, empty ones dropped, touching neighbours merged.
+std::vector<FlatRange> coalesced(std::vector<FlatRange> ranges);
+
 // Pure: the slice of `range` that rank `rank` of `size` owns when it is sharded over a group
 // (ZeRO): slices of ceil(len/size) elements; the last ones may be short or empty.
 FlatRange zero_slice(const FlatRange& range, int rank, int size);

@@ -77,7 +77,7 @@ class ZeroShards {
       const int size = s.comm->size();
       s.slice = (units_[u].range.size() + size - 1) / size;
       s.mine = zero_slice(units_[u].range, s.comm->rank(), size);
-      if (s.mine.size() > 0) store_.ranges.push_back(s.mine);
+      store_.ranges.push_back(s.mine);
       max_slice_ = std::max(max_slice_, s.slice);
       for (int i : units_[u].params) unit_of_[static_cast<size_t>(i)] = static_cast<int>(u);
     }
@@ -88,14 +88,7 @@ class ZeroShards {
       s.index = at;
       at += s.mine.size();
     }
-    std::vector<FlatRange> merged;
-    for (const FlatRange& r : store_.ranges) {
-      if (!merged.empty() && merged.back().end == r.begin)
-        merged.back().end = r.end;
-      else
-        merged.push_back(r);
-    }
-    store_.ranges = std::move(merged);
+    store_.ranges = coalesced(std::move(store_.ranges));
     Device& dev = k_.device();
     grads_ = DeviceArray<G>(dev, at);
     if (stage_ == 3) {

@@ -10,21 +10,6 @@ namespace trident {
 
 namespace {
 int64_t bytes(int64_t floats) { return floats * static_cast<int64_t>(sizeof(float)); }
-
-// Sorted ranges with touching neighbours merged.
-std::vector<FlatRange> coalesced(std::vector<FlatRange> ranges) {
-  std::sort(ranges.begin(), ranges.end(),
-            [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
-  std::vector<FlatRange> out;
-  for (const FlatRange& r : ranges) {
-    if (r.size() == 0) continue;
-    if (!out.empty() && out.back().end == r.begin)
-      out.back().end = r.end;
-    else
-      out.push_back(r);
-  }
-  return out;
-}
 }  // namespace
 
 std::vector<FlatRange> make_buckets(const std::vector<ParamInfo>& params, int64_t buffer_size,
