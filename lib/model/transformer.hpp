@@ -110,17 +110,15 @@ class Transformer {
   // Flat master weights and gradients (params() offsets), in K's device memory, stored as
   // weight_store() and grad_store() say: the whole buffer, or under ZeRO-2/3 (set_zero) the
   // rank's slices, packed.
-  G* weights() { return zero_ && zero_->stage() == 3 ? zero_->master() : master_.data(); }
+  G* weights() { return weights_sharded() ? zero_->master() : master_.data(); }
   // The compute copy of weights() where T differs from G (bf16), else nullptr (and at ZeRO-3,
   // where each unit's copy is gathered when read).
   T* compute_weights() {
-    return std::is_same_v<T, G> || (zero_ && zero_->stage() == 3) ? nullptr : compute_.data();
+    return std::is_same_v<T, G> || weights_sharded() ? nullptr : compute_.data();
   }
   G* grads() { return zero_ ? zero_->grads() : grads_.data(); }
   int64_t flat_size() const { return layout_.flat_size; }
-  const FlatStore& weight_store() const {
-    return zero_ && zero_->stage() == 3 ? zero_->store() : whole_;
-  }
+  const FlatStore& weight_store() const { return weights_sharded() ? zero_->store() : whole_; }
   const FlatStore& grad_store() const { return zero_ ? zero_->store() : whole_; }
   // ZeRO-2/3 (ModelShard::zero_stage; model/zero_shards.hpp): shard the gradients (stage 2)
   // and the master weights (stage 3) over `data`, the stacked experts over `expert_data`
@@ -254,6 +252,8 @@ class Transformer {
 
  private:
   const T* w(int i) const;
+  // ZeRO-3: the master weights are the rank's slices, a unit's compute copy gathered when read.
+  bool weights_sharded() const { return zero_ && zero_->stage() == 3; }
   // Parameter i's gradient. Under ZeRO-2/3 only where gradients are formed (backward, and the
   // LM head's in a training forward: taking_grads_), else nullptr: asking opens the unit's
   // window, and a forward's LinearParams would open every layer's.

@@ -135,7 +135,7 @@ template <class K>
 const typename K::T* Transformer<K>::w(int i) const {
   if (i < 0) return nullptr;
   const int64_t offset = layout_.params[i].offset;
-  if (zero_ && zero_->stage() == 3) return zero_->weight(i, offset);
+  if (weights_sharded()) return zero_->weight(i, offset);
   if constexpr (std::is_same_v<T, G>)
     return master_.data() + offset;
   else
@@ -193,7 +193,7 @@ void Transformer<K>::reduce_embeddings() {
 
 template <class K>
 void Transformer<K>::begin_pass(int chunk, bool backward) {
-  if (!zero_ || zero_->stage() != 3) return;
+  if (!weights_sharded()) return;
   zero_->begin_pass(backward);
   // The chunk's first layer in the pass's direction starts gathering at once.
   const size_t first = chunk_block0_[static_cast<size_t>(chunk)];
@@ -224,7 +224,7 @@ void Transformer<K>::init_sharded_weights(uint64_t seed) {
 
 template <class K>
 void Transformer<K>::init_weights(uint64_t seed) {
-  if (zero_ && zero_->stage() == 3) {
+  if (weights_sharded()) {
     init_sharded_weights(seed);
     weights_changed();
     return;
@@ -255,7 +255,7 @@ void Transformer<K>::zero_grads() {
 
 template <class K>
 void Transformer<K>::weights_changed() {
-  if (zero_ && zero_->stage() == 3) return zero_->weights_changed();
+  if (weights_sharded()) return zero_->weights_changed();
   if constexpr (!std::is_same_v<T, G>) k_.convert(compute_.data(), master_.data(), master_.size());
 }
 

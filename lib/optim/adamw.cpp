@@ -78,12 +78,6 @@ bool AdamW::update(float* weights, const float* grads, double lr, double grad_sc
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const std::vector<FlatRange>& ranges, Device& device) {
   std::vector<Device::Range> parts;
-  return grad_square_sum(params, grads, ranges, device, parts);
-}
-
-double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
-                       const std::vector<FlatRange>& ranges, Device& device,
-                       std::vector<Device::Range>& parts) {
   return grad_square_sum(params, grads, FlatStore::whole(INT64_MAX), ranges, device, parts);
 }
 

@@ -69,12 +69,9 @@ class AdamW {
 // ranks that share the parameters' gradients and takes the square root.
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const std::vector<FlatRange>& ranges, Device& device);
-// The same with the list of device ranges built in `parts` (cleared first): a caller that sums
-// every step keeps it, and its capacity, from step to step.
-double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
-                       const std::vector<FlatRange>& ranges, Device& device,
-                       std::vector<Device::Range>& parts);
-// The same over gradients stored as `grads_at` says (ZeRO-2/3's packed slices).
+// The same over gradients stored as `grads_at` says (ZeRO-2/3's packed slices), with the list
+// of device ranges built in `parts` (cleared first): a caller that sums every step keeps it, and
+// its capacity, from step to step.
 double grad_square_sum(const std::vector<ParamInfo>& params, const float* grads,
                        const FlatStore& grads_at, const std::vector<FlatRange>& ranges,
                        Device& device, std::vector<Device::Range>& parts);

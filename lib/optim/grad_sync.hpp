@@ -77,7 +77,6 @@ class GradientSync {
   void all_gather_weights(float* weights);
   // How the gradients it reduces are stored: the whole buffer, or at ZeRO-2/3 owned() packed.
   const FlatStore& grad_store() const { return grad_store_; }
-  int zero_stage() const { return stage_; }
   // ZeRO-1 and 2: the reduce-scatter's and all-gather's staging (the largest bucket, padded,
   // and one slice of it).
   int64_t staging_bytes() const { return staging_.bytes() + slice_.bytes(); }
