@@ -42,23 +42,15 @@ TEST(CudaContextAttention, NotBuilt) {
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "cuda_storage.hpp"
 
 namespace {
 
 namespace gpu = trident::cuda;
 namespace cpu = trident::cpu;
 using gpu::bf16;
+using namespace trident::testing_support;
 
-template <typename S>
-S to_storage(float x) {
-  if constexpr (std::is_same_v<S, float>) return x;
-  else return __float2bfloat16_rn(x);
-}
-template <typename S>
-float to_float(S x) {
-  if constexpr (std::is_same_v<S, float>) return x;
-  else return __bfloat162float(x);
-}
 template <typename S>
 double tolerance() {
   return std::is_same_v<S, float> ? 1e-5 : 2e-2;
@@ -68,15 +60,6 @@ std::string type_name() {
   return std::is_same_v<S, float> ? "fp32" : "bf16";
 }
 
-// Random values the storage type holds exactly (what the CPU reference sees).
-template <typename S>
-std::vector<float> random_values(std::mt19937_64& rng, size_t n, float lo = -1.f,
-                                 float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = to_float<S>(to_storage<S>(u(rng)));
-  return v;
-}
 
 std::vector<double> to_double(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());

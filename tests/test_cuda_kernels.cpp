@@ -36,6 +36,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests no
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "cuda_storage.hpp"
 #include "util/error.hpp"
 
 namespace {
@@ -43,6 +44,7 @@ namespace {
 namespace gpu = trident::cuda;
 namespace cpu = trident::cpu;
 using gpu::bf16;
+using namespace trident::testing_support;
 
 #define REQUIRE_CUDA_DEVICE()                                                     \
   do {                                                                            \
@@ -59,22 +61,6 @@ constexpr double tolerance() {
   return std::is_same_v<S, float> ? 1e-4 : 2e-2;
 }
 
-template <typename S>
-S to_storage(float x) {
-  if constexpr (std::is_same_v<S, float>) {
-    return x;
-  } else {
-    return __float2bfloat16_rn(x);
-  }
-}
-template <typename S>
-float to_float(S x) {
-  if constexpr (std::is_same_v<S, float>) {
-    return x;
-  } else {
-    return __bfloat162float(x);
-  }
-}
 // The values the storage type can hold (what the CPU reference must see).
 template <typename S>
 std::vector<float> quantize(std::vector<float> v) {
