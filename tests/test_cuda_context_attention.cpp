@@ -42,6 +42,7 @@ TEST(CudaContextAttention, NotBuilt) {
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "context_ring_shape.hpp"
 #include "cuda_storage.hpp"
 
 namespace {
@@ -50,6 +51,7 @@ namespace gpu = trident::cuda;
 namespace cpu = trident::cpu;
 using gpu::bf16;
 using namespace trident::testing_support;
+using namespace trident::test;
 
 template <typename S>
 double tolerance() {
@@ -139,62 +141,6 @@ void expect_close(const std::string& what, const std::vector<float>& got,
   } while (0)
 
 // ------------------------------------------------------------- the chunked scheme on N ranks
-
-struct RingShape {
-  int64_t B, T, N, NH, KVH, HS;
-  int64_t Tc() const { return T / (2 * N); }
-  int64_t Tl() const { return 2 * Tc(); }
-  int64_t CQ() const { return (NH + 2 * KVH) * HS; }
-  int64_t C() const { return NH * HS; }
-  int64_t KVC() const { return 2 * KVH * HS; }
-  // The position in the sequence of rank i's local row r: chunk i, then chunk 2N-1-i.
-  int64_t global_row(int64_t i, int64_t r) const {
-    const int64_t chunk = r < Tc() ? i : 2 * N - 1 - i;
-    return chunk * Tc() + r % Tc();
-  }
-  std::string name() const {
-    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " N=" + std::to_string(N) +
-           " NH=" + std::to_string(NH) + " KVH=" + std::to_string(KVH) +
-           " HS=" + std::to_string(HS);
-  }
-};
-
-// Rows [B, T, width] -> rank i's rows [B, Tl, width].
-std::vector<float> to_local(const std::vector<float>& global, const RingShape& s, int64_t i,
-                            int64_t width) {
-  std::vector<float> local(s.B * s.Tl() * width);
-  for (int64_t b = 0; b < s.B; b++)
-    for (int64_t r = 0; r < s.Tl(); r++)
-      std::copy_n(global.begin() + (b * s.T + s.global_row(i, r)) * width, width,
-                  local.begin() + (b * s.Tl() + r) * width);
-  return local;
-}
-
-// Rank i's rows back into the global [B, T, width] (lse: [B*NH, T] rows of width 1 per head).
-void from_local(std::vector<float>& global, const std::vector<float>& local, const RingShape& s,
-                int64_t i, int64_t width) {
-  for (int64_t b = 0; b < s.B; b++)
-    for (int64_t r = 0; r < s.Tl(); r++)
-      std::copy_n(local.begin() + (b * s.Tl() + r) * width, width,
-                  global.begin() + (b * s.T + s.global_row(i, r)) * width);
-}
-void lse_from_local(std::vector<float>& global, const std::vector<float>& local,
-                    const RingShape& s, int64_t i) {
-  for (int64_t bh = 0; bh < s.B * s.NH; bh++)
-    for (int64_t r = 0; r < s.Tl(); r++)
-      global[bh * s.T + s.global_row(i, r)] = local[bh * s.Tl() + r];
-}
-
-// Rank i's query rows and the keys of rank j's block they see (j != i), as
-// model/context_parallel.hpp's visit: j < i, all local rows see keys [0, Tc); j > i, rows
-// [Tc, Tl) see the whole block.
-struct BlockPair {
-  int64_t q0, Tq, k0, Tk;
-};
-BlockPair block_pair(const RingShape& s, int64_t i, int64_t j) {
-  if (j < i) return {0, s.Tl(), 0, s.Tc()};
-  return {s.Tc(), s.Tc(), 0, s.Tl()};
-}
 
 struct RingResult {
   std::vector<float> out, lse, dqkv;  // global layouts
