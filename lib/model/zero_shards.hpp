@@ -259,8 +259,6 @@ class ZeroShards {
     return -1;
   }
 
-  // A free window of at least `elements` (the smallest such), else a new one of exactly that
-  // size: units of one size (the layers) share their windows.
   // Completes the oldest reductions until at most `keep` are in flight: each one's slice added
   // into the packed gradients, its window and received buffer handed back.
   void finish_reductions(size_t keep) {
@@ -279,6 +277,8 @@ class ZeroShards {
       reductions_.erase(reductions_.begin());
     }
   }
+  // A free window of at least `elements` (the smallest such), else a new one of exactly that
+  // size: units of one size (the layers) share their windows.
   std::unique_ptr<DeviceArray<G>> take_window(int64_t elements) {
     auto best = free_windows_.end();
     for (auto it = free_windows_.begin(); it != free_windows_.end(); ++it)
@@ -297,6 +297,11 @@ class ZeroShards {
     if (s.window) free_windows_.push_back(std::move(s.window));
   }
 
+  void finish_gather(Slot& slot) {
+    if (!slot.pending) return;
+    slot.pending->wait();
+    slot.pending.reset();
+  }
   Slot* find_slot(int u) {
     for (Slot& slot : slots_)
       if (slot.unit == u) return &slot;
@@ -305,10 +310,7 @@ class ZeroShards {
   Slot& resident(int u) {
     Slot* slot = find_slot(u);
     if (!slot) slot = &start_gather(u);
-    if (slot->pending) {
-      slot->pending->wait();
-      slot->pending.reset();
-    }
+    finish_gather(*slot);
     slot->used = ++demands_;
     return *slot;
   }
@@ -322,10 +324,7 @@ class ZeroShards {
         victim = &slot;
     }
     Slot& slot = *victim;
-    if (slot.pending) {
-      slot.pending->wait();
-      slot.pending.reset();
-    }
+    finish_gather(slot);
     const Shard& s = shards_[static_cast<size_t>(u)];
     if (slot.buffer.size() < s.slice * s.comm->size())  // grown to the largest unit it held
       slot.buffer = DeviceArray<T>(k_.device(), s.slice * s.comm->size());
