@@ -110,7 +110,9 @@ int main(int argc, char** argv) {
   if (training) gemm_probe = trident::cpu::probe_gemm_speed();
 
   // MPI_THREAD_MULTIPLE: the collective watchdog's thread (comm/comm_watchdog.hpp) calls
-  // MPI_Abort while the main thread may be inside a blocking MPI call. A file-size limit too
+  // MPI_Abort while the main thread may be inside a blocking MPI call, and checkpoint.async's
+  // writer thread (train/async_checkpoint.hpp) runs collectives beside training's (refused at
+  // start-up without it, train/startup_checks.hpp). A file-size limit too
   // small for MPI's start-up ends it in one line; past it, a write beyond the limit fails with
   // EFBIG, reported by the writer naming its file (file_size_signal.hpp).
   trident::fail_on_file_size_signal();

@@ -358,6 +358,15 @@ const Key kKeys[] = {
    "a file system that does not answer). Its own limit, longer by default than "
    "`parallel.comm_timeout_s`: writing a large checkpoint takes minutes. See "
    "docs/reliability.md."},
+  {TRIDENT_KEY(checkpoint, async), any(),
+   "Write checkpoints in a thread of each rank while training goes on: at a checkpoint step "
+   "the rank's shards (weights, AdamW moments) are copied into a host staging buffer (during "
+   "the next step's forward and backward on the CPU; one device-to-host copy into pinned "
+   "memory on a GPU) and the writer commits the same file as a synchronous save. At most one "
+   "save is in flight: the next checkpoint step waits for it. The final checkpoint (last "
+   "step, signal, time limit) waits for the save in flight and is written synchronously. "
+   "Costs a second host copy of the rank's weights and moments; needs MPI_THREAD_MULTIPLE. "
+   "See docs/reliability.md."},
 
   {TRIDENT_KEY(log, dir), any(), "Directory of the run's logs and metrics."},
   {TRIDENT_KEY(log, interval), at_least(1), "Log every this many steps."},

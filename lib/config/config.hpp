@@ -133,6 +133,7 @@ struct CheckpointConfig {
   int64_t keep = 2;
   bool allow_data_change = false;  // resume despite another global_batch / seed / shuffle
   double io_timeout_s = 1800.0;    // checkpoint I/O watchdog (comm/comm_watchdog.hpp)
+  bool async = false;  // write in a thread while training goes on (train/async_checkpoint.hpp)
 };
 
 struct LogConfig {

@@ -150,6 +150,16 @@ std::shared_ptr<void> CudaDevice::allocate(int64_t bytes) {
                  bytes);
 }
 
+std::shared_ptr<void> CudaDevice::allocate_host(int64_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1), cudaHostAllocDefault) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    throw_host_allocation_failure(bytes);
+  }
+  return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+}
+
 void CudaDevice::to_host(void* host, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
   CUDA_CHECK(cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost,

@@ -50,6 +50,7 @@ class CudaDevice final : public Device {
   bool is_host() const override { return false; }
   std::string describe() const override;
   std::shared_ptr<void> allocate(int64_t bytes) override;
+  std::shared_ptr<void> allocate_host(int64_t bytes) override;  // pinned (cudaHostAlloc)
   void to_host(void* host, const void* src, int64_t bytes) override;
   void from_host(void* dst, const void* host, int64_t bytes) override;
   void copy(void* dst, const void* src, int64_t bytes) override;

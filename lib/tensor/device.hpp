@@ -10,9 +10,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "util/error.hpp"
 #include "util/interval_timer.hpp"
 
 namespace trident {
@@ -34,6 +36,11 @@ class Device {
 
   // Zero-filled memory of `bytes`, freed when the last handle goes.
   virtual std::shared_ptr<void> allocate(int64_t bytes) = 0;
+  // Host memory of `bytes` for copies out of device memory (an asynchronous checkpoint's
+  // staging buffer, train/async_checkpoint.hpp): page-locked on a GPU, so that to_host is one
+  // DMA transfer at the link's speed; plain memory elsewhere. Not counted in allocated_bytes()
+  // (that counts device memory). Throws trident::Error naming the size when it cannot be had.
+  virtual std::shared_ptr<void> allocate_host(int64_t bytes);
   // Blocking copies between device memory and host memory.
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;
@@ -79,6 +86,11 @@ class Device {
  protected:
   // `memory` of `bytes`, counted until its last handle goes (the counters outlive the device).
   std::shared_ptr<void> counted(std::shared_ptr<void> memory, int64_t bytes);
+  // allocate_host's error, naming the size.
+  [[noreturn]] static void throw_host_allocation_failure(int64_t bytes) {
+    throw Error("cannot allocate " + std::to_string(bytes / 1000000) +
+                " MB of host memory for a copy of device memory (checkpoint staging)");
+  }
 
  private:
   struct AllocationMeter {
@@ -117,6 +129,13 @@ class DeviceArray {
   std::shared_ptr<void> memory_;
   int64_t size_ = 0;
 };
+
+inline std::shared_ptr<void> Device::allocate_host(int64_t bytes) {
+  // Uninitialised: every byte is copied into before it is read.
+  void* p = ::operator new(static_cast<size_t>(bytes > 0 ? bytes : 1), std::nothrow);
+  if (p == nullptr) throw_host_allocation_failure(bytes);
+  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q); });
+}
 
 inline std::shared_ptr<void> Device::counted(std::shared_ptr<void> memory, int64_t bytes) {
   meter_->calls.fetch_add(1);

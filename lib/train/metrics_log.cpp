@@ -124,6 +124,7 @@ void MetricsLog::write(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (!m.data_counts.empty()) j["data_counts"] = m.data_counts;
   if (!m.pipeline_bubble.empty()) j["pipeline_bubble"] = m.pipeline_bubble;
+  if (m.checkpoint_in_flight) j["checkpoint_in_flight"] = true;
   if (m.moe) {
     j["moe_aux_loss"] = m.moe_aux_loss;
     j["moe_z_loss"] = m.moe_z_loss;

@@ -39,6 +39,9 @@ struct StepMetrics {
   // z-loss (mean over the global batch's sequences, summed over the MoE layers), the smallest
   // and largest expert's share of the routed assignments (1/E each when balanced), and the
   // fraction of assignments dropped by the capacity.
+  // checkpoint.async: an asynchronous save was being written when the step began (jsonl only,
+  // "checkpoint_in_flight", written when true): the steps whose time it may have slowed.
+  bool checkpoint_in_flight = false;
   bool moe = false;
   double moe_aux_loss = 0, moe_z_loss = 0, moe_load_min = 0, moe_load_max = 0, moe_dropped = 0;
 };

@@ -1,6 +1,7 @@
 #include "train/startup_checks.hpp"
 
 #include <fcntl.h>
+#include <mpi.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -130,12 +131,18 @@ std::string model_state_lines(const Config& config, int dp_size) {
     std::snprintf(line, sizeof line,
                   "model state per rank%s (ZeRO-%lld over %d replicas): weights %.2f MB | compute "
                   "copy %.2f MB | gradients %.2f MB | moments %.2f MB | gather buffers %.2f MB | "
-                  "total %.2f MB\n",
+                  "total %.2f MB",
                   pp > 1 ? (" of stage " + std::to_string(stage)).c_str() : "",
                   static_cast<long long>(config.optim.zero_stage), dp_size, b.weights / mb,
                   b.compute / mb, b.gradients / mb, b.moments / mb, b.gather / mb,
                   b.total() / mb);
     out += line;
+    if (config.checkpoint.async && !config.checkpoint.dir.empty()) {
+      std::snprintf(line, sizeof line, "; checkpoint.async staging %.2f MB (host)",
+                    (b.weights + b.moments) / mb);
+      out += line;
+    }
+    out += "\n";
   }
   return out;
 }
@@ -147,7 +154,10 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   const double layers = static_cast<double>(shard.layer_count());
   RankMemory r;
   r.parameters = shard_parameters(m, shard).parameters;
-  r.state_bytes = static_cast<double>(estimate_model_state(config, shard, dp_size).total());
+  const ModelStateBytes state = estimate_model_state(config, shard, dp_size);
+  r.state_bytes = static_cast<double>(state.total());
+  if (config.checkpoint.async && !config.checkpoint.dir.empty())
+    r.staging_bytes = static_cast<double>(state.weights + state.moments);
 
   const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
   const double B = static_cast<double>(config.train.micro_batch);
@@ -323,7 +333,10 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
       std::to_string(m.vocab_size) + " over parallel.tensor = " +
       std::to_string(config.parallel.tensor) + " x parallel.pipeline = " +
       std::to_string(config.parallel.pipeline) + ": " + count(r.parameters) +
-      " parameters) needs " + gb(r.state_bytes) + " for weights, gradients and AdamW state";
+      " parameters) needs " + gb(r.state_bytes) + " for weights, gradients and AdamW state" +
+      (r.staging_bytes > 0 ? " and " + gb(r.staging_bytes) +
+                                 " for checkpoint.async's staging copy of the weights and moments"
+                           : "");
   const std::string held =
       r.micro_batches_held == 1
           ? "one micro-batch of activations"
@@ -341,10 +354,24 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
          memory.what;
 }
 
+std::string async_checkpoint_problem(const Config& config, int thread_level) {
+  if (!config.checkpoint.async || config.checkpoint.dir.empty() ||
+      thread_level >= MPI_THREAD_MULTIPLE)
+    return "";
+  return "checkpoint.async = true in " + config.source +
+         " needs MPI_THREAD_MULTIPLE (the writer thread's collectives run beside training's), "
+         "but this MPI library provides thread level " + std::to_string(thread_level) +
+         " of " + std::to_string(MPI_THREAD_MULTIPLE) +
+         "; set checkpoint.async = false or use an MPI built with thread support";
+}
+
 void agree_start_up_checks(const Config& config, const ModelShard& shard,
                            const ParallelDims& groups) {
   const int rank = groups.world().index;
-  std::string problem = rank == 0 ? checkpoint_dir_problem(config.checkpoint.dir) : "";
+  int thread_level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&thread_level);
+  std::string problem = async_checkpoint_problem(config, thread_level);
+  if (problem.empty() && rank == 0) problem = checkpoint_dir_problem(config.checkpoint.dir);
   if (problem.empty())
     problem = rank_memory_problem(config, shard, rank, groups.grad_reduce().size,
                                   config.train.device == "cpu" ? usable_memory_limit() : 0.0,

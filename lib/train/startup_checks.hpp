@@ -44,8 +44,10 @@ struct RankMemory {
   double parameters = 0;   // this rank's share (count)
   double state_bytes = 0;  // weights + gradients + optimizer state
   double activation_bytes = 0;
+  // checkpoint.async (with a checkpoint.dir): the staging copy of the weights and moments.
+  double staging_bytes = 0;
   int64_t micro_batches_held = 1;  // the stage's micro-batches of activations counted
-  double total() const { return state_bytes + activation_bytes; }
+  double total() const { return state_bytes + activation_bytes + staging_bytes; }
 };
 // stage: this rank's pipeline stage (0 .. parallel.pipeline - 1).
 RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, int dp_size,
@@ -84,7 +86,11 @@ MemoryLimit usable_memory_limit();
 std::string rank_memory_problem(const Config& config, const ModelShard& shard, int rank,
                                 int dp_size, const MemoryLimit& memory, int stage = 0);
 
-// Collective over the world of `groups`: checkpoint_dir_problem (rank 0) and rank_memory_problem
+// "" unless checkpoint.async is set (with a checkpoint.dir) and MPI provides `thread_level`
+// below MPI_THREAD_MULTIPLE, which the writer thread's collectives beside training's need.
+std::string async_checkpoint_problem(const Config& config, int thread_level);
+
+// Collective over the world of `groups`: async_checkpoint_problem, checkpoint_dir_problem (rank 0) and rank_memory_problem
 // (every rank, against usable_memory_limit on the CPU; a GPU rank's model lives in device
 // memory, whose allocation failures name the device), agreed so that every rank throws the
 // first problem found, or none does.

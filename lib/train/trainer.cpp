@@ -193,6 +193,7 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
   int32_t bad = guard_.is_bad(loss, grad_norm);
   groups_.world().host->all_reduce(&bad, 1, DType::I32, ReduceOp::Max);
   guard_.record(loss, bad != 0);
+  wait_async_staging();  // the update below changes what a save just started copies
   if (!bad) {
     const double scale = clip_scale(grad_norm, config_.optim.grad_clip);
     const bool copy_refreshed =
@@ -219,8 +220,10 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
 
 StepMetrics Trainer::train_step(int64_t step) {
   if (trace_) trace_->set_step(step + 1);
+  const bool save_in_flight = async_saves_ && async_saves_->in_flight();
   const auto t0 = std::chrono::steady_clock::now();
   StepMetrics m = apply_update(step, forward_backward(step));
+  m.checkpoint_in_flight = save_in_flight;
   device().synchronize();  // a GPU step is timed to the end of its optimizer update
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -279,11 +282,15 @@ bool Trainer::stop_requested(int64_t step, std::chrono::steady_clock::time_point
   const TrainConfig& t = config_.train;
   const double minutes =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() / 60;
-  int32_t stop = (stop_check_ && stop_check_()) ||
-                 (t.exit_after_minutes > 0 && minutes >= t.exit_after_minutes) ||
-                 (t.exit_interval > 0 && (step + 1) % t.exit_interval == 0);
-  groups_.world().host->all_reduce(&stop, 1, DType::I32, ReduceOp::Max);
-  return stop != 0;
+  const int32_t stop = (stop_check_ && stop_check_()) ||
+                       (t.exit_after_minutes > 0 && minutes >= t.exit_after_minutes) ||
+                       (t.exit_interval > 0 && (step + 1) % t.exit_interval == 0);
+  // The same all-reduce carries whether an asynchronous save has failed on any rank: then
+  // every rank throws its writer's error here (the writers agree on it), at the same step.
+  int32_t flags[2] = {stop, async_saves_ && async_saves_->failed()};
+  groups_.world().host->all_reduce(flags, 2, DType::I32, ReduceOp::Max);
+  if (flags[1] != 0) finish_async_save("");
+  return flags[0] != 0;
 }
 
 RunOutcome Trainer::run() {
@@ -329,7 +336,10 @@ RunOutcome Trainer::run() {
                           !(config_.train.max_bad_steps > 0 && guard_.bad_streak() > 0);
     if (!ck.dir.empty() && (periodic || last || stop)) {
       const auto save_start = Clock::now();
-      save_checkpoint(step + 1);
+      // The run's final checkpoint (the last step, a stop) is written synchronously, after
+      // the asynchronous save in flight: the run ends once it is committed.
+      if (ck.async && !last && !stop) start_async_save(step + 1);
+      else save_checkpoint(step + 1);
       if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
       // A stop requested while the checkpoint was written (a write may take minutes): that
       // checkpoint is the run's state, so stop now rather than run a step and save again.
@@ -337,6 +347,7 @@ RunOutcome Trainer::run() {
     }
     finish_trace(step + 1, last || stop);
     if (stop && !last) {
+      finish_async_save("before stopping");  // exit 75 only with this step's state committed
       log_blend_counts(step + 1);
       out_.print("stopping after step %lld of %lld (signal, time limit or exit interval)%s\n",
                  static_cast<long long>(step + 1), static_cast<long long>(steps),
@@ -349,12 +360,55 @@ RunOutcome Trainer::run() {
 
 CheckpointedState Trainer::checkpointed_state() { return {*model_, *optimizer_, *sync_}; }
 
+CheckpointProgress Trainer::checkpoint_progress(int64_t steps_done) const {
+  return {steps_done,      optimizer_->updates(), skipped_steps_,  layout(),
+          skipped_batches_, rollbacks_,           rollback_lr_factor(), guard_.losses(),
+          guard_.bad_streak()};
+}
+
 std::string Trainer::save_checkpoint(int64_t steps_done) {
-  return save_training_checkpoint(
-      config_, checkpointed_state(),
-      {steps_done, optimizer_->updates(), skipped_steps_, layout(), skipped_batches_, rollbacks_,
-       rollback_lr_factor(), guard_.losses(), guard_.bad_streak()},
-      groups_.mpi_world, is_logging_rank(), resumed_from_, checkpoint_watchdog_);
+  finish_async_save("before a synchronous save");
+  return save_training_checkpoint(config_, checkpointed_state(), checkpoint_progress(steps_done),
+                                  groups_.mpi_world, is_logging_rank(), resumed_from_,
+                                  checkpoint_watchdog_);
+}
+
+void Trainer::start_async_save(int64_t steps_done) {
+  if (!async_saves_)
+    async_saves_ = std::make_unique<AsyncCheckpointer>(groups_.mpi_world, is_logging_rank(),
+                                                       checkpoint_watchdog_);
+  const CheckpointedState state = checkpointed_state();
+  async_saves_->start(plan_checkpoint(config_, state, checkpoint_progress(steps_done)), state,
+                      resumed_from_);
+}
+
+void Trainer::finish_async_save(const char* before) {
+  if (!async_saves_) return;
+  const bool writing = async_saves_->in_flight();
+  const int64_t step = async_saves_->step();
+  const double waited = async_saves_->finish();  // throws the save's error
+  if (writing && *before)
+    out_.print("checkpoint: waited %.3f s for the asynchronous save of step %lld %s\n", waited,
+               static_cast<long long>(step), before);
+}
+
+void Trainer::wait_async_staging() {
+  if (!async_saves_) return;
+  const std::optional<AsyncCheckpointer::Stall> stall = async_saves_->wait_staged();
+  if (!stall) return;  // the same on every rank: a save was started at the step before
+  double waited[2] = {stall->previous_save, stall->staging};
+  groups_.world().host->all_reduce(waited, 2, DType::F64, ReduceOp::Max);
+  if (!log_) return;
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "checkpoint step %lld: training waited %.3f s for the asynchronous save (%.3f s "
+                "for the previous save, %.3f s for the staging copy; most over ranks)",
+                static_cast<long long>(stall->step), waited[0] + waited[1], waited[0], waited[1]);
+  log_->write_event(line, {{"event", "checkpoint_stall"},
+                           {"step", stall->step},
+                           {"stall_s", waited[0] + waited[1]},
+                           {"previous_save_s", waited[0]},
+                           {"staging_s", waited[1]}});
 }
 
 std::string Trainer::layout() const {
@@ -381,6 +435,7 @@ std::string Trainer::save_rollback_checkpoint(int64_t first_bad,
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
+  finish_async_save("before reading a checkpoint");  // and HDF5 is used by one thread at a time
   const ResumedProgress resumed =
       load_training_checkpoint(path, config_, skipped_batches_, checkpointed_state(),
                                groups_.mpi_world, is_logging_rank(), checkpoint_watchdog_);
@@ -400,6 +455,8 @@ double Trainer::rollback_lr_factor() const {
 }
 
 bool Trainer::roll_back(int64_t step) {
+  // The save in flight may be the checkpoint to go back to: committed first.
+  finish_async_save("before the rollback");
   const TrainConfig& t = config_.train;
   const RollbackPlan plan =
       plan_rollback(step, guard_.bad_streak(), rolled_back_to_, t.max_bad_steps,

@@ -22,6 +22,7 @@
 #include "optim/grad_sync.hpp"
 #include "pipeline/executor.hpp"
 #include "runtime/backend.hpp"
+#include "train/async_checkpoint.hpp"
 #include "train/divergence_guard.hpp"
 #include "train/metrics_log.hpp"
 #include "train/moe_metrics.hpp"
@@ -70,7 +71,8 @@ class Trainer {
   void set_checkpoint_watchdog(CommWatchdog* watchdog) { checkpoint_watchdog_ = watchdog; }
 
   // Collective: writes checkpoint `steps_done` into checkpoint.dir atomically and prunes old
-  // ones; returns its path.
+  // ones; returns its path. Synchronous whatever checkpoint.async says (after the
+  // asynchronous save in flight, if any).
   std::string save_checkpoint(int64_t steps_done);
   // Collective: loads a checkpoint written by any layout; training continues at its step.
   // Runs check_checkpoint and check_checkpoint_compatible (train/checkpointing.hpp), refuses a
@@ -173,6 +175,18 @@ class Trainer {
   // that began at step `first_bad` (bad steps are never applied) as checkpoint `first_bad`,
   // the streak's batches skipped, marked rollback_save. Returns its path.
   std::string save_rollback_checkpoint(int64_t first_bad, const std::vector<int64_t>& bad_batches);
+  // checkpoint.async: starts the asynchronous save of checkpoint `steps_done` (after the one in
+  // flight; train/async_checkpoint.hpp). Collective.
+  void start_async_save(int64_t steps_done);
+  // Waits for the asynchronous save in flight, if any, and throws its error (every rank the
+  // same); rank 0 says how long training waited `before` ("before the final save").
+  void finish_async_save(const char* before);
+  // Before the optimizer update changes the weights and moments: waits for the staging copy of
+  // the asynchronous save just started; rank 0 logs what training waited for it (the most
+  // over ranks: one all-reduce, at the same step on every rank).
+  void wait_async_staging();
+  // The counters a checkpoint of `steps_done` holds.
+  CheckpointProgress checkpoint_progress(int64_t steps_done) const;
   // "tensor=2 pipeline=2 data=2 zero_stage=1": the checkpoint attribute layout.
   std::string layout() const;
   // The learning rate factor of the rollbacks taken: train.rollback_lr_scale ^ rollbacks.
@@ -219,6 +233,9 @@ class Trainer {
   std::string resumed_from_;
   std::function<bool()> stop_check_;
   CommWatchdog* checkpoint_watchdog_ = nullptr;
+  // checkpoint.async's writer, made at the first save. Last: destroyed first, so that its
+  // thread has ended (its staging copy reads the model and optimizer) before they go.
+  std::unique_ptr<AsyncCheckpointer> async_saves_;
 };
 
 }  // namespace trident

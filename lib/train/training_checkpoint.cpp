@@ -120,36 +120,47 @@ std::vector<int64_t> resumed_skip_list(const std::string& path, const Checkpoint
 
 }  // namespace
 
-std::string save_training_checkpoint(const Config& c, const CheckpointedState& state,
-                                     const CheckpointProgress& progress, MPI_Comm comm,
-                                     bool report, const std::string& resumed_from,
-                                     CommWatchdog* watchdog) {
-  const HostState host(state);
+CheckpointContent plan_checkpoint(const Config& c, const CheckpointedState& state,
+                                  CheckpointProgress progress) {
+  CheckpointContent content{c, std::move(progress), {}, {}, {}, {}};
+  for_each_checkpoint_tensor(c.model, state.model.params(), [&](const CheckpointTensor& t) {
+    TensorShare share = share_of(t, state);
+    content.tensors.push_back(
+        {t.dataset(kWeightsRoot), t.dataset(kExpAvgRoot), t.dataset(kExpAvgSqRoot),
+         t.global.global_shape,
+         share.writes_weights ? std::move(share.weights) : std::vector<Run>{},
+         share.writes_moments ? std::move(share.moments) : std::vector<Run>{}});
+  });
+  return content;
+}
+
+std::pair<int64_t, int64_t> checkpoint_buffer_sizes(const CheckpointedState& state) {
+  return {state.model.weight_store().size(), state.optimizer.exp_avg().size()};
+}
+
+std::string write_training_checkpoint(const CheckpointContent& content, MPI_Comm comm,
+                                      bool report, const std::string& resumed_from,
+                                      CommWatchdog* watchdog, const char* how) {
+  const Config& c = content.config;
+  const int64_t step = content.progress.step;
   auto fill = [&](CheckpointWriter& w) {
     // Every rank makes every write (they are collective); a rank's runs are the parts it
     // writes, none for the copies another rank writes.
-    for_each_checkpoint_tensor(c.model, state.model.params(), [&](const CheckpointTensor& t) {
-      const TensorShare share = share_of(t, state);
-      const std::vector<Run> none;
-      const std::vector<int64_t>& shape = t.global.global_shape;
-      w.write_tensor(t.dataset(kWeightsRoot), shape, share.writes_weights ? share.weights : none,
-                     host.weights);
-      w.write_tensor(t.dataset(kExpAvgRoot), shape, share.writes_moments ? share.moments : none,
-                     host.exp_avg);
-      w.write_tensor(t.dataset(kExpAvgSqRoot), shape,
-                     share.writes_moments ? share.moments : none, host.exp_avg_sq);
-    });
-    write_checkpoint_attributes(w, c, progress);
+    for (const CheckpointContent::Tensor& t : content.tensors) {
+      w.write_tensor(t.weights, t.shape, t.weight_runs, content.weights);
+      w.write_tensor(t.exp_avg, t.shape, t.moment_runs, content.exp_avg);
+      w.write_tensor(t.exp_avg_sq, t.shape, t.moment_runs, content.exp_avg_sq);
+    }
+    write_checkpoint_attributes(w, c, content.progress);
   };
   const auto t0 = std::chrono::steady_clock::now();
   std::string path;
   {
     const CommWatchdog::IoScope io(
-        watchdog, "writing checkpoint '" +
-                      (std::filesystem::path(c.checkpoint.dir) / checkpoint_name(progress.step))
-                          .string() +
-                      "'");
-    path = write_checkpoint(c.checkpoint.dir, progress.step, comm, fill);
+        watchdog,
+        "writing checkpoint '" +
+            (std::filesystem::path(c.checkpoint.dir) / checkpoint_name(step)).string() + "'");
+    path = write_checkpoint(c.checkpoint.dir, step, comm, fill);
   }
   const double seconds = seconds_since(t0);
   if (report) {
@@ -157,11 +168,23 @@ std::string save_training_checkpoint(const Config& c, const CheckpointedState& s
     if (!resumed_from.empty()) protect.push_back(resumed_from);
     prune_checkpoints(c.checkpoint.dir, c.checkpoint.keep, protect);
     const double mb = std::filesystem::file_size(path) / 1e6;
-    std::printf("checkpoint %s written (step %lld): %.1f MB in %.3f s, %.1f MB/s\n",
-                path.c_str(), static_cast<long long>(progress.step), mb, seconds, mb / seconds);
+    std::printf("checkpoint %s written (step %lld%s): %.1f MB in %.3f s, %.1f MB/s\n",
+                path.c_str(), static_cast<long long>(step), how, mb, seconds, mb / seconds);
     std::fflush(stdout);
   }
   return path;
+}
+
+std::string save_training_checkpoint(const Config& c, const CheckpointedState& state,
+                                     const CheckpointProgress& progress, MPI_Comm comm,
+                                     bool report, const std::string& resumed_from,
+                                     CommWatchdog* watchdog) {
+  const HostState host(state);
+  CheckpointContent content = plan_checkpoint(c, state, progress);
+  content.weights = host.weights;
+  content.exp_avg = host.exp_avg;
+  content.exp_avg_sq = host.exp_avg_sq;
+  return write_training_checkpoint(content, comm, report, resumed_from, watchdog);
 }
 
 std::string agreed_checkpoint_at_or_before(const std::string& dir, int64_t max_step,

@@ -8,9 +8,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include "checkpoint/ckpt_runs.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "config/config.hpp"
 #include "model/params.hpp"
@@ -29,6 +32,40 @@ struct CheckpointedState {
   AdamW& optimizer;          // its moments (of the ranges it owns) and update count
   const GradientSync& sync;  // which replica of each tensor writes it (and counts its checksum)
 };
+
+// What one save writes, apart from the live model: every tensor's three datasets with this
+// rank's runs into three host buffers (the rank's flat weights and AdamW's two moments), the
+// counters and the config. A synchronous save points the buffers at the state itself (a GPU
+// rank's staged copies); an asynchronous one at its staging copy (train/async_checkpoint.hpp).
+struct CheckpointContent {
+  struct Tensor {
+    std::string weights, exp_avg, exp_avg_sq;  // dataset paths
+    std::vector<int64_t> shape;                // global
+    // This rank's runs into the buffers; none for the copies another rank writes.
+    std::vector<Run> weight_runs, moment_runs;
+  };
+  Config config;
+  CheckpointProgress progress;
+  std::vector<Tensor> tensors;  // for_each_checkpoint_tensor's order: the same on every rank
+  std::span<const float> weights, exp_avg, exp_avg_sq;
+};
+
+// The content of checkpoint `progress` of `state`, its buffers not set.
+CheckpointContent plan_checkpoint(const Config& config, const CheckpointedState& state,
+                                  CheckpointProgress progress);
+// The sizes of the three buffers `state` fills, in floats: {weights, each moment}.
+std::pair<int64_t, int64_t> checkpoint_buffer_sizes(const CheckpointedState& state);
+
+// Collective over `comm`: writes `content` as checkpoint content.progress.step into
+// content.config.checkpoint.dir atomically (checkpoint/commit.hpp). Then, where `report`
+// holds (rank 0), prunes the directory to checkpoint.keep (never the new file nor
+// `resumed_from`) and prints its line: path, size, seconds, MB/s, and `how` ("" or
+// ", asynchronous") after the step. Returns the path. `watchdog` (when not null) watches the
+// write (checkpoint.io_timeout_s, comm/comm_watchdog.hpp). Touches nothing but `content`, the
+// file system and `comm`: the asynchronous writer runs it in its own thread.
+std::string write_training_checkpoint(const CheckpointContent& content, MPI_Comm comm,
+                                      bool report, const std::string& resumed_from,
+                                      CommWatchdog* watchdog, const char* how = "");
 
 // Writes checkpoint `progress.step` of `state` into config.checkpoint.dir atomically
 // (checkpoint/commit.hpp). Then, where `report` holds (rank 0), prunes the directory to
