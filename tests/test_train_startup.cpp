@@ -1,6 +1,7 @@
 // The start-up checks of a run (lib/train/startup_checks.hpp): checkpoint.dir usable, and a
 // rank's share of the model and activations against the node's memory (issue 22, items 8, 13).
 #include <gtest/gtest.h>
+#include <mpi.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -260,6 +261,43 @@ TEST(RankMemory, ProblemNamesTheKeysThatSizeIt) {
             0u)
       << act;
   EXPECT_GT(usable_memory_limit().bytes, 1e8);
+}
+
+// checkpoint.async keeps a host copy of the rank's weights and moments (its staging buffer):
+// counted in the estimate only with a checkpoint.dir, and named in the problem line.
+TEST(RankMemory, AsynchronousCheckpointsCountTheirStagingCopy) {
+  const Config sync = tiny({"checkpoint.dir=ck"});
+  const ModelShard shard = ModelShard::whole(sync.model);
+  const double total = static_cast<double>(parameter_count(sync.model));
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(sync, shard, 1).staging_bytes, 0);
+  const Config async = tiny({"checkpoint.dir=ck", "checkpoint.async=true"});
+  const RankMemory r = estimate_rank_memory(async, shard, 1);
+  EXPECT_DOUBLE_EQ(r.staging_bytes, 12 * total);  // weights and two moments, fp32
+  EXPECT_DOUBLE_EQ(r.total(), r.state_bytes + r.activation_bytes + r.staging_bytes);
+  // ZeRO-1 over 4: the rank's quarter of the moments only.
+  const Config zero = tiny({"checkpoint.dir=ck", "checkpoint.async=true", "optim.zero_stage=1"});
+  EXPECT_DOUBLE_EQ(estimate_rank_memory(zero, shard, 4).staging_bytes, (4 + 2) * total);
+  EXPECT_DOUBLE_EQ(
+      estimate_rank_memory(tiny({"checkpoint.async=true"}), shard, 1).staging_bytes, 0)
+      << "no checkpoint.dir: nothing saved, nothing staged";
+  const std::string line = rank_memory_problem(async, shard, 0, 1, 1e3);
+  EXPECT_NE(line.find("for checkpoint.async's staging copy of the weights and moments"),
+            std::string::npos)
+      << line;
+}
+
+TEST(AsyncCheckpoint, NeedsMpiThreadMultiple) {
+  const Config async = tiny({"checkpoint.dir=ck", "checkpoint.async=true"});
+  EXPECT_EQ(async_checkpoint_problem(async, MPI_THREAD_MULTIPLE), "");
+  const std::string line = async_checkpoint_problem(async, MPI_THREAD_SERIALIZED);
+  EXPECT_EQ(line.rfind("checkpoint.async = true in tiny.toml needs MPI_THREAD_MULTIPLE", 0), 0u)
+      << line;
+  EXPECT_NE(line.find("provides thread level " + std::to_string(MPI_THREAD_SERIALIZED)),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(async_checkpoint_problem(tiny({"checkpoint.dir=ck"}), MPI_THREAD_SINGLE), "");
+  EXPECT_EQ(async_checkpoint_problem(tiny({"checkpoint.async=true"}), MPI_THREAD_SINGLE), "")
+      << "no checkpoint.dir: no writer thread";
 }
 
 // Issue 56 item 14: under `ulimit -v` a model too large for the address space passed the

@@ -15,7 +15,10 @@ uninterrupted run's bit for bit (ckpt_compare: every tensor, elements counted); 
 left, another round starts in a fresh checkpoint directory.
 
   test_chaos.py --trident BIN --mpiexec MPIEXEC --compare CKPT_COMPARE [--kills 10]
-                [--seed S] [--ranks 4|8] [--steps 12] [--modes commit,random,write] [--keep]
+                [--seed S] [--ranks 4|8] [--steps 12] [--modes commit,random,write]
+                [--async] [--keep]
+--async saves with checkpoint.async = true: the writes a kill lands in run in each rank's
+writer thread while training goes on (the final save is synchronous).
 TRIDENT_CHAOS_KILLS=N overrides --kills (50 or more for a long run). Exit 0: passed.
 """
 import argparse
@@ -163,6 +166,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12, help="a checkpoint after each")
     ap.add_argument("--modes", default="commit,random,write",
                     help="the kinds of kill moments to draw from (comma-separated)")
+    ap.add_argument("--async", dest="async_saves", action="store_true",
+                    help="checkpoint.async = true (the uninterrupted run too)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = ap.parse_args()
     kills = int(os.environ.get("TRIDENT_CHAOS_KILLS", args.kills))
@@ -172,7 +177,8 @@ def main():
     tiny_runs.make_corpus(work)
     config = os.path.join(work, "config.toml")
     text = tiny_runs.tiny_config(work, os.path.join(work, "log"), extra=(
-        LAYOUTS[args.ranks] + "[checkpoint]\ninterval = 1\nkeep = 3\n"))
+        LAYOUTS[args.ranks] + "[checkpoint]\ninterval = 1\nkeep = 3\n" +
+        ("async = true\n" if args.async_saves else "")))
     for before, after in (("steps = 6", "steps = %d" % args.steps),
                           ("warmup_steps = 2\n", "warmup_steps = 2\nzero_stage = 1\n"),
                           ("[eval]\ninterval = 3", "[eval]\ninterval = 0")):
