@@ -30,8 +30,7 @@ StateBuffers state_buffers(const CheckpointedState& s) {
 
 }  // namespace
 
-AsyncCheckpointer::AsyncCheckpointer(MPI_Comm world, bool report, CommWatchdog* watchdog)
-    : report_(report), watchdog_(watchdog) {
+AsyncCheckpointer::AsyncCheckpointer(MPI_Comm world, bool report) : report_(report) {
   MPI_Comm_dup(world, &comm_);
 }
 
@@ -40,9 +39,13 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void AsyncCheckpointer::reserve(Device& device, int64_t floats) {
+void AsyncCheckpointer::reserve(const CheckpointedState& state) {
+  const StateBuffers b = state_buffers(state);
+  const int64_t floats = b.size[0] + b.size[1] + b.size[2];
   if (floats <= staging_floats_) return;
-  staging_ = device.allocate_host(floats * static_cast<int64_t>(sizeof(float)));
+  const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+  staging_ = state.model.device().allocate_host(bytes);
+  std::memset(staging_.get(), 0, static_cast<size_t>(bytes));  // the first touch, now
   staging_floats_ = floats;
 }
 
@@ -56,7 +59,7 @@ void AsyncCheckpointer::start(CheckpointContent content, const CheckpointedState
 
   const StateBuffers b = state_buffers(state);
   Device& device = state.model.device();
-  reserve(device, b.size[0] + b.size[1] + b.size[2]);
+  reserve(state);
   float* staging = static_cast<float*>(staging_.get());
   content.weights = {staging, static_cast<size_t>(b.size[0])};
   content.exp_avg = {staging + b.size[0], static_cast<size_t>(b.size[1])};

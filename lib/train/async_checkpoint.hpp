@@ -40,8 +40,8 @@ class Device;
 class AsyncCheckpointer {
  public:
   // Collective over `world`: duplicates it for the writer. `report`: this rank prints the
-  // written line and prunes (rank 0). `watchdog` (not owned; may be null) watches each write.
-  AsyncCheckpointer(MPI_Comm world, bool report, CommWatchdog* watchdog);
+  // written line and prunes (rank 0).
+  AsyncCheckpointer(MPI_Comm world, bool report);
   // Waits for the save in flight (its error, if any, is dropped: the trainer is unwinding or
   // has taken it), then frees the communicator.
   ~AsyncCheckpointer();
@@ -55,6 +55,13 @@ class AsyncCheckpointer {
     double previous_save = 0, staging = 0;
     double total() const { return previous_save + staging; }
   };
+
+  // The watchdog (not owned; may be null) that watches each write from now on.
+  void set_watchdog(CommWatchdog* watchdog) { watchdog_ = watchdog; }
+  // Host staging for `state`'s weights and moments, allocated and touched now (made before
+  // training: the memory is had, or refused, at start-up, and the first touch of fresh pages
+  // — seconds for gigabytes — does not land in the first save).
+  void reserve(const CheckpointedState& state);
 
   // Starts saving `content` (plan_checkpoint's; its buffers are set here to the staging
   // copy) of `state`: waits for the save in flight, throwing its error (see finish); stages
@@ -81,9 +88,6 @@ class AsyncCheckpointer {
 
  private:
   using Clock = std::chrono::steady_clock;
-  // Host staging memory for `floats` floats, kept from one save to the next.
-  void reserve(Device& device, int64_t floats);
-
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool report_ = false;
   CommWatchdog* watchdog_ = nullptr;

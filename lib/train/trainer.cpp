@@ -99,6 +99,10 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
   }
   if (config.log.trace) trace_ = start_run_trace(config.log, groups_, *executor_);
+  if (config.checkpoint.async && !config.checkpoint.dir.empty()) {
+    async_saves_ = std::make_unique<AsyncCheckpointer>(groups_.mpi_world, is_logging_rank());
+    async_saves_->reserve(checkpointed_state());
+  }
 }
 
 void Trainer::finish_trace(int64_t steps_done, bool run_over) {
@@ -374,9 +378,6 @@ std::string Trainer::save_checkpoint(int64_t steps_done) {
 }
 
 void Trainer::start_async_save(int64_t steps_done) {
-  if (!async_saves_)
-    async_saves_ = std::make_unique<AsyncCheckpointer>(groups_.mpi_world, is_logging_rank(),
-                                                       checkpoint_watchdog_);
   const CheckpointedState state = checkpointed_state();
   async_saves_->start(plan_checkpoint(config_, state, checkpoint_progress(steps_done)), state,
                       resumed_from_);

@@ -68,7 +68,10 @@ class Trainer {
   void set_stop_check(std::function<bool()> check) { stop_check_ = std::move(check); }
   // The rank's collective watchdog, told about every checkpoint write and read so that one
   // that stalls ends the job (checkpoint.io_timeout_s, comm/comm_watchdog.hpp); not owned.
-  void set_checkpoint_watchdog(CommWatchdog* watchdog) { checkpoint_watchdog_ = watchdog; }
+  void set_checkpoint_watchdog(CommWatchdog* watchdog) {
+    checkpoint_watchdog_ = watchdog;
+    if (async_saves_) async_saves_->set_watchdog(watchdog);
+  }
 
   // Collective: writes checkpoint `steps_done` into checkpoint.dir atomically and prunes old
   // ones; returns its path. Synchronous whatever checkpoint.async says (after the
@@ -233,8 +236,9 @@ class Trainer {
   std::string resumed_from_;
   std::function<bool()> stop_check_;
   CommWatchdog* checkpoint_watchdog_ = nullptr;
-  // checkpoint.async's writer, made at the first save. Last: destroyed first, so that its
-  // thread has ended (its staging copy reads the model and optimizer) before they go.
+  // checkpoint.async's writer (with a checkpoint.dir), made with its staging buffer before
+  // training. Last: destroyed first, so that its thread has ended (its staging copy reads the
+  // model and optimizer) before they go.
   std::unique_ptr<AsyncCheckpointer> async_saves_;
 };
 
