@@ -45,7 +45,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = {
     # name: (layers, heads, width, seq_len, checkpoint.interval, steps)
-    "124m": (12, 12, 768, 256, 5, 21),
+    "124m": (12, 12, 768, 256, 10, 41),
     "774m": (36, 20, 1280, 64, 10, 32),
 }
 WRITTEN = re.compile(r"^checkpoint (\S+) written \(step (\d+)(, asynchronous)?\): ([\d.]+) MB in "

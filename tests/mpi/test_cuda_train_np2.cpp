@@ -237,21 +237,39 @@ TEST(GpuTrainer, MoeExpertParallelOverMpiMatchesOneGpu) {
   check_layout_over_mpi("moe EP=2", with(kMoe, {"parallel.data=2", "parallel.expert=2"}));
 }
 
+// Runs `body` as a one-rank job on rank 0 (self communicators) while rank 1 waits.
+template <class F>
+void on_rank_zero(F&& body) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) body();
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The losses of steps [from, to) of a fresh one-rank trainer of `config`, resumed from
+// `checkpoint` first unless it is "".
+std::vector<double> step_losses(const Config& config, int64_t from, int64_t to,
+                                const std::string& checkpoint = "") {
+  SelfGroups self;
+  Trainer t(config, self.groups());
+  if (!checkpoint.empty()) {
+    t.load_checkpoint(checkpoint);
+    EXPECT_EQ(t.start_step(), from);
+  }
+  std::vector<double> losses;
+  for (int64_t s = from; s < to; ++s) losses.push_back(t.train_step(s).loss);
+  return losses;
+}
+
 TEST(GpuTrainer, CheckpointResumeIsBitwiseIdentical) {
   REQUIRE_GPU();
   const auto dir = shared_corpus("gpu_ckpt");
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {  // a one-rank job on rank 0 (self communicators)
+  on_rank_zero([&] {
     const auto ckpt = dir / "ckpt";
-    Config config = gpu_config(dir, {"train.device=cuda", "train.steps=6",
-                                     "checkpoint.dir=" + ckpt.string()});
-    std::vector<double> straight, resumed;
-    {
-      SelfGroups self;
-      Trainer t(config, self.groups());
-      for (int64_t s = 0; s < 6; ++s) straight.push_back(t.train_step(s).loss);
-    }
+    const Config config = gpu_config(dir, {"train.device=cuda", "train.steps=6",
+                                           "checkpoint.dir=" + ckpt.string()});
+    const std::vector<double> straight = step_losses(config, 0, 6);
+    std::vector<double> resumed;
     std::string path;
     {
       SelfGroups self;
@@ -259,18 +277,11 @@ TEST(GpuTrainer, CheckpointResumeIsBitwiseIdentical) {
       for (int64_t s = 0; s < 3; ++s) resumed.push_back(t.train_step(s).loss);
       path = t.save_checkpoint(3);
     }
-    {
-      SelfGroups self;
-      Trainer t(config, self.groups());
-      t.load_checkpoint(path);
-      EXPECT_EQ(t.start_step(), 3);
-      for (int64_t s = 3; s < 6; ++s) resumed.push_back(t.train_step(s).loss);
-    }
+    for (double loss : step_losses(config, 3, 6, path)) resumed.push_back(loss);
     ASSERT_EQ(straight.size(), resumed.size());
     for (size_t i = 0; i < straight.size(); ++i)
       EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  });
 }
 
 // checkpoint.async on a GPU: the state staged by one device-to-host copy into pinned memory
@@ -280,37 +291,24 @@ TEST(GpuTrainer, CheckpointResumeIsBitwiseIdentical) {
 TEST(GpuTrainer, AsynchronousCheckpointResumeIsBitwiseIdentical) {
   REQUIRE_GPU();
   const auto dir = shared_corpus("gpu_async_ckpt");
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {  // a one-rank job on rank 0 (self communicators)
+  on_rank_zero([&] {
     const auto ckpt = dir / "ckpt";
     std::filesystem::remove_all(ckpt);
     const Config config =
         gpu_config(dir, {"train.device=cuda", "train.steps=6", "checkpoint.dir=" + ckpt.string(),
                          "checkpoint.interval=2", "checkpoint.keep=10", "checkpoint.async=true"});
-    std::vector<double> straight, resumed;
-    {
-      SelfGroups self;
-      Trainer t(config, self.groups());
-      for (int64_t s = 0; s < 6; ++s) straight.push_back(t.train_step(s).loss);
-    }
+    const std::vector<double> straight = step_losses(config, 0, 6);
     {
       SelfGroups self;
       Trainer t(config, self.groups());
       EXPECT_EQ(t.run(), RunOutcome::Finished);  // saves 2 and 4 asynchronously, 6 at the end
     }
-    {
-      SelfGroups self;
-      Trainer t(config, self.groups());
-      t.load_checkpoint((ckpt / "step_00000004.h5").string());
-      EXPECT_EQ(t.start_step(), 4);
-      for (int64_t s = 4; s < 6; ++s) resumed.push_back(t.train_step(s).loss);
-    }
+    const std::vector<double> resumed =
+        step_losses(config, 4, 6, (ckpt / "step_00000004.h5").string());
     ASSERT_EQ(resumed.size(), 2u);
     for (size_t i = 0; i < resumed.size(); ++i)
       EXPECT_EQ(straight[4 + i], resumed[i]) << "step " << 5 + i;
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  });
 }
 
 }  // namespace
