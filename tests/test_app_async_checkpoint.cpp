@@ -103,6 +103,7 @@ TEST_F(AsyncCheckpoint, ResumeIsBitwiseAndTrainingGoesOnDuringTheWrite) {
   for (const auto& row : read_metrics(dir_ / "split"))
     if (row.value("event", "") == "checkpoint_stall") {
       ++stall_events;
+      EXPECT_EQ(row.value("type", ""), "event") << "the metrics tools skip typed records";
       EXPECT_GE(row["stall_s"].get<double>(), 0.0);
     }
   EXPECT_EQ(stall_events, 2) << "one stall record per asynchronous save (steps 3 and 6)";

@@ -405,7 +405,8 @@ void Trainer::wait_async_staging() {
                 "checkpoint step %lld: training waited %.3f s for the asynchronous save (%.3f s "
                 "for the previous save, %.3f s for the staging copy; most over ranks)",
                 static_cast<long long>(stall->step), waited[0] + waited[1], waited[0], waited[1]);
-  log_->write_event(line, {{"event", "checkpoint_stall"},
+  log_->write_event(line, {{"type", "event"},
+                           {"event", "checkpoint_stall"},
                            {"step", stall->step},
                            {"stall_s", waited[0] + waited[1]},
                            {"previous_save_s", waited[0]},
