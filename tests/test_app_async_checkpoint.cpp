@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "app_fixture.hpp"
@@ -80,7 +81,8 @@ std::string error_line(const RunResult& r) {
 
 // 2 ranks, 12 steps: straight (no checkpoint) against a run saving every 3 steps in the
 // background that stops at step 7 (exit 75) and resumes; and a resume from the asynchronously
-// written checkpoint of step 6, which `latest` no longer names. Losses bitwise equal in all.
+// written checkpoint of step 6, which `latest` no longer names. Losses bitwise equal in all;
+// the checkpoint of step 6 resumed on one rank too (another layout: within 1e-5).
 TEST_F(AsyncCheckpoint, ResumeIsBitwiseAndTrainingGoesOnDuringTheWrite) {
   auto r = run_command(train(2, 12, "--set checkpoint.dir= --set log.dir=" +
                                         (dir_ / "straight").string()), 120);
@@ -122,6 +124,20 @@ TEST_F(AsyncCheckpoint, ResumeIsBitwiseAndTrainingGoesOnDuringTheWrite) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(losses(dir_ / "from6"),
             std::vector<std::string>(straight.begin() + 6, straight.end()));
+
+  // Another layout resumes it as any checkpoint: one rank (the same global batch) continues
+  // within 1e-5 of the 2-rank run (summation order only), as tests/mpi/
+  // test_checkpoint_resume_np8.cpp requires of synchronously written ones.
+  r = run_command(train(1, 12, "--set log.dir=" + (dir_ / "from6_one_rank").string() +
+                                   " --resume " + checkpoint(6).string()), 120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto one_rank = steps_of(dir_ / "from6_one_rank"), two_ranks = steps_of(dir_ / "from6");
+  ASSERT_EQ(one_rank.size(), 6u);
+  ASSERT_EQ(two_ranks.size(), 6u);
+  for (size_t i = 0; i < one_rank.size(); ++i) {
+    const double a = one_rank[i]["loss"].get<double>(), b = two_ranks[i]["loss"].get<double>();
+    EXPECT_LE(std::abs(a - b) / std::abs(b), 1e-5) << "step " << 7 + i;
+  }
 }
 
 // A write that fails in the writer thread (past a file-size limit, EFBIG): the job ends with
