@@ -134,6 +134,8 @@ struct CheckpointConfig {
   bool allow_data_change = false;  // resume despite another global_batch / seed / shuffle
   double io_timeout_s = 1800.0;    // checkpoint I/O watchdog (comm/comm_watchdog.hpp)
   bool async = false;  // write in a thread while training goes on (train/async_checkpoint.hpp)
+  // Periodic saves are asynchronous: checkpoint.async, with somewhere to save to.
+  bool saves_async() const { return async && !dir.empty(); }
 };
 
 struct LogConfig {

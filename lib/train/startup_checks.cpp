@@ -83,6 +83,12 @@ ShardParameters shard_parameters(const ModelConfig& m, const ModelShard& shard) 
   return {(layers * per_layer + (ends ? rest : 0.0)) / tp,
           std::max(layers > 0 ? per_layer : 0.0, ends ? rest : 0.0) / tp};
 }
+
+// checkpoint.async's host staging copy of the rank's weights and moments; 0 without it.
+double async_staging_bytes(const Config& config, const ModelStateBytes& state) {
+  return config.checkpoint.saves_async() ? static_cast<double>(state.weights + state.moments)
+                                         : 0.0;
+}
 }  // namespace
 
 ModelStateBytes estimate_model_state(const Config& config, const ModelShard& shard,
@@ -137,9 +143,8 @@ std::string model_state_lines(const Config& config, int dp_size) {
                   b.compute / mb, b.gradients / mb, b.moments / mb, b.gather / mb,
                   b.total() / mb);
     out += line;
-    if (config.checkpoint.async && !config.checkpoint.dir.empty()) {
-      std::snprintf(line, sizeof line, "; checkpoint.async staging %.2f MB (host)",
-                    (b.weights + b.moments) / mb);
+    if (const double staging = async_staging_bytes(config, b); staging > 0) {
+      std::snprintf(line, sizeof line, "; checkpoint.async staging %.2f MB (host)", staging / mb);
       out += line;
     }
     out += "\n";
@@ -156,8 +161,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   r.parameters = shard_parameters(m, shard).parameters;
   const ModelStateBytes state = estimate_model_state(config, shard, dp_size);
   r.state_bytes = static_cast<double>(state.total());
-  if (config.checkpoint.async && !config.checkpoint.dir.empty())
-    r.staging_bytes = static_cast<double>(state.weights + state.moments);
+  r.staging_bytes = async_staging_bytes(config, state);
 
   const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
   const double B = static_cast<double>(config.train.micro_batch);
@@ -355,9 +359,7 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
 }
 
 std::string async_checkpoint_problem(const Config& config, int thread_level) {
-  if (!config.checkpoint.async || config.checkpoint.dir.empty() ||
-      thread_level >= MPI_THREAD_MULTIPLE)
-    return "";
+  if (!config.checkpoint.saves_async() || thread_level >= MPI_THREAD_MULTIPLE) return "";
   return "checkpoint.async = true in " + config.source +
          " needs MPI_THREAD_MULTIPLE (the writer thread's collectives run beside training's), "
          "but this MPI library provides thread level " + std::to_string(thread_level) +

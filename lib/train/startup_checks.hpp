@@ -90,10 +90,10 @@ std::string rank_memory_problem(const Config& config, const ModelShard& shard, i
 // below MPI_THREAD_MULTIPLE, which the writer thread's collectives beside training's need.
 std::string async_checkpoint_problem(const Config& config, int thread_level);
 
-// Collective over the world of `groups`: async_checkpoint_problem, checkpoint_dir_problem (rank 0) and rank_memory_problem
-// (every rank, against usable_memory_limit on the CPU; a GPU rank's model lives in device
-// memory, whose allocation failures name the device), agreed so that every rank throws the
-// first problem found, or none does.
+// Collective over the world of `groups`: async_checkpoint_problem, checkpoint_dir_problem
+// (rank 0) and rank_memory_problem (every rank, against usable_memory_limit on the CPU; a GPU
+// rank's model lives in device memory, whose allocation failures name the device), agreed so
+// that every rank throws the first problem found, or none does.
 void agree_start_up_checks(const Config& config, const ModelShard& shard,
                            const ParallelDims& groups);
 

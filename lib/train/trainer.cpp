@@ -99,7 +99,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
     if (config.log.tensorboard) log_->enable_tensorboard(config.to_toml_with_provenance());
   }
   if (config.log.trace) trace_ = start_run_trace(config.log, groups_, *executor_);
-  if (config.checkpoint.async && !config.checkpoint.dir.empty()) {
+  if (config.checkpoint.saves_async()) {
     async_saves_ = std::make_unique<AsyncCheckpointer>(groups_.mpi_world, is_logging_rank());
     async_saves_->reserve(checkpointed_state());
   }
@@ -342,7 +342,7 @@ RunOutcome Trainer::run() {
       const auto save_start = Clock::now();
       // The run's final checkpoint (the last step, a stop) is written synchronously, after
       // the asynchronous save in flight: the run ends once it is committed.
-      if (ck.async && !last && !stop) start_async_save(step + 1);
+      if (ck.saves_async() && !last && !stop) start_async_save(step + 1);
       else save_checkpoint(step + 1);
       if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
       // A stop requested while the checkpoint was written (a write may take minutes): that
