@@ -16,18 +16,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The state's three buffers (device memory) with their sizes in floats.
-struct StateBuffers {
-  const float* source[3];
-  int64_t size[3];
-};
-
-StateBuffers state_buffers(const CheckpointedState& s) {
-  const auto [weights, moments] = checkpoint_buffer_sizes(s);
-  return {{s.model.weights(), s.optimizer.exp_avg().data(), s.optimizer.exp_avg_sq().data()},
-          {weights, moments, moments}};
-}
-
 }  // namespace
 
 AsyncCheckpointer::AsyncCheckpointer(MPI_Comm world, bool report) : report_(report) {
@@ -40,8 +28,7 @@ AsyncCheckpointer::~AsyncCheckpointer() {
 }
 
 void AsyncCheckpointer::reserve(const CheckpointedState& state) {
-  const StateBuffers b = state_buffers(state);
-  const int64_t floats = b.size[0] + b.size[1] + b.size[2];
+  const int64_t floats = checkpoint_buffers(state).total();
   if (floats <= staging_floats_) return;
   const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
   staging_ = state.model.device().allocate_host(bytes);
@@ -57,7 +44,7 @@ void AsyncCheckpointer::start(CheckpointContent content, const CheckpointedState
   stall.step = content.progress.step;
   stall.previous_save = seconds_since(t0);
 
-  const StateBuffers b = state_buffers(state);
+  const CheckpointBuffers b = checkpoint_buffers(state);
   Device& device = state.model.device();
   reserve(state);
   float* staging = static_cast<float*>(staging_.get());
@@ -74,8 +61,8 @@ void AsyncCheckpointer::start(CheckpointContent content, const CheckpointedState
   if (copy_now) {  // a GPU: one device-to-host copy per buffer into pinned memory, now
     const auto c0 = Clock::now();
     float* at = staging;
-    for (int i = 0; i < 3; ++i) {
-      device.to_host(at, b.source[i], b.size[i] * static_cast<int64_t>(sizeof(float)));
+    for (int i = 0; i < CheckpointBuffers::kCount; ++i) {
+      device.to_host(at, b.data[i], b.size[i] * static_cast<int64_t>(sizeof(float)));
       at += b.size[i];
     }
     stall.staging = seconds_since(c0);
@@ -86,8 +73,8 @@ void AsyncCheckpointer::start(CheckpointContent content, const CheckpointedState
                          done = std::move(done)]() mutable {
     if (!copy_now) {  // the CPU: the copy runs beside the next step's forward and backward
       float* at = static_cast<float*>(staging_.get());
-      for (int i = 0; i < 3; ++i) {
-        std::memcpy(at, b.source[i], static_cast<size_t>(b.size[i]) * sizeof(float));
+      for (int i = 0; i < CheckpointBuffers::kCount; ++i) {
+        std::memcpy(at, b.data[i], static_cast<size_t>(b.size[i]) * sizeof(float));
         at += b.size[i];
       }
       staged.set_value();

@@ -34,26 +34,25 @@ float* host_view(Device& device, float* data, int64_t n, std::vector<float>& sta
 
 // Host views of a training state's weights and moments (a GPU rank's staged copies).
 struct HostState {
-  std::vector<float> weight_staging, m_staging, v_staging;
-  std::span<float> weights, exp_avg, exp_avg_sq;
+  std::vector<float> staging[CheckpointBuffers::kCount];
+  std::span<float> weights, exp_avg, exp_avg_sq;  // checkpoint_buffers' order
 
   explicit HostState(const CheckpointedState& s) {
     Device& device = s.model.device();
-    const int64_t wn = s.model.weight_store().size(), sn = s.optimizer.exp_avg().size();
-    weights = {host_view(device, s.model.weights(), wn, weight_staging), static_cast<size_t>(wn)};
-    exp_avg = {host_view(device, s.optimizer.exp_avg().data(), sn, m_staging),
-               static_cast<size_t>(sn)};
-    exp_avg_sq = {host_view(device, s.optimizer.exp_avg_sq().data(), sn, v_staging),
-                  static_cast<size_t>(sn)};
+    const CheckpointBuffers b = checkpoint_buffers(s);
+    std::span<float>* views[] = {&weights, &exp_avg, &exp_avg_sq};
+    for (int i = 0; i < CheckpointBuffers::kCount; ++i)
+      *views[i] = {host_view(device, b.data[i], b.size[i], staging[i]),
+                   static_cast<size_t>(b.size[i])};
   }
   // After a read: the staged copies back to the device.
   void to_device(const CheckpointedState& s) const {
     Device& device = s.model.device();
     if (device.is_host()) return;
-    auto bytes = [](std::span<float> v) { return static_cast<int64_t>(v.size_bytes()); };
-    device.from_host(s.model.weights(), weights.data(), bytes(weights));
-    device.from_host(s.optimizer.exp_avg().data(), exp_avg.data(), bytes(exp_avg));
-    device.from_host(s.optimizer.exp_avg_sq().data(), exp_avg_sq.data(), bytes(exp_avg_sq));
+    const CheckpointBuffers b = checkpoint_buffers(s);
+    const std::span<float> views[] = {weights, exp_avg, exp_avg_sq};
+    for (int i = 0; i < CheckpointBuffers::kCount; ++i)
+      device.from_host(b.data[i], views[i].data(), static_cast<int64_t>(views[i].size_bytes()));
   }
 };
 
@@ -134,8 +133,11 @@ CheckpointContent plan_checkpoint(const Config& c, const CheckpointedState& stat
   return content;
 }
 
-std::pair<int64_t, int64_t> checkpoint_buffer_sizes(const CheckpointedState& state) {
-  return {state.model.weight_store().size(), state.optimizer.exp_avg().size()};
+CheckpointBuffers checkpoint_buffers(const CheckpointedState& state) {
+  const int64_t moments = state.optimizer.exp_avg().size();
+  return {{state.model.weights(), state.optimizer.exp_avg().data(),
+           state.optimizer.exp_avg_sq().data()},
+          {state.model.weight_store().size(), moments, moments}};
 }
 
 std::string write_training_checkpoint(const CheckpointContent& content, MPI_Comm comm,

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <functional>
 #include <span>
-#include <utility>
 #include <string>
 #include <vector>
 
@@ -53,8 +52,15 @@ struct CheckpointContent {
 // The content of checkpoint `progress` of `state`, its buffers not set.
 CheckpointContent plan_checkpoint(const Config& config, const CheckpointedState& state,
                                   CheckpointProgress progress);
-// The sizes of the three buffers `state` fills, in floats: {weights, each moment}.
-std::pair<int64_t, int64_t> checkpoint_buffer_sizes(const CheckpointedState& state);
+// The rank's state a checkpoint holds, in its device memory, in the order of kCheckpointRoots:
+// the flat weights (weight_store()'s floats) and AdamW's two moments.
+struct CheckpointBuffers {
+  static constexpr int kCount = 3;
+  float* data[kCount];
+  int64_t size[kCount];  // floats
+  int64_t total() const { return size[0] + size[1] + size[2]; }
+};
+CheckpointBuffers checkpoint_buffers(const CheckpointedState& state);
 
 // Collective over `comm`: writes `content` as checkpoint content.progress.step into
 // content.config.checkpoint.dir atomically (checkpoint/commit.hpp). Then, where `report`
