@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "util/elapsed.hpp"
 #include "util/error.hpp"
 
 namespace trident {
@@ -9,9 +10,6 @@ namespace trident {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 // Message tags: the forward activation and the backward gradient of a micro-batch crossing the
 // boundary after virtual stage k = chunk * stages + stage, named by k's chunk (k / stages).
 // Between two ranks the boundaries of one micro-batch differ in that chunk (and, for two

@@ -6,17 +6,10 @@
 #include "model/stage_model.hpp"
 #include "optim/adamw.hpp"
 #include "tensor/device.hpp"
+#include "util/elapsed.hpp"
 #include "util/error.hpp"
 
 namespace trident {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 AsyncCheckpointer::AsyncCheckpointer(MPI_Comm world, bool report) : report_(report) {
   MPI_Comm_dup(world, &comm_);

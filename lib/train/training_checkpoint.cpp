@@ -13,15 +13,12 @@
 #include "optim/grad_sync.hpp"
 #include "train/checkpoint_tensors.hpp"
 #include "train/divergence_guard.hpp"
+#include "util/elapsed.hpp"
 #include "util/error.hpp"
 
 namespace trident {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Host memory holding `n` floats of device memory `data`: the memory itself on the host
 // device, else a copy in `staging` (HDF5 reads and writes host memory).
