@@ -35,7 +35,6 @@
 namespace trident {
 
 class CommWatchdog;
-class Device;
 
 class AsyncCheckpointer {
  public:
@@ -53,7 +52,6 @@ class AsyncCheckpointer {
   struct Stall {
     int64_t step = 0;
     double previous_save = 0, staging = 0;
-    double total() const { return previous_save + staging; }
   };
 
   // The watchdog (not owned; may be null) that watches each write from now on.
