@@ -173,9 +173,11 @@ struct LinearOp {
 
 // Grouped-query attention: KVH = NH is multi-head attention, KVH < NH shares each kv head
 // among NH/KVH query heads (their k and v gradients add up).
+// Packed documents: `docs` [B*T] each row's document start (model/documents.hpp); empty: none.
 struct AttentionOp {
   int64_t B = 2, T = 5, NH = 2, KVH = 2, HS = 4;
   double qkv_scale = 1.0;
+  std::vector<int32_t> docs;
   Tensors make(std::mt19937_64& rng) const {
     return {{"qkv", random_vec(rng, B * T * (NH + 2 * KVH) * HS, -qkv_scale, qkv_scale)},
             {"R", random_vec(rng, B * T * NH * HS)}};
@@ -186,9 +188,10 @@ struct AttentionOp {
     auto qkv = cast<F>(in.at("qkv"));
     auto R = cast<F>(in.at("R"));
     std::vector<F> out(B * T * NH * HS), lse(B * NH * T), dqkv(qkv.size());
-    attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS);
+    const int32_t* doc_start = docs.empty() ? nullptr : docs.data();
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS, doc_start);
     attention_backward(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), B, T, NH, KVH,
-                       HS);
+                       HS, doc_start);
     return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
   }
 };
@@ -413,6 +416,35 @@ TEST(KernelsGrad, AttentionGqaPeakedSoftmax) {
   op.qkv_scale = 3.0;
   fd_worst(op, "attention (gqa, peaked)");
 }
+// Document starts of sequences of T rows cut into documents of the given lengths (each list
+// sums to T), one list per sequence.
+std::vector<int32_t> document_starts_of(const std::vector<std::vector<int32_t>>& lengths) {
+  std::vector<int32_t> starts;
+  for (const auto& sequence : lengths) {
+    int32_t first = 0;
+    for (int32_t len : sequence) {
+      for (int32_t i = 0; i < len; i++) starts.push_back(first);
+      first += len;
+    }
+  }
+  return starts;
+}
+
+TEST(KernelsGrad, AttentionDocuments) {
+  AttentionOp op;  // a one-row document, one at the start, one at the end
+  op.T = 7;
+  op.docs = document_starts_of({{1, 3, 3}, {4, 2, 1}});
+  fd_worst(op, "attention (documents)");
+}
+TEST(KernelsGrad, AttentionDocumentsGqaPeaked) {
+  AttentionOp op;
+  op.T = 7;
+  op.NH = 4;
+  op.KVH = 2;
+  op.qkv_scale = 3.0;
+  op.docs = document_starts_of({{2, 5}, {7}});
+  fd_worst(op, "attention (documents gqa)");
+}
 TEST(KernelsGrad, Rope) { fd_worst(RopeOp{}, "rope"); }
 TEST(KernelsGrad, RmsNorm) { fd_worst(RmsNormOp{}, "rmsnorm"); }
 TEST(KernelsGrad, Swiglu) { fd_worst(SwigluOp{}, "swiglu"); }
@@ -466,6 +498,72 @@ TEST(KernelsFloat, AttentionGqa) {
   op.KVH = 2;
   op.HS = 16;
   float_vs_double(op, "attention (gqa 4/2)");
+}
+TEST(KernelsFloat, AttentionDocuments) {
+  AttentionOp op;  // documents across and inside the 128-row blocks: some blocks skipped
+  op.B = 2;
+  op.T = 300;
+  op.NH = 4;
+  op.KVH = 2;
+  op.HS = 16;
+  op.docs = document_starts_of({{100, 40, 150, 10}, {1, 258, 41}});
+  float_vs_double(op, "attention (documents)");
+}
+
+// Packed documents against each document alone: the rows of a document in a packed sequence
+// get the output, log-sum-exp and gradients of attention over that document by itself (a
+// sequence of its length), to rounding: nothing crosses a document boundary. Lengths straddle
+// the 128-row blocks, so the skipped blocks and the per-row masks are both on the path.
+template <typename F>
+void expect_documents_alone(const std::vector<int32_t>& lengths, double tol) {
+  AttentionOp packed;
+  packed.B = 1;
+  packed.NH = 4;
+  packed.KVH = 2;
+  packed.HS = 8;
+  packed.T = 0;
+  for (int32_t len : lengths) packed.T += len;
+  packed.docs = document_starts_of({lengths});
+  std::mt19937_64 rng(11);
+  const Tensors in = packed.make(rng);
+  const Tensors whole = packed.template run<F>(in);
+  const int64_t CQ = (packed.NH + 2 * packed.KVH) * packed.HS, C = packed.NH * packed.HS;
+  int64_t t0 = 0, compared = 0;
+  double worst = 0;
+  for (int32_t len : lengths) {
+    AttentionOp alone = packed;
+    alone.T = len;
+    alone.docs.clear();
+    const Tensors part = alone.template run<F>(
+        {{"qkv", Vec(in.at("qkv").begin() + t0 * CQ, in.at("qkv").begin() + (t0 + len) * CQ)},
+         {"R", Vec(in.at("R").begin() + t0 * C, in.at("R").begin() + (t0 + len) * C)}});
+    const auto rows = [&](const std::string& name, int64_t width) {
+      const Vec& w = whole.at(name);
+      return Vec(w.begin() + t0 * width, w.begin() + (t0 + len) * width);
+    };
+    Vec lse_rows;  // lse is [NH, T]: the document's columns of each head
+    for (int64_t h = 0; h < packed.NH; h++)
+      lse_rows.insert(lse_rows.end(), whole.at("lse").begin() + h * packed.T + t0,
+                      whole.at("lse").begin() + h * packed.T + t0 + len);
+    for (const auto& [name, got] :
+         {std::pair{"out", rows("out", C)}, {"dqkv", rows("dqkv", CQ)}, {"lse", lse_rows}}) {
+      const double rel = rel_diff(part.at(name), got);
+      EXPECT_LE(rel, tol) << name << " of the document at row " << t0 << " (" << len << " rows)";
+      worst = std::max(worst, rel);
+      compared += static_cast<int64_t>(got.size());
+    }
+    t0 += len;
+  }
+  EXPECT_EQ(compared, packed.T * (C + CQ + packed.NH));
+  std::cout << "[documents] " << lengths.size() << " documents, " << compared
+            << " values, worst rel diff " << std::scientific << std::setprecision(2) << worst
+            << std::endl;
+}
+
+TEST(KernelsDocuments, EachDocumentAsIfAlone) {
+  expect_documents_alone<double>({130, 1, 200, 60, 9}, 1e-12);
+  expect_documents_alone<float>({130, 1, 200, 60, 9}, 1e-5);
+  expect_documents_alone<double>({400}, 1e-12);  // one document: the causal kernel itself
 }
 TEST(KernelsFloat, Rope) {
   RopeOp op;  // Llama's theta and positions where float angles would be visibly off

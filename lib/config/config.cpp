@@ -131,6 +131,11 @@ const Key kKeys[] = {
    "RMSNorm epsilon (llama; gpt2's LayerNorm always uses 1e-5)."},
   {TRIDENT_KEY(model, rope_theta), above(0),
    "Rotary position embedding base (llama; unused by gpt2)."},
+  {TRIDENT_KEY(model, position_reset), any(),
+   "Packed documents: each document's positions start at 0 after the end-of-document token "
+   "that ends the one before it (gpt2: the rows of the position table; llama: the RoPE "
+   "angles), as Megatron-LM's --reset-position-ids.",
+   "needs `data.document_mask = true`"},
   {TRIDENT_KEY(model, moe_experts), at_least(0),
    "Mixture of experts: experts per MoE layer, each a copy of the architecture's MLP (gpt2 "
    "GELU, llama SwiGLU) behind a softmax top-k router; 0: dense MLPs. See docs/moe.md.",
@@ -324,6 +329,16 @@ const Key kKeys[] = {
    "Validation data, as `data.train` (a blend too); empty: none.",
    "blend entries: weights finite and > 0, no source twice"},
   {TRIDENT_KEY(data, shuffle), any(), "Shuffle the order of training sequences."},
+  {TRIDENT_KEY(data, document_mask), any(),
+   "Packed documents: a token attends only to the tokens of its own document inside the "
+   "sequence; a document ends with the token `data.eod_id`, which belongs to the document it "
+   "ends (Megatron-LM's --reset-attention-mask, torchtitan's block-causal mask). Training "
+   "and validation alike; the loss still counts every token. See docs/data.md.",
+   "needs `data.eod_id` in [0, `model.vocab_size`); not with `parallel.context` > 1"},
+  {TRIDENT_KEY(data, eod_id), at_least(-1),
+   "The end-of-document token id of the data (data_tools/prepare_text.py writes it to "
+   "stats.json as eod_id; GPT-2's <|endoftext|> is 50256); -1: none.",
+   "given (>= 0) when `data.document_mask = true`"},
 
   {TRIDENT_KEY(eval, interval), at_least(0), "Evaluate every this many steps; 0: never."},
   {TRIDENT_KEY(eval, steps), at_least(1), "Global batches per evaluation."},
@@ -892,6 +907,26 @@ void check_context(const Config& c, const std::string& source) {
                      "ring have not yet been checked on a GPU (use train.device = \"cpu\")");
 }
 
+// Packed documents (data.document_mask, model.position_reset).
+void check_documents(const Config& c, const std::string& source) {
+  const DataConfig& d = c.data;
+  if (c.model.position_reset && !d.document_mask)
+    fail(source, "model.position_reset = true restarts positions at each document, which needs "
+                 "data.document_mask = true (the documents' attention kept apart too)");
+  if (!d.document_mask) return;
+  if (d.eod_id < 0)
+    fail(source, "data.document_mask = true needs data.eod_id, the end-of-document token id "
+                 "(data_tools/prepare_text.py's stats.json gives it as eod_id)");
+  if (d.eod_id >= c.model.vocab_size)
+    fail(source, "data.eod_id (" + int_text(d.eod_id) + ") must be < model.vocab_size (" +
+                     int_text(c.model.vocab_size) + ")");
+  if (c.parallel.context > 1)
+    fail(source, "data.document_mask = true with parallel.context (" +
+                     int_text(c.parallel.context) +
+                     ") > 1: the context ring's kernels do not mask documents yet (set "
+                     "parallel.context = 1)");
+}
+
 // Constraints between keys (each is described in the `relations` text of its key).
 void check_relations(const Config& c, const std::string& source) {
   const ModelConfig& m = c.model;
@@ -913,6 +948,7 @@ void check_relations(const Config& c, const std::string& source) {
 
   check_moe(c, source);
   check_context(c, source);
+  check_documents(c, source);
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;

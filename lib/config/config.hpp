@@ -25,6 +25,9 @@ struct ModelConfig {
   bool tie_embeddings = true;
   double norm_eps = 1e-5;      // RMSNorm epsilon (llama); gpt2's LayerNorm uses 1e-5
   double rope_theta = 10000.0; // rotary embedding base (llama)
+  // Packed documents (data.document_mask): positions restart at 0 after each end-of-document
+  // token (the learned table's rows, or RoPE's angles).
+  bool position_reset = false;
   // Mixture of experts (model/moe.hpp, docs/moe.md): the MLP of every moe_layer_interval-th
   // layer (layers l with l % interval == 0) is moe_experts copies of the architecture's MLP
   // behind a top-k softmax router. 0 experts: dense.
@@ -114,6 +117,10 @@ struct DataConfig {
   std::vector<std::string> train;
   std::vector<std::string> val;  // empty: no validation
   bool shuffle = false;
+  // Packed documents: attention never crosses an end-of-document token `eod_id` inside a
+  // sequence (data/documents.hpp, docs/data.md); -1 with document_mask false.
+  bool document_mask = false;
+  int64_t eod_id = -1;
 };
 
 struct EvalConfig {

@@ -117,13 +117,15 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   }
 
   void attention_forward(T* out, Saved* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
-                         int64_t KVH, int64_t HS) {
-    cuda::attention_forward(out, lse, qkv, B, Tn, NH, KVH, HS, s());
+                         int64_t KVH, int64_t HS, const int32_t* doc_start) {
+    cuda::attention_forward(out, lse, qkv, B, Tn, NH, KVH, HS, s(), doc_start);
   }
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* lse,
-                          int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS) {
+                          int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
+                          const int32_t* doc_start) {
     cuda::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, KVH, HS, s(),
-                             workspace(cuda::attention_backward_workspace_bytes(B, Tn, NH)));
+                             workspace(cuda::attention_backward_workspace_bytes(B, Tn, NH)),
+                             doc_start);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                     double theta) {

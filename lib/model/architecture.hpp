@@ -86,6 +86,12 @@ struct ModelShard {
   int cp_rank = 0;
   int cp_size = 1;
   int64_t seq_rows(int64_t seq_len) const { return seq_len / cp_size; }
+  // Packed documents (data.document_mask): the end-of-document token; attention stays inside
+  // each document of a sequence (data/documents.hpp) and, with ModelConfig::position_reset,
+  // positions restart after each. -1: a sequence is one stream. Every stage then needs the
+  // micro-batch's tokens.
+  int32_t document_eod = -1;
+  bool masks_documents() const { return document_eod >= 0; }
   // ZeRO stage (optim.zero_stage; model/zero_shards.hpp): from 2 the model never allocates the
   // whole gradient buffer, from 3 nor the whole weights (its shards hold slices; set_zero).
   int zero_stage = 0;

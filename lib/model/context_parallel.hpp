@@ -88,7 +88,7 @@ class ContextRing {
       if (step + 1 < layout_.size) ex.start(*this, kv_[0].data(), kv_[1].data(), N, kTagKv);
       const int src = holder(step);
       if (step == 0)
-        k.attention_forward(out, lse, qkv, B, Tl, NH_, KVH_, HS_);
+        k.attention_forward(out, lse, qkv, B, Tl, NH_, KVH_, HS_, nullptr);
       else
         visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
           k.attention_merge_forward(out, lse, qkv, kv_[0].data(), B, Tl, q0, Tq, k0, Tk, NH_,
@@ -114,7 +114,7 @@ class ContextRing {
       if (step == 0) {
         // The local block: dq from the local keys, and the local block's own dk, dv, which
         // start its accumulator.
-        k.attention_backward(dqkv, dout, qkv, out, lse, B, Tl, NH_, KVH_, HS_);
+        k.attention_backward(dqkv, dout, qkv, out, lse, B, Tl, NH_, KVH_, HS_, nullptr);
         k.kv_pack(dkv_[0].data(), dqkv, N, NH_, KVH_, HS_);
       } else {
         visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {

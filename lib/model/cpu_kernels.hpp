@@ -93,14 +93,16 @@ class CpuKernels {
     cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
   }
 
+  // doc_start [B,Tn] (K's memory, through upload_ids; nullptr: no documents).
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
-                         int64_t KVH, int64_t HS) {
-    cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS);
+                         int64_t KVH, int64_t HS, const int32_t* doc_start) {
+    cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start);
   }
   // `out` (the forward's output) and the saved log-sum-exp: the probabilities are recomputed.
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* saved,
-                          int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS) {
-    cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS);
+                          int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
+                          const int32_t* doc_start) {
+    cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                     double theta) {

@@ -82,6 +82,10 @@ class Transformer {
     int64_t B = 0;
     int chunk = 0;                         // the shard's model chunk (ModelShard::chunks)
     DeviceArray<int32_t> tokens, targets;  // [N]
+    // Packed documents (ModelShard::masks_documents()), from the micro-batch's tokens on every
+    // stage: each row's document start (model/documents.hpp) for attention, and with
+    // ModelConfig::position_reset its position in its document. Empty otherwise.
+    DeviceArray<int32_t> doc_start, doc_positions;  // [N]
     std::vector<LayerActs> layers;         // the chunk's
     DeviceArray<T> output;                 // [Ns,C] residual stream leaving the chunk
     // [N,C] the final norm's output; after a training forward, its first [Ns,C] hold
@@ -168,7 +172,8 @@ class Transformer {
 
   // Forward one micro-batch through the chunk of `a` (below, "first stage" is chunk 0 of the
   // first stage and "last stage" the last chunk of the last; other chunks are in between).
-  // First stage: `tokens` [B*T] (host memory); other stages: `input`
+  // First stage: `tokens` [B*T] (host memory; every stage's when the shard masks documents,
+  // ModelShard::document_eod); other stages: `input`
   // [stream_rows(B), C] (device memory). Last stage: `targets` [B*T] (host); the mean loss over
   // the B*T tokens is added to a sum in device memory (no host synchronisation).
   // `loss_scale`: for training, the scale the micro-batch's backward will be called with
@@ -315,6 +320,11 @@ class Transformer {
   const int32_t* local_rows(const int32_t* ids, int64_t B);
   // Device [B*Tl_]: the position in its sequence of each of the rank's rows (context ring only).
   const int32_t* positions(int64_t B);
+  // Packed documents: the document starts (and positions) of the micro-batch's host `tokens`
+  // into `a` (forward); which the kernels read while `a` runs (forward and backward). Nothing
+  // without documents.
+  void read_documents(Activations& a, const int32_t* tokens);
+  void use_documents(const Activations& a);
   // The buffers of one layer's stash for `mode` (see LayerActs); `moe`: with a MoE layer's.
   LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward, bool moe);
   // The MoE MLP of block p (model/moe.hpp): forward into the rank's output rows from norm2,
@@ -371,6 +381,12 @@ class Transformer {
   ContextRing<K> ring_;               // inactive (one rank) unless set_context_group
   DeviceArray<int32_t> positions_;    // positions(B)'s, for the largest B so far
   std::vector<int32_t> host_ids_;     // local_rows's
+  // Packed documents: the micro-batch being run (forward / backward set them from its
+  // Activations; nullptr without documents or position_reset), and the host copies they are
+  // computed in.
+  const int32_t* doc_start_ = nullptr;
+  const int32_t* doc_positions_ = nullptr;
+  std::vector<int32_t> host_doc_start_, host_doc_positions_;
   std::vector<size_t> chunk_block0_;  // per chunk: its first layer's index in layout_.blocks
   // Widths on this rank: model, attention (heads), kv heads, fused qkv, MLP hidden, MLP up.
   int64_t C_, NHl_, KVHl_, HS_, Hl_, QKVl_, Fl_, Ul_;

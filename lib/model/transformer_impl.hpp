@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/documents.hpp"
 #include "model/transformer.hpp"
 #include "util/error.hpp"
 
@@ -112,6 +113,28 @@ const int32_t* Transformer<K>::positions(int64_t B) {
     k_.upload_ids(positions_.data(), host.data(), N);
   }
   return positions_.data();
+}
+
+template <class K>
+void Transformer<K>::read_documents(Activations& a, const int32_t* tokens) {
+  if (!shard_.masks_documents()) return;
+  if (!tokens)
+    throw Error("Transformer::forward: packed documents (data.document_mask) need the "
+                "micro-batch's tokens on every pipeline stage");
+  const int64_t N = a.B * Tl_;
+  host_doc_start_.resize(static_cast<size_t>(N));
+  document_starts(host_doc_start_.data(), tokens, a.B, Tl_, shard_.document_eod);
+  k_.upload_ids(a.doc_start.data(), host_doc_start_.data(), N);
+  if (!config_.position_reset) return;
+  host_doc_positions_.resize(static_cast<size_t>(N));
+  document_positions(host_doc_positions_.data(), host_doc_start_.data(), a.B, Tl_);
+  k_.upload_ids(a.doc_positions.data(), host_doc_positions_.data(), N);
+}
+
+template <class K>
+void Transformer<K>::use_documents(const Activations& a) {
+  doc_start_ = a.doc_start.size() > 0 ? a.doc_start.data() : nullptr;
+  doc_positions_ = a.doc_positions.size() > 0 ? a.doc_positions.data() : nullptr;
 }
 
 template <class K>
@@ -284,6 +307,10 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
   a.split_backward = split_backward;
   a.tokens = DeviceArray<int32_t>(dev, N);
   a.targets = DeviceArray<int32_t>(dev, N);
+  if (shard_.masks_documents()) {
+    a.doc_start = DeviceArray<int32_t>(dev, N);
+    if (config_.position_reset) a.doc_positions = DeviceArray<int32_t>(dev, N);
+  }
   const bool layernorm = !llama_;
   const size_t block0 = chunk_block0_[static_cast<size_t>(chunk)];
   for (int64_t l = 0; l < chunk_layers(chunk); ++l)
@@ -387,6 +414,7 @@ int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chu
     if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
   int64_t total = chunk_layers(chunk) * layer_activation_bytes(rows_config_, shape) +
                   moe_layers * moe_layer_extra_bytes(rows_config_, shape) + t * Ns * C + 8 * N;
+  if (shard_.masks_documents()) total += (config_.position_reset ? 8 : 4) * N;
   if (runs_head(chunk)) total += t * N * C + s * (stats * Ns + 4 * N);
   return total;
 }
@@ -444,6 +472,8 @@ void Transformer<K>::forward(Activations& a, const int32_t* tokens, const int32_
   ensure_scratch(B);  // the norms' outputs and the MLP activation are computed there
   ensure_recompute_workspace(B);
   begin_pass(a.chunk, false);
+  read_documents(a, tokens);
+  use_documents(a);
   T* x = a.layers.empty() ? a.output.data() : a.layers[0].input.data();
   if (runs_embedding(a)) {
     k_.upload_ids(a.tokens.data(), local_rows(tokens, B), N);
@@ -726,6 +756,7 @@ void Transformer<K>::backward_pass(Activations& a, S loss_scale, const T* d_outp
   ensure_scratch(B);
   ensure_recompute_workspace(B);
   begin_pass(a.chunk, true);
+  use_documents(a);
   const TakingGrads grads(taking_grads_, true);
   loss_scale_ = loss_scale;
   T* d = d_stream_.data();  // gradient of the rank's residual-stream rows, from the top down
@@ -849,7 +880,7 @@ void Transformer<K>::attention_backward(LayerActs& la, T* d_qkv, int64_t B) {
     ring_.backward(k_, d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B);
   else
     k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B, Tl_, NHl_,
-                          KVHl_, HS_);
+                          KVHl_, HS_, doc_start_);
 }
 
 template <class K>
@@ -857,13 +888,15 @@ void Transformer<K>::attention_forward(T* out, Saved* saved, const T* qkv, int64
   if (ring_.active())
     ring_.forward(k_, out, saved, qkv, B);
   else
-    k_.attention_forward(out, saved, qkv, B, Tl_, NHl_, KVHl_, HS_);
+    k_.attention_forward(out, saved, qkv, B, Tl_, NHl_, KVHl_, HS_, doc_start_);
 }
 
 template <class K>
 void Transformer<K>::position_embedding_forward(T* x, int64_t B) {
   const int64_t N = B * Tl_, first = tp_.first_row(N), Ns = stream_rows(B);
   const T* wpe = w(layout_.position_embedding);
+  if (doc_positions_)
+    return k_.position_embedding_forward_at(x, wpe, doc_positions_ + first, Ns, C_);
   if (!ring_.active()) return k_.position_embedding_forward(x, wpe, first, Ns, Tl_, C_);
   k_.position_embedding_forward_at(x, wpe, positions(B) + first, Ns, C_);
 }
@@ -871,12 +904,16 @@ void Transformer<K>::position_embedding_forward(T* x, int64_t B) {
 template <class K>
 void Transformer<K>::position_embedding_backward(const T* d_all, int64_t B) {
   G* dwpe = g(layout_.position_embedding);
+  if (doc_positions_)
+    return k_.position_embedding_backward_at(dwpe, d_all, doc_positions_, B * Tl_, C_);
   if (!ring_.active()) return k_.position_embedding_backward(dwpe, d_all, B, Tl_, C_);
   k_.position_embedding_backward_at(dwpe, d_all, positions(B), B * Tl_, C_);
 }
 
 template <class K>
 void Transformer<K>::rope_forward(T* qkv, int64_t B) {
+  if (doc_positions_)
+    return k_.rope_forward_at(qkv, doc_positions_, B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
   if (!ring_.active())
     return k_.rope_forward(qkv, B, Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
   k_.rope_forward_at(qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
@@ -884,6 +921,9 @@ void Transformer<K>::rope_forward(T* qkv, int64_t B) {
 
 template <class K>
 void Transformer<K>::rope_backward(T* d_qkv, int64_t B) {
+  if (doc_positions_)
+    return k_.rope_backward_at(d_qkv, doc_positions_, B * Tl_, NHl_, KVHl_, HS_,
+                               config_.rope_theta);
   if (!ring_.active())
     return k_.rope_backward(d_qkv, B, Tl_, NHl_, KVHl_, HS_, config_.rope_theta);
   k_.rope_backward_at(d_qkv, positions(B), B * Tl_, NHl_, KVHl_, HS_, config_.rope_theta);

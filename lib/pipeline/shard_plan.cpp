@@ -34,6 +34,7 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   shard.ep_size = coord.ep_size;
   shard.cp_rank = coord.cp_rank;
   shard.cp_size = coord.cp_size;
+  if (config.data.document_mask) shard.document_eod = static_cast<int32_t>(config.data.eod_id);
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (par.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, coord.pp_size,

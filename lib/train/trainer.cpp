@@ -115,10 +115,11 @@ void Trainer::log_blend_counts(int64_t steps_done) const {
 
 void Trainer::load_microbatch(const BlendedDataset& data, int64_t step,
                               int64_t micro, int32_t* tokens, int32_t* targets) const {
-  // Only the first stage needs the tokens and only the last the targets; both read the same
-  // windows, so every stage of a pipeline agrees on the micro-batch without a message.
+  // Only the first stage needs the tokens (every stage, with packed documents: attention's
+  // masks come from them) and only the last the targets; all read the same windows, so every
+  // stage of a pipeline agrees on the micro-batch without a message.
   const ModelShard& shard = model_->shard();
-  if (!shard.has_embedding && !shard.has_head) return;
+  if (!shard.has_embedding && !shard.has_head && !shard.masks_documents()) return;
   const int64_t mb = config_.train.micro_batch, T = config_.model.seq_len;
   const int64_t first = BatchSampler::first_sample(config_.train.global_batch, groups_.data().index,
                                                    groups_.data().size, micro, mb);

@@ -10,6 +10,9 @@
 // GEMM is a [kBlock x kBlock x HS] one on views of qkv / out and a kBlock^2 scratch.
 // Only lse ([B, NH, T]) is saved for the backward, which recomputes P block by block from Q,
 // K and lse.
+// Packed documents (doc_start): row t sees the columns [doc_start[t], t]; a row block starts at
+// the key block holding its rows' first document start (first_key_block), so the blocks
+// wholly before its documents are skipped too, forward and backward alike.
 //
 // Tasks run in OpenMP loops, each calling single-threaded OpenBLAS GEMMs (OpenBLAS' OpenMP
 // build does not fork inside a parallel region). Every task writes a disjoint part of the
@@ -47,9 +50,23 @@ struct Layout {
   int64_t o(int64_t b, int64_t h) const { return b * T * C + h * HS; }
 };
 
-// Columns of key block [c0, c0 + n) that query row t sees: s <= t.
-inline int64_t visible_columns(int64_t t, int64_t c0, int64_t n) {
-  return std::min(n, t - c0 + 1);
+// Columns of key block [c0, c0 + n) that query row t sees: [begin, end) of the block, s <= t
+// (end) and s >= the row's document start (begin; 0 without documents).
+struct Visible {
+  int64_t begin, end;
+};
+inline Visible visible_columns(int64_t t, int64_t c0, int64_t n, const int32_t* doc_start) {
+  const int64_t begin = doc_start ? std::max<int64_t>(0, doc_start[t] - c0) : 0;
+  return {begin, std::min(n, t - c0 + 1)};
+}
+
+// The first key block any of the rows [r0, r1) sees: the block of their smallest document start
+// (0 without documents). The forward starts there and the backward overwrites dQ there.
+inline int64_t first_key_block(const int32_t* doc_start, int64_t r0, int64_t r1) {
+  if (!doc_start) return 0;
+  int64_t lo = r0;
+  for (int64_t t = r0; t < r1; t++) lo = std::min<int64_t>(lo, doc_start[t]);
+  return lo / kBlock * kBlock;
 }
 
 // Per-thread scratch of the forward (thread_scratch: kept from call to call): one score block
@@ -66,19 +83,22 @@ struct ForwardScratch {
 // Rows [r0, r1) of one (b, h): o (out of the head, row stride C) and lse (of the head, [T]).
 // O accumulates in place: each key block's P V adds to the output rescaled by exp(m_old - m_new);
 // the rows are divided by their sums at the end.
+// doc_start: the sequence's [T] (nullptr: none).
 template <typename F>
-void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, int64_t r0, int64_t r1,
-                       const Layout& L, F scale, ForwardScratch<F>& w) {
+void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, const int32_t* doc_start,
+                       int64_t r0, int64_t r1, const Layout& L, F scale, ForwardScratch<F>& w) {
   const int64_t R = r1 - r0, CQ = L.CQ, C = L.C, HS = L.HS;
   F* s = w.s;
-  for (int64_t c0 = 0; c0 < r1; c0 += kBlock) {
+  const int64_t c_first = first_key_block(doc_start, r0, r1);
+  for (int64_t c0 = c_first; c0 < r1; c0 += kBlock) {
     const int64_t n = std::min(L.T, c0 + kBlock) - c0;
-    const bool first = c0 == 0;
+    const bool first = c0 == c_first;
     // S = scale * Q[r0:r1] K[c0:c0+n]^T
     gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * CQ, CQ, F(0), s, kBlock);
     for (int64_t r = 0; r < R; r++) {
-      const F shrink = online_softmax_block_row(s + r * kBlock, visible_columns(r0 + r, c0, n), n,
-                                                w.m[r], w.l[r], first);
+      const Visible vis = visible_columns(r0 + r, c0, n, doc_start);
+      const F shrink = online_softmax_block_row(s + r * kBlock, vis.begin, vis.end, n, w.m[r],
+                                                w.l[r], first);
       if (first) continue;  // the output rows are written (beta = 0) below
       F* orow = o + (r0 + r) * C;
 #pragma omp simd
@@ -103,7 +123,7 @@ void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, int64_t
 // triangular work.
 template <typename F>
 void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
-                       int64_t KVH, int64_t HS) {
+                       int64_t KVH, int64_t HS, const int32_t* doc_start) {
   const Layout L(T, NH, KVH, HS);
   const F scale = F(1) / std::sqrt(F(HS));
   const int64_t blocks = (T + kBlock - 1) / kBlock;
@@ -120,7 +140,8 @@ void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64
       const int64_t r0 = i * kBlock;
       const int64_t r1 = std::min(T, r0 + kBlock);
       forward_row_block(out + L.o(b, h), lse + bh * T, qkv + L.q(b, h), qkv + L.k(b, h / L.G),
-                        qkv + L.v(b, h / L.G), r0, r1, L, scale, scratch);
+                        qkv + L.v(b, h / L.G), doc_start ? doc_start + b * T : nullptr, r0, r1,
+                        L, scale, scratch);
     }
   }
 }
@@ -157,22 +178,27 @@ void rowwise_dot(F* d, const F* dout, const F* out, const Layout& L) {
 // Block (query rows [r0, r0+R), key columns [c0, c0+n)) of one query head h of the task's kv
 // head: P from the saved lse, then
 //   dV[c0:] += P^T dO,  dS = P * (dO V^T - D),  dK[c0:] += scale dS^T Q,  dQ[r0:] += scale dS K.
-// `first_kv`: the first contribution to these dK/dV rows (overwrite); likewise c0 == 0 for dQ.
+// `first_kv`: the first contribution to these dK/dV rows (overwrite); likewise `first_q` for
+// dQ (the row block's first key block). doc_start: the sequence's [T] (nullptr: none).
 template <typename F>
 void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, const F* g,
-                    const F* lse, const F* d, int64_t r0, int64_t R, int64_t c0, int64_t n,
-                    bool first_kv, const Layout& L, F scale, BackwardScratch<F>& w) {
+                    const F* lse, const F* d, const int32_t* doc_start, int64_t r0, int64_t R,
+                    int64_t c0, int64_t n, bool first_kv, bool first_q, const Layout& L, F scale,
+                    BackwardScratch<F>& w) {
   const int64_t CQ = L.CQ, C = L.C, HS = L.HS;
   F* p = w.p;
   F* ds = w.ds;
   gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * CQ, CQ, F(0), p, kBlock);
   for (int64_t r = 0; r < R; r++) {
     F* row = p + r * kBlock;
-    const int64_t len = visible_columns(r0 + r, c0, n);
+    const Visible vis = visible_columns(r0 + r, c0, n, doc_start);
     const F m = lse[r0 + r];
 #pragma omp simd
-    for (int64_t c = 0; c < len; c++) row[c] = detail::exp_fast(row[c] - m);
-    std::fill(row + len, row + n, F(0));
+    for (int64_t c = vis.begin; c < vis.end; c++) row[c] = detail::exp_fast(row[c] - m);
+    // Masked columns: [0, begin) and [end, n), where begin may lie beyond the block.
+    const int64_t begin = std::min(vis.begin, n), end = std::max(begin, vis.end);
+    std::fill(row, row + begin, F(0));
+    std::fill(row + end, row + n, F(0));
   }
   const F beta_kv = first_kv ? F(0) : F(1);
   gemm<F>(true, false, n, HS, R, F(1), p, kBlock, g + r0 * C, C, beta_kv, dv + c0 * CQ, CQ);
@@ -185,17 +211,20 @@ void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, con
     for (int64_t c = 0; c < n; c++) drow[c] = prow[c] * (drow[c] - dr);  // 0 where masked
   }
   gemm<F>(true, false, n, HS, R, scale, ds, kBlock, q + r0 * CQ, CQ, beta_kv, dk + c0 * CQ, CQ);
-  gemm<F>(false, false, R, HS, n, scale, ds, kBlock, k + c0 * CQ, CQ, c0 == 0 ? F(0) : F(1),
+  gemm<F>(false, false, R, HS, n, scale, ds, kBlock, k + c0 * CQ, CQ, first_q ? F(0) : F(1),
           dq + r0 * CQ, CQ);
 }
 
 // Everything of kv head j in batch b: dK, dV of the head and dQ of its G query heads. Key
 // blocks in order; per key block the query heads in head order, each over the query blocks at
-// and below the diagonal. So dK/dV rows sum over (head, query block) and dQ rows over key
-// blocks, always in the same order, and no other task writes these rows.
+// and below the diagonal (those that see the key block: with documents, not the query blocks
+// whose documents all start after it). So dK/dV rows sum over (head, query block) and dQ rows
+// over key blocks, always in the same order, and no other task writes these rows. Every key
+// block has its diagonal query block (row s sees column s), so dK/dV are always written.
 template <typename F>
 void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
-                      int64_t b, int64_t j, const Layout& L, F scale, BackwardScratch<F>& w) {
+                      const int32_t* doc_start, int64_t b, int64_t j, const Layout& L, F scale,
+                      BackwardScratch<F>& w) {
   const int64_t T = L.T;
   for (int64_t hl = 0; hl < L.G; hl++) {
     const int64_t h = j * L.G + hl;
@@ -207,10 +236,13 @@ void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const 
     for (int64_t hl = 0; hl < L.G; hl++) {
       const int64_t h = j * L.G + hl;
       for (int64_t r0 = c0; r0 < T; r0 += kBlock) {
+        const int64_t r1 = std::min(T, r0 + kBlock);
+        const int64_t c_first = first_key_block(doc_start, r0, r1);
+        if (c0 < c_first) continue;  // every row's document starts after this key block
         backward_block(dqkv + L.q(b, h), dqkv + L.k(b, j), dqkv + L.v(b, j), qkv + L.q(b, h),
                        qkv + L.k(b, j), qkv + L.v(b, j), dout + L.o(b, h),
-                       lse + (b * L.NH + h) * T, w.d + hl * T, r0,
-                       std::min(T, r0 + kBlock) - r0, c0, n, first_kv, L, scale, w);
+                       lse + (b * L.NH + h) * T, w.d + hl * T, doc_start, r0, r1 - r0, c0, n,
+                       first_kv, c0 == c_first, L, scale, w);
         first_kv = false;
       }
     }
@@ -223,23 +255,27 @@ void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const 
 // attention backward's count, with no reduction across tasks.
 template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
-                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS) {
+                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
+                        const int32_t* doc_start) {
   const Layout L(T, NH, KVH, HS);
   const F scale = F(1) / std::sqrt(F(HS));
 #pragma omp parallel
   {
     BackwardScratch<F> scratch(L.G * T);  // once per thread and call
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * KVH; task++)
-      backward_kv_head(dqkv, dout, qkv, out, lse, task / KVH, task % KVH, L, scale, scratch);
+    for (int64_t task = 0; task < B * KVH; task++) {
+      const int64_t b = task / KVH;
+      backward_kv_head(dqkv, dout, qkv, out, lse, doc_start ? doc_start + b * T : nullptr, b,
+                       task % KVH, L, scale, scratch);
+    }
   }
 }
 
 #define TRIDENT_INSTANTIATE(F)                                                                \
   template void attention_forward<F>(F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,   \
-                                     int64_t);                                                \
+                                     int64_t, const int32_t*);                                \
   template void attention_backward<F>(F*, const F*, const F*, const F*, const F*, int64_t,    \
-                                      int64_t, int64_t, int64_t, int64_t);
+                                      int64_t, int64_t, int64_t, int64_t, const int32_t*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

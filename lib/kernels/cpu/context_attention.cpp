@@ -120,7 +120,7 @@ void merge_forward_rows(F* o, F* lse, const F* q, const F* k, const F* v, int64_
     // S = scale * Q[r0:r1] K[c0:c0+n]^T
     gemm<F>(false, true, R, n, HS, scale, q + r0 * CQ, CQ, k + c0 * KVC, KVC, F(0), s, kBlock);
     for (int64_t r = 0; r < R; r++) {
-      const F shrink = online_softmax_block_row(s + r * kBlock, n, n, w.m[r], w.l[r], first);
+      const F shrink = online_softmax_block_row(s + r * kBlock, 0, n, n, w.m[r], w.l[r], first);
       if (first) continue;  // ob is written (beta = 0) below
       F* brow = w.ob + r * HS;
 #pragma omp simd

@@ -76,14 +76,20 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // scores, log sum_{s<=t} exp(scale q_t.k_s) (row t attends to s <= t): all the backward needs
 // besides qkv and out. Scale 1/sqrt(HS). Blocked with an online softmax: no [T,T] matrix exists;
 // the scratch is two 128 x 128 blocks per thread, allocated per call.
+// Packed documents: doc_start[B,T] (nullptr: none) gives each row the first row of its document
+// (model/documents.hpp: doc_start[t] <= t, non-decreasing in t); row t then attends to
+// s in [doc_start[t], t] only, and the key blocks wholly before a row block's documents are
+// skipped.
 template <typename F>
 void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
-                       int64_t KVH, int64_t HS);
+                       int64_t KVH, int64_t HS, const int32_t* doc_start = nullptr);
 // dqkv[B,T,(NH+2*KVH)*HS] (overwrite; the k and v gradients of a kv head sum over its query
-// heads in head order). out and lse: the forward's. P is recomputed block by block.
+// heads in head order). out and lse: the forward's, doc_start the forward's. P is recomputed
+// block by block.
 template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
-                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS);
+                        int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
+                        const int32_t* doc_start = nullptr);
 
 // ---------------------------------------------------------------- rotary embeddings (RoPE)
 // In place on the q heads (NH) and k heads (KVH) of qkv[B,T,(NH+2*KVH)*HS] (layout of

@@ -49,11 +49,12 @@ size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH) {
 
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
-                       int64_t KVH, int64_t HS, cudaStream_t stream) {
+                       int64_t KVH, int64_t HS, cudaStream_t stream, const int32_t* doc_start) {
   detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(out, "out");
-  detail::attention_forward_impl(out, lse, qkv, static_cast<int>(B), static_cast<int>(T_),
+  detail::attention_forward_impl(out, lse, qkv, doc_start, static_cast<int>(B),
+                                 static_cast<int>(T_),
                                  static_cast<int>(NH), static_cast<int>(KVH),
                                  static_cast<int>(HS), stream);
 }
@@ -61,7 +62,7 @@ void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
-                        cudaStream_t stream, void* workspace) {
+                        cudaStream_t stream, void* workspace, const int32_t* doc_start) {
   detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(dqkv, "dqkv");
@@ -73,16 +74,17 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
       delta, dout, out, static_cast<int>(B), static_cast<int>(T_), static_cast<int>(NH),
       static_cast<int>(HS));
   CUDA_CHECK_LAUNCH();
-  detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, static_cast<int>(B),
+  detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, static_cast<int>(B),
                                   static_cast<int>(T_), static_cast<int>(NH),
                                   static_cast<int>(KVH), static_cast<int>(HS), stream);
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                 \
   template void attention_forward<T>(T*, float*, const T*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t, cudaStream_t);                                   \
+                                     int64_t, cudaStream_t, const int32_t*);                   \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
-                                      int64_t, int64_t, int64_t, int64_t, cudaStream_t, void*);
+                                      int64_t, int64_t, int64_t, int64_t, cudaStream_t, void*,  \
+                                      const int32_t*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -37,17 +37,21 @@ inline void check_attention_dims(int64_t B, int64_t T, int64_t NH, int64_t KVH, 
   check_dims(B * T * (NH + 2 * KVH) * HS < (int64_t(1) << 62), "attention: tensor too large");
 }
 
+// doc_start [B,T] (device; nullptr: none): packed documents, row t sees keys
+// [doc_start[t], t] (kernels/cpu/ops.hpp).
 // fp32 SIMT kernels (attention_f32.cu)
-void attention_forward_impl(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                            int KVH, int HS, cudaStream_t stream);
+void attention_forward_impl(float* out, float* lse, const float* qkv, const int32_t* doc_start,
+                            int B, int T, int NH, int KVH, int HS, cudaStream_t stream);
 void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                             const float* delta, int B, int T, int NH, int KVH, int HS,
-                             cudaStream_t stream);
+                             const float* delta, const int32_t* doc_start, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream);
 // bf16 tensor-core kernels (attention_bf16.cu)
-void attention_forward_impl(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv, int B,
-                            int T, int NH, int KVH, int HS, cudaStream_t stream);
+void attention_forward_impl(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
+                            const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
+                            cudaStream_t stream);
 void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                              const __nv_bfloat16* qkv, const float* lse, const float* delta,
-                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream);
+                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
+                             cudaStream_t stream);
 
 }  // namespace trident::cuda::detail

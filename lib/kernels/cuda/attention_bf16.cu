@@ -26,6 +26,10 @@
 //    written once).
 //  * backward pass 2: block = query tile; S = Q K^T, dP = dO V^T; dQ += dS K.
 // No atomics; every output element is owned by one thread.
+// Packed documents (doc_start [B,T], nullptr: none): row t sees keys [doc_start[t], t]. The
+// forward and the dQ pass start at the key tile of the query tile's first row's document
+// (doc_start is non-decreasing), so the tiles before it are neither loaded nor multiplied; the
+// dK/dV pass masks. A row with no visible key in a tile keeps m = -inf and is rescaled by 0.
 #include <cstdint>
 
 #include "kernels/cuda/attention.cuh"
@@ -140,7 +144,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_bf16_kernel(bf16_t* __restrict__ out, float* __restrict__ lse,
-                         const bf16_t* __restrict__ qkv, int T, int NH, int KVH) {
+                         const bf16_t* __restrict__ qkv, const int32_t* __restrict__ doc_start,
+                         int T, int NH, int KVH) {
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]
@@ -159,9 +164,11 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane >> 2, c = lane & 3, wr = warp * 16;
   const float scale_log2 = rsqrtf(static_cast<float>(HS)) * kLog2e;
 
+  const int64_t doc_row = int64_t(b) * T;
+  const int kt_first = doc_start ? doc_start[doc_row + q0] / kBlk : 0;
   load_tile_async<HS>(Qs, qbase, C3, q0, T);
-  load_tile_async<HS>(Ks, kbase, C3, 0, T);
-  load_tile_async<HS>(Vs, vbase, C3, 0, T);
+  load_tile_async<HS>(Ks, kbase, C3, kt_first * kBlk, T);
+  load_tile_async<HS>(Vs, vbase, C3, kt_first * kBlk, T);
   cp_async_commit();
 
   uint32_t qf[KC][4];
@@ -170,9 +177,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const int t0 = q0 + wr + g, t1 = t0 + 8;
+  // The rows' first visible keys (their documents' starts).
+  const int first0 = doc_start && t0 < T ? doc_start[doc_row + t0] : 0;
+  const int first1 = doc_start && t1 < T ? doc_start[doc_row + t1] : 0;
 
-  for (int kt = 0; kt <= tile; kt++) {
-    const int k0 = kt * kBlk, st = kt & 1;
+  for (int kt = kt_first; kt <= tile; kt++) {
+    const int k0 = kt * kBlk, st = (kt - kt_first) & 1;
     if (kt < tile) {  // prefetch the next K/V tile into the other stage
       load_tile_async<HS>(Ks + (st ^ 1) * TILE, kbase, C3, k0 + kBlk, T);
       load_tile_async<HS>(Vs + (st ^ 1) * TILE, vbase, C3, k0 + kBlk, T);
@@ -182,7 +192,7 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (kt == 0) {
+    if (kt == kt_first) {
 #pragma unroll
       for (int kc = 0; kc < KC; kc++) load_a(qf[kc], Qs, P, wr, kc * 16, g, c);
     }
@@ -198,7 +208,8 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(s[nt], qf[kc], ld32(kp), ld32(kp + 8));
       }
     }
-    // Scale into the log2 domain, mask (s > t, and keys past T), row maxima.
+    // Scale into the log2 domain, mask (s > t, keys past T, keys before the row's document),
+    // row maxima.
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) {
@@ -206,7 +217,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; e++) {
         const int col = k0 + nt * 8 + 2 * c + (e & 1);
         const int t = e < 2 ? t0 : t1;
-        const float v = (col <= t && col < T) ? s[nt][e] * scale_log2 : -INFINITY;
+        const int first = e < 2 ? first0 : first1;
+        const float v = (col <= t && col < T && col >= first) ? s[nt][e] * scale_log2 : -INFINITY;
         s[nt][e] = v;
         if (e < 2) {
           mx0 = fmaxf(mx0, v);
@@ -215,16 +227,19 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    // Every row has a valid key in every tile it visits (key k0 <= q0 <= t), so mn is finite.
+    // Without documents every row has a valid key in every tile it visits (key k0 <= q0 <= t),
+    // so mn is finite; with them a row whose document starts in a later tile has none yet
+    // (mn = -inf), and its exponentials are taken against 0: a = p = 0.
     const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+    const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
     float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) {
-      s[nt][0] = exp2f(s[nt][0] - mn0);
-      s[nt][1] = exp2f(s[nt][1] - mn0);
-      s[nt][2] = exp2f(s[nt][2] - mn1);
-      s[nt][3] = exp2f(s[nt][3] - mn1);
+      s[nt][0] = exp2f(s[nt][0] - base0);
+      s[nt][1] = exp2f(s[nt][1] - base0);
+      s[nt][2] = exp2f(s[nt][2] - base1);
+      s[nt][3] = exp2f(s[nt][3] - base1);
       rs0 += s[nt][0] + s[nt][1];
       rs1 += s[nt][2] + s[nt][3];
     }
@@ -281,7 +296,8 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                               const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
-                              const float* __restrict__ delta, int T, int NH, int KVH) {
+                              const float* __restrict__ delta,
+                              const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]  this block's keys
@@ -290,6 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16_t* Gs = Qs + 2 * TILE;                         // [2][64][P]  dO tiles
   float* Ls = reinterpret_cast<float*>(Gs + 2 * TILE);  // [2][64] lse * log2(e)
   float* Ds = Ls + 2 * kBlk;                            // [2][64] delta
+  int* Fs = reinterpret_cast<int*>(Ds + 2 * kBlk);      // [2][64] first visible key
   const int b = blockIdx.x / KVH, kvh = blockIdx.x % KVH;  // block = (b, kv head, key tile)
   const int heads = NH / KVH;                                // query heads per kv head
   const int kt = blockIdx.y;  // small key tiles (most work) first
@@ -315,6 +332,7 @@ __global__ void __launch_bounds__(kThreads)
       const int t = q0 + threadIdx.x;
       Ls[st * kBlk + threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : INFINITY;
       Ds[st * kBlk + threadIdx.x] = t < T ? delta[int64_t(bh) * T + t] : 0.f;
+      Fs[st * kBlk + threadIdx.x] = doc_start && t < T ? doc_start[int64_t(b) * T + t] : 0;
     }
   };
   load_tile_async<HS>(Ks, rows + int64_t(NH + kvh) * HS, C3, k0, T);
@@ -343,6 +361,7 @@ __global__ void __launch_bounds__(kThreads)
     const bf16_t* G = Gs + st * TILE;
     const float* L = Ls + st * kBlk;
     const float* D = Ds + st * kBlk;
+    const int* F = Fs + st * kBlk;
     // S^T = K Q^T and dP^T = V dO^T for the warp's 16 keys x 64 queries.
     float sT[8][4], dpT[8][4];
 #pragma unroll
@@ -362,7 +381,8 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(dpT[nt], va, ld32(gp), ld32(gp + 8));
       }
     }
-    // P^T and dS^T = P^T (dP^T - delta); queries t < key s (and t >= T: L = inf) give 0.
+    // P^T and dS^T = P^T (dP^T - delta); queries t < key s, queries whose document starts after
+    // key s (and t >= T: L = inf) give 0.
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
@@ -370,7 +390,7 @@ __global__ void __launch_bounds__(kThreads)
         const int qc = nt * 8 + 2 * c + (e & 1);
         const int key = e < 2 ? s0 : s1;
         const int t = q0 + qc;
-        const float p = t >= key ? exp2f(sT[nt][e] * scale_log2 - L[qc]) : 0.f;
+        const float p = t >= key && key >= F[qc] ? exp2f(sT[nt][e] * scale_log2 - L[qc]) : 0.f;
         sT[nt][e] = p;
         dpT[nt][e] = p * (dpT[nt][e] - D[qc]);
       }
@@ -423,7 +443,8 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                             const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
-                            const float* __restrict__ delta, int T, int NH, int KVH) {
+                            const float* __restrict__ delta, const int32_t* __restrict__ doc_start,
+                            int T, int NH, int KVH) {
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]
@@ -445,12 +466,16 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = rsqrtf(static_cast<float>(HS));
   const float scale_log2 = scale * kLog2e;
 
+  const int64_t doc_row = int64_t(b) * T;
+  const int kt_first = doc_start ? doc_start[doc_row + q0] / kBlk : 0;
   load_tile_async<HS>(Qs, qbase, C3, q0, T);
   load_tile_async<HS>(Gs, gbase, C, q0, T);
-  load_tile_async<HS>(Ks, kbase, C3, 0, T);
-  load_tile_async<HS>(Vs, vbase, C3, 0, T);
+  load_tile_async<HS>(Ks, kbase, C3, kt_first * kBlk, T);
+  load_tile_async<HS>(Vs, vbase, C3, kt_first * kBlk, T);
   cp_async_commit();
   const int t0 = q0 + wr + g, t1 = t0 + 8;
+  const int first0 = doc_start && t0 < T ? doc_start[doc_row + t0] : 0;
+  const int first1 = doc_start && t1 < T ? doc_start[doc_row + t1] : 0;
   const float L0 = t0 < T ? lse[int64_t(bh) * T + t0] * kLog2e : INFINITY;
   const float L1 = t1 < T ? lse[int64_t(bh) * T + t1] * kLog2e : INFINITY;
   const float D0 = t0 < T ? delta[int64_t(bh) * T + t0] : 0.f;
@@ -460,8 +485,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
 
-  for (int kt = 0; kt <= qt; kt++) {
-    const int k0 = kt * kBlk, st = kt & 1;
+  for (int kt = kt_first; kt <= qt; kt++) {
+    const int k0 = kt * kBlk, st = (kt - kt_first) & 1;
     if (kt < qt) {
       load_tile_async<HS>(Ks + (st ^ 1) * TILE, kbase, C3, k0 + kBlk, T);
       load_tile_async<HS>(Vs + (st ^ 1) * TILE, vbase, C3, k0 + kBlk, T);
@@ -497,7 +522,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; e++) {
         const int s = k0 + nt * 8 + 2 * c + (e & 1);
         const int t = e < 2 ? t0 : t1;
-        const float p = s <= t ? exp2f(sc[nt][e] * scale_log2 - (e < 2 ? L0 : L1)) : 0.f;
+        const bool visible = s <= t && s >= (e < 2 ? first0 : first1);
+        const float p = visible ? exp2f(sc[nt][e] * scale_log2 - (e < 2 ? L0 : L1)) : 0.f;
         dp[nt][e] = p * (dp[nt][e] - (e < 2 ? D0 : D1));
       }
     }
@@ -538,55 +564,64 @@ constexpr size_t tile_bytes() {
 }
 
 template <int HS>
-void forward_hs(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int NH, int KVH,
-                cudaStream_t stream) {
+void forward_hs(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* doc_start, int B,
+                int T, int NH, int KVH, cudaStream_t stream) {
   const size_t smem = 5 * tile_bytes<HS>();  // Q + 2 stages of K, V
   prepare_smem(attn_fwd_bf16_kernel<HS>, smem);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kBlk - 1) / kBlk));
-  attn_fwd_bf16_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, KVH);
+  attn_fwd_bf16_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, T, NH,
+                                                             KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 void backward_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,
-                 const float* delta, int B, int T, int NH, int KVH, cudaStream_t stream) {
+                 const float* delta, const int32_t* doc_start, int B, int T, int NH, int KVH,
+                 cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((T + kBlk - 1) / kBlk);
   const dim3 grid_kv(static_cast<unsigned>(B * KVH), tiles);  // pass 1: per kv head
   const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
-  // K, V + 2 stages of Q, dO (+ lse, delta)
-  const size_t smem1 = 6 * tile_bytes<HS>() + 4 * kBlk * sizeof(float);
+  // K, V + 2 stages of Q, dO (+ lse, delta, first visible key)
+  const size_t smem1 = 6 * tile_bytes<HS>() + 4 * kBlk * sizeof(float) + 2 * kBlk * sizeof(int);
   prepare_smem(attn_bwd_dkdv_bf16_kernel<HS>, smem1);
   attn_bwd_dkdv_bf16_kernel<HS><<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse,
-                                                                      delta, T, NH, KVH);
+                                                                      delta, doc_start, T, NH,
+                                                                      KVH);
   CUDA_CHECK_LAUNCH();
   const size_t smem2 = 6 * tile_bytes<HS>();  // Q, dO + 2 stages of K, V
   prepare_smem(attn_bwd_dq_bf16_kernel<HS>, smem2);
-  attn_bwd_dq_bf16_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, T,
-                                                                   NH, KVH);
+  attn_bwd_dq_bf16_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta,
+                                                                   doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void attention_forward_impl(bf16_t* out, float* lse, const bf16_t* qkv, int B, int T, int NH,
-                            int KVH, int HS, cudaStream_t stream) {
+void attention_forward_impl(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* doc_start,
+                            int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kBlk - 1) / kBlk <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: forward_hs<32>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    case 64: forward_hs<64>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    case 128: forward_hs<128>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 32: forward_hs<32>(out, lse, qkv, doc_start, B, T, NH, KVH, stream); break;
+    case 64: forward_hs<64>(out, lse, qkv, doc_start, B, T, NH, KVH, stream); break;
+    case 128: forward_hs<128>(out, lse, qkv, doc_start, B, T, NH, KVH, stream); break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }
 
 void attention_backward_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
-                             const float* lse, const float* delta, int B, int T, int NH,
-                             int KVH, int HS, cudaStream_t stream) {
+                             const float* lse, const float* delta, const int32_t* doc_start,
+                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kBlk - 1) / kBlk <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: backward_hs<32>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
-    case 64: backward_hs<64>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
-    case 128: backward_hs<128>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
+    case 32:
+      backward_hs<32>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
+    case 64:
+      backward_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
+    case 128:
+      backward_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }

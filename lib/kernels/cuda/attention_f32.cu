@@ -14,6 +14,10 @@
 //  * backward, pass 2 (block = one query tile): each warp owns 4 rows; lane s takes key s of
 //    each key tile, recomputes P and dS, and accumulates dQ += dS K.
 // No atomics: every output element is owned by one thread, summed in a fixed order.
+// Packed documents (doc_start [B,T], nullptr: none): row t sees keys [doc_start[t], t]; the
+// forward and the dQ pass start at the key tile of the query tile's first row's document
+// (doc_start is non-decreasing), the dK/dV pass masks. A row with no visible key in a tile
+// keeps m = -inf, and the online softmax then rescales by 0 instead of exp(-inf + inf).
 // Shared rows read "one row per lane" are padded to HS + 1 floats (no bank conflicts).
 #include "kernels/cuda/attention.cuh"
 
@@ -28,7 +32,8 @@ constexpr int kPerWarp = 4;   // rows (or keys) per warp: 8 warps x 4 = 32
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_f32_kernel(float* __restrict__ out, float* __restrict__ lse,
-                        const float* __restrict__ qkv, int T, int NH, int KVH) {
+                        const float* __restrict__ qkv, const int32_t* __restrict__ doc_start,
+                        int T, int NH, int KVH) {
   constexpr int DPL = HS / 32, KP = HS + 1;
   extern __shared__ float smem[];
   float* Qs = smem;               // [kTile][HS]   (broadcast reads)
@@ -51,15 +56,19 @@ __global__ void __launch_bounds__(kThreads)
     Qs[idx] = t < T ? qbase[int64_t(t) * C3 + d] : 0.f;
   }
   float m[kPerWarp], l[kPerWarp], o[kPerWarp][DPL];
+  int first[kPerWarp];  // each row's first visible key (its document's start)
 #pragma unroll
   for (int rr = 0; rr < kPerWarp; rr++) {
     m[rr] = -INFINITY;
     l[rr] = 0.f;
+    const int t = q0 + warp * kPerWarp + rr;
+    first[rr] = doc_start && t < T ? doc_start[int64_t(b) * T + t] : 0;
 #pragma unroll
     for (int k = 0; k < DPL; k++) o[rr][k] = 0.f;
   }
+  const int kt_first = doc_start ? doc_start[int64_t(b) * T + q0] / kTile : 0;
 
-  for (int kt = 0; kt <= tile; kt++) {
+  for (int kt = kt_first; kt <= tile; kt++) {
     const int k0 = kt * kTile;
     __syncthreads();
     for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
@@ -82,10 +91,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < kPerWarp; rr++) {
       const int t = q0 + warp * kPerWarp + rr;
-      const float x = (s <= t && s < T) ? sc[rr] * scale : -INFINITY;
-      const float mn = fmaxf(m[rr], warp_max(x));  // finite: key 0 is in the first tile
-      const float alpha = expf(m[rr] - mn);
-      const float p = expf(x - mn);
+      const float x = (s <= t && s < T && s >= first[rr]) ? sc[rr] * scale : -INFINITY;
+      const float mn = fmaxf(m[rr], warp_max(x));  // -inf: no visible key yet (documents)
+      const float base = mn == -INFINITY ? 0.f : mn;
+      const float alpha = expf(m[rr] - base);
+      const float p = expf(x - base);
       l[rr] = l[rr] * alpha + p;
       m[rr] = mn;
 #pragma unroll
@@ -123,7 +133,8 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_f32_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                              const float* __restrict__ qkv, const float* __restrict__ lse,
-                             const float* __restrict__ delta, int T, int NH, int KVH) {
+                             const float* __restrict__ delta,
+                             const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
   constexpr int DPL = HS / 32, P = HS + 1;
   extern __shared__ float smem[];
   float* Ks = smem;                // [kTile][HS] (warp-uniform reads)
@@ -192,11 +203,12 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int t = q0 + lane;
     const float Lt = Ls[lane], Dt = Ds[lane];
+    const int first = doc_start && t < T ? doc_start[int64_t(b) * T + t] : 0;
     float pk[kPerWarp], dsk[kPerWarp];
 #pragma unroll
     for (int kk = 0; kk < kPerWarp; kk++) {
       const int s = k0 + warp * kPerWarp + kk;
-      const float p = (t >= s && t < T) ? expf(qk[kk] * scale - Lt) : 0.f;
+      const float p = (t >= s && t < T && s >= first) ? expf(qk[kk] * scale - Lt) : 0.f;
       pk[kk] = p;
       dsk[kk] = p * (dp[kk] - Dt);
     }
@@ -240,7 +252,8 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_f32_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                            const float* __restrict__ qkv, const float* __restrict__ lse,
-                           const float* __restrict__ delta, int T, int NH, int KVH) {
+                           const float* __restrict__ delta, const int32_t* __restrict__ doc_start,
+                           int T, int NH, int KVH) {
   constexpr int DPL = HS / 32, P = HS + 1;
   extern __shared__ float smem[];
   float* Qs = smem;               // [kTile][HS] (warp-uniform reads)
@@ -267,16 +280,19 @@ __global__ void __launch_bounds__(kThreads)
     dOs[idx] = in ? gbase[int64_t(t) * C + d] : 0.f;
   }
   float Lr[kPerWarp], Dr[kPerWarp], dq[kPerWarp][DPL];
+  int first[kPerWarp];  // each row's first visible key (its document's start)
 #pragma unroll
   for (int rr = 0; rr < kPerWarp; rr++) {
     const int t = q0 + warp * kPerWarp + rr;
     Lr[rr] = t < T ? lse[int64_t(bh) * T + t] : INFINITY;
     Dr[rr] = t < T ? delta[int64_t(bh) * T + t] : 0.f;
+    first[rr] = doc_start && t < T ? doc_start[int64_t(b) * T + t] : 0;
 #pragma unroll
     for (int k = 0; k < DPL; k++) dq[rr][k] = 0.f;
   }
+  const int kt_first = doc_start ? doc_start[int64_t(b) * T + q0] / kTile : 0;
 
-  for (int kt = 0; kt <= qt; kt++) {
+  for (int kt = kt_first; kt <= qt; kt++) {
     const int k0 = kt * kTile;
     __syncthreads();
     for (int idx = threadIdx.x; idx < kTile * HS; idx += kThreads) {
@@ -303,7 +319,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < kPerWarp; rr++) {
       const int t = q0 + warp * kPerWarp + rr;
-      const float p = (s <= t && s < T) ? expf(qk[rr] * scale - Lr[rr]) : 0.f;
+      const float p = (s <= t && s < T && s >= first[rr]) ? expf(qk[rr] * scale - Lr[rr]) : 0.f;
       ds[rr] = p * (dp[rr] - Dr[rr]);
     }
 #pragma unroll 4
@@ -331,54 +347,62 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int HS>
-void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH,
-                cudaStream_t stream) {
+void forward_hs(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
+                int NH, int KVH, cudaStream_t stream) {
   const size_t smem = sizeof(float) * (kTile * HS + kTile * (HS + 1) + kTile * HS);
   prepare_smem(attn_fwd_f32_kernel<HS>, smem);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kTile - 1) / kTile));
-  attn_fwd_f32_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, KVH);
+  attn_fwd_f32_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, T, NH,
+                                                            KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 void backward_hs(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                 const float* delta, int B, int T, int NH, int KVH, cudaStream_t stream) {
+                 const float* delta, const int32_t* doc_start, int B, int T, int NH, int KVH,
+                 cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((T + kTile - 1) / kTile);
   const dim3 grid_kv(static_cast<unsigned>(B * KVH), tiles);  // pass 1: per kv head
   const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
   const size_t smem1 = sizeof(float) * (2 * kTile * HS + 2 * kTile * (HS + 1) + 2 * kTile);
   prepare_smem(attn_bwd_dkdv_f32_kernel<HS>, smem1);
   attn_bwd_dkdv_f32_kernel<HS><<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta,
-                                                                     T, NH, KVH);
+                                                                     doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
   const size_t smem2 = sizeof(float) * (2 * kTile * HS + 2 * kTile * (HS + 1));
   prepare_smem(attn_bwd_dq_f32_kernel<HS>, smem2);
-  attn_bwd_dq_f32_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, T,
-                                                                  NH, KVH);
+  attn_bwd_dq_f32_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta,
+                                                                  doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void attention_forward_impl(float* out, float* lse, const float* qkv, int B, int T, int NH,
-                            int KVH, int HS, cudaStream_t stream) {
+void attention_forward_impl(float* out, float* lse, const float* qkv, const int32_t* doc_start,
+                            int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kTile - 1) / kTile <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: forward_hs<32>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    case 64: forward_hs<64>(out, lse, qkv, B, T, NH, KVH, stream); break;
-    case 128: forward_hs<128>(out, lse, qkv, B, T, NH, KVH, stream); break;
+    case 32: forward_hs<32>(out, lse, qkv, doc_start, B, T, NH, KVH, stream); break;
+    case 64: forward_hs<64>(out, lse, qkv, doc_start, B, T, NH, KVH, stream); break;
+    case 128: forward_hs<128>(out, lse, qkv, doc_start, B, T, NH, KVH, stream); break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }
 
 void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                             const float* delta, int B, int T, int NH, int KVH, int HS,
-                             cudaStream_t stream) {
+                             const float* delta, const int32_t* doc_start, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream) {
   check_dims((T + kTile - 1) / kTile <= 65535, "attention: T too large");
   switch (HS) {
-    case 32: backward_hs<32>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
-    case 64: backward_hs<64>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
-    case 128: backward_hs<128>(dqkv, dout, qkv, lse, delta, B, T, NH, KVH, stream); break;
+    case 32:
+      backward_hs<32>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
+    case 64:
+      backward_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
+    case 128:
+      backward_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }
 }

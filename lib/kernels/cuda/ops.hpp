@@ -225,9 +225,12 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
 //  * T = bf16:  tensor-core kernels (mma.sync m16n8k16 bf16, fp32 accumulate; P and dS are
 //               rounded to bf16 as the A operand of the second GEMM, like FlashAttention-2).
 //               Requires 16-byte aligned qkv/out/dout/dqkv (cudaMalloc'd buffers are).
+// Packed documents: doc_start[B,T] (device memory; nullptr: none), as the CPU's: row t attends
+// to keys [doc_start[t], t], doc_start non-decreasing along a sequence.
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
-                       int64_t KVH, int64_t HS, cudaStream_t stream = nullptr);
+                       int64_t KVH, int64_t HS, cudaStream_t stream = nullptr,
+                       const int32_t* doc_start = nullptr);
 // dqkv (overwrite). Deterministic (no atomics): a dK/dV pass over key blocks (summing the query
 // heads of a kv head in head order) and a dQ pass over query blocks, both recomputing P
 // blockwise from lse. workspace (fp32 dO.O row sums):
@@ -235,7 +238,8 @@ void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
-                        cudaStream_t stream = nullptr, void* workspace = nullptr);
+                        cudaStream_t stream = nullptr, void* workspace = nullptr,
+                        const int32_t* doc_start = nullptr);
 size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH);
 
 // ---------------------------------------------------------------- Llama ops (CPU twins in
