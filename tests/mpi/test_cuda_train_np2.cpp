@@ -13,6 +13,7 @@
 //    one GPU.
 //  * Context parallelism: CP=2 over MPI against one GPU, GPT-2 and Llama (skipped while the
 //    configuration refuses CP on the GPU).
+//  * Packed documents (both architectures): fp32 and bf16 against the CPU, PP=2 over MPI.
 // Every test skips on a machine without a GPU (CI), with a message saying so.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -180,6 +181,30 @@ TEST(GpuTrainer, LlamaFp32MatchesTheCpu) {
 TEST(GpuTrainer, LlamaBf16TracksTheCpu) {
   REQUIRE_GPU();
   check_against_cpu("llama", kLlama, true);
+}
+
+// Packed documents (data.document_mask, model.position_reset): 'a' (97) ends a document, about
+// one token in 26 of the corpus, so a sequence of 32 holds a few documents and the attention
+// kernels' masks and skipped tiles are on the path; both architectures (learned positions and
+// RoPE restarted per document).
+const std::vector<std::string> kDocuments = {"data.document_mask=true", "data.eod_id=97",
+                                             "model.position_reset=true"};
+
+TEST(GpuTrainer, PackedDocumentsFp32MatchTheCpu) {
+  REQUIRE_GPU();
+  check_against_cpu("gpt2-documents", kDocuments, false);
+  check_against_cpu("llama-documents", with(kLlama, kDocuments), false);
+}
+
+TEST(GpuTrainer, PackedDocumentsBf16TrackTheCpu) {
+  REQUIRE_GPU();
+  check_against_cpu("gpt2-documents", kDocuments, true);
+  check_against_cpu("llama-documents", with(kLlama, kDocuments), true);
+}
+
+TEST(GpuTrainer, PackedDocumentsPipelineOverMpiMatchesOneGpu) {
+  REQUIRE_GPU();  // every stage reads the tokens for its masks
+  check_layout_over_mpi("documents PP=2", with(kDocuments, {"parallel.pipeline=2"}));
 }
 
 TEST(GpuTrainer, SequenceParallelOverMpiMatchesOneGpu) {
