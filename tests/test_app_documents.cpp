@@ -111,10 +111,11 @@ TEST(DocumentsApp, EveryLayoutTrainsAsOneRank) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const Losses reference = losses(dir / "one");
   for (const std::string layout :
-       {"--set parallel.pipeline=2", "--set parallel.tensor=2 --set parallel.sequence_parallel=true"}) {
+       {"--set parallel.pipeline=2",
+        "--set parallel.tensor=2 --set parallel.sequence_parallel=true"}) {
     const fs::path log = dir / ("run_" + std::to_string(layout.size()));
-    const auto r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " +
-                               trident_cmd(common + " " + layout + " --set log.dir=" + log.string()));
+    const std::string args = common + " " + layout + " --set log.dir=" + log.string();
+    const auto r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " + trident_cmd(args));
     ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
     int64_t compared = 0;
     const double worst = worst_difference(reference, losses(log), compared);

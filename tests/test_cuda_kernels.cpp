@@ -414,6 +414,105 @@ TEST(CudaLayerNorm, Bf16) {
   run_layernorm<bf16>(4100, 768, 36);  // 129 row chunks: each column-sum thread adds several
 }
 
+// ================================================================ residual add + norm, fused
+// The transformer's add + norm pair in one kernel (kernels/cuda/ops.hpp): the forward is the
+// unfused add_inplace + norm to the bit (out, statistics and the updated stream), and the CPU's
+// fused twin within the usual bound; the backward's accumulate form adds dx to the stream
+// gradient: against the CPU's, and in fp32 bitwise the unfused backward + add_inplace.
+template <typename S>
+void run_fused_residual_norm(bool rms, int64_t N, int64_t C, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto res0 = quantize<S>(random_vec(rng, N * C, -2.f, 2.f));
+  const auto x = quantize<S>(random_vec(rng, N * C, -1.f, 1.f));
+  const auto w = quantize<S>(random_vec(rng, C, 0.5f, 1.5f));
+  const auto b = quantize<S>(random_vec(rng, C, -0.5f, 0.5f));
+  const auto dout = quantize<S>(random_vec(rng, N * C));
+  const auto dstream0 = quantize<S>(random_vec(rng, N * C));
+  const float eps = 1e-5f;
+  // CPU reference (fp32).
+  std::vector<float> res = res0, out(N * C), mean(N), rstd(N), dstream = dstream0;
+  std::vector<float> dw(C, 0.f), db(C, 0.f);
+  if (rms) {
+    cpu::add_rmsnorm_forward<float>(out.data(), rstd.data(), res.data(), x.data(), w.data(), N, C,
+                                    eps);
+    cpu::rmsnorm_backward<float>(dstream.data(), dw.data(), dout.data(), res.data(), w.data(),
+                                 rstd.data(), N, C, true);
+  } else {
+    cpu::add_layernorm_forward<float>(out.data(), mean.data(), rstd.data(), res.data(), x.data(),
+                                      w.data(), b.data(), N, C);
+    cpu::layernorm_backward<float>(dstream.data(), dw.data(), db.data(), dout.data(), res.data(),
+                                   w.data(), mean.data(), rstd.data(), N, C, true);
+  }
+  DevBuf<S> d_res(res0.size()), d_x(x.size()), d_w(C), d_b(C), d_out(out.size()),
+      d_dout(dout.size()), d_ds(dstream0.size()), u_res(res0.size()), u_out(out.size()),
+      u_tmp(out.size()), u_ds(dstream0.size());
+  DevBuf<float> d_mean(N), d_rstd(N), d_dw(C), d_db(C), u_mean(N), u_rstd(N), u_dw(C), u_db(C);
+  d_res.upload(res0);
+  u_res.upload(res0);
+  d_x.upload(x);
+  d_w.upload(w);
+  d_b.upload(b);
+  d_dout.upload(dout);
+  d_ds.upload(dstream0);
+  u_ds.upload(dstream0);
+  for (DevBuf<float>* g : {&d_dw, &d_db, &u_dw, &u_db}) g->upload(std::vector<float>(C, 0.f));
+  gpu::add_inplace<S>(u_res.get(), d_x.get(), N * C);  // the unfused pair
+  if (rms) {
+    gpu::add_rmsnorm_forward<S>(d_out.get(), d_rstd.get(), d_res.get(), d_x.get(), d_w.get(), N, C,
+                                eps);
+    gpu::rmsnorm_forward<S>(u_out.get(), u_rstd.get(), u_res.get(), d_w.get(), N, C, eps);
+    gpu::rmsnorm_backward<S>(d_ds.get(), d_dw.get(), d_dout.get(), d_res.get(), d_w.get(),
+                             d_rstd.get(), N, C, nullptr, nullptr, true);
+    gpu::rmsnorm_backward<S>(u_tmp.get(), u_dw.get(), d_dout.get(), u_res.get(), d_w.get(),
+                             u_rstd.get(), N, C);
+  } else {
+    gpu::add_layernorm_forward<S>(d_out.get(), d_mean.get(), d_rstd.get(), d_res.get(), d_x.get(),
+                                  d_w.get(), d_b.get(), N, C);
+    gpu::layernorm_forward<S>(u_out.get(), u_mean.get(), u_rstd.get(), u_res.get(), d_w.get(),
+                              d_b.get(), N, C);
+    gpu::layernorm_backward<S>(d_ds.get(), d_dw.get(), d_db.get(), d_dout.get(), d_res.get(),
+                               d_w.get(), d_mean.get(), d_rstd.get(), N, C, nullptr, nullptr,
+                               true);
+    gpu::layernorm_backward<S>(u_tmp.get(), u_dw.get(), u_db.get(), d_dout.get(), u_res.get(),
+                               d_w.get(), u_mean.get(), u_rstd.get(), N, C);
+  }
+  gpu::add_inplace<S>(u_ds.get(), u_tmp.get(), N * C);
+  const std::string k = std::string(rms ? "add_rmsnorm " : "add_layernorm ") +
+                        std::to_string(N) + "x" + std::to_string(C);
+  // Forward: the unfused pair to the bit.
+  EXPECT_TRUE(bitwise_equal(d_res.download(), u_res.download())) << k << ": stream";
+  EXPECT_TRUE(bitwise_equal(d_out.download(), u_out.download())) << k << ": out";
+  EXPECT_TRUE(bitwise_equal(d_rstd.download(), u_rstd.download())) << k << ": rstd";
+  if (!rms) EXPECT_TRUE(bitwise_equal(d_mean.download(), u_mean.download())) << k << ": mean";
+  EXPECT_TRUE(bitwise_equal(d_dw.download(), u_dw.download())) << k << ": dweight";
+  // Against the CPU's fused kernels.
+  expect_close(k, "stream", type_name<S>(), d_res.download(), res, tolerance<S>());
+  expect_close(k, "out", type_name<S>(), d_out.download(), out, tolerance<S>());
+  expect_close(k, "rstd", type_name<S>(), d_rstd.download(), rstd, 1e-4);
+  expect_close(k, "dstream(+=)", type_name<S>(), d_ds.download(), dstream, tolerance<S>());
+  expect_close(k, "dweight(+=)", type_name<S>(), d_dw.download(), dw, 1e-4);
+  if (!rms) expect_close(k, "dbias(+=)", type_name<S>(), d_db.download(), db, 1e-4);
+  // fp32: the fused accumulation is the unfused backward + add_inplace to the bit (bf16 rounds
+  // dx once fewer).
+  if (std::is_same_v<S, float>)
+    EXPECT_TRUE(bitwise_equal(d_ds.download(), u_ds.download())) << k << ": dstream";
+}
+
+TEST(CudaResidualNorm, FusedEqualsUnfusedFp32) {
+  REQUIRE_CUDA_DEVICE();
+  for (bool rms : {false, true}) {
+    run_fused_residual_norm<float>(rms, 300, 768, 401);
+    run_fused_residual_norm<float>(rms, 5, 30, 402);  // rows not 16-byte aligned: scalar path
+  }
+}
+TEST(CudaResidualNorm, FusedEqualsUnfusedBf16) {
+  REQUIRE_CUDA_DEVICE();
+  for (bool rms : {false, true}) {
+    run_fused_residual_norm<bf16>(rms, 1030, 768, 403);
+    run_fused_residual_norm<bf16>(rms, 7, 100, 404);  // not whole packs of 8: scalar path
+  }
+}
+
 // ================================================================ GELU, residual
 template <typename S>
 void run_elementwise(int64_t n, int64_t offset, uint64_t seed) {

@@ -131,7 +131,8 @@ void expect_packed_equals_alone(const std::string& arch, bool position_reset) {
     for (const ParamInfo& p : shape.params()) {
       const ParamInfo& q = init.param(p.name);
       for (int64_t i = 0; i < p.numel(); ++i)
-        grads[static_cast<size_t>(q.offset + i)] += share * alone.grads[static_cast<size_t>(p.offset + i)];
+        grads[static_cast<size_t>(q.offset + i)] +=
+            share * alone.grads[static_cast<size_t>(p.offset + i)];
     }
     t0 += len;
   }
@@ -143,7 +144,8 @@ void expect_packed_equals_alone(const std::string& arch, bool position_reset) {
   }
   ASSERT_GT(ref2, 0.0);
   EXPECT_LE(std::sqrt(diff2 / ref2), 1e-11) << arch << ": " << grads.size() << " gradients";
-  std::printf("[documents] %s position_reset=%d: loss %.15f vs %.15f, %zu gradients, rel diff %.2e\n",
+  std::printf("[documents] %s position_reset=%d: loss %.15f vs %.15f, %zu gradients, "
+              "rel diff %.2e\n",
               arch.c_str(), position_reset ? 1 : 0, packed.loss, loss, grads.size(),
               std::sqrt(diff2 / ref2));
 }

@@ -115,6 +115,28 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, s(),
                            workspace(cuda::rmsnorm_backward_workspace_bytes(N, C)));
   }
+  // The residual add fused with the norm after it (one pass over the stream instead of two),
+  // and the norms' input gradients added to the stream's in the norm backward (fp32, one
+  // rounding): kernels/cuda/ops.hpp, the CPU set's twins.
+  static constexpr bool has_fused_residual_norm = true;
+  void add_layernorm_forward(T* out, S* mean, S* rstd, T* residual, const T* x, const T* w,
+                             const T* b, int64_t N, int64_t C) {
+    cuda::add_layernorm_forward(out, mean, rstd, residual, x, w, b, N, C, s());
+  }
+  void add_rmsnorm_forward(T* out, S* rstd, T* residual, const T* x, const T* w, int64_t N,
+                           int64_t C, double eps) {
+    cuda::add_rmsnorm_forward(out, rstd, residual, x, w, N, C, static_cast<float>(eps), s());
+  }
+  void layernorm_backward_add(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                              const S* mean, const S* rstd, int64_t N, int64_t C) {
+    cuda::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, s(),
+                             workspace(cuda::layernorm_backward_workspace_bytes(N, C)), true);
+  }
+  void rmsnorm_backward_add(T* dinp, G* dw, const T* dout, const T* inp, const T* w,
+                            const S* rstd, int64_t N, int64_t C) {
+    cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, s(),
+                           workspace(cuda::rmsnorm_backward_workspace_bytes(N, C)), true);
+  }
 
   void attention_forward(T* out, Saved* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS, const int32_t* doc_start) {
@@ -234,7 +256,6 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   // One read of the logits (online softmax) when the vocabulary is not split.
   static constexpr bool has_fused_cross_entropy = true;
   static constexpr bool has_fused_cross_entropy_grad = false;  // forward, then backward
-  static constexpr bool has_fused_residual_norm = false;  // add_inplace, then the norm
   void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
                                    const int32_t* targets, int64_t N, int64_t Vl, int64_t V) {
     cuda::cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, Vl, V, s());

@@ -141,11 +141,12 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // ------------------------------------------------------------------------------- forward
 // Q tile once; K/V tiles double-buffered (the copy of tile kt + 1 overlaps the math on kt).
-template <int HS>
+template <int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_bf16_kernel(bf16_t* __restrict__ out, float* __restrict__ lse,
                          const bf16_t* __restrict__ qkv, const int32_t* __restrict__ doc_start,
                          int T, int NH, int KVH) {
+  if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]
@@ -231,7 +232,8 @@ __global__ void __launch_bounds__(kThreads)
     // so mn is finite; with them a row whose document starts in a later tile has none yet
     // (mn = -inf), and its exponentials are taken against 0: a = p = 0.
     const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float base0 = kDocs && mn0 == -INFINITY ? 0.f : mn0;
+    const float base1 = kDocs && mn1 == -INFINITY ? 0.f : mn1;
     const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
     float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
@@ -292,12 +294,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // ------------------------------------------------------------------ backward: dK and dV
 // K/V tile once; Q/dO tiles (with their lse and delta) double-buffered.
-template <int HS>
+template <int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                               const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
                               const float* __restrict__ delta,
                               const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
+  if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Ks = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]  this block's keys
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(kThreads)
       const int t = q0 + threadIdx.x;
       Ls[st * kBlk + threadIdx.x] = t < T ? lse[int64_t(bh) * T + t] * kLog2e : INFINITY;
       Ds[st * kBlk + threadIdx.x] = t < T ? delta[int64_t(bh) * T + t] : 0.f;
-      Fs[st * kBlk + threadIdx.x] = doc_start && t < T ? doc_start[int64_t(b) * T + t] : 0;
+      if (kDocs) Fs[st * kBlk + threadIdx.x] = t < T ? doc_start[int64_t(b) * T + t] : 0;
     }
   };
   load_tile_async<HS>(Ks, rows + int64_t(NH + kvh) * HS, C3, k0, T);
@@ -390,7 +393,8 @@ __global__ void __launch_bounds__(kThreads)
         const int qc = nt * 8 + 2 * c + (e & 1);
         const int key = e < 2 ? s0 : s1;
         const int t = q0 + qc;
-        const float p = t >= key && key >= F[qc] ? exp2f(sT[nt][e] * scale_log2 - L[qc]) : 0.f;
+        const bool visible = t >= key && (!kDocs || key >= F[qc]);
+        const float p = visible ? exp2f(sT[nt][e] * scale_log2 - L[qc]) : 0.f;
         sT[nt][e] = p;
         dpT[nt][e] = p * (dpT[nt][e] - D[qc]);
       }
@@ -439,12 +443,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // ------------------------------------------------------------------------ backward: dQ
 // Q/dO tile once; K/V tiles double-buffered.
-template <int HS>
+template <int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                             const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
                             const float* __restrict__ delta, const int32_t* __restrict__ doc_start,
                             int T, int NH, int KVH) {
+  if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16_t* Qs = reinterpret_cast<bf16_t*>(smem_raw);  // [64][P]
@@ -567,10 +572,10 @@ template <int HS>
 void forward_hs(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* doc_start, int B,
                 int T, int NH, int KVH, cudaStream_t stream) {
   const size_t smem = 5 * tile_bytes<HS>();  // Q + 2 stages of K, V
-  prepare_smem(attn_fwd_bf16_kernel<HS>, smem);
+  const auto forward = doc_start ? attn_fwd_bf16_kernel<HS, true> : attn_fwd_bf16_kernel<HS, false>;
+  prepare_smem(forward, smem);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kBlk - 1) / kBlk));
-  attn_fwd_bf16_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, T, NH,
-                                                             KVH);
+  forward<<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -583,15 +588,16 @@ void backward_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const floa
   const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
   // K, V + 2 stages of Q, dO (+ lse, delta, first visible key)
   const size_t smem1 = 6 * tile_bytes<HS>() + 4 * kBlk * sizeof(float) + 2 * kBlk * sizeof(int);
-  prepare_smem(attn_bwd_dkdv_bf16_kernel<HS>, smem1);
-  attn_bwd_dkdv_bf16_kernel<HS><<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse,
-                                                                      delta, doc_start, T, NH,
-                                                                      KVH);
+  const auto dkdv =
+      doc_start ? attn_bwd_dkdv_bf16_kernel<HS, true> : attn_bwd_dkdv_bf16_kernel<HS, false>;
+  prepare_smem(dkdv, smem1);
+  dkdv<<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
   const size_t smem2 = 6 * tile_bytes<HS>();  // Q, dO + 2 stages of K, V
-  prepare_smem(attn_bwd_dq_bf16_kernel<HS>, smem2);
-  attn_bwd_dq_bf16_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta,
-                                                                   doc_start, T, NH, KVH);
+  const auto dq =
+      doc_start ? attn_bwd_dq_bf16_kernel<HS, true> : attn_bwd_dq_bf16_kernel<HS, false>;
+  prepare_smem(dq, smem2);
+  dq<<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -29,11 +29,12 @@ constexpr int kTile = 32;     // query rows per tile = keys per tile
 constexpr int kThreads = 256; // 8 warps
 constexpr int kPerWarp = 4;   // rows (or keys) per warp: 8 warps x 4 = 32
 
-template <int HS>
+template <int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_f32_kernel(float* __restrict__ out, float* __restrict__ lse,
                         const float* __restrict__ qkv, const int32_t* __restrict__ doc_start,
                         int T, int NH, int KVH) {
+  if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int DPL = HS / 32, KP = HS + 1;
   extern __shared__ float smem[];
   float* Qs = smem;               // [kTile][HS]   (broadcast reads)
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kThreads)
       const int t = q0 + warp * kPerWarp + rr;
       const float x = (s <= t && s < T && s >= first[rr]) ? sc[rr] * scale : -INFINITY;
       const float mn = fmaxf(m[rr], warp_max(x));  // -inf: no visible key yet (documents)
-      const float base = mn == -INFINITY ? 0.f : mn;
+      const float base = kDocs && mn == -INFINITY ? 0.f : mn;
       const float alpha = expf(m[rr] - base);
       const float p = expf(x - base);
       l[rr] = l[rr] * alpha + p;
@@ -129,12 +130,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int HS>
+template <int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_f32_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                              const float* __restrict__ qkv, const float* __restrict__ lse,
                              const float* __restrict__ delta,
                              const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
+  if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int DPL = HS / 32, P = HS + 1;
   extern __shared__ float smem[];
   float* Ks = smem;                // [kTile][HS] (warp-uniform reads)
@@ -248,12 +250,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int HS>
+template <int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dq_f32_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                            const float* __restrict__ qkv, const float* __restrict__ lse,
                            const float* __restrict__ delta, const int32_t* __restrict__ doc_start,
                            int T, int NH, int KVH) {
+  if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int DPL = HS / 32, P = HS + 1;
   extern __shared__ float smem[];
   float* Qs = smem;               // [kTile][HS] (warp-uniform reads)
@@ -350,10 +353,10 @@ template <int HS>
 void forward_hs(float* out, float* lse, const float* qkv, const int32_t* doc_start, int B, int T,
                 int NH, int KVH, cudaStream_t stream) {
   const size_t smem = sizeof(float) * (kTile * HS + kTile * (HS + 1) + kTile * HS);
-  prepare_smem(attn_fwd_f32_kernel<HS>, smem);
+  const auto forward = doc_start ? attn_fwd_f32_kernel<HS, true> : attn_fwd_f32_kernel<HS, false>;
+  prepare_smem(forward, smem);
   const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kTile - 1) / kTile));
-  attn_fwd_f32_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, T, NH,
-                                                            KVH);
+  forward<<<grid, kThreads, smem, stream>>>(out, lse, qkv, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -365,14 +368,15 @@ void backward_hs(float* dqkv, const float* dout, const float* qkv, const float* 
   const dim3 grid_kv(static_cast<unsigned>(B * KVH), tiles);  // pass 1: per kv head
   const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
   const size_t smem1 = sizeof(float) * (2 * kTile * HS + 2 * kTile * (HS + 1) + 2 * kTile);
-  prepare_smem(attn_bwd_dkdv_f32_kernel<HS>, smem1);
-  attn_bwd_dkdv_f32_kernel<HS><<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta,
-                                                                     doc_start, T, NH, KVH);
+  const auto dkdv =
+      doc_start ? attn_bwd_dkdv_f32_kernel<HS, true> : attn_bwd_dkdv_f32_kernel<HS, false>;
+  prepare_smem(dkdv, smem1);
+  dkdv<<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
   const size_t smem2 = sizeof(float) * (2 * kTile * HS + 2 * kTile * (HS + 1));
-  prepare_smem(attn_bwd_dq_f32_kernel<HS>, smem2);
-  attn_bwd_dq_f32_kernel<HS><<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta,
-                                                                  doc_start, T, NH, KVH);
+  const auto dq = doc_start ? attn_bwd_dq_f32_kernel<HS, true> : attn_bwd_dq_f32_kernel<HS, false>;
+  prepare_smem(dq, smem2);
+  dq<<<grid_q, kThreads, smem2, stream>>>(dqkv, dout, qkv, lse, delta, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }
 

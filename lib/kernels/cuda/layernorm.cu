@@ -8,6 +8,10 @@
 // kernel (common.cuh's column sums) adds the partials to dweight/dbias in a fixed tree. Fixed
 // chunking, fixed order: deterministic, no atomics. The chunks are short so that a batch's rows
 // make several blocks per SM (16k rows: 512 blocks on an H200's 132 SMs).
+// Fused with the residual stream (the transformer's add + norm, model/transformer.hpp):
+// add_layernorm_forward adds x to the stream row first (rounded to T and stored, as add_inplace
+// would, so the norm reads what the unfused pair reads: bitwise the same), and
+// layernorm_backward_add adds dx to the stream gradient in fp32 before its one rounding.
 #include "kernels/cuda/common.cuh"
 
 namespace trident::cuda {
@@ -18,15 +22,13 @@ constexpr float kEps = 1e-5f;
 constexpr int kRowsPerChunk = 32;
 constexpr int kThreads = 256;  // 8 warps
 
+// One row x[C] by one warp: out, mean and rstd of the row.
 template <typename T>
-__global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean,
-                                         float* __restrict__ rstd, const T* __restrict__ inp,
-                                         const T* __restrict__ weight, const T* __restrict__ bias,
-                                         int64_t N, int64_t C) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const T* x = inp + row * C;
+__device__ __forceinline__ void layernorm_row(T* __restrict__ out, float* __restrict__ mean,
+                                              float* __restrict__ rstd, const T* x,
+                                              const T* __restrict__ weight,
+                                              const T* __restrict__ bias, int64_t row, int64_t C,
+                                              int lane) {
   float sum = 0.f;
   for (int64_t c = lane; c < C; c += 32) sum += detail::to_f32(x[c]);
   const float m = detail::warp_sum(sum) / static_cast<float>(C);
@@ -46,9 +48,37 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
   }
 }
 
+template <typename T>
+__global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean,
+                                         float* __restrict__ rstd, const T* __restrict__ inp,
+                                         const T* __restrict__ weight, const T* __restrict__ bias,
+                                         int64_t N, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  layernorm_row(out, mean, rstd, inp + row * C, weight, bias, row, C, lane);
+}
+
+// residual += x (each lane its own columns, read back by the same lane), then the row's norm.
+template <typename T>
+__global__ void add_layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean,
+                                             float* __restrict__ rstd, T* residual,
+                                             const T* __restrict__ x, const T* __restrict__ weight,
+                                             const T* __restrict__ bias, int64_t N, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  T* r = residual + row * C;
+  const T* a = x + row * C;
+  for (int64_t c = lane; c < C; c += 32)
+    r[c] = detail::from_f32<T>(detail::to_f32(r[c]) + detail::to_f32(a[c]));
+  layernorm_row(out, mean, rstd, static_cast<const T*>(r), weight, bias, row, C, lane);
+}
+
 // kVector: rows, dout, dinp and weight read and written in 16-byte packs (C a whole number of
 // packs, every pointer 16-byte aligned: the launcher checks); otherwise one element at a time.
-template <typename T, bool kVector>
+// kAccumulate: dinp += dx (dinp then must not alias dout), else dinp = dx.
+template <typename T, bool kVector, bool kAccumulate>
 __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, const T* dout,
                                           const T* __restrict__ inp, const T* __restrict__ weight,
                                           const float* __restrict__ mean,
@@ -105,9 +135,12 @@ __global__ void layernorm_backward_kernel(T* dinp, float* __restrict__ partial, 
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
       V x, g, w, out;
       detail::load_norm_cols(x, g, w, xr, gr, weight, c);
+      if constexpr (kAccumulate) out.load(dx + c);
 #pragma unroll
-      for (int k = 0; k < kStep; k++)
-        out.v[k] = s * (w.v[k] * g.v[k] - mean_g - ((x.v[k] - m) * s) * mean_gx);
+      for (int k = 0; k < kStep; k++) {
+        const float d = s * (w.v[k] * g.v[k] - mean_g - ((x.v[k] - m) * s) * mean_gx);
+        out.v[k] = kAccumulate ? out.v[k] + d : d;
+      }
       out.store(dx + c);
     }
   }
@@ -146,22 +179,36 @@ size_t layernorm_backward_workspace_bytes(int64_t N, int64_t C) {
 }
 
 template <typename T>
+void add_layernorm_forward(T* out, float* mean, float* rstd, T* residual, const T* x,
+                           const T* weight, const T* bias, int64_t N, int64_t C,
+                           cudaStream_t stream) {
+  detail::check_dims(N >= 0 && C > 0, "add_layernorm_forward: N < 0 or C <= 0");
+  if (N == 0) return;
+  const int rows_per_block = kThreads / 32;
+  add_layernorm_forward_kernel<T><<<detail::grid_for(N, rows_per_block, INT32_MAX), kThreads, 0,
+                                    stream>>>(out, mean, rstd, residual, x, weight, bias, N, C);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                         const T* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, cudaStream_t stream, void* workspace) {
+                        int64_t C, cudaStream_t stream, void* workspace, bool accumulate) {
   detail::check_dims(N >= 0 && C > 0, "layernorm_backward: N < 0 or C <= 0");
+  detail::check_dims(!accumulate || dinp != dout,
+                     "layernorm_backward: accumulating into dinp needs dinp != dout");
   if (N == 0) return;
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   detail::check_dims(chunks <= INT32_MAX, "layernorm_backward: N too large");
   detail::Scratch scratch(workspace, layernorm_backward_workspace_bytes(N, C), stream);
   float* partial = scratch.as<float>();
-  if (detail::rows_aligned16<T>(C, dinp, dout, inp, weight)) {
-    layernorm_backward_kernel<T, true><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-        dinp, partial, dout, inp, weight, mean, rstd, N, C);
-  } else {
-    layernorm_backward_kernel<T, false><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-        dinp, partial, dout, inp, weight, mean, rstd, N, C);
-  }
+  const bool vector = detail::rows_aligned16<T>(C, dinp, dout, inp, weight);
+  const auto kernel = vector ? (accumulate ? layernorm_backward_kernel<T, true, true>
+                                           : layernorm_backward_kernel<T, true, false>)
+                             : (accumulate ? layernorm_backward_kernel<T, false, true>
+                                           : layernorm_backward_kernel<T, false, false>);
+  kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(dinp, partial, dout, inp, weight,
+                                                                 mean, rstd, N, C);
   CUDA_CHECK_LAUNCH();
   detail::launch_column_sums(partial, chunks, 2 * C, AddParamGrads{dweight, dbias, C}, stream);
 }
@@ -169,9 +216,11 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, co
 #define TRIDENT_INSTANTIATE(T)                                                                 \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int64_t, \
                                      int64_t, cudaStream_t);                                   \
+  template void add_layernorm_forward<T>(T*, float*, float*, T*, const T*, const T*, const T*,  \
+                                         int64_t, int64_t, cudaStream_t);                      \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*,       \
                                       const float*, const float*, int64_t, int64_t,            \
-                                      cudaStream_t, void*);
+                                      cudaStream_t, void*, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -55,13 +55,9 @@ void launch_rope(T* qkv, int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t
 // ---------------------------------------------------------------- RMSNorm
 // out[N,C] = inp * rstd * weight, rstd[n] = 1/sqrt(mean(inp^2) + eps). One warp per row.
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T* __restrict__ out, float* __restrict__ rstd,
-                                       const T* __restrict__ inp, const T* __restrict__ weight,
-                                       int64_t N, int64_t C, float eps) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (row >= N) return;
-  const T* x = inp + row * C;
+__device__ __forceinline__ void rmsnorm_row(T* __restrict__ out, float* __restrict__ rstd,
+                                            const T* x, const T* __restrict__ weight, int64_t row,
+                                            int64_t C, float eps, int lane) {
   float ss = 0.f;
   for (int64_t c = lane; c < C; c += 32) {
     const float v = detail::to_f32(x[c]);
@@ -76,12 +72,39 @@ __global__ void rmsnorm_forward_kernel(T* __restrict__ out, float* __restrict__ 
   if (lane == 0) rstd[row] = r;
 }
 
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T* __restrict__ out, float* __restrict__ rstd,
+                                       const T* __restrict__ inp, const T* __restrict__ weight,
+                                       int64_t N, int64_t C, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  rmsnorm_row(out, rstd, inp + row * C, weight, row, C, eps, lane);
+}
+
+// residual += x (rounded to T, each lane its own columns, read back by the same lane), then
+// the row's norm: bitwise add_inplace + rmsnorm_forward.
+template <typename T>
+__global__ void add_rmsnorm_forward_kernel(T* __restrict__ out, float* __restrict__ rstd,
+                                           T* residual, const T* __restrict__ x,
+                                           const T* __restrict__ weight, int64_t N, int64_t C,
+                                           float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  T* r = residual + row * C;
+  const T* a = x + row * C;
+  for (int64_t c = lane; c < C; c += 32)
+    r[c] = detail::from_f32<T>(detail::to_f32(r[c]) + detail::to_f32(a[c]));
+  rmsnorm_row(out, rstd, static_cast<const T*>(r), weight, row, C, eps, lane);
+}
+
 // y = x r w with r = (mean(x^2) + eps)^(-1/2), so with xhat = x r and gw = g w:
 //   dx = r (gw - xhat mean_c(gw xhat)),   dweight += sum_n g xhat.
 // Block = one chunk of kRowsPerChunk rows; partial[chunk, C] gets the chunk's dweight sums.
 // kVector: 16-byte packs (C a whole number of packs, every pointer aligned: the launcher
-// checks), as in layernorm_backward.
-template <typename T, bool kVector>
+// checks), as in layernorm_backward. kAccumulate: dinp += dx (dinp != dout).
+template <typename T, bool kVector, bool kAccumulate>
 __global__ void rmsnorm_backward_kernel(T* dinp, float* __restrict__ partial, const T* dout,
                                         const T* __restrict__ inp, const T* __restrict__ weight,
                                         const float* __restrict__ rstd, int64_t N, int64_t C) {
@@ -123,8 +146,12 @@ __global__ void rmsnorm_backward_kernel(T* dinp, float* __restrict__ partial, co
     for (int64_t c = lane * int64_t(kStep); c < C; c += 32 * kStep) {
       V x, g, w, out;
       detail::load_norm_cols(x, g, w, xr, gr, weight, c);
+      if constexpr (kAccumulate) out.load(dx + c);
 #pragma unroll
-      for (int k = 0; k < kStep; k++) out.v[k] = r * (w.v[k] * g.v[k] - (x.v[k] * r) * mean_gx);
+      for (int k = 0; k < kStep; k++) {
+        const float d = r * (w.v[k] * g.v[k] - (x.v[k] * r) * mean_gx);
+        out.v[k] = kAccumulate ? out.v[k] + d : d;
+      }
       out.store(dx + c);
     }
   }
@@ -229,6 +256,17 @@ void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename T>
+void add_rmsnorm_forward(T* out, float* rstd, T* residual, const T* x, const T* weight,
+                         int64_t N, int64_t C, float eps, cudaStream_t stream) {
+  detail::check_dims(N >= 0 && C > 0, "add_rmsnorm_forward: N < 0 or C <= 0");
+  if (N == 0) return;
+  const int rows_per_block = kThreads / 32;
+  add_rmsnorm_forward_kernel<T><<<detail::grid_for(N, rows_per_block, INT32_MAX), kThreads, 0,
+                                  stream>>>(out, rstd, residual, x, weight, N, C, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
 size_t rmsnorm_backward_workspace_bytes(int64_t N, int64_t C) {
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   return static_cast<size_t>(chunks * C) * sizeof(float);
@@ -237,20 +275,22 @@ size_t rmsnorm_backward_workspace_bytes(int64_t N, int64_t C) {
 template <typename T>
 void rmsnorm_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                       const float* rstd, int64_t N, int64_t C, cudaStream_t stream,
-                      void* workspace) {
+                      void* workspace, bool accumulate) {
   detail::check_dims(N >= 0 && C > 0, "rmsnorm_backward: N < 0 or C <= 0");
+  detail::check_dims(!accumulate || dinp != dout,
+                     "rmsnorm_backward: accumulating into dinp needs dinp != dout");
   if (N == 0) return;
   const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   detail::check_dims(chunks <= INT32_MAX, "rmsnorm_backward: N too large");
   detail::Scratch scratch(workspace, rmsnorm_backward_workspace_bytes(N, C), stream);
   float* partial = scratch.as<float>();
-  if (detail::rows_aligned16<T>(C, dinp, dout, inp, weight)) {
-    rmsnorm_backward_kernel<T, true><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-        dinp, partial, dout, inp, weight, rstd, N, C);
-  } else {
-    rmsnorm_backward_kernel<T, false><<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(
-        dinp, partial, dout, inp, weight, rstd, N, C);
-  }
+  const bool vector = detail::rows_aligned16<T>(C, dinp, dout, inp, weight);
+  const auto kernel = vector ? (accumulate ? rmsnorm_backward_kernel<T, true, true>
+                                           : rmsnorm_backward_kernel<T, true, false>)
+                             : (accumulate ? rmsnorm_backward_kernel<T, false, true>
+                                           : rmsnorm_backward_kernel<T, false, false>);
+  kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(dinp, partial, dout, inp, weight,
+                                                                 rstd, N, C);
   CUDA_CHECK_LAUNCH();
   detail::launch_column_sums(partial, chunks, C, AddWeightGrad{dweight}, stream);
 }
@@ -293,8 +333,10 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, in
                                  cudaStream_t);                                                \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int64_t, int64_t, float,    \
                                    cudaStream_t);                                              \
+  template void add_rmsnorm_forward<T>(T*, float*, T*, const T*, const T*, int64_t, int64_t,    \
+                                       float, cudaStream_t);                                   \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*,    \
-                                    int64_t, int64_t, cudaStream_t, void*);                    \
+                                    int64_t, int64_t, cudaStream_t, void*, bool);              \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t, cudaStream_t);               \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t, cudaStream_t);
 TRIDENT_INSTANTIATE(float)

@@ -156,12 +156,20 @@ void position_embedding_backward(float* dwpe, const T* dout, int64_t B, int64_t 
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
                        const T* bias, int64_t N, int64_t C, cudaStream_t stream = nullptr);
-// dinp (overwrite); dweight[C] +=, dbias[C] += (fp32; per-block partials over a fixed row
-// chunking, then a second pass in chunk order). workspace: layernorm_backward_workspace_bytes.
+// The residual add fused with the norm after it: residual[N,C] += x (rounded to T, as
+// add_inplace), then layernorm_forward of the sum: bitwise add_inplace + layernorm_forward.
+template <typename T>
+void add_layernorm_forward(T* out, float* mean, float* rstd, T* residual, const T* x,
+                           const T* weight, const T* bias, int64_t N, int64_t C,
+                           cudaStream_t stream = nullptr);
+// dinp (overwrite; `accumulate`: dinp += dx in fp32, one rounding, and dinp != dout);
+// dweight[C] +=, dbias[C] += (fp32; per-block partials over a fixed row chunking, then a second
+// pass in chunk order). workspace: layernorm_backward_workspace_bytes.
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                         const T* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, cudaStream_t stream = nullptr, void* workspace = nullptr);
+                        int64_t C, cudaStream_t stream = nullptr, void* workspace = nullptr,
+                        bool accumulate = false);
 size_t layernorm_backward_workspace_bytes(int64_t N, int64_t C);
 
 // ---------------------------------------------------------------- GELU (tanh) and residual
@@ -317,12 +325,17 @@ size_t position_embedding_backward_at_workspace_bytes(int64_t N);
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
                      float eps, cudaStream_t stream = nullptr);
-// dinp (overwrite); dweight[C] += (fp32, deterministic: fixed row chunking, chunk order).
-// workspace: rmsnorm_backward_workspace_bytes(N, C).
+// residual[N,C] += x (rounded to T), then rmsnorm_forward of the sum (as add_layernorm_forward).
+template <typename T>
+void add_rmsnorm_forward(T* out, float* rstd, T* residual, const T* x, const T* weight,
+                         int64_t N, int64_t C, float eps, cudaStream_t stream = nullptr);
+// dinp (overwrite; `accumulate`: dinp += dx, as layernorm_backward); dweight[C] += (fp32,
+// deterministic: fixed row chunking, chunk order). workspace:
+// rmsnorm_backward_workspace_bytes(N, C).
 template <typename T>
 void rmsnorm_backward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                       const float* rstd, int64_t N, int64_t C, cudaStream_t stream = nullptr,
-                      void* workspace = nullptr);
+                      void* workspace = nullptr, bool accumulate = false);
 size_t rmsnorm_backward_workspace_bytes(int64_t N, int64_t C);
 // gate_up[N, 2*Fh] rows [gate | up]; out[N,Fh] = silu(gate) * up (fp32 arithmetic).
 template <typename T>
