@@ -26,10 +26,10 @@
 #   f. GPT-2 124M (configs/gpu_124m.toml: 12 x 768, 12 heads, vocab 50304, seq 1024), bf16,
 #      micro-batch 16 (8 if 16 runs out of memory), 20 steps: tokens/s (median of the steps after
 #      the first 3), TFLOP/s by bench/train_bench.sh's formula, MFU = that / the ceiling of e
-#      (target >= 40%); then the same run with the LM head in 320-row chunks (32 MiB of
+#      (target >= 55%, goal 60%); then the same run with the LM head in 320-row chunks (32 MiB of
 #      logits, the GPU's default before 2026-12-04), 11 steps, and the ratio of the two
 #   g. the PyTorch eager reference (bench/torch_gpt.py --device cuda --dtype bf16), same shape
-#      and batch: tokens/s, and Trident/PyTorch (target >= 1)
+#      and batch: tokens/s, and Trident/PyTorch (target >= 1.35)
 #   h. checkpoint resume on the GPU, fp32 and bf16: 6 steps straight vs 3 steps
 #      (train.exit_interval = 3, exit 75) + --resume auto for 3 more, same layout; losses of
 #      steps 1..6 bitwise equal and the final checkpoints bitwise equal (gpu_pack/bin/ckpt_compare,
@@ -64,6 +64,15 @@
 #      GPU, bf16, micro-batch 4 x 2048 tokens, 12 steps: tokens/s, the trainer's TFLOP/s and
 #      their share of e's ceiling; then ncu's kernel times of 3 steps ($OUT/kernels.txt),
 #      reported                                                           [H200 est. ~60 s]
+#   q. attention beside PyTorch's SDPA: gpu_pack/bin/gpu_attention (Trident's bf16 kernels) and
+#      bench/attention_sdpa.py (SDPA's flash and cuDNN backends) at the GPT-2 shape (B 16, 12
+#      heads, T 1024, d 64: forward + backward at or under cuDNN's time) and the Llama shape
+#      (B 2, T 4096, 32 query / 8 kv heads, d 128: forward >= 450 TFLOP/s); the GPT-2 shape
+#      with packed documents of 256 tokens (data.document_mask), reported   [H100 est. ~40 s]
+#   r. PyTorch compiled: bench/torch_gpt.py --compile at f's shape and batch (Trident /
+#      compiled >= 1.0), and p's Llama shapes in PyTorch, eager and compiled (--shape llama1b),
+#      beside p's tokens/s (torch.compile's first steps compile: ~1-2 min each)
+#                                                                          [H100 est. ~240 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -84,7 +93,7 @@
 # Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
 #
 # Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
-#          --budget SECONDS, --steps "b c h" (a subset of b-p; a always runs)
+#          --budget SECONDS, --steps "b c h" (a subset of b-r; a always runs)
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
@@ -96,7 +105,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l m n o p"
+STEPS="a b c d e f g h i j k l m n o p q r"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -826,7 +835,7 @@ if want f; then
   fi
   if [[ $rc != 0 ]]; then
     row f "Trident $flabel: tokens/s" "measured" "${f_note}run failed (rc $rc; $name.log: $(errline "$LOGS/$name.log"))" ERROR
-    row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "no Trident figure" ERROR
+    row f "Trident MFU (achieved / GEMM ceiling)" ">= 55%" "no Trident figure" ERROR
   else
     res=$(gc throughput "$RUNS/$name/metrics.jsonl" "$SKIP" "$L" "$C" "$V" "$T" "$B")
     fact "{\"what\": \"trident 124m\", \"batch\": $B, \"result\": $res}"
@@ -840,10 +849,10 @@ if want f; then
           "${f_note}$tps tok/s, $ms ms/step, $tfl TFLOP/s (trainer's own: $ttfl)" "$v"
       if [[ -n $ceiling ]]; then
         mfu=$("$PY" -c "import sys; print(f'{100*float(sys.argv[1])/float(sys.argv[2]):.1f}')" "$tfl" "$ceiling")
-        v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= 40 else 'FAIL')" "$mfu")
-        row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "$mfu% ($tfl / $ceiling TFLOP/s)" "$v"
+        v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= 55 else 'FAIL')" "$mfu")
+        row f "Trident MFU (achieved / GEMM ceiling)" ">= 55%" "$mfu% ($tfl / $ceiling TFLOP/s)" "$v"
       else
-        row f "Trident MFU (achieved / GEMM ceiling)" ">= 40%" "no ceiling measured" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
+        row f "Trident MFU (achieved / GEMM ceiling)" ">= 55%" "no ceiling measured" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
       fi
     fi
   fi
@@ -906,7 +915,7 @@ if want g; then
     IFS=$'\x1f' read -r ptps pgf adamw mem <<<"$(get "$pt" tokens_per_s gflops adamw max_memory_gib)"
     if [[ $rc != 0 || -z $ptps ]]; then
       row g "PyTorch $glabel: tokens/s" "measured" "failed (rc $rc): $(tail -1 "$LOGS/torch.err" | cut -c1-120)" ERROR
-      row g "Trident / PyTorch tokens/s" ">= 1.0" "no PyTorch figure" ERROR
+      row g "Trident / PyTorch tokens/s" ">= 1.35" "no PyTorch figure" ERROR
     else
       v=INFO; [[ $DRY == 1 ]] && v=DRY
       ptfl=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/1e3:.4g}')" "$pgf")
@@ -914,11 +923,11 @@ if want g; then
           "$ptps tok/s, $ptfl TFLOP/s (AdamW $adamw${mem:+, peak ${mem} GiB})${g_note:+; $g_note}" "$v"
       if [[ -n $tri_tps ]]; then
         ratio=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$tri_tps" "$ptps")
-        v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= 1 else 'FAIL')" "$ratio")
+        v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= 1.35 else 'FAIL')" "$ratio")
         [[ $DRY == 1 ]] && v=DRY
-        row g "Trident / PyTorch tokens/s" ">= 1.0" "$ratio ($tri_tps / $ptps)" "$v"
+        row g "Trident / PyTorch tokens/s" ">= 1.35" "$ratio ($tri_tps / $ptps)" "$v"
       else
-        row g "Trident / PyTorch tokens/s" ">= 1.0" "no Trident figure" ERROR
+        row g "Trident / PyTorch tokens/s" ">= 1.35" "no Trident figure" ERROR
       fi
     fi
   fi
@@ -1239,13 +1248,156 @@ if want p; then
   if [[ $rc != 0 || -n $err || -z $ltps || -z $ltfl ]]; then
     row p "Trident $llabel: tokens/s" "reported" "failed (rc $rc): ${err:-$(errline "$LOGS/llama-1b.log")}" ERROR
   else
-    share="no ceiling measured"
-    [[ -n ${ceiling:-} ]] && share=$("$PY" -c "import sys; print(f'{100*float(sys.argv[1])/float(sys.argv[2]):.1f}% of the ceiling ({sys.argv[2]} TFLOP/s)')" "$ltfl" "$ceiling")
-    row p "Trident $llabel: tokens/s (median of $(get "$res" steps_used) steps)" "reported" \
-        "$ltps tok/s, $lms ms/step, $ltfl TFLOP/s (trainer's count): $share" "$v"
+    share="no ceiling measured" pv=$v
+    if [[ -n ${ceiling:-} ]]; then
+      share=$("$PY" -c "import sys; print(f'{100*float(sys.argv[1])/float(sys.argv[2]):.1f}% of the ceiling ({sys.argv[2]} TFLOP/s)')" "$ltfl" "$ceiling")
+      [[ $DRY == 0 ]] && pv=$("$PY" -c "import sys; print('PASS' if 100*float(sys.argv[1])/float(sys.argv[2]) >= 65 else 'FAIL')" "$ltfl" "$ceiling")
+    fi
+    row p "Trident $llabel: tokens/s (median of $(get "$res" steps_used) steps)" ">= 65% of the ceiling" \
+        "$ltps tok/s, $lms ms/step, $ltfl TFLOP/s (trainer's count): $share" "$pv"
   fi
   ncu_row p Llama llama_kernels 90 "$ltps" "${lms:-}" "${lms:-?}" "$cfg" "${lcommon[@]}" \
       --set train.device=cuda --set train.precision=bf16
+fi
+
+# ================================================================ q. attention beside SDPA
+# Trident's bf16 attention kernels and PyTorch's SDPA (flash, cuDNN backends) at the same shapes,
+# each as one JSON line (the same fields). Targets of issue 52: the GPT-2 shape's forward +
+# backward at or under cuDNN's time, the Llama shape's forward >= 450 TFLOP/s.
+if want q; then
+  qshapes=(16:1024:12:12:64 2:4096:32:8:128)
+  [[ $DRY == 1 ]] && qshapes=(2:128:4:4:32 1:256:4:2:64)
+  say "q. attention: gpu_attention ${qshapes[*]} (and --documents 256), attention_sdpa.py"
+  tenv timeout -k 5 "$(limit 60 20)" "$BIN/gpu_attention" --iters 20 "${qshapes[@]}" \
+      >"$LOGS/attention_trident.jsonl" 2>"$LOGS/attention_trident.err"
+  qrc=$?
+  tenv timeout -k 5 "$(limit 30 20)" "$BIN/gpu_attention" --iters 20 --documents 256 "${qshapes[0]}" \
+      >>"$LOGS/attention_trident.jsonl" 2>>"$LOGS/attention_trident.err"
+  qrc=$((qrc | $?))
+  QPY=${PYT:-}
+  if [[ -z $QPY ]]; then
+    for p in ${PYTHON:-} python3 /usr/bin/python3; do
+      command -v "$p" >/dev/null && timeout 120 "$p" -c 'import torch' 2>/dev/null && { QPY=$p; break; }
+    done
+  fi
+  qdev=cuda; [[ $DRY == 1 ]] && qdev=cpu
+  if [[ -n $QPY ]]; then
+    PYTHONUNBUFFERED=1 timeout -k 5 "$(limit 90 20)" "$QPY" bench/attention_sdpa.py --device "$qdev" \
+        --backends flash,cudnn --iters 20 "${qshapes[@]}" >"$LOGS/attention_sdpa.jsonl" 2>"$LOGS/attention_sdpa.err"
+  fi
+  # One row per comparison, from the two files (python: the JSON and the arithmetic).
+  "$PY" - "$LOGS/attention_trident.jsonl" "$LOGS/attention_sdpa.jsonl" "$DRY" "$qrc" >"$WORK/q_rows.tsv" <<'QEOF'
+import json, sys
+def lines(path):
+    try:
+        return [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+    except (OSError, ValueError):
+        return []
+tri, sdpa, dry, rc = lines(sys.argv[1]), lines(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+key = lambda r: (r.get("B"), r.get("T"), r.get("NH"), r.get("KVH"), r.get("HS"))
+def shape_name(r):
+    return f"B{r['B']} T{r['T']} {r['NH']}/{r['KVH']} heads d{r['HS']}"
+def verdict(ok):
+    return "DRY" if dry else ("PASS" if ok else "FAIL")
+out = []
+if not tri or "skipped" in tri[0]:
+    out.append(("q", "Trident attention (gpu_attention)", "measured",
+                f"no figures (rc {rc}: {tri[0].get('skipped', '') if tri else 'no output'})",
+                "SKIP" if dry else "ERROR"))
+for t in tri:
+    if "fwd_ms" not in t:
+        continue
+    docs = f", documents of {t['documents']}" if t.get("documents") else ""
+    out.append(("q", f"Trident attention {shape_name(t)}{docs}", "measured",
+                f"fwd {t['fwd_ms']:.3f} ms ({t['fwd_tflops']} TFLOP/s), bwd {t['bwd_ms']:.3f} ms "
+                f"({t['bwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
+    if t.get("documents"):
+        continue
+    same = [r for r in sdpa if key(r) == key(t) and "fwd_ms" in r]
+    for r in same:
+        out.append(("q", f"SDPA {r['backend']} {shape_name(r)}", "measured",
+                    f"fwd {r['fwd_ms']:.3f} ms ({r['fwd_tflops']} TFLOP/s), bwd {r['bwd_ms']:.3f} ms "
+                    f"({r['bwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
+    cudnn = [r for r in same if r["backend"] == "cudnn"]
+    if t["HS"] == 64:
+        if cudnn:
+            ratio = cudnn[0]["fwd_bwd_ms"] / t["fwd_bwd_ms"]
+            out.append(("q", f"GPT-2 shape fwd+bwd: cuDNN time / Trident time", ">= 1.0",
+                        f"{ratio:.3f} ({cudnn[0]['fwd_bwd_ms']:.3f} / {t['fwd_bwd_ms']:.3f} ms)",
+                        verdict(ratio >= 1.0)))
+        else:
+            out.append(("q", "GPT-2 shape fwd+bwd: cuDNN time / Trident time", ">= 1.0",
+                        "no cuDNN figure", "SKIP" if dry else "ERROR"))
+    if t["HS"] == 128:
+        out.append(("q", "Llama shape forward TFLOP/s", ">= 450", f"{t['fwd_tflops']}",
+                    verdict(t["fwd_tflops"] >= 450)))
+for r in sdpa:
+    if "error" in r:
+        out.append(("q", f"SDPA {r['backend']} {shape_name(r)}", "measured", r["error"][:120],
+                    "SKIP" if dry else "ERROR"))
+for o in out:
+    print("\t".join(str(x).replace("\t", " ") for x in o))
+QEOF
+  while IFS=$'\t' read -r a b c d e; do row "$a" "$b" "$c" "$d" "$e"; done <"$WORK/q_rows.tsv"
+fi
+
+# ================================================================ r. PyTorch compiled
+# torch.compile (Inductor) at f's GPT-2 shape and batch, and p's Llama shapes eager and
+# compiled, beside f's and p's Trident figures. The warm-up steps compile (not timed).
+if want r; then
+  RPY=${PYT:-${QPY:-}}
+  if [[ -z $RPY ]]; then
+    for p in ${PYTHON:-} python3 /usr/bin/python3; do
+      command -v "$p" >/dev/null && timeout 120 "$p" -c 'import torch' 2>/dev/null && { RPY=$p; break; }
+    done
+  fi
+  if [[ -z ${L:-} ]]; then
+    if [[ $DRY == 1 ]]; then L=2 H=2 C=128 V=50304 T=128 B=2; else L=12 H=12 C=768 V=50304 T=1024 B=$GPU_BATCH; fi
+  fi
+  if [[ $DRY == 1 ]]; then
+    rargs=(--device cpu --dtype bf16 --warmup 1 --steps 2 --threads "$(nproc)")
+    lshape_py=(--arch llama --layers 2 --heads 4 --kv-heads 2 --width 128 --ffn 256 --vocab 50304 --seq 128 --batch 2)
+  else
+    rargs=(--device cuda --dtype bf16 --warmup 3 --steps 10 --threads 4)
+    lshape_py=(--shape llama1b)
+  fi
+  if [[ -z $RPY ]]; then
+    row r "PyTorch compiled" "measured" "no python with torch" "$([[ $DRY == 1 ]] && echo SKIP || echo ERROR)"
+  else
+    # name | torch_gpt.py arguments | Trident's tokens/s beside it | target of Trident / it
+    rruns=("gpt2-compiled|--layers $L --heads $H --width $C --vocab $V --seq $T --batch $B --compile|${tri_tps:-}|1.0"
+           "llama-eager|${lshape_py[*]}|${ltps:-}|-"
+           "llama-compiled|${lshape_py[*]} --compile|${ltps:-}|1.0")
+    for spec in "${rruns[@]}"; do
+      IFS='|' read -r rname rargs_str rtri rtarget <<<"$spec"
+      read -r -a rextra <<<"$rargs_str"
+      t=$(limit 240 20)
+      say "r. PyTorch $rname: bench/torch_gpt.py ${rextra[*]} (limit ${t}s)"
+      PYTHONUNBUFFERED=1 timeout -k 10 "$t" "$RPY" bench/torch_gpt.py "${rextra[@]}" "${rargs[@]}" \
+          >"$LOGS/torch-$rname.json" 2>"$LOGS/torch-$rname.err"
+      rc=$?
+      pt=$(tail -1 "$LOGS/torch-$rname.json" 2>/dev/null); [[ -n $pt ]] || pt="{}"
+      fact "{\"what\": \"pytorch $rname\", \"rc\": $rc, \"result\": $(echo "$pt" | "$PY" -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.read())))' 2>/dev/null || echo null)}"
+      IFS=$'\x1f' read -r rtps rgf <<<"$(get "$pt" tokens_per_s gflops)"
+      if [[ $rc != 0 || -z $rtps ]]; then
+        row r "PyTorch $rname: tokens/s" "measured" "failed (rc $rc): $(tail -1 "$LOGS/torch-$rname.err" | cut -c1-120)" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
+        continue
+      fi
+      v=INFO; [[ $DRY == 1 ]] && v=DRY
+      row r "PyTorch $rname: tokens/s (median)" "measured" "$rtps tok/s, $("$PY" -c "import sys; print(f'{float(sys.argv[1])/1e3:.4g}')" "$rgf") TFLOP/s" "$v"
+      if [[ -n $rtri ]]; then
+        ratio=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$rtri" "$rtps")
+        if [[ $rtarget == - ]]; then
+          v=INFO; tg="reported"
+        else
+          v=$("$PY" -c "import sys; print('PASS' if float(sys.argv[1]) >= float(sys.argv[2]) else 'FAIL')" "$ratio" "$rtarget")
+          tg=">= $rtarget"
+        fi
+        [[ $DRY == 1 ]] && v=DRY
+        row r "Trident / PyTorch $rname tokens/s" "$tg" "$ratio ($rtri / $rtps)" "$v"
+      fi
+    done
+  fi
 fi
 }
 

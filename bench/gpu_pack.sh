@@ -8,7 +8,8 @@
 #   gpu_pack/bin/   trident, test_cuda_* (every tests/test_cuda_*.cpp and
 #                   tests/mpi/test_cuda_*_npN.cpp that builds; gpu_check.sh runs the _npN ones
 #                   under mpiexec -n N),
-#                   gpu_gemm_ceiling, ckpt_compare (tests/tools: two checkpoints bit for bit,
+#                   gpu_gemm_ceiling, gpu_attention (the attention kernels timed for step q),
+#                   ckpt_compare (tests/tools: two checkpoints bit for bit,
 #                   for the resume row; all stripped), mpiexec (MPICH's mpiexec.hydra) and
 #                   hydra_pmi_proxy
 #   gpu_pack/module/  libtrident_cuda.so, the GPU backend that trident (and the GPU trainer
@@ -101,11 +102,11 @@ if [[ $do_build == 1 ]]; then
   cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON \
       -DTRIDENT_ARCH=x86-64-v3 >"$build/gpu-pack-cmake.log" 2>&1 ||
     { tail -30 "$build/gpu-pack-cmake.log" >&2; die "cmake configure failed ($build/gpu-pack-cmake.log)"; }
-  note "build: trident gpu_gemm_ceiling (-j $jobs)"
-  cmake --build "$build" -j "$jobs" --target trident gpu_gemm_ceiling \
+  note "build: trident gpu_gemm_ceiling gpu_attention (-j $jobs)"
+  cmake --build "$build" -j "$jobs" --target trident gpu_gemm_ceiling gpu_attention \
       >"$build/gpu-pack-build.log" 2>&1 ||
     { grep -E -A8 "error|FAILED" "$build/gpu-pack-build.log" | head -40 >&2
-      die "building trident / gpu_gemm_ceiling failed (log: $build/gpu-pack-build.log)"; }
+      die "building trident / gpu_gemm_ceiling / gpu_attention failed (log: $build/gpu-pack-build.log)"; }
   for t in "${test_targets[@]}"; do
     note "build: $t"
     if cmake --build "$build" -j "$jobs" --target "$t" >"$build/gpu-pack-build-$t.log" 2>&1; then
@@ -137,7 +138,7 @@ else
 fi
 ninja -C "$build" -t commands trident 2>/dev/null | grep -- ' -c ' | grep -- '\.cpp' | grep -q -- '-march=native' &&
   echo "gpu_pack.sh: WARNING: some compile commands still use -march=native" >&2
-for b in app/trident bench/gpu_gemm_ceiling; do
+for b in app/trident bench/gpu_gemm_ceiling bench/gpu_attention; do
   [[ -x $build/$b ]] || die "$build/$b missing"
 done
 [[ -f $build/lib/libtrident_cuda.so ]] || die "$build/lib/libtrident_cuda.so (the GPU backend module) missing"
@@ -158,7 +159,7 @@ manifest="$tmp/MANIFEST.txt"
 } >"$manifest"
 
 note "binaries"
-cp "$build/app/trident" "$build/bench/gpu_gemm_ceiling" "$tmp/bin/"
+cp "$build/app/trident" "$build/bench/gpu_gemm_ceiling" "$build/bench/gpu_attention" "$tmp/bin/"
 for t in "${built_tests[@]}"; do cp "$build/tests/$t" "$tmp/bin/"; done
 for t in "${built_tools[@]}"; do cp "$build/tests/tools/$t" "$tmp/bin/"; done
 cp "$build/lib/libtrident_cuda.so" "$tmp/module/"
@@ -299,7 +300,7 @@ if [[ $do_verify == 1 ]]; then
   if grep -q "the GPU backend .* cannot be loaded\|lacks the symbols\|other sources than this trident" "$vdir/gpu.log"; then
     ok=0; echo "gpu_pack.sh: verify: the GPU backend module did not load:" >&2; tail -3 "$vdir/gpu.log" >&2
   fi
-  for b in "$vbin"/test_cuda_* "$vbin/gpu_gemm_ceiling"; do
+  for b in "$vbin"/test_cuda_* "$vbin/gpu_gemm_ceiling" "$vbin/gpu_attention"; do
     [[ -x $b ]] || continue
     launch=()
     [[ $(basename "$b") =~ _np([0-9]+)$ ]] && launch=("$vbin/mpiexec" -launcher fork -n "${BASH_REMATCH[1]}")

@@ -3,7 +3,13 @@
 
 Trains a GPT-2 (pre-LN blocks, fused qkv Linear, causal attention, GELU tanh, learned
 positions, LM head tied to the token embedding) in fp32 with AdamW on random tokens, and
-reports tokens/s and achieved GFLOP/s as one JSON line on stdout.
+reports tokens/s and achieved GFLOP/s as one JSON line on stdout. --arch llama trains a Llama
+instead (RMSNorm, RoPE in the Hugging Face "rotate half" convention, grouped-query attention
+with --kv-heads, SwiGLU MLP of --ffn, no biases, the head tied as Llama 3.2 1B's is): the
+shapes of configs/llama_3.2_1b.toml with --shape llama1b.
+
+--compile wraps the model in torch.compile (Inductor: fused elementwise and norm kernels,
+SDPA's flash/cuDNN attention kept), the reference a user compares against, beside eager.
 
 --device cuda runs it on the GPU (eager; bench/gpu_check.sh). --dtype bf16 is standard mixed
 precision: fp32 parameters (the master weights), gradients and AdamW state, the forward and
@@ -30,6 +36,11 @@ bench/train_bench.sh also sets them in the subprocess's environment.
   /usr/bin/python3 bench/torch_gpt.py --layers 12 --heads 12 --width 768 --vocab 50304 \
       --seq 1024 --batch 1 --threads 2
   python3 bench/torch_gpt.py --shape 124m --batch 16 --device cuda --dtype bf16 --warmup 3 --steps 15
+  python3 bench/torch_gpt.py --shape llama1b --device cuda --dtype bf16 --compile
+
+Llama FLOPs (the trainer's own formula, model/model_stats.cpp): per token and layer forward
+2*(C*(NH + 2*KVH)*HS + NH*HS*C + 3*C*F) for the linear layers, 4*T*NH*HS for attention, and
+2*C*V for the head; x3 for training.
 """
 
 import argparse
@@ -43,15 +54,23 @@ import sys
 import time
 
 SHAPES = {
-    # name: (layers, heads, width, vocab, seq, micro-batch)
+    # name: (layers, heads, width, vocab, seq, micro-batch[, arch, kv heads, ffn])
     "124m": (12, 12, 768, 50304, 1024, 1),
     "small": (4, 4, 256, 50304, 256, 4),
+    # Llama 3.2 1B's shapes with GPT-2's padded vocabulary (the GPU check's random tokens).
+    "llama1b": (16, 32, 2048, 50304, 2048, 4, "llama", 8, 8192),
 }
 
 
-def flops_per_step(layers, width, vocab, seq, batch):
-    tokens = batch * seq
-    return 3 * tokens * (layers * (24 * width * width + 4 * seq * width) + 2 * width * vocab)
+def flops_per_step(a):
+    """Training FLOPs of one step of a's shape (the trainer's formula, see the docstring)."""
+    tokens = a.batch * a.seq
+    C, T, V, L = a.width, a.seq, a.vocab, a.layers
+    if a.arch == "gpt2":
+        return 3 * tokens * (L * (24 * C * C + 4 * T * C) + 2 * C * V)
+    hs = C // a.heads
+    linear = 2 * (C * (a.heads + 2 * a.kv_heads) * hs + a.heads * hs * C + 3 * C * a.ffn)
+    return 3 * tokens * (L * (linear + 4 * T * a.heads * hs) + 2 * C * V)
 
 
 def parse_args():
@@ -63,6 +82,12 @@ def parse_args():
     p.add_argument("--vocab", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--batch", type=int, help="micro-batch (sequences per step)")
+    p.add_argument("--arch", choices=("gpt2", "llama"))
+    p.add_argument("--kv-heads", type=int, help="llama: key/value heads (default: --heads)")
+    p.add_argument("--ffn", type=int, help="llama: SwiGLU hidden size (default 8/3 width, "
+                                           "rounded up to 256)")
+    p.add_argument("--rope-theta", type=float, default=500000.0, help="llama (default 5e5)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
     p.add_argument("--threads", type=int, default=1)
@@ -77,12 +102,22 @@ def parse_args():
                         "activity) and write the kernels' device time per step to FILE")
     a = p.parse_args()
     base = SHAPES[a.shape or ("small" if a.layers is None else "124m")]
-    names = ("layers", "heads", "width", "vocab", "seq", "batch")
+    names = ("layers", "heads", "width", "vocab", "seq", "batch", "arch", "kv_heads", "ffn")
     for name, default in zip(names, base):
         if getattr(a, name) is None:
             setattr(a, name, default)
+    if a.arch is None:
+        a.arch = "gpt2"
+    if a.kv_heads is None:
+        a.kv_heads = a.heads
+    if a.ffn is None:
+        a.ffn = (8 * a.width // 3 + 255) // 256 * 256 if a.arch == "llama" else 4 * a.width
     if a.width % a.heads:
         p.error("width must be a multiple of heads")
+    if a.heads % a.kv_heads:
+        p.error("--kv-heads must divide --heads")
+    if a.arch == "gpt2" and (a.kv_heads != a.heads or a.ffn != 4 * a.width):
+        p.error("--kv-heads and --ffn are llama's (gpt2: multi-head, 4 * width)")
     if a.steps < 1 or a.warmup < 0 or a.threads < 1:
         p.error("need --steps >= 1, --warmup >= 0, --threads >= 1")
     return a
@@ -200,6 +235,105 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, width, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(seq, head_size, theta):
+    inv = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float64) / head_size))
+    ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)  # (T, HS/2)
+    ang = torch.cat((ang, ang), dim=-1)  # rotate-half pairs (i, i + HS/2)
+    return ang.cos().float(), ang.sin().float()
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, width, heads, kv_heads):
+        super().__init__()
+        self.heads, self.kv_heads, self.hs = heads, kv_heads, width // heads
+        self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * self.hs, bias=False)
+        self.proj = nn.Linear(width, width, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.heads * self.hs, self.kv_heads * self.hs, self.kv_heads * self.hs], dim=2)
+        q = q.view(B, T, self.heads, self.hs).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, self.hs).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.hs).transpose(1, 2)
+        q = (q * cos + rotate_half(q) * sin).to(v.dtype)
+        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+        if self.kv_heads != self.heads:  # each kv head serves heads / kv_heads query heads
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, width, heads, kv_heads, ffn):
+        super().__init__()
+        self.norm1 = RMSNorm(width)
+        self.attn = LlamaAttention(width, heads, kv_heads)
+        self.norm2 = RMSNorm(width)
+        self.gate_up = nn.Linear(width, 2 * ffn, bias=False)
+        self.down = nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.norm1(x), cos, sin)
+        gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        if not HAS_SDPA:
+            sys.exit("torch_gpt.py: --arch llama needs torch >= 2.0 "
+                     "(scaled_dot_product_attention)")
+        self.wte = nn.Embedding(a.vocab, a.width)
+        self.blocks = nn.ModuleList(LlamaBlock(a.width, a.heads, a.kv_heads, a.ffn)
+                                    for _ in range(a.layers))
+        self.norm = RMSNorm(a.width)
+        self.lm_head = nn.Linear(a.width, a.vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as Llama 3.2 1B
+        cos, sin = rope_tables(a.seq, a.width // a.heads, a.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        for name, prm in self.named_parameters():
+            if prm.dim() >= 2:
+                std = (0.02 / math.sqrt(2 * a.layers)
+                       if name.endswith(("proj.weight", "down.weight")) else 0.02)
+                nn.init.normal_(prm, 0.0, std)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx)
+        cos, sin = self.cos[:T], self.sin[:T]
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def make_model(a):
+    if a.arch == "llama":
+        return Llama(a)
+    return GPT(a.layers, a.heads, a.width, a.vocab, a.seq)
+
+
 def make_optimizer(model, lr):
     """Returns (optimizer, implementation): "fused" (CUDA, where PyTorch has it), "foreach"
     or "default"."""
@@ -275,10 +409,14 @@ def profile_steps(path, steps, step):
 
 def main():
     torch.manual_seed(args.seed)
-    model = GPT(args.layers, args.heads, args.width, args.vocab, args.seq).to(DEVICE)
+    model = make_model(args).to(DEVICE)
     model.train()
     opt, adamw_impl = make_optimizer(model, args.lr)
     n_params = sum(p.numel() for p in model.parameters())
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit(f"torch_gpt.py: --compile needs torch >= 2.0 (this is {torch.__version__})")
+        model = torch.compile(model)  # the first (warm-up) steps compile
     gen = torch.Generator().manual_seed(args.seed + 1)
 
     def batch():
@@ -305,7 +443,7 @@ def main():
                       lambda: train_step(model, opt, *(t.to(DEVICE) for t in batch())))
 
     tokens = args.batch * args.seq
-    flops = flops_per_step(args.layers, args.width, args.vocab, args.seq, args.batch)
+    flops = flops_per_step(args)
     med = statistics.median(times)
     best = min(times)
     out = {
@@ -320,7 +458,9 @@ def main():
         "torch_threads": torch.get_num_threads(),
         "device": args.device,
         "dtype": args.dtype,
+        "arch": args.arch, "compiled": args.compile,
         "layers": args.layers, "heads": args.heads, "width": args.width,
+        "kv_heads": args.kv_heads, "ffn": args.ffn,
         "vocab": args.vocab, "seq": args.seq, "batch": args.batch,
         "params": n_params,
         "tokens_per_step": tokens,

@@ -1,0 +1,183 @@
+// Trident's causal attention kernels (trident::cuda::attention_forward / _backward, bf16 tensor
+// cores or fp32) timed at given shapes, for the side-by-side with PyTorch's SDPA
+// (bench/attention_sdpa.py prints the same fields). One JSON object per shape on stdout;
+// without a CUDA device prints {"skipped": ...} and exits 0.
+//
+//   gpu_attention [--dtype bf16|fp32] [--iters N] [--documents LEN] [B:T:NH:KVH:HS ...]
+//
+// Without shapes: GPT-2 124M's (16:1024:12:12:64) and a Llama's (2:4096:32:8:128).
+// FLOPs are the useful ones of causal attention (FlashAttention's convention): forward
+// 4 * B * NH * T^2 * HS / 2 (two GEMMs, half the matrix), backward 2.5 x the forward.
+// --documents LEN packs documents of LEN tokens (the masks of data.document_mask) and reports
+// the same causal FLOPs, so its TFLOP/s shows what skipping the masked tiles buys.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/ops.hpp"
+
+namespace {
+
+using trident::cuda::bf16;
+
+template <typename S>
+__global__ void fill_uniform(S* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;  // integer hash
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    const float v = static_cast<float>(x) * (2.0f / 4294967296.0f) - 1.0f;
+    if constexpr (sizeof(S) == 2) {
+      p[i] = __float2bfloat16_rn(v);
+    } else {
+      p[i] = v;
+    }
+  }
+}
+
+#define CHECK(call)                                                                  \
+  do {                                                                               \
+    cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "gpu_attention: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+struct Shape {
+  int64_t B, T, NH, KVH, HS;
+};
+
+bool parse_shape(const char* s, Shape& out) {
+  long long v[5];
+  if (std::sscanf(s, "%lld:%lld:%lld:%lld:%lld", &v[0], &v[1], &v[2], &v[3], &v[4]) != 5)
+    return false;
+  out = {v[0], v[1], v[2], v[3], v[4]};
+  return out.B > 0 && out.T > 0 && out.NH > 0 && out.KVH > 0 && out.HS > 0 &&
+         out.NH % out.KVH == 0;
+}
+
+// Median of `iters` timings (ms) of fn, after 3 warm-up calls.
+template <typename Fn>
+double median_ms(int iters, Fn fn) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; i++) fn();
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; i++) {
+    CHECK(cudaEventRecord(a));
+    fn();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    CHECK(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], a, b));
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+template <typename S>
+void run(const Shape& s, int iters, int64_t doc_len, const char* dtype) {
+  const int64_t C3 = (s.NH + 2 * s.KVH) * s.HS, C = s.NH * s.HS, rows = s.B * s.T;
+  S *qkv, *out, *dout, *dqkv;
+  float *lse, *ws;
+  int32_t* docs = nullptr;
+  CHECK(cudaMalloc(&qkv, sizeof(S) * rows * C3));
+  CHECK(cudaMalloc(&dqkv, sizeof(S) * rows * C3));
+  CHECK(cudaMalloc(&out, sizeof(S) * rows * C));
+  CHECK(cudaMalloc(&dout, sizeof(S) * rows * C));
+  CHECK(cudaMalloc(&lse, sizeof(float) * s.B * s.NH * s.T));
+  CHECK(cudaMalloc(&ws, trident::cuda::attention_backward_workspace_bytes(s.B, s.T, s.NH)));
+  fill_uniform<S><<<1024, 256>>>(qkv, rows * C3, 1);
+  fill_uniform<S><<<1024, 256>>>(dout, rows * C, 2);
+  if (doc_len > 0) {
+    std::vector<int32_t> host(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; r++)
+      host[static_cast<size_t>(r)] = static_cast<int32_t>((r % s.T) / doc_len * doc_len);
+    CHECK(cudaMalloc(&docs, sizeof(int32_t) * rows));
+    CHECK(cudaMemcpy(docs, host.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice));
+  }
+  CHECK(cudaDeviceSynchronize());
+  const double fwd = median_ms(iters, [&] {
+    trident::cuda::attention_forward<S>(out, lse, qkv, s.B, s.T, s.NH, s.KVH, s.HS, nullptr,
+                                        docs);
+  });
+  const double bwd = median_ms(iters, [&] {
+    trident::cuda::attention_backward<S>(dqkv, dout, qkv, out, lse, s.B, s.T, s.NH, s.KVH, s.HS,
+                                         nullptr, ws, docs);
+  });
+  const double fwd_flops = 4.0 * s.B * s.NH * double(s.T) * s.T * s.HS / 2.0;
+  std::printf("{\"impl\": \"trident\", \"dtype\": \"%s\", \"B\": %lld, \"T\": %lld, "
+              "\"NH\": %lld, \"KVH\": %lld, \"HS\": %lld, \"documents\": %lld, "
+              "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
+              "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f}\n",
+              dtype, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.KVH,
+              (long long)s.HS, (long long)doc_len, fwd, bwd, fwd + bwd,
+              fwd_flops / fwd * 1e-9, 2.5 * fwd_flops / bwd * 1e-9,
+              3.5 * fwd_flops / (fwd + bwd) * 1e-9);
+  std::fflush(stdout);
+  for (void* p : {static_cast<void*>(qkv), static_cast<void*>(dqkv), static_cast<void*>(out),
+                  static_cast<void*>(dout), static_cast<void*>(lse), static_cast<void*>(ws),
+                  static_cast<void*>(docs)})
+    cudaFree(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dtype = "bf16";
+  int iters = 20;
+  int64_t doc_len = 0;
+  std::vector<Shape> shapes;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "--dtype" && i + 1 < argc) {
+      dtype = argv[++i];
+    } else if (a == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (a == "--documents" && i + 1 < argc) {
+      doc_len = std::atoll(argv[++i]);
+    } else {
+      Shape s;
+      if (!parse_shape(argv[i], s)) {
+        std::fprintf(stderr, "gpu_attention: '%s' is not B:T:NH:KVH:HS\n", argv[i]);
+        return 2;
+      }
+      shapes.push_back(s);
+    }
+  }
+  if (shapes.empty()) shapes = {{16, 1024, 12, 12, 64}, {2, 4096, 32, 8, 128}};  // GPT-2, Llama
+  if ((dtype != "bf16" && dtype != "fp32") || iters < 1 || doc_len < 0) {
+    std::fprintf(stderr, "usage: gpu_attention [--dtype bf16|fp32] [--iters N] "
+                         "[--documents LEN] [B:T:NH:KVH:HS ...]\n");
+    return 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("{\"skipped\": \"no CUDA device\"}\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::fprintf(stderr, "gpu_attention: %s\n", prop.name);
+  for (const Shape& s : shapes) {
+    if (dtype == "bf16")
+      run<bf16>(s, iters, doc_len, "bf16");
+    else
+      run<float>(s, iters, doc_len, "fp32");
+  }
+  return 0;
+}
