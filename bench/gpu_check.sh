@@ -62,8 +62,8 @@
 #   p. a Llama on the GPU: configs/llama_3.2_1b.toml's shapes (16 x 2048, 32 heads sharing 8
 #      kv heads, SwiGLU 8192, tied head) with vocabulary 50304 (the packed random tokens), one
 #      GPU, bf16, micro-batch 4 x 2048 tokens, 12 steps: tokens/s, the trainer's TFLOP/s and
-#      their share of e's ceiling; then ncu's kernel times of 3 steps ($OUT/kernels.txt),
-#      reported                                                           [H200 est. ~60 s]
+#      their share of e's ceiling (target >= 65%); then ncu's kernel times of 3 steps
+#      ($OUT/kernels.txt), reported                                       [H200 est. ~60 s]
 #   q. attention beside PyTorch's SDPA: gpu_pack/bin/gpu_attention (Trident's bf16 kernels) and
 #      bench/attention_sdpa.py (SDPA's flash and cuDNN backends) at the GPT-2 shape (B 16, 12
 #      heads, T 1024, d 64: forward + backward at or under cuDNN's time) and the Llama shape
@@ -1221,7 +1221,7 @@ fi
 
 # ================================================================ p. a Llama's speed
 # Llama 3.2 1B's shapes with the packed 50304-token data (uint16 shards cannot hold its 128256
-# ids); reported, no reference: the PyTorch script is GPT-2 only. The trainer's own FLOP count
+# ids); >= 65% of e's ceiling (issue 52), PyTorch's Llama beside it in r. The trainer's own FLOP count
 # (gflops_per_rank) covers grouped-query attention and SwiGLU, which f's GPT-2 formula does not.
 if want p; then
   cfg=configs/llama_3.2_1b.toml
