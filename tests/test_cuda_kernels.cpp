@@ -813,6 +813,36 @@ std::vector<float> expand_kv_heads(const std::vector<float>& qkv, int64_t rows, 
   return out;
 }
 
+// train.deterministic = false (bf16; fp32 ignores it): the backward with dQ accumulated by
+// atomics against the CPU's dQ (`ref_dq`), and its dK, dV bitwise the deterministic backward's
+// (`deterministic`, the same arithmetic: only dQ's path changed). Every element written.
+template <typename S>
+void expect_atomic_dq_backward(const std::string& k, const std::vector<float>& deterministic,
+                               const std::vector<float>& ref_dv, const std::vector<float>& ref_dq,
+                               const DevBuf<S>& d_dout, const DevBuf<S>& d_qkv,
+                               const DevBuf<S>& d_out, const DevBuf<float>& d_lse,
+                               const int32_t* d_docs, int64_t B, int64_t T, int64_t NH,
+                               int64_t KVH, int64_t HS, double dq_floor) {
+  const int64_t C = NH * HS, Ckv = KVH * HS, C3 = C + 2 * Ckv, rows = B * T;
+  DevBuf<S> a_dqkv(static_cast<size_t>(rows * C3));
+  CUDA_CHECK(cudaMemset(a_dqkv.get(), 0xff, a_dqkv.size() * sizeof(S)));  // NaN: all written?
+  gpu::attention_backward<S>(a_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
+                             T, NH, KVH, HS, nullptr, nullptr, d_docs, false);
+  const auto got = a_dqkv.download();
+  const std::string ka = k + " (atomic dQ)";
+  expect_close(ka, "dq", type_name<S>(), cols_of(got, rows, C3, 0, C), ref_dq, tolerance<S>(),
+               dq_floor);
+  expect_close(ka, "dv", type_name<S>(), cols_of(got, rows, C3, C + Ckv, Ckv), ref_dv,
+               tolerance<S>());
+  if (std::is_same_v<S, float>) {  // fp32 stays deterministic: the same bits
+    EXPECT_TRUE(bitwise_equal(got, deterministic)) << ka << ": fp32 changed";
+  } else {
+    EXPECT_TRUE(bitwise_equal(cols_of(got, rows, C3, C, 2 * Ckv),
+                              cols_of(deterministic, rows, C3, C, 2 * Ckv)))
+        << ka << ": dk, dv differ from the deterministic backward's";
+  }
+}
+
 template <typename S>
 void run_attention(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -876,6 +906,8 @@ void run_attention(int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS, ui
                                B, T, NH, KVH, HS);
     EXPECT_TRUE(bitwise_equal(got, d_dqkv.download())) << k << ": backward not deterministic";
   }
+  expect_atomic_dq_backward<S>(k, got, ref_dv, cols_of(dqkv, rows, C3, 0, C), d_dout, d_qkv,
+                               d_out, d_lse, nullptr, B, T, NH, KVH, HS, T == 1 ? dv_scale : 0.0);
   if (KVH != NH) {
     // The kv head mapping changes addresses only: the GQA forward and dQ are bitwise the
     // multi-head kernels' on the expanded layout, and dK/dV are the expanded heads' gradients
@@ -990,6 +1022,9 @@ void run_document_attention(int64_t NH, int64_t KVH, int64_t HS,
   gpu::attention_backward<S>(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
                              T, NH, KVH, HS, nullptr, nullptr, d_docs.get());
   EXPECT_TRUE(bitwise_equal(got, d_dqkv.download())) << k << ": backward not deterministic";
+  expect_atomic_dq_backward<S>(k, got, cols_of(dqkv, rows, C3, C + Ckv, Ckv),
+                               cols_of(dqkv, rows, C3, 0, C), d_dout, d_qkv, d_out, d_lse,
+                               d_docs.get(), B, T, NH, KVH, HS, 0.0);
 }
 
 TEST(CudaAttention, DocumentsFp32) {

@@ -245,6 +245,12 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
    "Compute precision. bf16 (cuda only): bf16 activations and GEMM inputs with fp32 "
    "accumulation, fp32 master weights, gradients and optimizer state."},
+  {TRIDENT_KEY(train, deterministic), any(),
+   "Every kernel gives the same bits on every run of the same layout (true, the default; "
+   "resume is then bitwise). false: the GPU's bf16 attention backward accumulates dQ with "
+   "atomic adds in its dK/dV pass instead of a second pass over the keys (faster; dQ's last "
+   "bits, and so the run's, vary between runs). The CPU's kernels and the GPU's fp32 ones are "
+   "deterministic either way. See docs/gpu.md."},
   {TRIDENT_KEY(train, recompute), one_of({"none", "selective", "full"}),
    "Activation recomputation (Korthikanti et al., arXiv 2205.05198): what a layer keeps from "
    "its forward to its backward. none: everything its backward reads. selective: all but "

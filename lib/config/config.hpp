@@ -84,6 +84,7 @@ struct TrainConfig {
   std::string device = "cpu";       // "cpu" | "cuda"
   std::string precision = "fp32";   // "fp32" | "bf16"
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
+  bool deterministic = true;  // false: the GPU's bf16 attention backward accumulates dQ atomically
   int64_t lm_head_chunk_rows = 0;   // rows per LM head + loss chunk; 0: the device's default
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never

@@ -47,7 +47,10 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   static constexpr DType act_dtype = std::is_same_v<Tx, float> ? DType::F32 : DType::BF16;
   static constexpr DType stat_dtype = DType::F32;
 
-  explicit CudaKernels(CudaDevice& device) : dev_(device) {}
+  // `deterministic` false: the attention backward accumulates dQ with atomics (bf16 only;
+  // train.deterministic, kernels/cuda/ops.hpp).
+  explicit CudaKernels(CudaDevice& device, bool deterministic = true)
+      : dev_(device), deterministic_(deterministic) {}
   Device& device() { return dev_; }
   static int64_t attention_saved_size(int64_t B, int64_t Tn, int64_t NH) { return B * NH * Tn; }
 
@@ -145,9 +148,10 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* lse,
                           int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                           const int32_t* doc_start) {
-    cuda::attention_backward(dqkv, dout, qkv, out, lse, B, Tn, NH, KVH, HS, s(),
-                             workspace(cuda::attention_backward_workspace_bytes(B, Tn, NH)),
-                             doc_start);
+    cuda::attention_backward(
+        dqkv, dout, qkv, out, lse, B, Tn, NH, KVH, HS, s(),
+        workspace(cuda::attention_backward_workspace_bytes(B, Tn, NH, HS, deterministic_)),
+        doc_start, deterministic_);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                     double theta) {
@@ -464,6 +468,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   }
 
   CudaDevice& dev_;
+  bool deterministic_ = true;
   DeviceArray<unsigned char> workspace_;
   std::vector<int64_t> host_offsets_;        // host_offsets' copy
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy

@@ -20,7 +20,7 @@ std::unique_ptr<StageModel> make_cuda_stage_model(const ModelConfig& config,
                 ": the CUDA attention kernels support head sizes 32, 64 and 128");
   if (bf16)
     return std::make_unique<TransformerStage<CudaKernels<cuda::bf16>>>(
-        config, shard, tensor_comm, CudaKernels<cuda::bf16>(device));
+        config, shard, tensor_comm, CudaKernels<cuda::bf16>(device, shard.deterministic));
   return std::make_unique<TransformerStage<CudaKernels<float>>>(config, shard, tensor_comm,
                                                                 CudaKernels<float>(device));
 }

@@ -92,6 +92,9 @@ struct ModelShard {
   // micro-batch's tokens.
   int32_t document_eod = -1;
   bool masks_documents() const { return document_eod >= 0; }
+  // train.deterministic: false lets a kernel set trade bitwise reproducibility for speed (the
+  // GPU's bf16 attention backward: atomic dQ); the CPU's kernels ignore it.
+  bool deterministic = true;
   // ZeRO stage (optim.zero_stage; model/zero_shards.hpp): from 2 the model never allocates the
   // whole gradient buffer, from 3 nor the whole weights (its shards hold slices; set_zero).
   int zero_stage = 0;

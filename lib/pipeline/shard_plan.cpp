@@ -35,6 +35,7 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   shard.cp_rank = coord.cp_rank;
   shard.cp_size = coord.cp_size;
   if (config.data.document_mask) shard.document_eod = static_cast<int32_t>(config.data.eod_id);
+  shard.deterministic = config.train.deterministic;
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (par.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, coord.pp_size,

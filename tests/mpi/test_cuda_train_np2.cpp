@@ -14,6 +14,7 @@
 //  * Context parallelism: CP=2 over MPI against one GPU, GPT-2 and Llama (skipped while the
 //    configuration refuses CP on the GPU).
 //  * Packed documents (both architectures): fp32 and bf16 against the CPU, PP=2 over MPI.
+//  * train.deterministic = false (the bf16 attention backward's atomic dQ) against the CPU.
 // Every test skips on a machine without a GPU (CI), with a message saying so.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -200,6 +201,16 @@ TEST(GpuTrainer, PackedDocumentsBf16TrackTheCpu) {
   REQUIRE_GPU();
   check_against_cpu("gpt2-documents", kDocuments, true);
   check_against_cpu("llama-documents", with(kLlama, kDocuments), true);
+}
+
+// train.deterministic = false: the bf16 attention backward's atomic dQ tracks the CPU as the
+// deterministic one does (both architectures; packed documents too).
+TEST(GpuTrainer, NonDeterministicBf16TracksTheCpu) {
+  REQUIRE_GPU();
+  check_against_cpu("gpt2-atomic-dq", {"train.deterministic=false"}, true);
+  check_against_cpu("llama-atomic-dq", with(kLlama, {"train.deterministic=false"}), true);
+  check_against_cpu("llama-documents-atomic-dq",
+                    with(with(kLlama, kDocuments), {"train.deterministic=false"}), true);
 }
 
 TEST(GpuTrainer, PackedDocumentsPipelineOverMpiMatchesOneGpu) {

@@ -43,8 +43,10 @@ void check_alignment(const void* p, const char* name) {
 
 }  // namespace
 
-size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH) {
-  return static_cast<size_t>(B * NH * T_) * sizeof(float);
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH, int64_t HS,
+                                          bool deterministic) {
+  const int64_t delta = B * NH * T_, dq_accum = deterministic ? 0 : B * T_ * NH * HS;
+  return static_cast<size_t>(delta + dq_accum) * sizeof(float);
 }
 
 template <typename T>
@@ -62,21 +64,31 @@ void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
-                        cudaStream_t stream, void* workspace, const int32_t* doc_start) {
+                        cudaStream_t stream, void* workspace, const int32_t* doc_start,
+                        bool deterministic) {
   detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(dqkv, "dqkv");
   check_alignment<T>(dout, "dout");
-  detail::Scratch scratch(workspace, attention_backward_workspace_bytes(B, T_, NH), stream);
+  // fp32 is always deterministic (the parity path): only bf16 takes the atomic dQ.
+  const bool atomic_dq = !deterministic && sizeof(T) == 2;
+  detail::Scratch scratch(workspace,
+                          attention_backward_workspace_bytes(B, T_, NH, HS, !atomic_dq), stream);
   float* delta = scratch.as<float>();
+  float* dq_accum = atomic_dq ? delta + B * NH * T_ : nullptr;
   const int64_t rows = B * T_ * NH;
   attention_delta_kernel<T><<<detail::grid_for(rows, 8, INT32_MAX), 256, 0, stream>>>(
       delta, dout, out, static_cast<int>(B), static_cast<int>(T_), static_cast<int>(NH),
       static_cast<int>(HS));
   CUDA_CHECK_LAUNCH();
-  detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, static_cast<int>(B),
-                                  static_cast<int>(T_), static_cast<int>(NH),
-                                  static_cast<int>(KVH), static_cast<int>(HS), stream);
+  const int b = static_cast<int>(B), t = static_cast<int>(T_), nh = static_cast<int>(NH);
+  const int kvh = static_cast<int>(KVH), hs = static_cast<int>(HS);
+  if constexpr (sizeof(T) == 2)
+    detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, b, t, nh,
+                                    kvh, hs, stream);
+  else
+    detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, b, t, nh, kvh, hs,
+                                    stream);
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                 \
@@ -84,7 +96,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                                      int64_t, cudaStream_t, const int32_t*);                   \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
                                       int64_t, int64_t, int64_t, int64_t, cudaStream_t, void*,  \
-                                      const int32_t*);
+                                      const int32_t*, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

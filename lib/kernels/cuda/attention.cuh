@@ -49,9 +49,11 @@ void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, c
 void attention_forward_impl(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
                             cudaStream_t stream);
+// dq_accum (fp32 [B,T,NH,HS]; nullptr: the deterministic two-pass backward): dQ accumulated
+// with atomics in the dK/dV pass (train.deterministic = false).
 void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                              const __nv_bfloat16* qkv, const float* lse, const float* delta,
-                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
-                             cudaStream_t stream);
+                             const int32_t* doc_start, float* dq_accum, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream);
 
 }  // namespace trident::cuda::detail

@@ -26,6 +26,11 @@
 //    written once).
 //  * backward pass 2: block = query tile; S = Q K^T, dP = dO V^T; dQ += dS K.
 // No atomics; every output element is owned by one thread.
+// The faster, non-deterministic backward (train.deterministic = false; kAtomicDq): pass 1 also
+// forms dQ += dS K for its key tile (dS through shared memory, as the A operand of rows =
+// queries) and adds it to an fp32 accumulator [B,T,NH,HS] with atomicAdd, so S and dP are
+// computed once instead of twice and pass 2 is a conversion (scale, bf16). The order of the
+// atomic adds varies from run to run: dQ's last bits do.
 // Packed documents (doc_start [B,T], nullptr: none): row t sees keys [doc_start[t], t]. The
 // forward and the dQ pass start at the key tile of the query tile's first row's document
 // (doc_start is non-decreasing), so the tiles before it are neither loaded nor multiplied; the
@@ -294,12 +299,14 @@ __global__ void __launch_bounds__(kThreads)
 
 // ------------------------------------------------------------------ backward: dK and dV
 // K/V tile once; Q/dO tiles (with their lse and delta) double-buffered.
-template <int HS, bool kDocs>
+// kAtomicDq: dQ into dq_accum too (above); otherwise dq_accum is unused.
+template <int HS, bool kDocs, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dkdv_bf16_kernel(bf16_t* __restrict__ dqkv, const bf16_t* __restrict__ dout,
                               const bf16_t* __restrict__ qkv, const float* __restrict__ lse,
                               const float* __restrict__ delta,
-                              const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
+                              const int32_t* __restrict__ doc_start, float* __restrict__ dq_accum,
+                              int T, int NH, int KVH) {
   if (!kDocs) doc_start = nullptr;  // a constant: the masks compile away
   constexpr int P = HS + 8, KC = HS / 16, DT = HS / 8, TILE = kBlk * P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -310,6 +317,8 @@ __global__ void __launch_bounds__(kThreads)
   float* Ls = reinterpret_cast<float*>(Gs + 2 * TILE);  // [2][64] lse * log2(e)
   float* Ds = Ls + 2 * kBlk;                            // [2][64] delta
   int* Fs = reinterpret_cast<int*>(Ds + 2 * kBlk);      // [2][64] first visible key
+  constexpr int PS = kBlk + 8;                          // dS row pitch (kAtomicDq)
+  bf16_t* dSs = reinterpret_cast<bf16_t*>(Fs + 2 * kBlk);  // [64 queries][PS] (kAtomicDq)
   const int b = blockIdx.x / KVH, kvh = blockIdx.x % KVH;  // block = (b, kv head, key tile)
   const int heads = NH / KVH;                                // query heads per kv head
   const int kt = blockIdx.y;  // small key tiles (most work) first
@@ -416,7 +425,50 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(dk[dt + 1], da, qb[2], qb[3]);
       }
     }
-    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    if constexpr (kAtomicDq) {
+      // dS (rows = queries) into shared memory: this warp's 16 keys of every query, rounded to
+      // bf16 as the dK product's A operand above was.
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          dSs[(nt * 8 + 2 * c + (e & 1)) * PS + wk + g + (e < 2 ? 0 : 8)] =
+              __float2bfloat16_rn(dpT[nt][e]);
+      __syncthreads();
+      // dQ[warp's 16 queries] += dS K (B[k = key][n = d] = K[key][d], ldmatrix.trans), then
+      // added to the accumulator (unscaled; the conversion scales).
+      float dq[DT][4];
+#pragma unroll
+      for (int dt = 0; dt < DT; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+#pragma unroll
+      for (int kc2 = 0; kc2 < kBlk / 16; kc2++) {
+        uint32_t sa[4];
+        load_a(sa, dSs, PS, warp * 16, kc2 * 16, g, c);
+#pragma unroll
+        for (int dt = 0; dt < DT; dt += 2) {
+          uint32_t kb[4];
+          ldsm_b_pair_trans(kb, Ks, P, kc2 * 16, dt * 8, lane);
+          mma_bf16(dq[dt], sa, kb[0], kb[1]);
+          mma_bf16(dq[dt + 1], sa, kb[2], kb[3]);
+        }
+      }
+      const int h = kvh * heads + it / per_head;
+      const int t0 = q0 + warp * 16 + g, t1 = t0 + 8;
+      float* acc0 = dq_accum + ((int64_t(b) * T + t0) * NH + h) * HS;
+      float* acc1 = acc0 + int64_t(8) * NH * HS;
+#pragma unroll
+      for (int dt = 0; dt < DT; dt++) {
+        if (t0 < T) {
+          atomicAdd(acc0 + dt * 8 + 2 * c, dq[dt][0]);
+          atomicAdd(acc0 + dt * 8 + 2 * c + 1, dq[dt][1]);
+        }
+        if (t1 < T) {
+          atomicAdd(acc1 + dt * 8 + 2 * c, dq[dt][2]);
+          atomicAdd(acc1 + dt * 8 + 2 * c + 1, dq[dt][3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage (and dSs) is refilled by the next iteration
   }
   const int64_t dk_col = int64_t(NH + kvh) * HS, dv_col = int64_t(NH + KVH + kvh) * HS;
   if (s0 < T) {
@@ -563,6 +615,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// dqkv's q columns [B*T rows][NH*HS] = scale * dq_accum (the atomic backward's second pass).
+__global__ void dq_from_accum_kernel(bf16_t* __restrict__ dqkv, const float* __restrict__ acc,
+                                     int64_t rows, int64_t C, int64_t C3, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * C;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dqkv[i / C * C3 + i % C] = __float2bfloat16_rn(acc[i] * scale);
+}
+
 template <int HS>
 constexpr size_t tile_bytes() {
   return sizeof(bf16_t) * kBlk * (HS + 8);
@@ -581,18 +641,32 @@ void forward_hs(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* doc_s
 
 template <int HS>
 void backward_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,
-                 const float* delta, const int32_t* doc_start, int B, int T, int NH, int KVH,
-                 cudaStream_t stream) {
+                 const float* delta, const int32_t* doc_start, float* dq_accum, int B, int T,
+                 int NH, int KVH, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((T + kBlk - 1) / kBlk);
   const dim3 grid_kv(static_cast<unsigned>(B * KVH), tiles);  // pass 1: per kv head
   const dim3 grid_q(static_cast<unsigned>(B * NH), tiles);    // pass 2: per query head
-  // K, V + 2 stages of Q, dO (+ lse, delta, first visible key)
-  const size_t smem1 = 6 * tile_bytes<HS>() + 4 * kBlk * sizeof(float) + 2 * kBlk * sizeof(int);
+  // K, V + 2 stages of Q, dO (+ lse, delta, first visible key; dS with the atomic dQ)
+  const size_t smem1 = 6 * tile_bytes<HS>() + 4 * kBlk * sizeof(float) + 2 * kBlk * sizeof(int) +
+                       (dq_accum ? sizeof(bf16_t) * kBlk * (kBlk + 8) : 0);
   const auto dkdv =
-      doc_start ? attn_bwd_dkdv_bf16_kernel<HS, true> : attn_bwd_dkdv_bf16_kernel<HS, false>;
+      dq_accum ? (doc_start ? attn_bwd_dkdv_bf16_kernel<HS, true, true>
+                            : attn_bwd_dkdv_bf16_kernel<HS, false, true>)
+               : (doc_start ? attn_bwd_dkdv_bf16_kernel<HS, true, false>
+                            : attn_bwd_dkdv_bf16_kernel<HS, false, false>);
   prepare_smem(dkdv, smem1);
-  dkdv<<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta, doc_start, T, NH, KVH);
+  if (dq_accum)
+    CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, sizeof(float) * B * T * NH * HS, stream));
+  dkdv<<<grid_kv, kThreads, smem1, stream>>>(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, T,
+                                             NH, KVH);
   CUDA_CHECK_LAUNCH();
+  if (dq_accum) {
+    const int64_t rows = int64_t(B) * T, C = int64_t(NH) * HS;
+    dq_from_accum_kernel<<<grid_for(rows * C, 256), 256, 0, stream>>>(
+        dqkv, dq_accum, rows, C, int64_t(NH + 2 * KVH) * HS, rsqrtf(static_cast<float>(HS)));
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   const size_t smem2 = 6 * tile_bytes<HS>();  // Q, dO + 2 stages of K, V
   const auto dq =
       doc_start ? attn_bwd_dq_bf16_kernel<HS, true> : attn_bwd_dq_bf16_kernel<HS, false>;
@@ -616,17 +690,18 @@ void attention_forward_impl(bf16_t* out, float* lse, const bf16_t* qkv, const in
 
 void attention_backward_impl(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                              const float* lse, const float* delta, const int32_t* doc_start,
-                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
+                             float* dq_accum, int B, int T, int NH, int KVH, int HS,
+                             cudaStream_t stream) {
   check_dims((T + kBlk - 1) / kBlk <= 65535, "attention: T too large");
   switch (HS) {
     case 32:
-      backward_hs<32>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      backward_hs<32>(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, B, T, NH, KVH, stream);
       break;
     case 64:
-      backward_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      backward_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, B, T, NH, KVH, stream);
       break;
     case 128:
-      backward_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      backward_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, B, T, NH, KVH, stream);
       break;
     default: check_dims(false, "attention: HS must be 32, 64 or 128");
   }

@@ -241,14 +241,18 @@ void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, 
                        const int32_t* doc_start = nullptr);
 // dqkv (overwrite). Deterministic (no atomics): a dK/dV pass over key blocks (summing the query
 // heads of a kv head in head order) and a dQ pass over query blocks, both recomputing P
-// blockwise from lse. workspace (fp32 dO.O row sums):
-// attention_backward_workspace_bytes(B, T_, NH).
+// blockwise from lse. `deterministic = false` (train.deterministic; bf16 only, fp32 stays
+// deterministic): the dK/dV pass also accumulates dQ in fp32 with atomics and the dQ pass
+// becomes a conversion: less work, dQ's rounding varies between runs. workspace (fp32 dO.O row
+// sums, and the dQ accumulator [B,T,NH,HS] when not deterministic):
+// attention_backward_workspace_bytes(B, T_, NH, HS, deterministic).
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
                         cudaStream_t stream = nullptr, void* workspace = nullptr,
-                        const int32_t* doc_start = nullptr);
-size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH);
+                        const int32_t* doc_start = nullptr, bool deterministic = true);
+size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH, int64_t HS = 0,
+                                          bool deterministic = true);
 
 // ---------------------------------------------------------------- Llama ops (CPU twins in
 // kernels/cpu/ops.hpp, same conventions)
