@@ -30,9 +30,10 @@ test_packages=(
 )
 packages=("${build_packages[@]}" "${test_packages[@]}")
 # PyPI, pinned: tokenizers (data_tools/prepare_text.py); safetensors and tensorboard, the
-# independent readers of what `trident export` and log.tensorboard write (tests only).
-pypi=(tokenizers==0.23.3 safetensors==0.8.0 tensorboard==2.21.0)
-pypi_modules=(tokenizers safetensors tensorboard)
+# independent readers of what `trident export` and log.tensorboard write, and ml_dtypes, the
+# independent float8 conversions (tests only; 0.5.4: the last that takes Debian's numpy 1.24).
+pypi=(tokenizers==0.23.3 safetensors==0.8.0 tensorboard==2.21.0 ml_dtypes==0.5.4)
+pypi_modules=(tokenizers safetensors tensorboard ml_dtypes)
 for arg in "$@"; do
   case "$arg" in
     --demo)
