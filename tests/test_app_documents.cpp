@@ -101,7 +101,8 @@ TEST(DocumentsApp, PackedTrainingEqualsTrainingOnEachDocumentAlone) {
 }
 
 // Documents of uneven lengths (some crossing the windows' edges): pipeline stages (each needs
-// the tokens for its masks) and tensor parallelism with sequence parallelism train as one rank.
+// the tokens for its masks), tensor parallelism with sequence parallelism, and context
+// parallelism (documents crossing the ranks' chunks: the ring's masks) train as one rank.
 TEST(DocumentsApp, EveryLayoutTrainsAsOneRank) {
   const auto dir = scratch_dir("documents_layouts");
   const std::string common = run_dir_config(dir, {7, 20, 3, 41, 12}) +
@@ -112,7 +113,8 @@ TEST(DocumentsApp, EveryLayoutTrainsAsOneRank) {
   const Losses reference = losses(dir / "one");
   for (const std::string layout :
        {"--set parallel.pipeline=2",
-        "--set parallel.tensor=2 --set parallel.sequence_parallel=true"}) {
+        "--set parallel.tensor=2 --set parallel.sequence_parallel=true",
+        "--set parallel.context=2"}) {
     const fs::path log = dir / ("run_" + std::to_string(layout.size()));
     const std::string args = common + " " + layout + " --set log.dir=" + log.string();
     const auto r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " + trident_cmd(args));
@@ -148,8 +150,4 @@ TEST_F(DocumentsBadInput, EndOfDocumentTokenOutsideTheVocabulary) {
 TEST_F(DocumentsBadInput, PositionResetWithoutTheMask) {
   expect_refused("--set model.position_reset=true",
                  "model.position_reset = true restarts positions");
-}
-TEST_F(DocumentsBadInput, ContextParallelism) {
-  expect_refused("--set data.document_mask=true --set data.eod_id=1 --set parallel.context=2",
-                 "data.document_mask = true with parallel.context (2) > 1");
 }

@@ -6,6 +6,8 @@
 //    the full sequence: out, lse and dqkv, mapped back to global rows;
 //  * merge_forward against its formula and merge_backward against finite differences of
 //    sum(R * out) (the incoming out/lse held fixed), the rows each may write, lse = -inf;
+//  * packed documents: the same scheme with each row's document start (global positions, and
+//    the local ones of the diagonal block) against attention_forward with doc_start;
 //  * bitwise independence of the thread count;
 //  * rope_backward_at and position_embedding_*_at against their whole-sequence twins at
 //    positions t, and the transpose of rope_forward_at at scattered positions.
@@ -62,15 +64,42 @@ struct AttentionResult {
   std::vector<F> out, lse, dqkv;  // global layouts
 };
 
+// Packed documents of the whole sequences: doc_start [B, T] (empty: none), and per simulated
+// rank its rows' starts as positions in the sequence (the merges') and as local rows (the
+// diagonal block's: the first local row at or after the start), and its rows' positions.
+struct RingDocuments {
+  std::vector<int32_t> global;                               // [B, T]
+  std::vector<std::vector<int32_t>> start, local, positions;  // per rank: [B, Tl], [B, Tl], [Tl]
+  RingDocuments() = default;
+  RingDocuments(const RingShape& s, std::vector<int32_t> doc_start) : global(std::move(doc_start)) {
+    const int64_t Tl = s.Tl();
+    for (int64_t i = 0; i < s.N; i++) {
+      std::vector<int32_t> pos(Tl), st(s.B * Tl), loc(s.B * Tl);
+      for (int64_t r = 0; r < Tl; r++) pos[r] = static_cast<int32_t>(s.global_row(i, r));
+      for (int64_t b = 0; b < s.B; b++)
+        for (int64_t r = 0; r < Tl; r++) {
+          st[b * Tl + r] = global[b * s.T + pos[r]];
+          loc[b * Tl + r] = static_cast<int32_t>(
+              std::lower_bound(pos.begin(), pos.end(), st[b * Tl + r]) - pos.begin());
+        }
+      start.push_back(st);
+      local.push_back(loc);
+      positions.push_back(pos);
+    }
+  }
+  bool any() const { return !global.empty(); }
+};
+
 // The whole sequence on one rank: the reference.
 template <typename F>
 AttentionResult<F> full_attention(const RingShape& s, const std::vector<F>& qkv,
-                                  const std::vector<F>& dout) {
+                                  const std::vector<F>& dout, const RingDocuments& docs) {
   AttentionResult<F> r{std::vector<F>(s.B * s.T * s.C()), std::vector<F>(s.B * s.NH * s.T),
                        std::vector<F>(qkv.size())};
-  attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.NH, s.KVH, s.HS);
+  const int32_t* ds = docs.any() ? docs.global.data() : nullptr;
+  attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.NH, s.KVH, s.HS, ds);
   attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B,
-                     s.T, s.NH, s.KVH, s.HS);
+                     s.T, s.NH, s.KVH, s.HS, ds);
   return r;
 }
 
@@ -79,8 +108,11 @@ AttentionResult<F> full_attention(const RingShape& s, const std::vector<F>& qkv,
 // accumulated (starting from its owner's local one) by every rank that used it, then unpacked.
 template <typename F>
 AttentionResult<F> ring_attention(const RingShape& s, const std::vector<F>& qkv,
-                                  const std::vector<F>& dout) {
+                                  const std::vector<F>& dout, const RingDocuments& docs) {
   const int64_t N = s.N, B = s.B, Tl = s.Tl(), rows = B * Tl;
+  const auto local = [&](int64_t i) { return docs.any() ? docs.local[i].data() : nullptr; };
+  const auto start = [&](int64_t i) { return docs.any() ? docs.start[i].data() : nullptr; };
+  const auto positions = [&](int64_t j) { return docs.any() ? docs.positions[j].data() : nullptr; };
   std::vector<std::vector<F>> lqkv(N), ldout(N), out(N), lse(N), kv(N), dqkv(N), dkv(N);
   for (int64_t i = 0; i < N; i++) {
     lqkv[i] = to_local(qkv, s, i, s.CQ());
@@ -88,7 +120,8 @@ AttentionResult<F> ring_attention(const RingShape& s, const std::vector<F>& qkv,
     out[i].resize(rows * s.C());
     lse[i].resize(B * s.NH * Tl);
     kv[i].resize(rows * s.KVC());
-    attention_forward(out[i].data(), lse[i].data(), lqkv[i].data(), B, Tl, s.NH, s.KVH, s.HS);
+    attention_forward(out[i].data(), lse[i].data(), lqkv[i].data(), B, Tl, s.NH, s.KVH, s.HS,
+                      local(i));
     kv_pack(kv[i].data(), lqkv[i].data(), rows, s.NH, s.KVH, s.HS);
   }
   for (int64_t i = 0; i < N; i++)
@@ -96,13 +129,13 @@ AttentionResult<F> ring_attention(const RingShape& s, const std::vector<F>& qkv,
       const int64_t j = (i - step + N) % N;
       const BlockPair p = block_pair(s, i, j);
       attention_merge_forward(out[i].data(), lse[i].data(), lqkv[i].data(), kv[j].data(), B, Tl,
-                              p.q0, p.Tq, p.k0, p.Tk, s.NH, s.KVH, s.HS);
+                              p.q0, p.Tq, p.k0, p.Tk, s.NH, s.KVH, s.HS, start(i), positions(j));
     }
   for (int64_t i = 0; i < N; i++) {
     dqkv[i].resize(rows * s.CQ());
     dkv[i].resize(rows * s.KVC());
     attention_backward(dqkv[i].data(), ldout[i].data(), lqkv[i].data(), out[i].data(),
-                       lse[i].data(), B, Tl, s.NH, s.KVH, s.HS);
+                       lse[i].data(), B, Tl, s.NH, s.KVH, s.HS, local(i));
     kv_pack(dkv[i].data(), dqkv[i].data(), rows, s.NH, s.KVH, s.HS);
   }
   for (int64_t i = 0; i < N; i++)
@@ -111,7 +144,7 @@ AttentionResult<F> ring_attention(const RingShape& s, const std::vector<F>& qkv,
       const BlockPair p = block_pair(s, i, j);
       attention_merge_backward(dqkv[i].data(), dkv[j].data(), ldout[i].data(), lqkv[i].data(),
                                kv[j].data(), out[i].data(), lse[i].data(), B, Tl, p.q0, p.Tq,
-                               p.k0, p.Tk, s.NH, s.KVH, s.HS);
+                               p.k0, p.Tk, s.NH, s.KVH, s.HS, start(i), positions(j));
     }
   AttentionResult<F> r{std::vector<F>(B * s.T * s.C()), std::vector<F>(B * s.NH * s.T),
                        std::vector<F>(qkv.size())};
@@ -124,15 +157,30 @@ AttentionResult<F> ring_attention(const RingShape& s, const std::vector<F>& qkv,
   return r;
 }
 
+// `lengths`: packed documents, per sequence its documents' lengths (summing to T); empty: none.
 template <typename F>
-void check_ring(const RingShape& s, double tol) {
+void check_ring(const RingShape& s, double tol,
+                const std::vector<std::vector<int32_t>>& lengths = {}) {
   ASSERT_EQ(s.T % (2 * s.N), 0) << s.name();
   std::mt19937_64 rng(1000 + s.T + 10 * s.N + 100 * s.KVH);
   // Scores of a few units: rows far from uniform, so that misplaced keys show.
   const auto qkv = random_vec<F>(rng, s.B * s.T * s.CQ(), -1.5, 1.5);
   const auto dout = random_vec<F>(rng, s.B * s.T * s.C());
-  const AttentionResult<F> ref = full_attention(s, qkv, dout);
-  const AttentionResult<F> ring = ring_attention(s, qkv, dout);
+  RingDocuments docs;
+  if (!lengths.empty()) {
+    std::vector<int32_t> doc_start;
+    for (const auto& sequence : lengths) {
+      int32_t first = 0;
+      for (int32_t len : sequence) {
+        doc_start.insert(doc_start.end(), static_cast<size_t>(len), first);
+        first += len;
+      }
+    }
+    ASSERT_EQ(static_cast<int64_t>(doc_start.size()), s.B * s.T) << s.name();
+    docs = RingDocuments(s, std::move(doc_start));
+  }
+  const AttentionResult<F> ref = full_attention(s, qkv, dout, docs);
+  const AttentionResult<F> ring = ring_attention(s, qkv, dout, docs);
   int64_t compared = 0;
   const double e_out = max_rel_diff(ref.out, ring.out, &compared);
   const double e_lse = max_rel_diff(ref.lse, ring.lse, &compared);
@@ -142,7 +190,8 @@ void check_ring(const RingShape& s, double tol) {
   EXPECT_LE(e_dqkv, tol) << s.name() << " dqkv";
   ASSERT_EQ(compared, static_cast<int64_t>(ref.out.size() + ref.lse.size() + ref.dqkv.size()));
   ASSERT_GT(compared, 0);
-  std::cout << "[ring " << (sizeof(F) == 8 ? "double" : "float") << "] " << s.name()
+  std::cout << "[ring " << (sizeof(F) == 8 ? "double" : "float")
+            << (docs.any() ? ", documents" : "") << "] " << s.name()
             << " max rel err out " << std::scientific << std::setprecision(2) << e_out << " lse "
             << e_lse << " dqkv " << e_dqkv << " (" << compared << " values)" << std::endl;
 }
@@ -157,6 +206,17 @@ TEST(ContextAttention, RingMatchesFullAttentionDouble) {
   }
   check_ring<double>({2, 512, 2, 4, 2, 16}, 1e-12);
   check_ring<double>({2, 600, 2, 4, 1, 8}, 1e-12);
+}
+
+// Packed documents: lengths that end inside chunks and inside 128-row blocks, a one-row
+// document, a document spanning several chunks (and so several ranks), and a sequence that is
+// one document; every rank's merges then see parts of blocks, whole blocks and nothing.
+TEST(ContextAttention, RingWithDocumentsMatchesFullAttention) {
+  for (int64_t N : {1, 2, 4}) {
+    check_ring<double>({2, 296, N, 4, 2, 16}, 1e-12, {{30, 1, 100, 45, 120}, {296}});
+    check_ring<float>({2, 296, N, 4, 2, 16}, 1e-5, {{37, 37, 74, 148}, {5, 200, 91}});
+  }
+  check_ring<double>({1, 600, 2, 4, 1, 8}, 1e-12, {{140, 160, 1, 299}});
 }
 
 TEST(ContextAttention, RingMatchesFullAttentionFloat) {

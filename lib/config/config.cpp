@@ -340,7 +340,7 @@ const Key kKeys[] = {
    "sequence; a document ends with the token `data.eod_id`, which belongs to the document it "
    "ends (Megatron-LM's --reset-attention-mask, torchtitan's block-causal mask). Training "
    "and validation alike; the loss still counts every token. See docs/data.md.",
-   "needs `data.eod_id` in [0, `model.vocab_size`); not with `parallel.context` > 1"},
+   "needs `data.eod_id` in [0, `model.vocab_size`)"},
   {TRIDENT_KEY(data, eod_id), at_least(-1),
    "The end-of-document token id of the data (data_tools/prepare_text.py writes it to "
    "stats.json as eod_id; GPT-2's <|endoftext|> is 50256); -1: none.",
@@ -926,11 +926,6 @@ void check_documents(const Config& c, const std::string& source) {
   if (d.eod_id >= c.model.vocab_size)
     fail(source, "data.eod_id (" + int_text(d.eod_id) + ") must be < model.vocab_size (" +
                      int_text(c.model.vocab_size) + ")");
-  if (c.parallel.context > 1)
-    fail(source, "data.document_mask = true with parallel.context (" +
-                     int_text(c.parallel.context) +
-                     ") > 1: the context ring's kernels do not mask documents yet (set "
-                     "parallel.context = 1)");
 }
 
 // Constraints between keys (each is described in the `relations` text of its key).

@@ -182,15 +182,21 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   void kv_unpack(T* dqkv, const T* dkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
     cuda::kv_unpack(dqkv, dkv, N, NH, KVH, HS, s());
   }
+  // The ring's kernels do not mask documents on the GPU (the configuration refuses context
+  // parallelism there): packed documents are refused here too, never silently unmasked.
   void attention_merge_forward(T* out, Saved* lse, const T* qkv, const T* kv, int64_t B,
                                int64_t Tl, int64_t q0, int64_t Tq, int64_t k0, int64_t Tk,
-                               int64_t NH, int64_t KVH, int64_t HS) {
+                               int64_t NH, int64_t KVH, int64_t HS, const int32_t* doc_start,
+                               const int32_t*) {
+    refuse_ring_documents(doc_start);
     cuda::attention_merge_forward(out, lse, qkv, kv, B, Tl, q0, Tq, k0, Tk, NH, KVH, HS, s());
   }
   void attention_merge_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv,
                                 const T* out, const Saved* lse, int64_t B, int64_t Tl,
                                 int64_t q0, int64_t Tq, int64_t k0, int64_t Tk, int64_t NH,
-                                int64_t KVH, int64_t HS) {
+                                int64_t KVH, int64_t HS, const int32_t* doc_start,
+                                const int32_t*) {
+    refuse_ring_documents(doc_start);
     cuda::attention_merge_backward(
         dqkv, dkv, dout, qkv, kv, out, lse, B, Tl, q0, Tq, k0, Tk, NH, KVH, HS, s(),
         workspace(cuda::attention_merge_backward_workspace_bytes(B, Tq, NH)));
@@ -405,6 +411,11 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   cudaStream_t s() const { return dev_.stream(); }
   // Scratch shared by the kernels that need it, grown to the largest request (the old buffer is
   // freed with cudaFree, which waits for the work queued on it).
+  static void refuse_ring_documents(const int32_t* doc_start) {
+    if (doc_start)
+      throw Error("packed documents under context parallelism: the GPU's ring attention kernels "
+                  "do not mask documents yet");
+  }
   void* workspace(size_t bytes) {
     if (static_cast<int64_t>(bytes) > workspace_.size())
       workspace_ = DeviceArray<unsigned char>(dev_, static_cast<int64_t>(bytes));

@@ -21,6 +21,11 @@
 // log-sum-exp: the key/value block travels again (CP - 1 hops) and with it an accumulator of
 // its key/value gradient, which after CP hops is back on its owner.
 //
+// Packed documents (data.document_mask): each local row's document start, as a position in the
+// sequence for the merges (a block's keys are visible from that position on) and as a local
+// row for the diagonal block (the first local row at or after it: the local order keeps
+// positions increasing, so the visible keys stay a contiguous range there too).
+//
 // What crosses the group per layer and micro-batch, in elements of the activation type with
 // E = B Tl 2 KVH HS (one block): forward (CP - 1) E; backward (CP - 1) E of blocks and CP E of
 // gradients. Sends are posted before the step's attention and waited for after it, so a block
@@ -61,6 +66,14 @@ struct ContextLayout {
   }
 };
 
+// A micro-batch's document starts on this rank (K's memory; both nullptr without documents):
+// `local` [B,Tl] as local rows (the diagonal block's attention), `position` [B,Tl] as positions
+// in the sequence (the merges').
+struct RingDocuments {
+  const int32_t* local = nullptr;
+  const int32_t* position = nullptr;
+};
+
 // The ring attention of one rank (see above). Holds the blocks in flight (two key/value blocks
 // and two gradient accumulators, allocated for the largest micro-batch seen); the context
 // communicator counts what crosses the group.
@@ -79,20 +92,20 @@ class ContextRing {
 
   // out [B,Tl,NH HS], lse [B,NH,Tl] (the kernels' Saved) of the local queries against the whole
   // sequence's keys, from the local qkv [B,Tl,(NH+2KVH) HS] (q and k rotated).
-  void forward(K& k, T* out, Saved* lse, const T* qkv, int64_t B) {
+  void forward(K& k, T* out, Saved* lse, const T* qkv, int64_t B, RingDocuments docs = {}) {
     const int64_t Tl = layout_.rows(), N = B * Tl;
-    ensure(k.device(), B);
+    ensure(k, B);
     k.kv_pack(kv_[0].data(), qkv, N, NH_, KVH_, HS_);
     for (int step = 0; step < layout_.size; ++step) {
       Exchange ex;
       if (step + 1 < layout_.size) ex.start(*this, kv_[0].data(), kv_[1].data(), N, kTagKv);
       const int src = holder(step);
       if (step == 0)
-        k.attention_forward(out, lse, qkv, B, Tl, NH_, KVH_, HS_, nullptr);
+        k.attention_forward(out, lse, qkv, B, Tl, NH_, KVH_, HS_, docs.local);
       else
         visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
           k.attention_merge_forward(out, lse, qkv, kv_[0].data(), B, Tl, q0, Tq, k0, Tk, NH_,
-                                    KVH_, HS_);
+                                    KVH_, HS_, docs.position, key_positions(src, docs));
         });
       ex.finish();
       if (step + 1 < layout_.size) std::swap(kv_[0], kv_[1]);
@@ -102,9 +115,9 @@ class ContextRing {
   // dqkv [B,Tl,(NH+2KVH) HS] (overwrite) from dout [B,Tl,NH HS] and the forward's final out and
   // lse.
   void backward(K& k, T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* lse,
-                int64_t B) {
+                int64_t B, RingDocuments docs = {}) {
     const int64_t Tl = layout_.rows(), N = B * Tl;
-    ensure(k.device(), B);
+    ensure(k, B);
     k.kv_pack(kv_[0].data(), qkv, N, NH_, KVH_, HS_);
     for (int step = 0; step < layout_.size; ++step) {
       Exchange blocks;
@@ -114,12 +127,13 @@ class ContextRing {
       if (step == 0) {
         // The local block: dq from the local keys, and the local block's own dk, dv, which
         // start its accumulator.
-        k.attention_backward(dqkv, dout, qkv, out, lse, B, Tl, NH_, KVH_, HS_, nullptr);
+        k.attention_backward(dqkv, dout, qkv, out, lse, B, Tl, NH_, KVH_, HS_, docs.local);
         k.kv_pack(dkv_[0].data(), dqkv, N, NH_, KVH_, HS_);
       } else {
         visit(src, [&](int64_t q0, int64_t Tq, int64_t k0, int64_t Tk) {
           k.attention_merge_backward(dqkv, dkv_[0].data(), dout, qkv, kv_[0].data(), out, lse,
-                                     B, Tl, q0, Tq, k0, Tk, NH_, KVH_, HS_);
+                                     B, Tl, q0, Tq, k0, Tk, NH_, KVH_, HS_, docs.position,
+                                     key_positions(src, docs));
         });
       }
       // The accumulator follows its block; after the last step it goes home.
@@ -167,16 +181,31 @@ class ContextRing {
       v(tc, tc, int64_t{0}, tl);
   }
 
-  void ensure(Device& dev, int64_t B) {
+  void ensure(K& k, int64_t B) {
+    if (key_positions_.empty()) {  // each rank's rows' positions in the sequence (documents)
+      for (int r = 0; r < layout_.size; ++r) {
+        const ContextLayout of_r{r, layout_.size, layout_.seq_len};
+        std::vector<int32_t> host(static_cast<size_t>(of_r.rows()));
+        for (int64_t t = 0; t < of_r.rows(); ++t)
+          host[static_cast<size_t>(t)] = static_cast<int32_t>(of_r.position(t));
+        key_positions_.emplace_back(k.device(), of_r.rows());
+        k.upload_ids(key_positions_.back().data(), host.data(), of_r.rows());
+      }
+    }
     const int64_t n = B * layout_.rows() * 2 * KVH_ * HS_;
     if (kv_[0].size() >= n) return;
-    for (auto* a : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1]}) *a = DeviceArray<T>(dev, n);
+    for (auto* a : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1]}) *a = DeviceArray<T>(k.device(), n);
+  }
+  // The positions of rank src's rows, for the merges' masks (nullptr without documents).
+  const int32_t* key_positions(int src, const RingDocuments& docs) const {
+    return docs.position ? key_positions_[static_cast<size_t>(src)].data() : nullptr;
   }
 
   Communicator* group_ = nullptr;
   ContextLayout layout_;
   int64_t NH_ = 0, KVH_ = 0, HS_ = 0;
   DeviceArray<T> kv_[2], dkv_[2];
+  std::vector<DeviceArray<int32_t>> key_positions_;  // per rank of the group: [Tl]
 };
 
 }  // namespace trident

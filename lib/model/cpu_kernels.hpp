@@ -133,17 +133,21 @@ class CpuKernels {
   void kv_unpack(T* dqkv, const T* dkv, int64_t N, int64_t NH, int64_t KVH, int64_t HS) {
     cpu::kv_unpack(dqkv, dkv, N, NH, KVH, HS);
   }
+  // doc_start [B,Tl] and key_positions [Tl] (packed documents; nullptr: none): kernels/cpu/ops.hpp.
   void attention_merge_forward(T* out, Saved* lse, const T* qkv, const T* kv, int64_t B,
                                int64_t Tl, int64_t q0, int64_t Tq, int64_t k0, int64_t Tk,
-                               int64_t NH, int64_t KVH, int64_t HS) {
-    cpu::attention_merge_forward(out, lse, qkv, kv, B, Tl, q0, Tq, k0, Tk, NH, KVH, HS);
+                               int64_t NH, int64_t KVH, int64_t HS, const int32_t* doc_start,
+                               const int32_t* key_positions) {
+    cpu::attention_merge_forward(out, lse, qkv, kv, B, Tl, q0, Tq, k0, Tk, NH, KVH, HS, doc_start,
+                                 key_positions);
   }
   void attention_merge_backward(T* dqkv, T* dkv, const T* dout, const T* qkv, const T* kv,
                                 const T* out, const Saved* lse, int64_t B, int64_t Tl,
                                 int64_t q0, int64_t Tq, int64_t k0, int64_t Tk, int64_t NH,
-                                int64_t KVH, int64_t HS) {
+                                int64_t KVH, int64_t HS, const int32_t* doc_start,
+                                const int32_t* key_positions) {
     cpu::attention_merge_backward(dqkv, dkv, dout, qkv, kv, out, lse, B, Tl, q0, Tq, k0, Tk, NH,
-                                  KVH, HS);
+                                  KVH, HS, doc_start, key_positions);
   }
   void rope_backward_at(T* dqkv, const int32_t* positions, int64_t N, int64_t NH, int64_t KVH,
                         int64_t HS, double theta) {

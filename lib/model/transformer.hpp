@@ -86,6 +86,9 @@ class Transformer {
     // stage: each row's document start (model/documents.hpp) for attention, and with
     // ModelConfig::position_reset its position in its document. Empty otherwise.
     DeviceArray<int32_t> doc_start, doc_positions;  // [N]
+    // Under context parallelism: the local rows' document starts as positions in the sequence
+    // (the ring's merges; doc_start holds them as local rows). Empty otherwise.
+    DeviceArray<int32_t> doc_start_position;         // [N]
     std::vector<LayerActs> layers;         // the chunk's
     DeviceArray<T> output;                 // [Ns,C] residual stream leaving the chunk
     // [N,C] the final norm's output; after a training forward, its first [Ns,C] hold
@@ -386,7 +389,8 @@ class Transformer {
   // computed in.
   const int32_t* doc_start_ = nullptr;
   const int32_t* doc_positions_ = nullptr;
-  std::vector<int32_t> host_doc_start_, host_doc_positions_;
+  const int32_t* doc_start_position_ = nullptr;
+  std::vector<int32_t> host_doc_start_, host_doc_positions_, host_local_;
   std::vector<size_t> chunk_block0_;  // per chunk: its first layer's index in layout_.blocks
   // Widths on this rank: model, attention (heads), kv heads, fused qkv, MLP hidden, MLP up.
   int64_t C_, NHl_, KVHl_, HS_, Hl_, QKVl_, Fl_, Ul_;

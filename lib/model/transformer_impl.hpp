@@ -121,20 +121,36 @@ void Transformer<K>::read_documents(Activations& a, const int32_t* tokens) {
   if (!tokens)
     throw Error("Transformer::forward: packed documents (data.document_mask) need the "
                 "micro-batch's tokens on every pipeline stage");
-  const int64_t N = a.B * Tl_;
-  host_doc_start_.resize(static_cast<size_t>(N));
-  document_starts(host_doc_start_.data(), tokens, a.B, Tl_, shard_.document_eod);
-  k_.upload_ids(a.doc_start.data(), host_doc_start_.data(), N);
-  if (!config_.position_reset) return;
-  host_doc_positions_.resize(static_cast<size_t>(N));
-  document_positions(host_doc_positions_.data(), host_doc_start_.data(), a.B, Tl_);
-  k_.upload_ids(a.doc_positions.data(), host_doc_positions_.data(), N);
+  // The whole sequences' starts and positions (the tokens are whole sequences under context
+  // parallelism too), then the rank's rows of them.
+  const int64_t T = config_.seq_len, B = a.B, N = B * Tl_;
+  host_doc_start_.resize(static_cast<size_t>(B * T));
+  document_starts(host_doc_start_.data(), tokens, B, T, shard_.document_eod);
+  if (config_.position_reset) {
+    host_doc_positions_.resize(static_cast<size_t>(B * T));
+    document_positions(host_doc_positions_.data(), host_doc_start_.data(), B, T);
+    k_.upload_ids(a.doc_positions.data(), local_rows(host_doc_positions_.data(), B), N);
+  }
+  if (!ring_.active()) return k_.upload_ids(a.doc_start.data(), host_doc_start_.data(), N);
+  // The ring: the starts as positions (merges) and as local rows (the diagonal block): the
+  // first local row at or after the start, the local rows' positions increasing.
+  const ContextLayout& layout = ring_.layout();
+  host_local_.resize(static_cast<size_t>(N));
+  layout.take_local(host_local_.data(), host_doc_start_.data(), B);
+  k_.upload_ids(a.doc_start_position.data(), host_local_.data(), N);
+  std::vector<int64_t> position(static_cast<size_t>(Tl_));
+  for (int64_t t = 0; t < Tl_; ++t) position[static_cast<size_t>(t)] = layout.position(t);
+  for (int32_t& start : host_local_)
+    start = static_cast<int32_t>(std::lower_bound(position.begin(), position.end(), start) -
+                                 position.begin());
+  k_.upload_ids(a.doc_start.data(), host_local_.data(), N);
 }
 
 template <class K>
 void Transformer<K>::use_documents(const Activations& a) {
   doc_start_ = a.doc_start.size() > 0 ? a.doc_start.data() : nullptr;
   doc_positions_ = a.doc_positions.size() > 0 ? a.doc_positions.data() : nullptr;
+  doc_start_position_ = a.doc_start_position.size() > 0 ? a.doc_start_position.data() : nullptr;
 }
 
 template <class K>
@@ -310,6 +326,7 @@ typename Transformer<K>::Activations Transformer<K>::make_activations(int64_t B,
   if (shard_.masks_documents()) {
     a.doc_start = DeviceArray<int32_t>(dev, N);
     if (config_.position_reset) a.doc_positions = DeviceArray<int32_t>(dev, N);
+    if (shard_.cp_size > 1) a.doc_start_position = DeviceArray<int32_t>(dev, N);
   }
   const bool layernorm = !llama_;
   const size_t block0 = chunk_block0_[static_cast<size_t>(chunk)];
@@ -414,7 +431,8 @@ int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chu
     if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
   int64_t total = chunk_layers(chunk) * layer_activation_bytes(rows_config_, shape) +
                   moe_layers * moe_layer_extra_bytes(rows_config_, shape) + t * Ns * C + 8 * N;
-  if (shard_.masks_documents()) total += (config_.position_reset ? 8 : 4) * N;
+  if (shard_.masks_documents())
+    total += 4 * N * (1 + (config_.position_reset ? 1 : 0) + (shard_.cp_size > 1 ? 1 : 0));
   if (runs_head(chunk)) total += t * N * C + s * (stats * Ns + 4 * N);
   return total;
 }
@@ -877,7 +895,8 @@ void Transformer<K>::attention_backward(LayerActs& la, T* d_qkv, int64_t B) {
     saved = recompute_att_.data();
   }
   if (ring_.active())
-    ring_.backward(k_, d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B);
+    ring_.backward(k_, d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B,
+                   {doc_start_, doc_start_position_});
   else
     k_.attention_backward(d_qkv, d_atty_.data(), la.qkv.data(), out, saved, B, Tl_, NHl_,
                           KVHl_, HS_, doc_start_);
@@ -886,7 +905,7 @@ void Transformer<K>::attention_backward(LayerActs& la, T* d_qkv, int64_t B) {
 template <class K>
 void Transformer<K>::attention_forward(T* out, Saved* saved, const T* qkv, int64_t B) {
   if (ring_.active())
-    ring_.forward(k_, out, saved, qkv, B);
+    ring_.forward(k_, out, saved, qkv, B, {doc_start_, doc_start_position_});
   else
     k_.attention_forward(out, saved, qkv, B, Tl_, NHl_, KVHl_, HS_, doc_start_);
 }

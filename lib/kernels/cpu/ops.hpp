@@ -141,21 +141,28 @@ void kv_unpack(F* dqkv, const F* dkv, int64_t N, int64_t NH, int64_t KVH, int64_
 // visible: no mask), as if attention_forward had seen them all. Rows outside [q0, q0+Tq) are
 // untouched. The block's own result is computed with the online softmax and merged as
 //   lse' = log(exp(lse) + exp(lse_blk)),  out' = out exp(lse - lse') + out_blk exp(lse_blk - lse').
+// Packed documents: doc_start[B,Tl] (nullptr: none) holds each local query row's document
+// start as a position in the whole sequence, key_positions[Tl] each block row's position there
+// (non-decreasing); query row t then sees only the keys at positions >= doc_start[t] (a row
+// that sees none of the block keeps its out and lse).
 template <typename F>
 void attention_merge_forward(F* out, F* lse, const F* qkv, const F* kv, int64_t B, int64_t Tl,
                              int64_t q0, int64_t Tq, int64_t k0, int64_t Tk, int64_t NH,
-                             int64_t KVH, int64_t HS);
+                             int64_t KVH, int64_t HS, const int32_t* doc_start = nullptr,
+                             const int32_t* key_positions = nullptr);
 // The backward of one merged block, from the FINAL out and lse (after every merge) and dout
 // [B,Tl,NH*HS]: with P = exp(scale q k^T - lse) over the block and D = rowsum(dout * out),
 //   dv += P^T dout,  dS = P * (dout v^T - D),  dk += scale dS^T q,  dq += scale dS k.
 // ACCUMULATES: dq into the q columns of dqkv[B,Tl,(NH+2*KVH)*HS] rows [q0, q0+Tq), dk and dv
 // into dkv[B,Tl,2*KVH*HS] rows [k0, k0+Tk); nothing else is written. The sum of the blocks'
 // dq over all the keys a row sees, plus attention_backward's, is the row's dq.
+// doc_start, key_positions: the forward's.
 template <typename F>
 void attention_merge_backward(F* dqkv, F* dkv, const F* dout, const F* qkv, const F* kv,
                               const F* out, const F* lse, int64_t B, int64_t Tl, int64_t q0,
                               int64_t Tq, int64_t k0, int64_t Tk, int64_t NH, int64_t KVH,
-                              int64_t HS);
+                              int64_t HS, const int32_t* doc_start = nullptr,
+                              const int32_t* key_positions = nullptr);
 // rope_backward on N rows of dqkv[N,(NH+2*KVH)*HS] where row n is at position positions[n]:
 // the transpose of rope_forward_at (in place).
 template <typename F>
