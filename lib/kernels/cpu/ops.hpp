@@ -15,6 +15,8 @@
 //    (padded) vocabulary; ids and columns >= vocab_size (padding) never contribute.
 #include <cstdint>
 
+#include "util/fp8.hpp"
+
 namespace trident::cpu {
 
 // ---------------------------------------------------------------- embeddings
@@ -208,6 +210,17 @@ void gelu_forward(T* out, const T* inp, int64_t N);
 // dinp[N] = dout * gelu'(inp)   (overwrite)
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N);
+
+// ---------------------------------------------------------------- FP8 quantisation
+// max |x[i]| over n values (0 for n = 0; NaN if any value is NaN, so that a bad tensor cannot
+// hide in a scale).
+template <typename F>
+F abs_max(const F* x, int64_t n);
+// q[i] = fp8(x[i] * scale) in `format` (util/fp8.hpp: round to nearest even, saturating), as the
+// float of that FP8 value (not divided by the scale): a GEMM of two such tensors in fp32 is what
+// an FP8 tensor core computes before its output is multiplied by 1 / (scale_a * scale_b).
+template <typename F>
+void fp8_quantize(F* q, const F* x, int64_t n, float scale, Fp8Format format);
 
 // ---------------------------------------------------------------- residual
 // out[N] = a + b

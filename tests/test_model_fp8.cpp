@@ -1,0 +1,115 @@
+// The FP8 reference's pieces (train.precision = "fp8"): quantising a tensor on the CPU
+// (kernels/cpu/ops.hpp: abs_max, fp8_quantize) and the per-tensor scales of the current and
+// delayed recipes (model/fp8_scaling.hpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "model/fp8_scaling.hpp"
+#include "util/error.hpp"
+
+using namespace trident;
+
+namespace {
+
+TEST(Fp8Quantize, ValuesLandOnTheScaledGridAndAmaxIsExact) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> x(4099);
+  for (float& v : x) v = normal(rng);
+  x[17] = -40.f;  // the amax
+  EXPECT_EQ(cpu::abs_max(x.data(), static_cast<int64_t>(x.size())), 40.f);
+  for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const float scale = fp8_scale(40.f, 1.f, f, 0);  // 40 -> the format's largest value
+    std::vector<float> q(x.size());
+    cpu::fp8_quantize(q.data(), x.data(), static_cast<int64_t>(x.size()), scale, f);
+    const float step = f == Fp8Format::E4M3 ? 1.f / 16 : 1.f / 8;  // half an ulp, relative
+    int64_t checked = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(q[i], fp8_to_float(float_to_fp8(q[i], f), f)) << "off the grid at " << i;
+      if (std::fabs(x[i] * scale) >= fp8_spec(f).max_finite / 64) {  // normal range: relative
+        EXPECT_LE(std::fabs(q[i] / scale - x[i]), step * std::fabs(x[i]) * 1.0001f) << i;
+        ++checked;
+      }
+    }
+    EXPECT_EQ(q[17], -fp8_spec(f).max_finite) << fp8_name(f);
+    EXPECT_GT(checked, 3000) << fp8_name(f);
+  }
+  std::vector<float> with_nan = {1.f, std::nanf(""), 2.f};
+  EXPECT_TRUE(std::isnan(cpu::abs_max(with_nan.data(), 3)));
+  EXPECT_EQ(cpu::abs_max(with_nan.data(), 0), 0.f);
+}
+
+TEST(Fp8Scale, FormulaMarginAndTheValuesThatKeepThePreviousScale) {
+  EXPECT_EQ(fp8_scale(448.f, 1.f, Fp8Format::E4M3, 0), 1.f);
+  EXPECT_EQ(fp8_scale(2.f, 1.f, Fp8Format::E4M3, 0), 224.f);
+  EXPECT_EQ(fp8_scale(2.f, 1.f, Fp8Format::E4M3, 2), 56.f);
+  EXPECT_EQ(fp8_scale(57344.f, 1.f, Fp8Format::E5M2, 0), 1.f);
+  EXPECT_EQ(fp8_scale(0.f, 3.f, Fp8Format::E4M3, 0), 3.f);
+  EXPECT_EQ(fp8_scale(INFINITY, 3.f, Fp8Format::E4M3, 0), 3.f);
+  EXPECT_EQ(fp8_scale(std::nanf(""), 3.f, Fp8Format::E4M3, 0), 3.f);
+  EXPECT_EQ(fp8_scale(1e-45f, 3.f, Fp8Format::E4M3, 0), 3.f);  // the scale would overflow
+}
+
+TEST(Fp8DelayedScaling, TheScaleComesFromTheLastStepsAndNotFromTheCurrentOne) {
+  Fp8DelayedScaling s(Fp8Format::E4M3, 3, 0);
+  EXPECT_EQ(s.scale(), 1.f);  // no history yet
+  const float amax[] = {4.f, 2.f, 8.f, 1.f, 0.5f, 0.25f};
+  // The history's largest after each step, window of 3: 4, 4, 8, 8, 8, 1.
+  const float window_max[] = {4.f, 4.f, 8.f, 8.f, 8.f, 1.f};
+  for (int step = 0; step < 6; ++step) {
+    const float before = s.scale();
+    s.observe(amax[step] / 2);  // two uses in the step: the larger counts
+    s.observe(amax[step]);
+    EXPECT_EQ(s.step_amax(), amax[step]);
+    EXPECT_EQ(s.scale(), before) << "a use inside the step changed its scale";
+    s.end_step(s.step_amax());
+    EXPECT_EQ(s.scale(), 448.f / window_max[step]) << "after step " << step;
+    EXPECT_EQ(s.step_amax(), 0.f);
+  }
+  EXPECT_EQ(s.history(), (std::vector<float>{1.f, 0.5f, 0.25f}));
+}
+
+TEST(Fp8DelayedScaling, NotFiniteAndZeroAmaxesKeepTheScale) {
+  Fp8DelayedScaling s(Fp8Format::E5M2, 2, 1);
+  s.end_step(0.f);
+  EXPECT_EQ(s.scale(), 1.f);
+  s.end_step(4.f);
+  EXPECT_EQ(s.scale(), 57344.f / 4 / 2);
+  s.observe(std::nanf(""));
+  s.observe(1.f);  // NaN is kept over a later finite use
+  EXPECT_TRUE(std::isnan(s.step_amax()));
+  s.end_step(s.step_amax());
+  EXPECT_EQ(s.scale(), 57344.f / 4 / 2) << "the NaN step is left out of the maximum";
+  s.end_step(1.f);  // the window now holds NaN and 1
+  EXPECT_EQ(s.scale(), 57344.f / 1 / 2);
+}
+
+TEST(Fp8DelayedScaling, RestoredStateContinuesAsAnUnbrokenRun) {
+  Fp8DelayedScaling whole(Fp8Format::E4M3, 4, 0), first(Fp8Format::E4M3, 4, 0);
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> u(0.1f, 10.f);
+  std::vector<float> amax(20);
+  for (float& a : amax) a = u(rng);
+  for (int i = 0; i < 7; ++i) {
+    whole.end_step(amax[i]);
+    first.end_step(amax[i]);
+  }
+  Fp8DelayedScaling resumed(Fp8Format::E4M3, 4, 0);
+  resumed.restore(first.history(), first.scale());
+  for (int i = 7; i < 20; ++i) {
+    whole.end_step(amax[i]);
+    resumed.end_step(amax[i]);
+    EXPECT_EQ(resumed.scale(), whole.scale()) << "step " << i;
+    EXPECT_EQ(resumed.history(), whole.history()) << "step " << i;
+  }
+  EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 2, 0).restore(whole.history(), 1.f), Error);
+  EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 0, 0), Error);
+  EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 2, -1), Error);
+}
+
+}  // namespace
