@@ -504,7 +504,7 @@ TEST(ConfigReject, Choices) {
   EXPECT_ERROR("[train]\ndevice = \"gpu\"\n", "train.device (\"gpu\") must be cpu or cuda");
   EXPECT_ERROR("[train]\ndevice = \"CPU\"\n", "train.device (\"CPU\") must be cpu or cuda");
   EXPECT_ERROR("[train]\nprecision = \"fp16\"\n",
-               "train.precision (\"fp16\") must be fp32 or bf16");
+               "train.precision (\"fp16\") must be fp32, bf16 or fp8");
   const Config c = parse(
       "[parallel]\nschedule = \"gpipe\"\n[train]\ndevice = \"cuda\"\nprecision = \"bf16\"\n");
   EXPECT_EQ(c.parallel.schedule, "gpipe");

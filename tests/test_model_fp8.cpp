@@ -8,7 +8,10 @@
 #include <random>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/cpu_kernels.hpp"
+#include "model/fp8_linear.hpp"
 #include "model/fp8_scaling.hpp"
 #include "util/error.hpp"
 
@@ -110,6 +113,69 @@ TEST(Fp8DelayedScaling, RestoredStateContinuesAsAnUnbrokenRun) {
   EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 2, 0).restore(whole.history(), 1.f), Error);
   EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 0, 0), Error);
   EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 2, -1), Error);
+}
+
+// Fp8Linear on one rank against its formulas evaluated in double on the quantised values:
+//   out = (xq wq^T) / (sx sw) + b,  dx = (dyq wq) / (sg sw),  dw += (dyq^T xq) / (sg sx),
+//   db += sum_n dy; each scale max / amax of its tensor, dy in E5M2.
+TEST(Fp8Linear, ForwardAndBackwardAreTheirFormulas) {
+  const int64_t N = 37, C = 24, OC = 40;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto draw = [&](int64_t n, float s) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = s * normal(rng);
+    return v;
+  };
+  const auto x = draw(N * C, 2.f), w = draw(OC * C, 0.05f), b = draw(OC, 0.1f),
+             dy = draw(N * OC, 1e-3f);
+  auto self = make_self_communicator("tensor");
+  CpuKernels<float> k;
+  Fp8Settings settings;
+  settings.enabled = true;
+  Fp8Linear<CpuKernels<float>> fp8(settings, *self);
+  std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.5f), db(OC, 0.25f);
+  fp8.forward(k, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  fp8.backward(k, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+  auto quantised = [](const std::vector<float>& v, Fp8Format f, float& scale) {
+    scale = fp8_scale(cpu::abs_max(v.data(), static_cast<int64_t>(v.size())), 1.f, f, 0);
+    std::vector<double> q(v.size());
+    for (size_t i = 0; i < v.size(); ++i) q[i] = fp8_to_float(float_to_fp8(v[i] * scale, f), f);
+    return q;
+  };
+  float sx, sw, sg;
+  const auto xq = quantised(x, Fp8Format::E4M3, sx), wq = quantised(w, Fp8Format::E4M3, sw),
+             gq = quantised(dy, Fp8Format::E5M2, sg);
+  double worst = 0;
+  int64_t compared = 0;
+  auto check = [&](double got, double want, double scale) {
+    worst = std::max(worst, std::fabs(got - want) / scale);
+    ++compared;
+  };
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) acc += xq[n * C + c] * wq[o * C + c];
+      check(out[n * OC + o], acc / (double(sx) * sw) + b[o], 1.0);
+    }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int64_t o = 0; o < OC; ++o) acc += gq[n * OC + o] * wq[o * C + c];
+      check(dx[n * C + c], acc / (double(sg) * sw), 1e-3);
+    }
+  for (int64_t o = 0; o < OC; ++o) {
+    double bias = 0.25;
+    for (int64_t n = 0; n < N; ++n) bias += dy[n * OC + o];
+    check(db[o], bias, 1.0);  // (on top of 0.25: the float's rounding there)
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int64_t n = 0; n < N; ++n) acc += gq[n * OC + o] * xq[n * C + c];
+      check(dw[o * C + c], 0.5 + acc / (double(sg) * sx), 1.0);  // (on top of 0.5)
+    }
+  }
+  EXPECT_EQ(compared, N * OC + N * C + OC + OC * C);
+  EXPECT_LE(worst, 1e-6);  // fp32 accumulation of exact products, against double
 }
 
 }  // namespace

@@ -242,9 +242,29 @@ const Key kKeys[] = {
    {}, "more threads than a rank's share of cores only slow a run down"},
   {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}),
    "Compute device. cuda: one GPU per rank, picked by the rank's index within its node."},
-  {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16"}),
+  {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16", "fp8"}),
    "Compute precision. bf16 (cuda only): bf16 activations and GEMM inputs with fp32 "
-   "accumulation, fp32 master weights, gradients and optimizer state."},
+   "accumulation, fp32 master weights, gradients and optimizer state. fp8 (cpu only so far: "
+   "the reference of the GPU's FP8 path): the linear layers of the blocks (qkv, attention "
+   "output, MLP in and out) multiply operands quantised to FP8, activations and weights E4M3, "
+   "gradients `train.fp8_grad_format`, each tensor scaled by its current amax (Transformer "
+   "Engine's current scaling), fp32 accumulation; everything else, the master weights, "
+   "gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
+   "fp8: `train.device = \"cpu\"`, `model.moe_experts = 0`"},
+  {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),
+   "train.precision = \"fp8\": the format of the output gradients in the backward GEMMs. "
+   "e5m2 (the default, Transformer Engine's HYBRID recipe): 5 exponent bits, a range of "
+   "2^32 against e4m3's 2^18, for gradients whose magnitudes spread wider than activations'; "
+   "e4m3: one more mantissa bit."},
+  {TRIDENT_KEY(train, fp8_margin), between(0, 30),
+   "train.precision = \"fp8\": each scale leaves 2^margin of headroom under the format's "
+   "largest value (scale = max / amax / 2^margin)."},
+  {TRIDENT_KEY(train, fp8_skip_first_layers), at_least(0),
+   "train.precision = \"fp8\": this many layers at the start of the model keep their linear "
+   "layers in the high precision (the embedding, norms, attention and the LM head always do)."},
+  {TRIDENT_KEY(train, fp8_skip_last_layers), at_least(0),
+   "train.precision = \"fp8\": this many layers at the end of the model keep their linear "
+   "layers in the high precision."},
   {TRIDENT_KEY(train, deterministic), any(),
    "Every kernel gives the same bits on every run of the same layout (true, the default; "
    "resume is then bitwise). false: the GPU's bf16 attention backward accumulates dQ with "
@@ -913,6 +933,20 @@ void check_context(const Config& c, const std::string& source) {
                      "ring have not yet been checked on a GPU (use train.device = \"cpu\")");
 }
 
+// train.precision = "fp8": the CPU reference only, dense models only (so far).
+void check_fp8(const Config& c, const std::string& source) {
+  if (c.train.precision != "fp8") return;
+  if (c.train.device != "cpu")
+    fail(source, "train.precision = \"fp8\" with train.device = \"" + c.train.device +
+                     "\": the GPU's FP8 GEMMs are not built yet; the CPU reference is "
+                     "(train.device = \"cpu\")");
+  if (c.model.moe_experts > 0)
+    fail(source, "train.precision = \"fp8\" with model.moe_experts (" +
+                     int_text(c.model.moe_experts) +
+                     ") > 0: the experts' GEMMs have no FP8 form yet (use a dense model or "
+                     "train.precision = \"fp32\")");
+}
+
 // Packed documents (data.document_mask, model.position_reset).
 void check_documents(const Config& c, const std::string& source) {
   const DataConfig& d = c.data;
@@ -950,6 +984,7 @@ void check_relations(const Config& c, const std::string& source) {
   check_moe(c, source);
   check_context(c, source);
   check_documents(c, source);
+  check_fp8(c, source);
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;

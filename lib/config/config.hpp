@@ -85,6 +85,12 @@ struct TrainConfig {
   std::string precision = "fp32";   // "fp32" | "bf16"
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
   bool deterministic = true;  // false: the GPU's bf16 attention backward accumulates dQ atomically
+  // train.precision = "fp8" (model/fp8_linear.hpp): the gradients' format, the scales' margin
+  // (powers of two of headroom) and the layers at each end kept in high precision.
+  std::string fp8_grad_format = "e5m2";  // "e5m2" | "e4m3"
+  int64_t fp8_margin = 0;
+  int64_t fp8_skip_first_layers = 1;
+  int64_t fp8_skip_last_layers = 1;
   int64_t lm_head_chunk_rows = 0;   // rows per LM head + loss chunk; 0: the device's default
   double exit_after_minutes = 0.0;  // 0: no limit
   int64_t exit_interval = 0;        // stop after steps that are multiples of it; 0: never

@@ -35,6 +35,7 @@
 
 #include "config/config.hpp"
 #include "model/params.hpp"
+#include "util/fp8.hpp"
 
 namespace trident {
 
@@ -49,6 +50,20 @@ Recompute parse_recompute(const std::string& name);
 std::string to_string(Recompute r);
 
 // What part of the model this rank holds.
+// train.precision = "fp8" (model/fp8_linear.hpp): the linear layers of the blocks between the
+// first `skip_first` and the last `skip_last` layers of the model compute on FP8 operands
+// (activations and weights E4M3, gradients `grad_format`), scaled per tensor with `margin`.
+struct Fp8Settings {
+  bool enabled = false;
+  Fp8Format grad_format = Fp8Format::E5M2;
+  int margin = 0;
+  int64_t skip_first = 1, skip_last = 1;
+  // Whether layer `layer` (of `layers`) runs its linear layers in FP8.
+  bool covers(int64_t layer, int64_t layers) const {
+    return enabled && layer >= skip_first && layer < layers - skip_last;
+  }
+};
+
 struct ModelShard {
   int tp_rank = 0;
   int tp_size = 1;
@@ -95,6 +110,7 @@ struct ModelShard {
   // train.deterministic: false lets a kernel set trade bitwise reproducibility for speed (the
   // GPU's bf16 attention backward: atomic dQ); the CPU's kernels ignore it.
   bool deterministic = true;
+  Fp8Settings fp8;  // train.precision = "fp8"
   // ZeRO stage (optim.zero_stage; model/zero_shards.hpp): from 2 the model never allocates the
   // whole gradient buffer, from 3 nor the whole weights (its shards hold slices; set_zero).
   int zero_stage = 0;

@@ -94,6 +94,24 @@ class CpuKernels {
   }
 
   // doc_start [B,Tn] (K's memory, through upload_ids; nullptr: no documents).
+  // The FP8 reference (train.precision = "fp8"; model/fp8_linear.hpp): quantisation and the
+  // linear layer's GEMMs on quantised operands.
+  static constexpr bool has_fp8 = true;
+  float abs_max(const T* x, int64_t n) { return static_cast<float>(cpu::abs_max(x, n)); }
+  void fp8_quantize(T* q, const T* x, int64_t n, float scale, Fp8Format format) {
+    cpu::fp8_quantize(q, x, n, scale, format);
+  }
+  void fp8_linear_forward(T* out, const T* xq, const T* wq, const T* b, int64_t N, int64_t C,
+                          int64_t OC, float inv_scale) {
+    cpu::fp8_linear_forward(out, xq, wq, b, N, C, OC, static_cast<T>(inv_scale));
+  }
+  void fp8_linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* dyq, const T* xq,
+                           const T* wq, int64_t N, int64_t C, int64_t OC, float inv_dinp,
+                           float inv_dw) {
+    cpu::fp8_linear_backward(dinp, dw, db, dout, dyq, xq, wq, N, C, OC, static_cast<T>(inv_dinp),
+                             static_cast<T>(inv_dw));
+  }
+
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS, const int32_t* doc_start) {
     cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start);

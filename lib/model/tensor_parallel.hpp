@@ -26,6 +26,7 @@
 
 #include "comm/comm.hpp"
 #include "model/architecture.hpp"
+#include "model/fp8_linear.hpp"
 #include "tensor/device.hpp"
 
 namespace trident {
@@ -151,7 +152,25 @@ struct LinearParams {
   const typename K::T* b = nullptr;
   typename K::G* dw = nullptr;
   typename K::G* db = nullptr;
+  Fp8Linear<K>* fp8 = nullptr;  // the layer's GEMMs in FP8 (train.precision = "fp8"), else none
 };
+
+// K::linear_forward / linear_backward, or their FP8 forms when the layer has them.
+template <class K>
+void linear_forward(K& k, const LinearParams<K>& p, typename K::T* y, const typename K::T* x,
+                    const typename K::T* b, int64_t N, int64_t C, int64_t OC) {
+  if constexpr (kernels_have_fp8<K>)
+    if (p.fp8) return p.fp8->forward(k, y, x, p.w, b, N, C, OC);
+  k.linear_forward(y, x, p.w, b, N, C, OC);
+}
+template <class K>
+void linear_backward(K& k, const LinearParams<K>& p, typename K::T* dx, typename K::G* dw,
+                     typename K::G* db, const typename K::T* dy, const typename K::T* x,
+                     int64_t N, int64_t C, int64_t OC) {
+  if constexpr (kernels_have_fp8<K>)
+    if (p.fp8) return p.fp8->backward(k, dx, dw, db, dy, x, p.w, N, C, OC);
+  k.linear_backward(dx, dw, db, dy, x, p.w, N, C, OC);
+}
 
 // Y[N, out_local] = X[N, in] W_r^T + b_r: this rank's block of output features.
 template <class K>
@@ -163,7 +182,7 @@ struct ColumnParallelLinear {
   void forward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* y, T* x,
                int64_t N) const {
     tp.gather_input(x, N, in);
-    k.linear_forward(y, x, p.w, p.b, N, in, out_local);
+    linear_forward(k, p, y, x, p.b, N, in, out_local);
   }
   // Accumulates dW, db; returns the rank's rows of dL/dX (in dx_partial [N, in] or scratch).
   // x[N, in] as forward() takes it: this rank's rows at first_row(N) on entry (a norm output
@@ -171,8 +190,15 @@ struct ColumnParallelLinear {
   // the all-gather of x runs while dX is computed (dX does not read x), then dX's sum over the
   // group (reduce-scatter under SP) while dW, db are (TensorParallel's *_during). dX and dW
   // are independent GEMMs: the same bits as one linear_backward call.
+  // FP8 layers (p.fp8) quantise dy once for dX and dW, and reduce amaxes over the group: they
+  // gather x first and compute both before dX's reduction, without the overlap.
   const T* backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx_partial,
                     const T* dy, T* x, int64_t N) const {
+    if (p.fp8) {
+      tp.gather_input(x, N, in);
+      linear_backward(k, p, dx_partial, p.dw, p.db, dy, x, N, in, out_local);
+      return tp.reduce_input_grad(dx_partial, N, in);
+    }
     tp.gather_input_during(x, N, in, [&] {
       k.linear_backward(dx_partial, nullptr, nullptr, dy, x, p.w, N, in, out_local);
     });
@@ -185,11 +211,11 @@ struct ColumnParallelLinear {
   // the caller until then. No collective in weight_backward: dy and x are the rank's own.
   const T* input_backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx_partial,
                           const T* dy, const T* x, int64_t N) const {
-    k.linear_backward(dx_partial, nullptr, nullptr, dy, x, p.w, N, in, out_local);
+    linear_backward(k, p, dx_partial, nullptr, nullptr, dy, x, N, in, out_local);
     return tp.reduce_input_grad(dx_partial, N, in);
   }
   void weight_backward(K& k, const LinearParams<K>& p, const T* dy, const T* x, int64_t N) const {
-    k.linear_backward(nullptr, p.dw, p.db, dy, x, p.w, N, in, out_local);
+    linear_backward(k, p, nullptr, p.dw, p.db, dy, x, N, in, out_local);
   }
 };
 
@@ -203,14 +229,14 @@ struct RowParallelLinear {
   void forward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* y_rows, const T* x,
                int64_t N) const {
     T* partial = tp.partial_buffer(y_rows, N, out);
-    k.linear_forward(partial, x, p.w, tp.rank() == 0 ? p.b : nullptr, N, in_local, out);
+    linear_forward(k, p, partial, x, tp.rank() == 0 ? p.b : nullptr, N, in_local, out);
     tp.reduce_partials(y_rows, partial, N, out);
   }
   // dx[N, in_local] (overwrite); dW, db accumulate (db from all rows: the same on every rank).
   void backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx, const T* dy_rows,
                 const T* x, int64_t N) const {
-    k.linear_backward(dx, p.dw, p.db, tp.gather_output_grad(dy_rows, N, out), x, p.w, N, in_local,
-                      out);
+    linear_backward(k, p, dx, p.dw, p.db, tp.gather_output_grad(dy_rows, N, out), x, N, in_local,
+                    out);
   }
   // The split backward (zero-bubble schedules): dx as backward() does, no dW, db; the output
   // gradient of all N rows is copied into dy_kept [N, out] (the gather under SP is not redone
@@ -218,11 +244,11 @@ struct RowParallelLinear {
   void input_backward(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dx,
                       const T* dy_rows, const T* x, T* dy_kept, int64_t N) const {
     k.copy(dy_kept, tp.gather_output_grad(dy_rows, N, out), N * out);
-    k.linear_backward(dx, nullptr, nullptr, dy_kept, x, p.w, N, in_local, out);
+    linear_backward(k, p, dx, nullptr, nullptr, dy_kept, x, N, in_local, out);
   }
   void weight_backward(K& k, const LinearParams<K>& p, const T* dy_kept, const T* x,
                        int64_t N) const {
-    k.linear_backward(nullptr, p.dw, p.db, dy_kept, x, p.w, N, in_local, out);
+    linear_backward(k, p, nullptr, p.dw, p.db, dy_kept, x, N, in_local, out);
   }
 };
 

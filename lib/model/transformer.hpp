@@ -287,6 +287,10 @@ class Transformer {
   void begin_pass(int chunk, bool backward);
   void init_sharded_weights(uint64_t seed);
   LinearParams<K> linear(int weight, int bias);
+  // A dense linear layer of block i: linear(), in FP8 where train.precision = "fp8" covers the
+  // block's layer (Fp8Settings::covers).
+  LinearParams<K> dense(size_t i, int weight, int bias);
+  int64_t block_layer(size_t i) const;  // the model layer of block i
   void norm_forward(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t rows);
   void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const S* mean,
                      const S* rstd, int64_t rows);
@@ -382,6 +386,7 @@ class Transformer {
   int64_t Tl_;
   ModelConfig rows_config_;
   ContextRing<K> ring_;               // inactive (one rank) unless set_context_group
+  std::unique_ptr<Fp8Linear<K>> fp8_;  // train.precision = "fp8", else none
   DeviceArray<int32_t> positions_;    // positions(B)'s, for the largest B so far
   std::vector<int32_t> host_ids_;     // local_rows's
   // Packed documents: the micro-batch being run (forward / backward set them from its

@@ -60,6 +60,13 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   embedding_ = {C_, vocab_begin, local_vocab};
   loss_ = {local_vocab, vocab_begin, config.vocab_size};
   Device& dev = k_.device();
+  if (shard.fp8.enabled) {
+    if constexpr (kernels_have_fp8<K>)
+      fp8_ = std::make_unique<Fp8Linear<K>>(shard.fp8, tensor_comm);
+    else
+      throw Error("train.precision = \"fp8\": this kernel set has no FP8 GEMMs (the CPU's "
+                  "reference has them)");
+  }
   whole_ = FlatStore::whole(layout_.flat_size);
   // ZeRO-2/3 hold slices (set_zero): the whole buffers are never made, not even for a moment.
   if (shard.zero_stage < 3) {
@@ -91,6 +98,7 @@ void Transformer<K>::set_context_group(Communicator* group) {
     throw Error("model.seq_len = " + std::to_string(config_.seq_len) +
                 " is not divisible by 2 * parallel.context = " + std::to_string(2 * size));
   ring_ = ContextRing<K>(group, {rank, size, config_.seq_len}, NHl_, KVHl_, HS_);
+  if (fp8_) fp8_->set_context_group(group);
   if (config_.moe_experts > 0) moe_.set_context_group(group);
 }
 
@@ -184,6 +192,21 @@ const typename K::T* Transformer<K>::w(int i) const {
 template <class K>
 LinearParams<K> Transformer<K>::linear(int weight, int bias) {
   return {w(weight), w(bias), g(weight), g(bias)};
+}
+
+template <class K>
+int64_t Transformer<K>::block_layer(size_t i) const {
+  const auto chunks = shard_.layer_chunks();
+  for (size_t c = chunks.size(); c-- > 0;)
+    if (i >= chunk_block0_[c]) return chunks[c].first + static_cast<int64_t>(i - chunk_block0_[c]);
+  return 0;
+}
+
+template <class K>
+LinearParams<K> Transformer<K>::dense(size_t i, int weight, int bias) {
+  LinearParams<K> p = linear(weight, bias);
+  if (fp8_ && shard_.fp8.covers(block_layer(i), config_.layers)) p.fp8 = fp8_.get();
+  return p;
 }
 
 template <class K>
@@ -555,13 +578,13 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   T* norm1 = norm_scratch();
   norm_forward(norm1 + row0 * C, la.norm1_mean.data(), la.norm1_rstd.data(), input, p.norm1_w,
                p.norm1_b, Ns);
-  qkv_.forward(tp_, k_, linear(p.qkv_w, p.qkv_b), la.qkv.data(), norm1, N);
+  qkv_.forward(tp_, k_, dense(i, p.qkv_w, p.qkv_b), la.qkv.data(), norm1, N);
   if (llama_) rope_forward(la.qkv.data(), B);
   // Selective recomputation: attention's saved state lives in the workspace until the next
   // forward; the layer's backward recomputes it.
   Saved* saved = recompute_ == Recompute::Selective ? recompute_att_.data() : la.att.data();
   attention_forward(la.atty.data(), saved, la.qkv.data(), B);
-  proj_.forward(tp_, k_, linear(p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
+  proj_.forward(tp_, k_, dense(i, p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
   // MLP: output = residual1 + down(act(up(norm2(residual1)))); the residual add and norm2 in
   // one pass.
   T* norm2 = norm_scratch();  // norm1 is no longer read
@@ -570,10 +593,10 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   if (p.moe()) {
     moe_forward(p, la, norm2, output, B);
   } else {
-    up_.forward(tp_, k_, linear(p.up_w, p.up_b), la.up.data(), norm2, N);
+    up_.forward(tp_, k_, dense(i, p.up_w, p.up_b), la.up.data(), norm2, N);
     T* act = act_scratch();
     act_forward(act, la.up.data(), N);
-    down_.forward(tp_, k_, linear(p.down_w, p.down_b), output, act, N);
+    down_.forward(tp_, k_, dense(i, p.down_w, p.down_b), output, act, N);
   }
   k_.add_inplace(output, la.residual1.data(), Ns * C);
 }
@@ -842,10 +865,10 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   } else {
     if (defer_weights) {
       if (keeps_copies) recomputed_act(la, kept.act.data(), B);
-      down_.input_backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d, nullptr,
+      down_.input_backward(tp_, k_, dense(i, p.down_w, p.down_b), d_act_.data(), d, nullptr,
                            kept.d_down.data(), N);
     } else {
-      down_.backward(tp_, k_, linear(p.down_w, p.down_b), d_act_.data(), d,
+      down_.backward(tp_, k_, dense(i, p.down_w, p.down_b), d_act_.data(), d,
                      recomputed_act(la, act_scratch(), B), N);
     }
     if (llama_)
@@ -854,10 +877,10 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
       k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
     if (defer_weights) {
       if (keeps_copies) recomputed_norm2(la, kept.norm2.data(), i, B);
-      d_norm2 = up_.input_backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+      d_norm2 = up_.input_backward(tp_, k_, dense(i, p.up_w, p.up_b), d_norm_.data(), d_up,
                                    nullptr, N);
     } else {
-      d_norm2 = up_.backward(tp_, k_, linear(p.up_w, p.up_b), d_norm_.data(), d_up,
+      d_norm2 = up_.backward(tp_, k_, dense(i, p.up_w, p.up_b), d_norm_.data(), d_up,
                              recomputed_norm2(la, norm_scratch(), i, B, NormRows::Own), N);
     }
   }
@@ -865,18 +888,18 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
                             la.norm2_mean.data(), la.norm2_rstd.data(), Ns);  // dL/d(residual1)
   // Attention branch.
   if (defer_weights)
-    proj_.input_backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d,
+    proj_.input_backward(tp_, k_, dense(i, p.proj_w, p.proj_b), d_atty_.data(), d,
                          la.atty.data(), kept.d_proj.data(), N);
   else
-    proj_.backward(tp_, k_, linear(p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
+    proj_.backward(tp_, k_, dense(i, p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
   attention_backward(la, d_qkv, B);
   if (llama_) rope_backward(d_qkv, B);
   if (keeps_copies) recomputed_norm1(la, kept.norm1.data(), i, B);
   const T* d_norm1 =
       defer_weights
-          ? qkv_.input_backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
+          ? qkv_.input_backward(tp_, k_, dense(i, p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
                                 nullptr, N)
-          : qkv_.backward(tp_, k_, linear(p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
+          : qkv_.backward(tp_, k_, dense(i, p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
                           recomputed_norm1(la, norm_scratch(), i, B, NormRows::Own), N);
   norm_backward_into_stream(d, d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
                             la.norm1_mean.data(), la.norm1_rstd.data(), Ns);  // dL/d(input)
@@ -980,13 +1003,13 @@ void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
   const bool kept = la.act.size() > 0;
   if (!p.moe()) {  // a MoE layer's were accumulated by backward_input
     const T* act = kept ? la.act.data() : recomputed_act(la, act_scratch(), B);
-    down_.weight_backward(k_, linear(p.down_w, p.down_b), la.d_down.data(), act, N);
+    down_.weight_backward(k_, dense(i, p.down_w, p.down_b), la.d_down.data(), act, N);
     const T* norm2 = kept ? la.norm2.data() : recomputed_norm2(la, norm_scratch(), i, B);
-    up_.weight_backward(k_, linear(p.up_w, p.up_b), la.d_up.data(), norm2, N);
+    up_.weight_backward(k_, dense(i, p.up_w, p.up_b), la.d_up.data(), norm2, N);
   }
-  proj_.weight_backward(k_, linear(p.proj_w, p.proj_b), la.d_proj.data(), la.atty.data(), N);
+  proj_.weight_backward(k_, dense(i, p.proj_w, p.proj_b), la.d_proj.data(), la.atty.data(), N);
   const T* norm1 = kept ? la.norm1.data() : recomputed_norm1(la, norm_scratch(), i, B);
-  qkv_.weight_backward(k_, linear(p.qkv_w, p.qkv_b), la.d_qkv.data(), norm1, N);
+  qkv_.weight_backward(k_, dense(i, p.qkv_w, p.qkv_b), la.d_qkv.data(), norm1, N);
 }
 
 }  // namespace trident
@@ -1066,17 +1089,17 @@ void Transformer<K>::layer_decode(size_t i, KvCache& c) {
   const int64_t B = c.B;
   T* x = c.x.data();
   norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), x, p.norm1_w, p.norm1_b, B);
-  qkv_.forward(tp, k_, linear(p.qkv_w, p.qkv_b), c.qkv.data(), c.norm.data(), B);
+  qkv_.forward(tp, k_, dense(i, p.qkv_w, p.qkv_b), c.qkv.data(), c.norm.data(), B);
   if (llama_)
     k_.rope_forward_at(c.qkv.data(), c.positions.data(), B, NHl_, KVHl_, HS_, config_.rope_theta);
   k_.kv_cache_attention(c.atty.data(), c.k[i].data(), c.v[i].data(), c.qkv.data(),
                         c.positions.data(), B, config_.seq_len, NHl_, KVHl_, HS_);
-  proj_.forward(tp, k_, linear(p.proj_w, p.proj_b), c.residual.data(), c.atty.data(), B);
+  proj_.forward(tp, k_, dense(i, p.proj_w, p.proj_b), c.residual.data(), c.atty.data(), B);
   add_norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.residual.data(), x,
                    p.norm2_w, p.norm2_b, B);
-  up_.forward(tp, k_, linear(p.up_w, p.up_b), c.up.data(), c.norm.data(), B);
+  up_.forward(tp, k_, dense(i, p.up_w, p.up_b), c.up.data(), c.norm.data(), B);
   act_forward(c.act.data(), c.up.data(), B);
-  down_.forward(tp, k_, linear(p.down_w, p.down_b), x, c.act.data(), B);  // x is free again
+  down_.forward(tp, k_, dense(i, p.down_w, p.down_b), x, c.act.data(), B);  // x is free again
   k_.add_inplace(x, c.residual.data(), B * C_);
 }
 

@@ -66,9 +66,10 @@ Backend make_backend(const Config& config, const ParallelDims& dims, const Model
                 "CUDA (nvcc was not found when it was configured; see docs/gpu.md)");
 #endif
   }
-  if (config.train.precision != "fp32")
+  if (config.train.precision == "bf16")
     throw Error(config.source + ": train.precision = \"" + config.train.precision +
-                "\" needs train.device = \"cuda\"; the CPU backend computes in fp32");
+                "\" needs train.device = \"cuda\"; the CPU backend computes in fp32 (or "
+                "\"fp8\", the FP8 reference)");
   Backend b;
   b.device = make_cpu_device();
   // Host memory: the device communicators are the groups' own.

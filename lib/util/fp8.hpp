@@ -15,10 +15,12 @@
 //                 scaled tensor never turns into infinities or NaN by overflowing; NaN becomes
 //                 the canonical NaN 0x7F (sign dropped); -0 stays -0 (0x80).
 //   fp8_to_float: exact (every fp8 value is a float).
+//   fp8_round:    the two in one for float, on the float's bits (the quantiser's fast path).
 //
 // Header-only and C++17 (cmath, no bit_cast), like util/bf16.hpp.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace trident {
 
@@ -87,6 +89,34 @@ inline float fp8_to_float(uint8_t code, Fp8Format format) {
     v = std::ldexp(static_cast<float>(mantissa + (1 << m)), exponent - s.exponent_bias - m);
   }
   return (code & 0x80) ? -v : v;
+}
+
+// fp8_to_float(float_to_fp8(x * 1, format)) without the codes, for float: the value of the FP8
+// grid nearest x (ties to even), saturated at +-the largest finite value, NaN for NaN. The
+// quantiser's fast path: adding C = 2^(e - m + 23), whose float ulp is the grid's spacing
+// 2^(e - m) around x, makes the FPU round x to that spacing (ties to even), and subtracting C
+// is exact.
+inline float fp8_round(float x, Fp8Format format) {
+  const Fp8Spec s = fp8_spec(format);
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t sign = u & 0x80000000u, mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return x;  // NaN
+  float a;
+  std::memcpy(&a, &mag, sizeof a);
+  if (a > s.max_finite) return sign ? -s.max_finite : s.max_finite;  // saturate (infinities too)
+  int e = static_cast<int>(mag >> 23) - 127;  // float subnormals: -127, below every fp8 binade
+  if (e < s.min_exponent) e = s.min_exponent;
+  const uint32_t c_bits = static_cast<uint32_t>(e - s.mantissa_bits + 23 + 127) << 23;
+  float c;
+  std::memcpy(&c, &c_bits, sizeof c);
+  float r = (a + c) - c;  // (IEEE arithmetic: the compiler may not fold it without fast-math)
+  if (r > s.max_finite) r = s.max_finite;
+  uint32_t r_bits;
+  std::memcpy(&r_bits, &r, sizeof r_bits);
+  r_bits |= sign;
+  std::memcpy(&r, &r_bits, sizeof r);
+  return r;
 }
 
 }  // namespace trident

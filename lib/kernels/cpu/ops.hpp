@@ -221,6 +221,19 @@ F abs_max(const F* x, int64_t n);
 // an FP8 tensor core computes before its output is multiplied by 1 / (scale_a * scale_b).
 template <typename F>
 void fp8_quantize(F* q, const F* x, int64_t n, float scale, Fp8Format format);
+// The linear layer's GEMMs on quantised operands (fp8_quantize's xq[N,C], wq[OC,C], dyq[N,OC]),
+// each product's fp32 sum multiplied by its inverse scales, as an FP8 tensor core's output is:
+//   out = inv_scale (xq wq^T) + bias                        (bias may be nullptr)
+//   dinp = inv_dinp (dyq wq) (overwrite);  dweight += inv_dweight (dyq^T xq);
+//   dbias += sum_n dout[n] (the unquantised gradient, as linear_backward); each skipped when
+//   nullptr.
+template <typename F>
+void fp8_linear_forward(F* out, const F* xq, const F* wq, const F* bias, int64_t N, int64_t C,
+                        int64_t OC, F inv_scale);
+template <typename F>
+void fp8_linear_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* dyq, const F* xq,
+                         const F* wq, int64_t N, int64_t C, int64_t OC, F inv_dinp,
+                         F inv_dweight);
 
 // ---------------------------------------------------------------- residual
 // out[N] = a + b
