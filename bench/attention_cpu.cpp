@@ -18,22 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "attention_shape.hpp"
 #include "kernels/cpu/ops.hpp"
 
 namespace {
 
-struct Shape {
-  int64_t B, T, NH, KVH, HS;
-};
-
-bool parse_shape(const char* s, Shape& out) {
-  long long v[5];
-  if (std::sscanf(s, "%lld:%lld:%lld:%lld:%lld", &v[0], &v[1], &v[2], &v[3], &v[4]) != 5)
-    return false;
-  out = {v[0], v[1], v[2], v[3], v[4]};
-  return out.B > 0 && out.T > 0 && out.NH > 0 && out.KVH > 0 && out.HS > 0 &&
-         out.NH % out.KVH == 0;
-}
+using Shape = AttentionShape;
 
 template <typename Fn>
 double median_ms(int iters, Fn fn) {
@@ -96,7 +86,7 @@ int main(int argc, char** argv) {
       doc_lens.push_back(std::atoll(argv[++i]));
     } else {
       Shape s;
-      if (!parse_shape(argv[i], s)) {
+      if (!parse_attention_shape(argv[i], s)) {
         std::fprintf(stderr, "bench_attention_cpu: '%s' is not B:T:NH:KVH:HS\n", argv[i]);
         return 2;
       }

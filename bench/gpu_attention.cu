@@ -21,30 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "attention_shape.hpp"
+#include "gpu_fill.cuh"
 #include "kernels/cuda/ops.hpp"
 
 namespace {
 
 using trident::cuda::bf16;
-
-template <typename S>
-__global__ void fill_uniform(S* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;  // integer hash
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    const float v = static_cast<float>(x) * (2.0f / 4294967296.0f) - 1.0f;
-    if constexpr (sizeof(S) == 2) {
-      p[i] = __float2bfloat16_rn(v);
-    } else {
-      p[i] = v;
-    }
-  }
-}
 
 #define CHECK(call)                                                                  \
   do {                                                                               \
@@ -55,18 +38,7 @@ __global__ void fill_uniform(S* p, int64_t n, uint32_t seed) {
     }                                                                                \
   } while (0)
 
-struct Shape {
-  int64_t B, T, NH, KVH, HS;
-};
-
-bool parse_shape(const char* s, Shape& out) {
-  long long v[5];
-  if (std::sscanf(s, "%lld:%lld:%lld:%lld:%lld", &v[0], &v[1], &v[2], &v[3], &v[4]) != 5)
-    return false;
-  out = {v[0], v[1], v[2], v[3], v[4]};
-  return out.B > 0 && out.T > 0 && out.NH > 0 && out.KVH > 0 && out.HS > 0 &&
-         out.NH % out.KVH == 0;
-}
+using Shape = AttentionShape;
 
 // Median of `iters` timings (ms) of fn, after 3 warm-up calls.
 template <typename Fn>
@@ -152,7 +124,7 @@ int main(int argc, char** argv) {
       doc_len = std::atoll(argv[++i]);
     } else {
       Shape s;
-      if (!parse_shape(argv[i], s)) {
+      if (!parse_attention_shape(argv[i], s)) {
         std::fprintf(stderr, "gpu_attention: '%s' is not B:T:NH:KVH:HS\n", argv[i]);
         return 2;
       }

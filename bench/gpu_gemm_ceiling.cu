@@ -12,24 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "gpu_fill.cuh"
 #include "kernels/cuda/ops.hpp"
 
 namespace {
 
 using trident::cuda::bf16;
-
-__global__ void fill_uniform(bf16* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;  // integer hash
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    p[i] = __float2bfloat16_rn(static_cast<float>(x) * (2.0f / 4294967296.0f) - 1.0f);
-  }
-}
 
 struct Shape {
   std::string name;

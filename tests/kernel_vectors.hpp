@@ -1,5 +1,7 @@
 #pragma once
-// Vectors for the kernel tests: uniform random fill and a bit-for-bit comparison.
+// Vectors for the kernel tests: uniform random fill, a bit-for-bit comparison, and the document
+// starts of packed sequences.
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -17,6 +19,20 @@ std::vector<T> random_vec(std::mt19937_64& rng, size_t n, double lo = -1.0, doub
 template <typename T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
+}
+
+// Packed documents: each row's document start (model/documents.hpp's doc_start) of sequences
+// cut into documents of the given lengths, one list per sequence (each summing to its length).
+inline std::vector<int32_t> document_starts_of(const std::vector<std::vector<int32_t>>& lengths) {
+  std::vector<int32_t> starts;
+  for (const auto& sequence : lengths) {
+    int32_t first = 0;
+    for (int32_t len : sequence) {
+      starts.insert(starts.end(), static_cast<size_t>(len), first);
+      first += len;
+    }
+  }
+  return starts;
 }
 
 }  // namespace trident::test

@@ -37,6 +37,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests no
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "cuda_storage.hpp"
+#include "kernel_vectors.hpp"
 #include "util/error.hpp"
 
 namespace {
@@ -976,14 +977,7 @@ void run_document_attention(int64_t NH, int64_t KVH, int64_t HS,
   const int64_t B = static_cast<int64_t>(lengths.size());
   int64_t T = 0;
   for (int32_t len : lengths[0]) T += len;
-  std::vector<int32_t> doc_start;
-  for (const auto& sequence : lengths) {
-    int32_t first = 0;
-    for (int32_t len : sequence) {
-      doc_start.insert(doc_start.end(), static_cast<size_t>(len), first);
-      first += len;
-    }
-  }
+  const std::vector<int32_t> doc_start = trident::test::document_starts_of(lengths);
   ASSERT_EQ(static_cast<int64_t>(doc_start.size()), B * T);
   std::mt19937_64 rng(seed);
   const int64_t C = NH * HS, Ckv = KVH * HS, C3 = C + 2 * Ckv;

@@ -168,14 +168,7 @@ void check_ring(const RingShape& s, double tol,
   const auto dout = random_vec<F>(rng, s.B * s.T * s.C());
   RingDocuments docs;
   if (!lengths.empty()) {
-    std::vector<int32_t> doc_start;
-    for (const auto& sequence : lengths) {
-      int32_t first = 0;
-      for (int32_t len : sequence) {
-        doc_start.insert(doc_start.end(), static_cast<size_t>(len), first);
-        first += len;
-      }
-    }
+    std::vector<int32_t> doc_start = document_starts_of(lengths);
     ASSERT_EQ(static_cast<int64_t>(doc_start.size()), s.B * s.T) << s.name();
     docs = RingDocuments(s, std::move(doc_start));
   }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_vectors.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -26,6 +27,7 @@
 namespace {
 
 using namespace trident::cpu;
+using trident::test::document_starts_of;  // kernel_vectors.hpp
 using Vec = std::vector<double>;
 using Tensors = std::map<std::string, Vec>;
 
@@ -416,20 +418,6 @@ TEST(KernelsGrad, AttentionGqaPeakedSoftmax) {
   op.qkv_scale = 3.0;
   fd_worst(op, "attention (gqa, peaked)");
 }
-// Document starts of sequences of T rows cut into documents of the given lengths (each list
-// sums to T), one list per sequence.
-std::vector<int32_t> document_starts_of(const std::vector<std::vector<int32_t>>& lengths) {
-  std::vector<int32_t> starts;
-  for (const auto& sequence : lengths) {
-    int32_t first = 0;
-    for (int32_t len : sequence) {
-      for (int32_t i = 0; i < len; i++) starts.push_back(first);
-      first += len;
-    }
-  }
-  return starts;
-}
-
 TEST(KernelsGrad, AttentionDocuments) {
   AttentionOp op;  // a one-row document, one at the start, one at the end
   op.T = 7;

@@ -122,6 +122,15 @@ bool rows_aligned16(int64_t C, const Ptrs*... ptrs) {
   return C % Pack<T>::kSize == 0 && (aligned16(ptrs) && ...);
 }
 
+// residual[0, C) += x[0, C), rounded to T as add_inplace does, lane `lane` of a warp taking
+// columns lane, lane + 32, ...: the first pass of the fused add + norm kernels (layernorm.cu,
+// llama.cu), whose norm then reads back the columns each lane wrote.
+template <typename T>
+__device__ __forceinline__ void add_row(T* residual, const T* x, int64_t C, int lane) {
+  for (int64_t c = lane; c < C; c += 32)
+    residual[c] = from_f32<T>(to_f32(residual[c]) + to_f32(x[c]));
+}
+
 // ---------------------------------------------------------------- reductions
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

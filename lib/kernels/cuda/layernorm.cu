@@ -69,9 +69,7 @@ __global__ void add_layernorm_forward_kernel(T* __restrict__ out, float* __restr
   const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= N) return;
   T* r = residual + row * C;
-  const T* a = x + row * C;
-  for (int64_t c = lane; c < C; c += 32)
-    r[c] = detail::from_f32<T>(detail::to_f32(r[c]) + detail::to_f32(a[c]));
+  detail::add_row(r, x + row * C, C, lane);
   layernorm_row(out, mean, rstd, static_cast<const T*>(r), weight, bias, row, C, lane);
 }
 
