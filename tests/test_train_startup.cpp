@@ -119,11 +119,24 @@ TEST(RankMemory, ContextParallelHoldsTheRowsOfAHalfLengthSequence) {
 // weights and gradients, the backward's scratch included (it was left out: a 32K-token run on
 // one rank passed the check under a 1 GiB address-space limit and then died of bad_alloc,
 // found by bench/context_parallel.py), and not much more.
+// fp8 (the quantised copies in the backward's scratch) with packed documents (their starts
+// and positions per micro-batch) too.
 TEST(RankMemory, CoversWhatAStepAllocates) {
+  for (const bool fp8_documents : {false, true})
   for (const char* seq : {"64", "1024"}) {
-    const Config c = tiny({std::string("model.seq_len=") + seq, "train.micro_batch=1",
-                           "train.global_batch=1"});
-    const ModelShard shard = ModelShard::whole(c.model);
+    std::vector<std::string> sets = {std::string("model.seq_len=") + seq, "train.micro_batch=1",
+                                     "train.global_batch=1"};
+    if (fp8_documents)
+      sets.insert(sets.end(), {"train.precision=\"fp8\"", "data.document_mask=true",
+                               "data.eod_id=7", "model.position_reset=true",
+                               "train.fp8_skip_first_layers=0", "train.fp8_skip_last_layers=0"});
+    const Config c = tiny(sets);
+    ModelShard shard = ModelShard::whole(c.model);
+    if (fp8_documents) {
+      shard.fp8.enabled = true;
+      shard.fp8.skip_first = shard.fp8.skip_last = 0;
+      shard.document_eod = 7;
+    }
     auto self = make_self_communicator("tensor");
     CpuModel<float> model(c.model, shard, *self);
     model.init_weights(1);
@@ -139,11 +152,11 @@ TEST(RankMemory, CoversWhatAStepAllocates) {
     }
     const double measured = static_cast<double>(device.peak_allocated_bytes() - state);
     const double estimated = estimate_rank_memory(c, shard, 1).activation_bytes;
-    std::printf("[ measured ] seq_len %s: a step allocates %.0f bytes beyond the state, the "
+    std::printf("[ measured ] seq_len %s%s: a step allocates %.0f bytes beyond the state, the "
                 "estimate %.0f\n",
-                seq, measured, estimated);
-    EXPECT_GE(estimated, measured) << "seq_len " << seq;
-    EXPECT_LE(estimated, 1.5 * measured) << "seq_len " << seq;
+                seq, fp8_documents ? ", fp8 and documents" : "", measured, estimated);
+    EXPECT_GE(estimated, measured) << "seq_len " << seq << (fp8_documents ? " fp8" : "");
+    EXPECT_LE(estimated, 1.5 * measured) << "seq_len " << seq << (fp8_documents ? " fp8" : "");
   }
 }
 

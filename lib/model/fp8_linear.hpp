@@ -85,8 +85,13 @@ class Fp8Linear {
     if (context_) context_->all_reduce(&amax, 1, DType::F32, ReduceOp::Max);
     return fp8_scale(amax, 1.0f, format, s_.margin);
   }
+  // Grown to the largest call's size; the old buffer is freed first (its contents are not
+  // needed), so growing never holds both.
   T* scratch(K& k, DeviceArray<T>& buf, int64_t n) {
-    if (buf.size() < n) buf = DeviceArray<T>(k.device(), n);
+    if (buf.size() < n) {
+      buf = DeviceArray<T>();
+      buf = DeviceArray<T>(k.device(), n);
+    }
     return buf.data();
   }
 

@@ -205,6 +205,11 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   int64_t bytes = s.element_bytes * w.N * (3 * w.C + w.QKVl + w.Hl + w.Ul + w.Fl);
   if (s.sequence_parallel && s.tp > 1) bytes += s.element_bytes * (2 * w.N + w.Ns) * w.C;
+  if (s.fp8) {  // the quantised copies of the largest input, weight and output gradient
+    const int64_t input = std::max({w.C, w.Hl, w.Fl}), output = std::max({w.QKVl, w.C, w.Ul});
+    const int64_t weight = std::max({w.QKVl * w.C, w.C * w.Hl, w.Ul * w.C, w.C * w.Fl});
+    bytes += s.element_bytes * (w.N * (input + output) + weight);
+  }
   return bytes;
 }
 

@@ -72,6 +72,9 @@ struct ActivationShape {
   // (trident plan --attention materialized).
   int64_t attention_saved_per_row = 1;
   int64_t attention_saved_bytes = 4;
+  // train.precision = "fp8": the linear layers quantise their operands into scratch
+  // (model/fp8_linear.hpp), counted in backward_scratch_bytes.
+  bool fp8 = false;
 };
 
 // Bytes one layer keeps per micro-batch from its forward to its backward. With N = B*T rows,
