@@ -48,8 +48,8 @@ TEST(Fp8App, TracksFp32) {
   const std::string common = fp8_args(dir, "--set train.steps=30 --set eval.interval=10");
   const auto a = run_command(trident_cmd(common + " --set log.dir=" + (dir / "fp32").string()));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  const auto b = run_command(trident_cmd(common + " --set train.precision=\\\"fp8\\\" --set log.dir=" +
-                                         (dir / "fp8").string()));
+  const auto b = run_command(trident_cmd(common + " --set train.precision=\\\"fp8\\\"" +
+                                         " --set log.dir=" + (dir / "fp8").string()));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("precision fp8"), std::string::npos) << b.output;
   const Losses x = read_run(dir / "fp32"), y = read_run(dir / "fp8");
@@ -85,8 +85,9 @@ TEST(Fp8App, EveryLayoutWithinTheBoundOfOneRank) {
   const Losses ref = read_run(dir / "one");
   ASSERT_EQ(ref.loss.size(), 8u);
   for (const std::string layout :
-       {"--set parallel.tensor=2 --set parallel.sequence_parallel=true", "--set parallel.pipeline=2",
-        "--set parallel.context=2", "--set parallel.data=2 --set optim.zero_stage=1"}) {
+       {"--set parallel.tensor=2 --set parallel.sequence_parallel=true",
+        "--set parallel.pipeline=2", "--set parallel.context=2",
+        "--set parallel.data=2 --set optim.zero_stage=1"}) {
     const fs::path log = dir / ("run_" + std::to_string(layout.size()));
     const std::string args = common + " " + layout + " --set log.dir=" + log.string();
     const auto r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " + trident_cmd(args));
@@ -124,8 +125,8 @@ TEST(Fp8App, ResumeIsBitwiseIdentical) {
 
 TEST(Fp8App, WhatIsNotBuiltIsRefusedNamingTheKey) {
   const auto dir = scratch_dir("fp8_bad");
-  const auto cuda = run_command(
-      trident_cmd(fp8_args(dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\"")));
+  const auto cuda = run_command(trident_cmd(fp8_args(
+      dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\"")));
   EXPECT_NE(cuda.exit_code, 0) << cuda.output;
   EXPECT_NE(cuda.output.find("train.precision = \"fp8\" with train.device = \"cuda\""),
             std::string::npos)

@@ -53,7 +53,8 @@ template <typename F>
 void fp8_linear_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* dyq, const F* xq,
                          const F* wq, int64_t N, int64_t C, int64_t OC, F inv_dinp,
                          F inv_dweight) {
-  if (dbias != nullptr) linear_backward<F>(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, C, OC);
+  if (dbias != nullptr)
+    linear_backward<F>(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, C, OC);
   if (dweight != nullptr)
     gemm<F>(true, false, OC, C, N, inv_dweight, dyq, OC, xq, C, F(1), dweight, C);
   if (dinp != nullptr) gemm<F>(false, false, N, C, OC, inv_dinp, dyq, OC, wq, C, F(0), dinp, C);
