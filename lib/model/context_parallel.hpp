@@ -53,6 +53,13 @@ struct ContextLayout {
     const int64_t tc = chunk_rows();
     return t < tc ? rank * tc + t : (2 * size - 1 - rank) * tc + (t - tc);
   }
+  // position(t) of every local row, in order (increasing).
+  std::vector<int32_t> positions() const {
+    std::vector<int32_t> out(static_cast<size_t>(rows()));
+    for (int64_t t = 0; t < rows(); ++t)
+      out[static_cast<size_t>(t)] = static_cast<int32_t>(position(t));
+    return out;
+  }
   // local[b * Tl + t] = global[b * T + position(t)] for B sequences (tokens, targets).
   template <typename V>
   void take_local(V* local, const V* global, int64_t B) const {
@@ -184,12 +191,11 @@ class ContextRing {
   void ensure(K& k, int64_t B) {
     if (key_positions_.empty()) {  // each rank's rows' positions in the sequence (documents)
       for (int r = 0; r < layout_.size; ++r) {
-        const ContextLayout of_r{r, layout_.size, layout_.seq_len};
-        std::vector<int32_t> host(static_cast<size_t>(of_r.rows()));
-        for (int64_t t = 0; t < of_r.rows(); ++t)
-          host[static_cast<size_t>(t)] = static_cast<int32_t>(of_r.position(t));
-        key_positions_.emplace_back(k.device(), of_r.rows());
-        k.upload_ids(key_positions_.back().data(), host.data(), of_r.rows());
+        const std::vector<int32_t> host =
+            ContextLayout{r, layout_.size, layout_.seq_len}.positions();
+        const int64_t rows = static_cast<int64_t>(host.size());
+        key_positions_.emplace_back(k.device(), rows);
+        k.upload_ids(key_positions_.back().data(), host.data(), rows);
       }
     }
     const int64_t n = B * layout_.rows() * 2 * KVH_ * HS_;

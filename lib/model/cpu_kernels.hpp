@@ -101,15 +101,19 @@ class CpuKernels {
   void fp8_quantize(T* q, const T* x, int64_t n, float scale, Fp8Format format) {
     cpu::fp8_quantize(q, x, n, scale, format);
   }
+  // The linear layer on quantised operands (xq[N,C], wq[OC,C], dyq[N,OC]), each product's sum
+  // times its inverse scales, as an FP8 tensor core's output; the bias gradient from the
+  // unquantised dout.
   void fp8_linear_forward(T* out, const T* xq, const T* wq, const T* b, int64_t N, int64_t C,
                           int64_t OC, float inv_scale) {
-    cpu::fp8_linear_forward(out, xq, wq, b, N, C, OC, static_cast<T>(inv_scale));
+    cpu::linear_forward(out, xq, wq, b, N, C, OC, static_cast<T>(inv_scale));
   }
   void fp8_linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* dyq, const T* xq,
                            const T* wq, int64_t N, int64_t C, int64_t OC, float inv_dinp,
                            float inv_dw) {
-    cpu::fp8_linear_backward(dinp, dw, db, dout, dyq, xq, wq, N, C, OC, static_cast<T>(inv_dinp),
-                             static_cast<T>(inv_dw));
+    if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
+    cpu::linear_backward<T>(dinp, dw, nullptr, dyq, xq, wq, N, C, OC, static_cast<T>(inv_dinp),
+                            static_cast<T>(inv_dw));
   }
 
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,

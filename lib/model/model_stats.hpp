@@ -108,6 +108,13 @@ int64_t recomputed_activation_bytes(const ModelConfig& m, const ActivationShape&
 //   per-sequence aux and z losses). 0 for a dense model.
 int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
 
+// What packed documents (data.document_mask) add to a micro-batch of N rows on a rank: each
+// row's document start, its position with model.position_reset, and under context parallelism
+// the start as a position too (Transformer::Activations), int32 each.
+inline int64_t document_bytes(int64_t N, bool position_reset, int cp_size) {
+  return 4 * N * (1 + (position_reset ? 1 : 0) + (cp_size > 1 ? 1 : 0));
+}
+
 // Bytes a rank holds once (not per micro-batch) to recompute in: selective, one layer's A plus
 // the recomputed attention output e*N*Hl; full, one layer's stash under none plus its discarded
 // output e*Ns*C (plus a MoE layer's extra under none when the model has MoE layers); none, 0.

@@ -146,8 +146,7 @@ void Transformer<K>::read_documents(Activations& a, const int32_t* tokens) {
   host_local_.resize(static_cast<size_t>(N));
   layout.take_local(host_local_.data(), host_doc_start_.data(), B);
   k_.upload_ids(a.doc_start_position.data(), host_local_.data(), N);
-  std::vector<int64_t> position(static_cast<size_t>(Tl_));
-  for (int64_t t = 0; t < Tl_; ++t) position[static_cast<size_t>(t)] = layout.position(t);
+  const std::vector<int32_t> position = layout.positions();
   for (int32_t& start : host_local_)
     start = static_cast<int32_t>(std::lower_bound(position.begin(), position.end(), start) -
                                  position.begin());
@@ -455,8 +454,7 @@ int64_t Transformer<K>::activation_bytes(int64_t B, bool split_backward, int chu
     if (layout_.blocks[block0 + static_cast<size_t>(l)].moe()) ++moe_layers;
   int64_t total = chunk_layers(chunk) * layer_activation_bytes(rows_config_, shape) +
                   moe_layers * moe_layer_extra_bytes(rows_config_, shape) + t * Ns * C + 8 * N;
-  if (shard_.masks_documents())
-    total += 4 * N * (1 + (config_.position_reset ? 1 : 0) + (shard_.cp_size > 1 ? 1 : 0));
+  if (shard_.masks_documents()) total += document_bytes(N, config_.position_reset, shard_.cp_size);
   if (runs_head(chunk)) total += t * N * C + s * (stats * Ns + 4 * N);
   return total;
 }

@@ -194,8 +194,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   // The micro-batch's token and target ids; on the last stage the final norm's output and the
   // loss statistics (Transformer::activation_bytes).
   stash += 8.0 * N;
-  if (config.data.document_mask)  // the documents' starts (and positions, and under CP both forms)
-    stash += 4.0 * N * (1 + (m.position_reset ? 1 : 0) + (shard.cp_size > 1 ? 1 : 0));
+  if (config.data.document_mask)
+    stash += static_cast<double>(document_bytes(static_cast<int64_t>(N), m.position_reset,
+                                                shard.cp_size));
   if (shard.has_head) stash += act * N * C + 4.0 * ((m.is_llama() ? 1.0 : 2.0) * rows + 4.0 * N);
   // As many as the schedule holds at once on this stage; under interleaved its peak counts
   // chunk stashes, 1/v of the stage's layers each.

@@ -15,28 +15,29 @@ namespace {
 struct BiasSums;  // linear_backward's per-thread bias sums (thread_scratch)
 }  // namespace
 
-// out = inp @ weight^T + bias. With beta = 0 OpenBLAS first zero-fills `out`; writing the bias
-// rows instead and calling with beta = 1 makes the bias add free.
+// out = scale (inp @ weight^T) + bias. With beta = 0 OpenBLAS first zero-fills `out`; writing the
+// bias rows instead and calling with beta = 1 makes the bias add free.
 template <typename T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
-                    int64_t OC) {
+                    int64_t OC, T scale) {
   T beta = T(0);
   if (bias != nullptr) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) std::memcpy(out + n * OC, bias, sizeof(T) * OC);
     beta = T(1);
   }
-  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, beta, out, OC);
+  gemm<T>(false, true, N, OC, C, scale, inp, C, weight, C, beta, out, OC);
 }
 
-// dinp = dout @ weight (overwrite);  dweight += dout^T @ inp;  dbias += sum_n dout[n]
+// dinp = dinp_scale (dout @ weight) (overwrite);  dweight += dweight_scale (dout^T @ inp);
+// dbias += sum_n dout[n]
 // (accumulate). Any of dinp, dweight, dbias may be nullptr: the split backward of the
 // zero-bubble schedules computes dinp alone first and dweight, dbias later.
 // dbias: threads split the columns and sum the rows in order (deterministic for any thread
 // count) into a local double sum (N can be many thousand rows), added to dbias once.
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t N, int64_t C, int64_t OC) {
+                     int64_t N, int64_t C, int64_t OC, T dinp_scale, T dweight_scale) {
   if (dbias != nullptr) {
     constexpr int64_t kAlign = 64 / sizeof(T);
     const int64_t blocks = (OC + kAlign - 1) / kAlign;
@@ -61,14 +62,16 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     }
   }
   if (dweight != nullptr)
-    gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
-  if (dinp != nullptr) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(0), dinp, C);
+    gemm<T>(true, false, OC, C, N, dweight_scale, dout, OC, inp, C, T(1), dweight, C);
+  if (dinp != nullptr)
+    gemm<T>(false, false, N, C, OC, dinp_scale, dout, OC, weight, C, T(0), dinp, C);
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                  \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,  \
+                                  T);                                                          \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                   int64_t);
+                                   int64_t, T, T);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

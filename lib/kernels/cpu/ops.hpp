@@ -59,15 +59,19 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
                         bool add_to_dinp = false);
 
 // ---------------------------------------------------------------- linear (torch layout)
-// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]     (bias may be nullptr)
+// out[N,OC] = scale * (inp[N,C] @ weight[OC,C]^T) + bias[OC]     (bias may be nullptr)
+// `scale` multiplies each product's sum, as an FP8 tensor core's output scaling does (1 but for
+// the FP8 reference's quantised operands).
 template <typename T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
-                    int64_t OC);
-// dinp[N,C] = dout[N,OC] @ weight (overwrite; skipped when dinp == nullptr)
-// dweight[OC,C] += dout^T @ inp;  dbias[OC] += sum_n dout (each skipped when nullptr)
+                    int64_t OC, T scale = T(1));
+// dinp[N,C] = dinp_scale * (dout[N,OC] @ weight) (overwrite; skipped when dinp == nullptr)
+// dweight[OC,C] += dweight_scale * (dout^T @ inp);  dbias[OC] += sum_n dout (each skipped when
+// nullptr)
 template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t N, int64_t C, int64_t OC);
+                     int64_t N, int64_t C, int64_t OC, T dinp_scale = T(1),
+                     T dweight_scale = T(1));
 
 // ---------------------------------------------------------------- causal self-attention
 // Grouped-query attention (KVH = NH is multi-head attention).
@@ -221,19 +225,6 @@ F abs_max(const F* x, int64_t n);
 // an FP8 tensor core computes before its output is multiplied by 1 / (scale_a * scale_b).
 template <typename F>
 void fp8_quantize(F* q, const F* x, int64_t n, float scale, Fp8Format format);
-// The linear layer's GEMMs on quantised operands (fp8_quantize's xq[N,C], wq[OC,C], dyq[N,OC]),
-// each product's fp32 sum multiplied by its inverse scales, as an FP8 tensor core's output is:
-//   out = inv_scale (xq wq^T) + bias                        (bias may be nullptr)
-//   dinp = inv_dinp (dyq wq) (overwrite);  dweight += inv_dweight (dyq^T xq);
-//   dbias += sum_n dout[n] (the unquantised gradient, as linear_backward); each skipped when
-//   nullptr.
-template <typename F>
-void fp8_linear_forward(F* out, const F* xq, const F* wq, const F* bias, int64_t N, int64_t C,
-                        int64_t OC, F inv_scale);
-template <typename F>
-void fp8_linear_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* dyq, const F* xq,
-                         const F* wq, int64_t N, int64_t C, int64_t OC, F inv_dinp,
-                         F inv_dweight);
 
 // ---------------------------------------------------------------- residual
 // out[N] = a + b
