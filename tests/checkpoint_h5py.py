@@ -17,6 +17,11 @@ ways the tests need.
                                      (model and optimizer) with the same shapes, at the same
                                      step, each dataset's values within TOLERANCE times its
                                      largest magnitude in B; prints the worst dataset
+  checkpoint_h5py.py same-fp8-state A B TOLERANCE   exit 0 if A and B hold the same FP8
+                                     scaling state datasets (/fp8, train.fp8_recipe =
+                                     "delayed"; at least one), every value within TOLERANCE
+                                     of the larger magnitude of the pair (the state holds
+                                     scales of ~1e7 beside amaxes of ~1e-3)
   checkpoint_h5py.py tamper FILE delete-checksum DATASET
   checkpoint_h5py.py tamper FILE checksum-type DATASET string|float
   checkpoint_h5py.py tamper FILE delete DATASET
@@ -27,6 +32,7 @@ ways the tests need.
   checkpoint_h5py.py tamper FILE attr-string NAME TEXT [reseal]
 """
 import sys
+import tomllib
 
 import h5py
 import numpy as np
@@ -114,6 +120,23 @@ def expected_shapes(attrs):
     return shapes
 
 
+def fp8_state_shapes(attrs):
+    """The FP8 scaling state's datasets of a run with train.precision = "fp8" and
+    train.fp8_recipe = "delayed" (docs/checkpoint-format.md): one per layer whose linear layers
+    run in FP8, 12 rows (qkv, proj, up, down; each x, w, dy) of the scale, the steps recorded
+    and the amax history."""
+    config = attrs["config"]
+    train = tomllib.loads(config.decode() if isinstance(config, bytes) else str(config))["train"]
+    if train.get("precision") != "fp8" or train.get("fp8_recipe", "current") != "delayed":
+        return {}
+    layers = int(attrs["model_layers"])
+    first = int(train.get("fp8_skip_first_layers", 1))
+    last = int(train.get("fp8_skip_last_layers", 1))
+    history = int(train.get("fp8_amax_history", 1024))
+    return {"fp8/layers/%03d" % layer: (12, 2 + history)
+            for layer in range(layers) if first <= layer < layers - last}
+
+
 def check(path):
     with h5py.File(path, "r") as f:
         attrs = f.attrs
@@ -130,8 +153,16 @@ def check(path):
                     problems.append("%s has shape %s, expected %s" % (ds, f[ds].shape, shape))
                 elif f[ds].dtype != "float32":
                     problems.append("%s has dtype %s" % (ds, f[ds].dtype))
+        fp8 = fp8_state_shapes(attrs)
+        if fp8 and next(iter(fp8)) in f:  # all or none
+            for name, shape in fp8.items():
+                if name not in f:
+                    problems.append("missing " + name)
+                elif f[name].shape != shape or f[name].dtype != "float32":
+                    problems.append("%s has shape %s and dtype %s, expected %s float32" % (
+                        name, f[name].shape, f[name].dtype, shape))
         extra = set(found) - {r + "/" + n for r in ("model", "optim/exp_avg", "optim/exp_avg_sq")
-                              for n in shapes}
+                              for n in shapes} - set(fp8)
         problems += ["unexpected dataset " + e for e in sorted(extra)]
         for name in found:
             d = f[name]
@@ -247,7 +278,39 @@ def same_values(a_path, b_path, tolerance):
     return 1 if problems else 0
 
 
+def same_fp8_state(a_path, b_path, tolerance):
+    """A and B hold the same FP8 scaling state (both pass `check`), value by value."""
+    if check(a_path) or check(b_path):
+        print("same-fp8-state: a checkpoint fails the check above")
+        return 1
+    problems, worst, compared = [], 0.0, 0
+    with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
+        names = sorted(fp8_state_shapes(b.attrs))
+        for name in names:
+            if name not in a or name not in b:
+                problems.append(f"{name} missing in {'A' if name not in a else 'B'}")
+                continue
+            x = a[name][...].astype(np.float64)
+            y = b[name][...].astype(np.float64)
+            size = np.maximum(np.abs(x), np.abs(y))
+            relative = np.where(size > 0, np.abs(x - y) / np.where(size > 0, size, 1), 0.0)
+            if float(relative.max()) > tolerance:
+                at = np.unravel_index(int(relative.argmax()), relative.shape)
+                problems.append(f"{name}{list(at)}: {x[at]:.9g} and {y[at]:.9g}")
+            worst = max(worst, float(relative.max()))
+            compared += y.size
+    if compared == 0:
+        problems.append("no FP8 state compared")
+    for p in problems:
+        print(p)
+    print(f"same FP8 state: {compared} values compared, worst {worst:.3e} (tolerance "
+          f"{tolerance:g}); {len(problems)} problems")
+    return 1 if problems else 0
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "same-fp8-state":
+        sys.exit(same_fp8_state(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     if len(sys.argv) == 5 and sys.argv[1] == "same-values":
         sys.exit(same_values(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     if len(sys.argv) == 4 and sys.argv[1] == "same-weights":

@@ -115,6 +115,124 @@ TEST(Fp8DelayedScaling, RestoredStateContinuesAsAnUnbrokenRun) {
   EXPECT_THROW(Fp8DelayedScaling(Fp8Format::E4M3, 2, -1), Error);
 }
 
+// A recipe's state through layer_state / restore_layer continues as an unbroken run, into the
+// same history length and into a shorter one (the newest steps); the output gradients' local
+// factor leaves the saved state layout-free; rows no layer_state writes are refused.
+TEST(Fp8DelayedRecipe, SavedStateContinuesAsAnUnbrokenRunOnAnyLayout) {
+  auto self = make_self_communicator("self");
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(0.01f, 10.f);
+  Fp8DelayedRecipe whole(Fp8Format::E5M2, 4, 0), saved(Fp8Format::E5M2, 4, 0);
+  whole.add_layer(5);
+  saved.add_layer(5);
+  saved.set_gradient_replicas(2);  // its output gradients are twice whole's
+  auto step = [&](float x, float dy) {
+    for (Fp8DelayedRecipe* r : {&whole, &saved}) r->begin_step();
+    whole.gemm(5, Fp8Gemm::Up).x.observe(x);
+    whole.gemm(5, Fp8Gemm::Up).dy.observe(dy);
+    saved.gemm(5, Fp8Gemm::Up).x.observe(x);
+    saved.gemm(5, Fp8Gemm::Up).dy.observe(2 * dy);
+    for (Fp8DelayedRecipe* r : {&whole, &saved}) r->end_step({self.get(), nullptr});
+  };
+  for (int i = 0; i < 6; ++i) step(u(rng), u(rng));
+  EXPECT_EQ(saved.layer_state(5), whole.layer_state(5)) << "the saved state is layout-free";
+  EXPECT_EQ(saved.gemm(5, Fp8Gemm::Up).dy.local_scale(), whole.gemm(5, Fp8Gemm::Up).dy.scale() / 2);
+  const std::vector<float> rows = saved.layer_state(5);
+  ASSERT_EQ(rows.size(), static_cast<size_t>(Fp8DelayedRecipe::kRows * 6));
+  Fp8DelayedRecipe same(Fp8Format::E5M2, 4, 0), shorter(Fp8Format::E5M2, 2, 0);
+  for (Fp8DelayedRecipe* r : {&same, &shorter}) {
+    r->add_layer(5);
+    r->restore_layer(5, rows, 4);
+  }
+  const auto& kept = shorter.gemm(5, Fp8Gemm::Up).x.history();
+  const auto& all = whole.gemm(5, Fp8Gemm::Up).x.history();
+  EXPECT_EQ(kept, std::vector<float>(all.end() - 2, all.end())) << "the newest steps";
+  Fp8DelayedRecipe twin(Fp8Format::E5M2, 2, 0);  // an unbroken run with the shorter history
+  twin.add_layer(5);
+  twin.restore_layer(5, shorter.layer_state(5), 2);
+  for (int i = 0; i < 5; ++i) {
+    const float x = u(rng), dy = u(rng);
+    step(x, dy);
+    for (Fp8DelayedRecipe* r : {&same, &shorter}) {
+      r->begin_step();
+      r->gemm(5, Fp8Gemm::Up).x.observe(x);
+      r->gemm(5, Fp8Gemm::Up).dy.observe(dy);
+      r->end_step({self.get()});
+    }
+    EXPECT_EQ(same.layer_state(5), whole.layer_state(5)) << "step " << i;
+  }
+  EXPECT_EQ(same.gemm(5, Fp8Gemm::Down).w.recorded(), 4) << "every GEMM's state ends each step";
+  std::vector<float> bad = rows;
+  bad[0] = 0.f;  // a scale of 0
+  EXPECT_THROW(same.restore_layer(5, bad, 4), Error);
+  bad = rows;
+  bad[1] = 2.5f;  // steps recorded
+  EXPECT_THROW(same.restore_layer(5, bad, 4), Error);
+  bad = rows;
+  bad[1] = 5.f;  // more than the history holds
+  EXPECT_THROW(same.restore_layer(5, bad, 4), Error);
+  EXPECT_THROW(same.restore_layer(5, std::vector<float>(rows.begin(), rows.end() - 1), 4), Error);
+  EXPECT_THROW(same.restore_layer(6, rows, 4), Error) << "a layer it does not hold";
+}
+
+// A step's NaN amax reaches the history as 0 (the scale kept): the state stays finite.
+TEST(Fp8DelayedRecipe, ANotFiniteStepIsRecordedAsZero) {
+  auto self = make_self_communicator("self");
+  Fp8DelayedRecipe r(Fp8Format::E4M3, 3, 0);
+  r.add_layer(1);
+  r.begin_step();
+  r.gemm(1, Fp8Gemm::Qkv).x.observe(2.f);
+  r.end_step({self.get()});
+  r.begin_step();
+  r.gemm(1, Fp8Gemm::Qkv).x.observe(std::nanf(""));
+  r.end_step({self.get()});
+  EXPECT_EQ(r.gemm(1, Fp8Gemm::Qkv).x.history(), (std::vector<float>{2.f, 0.f}));
+  EXPECT_EQ(r.gemm(1, Fp8Gemm::Qkv).x.scale(), 448.f / 2);
+}
+
+// Fp8Linear under the delayed recipe: with a history it quantises with the state's scale (not
+// the tensor's current amax) and records the local amax for the step; without one (the first
+// step) it scales as the current recipe does.
+TEST(Fp8Linear, DelayedUsesTheStepsScaleAndRecordsTheAmax) {
+  const int64_t N = 4, C = 8, OC = 3;
+  std::vector<float> x(N * C), w(OC * C), b(OC, 0.f), out(N * OC), ref(N * OC);
+  for (int64_t i = 0; i < N * C; ++i) x[i] = std::sin(0.7f * static_cast<float>(i));
+  for (int64_t i = 0; i < OC * C; ++i) w[i] = 0.1f * std::cos(1.3f * static_cast<float>(i));
+  auto self = make_self_communicator("tensor");
+  CpuKernels<float> k;
+  Fp8Settings settings;
+  settings.enabled = true;
+  Fp8Linear<CpuKernels<float>> fp8(settings, *self);
+  Fp8DelayedRecipe recipe(Fp8Format::E5M2, 2, 0);
+  recipe.add_layer(0);
+  Fp8GemmScaling& g = recipe.gemm(0, Fp8Gemm::Qkv);
+  fp8.forward(k, &g, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  fp8.forward(k, nullptr, ref.data(), x.data(), w.data(), b.data(), N, C, OC);
+  EXPECT_EQ(out, ref) << "no history yet: current scaling";
+  EXPECT_EQ(g.x.step_amax(), cpu::abs_max(x.data(), N * C));
+  EXPECT_EQ(g.w.step_amax(), cpu::abs_max(w.data(), OC * C));
+  // A history whose amaxes are 3 times the tensors': other scales, other FP8 values.
+  g.x.restore({3 * cpu::abs_max(x.data(), N * C)}, 448.f / (3 * cpu::abs_max(x.data(), N * C)));
+  g.w.restore({3 * cpu::abs_max(w.data(), OC * C)}, 448.f / (3 * cpu::abs_max(w.data(), OC * C)));
+  fp8.forward(k, &g, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  double worst = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OC; ++o) {
+      double acc = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const double xq = fp8_to_float(float_to_fp8(x[n * C + c] * g.x.scale(), Fp8Format::E4M3),
+                                       Fp8Format::E4M3) / g.x.scale();
+        const double wq = fp8_to_float(float_to_fp8(w[o * C + c] * g.w.scale(), Fp8Format::E4M3),
+                                       Fp8Format::E4M3) / g.w.scale();
+        acc += xq * wq;
+      }
+      worst = std::max(worst, std::fabs(out[n * OC + o] - acc));
+    }
+  EXPECT_LE(worst, 1e-6);
+  EXPECT_NE(out, ref) << "the history's scale, not the current amax's";
+  EXPECT_EQ(g.x.step_amax(), cpu::abs_max(x.data(), N * C)) << "the step's own amax recorded";
+}
+
 // Fp8Linear on one rank against its formulas evaluated in double on the quantised values:
 //   out = (xq wq^T) / (sx sw) + b,  dx = (dyq wq) / (sg sw),  dw += (dyq^T xq) / (sg sx),
 //   db += sum_n dy; each scale max / amax of its tensor, dy in E5M2.
@@ -135,8 +253,8 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheirFormulas) {
   settings.enabled = true;
   Fp8Linear<CpuKernels<float>> fp8(settings, *self);
   std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.5f), db(OC, 0.25f);
-  fp8.forward(k, out.data(), x.data(), w.data(), b.data(), N, C, OC);
-  fp8.backward(k, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+  fp8.forward(k, nullptr, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  fp8.backward(k, nullptr, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
   auto quantised = [](const std::vector<float>& v, Fp8Format f, float& scale) {
     scale = fp8_scale(cpu::abs_max(v.data(), static_cast<int64_t>(v.size())), 1.f, f, 0);
     std::vector<double> q(v.size());

@@ -247,8 +247,8 @@ const Key kKeys[] = {
    "accumulation, fp32 master weights, gradients and optimizer state. fp8 (cpu only so far: "
    "the reference of the GPU's FP8 path): the linear layers of the blocks (qkv, attention "
    "output, MLP in and out) multiply operands quantised to FP8, activations and weights E4M3, "
-   "gradients `train.fp8_grad_format`, each tensor scaled by its current amax (Transformer "
-   "Engine's current scaling), fp32 accumulation; everything else, the master weights, "
+   "gradients `train.fp8_grad_format`, each tensor scaled per `train.fp8_recipe`, fp32 "
+   "accumulation; everything else, the master weights, "
    "gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
    "fp8: `train.device = \"cpu\"`, `model.moe_experts = 0`"},
   {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),
@@ -256,6 +256,16 @@ const Key kKeys[] = {
    "e5m2 (the default, Transformer Engine's HYBRID recipe): 5 exponent bits, a range of "
    "2^32 against e4m3's 2^18, for gradients whose magnitudes spread wider than activations'; "
    "e4m3: one more mantissa bit."},
+  {TRIDENT_KEY(train, fp8_recipe), one_of({"current", "delayed"}),
+   "train.precision = \"fp8\": where each tensor's scale comes from. current (the default, "
+   "torchtitan's dynamic scaling): the tensor's amax as it is quantised. delayed (Transformer "
+   "Engine's DelayedScaling, amax_compute_algo \"max\"): the largest amax of the last "
+   "`train.fp8_amax_history` steps, fixed for the step; the step's amaxes, reduced over the "
+   "ranks, join the history when it ends (the first step, with none yet, scales as current "
+   "does). The histories and scales are saved in checkpoints (docs/checkpoint-format.md)."},
+  {TRIDENT_KEY(train, fp8_amax_history), between(1, 65536),
+   "train.fp8_recipe = \"delayed\": the number of steps whose amaxes set a tensor's scale "
+   "(Transformer Engine's amax_history_len)."},
   {TRIDENT_KEY(train, fp8_margin), between(0, 30),
    "train.precision = \"fp8\": each scale leaves 2^margin of headroom under the format's "
    "largest value (scale = max / amax / 2^margin)."},

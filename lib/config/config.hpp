@@ -88,6 +88,8 @@ struct TrainConfig {
   // train.precision = "fp8" (model/fp8_linear.hpp): the gradients' format, the scales' margin
   // (powers of two of headroom) and the layers at each end kept in high precision.
   std::string fp8_grad_format = "e5m2";  // "e5m2" | "e4m3"
+  std::string fp8_recipe = "current";    // "current" | "delayed"
+  int64_t fp8_amax_history = 1024;       // delayed: the steps whose amaxes set the scale
   int64_t fp8_margin = 0;
   int64_t fp8_skip_first_layers = 1;
   int64_t fp8_skip_last_layers = 1;

@@ -243,4 +243,17 @@ void init_parameter(const ParamInfo& p, uint64_t seed, int64_t layers, F* out) {
 template void init_parameter<float>(const ParamInfo&, uint64_t, int64_t, float*);
 template void init_parameter<double>(const ParamInfo&, uint64_t, int64_t, double*);
 
+Fp8Settings fp8_settings(const TrainConfig& train) {
+  Fp8Settings fp8;
+  if (train.precision != "fp8") return fp8;
+  fp8.enabled = true;
+  fp8.grad_format = train.fp8_grad_format == "e4m3" ? Fp8Format::E4M3 : Fp8Format::E5M2;
+  fp8.margin = static_cast<int>(train.fp8_margin);
+  fp8.delayed = train.fp8_recipe == "delayed";
+  fp8.history = static_cast<int>(train.fp8_amax_history);
+  fp8.skip_first = train.fp8_skip_first_layers;
+  fp8.skip_last = train.fp8_skip_last_layers;
+  return fp8;
+}
+
 }  // namespace trident

@@ -52,17 +52,22 @@ std::string to_string(Recompute r);
 // What part of the model this rank holds.
 // train.precision = "fp8" (model/fp8_linear.hpp): the linear layers of the blocks between the
 // first `skip_first` and the last `skip_last` layers of the model compute on FP8 operands
-// (activations and weights E4M3, gradients `grad_format`), scaled per tensor with `margin`.
+// (activations and weights E4M3, gradients `grad_format`), scaled per tensor with `margin`,
+// from each tensor's current amax or, `delayed`, from the last `history` steps' amaxes.
 struct Fp8Settings {
   bool enabled = false;
   Fp8Format grad_format = Fp8Format::E5M2;
   int margin = 0;
+  bool delayed = false;  // train.fp8_recipe = "delayed"
+  int history = 1024;    // train.fp8_amax_history
   int64_t skip_first = 1, skip_last = 1;
   // Whether layer `layer` (of `layers`) runs its linear layers in FP8.
   bool covers(int64_t layer, int64_t layers) const {
     return enabled && layer >= skip_first && layer < layers - skip_last;
   }
 };
+// The FP8 settings of train.precision and the train.fp8_* keys (disabled unless fp8).
+Fp8Settings fp8_settings(const TrainConfig& train);
 
 struct ModelShard {
   int tp_rank = 0;

@@ -10,11 +10,16 @@
 //            parts of the tensor) joins the history when the step ends.
 // An amax of 0 (nothing seen yet, an all-zero tensor) or one that is not finite keeps the
 // previous scale (1 at first), as Transformer Engine does; a step whose amax was not finite
-// stays in the history but is left out of its maximum (one bad step does not freeze the scale
-// for `history` steps).
+// is recorded in the history as 0, i.e. left out of its maximum (one bad step does not freeze
+// the scale for `history` steps), and the history stays finite (a checkpoint holds it).
 #include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <span>
+#include <utility>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "util/fp8.hpp"
 
 namespace trident {
@@ -26,10 +31,21 @@ float fp8_scale(float amax, float previous, Fp8Format format, int margin);
 class Fp8DelayedScaling {
  public:
   Fp8DelayedScaling(Fp8Format format, int history, int margin);
-  float scale() const { return scale_; }
-  // A use in the current step: the step's amax is the largest of its uses'.
+  float scale() const { return scale_; }  // of the layout-free tensor
+  // This rank's values are `factor` times the layout-free tensor's (1 but for the output
+  // gradients on R data x context replicas: each averages its own share of the global batch,
+  // so its gradients are R times one rank's). observe() takes this rank's amax and
+  // local_scale() gives this rank's scale; the history and scale() stay layout-free, so a
+  // checkpoint resumes on any layout.
+  void set_local_factor(float factor) { factor_ = factor; }
+  float local_scale() const { return scale_ / factor_; }
+  // A use in the current step (this rank's amax): the step's amax is the largest of its uses'.
   void observe(float amax);
   float step_amax() const { return step_amax_; }
+  // Steps in the history (at most `history`): 0 before the first step ends.
+  int64_t recorded() const { return static_cast<int64_t>(ring_.size()); }
+  // Drops the uses seen since the last step ended (an evaluation's forwards).
+  void discard_step() { step_amax_ = 0.0f; }
   // Ends the step with its amax as reduced over the ranks (every rank passes the same value):
   // it joins the history, the next step's scale is computed, the step's amax restarts at 0.
   void end_step(float reduced_amax);
@@ -45,6 +61,60 @@ class Fp8DelayedScaling {
   int64_t steps_ = 0;        // steps recorded (ring_[steps_ % capacity_] is the next slot)
   float scale_ = 1.0f;
   float step_amax_ = 0.0f;
+  float factor_ = 1.0f;
+};
+
+// The GEMMs of a transformer block that run in FP8, in the order of a checkpoint's rows.
+enum class Fp8Gemm : int { Qkv, Proj, Up, Down };
+inline constexpr int kFp8GemmCount = 4;
+
+// The delayed recipe's state of one FP8 GEMM: one state per quantised operand.
+struct Fp8GemmScaling {
+  Fp8DelayedScaling x, w, dy;  // the input (E4M3), the weight (E4M3), the output gradient
+};
+
+// The delayed recipe's state of a model shard: the FP8 GEMMs of each of its layers (global
+// indices). A step: begin_step(), the GEMMs observe their local amaxes, end_step() reduces
+// them over the ranks that hold the other parts of each tensor and of the global batch, and
+// every state takes the same reduced amax, so every layout scales as one rank does.
+class Fp8DelayedRecipe {
+ public:
+  Fp8DelayedRecipe(Fp8Format grad_format, int history, int margin);
+  void add_layer(int64_t layer);  // its kFp8GemmCount GEMMs, fresh
+  Fp8GemmScaling& gemm(int64_t layer, Fp8Gemm kind);
+  std::vector<int64_t> layers() const;  // ascending
+  bool has_layer(int64_t layer) const { return layers_.count(layer) > 0; }
+  int history() const { return history_; }
+
+  // The output gradients' local factor (Fp8DelayedScaling::set_local_factor): the number of
+  // data x context replicas that average their own shares of the global batch.
+  void set_gradient_replicas(int replicas);
+  void begin_step();
+  // Collective over each non-null group, in order (every rank of a group holds the same
+  // layers): the maximum of the step's amaxes (not finite: +inf, which the history records
+  // as 0), then end_step on every state.
+  void end_step(std::initializer_list<Communicator*> groups);
+
+  // A layer's state as a checkpoint holds it: kRows rows (GEMM-major: qkv x, w, dy, proj x,
+  // ...) of row_length() floats each: the scale, the steps recorded, then the amax history
+  // oldest first, zero-padded at the end.
+  static constexpr int kRows = 3 * kFp8GemmCount;
+  int64_t row_length() const { return 2 + history_; }
+  std::vector<float> layer_state(int64_t layer) const;
+  // The inverse, from rows of `stored_history` + 2 floats (another history length: the newest
+  // steps that fit). Throws naming what is wrong with a row that no layer_state() can write.
+  void restore_layer(int64_t layer, std::span<const float> rows, int64_t stored_history);
+
+ private:
+  const std::vector<Fp8GemmScaling>& gemm_states(int64_t layer) const;
+  std::vector<Fp8GemmScaling>& gemm_states(int64_t layer) {
+    return const_cast<std::vector<Fp8GemmScaling>&>(std::as_const(*this).gemm_states(layer));
+  }
+
+  Fp8Format grad_format_;
+  int history_, margin_;
+  int gradient_replicas_ = 1;
+  std::map<int64_t, std::vector<Fp8GemmScaling>> layers_;  // layer -> its GEMMs by kind
 };
 
 }  // namespace trident

@@ -13,6 +13,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/architecture.hpp"
+#include "model/fp8_scaling.hpp"
 #include "model/moe.hpp"
 #include "model/params.hpp"
 #include "model/zero_shards.hpp"
@@ -120,6 +121,9 @@ class StageModel {
   virtual void forward_decode(DecodeCache& cache, const int32_t* tokens,
                               const int32_t* positions, float* logits) = 0;
   // See Transformer::set_grads_final_hook.
+  // train.fp8_recipe = "delayed": the scaling state of the stage's FP8 GEMMs, which the
+  // trainer steps and a checkpoint keeps; nullptr otherwise.
+  virtual Fp8DelayedRecipe* fp8_delayed() { return nullptr; }
   virtual void set_grads_final_hook(std::function<void(int64_t)> hook) = 0;
 };
 

@@ -153,6 +153,7 @@ struct LinearParams {
   typename K::G* dw = nullptr;
   typename K::G* db = nullptr;
   Fp8Linear<K>* fp8 = nullptr;  // the layer's GEMMs in FP8 (train.precision = "fp8"), else none
+  Fp8GemmScaling* fp8_delayed = nullptr;  // its delayed recipe's state; none: current scaling
 };
 
 // K::linear_forward / linear_backward, or their FP8 forms when the layer has them.
@@ -160,7 +161,7 @@ template <class K>
 void linear_forward(K& k, const LinearParams<K>& p, typename K::T* y, const typename K::T* x,
                     const typename K::T* b, int64_t N, int64_t C, int64_t OC) {
   if constexpr (kernels_have_fp8<K>)
-    if (p.fp8) return p.fp8->forward(k, y, x, p.w, b, N, C, OC);
+    if (p.fp8) return p.fp8->forward(k, p.fp8_delayed, y, x, p.w, b, N, C, OC);
   k.linear_forward(y, x, p.w, b, N, C, OC);
 }
 template <class K>
@@ -168,7 +169,7 @@ void linear_backward(K& k, const LinearParams<K>& p, typename K::T* dx, typename
                      typename K::G* db, const typename K::T* dy, const typename K::T* x,
                      int64_t N, int64_t C, int64_t OC) {
   if constexpr (kernels_have_fp8<K>)
-    if (p.fp8) return p.fp8->backward(k, dx, dw, db, dy, x, p.w, N, C, OC);
+    if (p.fp8) return p.fp8->backward(k, p.fp8_delayed, dx, dw, db, dy, x, p.w, N, C, OC);
   k.linear_backward(dx, dw, db, dy, x, p.w, N, C, OC);
 }
 

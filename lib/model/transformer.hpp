@@ -109,6 +109,8 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
+  // train.fp8_recipe = "delayed": the scaling state of the shard's FP8 GEMMs; else nullptr.
+  Fp8DelayedRecipe* fp8_delayed() { return fp8_delayed_.get(); }
   const ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return layout_.params; }
   const ParamInfo& param(std::string_view name) const;
@@ -287,9 +289,10 @@ class Transformer {
   void begin_pass(int chunk, bool backward);
   void init_sharded_weights(uint64_t seed);
   LinearParams<K> linear(int weight, int bias);
-  // A dense linear layer of block i: linear(), in FP8 where train.precision = "fp8" covers the
-  // block's layer (Fp8Settings::covers).
-  LinearParams<K> dense(size_t i, int weight, int bias);
+  // Dense linear layer `gemm` of block i: linear() of its weight and bias, in FP8 where
+  // train.precision = "fp8" covers the block's layer (Fp8Settings::covers), with the GEMM's
+  // delayed scaling state under that recipe.
+  LinearParams<K> dense(size_t i, Fp8Gemm gemm);
   int64_t block_layer(size_t i) const;  // the model layer of block i
   void norm_forward(T* out, S* mean, S* rstd, const T* inp, int w, int b, int64_t rows);
   void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const S* mean,
@@ -387,6 +390,7 @@ class Transformer {
   ModelConfig rows_config_;
   ContextRing<K> ring_;               // inactive (one rank) unless set_context_group
   std::unique_ptr<Fp8Linear<K>> fp8_;  // train.precision = "fp8", else none
+  std::unique_ptr<Fp8DelayedRecipe> fp8_delayed_;  // train.fp8_recipe = "delayed", else none
   DeviceArray<int32_t> positions_;    // positions(B)'s, for the largest B so far
   std::vector<int32_t> host_ids_;     // local_rows's
   // Packed documents: the micro-batch being run (forward / backward set them from its

@@ -66,6 +66,13 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
     else
       throw Error("train.precision = \"fp8\": this kernel set has no FP8 GEMMs (the CPU's "
                   "reference has them)");
+    if (shard.fp8.delayed) {
+      fp8_delayed_ = std::make_unique<Fp8DelayedRecipe>(shard.fp8.grad_format,
+                                                        shard.fp8.history, shard.fp8.margin);
+      for (size_t i = 0; i < layout_.blocks.size(); ++i)
+        if (shard.fp8.covers(block_layer(i), config.layers))
+          fp8_delayed_->add_layer(block_layer(i));
+    }
   }
   whole_ = FlatStore::whole(layout_.flat_size);
   // ZeRO-2/3 hold slices (set_zero): the whole buffers are never made, not even for a moment.
@@ -202,9 +209,17 @@ int64_t Transformer<K>::block_layer(size_t i) const {
 }
 
 template <class K>
-LinearParams<K> Transformer<K>::dense(size_t i, int weight, int bias) {
+LinearParams<K> Transformer<K>::dense(size_t i, Fp8Gemm gemm) {
+  const BlockParams& b = layout_.blocks[i];
+  const std::pair<int, int> params[] = {
+      {b.qkv_w, b.qkv_b}, {b.proj_w, b.proj_b}, {b.up_w, b.up_b}, {b.down_w, b.down_b}};
+  const auto [weight, bias] = params[static_cast<int>(gemm)];
   LinearParams<K> p = linear(weight, bias);
-  if (fp8_ && shard_.fp8.covers(block_layer(i), config_.layers)) p.fp8 = fp8_.get();
+  const int64_t layer = block_layer(i);
+  if (fp8_ && shard_.fp8.covers(layer, config_.layers)) {
+    p.fp8 = fp8_.get();
+    if (fp8_delayed_) p.fp8_delayed = &fp8_delayed_->gemm(layer, gemm);
+  }
   return p;
 }
 
@@ -577,13 +592,14 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   T* norm1 = norm_scratch();
   norm_forward(norm1 + row0 * C, la.norm1_mean.data(), la.norm1_rstd.data(), input, p.norm1_w,
                p.norm1_b, Ns);
-  qkv_.forward(tp_, k_, dense(i, p.qkv_w, p.qkv_b), la.qkv.data(), norm1, N);
+  qkv_.forward(tp_, k_, dense(i, Fp8Gemm::Qkv), la.qkv.data(), norm1, N);
   if (llama_) rope_forward(la.qkv.data(), B);
   // Selective recomputation: attention's saved state lives in the workspace until the next
   // forward; the layer's backward recomputes it.
   Saved* saved = recompute_ == Recompute::Selective ? recompute_att_.data() : la.att.data();
   attention_forward(la.atty.data(), saved, la.qkv.data(), B);
-  proj_.forward(tp_, k_, dense(i, p.proj_w, p.proj_b), la.residual1.data(), la.atty.data(), N);
+  proj_.forward(tp_, k_, dense(i, Fp8Gemm::Proj), la.residual1.data(),
+                la.atty.data(), N);
   // MLP: output = residual1 + down(act(up(norm2(residual1)))); the residual add and norm2 in
   // one pass.
   T* norm2 = norm_scratch();  // norm1 is no longer read
@@ -592,10 +608,10 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   if (p.moe()) {
     moe_forward(p, la, norm2, output, B);
   } else {
-    up_.forward(tp_, k_, dense(i, p.up_w, p.up_b), la.up.data(), norm2, N);
+    up_.forward(tp_, k_, dense(i, Fp8Gemm::Up), la.up.data(), norm2, N);
     T* act = act_scratch();
     act_forward(act, la.up.data(), N);
-    down_.forward(tp_, k_, dense(i, p.down_w, p.down_b), output, act, N);
+    down_.forward(tp_, k_, dense(i, Fp8Gemm::Down), output, act, N);
   }
   k_.add_inplace(output, la.residual1.data(), Ns * C);
 }
@@ -864,10 +880,10 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   } else {
     if (defer_weights) {
       if (keeps_copies) recomputed_act(la, kept.act.data(), B);
-      down_.input_backward(tp_, k_, dense(i, p.down_w, p.down_b), d_act_.data(), d, nullptr,
+      down_.input_backward(tp_, k_, dense(i, Fp8Gemm::Down), d_act_.data(), d, nullptr,
                            kept.d_down.data(), N);
     } else {
-      down_.backward(tp_, k_, dense(i, p.down_w, p.down_b), d_act_.data(), d,
+      down_.backward(tp_, k_, dense(i, Fp8Gemm::Down), d_act_.data(), d,
                      recomputed_act(la, act_scratch(), B), N);
     }
     if (llama_)
@@ -876,10 +892,10 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
       k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
     if (defer_weights) {
       if (keeps_copies) recomputed_norm2(la, kept.norm2.data(), i, B);
-      d_norm2 = up_.input_backward(tp_, k_, dense(i, p.up_w, p.up_b), d_norm_.data(), d_up,
+      d_norm2 = up_.input_backward(tp_, k_, dense(i, Fp8Gemm::Up), d_norm_.data(), d_up,
                                    nullptr, N);
     } else {
-      d_norm2 = up_.backward(tp_, k_, dense(i, p.up_w, p.up_b), d_norm_.data(), d_up,
+      d_norm2 = up_.backward(tp_, k_, dense(i, Fp8Gemm::Up), d_norm_.data(), d_up,
                              recomputed_norm2(la, norm_scratch(), i, B, NormRows::Own), N);
     }
   }
@@ -887,18 +903,19 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
                             la.norm2_mean.data(), la.norm2_rstd.data(), Ns);  // dL/d(residual1)
   // Attention branch.
   if (defer_weights)
-    proj_.input_backward(tp_, k_, dense(i, p.proj_w, p.proj_b), d_atty_.data(), d,
+    proj_.input_backward(tp_, k_, dense(i, Fp8Gemm::Proj), d_atty_.data(), d,
                          la.atty.data(), kept.d_proj.data(), N);
   else
-    proj_.backward(tp_, k_, dense(i, p.proj_w, p.proj_b), d_atty_.data(), d, la.atty.data(), N);
+    proj_.backward(tp_, k_, dense(i, Fp8Gemm::Proj), d_atty_.data(), d,
+                   la.atty.data(), N);
   attention_backward(la, d_qkv, B);
   if (llama_) rope_backward(d_qkv, B);
   if (keeps_copies) recomputed_norm1(la, kept.norm1.data(), i, B);
   const T* d_norm1 =
       defer_weights
-          ? qkv_.input_backward(tp_, k_, dense(i, p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
+          ? qkv_.input_backward(tp_, k_, dense(i, Fp8Gemm::Qkv), d_norm_.data(), d_qkv,
                                 nullptr, N)
-          : qkv_.backward(tp_, k_, dense(i, p.qkv_w, p.qkv_b), d_norm_.data(), d_qkv,
+          : qkv_.backward(tp_, k_, dense(i, Fp8Gemm::Qkv), d_norm_.data(), d_qkv,
                           recomputed_norm1(la, norm_scratch(), i, B, NormRows::Own), N);
   norm_backward_into_stream(d, d_norm1, la.input.data(), p.norm1_w, p.norm1_b,
                             la.norm1_mean.data(), la.norm1_rstd.data(), Ns);  // dL/d(input)
@@ -1002,13 +1019,13 @@ void Transformer<K>::layer_weight_backward(size_t i, LayerActs& la, int64_t B) {
   const bool kept = la.act.size() > 0;
   if (!p.moe()) {  // a MoE layer's were accumulated by backward_input
     const T* act = kept ? la.act.data() : recomputed_act(la, act_scratch(), B);
-    down_.weight_backward(k_, dense(i, p.down_w, p.down_b), la.d_down.data(), act, N);
+    down_.weight_backward(k_, dense(i, Fp8Gemm::Down), la.d_down.data(), act, N);
     const T* norm2 = kept ? la.norm2.data() : recomputed_norm2(la, norm_scratch(), i, B);
-    up_.weight_backward(k_, dense(i, p.up_w, p.up_b), la.d_up.data(), norm2, N);
+    up_.weight_backward(k_, dense(i, Fp8Gemm::Up), la.d_up.data(), norm2, N);
   }
-  proj_.weight_backward(k_, dense(i, p.proj_w, p.proj_b), la.d_proj.data(), la.atty.data(), N);
+  proj_.weight_backward(k_, dense(i, Fp8Gemm::Proj), la.d_proj.data(), la.atty.data(), N);
   const T* norm1 = kept ? la.norm1.data() : recomputed_norm1(la, norm_scratch(), i, B);
-  qkv_.weight_backward(k_, dense(i, p.qkv_w, p.qkv_b), la.d_qkv.data(), norm1, N);
+  qkv_.weight_backward(k_, dense(i, Fp8Gemm::Qkv), la.d_qkv.data(), norm1, N);
 }
 
 }  // namespace trident
@@ -1088,17 +1105,17 @@ void Transformer<K>::layer_decode(size_t i, KvCache& c) {
   const int64_t B = c.B;
   T* x = c.x.data();
   norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), x, p.norm1_w, p.norm1_b, B);
-  qkv_.forward(tp, k_, dense(i, p.qkv_w, p.qkv_b), c.qkv.data(), c.norm.data(), B);
+  qkv_.forward(tp, k_, dense(i, Fp8Gemm::Qkv), c.qkv.data(), c.norm.data(), B);
   if (llama_)
     k_.rope_forward_at(c.qkv.data(), c.positions.data(), B, NHl_, KVHl_, HS_, config_.rope_theta);
   k_.kv_cache_attention(c.atty.data(), c.k[i].data(), c.v[i].data(), c.qkv.data(),
                         c.positions.data(), B, config_.seq_len, NHl_, KVHl_, HS_);
-  proj_.forward(tp, k_, dense(i, p.proj_w, p.proj_b), c.residual.data(), c.atty.data(), B);
+  proj_.forward(tp, k_, dense(i, Fp8Gemm::Proj), c.residual.data(), c.atty.data(), B);
   add_norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.residual.data(), x,
                    p.norm2_w, p.norm2_b, B);
-  up_.forward(tp, k_, dense(i, p.up_w, p.up_b), c.up.data(), c.norm.data(), B);
+  up_.forward(tp, k_, dense(i, Fp8Gemm::Up), c.up.data(), c.norm.data(), B);
   act_forward(c.act.data(), c.up.data(), B);
-  down_.forward(tp, k_, dense(i, p.down_w, p.down_b), x, c.act.data(), B);  // x is free again
+  down_.forward(tp, k_, dense(i, Fp8Gemm::Down), x, c.act.data(), B);  // x is free again
   k_.add_inplace(x, c.residual.data(), B * C_);
 }
 

@@ -51,6 +51,7 @@ class TransformerStage final : public StageModel {
     return model_.stream_rows(B) * model_.config().width;
   }
   int chunk_count() const override { return model_.chunk_count(); }
+  Fp8DelayedRecipe* fp8_delayed() override { return model_.fp8_delayed(); }
   std::unique_ptr<Activations> make_activations(int64_t B, bool split_backward,
                                                 int chunk) override {
     auto a = std::make_unique<Acts>();

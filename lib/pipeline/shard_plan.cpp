@@ -36,14 +36,7 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   shard.cp_size = coord.cp_size;
   if (config.data.document_mask) shard.document_eod = static_cast<int32_t>(config.data.eod_id);
   shard.deterministic = config.train.deterministic;
-  if (config.train.precision == "fp8") {
-    shard.fp8.enabled = true;
-    shard.fp8.grad_format =
-        config.train.fp8_grad_format == "e4m3" ? Fp8Format::E4M3 : Fp8Format::E5M2;
-    shard.fp8.margin = static_cast<int>(config.train.fp8_margin);
-    shard.fp8.skip_first = config.train.fp8_skip_first_layers;
-    shard.fp8.skip_last = config.train.fp8_skip_last_layers;
-  }
+  shard.fp8 = fp8_settings(config.train);
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.
   if (par.schedule == "interleaved")
     shard.chunks = stage_layer_chunks(m.layers, coord.pp_size,

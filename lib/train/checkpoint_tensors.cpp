@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "model/architecture.hpp"
+#include "model/fp8_scaling.hpp"
 
 namespace trident {
 
@@ -24,6 +25,17 @@ std::string dataset_path(const std::string& root, const std::string& param_name)
     path += "/" + part;
   }
   return path;
+}
+
+std::vector<Fp8StateDataset> fp8_state_datasets(const Config& config) {
+  const Fp8Settings fp8 = fp8_settings(config.train);
+  std::vector<Fp8StateDataset> out;
+  if (!fp8.delayed) return out;
+  for (int64_t layer = 0; layer < config.model.layers; ++layer)
+    if (fp8.covers(layer, config.model.layers))
+      out.push_back({layer, dataset_path(kFp8Root, "layers." + std::to_string(layer)),
+                     {Fp8DelayedRecipe::kRows, 2 + static_cast<int64_t>(fp8.history)}});
+  return out;
 }
 
 std::vector<Run> param_runs(const ParamInfo& p, int64_t begin, int64_t end, int64_t local_base) {

@@ -17,6 +17,19 @@
 
 namespace trident {
 
+// train.fp8_recipe = "delayed": the scaling state of the FP8 GEMMs, one dataset per layer whose
+// linear layers run in FP8 ("/fp8/layers/003"), of Fp8DelayedRecipe::layer_state's
+// [kRows, 2 + history] floats. A checkpoint holds all of them or none (another precision or
+// recipe, `trident import`): a run then starts the state afresh.
+inline constexpr const char* kFp8Root = "/fp8";
+struct Fp8StateDataset {
+  int64_t layer = 0;
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// Those of a run of `config`, by layer; none unless it trains in FP8 with the delayed recipe.
+std::vector<Fp8StateDataset> fp8_state_datasets(const Config& config);
+
 // The roots of a model checkpoint's datasets, in the order every tensor writes them.
 inline constexpr const char* kWeightsRoot = "/model";
 inline constexpr const char* kExpAvgRoot = "/optim/exp_avg";

@@ -13,8 +13,10 @@
 namespace trident {
 
 ValueCheck checkpoint_value_check(const std::string& dataset) {
-  const bool second_moment = dataset.rfind(std::string(kExpAvgSqRoot) + "/", 0) == 0;
-  return second_moment ? ValueCheck::FiniteNonNegative : ValueCheck::Finite;
+  auto under = [&](const char* root) { return dataset.rfind(std::string(root) + "/", 0) == 0; };
+  // Second moments, and the FP8 scales, step counts and amaxes.
+  return under(kExpAvgSqRoot) || under(kFp8Root) ? ValueCheck::FiniteNonNegative
+                                                  : ValueCheck::Finite;
 }
 
 ReaderOptions checkpoint_reader_options() {
@@ -152,8 +154,9 @@ void check_model_attributes(const CheckpointReader& r, const CheckpointMeta& met
 }
 
 // The complete schema of the stored model: every dataset of the walk with its shape, float32
-// and a checksum, and no other.
-void check_schema(const CheckpointReader& r, const ModelConfig& m, const Failure& fail) {
+// and a checksum, and no other; the FP8 scaling state of the stored config's run all or none.
+void check_schema(const CheckpointReader& r, const Config& c, const Failure& fail) {
+  const ModelConfig& m = c.model;
   // A stored config may describe a model far larger than the file (10^8 layers: building its
   // parameter list took minutes and gigabytes before the first missing dataset showed); every
   // layer has tensors under each of the three roots, so a model with more layers than a third
@@ -167,6 +170,9 @@ void check_schema(const CheckpointReader& r, const ModelConfig& m, const Failure
   for_each_checkpoint_tensor(m, {}, [&](const CheckpointTensor& t) {
     for (const char* root : kCheckpointRoots) expected[t.dataset(root)] = t.global.global_shape;
   });
+  const std::vector<Fp8StateDataset> fp8 = fp8_state_datasets(c);
+  if (!fp8.empty() && r.has_dataset(fp8.front().name))
+    for (const Fp8StateDataset& d : fp8) expected[d.name] = d.shape;
   for (const auto& [name, shape] : expected) {
     if (!r.has_dataset(name))
       fail("no dataset '" + name + "' (the stored config's model has it)");
@@ -192,7 +198,7 @@ CheckpointMeta check_checkpoint(const CheckpointReader& r) {
   CheckpointMeta meta = read_root_attributes(r, fail, totals);
   check_counters(meta, totals, fail);
   check_model_attributes(r, meta, fail);
-  check_schema(r, meta.config.model, fail);
+  check_schema(r, meta.config, fail);
   return meta;
 }
 

@@ -43,6 +43,10 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   model_ = backend_.model.get();
   model_->set_expert_group(groups_.expert().device);
   model_->set_context_group(groups_.context().device);
+  // Each data x context replica averages its own share of the batch: its output gradients are
+  // that many times one rank's (the FP8 delayed recipe keeps its state layout-free).
+  if (Fp8DelayedRecipe* fp8 = model_->fp8_delayed())
+    fp8->set_gradient_replicas(groups_.grad_reduce().size);
   const int zero_stage = static_cast<int>(config.optim.zero_stage);
   const bool split_experts = groups_.expert().size > 1;
   if (zero_stage >= 2)
@@ -163,11 +167,16 @@ double Trainer::forward_backward(int64_t step) {
   StageModel& model = *model_;
   model.zero_grads();
   model.take_moe_stats(step_moe_);  // forwards since the last step (evaluation): not this step's
+  Fp8DelayedRecipe* fp8 = model.fp8_delayed();
+  if (fp8) fp8->begin_step();  // likewise the amaxes an evaluation's forwards saw
   const double loss_sum = executor_->train(micro_batches, [&](int64_t micro, int32_t* tokens,
                                                               int32_t* targets) {
     load_microbatch(*train_data_, batch_of(step), micro, tokens, targets);
   });
   model.take_moe_stats(step_moe_);
+  // The step's amaxes over the ranks holding the other parts of each tensor and of the global
+  // batch: every layout's next scales are one rank's. A skipped step's join the history too.
+  if (fp8) fp8->end_step({groups_.tensor().host, groups_.grad_reduce().host});
   model.reduce_gradients();  // ZeRO-2/3: what backward left whole
   if (gradient_test_hook_) gradient_test_hook_(step, model.grads());
   // Sequence parallelism's norms and the tied embedding's two copies (optim/grad_finalize.hpp).

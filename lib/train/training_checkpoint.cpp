@@ -81,6 +81,55 @@ ChecksumShare counted_if(bool counts) {
   return counts ? ChecksumShare::all() : ChecksumShare::none();
 }
 
+// Whether this rank writes layer `layer`'s FP8 scaling state: one copy per stage, its tensor
+// and data-parallel (x context) rank 0's (the end of each step leaves every rank of the stage
+// with the same state).
+bool writes_fp8_layer(const CheckpointedState& s, int64_t layer) {
+  const Fp8DelayedRecipe* fp8 = s.model.fp8_delayed();
+  const std::vector<ParamInfo>& params = s.model.params();
+  return fp8 && fp8->has_layer(layer) && s.model.shard().tp_rank == 0 && !params.empty() &&
+         s.sync.replica_of(params.front()) == 0;
+}
+
+// train.fp8_recipe = "delayed": the state of the rank's FP8 layers from the checkpoint, each
+// read whole by every rank that holds it (the writer's read counts in the checksum), from
+// another history length if the file has one (the newest steps that fit). A checkpoint
+// without the state (another precision or recipe, `trident import`) leaves it fresh.
+void read_fp8_state(CheckpointReader& reader, const Config& c, const CheckpointedState& s,
+                    MPI_Comm comm, bool report) {
+  Fp8DelayedRecipe* fp8 = s.model.fp8_delayed();
+  const std::vector<Fp8StateDataset> datasets = fp8_state_datasets(c);
+  std::vector<std::pair<const Fp8StateDataset*, std::vector<float>>> held;
+  int64_t fresh = 0;
+  for (const Fp8StateDataset& d : datasets) {
+    if (!reader.has_dataset(d.name)) {
+      ++fresh;
+      continue;
+    }
+    const std::vector<int64_t> shape = reader.shape(d.name);  // check_schema's: [kRows, >= 3]
+    const bool holds = fp8 && fp8->has_layer(d.layer);
+    std::vector<float> rows(holds ? static_cast<size_t>(shape[0] * shape[1]) : 0);
+    const auto n = static_cast<int64_t>(rows.size());
+    reader.read_tensor(d.name, shape, holds ? std::vector<Run>{{0, 0, n}} : std::vector<Run>{},
+                       rows, counted_if(writes_fp8_layer(s, d.layer)));
+    if (holds) held.emplace_back(&d, std::move(rows));
+  }
+  reader.finish();  // checksums and values (finite, >= 0) agreed before the rows are used
+  std::string error;  // what restore_layer refuses (a scale of 0), agreed on by every rank
+  try {
+    for (const auto& [d, rows] : held)
+      fp8->restore_layer(d->layer, rows, static_cast<int64_t>(rows.size()) /
+                                             Fp8DelayedRecipe::kRows - 2);
+  } catch (const Error& e) {
+    error = "checkpoint '" + reader.path() + "': " + e.what();
+  }
+  ckpt::agree_or_throw(comm, error);
+  if (fresh > 0 && report)
+    std::printf("note: checkpoint '%s' holds no FP8 scaling state for %lld of the %zu FP8 "
+                "layers: their delayed scaling starts afresh\n",
+                reader.path().c_str(), static_cast<long long>(fresh), datasets.size());
+}
+
 // Resume's checks of the data order against the checkpoint's; returns the run's skip list
 // joined with the checkpoint's.
 std::vector<int64_t> resumed_skip_list(const std::string& path, const CheckpointMeta& meta,
@@ -118,7 +167,7 @@ std::vector<int64_t> resumed_skip_list(const std::string& path, const Checkpoint
 
 CheckpointContent plan_checkpoint(const Config& c, const CheckpointedState& state,
                                   CheckpointProgress progress) {
-  CheckpointContent content{c, std::move(progress), {}, {}, {}, {}};
+  CheckpointContent content{c, std::move(progress), {}, {}, {}, {}, {}};
   for_each_checkpoint_tensor(c.model, state.model.params(), [&](const CheckpointTensor& t) {
     TensorShare share = share_of(t, state);
     content.tensors.push_back(
@@ -127,6 +176,11 @@ CheckpointContent plan_checkpoint(const Config& c, const CheckpointedState& stat
          share.writes_weights ? std::move(share.weights) : std::vector<Run>{},
          share.writes_moments ? std::move(share.moments) : std::vector<Run>{}});
   });
+  for (const Fp8StateDataset& d : fp8_state_datasets(c))
+    content.fp8.push_back({d.name, d.shape,
+                           writes_fp8_layer(state, d.layer)
+                               ? state.model.fp8_delayed()->layer_state(d.layer)
+                               : std::vector<float>{}});
   return content;
 }
 
@@ -149,6 +203,11 @@ std::string write_training_checkpoint(const CheckpointContent& content, MPI_Comm
       w.write_tensor(t.weights, t.shape, t.weight_runs, content.weights);
       w.write_tensor(t.exp_avg, t.shape, t.moment_runs, content.exp_avg);
       w.write_tensor(t.exp_avg_sq, t.shape, t.moment_runs, content.exp_avg_sq);
+    }
+    for (const CheckpointContent::Fp8Layer& f : content.fp8) {
+      const auto n = static_cast<int64_t>(f.rows.size());
+      w.write_tensor(f.name, f.shape, n ? std::vector<Run>{{0, 0, n}} : std::vector<Run>{},
+                     f.rows);
     }
     write_checkpoint_attributes(w, c, content.progress);
   };
@@ -221,7 +280,9 @@ ResumedProgress load_training_checkpoint(const std::string& path, const Config& 
     reader.read_tensor(t.dataset(kExpAvgSqRoot), shape, share.moments, host.exp_avg_sq,
                        counted_if(share.writes_moments));
   });
-  reader.close();  // verifies the checksums and values of everything read, on every rank
+  reader.finish();  // the tensors' checksums and values, on every rank
+  read_fp8_state(reader, c, state, comm, report);
+  reader.close();
   state.optimizer.set_updates(out.meta.optimizer_updates);
   host.to_device(state);
   state.model.weights_changed();

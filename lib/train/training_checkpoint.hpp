@@ -43,9 +43,17 @@ struct CheckpointContent {
     // This rank's runs into the buffers; none for the copies another rank writes.
     std::vector<Run> weight_runs, moment_runs;
   };
+  // A layer's FP8 scaling state (fp8_state_datasets): its rows where this rank writes them,
+  // else none. Copied when planned: small, and the next step changes the live state.
+  struct Fp8Layer {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> rows;
+  };
   Config config;
   CheckpointProgress progress;
   std::vector<Tensor> tensors;  // for_each_checkpoint_tensor's order: the same on every rank
+  std::vector<Fp8Layer> fp8;    // fp8_state_datasets' order: the same on every rank
   std::span<const float> weights, exp_avg, exp_avg_sq;
 };
 
