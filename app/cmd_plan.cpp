@@ -247,9 +247,14 @@ std::string nothing_fits(const PlanProblem& problem, const std::vector<Predictio
 // config's own checks (parse_config with the layout's overrides). layout_problem knows the
 // grid's rules; the config also knows what the trainer does not run yet with its other keys
 // (e.g. context parallelism with train.device = "cuda" or eval.sample_interval > 0).
-std::string trainer_refusal(const Config& c, const Layout& l, int64_t global_batch) {
+// `precision`: the precision planned where --precision says another than the config's (fp8
+// with train.device = "cuda", which the trainer does not run yet); "" for the config's.
+std::string trainer_refusal(const Config& c, const Layout& l, int64_t global_batch,
+                            const std::string& precision = "") {
+  std::vector<std::string> overrides = layout_overrides(l, global_batch);
+  if (!precision.empty()) overrides.push_back("train.precision=" + precision);
   try {
-    parse_config(c.to_toml(), c.source, layout_overrides(l, global_batch));
+    parse_config(c.to_toml(), c.source, overrides);
   } catch (const Error& e) {
     return e.what();
   }
@@ -494,7 +499,8 @@ void run_plan(const PlanOptions& options) {
     std::printf(" --set %s", s.c_str());
   std::printf("\n");
   // The plan models what the trainer is designed to run; say where this config cannot run it yet.
-  const std::string refusal = trainer_refusal(c, ranked.front().layout, problem.global_batch);
+  const std::string refusal =
+      trainer_refusal(c, ranked.front().layout, problem.global_batch, options.precision);
   if (!refusal.empty())
     print_wrapped("note:", "with this config the trainer refuses it: " + refusal);
   std::fflush(stdout);
