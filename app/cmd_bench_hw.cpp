@@ -581,7 +581,8 @@ void run_bench_hw(const BenchHwOptions& options) {
           " thread(s) (" + chosen.explain(share) + ").",
       "Peak = the best trainer sgemm (cubes) measured per rank (all ranks at once); efficiency at",
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
-      "volume) over that best. bf16 = fp32: the CPU backend computes in fp32.",
+      "volume) over that best. bf16 = fp32: the CPU backend computes in fp32; train.precision",
+      "= \"fp8\" multiplies its quantised operands at the fp32 rate too (no peak_tflops_fp8).",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",
       "written), the rank's threads, all ranks at once (a 256 MiB memcpy: " +

@@ -47,8 +47,9 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
   // A precision the config does not say (a mixture of experts, whose kernels are fp32, planned
   // for a bf16 run).
   cmd->add_option("--precision", options.precision,
-                  "fp32 | bf16: the precision modelled (default: the config's train.precision)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+                  "fp32 | bf16 | fp8: the precision modelled (default: the config's "
+                  "train.precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
 }
 
 namespace {
@@ -96,6 +97,12 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
            {{"block_bytes", p.cp_block_bytes},
             {"forward_bytes_per_layer", p.cp_forward_bytes_per_layer},
             {"transfer_seconds", p.cp_ring_seconds}, {"exposed_seconds", p.time.cp_comm}}},
+          {"fp8",
+           {{"layers", p.fp8_layers}, {"gemm_seconds", p.fp8_gemm_seconds},
+            {"quantise_bytes", p.fp8_quantise_bytes},
+            {"quantise_seconds", p.fp8_quantise_seconds},
+            {"amax_all_reduces", p.fp8_amax_reductions},
+            {"amax_seconds", p.fp8_amax_seconds}, {"scratch_bytes", p.fp8_scratch_bytes}}},
           {"warnings", warnings_json(layout_warnings(problem, p))},
           {"set", layout_overrides(p.layout, global_batch)}};
 }
@@ -240,9 +247,14 @@ std::string nothing_fits(const PlanProblem& problem, const std::vector<Predictio
 // config's own checks (parse_config with the layout's overrides). layout_problem knows the
 // grid's rules; the config also knows what the trainer does not run yet with its other keys
 // (e.g. context parallelism with train.device = "cuda" or eval.sample_interval > 0).
-std::string trainer_refusal(const Config& c, const Layout& l, int64_t global_batch) {
+// `precision`: the precision planned where --precision says another than the config's (fp8
+// with train.device = "cuda", which the trainer does not run yet); "" for the config's.
+std::string trainer_refusal(const Config& c, const Layout& l, int64_t global_batch,
+                            const std::string& precision = "") {
+  std::vector<std::string> overrides = layout_overrides(l, global_batch);
+  if (!precision.empty()) overrides.push_back("train.precision=" + precision);
   try {
-    parse_config(c.to_toml(), c.source, layout_overrides(l, global_batch));
+    parse_config(c.to_toml(), c.source, overrides);
   } catch (const Error& e) {
     return e.what();
   }
@@ -254,9 +266,37 @@ PlanProblem problem_of(const Config& c, const std::string& hardware) {
   problem.model = c.model;
   problem.global_batch = c.train.global_batch;
   problem.precision = c.train.precision;
+  problem.fp8_skip_first = c.train.fp8_skip_first_layers;
+  problem.fp8_skip_last = c.train.fp8_skip_last_layers;
   problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
   problem.hw = load_hardware(hardware);
   return problem;
+}
+
+// What the hardware file must have for the precision planned, checked before any layout: fp8
+// on a GPU needs device.peak_tflops_fp8 (one line naming the file and the key).
+void check_precision(const PlanProblem& problem) {
+  problem.hw.peak_flops(problem.precision);
+  if (problem.fp8()) problem.hw.fp8_gemm_flops();
+}
+
+// train.precision = "fp8" in one sentence: the FP8 GEMMs' rate, the layers they cover, the
+// rest's precision and the peak MFU is against (the base precision's: "bf16-equivalent",
+// torchtitan's and Megatron-LM's convention for FP8 runs).
+std::string fp8_text(const PlanProblem& problem) {
+  const std::string base = problem.base_precision();
+  char text[600];
+  std::snprintf(text, sizeof text,
+                "the linear GEMMs of %lld of %lld layers at %.4g TFLOP/s "
+                "(train.fp8_skip_first_layers = %lld, train.fp8_skip_last_layers = %lld), "
+                "their operands quantised at the memory bandwidth; the rest in %s; MFU against "
+                "the %s peak (%s-equivalent)",
+                static_cast<long long>(problem.fp8_layers()),
+                static_cast<long long>(problem.model.layers), problem.hw.fp8_gemm_flops() / 1e12,
+                static_cast<long long>(problem.fp8_skip_first),
+                static_cast<long long>(problem.fp8_skip_last), base.c_str(), base.c_str(),
+                base.c_str());
+  return text;
 }
 
 }  // namespace
@@ -265,6 +305,7 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
   PlanProblem problem = problem_of(c, hardware);
   if (const std::string why = plan_size_problem(problem, "train.global_batch"); !why.empty())
     throw Error("train --plan auto: " + why);
+  check_precision(problem);
   const int64_t per_node = problem.hw.devices_per_node;
   if (ranks < per_node) {
     problem.hw.devices_per_node = ranks;  // one node, partly used
@@ -356,6 +397,7 @@ void run_plan(const PlanOptions& options) {
   problem.dp_overlap = !options.no_dp_overlap;
   problem.attention_dropout = options.attention_dropout;
   if (!options.precision.empty()) problem.precision = options.precision;
+  check_precision(problem);
   const LayoutFilter filter = parse_layout_filter(options.layout);
   if (filter.pp > kPlanMaxPipeline)
     throw Error("plan --layout pipeline = " + std::to_string(filter.pp) + " is past the " +
@@ -405,7 +447,10 @@ void run_plan(const PlanOptions& options) {
                           {"nodes", problem.nodes},     {"devices", problem.devices()},
                           {"device_memory_gib", problem.hw.device.memory_gib},
                           {"global_batch", problem.global_batch},
-                          {"precision", problem.precision}, {"layouts", ranked.size()},
+                          {"precision", problem.precision},
+                          {"mfu_peak_tflops", problem.hw.peak_flops(problem.precision) / 1e12},
+                          {"mfu_peak_precision", problem.base_precision()},
+                          {"layouts", ranked.size()},
                           {"fitting", fitting}, {"plan_seconds", seconds},
                           {"warnings", warnings_json(problem_warnings(problem))}};
     out["best"] = nlohmann::json::array();
@@ -433,7 +478,9 @@ void run_plan(const PlanOptions& options) {
               problem.hw.name.c_str(), static_cast<long long>(problem.nodes),
               static_cast<long long>(problem.hw.devices_per_node),
               static_cast<long long>(problem.devices()), problem.hw.device.memory_gib,
-              problem.hw.peak_flops(problem.precision) / 1e12, problem.precision.c_str());
+              problem.hw.peak_flops(problem.precision) / 1e12,
+              problem.base_precision().c_str());
+  if (problem.fp8()) print_wrapped("fp8:", fp8_text(problem));
   std::printf("global batch: %lld sequences (%lld tokens)\n",
               static_cast<long long>(problem.global_batch),
               static_cast<long long>(problem.global_batch * m.seq_len));
@@ -452,7 +499,8 @@ void run_plan(const PlanOptions& options) {
     std::printf(" --set %s", s.c_str());
   std::printf("\n");
   // The plan models what the trainer is designed to run; say where this config cannot run it yet.
-  const std::string refusal = trainer_refusal(c, ranked.front().layout, problem.global_batch);
+  const std::string refusal =
+      trainer_refusal(c, ranked.front().layout, problem.global_batch, options.precision);
   if (!refusal.empty())
     print_wrapped("note:", "with this config the trainer refuses it: " + refusal);
   std::fflush(stdout);

@@ -554,3 +554,85 @@ TEST(AppPlan, TrainPlanAutoRunsContextParallelismOrSkipsWhatTheConfigRefuses) {
   EXPECT_NE(s.output.find("step      1/1 | loss "), std::string::npos) << s.output;
   std::filesystem::remove_all(dir);
 }
+
+// train.precision = "fp8" (docs/plan.md "FP8"): Llama 3.1 8B on one DGX H100 node, one layout
+// planned in bf16 and in fp8 (--precision): the fp8 step is faster, by less than the 2x of the
+// GEMMs' rates (the rest stays bf16, the quantisation passes cost); the JSON says what it
+// modelled (layers covered, the FP8 GEMMs', the passes' and the amax all-reduces' figures, the
+// quantised copies' scratch) and that MFU is against the bf16 peak. The config's own
+// train.precision = "fp8" and train.fp8_skip_* are planned alike; an H100 without its FP8 rate
+// is one error line naming the file and the key, and the trainer's refusal of fp8 on a GPU is
+// said beside the best layout.
+TEST(AppPlan, Fp8OnH100IsFasterThanBf16AndSaysWhatItModelled) {
+  const std::string one = kLlama8bOnH100 + " --nodes 1 --json --layout tensor=1,pipeline=1,"
+                                           "data=8,micro_batch=8,zero=3,recompute=none";
+  auto best_of = [](const std::string& args) {
+    const RunResult r = run_command(trident_cmd("plan " + args), 120, false);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json();
+  };
+  const nlohmann::json bf16 = best_of(one), fp8 = best_of(one + " --precision fp8");
+  ASSERT_EQ(fp8["best"].size(), 1u);
+  EXPECT_EQ(fp8["precision"], "fp8");
+  EXPECT_EQ(fp8["mfu_peak_precision"], "bf16");
+  EXPECT_DOUBLE_EQ(fp8["mfu_peak_tflops"].get<double>(), 989.4);
+  const nlohmann::json &b = bf16["best"][0], &f = fp8["best"][0];
+  const double b_step = b["step_seconds"], f_step = f["step_seconds"];
+  EXPECT_LT(f_step, b_step);
+  EXPECT_GT(f_step, b_step / 2.0);
+  double parts = 0;
+  for (const auto& [k, v] : f["time"].items()) parts += v.get<double>();
+  EXPECT_NEAR(parts, f_step, 1e-9 * f_step);
+  EXPECT_EQ(f["fp8"]["layers"], 30);  // 32 less the first and the last
+  EXPECT_EQ(b["fp8"]["layers"], 0);
+  EXPECT_GT(f["fp8"]["gemm_seconds"].get<double>(), 0.0);
+  EXPECT_LT(f["fp8"]["gemm_seconds"].get<double>(), f["time"]["compute"].get<double>());
+  EXPECT_GT(f["fp8"]["quantise_bytes"].get<double>(), 0.0);
+  EXPECT_GT(f["fp8"]["quantise_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(f["fp8"]["amax_all_reduces"].get<double>(), 0.0) << "TP 1: no group to reduce over";
+  const double scratch = f["fp8"]["scratch_bytes"];
+  EXPECT_GT(scratch, 0.0);
+  EXPECT_NEAR(f["memory_bytes"]["total"].get<double>() - b["memory_bytes"]["total"].get<double>(),
+              scratch, 1e-9 * scratch);
+  // No recomputation: hardware FLOPs = model FLOPs, so MFU = TFLOP/s over the bf16 peak.
+  EXPECT_NEAR(f["mfu"].get<double>(), f["tflops_per_device"].get<double>() / 989.4, 1e-9);
+
+  // The config's train.precision (the trainer takes fp8 on the CPU only, hence train.device).
+  const nlohmann::json config = best_of(one + " --set train.device=cpu --set train.precision=fp8 "
+                                              "--set train.fp8_skip_first_layers=2");
+  EXPECT_EQ(config["precision"], "fp8");
+  EXPECT_EQ(config["best"][0]["fp8"]["layers"], 29);
+
+  const RunResult table = plan(kLlama8bOnH100 + " --nodes 1 --top 1 --precision fp8");
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  for (const char* text : {"peak 989.4 TFLOP/s bf16\nfp8: the linear GEMMs of 30 of 32 layers "
+                           "at 1979 TFLOP/s",
+                           "MFU against the bf16 peak (bf16-equivalent)",
+                           "the trainer refuses it: ", "the GPU's FP8 GEMMs are not built yet"})
+    EXPECT_NE(table.output.find(text), std::string::npos) << text << "\n" << table.output;
+  expect_one_error_line(plan("--config " + source("configs/llama_3.1_8b.toml") + " --hardware " +
+                             source("configs/hardware/a100_80gb_dgx.toml") +
+                             " --nodes 1 --precision fp8"),
+                        "a100_80gb_dgx.toml: device.peak_tflops_fp8 is missing: train.precision "
+                        "= \"fp8\" needs the device's dense FP8 tensor-core rate");
+}
+
+// trident train --plan auto with train.precision = "fp8" (the CPU reference; cpu_2core.toml
+// models its FP8 GEMMs at the fp32 rate): plans, chooses and trains.
+TEST(AppPlan, TrainPlanAutoPlansAndTrainsFp8) {
+  const auto dir = scratch_dir("plan_auto_fp8");
+  const auto config = make_tiny_run(dir);
+  const RunResult r = run_command(
+      std::string(TRIDENT_MPIEXEC) + " -n 2 " +
+          trident_cmd("train --config " + config.string() +
+                      " --set train.steps=2 --set model.layers=4 --set train.precision=fp8 "
+                      "--plan auto --hardware " + source("configs/hardware/cpu_2core.toml")),
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n  chosen tensor="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step      2/2 | loss "), std::string::npos) << r.output;
+  std::ifstream resolved(dir / "run" / "config.toml");
+  const std::string text((std::istreambuf_iterator<char>(resolved)), {});
+  EXPECT_NE(text.find("precision = \"fp8\""), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}

@@ -9,8 +9,10 @@
 #include <set>
 #include <string>
 
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "model/architecture.hpp"
+#include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "plan/cost_model.hpp"
 #include "pipeline/schedule.hpp"
@@ -452,8 +454,9 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
   // Pipeline of 4 stages of 2 layers, 32 micro-batches of one sequence (N = 16 rows, fp32,
   // GPU attention stash): a layer keeps 41472 bytes (PlanActivations); stage 0 a stash of
   // 2 layers + its output [16, 64] + tokens and targets = 87168 bytes, the last stage also
-  // the final norm output and the loss statistics: 91520 bytes (the logits are not kept: one
-  // chunk of them is a buffer, held once).
+  // the final norm output and statistics and the loss statistics: 87168 + 4096 + 4 x (2 x 16
+  // + 4 x 16) = 91648 bytes (the logits are not kept: one chunk of them is a buffer, held
+  // once).
   // 1F1B: stage 0 holds min(4, 32) = 4 stashes and is the fullest; GPipe: every stage holds
   // all 32, and the last is the fullest.
   p.hw.devices_per_node = 4;
@@ -462,7 +465,7 @@ TEST(PlanPredict, MemoryIsTheTrainersFlatBuffersAndTheScheduleBound) {
   EXPECT_DOUBLE_EQ(o.memory.activations, 4 * 87168.0);
   const Prediction g = predict(p, layout(1, 4, 1, 1, ScheduleKind::GPipe));
   EXPECT_EQ(g.fullest_stage, 3);
-  EXPECT_DOUBLE_EQ(g.memory.activations, 32 * 91520.0);
+  EXPECT_DOUBLE_EQ(g.memory.activations, 32 * 91648.0);
 }
 
 // The interleaved executor keeps each chunk's stash slots once made, so a stage holds every
@@ -1420,4 +1423,321 @@ TEST(PlanZero, RankingSharesThePipelineSimulationAcrossStagesOnly) {
     if (r.layout.pp > 1) stages.insert(r.layout.zero_stage);
   }
   EXPECT_EQ(stages, (std::set<int>{0, 1, 2, 3}));
+}
+
+// train.precision = "fp8" (docs/plan.md "FP8"): the linear GEMMs of the layers between the first
+// train.fp8_skip_first_layers and the last train.fp8_skip_last_layers at the FP8 rate, the rest
+// in the base precision (bf16 on a GPU, fp32 on a CPU); each GEMM's operands quantised at the
+// memory bandwidth; an amax all-reduce per quantised tensor.
+namespace {
+
+// The ideal hardware (efficiency 1) with a GPU's FP8 rate, 4x its bf16 one.
+PlanProblem fp8_problem(const ModelConfig& m, int64_t global_batch = 32) {
+  PlanProblem p = problem(m, 1, global_batch);
+  p.precision = "fp8";
+  p.hw.device.peak_tflops_fp8 = 400.0;
+  return p;
+}
+
+PlanProblem with_precision(PlanProblem p, const std::string& precision) {
+  p.precision = precision;
+  return p;
+}
+
+// Elements one FP8 layer quantises per micro-batch of N rows on one tensor rank (TP 1), from
+// its four GEMMs' shapes (Cin, OC): forward x [N, Cin] and w [OC, Cin], backward dy [N, OC], x
+// and w again.
+struct QuantisedElements {
+  double forward = 0, backward = 0, dy = 0;
+};
+QuantisedElements quantised_elements(const ModelConfig& m, double N) {
+  const double C = static_cast<double>(m.width), H = static_cast<double>(m.heads * m.head_size());
+  const double QKV = static_cast<double>((m.heads + 2 * m.kv_head_count()) * m.head_size());
+  const double F = static_cast<double>(m.ffn_size()), U = m.is_llama() ? 2.0 * F : F;
+  const double gemms[4][2] = {{C, QKV}, {H, C}, {C, U}, {F, C}};
+  QuantisedElements q;
+  for (const auto& [in, out] : gemms) {
+    q.forward += N * in + out * in;
+    q.backward += N * out + N * in + out * in;
+    q.dy += N * out;
+  }
+  return q;
+}
+
+std::string predict_error(const PlanProblem& p, const Layout& l) {
+  try {
+    predict(p, l);
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// The covered layers' linear FLOPs at the FP8 rate, everything else (the skipped layers'
+// GEMMs, attention, the LM head) at the bf16 rate; MFU against the bf16 peak.
+TEST(PlanFp8, CoveredLayersGemmsAtTheFp8RateTheRestAtBf16) {
+  const ModelConfig m = small_gpt();  // 8 layers
+  PlanProblem fp8 = fp8_problem(m);
+  fp8.hw.devices_per_node = 1;
+  const PlanProblem bf16 = with_precision(fp8, "bf16");
+  const Layout l = layout(1, 1, 1, 4);  // 8 micro-batches of 4 sequences
+  const double tokens = 32 * 16, linear = training_flops_parts(m, 64).layer_linear;
+  const Prediction base = predict(bf16, l);
+  int compared = 0;
+  for (const auto& [first, last] : {std::pair<int64_t, int64_t>{1, 1}, {0, 0}, {2, 3}}) {
+    fp8.fp8_skip_first = first;
+    fp8.fp8_skip_last = last;
+    const double covered = 8.0 - static_cast<double>(first + last);
+    const Prediction r = predict(fp8, l);
+    EXPECT_EQ(r.fp8_layers, static_cast<int64_t>(covered));
+    EXPECT_NEAR(r.fp8_gemm_seconds, covered * linear * tokens / 400e12, 1e-12 * r.fp8_gemm_seconds);
+    // The same step but the covered GEMMs' rate, and their quantisation passes (nearly free at
+    // the ideal device's bandwidth).
+    EXPECT_NEAR(r.time.compute,
+                base.time.compute - covered * linear * tokens * (1 / 100e12 - 1 / 400e12) +
+                    r.fp8_quantise_seconds,
+                1e-9 * base.time.compute)
+        << first << " " << last;
+    EXPECT_GT(r.fp8_quantise_seconds, 0.0);
+    EXPECT_LT(r.fp8_quantise_seconds, 1e-6 * r.time.compute);
+    EXPECT_NEAR(r.mfu, r.model_flops_per_step / r.step_seconds / 100e12, 1e-12);
+    EXPECT_GT(r.mfu, base.mfu);
+    EXPECT_DOUBLE_EQ(r.model_flops_per_step, base.model_flops_per_step);
+    // Activations stay bf16: only the quantised copies' scratch is added (1 byte an element).
+    EXPECT_DOUBLE_EQ(r.memory.activations, base.memory.activations);
+    EXPECT_DOUBLE_EQ(r.memory.weights, base.memory.weights);  // fp32 master + bf16 copy
+    EXPECT_GT(r.fp8_scratch_bytes, 0.0);
+    EXPECT_DOUBLE_EQ(r.memory.buffers - base.memory.buffers, r.fp8_scratch_bytes);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 3);
+  // Every layer skipped: the bf16 step, to the bit.
+  fp8.fp8_skip_first = 8;
+  const Prediction none = predict(fp8, l);
+  EXPECT_EQ(none.fp8_layers, 0);
+  EXPECT_EQ(none.time.compute, base.time.compute);
+  EXPECT_EQ(none.memory.total(), base.memory.total());
+}
+
+// A stage whose layers are all skipped runs in bf16 and holds no quantised copies (the trainer
+// allocates them on a covered layer's first GEMM); the scratch is model_stats.hpp's fp8 count
+// at one byte an element: the largest input, weight and output gradient.
+TEST(PlanFp8, SkippedStagesHoldNoScratchAndTheScratchIsTheTrainersCount) {
+  const ModelConfig m = small_gpt();  // 8 layers, 4 a stage over PP 2
+  PlanProblem fp8 = fp8_problem(m);
+  fp8.hw.devices_per_node = 2;
+  const PlanProblem bf16 = with_precision(fp8, "bf16");
+  const Layout l = layout(1, 2, 1, 1);  // 32 micro-batches: 1F1B's stage 0 is the fullest
+  fp8.fp8_skip_first = 4;
+  fp8.fp8_skip_last = 0;
+  const Prediction late = predict(fp8, l), base = predict(bf16, l);
+  EXPECT_EQ(late.fullest_stage, 0);
+  EXPECT_EQ(late.fp8_scratch_bytes, 0.0);
+  EXPECT_EQ(late.memory.total(), base.memory.total());
+  fp8.fp8_skip_first = 0;
+  fp8.fp8_skip_last = 4;
+  const Prediction early = predict(fp8, l);
+  EXPECT_EQ(early.fullest_stage, 0);
+  // N = 16 rows; gpt2 C 64: the largest input F = 256, output gradient F = 256 (QKV 192), weight
+  // F x C; one byte each.
+  const double N = 16, C = 64, F = 256;
+  EXPECT_DOUBLE_EQ(early.fp8_scratch_bytes, N * (F + F) + F * C);
+  EXPECT_DOUBLE_EQ(early.memory.total() - base.memory.total(), early.fp8_scratch_bytes);
+}
+
+// The quantisation passes at the memory bandwidth (1 GB/s; the FP8 rate = the bf16 one, so the
+// GEMMs cost the same): each quantised element is read twice (amax, quantise) and written once,
+// 2 + 2 + 1 bytes on a GPU; the split backward quantises dy twice; full recomputation reruns
+// the forward's. On a CPU (kind "cpu") the copies are fp32 and the GEMMs run at the fp32 rate:
+// 4 + 4 + 4 bytes, fp8 = fp32 but for the passes.
+TEST(PlanFp8, QuantisationBytesAtTheMemoryBandwidth) {
+  const ModelConfig m = small_gpt();
+  PlanProblem fp8 = fp8_problem(m);
+  fp8.hw.devices_per_node = 1;
+  fp8.hw.device.memory_bandwidth_gbs = 1.0;
+  fp8.hw.device.peak_tflops_fp8 = fp8.hw.device.peak_tflops_bf16;
+  const int64_t mb = 4;
+  const double micro = 32 / mb, covered = 6, bw = 1e9;
+  const QuantisedElements q = quantised_elements(m, mb * 16.0);
+  int compared = 0;
+  for (const bool cpu : {false, true}) {
+    PlanProblem p = fp8;
+    if (cpu) p.hw.device.kind = "cpu";
+    const PlanProblem base = with_precision(p, cpu ? "fp32" : "bf16");
+    const double per_element = cpu ? 12.0 : 5.0;
+    for (const auto& [schedule, recompute] :
+         {std::pair{ScheduleKind::OneFOneB, Recompute::None},
+          {ScheduleKind::ZeroBubbleH1, Recompute::None},
+          {ScheduleKind::OneFOneB, Recompute::Full}}) {
+      Layout l = layout(1, 1, 1, mb, schedule);
+      l.recompute = recompute;
+      const double elements = q.forward + q.backward +
+                              (schedule == ScheduleKind::ZeroBubbleH1 ? q.dy : 0.0) +
+                              (recompute == Recompute::Full ? q.forward : 0.0);
+      const double bytes = covered * micro * per_element * elements;
+      const Prediction r = predict(p, l), b = predict(base, l);
+      EXPECT_DOUBLE_EQ(r.fp8_quantise_bytes, bytes) << cpu << " " << to_string(l);
+      EXPECT_NEAR(r.fp8_quantise_seconds, bytes / bw, 1e-12 * bytes / bw);
+      EXPECT_NEAR(r.time.compute - b.time.compute, bytes / bw, 1e-9 * b.time.compute)
+          << cpu << " " << to_string(l);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 6);
+}
+
+// One float all-reduced (MAX) per quantised tensor over the tensor group, activations' and
+// gradients' also over the context group: per layer and micro-batch 20 over TP (forward x, w;
+// backward dy, x, w; four GEMMs), 12 of them over CP; the split backward adds a dy per GEMM,
+// full recomputation the forward's 8 (4).
+TEST(PlanFp8, AmaxAllReducesOverTheTensorAndContextGroups) {
+  const ModelConfig m = small_gpt();
+  PlanProblem fp8 = fp8_problem(m, 1);  // one micro-batch
+  fp8.hw.devices_per_node = 2;
+  const PlanProblem bf16 = with_precision(fp8, "bf16");
+  const double covered = 6;
+  const double ar = collective_seconds(fp8.hw, fp8.hw.intra_node, Collective::AllReduce, 2, 4.0);
+  int compared = 0;
+  for (const auto& [schedule, recompute, count] :
+       {std::tuple{ScheduleKind::OneFOneB, Recompute::None, 20.0},
+        {ScheduleKind::ZeroBubbleH1, Recompute::None, 24.0},
+        {ScheduleKind::OneFOneB, Recompute::Full, 28.0}}) {
+    Layout l = layout(2, 1, 1, 1, schedule);
+    l.recompute = recompute;
+    const Prediction r = predict(fp8, l), b = predict(bf16, l);
+    EXPECT_DOUBLE_EQ(r.fp8_amax_reductions, covered * count) << to_string(l);
+    EXPECT_NEAR(r.fp8_amax_seconds, covered * count * ar, 1e-15);
+    EXPECT_NEAR(r.time.tp_comm - b.time.tp_comm, covered * count * ar, 1e-15) << to_string(l);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 3);
+  PlanProblem two = fp8;
+  two.global_batch = 2;
+  EXPECT_EQ(predict(two, layout(1, 1, 2, 1)).fp8_amax_reductions, 0.0) << "TP 1: no collective";
+
+  // Context parallelism: CP 2 (TP 1), 4 layers of which 2 covered, 4 micro-batches.
+  const ModelConfig lm = long_llama(4096);
+  PlanProblem cp = fp8_problem(lm, 4);
+  cp.hw.devices_per_node = 2;
+  const double cp_ar = collective_seconds(cp.hw, cp.hw.intra_node, Collective::AllReduce, 2, 4.0);
+  const Layout l = context_layout(1, 2, 1, 1);
+  const Prediction r = predict(cp, l), b = predict(with_precision(cp, "bf16"), l);
+  EXPECT_DOUBLE_EQ(r.fp8_amax_reductions, 4 * 2 * 12.0);
+  EXPECT_NEAR(r.time.cp_comm - b.time.cp_comm, 4 * 2 * 12.0 * cp_ar, 1e-15);
+  EXPECT_EQ(r.time.tp_comm, b.time.tp_comm);
+}
+
+// device.peak_tflops_fp8: optional, a GPU's only; planning fp8 on a GPU file without it is one
+// line naming the file and the key; on a CPU the FP8 GEMMs run at the fp32 rate; the shipped
+// H100 and H200 files have NVIDIA's dense figure, the A100 (no FP8 tensor cores) none.
+TEST(PlanFp8, HardwareKeyAndItsErrors) {
+  const std::string gpu = ideal_hardware_text();
+  const HardwareSpec without = parse_hardware(gpu, "hw.toml");
+  EXPECT_EQ(without.device.peak_tflops_fp8, 0.0);
+  EXPECT_DOUBLE_EQ(without.peak_flops("fp8"), 100e12) << "fp8's base: bf16 on a GPU";
+  try {
+    without.fp8_gemm_flops();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "hardware file hw.toml: device.peak_tflops_fp8 is missing: train.precision = "
+              "\"fp8\" needs the device's dense FP8 tensor-core rate, 10^12 FLOP/s "
+              "(docs/plan.md \"FP8\")");
+  }
+  PlanProblem p = problem(small_gpt());
+  p.precision = "fp8";
+  EXPECT_NE(predict_error(p, layout(1, 1, 8, 4))
+                .find("ideal.toml: device.peak_tflops_fp8 is missing"),
+            std::string::npos);
+  const std::string text =
+      replace(gpu, "peak_tflops_bf16 = 100.0", "peak_tflops_bf16 = 100.0\npeak_tflops_fp8 = 250");
+  const HardwareSpec with = parse_hardware(text, "hw.toml");
+  EXPECT_DOUBLE_EQ(with.fp8_gemm_flops(), 250e12);
+  EXPECT_DOUBLE_EQ(parse_hardware(hardware_to_toml(with, {}), "again.toml").fp8_gemm_flops(),
+                   250e12);
+  expect_error(replace(text, "peak_tflops_fp8 = 250", "peak_tflops_fp8 = -1"),
+               "hw.toml: device.peak_tflops_fp8 = -1 must be greater than 0");
+  const std::string cpu = replace(gpu, "kind = \"gpu\"", "kind = \"cpu\"");
+  const HardwareSpec reference = parse_hardware(cpu, "cpu.toml");
+  EXPECT_DOUBLE_EQ(reference.fp8_gemm_flops(), 10e12) << "the CPU's fp32 rate";
+  EXPECT_DOUBLE_EQ(reference.peak_flops("fp8"), 10e12);
+  EXPECT_EQ(reference.fp8_base_precision(), "fp32");
+  expect_error(replace(cpu, "peak_tflops_bf16 = 100.0", "peak_tflops_bf16 = 100.0\n"
+                                                          "peak_tflops_fp8 = 250"),
+               "hw.toml: device.peak_tflops_fp8 is for a GPU");
+  for (const auto& [name, fp8] : {std::pair<std::string, double>{"h100_dgx", 1979e12},
+                                  {"h200_dgx", 1979e12}, {"cpu_2core", 0.0}}) {
+    const HardwareSpec hw =
+        load_hardware(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware/" + name + ".toml");
+    EXPECT_DOUBLE_EQ(hw.fp8_gemm_flops(), fp8 > 0 ? fp8 : hw.peak_flops("fp32")) << name;
+  }
+  const HardwareSpec a100 =
+      load_hardware(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware/a100_80gb_dgx.toml");
+  EXPECT_THROW(a100.fp8_gemm_flops(), Error);
+  // A mixture of experts has no FP8 form (the config refuses it for the trainer).
+  ModelConfig moe = small_gpt();
+  moe.moe_experts = 4;
+  PlanProblem experts = fp8_problem(moe);
+  EXPECT_NE(predict_error(experts, layout(1, 1, 8, 4))
+                .find("train.precision = \"fp8\" with model.moe_experts (4) > 0"),
+            std::string::npos);
+  EXPECT_EQ(predict_error(fp8_problem(small_gpt()), layout(1, 1, 8, 4)), "");
+}
+
+// The plan's memory for an fp8 layout is what the trainer allocates: the CPU model (the FP8
+// reference, its quantised copies fp32) on a counting device, one micro-batch's forward and
+// backward, against the plan on a CPU device without reserved memory. The plan's total less
+// what the model does not allocate (the optimizer's moments, the pipeline's two message
+// buffers) is the device's peak, to the byte, for fp32 and for fp8 with and without skipped
+// layers, and with every layer skipped (issue 54 item 4).
+TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
+  int compared = 0;
+  for (const std::string arch : {"gpt2", "llama"}) {
+    ModelConfig m = small_gpt();
+    m.arch = arch;
+    m.kv_heads = m.is_llama() ? 2 : 0;
+    m.layers = 4;
+    for (const auto& [precision, skip] :
+         {std::pair<std::string, int64_t>{"fp32", 0}, {"fp8", 0}, {"fp8", 1}, {"fp8", 2}}) {
+      const int64_t mb = 2;
+      PlanProblem p = problem(m, 1, mb);
+      p.hw.device.kind = "cpu";
+      p.hw.device.reserved_gib = 0.0;
+      p.hw.devices_per_node = 1;
+      p.precision = precision;
+      p.fp8_skip_first = p.fp8_skip_last = skip;
+      const Prediction r = predict(p, layout(1, 1, 1, mb));
+
+      ModelShard shard = ModelShard::whole(m);
+      shard.fp8.enabled = precision == "fp8";
+      shard.fp8.skip_first = shard.fp8.skip_last = skip;
+      auto self = make_self_communicator("tensor");
+      CpuModel<float> model(m, shard, *self);
+      model.init_weights(1);
+      const int64_t N = mb * m.seq_len;
+      std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(tokens.size());
+      for (int64_t i = 0; i < N; ++i) tokens[i] = targets[i] = static_cast<int32_t>(i % 64);
+      {
+        auto a = model.make_activations(mb);
+        model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+        model.backward(a, 1.0f, nullptr, nullptr);
+      }
+      const double measured =
+          static_cast<double>(model.kernels().device().peak_allocated_bytes());
+      const double message = static_cast<double>(N * m.width) * 4.0;
+      const double planned = r.memory.total() - r.memory.optimizer - 2.0 * message;
+      EXPECT_EQ(planned, measured) << arch << " " << precision << " skip " << skip;
+      // Every layer skipped (2 + 2 of 4): no FP8 GEMM, no quantised copies.
+      EXPECT_EQ(r.fp8_scratch_bytes == 0.0, precision == "fp32" || skip == 2);
+      std::printf("[ measured ] %s %s skip %lld: the plan %.0f bytes, the model allocates %.0f "
+                  "(fp8 scratch %.0f)\n",
+                  arch.c_str(), precision.c_str(), static_cast<long long>(skip), planned,
+                  measured, r.fp8_scratch_bytes);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 8);
 }

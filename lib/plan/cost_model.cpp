@@ -187,6 +187,9 @@ struct ChunkCost {
   double ep_comm = 0;                // EP all-to-alls inside forward + backward
   double cp_comm = 0;                // the CP ring's exposed transfers inside forward + backward
   double cp_ring = 0;                // all the CP ring's transfers, hidden or not
+  // FP8 layers' parts (LayerModel's), inside the figures above.
+  double fp8_gemm = 0, fp8_quantise_bytes = 0, fp8_quantise = 0, fp8_amax_count = 0,
+         fp8_amax = 0;
 };
 
 struct LayerModel {
@@ -194,23 +197,48 @@ struct LayerModel {
   double fwd_ep = 0, bwd_ep = 0;  // a MoE layer's all-to-alls (EP > 1)
   double fwd_cp = 0, bwd_cp = 0;  // the CP ring's exposed transfers (CP > 1)
   double cp_ring = 0;             // the CP ring's transfers, forward + backward, hidden or not
+  // An FP8 layer's (train.precision = "fp8"), inside the figures above: its linear GEMMs'
+  // seconds, its quantisation passes' bytes and seconds, its amax all-reduces (those over a
+  // group of more than one rank) and their seconds.
+  double fp8_gemm = 0, fp8_quantise_bytes = 0, fp8_quantise = 0, fp8_amax_count = 0,
+         fp8_amax = 0;
+};
+
+// An FP8 layer's quantisation traffic for one micro-batch on one tensor rank, in elements
+// (Fp8Linear, model/fp8_linear.hpp). Each of the four GEMMs (rows N, input width Cin, output
+// width OC: qkv, attention output, MLP up and down) quantises in forward its input x [N, Cin]
+// and weight w [OC, Cin], in backward its output gradient dy [N, OC] and again x (for dW) and
+// w (for dX); the split backward (zb-h1/h2) quantises dy once in each half. Each quantisation
+// is an amax pass (reads the tensor) and a quantise pass (reads it, writes the copy).
+struct Fp8Traffic {
+  double forward = 0;   // x and w: sum N Cin + OC Cin
+  double backward = 0;  // dy, x and w: sum N OC + N Cin + OC Cin
+  double weight = 0;    // what the split backward's weight half quantises: dy and x
+  double dy = 0;        // sum N OC: the split backward's second dy
 };
 
 class CostModel {
  public:
   CostModel(const PlanProblem& p, const Layout& l)
       : p_(p), l_(l), m_(p.model), local_(context_local(p.model, l.cp)), hw_(p.hw),
-        e_(activation_element_bytes(p.precision)),
+        e_(activation_element_bytes(p.base_precision())),
         vp_(padded_vocab_size(m_, static_cast<int>(l.tp))),
         parts_(training_flops_parts(m_, vp_)),
         dense_linear_(training_flops_parts(dense_of(m_), vp_).layer_linear),
         peak_(hw_.peak_flops(p.precision)),
+        fp8_peak_(p.fp8() ? hw_.fp8_gemm_flops() : 0.0),
         n_(static_cast<double>(l.micro_batch * local_.seq_len)),
-        t_(static_cast<double>(l.tp)) {}
+        t_(static_cast<double>(l.tp)) {
+    if (p.fp8() && m_.moe_experts > 0)
+      throw Error("train.precision = \"fp8\" with model.moe_experts (" +
+                  std::to_string(m_.moe_experts) +
+                  ") > 0: the experts' GEMMs have no FP8 form (the trainer refuses it too)");
+  }
 
   // One transformer layer, one micro-batch, one tensor rank: a dense one, or (`moe`) one
-  // whose MLP is the experts behind the router.
-  LayerModel layer(bool moe) const {
+  // whose MLP is the experts behind the router, or (`fp8`, dense only) one whose linear layers
+  // multiply FP8 operands (train.precision = "fp8", docs/plan.md "FP8").
+  LayerModel layer(bool moe, bool fp8 = false) const {
     const double C = static_cast<double>(m_.width), T = static_cast<double>(m_.seq_len);
     const double HS = static_cast<double>(m_.head_size());
     const double H = static_cast<double>(m_.heads) * HS;
@@ -230,7 +258,8 @@ class CostModel {
     // Under CP a rank's attention is CP ring steps of T/CP query rows against T/CP keys.
     const double eff_attention =
         hw_.attention_efficiency(T / static_cast<double>(l_.cp), HS);
-    double linear = dense_linear_ * n_ / t_ / (peak_ * eff_linear);
+    // An FP8 layer's GEMMs (forward and both backward ones) at the FP8 rate on the same curve.
+    double linear = dense_linear_ * n_ / t_ / ((fp8 ? fp8_peak_ : peak_) * eff_linear);
     const double attention = parts_.layer_attention * n_ / t_ / (peak_ * eff_attention);
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
     // written once in forward and read twice in backward (its own op's backward and the
@@ -262,6 +291,24 @@ class CostModel {
     r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
     r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
     r.weight = deferred;
+    if (fp8) {
+      // The quantisation passes at the memory bandwidth: an element costs e (the amax pass's
+      // read) + e (the quantise pass's read) + q (its write), e the base precision's element
+      // and q the quantised one's: 2 + 2 + 1 = 5 bytes on a GPU (bf16 in, FP8 out), 4 + 4 + 4
+      // = 12 on the CPU reference (its copies are fp32). The GEMMs' own reads of the copies
+      // are the GEMMs' time.
+      const Fp8Traffic q = fp8_traffic(shapes);
+      const double per_element = 2.0 * e_ + hw_.fp8_element_bytes();
+      const bool split = splits_backward(l_.schedule);
+      double elements = q.forward + q.backward + (split ? q.dy : 0.0);
+      r.fwd_compute += per_element * q.forward / bw;
+      r.bwd_compute += per_element * (q.backward + (split ? q.dy : 0.0)) / bw;
+      if (split) r.weight += per_element * q.weight / bw;
+      if (l_.recompute == Recompute::Full) elements += q.forward;  // the rerun forward's
+      r.fp8_gemm = linear;
+      r.fp8_quantise_bytes = per_element * elements;
+      r.fp8_quantise = r.fp8_quantise_bytes / bw;
+    }
     // Dropout on materialized probabilities (PlanProblem::attention_dropout, another system's;
     // Trident has none): forward reads the probabilities and writes the dropped ones and a
     // one-byte mask, backward reads the gradient and the mask and writes the gradient, (2 e + 1)
@@ -302,7 +349,60 @@ class CostModel {
       r.bwd_ep = 2.0 * a2a + (l_.recompute == Recompute::Full ? r.fwd_ep : 0.0);
     }
     if (l_.cp > 1) ring(attention, r);
+    if (fp8) fp8_amax(r);
     return r;
+  }
+
+  // An FP8 layer's Fp8Traffic from its four GEMMs' shapes {N, Cin, OC}.
+  static Fp8Traffic fp8_traffic(const double (&shapes)[4][3]) {
+    Fp8Traffic t;
+    for (const auto& g : shapes) {
+      const double x = g[0] * g[1], w = g[2] * g[1], dy = g[0] * g[2];
+      t.forward += x + w;
+      t.backward += dy + x + w;
+      t.weight += dy + x;
+      t.dy += dy;
+    }
+    return t;
+  }
+
+  // An FP8 layer's amax all-reduces (one float each, MAX; Fp8Linear): every quantised
+  // tensor's over the tensor group, an activation's or gradient's also over the context
+  // group. Per GEMM forward x, w (2, 1 of them activations), backward dy, x, w (3, 2), the
+  // split backward's second dy (1, 1); four GEMMs; full recomputation reruns the forward's.
+  // Latency-bound: collective_seconds of 4 bytes, on the group's link.
+  void fp8_amax(LayerModel& r) const {
+    const double tensor = tp_seconds(Collective::AllReduce, 4.0);
+    const double context = collective_seconds(hw_, cp_link(), Collective::AllReduce, l_.cp, 4.0);
+    const bool split = splits_backward(l_.schedule), full = l_.recompute == Recompute::Full;
+    const double fwd_t = 4.0 * 2.0, fwd_c = 4.0 * 1.0;
+    const double bwd_t = 4.0 * 3.0 + (split ? 4.0 : 0.0) + (full ? fwd_t : 0.0);
+    const double bwd_c = 4.0 * 2.0 + (split ? 4.0 : 0.0) + (full ? fwd_c : 0.0);
+    r.fwd_comm += fwd_t * tensor;
+    r.bwd_comm += bwd_t * tensor;
+    r.fwd_cp += fwd_c * context;
+    r.bwd_cp += bwd_c * context;
+    r.fp8_amax = (fwd_t + bwd_t) * tensor + (fwd_c + bwd_c) * context;
+    r.fp8_amax_count = (l_.tp > 1 ? fwd_t + bwd_t : 0.0) + (l_.cp > 1 ? fwd_c + bwd_c : 0.0);
+  }
+
+  // The quantised copies' scratch an FP8 rank holds once (the largest input, weight and
+  // output gradient of its GEMMs): model_stats.hpp's count, the trainer's own, at the device's
+  // quantised element (what backward_scratch_bytes adds for fp8 at that element size).
+  double fp8_scratch_bytes() const {
+    ActivationShape q = shape(Recompute::None);
+    q.element_bytes = static_cast<int64_t>(hw_.fp8_element_bytes());
+    q.fp8 = false;
+    const double without = static_cast<double>(backward_scratch_bytes(local_, q));
+    q.fp8 = true;
+    return static_cast<double>(backward_scratch_bytes(local_, q)) - without;
+  }
+
+  // The model's layers among chunk c's whose linear GEMMs run in FP8.
+  int64_t fp8_layers_in(const Chunk& c) const {
+    int64_t n = 0;
+    for (int64_t l = c.layer_begin; l < c.layer_begin + c.layers; ++l) n += p_.fp8_covers(l);
+    return n;
   }
 
   // The context ring of one layer (CP > 1) over `attention`, the seconds of the rank's
@@ -381,10 +481,13 @@ class CostModel {
                                                                   : hw_.inter_node;
   }
 
-  ChunkCost chunk(const Chunk& c, const LayerModel& dense, const LayerModel& moe) const {
+  // `fp8`: a dense layer in FP8 (the covered layers'; MoE has no FP8 form).
+  ChunkCost chunk(const Chunk& c, const LayerModel& dense, const LayerModel& moe,
+                  const LayerModel& fp8) const {
     ChunkCost r;
     const double Lm = static_cast<double>(moe_layers_in(m_, c));
-    const double Ld = static_cast<double>(c.layers) - Lm;
+    const double Lf = static_cast<double>(fp8_layers_in(c));
+    const double Ld = static_cast<double>(c.layers) - Lm - Lf;
     auto add = [&r](double L, const LayerModel& layer) {
       r.forward += L * (layer.fwd_compute + layer.fwd_comm + layer.fwd_ep + layer.fwd_cp);
       r.backward += L * (layer.bwd_compute + layer.bwd_comm + layer.bwd_ep + layer.bwd_cp);
@@ -393,9 +496,15 @@ class CostModel {
       r.ep_comm += L * (layer.fwd_ep + layer.bwd_ep);
       r.cp_comm += L * (layer.fwd_cp + layer.bwd_cp);
       r.cp_ring += L * layer.cp_ring;
+      r.fp8_gemm += L * layer.fp8_gemm;
+      r.fp8_quantise_bytes += L * layer.fp8_quantise_bytes;
+      r.fp8_quantise += L * layer.fp8_quantise;
+      r.fp8_amax_count += L * layer.fp8_amax_count;
+      r.fp8_amax += L * layer.fp8_amax;
     };
     add(Ld, dense);
     add(Lm, moe);
+    add(Lf, fp8);
     const double C = static_cast<double>(m_.width);
     const double stream = n_ * C * e_;
     if (c.embedding) {
@@ -441,7 +550,10 @@ class CostModel {
     double bytes = static_cast<double>(c.layers) * layer + moe * moe_extra_bytes(kept) +
                    Ns * C * e_;  // + the output
     if (c.embedding || c.head) bytes += 2.0 * n_ * 4.0;                   // tokens, targets
-    if (c.head) bytes += n_ * C * e_ + 4.0 * n_ * 4.0;  // final norm, loss statistics (no logits)
+    // The final norm's output and statistics, the loss statistics (no logits): the
+    // Transformer's activation_bytes.
+    const double norm_stats = m_.is_llama() ? 1.0 : 2.0;
+    if (c.head) bytes += n_ * C * e_ + 4.0 * (norm_stats * Ns + 4.0 * n_);
     return bytes;
   }
 
@@ -498,7 +610,8 @@ class CostModel {
   int64_t vp_;
   TrainingFlopsParts parts_;
   double dense_linear_;  // a dense layer's linear training FLOPs per token
-  double peak_;
+  double peak_;          // of the base precision: everything but FP8 GEMMs
+  double fp8_peak_;      // an FP8 GEMM's (train.precision = "fp8"), else 0
   double n_;  // rows of one micro-batch on the rank: micro_batch * seq_len / CP
   double t_;
 };
@@ -761,6 +874,24 @@ double moe_routed_rows(const ModelConfig& m, int64_t micro_batch) {
   return static_cast<double>(micro_batch) * kept;
 }
 
+bool PlanProblem::fp8_covers(int64_t layer) const {
+  Fp8Settings settings;
+  settings.enabled = fp8();
+  settings.skip_first = fp8_skip_first;
+  settings.skip_last = fp8_skip_last;
+  return settings.covers(layer, model.layers);
+}
+
+int64_t PlanProblem::fp8_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < model.layers; ++l) n += fp8_covers(l);
+  return n;
+}
+
+std::string PlanProblem::base_precision() const {
+  return fp8() ? hw.fp8_base_precision() : precision;
+}
+
 std::string to_string(const Layout& l) {
   std::ostringstream o;
   o << "tensor=" << l.tp;
@@ -866,6 +997,7 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   const ChunkParams params = chunk_params(m, l.tp);
   const LayerModel dense_layer = model.layer(false);
   const LayerModel moe_layer = m.moe_experts > 0 ? model.layer(true) : LayerModel{};
+  const LayerModel fp8_layer = p.fp8() ? model.layer(false, true) : LayerModel{};
   const int64_t microbatches = p.global_batch / (l.micro_batch * l.dp);
   const int64_t replicas = gradient_group(l);  // data x context: the gradients' group
 
@@ -877,7 +1009,8 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   // than the others); the step is the simulated makespan, and the busiest stage's compute is
   // the compute and TP communication reported.
   std::vector<ChunkCost> chunk_cost;
-  for (const Chunk& c : chunks) chunk_cost.push_back(model.chunk(c, dense_layer, moe_layer));
+  for (const Chunk& c : chunks)
+    chunk_cost.push_back(model.chunk(c, dense_layer, moe_layer, fp8_layer));
   ChunkCost busiest;  // per micro-batch, summed over the stage's chunks
   for (int64_t s = 0; s < l.pp; ++s) {
     ChunkCost stage;
@@ -889,6 +1022,11 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
       stage.ep_comm += op.ep_comm;
       stage.cp_comm += op.cp_comm;
       stage.cp_ring += op.cp_ring;
+      stage.fp8_gemm += op.fp8_gemm;
+      stage.fp8_quantise_bytes += op.fp8_quantise_bytes;
+      stage.fp8_quantise += op.fp8_quantise;
+      stage.fp8_amax_count += op.fp8_amax_count;
+      stage.fp8_amax += op.fp8_amax;
     }
     if (stage.forward + stage.backward > busiest.forward + busiest.backward) busiest = stage;
   }
@@ -920,11 +1058,20 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
     r.cp_forward_bytes_per_layer = static_cast<double>(l.cp - 1) * r.cp_block_bytes;
     r.cp_ring_seconds = static_cast<double>(microbatches) * busiest.cp_ring;
   }
+  if (p.fp8()) {
+    const double M = static_cast<double>(microbatches);
+    r.fp8_layers = p.fp8_layers();
+    r.fp8_gemm_seconds = M * busiest.fp8_gemm;
+    r.fp8_quantise_bytes = M * busiest.fp8_quantise_bytes;
+    r.fp8_quantise_seconds = M * busiest.fp8_quantise;
+    r.fp8_amax_reductions = M * busiest.fp8_amax_count;
+    r.fp8_amax_seconds = M * busiest.fp8_amax;
+  }
   r.time.bubble = std::max(0.0, pipe.makespan_without_transfers - busy);
   r.time.pp_transfer = std::max(0.0, pipe.makespan - pipe.makespan_without_transfers);
 
   // Per physical stage: parameters and the activation stashes the schedule holds at its peak.
-  const double bf16_copy = p.precision == "bf16" ? 2.0 : 0.0;
+  const double bf16_copy = p.base_precision() == "bf16" ? 2.0 : 0.0;
   const double reserved = hw.device.reserved_gib * kGiB;
   // The backward's scratch (the trainer's own count, model_stats.hpp) and the pipeline's
   // message buffers.
@@ -934,6 +1081,9 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   // The ring's blocks in flight (CP > 1): the K/V block arriving beside the one in use, and in
   // backward the dK/dV accumulator received and the one sent.
   const double ring_buffers = l.cp > 1 ? 4.0 * model.ring_block_bytes() : 0.0;
+  // FP8's quantised copies, held once by a stage with an FP8 layer (Fp8Linear grows them on
+  // its first call: a stage of skipped layers never does).
+  const double fp8_scratch = p.fp8() ? model.fp8_scratch_bytes() : 0.0;
   // The largest stage's parameters (by elements), as the data group's traffic moves them.
   StageParams largest;
   const double e_compute = model.element_bytes();  // the compute copy's element (ZeRO-3)
@@ -964,13 +1114,20 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
       mem.activations += model.moe_extra_bytes(kept) -
                          static_cast<double>(moe_layer_extra_bytes(model.local(), kept));
     }
-    mem.buffers = reserved + scratch + ring_buffers + zero1_staging(p, l, stage.flat);
+    // + the model's loss accumulator (one fp64, Transformer::loss_sum_).
+    mem.buffers = reserved + scratch + ring_buffers + zero1_staging(p, l, stage.flat) + 8.0;
+    double stage_fp8 = 0.0;
+    for (int64_t c = 0; c < l.virtual_stages && stage_fp8 == 0.0; ++c)
+      if (model.fp8_layers_in(chunks[static_cast<size_t>(c * l.pp + s)]) > 0)
+        stage_fp8 = fp8_scratch;
+    mem.buffers += stage_fp8;
     if (stage.experts > 0.0) mem.buffers += model.moe_buffer_bytes();
     // One chunk of the LM head's logits, held once by the last stage.
     if (s == l.pp - 1) mem.buffers += model.head_scratch();
     if (s == 0 || mem.total() > r.memory.total()) {
       r.memory = mem;
       r.fullest_stage = s;
+      r.fp8_scratch_bytes = stage_fp8;
     }
   }
   r.fits = r.memory.total() <= hw.device.memory_gib * kGiB;

@@ -71,20 +71,35 @@ struct PlanProblem {
   // Dropout on the materialized attention probabilities (Megatron-LM's attention_dropout;
   // Trident's trainer has none): plan --attention-dropout.
   bool attention_dropout = false;
+  // train.fp8_skip_first_layers, train.fp8_skip_last_layers (precision "fp8"): the layers at
+  // each end of the model whose linear layers keep the base precision.
+  int64_t fp8_skip_first = 1, fp8_skip_last = 1;
   bool materialized_attention() const {
     return attention.empty() ? hw.device.materializes_attention() : attention == "materialized";
   }
   int64_t devices() const { return nodes * hw.devices_per_node; }
+  bool fp8() const { return precision == "fp8"; }
+  // Whether model layer `layer` runs its linear layers' GEMMs in FP8: the trainer's own test
+  // (Fp8Settings::covers); false unless precision is "fp8".
+  bool fp8_covers(int64_t layer) const;
+  // The layers fp8_covers, of model.layers.
+  int64_t fp8_layers() const;
+  // The precision of everything but the FP8 GEMMs (activations, the weights' compute copy,
+  // attention, norms, the LM head): `precision`, or for "fp8" hw.fp8_base_precision() (bf16
+  // on a GPU, fp32 on the CPU reference).
+  std::string base_precision() const;
 };
 
 // Seconds of one training step, by cause. Their sum is the step time.
 struct StepTime {
   double compute = 0.0;      // matmuls and memory-bound work of the slowest stage, recompute incl.
   double tp_comm = 0.0;      // tensor-parallel all-reduces / all-gathers / reduce-scatters
+                             // (fp8's amax all-reduces included)
   double bubble = 0.0;       // pipeline idle time (the schedule's simulator)
   double pp_transfer = 0.0;  // pipeline activation / gradient messages on the critical path
   double ep_comm = 0.0;      // expert-parallel all-to-alls of the MoE layers' routed rows
   double cp_comm = 0.0;      // the context-parallel K/V ring, what attention does not hide
+                             // (and fp8's amax all-reduces over the context group)
   double dp_exposed = 0.0;   // data-parallel gradient reduction not hidden behind backward
   double optimizer = 0.0;    // AdamW (memory-bound) on the rank's slice
   double total() const {
@@ -139,6 +154,20 @@ struct Prediction {
   double cp_block_bytes = 0.0;
   double cp_forward_bytes_per_layer = 0.0;
   double cp_ring_seconds = 0.0;
+  // train.precision = "fp8" (docs/plan.md "FP8"): the model's layers whose linear GEMMs run in
+  // FP8 (PlanProblem::fp8_layers); over a step on the busiest stage, those GEMMs' seconds at
+  // the FP8 rate (in time.compute), the quantisation passes' bytes and seconds (memory-bound,
+  // in time.compute) and the amax all-reduces of one float: how many cross a group of more
+  // than one rank (tensor, and context for activations) and their seconds (in time.tp_comm and
+  // time.cp_comm); on the fullest stage the quantised copies' scratch (in memory.buffers).
+  // `mfu` stays against the base precision's peak ("bf16-equivalent" on a GPU).
+  int64_t fp8_layers = 0;
+  double fp8_gemm_seconds = 0.0;
+  double fp8_quantise_bytes = 0.0;
+  double fp8_quantise_seconds = 0.0;
+  double fp8_amax_reductions = 0.0;
+  double fp8_amax_seconds = 0.0;
+  double fp8_scratch_bytes = 0.0;
 };
 
 // ZeRO-2 and 3's transient full-size units (docs/plan.md "ZeRO stages"), each the size of the

@@ -73,8 +73,8 @@ const std::set<std::string>& known_keys() {
   static const std::set<std::string> keys = {
       "name", "devices_per_node",
       "device.kind", "device.peak_tflops_fp32", "device.peak_tflops_bf16",
-      "device.gemm_efficiency", "device.attention_efficiency", "device.memory_gib",
-      "device.reserved_gib",
+      "device.peak_tflops_fp8", "device.gemm_efficiency", "device.attention_efficiency",
+      "device.memory_gib", "device.reserved_gib",
       "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
       "inter_node.bandwidth_gbs", "inter_node.efficiency", "inter_node.latency_us",
@@ -160,6 +160,14 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
     r.fail("device.kind", "= \"" + hw.device.kind + "\" must be \"gpu\" or \"cpu\"");
   hw.device.peak_tflops_fp32 = r.number("device.peak_tflops_fp32", 0.0);
   hw.device.peak_tflops_bf16 = r.number("device.peak_tflops_bf16", 0.0);
+  if (root.at_path("device.peak_tflops_fp8").node() != nullptr) {
+    // One meaning per key: a CPU's FP8 GEMMs are the reference's fp32 ones (docs/plan.md "FP8").
+    if (hw.device.kind == "cpu")
+      r.fail("device.peak_tflops_fp8",
+             "is for a GPU: on device.kind = \"cpu\" the trainer's FP8 GEMMs run at the fp32 "
+             "rate (docs/plan.md \"FP8\")");
+    hw.device.peak_tflops_fp8 = r.number("device.peak_tflops_fp8", 0.0);
+  }
   hw.device.gemm_efficiency = read_curve(r, "device.gemm_efficiency");
   if (root.at_path("device.attention_efficiency").node() != nullptr)
     hw.device.attention_efficiency = read_curve(r, "device.attention_efficiency");
@@ -187,8 +195,24 @@ HardwareSpec load_hardware(const std::string& path) {
 double HardwareSpec::peak_flops(const std::string& precision) const {
   if (precision == "fp32") return device.peak_tflops_fp32 * 1e12;
   if (precision == "bf16") return device.peak_tflops_bf16 * 1e12;
-  throw Error("train.precision = \"" + precision + "\": the plan knows fp32 and bf16");
+  if (precision == "fp8") return peak_flops(fp8_base_precision());
+  throw Error("train.precision = \"" + precision + "\": the plan knows fp32, bf16 and fp8");
 }
+
+std::string HardwareSpec::fp8_base_precision() const {
+  return device.kind == "gpu" ? "bf16" : "fp32";
+}
+
+double HardwareSpec::fp8_gemm_flops() const {
+  if (device.kind != "gpu") return peak_flops("fp32");
+  if (device.peak_tflops_fp8 <= 0.0)
+    throw Error("hardware file " + source + ": device.peak_tflops_fp8 is missing: "
+                "train.precision = \"fp8\" needs the device's dense FP8 tensor-core rate, "
+                "10^12 FLOP/s (docs/plan.md \"FP8\")");
+  return device.peak_tflops_fp8 * 1e12;
+}
+
+double HardwareSpec::fp8_element_bytes() const { return device.kind == "gpu" ? 1.0 : 4.0; }
 
 namespace {
 // The curve c at size, linearly interpolated in log(size), flat beyond its ends.
@@ -280,6 +304,8 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
   o << "kind = \"" << hw.device.kind << "\"\n";
   o << "peak_tflops_fp32 = " << num(hw.device.peak_tflops_fp32) << "\n";
   o << "peak_tflops_bf16 = " << num(hw.device.peak_tflops_bf16) << "\n";
+  if (hw.device.peak_tflops_fp8 > 0.0)
+    o << "peak_tflops_fp8 = " << num(hw.device.peak_tflops_fp8) << "\n";
   auto curve = [&](const char* key, const std::vector<std::pair<double, double>>& c) {
     o << key << " = [";
     for (size_t i = 0; i < c.size(); ++i)

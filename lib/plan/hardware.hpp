@@ -37,6 +37,10 @@ struct DeviceSpec {
   std::string kind;                 // "gpu" | "cpu"
   double peak_tflops_fp32 = 0.0;    // dense peak, 1e12 FLOP/s
   double peak_tflops_bf16 = 0.0;
+  // Optional, a GPU's only (0: absent): the dense FP8 tensor-core rate train.precision = "fp8"
+  // runs the covered linear layers' GEMMs at (docs/plan.md "FP8"). A CPU has none: the CPU
+  // reference stores its quantised operands in fp32 and multiplies them at the fp32 rate.
+  double peak_tflops_fp8 = 0.0;
   // (GEMM size, fraction of peak): size is the cube root of m*n*k; sorted by size.
   std::vector<std::pair<double, double>> gemm_efficiency;
   // Optional (empty: the GEMM curve at T x HS x T): (size, fraction of peak) the trainer's fused
@@ -67,8 +71,21 @@ struct HardwareSpec {
   LinkSpec inter_node;
   CollectiveFactors collectives;
 
-  // Peak dense FLOP/s for train.precision ("fp32" | "bf16"); trident::Error otherwise.
+  // Peak dense FLOP/s for train.precision ("fp32" | "bf16" | "fp8"); trident::Error otherwise.
+  // For "fp8" the peak of its base precision (fp8_base_precision): the rate of everything but
+  // the FP8 GEMMs, and the peak MFU is reported against ("bf16-equivalent" on a GPU, as
+  // torchtitan and Megatron-LM report FP8 runs).
   double peak_flops(const std::string& precision) const;
+  // What train.precision = "fp8" keeps outside its FP8 GEMMs (activations, attention, norms,
+  // the LM head, the compute copy of the weights): "bf16" on a GPU, "fp32" on a CPU (the
+  // reference computes in fp32).
+  std::string fp8_base_precision() const;
+  // The dense FLOP/s of an FP8 GEMM: device.peak_tflops_fp8 on a GPU (a trident::Error of one
+  // line naming the file and the key where the file has none), the fp32 peak on a CPU (the
+  // reference's FP8 GEMMs are fp32 GEMMs of the quantised values).
+  double fp8_gemm_flops() const;
+  // Bytes of one quantised FP8 element: 1 on a GPU, the fp32 compute type's 4 on a CPU.
+  double fp8_element_bytes() const;
   // Fraction of peak a GEMM of m x n x k reaches: the curve linearly interpolated in
   // log(size), flat beyond its ends.
   double gemm_efficiency(double m, double n, double k) const;
