@@ -268,6 +268,7 @@ PlanProblem problem_of(const Config& c, const std::string& hardware) {
   problem.precision = c.train.precision;
   problem.fp8_skip_first = c.train.fp8_skip_first_layers;
   problem.fp8_skip_last = c.train.fp8_skip_last_layers;
+  problem.fp8_delayed = c.train.fp8_recipe == "delayed";
   problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
   problem.hw = load_hardware(hardware);
   return problem;

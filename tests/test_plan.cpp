@@ -1563,11 +1563,15 @@ TEST(PlanFp8, QuantisationBytesAtTheMemoryBandwidth) {
   const double micro = 32 / mb, covered = 6, bw = 1e9;
   const QuantisedElements q = quantised_elements(m, mb * 16.0);
   int compared = 0;
-  for (const bool cpu : {false, true}) {
+  // The delayed recipe: a GPU takes the amax in the quantisation pass (3 bytes an element);
+  // the CPU reference still runs its amax pass (12).
+  for (const auto& [cpu, delayed] : {std::pair{false, false}, {true, false}, {false, true},
+                                     {true, true}}) {
     PlanProblem p = fp8;
     if (cpu) p.hw.device.kind = "cpu";
+    p.fp8_delayed = delayed;
     const PlanProblem base = with_precision(p, cpu ? "fp32" : "bf16");
-    const double per_element = cpu ? 12.0 : 5.0;
+    const double per_element = cpu ? 12.0 : delayed ? 3.0 : 5.0;
     for (const auto& [schedule, recompute] :
          {std::pair{ScheduleKind::OneFOneB, Recompute::None},
           {ScheduleKind::ZeroBubbleH1, Recompute::None},
@@ -1586,13 +1590,14 @@ TEST(PlanFp8, QuantisationBytesAtTheMemoryBandwidth) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 6);
+  EXPECT_EQ(compared, 12);
 }
 
 // One float all-reduced (MAX) per quantised tensor over the tensor group, activations' and
 // gradients' also over the context group: per layer and micro-batch 20 over TP (forward x, w;
 // backward dy, x, w; four GEMMs), 12 of them over CP; the split backward adds a dy per GEMM,
 // full recomputation the forward's 8 (4).
+// The delayed recipe: none (its one reduction a step is not counted).
 TEST(PlanFp8, AmaxAllReducesOverTheTensorAndContextGroups) {
   const ModelConfig m = small_gpt();
   PlanProblem fp8 = fp8_problem(m, 1);  // one micro-batch
@@ -1617,6 +1622,11 @@ TEST(PlanFp8, AmaxAllReducesOverTheTensorAndContextGroups) {
   PlanProblem two = fp8;
   two.global_batch = 2;
   EXPECT_EQ(predict(two, layout(1, 1, 2, 1)).fp8_amax_reductions, 0.0) << "TP 1: no collective";
+  PlanProblem delayed = fp8;  // scales fixed before the step: no per-GEMM reduction
+  delayed.fp8_delayed = true;
+  const Prediction d = predict(delayed, layout(2, 1, 1, 1)), db = predict(bf16, layout(2, 1, 1, 1));
+  EXPECT_EQ(d.fp8_amax_reductions, 0.0);
+  EXPECT_EQ(d.time.tp_comm, db.time.tp_comm);
 
   // Context parallelism: CP 2 (TP 1), 4 layers of which 2 covered, 4 micro-batches.
   const ModelConfig lm = long_llama(4096);

@@ -295,10 +295,12 @@ class CostModel {
       // The quantisation passes at the memory bandwidth: an element costs e (the amax pass's
       // read) + e (the quantise pass's read) + q (its write), e the base precision's element
       // and q the quantised one's: 2 + 2 + 1 = 5 bytes on a GPU (bf16 in, FP8 out), 4 + 4 + 4
-      // = 12 on the CPU reference (its copies are fp32). The GEMMs' own reads of the copies
-      // are the GEMMs' time.
+      // = 12 on the CPU reference (its copies are fp32). The delayed recipe's scale is known
+      // before the pass, so a GPU takes the amax in it: 2 + 1 = 3 bytes (the CPU reference
+      // still runs its amax pass). The GEMMs' own reads of the copies are the GEMMs' time.
       const Fp8Traffic q = fp8_traffic(shapes);
-      const double per_element = 2.0 * e_ + hw_.fp8_element_bytes();
+      const bool fused_amax = p_.fp8_delayed && hw_.device.kind == "gpu";
+      const double per_element = (fused_amax ? 1.0 : 2.0) * e_ + hw_.fp8_element_bytes();
       const bool split = splits_backward(l_.schedule);
       double elements = q.forward + q.backward + (split ? q.dy : 0.0);
       r.fwd_compute += per_element * q.forward / bw;
@@ -349,7 +351,7 @@ class CostModel {
       r.bwd_ep = 2.0 * a2a + (l_.recompute == Recompute::Full ? r.fwd_ep : 0.0);
     }
     if (l_.cp > 1) ring(attention, r);
-    if (fp8) fp8_amax(r);
+    if (fp8 && !p_.fp8_delayed) fp8_amax(r);
     return r;
   }
 

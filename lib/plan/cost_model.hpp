@@ -74,6 +74,10 @@ struct PlanProblem {
   // train.fp8_skip_first_layers, train.fp8_skip_last_layers (precision "fp8"): the layers at
   // each end of the model whose linear layers keep the base precision.
   int64_t fp8_skip_first = 1, fp8_skip_last = 1;
+  // train.fp8_recipe = "delayed": scales fixed before the step from the amax history, so no
+  // per-GEMM amax all-reduce (one reduction of every layer's amaxes a step: a few hundred bytes,
+  // not counted) and, on a GPU, the amax taken in the quantisation pass (no pass of its own).
+  bool fp8_delayed = false;
   bool materialized_attention() const {
     return attention.empty() ? hw.device.materializes_attention() : attention == "materialized";
   }
