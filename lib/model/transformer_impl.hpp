@@ -215,8 +215,9 @@ LinearParams<K> Transformer<K>::dense(size_t i, Fp8Gemm gemm) {
       {b.qkv_w, b.qkv_b}, {b.proj_w, b.proj_b}, {b.up_w, b.up_b}, {b.down_w, b.down_b}};
   const auto [weight, bias] = params[static_cast<int>(gemm)];
   LinearParams<K> p = linear(weight, bias);
+  if (!fp8_) return p;  // (block_layer builds a vector: not on every GEMM of a step)
   const int64_t layer = block_layer(i);
-  if (fp8_ && shard_.fp8.covers(layer, config_.layers)) {
+  if (shard_.fp8.covers(layer, config_.layers)) {
     p.fp8 = fp8_.get();
     if (fp8_delayed_) p.fp8_delayed = &fp8_delayed_->gemm(layer, gemm);
   }
