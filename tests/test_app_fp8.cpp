@@ -81,8 +81,9 @@ TEST_P(Fp8Recipe, TracksFp32) {
 }
 
 // Layouts against one rank, fp8, 8 steps (TP + SP, PP, CP, DP with ZeRO-1, ZeRO-3 with full
-// recomputation, ZB-H1 (the split backward), TP with selective recomputation). Every rank quantises with the whole tensor's scales,
-// so the first step (before any update) is one rank's to rounding: loss and gradient norm
+// recomputation, ZB-H1 (the split backward), TP with selective recomputation). Every rank
+// quantises with the whole tensor's scales, so the first step (before any update) is one
+// rank's to rounding: loss and gradient norm
 // within 1e-6 (measured: 1e-8 at most; with each rank's own amax as its scale instead, tried
 // once, TP 2 missed by 2.4e-5 in the loss and 1.1e-4 in the gradient norm, CP 2 by 1.6e-5 and
 // 1.2e-3). After it, an fp32 rounding difference between layouts can move a value across a
