@@ -102,8 +102,9 @@ TEST_P(Fp8Recipe, EveryLayoutWithinTheBoundOfOneRank) {
       fp8_args(dir, "--set train.steps=8 --set eval.interval=0 --set checkpoint.interval=2 "
                     "--set checkpoint.keep=4" + fp8_on(GetParam()));
   auto step2 = [](const fs::path& log) { return (log / "ck" / "step_00000002.h5").string(); };
-  const auto one = run_command(trident_cmd(common + " --set log.dir=" + (dir / "one").string() +
-                                           " --set checkpoint.dir=" + (dir / "one" / "ck").string()));
+  const auto one =
+      run_command(trident_cmd(common + " --set log.dir=" + (dir / "one").string() +
+                              " --set checkpoint.dir=" + (dir / "one" / "ck").string()));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const Losses ref = read_run(dir / "one");
   ASSERT_EQ(ref.loss.size(), 8u);
@@ -169,8 +170,9 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Recipe, ::testing::Values("current", "delay
 // a part): a checkpoint one rank wrote at step 3 resumes on TP 2 + SP and on PP 2 (each stage
 // reads its layers' state) with step 4 within 1e-6 of the straight run's (the same weights
 // and scales, TP's rounding; starting the state afresh instead, tried once, scales step 4 by
-// its current amaxes and misses by 3.9e-5); `ckpt info --verify` checks the state's datasets; and a checkpoint moves between
-// precisions: fp32's resumes in fp8 with a fresh state, saying so, fp8's resumes in fp32.
+// its current amaxes and misses by 3.9e-5); `ckpt info --verify` checks the state's datasets;
+// and a checkpoint moves between precisions: fp32's resumes in fp8 with a fresh state, saying
+// so, fp8's resumes in fp32.
 TEST(Fp8Delayed, StateResumesOnAnyLayoutAndMovesBetweenPrecisions) {
   const auto dir = scratch_dir("fp8_delayed_moves");
   const std::string common = fp8_args(dir, "--set train.steps=6 --set eval.interval=0");

@@ -254,7 +254,8 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheirFormulas) {
   Fp8Linear<CpuKernels<float>> fp8(settings, *self);
   std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.5f), db(OC, 0.25f);
   fp8.forward(k, nullptr, out.data(), x.data(), w.data(), b.data(), N, C, OC);
-  fp8.backward(k, nullptr, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
+  fp8.backward(k, nullptr, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C,
+               OC);
   auto quantised = [](const std::vector<float>& v, Fp8Format f, float& scale) {
     scale = fp8_scale(cpu::abs_max(v.data(), static_cast<int64_t>(v.size())), 1.f, f, 0);
     std::vector<double> q(v.size());

@@ -80,7 +80,8 @@ class Fp8Linear {
   }
 
  private:
-  static Fp8DelayedScaling* state(Fp8GemmScaling* gemm, Fp8DelayedScaling Fp8GemmScaling::*operand) {
+  static Fp8DelayedScaling* state(Fp8GemmScaling* gemm,
+                                  Fp8DelayedScaling Fp8GemmScaling::*operand) {
     return gemm ? &(gemm->*operand) : nullptr;
   }
   // The scale of a tensor: its delayed state's, once that has a history (the state observes
