@@ -1751,3 +1751,83 @@ TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
   }
   EXPECT_EQ(compared, 8);
 }
+
+// time.compute split into the layers' linear GEMMs, attention, memory-bound passes and the LM
+// head: the parts sum to it on every kind of layout (dense, MoE, FP8, recomputation,
+// pipelines with the head on one stage, materialized attention with dropout, CP); the GEMMs
+// are the layers' linear FLOPs at the curve's rate (by hand on one rank), and each part moves
+// with what it models.
+TEST(PlanComputeParts, SumToTheComputeAndEachIsWhatItModels) {
+  struct Case {
+    std::string name;
+    PlanProblem p;
+    Layout l;
+  };
+  std::vector<Case> cases;
+  // One node of exactly the layout's devices.
+  auto on = [](PlanProblem p, const Layout& l) {
+    p.hw.devices_per_node = l.tp * l.cp * l.pp * l.dp;
+    return p;
+  };
+  const ModelConfig gpt = small_gpt();
+  cases.push_back({"gpt2 1 rank", problem(gpt), layout(1, 1, 1, 2)});
+  Layout full = layout(2, 2, 1, 2);
+  full.recompute = Recompute::Full;
+  cases.push_back({"gpt2 TP 2 PP 2 full recompute", problem(gpt), full});
+  Layout selective = layout(1, 1, 2, 1);
+  selective.recompute = Recompute::Selective;
+  PlanProblem materialized = problem(gpt);
+  materialized.attention = "materialized";
+  materialized.attention_dropout = true;
+  cases.push_back({"materialized + dropout, selective", materialized, selective});
+  cases.push_back({"moe", problem(small_moe()), layout(1, 1, 2, 1)});
+  cases.push_back({"fp8", fp8_problem(gpt), layout(1, 2, 1, 1, ScheduleKind::ZeroBubbleH1)});
+  PlanProblem cp = problem(long_llama(4096), 1, 4);
+  cp.hw.devices_per_node = 2;
+  cases.push_back({"llama CP 2", cp, context_layout(1, 2, 1, 1)});
+  int compared = 0;
+  for (const Case& c : cases) {
+    const Prediction r = predict(on(c.p, c.l), c.l);
+    const double sum = r.compute_gemm_seconds + r.compute_attention_seconds +
+                       r.compute_memory_seconds + r.compute_head_seconds;
+    EXPECT_NEAR(sum, r.time.compute, 1e-12 * r.time.compute) << c.name;
+    EXPECT_GT(r.compute_gemm_seconds, 0.0) << c.name;
+    EXPECT_GT(r.compute_attention_seconds, 0.0) << c.name;
+    EXPECT_GT(r.compute_memory_seconds, 0.0) << c.name;
+    EXPECT_GT(r.compute_head_seconds, 0.0) << c.name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 6);
+  // One rank, no recomputation: the layers' linear training FLOPs at the curve's rate.
+  const Layout l = layout(1, 1, 1, 2);
+  PlanProblem one = on(problem(gpt), l);
+  one.hw.device.memory_bandwidth_gbs = 1.0;  // memory-bound passes of a size to compare
+  const Prediction r = predict(one, l);
+  const TrainingFlopsParts parts = training_flops_parts(gpt, 64);  // layer_linear: no vocab
+  const double N = 2.0 * 16, C = 64, F = 256;
+  const double shapes[4][3] = {{N, C, 3 * C}, {N, C, C}, {N, C, F}, {N, F, C}};
+  double flops = 0, time = 0;
+  for (const auto& s : shapes) {
+    flops += s[0] * s[1] * s[2];
+    time += s[0] * s[1] * s[2] / one.hw.gemm_efficiency(s[0], s[1], s[2]);
+  }
+  const double peak = one.hw.peak_flops("fp32");
+  const double micro = 32.0 / 2.0;
+  const double gemm = micro * 8 * parts.layer_linear * N / (peak * flops / time);
+  EXPECT_NEAR(r.compute_gemm_seconds, gemm, 1e-9 * gemm);
+  // Full recomputation reruns the forward: a third more GEMM and attention time.
+  Layout again = l;
+  again.recompute = Recompute::Full;
+  const Prediction f = predict(one, again);
+  EXPECT_NEAR(f.compute_gemm_seconds, r.compute_gemm_seconds * 4.0 / 3.0, 1e-9 * gemm);
+  EXPECT_NEAR(f.compute_attention_seconds, r.compute_attention_seconds * 4.0 / 3.0,
+              1e-9 * r.compute_attention_seconds);
+  EXPECT_EQ(f.compute_head_seconds, r.compute_head_seconds) << "the head is not recomputed";
+  // The memory-bound part goes with the bandwidth.
+  PlanProblem slow = one;
+  slow.hw.device.memory_bandwidth_gbs /= 2.0;
+  const Prediction s = predict(slow, l);
+  EXPECT_NEAR(s.compute_memory_seconds, 2.0 * r.compute_memory_seconds,
+              1e-9 * r.compute_memory_seconds);
+  EXPECT_EQ(s.compute_gemm_seconds, r.compute_gemm_seconds);
+}

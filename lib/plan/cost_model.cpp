@@ -190,6 +190,8 @@ struct ChunkCost {
   // FP8 layers' parts (LayerModel's), inside the figures above.
   double fp8_gemm = 0, fp8_quantise_bytes = 0, fp8_quantise = 0, fp8_amax_count = 0,
          fp8_amax = 0;
+  // The compute inside forward + backward by part (Prediction::compute_*_seconds).
+  double gemm = 0, attention = 0, memory = 0, head = 0;
 };
 
 struct LayerModel {
@@ -202,6 +204,9 @@ struct LayerModel {
   // group of more than one rank) and their seconds.
   double fp8_gemm = 0, fp8_quantise_bytes = 0, fp8_quantise = 0, fp8_amax_count = 0,
          fp8_amax = 0;
+  // Its compute (fwd_compute + bwd_compute) by part: linear GEMMs, attention core, the rest
+  // (memory-bound passes), recomputation's reruns included.
+  double gemm = 0, attention = 0, memory = 0;
 };
 
 // An FP8 layer's quantisation traffic for one micro-batch on one tensor rank, in elements
@@ -323,6 +328,10 @@ class CostModel {
     if (l_.recompute == Recompute::Selective) r.bwd_compute += dropout / bw;
     if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
     if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0 + 2.0 * scores / bw;
+    const bool full = l_.recompute == Recompute::Full;
+    r.gemm = linear * (full ? 4.0 / 3.0 : 1.0);
+    r.attention = attention * (l_.recompute == Recompute::None ? 1.0 : 4.0 / 3.0);
+    r.memory = r.fwd_compute + r.bwd_compute - r.gemm - r.attention;
     // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the
     // [N, C] stream in forward, two in backward; full recompute reruns forward's.
     const double stream = n_ * C * e_;
@@ -503,6 +512,9 @@ class CostModel {
       r.fp8_quantise += L * layer.fp8_quantise;
       r.fp8_amax_count += L * layer.fp8_amax_count;
       r.fp8_amax += L * layer.fp8_amax;
+      r.gemm += L * layer.gemm;
+      r.attention += L * layer.attention;
+      r.memory += L * layer.memory;
     };
     add(Ld, dense);
     add(Lm, moe);
@@ -535,6 +547,7 @@ class CostModel {
                                                           : Collective::AllReduce, stream);
       r.forward += head + logits + comm;
       r.tp_comm += comm;
+      r.head += head + logits;
     }
     return r;
   }
@@ -1029,6 +1042,10 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
       stage.fp8_quantise += op.fp8_quantise;
       stage.fp8_amax_count += op.fp8_amax_count;
       stage.fp8_amax += op.fp8_amax;
+      stage.gemm += op.gemm;
+      stage.attention += op.attention;
+      stage.memory += op.memory;
+      stage.head += op.head;
     }
     if (stage.forward + stage.backward > busiest.forward + busiest.backward) busiest = stage;
   }
@@ -1052,6 +1069,11 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   const double busy_ep = static_cast<double>(microbatches) * busiest.ep_comm;
   const double busy_cp = static_cast<double>(microbatches) * busiest.cp_comm;
   r.time.compute = busy - busy_comm - busy_ep - busy_cp;
+  const double M = static_cast<double>(microbatches);
+  r.compute_gemm_seconds = M * busiest.gemm;
+  r.compute_attention_seconds = M * busiest.attention;
+  r.compute_memory_seconds = M * busiest.memory;
+  r.compute_head_seconds = M * busiest.head;
   r.time.tp_comm = busy_comm;
   r.time.ep_comm = busy_ep;
   r.time.cp_comm = busy_cp;
@@ -1061,7 +1083,6 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
     r.cp_ring_seconds = static_cast<double>(microbatches) * busiest.cp_ring;
   }
   if (p.fp8()) {
-    const double M = static_cast<double>(microbatches);
     r.fp8_layers = p.fp8_layers();
     r.fp8_gemm_seconds = M * busiest.fp8_gemm;
     r.fp8_quantise_bytes = M * busiest.fp8_quantise_bytes;

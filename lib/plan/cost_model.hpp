@@ -172,6 +172,16 @@ struct Prediction {
   double fp8_amax_reductions = 0.0;
   double fp8_amax_seconds = 0.0;
   double fp8_scratch_bytes = 0.0;
+  // time.compute split by what does it, over a step on the busiest stage (docs/plan.md "The
+  // cost model"): the transformer layers' linear GEMMs (the experts' and router's under MoE;
+  // at the FP8 rate where FP8 runs them), their attention cores, their memory-bound passes
+  // (the stash's traffic, materialized scores, dropout, FP8 quantisation), and the LM head and
+  // loss (its GEMMs and the logits' passes); recomputation's reruns in each. They sum to
+  // time.compute: what a measured step's kernel table is set beside.
+  double compute_gemm_seconds = 0.0;
+  double compute_attention_seconds = 0.0;
+  double compute_memory_seconds = 0.0;
+  double compute_head_seconds = 0.0;
 };
 
 // ZeRO-2 and 3's transient full-size units (docs/plan.md "ZeRO stages"), each the size of the
