@@ -175,7 +175,9 @@ void check_schema(const CheckpointReader& r, const Config& c, const Failure& fai
     for (const Fp8StateDataset& d : fp8) expected[d.name] = d.shape;
   for (const auto& [name, shape] : expected) {
     if (!r.has_dataset(name))
-      fail("no dataset '" + name + "' (the stored config's model has it)");
+      fail("no dataset '" + name + "' (the stored config's " +
+           (name.rfind(std::string(kFp8Root) + "/", 0) == 0 ? "FP8 scaling state" : "model") +
+           " has it)");
     if (r.shape(name) != shape)
       fail("dataset '" + name + "' has shape " + shape_string(r.shape(name)) +
            ", the stored config's model needs " + shape_string(shape));
