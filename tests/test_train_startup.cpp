@@ -160,6 +160,21 @@ TEST(RankMemory, CoversWhatAStepAllocates) {
   }
 }
 
+// A stage whose layers all keep the base precision (train.fp8_skip_*) never makes FP8's
+// quantised copies: its estimate is fp32's; one FP8 layer adds them.
+TEST(RankMemory, Fp8ScratchOnlyWhereAStageHasAnFp8Layer) {
+  const Config fp32 = tiny({"train.micro_batch=1", "train.global_batch=1"});
+  const Config fp8 = tiny({"train.micro_batch=1", "train.global_batch=1",
+                           "train.precision=\"fp8\"", "train.fp8_skip_first_layers=0",
+                           "train.fp8_skip_last_layers=0"});
+  ModelShard plain = ModelShard::whole(fp32.model), skipped = plain, covered = plain;
+  skipped.fp8 = covered.fp8 = fp8_settings(fp8.train);
+  skipped.fp8.skip_first = fp8.model.layers;  // every layer skipped
+  const double base = estimate_rank_memory(fp32, plain, 1).activation_bytes;
+  EXPECT_EQ(estimate_rank_memory(fp8, skipped, 1).activation_bytes, base);
+  EXPECT_GT(estimate_rank_memory(fp8, covered, 1).activation_bytes, base);
+}
+
 // ZB-H1 keeps a micro-batch's linear-layer output gradients from its input gradient to its
 // weight gradient: the estimate adds exactly what the model allocates for them.
 TEST(RankMemory, ZeroBubbleAddsTheDeferredOutputGradients) {

@@ -186,7 +186,9 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.split_backward = splits_backward(schedule);
   shape.element_bytes = static_cast<int64_t>(act);
   shape.attention_saved_per_row = 1;
-  shape.fp8 = config.train.precision == "fp8";
+  // FP8's quantised copies: only a stage with a layer in FP8 ever makes them.
+  for (const auto& [begin, end] : shard.layer_chunks())
+    for (int64_t l = begin; l < end; ++l) shape.fp8 = shape.fp8 || shard.fp8.covers(l, m.layers);
   // One micro-batch's stash: every layer's saved tensors, the stage's input and, on the last
   // stage, the final norm's output.
   double stash =
