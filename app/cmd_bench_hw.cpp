@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -155,6 +156,42 @@ std::vector<MeasuredGemm> measure_linear_training(int threads) {
     }
     points.push_back({static_cast<double>(s), flops / seconds / 1e9});
   }
+  return points;
+}
+
+// The shape grid of the GEMM efficiency (DeviceSpec::gemm_efficiency_shapes): a linear layer's
+// training step through the trainer's own calls (cpu::linear_forward with its column split,
+// cpu::linear_backward for both gradients; no bias: its sums are memory-bound work, which the
+// plan prices apart) at rows x in x out over a grid of sizes, GFLOP/s of the three GEMMs
+// together. The volume curve above ranks shapes by their FLOPs alone; a step's
+// products are as thin as 256 rows x 128 wide, which two threads split worse than a cube of
+// the same volume (docs/plan.md, "Third wave").
+std::vector<std::array<double, 4>> measure_linear_shapes(int threads) {
+  cpu::set_num_threads(threads);
+  constexpr int kSizes[] = {64, 256, 1024, 4096};
+  std::vector<std::array<double, 4>> points;
+  for (int M : kSizes)
+    for (int C : kSizes)
+      for (int OC : kSizes) {
+        std::vector<float> inp(static_cast<size_t>(M) * C, 0.5f), dinp(inp.size());
+        std::vector<float> w(static_cast<size_t>(OC) * C, 0.25f), dw(w.size());
+        std::vector<float> out(static_cast<size_t>(M) * OC);
+        const double f = 3.0 * 2.0 * M * static_cast<double>(C) * OC;
+        const int inner = std::max(1, static_cast<int>(2e7 / f));  // >= ~5 ms per timing
+        const double seconds =
+            best_time(
+                [&] {
+                  for (int i = 0; i < inner; ++i) {
+                    cpu::linear_forward<float>(out.data(), inp.data(), w.data(), nullptr, M, C, OC);
+                    cpu::linear_backward<float>(dinp.data(), dw.data(), nullptr, out.data(),
+                                                inp.data(), w.data(), M, C, OC);
+                  }
+                },
+                kGemmRepetitions) /
+            inner;
+        points.push_back({static_cast<double>(M), static_cast<double>(C),
+                          static_cast<double>(OC), f / seconds / 1e9});
+      }
   return points;
 }
 
@@ -531,9 +568,13 @@ void run_bench_hw(const BenchHwOptions& options) {
   const int threads = chosen.threads;
   std::vector<std::string> notes;
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;
+  std::vector<std::array<double, 4>> shapes;  // [rows, in, out, GFLOP/s], the best round's
   for (int round = 0; round < kGemmRounds; ++round) {
     cube_rounds.push_back(measure_sgemm(threads));
     training_rounds.push_back(measure_linear_training(threads));
+    const std::vector<std::array<double, 4>> r = measure_linear_shapes(threads);
+    if (shapes.empty()) shapes = r;
+    for (size_t i = 0; i < shapes.size(); ++i) shapes[i][3] = std::max(shapes[i][3], r[i][3]);
   }
   const std::vector<MeasuredGemm> gemm = best_of_rounds(cube_rounds);
   const std::vector<MeasuredGemm> training = best_of_rounds(training_rounds);
@@ -552,6 +593,9 @@ void run_bench_hw(const BenchHwOptions& options) {
   hw.device.peak_tflops_fp32 = best / 1e3;
   hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
   set_measured_curves(hw.device, best, training, attention, optimizer);
+  for (const auto& s : shapes)
+    hw.device.gemm_efficiency_shapes.push_back(
+        {s[0], s[1], s[2], std::clamp(s[3] / best, 1e-3, 1.0)});
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
   hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;
@@ -581,7 +625,9 @@ void run_bench_hw(const BenchHwOptions& options) {
           " thread(s) (" + chosen.explain(share) + ").",
       "Peak = the best trainer sgemm (cubes) measured per rank (all ranks at once); efficiency at",
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
-      "volume) over that best. bf16 = fp32: the CPU backend computes in fp32; train.precision",
+      "volume) over that best; gemm_efficiency_shapes: the same by rows x in x out (the",
+      "trainer's linear_forward and linear_backward), which the plan uses in place of the",
+      "volume curve. bf16 = fp32: the CPU backend computes in fp32; train.precision",
       "= \"fp8\" multiplies its quantised operands at the fp32 rate too (no peak_tflops_fp8).",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",

@@ -25,6 +25,15 @@ namespace {
 
 // A device with efficiency 1 at every size, memory traffic that costs nothing, links of
 // 10 GB/s and 2 us.
+// A number as a TOML float with every digit it needs.
+std::string toml_number(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  std::string s = b;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
 std::string ideal_hardware_text(int devices_per_node = 8) {
   return "name = \"ideal\"\ndevices_per_node = " + std::to_string(devices_per_node) +
          "\n[device]\nkind = \"gpu\"\npeak_tflops_fp32 = 10.0\npeak_tflops_bf16 = 100.0\n"
@@ -125,6 +134,55 @@ TEST(PlanHardware, AttentionCurveIsOptionalAndReadLikeTheGemmCurve) {
   EXPECT_EQ(again.device.attention_efficiency, with.device.attention_efficiency);
   expect_error(replace(text, "[[64, 0.1], [512, 0.9]]", "[[64, 0.1], [512, 1.9]]"),
                "device.attention_efficiency point [512, 1.9]");
+}
+
+// device.gemm_efficiency_shapes is optional: absent, the volume curve; present, a full grid of
+// [rows, in, out, fraction] that gemm_efficiency interpolates trilinearly in the logs of the
+// sizes (exact at the points, flat beyond the ends), in place of the curve; written back and
+// checked (a missing grid point, a duplicate, a fraction over 1: one line naming the key).
+TEST(PlanHardware, ShapeGridTakesThePlaceOfTheVolumeCurve) {
+  const std::string curve =
+      replace(ideal_hardware_text(), "[[64, 1.0], [4096, 1.0]]", "[[100, 0.2], [1000, 0.8]]");
+  std::string grid = "gemm_efficiency_shapes = [";
+  int points = 0;
+  // fraction = 0.1 + 0.1 log2(rows / 64) + 0.05 log2(in / 64) + 0.025 log2(out / 64): linear in
+  // the logs, so the trilinear interpolation is exact everywhere inside.
+  auto f = [](double r, double i, double o) {
+    return 0.1 + 0.1 * std::log2(r / 64) + 0.05 * std::log2(i / 64) + 0.025 * std::log2(o / 64);
+  };
+  for (double r : {64.0, 256.0})
+    for (double i : {64.0, 512.0})
+      for (double o : {64.0, 128.0, 1024.0}) {
+        grid += (points++ ? ", [" : "[") + toml_number(r) + ", " + toml_number(i) + ", " +
+                toml_number(o) + ", " + toml_number(f(r, i, o)) + "]";
+      }
+  grid += "]\n";
+  const std::string text = replace(curve, "memory_gib = 80.0", grid + "memory_gib = 80.0");
+  const HardwareSpec hw = parse_hardware(text, "hw.toml");
+  ASSERT_EQ(hw.device.gemm_efficiency_shapes.size(), 12u);
+  int compared = 0;
+  for (const auto& [r, i, o] : {std::tuple{64.0, 64.0, 64.0}, {256.0, 512.0, 1024.0},
+                                 {128.0, 200.0, 300.0}, {100.0, 64.0, 700.0}}) {
+    EXPECT_NEAR(hw.gemm_efficiency(r, i, o), f(r, i, o), 1e-12) << r << " " << i << " " << o;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+  // Beyond the grid: its edge.
+  EXPECT_NEAR(hw.gemm_efficiency(16, 4096, 8192), f(64, 512, 1024), 1e-12);
+  // Without the grid, the volume curve: cbrt(100 * 100 * 100) = 100.
+  EXPECT_DOUBLE_EQ(parse_hardware(curve, "hw.toml").gemm_efficiency(100, 100, 100), 0.2);
+  const HardwareSpec again = parse_hardware(hardware_to_toml(hw, {}), "again.toml");
+  ASSERT_EQ(again.device.gemm_efficiency_shapes.size(), 12u);
+  for (size_t p = 0; p < 12; ++p)  // the file keeps six digits of a measured fraction
+    for (int d = 0; d < 4; ++d)
+      EXPECT_NEAR(again.device.gemm_efficiency_shapes[p][d], hw.device.gemm_efficiency_shapes[p][d],
+                  1e-6 * hw.device.gemm_efficiency_shapes[p][d]);
+  const std::string first = "[64.0, 64.0, 64.0, " + toml_number(f(64, 64, 64)) + "]";
+  ASSERT_NE(text.find(first), std::string::npos);
+  expect_error(replace(text, first + ", ", ""), "device.gemm_efficiency_shapes is not a full grid");
+  expect_error(replace(text, first, first + ", " + first), "twice");
+  expect_error(replace(text, first, "[64.0, 64.0, 64.0, 1.5]"), "a fraction of 1.5");
+  expect_error(replace(text, first, "[64.0, 64.0, 64.0]"), "[rows, in, out, fraction]");
 }
 
 // device.optimizer_bandwidth_gbs is optional: absent, the optimizer pass streams at the memory

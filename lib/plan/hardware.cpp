@@ -73,7 +73,8 @@ const std::set<std::string>& known_keys() {
   static const std::set<std::string> keys = {
       "name", "devices_per_node",
       "device.kind", "device.peak_tflops_fp32", "device.peak_tflops_bf16",
-      "device.peak_tflops_fp8", "device.gemm_efficiency", "device.attention_efficiency",
+      "device.peak_tflops_fp8", "device.gemm_efficiency", "device.gemm_efficiency_shapes",
+      "device.attention_efficiency",
       "device.memory_gib", "device.reserved_gib",
       "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
@@ -128,6 +129,41 @@ std::vector<std::pair<double, double>> read_curve(const Reader& r, const std::st
   return curve;
 }
 
+// [rows, in, out, fraction] points on a full grid: positive sizes, fractions in (0, 1], every
+// combination of the sizes present exactly once (what gemm_efficiency interpolates).
+std::vector<std::array<double, 4>> read_shape_grid(const Reader& r, const std::string& key) {
+  const toml::array* a = r.node(key).as_array();
+  if (a == nullptr || a->empty())
+    r.fail(key, "must be a non-empty array of [rows, in, out, fraction]");
+  std::vector<std::array<double, 4>> points;
+  std::set<double> axes[3];
+  std::set<std::array<double, 3>> seen;
+  for (const toml::node& point : *a) {
+    const toml::array* p = point.as_array();
+    if (p == nullptr || p->size() != 4)
+      r.fail(key, "must be a non-empty array of [rows, in, out, fraction]");
+    std::array<double, 4> v{};
+    for (size_t i = 0; i < 4; ++i) {
+      const auto x = (*p)[i].value<double>();
+      if (!x || !std::isfinite(*x) || *x <= 0.0)
+        r.fail(key, "holds a point that is not four positive numbers");
+      v[i] = *x;
+    }
+    if (v[3] > 1.0) r.fail(key, "holds a fraction of " + Reader::text(v[3]) + " (at most 1)");
+    if (!seen.insert({v[0], v[1], v[2]}).second)
+      r.fail(key, "holds [" + Reader::text(v[0]) + ", " + Reader::text(v[1]) + ", " +
+                      Reader::text(v[2]) + "] twice");
+    for (int d = 0; d < 3; ++d) axes[d].insert(v[d]);
+    points.push_back(v);
+  }
+  if (points.size() != axes[0].size() * axes[1].size() * axes[2].size())
+    r.fail(key, "is not a full grid: " + std::to_string(points.size()) + " points for " +
+                    std::to_string(axes[0].size()) + " x " + std::to_string(axes[1].size()) +
+                    " x " + std::to_string(axes[2].size()) + " sizes");
+  std::sort(points.begin(), points.end());
+  return points;
+}
+
 LinkSpec read_link(const Reader& r, const std::string& table) {
   LinkSpec link;
   link.bandwidth_gbs = r.number(table + ".bandwidth_gbs", 0.0);
@@ -169,6 +205,8 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
     hw.device.peak_tflops_fp8 = r.number("device.peak_tflops_fp8", 0.0);
   }
   hw.device.gemm_efficiency = read_curve(r, "device.gemm_efficiency");
+  if (root.at_path("device.gemm_efficiency_shapes").node() != nullptr)
+    hw.device.gemm_efficiency_shapes = read_shape_grid(r, "device.gemm_efficiency_shapes");
   if (root.at_path("device.attention_efficiency").node() != nullptr)
     hw.device.attention_efficiency = read_curve(r, "device.attention_efficiency");
   hw.device.memory_gib = r.number("device.memory_gib", 0.0);
@@ -224,11 +262,46 @@ double curve_at(const std::vector<std::pair<double, double>>& c, double size) {
   const double t = std::log(size / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
   return c[i - 1].second + t * (c[i].second - c[i - 1].second);
 }
+
+// The grid's value at `at` (parse_hardware checked it is full and sorted it): trilinear in the
+// logs of the three sizes between the grid values around each, flat beyond the grid's ends.
+double grid_at(const std::vector<std::array<double, 4>>& grid, const std::array<double, 3>& at) {
+  std::vector<double> axes[3];
+  for (const auto& p : grid)
+    for (int d = 0; d < 3; ++d)
+      if (std::find(axes[d].begin(), axes[d].end(), p[d]) == axes[d].end())
+        axes[d].push_back(p[d]);
+  size_t lo[3], hi[3];
+  double t[3];
+  for (int d = 0; d < 3; ++d) {
+    std::vector<double>& a = axes[d];
+    std::sort(a.begin(), a.end());
+    const double x = std::clamp(at[d], a.front(), a.back());
+    hi[d] = 0;
+    while (hi[d] + 1 < a.size() && a[hi[d]] < x) ++hi[d];
+    lo[d] = hi[d] > 0 && a[hi[d]] > x ? hi[d] - 1 : hi[d];
+    t[d] = lo[d] == hi[d] ? 0.0 : std::log(x / a[lo[d]]) / std::log(a[hi[d]] / a[lo[d]]);
+  }
+  // The points sorted by (rows, in, out): index (i, j, k) of the grid.
+  const size_t n1 = axes[1].size(), n2 = axes[2].size();
+  auto value = [&](size_t i, size_t j, size_t k) { return grid[(i * n1 + j) * n2 + k][3]; };
+  double v = 0.0;
+  for (int corner = 0; corner < 8; ++corner) {
+    const size_t i = corner & 1 ? hi[0] : lo[0], j = corner & 2 ? hi[1] : lo[1],
+                 k = corner & 4 ? hi[2] : lo[2];
+    const double w = (corner & 1 ? t[0] : 1.0 - t[0]) * (corner & 2 ? t[1] : 1.0 - t[1]) *
+                     (corner & 4 ? t[2] : 1.0 - t[2]);
+    v += w * value(i, j, k);
+  }
+  return v;
+}
 }  // namespace
 
-double HardwareSpec::gemm_efficiency(double m, double n, double k) const {
-  return curve_at(device.gemm_efficiency,
-                  std::cbrt(std::max(m, 1.0) * std::max(n, 1.0) * std::max(k, 1.0)));
+double HardwareSpec::gemm_efficiency(double rows, double in, double out) const {
+  rows = std::max(rows, 1.0), in = std::max(in, 1.0), out = std::max(out, 1.0);
+  if (device.gemm_efficiency_shapes.empty())
+    return curve_at(device.gemm_efficiency, std::cbrt(rows * in * out));
+  return grid_at(device.gemm_efficiency_shapes, {rows, in, out});
 }
 
 double HardwareSpec::attention_efficiency(double T, double HS) const {
@@ -313,6 +386,15 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
     o << "]\n";
   };
   curve("gemm_efficiency", hw.device.gemm_efficiency);
+  if (!hw.device.gemm_efficiency_shapes.empty()) {
+    o << "gemm_efficiency_shapes = [";
+    for (size_t i = 0; i < hw.device.gemm_efficiency_shapes.size(); ++i) {
+      const auto& p = hw.device.gemm_efficiency_shapes[i];
+      o << (i ? ",\n  " : "\n  ") << "[" << num(p[0]) << ", " << num(p[1]) << ", " << num(p[2])
+        << ", " << num(p[3]) << "]";
+    }
+    o << "]\n";
+  }
   if (!hw.device.attention_efficiency.empty())
     curve("attention_efficiency", hw.device.attention_efficiency);
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";

@@ -3,6 +3,7 @@
 // throughput, GEMM efficiency and memory, and the links between devices inside a node and
 // across nodes. Read from configs/hardware/*.toml (written by hand from datasheets, or by
 // `trident bench-hw` from measurements). Pure: no MPI, no device.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -43,6 +44,13 @@ struct DeviceSpec {
   double peak_tflops_fp8 = 0.0;
   // (GEMM size, fraction of peak): size is the cube root of m*n*k; sorted by size.
   std::vector<std::pair<double, double>> gemm_efficiency;
+  // Optional (empty: gemm_efficiency by volume): [rows, in, out, fraction of peak] of a linear
+  // layer's three training GEMMs (forward rows x in x out, both gradients) as the trainer runs
+  // them, on a full grid (every combination of the rows, in and out values present), which
+  // gemm_efficiency() interpolates in log space. A GEMM's efficiency depends on its shape, not
+  // only its volume: thin products split over a rank's threads worse than a cube of the same
+  // FLOPs (docs/plan.md, "Third wave"). bench-hw measures it on the CPU.
+  std::vector<std::array<double, 4>> gemm_efficiency_shapes;
   // Optional (empty: the GEMM curve at T x HS x T): (size, fraction of peak) the trainer's fused
   // attention forward and backward reach, counted as the plan counts attention's FLOPs (the
   // full T x T, three passes); size is the cube root of T*T*HS. bench-hw measures it on both
@@ -88,7 +96,10 @@ struct HardwareSpec {
   double fp8_element_bytes() const;
   // Fraction of peak a GEMM of m x n x k reaches: the curve linearly interpolated in
   // log(size), flat beyond its ends.
-  double gemm_efficiency(double m, double n, double k) const;
+  // A linear layer's GEMM of `rows` x `in` x `out` (forward; its gradients the same FLOPs):
+  // gemm_efficiency_shapes interpolated where the file has it, else the volume curve at the
+  // cube root of rows in out.
+  double gemm_efficiency(double rows, double in, double out) const;
   // Fraction of peak the attention of sequence T and head size HS reaches: the attention curve
   // where the file has one (interpolated as gemm_efficiency), else gemm_efficiency(T, HS, T).
   double attention_efficiency(double T, double HS) const;
