@@ -208,6 +208,24 @@ TEST(Bf16Gemm, NaNInputStaysNaN) {
   EXPECT_TRUE(std::isnan(C.at(1, 1)));
 }
 
+// An empty sum (K = 0) leaves beta C: zeros with beta 0 (NaN there not read), C with beta 1;
+// no rows or no columns is nothing to do.
+TEST(Bf16Gemm, EmptyProducts) {
+  SKIP_WITHOUT_BF16();
+  const float a = 2.0f, b = 3.0f;
+  Matrix C(2, 3, 1, std::numeric_limits<float>::quiet_NaN());
+  gemm_bf16(false, false, 2, 3, 0, 1.0f, &a, 1, &b, 3, 0.0f, C.v.data(), C.ld);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(C.at(i, j), 0.0f);
+  C.at(1, 2) = 5.0f;
+  gemm_bf16(true, true, 2, 3, 0, 1.0f, &a, 2, &b, 1, 1.0f, C.v.data(), C.ld);
+  EXPECT_EQ(C.at(1, 2), 5.0f);
+  gemm_bf16(false, false, 0, 3, 4, 1.0f, &a, 4, &b, 3, 0.0f, C.v.data(), C.ld);
+  gemm_bf16(false, false, 2, 0, 4, 1.0f, &a, 4, &b, 0, 0.0f, C.v.data(), C.ld);
+  EXPECT_EQ(C.at(1, 2), 5.0f);
+  EXPECT_EQ(C.at(0, 3), 1e30f);  // the padding
+}
+
 // The vectorized rounding gives the bits of util/bf16.hpp's float_to_bf16 (the GPU's) on the
 // special values: NaNs with payload only in the dropped bits, infinities, the largest float
 // (rounds to inf), denormals, signed zeros, halfway cases. No bf16 instructions needed.
