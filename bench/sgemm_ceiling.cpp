@@ -10,7 +10,7 @@
 // OPENBLAS_CORETYPE=X bench_sgemm measures OpenBLAS's kernel X.
 //
 //   bench_sgemm [--threads N] [--reps R] [--min-time S] [--shapes LIST] [--human]
-//               [--double] [--in-parallel] [--lib PATH --api cblas|dnnl]
+//               [--double | --bf16] [--in-parallel] [--lib PATH --api cblas|dnnl]
 //     --threads N    threads for the BLAS and OpenMP (default 1)
 //     --reps R       timed repetitions per shape, best kept (default 5)
 //     --min-time S   each repetition loops the GEMM until S seconds have passed (default 0.2)
@@ -20,6 +20,13 @@
 //                    the square and GPT-like set below
 //     --human        also print a table to stderr
 //     --double       dgemm instead of sgemm (cblas only)
+//     --bf16         also the bf16 GEMM (kernels/cpu/bf16_gemm.hpp: bf16 inputs, fp32
+//                    accumulation) at each shape, after the fp32 one, twice: on fp32 inputs
+//                    rounded to bf16 in every call (gemm_bf16: what a call on fp32 operands
+//                    costs), and on operands rounded once beforehand (gemm_bf16_rounded: what
+//                    a weight converted once per step costs, for both operands); with
+//                    ratios to fp32. Linked libraries only; exits with one line where the
+//                    core has neither AVX512-BF16 nor AMX
 //     --cpu-time     time by the process's CPU time / N instead of the wall clock: on cores
 //                    shared with other jobs, time slices spent elsewhere do not count. With
 //                    N > 1 threads that wait by spinning count their waits, so the figure is
@@ -38,6 +45,10 @@
 //    "shapes":[{"m":..,"n":..,"k":..,"gflops":..,"seconds":..},...],
 //    "fma_gflops":P,"fma_bits":B,"ceiling_of_peak":X/(N*P),"library":"<what ran>",
 //    "precision":"fp32|fp64","in_parallel":false}
+// --bf16 adds to each shape "bf16_gflops" (rounding counted), "bf16_rounded_gflops" (not
+// counted) and their ratios to "gflops" (fp32), and at the top "bf16_dot_gflops" (one
+// thread's vdpbf16ps throughput, 4 FLOP per fp32 lane; 0 without AVX512-BF16) and "bf16"
+// (what runs it: bf16_gemm_description()).
 // ceiling_gflops is the best over the square shapes (over all shapes when none is square).
 // fma_gflops is one thread's throughput of independent FMAs at the widest usable vector
 // (the measured peak, clock included; halved for fp64). FLOPs of one GEMM: 2*M*N*K.
@@ -52,10 +63,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 
@@ -81,13 +96,14 @@ struct Result {
   Shape s;
   double gflops;
   double seconds;  // one GEMM, best repetition (the slowest thread's with --in-parallel)
+  double bf16_gflops = 0.0, bf16_rounded_gflops = 0.0;  // --bf16
 };
 
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr, "bench_sgemm: %s\n", msg);
   std::fprintf(stderr,
                "usage: bench_sgemm [--threads N] [--reps R] [--min-time S] "
-               "[--shapes MxNxK,...] [--human] [--double] [--in-parallel] "
+               "[--shapes MxNxK,...] [--human] [--double | --bf16] [--in-parallel] "
                "[--lib PATH --api cblas|dnnl]\n");
   std::exit(2);
 }
@@ -141,6 +157,40 @@ GemmFn<T> linked_gemm() {
   return [](const Shape& s, const T* a, const T* b, T* c) {
     trident::cpu::gemm<T>(s.trans_a, s.trans_b, s.m, s.n, s.k, T(1), a, s.lda(), b, s.ldb(), T(0),
                           c, s.n);
+  };
+}
+
+// gemm_bf16 on the fp32 operands: their rounding to bf16 is part of every call.
+GemmFn<float> bf16_gemm() {
+  return [](const Shape& s, const float* a, const float* b, float* c) {
+    trident::cpu::gemm_bf16(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, a, s.lda(), b, s.ldb(),
+                            0.0f, c, s.n);
+  };
+}
+
+// gemm_bf16_rounded on bf16 copies of the operands, each made at its first call (in the
+// warm-up) and reused: the rounding is not timed. One per shape (the operands' addresses key
+// the copies); the lock serves --in-parallel, where each thread has its own operands.
+GemmFn<float> bf16_gemm_pre_rounded() {
+  struct Copies {
+    std::mutex lock;
+    std::map<const float*, std::vector<uint16_t>> of;
+  };
+  auto copies = std::make_shared<Copies>();
+  return [copies](const Shape& s, const float* a, const float* b, float* c) {
+    auto copy = [&](const float* x, long rows, long cols) {
+      std::lock_guard<std::mutex> hold(copies->lock);
+      std::vector<uint16_t>& v = copies->of[x];
+      if (v.empty()) {
+        v.resize(static_cast<size_t>(rows * cols));
+        trident::cpu::round_to_bf16(x, rows, cols, cols, v.data());
+      }
+      return v.data();
+    };
+    const uint16_t* ab = s.trans_a ? copy(a, s.k, s.m) : copy(a, s.m, s.k);
+    const uint16_t* bb = s.trans_b ? copy(b, s.n, s.k) : copy(b, s.k, s.n);
+    trident::cpu::gemm_bf16_rounded(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, ab, s.lda(), bb,
+                                    s.ldb(), 0.0f, c, s.n);
   };
 }
 
@@ -262,7 +312,7 @@ int main(int argc, char** argv) {
   trident::cpu::settle_gemm_kernel(argv);
   int threads = 1, reps = 5;
   double min_time = 0.2;
-  bool human = false, fp64 = false, in_parallel = false, cpu_time = false;
+  bool human = false, fp64 = false, in_parallel = false, cpu_time = false, bf16 = false;
   std::string lib_path, api = "cblas";
   std::vector<Shape> shapes = {
       {2048, 2048, 2048},   // square: the ceiling
@@ -286,6 +336,7 @@ int main(int argc, char** argv) {
     else if (a == "--shapes") shapes = parse_shapes(next());
     else if (a == "--human") human = true;
     else if (a == "--double") fp64 = true;
+    else if (a == "--bf16") bf16 = true;
     else if (a == "--in-parallel") in_parallel = true;
     else if (a == "--cpu-time") cpu_time = true;
     else if (a == "--lib") lib_path = next();
@@ -296,6 +347,9 @@ int main(int argc, char** argv) {
   if (threads < 1) usage("--threads must be >= 1");
   if (reps < 1) usage("--reps must be >= 1");
   if (api != "cblas" && api != "dnnl") usage(("unknown --api '" + api + "'").c_str());
+  if (bf16 && (fp64 || !lib_path.empty())) usage("--bf16 goes with neither --double nor --lib");
+  if (bf16 && !trident::cpu::bf16_gemm_available())
+    usage(("--bf16: " + trident::cpu::bf16_gemm_description()).c_str());
 
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
@@ -321,9 +375,23 @@ int main(int argc, char** argv) {
                            : time_gemm<float>(lib ? loaded_gemm<float>(lib, lib_path, api)
                                                   : linked_gemm<float>(),
                                               s, reps, min_time, copies, cpu_time, threads));
-    if (human)
+    Result& r = results.back();
+    if (bf16) {
+      r.bf16_gflops = time_gemm<float>(bf16_gemm(), s, reps, min_time, copies, cpu_time,
+                                       threads).gflops;
+      r.bf16_rounded_gflops = time_gemm<float>(bf16_gemm_pre_rounded(), s, reps, min_time,
+                                               copies, cpu_time, threads).gflops;
+    }
+    if (human && bf16)
+      std::fprintf(stderr,
+                   "  %6ld x %6ld x %6ld %s  fp32 %8.2f  bf16 %8.2f (%.2fx)  bf16 pre-rounded "
+                   "%8.2f (%.2fx) GFLOP/s\n",
+                   s.m, s.n, s.k, s.ops().c_str(), r.gflops, r.bf16_gflops,
+                   r.bf16_gflops / r.gflops, r.bf16_rounded_gflops,
+                   r.bf16_rounded_gflops / r.gflops);
+    else if (human)
       std::fprintf(stderr, "  %6ld x %6ld x %6ld %s  %8.2f GFLOP/s  (%.4f s)\n", s.m, s.n, s.k,
-                   s.ops().c_str(), results.back().gflops, results.back().seconds);
+                   s.ops().c_str(), r.gflops, r.seconds);
   }
 
   const Result* ceil = nullptr;
@@ -345,13 +413,24 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     std::printf("%s{\"m\":%ld,\"n\":%ld,\"k\":%ld,\"ops\":\"%s\",\"gflops\":%.2f,"
-                "\"seconds\":%.6f}",
+                "\"seconds\":%.6f",
                 i ? "," : "", r.s.m, r.s.n, r.s.k, r.s.ops().c_str(), r.gflops, r.seconds);
+    if (bf16)
+      std::printf(",\"bf16_gflops\":%.2f,\"bf16_ratio\":%.3f,\"bf16_rounded_gflops\":%.2f,"
+                  "\"bf16_rounded_ratio\":%.3f",
+                  r.bf16_gflops, r.bf16_gflops / r.gflops, r.bf16_rounded_gflops,
+                  r.bf16_rounded_gflops / r.gflops);
+    std::printf("}");
   }
   std::printf("],\"fma_gflops\":%.2f,\"fma_bits\":%d,\"ceiling_of_peak\":%.3f,"
-              "\"precision\":\"%s\",\"in_parallel\":%s,\"clock\":\"%s\",\"library\":\"%s\"}\n",
+              "\"precision\":\"%s\",\"in_parallel\":%s,\"clock\":\"%s\",\"library\":\"%s\"",
               fma, bits, of_peak, fp64 ? "fp64" : "fp32", in_parallel ? "true" : "false",
               cpu_time ? "cpu" : "wall",
               json_escaped(library).c_str());
+  if (bf16)
+    std::printf(",\"bf16_dot_gflops\":%.2f,\"bf16\":\"%s\"",
+                trident::cpu::bf16_dot_peak_gflops(0.2, cpu_time),
+                json_escaped(trident::cpu::bf16_gemm_description()).c_str());
+  std::printf("}\n");
   return 0;
 }

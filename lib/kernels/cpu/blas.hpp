@@ -36,6 +36,11 @@ SgemmLibrary sgemm_library();
 // others and OpenBLAS's), measured in docs/gemm.md ("Aᵀ·B on AVX2 cores"). A pure function.
 SgemmLibrary sgemm_library_for_product(SgemmLibrary library, bool onednn_avx2_widest,
                                        bool trans_a, bool trans_b);
+// "oneDNN 2.6.3", and oneDNN's widest JIT ISA in this process in its own spelling
+// ("avx512_core_bf16", "avx512_core_amx", "avx2", ...; "?" for one this code does not know).
+std::string onednn_version();
+std::string onednn_isa_name();
+
 // True when oneDNN's widest JIT ISA in this process is AVX2 (avx2 or avx2_vnni: no AVX-512),
 // e.g. AMD Zen 3 or ONEDNN_MAX_CPU_ISA=AVX2. Asked once per process.
 bool onednn_avx2_widest();

@@ -74,6 +74,9 @@ CpuFeatures read_cpu_features() {
     f.avx512dq = (b >> 17) & 1;
     f.avx512bw = (b >> 30) & 1;
     f.avx512vl = (b >> 31) & 1;
+    f.amx_bf16 = (d >> 22) & 1;
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512bf16 = (a >> 5) & 1;
   }
 #endif
   return f;
@@ -162,8 +165,52 @@ __attribute__((target("avx2,fma"))) double fma256_gflops(long iters, bool cpu_ti
   return g;
 }
 
+// vdpbf16ps: per fp32 lane acc += a0 b0 + a1 b1. The inputs are 1 and 2^-24 (bf16 bits
+// 0x3f80, 0x3380): the accumulators grow by 2^-23 a step, far from overflow and denormals.
+__attribute__((target("avx512f,avx512bf16"))) double bf16_dot512_gflops(long iters,
+                                                                       bool cpu_time) {
+  __m512 acc[kAccumulators];
+  for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_set1_ps(0.001f * j);
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);
+  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3380);
+  const double t0 = now_s(cpu_time);
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < kAccumulators; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+  }
+  const double g = gflops_of(iters, 32, now_s(cpu_time) - t0);  // 16 lanes x 2 products
+  float sink = 0.0f;
+  for (int j = 0; j < kAccumulators; ++j) sink += _mm512_cvtss_f32(acc[j]);
+  volatile float keep = sink;
+  (void)keep;
+  return g;
+}
+
+// Best of five runs of about `seconds` / 5 each, sized from a short first run of `run`.
+template <typename Run>
+double best_rate(Run run, double flop_per_iter, double seconds) {
+  double best = run(2000);
+  const double per_iter_s = flop_per_iter / (best * 1e9);
+  const long iters = std::max(1000L, static_cast<long>(seconds / 5 / per_iter_s));
+  for (int r = 0; r < 5; ++r) best = std::max(best, run(iters));
+  return best;
+}
+
 }  // namespace
 #endif
+
+double bf16_dot_peak_gflops(double seconds, bool cpu_time) {
+#ifdef TRIDENT_X86
+  const CpuFeatures f = read_cpu_features();
+  if (!avx512_usable(f) || !f.avx512bf16) return 0.0;
+  return best_rate([&](long iters) { return bf16_dot512_gflops(iters, cpu_time); },
+                   2.0 * kAccumulators * 32, seconds);
+#else
+  (void)seconds;
+  (void)cpu_time;
+  return 0.0;
+#endif
+}
 
 double fma_peak_gflops(int vector_bits, double seconds, bool cpu_time) {
 #ifdef TRIDENT_X86
@@ -176,11 +223,7 @@ double fma_peak_gflops(int vector_bits, double seconds, bool cpu_time) {
   };
   // Size a run to a fifth of the budget from a short first one, then keep the best of five:
   // on a shared core, contention only ever lowers a run.
-  double best = run(2000);
-  const double per_iter_s = 2.0 * 12 * (vector_bits / 32) / (best * 1e9);
-  const long iters = std::max(1000L, static_cast<long>(seconds / 5 / per_iter_s));
-  for (int r = 0; r < 5; ++r) best = std::max(best, run(iters));
-  return best;
+  return best_rate(run, 2.0 * kAccumulators * (vector_bits / 32), seconds);
 #else
   (void)vector_bits;
   (void)seconds;

@@ -13,6 +13,9 @@ struct CpuFeatures {
   int model = 0;       // display model (base + extended << 4)
   bool fma = false, avx = false, avx2 = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
+  // bf16 dot products: AVX512-BF16 (vdpbf16ps) and AMX's bf16 tiles (CPUID only: whether the
+  // OS grants the tile state is oneDNN's to ask, bf16_gemm.hpp).
+  bool avx512bf16 = false, amx_bf16 = false;
   // XCR0 via XGETBV: the OS saves and restores the ymm (bits 1, 2) and zmm/opmask state
   // (bits 5, 6, 7). Without it the instructions fault even when CPUID lists them.
   bool os_ymm = false, os_zmm = false;
@@ -42,5 +45,10 @@ std::string choose_openblas_coretype(const CpuFeatures& f, std::string_view dete
 // 0 when that width is not usable here. cpu_time: timed by this thread's CPU time, not the
 // wall clock (for benchmarks on cores shared with other jobs).
 double fma_peak_gflops(int vector_bits, double seconds, bool cpu_time = false);
+
+// The same for AVX512-BF16's dot product vdpbf16ps on zmm registers (4 FLOP per fp32 lane:
+// two bf16 products added to the accumulator): what a bf16 GEMM without AMX can reach.
+// 0 without AVX512-BF16.
+double bf16_dot_peak_gflops(double seconds, bool cpu_time = false);
 
 }  // namespace trident::cpu

@@ -1,0 +1,224 @@
+// bf16 GEMM on oneDNN's matmul primitive (oneDNN 2.6 has no public bf16 gemm function; its
+// matmul with bf16 src/weights and an f32 dst accumulates in fp32). alpha is the primitive's
+// output scale and beta its `sum` post-op, both fixed when the primitive is created.
+#include "kernels/cpu/bf16_gemm.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <string>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/scratch.hpp"
+#include "util/error.hpp"
+
+namespace trident::cpu {
+
+namespace {
+
+using dnnl::memory;
+
+std::string shape_text(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  return std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ":" +
+         (ta ? "T" : "N") + (tb ? "T" : "N");
+}
+
+// The primitive for one product. Everything that oneDNN fixes at creation is in the key: the
+// shape, the strides, alpha and beta (compared by their bits), and the threads the primitive
+// is planned for (oneDNN splits the work at creation by its maximum thread count, which is 1
+// inside a parallel region), so a cached primitive always matches the call.
+struct Key {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  uint32_t alpha_bits, beta_bits;
+  int threads;
+  bool operator==(const Key&) const = default;
+};
+
+// Primitives by key, per thread, least recently used evicted beyond kCapacity. Per thread
+// because the attention kernels call GEMMs from inside a parallel region, one per task: a
+// thread-local cache needs no lock on that path, and a primitive is only ever executed by the
+// thread that created it (no question of oneDNN's scratchpad being shared between concurrent
+// executions). Bounded because shapes can vary (the last micro-batch, documents' blocks);
+// 32 holds a transformer's products (per layer kind 3 per linear, the LM head's chunks, the
+// attention's tiles). Creating a matmul primitive takes 0.2-0.5 ms here (its kernels are
+// generated), as long as a 256^3 product: without the cache every call would pay it.
+class PrimitiveCache {
+ public:
+  static constexpr size_t kCapacity = 32;
+
+  PrimitiveCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  const dnnl::engine& engine() const { return engine_; }
+  dnnl::stream& stream() { return stream_; }
+
+  struct Entry {
+    Key key;
+    dnnl::matmul::primitive_desc pd;  // the memory descriptors of the call's arrays
+    dnnl::matmul primitive;
+    uint64_t last_use;
+  };
+
+  const Entry& get(const Key& key) {
+    ++clock_;
+    for (Entry& e : entries_)
+      if (e.key == key) {
+        e.last_use = clock_;
+        return e;
+      }
+    dnnl::matmul::primitive_desc pd = describe(key);
+    Entry fresh{key, pd, dnnl::matmul(pd), clock_};
+    if (entries_.size() < kCapacity) {
+      entries_.push_back(std::move(fresh));
+      return entries_.back();
+    }
+    Entry& oldest = *std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& a, const Entry& b) {
+                                        return a.last_use < b.last_use;
+                                      });
+    oldest = std::move(fresh);
+    return oldest;
+  }
+
+  // The matmul's primitive descriptor for `key` (its implementation name: impl_info_str).
+  dnnl::matmul::primitive_desc describe(const Key& key) const {
+    // op(A) M x K and op(B) K x N in row-major storage: a transposed operand is the other
+    // matrix read with swapped strides, so no copy is needed for any combination.
+    const memory::desc a({key.M, key.K}, memory::data_type::bf16,
+                         key.ta ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
+    const memory::desc b({key.K, key.N}, memory::data_type::bf16,
+                         key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
+    const memory::desc c({key.M, key.N}, memory::data_type::f32, memory::dims{key.ldc, 1});
+    dnnl::primitive_attr attr;
+    const float alpha = std::bit_cast<float>(key.alpha_bits);
+    const float beta = std::bit_cast<float>(key.beta_bits);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
+    }
+    try {
+      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_);
+    } catch (const dnnl::error& e) {
+      throw Error("oneDNN has no bf16 matmul for " + shape_text(key.ta, key.tb, key.M, key.N,
+                                                                key.K) +
+                  " (lda " + std::to_string(key.lda) + ", ldb " + std::to_string(key.ldb) +
+                  ", ldc " + std::to_string(key.ldc) + "): " + e.what());
+    }
+  }
+
+ private:
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
+};
+
+PrimitiveCache& thread_cache() {
+  thread_local PrimitiveCache cache;
+  return cache;
+}
+
+Key make_key(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda,
+             int64_t ldb, float beta, int64_t ldc) {
+  return {M,   N,  K,  lda, ldb, ldc, ta, tb, std::bit_cast<uint32_t>(alpha),
+          std::bit_cast<uint32_t>(beta), omp_in_parallel() ? 1 : omp_get_max_threads()};
+}
+
+void require_available() {
+  if (!bf16_gemm_available())
+    throw Error("bf16 GEMM on the CPU needs AVX512-BF16 or AMX; " + onednn_version() +
+                " finds at most " + onednn_isa_name() + " on this core");
+}
+
+// Elements below which the rounding stays on one thread: a team costs a few microseconds.
+constexpr int64_t kMinParallelElements = int64_t{1} << 16;
+
+// Scratch tags (kernels/cpu/scratch.hpp): A's and B's rounded copies are in use at once.
+struct RoundedA;
+struct RoundedB;
+
+}  // namespace
+
+bool bf16_gemm_available() {
+  // oneDNN's ISAs are nested bit masks: avx512_core_amx contains avx512_core_bf16's bits.
+  const unsigned isa = dnnl_get_effective_cpu_isa();
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
+std::string bf16_gemm_description() {
+  if (!bf16_gemm_available())
+    return "bf16 unavailable (" + onednn_version() + " finds at most " + onednn_isa_name() +
+           ": no AVX512-BF16 or AMX)";
+  const int64_t n = 256;
+  const Key key = make_key(false, true, n, n, n, 1.0f, n, n, 0.0f, n);
+  const std::string impl = thread_cache().describe(key).impl_info_str();
+  const bool amx = dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+  return "bf16 " + onednn_version() + " matmul " + impl +
+         (amx ? " (AMX)" : " (AVX512-BF16, no AMX)");
+}
+
+void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
+  // The bits of trident::float_to_bf16 (util/bf16.hpp) written without a branch so that the
+  // loop vectorizes: round to nearest even by adding 0x7fff plus the lowest kept bit, and NaN
+  // kept NaN by setting the quiet bit instead. Not vcvtneps2bf16: it flushes denormal inputs
+  // to zero (on this Xeon 0x00010000, the bf16 value 0x0001, gives 0x0000), which the GPU's
+  // __float2bfloat16_rn does not.
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                                  rows * cols >= kMinParallelElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = in + r * ld;
+    uint16_t* dst = out + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t u = std::bit_cast<uint32_t>(src[c]);
+      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+      dst[c] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    }
+  }
+}
+
+void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                       float beta, float* C, int64_t ldc) {
+  require_available();
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: C = beta C (oneDNN has no zero-sized reduction to run)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  PrimitiveCache& cache = thread_cache();
+  const PrimitiveCache::Entry& e =
+      cache.get(make_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
+  // The memory objects wrap the callers' arrays (no copy); oneDNN does not write A or B.
+  memory a(e.pd.src_desc(), cache.engine(), const_cast<uint16_t*>(A));
+  memory b(e.pd.weights_desc(), cache.engine(), const_cast<uint16_t*>(B));
+  memory c(e.pd.dst_desc(), cache.engine(), C);
+  e.primitive.execute(cache.stream(),
+                      {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  cache.stream().wait();
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+               int64_t ldc) {
+  require_available();
+  // Stored shapes of A and B (row-major, rows x cols): op(A) is M x K, so A is K x M when
+  // transposed; op(B) is K x N, so B is N x K when transposed. The copies are dense: their
+  // leading dimension is their row length.
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  uint16_t* a = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(a_rows * a_cols));
+  uint16_t* b = thread_scratch<RoundedB, uint16_t>(static_cast<size_t>(b_rows * b_cols));
+  round_to_bf16(A, a_rows, a_cols, lda, a);
+  round_to_bf16(B, b_rows, b_cols, ldb, b);
+  gemm_bf16_rounded(trans_a, trans_b, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc);
+}
+
+}  // namespace trident::cpu

@@ -1,0 +1,45 @@
+#pragma once
+// Row-major GEMM with bf16 inputs and fp32 accumulation on the CPU, through oneDNN's matmul
+// primitive: C[M,N] = alpha * op(A) op(B) + beta * C, op(A) M x K, op(B) K x N, C fp32.
+// oneDNN runs it with AMX tiles on cores that have them and AVX512-BF16 dot products
+// (vdpbf16ps) on the others; a core with neither is refused, never emulated in fp32 behind
+// the caller's back (docs/gemm.md, "bf16 on the CPU").
+//
+// The trainer's linear layers call it as cpu::gemm is called (kernels/cpu/linear.cpp):
+//   forward  y = x W^T      NT  (M tokens, N out features, K in features), beta 0 or 1 (bias)
+//   dX       dX = dY W      NN  overwrite (beta 0)
+//   dW       dW += dY^T X   TN  accumulate (beta 1)
+#include <cstdint>
+#include <string>
+
+namespace trident::cpu {
+
+// True when oneDNN's bf16 matmul runs on native bf16 instructions here: AVX512-BF16 or AMX
+// (oneDNN's effective ISA, so ONEDNN_MAX_CPU_ISA=AVX512_CORE makes it false on any core).
+bool bf16_gemm_available();
+
+// What runs the bf16 GEMM, for the `gemm:` start-up line: "bf16 oneDNN 2.6.3 matmul
+// brg:avx512_core_bf16 (AVX512-BF16, no AMX)", or "bf16 unavailable: ..." with the reason.
+// The implementation name is the one oneDNN picks for a 256 x 256 x 256 product here.
+std::string bf16_gemm_description();
+
+// fp32 inputs, rounded to bf16 (nearest, ties to even; NaN stays NaN: util/bf16.hpp, the bits
+// of the GPU's __float2bfloat16_rn) into per-thread scratch, then multiplied. A (lda) holds
+// op(A) as M x K (trans_a: K x M), B (ldb) op(B) as K x N (trans_b: N x K), C is M x N (ldc).
+// beta = 0 overwrites C (its old contents, NaN included, are not read); any other beta scales
+// it. Throws trident::Error (one line) when !bf16_gemm_available().
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
+
+// The same product on inputs already in bf16 (the upper 16 bits of a float, as util/bf16.hpp):
+// what a trainer pays when the weights are rounded once per step into a bf16 copy.
+void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                       float beta, float* C, int64_t ldc);
+
+// out[r * cols + c] = bf16(in[r * ld + c]) for a rows x cols block (dense output), threaded
+// over rows outside a parallel region.
+void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out);
+
+}  // namespace trident::cpu
