@@ -4,11 +4,11 @@
 #include "kernels/cpu/bf16_gemm.hpp"
 
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <string>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
 #include "kernels/cpu/blas.hpp"
