@@ -271,10 +271,16 @@ def same_values(a_path, b_path, tolerance):
             elements += y.size
     if compared == 0:
         problems.append("no datasets compared")
+    return report(problems, f"same values: {compared} datasets, {elements} elements compared; "
+                            f"worst {worst_name} {worst:.3e} of its largest value (tolerance "
+                            f"{tolerance:g})")
+
+
+def report(problems, summary):
+    """Prints the problems and the summary with their count; the exit status."""
     for p in problems:
         print(p)
-    print(f"same values: {compared} datasets, {elements} elements compared; worst {worst_name} "
-          f"{worst:.3e} of its largest value (tolerance {tolerance:g}); {len(problems)} problems")
+    print(f"{summary}; {len(problems)} problems")
     return 1 if problems else 0
 
 
@@ -301,11 +307,8 @@ def same_fp8_state(a_path, b_path, tolerance):
             compared += y.size
     if compared == 0:
         problems.append("no FP8 state compared")
-    for p in problems:
-        print(p)
-    print(f"same FP8 state: {compared} values compared, worst {worst:.3e} (tolerance "
-          f"{tolerance:g}); {len(problems)} problems")
-    return 1 if problems else 0
+    return report(problems, f"same FP8 state: {compared} values compared, worst {worst:.3e} "
+                            f"(tolerance {tolerance:g})")
 
 
 def main():
