@@ -445,6 +445,15 @@ std::string fit_line(const char* what, const LinkFit& f) {
   return line;
 }
 
+// device.gemm_efficiency_shapes from measured [rows, in, out, GFLOP/s] over the peak.
+void set_shape_grid(DeviceSpec& device, double peak_gflops,
+                    const std::vector<std::array<double, 4>>& measured) {
+  device.gemm_efficiency_shapes.clear();
+  for (const auto& s : measured)
+    device.gemm_efficiency_shapes.push_back(
+        {s[0], s[1], s[2], std::clamp(s[3] / peak_gflops, 1e-3, 1.0)});
+}
+
 double best_gflops(const std::vector<MeasuredGemm>& points) {
   double best = 0;
   for (const MeasuredGemm& p : points) best = std::max(best, p.gflops);
@@ -499,6 +508,7 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
   hw.device.peak_tflops_bf16 = best16 / 1e3;
   hw.device.peak_tflops_fp32 = best_gflops(r.fp32) / 1e3;
   set_measured_curves(hw.device, best16, r.training, r.attention, r.optimizer);
+  set_shape_grid(hw.device, best16, r.shapes);
   hw.device.memory_gib = r.memory_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.reserved_gib = r.reserved_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.memory_bandwidth_gbs = r.bandwidth / 1e9;
@@ -593,9 +603,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   hw.device.peak_tflops_fp32 = best / 1e3;
   hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
   set_measured_curves(hw.device, best, training, attention, optimizer);
-  for (const auto& s : shapes)
-    hw.device.gemm_efficiency_shapes.push_back(
-        {s[0], s[1], s[2], std::clamp(s[3] / best, 1e-3, 1.0)});
+  set_shape_grid(hw.device, best, shapes);
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
   hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;

@@ -125,6 +125,42 @@ std::vector<MeasuredGemm> linear_training_curve(MPI_Comm comm, cudaStream_t stre
   return points;
 }
 
+// The shape grid of the GEMM efficiency, as the CPU's (app/cmd_bench_hw.cpp,
+// measure_linear_shapes): a linear layer's bf16 training step (linear_forward, linear_backward,
+// no bias) at rows x in x out over 256, 1024, 4096 and 16384 each; GFLOP/s of the three GEMMs.
+std::vector<std::array<double, 4>> linear_shape_grid(MPI_Comm comm, cudaStream_t stream,
+                                                     cuda::CublasContext& ctx) {
+  constexpr int64_t kSizes[] = {256, 1024, 4096, 16384};
+  std::vector<std::array<double, 4>> points;
+  for (int64_t M : kSizes)
+    for (int64_t C : kSizes)
+      for (int64_t OC : kSizes) {
+        DeviceBuffer inp(M * C * sizeof(bf16)), w(OC * C * sizeof(bf16));
+        DeviceBuffer out(M * OC * sizeof(bf16)), dinp(M * C * sizeof(bf16));
+        DeviceBuffer dw(OC * C * sizeof(float));
+        CUDA_CHECK(cudaMemsetAsync(inp.p, 0x3c, M * C * sizeof(bf16), stream));
+        CUDA_CHECK(cudaMemsetAsync(w.p, 0x3c, OC * C * sizeof(bf16), stream));
+        CUDA_CHECK(cudaMemsetAsync(dw.p, 0, OC * C * sizeof(float), stream));
+        const double f = 6.0 * static_cast<double>(M) * static_cast<double>(C * OC);
+        const int inner = calls_for(f, 400.0, 500);
+        const double seconds = best_seconds(comm, stream, 3, [&] {
+                                 for (int i = 0; i < inner; ++i) {
+                                   cuda::linear_forward<bf16>(ctx, out.as<bf16>(), inp.as<bf16>(),
+                                                              w.as<bf16>(), nullptr, M, C, OC,
+                                                              stream);
+                                   cuda::linear_backward<bf16>(
+                                       ctx, dinp.as<bf16>(), dw.as<float>(), nullptr,
+                                       out.as<bf16>(), inp.as<bf16>(), w.as<bf16>(), M, C, OC,
+                                       stream);
+                                 }
+                               }) /
+                               inner;
+        points.push_back({static_cast<double>(M), static_cast<double>(C),
+                          static_cast<double>(OC), f / seconds / 1e9});
+      }
+  return points;
+}
+
 // The bf16 fused attention, forward and backward, over (T, head size), as the CPU's: GFLOP/s
 // counted as the plan counts attention (the full T x T: 12 T T HS a head for training). Heads
 // for ~100 GFLOP of counted work a call (at least 32: the kernels' blocks are per head and
@@ -246,6 +282,7 @@ void measure_gpu(MPI_Comm comm, GpuBenchResult& out) {
   out.bf16 = gemm_curve<bf16, bf16>(comm, stream, ctx, 500.0);
   out.fp32 = gemm_curve<float, float>(comm, stream, ctx, 50.0);
   out.training = linear_training_curve(comm, stream, ctx);
+  out.shapes = linear_shape_grid(comm, stream, ctx);
   out.attention = attention_curve(comm, stream);
   out.optimizer = optimizer_curve(comm, device);
 

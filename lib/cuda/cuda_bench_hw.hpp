@@ -5,6 +5,7 @@
 // is the best of its repetitions, the slowest rank's.
 #include <mpi.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@ struct GpuBenchResult {
   // (cuda::linear_forward and linear_backward) over volumes, the fused attention's forward and
   // backward over (T, head size), and the optimizer pass (CudaDevice) over parameter counts.
   std::vector<MeasuredGemm> training;
+  // The same step by rows x in x out (DeviceSpec::gemm_efficiency_shapes): [rows, in, out,
+  // GFLOP/s].
+  std::vector<std::array<double, 4>> shapes;
   std::vector<MeasuredAttention> attention;
   std::vector<MeasuredOptimizer> optimizer;
   double bandwidth = 0;        // bytes/s: the trainer's bf16 GELU forward + backward, per GPU
