@@ -201,6 +201,15 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   EXPECT_NE(text.find("(a 256 MiB memcpy: "), std::string::npos) << text;
   EXPECT_NE(text.find("attention_efficiency = [[64.0, "), std::string::npos) << text;
   EXPECT_NE(text.find("optimizer_bandwidth_gbs = [[262144.0, "), std::string::npos) << text;
+  // The shape grid: 4 x 4 x 4 points, the plan reads them (a full grid, or it refuses).
+  EXPECT_NE(text.find("gemm_efficiency_shapes = [\n  [64.0, 64.0, 64.0, "), std::string::npos)
+      << text;
+  const size_t grid = text.find("gemm_efficiency_shapes = [");
+  int points = 0;
+  for (size_t at = text.find("\n  [", grid); grid != std::string::npos && at != std::string::npos;
+       at = text.find("\n  [", at + 1))
+    ++points;
+  EXPECT_EQ(points, 64) << text;
   r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
            " --nodes 1 --top 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
