@@ -87,10 +87,38 @@ int calls_for(double flops, double guess_tflops, int cap) {
   return std::clamp(static_cast<int>(0.02 * guess_tflops * 1e12 / flops), 1, cap);
 }
 
+// A linear layer's training FLOPs: forward, input and weight gradients, 2 M C OC each.
+double linear_step_flops(int64_t M, int64_t C, int64_t OC) {
+  return 6.0 * static_cast<double>(M) * static_cast<double>(C) * static_cast<double>(OC);
+}
+
+// Seconds of one bf16 training step of a linear layer of rows x in x out, as the trainer calls
+// it (linear_forward: inp W^T; linear_backward: dinp = dout W and the fp32 weight gradient
+// accumulated, dout^T inp; no bias), the best of `reps` timings of the slowest rank.
+double linear_step_seconds(MPI_Comm comm, cudaStream_t stream, cuda::CublasContext& ctx,
+                           int64_t M, int64_t C, int64_t OC, int reps) {
+  DeviceBuffer inp(M * C * sizeof(bf16)), w(OC * C * sizeof(bf16));
+  DeviceBuffer out(M * OC * sizeof(bf16)), dinp(M * C * sizeof(bf16));
+  DeviceBuffer dw(OC * C * sizeof(float));
+  CUDA_CHECK(cudaMemsetAsync(inp.p, 0x3c, M * C * sizeof(bf16), stream));
+  CUDA_CHECK(cudaMemsetAsync(w.p, 0x3c, OC * C * sizeof(bf16), stream));
+  CUDA_CHECK(cudaMemsetAsync(dw.p, 0, OC * C * sizeof(float), stream));
+  const int inner = calls_for(linear_step_flops(M, C, OC), 400.0, 500);
+  return best_seconds(comm, stream, reps, [&] {
+           for (int i = 0; i < inner; ++i) {
+             cuda::linear_forward<bf16>(ctx, out.as<bf16>(), inp.as<bf16>(), w.as<bf16>(),
+                                        nullptr, M, C, OC, stream);
+             cuda::linear_backward<bf16>(ctx, dinp.as<bf16>(), dw.as<float>(), nullptr,
+                                         out.as<bf16>(), inp.as<bf16>(), w.as<bf16>(), M, C, OC,
+                                         stream);
+           }
+         }) /
+         inner;
+}
+
 // The efficiency curve, as the CPU's (app/cmd_bench_hw.cpp, measure_linear_training): a linear
-// layer's training GEMMs as the bf16 trainer calls them (linear_forward: inp W^T; linear_backward:
-// dinp = dout W and the fp32 weight gradient accumulated, dout^T inp) at each volume s^3, over
-// tokens x in x out = s x s x s, a x a x 4a and a x 4a x a (a^3 4 = s^3); FLOPs over time.
+// layer's training step at each volume s^3, over tokens x in x out = s x s x s, a x a x 4a and
+// a x 4a x a (a^3 4 = s^3); FLOPs over time.
 std::vector<MeasuredGemm> linear_training_curve(MPI_Comm comm, cudaStream_t stream,
                                                 cuda::CublasContext& ctx) {
   std::vector<MeasuredGemm> points;
@@ -99,26 +127,8 @@ std::vector<MeasuredGemm> linear_training_curve(MPI_Comm comm, cudaStream_t stre
     const int layers[3][3] = {{s, s, s}, {a, a, 4 * a}, {a, 4 * a, a}};  // tokens, in, out
     double flops = 0, seconds = 0;
     for (const auto& l : layers) {
-      const int64_t M = l[0], C = l[1], OC = l[2];
-      DeviceBuffer inp(M * C * sizeof(bf16)), w(OC * C * sizeof(bf16));
-      DeviceBuffer out(M * OC * sizeof(bf16)), dinp(M * C * sizeof(bf16));
-      DeviceBuffer dw(OC * C * sizeof(float));
-      CUDA_CHECK(cudaMemsetAsync(inp.p, 0x3c, M * C * sizeof(bf16), stream));
-      CUDA_CHECK(cudaMemsetAsync(w.p, 0x3c, OC * C * sizeof(bf16), stream));
-      CUDA_CHECK(cudaMemsetAsync(dw.p, 0, OC * C * sizeof(float), stream));
-      const double f = 6.0 * static_cast<double>(M) * static_cast<double>(C * OC);
-      const int inner = calls_for(f, 400.0, 500);
-      seconds += best_seconds(comm, stream, 5, [&] {
-                   for (int i = 0; i < inner; ++i) {
-                     cuda::linear_forward<bf16>(ctx, out.as<bf16>(), inp.as<bf16>(),
-                                                w.as<bf16>(), nullptr, M, C, OC, stream);
-                     cuda::linear_backward<bf16>(ctx, dinp.as<bf16>(), dw.as<float>(), nullptr,
-                                                 out.as<bf16>(), inp.as<bf16>(), w.as<bf16>(),
-                                                 M, C, OC, stream);
-                   }
-                 }) /
-                 inner;
-      flops += f;
+      seconds += linear_step_seconds(comm, stream, ctx, l[0], l[1], l[2], 5);
+      flops += linear_step_flops(l[0], l[1], l[2]);
     }
     points.push_back({static_cast<double>(s), flops / seconds / 1e9});
   }
@@ -126,38 +136,19 @@ std::vector<MeasuredGemm> linear_training_curve(MPI_Comm comm, cudaStream_t stre
 }
 
 // The shape grid of the GEMM efficiency, as the CPU's (app/cmd_bench_hw.cpp,
-// measure_linear_shapes): a linear layer's bf16 training step (linear_forward, linear_backward,
-// no bias) at rows x in x out over 256, 1024, 4096 and 16384 each; GFLOP/s of the three GEMMs.
+// measure_linear_shapes): the step above at rows x in x out over 256, 1024, 4096 and 16384
+// each; [rows, in, out, GFLOP/s].
 std::vector<std::array<double, 4>> linear_shape_grid(MPI_Comm comm, cudaStream_t stream,
                                                      cuda::CublasContext& ctx) {
   constexpr int64_t kSizes[] = {256, 1024, 4096, 16384};
   std::vector<std::array<double, 4>> points;
   for (int64_t M : kSizes)
     for (int64_t C : kSizes)
-      for (int64_t OC : kSizes) {
-        DeviceBuffer inp(M * C * sizeof(bf16)), w(OC * C * sizeof(bf16));
-        DeviceBuffer out(M * OC * sizeof(bf16)), dinp(M * C * sizeof(bf16));
-        DeviceBuffer dw(OC * C * sizeof(float));
-        CUDA_CHECK(cudaMemsetAsync(inp.p, 0x3c, M * C * sizeof(bf16), stream));
-        CUDA_CHECK(cudaMemsetAsync(w.p, 0x3c, OC * C * sizeof(bf16), stream));
-        CUDA_CHECK(cudaMemsetAsync(dw.p, 0, OC * C * sizeof(float), stream));
-        const double f = 6.0 * static_cast<double>(M) * static_cast<double>(C * OC);
-        const int inner = calls_for(f, 400.0, 500);
-        const double seconds = best_seconds(comm, stream, 3, [&] {
-                                 for (int i = 0; i < inner; ++i) {
-                                   cuda::linear_forward<bf16>(ctx, out.as<bf16>(), inp.as<bf16>(),
-                                                              w.as<bf16>(), nullptr, M, C, OC,
-                                                              stream);
-                                   cuda::linear_backward<bf16>(
-                                       ctx, dinp.as<bf16>(), dw.as<float>(), nullptr,
-                                       out.as<bf16>(), inp.as<bf16>(), w.as<bf16>(), M, C, OC,
-                                       stream);
-                                 }
-                               }) /
-                               inner;
+      for (int64_t OC : kSizes)
         points.push_back({static_cast<double>(M), static_cast<double>(C),
-                          static_cast<double>(OC), f / seconds / 1e9});
-      }
+                          static_cast<double>(OC),
+                          linear_step_flops(M, C, OC) /
+                              linear_step_seconds(comm, stream, ctx, M, C, OC, 3) / 1e9});
   return points;
 }
 
