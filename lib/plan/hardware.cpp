@@ -263,35 +263,36 @@ double curve_at(const std::vector<std::pair<double, double>>& c, double size) {
   return c[i - 1].second + t * (c[i].second - c[i - 1].second);
 }
 
-// The grid's value at `at` (parse_hardware checked it is full and sorted it): trilinear in the
-// logs of the three sizes between the grid values around each, flat beyond the grid's ends.
+// The grid's value at `at` (parse_hardware checked it is full and sorted it by rows, in, out):
+// trilinear in the logs of the three sizes between the grid values around each, flat beyond
+// the grid's ends. The axes are read off the sorted points (point (i, j, k) is at
+// (i n1 + j) n2 + k), so a lookup allocates nothing: the plan makes one per GEMM of a layout.
 double grid_at(const std::vector<std::array<double, 4>>& grid, const std::array<double, 3>& at) {
-  std::vector<double> axes[3];
-  for (const auto& p : grid)
-    for (int d = 0; d < 3; ++d)
-      if (std::find(axes[d].begin(), axes[d].end(), p[d]) == axes[d].end())
-        axes[d].push_back(p[d]);
+  size_t n2 = 0, n12 = 0;
+  while (n12 < grid.size() && grid[n12][0] == grid[0][0]) ++n12;
+  while (n2 < n12 && grid[n2][1] == grid[0][1]) ++n2;
+  const size_t count[3] = {grid.size() / n12, n12 / n2, n2};
+  const size_t stride[3] = {n12, n2, 1};
   size_t lo[3], hi[3];
   double t[3];
   for (int d = 0; d < 3; ++d) {
-    std::vector<double>& a = axes[d];
-    std::sort(a.begin(), a.end());
-    const double x = std::clamp(at[d], a.front(), a.back());
+    auto axis = [&](size_t i) { return grid[i * stride[d]][d]; };
+    const double x = std::clamp(at[d], axis(0), axis(count[d] - 1));
     hi[d] = 0;
-    while (hi[d] + 1 < a.size() && a[hi[d]] < x) ++hi[d];
-    lo[d] = hi[d] > 0 && a[hi[d]] > x ? hi[d] - 1 : hi[d];
-    t[d] = lo[d] == hi[d] ? 0.0 : std::log(x / a[lo[d]]) / std::log(a[hi[d]] / a[lo[d]]);
+    while (hi[d] + 1 < count[d] && axis(hi[d]) < x) ++hi[d];
+    lo[d] = hi[d] > 0 && axis(hi[d]) > x ? hi[d] - 1 : hi[d];
+    t[d] = lo[d] == hi[d] ? 0.0 : std::log(x / axis(lo[d])) / std::log(axis(hi[d]) / axis(lo[d]));
   }
-  // The points sorted by (rows, in, out): index (i, j, k) of the grid.
-  const size_t n1 = axes[1].size(), n2 = axes[2].size();
-  auto value = [&](size_t i, size_t j, size_t k) { return grid[(i * n1 + j) * n2 + k][3]; };
   double v = 0.0;
   for (int corner = 0; corner < 8; ++corner) {
-    const size_t i = corner & 1 ? hi[0] : lo[0], j = corner & 2 ? hi[1] : lo[1],
-                 k = corner & 4 ? hi[2] : lo[2];
-    const double w = (corner & 1 ? t[0] : 1.0 - t[0]) * (corner & 2 ? t[1] : 1.0 - t[1]) *
-                     (corner & 4 ? t[2] : 1.0 - t[2]);
-    v += w * value(i, j, k);
+    size_t index = 0;
+    double w = 1.0;
+    for (int d = 0; d < 3; ++d) {
+      const bool upper = corner & (1 << d);
+      index += (upper ? hi[d] : lo[d]) * stride[d];
+      w *= upper ? t[d] : 1.0 - t[d];
+    }
+    v += w * grid[index][3];
   }
   return v;
 }
