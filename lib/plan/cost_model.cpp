@@ -192,6 +192,17 @@ struct ChunkCost {
          fp8_amax = 0;
   // The compute inside forward + backward by part (Prediction::compute_*_seconds).
   double gemm = 0, attention = 0, memory = 0, head = 0;
+
+  // A stage's cost per micro-batch: the sum of its chunks'.
+  ChunkCost& operator+=(const ChunkCost& o) {
+    forward += o.forward, backward += o.backward, weight += o.weight;
+    tp_comm += o.tp_comm, ep_comm += o.ep_comm, cp_comm += o.cp_comm, cp_ring += o.cp_ring;
+    fp8_gemm += o.fp8_gemm, fp8_quantise_bytes += o.fp8_quantise_bytes;
+    fp8_quantise += o.fp8_quantise, fp8_amax_count += o.fp8_amax_count;
+    fp8_amax += o.fp8_amax;
+    gemm += o.gemm, attention += o.attention, memory += o.memory, head += o.head;
+    return *this;
+  }
 };
 
 struct LayerModel {
@@ -1029,24 +1040,8 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   ChunkCost busiest;  // per micro-batch, summed over the stage's chunks
   for (int64_t s = 0; s < l.pp; ++s) {
     ChunkCost stage;
-    for (int64_t c = 0; c < l.virtual_stages; ++c) {
-      const ChunkCost& op = chunk_cost[static_cast<size_t>(c * l.pp + s)];
-      stage.forward += op.forward;
-      stage.backward += op.backward;
-      stage.tp_comm += op.tp_comm;
-      stage.ep_comm += op.ep_comm;
-      stage.cp_comm += op.cp_comm;
-      stage.cp_ring += op.cp_ring;
-      stage.fp8_gemm += op.fp8_gemm;
-      stage.fp8_quantise_bytes += op.fp8_quantise_bytes;
-      stage.fp8_quantise += op.fp8_quantise;
-      stage.fp8_amax_count += op.fp8_amax_count;
-      stage.fp8_amax += op.fp8_amax;
-      stage.gemm += op.gemm;
-      stage.attention += op.attention;
-      stage.memory += op.memory;
-      stage.head += op.head;
-    }
+    for (int64_t c = 0; c < l.virtual_stages; ++c)
+      stage += chunk_cost[static_cast<size_t>(c * l.pp + s)];
     if (stage.forward + stage.backward > busiest.forward + busiest.backward) busiest = stage;
   }
   const double C = static_cast<double>(m.width), e = model.element_bytes();
