@@ -87,12 +87,6 @@ Fp8GemmScaling& Fp8DelayedRecipe::gemm(int64_t layer, Fp8Gemm kind) {
   return gemm_states(layer)[static_cast<size_t>(kind)];
 }
 
-std::vector<int64_t> Fp8DelayedRecipe::layers() const {
-  std::vector<int64_t> out;
-  for (const auto& entry : layers_) out.push_back(entry.first);
-  return out;
-}
-
 namespace {
 
 template <class F>

@@ -82,7 +82,6 @@ class Fp8DelayedRecipe {
   Fp8DelayedRecipe(Fp8Format grad_format, int history, int margin);
   void add_layer(int64_t layer);  // its kFp8GemmCount GEMMs, fresh
   Fp8GemmScaling& gemm(int64_t layer, Fp8Gemm kind);
-  std::vector<int64_t> layers() const;  // ascending
   bool has_layer(int64_t layer) const { return layers_.count(layer) > 0; }
   int history() const { return history_; }
 
