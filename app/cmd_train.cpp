@@ -20,6 +20,7 @@
 #include "kernels/cpu/blas.hpp"
 #include "model/architecture.hpp"
 #include "model/model_stats.hpp"
+#include "runtime/backend.hpp"
 #include "stop_signals.hpp"
 #include "train/run_reports.hpp"
 #include "train/startup_checks.hpp"
@@ -247,6 +248,8 @@ int run_train(const TrainOptions& options) {
             config.train.device == "cuda"
                 ? (", device buffers over " + config.parallel.comm).c_str()
                 : "");
+  if (config.train.device == "cpu" && config.train.precision == "bf16")
+    out.print("gemm: bf16 products: %s\n", cpu_bf16_gemm_text(config).c_str());
   std::string resume_from;
   if (options.resume == "auto") {
     if (config.checkpoint.dir.empty())

@@ -326,8 +326,11 @@ TEST_F(BadInput, SettingsThisMachineCannotRunAreRefused) {
   ScopedEnv hide("CUDA_VISIBLE_DEVICES", "");
   expect_error(config() + " --set train.device=cuda", "train.device");
   expect_error(config() + " --set train.device=cuda --set parallel.comm=mpi", "train.device");
-  // bf16 runs on the GPU backend only.
-  expect_error(config() + " --set train.precision=bf16", "train.precision");
+  // bf16 runs on any core (the FMA engine); oneDNN's engine needs AVX512-BF16 or AMX, which
+  // ONEDNN_MAX_CPU_ISA hides here.
+  ScopedEnv isa("ONEDNN_MAX_CPU_ISA", "AVX512_CORE");
+  expect_error(config() + " --set train.precision=bf16 --set train.cpu_bf16_gemm=onednn",
+               "train.cpu_bf16_gemm = \"onednn\", but oneDNN has no bf16 matmul on this core");
 }
 
 // The GPU backend is the module libtrident_cuda.so, loaded only for train.device = "cuda"

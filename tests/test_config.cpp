@@ -161,6 +161,7 @@ Config everything_changed() {
   c.train.threads = 5;
   c.train.device = "cuda";
   c.train.precision = "bf16";
+  c.train.cpu_bf16_gemm = "onednn";
   c.train.exit_after_minutes = 1.0 / 3.0;
   c.train.exit_interval = 7;
   c.optim.lr = 0.1 + 0.2;

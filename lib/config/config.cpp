@@ -243,14 +243,23 @@ const Key kKeys[] = {
   {TRIDENT_KEY(train, device), one_of({"cpu", "cuda"}),
    "Compute device. cuda: one GPU per rank, picked by the rank's index within its node."},
   {TRIDENT_KEY(train, precision), one_of({"fp32", "bf16", "fp8"}),
-   "Compute precision. bf16 (cuda only): bf16 activations and GEMM inputs with fp32 "
-   "accumulation, fp32 master weights, gradients and optimizer state. fp8 (cpu only so far: "
+   "Compute precision. bf16: bf16 activations and GEMM inputs with fp32 accumulation, fp32 "
+   "master weights, gradients and optimizer state; on the CPU the reference of the GPU's bf16 "
+   "path, its bf16 values held in fp32 storage (memory as fp32's), products per "
+   "`train.cpu_bf16_gemm` (docs/gemm.md \"bf16 on the CPU\"). fp8 (cpu only so far: "
    "the reference of the GPU's FP8 path): the linear layers of the blocks (qkv, attention "
    "output, MLP in and out) multiply operands quantised to FP8, activations and weights E4M3, "
    "gradients `train.fp8_grad_format`, each tensor scaled per `train.fp8_recipe`, fp32 "
    "accumulation; everything else, the master weights, "
    "gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
    "fp8: `train.device = \"cpu\"`, `model.moe_experts = 0`"},
+  {TRIDENT_KEY(train, cpu_bf16_gemm), one_of({"auto", "fma", "onednn"}),
+   "train.precision = \"bf16\" on the CPU: what multiplies the linear layers' bf16 operands "
+   "(fp32 sums either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 "
+   "GEMM's result up to the order of the sums) at the core's fp32 rate, on any core. onednn: "
+   "oneDNN's bf16 matmul, AMX tiles or AVX512-BF16 dot products (refused on a core with "
+   "neither). auto (the default): onednn where the core has AMX, else fma (AVX512-BF16 alone "
+   "runs at half the fp32 FMA rate; docs/gemm.md). The start-up line names the choice."},
   {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),
    "train.precision = \"fp8\": the format of the output gradients in the backward GEMMs. "
    "e5m2 (the default, Transformer Engine's HYBRID recipe): 5 exponent bits, a range of "

@@ -82,7 +82,8 @@ struct TrainConfig {
   int64_t global_batch = 8;
   int64_t threads = 0;              // 0: cores available to this rank
   std::string device = "cpu";       // "cpu" | "cuda"
-  std::string precision = "fp32";   // "fp32" | "bf16"
+  std::string precision = "fp32";   // "fp32" | "bf16" | "fp8"
+  std::string cpu_bf16_gemm = "auto";  // "auto" | "fma" | "onednn": the CPU's bf16 products
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
   bool deterministic = true;  // false: the GPU's bf16 attention backward accumulates dQ atomically
   // train.precision = "fp8" (model/fp8_linear.hpp): the gradients' format, the scales' margin

@@ -1,6 +1,7 @@
 #pragma once
 // The transformer on the CPU kernel set: CpuModel<float> trains, CpuModel<double> is the
-// reference of the finite-difference gradient tests.
+// reference of the finite-difference gradient tests; Transformer<CpuBf16Kernels> trains in bf16.
+#include "model/cpu_bf16_kernels.hpp"
 #include "model/cpu_kernels.hpp"
 #include "model/transformer.hpp"
 
@@ -16,5 +17,6 @@ class CpuModel : public Transformer<CpuKernels<F>> {
 
 extern template class Transformer<CpuKernels<float>>;
 extern template class Transformer<CpuKernels<double>>;
+extern template class Transformer<CpuBf16Kernels>;
 
 }  // namespace trident

@@ -25,12 +25,10 @@
 #include "comm/comm.hpp"
 #include "model/architecture.hpp"
 #include "model/fp8_scaling.hpp"
+#include "model/kernel_traits.hpp"
 #include "tensor/device.hpp"
 
 namespace trident {
-
-template <class K>
-constexpr bool kernels_have_fp8 = requires { K::has_fp8; };
 
 template <class K>
 class Fp8Linear {

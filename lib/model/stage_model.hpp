@@ -127,6 +127,13 @@ class StageModel {
   virtual void set_grads_final_hook(std::function<void(int64_t)> hook) = 0;
 };
 
+// train.precision = "bf16" on the CPU (model/cpu_bf16_kernels.hpp): the linear layers' products
+// through oneDNN's bf16 matmul (`onednn`) or fp32 FMAs on the bf16 values.
+std::unique_ptr<StageModel> make_cpu_bf16_stage_model(const ModelConfig& config,
+                                                      const ModelShard& shard,
+                                                      Communicator& tensor_comm, Device& host,
+                                                      bool onednn);
+
 // The transformer on the CPU kernel set (fp32) as a StageModel on the host device.
 std::unique_ptr<StageModel> make_cpu_stage_model(const ModelConfig& config,
                                                  const ModelShard& shard,

@@ -66,6 +66,7 @@ class TensorParallel {
       comm_.reduce_scatter(partial, out, rows(N) * C, K::act_dtype);
     else
       comm_.all_reduce(out, N * C, K::act_dtype, ReduceOp::Sum);
+    round_sum(out, rows(N) * C);
   }
   // x[N,C] holds this rank's rows at first_row(N): fetch the others' (SP only).
   void gather_input(T* x, int64_t N, int64_t C) {
@@ -76,10 +77,12 @@ class TensorParallel {
   const T* reduce_input_grad(T* partial, int64_t N, int64_t C) {
     if (!sp_) {
       comm_.all_reduce(partial, N * C, K::act_dtype, ReduceOp::Sum);
+      round_sum(partial, N * C);
       return partial;
     }
     T* mine = scratch(d_rows_, rows(N) * C);
     comm_.reduce_scatter(partial, mine, rows(N) * C, K::act_dtype);
+    round_sum(mine, rows(N) * C);
     return mine;
   }
   // reduce_input_grad(partial, N, C) with `weight_grad` (computation only) run meanwhile:
@@ -98,10 +101,12 @@ class TensorParallel {
       T* mine = scratch(d_rows_, rows(N) * C);
       auto request = comm_.ireduce_scatter(partial, mine, rows(N) * C, K::act_dtype);
       progress_->during(*request, weight_grad);
+      round_sum(mine, rows(N) * C);
       return mine;
     }
     auto request = comm_.iall_reduce(partial, N * C, K::act_dtype, ReduceOp::Sum);
     progress_->during(*request, weight_grad);
+    round_sum(partial, N * C);
     return partial;
   }
   // gather_input(x, N, C) with `work` (computation that does not touch x) run meanwhile:
@@ -126,6 +131,12 @@ class TensorParallel {
     T* all = scratch(d_full_, N * C);
     comm_.all_gather(d, all, rows(N) * C, K::act_dtype);
     return all;
+  }
+  // The tensor group's sums of bf16 values (kernels_store_bf16_values) are taken in fp32 and
+  // rounded once here, as a bf16 all-reduce of two ranks rounds its fp32 sum.
+  void round_sum(T* x, int64_t n) {
+    if constexpr (kernels_store_bf16_values<K>)
+      if (size_ > 1) k_.round_sum(x, n);
   }
   void all_reduce_max(S* x, int64_t n) { comm_.all_reduce(x, n, K::stat_dtype, ReduceOp::Max); }
   void all_reduce_sum(S* x, int64_t n) { comm_.all_reduce(x, n, K::stat_dtype, ReduceOp::Sum); }

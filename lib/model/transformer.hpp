@@ -120,10 +120,10 @@ class Transformer {
   // weight_store() and grad_store() say: the whole buffer, or under ZeRO-2/3 (set_zero) the
   // rank's slices, packed.
   G* weights() { return weights_sharded() ? zero_->master() : master_.data(); }
-  // The compute copy of weights() where T differs from G (bf16), else nullptr (and at ZeRO-3,
+  // The compute copy of weights() in bf16 (kernels_keep_compute_copy), else nullptr (and at ZeRO-3,
   // where each unit's copy is gathered when read).
   T* compute_weights() {
-    return std::is_same_v<T, G> || weights_sharded() ? nullptr : compute_.data();
+    return !kernels_keep_compute_copy<K> || weights_sharded() ? nullptr : compute_.data();
   }
   G* grads() { return zero_ ? zero_->grads() : grads_.data(); }
   int64_t flat_size() const { return layout_.flat_size; }
@@ -414,7 +414,7 @@ class Transformer {
   FlatStore whole_;                        // the whole flat buffer: [0, flat_size)
   std::unique_ptr<ZeroShards<K>> zero_;    // ZeRO-2/3, or none
   bool taking_grads_ = false;              // in a pass that forms gradients (g())
-  DeviceArray<T> compute_;  // compute copy of master_ when T differs from G (bf16)
+  DeviceArray<T> compute_;  // compute copy of master_ in bf16 (kernels_keep_compute_copy)
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)
   DeviceArray<S> head_dloss_;     // [head_chunk_rows]: loss_scale / N, dL/d(row loss)

@@ -78,7 +78,7 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   // ZeRO-2/3 hold slices (set_zero): the whole buffers are never made, not even for a moment.
   if (shard.zero_stage < 3) {
     master_ = DeviceArray<G>(dev, layout_.flat_size);
-    if constexpr (!std::is_same_v<T, G>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
+    if constexpr (kernels_keep_compute_copy<K>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
   }
   if (shard.zero_stage < 2) grads_ = DeviceArray<G>(dev, layout_.flat_size);
   loss_sum_ = DeviceArray<double>(dev, 1);
@@ -189,10 +189,10 @@ const typename K::T* Transformer<K>::w(int i) const {
   if (i < 0) return nullptr;
   const int64_t offset = layout_.params[i].offset;
   if (weights_sharded()) return zero_->weight(i, offset);
-  if constexpr (std::is_same_v<T, G>)
-    return master_.data() + offset;
-  else
+  if constexpr (kernels_keep_compute_copy<K>)
     return compute_.data() + offset;
+  else
+    return master_.data() + offset;
 }
 
 template <class K>
@@ -333,7 +333,8 @@ void Transformer<K>::zero_grads() {
 template <class K>
 void Transformer<K>::weights_changed() {
   if (weights_sharded()) return zero_->weights_changed();
-  if constexpr (!std::is_same_v<T, G>) k_.convert(compute_.data(), master_.data(), master_.size());
+  if constexpr (kernels_keep_compute_copy<K>)
+    k_.convert(compute_.data(), master_.data(), master_.size());
 }
 
 template <class K>

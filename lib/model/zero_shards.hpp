@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "model/kernel_traits.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
 #include "util/error.hpp"
@@ -332,10 +333,10 @@ class ZeroShards {
     Device& dev = k_.device();
     const int64_t mine = s.mine.size();
     T* own = slot.buffer.data() + s.comm->rank() * s.slice;
-    if constexpr (std::is_same_v<T, G>)
-      dev.copy(own, master_.data() + s.index, mine * sizeof(G));
-    else
+    if constexpr (kernels_keep_compute_copy<K>)
       k_.convert(own, master_.data() + s.index, mine);
+    else
+      dev.copy(own, master_.data() + s.index, mine * sizeof(G));
     dev.fill_zero(own + mine, (s.slice - mine) * sizeof(T));
     slot.unit = u;
     slot.used = ++demands_;

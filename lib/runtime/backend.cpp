@@ -1,5 +1,6 @@
 #include "runtime/backend.hpp"
 
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "util/error.hpp"
 
 #ifdef TRIDENT_HAVE_CUDA
@@ -66,16 +67,34 @@ Backend make_backend(const Config& config, const ParallelDims& dims, const Model
                 "CUDA (nvcc was not found when it was configured; see docs/gpu.md)");
 #endif
   }
-  if (config.train.precision == "bf16")
-    throw Error(config.source + ": train.precision = \"" + config.train.precision +
-                "\" needs train.device = \"cuda\"; the CPU backend computes in fp32 (or "
-                "\"fp8\", the FP8 reference)");
   Backend b;
   b.device = make_cpu_device();
   // Host memory: the device communicators are the groups' own.
   make_device_comms(config, dims, b, [](Communicator& host, DeviceUse) { return &host; });
-  b.model = make_cpu_stage_model(config.model, shard, *b.comm(Dim::Tensor), *b.device);
+  if (config.train.precision == "bf16")
+    b.model = make_cpu_bf16_stage_model(config.model, shard, *b.comm(Dim::Tensor), *b.device,
+                                        cpu_bf16_uses_onednn(config));
+  else
+    b.model = make_cpu_stage_model(config.model, shard, *b.comm(Dim::Tensor), *b.device);
   return b;
+}
+
+bool cpu_bf16_uses_onednn(const Config& config) {
+  const std::string& choice = config.train.cpu_bf16_gemm;
+  if (choice == "fma") return false;
+  if (choice == "auto") return cpu::bf16_gemm_has_amx();
+  if (!cpu::bf16_gemm_available())
+    throw Error(config.source + ": train.cpu_bf16_gemm = \"onednn\", but oneDNN has no bf16 "
+                "matmul on this core: " + cpu::bf16_gemm_description() +
+                " (use \"fma\" or \"auto\")");
+  return true;
+}
+
+std::string cpu_bf16_gemm_text(const Config& config) {
+  const std::string core = cpu::bf16_gemm_description();
+  if (cpu_bf16_uses_onednn(config)) return core;
+  return "fp32 FMA GEMMs on bf16 values (train.cpu_bf16_gemm = \"" +
+         config.train.cpu_bf16_gemm + "\"; the core: " + core + ")";
 }
 
 }  // namespace trident

@@ -92,6 +92,13 @@ void make_device_comms(const Config& config, const ParallelDims& dims, Backend& 
 // key and config.source) for a combination this build or machine cannot run.
 Backend make_backend(const Config& config, const ParallelDims& dims, const ModelShard& shard);
 
+// train.precision = "bf16" on the CPU: whether train.cpu_bf16_gemm, resolved on this core,
+// runs the linear layers' products through oneDNN's bf16 matmul (else fp32 FMAs on the bf16
+// values); throws trident::Error naming the key where "onednn" cannot run here.
+bool cpu_bf16_uses_onednn(const Config& config);
+// The same choice in words, for the start-up line: what multiplies, and what the core has.
+std::string cpu_bf16_gemm_text(const Config& config);
+
 #ifdef TRIDENT_HAVE_CUDA
 // The C function `symbol` of the GPU module (<dir of the executable>/../lib/libtrident_cuda.so,
 // cuda/cuda_backend.hpp), loaded on first use and kept; a module that is missing, lacks the

@@ -91,6 +91,14 @@ double async_staging_bytes(const Config& config, const ModelStateBytes& state) {
 }
 }  // namespace
 
+// Bytes of one stored activation or compute weight: bf16's 2 on the GPU; 4 on the CPU, whose
+// bf16 precision holds bf16 values in fp32 storage (model/cpu_bf16_kernels.hpp).
+namespace {
+double activation_element_bytes(const TrainConfig& train) {
+  return train.precision == "bf16" && train.device == "cuda" ? 2.0 : 4.0;
+}
+}  // namespace
+
 ModelStateBytes estimate_model_state(const Config& config, const ModelShard& shard,
                                      int dp_size) {
   const ShardParameters s = shard_parameters(config.model, shard);
@@ -98,7 +106,7 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
   const int stage = static_cast<int>(config.optim.zero_stage);
   const double d = stage >= 1 ? std::max(1, dp_size) : 1;
   const bool bf16 = config.train.precision == "bf16";
-  const double compute_element = bf16 ? 2.0 : 4.0;
+  const double compute_element = activation_element_bytes(config.train);
   double gather = 0;
   if ((stage == 1 || stage == 2) && d > 1) {  // the largest bucket's staging (stage 2: a unit)
     const double bucket_elems = config.parallel.dp_bucket_mb * 1024 * 1024 / 4;
@@ -113,7 +121,7 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
   auto bytes = [](double x) { return static_cast<int64_t>(std::llround(x)); };
   ModelStateBytes b;
   b.weights = bytes(4.0 * P / (stage == 3 ? d : 1.0));
-  b.compute = bytes(bf16 && stage < 3 ? 2.0 * P : 0.0);
+  b.compute = bytes(bf16 && stage < 3 ? compute_element * P : 0.0);
   b.gradients = bytes(4.0 * P / (stage >= 2 ? d : 1.0));
   b.moments = bytes(8.0 * P / d);
   b.gather = bytes(gather);
@@ -163,7 +171,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   r.state_bytes = static_cast<double>(state.total());
   r.staging_bytes = async_staging_bytes(config, state);
 
-  const double act = config.train.precision == "bf16" ? 2.0 : 4.0;
+  const double act = activation_element_bytes(config.train);
   const double B = static_cast<double>(config.train.micro_batch);
   // Under context parallelism the rank holds seq_len / CP rows of each sequence: the model as
   // its activations see it.

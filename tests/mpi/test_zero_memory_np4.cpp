@@ -82,3 +82,33 @@ TEST(ZeroMemory, EachStageHoldsWhatTheFormulaSays) {
     }
   }
 }
+
+// train.precision = "bf16" on the CPU keeps its bf16 values in fp32 storage: the compute copy
+// of the weights is 4 bytes a parameter beside the master weights (none at stage 3, whose
+// units are gathered into the slots), as the start-up formula counts it.
+TEST(ZeroMemory, CpuBf16HoldsItsComputeCopyInFp32) {
+  const auto dir = shared_corpus("zero_memory_bf16");
+  for (const int stage : {0, 3}) {
+    const int dp = 2;
+    const Config config = checkpoint_config(
+        dir, 1, 1, dp, stage, "b" + std::to_string(stage) + "_" + std::to_string(world_rank() / dp),
+        {"model.width=64", "model.heads=4", "parallel.dp_bucket_mb=0.1",
+         "train.precision=\"bf16\""});
+    on_layout(config, [&](Trainer& t, ProcessGrid&) {
+      StageModel& model = t.model();
+      double P = 0;
+      for (const ParamInfo& p : model.params()) P += static_cast<double>(p.numel());
+      const ModelStateBytes state = model.state_bytes();
+      const ModelStateBytes formula =
+          estimate_model_state(config, plan_model_shard(config, {}), dp);
+      EXPECT_EQ(state.compute, formula.compute) << "stage " << stage;
+      EXPECT_EQ(state.compute, stage == 3 ? 0 : static_cast<int64_t>(4 * P)) << "stage " << stage;
+      const int64_t held = state.weights + state.compute + state.gradients +
+                           t.optimizer().state_bytes();
+      const int64_t allocated = t.device().allocated_bytes();
+      EXPECT_GE(allocated, held + state.gather + t.gradient_sync().staging_bytes());
+      EXPECT_LE(allocated, held + state.gather + t.gradient_sync().staging_bytes() + 1024)
+          << "stage " << stage;
+    });
+  }
+}

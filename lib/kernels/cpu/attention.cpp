@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/online_softmax.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -86,7 +88,8 @@ struct ForwardScratch {
 // doc_start: the sequence's [T] (nullptr: none).
 template <typename F>
 void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, const int32_t* doc_start,
-                       int64_t r0, int64_t r1, const Layout& L, F scale, ForwardScratch<F>& w) {
+                       int64_t r0, int64_t r1, const Layout& L, F scale, bool bf16_operands,
+                       ForwardScratch<F>& w) {
   const int64_t R = r1 - r0, CQ = L.CQ, C = L.C, HS = L.HS;
   F* s = w.s;
   const int64_t c_first = first_key_block(doc_start, r0, r1);
@@ -99,6 +102,8 @@ void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, const i
       const Visible vis = visible_columns(r0 + r, c0, n, doc_start);
       const F shrink = online_softmax_block_row(s + r * kBlock, vis.begin, vis.end, n, w.m[r],
                                                 w.l[r], first);
+      if constexpr (std::is_same_v<F, float>)
+        if (bf16_operands) round_to_bf16_values(s + r * kBlock, n);
       if (first) continue;  // the output rows are written (beta = 0) below
       F* orow = o + (r0 + r) * C;
 #pragma omp simd
@@ -123,7 +128,7 @@ void forward_row_block(F* o, F* lse, const F* q, const F* k, const F* v, const i
 // triangular work.
 template <typename F>
 void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
-                       int64_t KVH, int64_t HS, const int32_t* doc_start) {
+                       int64_t KVH, int64_t HS, const int32_t* doc_start, bool bf16_operands) {
   const Layout L(T, NH, KVH, HS);
   const F scale = F(1) / std::sqrt(F(HS));
   const int64_t blocks = (T + kBlock - 1) / kBlock;
@@ -141,7 +146,7 @@ void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64
       const int64_t r1 = std::min(T, r0 + kBlock);
       forward_row_block(out + L.o(b, h), lse + bh * T, qkv + L.q(b, h), qkv + L.k(b, h / L.G),
                         qkv + L.v(b, h / L.G), doc_start ? doc_start + b * T : nullptr, r0, r1,
-                        L, scale, scratch);
+                        L, scale, bf16_operands, scratch);
     }
   }
 }
@@ -184,7 +189,7 @@ template <typename F>
 void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, const F* g,
                     const F* lse, const F* d, const int32_t* doc_start, int64_t r0, int64_t R,
                     int64_t c0, int64_t n, bool first_kv, bool first_q, const Layout& L, F scale,
-                    BackwardScratch<F>& w) {
+                    bool bf16_operands, BackwardScratch<F>& w) {
   const int64_t CQ = L.CQ, C = L.C, HS = L.HS;
   F* p = w.p;
   F* ds = w.ds;
@@ -199,6 +204,8 @@ void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, con
     const int64_t begin = std::min(vis.begin, n), end = std::max(begin, vis.end);
     std::fill(row, row + begin, F(0));
     std::fill(row + end, row + n, F(0));
+    if constexpr (std::is_same_v<F, float>)
+      if (bf16_operands) round_to_bf16_values(row, n);
   }
   const F beta_kv = first_kv ? F(0) : F(1);
   gemm<F>(true, false, n, HS, R, F(1), p, kBlock, g + r0 * C, C, beta_kv, dv + c0 * CQ, CQ);
@@ -209,6 +216,8 @@ void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, con
     const F dr = d[r0 + r];
 #pragma omp simd
     for (int64_t c = 0; c < n; c++) drow[c] = prow[c] * (drow[c] - dr);  // 0 where masked
+    if constexpr (std::is_same_v<F, float>)
+      if (bf16_operands) round_to_bf16_values(drow, n);
   }
   gemm<F>(true, false, n, HS, R, scale, ds, kBlock, q + r0 * CQ, CQ, beta_kv, dk + c0 * CQ, CQ);
   gemm<F>(false, false, R, HS, n, scale, ds, kBlock, k + c0 * CQ, CQ, first_q ? F(0) : F(1),
@@ -224,7 +233,7 @@ void backward_block(F* dq, F* dk, F* dv, const F* q, const F* k, const F* v, con
 template <typename F>
 void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                       const int32_t* doc_start, int64_t b, int64_t j, const Layout& L, F scale,
-                      BackwardScratch<F>& w) {
+                      bool bf16_operands, BackwardScratch<F>& w) {
   const int64_t T = L.T;
   for (int64_t hl = 0; hl < L.G; hl++) {
     const int64_t h = j * L.G + hl;
@@ -242,7 +251,7 @@ void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const 
         backward_block(dqkv + L.q(b, h), dqkv + L.k(b, j), dqkv + L.v(b, j), qkv + L.q(b, h),
                        qkv + L.k(b, j), qkv + L.v(b, j), dout + L.o(b, h),
                        lse + (b * L.NH + h) * T, w.d + hl * T, doc_start, r0, r1 - r0, c0, n,
-                       first_kv, c0 == c_first, L, scale, w);
+                       first_kv, c0 == c_first, L, scale, bf16_operands, w);
         first_kv = false;
       }
     }
@@ -256,7 +265,7 @@ void backward_kv_head(F* dqkv, const F* dout, const F* qkv, const F* out, const 
 template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                         int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
-                        const int32_t* doc_start) {
+                        const int32_t* doc_start, bool bf16_operands) {
   const Layout L(T, NH, KVH, HS);
   const F scale = F(1) / std::sqrt(F(HS));
 #pragma omp parallel
@@ -266,16 +275,16 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, cons
     for (int64_t task = 0; task < B * KVH; task++) {
       const int64_t b = task / KVH;
       backward_kv_head(dqkv, dout, qkv, out, lse, doc_start ? doc_start + b * T : nullptr, b,
-                       task % KVH, L, scale, scratch);
+                       task % KVH, L, scale, bf16_operands, scratch);
     }
   }
 }
 
 #define TRIDENT_INSTANTIATE(F)                                                                \
   template void attention_forward<F>(F*, F*, const F*, int64_t, int64_t, int64_t, int64_t,   \
-                                     int64_t, const int32_t*);                                \
+                                     int64_t, const int32_t*, bool);                          \
   template void attention_backward<F>(F*, const F*, const F*, const F*, const F*, int64_t,    \
-                                      int64_t, int64_t, int64_t, int64_t, const int32_t*);
+                                      int64_t, int64_t, int64_t, int64_t, const int32_t*, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

@@ -150,6 +150,10 @@ bool bf16_gemm_available() {
   return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
 }
 
+bool bf16_gemm_has_amx() {
+  return dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+}
+
 std::string bf16_gemm_description() {
   if (!bf16_gemm_available())
     return "bf16 unavailable (" + onednn_version() + " finds at most " + onednn_isa_name() +
@@ -160,6 +164,34 @@ std::string bf16_gemm_description() {
   const bool amx = dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
   return "bf16 " + onednn_version() + " matmul " + impl +
          (amx ? " (AMX)" : " (AVX512-BF16, no AMX)");
+}
+
+namespace {
+// float_to_bf16 of util/bf16.hpp without a branch, so that the loops vectorize (see below).
+inline uint32_t rounded_bf16_bits(uint32_t u) {
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+}  // namespace
+
+namespace {
+void round_values(float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = std::bit_cast<float>(rounded_bf16_bits(std::bit_cast<uint32_t>(x[i])) << 16);
+}
+}  // namespace
+
+void round_to_bf16_values(float* x, int64_t n) {
+  // The test is outside the pragma: an `if(false)` parallel region still starts (and frees) a
+  // team of one in libgomp, which the attention's per-row calls would pay each time.
+  if (omp_in_parallel() || n < kMinParallelElements) return round_values(x, n);
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b)
+    round_values(x + b * kBlock, std::min(kBlock, n - b * kBlock));
 }
 
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
@@ -175,10 +207,7 @@ void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint
     uint16_t* dst = out + r * cols;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
-      const uint32_t u = std::bit_cast<uint32_t>(src[c]);
-      const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-      const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-      dst[c] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+      dst[c] = static_cast<uint16_t>(rounded_bf16_bits(std::bit_cast<uint32_t>(src[c])));
     }
   }
 }

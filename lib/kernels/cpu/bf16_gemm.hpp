@@ -18,6 +18,9 @@ namespace trident::cpu {
 // (oneDNN's effective ISA, so ONEDNN_MAX_CPU_ISA=AVX512_CORE makes it false on any core).
 bool bf16_gemm_available();
 
+// True when that is AMX (oneDNN's effective ISA avx512_core_amx).
+bool bf16_gemm_has_amx();
+
 // What runs the bf16 GEMM, for the `gemm:` start-up line: "bf16 oneDNN 2.6.3 matmul
 // brg:avx512_core_bf16 (AVX512-BF16, no AMX)", or "bf16 unavailable: ..." with the reason.
 // The implementation name is the one oneDNN picks for a 256 x 256 x 256 product here.
@@ -41,5 +44,10 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 // out[r * cols + c] = bf16(in[r * ld + c]) for a rows x cols block (dense output), threaded
 // over rows outside a parallel region.
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out);
+
+// x[i] = the float value of bf16(x[i]) for i < n, in place (the same rounding: nearest even,
+// NaN kept NaN): the CPU's bf16 precision keeps its bf16 activations as these values in fp32
+// storage (model/cpu_bf16_kernels.hpp). Threaded over large n outside a parallel region.
+void round_to_bf16_values(float* x, int64_t n);
 
 }  // namespace trident::cpu

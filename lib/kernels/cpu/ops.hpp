@@ -86,16 +86,23 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // (model/documents.hpp: doc_start[t] <= t, non-decreasing in t); row t then attends to
 // s in [doc_start[t], t] only, and the key blocks wholly before a row block's documents are
 // skipped.
+// bf16_operands (train.precision = "bf16" on the CPU, model/cpu_bf16_kernels.hpp): P is
+// rounded to bf16 before it multiplies V, as the GPU's bf16 kernels round it for their second
+// tensor-core product (the row sums are taken before the rounding, in fp32, as there); q, k and
+// v are then bf16 values already, so every product of the attention has bf16 inputs and fp32
+// sums.
 template <typename F>
 void attention_forward(F* out, F* lse, const F* qkv, int64_t B, int64_t T, int64_t NH,
-                       int64_t KVH, int64_t HS, const int32_t* doc_start = nullptr);
+                       int64_t KVH, int64_t HS, const int32_t* doc_start = nullptr,
+                       bool bf16_operands = false);
 // dqkv[B,T,(NH+2*KVH)*HS] (overwrite; the k and v gradients of a kv head sum over its query
 // heads in head order). out and lse: the forward's, doc_start the forward's. P is recomputed
-// block by block.
+// block by block. bf16_operands: P and dS are rounded to bf16 before the products that read
+// them (dV, and dK, dQ), as in the forward.
 template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                         int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
-                        const int32_t* doc_start = nullptr);
+                        const int32_t* doc_start = nullptr, bool bf16_operands = false);
 
 // ---------------------------------------------------------------- rotary embeddings (RoPE)
 // In place on the q heads (NH) and k heads (KVH) of qkv[B,T,(NH+2*KVH)*HS] (layout of

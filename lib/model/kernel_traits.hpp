@@ -1,0 +1,24 @@
+#pragma once
+// What the graph asks of a kernel set (model/cpu_kernels.hpp, model/cpu_bf16_kernels.hpp,
+// cuda/cuda_kernels.hpp) beyond its member functions: the optional features, each true only
+// where the set says so.
+#include <type_traits>
+
+namespace trident {
+
+// The FP8 reference's quantisation and GEMMs (model/fp8_linear.hpp).
+template <class K>
+constexpr bool kernels_have_fp8 = requires { requires K::has_fp8; };
+
+// T holds bf16 values in fp32 storage (the CPU's bf16 precision): a tensor-group sum of them is
+// rounded after the reduction (K::round_sum) and the weights have a rounded compute copy.
+template <class K>
+constexpr bool kernels_store_bf16_values = requires { requires K::bf16_values; };
+
+// The model keeps a compute copy of its master weights (written by K::convert): T is another
+// type than G (the GPU's bf16), or holds bf16 values.
+template <class K>
+constexpr bool kernels_keep_compute_copy =
+    !std::is_same_v<typename K::T, typename K::G> || kernels_store_bf16_values<K>;
+
+}  // namespace trident

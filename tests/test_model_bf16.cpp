@@ -1,0 +1,251 @@
+// The CPU's bf16 precision (model/cpu_bf16_kernels.hpp): what it stores is bf16, what it
+// computes is within bf16's bound of the double-precision model, and the attention rounds its
+// P and dS operands (kernels/cpu/ops.hpp, bf16_operands).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "kernels/cpu/bf16_gemm.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "model/cpu_bf16_kernels.hpp"
+#include "model/cpu_model.hpp"
+#include "util/bf16.hpp"
+
+using namespace trident;
+
+namespace {
+
+bool is_bf16(float x) { return bf16_to_float(float_to_bf16(x)) == x || std::isnan(x); }
+
+// How many of x[0, n) are not bf16 values.
+int64_t off_grid(const float* x, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += is_bf16(x[i]) ? 0 : 1;
+  return bad;
+}
+
+template <class A>
+int64_t off_grid(const A& a) {
+  return off_grid(a.data(), a.size());
+}
+
+ModelConfig tiny(const std::string& variant) {
+  ModelConfig m;
+  m.arch = variant.rfind("llama", 0) == 0 ? "llama" : "gpt2";
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = m.arch == "llama" ? 2 : 4;
+  m.width = 32;
+  m.ffn_width = m.arch == "llama" ? 40 : 0;
+  m.vocab_size = 61;
+  m.vocab_multiple = 4;
+  m.seq_len = 16;
+  m.tie_embeddings = m.arch != "llama";
+  if (variant.find("moe") != std::string::npos) {
+    m.moe_experts = 4;
+    m.moe_top_k = 2;
+    m.moe_aux_loss_coeff = 0.01;
+  }
+  return m;
+}
+
+std::vector<int32_t> ids(int64_t n, int64_t vocab, int64_t salt) {
+  std::vector<int32_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>((i * 7 + salt * 3 + i * i) % vocab);
+  return v;
+}
+
+double rel_l2(const float* got, const double* ref, int64_t n) {
+  double d2 = 0, r2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    d2 += (got[i] - ref[i]) * (got[i] - ref[i]);
+    r2 += ref[i] * ref[i];
+  }
+  return std::sqrt(d2 / r2);
+}
+
+class Bf16Model : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+// One forward and backward of the bf16 model beside the double one from the same weights:
+// every activation it keeps (the residual stream, qkv, the attention's output, the MLP's
+// pre-activation) and its compute weights are bf16 values; the loss is within 1e-2 of the
+// double model's and each gradient's relative L2 error within 5e-2 (bf16's 8-bit mantissa,
+// 2^-9 relative per rounding, over a few dozen roundings on each path); and the fp32 model's
+// gradients are 100x closer (so the bf16 path rounded).
+TEST_P(Bf16Model, StoresBf16AndTracksTheDoubleModel) {
+  const ModelConfig m = tiny(GetParam());
+  const ModelShard shard = ModelShard::whole(m);
+  auto comm = make_self_communicator("tensor");
+  auto host = make_cpu_device();
+  Transformer<CpuBf16Kernels> bf16(m, shard, *comm, CpuBf16Kernels(*host, Bf16Gemm::Fma));
+  CpuModel<double> ref(m, shard, *comm);
+  CpuModel<float> fp32(m, shard, *comm);
+  bf16.init_weights(11);
+  ref.init_weights(11);
+  fp32.init_weights(11);
+  ASSERT_EQ(bf16.flat_size(), ref.flat_size());
+  ASSERT_NE(bf16.compute_weights(), nullptr);
+  EXPECT_EQ(off_grid(bf16.compute_weights(), bf16.flat_size()), 0);
+  EXPECT_GT(off_grid(bf16.weights(), bf16.flat_size()), bf16.flat_size() / 2)
+      << "the master weights are fp32";
+
+  const int64_t B = 2, N = B * m.seq_len;
+  const auto tokens = ids(N, m.vocab_size, 1), targets = ids(N, m.vocab_size, 2);
+  auto a = bf16.make_activations(B);
+  auto r = ref.make_activations(B);
+  auto f = fp32.make_activations(B);
+  bf16.zero_grads();
+  ref.zero_grads();
+  fp32.zero_grads();
+  bf16.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+  ref.forward(r, tokens.data(), targets.data(), nullptr, 1.0);
+  fp32.forward(f, tokens.data(), targets.data(), nullptr, 1.0f);
+  int64_t checked = 0;
+  for (const auto& la : a.layers) {
+    for (const auto* t : {&la.input, &la.qkv, &la.atty, &la.residual1, &la.up}) {
+      EXPECT_EQ(off_grid(*t), 0);
+      checked += t->size();
+    }
+  }
+  EXPECT_EQ(off_grid(a.output), 0);
+  checked += a.output.size();
+  EXPECT_GT(checked, 10 * N);
+  // A mixture of experts routes each token to its top-k experts by probability: where two of
+  // the double model's probabilities lie closer than bf16's rounding moves them, bf16 may pick
+  // the other expert, and the gradients then differ by what that expert contributes, not by
+  // rounding. Such a token is allowed only at a near tie (the k-th and (k+1)-th probabilities
+  // within 2 % of each other); the gradients are compared where no token was routed otherwise.
+  int64_t flips = 0;
+  if (m.moe_experts > 0) {
+    const int64_t E = m.moe_experts, K = m.moe_top_k;
+    for (size_t l = 0; l < a.layers.size(); ++l) {
+      const auto& x = a.layers[l].moe;
+      const auto& y = r.layers[l].moe;
+      if (x.expert.size() == 0) continue;  // a dense layer
+      for (int64_t n = 0; n < N; ++n) {
+        std::vector<int32_t> ex(x.expert.data() + n * K, x.expert.data() + (n + 1) * K);
+        std::vector<int32_t> ey(y.expert.data() + n * K, y.expert.data() + (n + 1) * K);
+        std::sort(ex.begin(), ex.end());
+        std::sort(ey.begin(), ey.end());
+        if (ex == ey) continue;
+        ++flips;
+        std::vector<double> p(y.probs.data() + n * E, y.probs.data() + (n + 1) * E);
+        std::sort(p.rbegin(), p.rend());
+        EXPECT_LE(p[K - 1] - p[K], 0.02 * p[K - 1]) << "layer " << l << " token " << n
+                                                    << " routed otherwise without a near tie";
+      }
+    }
+  }
+  const double loss = bf16.take_loss_sum(), loss_ref = ref.take_loss_sum();
+  EXPECT_LE(std::fabs(loss - loss_ref) / loss_ref, 1e-2);
+  bf16.backward(a, 1.0f, nullptr, nullptr);
+  ref.backward(r, 1.0, nullptr, nullptr);
+  fp32.backward(f, 1.0f, nullptr, nullptr);
+  std::printf("[bf16 %s] %lld tokens routed to other experts than in double\n",
+              GetParam().c_str(), static_cast<long long>(flips));
+  if (flips > 0) return;
+  double worst = 0, worst_fp32 = 0;
+  int compared = 0;
+  for (const ParamInfo& p : bf16.params()) {
+    double ref2 = 0;
+    for (int64_t i = 0; i < p.numel(); ++i) ref2 += ref.grads()[p.offset + i] * ref.grads()[p.offset + i];
+    if (ref2 == 0) continue;  // an unused padding row's block, or a bias without gradient
+    const double e = rel_l2(bf16.grads() + p.offset, ref.grads() + p.offset, p.numel());
+    const double e32 = rel_l2(fp32.grads() + p.offset, ref.grads() + p.offset, p.numel());
+    EXPECT_LE(e, 5e-2) << p.name << " (fp32: " << e32 << ")";
+    worst = std::max(worst, e);
+    worst_fp32 = std::max(worst_fp32, e32);
+    ++compared;
+  }
+  EXPECT_GT(compared, 10);
+  EXPECT_LT(worst_fp32 * 100, worst) << "bf16's gradients are as close as fp32's";
+  std::printf("[bf16 %s] loss %.6f vs double %.6f; gradients: worst relative L2 %.2e (fp32 "
+              "%.2e) over %d tensors; %lld stored values checked\n",
+              GetParam().c_str(), loss, loss_ref, worst, worst_fp32, compared,
+              static_cast<long long>(checked));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, Bf16Model,
+                         ::testing::Values("gpt2", "llama", "gpt2-moe", "llama-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+// The attention with bf16 operands on bf16 inputs: its output and gradients within 1e-2
+// (relative L2) of the double attention, and different from the fp32 attention on the same
+// inputs (P and dS were rounded); with documents too.
+TEST(Bf16Attention, RoundsPAndDsAndTracksDouble) {
+  const int64_t B = 2, T = 200, NH = 4, KVH = 2, HS = 16;  // two key blocks of 128
+  const int64_t CQ = (NH + 2 * KVH) * HS, C = NH * HS;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> qkv(B * T * CQ), dout(B * T * C);
+  for (float& v : qkv) v = bf16_to_float(float_to_bf16(2.f * normal(rng)));
+  for (float& v : dout) v = bf16_to_float(float_to_bf16(normal(rng)));
+  std::vector<int32_t> docs(B * T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) docs[b * T + t] = t < 70 ? 0 : (t < 150 ? 70 : 150);
+  for (const bool with_docs : {false, true}) {
+    const int32_t* d = with_docs ? docs.data() : nullptr;
+    std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
+    std::vector<double> out_d(B * T * C), lse_d(B * NH * T), dqkv_d(B * T * CQ);
+    cpu::attention_forward<double>(out_d.data(), lse_d.data(), qkv_d.data(), B, T, NH, KVH, HS, d);
+    cpu::attention_backward<double>(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
+                                    lse_d.data(), B, T, NH, KVH, HS, d);
+    double e[2][2];  // [rounded][out, dqkv]
+    std::vector<float> out[2];
+    for (const bool rounded : {false, true}) {
+      std::vector<float> o(B * T * C), lse(B * NH * T), dqkv(B * T * CQ);
+      cpu::attention_forward<float>(o.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS, d,
+                                    rounded);
+      cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), o.data(), lse.data(),
+                                     B, T, NH, KVH, HS, d, rounded);
+      e[rounded][0] = rel_l2(o.data(), out_d.data(), B * T * C);
+      e[rounded][1] = rel_l2(dqkv.data(), dqkv_d.data(), B * T * CQ);
+      out[rounded] = o;
+    }
+    EXPECT_LE(e[1][0], 1e-2);
+    EXPECT_LE(e[1][1], 1e-2);
+    EXPECT_GT(e[1][0], 10 * e[0][0]) << "P was not rounded";
+    EXPECT_GT(e[1][1], 10 * e[0][1]) << "P or dS was not rounded";
+    std::printf("[bf16 attention%s] relative L2 to double: out %.2e (fp32 %.2e), dqkv %.2e "
+                "(fp32 %.2e)\n",
+                with_docs ? ", documents" : "", e[1][0], e[0][0], e[1][1], e[0][1]);
+  }
+}
+
+// The rounding in place is util/bf16.hpp's, bit for bit, NaN kept NaN, on a team and inside a
+// parallel region alike.
+TEST(Bf16Round, InPlaceMatchesFloatToBf16) {
+  std::mt19937_64 rng(9);
+  std::vector<float> x(300000);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (float& v : x) {
+    const uint32_t u = bits(rng);
+    std::memcpy(&v, &u, sizeof v);
+  }
+  std::vector<float> y = x;
+  cpu::round_to_bf16_values(y.data(), static_cast<int64_t>(y.size()));
+  int64_t compared = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = bf16_to_float(float_to_bf16(x[i]));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(y[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&want, &y[i], sizeof want), 0) << i << " " << x[i];
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 300000);
+}
