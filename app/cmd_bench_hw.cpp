@@ -635,8 +635,9 @@ void run_bench_hw(const BenchHwOptions& options) {
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
       "volume) over that best; gemm_efficiency_shapes: the same by rows x in x out (the",
       "trainer's linear_forward and linear_backward), which the plan uses in place of the",
-      "volume curve. bf16 = fp32: the CPU backend computes in fp32; train.precision",
-      "= \"fp8\" multiplies its quantised operands at the fp32 rate too (no peak_tflops_fp8).",
+      "volume curve. bf16 = fp32: train.precision = \"bf16\" multiplies its bf16 values with",
+      "fp32 FMAs (train.cpu_bf16_gemm = \"fma\"; oneDNN's AMX engine is not measured here);",
+      "\"fp8\" multiplies its quantised operands at the fp32 rate too (no peak_tflops_fp8).",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",
       "written), the rank's threads, all ranks at once (a 256 MiB memcpy: " +

@@ -26,6 +26,12 @@
 # Usage: bench/train_bench.sh [options]            (from anywhere; runs in the repo root)
 #   --threads "1 2"      thread counts
 #   --shapes "small 124m"
+#   --precisions "fp32"  fp32 and/or bf16: a bf16 row runs Trident with train.precision =
+#                        "bf16" (docs/gemm.md "bf16 on the CPU") beside PyTorch under
+#                        torch.autocast(bfloat16) (bench/torch_gpt.py --dtype bf16), and its
+#                        ceiling is the better of the sgemm ceiling and the bf16 GEMM's
+#                        (bench_sgemm --bf16 on 2048^3, operands rounded beforehand): what the
+#                        core can multiply bf16 operands at, by either engine
 #   --out DIR            work/output directory (default build-bench/bench-run)
 #   --rounds N           run everything N times (default 2; DIR/round-K each) and report each
 #                        cell's best: the fastest Trident, the fastest PyTorch and the highest
@@ -63,6 +69,7 @@ build="$repo/build-bench"
 
 threads_list="1 2"
 shapes_list="small 124m"
+precisions_list="fp32"
 out="$repo/build-bench/bench-run"
 do_build=1 do_deps=1 do_trident=1
 rounds=2
@@ -71,6 +78,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --threads) threads_list="$2"; shift 2 ;;
     --shapes) shapes_list="$2"; shift 2 ;;
+    --precisions) precisions_list="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --no-build) do_build=0; shift ;;
     --no-deps) do_deps=0; shift ;;
@@ -116,7 +124,7 @@ def ratio(x, target):  # three decimals where two would round across the target
 def each(r, key):  # that key in every round, "a/b/..."
     return "/".join("-" if p.get(key) is None else f"{p[key]:.1f}" for p in r["per_round"])
 rounds = any("per_round" in r for r in rows)
-hdr = ["threads", "shape", "best sgemm GF/s", "Trident tok/s", "Trident GF/s",
+hdr = ["threads", "shape", "precision", "best sgemm GF/s", "Trident tok/s", "Trident GF/s",
        "PyTorch tok/s", "PyTorch GF/s", "Trident/PyTorch (≥1.25)", "Trident/sgemm (≥0.85)"]
 if rounds:
     hdr += ["rounds: Trident", "PyTorch", "sgemm"]
@@ -125,7 +133,7 @@ for r in rows:
     st = r["trident_status"]
     tr_tok = f(r["trident_tokens_per_s"]) if st == "ok" else ("skipped" if st == "skipped" else "FAIL")
     tr_gf = f(r["trident_gflops"]) if st == "ok" else tr_tok
-    b = [str(r["threads"]), r["shape"], f(r["sgemm_gflops"]), tr_tok, tr_gf,
+    b = [str(r["threads"]), r["shape"], r.get("precision", "fp32"), f(r["sgemm_gflops"]), tr_tok, tr_gf,
          f(r["pytorch_tokens_per_s"]), f(r["pytorch_gflops"]),
          ratio(r["ratio_trident_pytorch"], 1.25), ratio(r["ratio_trident_sgemm"], 0.85)]
     if rounds:
@@ -146,6 +154,7 @@ EOF
 
 for t in $threads_list; do [[ $t =~ ^[1-9][0-9]*$ ]] || die "bad thread count '$t'"; done
 for s in $shapes_list; do [[ $s == small || $s == 124m ]] || die "unknown shape '$s' (small, 124m)"; done
+for p in $precisions_list; do [[ $p == fp32 || $p == bf16 ]] || die "unknown precision '$p' (fp32, bf16)"; done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds '$rounds' must be a whole number >= 1"
 
 # ---------------------------------------------------------------- rounds
@@ -153,7 +162,8 @@ for s in $shapes_list; do [[ $s == small || $s == 124m ]] || die "unknown shape 
 # dependencies in the first round only), then each cell's best over the rounds.
 if [[ $rounds -gt 1 ]]; then
   mkdir -p "$out"
-  pass=(--threads "$threads_list" --shapes "$shapes_list" --torch "$torch_choice")
+  pass=(--threads "$threads_list" --shapes "$shapes_list" --precisions "$precisions_list"
+        --torch "$torch_choice")
   [[ $do_trident == 1 ]] || pass+=(--no-trident)
   rounds_rc=0
   for ((k = 1; k <= rounds; k++)); do
@@ -174,18 +184,19 @@ for k in range(1, rounds + 1):
     path = os.path.join(out, "round-%d" % k, "results.jsonl")
     rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
     for r in rows:
-        cells.setdefault((r["threads"], r["shape"]), []).append(r)
+        cells.setdefault((r["threads"], r["shape"], r.get("precision", "fp32")), []).append(r)
 def best(rs, key):
     vals = [r.get(key) for r in rs if r.get(key) is not None]
     return max(vals) if vals else None
 with open(os.path.join(out, "results.jsonl"), "w") as f:
-    for (t, shape), rs in cells.items():
+    for (t, shape, precision), rs in cells.items():
         flops, tokens = rs[0]["flops_per_step"], rs[0]["tokens_per_step"]
         ok = [r for r in rs if r["trident_status"] == "ok"]
         tr = best(ok, "trident_tokens_per_s")
         pt, sg = best(rs, "pytorch_tokens_per_s"), best(rs, "sgemm_gflops")
         gf = lambda tps: None if tps is None else tps * flops / tokens * 1e-9
-        m = {"threads": t, "shape": shape, "rounds": len(rs), "trident_rounds_ok": len(ok),
+        m = {"threads": t, "shape": shape, "precision": precision, "rounds": len(rs),
+             "trident_rounds_ok": len(ok),
              "trident_status": "ok" if ok else rs[0]["trident_status"],
              "flops_per_step": flops, "tokens_per_step": tokens,
              "sgemm_gflops": sg, "trident_tokens_per_s": tr, "trident_gflops": gf(tr),
@@ -365,8 +376,19 @@ for arg in sys.argv[2:]:
                     library=label)
 print(json.dumps(best))
 EOF
+  # The bf16 GEMM's ceiling (bf16 rows only): oneDNN's bf16 matmul on operands rounded once.
+  bf16_log="$out/logs/bf16-gemm-t$t.json"
+  echo '{}' >"$bf16_log"
+  if [[ " $precisions_list " == *" bf16 "* ]]; then
+    note "threads=$t: bf16 GEMM ceiling"
+    "$sgemm" --bf16 --threads "$t" --reps 5 --shapes 2048x2048x2048 >"$bf16_log" \
+      2>"$out/logs/bf16-gemm-t$t.err" || echo '{}' >"$bf16_log"
+  fi
 
   for shape in $shapes_list; do
+  for prec in $precisions_list; do
+    tag=$shape-t$t
+    [[ $prec == fp32 ]] || tag=$shape-$prec-t$t
     read -r L H C V T B <<<"$(shape_args "$shape")"
     if [[ $shape == 124m ]]; then
       tsteps=$TRIDENT_STEPS_124M pw=$TORCH_WARMUP_124M ps=$TORCH_STEPS_124M
@@ -375,8 +397,8 @@ EOF
     fi
 
     # -- Trident
-    tr_dir="$out/trident-$shape-t$t"
-    tr_log="$out/logs/trident-$shape-t$t.log"
+    tr_dir="$out/trident-$tag"
+    tr_log="$out/logs/trident-$tag.log"
     tr_status=skipped
     if [[ $do_trident == 1 ]]; then
       tr_status=failed
@@ -388,17 +410,18 @@ EOF
       elif [[ ! -f $config ]]; then
         echo "$config missing" >"$tr_log"
       else
-        note "threads=$t shape=$shape: trident ($tsteps steps)"
+        note "threads=$t shape=$shape precision=$prec: trident ($tsteps steps)"
         if timeout "$TRIDENT_TIMEOUT" "$trident" train --config "$config" \
             --set model.layers="$L" --set model.heads="$H" --set model.width="$C" \
             --set model.vocab_size="$V" --set model.seq_len="$T" \
             --set train.micro_batch="$B" --set train.global_batch="$B" \
             --set train.threads="$t" --set train.steps="$tsteps" \
+            --set train.precision="\"$prec\"" \
             --set optim.warmup_steps=0 --set eval.interval=0 \
             --set data.train="$shard" --set data.val="$shard" \
             --set log.dir="$tr_dir" --set log.interval=1 >"$tr_log" 2>&1; then
           tr_status=ok
-          grep -m1 '^gemm: ' "$tr_log" >&2 || true   # the GEMM Trident ran on
+          grep '^gemm: ' "$tr_log" >&2 || true   # the GEMM Trident ran on (bf16: its engine)
         else
           rc=$?
           if [[ $rc == 124 ]]; then
@@ -409,29 +432,30 @@ EOF
         fi
       fi
       if [[ $tr_status != ok ]]; then
-        echo "train_bench.sh: TRIDENT FAILED (threads=$t shape=$shape); last lines of $tr_log:" >&2
+        echo "train_bench.sh: TRIDENT FAILED (threads=$t shape=$shape precision=$prec); last lines of $tr_log:" >&2
         tail -15 "$tr_log" | sed 's/^/    /' >&2
-        failed+=("trident $shape t=$t")
+        failed+=("trident $shape $prec t=$t")
       fi
     fi
 
     # -- PyTorch (thread variables set in its environment before torch is imported)
-    note "threads=$t shape=$shape: pytorch ($pw warm-up + $ps timed steps)"
-    pt_log="$out/logs/pytorch-$shape-t$t.json"
+    note "threads=$t shape=$shape precision=$prec: pytorch ($pw warm-up + $ps timed steps)"
+    pt_log="$out/logs/pytorch-$tag.json"
     if ! env "${torch_malloc_env[@]}" "$PYTHON" bench/torch_gpt.py --layers "$L" --heads "$H" --width "$C" --vocab "$V" \
-        --seq "$T" --batch "$B" --threads "$t" --warmup "$pw" --steps "$ps" \
-        >"$pt_log" 2>"$out/logs/pytorch-$shape-t$t.err"; then
-      echo "train_bench.sh: PYTORCH FAILED (threads=$t shape=$shape; see $out/logs/pytorch-$shape-t$t.err)" >&2
-      failed+=("pytorch $shape t=$t"); echo '{}' >"$pt_log"
+        --seq "$T" --batch "$B" --threads "$t" --warmup "$pw" --steps "$ps" --dtype "$prec" \
+        >"$pt_log" 2>"$out/logs/pytorch-$tag.err"; then
+      echo "train_bench.sh: PYTORCH FAILED (threads=$t shape=$shape precision=$prec; see $out/logs/pytorch-$tag.err)" >&2
+      failed+=("pytorch $shape $prec t=$t"); echo '{}' >"$pt_log"
     fi
 
     # -- combine
     combine_rc=0
     "$PYTHON" - "$t" "$shape" "$L" "$C" "$V" "$T" "$B" "$sg_best" "$tr_status" \
-        "$tr_dir/metrics.jsonl" "$tr_log" "$pt_log" "$tsteps" "$TORCH_MALLOC" >>"$results" <<'EOF' || combine_rc=$?
+        "$tr_dir/metrics.jsonl" "$tr_log" "$pt_log" "$tsteps" "$TORCH_MALLOC" "$prec" "$bf16_log" \
+        >>"$results" <<'EOF' || combine_rc=$?
 import json, statistics, sys
 t, shape, L, C, V, T, B = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
-sg_log, tr_status, metrics, tr_log, pt_log, tsteps, torch_malloc = sys.argv[8:15]
+sg_log, tr_status, metrics, tr_log, pt_log, tsteps, torch_malloc, prec, bf16_log = sys.argv[8:17]
 tokens = B * T
 flops = 3 * tokens * (L * (24 * C * C + 4 * T * C) + 2 * C * V)
 def load(p):
@@ -440,8 +464,13 @@ def load(p):
             return json.loads(f.read().strip().splitlines()[-1])
     except Exception:
         return {}
-sg, pt = load(sg_log), load(pt_log)
-r = {"threads": int(t), "shape": shape, "tokens_per_step": tokens, "flops_per_step": flops,
+sg, pt, bf = load(sg_log), load(pt_log), load(bf16_log)
+bf16_gemm = max((x.get("bf16_rounded_gflops") or 0 for x in bf.get("shapes", [])), default=0) or None
+if prec == "bf16" and bf16_gemm and (sg.get("ceiling_gflops") or 0) < bf16_gemm:
+    sg = dict(sg, ceiling_gflops=bf16_gemm, ceiling_shape="2048x2048x2048",
+              library="bf16: " + bf.get("bf16", "?"))
+r = {"threads": int(t), "shape": shape, "precision": prec, "bf16_gemm_gflops": bf16_gemm,
+     "tokens_per_step": tokens, "flops_per_step": flops,
      "sgemm_gflops": sg.get("ceiling_gflops"), "sgemm_shape": sg.get("ceiling_shape"),
      "sgemm_library": sg.get("library"), "sgemm_linked_gflops": sg.get("linked_gflops"),
      "sgemm_candidates": sg.get("candidates"),
@@ -481,12 +510,13 @@ print(json.dumps(r))
 sys.exit(3 if tr_status == "ok" and r["trident_status"] != "ok" else 0)
 EOF
     if [[ $combine_rc == 3 ]]; then
-      echo "train_bench.sh: TRIDENT FAILED (threads=$t shape=$shape): it exited 0 but" \
+      echo "train_bench.sh: TRIDENT FAILED (threads=$t shape=$shape precision=$prec): it exited 0 but" \
            "$tr_dir/metrics.jsonl has no usable tokens_per_s (see $results)" >&2
       failed+=("trident-metrics $shape t=$t")
     elif [[ $combine_rc != 0 ]]; then
-      die "combining the results failed (threads=$t shape=$shape)"
+      die "combining the results failed (threads=$t shape=$shape precision=$prec)"
     fi
+  done
   done
 done
 

@@ -1810,6 +1810,50 @@ TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
   EXPECT_EQ(compared, 8);
 }
 
+// train.precision = "bf16" on a CPU: the CPU's bf16 holds bf16 values in fp32 storage
+// (model/cpu_bf16_kernels.hpp), so the plan counts 4 bytes an activation and a compute copy of
+// 4 bytes a parameter: its total less the moments and the messages is the bf16 model's peak on
+// the counting device, to the byte (a plan counting the GPU's 2 bytes misses by the copy's
+// half and the activations' half).
+TEST(PlanBf16, CpuMemoryIsWhatTheCpuBf16ModelAllocates) {
+  int compared = 0;
+  for (const std::string arch : {"gpt2", "llama"}) {
+    ModelConfig m = small_gpt();
+    m.arch = arch;
+    m.kv_heads = m.is_llama() ? 2 : 0;
+    m.layers = 4;
+    const int64_t mb = 2;
+    PlanProblem p = problem(m, 1, mb);
+    p.hw.device.kind = "cpu";
+    p.hw.device.reserved_gib = 0.0;
+    p.hw.device.peak_tflops_bf16 = p.hw.device.peak_tflops_fp32;
+    p.hw.devices_per_node = 1;
+    p.precision = "bf16";
+    const Prediction r = predict(p, layout(1, 1, 1, mb));
+    auto self = make_self_communicator("tensor");
+    auto host = make_cpu_device();
+    Transformer<CpuBf16Kernels> model(m, ModelShard::whole(m), *self,
+                                      CpuBf16Kernels(*host, Bf16Gemm::Fma));
+    model.init_weights(1);
+    const int64_t N = mb * m.seq_len;
+    std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(tokens.size());
+    for (int64_t i = 0; i < N; ++i) tokens[i] = targets[i] = static_cast<int32_t>(i % 64);
+    {
+      auto a = model.make_activations(mb);
+      model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+      model.backward(a, 1.0f, nullptr, nullptr);
+    }
+    const double measured = static_cast<double>(host->peak_allocated_bytes());
+    const double message = static_cast<double>(N * m.width) * 4.0;
+    const double planned = r.memory.total() - r.memory.optimizer - 2.0 * message;
+    EXPECT_EQ(planned, measured) << arch;
+    std::printf("[ measured ] %s bf16 on a CPU: the plan %.0f bytes, the model allocates %.0f\n",
+                arch.c_str(), planned, measured);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+}
+
 // time.compute split into the layers' linear GEMMs, attention, memory-bound passes and the LM
 // head: the parts sum to it on every kind of layout (dense, MoE, FP8, recomputation,
 // pipelines with the head on one stage, materialized attention with dropout, CP); the GEMMs

@@ -26,8 +26,10 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // written in the AdamW pass where the rank owns all its parameters, else (ZeRO-1 over several
 // replicas) a pass of its own over the gathered weights, 4 read and 2 written.
 
-double activation_element_bytes(const std::string& precision) {
-  return precision == "bf16" ? 2.0 : 4.0;
+// Bytes of a stored activation (and of the compute copy's element): bf16's 2 on a GPU; 4 on a
+// CPU, whose bf16 holds bf16 values in fp32 storage (model/cpu_bf16_kernels.hpp).
+double activation_element_bytes(const std::string& precision, const HardwareSpec& hw) {
+  return precision == "bf16" && hw.device.kind == "gpu" ? 2.0 : 4.0;
 }
 
 // The model with its MoE layers' MLPs dense (model.moe_experts = 0): a dense layer's figures.
@@ -237,7 +239,7 @@ class CostModel {
  public:
   CostModel(const PlanProblem& p, const Layout& l)
       : p_(p), l_(l), m_(p.model), local_(context_local(p.model, l.cp)), hw_(p.hw),
-        e_(activation_element_bytes(p.base_precision())),
+        e_(activation_element_bytes(p.base_precision(), p.hw)),
         vp_(padded_vocab_size(m_, static_cast<int>(l.tp))),
         parts_(training_flops_parts(m_, vp_)),
         dense_linear_(training_flops_parts(dense_of(m_), vp_).layer_linear),
@@ -1089,7 +1091,8 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   r.time.pp_transfer = std::max(0.0, pipe.makespan - pipe.makespan_without_transfers);
 
   // Per physical stage: parameters and the activation stashes the schedule holds at its peak.
-  const double bf16_copy = p.base_precision() == "bf16" ? 2.0 : 0.0;
+  const double bf16_copy =
+      p.base_precision() == "bf16" ? activation_element_bytes("bf16", hw) : 0.0;
   const double reserved = hw.device.reserved_gib * kGiB;
   // The backward's scratch (the trainer's own count, model_stats.hpp) and the pipeline's
   // message buffers.
@@ -1169,6 +1172,10 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   if (l.zero_stage == 3) copy = owned * bf16_copy;
   if ((l.zero_stage == 1 || l.zero_stage == 2) && replicas > 1 && bf16_copy > 0.0)
     copy = largest.flat * (bf16_copy + 4.0);
+  // The CPU's bf16 always rounds its copy in a pass of its own (4 bytes read, 4 written), and
+  // at stage 3 rounds each unit as it is gathered instead.
+  if (hw.device.kind != "gpu" && bf16_copy > 0.0)
+    copy = l.zero_stage == 3 ? 0.0 : largest.flat * (bf16_copy + 4.0);
   r.time.optimizer = (owned * kOptimizerBytesPerParam + copy) / hw.optimizer_bytes_per_s(owned);
 
   // Throughput.
