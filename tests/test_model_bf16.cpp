@@ -76,7 +76,8 @@ class Bf16Model : public ::testing::TestWithParam<std::string> {};
 
 // One forward and backward of the bf16 model beside the double one from the same weights:
 // every activation it keeps (the residual stream, qkv, the attention's output, the MLP's
-// pre-activation) and its compute weights are bf16 values; the loss is within 1e-2 of the
+// pre-activation, the MoE router's and experts' tensors, the final norm) and its compute
+// weights are bf16 values; the loss is within 1e-2 of the
 // double model's and each gradient's relative L2 error within 5e-2 (bf16's 8-bit mantissa,
 // 2^-9 relative per rounding, over a few dozen roundings on each path); and the fp32 model's
 // gradients are 100x closer (so the bf16 path rounded).
@@ -110,13 +111,18 @@ TEST_P(Bf16Model, StoresBf16AndTracksTheDoubleModel) {
   fp32.forward(f, tokens.data(), targets.data(), nullptr, 1.0f);
   int64_t checked = 0;
   for (const auto& la : a.layers) {
-    for (const auto* t : {&la.input, &la.qkv, &la.atty, &la.residual1, &la.up}) {
+    // A MoE layer keeps its router's and experts' tensors in place of `up` (empty then).
+    for (const auto* t : {&la.input, &la.qkv, &la.atty, &la.residual1, &la.up, &la.moe.logits,
+                          &la.moe.probs, &la.moe.weight, &la.moe.xp, &la.moe.h, &la.moe.a,
+                          &la.moe.y}) {
       EXPECT_EQ(off_grid(*t), 0);
       checked += t->size();
     }
   }
-  EXPECT_EQ(off_grid(a.output), 0);
-  checked += a.output.size();
+  for (const auto* t : {&a.output, &a.final_norm}) {
+    EXPECT_EQ(off_grid(*t), 0);
+    checked += t->size();
+  }
   EXPECT_GT(checked, 10 * N);
   // A mixture of experts routes each token to its top-k experts by probability: where two of
   // the double model's probabilities lie closer than bf16's rounding moves them, bf16 may pick
