@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <sched.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -58,6 +59,24 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& run
     if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
   return rows;
 }
+
+// A run's per-step training losses, gradient norms and validation losses, in step order.
+struct RunLosses {
+  std::vector<double> loss, val, grad_norm;
+};
+
+inline RunLosses read_losses(const std::filesystem::path& run_dir) {
+  RunLosses r;
+  for (const auto& row : read_metrics(run_dir)) {
+    r.loss.push_back(row["loss"].get<double>());
+    r.grad_norm.push_back(row["grad_norm"].get<double>());
+    if (row.contains("val_loss")) r.val.push_back(row["val_loss"].get<double>());
+  }
+  return r;
+}
+
+// |a - b| / |b|: a's relative difference from the reference b.
+inline double relative_difference(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
 
 // The cores this test may run on (its affinity mask), which trident, started from it, counts
 // as its own (grid/core_share.hpp).

@@ -26,21 +26,7 @@ std::string bf16_args(const fs::path& dir, const std::string& extra) {
 
 const std::string kBf16 = " --set train.precision=\\\"bf16\\\"";
 
-struct Losses {
-  std::vector<double> loss, val, grad_norm;
-};
-
-Losses read_run(const fs::path& log) {
-  Losses r;
-  for (const auto& row : read_metrics(log)) {
-    r.loss.push_back(row["loss"].get<double>());
-    r.grad_norm.push_back(row["grad_norm"].get<double>());
-    if (row.contains("val_loss")) r.val.push_back(row["val_loss"].get<double>());
-  }
-  return r;
-}
-
-double rel(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
+double rel(double a, double b) { return relative_difference(a, b); }
 
 std::string on_ranks(int ranks, const std::string& args) {
   return ranks == 1 ? trident_cmd(args)
@@ -64,7 +50,7 @@ TEST(Bf16App, TracksFp32) {
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("precision bf16"), std::string::npos) << b.output;
   EXPECT_NE(b.output.find("gemm: bf16 products: "), std::string::npos) << b.output;
-  const Losses x = read_run(dir / "fp32"), y = read_run(dir / "bf16");
+  const RunLosses x = read_losses(dir / "fp32"), y = read_losses(dir / "bf16");
   ASSERT_EQ(x.loss.size(), 30u);
   ASSERT_EQ(y.loss.size(), 30u);
   ASSERT_EQ(x.val.size(), 3u);
@@ -97,7 +83,7 @@ TEST(Bf16App, EveryLayoutFamilyWithinTheBoundOfOneRank) {
     bool moe;
   };
   const std::string moe = " --set model.moe_experts=4 --set model.moe_top_k=2";
-  std::map<bool, Losses> one_bf16, one_fp32;
+  std::map<bool, RunLosses> one_bf16, one_fp32;
   for (const bool m : {false, true}) {
     const std::string args = common + (m ? moe : "");
     const fs::path a = dir / (m ? "one_moe" : "one"), b = dir / (m ? "fp32_moe" : "fp32");
@@ -105,8 +91,8 @@ TEST(Bf16App, EveryLayoutFamilyWithinTheBoundOfOneRank) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     r = run_command(trident_cmd(args + " --set log.dir=" + b.string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    one_bf16[m] = read_run(a);
-    one_fp32[m] = read_run(b);
+    one_bf16[m] = read_losses(a);
+    one_fp32[m] = read_losses(b);
     ASSERT_EQ(one_bf16[m].loss.size(), 6u);
   }
   const std::vector<Case> cases = {
@@ -127,7 +113,7 @@ TEST(Bf16App, EveryLayoutFamilyWithinTheBoundOfOneRank) {
     const auto r = run_command(on_ranks(2, args));
     const std::string name = c.layout + (c.moe ? " (MoE)" : "");
     ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
-    const Losses got = read_run(log);
+    const RunLosses got = read_losses(log);
     ASSERT_EQ(got.loss.size(), 6u) << name;
     double worst = 0, worst_fp32 = 0;
     for (size_t i = 0; i < 6; ++i) {
@@ -164,7 +150,7 @@ TEST(Bf16App, ResumeIsBitwiseIdentical) {
     ASSERT_EQ(r.exit_code, 75) << r.output;
     r = run_command(on_ranks(ranks, b));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const Losses x = read_run(run / "a"), y = read_run(run / "b");
+    const RunLosses x = read_losses(run / "a"), y = read_losses(run / "b");
     ASSERT_EQ(x.loss.size(), 6u);
     EXPECT_EQ(x.loss, y.loss) << ranks << " ranks";
     const auto same = run_command(
@@ -198,7 +184,7 @@ TEST(Bf16App, CheckpointsMoveBetweenPrecisions) {
     r = run_command(trident_cmd(common + to + " --resume " + step3("ck_" + tag) +
                                 " --set log.dir=" + log.string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const Losses straight = read_run(dir / ("straight_" + tag)), moved = read_run(log);
+    const RunLosses straight = read_losses(dir / ("straight_" + tag)), moved = read_losses(log);
     ASSERT_EQ(moved.loss.size(), 3u);
     EXPECT_LE(rel(moved.loss[0], straight.loss[3]), 1e-2) << tag;
     EXPECT_NE(moved.loss[0], straight.loss[3]) << tag << ": the other precision did not run";
@@ -228,7 +214,7 @@ TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
   }
   ASSERT_EQ(probe.exit_code, 0) << probe.output;
   EXPECT_NE(probe.output.find("bf16 products: bf16 oneDNN"), std::string::npos) << probe.output;
-  const Losses x = read_run(dir / "fma"), y = read_run(dir / "onednn");
+  const RunLosses x = read_losses(dir / "fma"), y = read_losses(dir / "onednn");
   ASSERT_EQ(x.loss.size(), 6u);
   ASSERT_EQ(y.loss.size(), 6u);
   double worst = 0;

@@ -24,21 +24,7 @@ std::string fp8_args(const fs::path& dir, const std::string& extra) {
          " --set log.interval=1 " + extra;
 }
 
-struct Losses {
-  std::vector<double> loss, val, grad_norm;
-};
-
-Losses read_run(const fs::path& log) {
-  Losses r;
-  for (const auto& row : read_metrics(log)) {
-    r.loss.push_back(row["loss"].get<double>());
-    r.grad_norm.push_back(row["grad_norm"].get<double>());
-    if (row.contains("val_loss")) r.val.push_back(row["val_loss"].get<double>());
-  }
-  return r;
-}
-
-double rel(double a, double b) { return std::fabs(a - b) / std::fabs(b); }
+double rel(double a, double b) { return relative_difference(a, b); }
 
 // fp8 with the recipe under test; the delayed recipe with a history of 2 steps, so that the
 // history wraps within every test's steps (and across a resume).
@@ -63,7 +49,7 @@ TEST_P(Fp8Recipe, TracksFp32) {
       trident_cmd(common + fp8_on(GetParam()) + " --set log.dir=" + (dir / "fp8").string()));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("precision fp8"), std::string::npos) << b.output;
-  const Losses x = read_run(dir / "fp32"), y = read_run(dir / "fp8");
+  const RunLosses x = read_losses(dir / "fp32"), y = read_losses(dir / "fp8");
   ASSERT_EQ(x.loss.size(), 30u);
   ASSERT_EQ(y.loss.size(), 30u);
   ASSERT_EQ(x.val.size(), 3u);
@@ -106,7 +92,7 @@ TEST_P(Fp8Recipe, EveryLayoutWithinTheBoundOfOneRank) {
       run_command(trident_cmd(common + " --set log.dir=" + (dir / "one").string() +
                               " --set checkpoint.dir=" + (dir / "one" / "ck").string()));
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  const Losses ref = read_run(dir / "one");
+  const RunLosses ref = read_losses(dir / "one");
   ASSERT_EQ(ref.loss.size(), 8u);
   for (const std::string layout :
        {"--set parallel.tensor=2 --set parallel.sequence_parallel=true",
@@ -120,7 +106,7 @@ TEST_P(Fp8Recipe, EveryLayoutWithinTheBoundOfOneRank) {
                              " --set checkpoint.dir=" + (log / "ck").string();
     const auto r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " + trident_cmd(args));
     ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
-    const Losses got = read_run(log);
+    const RunLosses got = read_losses(log);
     ASSERT_EQ(got.loss.size(), 8u) << layout;
     EXPECT_LE(rel(got.loss[0], ref.loss[0]), 1e-6) << layout << ": step 1's loss";
     EXPECT_LE(rel(got.grad_norm[0], ref.grad_norm[0]), 1e-6) << layout << ": step 1's gradient";
@@ -158,7 +144,7 @@ TEST_P(Fp8Recipe, ResumeIsBitwiseIdentical) {
   ASSERT_EQ(r.exit_code, 75) << r.output;
   r = run_command(trident_cmd(b));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const Losses x = read_run(dir / "a"), y = read_run(dir / "b");
+  const RunLosses x = read_losses(dir / "a"), y = read_losses(dir / "b");
   ASSERT_EQ(x.loss.size(), 6u);
   EXPECT_EQ(x.loss, y.loss);
 }
@@ -185,7 +171,7 @@ TEST(Fp8Delayed, StateResumesOnAnyLayoutAndMovesBetweenPrecisions) {
   auto step3 = [&](const std::string& name) { return dir / name / "step_00000003.h5"; };
   auto r = run(common + fp8 + " --set log.dir=" + (dir / "straight").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const Losses straight = read_run(dir / "straight");
+  const RunLosses straight = read_losses(dir / "straight");
   ASSERT_EQ(straight.loss.size(), 6u);
   r = run(common + fp8 + " --set checkpoint.dir=" + (dir / "ck_fp8").string() +
           " --set train.exit_interval=3 --set log.dir=" + (dir / "first").string());
@@ -202,7 +188,7 @@ TEST(Fp8Delayed, StateResumesOnAnyLayoutAndMovesBetweenPrecisions) {
             2);
     ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
     EXPECT_EQ(r.output.find("holds no FP8 scaling state"), std::string::npos) << r.output;
-    const Losses got = read_run(log);
+    const RunLosses got = read_losses(log);
     ASSERT_EQ(got.loss.size(), 3u) << layout;
     EXPECT_LE(rel(got.loss[0], straight.loss[3]), 1e-6) << layout << ": step 4";
     std::printf("[fp8 delayed] resumed at step 3 on %s: step 4 loss within %.1e\n",
@@ -222,7 +208,7 @@ TEST(Fp8Delayed, StateResumesOnAnyLayoutAndMovesBetweenPrecisions) {
   r = run(common + " --resume " + step3("ck_fp8").string() + " --set checkpoint.dir=" +
           (dir / "ck_to_fp32").string() + " --set log.dir=" + (dir / "to_fp32").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(read_run(dir / "to_fp32").loss.size(), 3u);
+  EXPECT_EQ(read_losses(dir / "to_fp32").loss.size(), 3u);
 }
 
 TEST(Fp8App, WhatIsNotBuiltIsRefusedNamingTheKey) {

@@ -1761,6 +1761,29 @@ TEST(PlanFp8, HardwareKeyAndItsErrors) {
 // what the model does not allocate (the optimizer's moments, the pipeline's two message
 // buffers) is the device's peak, to the byte, for fp32 and for fp8 with and without skipped
 // layers, and with every layer skipped (issue 54 item 4).
+// The counting device's peak over init and one micro-batch's forward and backward of `model`
+// (a fresh CPU transformer on its own host device).
+template <class Model>
+double peak_bytes_of_one_micro_batch(Model& model, const ModelConfig& m, int64_t mb) {
+  model.init_weights(1);
+  const int64_t N = mb * m.seq_len;
+  std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(tokens.size());
+  for (int64_t i = 0; i < N; ++i) tokens[i] = targets[i] = static_cast<int32_t>(i % 64);
+  {
+    auto a = model.make_activations(mb);
+    model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+    model.backward(a, 1.0f, nullptr, nullptr);
+  }
+  return static_cast<double>(model.kernels().device().peak_allocated_bytes());
+}
+
+// The plan's bytes of what the model allocates: its total less the optimizer's moments and the
+// pipeline's two message buffers (fp32 rows of the stream).
+double planned_model_bytes(const Prediction& r, const ModelConfig& m, int64_t mb) {
+  const double message = static_cast<double>(mb * m.seq_len * m.width) * 4.0;
+  return r.memory.total() - r.memory.optimizer - 2.0 * message;
+}
+
 TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
   int compared = 0;
   for (const std::string arch : {"gpt2", "llama"}) {
@@ -1784,19 +1807,8 @@ TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
       shard.fp8.skip_first = shard.fp8.skip_last = skip;
       auto self = make_self_communicator("tensor");
       CpuModel<float> model(m, shard, *self);
-      model.init_weights(1);
-      const int64_t N = mb * m.seq_len;
-      std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(tokens.size());
-      for (int64_t i = 0; i < N; ++i) tokens[i] = targets[i] = static_cast<int32_t>(i % 64);
-      {
-        auto a = model.make_activations(mb);
-        model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
-        model.backward(a, 1.0f, nullptr, nullptr);
-      }
-      const double measured =
-          static_cast<double>(model.kernels().device().peak_allocated_bytes());
-      const double message = static_cast<double>(N * m.width) * 4.0;
-      const double planned = r.memory.total() - r.memory.optimizer - 2.0 * message;
+      const double measured = peak_bytes_of_one_micro_batch(model, m, mb);
+      const double planned = planned_model_bytes(r, m, mb);
       EXPECT_EQ(planned, measured) << arch << " " << precision << " skip " << skip;
       // Every layer skipped (2 + 2 of 4): no FP8 GEMM, no quantised copies.
       EXPECT_EQ(r.fp8_scratch_bytes == 0.0, precision == "fp32" || skip == 2);
@@ -1834,18 +1846,8 @@ TEST(PlanBf16, CpuMemoryIsWhatTheCpuBf16ModelAllocates) {
     auto host = make_cpu_device();
     Transformer<CpuBf16Kernels> model(m, ModelShard::whole(m), *self,
                                       CpuBf16Kernels(*host, Bf16Gemm::Fma));
-    model.init_weights(1);
-    const int64_t N = mb * m.seq_len;
-    std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(tokens.size());
-    for (int64_t i = 0; i < N; ++i) tokens[i] = targets[i] = static_cast<int32_t>(i % 64);
-    {
-      auto a = model.make_activations(mb);
-      model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
-      model.backward(a, 1.0f, nullptr, nullptr);
-    }
-    const double measured = static_cast<double>(host->peak_allocated_bytes());
-    const double message = static_cast<double>(N * m.width) * 4.0;
-    const double planned = r.memory.total() - r.memory.optimizer - 2.0 * message;
+    const double measured = peak_bytes_of_one_micro_batch(model, m, mb);
+    const double planned = planned_model_bytes(r, m, mb);
     EXPECT_EQ(planned, measured) << arch;
     std::printf("[ measured ] %s bf16 on a CPU: the plan %.0f bytes, the model allocates %.0f\n",
                 arch.c_str(), planned, measured);
