@@ -16,6 +16,7 @@
 #include "model/cpu_bf16_kernels.hpp"
 #include "model/cpu_model.hpp"
 #include "util/bf16.hpp"
+#include "util/error.hpp"
 
 using namespace trident;
 
@@ -254,4 +255,48 @@ TEST(Bf16Round, InPlaceMatchesFloatToBf16) {
     ++compared;
   }
   EXPECT_EQ(compared, 300000);
+}
+
+// The loss rounding its rows in cache (cross_entropy_fused's bf16_rows, what the bf16 kernel set
+// runs on the LM head's unrounded logits) gives the bits of rounding the whole chunk, the fused
+// kernel, then rounding the gradient: losses, statistics and gradient, with padding columns
+// and a target in every row; without aliasing (or in double) it is refused.
+TEST(Bf16Loss, RowsRoundedInCacheEqualWholeChunkRounding) {
+  const int64_t N = 37, Vl = 1031, V = 1027;  // 4 padding columns
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(N * Vl);
+  for (float& v : logits) v = normal(rng);
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((n * 131) % V);
+  std::vector<float> dloss(N, 1.0f / N);
+  auto run = [&](bool in_cache, std::vector<float>& buf, std::vector<float>& losses,
+                 std::vector<float>& row_max, std::vector<float>& sums) {
+    buf = logits;
+    losses.assign(N, 0.f);
+    row_max.assign(N, 0.f);
+    sums.assign(2 * N, 0.f);
+    if (in_cache) {
+      cpu::cross_entropy_fused(losses.data(), row_max.data(), sums.data(), buf.data(), buf.data(),
+                               targets.data(), dloss.data(), N, Vl, V, true);
+    } else {
+      cpu::round_to_bf16_values(buf.data(), N * Vl);
+      cpu::cross_entropy_fused(losses.data(), row_max.data(), sums.data(), buf.data(), buf.data(),
+                               targets.data(), dloss.data(), N, Vl, V);
+      cpu::round_to_bf16_values(buf.data(), N * Vl);
+    }
+  };
+  std::vector<float> a, la, ma, sa, b, lb, mb, sb;
+  run(true, a, la, ma, sa);
+  run(false, b, lb, mb, sb);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(ma, mb);
+  EXPECT_EQ(sa, sb);
+  EXPECT_EQ(off_grid(a.data(), N * Vl), 0);
+  std::vector<float> other(N * Vl);
+  EXPECT_THROW(cpu::cross_entropy_fused(la.data(), ma.data(), sa.data(), other.data(),
+                                        logits.data(), targets.data(), dloss.data(), N, Vl, V,
+                                        true),
+               Error);
 }

@@ -61,17 +61,17 @@ class CpuBf16Kernels : public CpuKernels<float> {
 
   void linear_forward(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
                       int64_t OC) {
-    if (gemm_ == Bf16Gemm::OneDnn) {
-      float beta = 0.0f;
-      if (b) {
-        for (int64_t n = 0; n < N; ++n) copy(out + n * OC, b, OC);
-        beta = 1.0f;
-      }
-      cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
-    } else {
-      Base::linear_forward(out, inp, w, b, N, C, OC);
-    }
+    product(out, inp, w, b, N, C, OC);
     round(out, N * OC);
+  }
+  // The LM head's chunk of logits [N, OC], left unrounded: the loss kernels below round each
+  // row as they first read it (kernels_round_logits_in_loss). The logits are the largest tensor
+  // of a step (rows x vocabulary): rounding 1024 x 50304 of them in a pass of their own takes
+  // 34 ms on one thread here (memory-bound, 12 GB/s), row by row in cache 10 ms; with their
+  // gradient's, 48 ms of a ~900 ms step of the small benchmark shape.
+  static constexpr bool loss_rounds_logits = true;
+  void head_logits_forward(T* out, const T* inp, const T* w, int64_t N, int64_t C, int64_t OC) {
+    product(out, inp, w, nullptr, N, C, OC);
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
                        int64_t C, int64_t OC) {
@@ -193,12 +193,30 @@ class CpuBf16Kernels : public CpuKernels<float> {
   // The loss: statistics and the loss in fp32 from the bf16 logits; the logits' gradient is
   // bf16. (The one-pass kernels keep their exponentials in fp32 scratch, as the GPU's loss
   // keeps them in registers.)
+  // The logits arrive unrounded from head_logits_forward: the kernels that read them first
+  // round them (in place; the buffer is the head's scratch, the loss's to overwrite).
+  void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
+                                   const int32_t* targets, int64_t N, int64_t Vl, int64_t V) {
+    round(const_cast<T*>(logits), N * Vl);
+    Base::cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, Vl, V);
+  }
   void cross_entropy_fused_grad(S* losses, S* row_max, S* sums, T* dlogits, const T* logits,
                                 const int32_t* targets, const S* dloss, int64_t N, int64_t Vl,
                                 int64_t V) {
+    if (dlogits == logits) {  // the head's case: each row rounded while in cache
+      cpu::cross_entropy_fused(losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, V,
+                               true);
+      return;
+    }
+    round(const_cast<T*>(logits), N * Vl);
     Base::cross_entropy_fused_grad(losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl,
                                    V);
     round(dlogits, N * Vl);
+  }
+  void cross_entropy_local_max(S* row_max, const T* logits, int64_t N, int64_t Vl,
+                               int64_t vocab_begin, int64_t V) {
+    round(const_cast<T*>(logits), N * Vl);
+    Base::cross_entropy_local_max(row_max, logits, N, Vl, vocab_begin, V);
   }
   void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targets,
                                    const S* sums, const S* dloss, int64_t N, int64_t Vl,
@@ -276,6 +294,17 @@ class CpuBf16Kernels : public CpuKernels<float> {
   }
 
  private:
+  // out[N, OC] = inp W^T (+ b) in fp32 from the bf16 operands, by the engine.
+  void product(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C, int64_t OC) {
+    if (gemm_ == Bf16Gemm::Fma) return Base::linear_forward(out, inp, w, b, N, C, OC);
+    float beta = 0.0f;
+    if (b) {
+      for (int64_t n = 0; n < N; ++n) copy(out + n * OC, b, OC);
+      beta = 1.0f;
+    }
+    cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+  }
+
   Bf16Gemm gemm_;
 };
 

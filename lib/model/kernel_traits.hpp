@@ -21,4 +21,9 @@ template <class K>
 constexpr bool kernels_keep_compute_copy =
     !std::is_same_v<typename K::T, typename K::G> || kernels_store_bf16_values<K>;
 
+// The LM head's logits may be left unrounded by the kernel set's head_logits_forward: its loss
+// kernels round them as they read them (the CPU's bf16: model/cpu_bf16_kernels.hpp).
+template <class K>
+constexpr bool kernels_round_logits_in_loss = requires { requires K::loss_rounds_logits; };
+
 }  // namespace trident

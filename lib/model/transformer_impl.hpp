@@ -499,8 +499,12 @@ void Transformer<K>::ensure_head_scratch(int64_t B) {
 
 template <class K>
 typename K::T* Transformer<K>::head_chunk_logits(const Activations& a, int64_t r0, int64_t R) {
-  k_.linear_forward(head_logits_.data(), a.final_norm.data() + r0 * C_, w(layout_.lm_head),
-                    nullptr, R, C_, head_.out_local);
+  if constexpr (kernels_round_logits_in_loss<K>)
+    k_.head_logits_forward(head_logits_.data(), a.final_norm.data() + r0 * C_,
+                           w(layout_.lm_head), R, C_, head_.out_local);
+  else
+    k_.linear_forward(head_logits_.data(), a.final_norm.data() + r0 * C_, w(layout_.lm_head),
+                      nullptr, R, C_, head_.out_local);
   return head_logits_.data();
 }
 

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/vecmath.hpp"
+#include "util/error.hpp"
 
 namespace trident::cpu {
 
@@ -125,10 +128,15 @@ void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targe
 template <typename T>
 void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* logits,
                          const int32_t* targets, const T* dloss, int64_t N, int64_t Vl,
-                         int64_t vocab_size) {
+                         int64_t vocab_size, bool bf16_rows) {
   const int64_t valid = valid_columns(Vl, 0, vocab_size);
+  if (bf16_rows && (!std::is_same_v<T, float> || dlogits != logits))
+    throw Error("cross_entropy_fused: bf16_rows needs float logits rounded in place (dlogits = "
+                "logits)");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16_rows) round_to_bf16_values(dlogits + n * Vl, Vl);
     const T* l = logits + n * Vl;  // may alias d: every column is read before it is written
     T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
@@ -141,6 +149,8 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
     sums[n] = static_cast<T>(exp_sum_row(l, m, valid, d));
     losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
     if (d != nullptr) gradient_row_from_exps(d, d, valid, Vl, dloss[n], sums[n], tl);
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16_rows) round_to_bf16_values(d, Vl);
   }
 }
 
@@ -154,7 +164,7 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, const T*,   \
                                           const T*, int64_t, int64_t, int64_t, int64_t); \
   template void cross_entropy_fused<T>(T*, T*, T*, T*, const T*, const int32_t*, const T*,    \
-                                       int64_t, int64_t, int64_t);
+                                       int64_t, int64_t, int64_t, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

@@ -280,9 +280,13 @@ void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targe
 // (Vl values: 200 KB at a 50k vocabulary) is in cache; the passes above stream the whole chunk
 // of logits from memory three times. Same arithmetic as 1-3 and the backward, so the outputs
 // are theirs bit for bit. dlogits may alias logits.
+// bf16_rows (float, with dlogits aliasing logits: the CPU's bf16, model/cpu_bf16_kernels.hpp):
+// each row is rounded to bf16 in place before it is read and its gradient after it is written,
+// while the row is in cache: what rounding the whole chunk before and after computes, without
+// the two passes over it from memory.
 template <typename T>
 void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* logits,
                          const int32_t* targets, const T* dloss, int64_t N, int64_t Vl,
-                         int64_t vocab_size);
+                         int64_t vocab_size, bool bf16_rows = false);
 
 }  // namespace trident::cpu
