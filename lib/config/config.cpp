@@ -257,8 +257,8 @@ const Key kKeys[] = {
    "train.precision = \"bf16\" on the CPU: what multiplies the linear layers' bf16 operands "
    "(fp32 sums either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 "
    "GEMM's result up to the order of the sums) at the core's fp32 rate, on any core. onednn: "
-   "oneDNN's bf16 matmul, AMX tiles or AVX512-BF16 dot products (refused on a core with "
-   "neither). auto (the default): onednn where the core has AMX, else fma (AVX512-BF16 alone "
+   "the dense linear layers and the LM head on oneDNN's bf16 matmul, AMX tiles or AVX512-BF16 "
+   "dot products (refused on a core with neither; experts and attention stay on fma). auto (the default): onednn where the core has AMX, else fma (AVX512-BF16 alone "
    "runs at half the fp32 FMA rate; docs/gemm.md). The start-up line names the choice."},
   {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),
    "train.precision = \"fp8\": the format of the output gradients in the backward GEMMs. "
