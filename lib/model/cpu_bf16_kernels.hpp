@@ -11,15 +11,16 @@
 //
 // The storage is fp32 holding bf16 values: each kernel computes in fp32 from its bf16 inputs and
 // rounds what it writes (nearest even, util/bf16.hpp's rounding) before anything reads it, and a
-// tensor-group sum is rounded once after the fp32 reduction (TensorParallel::reduced). So the
+// tensor-group sum is rounded once after the fp32 reduction (TensorParallel::round_sum). So the
 // numbers are bf16's while the CPU kernels stay the fp32 ones; the memory is fp32's (a bf16 run
 // on the CPU holds what an fp32 one holds, plus the weights' rounded copy).
 //
 // The products: a bf16 x bf16 product is exact in fp32, so an fp32 GEMM on bf16 values with
 // fp32 sums computes what a bf16 GEMM with fp32 accumulation computes (up to the order of the
-// sums). Bf16Gemm::Fma runs them so, at the core's fp32 rate; Bf16Gemm::OneDnn runs the linear
-// layers through oneDNN's bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX tiles, or AVX512-BF16 dot
-// products), which is faster only where the core has AMX (docs/gemm.md, "bf16 on the CPU").
+// sums). Bf16Gemm::Fma runs them so, at the core's fp32 rate; Bf16Gemm::OneDnn runs the dense
+// linear layers and the LM head through oneDNN's bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX
+// tiles, or AVX512-BF16 dot products), which is faster only where the core has AMX (docs/gemm.md,
+// "The trainer's bf16"); the experts' grouped products and the attention's tiles stay on FMAs.
 #include <cstdint>
 
 #include "kernels/cpu/bf16_gemm.hpp"
