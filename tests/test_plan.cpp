@@ -1784,13 +1784,19 @@ double planned_model_bytes(const Prediction& r, const ModelConfig& m, int64_t mb
   return r.memory.total() - r.memory.optimizer - 2.0 * message;
 }
 
+// small_gpt() with 4 layers as `arch` ("gpt2", or "llama" with 2 kv heads).
+ModelConfig four_layers_of(const std::string& arch) {
+  ModelConfig m = small_gpt();
+  m.arch = arch;
+  m.kv_heads = m.is_llama() ? 2 : 0;
+  m.layers = 4;
+  return m;
+}
+
 TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
   int compared = 0;
   for (const std::string arch : {"gpt2", "llama"}) {
-    ModelConfig m = small_gpt();
-    m.arch = arch;
-    m.kv_heads = m.is_llama() ? 2 : 0;
-    m.layers = 4;
+    const ModelConfig m = four_layers_of(arch);
     for (const auto& [precision, skip] :
          {std::pair<std::string, int64_t>{"fp32", 0}, {"fp8", 0}, {"fp8", 1}, {"fp8", 2}}) {
       const int64_t mb = 2;
@@ -1830,10 +1836,7 @@ TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
 TEST(PlanBf16, CpuMemoryIsWhatTheCpuBf16ModelAllocates) {
   int compared = 0;
   for (const std::string arch : {"gpt2", "llama"}) {
-    ModelConfig m = small_gpt();
-    m.arch = arch;
-    m.kv_heads = m.is_llama() ? 2 : 0;
-    m.layers = 4;
+    const ModelConfig m = four_layers_of(arch);
     const int64_t mb = 2;
     PlanProblem p = problem(m, 1, mb);
     p.hw.device.kind = "cpu";
