@@ -20,7 +20,9 @@
 // sums). Bf16Gemm::Fma runs them so, at the core's fp32 rate; Bf16Gemm::OneDnn runs the dense
 // linear layers and the LM head through oneDNN's bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX
 // tiles, or AVX512-BF16 dot products), which is faster only where the core has AMX (docs/gemm.md,
-// "The trainer's bf16"); the experts' grouped products and the attention's tiles stay on FMAs.
+// "The trainer's bf16"); the experts' grouped products and the attention's blocks stay on FMAs
+// (oneDNN's matmul on the attention's 128 x 128 x 64 blocks made the 124M step 20 % slower on an
+// AMX core: its cost per call outweighs the tiles' speed at that size).
 #include <cstdint>
 
 #include "kernels/cpu/bf16_gemm.hpp"
@@ -47,11 +49,20 @@ class CpuBf16Kernels : public CpuKernels<float> {
   Bf16Gemm gemm() const { return gemm_; }
 
   static void round(T* x, int64_t n) { cpu::round_to_bf16_values(x, n); }
-  // The compute copy of the master weights: dst = bf16(src).
-  void convert(T* dst, const G* src, int64_t n) {
-    copy(dst, src, n);
-    round(dst, n);
+  // The compute copy of the master weights: dst = bf16(src), in one pass.
+  void convert(T* dst, const G* src, int64_t n) { cpu::round_to_bf16_values(dst, src, n); }
+  // The oneDNN engine's weights in bf16: its products take bf16 operands, and a weight read as
+  // fp32 values would be converted at every call (the LM head's 50304 x 768 once per chunk of
+  // rows, 14 times a step of the 124M benchmark shape). The model keeps a packed bf16 copy of
+  // its compute weights (kernels_pack_bf16_weights) and re-packs it whenever it re-rounds them
+  // (weights_changed); a weight inside that range is read from the copy, any other (ZeRO-3's
+  // gathered units) is converted at the call, as before.
+  bool packs_weights() const { return gemm_ == Bf16Gemm::OneDnn; }
+  void pack_weights(uint16_t* packed, const T* values, int64_t n) {
+    cpu::round_to_bf16(values, n, packed);  // values are bf16 already: the bits, exactly
+    packed_ = {values, n, packed};
   }
+
   // A tensor-group sum of bf16 values, summed in fp32: rounded once (TensorParallel).
   void round_sum(T* x, int64_t n) { round(x, n); }
 
@@ -78,8 +89,7 @@ class CpuBf16Kernels : public CpuKernels<float> {
                        int64_t C, int64_t OC) {
     if (gemm_ == Bf16Gemm::OneDnn) {
       if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
-      if (dw) cpu::gemm_bf16(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
-      if (dinp) cpu::gemm_bf16(false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C);
+      cpu::linear_backward_bf16(dinp, dw, dout, inp, w, dinp ? packed(w) : nullptr, N, C, OC);
     } else {
       Base::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     }
@@ -303,10 +313,27 @@ class CpuBf16Kernels : public CpuKernels<float> {
       for (int64_t n = 0; n < N; ++n) copy(out + n * OC, b, OC);
       beta = 1.0f;
     }
-    cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+    if (const uint16_t* wp = packed(w))
+      cpu::gemm_bf16_b_rounded(false, true, N, OC, C, 1.0f, inp, C, wp, C, beta, out, OC);
+    else
+      cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
   }
 
+  // The packed bf16 copy of w (pack_weights), or nullptr when w is outside the packed range.
+  const uint16_t* packed(const T* w) const {
+    const PackedWeights& p = packed_;
+    if (p.bits == nullptr || w < p.values || w >= p.values + p.n) return nullptr;
+    return p.bits + (w - p.values);
+  }
+
+  struct PackedWeights {
+    const T* values = nullptr;  // the compute weights (fp32 storage)
+    int64_t n = 0;
+    const uint16_t* bits = nullptr;  // their bf16 bits, owned by the model
+  };
+
   Bf16Gemm gemm_;
+  PackedWeights packed_;
 };
 
 }  // namespace trident

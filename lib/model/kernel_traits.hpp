@@ -2,6 +2,8 @@
 // What the graph asks of a kernel set (model/cpu_kernels.hpp, model/cpu_bf16_kernels.hpp,
 // cuda/cuda_kernels.hpp) beyond its member functions: the optional features, each true only
 // where the set says so.
+#include <concepts>
+#include <cstdint>
 #include <type_traits>
 
 namespace trident {
@@ -25,5 +27,14 @@ constexpr bool kernels_keep_compute_copy =
 // kernels round them as they read them (the CPU's bf16: model/cpu_bf16_kernels.hpp).
 template <class K>
 constexpr bool kernels_round_logits_in_loss = requires { requires K::loss_rounds_logits; };
+
+// The kernel set reads its weights from a packed bf16 copy the model keeps beside the compute
+// copy (K::packs_weights() at run time: the CPU bf16's oneDNN engine; K::pack_weights).
+template <class K>
+constexpr bool kernels_pack_bf16_weights =
+    requires(K& k, uint16_t* bits, const typename K::T* values) {
+      { k.packs_weights() } -> std::convertible_to<bool>;
+      k.pack_weights(bits, values, int64_t{0});
+    };
 
 }  // namespace trident

@@ -415,6 +415,8 @@ class Transformer {
   std::unique_ptr<ZeroShards<K>> zero_;    // ZeRO-2/3, or none
   bool taking_grads_ = false;              // in a pass that forms gradients (g())
   DeviceArray<T> compute_;  // compute copy of master_ in bf16 (kernels_keep_compute_copy)
+  // compute_'s bf16 bits for a kernel set that reads its weights so (kernels_pack_bf16_weights)
+  DeviceArray<uint16_t> packed_;
   DeviceArray<double> loss_sum_;  // [1]: the micro-batches' mean losses, summed
   DeviceArray<T> head_logits_;    // one chunk of logits [head_chunk_rows, Vl] (head_forward)
   DeviceArray<S> head_dloss_;     // [head_chunk_rows]: loss_scale / N, dL/d(row loss)

@@ -79,6 +79,8 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
   if (shard.zero_stage < 3) {
     master_ = DeviceArray<G>(dev, layout_.flat_size);
     if constexpr (kernels_keep_compute_copy<K>) compute_ = DeviceArray<T>(dev, layout_.flat_size);
+    if constexpr (kernels_pack_bf16_weights<K>)
+      if (k_.packs_weights()) packed_ = DeviceArray<uint16_t>(dev, layout_.flat_size);
   }
   if (shard.zero_stage < 2) grads_ = DeviceArray<G>(dev, layout_.flat_size);
   loss_sum_ = DeviceArray<double>(dev, 1);
@@ -239,7 +241,7 @@ ModelStateBytes Transformer<K>::state_bytes() const {
   const int64_t g = sizeof(G);
   b.weights = weight_store().size() * g;
   b.gradients = grad_store().size() * g;
-  b.compute = compute_.bytes();
+  b.compute = compute_.bytes() + packed_.bytes();
   if (zero_) b.gather = zero_->gather_bytes();
   return b;
 }
@@ -335,6 +337,8 @@ void Transformer<K>::weights_changed() {
   if (weights_sharded()) return zero_->weights_changed();
   if constexpr (kernels_keep_compute_copy<K>)
     k_.convert(compute_.data(), master_.data(), master_.size());
+  if constexpr (kernels_pack_bf16_weights<K>)
+    if (packed_.size() > 0) k_.pack_weights(packed_.data(), compute_.data(), compute_.size());
 }
 
 template <class K>

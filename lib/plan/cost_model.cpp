@@ -32,6 +32,17 @@ double activation_element_bytes(const std::string& precision, const HardwareSpec
   return precision == "bf16" && hw.device.kind == "gpu" ? 2.0 : 4.0;
 }
 
+// Bytes a parameter of the packed bf16 copy of the weights that the CPU's oneDNN engine of
+// train.precision = "bf16" reads its products' weights from (model/cpu_bf16_kernels.hpp):
+// train.cpu_bf16_gemm = "auto" runs that engine where the core multiplies bf16 faster than fp32
+// (AMX), i.e. where the hardware's bf16 peak is above its fp32 peak; else the FMA engine, none.
+double packed_weight_bytes(const std::string& precision, const HardwareSpec& hw) {
+  return precision == "bf16" && hw.device.kind == "cpu" &&
+                 hw.device.peak_tflops_bf16 > hw.device.peak_tflops_fp32
+             ? 2.0
+             : 0.0;
+}
+
 // The model with its MoE layers' MLPs dense (model.moe_experts = 0): a dense layer's figures.
 ModelConfig dense_of(const ModelConfig& m) {
   ModelConfig d = m;
@@ -1093,6 +1104,8 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   // Per physical stage: parameters and the activation stashes the schedule holds at its peak.
   const double bf16_copy =
       p.base_precision() == "bf16" ? activation_element_bytes("bf16", hw) : 0.0;
+  // The CPU oneDNN engine's packed bf16 weights (none at ZeRO-3: its units are gathered).
+  const double packed = l.zero_stage < 3 ? packed_weight_bytes(p.base_precision(), hw) : 0.0;
   const double reserved = hw.device.reserved_gib * kGiB;
   // The backward's scratch (the trainer's own count, model_stats.hpp) and the pipeline's
   // message buffers.
@@ -1124,7 +1137,7 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
     for (int64_t c = 0; c < l.virtual_stages; ++c)
       stashes += static_cast<double>(slots[static_cast<size_t>(c)]) *
                  model.chunk_stash(chunks[static_cast<size_t>(c * l.pp + s)]);
-    MemoryUse mem = model_state_bytes(l, stage, bf16_copy, e_compute);
+    MemoryUse mem = model_state_bytes(l, stage, bf16_copy + packed, e_compute);
     mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
     const ActivationShape shape = model.shape(l.recompute);
@@ -1174,8 +1187,11 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
     copy = largest.flat * (bf16_copy + 4.0);
   // The CPU's bf16 always rounds its copy in a pass of its own (4 bytes read, 4 written), and
   // at stage 3 rounds each unit as it is gathered instead.
+  // With the oneDNN engine the copy is packed into bf16 bits after (4 read, 2 written).
   if (hw.device.kind != "gpu" && bf16_copy > 0.0)
-    copy = l.zero_stage == 3 ? 0.0 : largest.flat * (bf16_copy + 4.0);
+    copy = l.zero_stage == 3
+               ? 0.0
+               : largest.flat * (bf16_copy + 4.0 + (packed > 0.0 ? 4.0 + packed : 0.0));
   r.time.optimizer = (owned * kOptimizerBytesPerParam + copy) / hw.optimizer_bytes_per_s(owned);
 
   // Throughput.

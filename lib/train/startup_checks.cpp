@@ -21,6 +21,7 @@
 #include "model/model_stats.hpp"
 #include "pipeline/shard_plan.hpp"
 #include "pipeline/schedule.hpp"
+#include "runtime/backend.hpp"
 
 namespace trident {
 namespace {
@@ -121,7 +122,10 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
   auto bytes = [](double x) { return static_cast<int64_t>(std::llround(x)); };
   ModelStateBytes b;
   b.weights = bytes(4.0 * P / (stage == 3 ? d : 1.0));
-  b.compute = bytes(bf16 && stage < 3 ? compute_element * P : 0.0);
+  // The CPU's oneDNN engine also packs the compute copy into bf16 bits (2 bytes a parameter).
+  const bool packed = bf16 && config.train.device != "cuda" && stage < 3 &&
+                      cpu_bf16_uses_onednn(config);
+  b.compute = bytes(bf16 && stage < 3 ? (compute_element + (packed ? 2.0 : 0.0)) * P : 0.0);
   b.gradients = bytes(4.0 * P / (stage >= 2 ? d : 1.0));
   b.moments = bytes(8.0 * P / d);
   b.gather = bytes(gather);

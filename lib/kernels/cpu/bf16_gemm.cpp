@@ -176,23 +176,25 @@ inline uint32_t rounded_bf16_bits(uint32_t u) {
 }  // namespace
 
 namespace {
-void round_values(float* x, int64_t n) {
+void round_values(float* dst, const float* src, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
-    x[i] = std::bit_cast<float>(rounded_bf16_bits(std::bit_cast<uint32_t>(x[i])) << 16);
+    dst[i] = std::bit_cast<float>(rounded_bf16_bits(std::bit_cast<uint32_t>(src[i])) << 16);
 }
 }  // namespace
 
-void round_to_bf16_values(float* x, int64_t n) {
+void round_to_bf16_values(float* dst, const float* src, int64_t n) {
   // The test is outside the pragma: an `if(false)` parallel region still starts (and frees) a
   // team of one in libgomp, which the attention's per-row calls would pay each time.
-  if (omp_in_parallel() || n < kMinParallelElements) return round_values(x, n);
+  if (omp_in_parallel() || n < kMinParallelElements) return round_values(dst, src, n);
   constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b)
-    round_values(x + b * kBlock, std::min(kBlock, n - b * kBlock));
+    round_values(dst + b * kBlock, src + b * kBlock, std::min(kBlock, n - b * kBlock));
 }
+
+void round_to_bf16_values(float* x, int64_t n) { round_to_bf16_values(x, x, n); }
 
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
   // The bits of trident::float_to_bf16 (util/bf16.hpp) written without a branch so that the
@@ -232,6 +234,44 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   e.primitive.execute(cache.stream(),
                       {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   cache.stream().wait();
+}
+
+void round_to_bf16(const float* in, int64_t n, uint16_t* out) {
+  constexpr int64_t kBlock = 4096;  // rows of one block: the 2-D form threads over rows
+  const int64_t rows = n / kBlock, tail = n - rows * kBlock;
+  round_to_bf16(in, rows, kBlock, kBlock, out);
+  if (tail > 0) round_to_bf16(in + rows * kBlock, 1, tail, tail, out + rows * kBlock);
+}
+
+void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         float alpha, const float* A, int64_t lda, const uint16_t* B,
+                         int64_t ldb, float beta, float* C, int64_t ldc) {
+  require_available();
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  uint16_t* a = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(a_rows * a_cols));
+  round_to_bf16(A, a_rows, a_cols, lda, a);
+  gemm_bf16_rounded(trans_a, trans_b, M, N, K, alpha, a, a_cols, B, ldb, beta, C, ldc);
+}
+
+void linear_backward_bf16(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                          const uint16_t* w_bits, int64_t N, int64_t C, int64_t OC) {
+  require_available();
+  if (!dx && !dw) return;
+  uint16_t* dy16 = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(N * OC));
+  round_to_bf16(dy, N * OC, dy16);
+  if (dw) {
+    uint16_t* x16 = thread_scratch<RoundedB, uint16_t>(static_cast<size_t>(N * C));
+    round_to_bf16(x, N * C, x16);
+    gemm_bf16_rounded(true, false, OC, C, N, 1.0f, dy16, OC, x16, C, 1.0f, dw, C);
+  }
+  if (dx) {
+    if (!w_bits) {
+      uint16_t* w16 = thread_scratch<RoundedB, uint16_t>(static_cast<size_t>(OC * C));
+      round_to_bf16(w, OC * C, w16);
+      w_bits = w16;
+    }
+    gemm_bf16_rounded(false, false, N, C, OC, 1.0f, dy16, OC, w_bits, C, 0.0f, dx, C);
+  }
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

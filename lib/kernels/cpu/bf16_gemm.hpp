@@ -41,6 +41,22 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
                        float beta, float* C, int64_t ldc);
 
+// The product with B already in bf16 and A in fp32 (rounded into scratch as gemm_bf16 does): the
+// linear layers' products with a weight, whose bf16 copy is made once per update
+// (model/cpu_bf16_kernels.hpp's packed weights) rather than at every call.
+void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         float alpha, const float* A, int64_t lda, const uint16_t* B,
+                         int64_t ldb, float beta, float* C, int64_t ldc);
+
+// A linear layer's backward products from one bf16 copy of dY [N, OC] (rounded once for both):
+// dW [OC, C] += dY^T X when dw, dX [N, C] = dY W when dx. W [OC, C] is read from w_bits when
+// given (its bf16 copy), else rounded from w.
+void linear_backward_bf16(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                          const uint16_t* w_bits, int64_t N, int64_t C, int64_t OC);
+
+// out[i] = bf16(in[i]) for i < n (dense), threaded over blocks of n outside a parallel region.
+void round_to_bf16(const float* in, int64_t n, uint16_t* out);
+
 // out[r * cols + c] = bf16(in[r * ld + c]) for a rows x cols block (dense output), threaded
 // over rows outside a parallel region.
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out);
@@ -49,5 +65,7 @@ void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint
 // NaN kept NaN): the CPU's bf16 precision keeps its bf16 activations as these values in fp32
 // storage (model/cpu_bf16_kernels.hpp). Threaded over large n outside a parallel region.
 void round_to_bf16_values(float* x, int64_t n);
+// dst[i] = the float value of bf16(src[i]) for i < n: the copy and the rounding in one pass.
+void round_to_bf16_values(float* dst, const float* src, int64_t n);
 
 }  // namespace trident::cpu
