@@ -62,11 +62,13 @@ std::vector<int32_t> ids(int64_t n, int64_t vocab, int64_t salt) {
   return v;
 }
 
-double rel_l2(const float* got, const double* ref, int64_t n) {
+template <typename R>
+double rel_l2(const float* got, const R* ref, int64_t n) {
   double d2 = 0, r2 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    d2 += (got[i] - ref[i]) * (got[i] - ref[i]);
-    r2 += ref[i] * ref[i];
+    const double d = static_cast<double>(got[i]) - static_cast<double>(ref[i]);
+    d2 += d * d;
+    r2 += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
   }
   return std::sqrt(d2 / r2);
 }
@@ -270,15 +272,16 @@ TEST(Bf16Loss, RowsRoundedInCacheEqualWholeChunkRounding) {
   std::vector<int32_t> targets(N);
   for (int64_t n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((n * 131) % V);
   std::vector<float> dloss(N, 1.0f / N);
+  std::vector<uint16_t> bits(N * Vl, 0);
   auto run = [&](bool in_cache, std::vector<float>& buf, std::vector<float>& losses,
                  std::vector<float>& row_max, std::vector<float>& sums) {
     buf = logits;
     losses.assign(N, 0.f);
     row_max.assign(N, 0.f);
     sums.assign(2 * N, 0.f);
-    if (in_cache) {
+    if (in_cache) {  // with the gradient's bits written from the rows too
       cpu::cross_entropy_fused(losses.data(), row_max.data(), sums.data(), buf.data(), buf.data(),
-                               targets.data(), dloss.data(), N, Vl, V, true);
+                               targets.data(), dloss.data(), N, Vl, V, true, bits.data());
     } else {
       cpu::round_to_bf16_values(buf.data(), N * Vl);
       cpu::cross_entropy_fused(losses.data(), row_max.data(), sums.data(), buf.data(), buf.data(),
@@ -294,11 +297,21 @@ TEST(Bf16Loss, RowsRoundedInCacheEqualWholeChunkRounding) {
   EXPECT_EQ(ma, mb);
   EXPECT_EQ(sa, sb);
   EXPECT_EQ(off_grid(a.data(), N * Vl), 0);
+  // The bits are those of the rounded gradient, every column (padding included).
+  std::vector<uint16_t> want(N * Vl);
+  cpu::round_to_bf16(a.data(), N * Vl, want.data());
+  EXPECT_EQ(bits, want);
+  EXPECT_GT(std::count_if(bits.begin(), bits.end(), [](uint16_t u) { return u != 0; }), N * V / 2);
   std::vector<float> other(N * Vl);
   EXPECT_THROW(cpu::cross_entropy_fused(la.data(), ma.data(), sa.data(), other.data(),
                                         logits.data(), targets.data(), dloss.data(), N, Vl, V,
                                         true),
                Error);
+  EXPECT_THROW(cpu::cross_entropy_fused(la.data(), ma.data(), sa.data(), b.data(), b.data(),
+                                        targets.data(), dloss.data(), N, Vl, V, false,
+                                        bits.data()),
+               Error)
+      << "bits of a gradient that was not rounded";
 }
 
 // The oneDNN engine reads its weights from the packed bf16 copy the model keeps (2 bytes a
@@ -349,4 +362,48 @@ TEST(Bf16PackedWeights, KeptCurrentAndCounted) {
   std::printf("[bf16 packed] loss %.6f before the update, %.6f after (a fresh model: %.6f); "
               "%lld gradients compared\n",
               before.back(), after.back(), reference.back(), static_cast<long long>(P));
+}
+
+// The oneDNN engine against the FMA engine on one forward and backward with the LM head in four
+// chunks: both compute bf16 products with fp32 sums, so every gradient within 1e-3 relative L2
+// (the sums' order moves a value across a bf16 rounding now and then); a product that read
+// another chunk's gradient bits (the loss writes them for the head's backward) or stale weights
+// would be off by the whole term.
+TEST(Bf16OneDnnEngine, TracksTheFmaEngineOverHeadChunks) {
+  if (!cpu::bf16_gemm_available())
+    GTEST_SKIP() << "this core has no AVX512-BF16 or AMX: the oneDNN engine cannot run here";
+  int compared = 0;
+  for (const std::string variant : {"gpt2", "llama"}) {
+    const ModelConfig m = tiny(variant);
+    ModelShard shard = ModelShard::whole(m);
+    shard.lm_head_chunk_rows = 8;  // 32 rows: four chunks
+    auto comm = make_self_communicator("tensor");
+    auto host = make_cpu_device();
+    Transformer<CpuBf16Kernels> fma(m, shard, *comm, CpuBf16Kernels(*host, Bf16Gemm::Fma));
+    Transformer<CpuBf16Kernels> dnn(m, shard, *comm, CpuBf16Kernels(*host, Bf16Gemm::OneDnn));
+    fma.init_weights(7);
+    dnn.init_weights(7);
+    const int64_t B = 2, N = B * m.seq_len;
+    const auto tokens = ids(N, m.vocab_size, 3), targets = ids(N, m.vocab_size, 4);
+    for (auto* model : {&fma, &dnn}) {
+      auto a = model->make_activations(B);
+      model->zero_grads();
+      model->forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+      model->backward(a, 1.0f, nullptr, nullptr);
+    }
+    const double loss_fma = fma.take_loss_sum(), loss_dnn = dnn.take_loss_sum();
+    EXPECT_LE(std::fabs(loss_dnn - loss_fma) / loss_fma, 1e-4) << variant;
+    double worst = 0;
+    for (const ParamInfo& p : dnn.params()) {
+      const double e = rel_l2(dnn.grads() + p.offset, fma.grads() + p.offset, p.numel());
+      if (std::isnan(e)) continue;  // a tensor with no gradient (0 / 0)
+      EXPECT_LE(e, 1e-3) << variant << " " << p.name;
+      worst = std::max(worst, e);
+      ++compared;
+    }
+    std::printf("[bf16 engines] %s, head in 4 chunks: loss %.7f (oneDNN) vs %.7f (FMA); worst "
+                "gradient relative L2 %.2e\n",
+                variant.c_str(), loss_dnn, loss_fma, worst);
+  }
+  EXPECT_GT(compared, 20);
 }

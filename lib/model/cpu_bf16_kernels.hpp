@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/bf16_gemm.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "model/cpu_kernels.hpp"
 
 namespace trident {
@@ -83,13 +84,15 @@ class CpuBf16Kernels : public CpuKernels<float> {
   // gradient's, 48 ms of a ~900 ms step of the small benchmark shape.
   static constexpr bool loss_rounds_logits = true;
   void head_logits_forward(T* out, const T* inp, const T* w, int64_t N, int64_t C, int64_t OC) {
+    head_grad_bits_ = {};  // the chunk's buffer is being overwritten
     product(out, inp, w, nullptr, N, C, OC);
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
                        int64_t C, int64_t OC) {
     if (gemm_ == Bf16Gemm::OneDnn) {
       if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
-      cpu::linear_backward_bf16(dinp, dw, dout, inp, w, dinp ? packed(w) : nullptr, N, C, OC);
+      cpu::linear_backward_bf16(dinp, dw, dout, head_grad_bits(dout, N * OC), inp, w,
+                                dinp ? packed(w) : nullptr, N, C, OC);
     } else {
       Base::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     }
@@ -215,8 +218,17 @@ class CpuBf16Kernels : public CpuKernels<float> {
                                 const int32_t* targets, const S* dloss, int64_t N, int64_t Vl,
                                 int64_t V) {
     if (dlogits == logits) {  // the head's case: each row rounded while in cache
+      // The oneDNN engine's two products of the head's backward (dX, dW) read the gradient's
+      // bf16 bits: the loss writes them from each row while it is in cache, and the products
+      // take them for this buffer (linear_backward) until the next chunk's logits overwrite it
+      // (head_logits_forward), instead of each converting the chunk (R x V) from memory.
+      uint16_t* bits = nullptr;
+      if (gemm_ == Bf16Gemm::OneDnn) {
+        bits = cpu::thread_scratch<HeadGradBitsTag, uint16_t>(static_cast<size_t>(N * Vl));
+        head_grad_bits_ = {dlogits, N * Vl, bits};
+      }
       cpu::cross_entropy_fused(losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, V,
-                               true);
+                               true, bits);
       return;
     }
     round(const_cast<T*>(logits), N * Vl);
@@ -319,21 +331,30 @@ class CpuBf16Kernels : public CpuKernels<float> {
       cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
   }
 
+  struct HeadGradBitsTag;  // the scratch of the head's gradient bits (kernels/cpu/scratch.hpp)
+  // bf16 bits kept for n values held in fp32 storage.
+  struct Bits {
+    const T* values = nullptr;
+    int64_t n = 0;
+    const uint16_t* bits = nullptr;
+  };
+
   // The packed bf16 copy of w (pack_weights), or nullptr when w is outside the packed range.
   const uint16_t* packed(const T* w) const {
-    const PackedWeights& p = packed_;
+    const Bits& p = packed_;
     if (p.bits == nullptr || w < p.values || w >= p.values + p.n) return nullptr;
     return p.bits + (w - p.values);
   }
-
-  struct PackedWeights {
-    const T* values = nullptr;  // the compute weights (fp32 storage)
-    int64_t n = 0;
-    const uint16_t* bits = nullptr;  // their bf16 bits, owned by the model
-  };
+  // The LM head's gradient bits the loss wrote for dout [n] (cross_entropy_fused_grad), or
+  // nullptr.
+  const uint16_t* head_grad_bits(const T* dout, int64_t n) const {
+    const Bits& h = head_grad_bits_;
+    return h.bits != nullptr && dout == h.values && n == h.n ? h.bits : nullptr;
+  }
 
   Bf16Gemm gemm_;
-  PackedWeights packed_;
+  Bits packed_;          // the compute weights' bits, owned by the model
+  Bits head_grad_bits_;  // the head chunk's gradient bits, in this thread's scratch
 };
 
 }  // namespace trident

@@ -253,12 +253,17 @@ void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
   gemm_bf16_rounded(trans_a, trans_b, M, N, K, alpha, a, a_cols, B, ldb, beta, C, ldc);
 }
 
-void linear_backward_bf16(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                          const uint16_t* w_bits, int64_t N, int64_t C, int64_t OC) {
+void linear_backward_bf16(float* dx, float* dw, const float* dy, const uint16_t* dy_bits,
+                          const float* x, const float* w, const uint16_t* w_bits, int64_t N,
+                          int64_t C, int64_t OC) {
   require_available();
   if (!dx && !dw) return;
-  uint16_t* dy16 = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(N * OC));
-  round_to_bf16(dy, N * OC, dy16);
+  const uint16_t* dy16 = dy_bits;
+  if (!dy16) {
+    uint16_t* rounded = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(N * OC));
+    round_to_bf16(dy, N * OC, rounded);
+    dy16 = rounded;
+  }
   if (dw) {
     uint16_t* x16 = thread_scratch<RoundedB, uint16_t>(static_cast<size_t>(N * C));
     round_to_bf16(x, N * C, x16);

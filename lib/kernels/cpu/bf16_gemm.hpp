@@ -49,10 +49,11 @@ void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                          int64_t ldb, float beta, float* C, int64_t ldc);
 
 // A linear layer's backward products from one bf16 copy of dY [N, OC] (rounded once for both):
-// dW [OC, C] += dY^T X when dw, dX [N, C] = dY W when dx. W [OC, C] is read from w_bits when
-// given (its bf16 copy), else rounded from w.
-void linear_backward_bf16(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                          const uint16_t* w_bits, int64_t N, int64_t C, int64_t OC);
+// dW [OC, C] += dY^T X when dw, dX [N, C] = dY W when dx. dY is read from dy_bits when given
+// (its bf16 bits), else rounded from dy; W [OC, C] likewise from w_bits, else from w.
+void linear_backward_bf16(float* dx, float* dw, const float* dy, const uint16_t* dy_bits,
+                          const float* x, const float* w, const uint16_t* w_bits, int64_t N,
+                          int64_t C, int64_t OC);
 
 // out[i] = bf16(in[i]) for i < n (dense), threaded over blocks of n outside a parallel region.
 void round_to_bf16(const float* in, int64_t n, uint16_t* out);

@@ -4,6 +4,8 @@
 // entries, the rest (columns >= vocab_size) are padding and are never read for the loss.
 // Rows are independent, so the loops are row-parallel and trivially deterministic.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -128,11 +130,13 @@ void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targe
 template <typename T>
 void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* logits,
                          const int32_t* targets, const T* dloss, int64_t N, int64_t Vl,
-                         int64_t vocab_size, bool bf16_rows) {
+                         int64_t vocab_size, bool bf16_rows, uint16_t* dlogits_bits) {
   const int64_t valid = valid_columns(Vl, 0, vocab_size);
   if (bf16_rows && (!std::is_same_v<T, float> || dlogits != logits))
     throw Error("cross_entropy_fused: bf16_rows needs float logits rounded in place (dlogits = "
                 "logits)");
+  if (dlogits_bits != nullptr && (!bf16_rows || dloss == nullptr))
+    throw Error("cross_entropy_fused: dlogits_bits needs bf16_rows and the gradient");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
     if constexpr (std::is_same_v<T, float>)
@@ -149,8 +153,15 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
     sums[n] = static_cast<T>(exp_sum_row(l, m, valid, d));
     losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
     if (d != nullptr) gradient_row_from_exps(d, d, valid, Vl, dloss[n], sums[n], tl);
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
       if (bf16_rows) round_to_bf16_values(d, Vl);
+      if (dlogits_bits != nullptr) {  // the row holds bf16 values: their bits, the upper halves
+        uint16_t* bits = dlogits_bits + n * Vl;
+#pragma omp simd
+        for (int64_t v = 0; v < Vl; v++)
+          bits[v] = static_cast<uint16_t>(std::bit_cast<uint32_t>(d[v]) >> 16);
+      }
+    }
   }
 }
 
@@ -164,7 +175,7 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
   template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, const T*,   \
                                           const T*, int64_t, int64_t, int64_t, int64_t); \
   template void cross_entropy_fused<T>(T*, T*, T*, T*, const T*, const int32_t*, const T*,    \
-                                       int64_t, int64_t, int64_t, bool);
+                                       int64_t, int64_t, int64_t, bool, uint16_t*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

@@ -283,10 +283,13 @@ void cross_entropy_backward_kept(T* dlogits, const T* exps, const int32_t* targe
 // bf16_rows (float, with dlogits aliasing logits: the CPU's bf16, model/cpu_bf16_kernels.hpp):
 // each row is rounded to bf16 in place before it is read and its gradient after it is written,
 // while the row is in cache: what rounding the whole chunk before and after computes, without
-// the two passes over it from memory.
+// the two passes over it from memory. dlogits_bits (with bf16_rows and dlogits; nullptr: none)
+// [N, Vl] receives the gradient's bf16 bits too, written from the row while it is in cache:
+// the operand the oneDNN engine's products read, without a conversion pass of their own.
 template <typename T>
 void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* logits,
                          const int32_t* targets, const T* dloss, int64_t N, int64_t Vl,
-                         int64_t vocab_size, bool bf16_rows = false);
+                         int64_t vocab_size, bool bf16_rows = false,
+                         uint16_t* dlogits_bits = nullptr);
 
 }  // namespace trident::cpu
