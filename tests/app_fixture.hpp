@@ -51,6 +51,14 @@ inline std::filesystem::path make_tiny_run(const std::filesystem::path& dir) {
   return config;
 }
 
+// `trident train` arguments of a small Llama (4 layers, grouped-query attention: 2 kv heads) on
+// the tiny corpus made in dir, logging every step, then `extra`.
+inline std::string small_llama_args(const std::filesystem::path& dir, const std::string& extra) {
+  return "train --config " + make_tiny_run(dir).string() +
+         " --set model.arch=\\\"llama\\\" --set model.layers=4 --set model.kv_heads=2"
+         " --set log.interval=1 " + extra;
+}
+
 inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& run_dir) {
   std::vector<nlohmann::json> rows;
   std::ifstream in(run_dir / "metrics.jsonl");

@@ -17,13 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A small Llama (4 layers, grouped-query attention) on the tiny corpus.
-std::string bf16_args(const fs::path& dir, const std::string& extra) {
-  return "train --config " + make_tiny_run(dir).string() +
-         " --set model.arch=\\\"llama\\\" --set model.layers=4 --set model.kv_heads=2"
-         " --set log.interval=1 " + extra;
-}
-
 const std::string kBf16 = " --set train.precision=\\\"bf16\\\"";
 
 double rel(double a, double b) { return relative_difference(a, b); }
@@ -42,7 +35,7 @@ std::string on_ranks(int ranks, const std::string& args) {
 // bf16 path ran: its losses differ from fp32's from the first step).
 TEST(Bf16App, TracksFp32) {
   const auto dir = scratch_dir("bf16_tracks");
-  const std::string common = bf16_args(dir, "--set train.steps=30 --set eval.interval=10");
+  const std::string common = small_llama_args(dir, "--set train.steps=30 --set eval.interval=10");
   const auto a = run_command(trident_cmd(common + " --set log.dir=" + (dir / "fp32").string()));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const auto b =
@@ -77,7 +70,7 @@ TEST(Bf16App, TracksFp32) {
 // of one bf16 rank and within 1e-2 of one fp32 rank.
 TEST(Bf16App, EveryLayoutFamilyWithinTheBoundOfOneRank) {
   const auto dir = scratch_dir("bf16_layouts");
-  const std::string common = bf16_args(dir, "--set train.steps=6 --set eval.interval=0");
+  const std::string common = small_llama_args(dir, "--set train.steps=6 --set eval.interval=0");
   struct Case {
     std::string layout;
     bool moe;
@@ -139,7 +132,7 @@ TEST(Bf16App, ResumeIsBitwiseIdentical) {
     const fs::path run = dir / std::to_string(ranks);
     fs::create_directories(run);
     const std::string common =
-        bf16_args(run, "--set train.steps=6 --set eval.interval=3" + kBf16 + layout);
+        small_llama_args(run, "--set train.steps=6 --set eval.interval=3" + kBf16 + layout);
     auto r = run_command(on_ranks(ranks, common + " --set checkpoint.dir=" +
                                               (run / "ck_a").string() +
                                               " --set log.dir=" + (run / "a").string()));
@@ -165,7 +158,7 @@ TEST(Bf16App, ResumeIsBitwiseIdentical) {
 // resumes in fp32 and fp32's in bf16, each step 4 within the bf16 bound of the straight run.
 TEST(Bf16App, CheckpointsMoveBetweenPrecisions) {
   const auto dir = scratch_dir("bf16_moves");
-  const std::string common = bf16_args(dir, "--set train.steps=6 --set eval.interval=0");
+  const std::string common = small_llama_args(dir, "--set train.steps=6 --set eval.interval=0");
   auto step3 = [&](const std::string& name) {
     return (dir / name / "step_00000003.h5").string();
   };
@@ -200,7 +193,7 @@ TEST(Bf16App, CheckpointsMoveBetweenPrecisions) {
 // one line naming the key, and "auto" runs the FMA engine.
 TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
   const auto dir = scratch_dir("bf16_engines");
-  const std::string common = bf16_args(dir, "--set train.steps=6 --set eval.interval=0") + kBf16;
+  const std::string common = small_llama_args(dir, "--set train.steps=6 --set eval.interval=0") + kBf16;
   const auto fma = run_command(trident_cmd(common + " --set train.cpu_bf16_gemm=\\\"fma\\\"" +
                                            " --set log.dir=" + (dir / "fma").string()));
   ASSERT_EQ(fma.exit_code, 0) << fma.output;
@@ -247,7 +240,7 @@ TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
 TEST(Bf16App, GenerationAndEvaluationRunInBf16) {
   const auto dir = scratch_dir("bf16_generate");
   const auto r = run_command(trident_cmd(
-      bf16_args(dir, "--set train.steps=4 --set eval.interval=0 --set checkpoint.interval=4") +
+      small_llama_args(dir, "--set train.steps=4 --set eval.interval=0 --set checkpoint.interval=4") +
       kBf16 + " --set checkpoint.dir=" + (dir / "ck").string() +
       " --set log.dir=" + (dir / "log").string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;

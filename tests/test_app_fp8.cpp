@@ -16,14 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A small Llama (4 layers: 2 of them in FP8 with the default first and last kept) on the tiny
-// corpus.
-std::string fp8_args(const fs::path& dir, const std::string& extra) {
-  return "train --config " + make_tiny_run(dir).string() +
-         " --set model.arch=\\\"llama\\\" --set model.layers=4 --set model.kv_heads=2"
-         " --set log.interval=1 " + extra;
-}
-
 double rel(double a, double b) { return relative_difference(a, b); }
 
 // fp8 with the recipe under test; the delayed recipe with a history of 2 steps, so that the
@@ -42,7 +34,7 @@ class Fp8Recipe : public ::testing::TestWithParam<std::string> {};
 // (the FP8 path ran).
 TEST_P(Fp8Recipe, TracksFp32) {
   const auto dir = scratch_dir("fp8_tracks_" + GetParam());
-  const std::string common = fp8_args(dir, "--set train.steps=30 --set eval.interval=10");
+  const std::string common = small_llama_args(dir, "--set train.steps=30 --set eval.interval=10");
   const auto a = run_command(trident_cmd(common + " --set log.dir=" + (dir / "fp32").string()));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const auto b = run_command(
@@ -85,7 +77,7 @@ TEST_P(Fp8Recipe, TracksFp32) {
 TEST_P(Fp8Recipe, EveryLayoutWithinTheBoundOfOneRank) {
   const auto dir = scratch_dir("fp8_layouts_" + GetParam());
   const std::string common =
-      fp8_args(dir, "--set train.steps=8 --set eval.interval=0 --set checkpoint.interval=2 "
+      small_llama_args(dir, "--set train.steps=8 --set eval.interval=0 --set checkpoint.interval=2 "
                     "--set checkpoint.keep=4" + fp8_on(GetParam()));
   auto step2 = [](const fs::path& log) { return (log / "ck" / "step_00000002.h5").string(); };
   const auto one =
@@ -135,7 +127,7 @@ TEST_P(Fp8Recipe, EveryLayoutWithinTheBoundOfOneRank) {
 TEST_P(Fp8Recipe, ResumeIsBitwiseIdentical) {
   const auto dir = scratch_dir("fp8_resume_" + GetParam());
   const std::string common =
-      fp8_args(dir, "--set train.steps=6 --set eval.interval=3" + fp8_on(GetParam()));
+      small_llama_args(dir, "--set train.steps=6 --set eval.interval=3" + fp8_on(GetParam()));
   const auto a = run_command(trident_cmd(common + " --set log.dir=" + (dir / "a").string()));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string b = common + " --set checkpoint.dir=" + (dir / "ckpt").string() +
@@ -161,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Recipe, ::testing::Values("current", "delay
 // so, fp8's resumes in fp32.
 TEST(Fp8Delayed, StateResumesOnAnyLayoutAndMovesBetweenPrecisions) {
   const auto dir = scratch_dir("fp8_delayed_moves");
-  const std::string common = fp8_args(dir, "--set train.steps=6 --set eval.interval=0");
+  const std::string common = small_llama_args(dir, "--set train.steps=6 --set eval.interval=0");
   const std::string fp8 = fp8_on("delayed");
   auto run = [&](const std::string& args, int ranks = 1) {
     return run_command(ranks == 1 ? trident_cmd(args)
@@ -213,20 +205,20 @@ TEST(Fp8Delayed, StateResumesOnAnyLayoutAndMovesBetweenPrecisions) {
 
 TEST(Fp8App, WhatIsNotBuiltIsRefusedNamingTheKey) {
   const auto dir = scratch_dir("fp8_bad");
-  const auto cuda = run_command(trident_cmd(fp8_args(
+  const auto cuda = run_command(trident_cmd(small_llama_args(
       dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\"")));
   EXPECT_NE(cuda.exit_code, 0) << cuda.output;
   EXPECT_NE(cuda.output.find("train.precision = \"fp8\" with train.device = \"cuda\""),
             std::string::npos)
       << cuda.output;
   const auto moe = run_command(
-      trident_cmd(fp8_args(dir, "--set train.precision=\\\"fp8\\\" --set model.moe_experts=2")));
+      trident_cmd(small_llama_args(dir, "--set train.precision=\\\"fp8\\\" --set model.moe_experts=2")));
   EXPECT_NE(moe.exit_code, 0) << moe.output;
   EXPECT_NE(moe.output.find("train.precision = \"fp8\" with model.moe_experts (2)"),
             std::string::npos)
       << moe.output;
   const auto format = run_command(
-      trident_cmd(fp8_args(dir, "--set train.fp8_grad_format=\\\"e3m4\\\"")));
+      trident_cmd(small_llama_args(dir, "--set train.fp8_grad_format=\\\"e3m4\\\"")));
   EXPECT_NE(format.exit_code, 0) << format.output;
   EXPECT_NE(format.output.find("train.fp8_grad_format"), std::string::npos) << format.output;
 }
