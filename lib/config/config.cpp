@@ -258,8 +258,10 @@ const Key kKeys[] = {
    "(fp32 sums either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 "
    "GEMM's result up to the order of the sums) at the core's fp32 rate, on any core. onednn: "
    "the dense linear layers and the LM head on oneDNN's bf16 matmul, AMX tiles or AVX512-BF16 "
-   "dot products (refused on a core with neither; experts and attention stay on fma). auto (the default): onednn where the core has AMX, else fma (AVX512-BF16 alone "
-   "runs at half the fp32 FMA rate; docs/gemm.md). The start-up line names the choice."},
+   "dot products (refused on a core with neither; experts and attention stay on fma), the "
+   "weights read from a packed bf16 copy of them (2 bytes a parameter more). auto (the "
+   "default): onednn where the core has AMX, else fma (AVX512-BF16 alone runs at half the fp32 "
+   "FMA rate; docs/gemm.md). The start-up line names the choice."},
   {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),
    "train.precision = \"fp8\": the format of the output gradients in the backward GEMMs. "
    "e5m2 (the default, Transformer Engine's HYBRID recipe): 5 exponent bits, a range of "
