@@ -47,14 +47,14 @@ class CpuBf16Kernels : public CpuKernels<float> {
   static constexpr bool has_fp8 = false;
 
   CpuBf16Kernels(Device& host, Bf16Gemm gemm) : Base(host), gemm_(gemm) {}
-  Bf16Gemm gemm() const { return gemm_; }
 
   static void round(T* x, int64_t n) { cpu::round_to_bf16_values(x, n); }
   // The compute copy of the master weights: dst = bf16(src), in one pass.
   void convert(T* dst, const G* src, int64_t n) { cpu::round_to_bf16_values(dst, src, n); }
   // The oneDNN engine's weights in bf16: its products take bf16 operands, and a weight read as
-  // fp32 values would be converted at every call (the LM head's 50304 x 768 once per chunk of
-  // rows, 14 times a step of the 124M benchmark shape). The model keeps a packed bf16 copy of
+  // fp32 values would be converted at every call (the LM head's 50304 x 768 twice per chunk of
+  // rows, forward and dX: 4 times a step of the 124M benchmark shape; every layer's weights
+  // twice). The model keeps a packed bf16 copy of
   // its compute weights (kernels_pack_bf16_weights) and re-packs it whenever it re-rounds them
   // (weights_changed); a weight inside that range is read from the copy, any other (ZeRO-3's
   // gathered units) is converted at the call, as before.

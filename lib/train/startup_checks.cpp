@@ -90,11 +90,9 @@ double async_staging_bytes(const Config& config, const ModelStateBytes& state) {
   return config.checkpoint.saves_async() ? static_cast<double>(state.weights + state.moments)
                                          : 0.0;
 }
-}  // namespace
 
 // Bytes of one stored activation or compute weight: bf16's 2 on the GPU; 4 on the CPU, whose
 // bf16 precision holds bf16 values in fp32 storage (model/cpu_bf16_kernels.hpp).
-namespace {
 double activation_element_bytes(const TrainConfig& train) {
   return train.precision == "bf16" && train.device == "cuda" ? 2.0 : 4.0;
 }

@@ -161,21 +161,22 @@ std::string bf16_gemm_description() {
   const int64_t n = 256;
   const Key key = make_key(false, true, n, n, n, 1.0f, n, n, 0.0f, n);
   const std::string impl = thread_cache().describe(key).impl_info_str();
-  const bool amx = dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
   return "bf16 " + onednn_version() + " matmul " + impl +
-         (amx ? " (AMX)" : " (AVX512-BF16, no AMX)");
+         (bf16_gemm_has_amx() ? " (AMX)" : " (AVX512-BF16, no AMX)");
 }
 
 namespace {
-// float_to_bf16 of util/bf16.hpp without a branch, so that the loops vectorize (see below).
+// The bits of trident::float_to_bf16 (util/bf16.hpp) written without a branch so that the loops
+// vectorize: round to nearest even by adding 0x7fff plus the lowest kept bit, and NaN kept NaN
+// by setting the quiet bit instead. Not vcvtneps2bf16: it flushes denormal inputs to zero (on
+// a Xeon 0x00010000, the bf16 value 0x0001, gives 0x0000), which the GPU's __float2bfloat16_rn
+// does not.
 inline uint32_t rounded_bf16_bits(uint32_t u) {
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const uint32_t quiet_nan = (u >> 16) | 0x0040u;
   return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
-}  // namespace
 
-namespace {
 void round_values(float* dst, const float* src, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
@@ -197,11 +198,6 @@ void round_to_bf16_values(float* dst, const float* src, int64_t n) {
 void round_to_bf16_values(float* x, int64_t n) { round_to_bf16_values(x, x, n); }
 
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
-  // The bits of trident::float_to_bf16 (util/bf16.hpp) written without a branch so that the
-  // loop vectorizes: round to nearest even by adding 0x7fff plus the lowest kept bit, and NaN
-  // kept NaN by setting the quiet bit instead. Not vcvtneps2bf16: it flushes denormal inputs
-  // to zero (on this Xeon 0x00010000, the bf16 value 0x0001, gives 0x0000), which the GPU's
-  // __float2bfloat16_rn does not.
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
                                                   rows * cols >= kMinParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
@@ -247,6 +243,8 @@ void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
                          float alpha, const float* A, int64_t lda, const uint16_t* B,
                          int64_t ldb, float beta, float* C, int64_t ldc) {
   require_available();
+  // A's stored shape (row-major, rows x cols): op(A) is M x K, so A is K x M when transposed.
+  // Its copy is dense: its leading dimension is its row length.
   const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   uint16_t* a = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(a_rows * a_cols));
   round_to_bf16(A, a_rows, a_cols, lda, a);
@@ -283,16 +281,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc) {
   require_available();
-  // Stored shapes of A and B (row-major, rows x cols): op(A) is M x K, so A is K x M when
-  // transposed; op(B) is K x N, so B is N x K when transposed. The copies are dense: their
-  // leading dimension is their row length.
-  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  // B's stored shape (row-major, rows x cols): op(B) is K x N, so B is N x K when transposed.
+  // Its copy is dense: its leading dimension is its row length.
   const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  uint16_t* a = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(a_rows * a_cols));
   uint16_t* b = thread_scratch<RoundedB, uint16_t>(static_cast<size_t>(b_rows * b_cols));
-  round_to_bf16(A, a_rows, a_cols, lda, a);
   round_to_bf16(B, b_rows, b_cols, ldb, b);
-  gemm_bf16_rounded(trans_a, trans_b, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc);
+  gemm_bf16_b_rounded(trans_a, trans_b, M, N, K, alpha, A, lda, b, b_cols, beta, C, ldc);
 }
 
 }  // namespace trident::cpu
