@@ -21,6 +21,13 @@ bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
 }
 
+// n token ids below vocab, a fixed pattern per salt (no generator: the same on every platform).
+inline std::vector<int32_t> token_sequence(int64_t n, int64_t vocab, int64_t salt) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>((i * 7 + salt * 3 + i * i) % vocab);
+  return v;
+}
+
 // Packed documents: each row's document start (model/documents.hpp's doc_start) of sequences
 // cut into documents of the given lengths, one list per sequence (each summing to its length).
 inline std::vector<int32_t> document_starts_of(const std::vector<std::vector<int32_t>>& lengths) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "kernel_vectors.hpp"
 #include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/cpu_bf16_kernels.hpp"
@@ -19,6 +20,7 @@
 #include "util/error.hpp"
 
 using namespace trident;
+using trident::test::token_sequence;
 
 namespace {
 
@@ -56,11 +58,6 @@ ModelConfig tiny(const std::string& variant) {
   return m;
 }
 
-std::vector<int32_t> ids(int64_t n, int64_t vocab, int64_t salt) {
-  std::vector<int32_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>((i * 7 + salt * 3 + i * i) % vocab);
-  return v;
-}
 
 template <typename R>
 double rel_l2(const float* got, const R* ref, int64_t n) {
@@ -102,7 +99,7 @@ TEST_P(Bf16Model, StoresBf16AndTracksTheDoubleModel) {
       << "the master weights are fp32";
 
   const int64_t B = 2, N = B * m.seq_len;
-  const auto tokens = ids(N, m.vocab_size, 1), targets = ids(N, m.vocab_size, 2);
+  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
   auto a = bf16.make_activations(B);
   auto r = ref.make_activations(B);
   auto f = fp32.make_activations(B);
@@ -333,7 +330,7 @@ TEST(Bf16PackedWeights, KeptCurrentAndCounted) {
   EXPECT_EQ(moved.state_bytes().compute, 6 * P) << "the compute copy and its packed bf16 bits";
 
   const int64_t B = 2, N = B * m.seq_len;
-  const auto tokens = ids(N, m.vocab_size, 1), targets = ids(N, m.vocab_size, 2);
+  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
   // One forward and backward: the loss and the gradients.
   auto step = [&](Transformer<CpuBf16Kernels>& model) {
     auto a = model.make_activations(B);
@@ -384,7 +381,7 @@ TEST(Bf16OneDnnEngine, TracksTheFmaEngineOverHeadChunks) {
     fma.init_weights(7);
     dnn.init_weights(7);
     const int64_t B = 2, N = B * m.seq_len;
-    const auto tokens = ids(N, m.vocab_size, 3), targets = ids(N, m.vocab_size, 4);
+    const auto tokens = token_sequence(N, m.vocab_size, 3), targets = token_sequence(N, m.vocab_size, 4);
     for (auto* model : {&fma, &dnn}) {
       auto a = model->make_activations(B);
       model->zero_grads();

@@ -12,11 +12,13 @@
 
 #include "comm/comm.hpp"
 #include "host_device.hpp"
+#include "kernel_vectors.hpp"
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "model/stage_model.hpp"
 
 using namespace trident;
+using trident::test::token_sequence;
 
 namespace {
 
@@ -69,11 +71,6 @@ double objective(Model& model, const ModelConfig& m) {
          m.moe_z_loss_coeff * moe.z_loss_sum;
 }
 
-std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
-  std::vector<int32_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>((i * 7 + salt * 3 + i * i) % vocab);
-  return v;
-}
 
 // The whole model with the LM head and its loss over chunks of `rows` rows (0: the automatic
 // size, one chunk at these sizes).
@@ -96,7 +93,7 @@ void check_every_gradient(const std::string& variant, int64_t head_chunk_rows) {
   for (int64_t i = 0; i < model.flat_size(); ++i) model.weights()[i] *= 5.0;
   const int64_t B = 2, N = B * m.seq_len;
   auto acts = model.make_activations(B);
-  const auto tokens = sequence(N, m.vocab_size, 1), targets = sequence(N, m.vocab_size, 2);
+  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
 
   model.zero_grads();
   model.forward(acts, tokens.data(), targets.data(), nullptr, 1.0);
@@ -173,7 +170,7 @@ TEST_P(WholeModel, HeadChunksAgreeWithOneChunk) {
   one.zero_grads();
   chunked.zero_grads();
   for (int64_t micro = 0; micro < 2; ++micro) {
-    const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 4);
+    const auto tokens = token_sequence(N, m.vocab_size, micro), targets = token_sequence(N, m.vocab_size, 4);
     auto a1 = one.make_activations(B);
     auto ac = chunked.make_activations(B);
     one.forward(a1, tokens.data(), targets.data(), nullptr, 0.5f);
@@ -209,7 +206,7 @@ TEST_P(WholeModel, FloatModelAgreesWithDouble) {
   const int64_t B = 2, N = B * m.seq_len;
   auto ad = md.make_activations(B);
   auto af = mf.make_activations(B);
-  const auto tokens = sequence(N, m.vocab_size, 5), targets = sequence(N, m.vocab_size, 6);
+  const auto tokens = token_sequence(N, m.vocab_size, 5), targets = token_sequence(N, m.vocab_size, 6);
   md.zero_grads();
   mf.zero_grads();
   md.forward(ad, tokens.data(), targets.data(), nullptr, 1.0);
@@ -246,7 +243,7 @@ void check_split_backward(const std::string& variant, int64_t head_chunk_rows) {
   split.zero_grads();
   std::vector<CpuModel<float>::Activations> kept;  // from backward_input to backward_weight
   for (int64_t micro = 0; micro < M; ++micro) {
-    const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 7);
+    const auto tokens = token_sequence(N, m.vocab_size, micro), targets = token_sequence(N, m.vocab_size, 7);
     auto a = whole.make_activations(B);
     whole.forward(a, tokens.data(), targets.data(), nullptr, loss_scale);
     whole.backward(a, loss_scale, nullptr, nullptr);
@@ -319,7 +316,7 @@ TEST(ModelMoe, AuxLossAndGradientsDoNotDependOnTheMicroBatchSize) {
     two.init_weights(9);
     for (int64_t i = 0; i < one.flat_size(); ++i) one.weights()[i] *= 5.0, two.weights()[i] *= 5.0;
     const int64_t T = m.seq_len;
-    const auto tokens = sequence(2 * T, m.vocab_size, 3), targets = sequence(2 * T, m.vocab_size, 4);
+    const auto tokens = token_sequence(2 * T, m.vocab_size, 3), targets = token_sequence(2 * T, m.vocab_size, 4);
     one.zero_grads();
     two.zero_grads();
     auto a = one.make_activations(2);
@@ -563,7 +560,7 @@ TEST(StageModelLoss, ForwardsReadNothingBackAndTheStepReadsTheSumOnce) {
   auto ref_acts = reference.make_activations(B);
   double expected = 0.0;
   for (int64_t micro = 0; micro < 4; ++micro) {
-    const auto tokens = sequence(N, m.vocab_size, micro), targets = sequence(N, m.vocab_size, 9);
+    const auto tokens = token_sequence(N, m.vocab_size, micro), targets = token_sequence(N, m.vocab_size, 9);
     model->forward(*acts, tokens.data(), targets.data(), nullptr, 0.0f);
     reference.forward(ref_acts, tokens.data(), targets.data(), nullptr, 0.0);
     expected += reference.take_loss_sum();

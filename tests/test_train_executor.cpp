@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "kernel_vectors.hpp"
 #include "model/stage_model.hpp"
 #include "pipeline/executor.hpp"
 #include "pipeline/schedule.hpp"
 #include "util/error.hpp"
 
 using namespace trident;
+using trident::test::token_sequence;
 
 namespace {
 
@@ -36,11 +38,6 @@ ModelConfig tiny_llama() {
   return m;
 }
 
-std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
-  std::vector<int32_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>((i * 7 + salt * 3 + i * i) % vocab);
-  return v;
-}
 
 }  // namespace
 
@@ -53,7 +50,7 @@ TEST(PipelineExecutorOneStage, ZeroBubbleMatchesOneFOneBAndOneChunkInterleavedIs
   auto device = make_cpu_device();
   const int64_t B = 2, M = 4, N = B * m.seq_len;
   const PipelineExecutor::LoadFn load = [&](int64_t micro, int32_t* tokens, int32_t* targets) {
-    const auto t = sequence(N, m.vocab_size, micro), g = sequence(N, m.vocab_size, micro + 5);
+    const auto t = token_sequence(N, m.vocab_size, micro), g = token_sequence(N, m.vocab_size, micro + 5);
     std::copy(t.begin(), t.end(), tokens);
     std::copy(g.begin(), g.end(), targets);
   };
