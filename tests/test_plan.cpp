@@ -1756,12 +1756,6 @@ TEST(PlanFp8, HardwareKeyAndItsErrors) {
   EXPECT_EQ(predict_error(fp8_problem(small_gpt()), layout(1, 1, 8, 4)), "");
 }
 
-// The plan's memory for an fp8 layout is what the trainer allocates: the CPU model (the FP8
-// reference, its quantised copies fp32) on a counting device, one micro-batch's forward and
-// backward, against the plan on a CPU device without reserved memory. The plan's total less
-// what the model does not allocate (the optimizer's moments, the pipeline's two message
-// buffers) is the device's peak, to the byte, for fp32 and for fp8 with and without skipped
-// layers, and with every layer skipped (issue 54 item 4).
 // The counting device's peak over init and one micro-batch's forward and backward of `model`
 // (a fresh CPU transformer on its own host device).
 template <class Model>
@@ -1794,6 +1788,12 @@ ModelConfig four_layers_of(const std::string& arch) {
   return m;
 }
 
+// The plan's memory for an fp8 layout is what the trainer allocates: the CPU model (the FP8
+// reference, its quantised copies fp32) on a counting device, one micro-batch's forward and
+// backward, against the plan on a CPU device without reserved memory. The plan's total less
+// what the model does not allocate (the optimizer's moments, the pipeline's two message
+// buffers) is the device's peak, to the byte, for fp32 and for fp8 with and without skipped
+// layers, and with every layer skipped (issue 54 item 4).
 TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
   int compared = 0;
   for (const std::string arch : {"gpt2", "llama"}) {
