@@ -100,4 +100,10 @@ inline std::string trident_cmd(const std::string& args) {
   return std::string(TRIDENT_BINARY) + " " + args;
 }
 
+// trident_cmd(args) on `ranks` MPI ranks (one rank: run directly, without mpiexec).
+inline std::string trident_cmd_on(int ranks, const std::string& args) {
+  if (ranks == 1) return trident_cmd(args);
+  return std::string(TRIDENT_MPIEXEC) + " -n " + std::to_string(ranks) + " " + trident_cmd(args);
+}
+
 }  // namespace trident::test

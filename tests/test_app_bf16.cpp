@@ -21,12 +21,6 @@ const std::string kBf16 = " --set train.precision=\\\"bf16\\\"";
 
 double rel(double a, double b) { return relative_difference(a, b); }
 
-std::string on_ranks(int ranks, const std::string& args) {
-  return ranks == 1 ? trident_cmd(args)
-                    : std::string(TRIDENT_MPIEXEC) + " -n " + std::to_string(ranks) + " " +
-                          trident_cmd(args);
-}
-
 }  // namespace
 
 // 30 steps of bf16 beside fp32 from the same weights and data: every step's loss and every
@@ -103,7 +97,7 @@ TEST(Bf16App, EveryLayoutFamilyWithinTheBoundOfOneRank) {
                                              c.layout + (c.moe ? "moe" : ""))));
     const std::string args =
         common + (c.moe ? moe : "") + kBf16 + " " + c.layout + " --set log.dir=" + log.string();
-    const auto r = run_command(on_ranks(2, args));
+    const auto r = run_command(trident_cmd_on(2, args));
     const std::string name = c.layout + (c.moe ? " (MoE)" : "");
     ASSERT_EQ(r.exit_code, 0) << name << "\n" << r.output;
     const RunLosses got = read_losses(log);
@@ -133,15 +127,15 @@ TEST(Bf16App, ResumeIsBitwiseIdentical) {
     fs::create_directories(run);
     const std::string common =
         small_llama_args(run, "--set train.steps=6 --set eval.interval=3" + kBf16 + layout);
-    auto r = run_command(on_ranks(ranks, common + " --set checkpoint.dir=" +
+    auto r = run_command(trident_cmd_on(ranks, common + " --set checkpoint.dir=" +
                                               (run / "ck_a").string() +
                                               " --set log.dir=" + (run / "a").string()));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::string b = common + " --set checkpoint.dir=" + (run / "ck_b").string() +
                           " --set log.dir=" + (run / "b").string() + " --resume auto";
-    r = run_command(on_ranks(ranks, b + " --set train.exit_interval=3"));
+    r = run_command(trident_cmd_on(ranks, b + " --set train.exit_interval=3"));
     ASSERT_EQ(r.exit_code, 75) << r.output;
-    r = run_command(on_ranks(ranks, b));
+    r = run_command(trident_cmd_on(ranks, b));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const RunLosses x = read_losses(run / "a"), y = read_losses(run / "b");
     ASSERT_EQ(x.loss.size(), 6u);
@@ -193,7 +187,8 @@ TEST(Bf16App, CheckpointsMoveBetweenPrecisions) {
 // one line naming the key, and "auto" runs the FMA engine.
 TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
   const auto dir = scratch_dir("bf16_engines");
-  const std::string common = small_llama_args(dir, "--set train.steps=6 --set eval.interval=0") + kBf16;
+  const std::string common =
+      small_llama_args(dir, "--set train.steps=6 --set eval.interval=0") + kBf16;
   const auto fma = run_command(trident_cmd(common + " --set train.cpu_bf16_gemm=\\\"fma\\\"" +
                                            " --set log.dir=" + (dir / "fma").string()));
   ASSERT_EQ(fma.exit_code, 0) << fma.output;
@@ -240,7 +235,8 @@ TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
 TEST(Bf16App, GenerationAndEvaluationRunInBf16) {
   const auto dir = scratch_dir("bf16_generate");
   const auto r = run_command(trident_cmd(
-      small_llama_args(dir, "--set train.steps=4 --set eval.interval=0 --set checkpoint.interval=4") +
+      small_llama_args(dir,
+                       "--set train.steps=4 --set eval.interval=0 --set checkpoint.interval=4") +
       kBf16 + " --set checkpoint.dir=" + (dir / "ck").string() +
       " --set log.dir=" + (dir / "log").string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;

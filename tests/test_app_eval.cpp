@@ -13,11 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string mpiexec(int ranks, const std::string& args) {
-  if (ranks == 1) return trident_cmd(args);
-  return std::string(TRIDENT_MPIEXEC) + " -n " + std::to_string(ranks) + " " + trident_cmd(args);
-}
-
 // The JSON of `trident eval --json`: the last line of its output.
 nlohmann::json last_json_line(const std::string& output) {
   std::string text = output;
@@ -40,7 +35,7 @@ class EvalApp : public ::testing::Test {
   // validation loss of step 3 and sets checkpoint_.
   double train(int ranks, const std::string& sets) {
     const auto r = run_command(
-        mpiexec(ranks, "train --config " + config_.string() + " --set train.steps=3" +
+        trident_cmd_on(ranks, "train --config " + config_.string() + " --set train.steps=3" +
                            " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
                            " --set log.dir=" + (dir_ / "run").string() + " " + sets),
         110);
@@ -55,9 +50,9 @@ class EvalApp : public ::testing::Test {
   }
   // `trident eval --json` on the validation data; its JSON.
   nlohmann::json eval(int ranks, const std::string& sets) {
-    const auto r = run_command(mpiexec(ranks, "eval --ckpt " + checkpoint_.string() + " --data " +
-                                                  (dir_ / "val.bin").string() + " --json " +
-                                                  sets),
+    const auto r = run_command(trident_cmd_on(ranks, "eval --ckpt " + checkpoint_.string() +
+                                                         " --data " + (dir_ / "val.bin").string() +
+                                                         " --json " + sets),
                                110);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     if (r.exit_code != 0) return nlohmann::json{{"loss", NAN}, {"tokens", 0}};
@@ -149,7 +144,7 @@ TEST_F(EvalApp, BadInputOneErrorLine) {
       {trident_cmd("eval --ckpt " + checkpoint_.string() + " --data " +
                    (dir_ / "nothing_*.bin").string()),
        "nothing_*.bin"},
-      {mpiexec(3, base + " --set parallel.tensor=2"), "not a multiple"},
+      {trident_cmd_on(3, base + " --set parallel.tensor=2"), "not a multiple"},
   };
   for (const Case& c : cases) {
     const auto r = run_command(c.command, 110);

@@ -28,11 +28,6 @@ const std::string kVenvPython = kSource + "/.venv/bin/python";
 const std::string kMixtral =
     "--set model.arch=llama --set model.kv_heads=2 --set model.moe_experts=4 ";
 
-std::string mpiexec(int ranks, const std::string& args) {
-  if (ranks == 1) return trident_cmd(args);
-  return std::string(TRIDENT_MPIEXEC) + " -n " + std::to_string(ranks) + " " + trident_cmd(args);
-}
-
 // The one "trident: error: ..." line of a failed command ("" if there is none or several).
 std::string error_line(const std::string& output) {
   const auto pos = output.find("trident: error");
@@ -57,7 +52,7 @@ class Interop : public ::testing::Test {
   fs::path train(const std::string& name, const std::string& sets, int ranks = 1,
                  int steps = 2) {
     const auto r = run_command(
-        mpiexec(ranks, "train --config " + config_.string() + " --set train.steps=" +
+        trident_cmd_on(ranks, "train --config " + config_.string() + " --set train.steps=" +
                            std::to_string(steps) + " --set checkpoint.dir=" +
                            (dir_ / name).string() + " --set log.dir=" +
                            (dir_ / (name + "_run")).string() + " " + sets),
@@ -67,7 +62,9 @@ class Interop : public ::testing::Test {
     std::snprintf(file, sizeof file, "step_%08d.h5", steps);
     return dir_ / name / file;
   }
-  RunResult run(int ranks, const std::string& args) { return run_command(mpiexec(ranks, args), 110); }
+  RunResult run(int ranks, const std::string& args) {
+    return run_command(trident_cmd_on(ranks, args), 110);
+  }
   void expect_ok(int ranks, const std::string& args) {
     const auto r = run(ranks, args);
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
