@@ -2,12 +2,14 @@
 // computes is within bf16's bound of the double-precision model, and the attention rounds its
 // P and dS operands (kernels/cpu/ops.hpp, bf16_operands).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -229,6 +231,91 @@ TEST(Bf16Attention, RoundsPAndDsAndTracksDouble) {
                 "(fp32 %.2e)\n",
                 with_docs ? ", documents" : "", e[1][0], e[0][0], e[1][1], e[0][1]);
   }
+}
+
+// The oneDNN engine's attention (attention_bf16.cpp: a query block against up to 1024 keys per
+// product) beside the FMA engine's (attention.cpp with bf16 operands) on the same bf16 inputs:
+// T = 1100 takes two key chunks (the online softmax across them) and a 76-row last block;
+// grouped-query heads; with documents, one of which starts inside the second chunk. Both
+// round P and dS and sum in fp32: they differ by what moving a score across a bf16 rounding of
+// P now and then does (the sums' order; the forward rounds P against the final row max, the FMA
+// engine against a running one), within 2e-3 for the output and 3e-3 for the gradients
+// (relative L2; measured 8e-4 and 1.6e-3, each engine 1.7e-3 and 3.9e-3 from the double
+// attention). The oneDNN engine is within 1e-2 of double and no more than 1.25x as far as the
+// FMA engine, and gives the same bits on 1 and 2 threads.
+TEST(Bf16OneDnnAttention, TracksTheFmaEngineAndDouble) {
+  if (!cpu::bf16_gemm_available())
+    GTEST_SKIP() << "this core has no AVX512-BF16 or AMX: the oneDNN engine cannot run here";
+  const int64_t B = 2, T = 1100, NH = 4, KVH = 2, HS = 16;
+  const int64_t CQ = (NH + 2 * KVH) * HS, C = NH * HS;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> qkv(B * T * CQ), dout(B * T * C);
+  for (float& v : qkv) v = bf16_to_float(float_to_bf16(2.f * normal(rng)));
+  for (float& v : dout) v = bf16_to_float(float_to_bf16(normal(rng)));
+  std::vector<int32_t> docs(B * T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) docs[b * T + t] = t < 300 ? 0 : (t < 1050 ? 300 : 1050);
+  int64_t compared = 0;
+  for (const bool with_docs : {false, true}) {
+    const int32_t* d = with_docs ? docs.data() : nullptr;
+    std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
+    std::vector<double> out_d(B * T * C), lse_d(B * NH * T), dqkv_d(B * T * CQ);
+    cpu::attention_forward<double>(out_d.data(), lse_d.data(), qkv_d.data(), B, T, NH, KVH, HS, d);
+    cpu::attention_backward<double>(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
+                                    lse_d.data(), B, T, NH, KVH, HS, d);
+    struct Run {
+      std::vector<float> out, lse, dqkv;
+    };
+    auto run = [&](bool onednn, int threads) {
+      Run r{std::vector<float>(B * T * C), std::vector<float>(B * NH * T),
+            std::vector<float>(B * T * CQ)};
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      if (onednn)
+        cpu::attention_forward_bf16(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, KVH, HS, d);
+      else
+        cpu::attention_forward<float>(r.out.data(), r.lse.data(), qkv.data(), B, T, NH, KVH, HS,
+                                      d, true);
+      cpu::round_to_bf16_values(r.out.data(), B * T * C);  // stored in bf16 by the kernel set
+      if (onednn)
+        cpu::attention_backward_bf16(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
+                                     r.lse.data(), B, T, NH, KVH, HS, d);
+      else
+        cpu::attention_backward<float>(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(),
+                                       r.lse.data(), B, T, NH, KVH, HS, d, true);
+      omp_set_num_threads(saved);
+      return r;
+    };
+    const Run fma = run(false, 2), dnn = run(true, 2), dnn1 = run(true, 1);
+    const double out_fma = rel_l2(dnn.out.data(), fma.out.data(), B * T * C);
+    const double lse_fma = rel_l2(dnn.lse.data(), fma.lse.data(), B * NH * T);
+    const double dqkv_fma = rel_l2(dnn.dqkv.data(), fma.dqkv.data(), B * T * CQ);
+    const double out_dnn_d = rel_l2(dnn.out.data(), out_d.data(), B * T * C);
+    const double out_fma_d = rel_l2(fma.out.data(), out_d.data(), B * T * C);
+    const double dqkv_dnn_d = rel_l2(dnn.dqkv.data(), dqkv_d.data(), B * T * CQ);
+    const double dqkv_fma_d = rel_l2(fma.dqkv.data(), dqkv_d.data(), B * T * CQ);
+    EXPECT_LE(out_fma, 2e-3);
+    EXPECT_LE(lse_fma, 1e-5);
+    EXPECT_LE(dqkv_fma, 3e-3);
+    EXPECT_LE(out_dnn_d, 1e-2);
+    EXPECT_LE(dqkv_dnn_d, 1e-2);
+    EXPECT_LE(out_dnn_d, 1.25 * out_fma_d);
+    EXPECT_LE(dqkv_dnn_d, 1.25 * dqkv_fma_d);
+    std::printf("  to double: out %.2e (FMA %.2e), dqkv %.2e (FMA %.2e)\n", out_dnn_d, out_fma_d,
+                dqkv_dnn_d, dqkv_fma_d);
+    for (const auto& [a, b] : {std::pair{&dnn.out, &dnn1.out}, std::pair{&dnn.lse, &dnn1.lse},
+                               std::pair{&dnn.dqkv, &dnn1.dqkv}}) {
+      ASSERT_EQ(a->size(), b->size());
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0)
+          << "the oneDNN attention depends on the thread count";
+      compared += static_cast<int64_t>(a->size());
+    }
+    std::printf("[bf16 attention engines%s] oneDNN vs FMA relative L2: out %.2e, lse %.2e, "
+                "dqkv %.2e\n",
+                with_docs ? ", documents" : "", out_fma, lse_fma, dqkv_fma);
+  }
+  EXPECT_EQ(compared, 2 * B * T * (C + NH + CQ));
 }
 
 // The rounding in place is util/bf16.hpp's, bit for bit, NaN kept NaN, on a team and inside a

@@ -20,9 +20,10 @@
 // sums). Bf16Gemm::Fma runs them so, at the core's fp32 rate; Bf16Gemm::OneDnn runs the dense
 // linear layers and the LM head through oneDNN's bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX
 // tiles, or AVX512-BF16 dot products), which is faster only where the core has AMX (docs/gemm.md,
-// "The trainer's bf16"); the experts' grouped products and the attention's blocks stay on FMAs
-// (oneDNN's matmul on the attention's 128 x 128 x 64 blocks made the 124M step 20 % slower on an
-// AMX core: its cost per call outweighs the tiles' speed at that size).
+// "The trainer's bf16"), and the attention's products there too, a query block against up to
+// 1024 keys per call (kernels/cpu/attention_bf16.cpp: oneDNN's matmul on attention.cpp's
+// 128 x 128 x 64 blocks made the 124M step 20 % slower on an AMX core, its cost per call
+// outweighing the tiles' speed at that size); the experts' grouped products stay on FMAs.
 #include <cstdint>
 
 #include "kernels/cpu/bf16_gemm.hpp"
@@ -61,6 +62,13 @@ class CpuBf16Kernels : public CpuKernels<float> {
   bool packs_weights() const { return gemm_ == Bf16Gemm::OneDnn; }
   void pack_weights(uint16_t* packed, const T* values, int64_t n) {
     cpu::round_to_bf16(values, n, packed);  // values are bf16 already: the bits, exactly
+    packed_ = {values, n, packed};
+  }
+  // The other way, after the optimizer wrote the packed copy itself (AdamW::update's bf16_copy,
+  // rounded as each weight is stored): the compute values from the bits, 2 bytes a weight read
+  // rather than the 4 of rounding the master weights again and the 6 of packing them.
+  void unpack_weights(T* values, const uint16_t* packed, int64_t n) {
+    cpu::bf16_bits_to_values(packed, n, values);
     packed_ = {values, n, packed};
   }
 
@@ -122,13 +130,19 @@ class CpuBf16Kernels : public CpuKernels<float> {
 
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS, const int32_t* doc_start) {
-    cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start, true);
+    if (gemm_ == Bf16Gemm::OneDnn)
+      cpu::attention_forward_bf16(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start);
+    else
+      cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start, true);
     round(out, B * Tn * NH * HS);
   }
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* saved,
                           int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                           const int32_t* doc_start) {
-    cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start, true);
+    if (gemm_ == Bf16Gemm::OneDnn)
+      cpu::attention_backward_bf16(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start);
+    else
+      cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start, true);
     round(dqkv, B * Tn * (NH + 2 * KVH) * HS);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,

@@ -29,12 +29,14 @@ template <class K>
 constexpr bool kernels_round_logits_in_loss = requires { requires K::loss_rounds_logits; };
 
 // The kernel set reads its weights from a packed bf16 copy the model keeps beside the compute
-// copy (K::packs_weights() at run time: the CPU bf16's oneDNN engine; K::pack_weights).
+// copy (K::packs_weights() at run time: the CPU bf16's oneDNN engine; K::pack_weights packs the
+// compute copy, K::unpack_weights derives it from a copy the optimizer packed).
 template <class K>
 constexpr bool kernels_pack_bf16_weights =
-    requires(K& k, uint16_t* bits, const typename K::T* values) {
+    requires(K& k, uint16_t* bits, typename K::T* values) {
       { k.packs_weights() } -> std::convertible_to<bool>;
       k.pack_weights(bits, values, int64_t{0});
+      k.unpack_weights(values, bits, int64_t{0});
     };
 
 }  // namespace trident

@@ -60,8 +60,13 @@ class StageModel {
   // rewrote the copy itself.)
   virtual void weights_changed() {}
   // A bf16 model's compute copy of weights(), element for element (bf16 bits), for the
-  // optimizer to rewrite in its own pass; nullptr where the model computes on weights().
+  // optimizer to rewrite in its own pass; nullptr where the model computes on weights(). (On
+  // the CPU, the oneDNN engine's packed bits of its fp32-stored compute weights.)
   virtual uint16_t* bf16_weights() { return nullptr; }
+  // To be called after the optimizer rewrote bf16_weights() in place of weights_changed():
+  // whatever the model derives from that copy is refreshed from it (the CPU's fp32-stored
+  // compute values from the packed bits).
+  virtual void bf16_copy_written() {}
 
   // The type of the residual stream that crosses pipeline stages (F32 or BF16), and its
   // elements per micro-batch of B sequences (fewer under sequence parallelism).

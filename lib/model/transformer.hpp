@@ -145,6 +145,14 @@ class Transformer {
   void zero_grads();
   // After anything but the model wrote weights(): a bf16 model refreshes its compute copy.
   void weights_changed();
+  // The packed bf16 copy of the compute weights (kernels_pack_bf16_weights), for the optimizer
+  // to write as it updates weights() (AdamW::update's bf16_copy); nullptr where there is none
+  // (another kernel set, ZeRO-3). After it did, bf16_copy_written() derives the compute copy
+  // from it in place of weights_changed().
+  uint16_t* packed_weights() {
+    return packed_.size() > 0 && !weights_sharded() ? packed_.data() : nullptr;
+  }
+  void bf16_copy_written();
 
   // The shard's model chunks (ModelShard::layer_chunks); forward and backward run one chunk,
   // the one its activations were made for.

@@ -342,6 +342,12 @@ void Transformer<K>::weights_changed() {
 }
 
 template <class K>
+void Transformer<K>::bf16_copy_written() {
+  if constexpr (kernels_pack_bf16_weights<K>)
+    if (packed_weights() != nullptr) k_.unpack_weights(compute_.data(), packed_.data(), compute_.size());
+}
+
+template <class K>
 int64_t Transformer<K>::chunk_layers(int chunk) const {
   if (chunk < 0 || chunk >= chunk_count())
     throw Error("model chunk " + std::to_string(chunk) + " is out of range: the shard holds " +

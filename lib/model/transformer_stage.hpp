@@ -41,10 +41,13 @@ class TransformerStage final : public StageModel {
     if constexpr (K::act_dtype == DType::BF16) {
       static_assert(sizeof(typename K::T) == sizeof(uint16_t));
       return reinterpret_cast<uint16_t*>(model_.compute_weights());
+    } else if constexpr (kernels_pack_bf16_weights<K>) {
+      return model_.packed_weights();
     } else {
       return nullptr;
     }
   }
+  void bf16_copy_written() override { model_.bf16_copy_written(); }
 
   DType stream_dtype() const override { return K::act_dtype; }
   int64_t stream_elements(int64_t B) const override {

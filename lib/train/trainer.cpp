@@ -213,7 +213,10 @@ StepMetrics Trainer::apply_update(int64_t step, double loss) {
     const bool copy_refreshed =
         optimizer_->update(model.weights(), grads, lr, scale, model.bf16_weights());
     sync_->all_gather_weights(model.weights());
-    if (!copy_refreshed) model.weights_changed();
+    if (copy_refreshed)
+      model.bf16_copy_written();
+    else
+      model.weights_changed();
     consecutive_skipped_ = 0;
   } else {
     ++skipped_steps_;  // the same decision on every rank

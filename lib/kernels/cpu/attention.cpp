@@ -23,6 +23,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/cpu/attention_blocks.hpp"
 #include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/online_softmax.hpp"
@@ -34,42 +35,7 @@ namespace trident::cpu {
 
 namespace {
 
-constexpr int64_t kBlock = 128;
-
-// Offsets into qkv[B,T,CQ] and out/dout[B,T,C] of one (batch, head) pair.
-struct Layout {
-  int64_t T, NH, KVH, HS;
-  int64_t CQ;  // qkv row stride (NH + 2*KVH) * HS
-  int64_t C;   // out row stride NH * HS
-  int64_t G;   // query heads per kv head
-  Layout(int64_t T_, int64_t NH_, int64_t KVH_, int64_t HS_)
-      : T(T_), NH(NH_), KVH(KVH_), HS(HS_), CQ((NH_ + 2 * KVH_) * HS_), C(NH_ * HS_),
-        G(NH_ / KVH_) {}
-  int64_t q(int64_t b, int64_t h) const { return b * T * CQ + h * HS; }
-  // k and v of kv head j
-  int64_t k(int64_t b, int64_t j) const { return b * T * CQ + (NH + j) * HS; }
-  int64_t v(int64_t b, int64_t j) const { return b * T * CQ + (NH + KVH + j) * HS; }
-  int64_t o(int64_t b, int64_t h) const { return b * T * C + h * HS; }
-};
-
-// Columns of key block [c0, c0 + n) that query row t sees: [begin, end) of the block, s <= t
-// (end) and s >= the row's document start (begin; 0 without documents).
-struct Visible {
-  int64_t begin, end;
-};
-inline Visible visible_columns(int64_t t, int64_t c0, int64_t n, const int32_t* doc_start) {
-  const int64_t begin = doc_start ? std::max<int64_t>(0, doc_start[t] - c0) : 0;
-  return {begin, std::min(n, t - c0 + 1)};
-}
-
-// The first key block any of the rows [r0, r1) sees: the block of their smallest document start
-// (0 without documents). The forward starts there and the backward overwrites dQ there.
-inline int64_t first_key_block(const int32_t* doc_start, int64_t r0, int64_t r1) {
-  if (!doc_start) return 0;
-  int64_t lo = r0;
-  for (int64_t t = r0; t < r1; t++) lo = std::min<int64_t>(lo, doc_start[t]);
-  return lo / kBlock * kBlock;
-}
+using namespace attention_blocks;
 
 // Per-thread scratch of the forward (thread_scratch: kept from call to call): one score block
 // and the running row statistics.
@@ -165,20 +131,6 @@ struct BackwardScratch {
   explicit BackwardScratch(int64_t group_rows)
       : d(thread_scratch<BackwardRowDots, F>(static_cast<size_t>(group_rows))) {}
 };
-
-// d[t] = sum_i dO[t, i] O[t, i] for the T rows of one head (row stride C): the softmax
-// backward's rowsum(P * dP), since rowsum(P * (dO V^T)) = rowsum(dO * (P V)).
-template <typename F>
-void rowwise_dot(F* d, const F* dout, const F* out, const Layout& L) {
-  for (int64_t t = 0; t < L.T; t++) {
-    const F* g = dout + t * L.C;
-    const F* o = out + t * L.C;
-    F dot = 0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < L.HS; i++) dot += g[i] * o[i];
-    d[t] = dot;
-  }
-}
 
 // Block (query rows [r0, r0+R), key columns [c0, c0+n)) of one query head h of the task's kv
 // head: P from the saved lse, then

@@ -43,12 +43,13 @@ struct Key {
 // thread-local cache needs no lock on that path, and a primitive is only ever executed by the
 // thread that created it (no question of oneDNN's scratchpad being shared between concurrent
 // executions). Bounded because shapes can vary (the last micro-batch, documents' blocks);
-// 32 holds a transformer's products (per layer kind 3 per linear, the LM head's chunks, the
-// attention's tiles). Creating a matmul primitive takes 0.2-0.5 ms here (its kernels are
+// 128 holds a transformer's products: 3 per linear layer kind, the LM head's chunks, and the
+// attention's (attention_bf16.cpp: 7 products per key length, one length per 128 rows of a
+// sequence up to 1024: 56 at T = 1024). Creating a matmul primitive takes 0.2-0.5 ms here (its kernels are
 // generated), as long as a 256^3 product: without the cache every call would pay it.
 class PrimitiveCache {
  public:
-  static constexpr size_t kCapacity = 32;
+  static constexpr size_t kCapacity = 128;
 
   PrimitiveCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
@@ -166,16 +167,7 @@ std::string bf16_gemm_description() {
 }
 
 namespace {
-// The bits of trident::float_to_bf16 (util/bf16.hpp) written without a branch so that the loops
-// vectorize: round to nearest even by adding 0x7fff plus the lowest kept bit, and NaN kept NaN
-// by setting the quiet bit instead. Not vcvtneps2bf16: it flushes denormal inputs to zero (on
-// a Xeon 0x00010000, the bf16 value 0x0001, gives 0x0000), which the GPU's __float2bfloat16_rn
-// does not.
-inline uint32_t rounded_bf16_bits(uint32_t u) {
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
-}
+using detail::rounded_bf16_bits;
 
 void round_values(float* dst, const float* src, int64_t n) {
 #pragma omp simd
@@ -196,6 +188,11 @@ void round_to_bf16_values(float* dst, const float* src, int64_t n) {
 }
 
 void round_to_bf16_values(float* x, int64_t n) { round_to_bf16_values(x, x, n); }
+
+void bf16_bits_to_values(const uint16_t* bits, int64_t n, float* out) {
+#pragma omp parallel for simd schedule(static) if (!omp_in_parallel() && n >= kMinParallelElements)
+  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
+}
 
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && \

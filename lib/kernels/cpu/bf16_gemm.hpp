@@ -9,10 +9,24 @@
 //   forward  y = x W^T      NT  (M tokens, N out features, K in features), beta 0 or 1 (bias)
 //   dX       dX = dY W      NN  overwrite (beta 0)
 //   dW       dW += dY^T X   TN  accumulate (beta 1)
+#include <bit>
 #include <cstdint>
 #include <string>
 
 namespace trident::cpu {
+
+namespace detail {
+// The bits of trident::float_to_bf16 (util/bf16.hpp) written without a branch so that the loops
+// vectorize: round to nearest even by adding 0x7fff plus the lowest kept bit, and NaN kept NaN
+// by setting the quiet bit instead. Not vcvtneps2bf16: it flushes denormal inputs to zero (on
+// a Xeon 0x00010000, the bf16 value 0x0001, gives 0x0000), which the GPU's __float2bfloat16_rn
+// does not.
+inline uint32_t rounded_bf16_bits(uint32_t u) {
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+}  // namespace detail
 
 // True when oneDNN's bf16 matmul runs on native bf16 instructions here: AVX512-BF16 or AMX
 // (oneDNN's effective ISA, so ONEDNN_MAX_CPU_ISA=AVX512_CORE makes it false on any core).
@@ -68,5 +82,8 @@ void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint
 void round_to_bf16_values(float* x, int64_t n);
 // dst[i] = the float value of bf16(src[i]) for i < n: the copy and the rounding in one pass.
 void round_to_bf16_values(float* dst, const float* src, int64_t n);
+// out[i] = the float value of the bf16 bits[i] for i < n (exact), threaded over large n outside
+// a parallel region.
+void bf16_bits_to_values(const uint16_t* bits, int64_t n, float* out);
 
 }  // namespace trident::cpu

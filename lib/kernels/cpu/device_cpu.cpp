@@ -1,14 +1,15 @@
 // The host as a Device: memory from the aligned allocator, loops parallelised with OpenMP in
 // fixed chunks so every result is the same for any thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
 
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/scratch.hpp"
 #include "tensor/device.hpp"
-#include "util/bf16.hpp"
 
 namespace trident {
 
@@ -91,6 +92,18 @@ class CpuDevice final : public Device {
   void adamw(float* __restrict w, const float* __restrict grad, float* __restrict m,
              float* __restrict v, int64_t n, const AdamWStep& step,
              uint16_t* __restrict w_bf16) override {
+    if (w_bf16 != nullptr)
+      adamw_pass<true>(w, grad, m, v, n, step, w_bf16);
+    else
+      adamw_pass<false>(w, grad, m, v, n, step, nullptr);
+  }
+  // One pass over the elements; with the bf16 copy, each updated w is rounded as it is stored
+  // (cpu::detail::rounded_bf16_bits: float_to_bf16's bits without its branch, so the loop stays
+  // vectorised), rather than re-read by a second loop.
+  template <bool kBf16Copy>
+  static void adamw_pass(float* __restrict w, const float* __restrict grad, float* __restrict m,
+                         float* __restrict v, int64_t n, const AdamWStep& step,
+                         uint16_t* __restrict w_bf16) {
     const AdamWStep s = step;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -98,12 +111,12 @@ class CpuDevice final : public Device {
       m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g;
       v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
       const float m_hat = m[i] / s.bias1, v_hat = v[i] / s.bias2;
-      w[i] -= s.lr * (m_hat / (std::sqrt(v_hat) + s.eps) + s.weight_decay * w[i]);
-    }
-    // (A second loop: the first stays the vectorised one it was without a copy.)
-    if (w_bf16 != nullptr) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) w_bf16[i] = float_to_bf16(w[i]);
+      const float updated =
+          w[i] - s.lr * (m_hat / (std::sqrt(v_hat) + s.eps) + s.weight_decay * w[i]);
+      w[i] = updated;
+      if constexpr (kBf16Copy)
+        w_bf16[i] = static_cast<uint16_t>(
+            cpu::detail::rounded_bf16_bits(std::bit_cast<uint32_t>(updated)));
     }
   }
   void synchronize() override {}

@@ -103,6 +103,16 @@ template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse,
                         int64_t B, int64_t T, int64_t NH, int64_t KVH, int64_t HS,
                         const int32_t* doc_start = nullptr, bool bf16_operands = false);
+// The same attention with bf16 operands (as bf16_operands = true) but its products on oneDNN's
+// bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX tiles where the core has them), a query block
+// against up to 1024 keys per call rather than 128 x 128 blocks: the attention of the CPU's bf16
+// oneDNN engine (model/cpu_bf16_kernels.hpp). q, k, v and dout must hold bf16 values. Same
+// arguments and results up to the order of the fp32 sums (attention_bf16.cpp).
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                            int64_t NH, int64_t KVH, int64_t HS, const int32_t* doc_start);
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KVH,
+                             int64_t HS, const int32_t* doc_start);
 
 // ---------------------------------------------------------------- rotary embeddings (RoPE)
 // In place on the q heads (NH) and k heads (KVH) of qkv[B,T,(NH+2*KVH)*HS] (layout of
