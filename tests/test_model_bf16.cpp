@@ -448,6 +448,63 @@ TEST(Bf16PackedWeights, KeptCurrentAndCounted) {
               before.back(), after.back(), reference.back(), static_cast<long long>(P));
 }
 
+// The trainer's update on the oneDNN engine: AdamW writes the packed bf16 weights as it stores
+// each master weight (Device::adamw's w_bf16 = packed_weights(), as AdamW::update passes it
+// the trainer's StageModel::bf16_weights()) and the compute copy is
+// derived from them (bf16_copy_written). The next step equals, to the bit, that of a fresh model
+// given the updated master weights and the usual weights_changed(); a compute copy left from
+// before the update, or a packed weight AdamW did not write, fails it.
+TEST(Bf16PackedWeights, WrittenByAdamW) {
+  if (!cpu::bf16_gemm_available())
+    GTEST_SKIP() << "this core has no AVX512-BF16 or AMX: the oneDNN engine cannot run here";
+  const ModelConfig m = tiny("llama");
+  const ModelShard shard = ModelShard::whole(m);
+  auto comm = make_self_communicator("tensor");
+  auto host = make_cpu_device();
+  Transformer<CpuBf16Kernels> model(m, shard, *comm, CpuBf16Kernels(*host, Bf16Gemm::OneDnn));
+  Transformer<CpuBf16Kernels> fresh(m, shard, *comm, CpuBf16Kernels(*host, Bf16Gemm::OneDnn));
+  const int64_t P = model.flat_size();
+  ASSERT_NE(model.packed_weights(), nullptr);
+  const int64_t B = 2, N = B * m.seq_len;
+  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
+  auto step = [&](Transformer<CpuBf16Kernels>& t) {
+    auto a = t.make_activations(B);
+    t.zero_grads();
+    t.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+    t.backward(a, 1.0f, nullptr, nullptr);
+    std::vector<float> out(t.grads(), t.grads() + P);
+    out.push_back(static_cast<float>(t.take_loss_sum()));
+    return out;
+  };
+  model.init_weights(11);
+  const std::vector<float> before = step(model);
+  // AdamW's first update (what AdamW::update asks of the device when it owns every weight).
+  std::vector<float> m1(P, 0.0f), m2(P, 0.0f);
+  AdamWStep adam;
+  adam.lr = 1e-2f;
+  adam.beta1 = 0.9f;
+  adam.beta2 = 0.95f;
+  adam.eps = 1e-8f;
+  adam.bias1 = 0.1f;
+  adam.bias2 = 0.05f;
+  adam.grad_scale = 1.0f;
+  adam.weight_decay = 0.1f;
+  host->adamw(model.weights(), model.grads(), m1.data(), m2.data(), P, adam,
+              model.packed_weights());
+  model.bf16_copy_written();
+  fresh.init_weights(1);
+  std::copy(model.weights(), model.weights() + P, fresh.weights());
+  fresh.weights_changed();
+  const std::vector<float> after = step(model), reference = step(fresh);
+  EXPECT_NE(after, before) << "the update changed nothing";
+  ASSERT_EQ(after.size(), reference.size());
+  EXPECT_EQ(std::memcmp(after.data(), reference.data(), after.size() * sizeof(float)), 0)
+      << "a product or a kernel read weights from before the update";
+  std::printf("[bf16 packed by AdamW] loss %.6f before the update, %.6f after (a fresh model: "
+              "%.6f); %lld gradients compared\n",
+              before.back(), after.back(), reference.back(), static_cast<long long>(P));
+}
+
 // The oneDNN engine against the FMA engine on one forward and backward with the LM head in four
 // chunks: both compute bf16 products with fp32 sums, so every gradient within 1e-3 relative L2
 // (the sums' order moves a value across a bf16 rounding now and then); a product that read
