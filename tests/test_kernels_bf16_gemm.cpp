@@ -109,13 +109,16 @@ struct Case {
   int64_t pad_a, pad_b, pad_c;
 };
 
-// Odd sizes (none a multiple of 16, the vector and tile widths), one row or column, and K
-// longer than oneDNN's K blocks; paddings of the leading dimensions from 0 to 13. oneDNN 2.6
+// Odd sizes (none a multiple of 16, the vector and tile widths), one row or column, K longer
+// than oneDNN's K blocks, and K longer than one call's sum (kMaxProductK = 8192: an NN product
+// is cut into pieces added to C, 17001 into 5696 + 5696 + 5609; 9000 into two); paddings of the
+// leading dimensions from 0 to 13. oneDNN 2.6
 // runs a dense C (no padding) on its brgemm kernels (brg:avx512_core_bf16 on an AVX512-BF16
 // core) and a padded one on its bf16 GEMM (gemm:jit): both are reached (ONEDNN_VERBOSE=1).
 const Case kCases[] = {
     {37, 53, 71, 5, 3, 7},  {67, 97, 45, 0, 0, 0},  {1, 129, 33, 2, 11, 1},
     {130, 1, 17, 13, 1, 4}, {19, 23, 301, 1, 2, 3}, {101, 83, 607, 3, 0, 0},
+    {7, 9, 17001, 1, 2, 0}, {33, 20, 9000, 0, 0, 3},
 };
 
 TEST(Bf16Gemm, MatchesReferenceForEveryTranspositionAndBeta) {

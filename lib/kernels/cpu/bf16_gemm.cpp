@@ -136,6 +136,15 @@ void require_available() {
                 " finds at most " + onednn_isa_name() + " on this core");
 }
 
+// The longest sum one NN matmul call takes. oneDNN 2.6's AMX matmul slows down on long sums of
+// two untransposed operands: the LM head's input gradient, 512 x 768 x 50304 NN, ran at 288
+// GFLOP/s on one thread of an AMX Xeon (bench_sgemm --bf16, pre-rounded), its quarter
+// 512 x 768 x 12576 at 631 and 1024 x 768 x 8192 at 703; cut into pieces, the whole ran at 641
+// (1024 rows: 305 -> 801). A transposed operand showed no such drop (768 x 3072 x 16384 TN 478
+// against 476 at 8192), so only NN products are cut: into pieces of at most this many (a
+// multiple of 32), each added to C by its own call.
+constexpr int64_t kMaxProductK = 8192;
+
 // Elements below which the rounding stays on one thread: a team costs a few microseconds.
 constexpr int64_t kMinParallelElements = int64_t{1} << 16;
 
@@ -215,6 +224,18 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   if (K == 0) {  // an empty sum: C = beta C (oneDNN has no zero-sized reduction to run)
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  if (K > kMaxProductK && !trans_a && !trans_b) {
+    // Pieces of K, each added to C (beta 1 after the first): the sum of the pieces' products,
+    // in a fixed order (results depend on the shape only).
+    const int64_t pieces = (K + kMaxProductK - 1) / kMaxProductK;
+    const int64_t step = ((K + pieces - 1) / pieces + 31) / 32 * 32;
+    for (int64_t k0 = 0; k0 < K; k0 += step) {
+      const int64_t k = std::min(step, K - k0);
+      gemm_bf16_rounded(false, false, M, N, k, alpha, A + k0, lda, B + k0 * ldb, ldb,
+                        k0 == 0 ? beta : 1.0f, C, ldc);
+    }
     return;
   }
   PrimitiveCache& cache = thread_cache();
