@@ -70,11 +70,12 @@ struct Comparison {
 //   gamma_n = n u / (1 - n u).
 // Both instructions flush denormals to zero, which the bound does not cover: the inputs here
 // are in [-1, 1] away from the denormal range, and so are the products.
+// With a bias ([1, N]): alpha (sum + bias_j) + beta C0, one more addition (K + 2 roundings).
 Comparison compare(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const Matrix& A, const Matrix& B, float beta, const Matrix& C0,
-                   const Matrix& C) {
+                   const Matrix& C, const Matrix* bias = nullptr) {
   const double u = std::ldexp(1.0, -24);
-  const double n = static_cast<double>(K + 1);
+  const double n = static_cast<double>(K + (bias ? 2 : 1));
   const double gamma = n * u / (1.0 - n * u);
   Comparison out;
   for (int64_t i = 0; i < M; ++i)
@@ -85,6 +86,10 @@ Comparison compare(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
         const double b = rounded(tb ? B.at(j, k) : B.at(k, j));
         ref += a * b;
         mag += std::fabs(a * b);
+      }
+      if (bias) {
+        ref += bias->at(0, j);
+        mag += std::fabs(bias->at(0, j));
       }
       const double c0 = beta == 0.0f ? 0.0 : static_cast<double>(C0.at(i, j));
       ref = alpha * ref + beta * c0;
@@ -213,6 +218,43 @@ TEST(Bf16Gemm, NaNInputStaysNaN) {
 
 // An empty sum (K = 0) leaves beta C: zeros with beta 0 (NaN there not read), C with beta 1;
 // no rows or no columns is nothing to do.
+// The bias added in the product's epilogue (the linear layers' forward), for every
+// transposition and beta, a padded C, and a K cut into pieces (the bias added once): within
+// the bound of the sum with one more term; with K = 0, C = alpha bias + beta C.
+TEST(Bf16Gemm, BiasInTheEpilogue) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(7);
+  Comparison all;
+  for (const Case& c : kCases)
+    for (int t = 0; t < 4; ++t)
+      for (float beta : {0.0f, 1.0f}) {
+        const bool ta = t & 1, tb = t & 2;
+        const Matrix A = ta ? random_matrix(c.K, c.M, c.pad_a, rng)
+                            : random_matrix(c.M, c.K, c.pad_a, rng);
+        const Matrix B = tb ? random_matrix(c.N, c.K, c.pad_b, rng)
+                            : random_matrix(c.K, c.N, c.pad_b, rng);
+        const Matrix bias = random_matrix(1, c.N, 0, rng);
+        const Matrix C0 = random_matrix(c.M, c.N, c.pad_c, rng);
+        Matrix C = C0;
+        gemm_bf16(ta, tb, c.M, c.N, c.K, 1.0f, A.v.data(), A.ld, B.v.data(), B.ld, beta,
+                  C.v.data(), C.ld, bias.v.data());
+        SCOPED_TRACE(std::to_string(c.M) + "x" + std::to_string(c.N) + "x" +
+                     std::to_string(c.K) + (ta ? " T" : " N") + (tb ? "T" : "N") + " beta " +
+                     std::to_string(beta));
+        const Comparison r = compare(ta, tb, c.M, c.N, c.K, 1.0f, A, B, beta, C0, C, &bias);
+        all.compared += r.compared;
+        all.worst_ratio = std::max(all.worst_ratio, r.worst_ratio);
+      }
+  EXPECT_GT(all.compared, 0);
+  const float a = 2.0f, b = 3.0f, bias[3] = {1.0f, -2.0f, 0.5f};
+  Matrix C(2, 3, 1, 4.0f);
+  gemm_bf16(false, false, 2, 3, 0, 2.0f, &a, 1, &b, 3, 0.5f, C.v.data(), C.ld, bias);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(C.at(i, j), 2.0f * bias[j] + 2.0f);
+  std::printf("bias in the epilogue: compared %lld elements; worst %.3f of the bound\n",
+              static_cast<long long>(all.compared), all.worst_ratio);
+}
+
 TEST(Bf16Gemm, EmptyProducts) {
   SKIP_WITHOUT_BF16();
   const float a = 2.0f, b = 3.0f;

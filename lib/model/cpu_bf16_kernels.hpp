@@ -334,15 +334,11 @@ class CpuBf16Kernels : public CpuKernels<float> {
   // out[N, OC] = inp W^T (+ b) in fp32 from the bf16 operands, by the engine.
   void product(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C, int64_t OC) {
     if (gemm_ == Bf16Gemm::Fma) return Base::linear_forward(out, inp, w, b, N, C, OC);
-    float beta = 0.0f;
-    if (b) {
-      for (int64_t n = 0; n < N; ++n) copy(out + n * OC, b, OC);
-      beta = 1.0f;
-    }
+    // The bias is added in the product's epilogue (not copied into every row first).
     if (const uint16_t* wp = packed(w))
-      cpu::gemm_bf16_b_rounded(false, true, N, OC, C, 1.0f, inp, C, wp, C, beta, out, OC);
+      cpu::gemm_bf16_b_rounded(false, true, N, OC, C, 1.0f, inp, C, wp, C, 0.0f, out, OC, b);
     else
-      cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+      cpu::gemm_bf16(false, true, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC, b);
   }
 
   struct HeadGradBitsTag;  // the scratch of the head's gradient bits (kernels/cpu/scratch.hpp)

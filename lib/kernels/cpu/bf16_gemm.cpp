@@ -35,6 +35,7 @@ struct Key {
   bool ta, tb;
   uint32_t alpha_bits, beta_bits;
   int threads;
+  bool bias;
   bool operator==(const Key&) const = default;
 };
 
@@ -93,6 +94,7 @@ class PrimitiveCache {
     const memory::desc b({key.K, key.N}, memory::data_type::bf16,
                          key.tb ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
     const memory::desc c({key.M, key.N}, memory::data_type::f32, memory::dims{key.ldc, 1});
+    const memory::desc bias({1, key.N}, memory::data_type::f32, memory::dims{key.N, 1});
     dnnl::primitive_attr attr;
     const float alpha = std::bit_cast<float>(key.alpha_bits);
     const float beta = std::bit_cast<float>(key.beta_bits);
@@ -103,7 +105,9 @@ class PrimitiveCache {
       attr.set_post_ops(ops);
     }
     try {
-      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_);
+      return dnnl::matmul::primitive_desc(
+          key.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c), attr,
+          engine_);
     } catch (const dnnl::error& e) {
       throw Error("oneDNN has no bf16 matmul for " + shape_text(key.ta, key.tb, key.M, key.N,
                                                                 key.K) +
@@ -125,9 +129,19 @@ PrimitiveCache& thread_cache() {
 }
 
 Key make_key(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda,
-             int64_t ldb, float beta, int64_t ldc) {
-  return {M,   N,  K,  lda, ldb, ldc, ta, tb, std::bit_cast<uint32_t>(alpha),
-          std::bit_cast<uint32_t>(beta), omp_in_parallel() ? 1 : omp_get_max_threads()};
+             int64_t ldb, float beta, int64_t ldc, bool bias = false) {
+  return {M,
+          N,
+          K,
+          lda,
+          ldb,
+          ldc,
+          ta,
+          tb,
+          std::bit_cast<uint32_t>(alpha),
+          std::bit_cast<uint32_t>(beta),
+          omp_in_parallel() ? 1 : omp_get_max_threads(),
+          bias};
 }
 
 void require_available() {
@@ -218,12 +232,15 @@ void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint
 
 void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                       float beta, float* C, int64_t ldc) {
+                       float beta, float* C, int64_t ldc, const float* bias) {
   require_available();
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // an empty sum: C = beta C (oneDNN has no zero-sized reduction to run)
+  if (K == 0) {  // an empty sum: C = alpha bias + beta C (oneDNN has no zero-sized reduction)
     for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+      for (int64_t j = 0; j < N; ++j) {
+        const float c = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+        C[i * ldc + j] = bias ? alpha * bias[j] + c : c;
+      }
     return;
   }
   if (K > kMaxProductK && !trans_a && !trans_b) {
@@ -234,19 +251,27 @@ void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
     for (int64_t k0 = 0; k0 < K; k0 += step) {
       const int64_t k = std::min(step, K - k0);
       gemm_bf16_rounded(false, false, M, N, k, alpha, A + k0, lda, B + k0 * ldb, ldb,
-                        k0 == 0 ? beta : 1.0f, C, ldc);
+                        k0 == 0 ? beta : 1.0f, C, ldc, k0 == 0 ? bias : nullptr);
     }
     return;
   }
   PrimitiveCache& cache = thread_cache();
   const PrimitiveCache::Entry& e =
-      cache.get(make_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
-  // The memory objects wrap the callers' arrays (no copy); oneDNN does not write A or B.
+      cache.get(make_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc, bias != nullptr));
+  // The memory objects wrap the callers' arrays (no copy); oneDNN does not write A, B or bias.
   memory a(e.pd.src_desc(), cache.engine(), const_cast<uint16_t*>(A));
   memory b(e.pd.weights_desc(), cache.engine(), const_cast<uint16_t*>(B));
   memory c(e.pd.dst_desc(), cache.engine(), C);
-  e.primitive.execute(cache.stream(),
-                      {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  if (bias) {
+    memory bias_memory(e.pd.bias_desc(), cache.engine(), const_cast<float*>(bias));
+    e.primitive.execute(cache.stream(), {{DNNL_ARG_SRC, a},
+                                         {DNNL_ARG_WEIGHTS, b},
+                                         {DNNL_ARG_BIAS, bias_memory},
+                                         {DNNL_ARG_DST, c}});
+  } else {
+    e.primitive.execute(cache.stream(),
+                        {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  }
   cache.stream().wait();
 }
 
@@ -259,14 +284,14 @@ void round_to_bf16(const float* in, int64_t n, uint16_t* out) {
 
 void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                          float alpha, const float* A, int64_t lda, const uint16_t* B,
-                         int64_t ldb, float beta, float* C, int64_t ldc) {
+                         int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
   require_available();
   // A's stored shape (row-major, rows x cols): op(A) is M x K, so A is K x M when transposed.
   // Its copy is dense: its leading dimension is its row length.
   const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   uint16_t* a = thread_scratch<RoundedA, uint16_t>(static_cast<size_t>(a_rows * a_cols));
   round_to_bf16(A, a_rows, a_cols, lda, a);
-  gemm_bf16_rounded(trans_a, trans_b, M, N, K, alpha, a, a_cols, B, ldb, beta, C, ldc);
+  gemm_bf16_rounded(trans_a, trans_b, M, N, K, alpha, a, a_cols, B, ldb, beta, C, ldc, bias);
 }
 
 void linear_backward_bf16(float* dx, float* dw, const float* dy, const uint16_t* dy_bits,
@@ -297,14 +322,14 @@ void linear_backward_bf16(float* dx, float* dw, const float* dy, const uint16_t*
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-               int64_t ldc) {
+               int64_t ldc, const float* bias) {
   require_available();
   // B's stored shape (row-major, rows x cols): op(B) is K x N, so B is N x K when transposed.
   // Its copy is dense: its leading dimension is its row length.
   const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   uint16_t* b = thread_scratch<RoundedB, uint16_t>(static_cast<size_t>(b_rows * b_cols));
   round_to_bf16(B, b_rows, b_cols, ldb, b);
-  gemm_bf16_b_rounded(trans_a, trans_b, M, N, K, alpha, A, lda, b, b_cols, beta, C, ldc);
+  gemm_bf16_b_rounded(trans_a, trans_b, M, N, K, alpha, A, lda, b, b_cols, beta, C, ldc, bias);
 }
 
 }  // namespace trident::cpu

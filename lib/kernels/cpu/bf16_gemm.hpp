@@ -44,23 +44,26 @@ std::string bf16_gemm_description();
 // of the GPU's __float2bfloat16_rn) into per-thread scratch, then multiplied. A (lda) holds
 // op(A) as M x K (trans_a: K x M), B (ldb) op(B) as K x N (trans_b: N x K), C is M x N (ldc).
 // beta = 0 overwrites C (its old contents, NaN included, are not read); any other beta scales
-// it. Throws trident::Error (one line) when !bf16_gemm_available().
+// it. bias (optional, [N] fp32) is added to every row in the product's epilogue, before alpha:
+// C = alpha (op(A) op(B) + bias) + beta C (the linear layers' bias, alpha 1: no pass of its own).
+// Throws trident::Error (one line) when !bf16_gemm_available().
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-               int64_t ldc);
+               int64_t ldc, const float* bias = nullptr);
 
 // The same product on inputs already in bf16 (the upper 16 bits of a float, as util/bf16.hpp):
 // what a trainer pays when the weights are rounded once per step into a bf16 copy.
 void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                       float beta, float* C, int64_t ldc);
+                       float beta, float* C, int64_t ldc, const float* bias = nullptr);
 
 // The product with B already in bf16 and A in fp32 (rounded into scratch as gemm_bf16 does): the
 // linear layers' products with a weight, whose bf16 copy is made once per update
 // (model/cpu_bf16_kernels.hpp's packed weights) rather than at every call.
 void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                          float alpha, const float* A, int64_t lda, const uint16_t* B,
-                         int64_t ldb, float beta, float* C, int64_t ldc);
+                         int64_t ldb, float beta, float* C, int64_t ldc,
+                         const float* bias = nullptr);
 
 // A linear layer's backward products from one bf16 copy of dY [N, OC] (rounded once for both):
 // dW [OC, C] += dY^T X when dw, dX [N, C] = dY W when dx. dY is read from dy_bits when given
