@@ -130,19 +130,18 @@ class CpuBf16Kernels : public CpuKernels<float> {
 
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS, const int32_t* doc_start) {
-    if (gemm_ == Bf16Gemm::OneDnn)
-      cpu::attention_forward_bf16(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start);
-    else
-      cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start, true);
+    if (gemm_ == Bf16Gemm::OneDnn)  // stores its output rounded
+      return cpu::attention_forward_bf16(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start);
+    cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start, true);
     round(out, B * Tn * NH * HS);
   }
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* saved,
                           int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                           const int32_t* doc_start) {
-    if (gemm_ == Bf16Gemm::OneDnn)
-      cpu::attention_backward_bf16(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start);
-    else
-      cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start, true);
+    if (gemm_ == Bf16Gemm::OneDnn)  // stores its outputs rounded
+      return cpu::attention_backward_bf16(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS,
+                                          doc_start);
+    cpu::attention_backward(dqkv, dout, qkv, out, saved, B, Tn, NH, KVH, HS, doc_start, true);
     round(dqkv, B * Tn * (NH + 2 * KVH) * HS);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
@@ -201,13 +200,10 @@ class CpuBf16Kernels : public CpuKernels<float> {
     round(out, rows * C);
   }
 
-  void gelu_forward(T* out, const T* inp, int64_t n) {
-    Base::gelu_forward(out, inp, n);
-    round(out, n);
-  }
+  // Rounded as they are stored (one pass over the MLP's widest tensors rather than two).
+  void gelu_forward(T* out, const T* inp, int64_t n) { cpu::gelu_forward(out, inp, n, true); }
   void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
-    Base::gelu_backward(dinp, inp, dout, n);
-    round(dinp, n);
+    cpu::gelu_backward(dinp, inp, dout, n, true);
   }
   void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t Fh) {
     Base::swiglu_forward(out, gate_up, N, Fh);

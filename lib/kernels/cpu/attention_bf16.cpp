@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/attention_blocks.hpp"
@@ -192,7 +191,7 @@ void forward_row_block(float* o, float* lse, const uint16_t* q16, const uint16_t
     const float* arow = acc + r * HS;
     const float inv = 1.0f / l[r];
 #pragma omp simd
-    for (int64_t i = 0; i < HS; i++) orow[i] = arow[i] * inv;
+    for (int64_t i = 0; i < HS; i++) orow[i] = bf16_value(bf16_bits(arow[i] * inv));
     lse[r0 + r] = m[r] + std::log(l[r]);
   }
 }
@@ -275,9 +274,12 @@ void backward_row_block(const HeadViews& v, const int32_t* doc_start, int64_t r0
   }
 }
 
-// rows x HS of a dense array into rows of stride ld.
-void copy_rows(float* dst, int64_t ld, const float* src, int64_t rows, int64_t HS) {
-  for (int64_t t = 0; t < rows; t++) std::memcpy(dst + t * ld, src + t * HS, sizeof(float) * HS);
+// rows x HS of a dense array into rows of stride ld, rounded to bf16 (the stored gradients).
+void store_rows(float* dst, int64_t ld, const float* src, int64_t rows, int64_t HS) {
+  for (int64_t t = 0; t < rows; t++) {
+#pragma omp simd
+    for (int64_t i = 0; i < HS; i++) dst[t * ld + i] = bf16_value(bf16_bits(src[t * HS + i]));
+  }
 }
 
 // Everything of kv head j in batch b: dK, dV of the head (summed over its query heads in head
@@ -299,11 +301,11 @@ void backward_kv_head(float* dqkv, const float* dout, const float* out, const fl
     for (int64_t r0 = 0; r0 < T; r0 += kBlock) {
       const int64_t r1 = std::min(T, r0 + kBlock);
       backward_row_block(views, doc_start, r0, r1, scale, HS);
-      copy_rows(dqkv + L.q(b, h) + r0 * CQ, CQ, dq, r1 - r0, HS);
+      store_rows(dqkv + L.q(b, h) + r0 * CQ, CQ, dq, r1 - r0, HS);
     }
   }
-  copy_rows(dqkv + L.k(b, j), CQ, dk, T, HS);
-  copy_rows(dqkv + L.v(b, j), CQ, dv, T, HS);
+  store_rows(dqkv + L.k(b, j), CQ, dk, T, HS);
+  store_rows(dqkv + L.v(b, j), CQ, dv, T, HS);
 }
 
 }  // namespace

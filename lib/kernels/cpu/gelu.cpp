@@ -5,6 +5,11 @@
 //   gelu'(x) = sigma + x * sigma' ,  sigma' = 2 sigma (1 - sigma) du/dx,
 //   du/dx    = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/vecmath.hpp"
 
@@ -22,10 +27,20 @@ constexpr int64_t kParallelMin = 1 << 15;
 // `if (parallel : ...)`: a bare `if` on `parallel for simd` applies to the simd construct too,
 // and a false one turns the vectorisation off (OpenMP 5.0): calls below kParallelMin ran scalar,
 // 10-12x slower an element.
-}  // namespace
 
-template <typename T>
-void gelu_forward(T* out, const T* inp, int64_t N) {
+// What a kernel stores: its fp32 result, or with round_bf16 that result rounded to bf16 (the
+// CPU's bf16 precision keeps its activations so: cpu::detail::rounded_bf16_bits, branch-free),
+// in the same pass rather than in a pass of its own.
+template <bool kRound, typename T>
+inline T stored(T y) {
+  if constexpr (kRound && std::is_same_v<T, float>)
+    return std::bit_cast<float>(detail::rounded_bf16_bits(std::bit_cast<uint32_t>(y)) << 16);
+  else
+    return y;
+}
+
+template <bool kRound, typename T>
+void gelu_forward_pass(T* out, const T* inp, int64_t N) {
   const T a = T(kSqrt2OverPi);
   const T b = T(kCoeff);
 #pragma omp parallel for simd simdlen(16) schedule(static) if (parallel : N >= kParallelMin)
@@ -33,12 +48,12 @@ void gelu_forward(T* out, const T* inp, int64_t N) {
     const T x = inp[i];
     const T u = a * (x + b * x * x * x);
     const T sigma = T(1) / (T(1) + detail::exp_fast(detail::min_fast(T(-2) * u, T(kMaxExpArg))));
-    out[i] = x * sigma;
+    out[i] = stored<kRound>(x * sigma);
   }
 }
 
-template <typename T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N) {
+template <bool kRound, typename T>
+void gelu_backward_pass(T* dinp, const T* inp, const T* dout, int64_t N) {
   const T a = T(kSqrt2OverPi);
   const T b = T(kCoeff);
 #pragma omp parallel for simd simdlen(16) schedule(static) if (parallel : N >= kParallelMin)
@@ -48,13 +63,31 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N) {
     const T u = a * (x + b * x2 * x);
     const T du = a * (T(1) + T(3) * b * x2);
     const T sigma = T(1) / (T(1) + detail::exp_fast(detail::min_fast(T(-2) * u, T(kMaxExpArg))));
-    dinp[i] = dout[i] * (sigma + x * T(2) * sigma * (T(1) - sigma) * du);
+    dinp[i] = stored<kRound>(dout[i] * (sigma + x * T(2) * sigma * (T(1) - sigma) * du));
   }
 }
 
+}  // namespace
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t N, bool round_bf16) {
+  if (round_bf16)
+    gelu_forward_pass<true>(out, inp, N);
+  else
+    gelu_forward_pass<false>(out, inp, N);
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N, bool round_bf16) {
+  if (round_bf16)
+    gelu_backward_pass<true>(dinp, inp, dout, N);
+  else
+    gelu_backward_pass<false>(dinp, inp, dout, N);
+}
+
 #define TRIDENT_INSTANTIATE(T)                                 \
-  template void gelu_forward<T>(T*, const T*, int64_t);        \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);
+  template void gelu_forward<T>(T*, const T*, int64_t, bool);  \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t, bool);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

@@ -106,8 +106,9 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, cons
 // The same attention with bf16 operands (as bf16_operands = true) but its products on oneDNN's
 // bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX tiles where the core has them), a query block
 // against up to 1024 keys per call rather than 128 x 128 blocks: the attention of the CPU's bf16
-// oneDNN engine (model/cpu_bf16_kernels.hpp). q, k, v and dout must hold bf16 values. Same
-// arguments and results up to the order of the fp32 sums (attention_bf16.cpp).
+// oneDNN engine (model/cpu_bf16_kernels.hpp). q, k, v and dout must hold bf16 values; out and
+// dqkv are stored rounded to bf16 (lse in fp32). Same arguments and results, rounded, up to the
+// order of the fp32 sums (attention_bf16.cpp).
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                             int64_t NH, int64_t KVH, int64_t HS, const int32_t* doc_start);
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -226,11 +227,13 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, in
 
 // ---------------------------------------------------------------- GELU, tanh approximation
 // out[N] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// round_bf16 (float only; the CPU's bf16 precision): each result stored rounded to bf16 (nearest
+// even, bf16_gemm.hpp's rounding), in the same pass.
 template <typename T>
-void gelu_forward(T* out, const T* inp, int64_t N);
-// dinp[N] = dout * gelu'(inp)   (overwrite)
+void gelu_forward(T* out, const T* inp, int64_t N, bool round_bf16 = false);
+// dinp[N] = dout * gelu'(inp)   (overwrite; round_bf16 as above)
 template <typename T>
-void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N);
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N, bool round_bf16 = false);
 
 // ---------------------------------------------------------------- FP8 quantisation
 // max |x[i]| over n values (0 for n = 0; NaN if any value is NaN, so that a bad tensor cannot
