@@ -66,7 +66,8 @@ Result run(const Shape& s, int64_t doc_len, int iters, Kernel kernel) {
     trident::cpu::round_to_bf16_values(qkv.data(), static_cast<int64_t>(qkv.size()));
     trident::cpu::round_to_bf16_values(dout.data(), static_cast<int64_t>(dout.size()));
   }
-  Result r{std::vector<float>(dout.size()), std::vector<float>(static_cast<size_t>(s.B * s.NH * s.T)),
+  Result r{std::vector<float>(dout.size()),
+           std::vector<float>(static_cast<size_t>(s.B * s.NH * s.T)),
            std::vector<float>(qkv.size())};
   std::vector<int32_t> docs;
   if (doc_len > 0)

@@ -101,7 +101,8 @@ TEST_P(Bf16Model, StoresBf16AndTracksTheDoubleModel) {
       << "the master weights are fp32";
 
   const int64_t B = 2, N = B * m.seq_len;
-  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
+  const auto tokens = token_sequence(N, m.vocab_size, 1);
+  const auto targets = token_sequence(N, m.vocab_size, 2);
   auto a = bf16.make_activations(B);
   auto r = ref.make_activations(B);
   auto f = fp32.make_activations(B);
@@ -421,7 +422,8 @@ TEST(Bf16PackedWeights, KeptCurrentAndCounted) {
   EXPECT_EQ(moved.state_bytes().compute, 6 * P) << "the compute copy and its packed bf16 bits";
 
   const int64_t B = 2, N = B * m.seq_len;
-  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
+  const auto tokens = token_sequence(N, m.vocab_size, 1);
+  const auto targets = token_sequence(N, m.vocab_size, 2);
   // One forward and backward: the loss and the gradients.
   auto step = [&](Transformer<CpuBf16Kernels>& model) {
     auto a = model.make_activations(B);
@@ -470,7 +472,8 @@ TEST(Bf16PackedWeights, WrittenByAdamW) {
   const int64_t P = model.flat_size();
   ASSERT_NE(model.packed_weights(), nullptr);
   const int64_t B = 2, N = B * m.seq_len;
-  const auto tokens = token_sequence(N, m.vocab_size, 1), targets = token_sequence(N, m.vocab_size, 2);
+  const auto tokens = token_sequence(N, m.vocab_size, 1);
+  const auto targets = token_sequence(N, m.vocab_size, 2);
   auto step = [&](Transformer<CpuBf16Kernels>& t) {
     auto a = t.make_activations(B);
     t.zero_grads();
@@ -529,7 +532,8 @@ TEST(Bf16OneDnnEngine, TracksTheFmaEngineOverHeadChunks) {
     fma.init_weights(7);
     dnn.init_weights(7);
     const int64_t B = 2, N = B * m.seq_len;
-    const auto tokens = token_sequence(N, m.vocab_size, 3), targets = token_sequence(N, m.vocab_size, 4);
+    const auto tokens = token_sequence(N, m.vocab_size, 3);
+    const auto targets = token_sequence(N, m.vocab_size, 4);
     for (auto* model : {&fma, &dnn}) {
       auto a = model->make_activations(B);
       model->zero_grads();

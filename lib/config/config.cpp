@@ -254,12 +254,12 @@ const Key kKeys[] = {
    "gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
    "fp8: `train.device = \"cpu\"`, `model.moe_experts = 0`"},
   {TRIDENT_KEY(train, cpu_bf16_gemm), one_of({"auto", "fma", "onednn"}),
-   "train.precision = \"bf16\" on the CPU: what multiplies the linear layers' bf16 operands "
-   "(fp32 sums either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 "
-   "GEMM's result up to the order of the sums) at the core's fp32 rate, on any core. onednn: "
-   "the dense linear layers and the LM head on oneDNN's bf16 matmul, AMX tiles or AVX512-BF16 "
-   "dot products (refused on a core with neither; experts and attention stay on fma), the "
-   "weights read from a packed bf16 copy of them (2 bytes a parameter more). auto (the "
+   "train.precision = \"bf16\" on the CPU: what multiplies the bf16 operands (fp32 sums "
+   "either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 GEMM's "
+   "result up to the order of the sums) at the core's fp32 rate, on any core. onednn: the "
+   "dense linear layers, the LM head and the attention's products on oneDNN's bf16 matmul, AMX "
+   "tiles or AVX512-BF16 dot products (refused on a core with neither; the experts stay on "
+   "fma), the weights read from a packed bf16 copy of them (2 bytes a parameter more). auto (the "
    "default): onednn where the core has AMX, else fma (AVX512-BF16 alone runs at half the fp32 "
    "FMA rate; docs/gemm.md). The start-up line names the choice."},
   {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),

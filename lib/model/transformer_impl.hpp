@@ -344,7 +344,8 @@ void Transformer<K>::weights_changed() {
 template <class K>
 void Transformer<K>::bf16_copy_written() {
   if constexpr (kernels_pack_bf16_weights<K>)
-    if (packed_weights() != nullptr) k_.unpack_weights(compute_.data(), packed_.data(), compute_.size());
+    if (packed_weights() != nullptr)
+      k_.unpack_weights(compute_.data(), packed_.data(), compute_.size());
 }
 
 template <class K>

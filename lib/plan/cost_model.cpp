@@ -1178,17 +1178,22 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   }
   const double owned = l.zero_stage >= 1 ? owned_params(l, largest.flat, largest.experts, false)
                                          : largest.flat;
-  // The bf16 compute copy. The CPU's bf16 always rounds its copy in a pass of its own (4 bytes
-  // read, 4 written) and, with the oneDNN engine, packs it into bf16 bits after (4 read, 2
-  // written); at stage 3 it rounds each unit as it is gathered instead. A GPU's AdamW writes it
-  // as it goes where the rank updates all it holds (stage 0, one replica) or its slice of it
-  // (stage 3, whose slices are what is gathered); under stages 1 and 2 over several replicas
-  // in a pass of its own over the gathered weights.
+  // The bf16 compute copy. The CPU's FMA engine rounds its copy in a pass of its own (4 bytes
+  // read, 4 written). With the oneDNN engine AdamW writes the packed bf16 bits as it goes where
+  // the rank updates every weight (stage 0, or one replica), and the copy's values are expanded
+  // from them (2 read, 4 written); otherwise the gathered weights are rounded (4 + 4) and
+  // packed (4 read, 2 written). At stage 3 each unit is rounded as it is gathered instead. A
+  // GPU's AdamW writes its copy as it goes where the rank updates all it holds (stage 0, one
+  // replica) or its slice of it (stage 3, whose slices are what is gathered); under stages 1
+  // and 2 over several replicas in a pass of its own over the gathered weights.
   double copy = 0.0;
+  const bool updates_every_weight = l.zero_stage == 0 || replicas == 1;
   if (hw.device.kind != "gpu" && bf16_copy > 0.0)
-    copy = l.zero_stage == 3
-               ? 0.0
-               : largest.flat * (bf16_copy + 4.0 + (packed > 0.0 ? 4.0 + packed : 0.0));
+    copy = l.zero_stage == 3                       ? 0.0
+           : packed > 0.0 && updates_every_weight ? largest.flat * (packed + packed + bf16_copy)
+                                                   : largest.flat * (bf16_copy + 4.0 +
+                                                                     (packed > 0.0 ? 4.0 + packed
+                                                                                   : 0.0));
   else if (l.zero_stage == 3)
     copy = owned * bf16_copy;
   else if ((l.zero_stage == 1 || l.zero_stage == 2) && replicas > 1 && bf16_copy > 0.0)

@@ -46,8 +46,9 @@ struct Key {
 // executions). Bounded because shapes can vary (the last micro-batch, documents' blocks);
 // 128 holds a transformer's products: 3 per linear layer kind, the LM head's chunks, and the
 // attention's (attention_bf16.cpp: 7 products per key length, one length per 128 rows of a
-// sequence up to 1024: 56 at T = 1024). Creating a matmul primitive takes 0.2-0.5 ms here (its kernels are
-// generated), as long as a 256^3 product: without the cache every call would pay it.
+// sequence up to 1024: 56 at T = 1024). Creating a matmul primitive takes 0.2-0.5 ms here
+// (its kernels are generated), as long as a 256^3 product: without the cache every call would
+// pay it.
 class PrimitiveCache {
  public:
   static constexpr size_t kCapacity = 128;
@@ -213,7 +214,8 @@ void round_to_bf16_values(float* dst, const float* src, int64_t n) {
 void round_to_bf16_values(float* x, int64_t n) { round_to_bf16_values(x, x, n); }
 
 void bf16_bits_to_values(const uint16_t* bits, int64_t n, float* out) {
-#pragma omp parallel for simd schedule(static) if (!omp_in_parallel() && n >= kMinParallelElements)
+#pragma omp parallel for simd schedule(static) \
+    if (parallel : !omp_in_parallel() && n >= kMinParallelElements)
   for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
 }
 
