@@ -20,7 +20,6 @@
 // head j) writes dK, dV of j and dQ of j's query heads only, summing in a fixed order (query
 // head, row block, chunk). The results do not depend on the schedule or the thread count.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -40,16 +39,13 @@ using attention_blocks::Layout;
 using attention_blocks::rowwise_dot;
 using attention_blocks::Visible;
 using attention_blocks::visible_columns;
-using detail::rounded_bf16_bits;
+using detail::bf16_bits;
+using detail::bf16_value;
+using detail::rounded_to_bf16;
 
 // Keys per product. 1024 takes a GPT-2 sequence in one chunk; the scratch of a backward task is
 // 12 bytes per (row, key): 1.5 MB.
 constexpr int64_t kKeyChunk = 1024;
-
-inline uint16_t bf16_bits(float x) {
-  return static_cast<uint16_t>(rounded_bf16_bits(std::bit_cast<uint32_t>(x)));
-}
-inline float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
 
 // The passes over a row of scores, each fused with the rounding of what it writes: a row of
 // P or dS is read once and written once, as bf16 bits (and P also as its rounded values, which
@@ -191,7 +187,7 @@ void forward_row_block(float* o, float* lse, const uint16_t* q16, const uint16_t
     const float* arow = acc + r * HS;
     const float inv = 1.0f / l[r];
 #pragma omp simd
-    for (int64_t i = 0; i < HS; i++) orow[i] = bf16_value(bf16_bits(arow[i] * inv));
+    for (int64_t i = 0; i < HS; i++) orow[i] = rounded_to_bf16(arow[i] * inv);
     lse[r0 + r] = m[r] + std::log(l[r]);
   }
 }
@@ -278,7 +274,7 @@ void backward_row_block(const HeadViews& v, const int32_t* doc_start, int64_t r0
 void store_rows(float* dst, int64_t ld, const float* src, int64_t rows, int64_t HS) {
   for (int64_t t = 0; t < rows; t++) {
 #pragma omp simd
-    for (int64_t i = 0; i < HS; i++) dst[t * ld + i] = bf16_value(bf16_bits(src[t * HS + i]));
+    for (int64_t i = 0; i < HS; i++) dst[t * ld + i] = rounded_to_bf16(src[t * HS + i]);
   }
 }
 

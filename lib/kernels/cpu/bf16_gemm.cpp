@@ -191,12 +191,13 @@ std::string bf16_gemm_description() {
 }
 
 namespace {
-using detail::rounded_bf16_bits;
+using detail::bf16_bits;
+using detail::rounded_to_bf16;
 
 void round_values(float* dst, const float* src, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
-    dst[i] = std::bit_cast<float>(rounded_bf16_bits(std::bit_cast<uint32_t>(src[i])) << 16);
+    dst[i] = rounded_to_bf16(src[i]);
 }
 }  // namespace
 
@@ -216,7 +217,7 @@ void round_to_bf16_values(float* x, int64_t n) { round_to_bf16_values(x, x, n); 
 void bf16_bits_to_values(const uint16_t* bits, int64_t n, float* out) {
 #pragma omp parallel for simd schedule(static) \
     if (parallel : !omp_in_parallel() && n >= kMinParallelElements)
-  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
+  for (int64_t i = 0; i < n; ++i) out[i] = detail::bf16_value(bits[i]);
 }
 
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
@@ -227,7 +228,7 @@ void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint
     uint16_t* dst = out + r * cols;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
-      dst[c] = static_cast<uint16_t>(rounded_bf16_bits(std::bit_cast<uint32_t>(src[c])));
+      dst[c] = bf16_bits(src[c]);
     }
   }
 }

@@ -26,6 +26,13 @@ inline uint32_t rounded_bf16_bits(uint32_t u) {
   const uint32_t quiet_nan = (u >> 16) | 0x0040u;
   return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
+// The same on a float: its bf16 bits, and the float value of bf16 bits.
+inline uint16_t bf16_bits(float x) {
+  return static_cast<uint16_t>(rounded_bf16_bits(std::bit_cast<uint32_t>(x)));
+}
+inline float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+// x rounded to bf16, as a float (what the CPU's bf16 kernels store).
+inline float rounded_to_bf16(float x) { return bf16_value(bf16_bits(x)); }
 }  // namespace detail
 
 // True when oneDNN's bf16 matmul runs on native bf16 instructions here: AVX512-BF16 or AMX

@@ -1,7 +1,6 @@
 // The host as a Device: memory from the aligned allocator, loops parallelised with OpenMP in
 // fixed chunks so every result is the same for any thread count.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -98,7 +97,7 @@ class CpuDevice final : public Device {
       adamw_pass<false>(w, grad, m, v, n, step, nullptr);
   }
   // One pass over the elements; with the bf16 copy, each updated w is rounded as it is stored
-  // (cpu::detail::rounded_bf16_bits: float_to_bf16's bits without its branch, so the loop stays
+  // (cpu::detail::bf16_bits: float_to_bf16's bits without its branch, so the loop stays
   // vectorised), rather than re-read by a second loop.
   template <bool kBf16Copy>
   static void adamw_pass(float* __restrict w, const float* __restrict grad, float* __restrict m,
@@ -114,9 +113,7 @@ class CpuDevice final : public Device {
       const float updated =
           w[i] - s.lr * (m_hat / (std::sqrt(v_hat) + s.eps) + s.weight_decay * w[i]);
       w[i] = updated;
-      if constexpr (kBf16Copy)
-        w_bf16[i] = static_cast<uint16_t>(
-            cpu::detail::rounded_bf16_bits(std::bit_cast<uint32_t>(updated)));
+      if constexpr (kBf16Copy) w_bf16[i] = cpu::detail::bf16_bits(updated);
     }
   }
   void synchronize() override {}

@@ -5,8 +5,6 @@
 //   gelu'(x) = sigma + x * sigma' ,  sigma' = 2 sigma (1 - sigma) du/dx,
 //   du/dx    = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 
-#include <bit>
-#include <cstdint>
 #include <type_traits>
 
 #include "kernels/cpu/bf16_gemm.hpp"
@@ -29,12 +27,12 @@ constexpr int64_t kParallelMin = 1 << 15;
 // 10-12x slower an element.
 
 // What a kernel stores: its fp32 result, or with round_bf16 that result rounded to bf16 (the
-// CPU's bf16 precision keeps its activations so: cpu::detail::rounded_bf16_bits, branch-free),
-// in the same pass rather than in a pass of its own.
+// CPU's bf16 precision keeps its activations so: bf16_gemm.hpp's branch-free rounding), in the
+// same pass rather than in a pass of its own.
 template <bool kRound, typename T>
 inline T stored(T y) {
   if constexpr (kRound && std::is_same_v<T, float>)
-    return std::bit_cast<float>(detail::rounded_bf16_bits(std::bit_cast<uint32_t>(y)) << 16);
+    return detail::rounded_to_bf16(y);
   else
     return y;
 }
