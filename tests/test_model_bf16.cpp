@@ -403,6 +403,46 @@ TEST(Bf16Loss, RowsRoundedInCacheEqualWholeChunkRounding) {
       << "bits of a gradient that was not rounded";
 }
 
+namespace {
+
+// One forward and backward of a bf16 model on B sequences: its gradients, then its loss.
+std::vector<float> gradients_and_loss(Transformer<CpuBf16Kernels>& t, int64_t B,
+                                      const std::vector<int32_t>& tokens,
+                                      const std::vector<int32_t>& targets) {
+  auto a = t.make_activations(B);
+  t.zero_grads();
+  t.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
+  t.backward(a, 1.0f, nullptr, nullptr);
+  std::vector<float> out(t.grads(), t.grads() + t.flat_size());
+  out.push_back(static_cast<float>(t.take_loss_sum()));
+  return out;
+}
+
+// After `model`'s weights were updated (its step before: `before`), its next step equals, to
+// the bit, that of `fresh` given the same master weights and weights_changed(); `what` names
+// the way the update reached the model.
+void expect_step_of_a_fresh_model(Transformer<CpuBf16Kernels>& model,
+                                  Transformer<CpuBf16Kernels>& fresh,
+                                  const std::vector<float>& before, int64_t B,
+                                  const std::vector<int32_t>& tokens,
+                                  const std::vector<int32_t>& targets, const char* what) {
+  const int64_t P = model.flat_size();
+  fresh.init_weights(1);
+  std::copy(model.weights(), model.weights() + P, fresh.weights());
+  fresh.weights_changed();
+  const std::vector<float> after = gradients_and_loss(model, B, tokens, targets);
+  const std::vector<float> reference = gradients_and_loss(fresh, B, tokens, targets);
+  EXPECT_NE(after, before) << "the update changed nothing";
+  ASSERT_EQ(after.size(), reference.size());
+  EXPECT_EQ(std::memcmp(after.data(), reference.data(), after.size() * sizeof(float)), 0)
+      << what << ": a product or a kernel read weights from before the update";
+  std::printf("[%s] loss %.6f before the update, %.6f after (a fresh model: %.6f); %lld "
+              "gradients compared\n",
+              what, before.back(), after.back(), reference.back(), static_cast<long long>(P));
+}
+
+}  // namespace
+
 // The oneDNN engine reads its weights from the packed bf16 copy the model keeps (2 bytes a
 // parameter beside the 4-byte compute copy, counted in state_bytes) and re-packs it whenever
 // the weights change: after an update, the model computes what a fresh model given the same
@@ -424,34 +464,14 @@ TEST(Bf16PackedWeights, KeptCurrentAndCounted) {
   const int64_t B = 2, N = B * m.seq_len;
   const auto tokens = token_sequence(N, m.vocab_size, 1);
   const auto targets = token_sequence(N, m.vocab_size, 2);
-  // One forward and backward: the loss and the gradients.
-  auto step = [&](Transformer<CpuBf16Kernels>& model) {
-    auto a = model.make_activations(B);
-    model.zero_grads();
-    model.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
-    model.backward(a, 1.0f, nullptr, nullptr);
-    std::vector<float> out(model.grads(), model.grads() + P);
-    out.push_back(static_cast<float>(model.take_loss_sum()));
-    return out;
-  };
   moved.init_weights(11);
-  const std::vector<float> before = step(moved);
+  const std::vector<float> before = gradients_and_loss(moved, B, tokens, targets);
   // An update: every master weight moved, then the model told, as the optimizer does.
   std::mt19937_64 rng(5);
   std::normal_distribution<float> noise(0.f, 0.05f);
   for (int64_t i = 0; i < P; ++i) moved.weights()[i] += noise(rng);
   moved.weights_changed();
-  fresh.init_weights(1);
-  std::copy(moved.weights(), moved.weights() + P, fresh.weights());
-  fresh.weights_changed();
-  const std::vector<float> after = step(moved), reference = step(fresh);
-  EXPECT_NE(after, before) << "the update changed nothing";
-  ASSERT_EQ(after.size(), reference.size());
-  EXPECT_EQ(std::memcmp(after.data(), reference.data(), after.size() * sizeof(float)), 0)
-      << "a product read weights from before the update";
-  std::printf("[bf16 packed] loss %.6f before the update, %.6f after (a fresh model: %.6f); "
-              "%lld gradients compared\n",
-              before.back(), after.back(), reference.back(), static_cast<long long>(P));
+  expect_step_of_a_fresh_model(moved, fresh, before, B, tokens, targets, "bf16 packed");
 }
 
 // The trainer's update on the oneDNN engine: AdamW writes the packed bf16 weights as it stores
@@ -474,17 +494,8 @@ TEST(Bf16PackedWeights, WrittenByAdamW) {
   const int64_t B = 2, N = B * m.seq_len;
   const auto tokens = token_sequence(N, m.vocab_size, 1);
   const auto targets = token_sequence(N, m.vocab_size, 2);
-  auto step = [&](Transformer<CpuBf16Kernels>& t) {
-    auto a = t.make_activations(B);
-    t.zero_grads();
-    t.forward(a, tokens.data(), targets.data(), nullptr, 1.0f);
-    t.backward(a, 1.0f, nullptr, nullptr);
-    std::vector<float> out(t.grads(), t.grads() + P);
-    out.push_back(static_cast<float>(t.take_loss_sum()));
-    return out;
-  };
   model.init_weights(11);
-  const std::vector<float> before = step(model);
+  const std::vector<float> before = gradients_and_loss(model, B, tokens, targets);
   // AdamW's first update (what AdamW::update asks of the device when it owns every weight).
   std::vector<float> m1(P, 0.0f), m2(P, 0.0f);
   AdamWStep adam;
@@ -499,17 +510,7 @@ TEST(Bf16PackedWeights, WrittenByAdamW) {
   host->adamw(model.weights(), model.grads(), m1.data(), m2.data(), P, adam,
               model.packed_weights());
   model.bf16_copy_written();
-  fresh.init_weights(1);
-  std::copy(model.weights(), model.weights() + P, fresh.weights());
-  fresh.weights_changed();
-  const std::vector<float> after = step(model), reference = step(fresh);
-  EXPECT_NE(after, before) << "the update changed nothing";
-  ASSERT_EQ(after.size(), reference.size());
-  EXPECT_EQ(std::memcmp(after.data(), reference.data(), after.size() * sizeof(float)), 0)
-      << "a product or a kernel read weights from before the update";
-  std::printf("[bf16 packed by AdamW] loss %.6f before the update, %.6f after (a fresh model: "
-              "%.6f); %lld gradients compared\n",
-              before.back(), after.back(), reference.back(), static_cast<long long>(P));
+  expect_step_of_a_fresh_model(model, fresh, before, B, tokens, targets, "bf16 packed by AdamW");
 }
 
 // The oneDNN engine against the FMA engine on one forward and backward with the LM head in four
