@@ -191,27 +191,50 @@ INSTANTIATE_TEST_SUITE_P(Variants, Bf16Model,
                            return n;
                          });
 
+namespace {
+
+// Random bf16 inputs of the attention (qkv scaled by 2, dout), and each sequence's document
+// starts for documents beginning at rows 0, `second` and `third`.
+struct AttentionCase {
+  int64_t B, T, NH, KVH, HS, CQ, C;
+  std::vector<float> qkv, dout;
+  std::vector<int32_t> docs;
+  AttentionCase(int64_t B_, int64_t T_, int64_t NH_, int64_t KVH_, int64_t HS_, uint64_t seed,
+                int32_t second, int32_t third)
+      : B(B_), T(T_), NH(NH_), KVH(KVH_), HS(HS_), CQ((NH_ + 2 * KVH_) * HS_), C(NH_ * HS_),
+        qkv(B_ * T_ * CQ), dout(B_ * T_ * C), docs(B_ * T_) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& v : qkv) v = bf16_to_float(float_to_bf16(2.f * normal(rng)));
+    for (float& v : dout) v = bf16_to_float(float_to_bf16(normal(rng)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        docs[b * T + t] = t < second ? 0 : (t < third ? second : third);
+  }
+  // The double attention's output and dqkv on the same inputs (documents `d` or none).
+  std::pair<std::vector<double>, std::vector<double>> reference(const int32_t* d) const {
+    std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
+    std::vector<double> out_d(B * T * C), lse_d(B * NH * T), dqkv_d(B * T * CQ);
+    cpu::attention_forward<double>(out_d.data(), lse_d.data(), qkv_d.data(), B, T, NH, KVH, HS,
+                                   d);
+    cpu::attention_backward<double>(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
+                                    lse_d.data(), B, T, NH, KVH, HS, d);
+    return {out_d, dqkv_d};
+  }
+};
+
+}  // namespace
+
 // The attention with bf16 operands on bf16 inputs: its output and gradients within 1e-2
 // (relative L2) of the double attention, and different from the fp32 attention on the same
 // inputs (P and dS were rounded); with documents too.
 TEST(Bf16Attention, RoundsPAndDsAndTracksDouble) {
-  const int64_t B = 2, T = 200, NH = 4, KVH = 2, HS = 16;  // two key blocks of 128
-  const int64_t CQ = (NH + 2 * KVH) * HS, C = NH * HS;
-  std::mt19937_64 rng(3);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> qkv(B * T * CQ), dout(B * T * C);
-  for (float& v : qkv) v = bf16_to_float(float_to_bf16(2.f * normal(rng)));
-  for (float& v : dout) v = bf16_to_float(float_to_bf16(normal(rng)));
-  std::vector<int32_t> docs(B * T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) docs[b * T + t] = t < 70 ? 0 : (t < 150 ? 70 : 150);
+  const AttentionCase a(2, 200, 4, 2, 16, 3, 70, 150);  // two key blocks of 128
+  const int64_t B = a.B, T = a.T, NH = a.NH, KVH = a.KVH, HS = a.HS, CQ = a.CQ, C = a.C;
+  const std::vector<float>&qkv = a.qkv, &dout = a.dout;
   for (const bool with_docs : {false, true}) {
-    const int32_t* d = with_docs ? docs.data() : nullptr;
-    std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
-    std::vector<double> out_d(B * T * C), lse_d(B * NH * T), dqkv_d(B * T * CQ);
-    cpu::attention_forward<double>(out_d.data(), lse_d.data(), qkv_d.data(), B, T, NH, KVH, HS, d);
-    cpu::attention_backward<double>(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
-                                    lse_d.data(), B, T, NH, KVH, HS, d);
+    const int32_t* d = with_docs ? a.docs.data() : nullptr;
+    const auto [out_d, dqkv_d] = a.reference(d);
     double e[2][2];  // [rounded][out, dqkv]
     std::vector<float> out[2];
     for (const bool rounded : {false, true}) {
@@ -241,30 +264,20 @@ TEST(Bf16Attention, RoundsPAndDsAndTracksDouble) {
 // round P and dS and sum in fp32: they differ by what moving a score across a bf16 rounding of
 // P now and then does (the sums' order; the forward rounds P against the final row max, the FMA
 // engine against a running one), within 2e-3 for the output and 3e-3 for the gradients
-// (relative L2; measured 8e-4 and 1.6e-3, each engine 1.7e-3 and 3.9e-3 from the double
-// attention). The oneDNN engine is within 1e-2 of double and no more than 1.25x as far as the
-// FMA engine, and gives the same bits on 1 and 2 threads; it stores its outputs rounded.
+// (relative L2; measured 6.6e-4-8.5e-4 and 1.6e-3-2.0e-3, each engine 1.7e-3 and
+// 4.1e-3-4.3e-3 from the double attention, its stored outputs rounded). The oneDNN engine is
+// within 1e-2 of double and no more than 1.25x as far as the FMA engine, and gives the same
+// bits on 1 and 2 threads; it stores its outputs rounded.
 TEST(Bf16OneDnnAttention, TracksTheFmaEngineAndDouble) {
   if (!cpu::bf16_gemm_available())
     GTEST_SKIP() << "this core has no AVX512-BF16 or AMX: the oneDNN engine cannot run here";
-  const int64_t B = 2, T = 1100, NH = 4, KVH = 2, HS = 16;
-  const int64_t CQ = (NH + 2 * KVH) * HS, C = NH * HS;
-  std::mt19937_64 rng(5);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> qkv(B * T * CQ), dout(B * T * C);
-  for (float& v : qkv) v = bf16_to_float(float_to_bf16(2.f * normal(rng)));
-  for (float& v : dout) v = bf16_to_float(float_to_bf16(normal(rng)));
-  std::vector<int32_t> docs(B * T);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) docs[b * T + t] = t < 300 ? 0 : (t < 1050 ? 300 : 1050);
+  const AttentionCase a(2, 1100, 4, 2, 16, 5, 300, 1050);
+  const int64_t B = a.B, T = a.T, NH = a.NH, KVH = a.KVH, HS = a.HS, CQ = a.CQ, C = a.C;
+  const std::vector<float>&qkv = a.qkv, &dout = a.dout;
   int64_t compared = 0;
   for (const bool with_docs : {false, true}) {
-    const int32_t* d = with_docs ? docs.data() : nullptr;
-    std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
-    std::vector<double> out_d(B * T * C), lse_d(B * NH * T), dqkv_d(B * T * CQ);
-    cpu::attention_forward<double>(out_d.data(), lse_d.data(), qkv_d.data(), B, T, NH, KVH, HS, d);
-    cpu::attention_backward<double>(dqkv_d.data(), dout_d.data(), qkv_d.data(), out_d.data(),
-                                    lse_d.data(), B, T, NH, KVH, HS, d);
+    const int32_t* d = with_docs ? a.docs.data() : nullptr;
+    const auto [out_d, dqkv_d] = a.reference(d);
     struct Run {
       std::vector<float> out, lse, dqkv;
     };
