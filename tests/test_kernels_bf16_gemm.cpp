@@ -17,6 +17,7 @@
 
 #include "expect_error.hpp"
 #include "kernels/cpu/bf16_gemm.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "run_util.hpp"
 #include "util/bf16.hpp"
 
@@ -335,6 +336,18 @@ TEST(Bf16GemmRefusal, WithoutInstructionsIsOneLineError) {
       gemm_bf16(false, false, 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
     });
     test::expect_one_line_with(msg, {"bf16 GEMM on the CPU needs AVX512-BF16 or AMX"});
+    // The attention of the oneDNN engine refuses before its parallel region (an exception
+    // thrown inside one would end the process).
+    std::vector<float> qkv(3 * 4, 0.0f), out(4), lse(1), dqkv(3 * 4);
+    const std::string attention = test::error_of([&] {
+      attention_forward_bf16(out.data(), lse.data(), qkv.data(), 1, 1, 1, 1, 4, nullptr);
+    });
+    test::expect_one_line_with(attention, {"bf16 GEMM on the CPU needs AVX512-BF16 or AMX"});
+    const std::string backward = test::error_of([&] {
+      attention_backward_bf16(dqkv.data(), out.data(), qkv.data(), out.data(), lse.data(), 1, 1,
+                              1, 1, 4, nullptr);
+    });
+    test::expect_one_line_with(backward, {"bf16 GEMM on the CPU needs AVX512-BF16 or AMX"});
     std::printf("refused: %s\n", msg.c_str());
     return;
   }

@@ -196,6 +196,7 @@ void forward_row_block(float* o, float* lse, const uint16_t* q16, const uint16_t
 
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
                             int64_t NH, int64_t KVH, int64_t HS, const int32_t* doc_start) {
+  require_bf16_gemm();  // here, not inside the tasks' parallel region
   const Layout L(T, NH, KVH, HS);
   const HeadMajor H{T, NH, KVH, HS};
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -309,6 +310,7 @@ void backward_kv_head(float* dqkv, const float* dout, const float* out, const fl
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
                              const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KVH,
                              int64_t HS, const int32_t* doc_start) {
+  require_bf16_gemm();
   const Layout L(T, NH, KVH, HS);
   const HeadMajor H{T, NH, KVH, HS};
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));

@@ -145,12 +145,6 @@ Key make_key(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, int
           bias};
 }
 
-void require_available() {
-  if (!bf16_gemm_available())
-    throw Error("bf16 GEMM on the CPU needs AVX512-BF16 or AMX; " + onednn_version() +
-                " finds at most " + onednn_isa_name() + " on this core");
-}
-
 // The longest sum one NN matmul call takes. oneDNN 2.6's AMX matmul slows down on long sums of
 // two untransposed operands: the LM head's input gradient, 512 x 768 x 50304 NN, ran at 288
 // GFLOP/s on one thread of an AMX Xeon (bench_sgemm --bf16, pre-rounded), its quarter
@@ -177,6 +171,12 @@ bool bf16_gemm_available() {
 
 bool bf16_gemm_has_amx() {
   return dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+}
+
+void require_bf16_gemm() {
+  if (!bf16_gemm_available())
+    throw Error("bf16 GEMM on the CPU needs AVX512-BF16 or AMX; " + onednn_version() +
+                " finds at most " + onednn_isa_name() + " on this core");
 }
 
 std::string bf16_gemm_description() {
@@ -236,7 +236,7 @@ void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint
 void gemm_bf16_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
                        float beta, float* C, int64_t ldc, const float* bias) {
-  require_available();
+  require_bf16_gemm();
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: C = alpha bias + beta C (oneDNN has no zero-sized reduction)
     for (int64_t i = 0; i < M; ++i)
@@ -288,7 +288,7 @@ void round_to_bf16(const float* in, int64_t n, uint16_t* out) {
 void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                          float alpha, const float* A, int64_t lda, const uint16_t* B,
                          int64_t ldb, float beta, float* C, int64_t ldc, const float* bias) {
-  require_available();
+  require_bf16_gemm();
   // A's stored shape (row-major, rows x cols): op(A) is M x K, so A is K x M when transposed.
   // Its copy is dense: its leading dimension is its row length.
   const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
@@ -300,7 +300,7 @@ void gemm_bf16_b_rounded(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 void linear_backward_bf16(float* dx, float* dw, const float* dy, const uint16_t* dy_bits,
                           const float* x, const float* w, const uint16_t* w_bits, int64_t N,
                           int64_t C, int64_t OC) {
-  require_available();
+  require_bf16_gemm();
   if (!dx && !dw) return;
   const uint16_t* dy16 = dy_bits;
   if (!dy16) {
@@ -326,7 +326,7 @@ void linear_backward_bf16(float* dx, float* dw, const float* dy, const uint16_t*
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc, const float* bias) {
-  require_available();
+  require_bf16_gemm();
   // B's stored shape (row-major, rows x cols): op(B) is K x N, so B is N x K when transposed.
   // Its copy is dense: its leading dimension is its row length.
   const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;

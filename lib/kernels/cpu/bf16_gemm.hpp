@@ -42,6 +42,11 @@ bool bf16_gemm_available();
 // True when that is AMX (oneDNN's effective ISA avx512_core_amx).
 bool bf16_gemm_has_amx();
 
+// Throws trident::Error (one line: what the core lacks) unless bf16_gemm_available(): what every
+// bf16 product checks first, and what a kernel calling them from an OpenMP region checks before
+// it (an exception must not leave a parallel region).
+void require_bf16_gemm();
+
 // What runs the bf16 GEMM, for the `gemm:` start-up line: "bf16 oneDNN 2.6.3 matmul
 // brg:avx512_core_bf16 (AVX512-BF16, no AMX)", or "bf16 unavailable: ..." with the reason.
 // The implementation name is the one oneDNN picks for a 256 x 256 x 256 product here.
