@@ -1186,18 +1186,17 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   // GPU's AdamW writes its copy as it goes where the rank updates all it holds (stage 0, one
   // replica) or its slice of it (stage 3, whose slices are what is gathered); under stages 1
   // and 2 over several replicas in a pass of its own over the gathered weights.
-  double copy = 0.0;
+  const bool cpu = hw.device.kind != "gpu";
   const bool updates_every_weight = l.zero_stage == 0 || replicas == 1;
-  if (hw.device.kind != "gpu" && bf16_copy > 0.0)
-    copy = l.zero_stage == 3                       ? 0.0
-           : packed > 0.0 && updates_every_weight ? largest.flat * (packed + packed + bf16_copy)
-                                                   : largest.flat * (bf16_copy + 4.0 +
-                                                                     (packed > 0.0 ? 4.0 + packed
-                                                                                   : 0.0));
+  double copy = 0.0;
+  if (bf16_copy == 0.0)
+    copy = 0.0;  // fp32: no copy
   else if (l.zero_stage == 3)
-    copy = owned * bf16_copy;
-  else if ((l.zero_stage == 1 || l.zero_stage == 2) && replicas > 1 && bf16_copy > 0.0)
-    copy = largest.flat * (bf16_copy + 4.0);
+    copy = cpu ? 0.0 : owned * bf16_copy;
+  else if (!updates_every_weight)  // a pass over the gathered weights (and the CPU's packing)
+    copy = largest.flat * (bf16_copy + 4.0 + (packed > 0.0 ? 4.0 + packed : 0.0));
+  else if (cpu)
+    copy = largest.flat * (packed > 0.0 ? packed + packed + bf16_copy : bf16_copy + 4.0);
   else
     copy = largest.flat * bf16_copy;
   r.time.optimizer = (owned * kOptimizerBytesPerParam + copy) / hw.optimizer_bytes_per_s(owned);

@@ -21,10 +21,10 @@
 // head, row block, chunk). The results do not depend on the schedule or the thread count.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "kernels/cpu/attention_blocks.hpp"
 #include "kernels/cpu/bf16_gemm.hpp"
+#include "kernels/cpu/online_softmax.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vecmath.hpp"
@@ -49,35 +49,8 @@ constexpr int64_t kKeyChunk = 1024;
 
 // The passes over a row of scores, each fused with the rounding of what it writes: a row of
 // P or dS is read once and written once, as bf16 bits (and P also as its rounded values, which
-// dS reads), never as an fp32 row rounded by a pass of its own.
-
-// Forward, one key chunk of row t's online softmax (online_softmax.hpp's arithmetic, on
-// scores s[0, n) of which [begin, end) are visible): p16 = bf16(exp(s - m_new)), 0 where
-// masked; m, l updated; returns exp(m_old - m_new), the factor for the row's output so far.
-inline float softmax_chunk_row(const float* s, int64_t begin, int64_t end, int64_t n, float& m,
-                               float& l, bool first, uint16_t* p16) {
-  std::fill(p16, p16 + n, uint16_t{0});
-  if (begin >= end) {  // nothing visible in this chunk
-    if (!first) return 1.0f;
-    m = -std::numeric_limits<float>::infinity();
-    l = 0.0f;
-    return 0.0f;
-  }
-  float mx = first ? -std::numeric_limits<float>::infinity() : m;
-#pragma omp simd reduction(max : mx)
-  for (int64_t c = begin; c < end; c++) mx = mx > s[c] ? mx : s[c];
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t c = begin; c < end; c++) {
-    const float e = detail::exp_fast(s[c] - mx);
-    p16[c] = bf16_bits(e);
-    sum += e;
-  }
-  const float shrink = first ? 0.0f : detail::exp_fast(m - mx);
-  l = first ? sum : l * shrink + sum;
-  m = mx;
-  return shrink;
-}
+// dS reads), never as an fp32 row rounded by a pass of its own. (The forward's: the online
+// softmax of online_softmax.hpp storing bf16 bits.)
 
 // Backward: P = bf16(exp(s - lse)) over the visible [begin, end), 0 elsewhere, in place (its
 // rounded values) and as bits.
@@ -169,10 +142,11 @@ void forward_row_block(float* o, float* lse, const uint16_t* q16, const uint16_t
     gemm_bf16_rounded(false, true, R, n, HS, scale, q16 + r0 * HS, HS, k16 + c0 * HS, HS, 0.0f,
                       s, n);
     for (int64_t r = 0; r < R; r++) {
-      float* row = s + r * n;
+      const float* row = s + r * n;
       const Visible vis = visible_columns(r0 + r, c0, n, doc_start);
       const float shrink =
-          softmax_chunk_row(row, vis.begin, vis.end, n, m[r], l[r], first, p16 + r * n);
+          online_softmax_block_row_into(row, vis.begin, vis.end, n, m[r], l[r], first,
+                                        p16 + r * n, [](float e) { return bf16_bits(e); });
       if (first) continue;  // written (beta = 0) by the product below
       float* arow = acc + r * HS;
 #pragma omp simd

@@ -33,6 +33,14 @@ inline uint16_t bf16_bits(float x) {
 inline float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
 // x rounded to bf16, as a float (what the CPU's bf16 kernels store).
 inline float rounded_to_bf16(float x) { return bf16_value(bf16_bits(x)); }
+// x[i] rounded to bf16 in place and bits[i] its bits, for i < n, on the calling thread.
+inline void round_to_bf16_values_and_bits(float* x, int64_t n, uint16_t* bits) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) {
+    bits[i] = bf16_bits(x[i]);
+    x[i] = bf16_value(bits[i]);
+  }
+}
 }  // namespace detail
 
 // True when oneDNN's bf16 matmul runs on native bf16 instructions here: AVX512-BF16 or AMX

@@ -4,7 +4,6 @@
 // entries, the rest (columns >= vocab_size) are padding and are never read for the loss.
 // Rows are independent, so the loops are row-parallel and trivially deterministic.
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cmath>
 #include <limits>
@@ -154,13 +153,10 @@ void cross_entropy_fused(T* losses, T* row_max, T* sums, T* dlogits, const T* lo
     losses[n] = std::log(sums[n]) + row_max[n] - sums[N + n];
     if (d != nullptr) gradient_row_from_exps(d, d, valid, Vl, dloss[n], sums[n], tl);
     if constexpr (std::is_same_v<T, float>) {
-      if (bf16_rows) round_to_bf16_values(d, Vl);
-      if (dlogits_bits != nullptr) {  // the row holds bf16 values: their bits, the upper halves
-        uint16_t* bits = dlogits_bits + n * Vl;
-#pragma omp simd
-        for (int64_t v = 0; v < Vl; v++)
-          bits[v] = static_cast<uint16_t>(std::bit_cast<uint32_t>(d[v]) >> 16);
-      }
+      if (dlogits_bits != nullptr)  // the rounding and the bits in one pass over the row
+        detail::round_to_bf16_values_and_bits(d, Vl, dlogits_bits + n * Vl);
+      else if (bf16_rows)
+        round_to_bf16_values(d, Vl);
     }
   }
 }
