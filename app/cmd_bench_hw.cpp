@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "checkpoint/ckpt_mpi.hpp"
+#include "checkpoint/h5_file.hpp"
 #include "commands.hpp"
 #ifdef TRIDENT_HAVE_CUDA
 #include "cuda/cuda_bench_hw.hpp"
@@ -47,6 +48,8 @@ void add_bench_hw_command(CLI::App& app, BenchHwOptions& options) {
   cmd->add_option("--device", options.device,
                   "cpu, or cuda: the GPUs (the GPU module; a GPU per rank for the links)");
   cmd->add_option("--name", options.name, "Name written into the file");
+  cmd->add_option("--storage-dir", options.storage_dir,
+                  "Also measure the checkpoint write rate into this directory (storage.write_gbs)");
 }
 
 namespace {
@@ -424,6 +427,102 @@ std::string output_file_problem(const std::string& path) {
   return "";
 }
 
+// Bytes each rank writes when --storage-dir measures the storage: a few seconds' worth on a
+// parallel file system's client, large enough to pass the writes' start-up costs.
+constexpr int64_t kStorageBytesPerRank = int64_t{256} << 20;
+
+// --storage-dir: what a checkpoint's write costs there, through the checkpoint's own writer
+// (CheckpointWriter: parallel HDF5 over MPI-IO, the checksums, the agreement at close) and a
+// sync of the file by rank 0, as a checkpoint's commit does. Two files, each the best of two
+// writes of the slowest rank: one float32 dataset of which every rank writes
+// kStorageBytesPerRank, for the rate (all ranks' bytes per second); then kStorageDatasets
+// datasets of 1 Ki elements a rank, for the cost of a dataset of its own (creation, metadata,
+// checksum agreement): a checkpoint writes three for each tensor. The files are removed.
+// Collective; a failed write is one agreed error.
+struct StorageWrite {
+  double bytes_per_s = 0.0;
+  double dataset_seconds = 0.0;
+};
+constexpr int kStorageDatasets = 64;
+
+double timed_checkpoint_write(const std::string& dir, int datasets, int64_t per_rank) {
+  const std::string path = dir + "/trident-bench-hw-storage.tmp";
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  std::vector<float> block(static_cast<size_t>(per_rank));
+  for (int64_t i = 0; i < per_rank; ++i)
+    block[static_cast<size_t>(i)] = static_cast<float>(i % 977 + rank);
+  double best = 1e300;
+  for (int round = 0; round < 2; ++round) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = now();
+    std::string problem;
+    try {
+      WriterOptions options;
+      options.overwrite = true;
+      CheckpointWriter writer(path, MPI_COMM_WORLD, options);
+      for (int d = 0; d < datasets; ++d)
+        writer.write_tensor("/bench/block_" + std::to_string(d),
+                            {static_cast<int64_t>(ranks) * per_rank},
+                            {Run{0, static_cast<int64_t>(rank) * per_rank, per_rank}}, block);
+      writer.close();
+      if (rank == 0) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || ::fsync(fd) != 0)
+          problem = "cannot sync " + path + ": " + std::strerror(errno);
+        if (fd >= 0) ::close(fd);
+      }
+    } catch (const Error& e) {
+      problem = e.what();  // the writer's errors are thrown on every rank alike
+    }
+    if (!problem.empty()) problem = "bench-hw --storage-dir " + dir + ": " + problem;
+    ckpt::agree_or_throw(MPI_COMM_WORLD, problem);
+    double seconds = now() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (rank == 0) ::unlink(path.c_str());
+    best = std::min(best, seconds);
+  }
+  return best;
+}
+
+StorageWrite measure_storage_write(const std::string& dir) {
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  StorageWrite r;
+  const int64_t n = kStorageBytesPerRank / static_cast<int64_t>(sizeof(float));
+  r.bytes_per_s = static_cast<double>(kStorageBytesPerRank) * ranks /
+                  timed_checkpoint_write(dir, 1, n);
+  r.dataset_seconds = timed_checkpoint_write(dir, kStorageDatasets, 1024) / kStorageDatasets;
+  return r;
+}
+
+// Why --storage-dir cannot be written to ("" when it can), checked before anything is measured.
+std::string storage_dir_problem(const std::string& dir) {
+  if (dir.empty()) return "";
+  const std::string what = "bench-hw --storage-dir " + dir;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return what + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return what + ": not a directory";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return what + ": cannot write: " + std::strerror(errno);
+  return "";
+}
+
+// --storage-dir's result into the file and its comment.
+void set_storage(HardwareSpec& hw, std::vector<std::string>& comment,
+                 const std::string& dir, const StorageWrite& w, int ranks) {
+  if (dir.empty()) return;
+  hw.storage_write_gbs = w.bytes_per_s / 1e9;
+  hw.storage_dataset_ms = w.dataset_seconds * 1e3;
+  comment.push_back("storage: " + std::to_string(ranks) + " rank(s) writing through the "
+                    "checkpoint's writer (parallel HDF5, checksums, then a sync) into " + dir +
+                    ", best of 2: write_gbs = one dataset of " +
+                    std::to_string(kStorageBytesPerRank >> 20) + " MiB a rank; dataset_ms = " +
+                    std::to_string(kStorageDatasets) + " datasets of 1 Ki floats a rank, a "
+                    "dataset's own cost");
+}
+
 // Rank 0: the file, read back first (what it writes, it reads), then printed.
 void write_hardware_file(const HardwareSpec& hw, const std::vector<std::string>& comment,
                          const std::string& path) {
@@ -496,6 +595,8 @@ void append_curve_lines(std::vector<std::string>& comment,
 void run_gpu_bench_hw(const BenchHwOptions& options) {
   auto measure = reinterpret_cast<CudaModuleBenchFn>(
       cuda_module_function("bench-hw --device cuda", kCudaModuleBenchSymbol));
+  const StorageWrite storage =
+      options.storage_dir.empty() ? StorageWrite{} : measure_storage_write(options.storage_dir);
   GpuBenchResult r;
   measure(MPI_COMM_WORLD, r);
   const int ranks = world_size();
@@ -512,6 +613,7 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
   hw.device.memory_gib = r.memory_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.reserved_gib = r.reserved_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.memory_bandwidth_gbs = r.bandwidth / 1e9;
+  hw.device.host_link_gbs = r.host_link / 1e9;
   std::vector<std::string> fits;
   if (!r.message_bytes.empty()) {
     const LinkFit p2p = fit(r.message_bytes, r.send_recv);
@@ -538,6 +640,8 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
       "Memory: the GPU's (cudaMemGetInfo); reserved = what the context and cuBLAS took;",
       "bandwidth: the trainer's bf16 GELU forward + backward over 256 Mi elements (bytes read +",
       "written).",
+      "host_link_gbs: the trainer's device-to-host copy of 256 MiB into pinned memory (a",
+      "checkpoint's staging copy), the slowest rank's best of three.",
       r.links_note,
       "GEMM (n x n x n): bf16, fp32 TFLOP/s"};
   for (size_t i = 0; i < r.bf16.size(); ++i) {
@@ -549,6 +653,7 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
   append_curve_lines(comment, r.training, r.attention, r.optimizer, true);
   if (!fits.empty()) comment.push_back("NCCL fits (best points; inter_node copies intra_node):");
   comment.insert(comment.end(), fits.begin(), fits.end());
+  set_storage(hw, comment, options.storage_dir, storage, ranks);
   write_hardware_file(hw, comment, options.out);
 }
 #endif
@@ -560,6 +665,7 @@ void run_bench_hw(const BenchHwOptions& options) {
     throw Error("bench-hw --device \"" + options.device + "\" must be cpu or cuda");
   if (options.ranks < 0) throw Error("bench-hw --ranks must be >= 0");
   ckpt::agree_or_throw(MPI_COMM_WORLD, world_rank() == 0 ? output_file_problem(options.out) : "");
+  ckpt::agree_or_throw(MPI_COMM_WORLD, storage_dir_problem(options.storage_dir));
   if (options.device != "cpu") {
 #ifdef TRIDENT_HAVE_CUDA
     run_gpu_bench_hw(options);
@@ -576,6 +682,9 @@ void run_bench_hw(const BenchHwOptions& options) {
   const CoreShare& share = grid.core_share();
   const RankThreads chosen = rank_threads(0, share);
   const int threads = chosen.threads;
+  // First: a storage it cannot write to fails in seconds, not after the minute of the rest.
+  const StorageWrite storage =
+      options.storage_dir.empty() ? StorageWrite{} : measure_storage_write(options.storage_dir);
   std::vector<std::string> notes;
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;
   std::vector<std::array<double, 4>> shapes;  // [rows, in, out, GFLOP/s], the best round's
@@ -652,6 +761,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   append_curve_lines(comment, training, attention, optimizer, false);
   if (!table.empty()) comment.push_back("MPI (slowest rank, best of repetitions):");
   comment.insert(comment.end(), table.begin(), table.end());
+  set_storage(hw, comment, options.storage_dir, storage, ranks);
   write_hardware_file(hw, comment, options.out);
 }
 

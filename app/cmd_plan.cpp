@@ -77,11 +77,12 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
            {{"compute", p.time.compute}, {"tp_comm", p.time.tp_comm}, {"bubble", p.time.bubble},
             {"pp_transfer", p.time.pp_transfer}, {"ep_comm", p.time.ep_comm},
             {"cp_comm", p.time.cp_comm}, {"dp_exposed", p.time.dp_exposed},
-            {"optimizer", p.time.optimizer}}},
+            {"optimizer", p.time.optimizer}, {"checkpoint", p.time.checkpoint}}},
           {"memory_bytes",
            {{"weights", p.memory.weights}, {"gradients", p.memory.gradients},
             {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
-            {"buffers", p.memory.buffers}, {"total", p.memory.total()},
+            {"buffers", p.memory.buffers}, {"checkpoint_staging", p.memory.staging},
+            {"total", p.memory.total()},
             {"fullest_stage", p.fullest_stage}}},
           {"fits", p.fits},
           {"tokens_per_second", p.tokens_per_second},
@@ -108,6 +109,15 @@ nlohmann::json to_json(const PlanProblem& problem, const Prediction& p, int64_t 
             {"quantise_seconds", p.fp8_quantise_seconds},
             {"amax_all_reduces", p.fp8_amax_reductions},
             {"amax_seconds", p.fp8_amax_seconds}, {"scratch_bytes", p.fp8_scratch_bytes}}},
+          {"checkpoint",
+           {{"modelled", problem.models_checkpoints()},
+            {"interval", problem.checkpoint_interval},
+            {"asynchronous", problem.checkpoint_async},
+            {"bytes", p.checkpoint_bytes}, {"write_seconds", p.checkpoint_write_seconds},
+            {"staging_bytes", p.checkpoint_staging_bytes},
+            {"staging_seconds", p.checkpoint_staging_seconds},
+            {"stall_seconds", p.checkpoint_stall_seconds},
+            {"backlog", p.checkpoint_backlog}}},
           {"warnings", warnings_json(layout_warnings(problem, p))},
           {"set", layout_overrides(p.layout, global_batch)}};
 }
@@ -124,10 +134,11 @@ std::string warning_codes(const std::vector<PlanWarning>& warnings) {
 void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>& ranked,
                       size_t top, bool moe) {
   std::printf("%4s %3s %3s %3s %4s%s %3s %-11s %4s %-5s %2s %2s %-9s %9s | %8s %7s%s %7s %7s "
-              "%7s %7s %7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s %s\n",
+              "%7s %7s %7s %7s | %8s %7s %7s %7s %7s %7s | %10s %7s %6s %s\n",
               "#", "TP", "CP", "PP", "DP", moe ? "  EP" : "", "mb", "schedule", "v", "split", "Z",
               "SP", "recompute", "step s", "compute", "tp", moe ? "      ep" : "", "cp", "bubble",
-              "pp", "dp", "optim", "mem GiB", "wts", "grads", "opt", "acts", "bufs", "tokens/s",
+              "pp", "dp", "optim", "ckpt", "mem GiB", "wts", "grads", "opt", "acts", "bufs",
+              "tokens/s",
               "TFLOP/s", "MFU", "warn");
   for (size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Prediction& p = ranked[i];
@@ -138,18 +149,19 @@ void print_wide_table(const PlanProblem& problem, const std::vector<Prediction>&
       std::snprintf(ep_time, sizeof ep_time, " %7.3g", p.time.ep_comm);
     }
     std::printf("%4zu %3lld %3lld %3lld %4lld%s %3lld %-11s %4lld %-5s %2d %2d %-9s %9.4g | "
-                "%8.3g %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g %7.3g "
-                "%7.3g | %10.4g %7.4g %5.1f%% %s\n",
+                "%8.3g %7.3g%s %7.3g %7.3g %7.3g %7.3g %7.3g %7.3g | %7.3g%s %7.3g %7.3g %7.3g "
+                "%7.3g %7.3g | %10.4g %7.4g %5.1f%% %s\n",
                 i + 1, static_cast<long long>(l.tp), static_cast<long long>(l.cp),
                 static_cast<long long>(l.pp), static_cast<long long>(l.dp), ep,
                 static_cast<long long>(l.micro_batch), to_string(l.schedule).c_str(),
                 static_cast<long long>(l.virtual_stages), l.balance.c_str(), l.zero_stage,
                 l.sequence_parallel ? 1 : 0, to_string(l.recompute).c_str(), p.step_seconds,
                 p.time.compute, p.time.tp_comm, ep_time, p.time.cp_comm, p.time.bubble,
-                p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer,
+                p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer, p.time.checkpoint,
                 p.memory.total() / kGiB, p.fits ? " " : "!", p.memory.weights / kGiB,
                 p.memory.gradients / kGiB, p.memory.optimizer / kGiB,
-                p.memory.activations / kGiB, p.memory.buffers / kGiB, p.tokens_per_second,
+                p.memory.activations / kGiB, (p.memory.buffers + p.memory.staging) / kGiB,
+                p.tokens_per_second,
                 p.tflops_per_device, 100.0 * p.mfu,
                 warning_codes(layout_warnings(problem, p)).c_str());
   }
@@ -221,9 +233,40 @@ void print_warnings(const PlanProblem& problem, const std::vector<Prediction>& r
   if (all.empty() && !listed) return;
   print_wrapped("warnings", "(warn: m micro-batches per stage, h memory headroom, b bubble, o "
                             "overlap assumed, r context ring exposed, x context group across "
-                            "nodes; docs/plan.md \"Warnings\"):");
+                            "nodes, c checkpoints; docs/plan.md \"Warnings\"):");
   for (const PlanWarning& w : all) print_wrapped("  every layout:", w.text);
   for (const PlanWarning& w : best) print_wrapped("  layout 1:", w.text);
+}
+
+// What checkpoints cost layout 1 (in its step time), or why they are not modelled: one line,
+// nothing without periodic saves (checkpoint.interval with a checkpoint.dir).
+void print_checkpoints(const PlanProblem& problem, const Prediction& p) {
+  if (problem.checkpoint_interval <= 0) return;
+  if (!problem.models_checkpoints()) {
+    print_wrapped("checkpoints:", "a save every " + std::to_string(problem.checkpoint_interval) +
+                                      " steps is not modelled: " + problem.hw.source +
+                                      " has no storage.write_gbs (trident bench-hw "
+                                      "--storage-dir DIR measures it; docs/plan.md "
+                                      "\"Checkpoints\")");
+    return;
+  }
+  const bool gpu_link_missing = problem.hw.device.kind == "gpu" &&
+                                problem.hw.device.host_link_gbs <= 0.0;
+  char line[700];
+  std::snprintf(line, sizeof line,
+                "a save every %lld steps (%s): %.3g GB written at %.4g GB/s in %.3g s; staging "
+                "%.3g GB a rank in %.3g s%s; training waits %.3g s a save, %.3g s a step on "
+                "average (%.1f %% of layout 1's)%s",
+                static_cast<long long>(problem.checkpoint_interval),
+                problem.checkpoint_async ? "checkpoint.async" : "synchronous",
+                p.checkpoint_bytes / 1e9, problem.hw.storage_write_gbs,
+                p.checkpoint_write_seconds, p.checkpoint_staging_bytes / 1e9,
+                p.checkpoint_staging_seconds,
+                gpu_link_missing ? " (not counted: no device.host_link_gbs)" : "",
+                p.checkpoint_stall_seconds, p.time.checkpoint,
+                100.0 * p.time.checkpoint / p.step_seconds,
+                p.checkpoint_backlog ? "; the write outlasts the interval's steps" : "");
+  print_wrapped("checkpoints:", line);
 }
 
 // The one line for a model that fits no layout: the layout that needs the least memory, and
@@ -275,6 +318,8 @@ PlanProblem problem_of(const Config& c, const std::string& hardware) {
   problem.fp8_skip_last = c.train.fp8_skip_last_layers;
   problem.fp8_delayed = c.train.fp8_recipe == "delayed";
   problem.dp_bucket_mb = c.parallel.dp_bucket_mb;
+  problem.checkpoint_interval = c.checkpoint.dir.empty() ? 0 : c.checkpoint.interval;
+  problem.checkpoint_async = c.checkpoint.saves_async();
   problem.hw = load_hardware(hardware);
   return problem;
 }
@@ -364,11 +409,12 @@ AutoLayout plan_layout_for_ranks(const Config& c, const std::string& hardware, i
     const Prediction& p = ranked[i];
     std::snprintf(line, sizeof line,
                   "\n  %s %s: predicted %.4g s/step (compute %.3g, tensor %.3g, context %.3g, "
-                  "bubble %.3g, pipeline %.3g, data %.3g, optimizer %.3g), %.3g GiB of %.3g per "
-                  "device%s",
+                  "bubble %.3g, pipeline %.3g, data %.3g, optimizer %.3g, checkpoint %.3g), %.3g "
+                  "GiB of %.3g per device%s",
                   i == 0 ? "chosen" : "next  ", to_string(p.layout).c_str(), p.step_seconds,
                   p.time.compute, p.time.tp_comm, p.time.cp_comm, p.time.bubble,
-                  p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer, p.memory.total() / kGiB,
+                  p.time.pp_transfer, p.time.dp_exposed, p.time.optimizer, p.time.checkpoint,
+                  p.memory.total() / kGiB,
                   problem.hw.device.memory_gib, p.fits ? "" : " (does not fit)");
     chosen.why += line;
   }
@@ -500,6 +546,7 @@ void run_plan(const PlanOptions& options) {
   else
     print_table(problem, ranked, top, c.model.moe_experts > 0);
   print_warnings(problem, ranked, top);
+  print_checkpoints(problem, ranked.front());
   std::printf("best layout:\n ");
   for (const std::string& s : layout_overrides(ranked.front().layout, problem.global_batch))
     std::printf(" --set %s", s.c_str());

@@ -135,6 +135,7 @@ struct BenchHwOptions {
   int64_t ranks = 0;  // devices per node written; 0: the ranks launched
   std::string device = "cpu";
   std::string name;
+  std::string storage_dir;  // "": the storage's write rate is not measured
 };
 void add_bench_hw_command(CLI::App& app, BenchHwOptions& options);
 // Collective: every rank measures; rank 0 writes options.out.

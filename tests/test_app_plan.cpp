@@ -183,13 +183,18 @@ TEST(AppBenchHw, OutputThatCannotBeWrittenIsRefusedBeforeMeasuring) {
   const auto d = run_command(trident_cmd("bench-hw --out " + dir.string()), 20);
   EXPECT_EQ(d.exit_code, 1) << d.output;
   expect_one_error_line(d, "bench-hw --out " + dir.string() + ": not a regular file");
+  const auto s = run_command(trident_cmd("bench-hw --out " + (dir / "hw.toml").string() +
+                                         " --storage-dir /nonexistent/ck"), 20);
+  EXPECT_EQ(s.exit_code, 1) << s.output;
+  expect_one_error_line(s, "bench-hw --storage-dir /nonexistent/ck: No such file or directory");
   std::filesystem::remove_all(dir);
 }
 
 TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   const auto dir = scratch_dir("app_bench_hw");
   const auto out = dir / "cpu.toml";
-  RunResult r = run_command(trident_cmd("bench-hw --out " + out.string() + " --ranks 2"), 240);
+  RunResult r = run_command(trident_cmd("bench-hw --out " + out.string() + " --ranks 2 " +
+                                         "--storage-dir " + dir.string()), 240);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string text = read_file(out);
   EXPECT_NE(text.find("devices_per_node = 2"), std::string::npos) << text;
@@ -214,6 +219,26 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
            " --nodes 1 --top 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("best layout:"), std::string::npos) << r.output;
+  // --storage-dir: the checkpoint writer's rate and a dataset's cost there, which the plan
+  // prices a config's periodic saves at (nothing of the measurement left in the directory).
+  EXPECT_NE(text.find("[storage]\nwrite_gbs = "), std::string::npos) << text;
+  EXPECT_NE(text.find("dataset_ms = "), std::string::npos) << text;
+  EXPECT_FALSE(std::filesystem::exists(dir / "trident-bench-hw-storage.tmp"));
+  const std::string saves = " --set checkpoint.dir='\"" + dir.string() +
+                            "/ck\"' --set checkpoint.interval=10";
+  r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
+           " --nodes 1 --top 3" + saves);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoints: a save every 10 steps (synchronous): "),
+            std::string::npos)
+      << r.output;
+  // A file without the storage's figures: said, not guessed.
+  r = plan("--config " + source("configs/tiny.toml") + " --hardware " +
+           source("configs/hardware/cpu_2core.toml") + " --nodes 1 --top 3" + saves);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoints: a save every 10 steps is not modelled: "),
+            std::string::npos)
+      << r.output;
   expect_one_error_line(run_command(trident_cmd("bench-hw --out " + out.string() +
                                                 " --device tpu"), 60),
                         "bench-hw --device \"tpu\" must be cpu or cuda");

@@ -29,6 +29,9 @@ struct GpuBenchResult {
   double bandwidth = 0;        // bytes/s: the trainer's bf16 GELU forward + backward, per GPU
   double memory_bytes = 0;     // the GPU's memory (cudaMemGetInfo total)
   double reserved_bytes = 0;   // taken before the trainer allocates: context, cuBLAS workspace
+  // bytes/s: the trainer's device-to-host copy (CudaDevice::to_host) into pinned memory
+  // (allocate_host), as a checkpoint stages the rank's state: device.host_link_gbs.
+  double host_link = 0;
   // NCCL between the ranks' GPUs, when there are 2 or more ranks and each has a GPU of its own:
   // (message bytes, best seconds of the slowest rank) per operation; empty otherwise, with
   // links_note saying why.

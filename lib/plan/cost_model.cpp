@@ -1027,6 +1027,45 @@ Prediction predict(const PlanProblem& p, const Layout& l) { return predict_with(
 
 namespace {
 
+// Checkpoints (docs/plan.md "Checkpoints"), once the rest of the step is in r.time: one save's
+// bytes and write, the fullest rank's staging copy (r.checkpoint_staging_bytes, set by the
+// stage loop) and what training waits for a save, spread over the interval's steps.
+void add_checkpoints(const PlanProblem& p, Prediction& r) {
+  const HardwareSpec& hw = p.hw;
+  const bool cpu = hw.device.kind != "gpu";
+  const double interval = static_cast<double>(p.checkpoint_interval);
+  r.checkpoint_bytes = 12.0 * static_cast<double>(parameter_count(p.model));
+  // Three datasets a tensor (the weight and two moments), each with its own cost beyond bytes.
+  const ParamLayout whole = parameter_layout(p.model, ModelShard::whole(p.model));
+  const double datasets = 3.0 * static_cast<double>(whole.params.size());
+  r.checkpoint_write_seconds = r.checkpoint_bytes / (hw.storage_write_gbs * 1e9) +
+                               datasets * hw.storage_dataset_ms * 1e-3;
+  if (cpu) {
+    // A synchronous save writes from the state itself; an asynchronous one copies it first
+    // (read and written at the memory bandwidth).
+    if (!p.checkpoint_async) r.checkpoint_staging_bytes = 0.0;
+    r.checkpoint_staging_seconds =
+        2.0 * r.checkpoint_staging_bytes / (hw.device.memory_bandwidth_gbs * 1e9);
+  } else if (hw.device.host_link_gbs > 0.0) {
+    r.checkpoint_staging_seconds = r.checkpoint_staging_bytes / (hw.device.host_link_gbs * 1e9);
+  }
+  const double steps = interval * r.time.total();  // the steps between two saves
+  if (p.checkpoint_async && cpu) {
+    // The writer thread runs on the cores the step's threads fill: its work (HDF5's copies
+    // into the file system, the checksums) is taken from the step. What async saves spare a
+    // CPU rank is waiting for the storage, not the write's time.
+    r.checkpoint_backlog = r.checkpoint_write_seconds > steps;
+    r.checkpoint_stall_seconds = r.checkpoint_staging_seconds + r.checkpoint_write_seconds;
+  } else if (p.checkpoint_async) {
+    r.checkpoint_backlog = r.checkpoint_write_seconds > steps;
+    r.checkpoint_stall_seconds =
+        r.checkpoint_staging_seconds + std::max(0.0, r.checkpoint_write_seconds - steps);
+  } else {
+    r.checkpoint_stall_seconds = r.checkpoint_staging_seconds + r.checkpoint_write_seconds;
+  }
+  r.time.checkpoint = r.checkpoint_stall_seconds / interval;
+}
+
 Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache) {
   if (const std::string why = layout_problem(p, l); !why.empty()) throw Error(why);
   const ModelConfig& m = p.model;
@@ -1118,6 +1157,9 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   // FP8's quantised copies, held once by a stage with an FP8 layer (Fp8Linear grows them on
   // its first call: a stage of skipped layers never does).
   const double fp8_scratch = p.fp8() ? model.fp8_scratch_bytes() : 0.0;
+  const bool cpu = hw.device.kind != "gpu";
+  // A checkpoint's staging copy is host memory: on a CPU the rank's own (async saves keep it).
+  const bool staging_in_memory = cpu && p.models_checkpoints() && p.checkpoint_async;
   // The largest stage's parameters (by elements), as the data group's traffic moves them.
   StageParams largest;
   const double e_compute = model.element_bytes();  // the compute copy's element (ZeRO-3)
@@ -1138,6 +1180,13 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
       stashes += static_cast<double>(slots[static_cast<size_t>(c)]) *
                  model.chunk_stash(chunks[static_cast<size_t>(c * l.pp + s)]);
     MemoryUse mem = model_state_bytes(l, stage, bf16_copy + packed, e_compute);
+    // What a checkpoint's staging copies: the rank's fp32 weights (ZeRO-3: its slice) and its
+    // AdamW moments (the trainer's checkpoint_buffers).
+    const double staging =
+        (l.zero_stage == 3 ? owned_params(l, stage.flat, stage.experts, true) : stage.flat) * 4.0 +
+        mem.optimizer;
+    r.checkpoint_staging_bytes = std::max(r.checkpoint_staging_bytes, staging);
+    if (staging_in_memory) mem.staging = staging;
     mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
     const ActivationShape shape = model.shape(l.recompute);
@@ -1186,7 +1235,6 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   // GPU's AdamW writes its copy as it goes where the rank updates all it holds (stage 0, one
   // replica) or its slice of it (stage 3, whose slices are what is gathered); under stages 1
   // and 2 over several replicas in a pass of its own over the gathered weights.
-  const bool cpu = hw.device.kind != "gpu";
   const bool updates_every_weight = l.zero_stage == 0 || replicas == 1;
   double copy = 0.0;
   if (bf16_copy == 0.0)
@@ -1210,6 +1258,10 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
     extra_per_token += L * (parts.layer_linear + parts.layer_attention) / 3.0;
   if (l.recompute == Recompute::Selective) extra_per_token += L * parts.layer_attention / 3.0;
   const double tokens = static_cast<double>(p.global_batch * m.seq_len);
+  if (p.models_checkpoints())
+    add_checkpoints(p, r);
+  else
+    r.checkpoint_staging_bytes = 0.0;
   r.step_seconds = r.time.total();
   r.model_flops_per_step =
       tokens * training_flops_per_token(m, padded_vocab_size(m, static_cast<int>(l.tp)));
@@ -1557,6 +1609,27 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
                 static_cast<long long>(l.cp), static_cast<long long>(l.tp),
                 static_cast<long long>(l.tp * l.cp), static_cast<long long>(p.hw.devices_per_node),
                 p.hw.inter_node.bandwidth_gbs, p.hw.intra_node.bandwidth_gbs)});
+  if (r.step_seconds > 0.0 &&
+      (r.time.checkpoint > kWarnCheckpoint * r.step_seconds || r.checkpoint_backlog)) {
+    const char* advice =
+        r.checkpoint_backlog
+            ? "the write outlasts the interval's steps, so each save waits for the one before: "
+              "a longer checkpoint.interval or faster storage"
+        : p.checkpoint_async ? "a longer checkpoint.interval spreads it over more steps"
+                             : "checkpoint.async = true writes while training goes on";
+    out.push_back(
+        {"checkpoint", 'c',
+         format("checkpoint: a save every %lld steps (%s) costs %.3g s of the %.4g s step on "
+                "average (%.1f %%%s): %.3g GB written at %.4g GB/s in %.3g s, a staging copy of "
+                "%.3g GB a rank in %.3g s; %s",
+                static_cast<long long>(p.checkpoint_interval),
+                p.checkpoint_async ? "asynchronous" : "synchronous", r.time.checkpoint,
+                r.step_seconds, 100.0 * r.time.checkpoint / r.step_seconds,
+                r.checkpoint_backlog ? ""
+                                     : format(", over %.0f %%", 100.0 * kWarnCheckpoint).c_str(),
+                r.checkpoint_bytes / 1e9, p.hw.storage_write_gbs, r.checkpoint_write_seconds,
+                r.checkpoint_staging_bytes / 1e9, r.checkpoint_staging_seconds, advice)});
+  }
   return out;
 }
 

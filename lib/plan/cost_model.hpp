@@ -78,6 +78,13 @@ struct PlanProblem {
   // per-GEMM amax all-reduce (one reduction of every layer's amaxes a step: a few hundred bytes,
   // not counted) and, on a GPU, the amax taken in the quantisation pass (no pass of its own).
   bool fp8_delayed = false;
+  // checkpoint.interval and checkpoint.async with a checkpoint.dir (docs/plan.md
+  // "Checkpoints"): a save every `checkpoint_interval` steps (0: no periodic saves), written by
+  // a thread of each rank while training goes on when `checkpoint_async`. Modelled where the
+  // hardware file gives storage.write_gbs (models_checkpoints).
+  int64_t checkpoint_interval = 0;
+  bool checkpoint_async = false;
+  bool models_checkpoints() const { return checkpoint_interval > 0 && hw.storage_write_gbs > 0; }
   bool materialized_attention() const {
     return attention.empty() ? hw.device.materializes_attention() : attention == "materialized";
   }
@@ -106,9 +113,10 @@ struct StepTime {
                              // (and fp8's amax all-reduces over the context group)
   double dp_exposed = 0.0;   // data-parallel gradient reduction not hidden behind backward
   double optimizer = 0.0;    // AdamW (memory-bound) on the rank's slice
+  double checkpoint = 0.0;   // what training waits for one save, over the checkpoint interval
   double total() const {
     return compute + tp_comm + bubble + pp_transfer + ep_comm + cp_comm + dp_exposed +
-           optimizer;
+           optimizer + checkpoint;
   }
 };
 
@@ -120,7 +128,11 @@ struct MemoryUse {
   double optimizer = 0.0;    // AdamW moments, fp32 (1/(DP x CP) from ZeRO stage 1)
   double activations = 0.0;  // the stashes the schedule holds at its peak
   double buffers = 0.0;      // communication and backward scratch, reserved memory
-  double total() const { return weights + gradients + optimizer + activations + buffers; }
+  double staging = 0.0;      // checkpoint.async's staging copy on a CPU (host memory is its
+                             // memory; a GPU's is host memory: Prediction::checkpoint_*)
+  double total() const {
+    return weights + gradients + optimizer + activations + buffers + staging;
+  }
 };
 
 struct Prediction {
@@ -182,6 +194,22 @@ struct Prediction {
   double compute_attention_seconds = 0.0;
   double compute_memory_seconds = 0.0;
   double compute_head_seconds = 0.0;
+  // Checkpoints (PlanProblem::models_checkpoints; docs/plan.md "Checkpoints"): one save's bytes
+  // (every parameter's fp32 weight and two AdamW moments, written once whatever the layout),
+  // the seconds the job's write of them takes at storage.write_gbs, the fullest rank's staging
+  // copy of its weights and moments (bytes; seconds: a device-to-host copy at
+  // device.host_link_gbs on a GPU, a copy in memory on a CPU) and what training waits for one
+  // save (checkpoint_stall_seconds; time.checkpoint is it over the interval): synchronous, the
+  // staging on a GPU and the write; asynchronous on a GPU, the staging (the main thread
+  // copies) and the part of the write that outlasts the interval's steps (the next save waits
+  // for it: checkpoint_backlog); asynchronous on a CPU, the staging and the write, both done by
+  // the writer thread on the cores the step's threads fill.
+  double checkpoint_bytes = 0.0;
+  double checkpoint_write_seconds = 0.0;
+  double checkpoint_staging_bytes = 0.0;
+  double checkpoint_staging_seconds = 0.0;
+  double checkpoint_stall_seconds = 0.0;
+  bool checkpoint_backlog = false;
 };
 
 // ZeRO-2 and 3's transient full-size units (docs/plan.md "ZeRO stages"), each the size of the
@@ -204,6 +232,7 @@ inline constexpr int64_t kWarnMicrobatchesPerStage = 2;  // micro-batches per st
 inline constexpr double kWarnHeadroom = 0.10;            // of the device's memory
 inline constexpr double kWarnBubble = 0.20;              // of the step
 inline constexpr double kWarnRingExposed = 0.05;         // of the step
+inline constexpr double kWarnCheckpoint = 0.05;          // of the step, over the interval
 
 // The plan's own warnings, for every layout alike: fewer sequences per step than devices (no
 // layout can give every device a sequence of its own: DP <= the global batch, so the rest of the
@@ -218,7 +247,9 @@ std::vector<PlanWarning> problem_warnings(const PlanProblem& p);
 //   overlap the model assumes rather than schedules;
 //   ring (r): the context-parallel ring's exposed transfers over 5 % of the step;
 //   context_nodes (x): CP > 1 and the context group crosses nodes (TP x CP > devices per node),
-//   its ring on the inter-node link.
+//   its ring on the inter-node link;
+//   checkpoint (c): checkpoints cost over 5 % of the step, or an asynchronous save's write
+//   outlasts the interval (each save then waits for the one before).
 std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction& r);
 
 // Why `l` cannot run `p` (one line naming the key), or "" when it can: the trainer's own

@@ -76,11 +76,11 @@ const std::set<std::string>& known_keys() {
       "device.peak_tflops_fp8", "device.gemm_efficiency", "device.gemm_efficiency_shapes",
       "device.attention_efficiency",
       "device.memory_gib", "device.reserved_gib",
-      "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs",
+      "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs", "device.host_link_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
       "inter_node.bandwidth_gbs", "inter_node.efficiency", "inter_node.latency_us",
       "collectives.all_reduce", "collectives.all_gather", "collectives.reduce_scatter",
-      "collectives.send_recv"};
+      "collectives.send_recv", "storage.write_gbs", "storage.dataset_ms"};
   return keys;
 }
 
@@ -216,12 +216,27 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   hw.device.memory_bandwidth_gbs = r.number("device.memory_bandwidth_gbs", 0.0);
   if (root.at_path("device.optimizer_bandwidth_gbs").node() != nullptr)
     hw.device.optimizer_bandwidth_gbs = read_curve(r, "device.optimizer_bandwidth_gbs", true);
+  if (root.at_path("device.host_link_gbs").node() != nullptr) {
+    // One meaning per key: a CPU's staging copy runs at its memory bandwidth.
+    if (hw.device.kind == "cpu")
+      r.fail("device.host_link_gbs",
+             "is for a GPU: on device.kind = \"cpu\" a checkpoint's staging copy runs at "
+             "device.memory_bandwidth_gbs (docs/plan.md \"Checkpoints\")");
+    hw.device.host_link_gbs = r.number("device.host_link_gbs", 0.0);
+  }
   hw.intra_node = read_link(r, "intra_node");
   hw.inter_node = read_link(r, "inter_node");
   hw.collectives.all_reduce = r.number("collectives.all_reduce", 0.0);
   hw.collectives.all_gather = r.number("collectives.all_gather", 0.0);
   hw.collectives.reduce_scatter = r.number("collectives.reduce_scatter", 0.0);
   hw.collectives.send_recv = r.number("collectives.send_recv", 0.0);
+  if (root.at_path("storage.write_gbs").node() != nullptr)
+    hw.storage_write_gbs = r.number("storage.write_gbs", 0.0);
+  if (root.at_path("storage.dataset_ms").node() != nullptr) {
+    if (hw.storage_write_gbs <= 0.0)
+      r.fail("storage.dataset_ms", "needs storage.write_gbs (a checkpoint's bytes are its rest)");
+    hw.storage_dataset_ms = r.non_negative("storage.dataset_ms");
+  }
   return hw;
 }
 
@@ -403,6 +418,8 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";
   if (!hw.device.optimizer_bandwidth_gbs.empty())
     curve("optimizer_bandwidth_gbs", hw.device.optimizer_bandwidth_gbs);
+  if (hw.device.host_link_gbs > 0.0)
+    o << "host_link_gbs = " << num(hw.device.host_link_gbs) << "\n";
   auto link = [&](const char* name, const LinkSpec& l) {
     o << "\n[" << name << "]\nbandwidth_gbs = " << num(l.bandwidth_gbs)
       << "\nefficiency = " << num(l.efficiency) << "\nlatency_us = " << num(l.latency_us) << "\n";
@@ -413,6 +430,9 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
     << "\nall_gather = " << num(hw.collectives.all_gather)
     << "\nreduce_scatter = " << num(hw.collectives.reduce_scatter)
     << "\nsend_recv = " << num(hw.collectives.send_recv) << "\n";
+  if (hw.storage_write_gbs > 0.0)
+    o << "\n[storage]\nwrite_gbs = " << num(hw.storage_write_gbs) << "\ndataset_ms = "
+      << num(hw.storage_dataset_ms) << "\n";
   return o.str();
 }
 

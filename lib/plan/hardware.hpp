@@ -65,6 +65,10 @@ struct DeviceSpec {
   // on a CPU AdamW streams nearer a copy's rate than the GELU's and a small model's state sits
   // in cache.
   std::vector<std::pair<double, double>> optimizer_bandwidth_gbs;
+  // Optional, a GPU's only (0: absent): GB/s of one device-to-host copy into pinned memory, one
+  // direction (the PCIe link's): a checkpoint's staging copy of the rank's weights and moments
+  // (docs/plan.md "Checkpoints"). A CPU's staging is a copy in its own memory.
+  double host_link_gbs = 0.0;
   // Both backends of the trainer keep the row logsumexp [B,NH,T] (blocked, fused attention),
   // never the probabilities [B,NH,T,T]; PlanProblem::attention can still model the latter.
   bool materializes_attention() const { return false; }
@@ -78,6 +82,15 @@ struct HardwareSpec {
   LinkSpec intra_node;
   LinkSpec inter_node;
   CollectiveFactors collectives;
+  // Optional (0: absent): GB/s the job's checkpoint writes reach on its file system, all its
+  // ranks writing one file together (storage.write_gbs; `trident bench-hw --storage-dir DIR`
+  // measures it as the checkpoint writes: collective MPI-IO, then a sync). Without it the plan
+  // does not model checkpoints (docs/plan.md "Checkpoints").
+  double storage_write_gbs = 0.0;
+  // Optional (0: none counted): milliseconds a checkpoint pays for each dataset of its own
+  // beyond its bytes (creation, metadata, the checksums' agreement; storage.dataset_ms, which
+  // bench-hw measures beside write_gbs). A checkpoint writes three datasets a tensor.
+  double storage_dataset_ms = 0.0;
 
   // Peak dense FLOP/s for train.precision ("fp32" | "bf16" | "fp8"); trident::Error otherwise.
   // For "fp8" the peak of its base precision (fp8_base_precision): the rate of everything but
