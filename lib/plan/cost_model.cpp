@@ -1615,20 +1615,26 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
         r.checkpoint_backlog
             ? "the write outlasts the interval's steps, so each save waits for the one before: "
               "a longer checkpoint.interval or faster storage"
-        : p.checkpoint_async ? "a longer checkpoint.interval spreads it over more steps"
-                             : "checkpoint.async = true writes while training goes on";
+        : p.checkpoint_async || p.hw.device.kind != "gpu"
+            ? "a longer checkpoint.interval spreads it over more steps (a CPU's asynchronous "
+              "writer shares the step's cores)"
+            : "checkpoint.async = true writes while training goes on";
     out.push_back(
         {"checkpoint", 'c',
          format("checkpoint: a save every %lld steps (%s) costs %.3g s of the %.4g s step on "
-                "average (%.1f %%%s): %.3g GB written at %.4g GB/s in %.3g s, a staging copy of "
-                "%.3g GB a rank in %.3g s; %s",
+                "average (%.1f %%%s): %.3g GB written at %.4g GB/s in %.3g s, %s; %s",
                 static_cast<long long>(p.checkpoint_interval),
                 p.checkpoint_async ? "asynchronous" : "synchronous", r.time.checkpoint,
                 r.step_seconds, 100.0 * r.time.checkpoint / r.step_seconds,
                 r.checkpoint_backlog ? ""
                                      : format(", over %.0f %%", 100.0 * kWarnCheckpoint).c_str(),
                 r.checkpoint_bytes / 1e9, p.hw.storage_write_gbs, r.checkpoint_write_seconds,
-                r.checkpoint_staging_bytes / 1e9, r.checkpoint_staging_seconds, advice)});
+                r.checkpoint_staging_bytes > 0.0
+                    ? format("a staging copy of %.3g GB a rank in %.3g s",
+                             r.checkpoint_staging_bytes / 1e9, r.checkpoint_staging_seconds)
+                          .c_str()
+                    : "no staging copy",
+                advice)});
   }
   return out;
 }
