@@ -164,6 +164,15 @@ std::vector<std::array<double, 4>> read_shape_grid(const Reader& r, const std::s
   return points;
 }
 
+// An optional key of a GPU's only: its value, 0 where absent. One meaning per key: a CPU file
+// with it is refused, `cpu_instead` saying what a CPU does in its place.
+double gpu_only_number(const toml::table& root, const Reader& r, const std::string& kind,
+                       const std::string& key, const std::string& cpu_instead) {
+  if (root.at_path(key).node() == nullptr) return 0.0;
+  if (kind == "cpu") r.fail(key, "is for a GPU: on device.kind = \"cpu\" " + cpu_instead);
+  return r.number(key, 0.0);
+}
+
 LinkSpec read_link(const Reader& r, const std::string& table) {
   LinkSpec link;
   link.bandwidth_gbs = r.number(table + ".bandwidth_gbs", 0.0);
@@ -196,14 +205,10 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
     r.fail("device.kind", "= \"" + hw.device.kind + "\" must be \"gpu\" or \"cpu\"");
   hw.device.peak_tflops_fp32 = r.number("device.peak_tflops_fp32", 0.0);
   hw.device.peak_tflops_bf16 = r.number("device.peak_tflops_bf16", 0.0);
-  if (root.at_path("device.peak_tflops_fp8").node() != nullptr) {
-    // One meaning per key: a CPU's FP8 GEMMs are the reference's fp32 ones (docs/plan.md "FP8").
-    if (hw.device.kind == "cpu")
-      r.fail("device.peak_tflops_fp8",
-             "is for a GPU: on device.kind = \"cpu\" the trainer's FP8 GEMMs run at the fp32 "
-             "rate (docs/plan.md \"FP8\")");
-    hw.device.peak_tflops_fp8 = r.number("device.peak_tflops_fp8", 0.0);
-  }
+  // A CPU's FP8 GEMMs are the reference's fp32 ones.
+  hw.device.peak_tflops_fp8 = gpu_only_number(
+      root, r, hw.device.kind, "device.peak_tflops_fp8",
+      "the trainer's FP8 GEMMs run at the fp32 rate (docs/plan.md \"FP8\")");
   hw.device.gemm_efficiency = read_curve(r, "device.gemm_efficiency");
   if (root.at_path("device.gemm_efficiency_shapes").node() != nullptr)
     hw.device.gemm_efficiency_shapes = read_shape_grid(r, "device.gemm_efficiency_shapes");
@@ -216,14 +221,10 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   hw.device.memory_bandwidth_gbs = r.number("device.memory_bandwidth_gbs", 0.0);
   if (root.at_path("device.optimizer_bandwidth_gbs").node() != nullptr)
     hw.device.optimizer_bandwidth_gbs = read_curve(r, "device.optimizer_bandwidth_gbs", true);
-  if (root.at_path("device.host_link_gbs").node() != nullptr) {
-    // One meaning per key: a CPU's staging copy runs at its memory bandwidth.
-    if (hw.device.kind == "cpu")
-      r.fail("device.host_link_gbs",
-             "is for a GPU: on device.kind = \"cpu\" a checkpoint's staging copy runs at "
-             "device.memory_bandwidth_gbs (docs/plan.md \"Checkpoints\")");
-    hw.device.host_link_gbs = r.number("device.host_link_gbs", 0.0);
-  }
+  hw.device.host_link_gbs = gpu_only_number(
+      root, r, hw.device.kind, "device.host_link_gbs",
+      "a checkpoint's staging copy runs at device.memory_bandwidth_gbs (docs/plan.md "
+      "\"Checkpoints\")");
   hw.intra_node = read_link(r, "intra_node");
   hw.inter_node = read_link(r, "inter_node");
   hw.collectives.all_reduce = r.number("collectives.all_reduce", 0.0);
