@@ -74,6 +74,9 @@
 #      compiled >= 1.0), and p's Llama shapes in PyTorch, eager and compiled (--shape llama1b),
 #      beside p's tokens/s (torch.compile's first steps compile: ~1-2 min each)
 #                                                                          [H100 est. ~240 s]
+#   s. checkpoints: f's shape for 9 steps without saves, with a synchronous and with an
+#      asynchronous save every 3 steps, against `trident plan`'s wait a save from n's measured
+#      file (bench-hw measures the storage there), reported              [H100 est. ~50 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -94,7 +97,7 @@
 # Exit status: 0 when every row is PASS, INFO, DRY or SKIP; 1 otherwise.
 #
 # Options: --dry-run | --gpu (force the mode), --pack DIR (default gpu_pack), --out DIR,
-#          --budget SECONDS, --steps "b c h" (a subset of b-r; a always runs)
+#          --budget SECONDS, --steps "b c h" (a subset of b-s; a always runs)
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
@@ -106,7 +109,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l m n o p q r"
+STEPS="a b c d e f g h i j k l m n o p q r s"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -1165,8 +1168,9 @@ fi
 if want n; then
   say "n. trident bench-hw --device cuda; the plan of f's run from that file and the datasheet's"
   hwf=$WORK/gpu_measured.toml
-  tenv timeout -k 5 "$(limit 60 0)" "$BIN/trident" bench-hw --device cuda --out "$hwf" \
-      >"$LOGS/bench-hw-cuda.log" 2>&1
+  mkdir -p "$WORK/storage"  # where s's checkpoints go: bench-hw measures the same disk
+  tenv timeout -k 5 "$(limit 70 0)" "$BIN/trident" bench-hw --device cuda --out "$hwf" \
+      --storage-dir "$WORK/storage" >"$LOGS/bench-hw-cuda.log" 2>&1
   rc=$?
   cp "$hwf" "$OUT/gpu_measured.toml" 2>/dev/null
   if [[ $rc != 0 || ! -s $hwf ]]; then
@@ -1174,7 +1178,7 @@ if want n; then
         "failed (rc $rc): $(errline "$LOGS/bench-hw-cuda.log")" "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
   else
     row n "bench-hw --device cuda" "a hardware file" \
-        "$(grep -E '^(peak_tflops_fp32|peak_tflops_bf16|memory_bandwidth_gbs) =' "$hwf" | tr '\n' ' ')" INFO
+        "$(grep -E '^(peak_tflops_fp32|peak_tflops_bf16|memory_bandwidth_gbs|host_link_gbs|write_gbs|dataset_ms) =' "$hwf" | tr '\n' ' ')" INFO
   fi
   sed 's/^devices_per_node = .*/devices_per_node = 1/' configs/hardware/h200_dgx.toml >"$WORK/h200_one.toml"
   for src in "measured:$hwf" "datasheet:$WORK/h200_one.toml"; do
@@ -1406,6 +1410,72 @@ if want r; then
       fi
     done
   fi
+fi
+
+# ================================================================ s. checkpoints against the plan
+# f's shape and micro-batch for 9 steps three times: no saves, a synchronous save every 3
+# steps, an asynchronous one (docs/plan.md "Checkpoints"). Measured: a synchronous save's
+# `written ... in S s` (the mean of the periodic ones); an asynchronous save's extra training
+# time over the run without saves (run summary), per save. Beside `trident plan`'s wait a save
+# (`checkpoint.stall_seconds`) from n's measured file, whose [storage] bench-hw measured on the
+# disk the saves go to ($WORK/storage) and host_link_gbs the GPU's copy to pinned memory.
+# Reported. H100 estimate: 3 runs of ~15 s (start-up, 1.5 GB a save): ~50 s.
+if want s; then
+  say "s. checkpoints: f's run without saves, with synchronous and with asynchronous ones"
+  if [[ -z ${L:-} ]]; then
+    if [[ $DRY == 1 ]]; then L=2 H=2 C=128 V=50304 T=128 B=2; else L=12 H=12 C=768 V=50304 T=1024 B=$GPU_BATCH; fi
+  fi
+  ck_shape=(--set model.layers=$L --set model.heads=$H --set model.width=$C --set model.vocab_size=$V
+            --set model.seq_len=$T --set train.micro_batch=$B --set train.global_batch=$B)
+  ck_hw=${hwf:-}
+  if [[ $DRY == 1 ]]; then  # stand-in: the CPU file with a storage figure, the plan in fp32
+    ck_hw=$WORK/ck_standin.toml
+    { cat configs/hardware/cpu_2core.toml; printf '\n[storage]\nwrite_gbs = 1.0\n'; } >"$ck_hw"
+  fi
+  declare -A ck_train=()
+  for mode in none sync async; do
+    ck_saves=()
+    [[ $mode != none ]] && ck_saves=(--set checkpoint.dir="$WORK/storage/ck-$mode" --set checkpoint.interval=3)
+    [[ $mode == async ]] && ck_saves+=(--set checkpoint.async=true)
+    rm -rf "$WORK/storage/ck-$mode"
+    gpu_run "ck-$mode" configs/gpu_124m.toml "$(limit 60 0)" 1 "${ck_shape[@]}" --set train.steps=9 \
+        "${ck_saves[@]}" --set train.device=cuda --set train.precision=bf16
+    ck_train[$mode]=$(grep -oE 'steps in [0-9.]+ s of training' "$LOGS/ck-$mode.log" | grep -oE '[0-9.]+ s' | tr -d ' s')
+  done
+  ck_sync=$(grep -E 'written \(step [0-9]+\):' "$LOGS/ck-sync.log" | grep -v 'step 0*9)' |
+            grep -oE 'in [0-9.]+ s,' | grep -oE '[0-9.]+' |
+            "$PY" -c 'import sys; v=[float(x) for x in sys.stdin.read().split()]; print("%.3f" % (sum(v)/len(v)) if v else "")')
+  ck_async_n=$(grep -cE 'written \(step [0-9]+, asynchronous\)' "$LOGS/ck-async.log")
+  for mode in sync async; do
+    plan_args=(--set checkpoint.dir="$WORK/storage/ck-plan" --set checkpoint.interval=3)
+    [[ $mode == async ]] && plan_args+=(--set checkpoint.async=true)
+    [[ $DRY == 1 ]] && plan_args+=(--precision fp32)
+    pred=""
+    if [[ -s ${ck_hw:-/nonexistent} ]]; then
+      tenv timeout 60 "$BIN/trident" plan --config configs/gpu_124m.toml --hardware "$ck_hw" \
+          --nodes 1 --global-batch "$B" --layout "micro_batch=$B" --json --top 1 "${ck_shape[@]}" \
+          "${plan_args[@]}" >"$LOGS/plan-ck-$mode.json" 2>"$LOGS/plan-ck-$mode.err"
+      pred=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1]))["best"][0]["checkpoint"]; print("%.3f" % c["stall_seconds"] if c["modelled"] else "")' \
+          "$LOGS/plan-ck-$mode.json" 2>/dev/null)
+    fi
+    if [[ $mode == sync ]]; then
+      meas=$ck_sync what="a synchronous save's write (mean of the periodic ones)"
+    elif [[ -n ${ck_train[async]} && -n ${ck_train[none]} && $ck_async_n -gt 0 ]]; then
+      meas=$("$PY" -c 'import sys; a, n, k = map(float, sys.argv[1:]); print("%.3f" % ((a - n) / k))' \
+             "${ck_train[async]}" "${ck_train[none]}" "$ck_async_n")
+      what="an asynchronous save: training ${ck_train[async]} s against ${ck_train[none]} s without saves, over $ck_async_n saves"
+    else
+      meas="" what="an asynchronous save"
+    fi
+    if [[ -z $meas || -z $pred ]]; then
+      row s "checkpoint $mode: seconds training waits a save" "reported" \
+          "not compared (measured: ${meas:-nothing}; plan: ${pred:-nothing}: $(errline "$LOGS/plan-ck-$mode.err" 2>/dev/null))" \
+          "$([[ $DRY == 1 ]] && echo DRY || echo ERROR)"
+    else
+      row s "checkpoint $mode: seconds training waits a save" "reported" \
+          "plan $pred s vs measured $meas s ($what)" "$([[ $DRY == 1 ]] && echo DRY || echo INFO)"
+    fi
+  done
 fi
 }
 
