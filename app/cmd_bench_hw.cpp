@@ -49,7 +49,10 @@ void add_bench_hw_command(CLI::App& app, BenchHwOptions& options) {
                   "cpu, or cuda: the GPUs (the GPU module; a GPU per rank for the links)");
   cmd->add_option("--name", options.name, "Name written into the file");
   cmd->add_option("--storage-dir", options.storage_dir,
-                  "Also measure the checkpoint write rate into this directory (storage.write_gbs)");
+                  "Also measure the checkpoint write rate into this directory (storage.write_gbs)")
+      ->check([](const std::string& dir) {
+        return dir.empty() ? std::string("must name a directory") : std::string();
+      });
 }
 
 namespace {

@@ -187,6 +187,10 @@ TEST(AppBenchHw, OutputThatCannotBeWrittenIsRefusedBeforeMeasuring) {
                                          " --storage-dir /nonexistent/ck"), 20);
   EXPECT_EQ(s.exit_code, 1) << s.output;
   expect_one_error_line(s, "bench-hw --storage-dir /nonexistent/ck: No such file or directory");
+  const auto e = run_command(trident_cmd("bench-hw --out " + (dir / "hw.toml").string() +
+                                         " --storage-dir ''"), 20);
+  EXPECT_NE(e.exit_code, 0) << e.output;
+  expect_one_error_line(e, "--storage-dir: must name a directory");
   std::filesystem::remove_all(dir);
 }
 
