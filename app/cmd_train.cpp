@@ -293,7 +293,9 @@ int run_train(const TrainOptions& options) {
     out.text(pipeline + memory +
              communication_report(grid.stats_table(), grid.communicators(),
                                   trainer.device_communicators(), trainer.steps_run(),
-                                  trainer.train_seconds()));
+                                  trainer.train_seconds()) +
+             checkpoint_report(trainer.checkpoint_saves(), trainer.checkpoint_seconds(),
+                               trainer.train_seconds()));
   // Lost log lines (a full disk) did not stop training; they make the run fail at its end.
   std::string log_failure = trainer.log_failure();
   if (lead && log_failure.empty() && (std::fflush(stdout) != 0 || std::ferror(stdout)))

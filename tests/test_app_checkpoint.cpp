@@ -56,11 +56,14 @@ class Checkpoint : public ::testing::Test {
 TEST_F(Checkpoint, ResumeOnOneRankIsBitwiseIdentical) {
   auto r = run_command(train("--set checkpoint.dir= --set log.dir=" + (dir_ / "a").string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("checkpoints: "), std::string::npos) << "nothing saved, no line";
   // 10 steps, checkpoint, exit 75 ("please requeue"); then resume and train on.
   r = run_command(train("--set train.exit_interval=10 --set log.dir=" + (dir_ / "b").string() +
                         " --resume auto"));
   ASSERT_EQ(r.exit_code, 75) << r.output;
   EXPECT_TRUE(fs::exists(checkpoint(10)));
+  // The save's time outside the steps, beside the run summary.
+  EXPECT_NE(r.output.find("checkpoints: 1 save took "), std::string::npos) << r.output;
   r = run_command(train("--set log.dir=" + (dir_ / "b").string() + " --resume auto"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from " + checkpoint(10).string() + " at step 10"),

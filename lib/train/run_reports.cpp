@@ -196,6 +196,14 @@ std::string communication_report(const std::string& host_table,
   return out;
 }
 
+std::string checkpoint_report(int64_t saves, double seconds, double train_seconds) {
+  if (saves <= 0) return "";
+  const std::string share =
+      train_seconds > 0 ? formatted(" (%.1f%%)", 100.0 * seconds / train_seconds) : "";
+  return formatted("checkpoints: %lld save%s took %.3f s beyond the steps' %.3f s of training%s\n",
+                   ll(saves), saves == 1 ? "" : "s", seconds, train_seconds, share.c_str());
+}
+
 std::string sample_line(int64_t steps_done, const std::string& text) {
   return "sample at step " + std::to_string(steps_done) + ": " +
          nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +

@@ -78,4 +78,9 @@ std::string communication_report(const std::string& host_table,
                                  const std::vector<std::unique_ptr<Communicator>>& device,
                                  int64_t steps_run, double train_seconds);
 
+// "checkpoints: N saves took S s beyond the steps' T s of training (P %)": what the run's saves
+// cost outside its steps (Trainer::checkpoint_seconds), the figure `trident plan` adds to a
+// step over the checkpoint interval (docs/plan.md "Checkpoints"); "" without saves.
+std::string checkpoint_report(int64_t saves, double seconds, double train_seconds);
+
 }  // namespace trident

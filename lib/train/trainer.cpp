@@ -357,7 +357,10 @@ RunOutcome Trainer::run() {
       // the asynchronous save in flight: the run ends once it is committed.
       if (ck.saves_async() && !last && !stop) start_async_save(step + 1);
       else save_checkpoint(step + 1);
-      if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, Clock::now());
+      const auto save_end = Clock::now();
+      if (trace_) trace_->add_slice("checkpoint save", "checkpoint", save_start, save_end);
+      checkpoint_seconds_ += std::chrono::duration<double>(save_end - save_start).count();
+      ++checkpoint_saves_;
       // A stop requested while the checkpoint was written (a write may take minutes): that
       // checkpoint is the run's state, so stop now rather than run a step and save again.
       if (!stop && !last) stop = stop_requested(step, started);

@@ -144,6 +144,10 @@ class Trainer {
   int64_t batch_of(int64_t step) const { return batch_of_step(step, skipped_batches_); }
   double train_seconds() const { return train_seconds_; }  // in train steps, evaluation excluded
   int64_t steps_run() const { return steps_run_; }          // by run() in this process
+  // The checkpoints run() saved and the wall seconds their saves took outside the steps (a
+  // synchronous save's write; an asynchronous one's start, on a GPU its staging copy).
+  int64_t checkpoint_saves() const { return checkpoint_saves_; }
+  double checkpoint_seconds() const { return checkpoint_seconds_; }
   bool is_logging_rank() const { return groups_.world().index == 0; }
   // "" unless writes of the run's log failed on this rank (MetricsLog::failure).
   std::string log_failure() const { return log_ ? log_->failure() : ""; }
@@ -232,6 +236,8 @@ class Trainer {
   BatchCorruption test_corruption_;
   double train_seconds_ = 0;
   int64_t steps_run_ = 0;
+  int64_t checkpoint_saves_ = 0;
+  double checkpoint_seconds_ = 0;
   int64_t start_step_ = 0;
   std::string resumed_from_;
   std::function<bool()> stop_check_;
