@@ -39,6 +39,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests no
 #include "cuda_storage.hpp"
 #include "kernel_vectors.hpp"
 #include "util/error.hpp"
+#include "util/fp8.hpp"
 
 namespace {
 
@@ -1249,6 +1250,98 @@ TEST(CudaEmbedding, PositionRows) {
   run_position_rows<float>(0, 200, 50, 33, 232);  // whole grid of B = 4, odd C
   run_position_rows<bf16>(37, 41, 50, 96, 233);
   run_position_rows<bf16>(150, 75, 50, 768, 234);
+}
+
+// ================================================================ FP8 quantisation
+// The inputs of the FP8 checks: every value a bf16 holds (all 65,536 bit patterns: zeros,
+// subnormals, infinities, NaNs of both signs), as floats.
+std::vector<float> every_bf16_value() {
+  std::vector<float> xs(65536);
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint32_t bits = b << 16;
+    std::memcpy(&xs[b], &bits, sizeof bits);
+  }
+  return xs;
+}
+
+// gpu::fp8_quantize against the host's float_to_fp8 (util/fp8.hpp), which the CPU reference of
+// train.precision = "fp8" quantises with and which claims the hardware conversion's bits: every
+// bf16 value and 200,000 floats with full mantissas (ties and near-ties of both grids), times
+// scales that carry them across both formats' normal, subnormal and saturating ranges, float
+// and bf16 inputs, E4M3 and E5M2. Every code compared, none may differ.
+TEST(CudaFp8, QuantizeIsTheHostConversionBitForBit) {
+  REQUIRE_CUDA_DEVICE();
+  std::vector<float> xs = every_bf16_value();
+  std::mt19937_64 rng(53);
+  std::uniform_real_distribution<float> wide(-70000.f, 70000.f), narrow(-1.f, 1.f);
+  for (int i = 0; i < 100000; ++i) xs.push_back(wide(rng));
+  for (int i = 0; i < 100000; ++i) xs.push_back(narrow(rng) * 1e-4f);
+  const size_t n = xs.size();
+  DevBuf<float> in(n);
+  in.upload_raw(xs);
+  DevBuf<uint8_t> out(n);
+  std::vector<bf16> halves(65536);
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const uint16_t bits = static_cast<uint16_t>(b);
+    std::memcpy(&halves[b], &bits, sizeof bits);
+  }
+  DevBuf<bf16> in16(halves.size());
+  in16.upload_raw(halves);
+  DevBuf<uint8_t> out16(halves.size());
+  int64_t compared = 0, differ = 0;
+  for (const trident::Fp8Format f : {trident::Fp8Format::E4M3, trident::Fp8Format::E5M2}) {
+    for (const float scale : {1.0f, 0.25f, 149.33333f, 1.0f / 1024.0f, 3.0e4f, 7.5e-6f}) {
+      gpu::fp8_quantize<float>(out.get(), in.get(), static_cast<int64_t>(n), scale, f);
+      gpu::fp8_quantize<bf16>(out16.get(), in16.get(), 65536, scale, f);
+      const std::vector<uint8_t> got = out.download_raw(), got16 = out16.download_raw();
+      for (size_t i = 0; i < n; ++i) {
+        const uint8_t want = trident::float_to_fp8(xs[i] * scale, f);
+        const bool bad = got[i] != want || (i < 65536 && got16[i] != want);
+        if (bad && differ++ < 5)
+          ADD_FAILURE() << trident::fp8_name(f) << " x = " << xs[i] << " (bits 0x" << std::hex
+                        << (i < 65536 ? (i << 16) : 0) << std::dec << ") scale " << scale
+                        << ": GPU 0x" << std::hex << int(got[i]) << " / bf16 input 0x"
+                        << int(i < 65536 ? got16[i] : 0) << ", host 0x" << int(want);
+        compared += i < 65536 ? 2 : 1;
+      }
+    }
+  }
+  std::printf("[ measured ] fp8_quantize: %lld codes compared with float_to_fp8, %lld differ\n",
+              static_cast<long long>(compared), static_cast<long long>(differ));
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(compared, 2 * 6 * static_cast<int64_t>(n + 65536));
+}
+
+// gpu::abs_max against cpu::abs_max: random tensors (the amax somewhere in the middle, and
+// negative), n = 0, a NaN anywhere, infinities, bf16 input.
+TEST(CudaFp8, AbsMaxIsTheHostsWithNaNAndInfinity) {
+  REQUIRE_CUDA_DEVICE();
+  std::mt19937_64 rng(54);
+  DevBuf<float> amax(1);
+  auto gpu_amax = [&](const std::vector<float>& v) {
+    DevBuf<float> d(v.size());
+    d.upload_raw(v);
+    gpu::abs_max<float>(amax.get(), d.get(), static_cast<int64_t>(v.size()));
+    return amax.download_raw()[0];
+  };
+  for (const size_t n : {size_t{1}, size_t{31}, size_t{1000}, size_t{1} << 20}) {
+    std::vector<float> v = random_vec(rng, n, -3.f, 3.f);
+    v[n / 2] = -7.25f;
+    EXPECT_EQ(gpu_amax(v), cpu::abs_max<float>(v.data(), static_cast<int64_t>(n))) << n;
+    EXPECT_EQ(gpu_amax(v), 7.25f) << n;
+    v[n - 1] = -std::numeric_limits<float>::infinity();
+    EXPECT_EQ(gpu_amax(v), std::numeric_limits<float>::infinity()) << n;
+    v[n / 3] = -std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(gpu_amax(v))) << n;
+    EXPECT_TRUE(std::isnan(cpu::abs_max<float>(v.data(), static_cast<int64_t>(n)))) << n;
+  }
+  gpu::abs_max<float>(amax.get(), amax.get(), 0);
+  EXPECT_EQ(amax.download_raw()[0], 0.0f) << "n = 0";
+  const std::vector<float> q = quantize<bf16>(random_vec(rng, 4097, -5.f, 5.f));
+  DevBuf<bf16> d16(q.size());
+  d16.upload(q);
+  gpu::abs_max<bf16>(amax.get(), d16.get(), static_cast<int64_t>(q.size()));
+  EXPECT_EQ(amax.download_raw()[0], cpu::abs_max<float>(q.data(), static_cast<int64_t>(q.size())));
 }
 
 }  // namespace

@@ -27,6 +27,8 @@
 #include <memory>
 #include <string>
 
+#include "util/fp8.hpp"
+
 namespace trident::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -429,5 +431,18 @@ void adamw_update(float* weights, const float* grads, float* exp_avg, float* exp
 void grad_square_sum(double* result, const float* g, int64_t n, bool accumulate = false,
                      cudaStream_t stream = nullptr, void* workspace = nullptr);
 size_t grad_square_sum_workspace_bytes();
+
+// ---------------------------------------------------------------- FP8 quantisation
+// train.precision = "fp8"'s operands on the GPU (issue 53; the CUDA trainer does not call these
+// yet). *amax (a device float) = max |in[i]| over n values: 0 for n = 0, NaN if any value is
+// NaN, as cpu::abs_max (an integer max over the bits: order-independent, deterministic).
+template <typename T>
+void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream = nullptr);
+// out[i] = the FP8 code (util/fp8.hpp) of in[i] * scale in `format`: round to nearest even,
+// saturating at the largest finite value (the hardware's __NV_SATFINITE conversion), NaN to the
+// canonical NaN; float_to_fp8 on the host gives the same bits (CudaFp8 tests).
+template <typename T>
+void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
+                  cudaStream_t stream = nullptr);
 
 }  // namespace trident::cuda

@@ -1,0 +1,67 @@
+// FP8 quantisation on the GPU (train.precision = "fp8", issue 53; not yet called by the CUDA
+// trainer): the amax a tensor's scale comes from, and the FP8 codes of x * scale that the FP8
+// GEMMs take. The conversion is the hardware's saturating one (__nv_cvt_float_to_fp8 with
+// __NV_SATFINITE), which util/fp8.hpp's float_to_fp8 reproduces on the host for the CPU
+// reference; test_cuda_kernels' CudaFp8 cases hold the two to the same bits.
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.hpp"
+
+namespace trident::cuda {
+
+namespace {
+
+// Non-negative floats order as their bit patterns do, and a NaN's |x| (sign cleared) has bits
+// above +infinity's: an integer max over the bits is the float max with NaN dominating, and it
+// does not depend on the order the threads meet (no float atomics: deterministic).
+template <typename T>
+__global__ void abs_max_kernel(unsigned* __restrict__ amax_bits, const T* __restrict__ in,
+                               int64_t n) {
+  unsigned m = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    m = max(m, __float_as_uint(fabsf(detail::to_f32(in[i]))));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+}
+
+template <typename T>
+__global__ void fp8_quantize_kernel(uint8_t* __restrict__ out, const T* __restrict__ in,
+                                    int64_t n, float scale, __nv_fp8_interpretation_t kind) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __nv_cvt_float_to_fp8(detail::to_f32(in[i]) * scale, __NV_SATFINITE, kind);
+}
+
+}  // namespace
+
+template <typename T>
+void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream) {
+  detail::check_dims(n >= 0, "abs_max: n < 0");
+  CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+  if (n == 0) return;
+  abs_max_kernel<T><<<detail::grid_for(n, 256, 1024), 256, 0, stream>>>(
+      reinterpret_cast<unsigned*>(amax), in, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
+                  cudaStream_t stream) {
+  detail::check_dims(n >= 0, "fp8_quantize: n < 0");
+  if (n == 0) return;
+  const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+  fp8_quantize_kernel<T><<<detail::grid_for(n, 256), 256, 0, stream>>>(out, in, n, scale, kind);
+  CUDA_CHECK_LAUNCH();
+}
+
+#define TRIDENT_INSTANTIATE(T)                                                              \
+  template void abs_max<T>(float*, const T*, int64_t, cudaStream_t);                        \
+  template void fp8_quantize<T>(uint8_t*, const T*, int64_t, float, Fp8Format, cudaStream_t);
+TRIDENT_INSTANTIATE(float)
+TRIDENT_INSTANTIATE(bf16)
+#undef TRIDENT_INSTANTIATE
+
+}  // namespace trident::cuda
