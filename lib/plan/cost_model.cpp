@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -1019,7 +1020,26 @@ namespace {
 // keyed by the layout at stage 0.
 using PipelineCache = std::map<std::string, PipelineTimes>;
 
-Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache);
+// What one checkpoint save writes, whatever the layout: every parameter's fp32 weight and two
+// AdamW moments (12 bytes a parameter), in three datasets a tensor.
+struct SaveSize {
+  double bytes = 0, datasets = 0;
+};
+SaveSize save_size(const ModelConfig& m) {
+  const ParamLayout whole = parameter_layout(m, ModelShard::whole(m));
+  return {12.0 * static_cast<double>(parameter_count(m)),
+          3.0 * static_cast<double>(whole.params.size())};
+}
+
+// What rank_layouts works out once for all its layouts rather than for each: the pipelines'
+// simulations and, with checkpoints, a save's size (a layout of the whole model: as long as
+// the rest of a prediction).
+struct PredictCache {
+  PipelineCache pipelines;
+  std::optional<SaveSize> save;
+};
+
+Prediction predict_with(const PlanProblem& p, const Layout& l, PredictCache* cache);
 
 }  // namespace
 
@@ -1028,18 +1048,16 @@ Prediction predict(const PlanProblem& p, const Layout& l) { return predict_with(
 namespace {
 
 // Checkpoints (docs/plan.md "Checkpoints"), once the rest of the step is in r.time: one save's
-// bytes and write, the fullest rank's staging copy (r.checkpoint_staging_bytes, set by the
-// stage loop) and what training waits for a save, spread over the interval's steps.
-void add_checkpoints(const PlanProblem& p, Prediction& r) {
+// bytes and write (each dataset with its own cost beyond its bytes), the fullest rank's staging
+// copy (r.checkpoint_staging_bytes, set by the stage loop) and what training waits for a save,
+// spread over the interval's steps.
+void add_checkpoints(const PlanProblem& p, const SaveSize& save, Prediction& r) {
   const HardwareSpec& hw = p.hw;
   const bool cpu = hw.device.kind != "gpu";
   const double interval = static_cast<double>(p.checkpoint_interval);
-  r.checkpoint_bytes = 12.0 * static_cast<double>(parameter_count(p.model));
-  // Three datasets a tensor (the weight and two moments), each with its own cost beyond bytes.
-  const ParamLayout whole = parameter_layout(p.model, ModelShard::whole(p.model));
-  const double datasets = 3.0 * static_cast<double>(whole.params.size());
-  r.checkpoint_write_seconds = r.checkpoint_bytes / (hw.storage_write_gbs * 1e9) +
-                               datasets * hw.storage_dataset_ms * 1e-3;
+  r.checkpoint_bytes = save.bytes;
+  r.checkpoint_write_seconds = save.bytes / (hw.storage_write_gbs * 1e9) +
+                               save.datasets * hw.storage_dataset_ms * 1e-3;
   if (cpu) {
     // A synchronous save writes from the state itself; an asynchronous one copies it first
     // (read and written at the memory bandwidth).
@@ -1050,23 +1068,20 @@ void add_checkpoints(const PlanProblem& p, Prediction& r) {
     r.checkpoint_staging_seconds = r.checkpoint_staging_bytes / (hw.device.host_link_gbs * 1e9);
   }
   const double steps = interval * r.time.total();  // the steps between two saves
-  if (p.checkpoint_async && cpu) {
-    // The writer thread runs on the cores the step's threads fill: its work (HDF5's copies
-    // into the file system, the checksums) is taken from the step. What async saves spare a
-    // CPU rank is waiting for the storage, not the write's time.
-    r.checkpoint_backlog = r.checkpoint_write_seconds > steps;
-    r.checkpoint_stall_seconds = r.checkpoint_staging_seconds + r.checkpoint_write_seconds;
-  } else if (p.checkpoint_async) {
-    r.checkpoint_backlog = r.checkpoint_write_seconds > steps;
-    r.checkpoint_stall_seconds =
-        r.checkpoint_staging_seconds + std::max(0.0, r.checkpoint_write_seconds - steps);
-  } else {
-    r.checkpoint_stall_seconds = r.checkpoint_staging_seconds + r.checkpoint_write_seconds;
-  }
+  r.checkpoint_backlog = p.checkpoint_async && r.checkpoint_write_seconds > steps;
+  // Training waits for the whole write, except for a GPU's asynchronous save: its writer runs
+  // on host cores the step does not use, so only what outlasts the interval is waited for. A
+  // CPU's writer runs on the cores the step's threads fill: its work (HDF5's copies into the
+  // file system, the checksums) is taken from the step, and what it spares is only the wait
+  // for the storage.
+  const double write_waited = p.checkpoint_async && !cpu
+                                  ? std::max(0.0, r.checkpoint_write_seconds - steps)
+                                  : r.checkpoint_write_seconds;
+  r.checkpoint_stall_seconds = r.checkpoint_staging_seconds + write_waited;
   r.time.checkpoint = r.checkpoint_stall_seconds / interval;
 }
 
-Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* cache) {
+Prediction predict_with(const PlanProblem& p, const Layout& l, PredictCache* cache) {
   if (const std::string why = layout_problem(p, l); !why.empty()) throw Error(why);
   const ModelConfig& m = p.model;
   const HardwareSpec& hw = p.hw;
@@ -1105,7 +1120,7 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
   if (cache) {
     Layout key = l;
     key.zero_stage = 0;
-    const auto [at, fresh] = cache->try_emplace(to_string(key));
+    const auto [at, fresh] = cache->pipelines.try_emplace(to_string(key));
     if (fresh) at->second = simulate(l, microbatches, chunk_cost, transfer);
     pipe = at->second;
   } else {
@@ -1180,13 +1195,16 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
       stashes += static_cast<double>(slots[static_cast<size_t>(c)]) *
                  model.chunk_stash(chunks[static_cast<size_t>(c * l.pp + s)]);
     MemoryUse mem = model_state_bytes(l, stage, bf16_copy + packed, e_compute);
-    // What a checkpoint's staging copies: the rank's fp32 weights (ZeRO-3: its slice) and its
-    // AdamW moments (the trainer's checkpoint_buffers).
-    const double staging =
-        (l.zero_stage == 3 ? owned_params(l, stage.flat, stage.experts, true) : stage.flat) * 4.0 +
-        mem.optimizer;
-    r.checkpoint_staging_bytes = std::max(r.checkpoint_staging_bytes, staging);
-    if (staging_in_memory) mem.staging = staging;
+    if (p.models_checkpoints()) {
+      // What a checkpoint's staging copies: the rank's fp32 weights (ZeRO-3: its slice) and
+      // its AdamW moments (the trainer's checkpoint_buffers).
+      const double staging =
+          (l.zero_stage == 3 ? owned_params(l, stage.flat, stage.experts, true) : stage.flat) *
+              4.0 +
+          mem.optimizer;
+      r.checkpoint_staging_bytes = std::max(r.checkpoint_staging_bytes, staging);
+      if (staging_in_memory) mem.staging = staging;
+    }
     mem.activations = stashes;
     // What the rank recomputes in (one layer's worth, held once).
     const ActivationShape shape = model.shape(l.recompute);
@@ -1258,10 +1276,10 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PipelineCache* ca
     extra_per_token += L * (parts.layer_linear + parts.layer_attention) / 3.0;
   if (l.recompute == Recompute::Selective) extra_per_token += L * parts.layer_attention / 3.0;
   const double tokens = static_cast<double>(p.global_batch * m.seq_len);
-  if (p.models_checkpoints())
-    add_checkpoints(p, r);
-  else
-    r.checkpoint_staging_bytes = 0.0;
+  if (p.models_checkpoints()) {
+    if (cache && !cache->save) cache->save = save_size(m);
+    add_checkpoints(p, cache ? *cache->save : save_size(m), r);
+  }
   r.step_seconds = r.time.total();
   r.model_flops_per_step =
       tokens * training_flops_per_token(m, padded_vocab_size(m, static_cast<int>(l.tp)));
@@ -1472,8 +1490,8 @@ bool pipeline_cap_excludes(const PlanProblem& p, const LayoutFilter& f) {
 std::vector<Prediction> rank_layouts(const PlanProblem& p, const std::vector<Layout>& layouts) {
   std::vector<Prediction> out;
   out.reserve(layouts.size());
-  PipelineCache simulated;
-  for (const Layout& l : layouts) out.push_back(predict_with(p, l, &simulated));
+  PredictCache cache;
+  for (const Layout& l : layouts) out.push_back(predict_with(p, l, &cache));
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_seconds < b.step_seconds;
