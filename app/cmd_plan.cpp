@@ -250,24 +250,14 @@ void print_checkpoints(const PlanProblem& problem, const Prediction& p) {
                                       "\"Checkpoints\")");
     return;
   }
-  const bool gpu_link_missing = problem.hw.device.kind == "gpu" &&
-                                problem.hw.device.host_link_gbs <= 0.0;
-  char staging[200] = "no staging copy (written from the state)";
-  if (p.checkpoint_staging_bytes > 0.0)
-    std::snprintf(staging, sizeof staging, "staging %.3g GB a rank in %.3g s%s",
-                  p.checkpoint_staging_bytes / 1e9, p.checkpoint_staging_seconds,
-                  gpu_link_missing ? " (not counted: no device.host_link_gbs)" : "");
   char line[700];
   std::snprintf(line, sizeof line,
-                "a save every %lld steps (%s): %.3g GB written at %.4g GB/s in %.3g s; %s; "
-                "training waits %.3g s a save, %.3g s a step on average (%.1f %% of layout "
-                "1's)%s",
+                "a save every %lld steps (%s): %s; training waits %.3g s a save, %.3g s a step "
+                "on average (%.1f %% of layout 1's)%s",
                 static_cast<long long>(problem.checkpoint_interval),
                 problem.checkpoint_async ? "checkpoint.async" : "synchronous",
-                p.checkpoint_bytes / 1e9, problem.hw.storage_write_gbs,
-                p.checkpoint_write_seconds, staging, p.checkpoint_stall_seconds,
-                p.time.checkpoint,
-                100.0 * p.time.checkpoint / p.step_seconds,
+                checkpoint_save_text(problem, p).c_str(), p.checkpoint_stall_seconds,
+                p.time.checkpoint, 100.0 * p.time.checkpoint / p.step_seconds,
                 p.checkpoint_backlog ? "; the write outlasts the interval's steps" : "");
   print_wrapped("checkpoints:", line);
 }

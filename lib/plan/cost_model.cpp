@@ -1640,21 +1640,27 @@ std::vector<PlanWarning> layout_warnings(const PlanProblem& p, const Prediction&
     out.push_back(
         {"checkpoint", 'c',
          format("checkpoint: a save every %lld steps (%s) costs %.3g s of the %.4g s step on "
-                "average (%.1f %%%s): %.3g GB written at %.4g GB/s in %.3g s, %s; %s",
+                "average (%.1f %%%s): %s; %s",
                 static_cast<long long>(p.checkpoint_interval),
                 p.checkpoint_async ? "asynchronous" : "synchronous", r.time.checkpoint,
                 r.step_seconds, 100.0 * r.time.checkpoint / r.step_seconds,
                 r.checkpoint_backlog ? ""
                                      : format(", over %.0f %%", 100.0 * kWarnCheckpoint).c_str(),
-                r.checkpoint_bytes / 1e9, p.hw.storage_write_gbs, r.checkpoint_write_seconds,
-                r.checkpoint_staging_bytes > 0.0
-                    ? format("a staging copy of %.3g GB a rank in %.3g s",
-                             r.checkpoint_staging_bytes / 1e9, r.checkpoint_staging_seconds)
-                          .c_str()
-                    : "no staging copy",
-                advice)});
+                checkpoint_save_text(p, r).c_str(), advice)});
   }
   return out;
+}
+
+std::string checkpoint_save_text(const PlanProblem& p, const Prediction& r) {
+  std::string staging = "no staging copy (written from the state)";
+  if (r.checkpoint_staging_bytes > 0.0)
+    staging = format("staging %.3g GB a rank in %.3g s%s", r.checkpoint_staging_bytes / 1e9,
+                     r.checkpoint_staging_seconds,
+                     p.hw.device.kind == "gpu" && p.hw.device.host_link_gbs <= 0.0
+                         ? " (not counted: no device.host_link_gbs)"
+                         : "");
+  return format("%.3g GB written at %.4g GB/s in %.3g s; %s", r.checkpoint_bytes / 1e9,
+                p.hw.storage_write_gbs, r.checkpoint_write_seconds, staging.c_str());
 }
 
 }  // namespace trident
