@@ -293,20 +293,10 @@ void measure_gpu(MPI_Comm comm, GpuBenchResult& out) {
 
   // A checkpoint's staging copy: 256 MiB of x into the pinned staging memory, the slowest
   // rank's best of three (ranks of a node share the host's links and memory).
-  {
-    const int64_t bytes = int64_t{256} << 20;
-    const std::shared_ptr<void> host = device.allocate_host(bytes);
-    double best = 1e30;
-    for (int round = 0; round < 3; ++round) {
-      MPI_Barrier(comm);
-      const auto t0 = std::chrono::steady_clock::now();
-      device.to_host(host.get(), x.p, bytes);
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
-      best = std::min(best, t);
-    }
-    out.host_link = static_cast<double>(bytes) / best;
-  }
+  const int64_t staged = int64_t{256} << 20;
+  const std::shared_ptr<void> host = device.allocate_host(staged);
+  out.host_link = static_cast<double>(staged) /
+                  best_seconds(comm, stream, 3, [&] { device.to_host(host.get(), x.p, staged); });
 
   int own = local_size <= devices ? 1 : 0;
   MPI_Allreduce(MPI_IN_PLACE, &own, 1, MPI_INT, MPI_MIN, comm);
