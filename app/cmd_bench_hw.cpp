@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "checkpoint/ckpt_mpi.hpp"
+#include "checkpoint/commit.hpp"
 #include "checkpoint/h5_file.hpp"
 #include "commands.hpp"
 #ifdef TRIDENT_HAVE_CUDA
@@ -470,12 +471,7 @@ double timed_checkpoint_write(const std::string& dir, int datasets, int64_t per_
                             {static_cast<int64_t>(ranks) * per_rank},
                             {Run{0, static_cast<int64_t>(rank) * per_rank, per_rank}}, block);
       writer.close();
-      if (rank == 0) {
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || ::fsync(fd) != 0)
-          problem = "cannot sync " + path + ": " + std::strerror(errno);
-        if (fd >= 0) ::close(fd);
-      }
+      if (rank == 0) fsync_path(path, "storage test file");  // as a checkpoint's commit does
     } catch (const Error& e) {
       problem = e.what();  // the writer's errors are thrown on every rank alike
     }

@@ -36,17 +36,6 @@ std::string join(const std::string& dir, const std::string& name) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// fsync of a file or directory (opened read-only: enough for fsync on Linux).
-void fsync_path(const std::string& path, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(what + " '" + path + "': cannot open for fsync: " + errno_text());
-  if (::fsync(fd) != 0) {
-    const std::string e = errno_text();
-    ::close(fd);
-    throw Error(what + " '" + path + "': fsync failed: " + e);
-  }
-  ::close(fd);
-}
 
 void rename_path(const std::string& from, const std::string& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0) {
@@ -62,6 +51,17 @@ std::string random_suffix() {
 }
 
 }  // namespace
+
+void fsync_path(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(what + " '" + path + "': cannot open for fsync: " + errno_text());
+  if (::fsync(fd) != 0) {
+    const std::string e = errno_text();
+    ::close(fd);
+    throw Error(what + " '" + path + "': fsync failed: " + e);
+  }
+  ::close(fd);
+}
 
 std::string checkpoint_name(int64_t step) {
   if (step < 0) throw Error("checkpoint step " + std::to_string(step) + " is negative");

@@ -61,6 +61,10 @@ struct TempFileCleanup {
 };
 TempFileCleanup clean_temp_files(const std::string& dir);
 
+// fsync of a file or directory (opened read-only: enough for fsync on Linux), as the commit
+// syncs a checkpoint; trident::Error "<what> '<path>': ..." on failure.
+void fsync_path(const std::string& path, const std::string& what);
+
 // Rank-0 part of the commit (exposed for tests and tools): fsyncs `tmp_path`, renames it to
 // dir/checkpoint_name(step), fsyncs `dir`, points `latest` at it (latest.tmp, fsync, rename,
 // fsync dir). Returns the final path. Throws trident::Error naming the file on failure; if
