@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -127,6 +128,17 @@ const Case kCases[] = {
     {7, 9, 17001, 1, 2, 0}, {33, 20, 9000, 0, 0, 3},
 };
 
+// Case c's operands, random: op(A) M x K and op(B) K x N, each stored transposed where ta, tb
+// say (A drawn first, then B).
+struct Operands {
+  Matrix A, B;
+};
+Operands random_operands(const Case& c, bool ta, bool tb, std::mt19937& rng) {
+  Matrix A = ta ? random_matrix(c.K, c.M, c.pad_a, rng) : random_matrix(c.M, c.K, c.pad_a, rng);
+  Matrix B = tb ? random_matrix(c.N, c.K, c.pad_b, rng) : random_matrix(c.K, c.N, c.pad_b, rng);
+  return {std::move(A), std::move(B)};
+}
+
 TEST(Bf16Gemm, MatchesReferenceForEveryTranspositionAndBeta) {
   SKIP_WITHOUT_BF16();
   std::mt19937 rng(55);
@@ -136,10 +148,7 @@ TEST(Bf16Gemm, MatchesReferenceForEveryTranspositionAndBeta) {
       for (float beta : {0.0f, 1.0f})
         for (float alpha : {1.0f, -0.75f}) {
           const bool ta = t & 1, tb = t & 2;
-          const Matrix A = ta ? random_matrix(c.K, c.M, c.pad_a, rng)
-                              : random_matrix(c.M, c.K, c.pad_a, rng);
-          const Matrix B = tb ? random_matrix(c.N, c.K, c.pad_b, rng)
-                              : random_matrix(c.K, c.N, c.pad_b, rng);
+          const auto [A, B] = random_operands(c, ta, tb, rng);
           Matrix C0 = random_matrix(c.M, c.N, c.pad_c, rng);
           // With beta 0 C's old contents are not read: NaN there must not reach the result.
           if (beta == 0.0f) C0.at(0, 0) = std::numeric_limits<float>::quiet_NaN();
@@ -217,8 +226,6 @@ TEST(Bf16Gemm, NaNInputStaysNaN) {
   EXPECT_TRUE(std::isnan(C.at(1, 1)));
 }
 
-// An empty sum (K = 0) leaves beta C: zeros with beta 0 (NaN there not read), C with beta 1;
-// no rows or no columns is nothing to do.
 // The bias added in the product's epilogue (the linear layers' forward), for every
 // transposition and beta, a padded C, and a K cut into pieces (the bias added once): within
 // the bound of the sum with one more term; with K = 0, C = alpha bias + beta C.
@@ -230,10 +237,7 @@ TEST(Bf16Gemm, BiasInTheEpilogue) {
     for (int t = 0; t < 4; ++t)
       for (float beta : {0.0f, 1.0f}) {
         const bool ta = t & 1, tb = t & 2;
-        const Matrix A = ta ? random_matrix(c.K, c.M, c.pad_a, rng)
-                            : random_matrix(c.M, c.K, c.pad_a, rng);
-        const Matrix B = tb ? random_matrix(c.N, c.K, c.pad_b, rng)
-                            : random_matrix(c.K, c.N, c.pad_b, rng);
+        const auto [A, B] = random_operands(c, ta, tb, rng);
         const Matrix bias = random_matrix(1, c.N, 0, rng);
         const Matrix C0 = random_matrix(c.M, c.N, c.pad_c, rng);
         Matrix C = C0;
@@ -256,6 +260,8 @@ TEST(Bf16Gemm, BiasInTheEpilogue) {
               static_cast<long long>(all.compared), all.worst_ratio);
 }
 
+// An empty sum (K = 0) leaves beta C: zeros with beta 0 (NaN there not read), C with beta 1;
+// no rows or no columns is nothing to do.
 TEST(Bf16Gemm, EmptyProducts) {
   SKIP_WITHOUT_BF16();
   const float a = 2.0f, b = 3.0f;
