@@ -40,7 +40,6 @@ using attention_blocks::rowwise_dot;
 using attention_blocks::Visible;
 using attention_blocks::visible_columns;
 using detail::bf16_bits;
-using detail::bf16_value;
 using detail::rounded_to_bf16;
 
 // Keys per product. 1024 takes a GPT-2 sequence in one chunk; the scratch of a backward task is
@@ -64,7 +63,7 @@ inline void probabilities_row(float* s, int64_t begin, int64_t end, int64_t n, f
   for (int64_t c = begin; c < end; c++) {
     const uint16_t bits = bf16_bits(detail::exp_fast(s[c] - lse));
     p16[c] = bits;
-    s[c] = bf16_value(bits);
+    s[c] = bf16_to_float(bits);
   }
   std::fill(s + end, s + n, 0.0f);
   std::fill(p16 + end, p16 + n, uint16_t{0});

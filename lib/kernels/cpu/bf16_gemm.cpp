@@ -217,7 +217,7 @@ void round_to_bf16_values(float* x, int64_t n) { round_to_bf16_values(x, x, n); 
 void bf16_bits_to_values(const uint16_t* bits, int64_t n, float* out) {
 #pragma omp parallel for simd schedule(static) \
     if (parallel : !omp_in_parallel() && n >= kMinParallelElements)
-  for (int64_t i = 0; i < n; ++i) out[i] = detail::bf16_value(bits[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(bits[i]);
 }
 
 void round_to_bf16(const float* in, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/bf16.hpp"
+
 namespace trident::cpu {
 
 namespace detail {
@@ -26,19 +28,18 @@ inline uint32_t rounded_bf16_bits(uint32_t u) {
   const uint32_t quiet_nan = (u >> 16) | 0x0040u;
   return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
-// The same on a float: its bf16 bits, and the float value of bf16 bits.
+// The same on a float: its bf16 bits (their value: util/bf16.hpp's bf16_to_float).
 inline uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(rounded_bf16_bits(std::bit_cast<uint32_t>(x)));
 }
-inline float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
 // x rounded to bf16, as a float (what the CPU's bf16 kernels store).
-inline float rounded_to_bf16(float x) { return bf16_value(bf16_bits(x)); }
+inline float rounded_to_bf16(float x) { return bf16_to_float(bf16_bits(x)); }
 // x[i] rounded to bf16 in place and bits[i] its bits, for i < n, on the calling thread.
 inline void round_to_bf16_values_and_bits(float* x, int64_t n, uint16_t* bits) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) {
     bits[i] = bf16_bits(x[i]);
-    x[i] = bf16_value(bits[i]);
+    x[i] = bf16_to_float(bits[i]);
   }
 }
 }  // namespace detail
