@@ -19,6 +19,7 @@
 #include "model/model_stats.hpp"
 #include "plan/cost_model.hpp"
 #include "pipeline/schedule.hpp"
+#include "pipeline/shard_plan.hpp"
 #include "plan/hardware.hpp"
 #include "train/startup_checks.hpp"
 #include "util/error.hpp"
@@ -2099,12 +2100,11 @@ TEST(PlanCheckpoint, CpuStagingIsWhatTheTrainerStages) {
     const Prediction r = predict(p, l);
     double staged = 0.0, estimated = 0.0;  // the fullest stage's
     for (int stage = 0; stage < pp; ++stage) {
-      ModelShard shard = ModelShard::whole(c.model);
-      shard.tp_size = tp;
-      shard.layer_begin = stage * c.model.layers / pp;
-      shard.layer_end = (stage + 1) * c.model.layers / pp;
-      shard.has_embedding = stage == 0;
-      shard.has_head = stage == pp - 1;
+      ShardCoord coord;  // tensor rank 0 of the stage, as the trainer plans it
+      coord.tp_size = tp;
+      coord.pp_rank = stage;
+      coord.pp_size = pp;
+      const ModelShard shard = plan_model_shard(c, coord);
       const double flat = static_cast<double>(parameter_layout(c.model, shard).flat_size);
       const double owned = zero >= 1 ? std::ceil(flat / dp) : flat;
       staged = std::max(staged, (zero == 3 ? owned : flat) * 4.0 + owned * 8.0);
