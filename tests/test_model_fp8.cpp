@@ -297,4 +297,61 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheirFormulas) {
   EXPECT_LE(worst, 1e-6);  // fp32 accumulation of exact products, against double
 }
 
+// Fp8Linear's expert GEMMs: each block of rows (one expert's rows from one source) is a
+// tensor of its own and each expert's weight too, so every block's output, input gradient and
+// weight-gradient contribution are, to the bit, those of the dense FP8 layer run on that block
+// alone with its expert's weight (what one rank computes for that micro-batch and expert,
+// whichever rank holds the expert). Two experts, two sources, one empty block, and blocks
+// whose amaxes differ by 100x, which a scale per expert would quantise otherwise.
+TEST(Fp8Linear, ExpertBlocksAreTheDenseLayerOnEachBlockAlone) {
+  const int64_t E = 2, sources = 2, C = 24, OC = 40;
+  const std::vector<int64_t> offsets = {0, 5, 5, 12, 15};  // blocks of 5, 0, 7 and 3 rows
+  const int64_t R = offsets.back();
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto draw = [&](int64_t n, float s) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = s * normal(rng);
+    return v;
+  };
+  auto x = draw(R * C, 2.f), dy = draw(R * OC, 1e-3f);
+  const auto w = draw(E * OC * C, 0.05f), b = draw(E * OC, 0.1f);
+  for (int64_t i = 12 * C; i < 15 * C; ++i) x[i] *= 0.01f;  // block 3's inputs smaller
+  for (int64_t i = 7 * OC; i < 9 * OC; ++i) dy[i] *= 300.f;  // block 2's gradients larger
+  auto self = make_self_communicator("tensor");
+  CpuKernels<float> k;
+  Fp8Settings settings;
+  settings.enabled = true;
+  const ExpertBlocks blocks{offsets.data(), E, sources};
+  Fp8Linear<CpuKernels<float>> experts(settings, *self), dense(settings, *self);
+  std::vector<float> out(R * OC), dx(R * C), dw(E * OC * C, 0.5f), db(E * OC, 0.25f);
+  experts.experts_forward(k, out.data(), x.data(), w.data(), b.data(), blocks, C, OC);
+  experts.experts_backward(k, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                           blocks, C, OC);
+  std::vector<float> want_out(R * OC), want_dx(R * C), want_dw(E * OC * C, 0.5f),
+      want_db(E * OC, 0.25f);
+  int64_t blocks_run = 0;
+  for (int64_t s = 0; s < blocks.count(); ++s) {
+    const int64_t r0 = offsets[s], rows = offsets[s + 1] - offsets[s], e = s / sources;
+    if (rows == 0) continue;
+    dense.forward(k, nullptr, want_out.data() + r0 * OC, x.data() + r0 * C,
+                  w.data() + e * OC * C, b.data() + e * OC, rows, C, OC);
+    dense.backward(k, nullptr, want_dx.data() + r0 * C, want_dw.data() + e * OC * C,
+                   want_db.data() + e * OC, dy.data() + r0 * OC, x.data() + r0 * C,
+                   w.data() + e * OC * C, rows, C, OC);
+    ++blocks_run;
+  }
+  EXPECT_EQ(blocks_run, 3);
+  EXPECT_EQ(out, want_out);
+  EXPECT_EQ(dx, want_dx);
+  EXPECT_EQ(dw, want_dw);
+  EXPECT_EQ(db, want_db);
+  // The blocks were scaled apart: one scale for the whole of an expert's rows gives others.
+  std::vector<float> together(R * OC);
+  const std::vector<int64_t> merged = {0, 5, 15};  // one source: each expert's rows as one
+  experts.experts_forward(k, together.data(), x.data(), w.data(), b.data(),
+                          ExpertBlocks{merged.data(), E, 1}, C, OC);
+  EXPECT_NE(together, out);
+}
+
 }  // namespace

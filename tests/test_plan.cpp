@@ -1750,14 +1750,70 @@ TEST(PlanFp8, HardwareKeyAndItsErrors) {
   const HardwareSpec a100 =
       load_hardware(std::string(TRIDENT_SOURCE_DIR) + "/configs/hardware/a100_80gb_dgx.toml");
   EXPECT_THROW(a100.fp8_gemm_flops(), Error);
-  // A mixture of experts has no FP8 form (the config refuses it for the trainer).
-  ModelConfig moe = small_gpt();
-  moe.moe_experts = 4;
-  PlanProblem experts = fp8_problem(moe);
-  EXPECT_NE(predict_error(experts, layout(1, 1, 8, 4))
-                .find("train.precision = \"fp8\" with model.moe_experts (4) > 0"),
+}
+
+// A mixture of experts in FP8 (small_moe: MoE layers 0, 2, 4, 6 of 8; E 4, top 2; every layer
+// covered): the attention and expert GEMMs at the FP8 rate, the router's in bf16; the experts
+// quantise the rows routed to the rank's experts (N K on average) and their E/EP stacked
+// weights; the split backward quantises a second dy for the attention GEMMs only (it never
+// defers the experts'); the scratch holds the largest copies, the experts' sized for the most
+// rows they may receive (N K EP), the trainer's count. The delayed recipe is refused (the
+// trainer keeps no history per expert).
+TEST(PlanFp8, MixtureOfExpertsGemmsAtTheFp8RateButTheRouter) {
+  const ModelConfig m = small_moe();
+  PlanProblem fp8 = fp8_problem(m);
+  fp8.hw.devices_per_node = 1;
+  fp8.fp8_skip_first = fp8.fp8_skip_last = 0;
+  const PlanProblem bf16 = with_precision(fp8, "bf16");
+  const double N = 4 * 16, C = 64, F = 256, QKV = 192, H = 64, E = 4, R = 2 * N, micro = 8;
+  // Per layer and micro-batch: FLOPs of the FP8 GEMMs, and elements quantised forward,
+  // backward and (split backward) as the second dy.
+  const double dense_flops = 6 * N * C * (QKV + H + 2 * F);
+  const double moe_flops = 6 * N * C * (QKV + H) + 6 * R * 2 * C * F;  // not the router's
+  auto gemm = [](double rows, double in, double out, double weights) {
+    return std::array<double, 3>{rows * in + weights * out * in,
+                                 rows * out + rows * in + weights * out * in, rows * out};
+  };
+  const std::array<double, 3> qkv = gemm(N, C, QKV, 1), proj = gemm(N, H, C, 1),
+                              up = gemm(N, C, F, 1), down = gemm(N, F, C, 1),
+                              eup = gemm(R, C, F, E), edown = gemm(R, F, C, E);
+  int compared = 0;
+  for (const ScheduleKind schedule : {ScheduleKind::OneFOneB, ScheduleKind::ZeroBubbleH1}) {
+    const Layout l = layout(1, 1, 1, 4, schedule);
+    const bool split = schedule == ScheduleKind::ZeroBubbleH1;
+    const Prediction r = predict(fp8, l), b = predict(bf16, l);
+    const double flops = micro * 4 * (dense_flops + moe_flops);
+    EXPECT_NEAR(r.fp8_gemm_seconds, flops / 400e12, 1e-12 * r.fp8_gemm_seconds);
+    const double dense_elements = qkv[0] + qkv[1] + proj[0] + proj[1] + up[0] + up[1] +
+                                  down[0] + down[1] +
+                                  (split ? qkv[2] + proj[2] + up[2] + down[2] : 0.0);
+    const double moe_elements = qkv[0] + qkv[1] + proj[0] + proj[1] + eup[0] + eup[1] +
+                                edown[0] + edown[1] + (split ? qkv[2] + proj[2] : 0.0);
+    const double bytes = micro * 4 * 5.0 * (dense_elements + moe_elements);
+    EXPECT_DOUBLE_EQ(r.fp8_quantise_bytes, bytes) << to_string(l);
+    EXPECT_NEAR(r.time.compute,
+                b.time.compute - flops * (1 / 100e12 - 1 / 400e12) + r.fp8_quantise_seconds,
+                1e-9 * b.time.compute)
+        << to_string(l);
+    EXPECT_DOUBLE_EQ(r.fp8_scratch_bytes, 2 * R * F + E * F * C) << "N K rows, E experts";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+  Layout ep = layout(1, 1, 2, 4);
+  ep.ep = 2;
+  PlanProblem two = fp8;
+  two.hw.devices_per_node = 2;
+  EXPECT_DOUBLE_EQ(predict(two, ep).fp8_scratch_bytes, 2 * 2 * R * F + E / 2 * F * C)
+      << "N K EP rows, E/EP experts";
+  ActivationShape s;
+  s.micro_batch = 4;
+  s.fp8 = true;
+  EXPECT_EQ(fp8_scratch_elements(m, s, 2), 2 * 2 * R * F + E / 2 * F * C);
+  PlanProblem delayed = fp8;
+  delayed.fp8_delayed = true;
+  EXPECT_NE(predict_error(delayed, layout(1, 1, 1, 4))
+                .find("train.fp8_recipe = \"delayed\" with model.moe_experts (4) > 0"),
             std::string::npos);
-  EXPECT_EQ(predict_error(fp8_problem(small_gpt()), layout(1, 1, 8, 4)), "");
 }
 
 // The counting device's peak over init and one micro-batch's forward and backward of `model`
@@ -1797,11 +1853,16 @@ ModelConfig four_layers_of(const std::string& arch) {
 // backward, against the plan on a CPU device without reserved memory. The plan's total less
 // what the model does not allocate (the optimizer's moments, the pipeline's two message
 // buffers) is the device's peak, to the byte, for fp32 and for fp8 with and without skipped
-// layers, and with every layer skipped (issue 54 item 4).
+// layers, and with every layer skipped (issue 54 item 4); and for a mixture of experts (E 4, top
+// 2, every layer), whose experts' quantised copies are the largest.
 TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
   int compared = 0;
-  for (const std::string arch : {"gpt2", "llama"}) {
-    const ModelConfig m = four_layers_of(arch);
+  for (const std::string arch : {"gpt2", "llama", "llama-moe"}) {
+    ModelConfig m = four_layers_of(arch == "gpt2" ? "gpt2" : "llama");
+    if (arch == "llama-moe") {
+      m.moe_experts = 4;
+      m.moe_top_k = 2;
+    }
     for (const auto& [precision, skip] :
          {std::pair<std::string, int64_t>{"fp32", 0}, {"fp8", 0}, {"fp8", 1}, {"fp8", 2}}) {
       const int64_t mb = 2;
@@ -1830,7 +1891,7 @@ TEST(PlanFp8, MemoryIsWhatTheCpuModelAllocates) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 8);
+  EXPECT_EQ(compared, 12);
 }
 
 // train.precision = "bf16" on a CPU: the CPU's bf16 holds bf16 values in fp32 storage

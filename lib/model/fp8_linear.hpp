@@ -21,6 +21,7 @@
 // held once; nothing is kept between forward and backward (the backward quantises again from the
 // same tensors with the same scales, so the same values).
 #include <cstdint>
+#include <vector>
 
 #include "comm/comm.hpp"
 #include "model/architecture.hpp"
@@ -29,6 +30,19 @@
 #include "tensor/device.hpp"
 
 namespace trident {
+
+// The rows of a mixture-of-experts layer's expert GEMMs (model/moe.hpp), expert-major, in
+// blocks: block s = e * sources + q holds the rows of local expert e from source q (a
+// micro-batch: the expert group's rank q under expert parallelism, else this rank's own), at
+// rows [offsets[s], offsets[s + 1]) (host memory, experts * sources + 1 entries).
+struct ExpertBlocks {
+  const int64_t* offsets = nullptr;
+  int64_t experts = 0, sources = 1;
+  int64_t count() const { return experts * sources; }
+  int64_t expert(int64_t s) const { return s / sources; }
+  int64_t first(int64_t s) const { return offsets[s]; }
+  int64_t rows(int64_t s) const { return offsets[s + 1] - offsets[s]; }
+};
 
 template <class K>
 class Fp8Linear {
@@ -77,7 +91,96 @@ class Fp8Linear {
                           1.0f / (sg * sx));
   }
 
+  // The expert GEMMs of a mixture-of-experts layer (current scaling): x [R,C] in `blocks`,
+  // w [E,OC,C] and b [E,OC] the stacked experts (E = blocks.experts), out [R,OC] (overwrite).
+  // Each block is quantised as a tensor of its own (its amax over the tensor and context
+  // groups, as a dense layer's activation) and each expert's weight as its own (over the tensor
+  // group); so a block's GEMM is the one a single rank computes for that expert on that
+  // micro-batch, whichever rank holds the expert (expert parallelism gathers several
+  // micro-batches' rows on it). Transformer Engine's grouped linear layers also scale each
+  // expert's GEMM apart.
+  void experts_forward(K& k, T* out, const T* x, const T* w, const T* b,
+                       const ExpertBlocks& blocks, int64_t C, int64_t OC) {
+    block_scales(k, sx_, x, blocks, C, Fp8Format::E4M3);
+    expert_scales(k, sw_, w, blocks.experts, OC * C);
+    T* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
+    T* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
+    for (int64_t s = 0; s < blocks.count(); ++s) {
+      if (blocks.rows(s) == 0) continue;
+      const int64_t e = blocks.expert(s), r0 = blocks.first(s);
+      k.fp8_linear_forward(out + r0 * OC, xq + r0 * C, wq + e * OC * C, b ? b + e * OC : nullptr,
+                           blocks.rows(s), C, OC, 1.0f / (sx_[s] * sw_[e]));
+    }
+  }
+  // dx [R,C] (overwrite), dw [E,OC,C] +=, db [E,OC] += from dy [R,OC], as experts_forward
+  // scales them (dy's blocks in train.fp8_grad_format); dx or dw and db may be nullptr.
+  void experts_backward(K& k, T* dx, G* dw, G* db, const T* dy, const T* x, const T* w,
+                        const ExpertBlocks& blocks, int64_t C, int64_t OC) {
+    block_scales(k, sg_, dy, blocks, OC, s_.grad_format);
+    T* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
+    T* xq = nullptr;
+    T* wq = nullptr;
+    if (dw) {
+      block_scales(k, sx_, x, blocks, C, Fp8Format::E4M3);
+      xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
+    }
+    if (dx) {
+      expert_scales(k, sw_, w, blocks.experts, OC * C);
+      wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
+    }
+    for (int64_t s = 0; s < blocks.count(); ++s) {
+      if (blocks.rows(s) == 0) continue;
+      const int64_t e = blocks.expert(s), r0 = blocks.first(s);
+      k.fp8_linear_backward(dx ? dx + r0 * C : nullptr, dw ? dw + e * OC * C : nullptr,
+                            db ? db + e * OC : nullptr, dy + r0 * OC, dyq + r0 * OC,
+                            xq ? xq + r0 * C : nullptr, wq ? wq + e * OC * C : nullptr,
+                            blocks.rows(s), C, OC, dx ? 1.0f / (sg_[s] * sw_[e]) : 1.0f,
+                            dw ? 1.0f / (sg_[s] * sx_[s]) : 1.0f);
+    }
+  }
+
  private:
+  // The scale of each block of v (rows of `width`): its amax over the tensor and context groups
+  // (one reduction of all blocks' amaxes each).
+  void block_scales(K& k, std::vector<float>& scales, const T* v, const ExpertBlocks& blocks,
+                    int64_t width, Fp8Format format) {
+    scales.assign(static_cast<size_t>(blocks.count()), 0.0f);
+    for (int64_t s = 0; s < blocks.count(); ++s)
+      if (blocks.rows(s) > 0)
+        scales[s] = k.abs_max(v + blocks.first(s) * width, blocks.rows(s) * width);
+    reduce_max(scales, context_);
+    for (float& s : scales) s = fp8_scale(s, 1.0f, format, s_.margin);
+  }
+  // The scale of each of `experts` weights of n values: its amax over the tensor group.
+  void expert_scales(K& k, std::vector<float>& scales, const T* w, int64_t experts, int64_t n) {
+    scales.assign(static_cast<size_t>(experts), 0.0f);
+    for (int64_t e = 0; e < experts; ++e) scales[e] = k.abs_max(w + e * n, n);
+    reduce_max(scales, nullptr);
+    for (float& s : scales) s = fp8_scale(s, 1.0f, Fp8Format::E4M3, s_.margin);
+  }
+  void reduce_max(std::vector<float>& amax, Communicator* rows) {
+    const int64_t n = static_cast<int64_t>(amax.size());
+    tensor_->all_reduce(amax.data(), n, DType::F32, ReduceOp::Max);
+    if (rows) rows->all_reduce(amax.data(), n, DType::F32, ReduceOp::Max);
+  }
+  T* quantize_blocks(K& k, DeviceArray<T>& buf, const T* v, const ExpertBlocks& blocks,
+                     int64_t width, const std::vector<float>& scales, Fp8Format format) {
+    T* q = scratch(k, buf, blocks.offsets[blocks.count()] * width);
+    for (int64_t s = 0; s < blocks.count(); ++s) {
+      const int64_t at = blocks.first(s) * width;
+      if (blocks.rows(s) > 0)
+        k.fp8_quantize(q + at, v + at, blocks.rows(s) * width, scales[s], format);
+    }
+    return q;
+  }
+  T* quantize_experts(K& k, DeviceArray<T>& buf, const T* w, int64_t experts, int64_t n,
+                      const std::vector<float>& scales) {
+    T* q = scratch(k, buf, experts * n);
+    for (int64_t e = 0; e < experts; ++e)
+      k.fp8_quantize(q + e * n, w + e * n, n, scales[e], Fp8Format::E4M3);
+    return q;
+  }
+
   static Fp8DelayedScaling* state(Fp8GemmScaling* gemm,
                                   Fp8DelayedScaling Fp8GemmScaling::*operand) {
     return gemm ? &(gemm->*operand) : nullptr;
@@ -118,6 +221,7 @@ class Fp8Linear {
   Communicator* tensor_;
   Communicator* context_ = nullptr;
   DeviceArray<T> xq_, wq_, dyq_;
+  std::vector<float> sx_, sw_, sg_;  // the expert GEMMs' scales (experts_forward/backward)
 };
 
 }  // namespace trident

@@ -205,12 +205,21 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   int64_t bytes = s.element_bytes * w.N * (3 * w.C + w.QKVl + w.Hl + w.Ul + w.Fl);
   if (s.sequence_parallel && s.tp > 1) bytes += s.element_bytes * (2 * w.N + w.Ns) * w.C;
-  if (s.fp8) {  // the quantised copies of the largest input, weight and output gradient
-    const int64_t input = std::max({w.C, w.Hl, w.Fl}), output = std::max({w.QKVl, w.C, w.Ul});
-    const int64_t weight = std::max({w.QKVl * w.C, w.C * w.Hl, w.Ul * w.C, w.C * w.Fl});
-    bytes += s.element_bytes * (w.N * (input + output) + weight);
+  return bytes + s.element_bytes * fp8_scratch_elements(m, s, 1);
+}
+
+int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s, int64_t ep) {
+  if (!s.fp8) return 0;
+  const LayerWidths w = layer_widths(m, s);
+  int64_t input = w.N * std::max({w.C, w.Hl, w.Fl}), output = w.N * std::max({w.QKVl, w.C, w.Ul});
+  int64_t weight = std::max({w.QKVl * w.C, w.C * w.Hl, w.Ul * w.C, w.C * w.Fl});
+  if (m.moe_experts > 0) {
+    const int64_t R = w.N * m.moe_top_k * ep, experts = m.moe_experts / ep;
+    input = std::max(input, R * std::max(w.C, w.Fl));
+    output = std::max(output, R * std::max(w.Ul, w.C));
+    weight = std::max(weight, experts * std::max(w.Ul * w.C, w.C * w.Fl));
   }
-  return bytes;
+  return input + output + weight;
 }
 
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s) {

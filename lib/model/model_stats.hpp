@@ -131,6 +131,14 @@ int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s
 // [N, C], and a reduce-scattered input gradient [N/tp, C], e*(2*N*C + Ns*C).
 int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 
+// Elements of FP8's quantised copies (model/fp8_linear.hpp's scratch, held once, grown to the
+// largest call): the largest input, weight and output gradient of the dense GEMMs,
+// N*(max(C, Hl, Fl) + max(QKVl, C, Ul)) + max(QKVl*C, C*Hl, Ul*C, C*Fl), and with MoE layers
+// the experts' where larger: R = N*K*EP rows at most (what MoeActs is sized for) of inputs
+// max(C, Fl) and gradients max(Ul, C), and the E/EP local experts' stacked weights
+// E/EP * max(Ul*C, C*Fl). 0 unless s.fp8.
+int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s, int64_t ep);
+
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the
 // Transformer's head_forward/head_backward), so the logits [N, Vl] are never whole in memory:
 // only one chunk [rows, Vl], held once per rank, not per micro-batch. The N rows are cut into

@@ -56,6 +56,9 @@ struct MoeActs {
   std::vector<int64_t> src_row;               // [R] arrival row of each expert-major row
   DeviceArray<T> xe;                          // [R,C]
   int64_t received = 0;                       // R
+  // FP8 expert GEMMs (train.precision = "fp8"): the offsets of their blocks (ExpertBlocks,
+  // model/fp8_linear.hpp) over the experts' rows, one block per local expert and source.
+  std::vector<int64_t> fp8_blocks;            // [E/EP * EP + 1], host
 };
 
 // Sums over the forwards since the last take (reported per log interval): the layers' mean
@@ -158,14 +161,15 @@ class MoeMlp {
       ye = expert_side_.data();
       offsets = m.local_offsets.data();
     }
-    k.moe_expert_linear_forward(m.h.data(), xe, p.up.w, p.up.b, offsets, El_, C_, Ul_);
+    if (p.up.fp8) plan_fp8_blocks(k.device(), m);
+    expert_forward(k, p.up, m, m.h.data(), xe, p.up.b, offsets, C_, Ul_);
     if (swiglu_)
       k.swiglu_forward(m.a.data(), m.h.data(), R, Fl_);
     else
       k.gelu_forward(m.a.data(), m.h.data(), R * Fl_);
     // Row-parallel: the replicated bias is added by tensor rank 0 only, before the sum.
-    k.moe_expert_linear_forward(ye, m.a.data(), p.down.w, tp.rank() == 0 ? p.down.b : nullptr,
-                                offsets, El_, Fl_, C_);
+    expert_forward(k, p.down, m, ye, m.a.data(), tp.rank() == 0 ? p.down.b : nullptr, offsets,
+                   Fl_, C_);
     if (EP_ > 1) exchange_from_experts(k, m, m.y.data(), ye);
     T* partial = tp.partial_buffer(out_rows, N, C_);
     k.moe_unpermute(partial, m.y.data(), m.slot.data(), m.weight.data(), N, K_, C_);
@@ -200,14 +204,12 @@ class MoeMlp {
       dxe = dxe_.data();
       offsets = m.local_offsets.data();
     }
-    k.moe_expert_linear_backward(da_.data(), p.down.dw, p.down.db, dye, m.a.data(), p.down.w,
-                                 offsets, El_, Fl_, C_);
+    expert_backward(k, p.down, m, da_.data(), dye, m.a.data(), offsets, Fl_, C_);
     if (swiglu_)
       k.swiglu_backward(dh_.data(), da_.data(), m.h.data(), R, Fl_);
     else
       k.gelu_backward(dh_.data(), m.h.data(), da_.data(), R * Fl_);
-    k.moe_expert_linear_backward(dxe, p.up.dw, p.up.db, dh_.data(), xe, p.up.w, offsets, El_,
-                                 C_, Ul_);
+    expert_backward(k, p.up, m, dxe, dh_.data(), xe, offsets, C_, Ul_);
     if (EP_ > 1) exchange_from_experts(k, m, dxp_.data(), dxe);
     k.moe_permute_backward(d_norm2_.data(), dxp_.data(), m.slot.data(), N, K_, C_);
     // Router: the gate weights' gradient, the load-balancing loss's and the z-loss's, each
@@ -278,6 +280,42 @@ class MoeMlp {
   }
 
  private:
+  // The experts' linear layer p on their rows x [R,Cin] (expert-major at `offsets`), out
+  // [R,Cout]: K's grouped GEMM, or Fp8Linear's blocks where p is in FP8.
+  void expert_forward(K& k, const LinearParams<K>& p, const MoeActs<K>& m, T* out, const T* x,
+                      const T* b, const int64_t* offsets, int64_t Cin, int64_t Cout) {
+    if constexpr (kernels_have_fp8<K>)
+      if (p.fp8) return p.fp8->experts_forward(k, out, x, p.w, b, fp8_blocks(m), Cin, Cout);
+    k.moe_expert_linear_forward(out, x, p.w, b, offsets, El_, Cin, Cout);
+  }
+  void expert_backward(K& k, const LinearParams<K>& p, const MoeActs<K>& m, T* dx, const T* dy,
+                       const T* x, const int64_t* offsets, int64_t Cin, int64_t Cout) {
+    if constexpr (kernels_have_fp8<K>)
+      if (p.fp8)
+        return p.fp8->experts_backward(k, dx, p.dw, p.db, dy, x, p.w, fp8_blocks(m), Cin, Cout);
+    k.moe_expert_linear_backward(dx, p.dw, p.db, dy, x, p.w, offsets, El_, Cin, Cout);
+  }
+  ExpertBlocks fp8_blocks(const MoeActs<K>& m) const {
+    return ExpertBlocks{m.fp8_blocks.data(), El_, EP_};
+  }
+  // m.fp8_blocks from the forward's routing: each local expert's rows, one block per source
+  // (the expert group's ranks in order, as moe_ep_receive_plan orders them; one source, this
+  // rank, without expert parallelism).
+  void plan_fp8_blocks(Device& dev, MoeActs<K>& m) {
+    std::vector<int64_t>& blocks = m.fp8_blocks;
+    blocks.assign(static_cast<size_t>(El_ * EP_ + 1), 0);
+    if (EP_ == 1) {
+      dev.to_host(blocks.data(), m.offsets.data(),
+                  static_cast<int64_t>(blocks.size() * sizeof(int64_t)));
+      return;
+    }
+    for (int64_t j = 0; j < El_; ++j)
+      for (int64_t q = 0; q < EP_; ++q) {
+        const int64_t s = j * EP_ + q;
+        blocks[s + 1] = blocks[s] + plan_.arriving[q * El_ + j];
+      }
+  }
+
   // The forward's exchange plan: each expert's row count goes to its owner (one all-to-all of
   // E/EP integers per rank), who orders its arrivals expert-major (kernels/cpu/moe.hpp).
   // Returns R, the rows this rank's experts receive. The counts are host integers, but the

@@ -345,11 +345,13 @@ class Transformer {
   void use_documents(const Activations& a);
   // The buffers of one layer's stash for `mode` (see LayerActs); `moe`: with a MoE layer's.
   LayerActs make_layer_acts(int64_t B, Recompute mode, bool split_backward, bool moe);
-  // The MoE MLP of block p (model/moe.hpp): forward into the rank's output rows from norm2,
+  // The MoE MLP of block i (model/moe.hpp): forward into the rank's output rows from norm2,
   // and its backward returning the rank's rows of dL/d(norm2).
-  void moe_forward(const BlockParams& p, LayerActs& la, T* norm2, T* output, int64_t B);
-  const T* moe_backward(const BlockParams& p, LayerActs& la, const T* norm2, const T* d,
-                        int64_t B);
+  void moe_forward(size_t i, LayerActs& la, T* norm2, T* output, int64_t B);
+  const T* moe_backward(size_t i, LayerActs& la, const T* norm2, const T* d, int64_t B);
+  // Block i's router and experts, the experts' GEMMs in FP8 where train.precision = "fp8"
+  // covers the block's layer (current scaling, per expert and micro-batch: Fp8Linear).
+  MoeParams<K> moe_params(size_t i);
   // The forward tensors not kept in the stash, recomputed from what is: a norm's output [N,C]
   // (all rows, gathered under sequence parallelism) into `out` from its input rows [Ns,C], its
   // statistics written again (the same values); the MLP activation [N,Fl] into `out` from

@@ -67,6 +67,9 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
       throw Error("train.precision = \"fp8\": this kernel set has no FP8 GEMMs (the CPU's "
                   "reference has them)");
     if (shard.fp8.delayed) {
+      if (config.moe_experts > 0)
+        throw Error("train.fp8_recipe = \"delayed\" with model.moe_experts > 0: the experts' "
+                    "FP8 GEMMs have no delayed scaling state (use the current recipe)");
       fp8_delayed_ = std::make_unique<Fp8DelayedRecipe>(shard.fp8.grad_format,
                                                         shard.fp8.history, shard.fp8.margin);
       for (size_t i = 0; i < layout_.blocks.size(); ++i)
@@ -623,7 +626,7 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   add_norm_forward(norm2 + row0 * C, la.norm2_mean.data(), la.norm2_rstd.data(),
                    la.residual1.data(), input, p.norm2_w, p.norm2_b, Ns);
   if (p.moe()) {
-    moe_forward(p, la, norm2, output, B);
+    moe_forward(i, la, norm2, output, B);
   } else {
     up_.forward(tp_, k_, dense(i, Fp8Gemm::Up), la.up.data(), norm2, N);
     T* act = act_scratch();
@@ -634,25 +637,29 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
 }
 
 template <class K>
-void Transformer<K>::moe_forward(const BlockParams& p, LayerActs& la, T* norm2, T* output,
-                                 int64_t B) {
+MoeParams<K> Transformer<K>::moe_params(size_t i) {
+  const BlockParams& p = layout_.blocks[i];
+  MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
+                  linear(p.down_w, p.down_b)};
+  if (fp8_ && shard_.fp8.covers(block_layer(i), config_.layers))
+    mp.up.fp8 = mp.down.fp8 = fp8_.get();
+  return mp;
+}
+
+template <class K>
+void Transformer<K>::moe_forward(size_t i, LayerActs& la, T* norm2, T* output, int64_t B) {
   if constexpr (kernels_have_moe<K>) {
     const int64_t N = B * Tl_;
     tp_.gather_input(norm2, N, C_);  // the router and the experts read every row
-    const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
-                          linear(p.down_w, p.down_b)};
-    moe_.forward(tp_, k_, mp, la.moe, output, norm2, B, !recomputing_);
+    moe_.forward(tp_, k_, moe_params(i), la.moe, output, norm2, B, !recomputing_);
   }
 }
 
 template <class K>
-const typename K::T* Transformer<K>::moe_backward(const BlockParams& p, LayerActs& la,
-                                                  const T* norm2, const T* d, int64_t B) {
-  if constexpr (kernels_have_moe<K>) {
-    const MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
-                          linear(p.down_w, p.down_b)};
-    return moe_.backward(tp_, k_, mp, la.moe, d, norm2, B, loss_scale_);
-  }
+const typename K::T* Transformer<K>::moe_backward(size_t i, LayerActs& la, const T* norm2,
+                                                  const T* d, int64_t B) {
+  if constexpr (kernels_have_moe<K>)
+    return moe_.backward(tp_, k_, moe_params(i), la.moe, d, norm2, B, loss_scale_);
   return nullptr;
 }
 
@@ -893,7 +900,7 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   const bool keeps_copies = defer_weights && kept.act.size() > 0;
   const T* d_norm2 = nullptr;
   if (p.moe()) {
-    d_norm2 = moe_backward(p, la, recomputed_norm2(la, norm_scratch(), i, B), d, B);
+    d_norm2 = moe_backward(i, la, recomputed_norm2(la, norm_scratch(), i, B), d, B);
   } else {
     if (defer_weights) {
       if (keeps_copies) recomputed_act(la, kept.act.data(), B);

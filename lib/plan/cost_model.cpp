@@ -3,6 +3,7 @@
 #include "plan/cost_model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -236,10 +237,12 @@ struct LayerModel {
 
 // An FP8 layer's quantisation traffic for one micro-batch on one tensor rank, in elements
 // (Fp8Linear, model/fp8_linear.hpp). Each of the four GEMMs (rows N, input width Cin, output
-// width OC: qkv, attention output, MLP up and down) quantises in forward its input x [N, Cin]
-// and weight w [OC, Cin], in backward its output gradient dy [N, OC] and again x (for dW) and
-// w (for dX); the split backward (zb-h1/h2) quantises dy once in each half. Each quantisation
-// is an amax pass (reads the tensor) and a quantise pass (reads it, writes the copy).
+// width OC, W weights: qkv, attention output, MLP up and down; a MoE layer's up and down are
+// the experts', over the rows routed to the rank's W = E/EP experts) quantises in forward its
+// input x [N, Cin] and weights w [W, OC, Cin], in backward its output gradient dy [N, OC] and
+// again x (for dW) and w (for dX); the split backward (zb-h1/h2) quantises dy once in each half
+// of a GEMM it defers (not a MoE layer's experts). Each quantisation is an amax pass (reads
+// the tensor) and a quantise pass (reads it, writes the copy).
 struct Fp8Traffic {
   double forward = 0;   // x and w: sum N Cin + OC Cin
   double backward = 0;  // dy, x and w: sum N OC + N Cin + OC Cin
@@ -259,15 +262,16 @@ class CostModel {
         fp8_peak_(p.fp8() ? hw_.fp8_gemm_flops() : 0.0),
         n_(static_cast<double>(l.micro_batch * local_.seq_len)),
         t_(static_cast<double>(l.tp)) {
-    if (p.fp8() && m_.moe_experts > 0)
-      throw Error("train.precision = \"fp8\" with model.moe_experts (" +
+    if (p.fp8() && p.fp8_delayed && m_.moe_experts > 0)
+      throw Error("train.fp8_recipe = \"delayed\" with model.moe_experts (" +
                   std::to_string(m_.moe_experts) +
-                  ") > 0: the experts' GEMMs have no FP8 form (the trainer refuses it too)");
+                  ") > 0: the experts' FP8 GEMMs scale per expert and micro-batch only (the "
+                  "trainer refuses it too)");
   }
 
   // One transformer layer, one micro-batch, one tensor rank: a dense one, or (`moe`) one
-  // whose MLP is the experts behind the router, or (`fp8`, dense only) one whose linear layers
-  // multiply FP8 operands (train.precision = "fp8", docs/plan.md "FP8").
+  // whose MLP is the experts behind the router; (`fp8`) its linear layers (the experts', not
+  // the router) multiply FP8 operands (train.precision = "fp8", docs/plan.md "FP8").
   LayerModel layer(bool moe, bool fp8 = false) const {
     const double C = static_cast<double>(m_.width), T = static_cast<double>(m_.seq_len);
     const double HS = static_cast<double>(m_.head_size());
@@ -289,7 +293,9 @@ class CostModel {
     const double eff_attention =
         hw_.attention_efficiency(T / static_cast<double>(l_.cp), HS);
     // An FP8 layer's GEMMs (forward and both backward ones) at the FP8 rate on the same curve.
-    double linear = dense_linear_ * n_ / t_ / ((fp8 ? fp8_peak_ : peak_) * eff_linear);
+    const double linear_peak = fp8 ? fp8_peak_ : peak_;
+    double linear = dense_linear_ * n_ / t_ / (linear_peak * eff_linear);
+    double router = 0.0;  // a MoE layer's router GEMMs, in the base precision
     const double attention = parts_.layer_attention * n_ / t_ / (peak_ * eff_attention);
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
     // written once in forward and read twice in backward (its own op's backward and the
@@ -303,8 +309,9 @@ class CostModel {
     // router are never deferred (docs/moe.md), its attention's are.
     double deferred = linear / 3.0;
     if (moe) {
-      linear = moe_linear_seconds(shapes[0], shapes[1]);
-      deferred = attention_linear_seconds(shapes[0], shapes[1]) / 3.0;
+      router = gemm_seconds(n_, C, static_cast<double>(m_.moe_experts), 1.0, peak_);
+      linear = moe_linear_seconds(shapes[0], shapes[1], linear_peak) + router;
+      deferred = attention_linear_seconds(shapes[0], shapes[1], linear_peak) / 3.0;
       // The router's, the permutation's and the experts' rows: the trainer's own count.
       stash += static_cast<double>(moe_layer_extra_bytes(local_, none));
     }
@@ -328,7 +335,7 @@ class CostModel {
       // = 12 on the CPU reference (its copies are fp32). The delayed recipe's scale is known
       // before the pass, so a GPU takes the amax in it: 2 + 1 = 3 bytes (the CPU reference
       // still runs its amax pass). The GEMMs' own reads of the copies are the GEMMs' time.
-      const Fp8Traffic q = fp8_traffic(shapes);
+      const Fp8Traffic q = fp8_traffic(fp8_gemms(shapes, moe));
       const bool fused_amax = p_.fp8_delayed && hw_.device.kind == "gpu";
       const double per_element = (fused_amax ? 1.0 : 2.0) * e_ + hw_.fp8_element_bytes();
       const bool split = splits_backward(l_.schedule);
@@ -337,7 +344,7 @@ class CostModel {
       r.bwd_compute += per_element * (q.backward + (split ? q.dy : 0.0)) / bw;
       if (split) r.weight += per_element * q.weight / bw;
       if (l_.recompute == Recompute::Full) elements += q.forward;  // the rerun forward's
-      r.fp8_gemm = linear;
+      r.fp8_gemm = linear - router;
       r.fp8_quantise_bytes = per_element * elements;
       r.fp8_quantise = r.fp8_quantise_bytes / bw;
     }
@@ -385,35 +392,57 @@ class CostModel {
       r.bwd_ep = 2.0 * a2a + (l_.recompute == Recompute::Full ? r.fwd_ep : 0.0);
     }
     if (l_.cp > 1) ring(attention, r);
-    if (fp8 && !p_.fp8_delayed) fp8_amax(r);
+    if (fp8 && !p_.fp8_delayed) fp8_amax(r, moe);
     return r;
   }
 
-  // An FP8 layer's Fp8Traffic from its four GEMMs' shapes {N, Cin, OC}.
-  static Fp8Traffic fp8_traffic(const double (&shapes)[4][3]) {
+  // An FP8 GEMM of a layer as Fp8Traffic counts it: rows, input and output widths, weights,
+  // and whether a split backward defers its weight gradient.
+  struct Fp8GemmShape {
+    double rows, in, out, weights;
+    bool deferred;
+  };
+  // The four FP8 GEMMs of a layer from the linear layers' shapes {N, Cin, OC}: a MoE layer's
+  // MLP is its experts', over the rows routed to this rank's E/EP experts (moe_routed_rows:
+  // N K on average whatever EP), and never deferred.
+  std::array<Fp8GemmShape, 4> fp8_gemms(const double (&shapes)[4][3], bool moe) const {
+    std::array<Fp8GemmShape, 4> g;
+    for (size_t i = 0; i < 4; ++i) g[i] = {shapes[i][0], shapes[i][1], shapes[i][2], 1.0, true};
+    if (moe) {
+      const double rows = moe_routed_rows(local_, l_.micro_batch);
+      const double experts = static_cast<double>(m_.moe_experts / l_.ep);
+      for (size_t i = 2; i < 4; ++i) g[i] = {rows, shapes[i][1], shapes[i][2], experts, false};
+    }
+    return g;
+  }
+  static Fp8Traffic fp8_traffic(const std::array<Fp8GemmShape, 4>& gemms) {
     Fp8Traffic t;
-    for (const auto& g : shapes) {
-      const double x = g[0] * g[1], w = g[2] * g[1], dy = g[0] * g[2];
+    for (const Fp8GemmShape& g : gemms) {
+      const double x = g.rows * g.in, w = g.weights * g.out * g.in, dy = g.rows * g.out;
       t.forward += x + w;
       t.backward += dy + x + w;
+      if (!g.deferred) continue;
       t.weight += dy + x;
       t.dy += dy;
     }
     return t;
   }
 
-  // An FP8 layer's amax all-reduces (one float each, MAX; Fp8Linear): every quantised
-  // tensor's over the tensor group, an activation's or gradient's also over the context
-  // group. Per GEMM forward x, w (2, 1 of them activations), backward dy, x, w (3, 2), the
-  // split backward's second dy (1, 1); four GEMMs; full recomputation reruns the forward's.
-  // Latency-bound: collective_seconds of 4 bytes, on the group's link.
-  void fp8_amax(LayerModel& r) const {
+  // An FP8 layer's amax all-reduces (MAX; Fp8Linear): every quantised tensor's over the
+  // tensor group, an activation's or gradient's also over the context group. Per GEMM forward
+  // x, w (2, 1 of them activations), backward dy, x, w (3, 2), the split backward's second dy
+  // (1, 1) where it defers the GEMM (not a MoE layer's experts); four GEMMs; full recomputation
+  // reruns the forward's. An expert GEMM's reduction carries one float per block of rows
+  // (E/EP experts x EP sources) or expert: still latency-bound, counted as one float.
+  // collective_seconds of 4 bytes, on the group's link.
+  void fp8_amax(LayerModel& r, bool moe) const {
     const double tensor = tp_seconds(Collective::AllReduce, 4.0);
     const double context = collective_seconds(hw_, cp_link(), Collective::AllReduce, l_.cp, 4.0);
     const bool split = splits_backward(l_.schedule), full = l_.recompute == Recompute::Full;
+    const double deferred = split ? (moe ? 2.0 : 4.0) : 0.0;
     const double fwd_t = 4.0 * 2.0, fwd_c = 4.0 * 1.0;
-    const double bwd_t = 4.0 * 3.0 + (split ? 4.0 : 0.0) + (full ? fwd_t : 0.0);
-    const double bwd_c = 4.0 * 2.0 + (split ? 4.0 : 0.0) + (full ? fwd_c : 0.0);
+    const double bwd_t = 4.0 * 3.0 + deferred + (full ? fwd_t : 0.0);
+    const double bwd_c = 4.0 * 2.0 + deferred + (full ? fwd_c : 0.0);
     r.fwd_comm += fwd_t * tensor;
     r.bwd_comm += bwd_t * tensor;
     r.fwd_cp += fwd_c * context;
@@ -423,15 +452,12 @@ class CostModel {
   }
 
   // The quantised copies' scratch an FP8 rank holds once (the largest input, weight and
-  // output gradient of its GEMMs): model_stats.hpp's count, the trainer's own, at the device's
-  // quantised element (what backward_scratch_bytes adds for fp8 at that element size).
+  // output gradient of its GEMMs, the experts' at the most rows they may receive): model_stats'
+  // count, the trainer's own, at the device's quantised element.
   double fp8_scratch_bytes() const {
     ActivationShape q = shape(Recompute::None);
-    q.element_bytes = static_cast<int64_t>(hw_.fp8_element_bytes());
-    q.fp8 = false;
-    const double without = static_cast<double>(backward_scratch_bytes(local_, q));
     q.fp8 = true;
-    return static_cast<double>(backward_scratch_bytes(local_, q)) - without;
+    return hw_.fp8_element_bytes() * static_cast<double>(fp8_scratch_elements(local_, q, l_.ep));
   }
 
   // The model's layers among chunk c's whose linear GEMMs run in FP8.
@@ -489,25 +515,29 @@ class CostModel {
   // each expert's GEMM of rows R EP / E (balanced: a rank's E/EP experts take the R rows of
   // each of the EP ranks), split over TP like the dense MLP; the router [N, C] x [C, E],
   // replicated on every tensor rank. Training FLOPs 3 x forward.
-  double moe_linear_seconds(const double (&qkv)[3], const double (&proj)[3]) const {
+  // A MoE layer's attention and expert GEMMs at `peak` (the router's apart).
+  double moe_linear_seconds(const double (&qkv)[3], const double (&proj)[3], double peak) const {
     const double C = static_cast<double>(m_.width), F = static_cast<double>(m_.ffn_size());
     const double U = m_.is_llama() ? 2.0 * F : F;
     const double E = static_cast<double>(m_.moe_experts);
     const double rows = moe_routed_rows(local_, l_.micro_batch);
     const double per_expert = rows * static_cast<double>(l_.ep) / E;
     const double experts_local = E / static_cast<double>(l_.ep);
-    return attention_linear_seconds(qkv, proj) +
-           gemm_seconds(per_expert, C, U / t_, experts_local) +
-           gemm_seconds(per_expert, F / t_, C, experts_local) + gemm_seconds(n_, C, E, 1.0);
+    return attention_linear_seconds(qkv, proj, peak) +
+           gemm_seconds(per_expert, C, U / t_, experts_local, peak) +
+           gemm_seconds(per_expert, F / t_, C, experts_local, peak);
   }
 
-  double attention_linear_seconds(const double (&qkv)[3], const double (&proj)[3]) const {
-    return gemm_seconds(qkv[0], qkv[1], qkv[2], 1.0) + gemm_seconds(proj[0], proj[1], proj[2], 1.0);
+  double attention_linear_seconds(const double (&qkv)[3], const double (&proj)[3],
+                                  double peak) const {
+    return gemm_seconds(qkv[0], qkv[1], qkv[2], 1.0, peak) +
+           gemm_seconds(proj[0], proj[1], proj[2], 1.0, peak);
   }
 
-  // Training seconds (3 x forward) of `count` GEMMs of m x k x n at their shape's efficiency.
-  double gemm_seconds(double m, double k, double n, double count) const {
-    return 3.0 * 2.0 * m * k * n * count / (peak_ * hw_.gemm_efficiency(m, k, n));
+  // Training seconds (3 x forward) of `count` GEMMs of m x k x n at their shape's efficiency
+  // of `peak`.
+  double gemm_seconds(double m, double k, double n, double count, double peak) const {
+    return 3.0 * 2.0 * m * k * n * count / (peak * hw_.gemm_efficiency(m, k, n));
   }
 
   // The expert group's link: EP data ranks of a (tp, cp, pp) column, TP x CP x PP apart
@@ -517,13 +547,24 @@ class CostModel {
                                                                   : hw_.inter_node;
   }
 
-  // `fp8`: a dense layer in FP8 (the covered layers'; MoE has no FP8 form).
-  ChunkCost chunk(const Chunk& c, const LayerModel& dense, const LayerModel& moe,
-                  const LayerModel& fp8) const {
+  // A chunk of layers of each kind: dense or MoE, in the base precision or (the layers
+  // train.precision = "fp8" covers) in FP8.
+  struct LayerKinds {
+    LayerModel dense, moe, fp8, fp8_moe;
+  };
+  ChunkCost chunk(const Chunk& c, const LayerKinds& kinds) const {
     ChunkCost r;
-    const double Lm = static_cast<double>(moe_layers_in(m_, c));
-    const double Lf = static_cast<double>(fp8_layers_in(c));
-    const double Ld = static_cast<double>(c.layers) - Lm - Lf;
+    double Lm = 0, Lf = 0, Lfm = 0;
+    for (int64_t l = c.layer_begin; l < c.layer_begin + c.layers; ++l) {
+      const bool moe = m_.is_moe_layer(l), fp8 = p_.fp8_covers(l);
+      if (fp8 && moe)
+        Lfm += 1;
+      else if (fp8)
+        Lf += 1;
+      else if (moe)
+        Lm += 1;
+    }
+    const double Ld = static_cast<double>(c.layers) - Lm - Lf - Lfm;
     auto add = [&r](double L, const LayerModel& layer) {
       r.forward += L * (layer.fwd_compute + layer.fwd_comm + layer.fwd_ep + layer.fwd_cp);
       r.backward += L * (layer.bwd_compute + layer.bwd_comm + layer.bwd_ep + layer.bwd_cp);
@@ -541,9 +582,10 @@ class CostModel {
       r.attention += L * layer.attention;
       r.memory += L * layer.memory;
     };
-    add(Ld, dense);
-    add(Lm, moe);
-    add(Lf, fp8);
+    add(Ld, kinds.dense);
+    add(Lm, kinds.moe);
+    add(Lf, kinds.fp8);
+    add(Lfm, kinds.fp8_moe);
     const double C = static_cast<double>(m_.width);
     const double stream = n_ * C * e_;
     if (c.embedding) {
@@ -1091,6 +1133,8 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PredictCache* cac
   const LayerModel dense_layer = model.layer(false);
   const LayerModel moe_layer = m.moe_experts > 0 ? model.layer(true) : LayerModel{};
   const LayerModel fp8_layer = p.fp8() ? model.layer(false, true) : LayerModel{};
+  const LayerModel fp8_moe_layer =
+      p.fp8() && m.moe_experts > 0 ? model.layer(true, true) : LayerModel{};
   const int64_t microbatches = p.global_batch / (l.micro_batch * l.dp);
   const int64_t replicas = gradient_group(l);  // data x context: the gradients' group
 
@@ -1103,7 +1147,7 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PredictCache* cac
   // the compute and TP communication reported.
   std::vector<ChunkCost> chunk_cost;
   for (const Chunk& c : chunks)
-    chunk_cost.push_back(model.chunk(c, dense_layer, moe_layer, fp8_layer));
+    chunk_cost.push_back(model.chunk(c, {dense_layer, moe_layer, fp8_layer, fp8_moe_layer}));
   ChunkCost busiest;  // per micro-batch, summed over the stage's chunks
   for (int64_t s = 0; s < l.pp; ++s) {
     ChunkCost stage;
