@@ -1808,7 +1808,8 @@ TEST(PlanFp8, MixtureOfExpertsGemmsAtTheFp8RateButTheRouter) {
   ActivationShape s;
   s.micro_batch = 4;
   s.fp8 = true;
-  EXPECT_EQ(fp8_scratch_elements(m, s, 2), 2 * 2 * R * F + E / 2 * F * C);
+  s.expert_parallel = 2;
+  EXPECT_EQ(fp8_scratch_elements(m, s), 2 * 2 * R * F + E / 2 * F * C);
   PlanProblem delayed = fp8;
   delayed.fp8_delayed = true;
   EXPECT_NE(predict_error(delayed, layout(1, 1, 1, 4))

@@ -196,24 +196,35 @@ int64_t recomputed_activation_bytes(const ModelConfig& m, const ActivationShape&
 int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s) {
   if (m.moe_experts == 0 || s.recompute == Recompute::Full) return 0;
   const LayerWidths w = layer_widths(m, s);
-  const int64_t E = m.moe_experts, NK = w.N * m.moe_top_k;
-  return s.element_bytes * (2 * w.N * E + NK + NK * (2 * w.C + w.Ul + w.Fl)) + 4 * NK +
-         8 * (2 * NK + E + 1) + s.stat_bytes * 2 * s.micro_batch;
+  const int64_t E = m.moe_experts, NK = w.N * m.moe_top_k, R = NK * s.expert_parallel;
+  const int64_t received = s.expert_parallel > 1 ? R * w.C : 0;
+  return s.element_bytes * (2 * w.N * E + NK + 2 * NK * w.C + R * (w.Ul + w.Fl) + received) +
+         4 * NK + 8 * (2 * NK + E + 1) + s.stat_bytes * 2 * s.micro_batch;
+}
+
+int64_t moe_buffer_bytes(const ModelConfig& m, const ActivationShape& s) {
+  if (m.moe_experts == 0) return 0;
+  const LayerWidths w = layer_widths(m, s);
+  const int64_t E = m.moe_experts, NK = w.N * m.moe_top_k, R = NK * s.expert_parallel;
+  const int64_t exchange = s.expert_parallel > 1 ? s.element_bytes * 4 * R * w.C + 16 * E : 0;
+  return s.element_bytes * (2 * NK * w.C + R * (w.Fl + w.Ul) + NK + 2 * w.N * E + 2 * w.N * w.C) +
+         exchange + s.stat_bytes * s.micro_batch;
 }
 
 int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   int64_t bytes = s.element_bytes * w.N * (3 * w.C + w.QKVl + w.Hl + w.Ul + w.Fl);
   if (s.sequence_parallel && s.tp > 1) bytes += s.element_bytes * (2 * w.N + w.Ns) * w.C;
-  return bytes + s.element_bytes * fp8_scratch_elements(m, s, 1);
+  return bytes + s.element_bytes * fp8_scratch_elements(m, s);
 }
 
-int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s, int64_t ep) {
+int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s) {
   if (!s.fp8) return 0;
   const LayerWidths w = layer_widths(m, s);
   int64_t input = w.N * std::max({w.C, w.Hl, w.Fl}), output = w.N * std::max({w.QKVl, w.C, w.Ul});
   int64_t weight = std::max({w.QKVl * w.C, w.C * w.Hl, w.Ul * w.C, w.C * w.Fl});
   if (m.moe_experts > 0) {
+    const int64_t ep = s.expert_parallel;
     const int64_t R = w.N * m.moe_top_k * ep, experts = m.moe_experts / ep;
     input = std::max(input, R * std::max(w.C, w.Fl));
     output = std::max(output, R * std::max(w.Ul, w.C));

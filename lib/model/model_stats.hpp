@@ -75,6 +75,9 @@ struct ActivationShape {
   // train.precision = "fp8": the linear layers quantise their operands into scratch
   // (model/fp8_linear.hpp), counted in backward_scratch_bytes.
   bool fp8 = false;
+  // parallel.expert: a MoE layer's expert-side rows are sized for the most its rank's experts
+  // may receive, N K EP (model/moe.hpp).
+  int64_t expert_parallel = 1;
 };
 
 // Bytes one layer keeps per micro-batch from its forward to its backward. With N = B*T rows,
@@ -101,12 +104,22 @@ int64_t recomputed_activation_bytes(const ModelConfig& m, const ActivationShape&
 
 // Bytes a MoE layer (model/moe.hpp) keeps per micro-batch beyond a dense layer's
 // layer_activation_bytes (0 under full recomputation, which keeps the input only), with
-// E experts, K = top_k, NK = N*K (the most rows the experts may take):
-//   e*(2*N*E + NK + NK*(2*C + Ul + Fl)) + 4*NK + 8*(2*NK + E + 1) + s*2*B
-//   (router logits and probabilities, gate weights, the experts' input, pre-activation,
-//   activation and output rows; the chosen experts int32; the dispatch plan int64; the
-//   per-sequence aux and z losses). 0 for a dense model.
+// E experts, K = top_k, NK = N*K (the rows the router assigns), R = NK*EP (the most rows the
+// rank's experts may receive, EP = s.expert_parallel):
+//   e*(2*N*E + NK + 2*NK*C + R*(Ul + Fl) + [EP > 1] R*C) + 4*NK + 8*(2*NK + E + 1) + s*2*B
+//   (router logits and probabilities, gate weights, the routed input and output rows, the
+//   experts' pre-activation and activation rows, under EP the rows they received; the chosen
+//   experts int32; the dispatch plan int64; the per-sequence aux and z losses). 0 for a dense
+//   model.
 int64_t moe_layer_extra_bytes(const ModelConfig& m, const ActivationShape& s);
+
+// Bytes of the MoE block's buffers, held once by a rank with MoE layers (model/moe.hpp, shared
+// by its MoE layers): the backward's output-gradient and input-gradient rows [NK, C], the
+// expert-side gradients [R, Fl] and [R, Ul], the gate weights' [NK], the router's
+// probabilities' and logits' [N, E], the router's and the norm's input gradients [N, C], the
+// aux losses' [B] (statistics); under EP the arrivals, expert outputs and both gradients
+// [R, C], and the row counts sent and received (2 E int64). 0 for a dense model.
+int64_t moe_buffer_bytes(const ModelConfig& m, const ActivationShape& s);
 
 // What packed documents (data.document_mask) add to a micro-batch of N rows on a rank: each
 // row's document start, its position with model.position_reset, and under context parallelism
@@ -137,7 +150,7 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 // the experts' where larger: R = N*K*EP rows at most (what MoeActs is sized for) of inputs
 // max(C, Fl) and gradients max(Ul, C), and the E/EP local experts' stacked weights
 // E/EP * max(Ul*C, C*Fl). 0 unless s.fp8.
-int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s, int64_t ep);
+int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s);
 
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the
 // Transformer's head_forward/head_backward), so the logits [N, Vl] are never whole in memory:

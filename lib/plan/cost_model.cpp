@@ -300,7 +300,10 @@ class CostModel {
     // Memory-bound work (norms, activations, softmax, residual adds): each stashed byte is
     // written once in forward and read twice in backward (its own op's backward and the
     // gradient it produces).
+    // (A MoE layer's expert-side rows are the rows routed to the rank's experts, N K on
+    // average, not the N K EP its buffers are sized for.)
     ActivationShape none = shape(Recompute::None);
+    none.expert_parallel = 1;
     // The norms' outputs and the MLP activation are recomputed rather than kept: still
     // written (twice) and read.
     double stash = static_cast<double>(layer_activation_bytes(local_, none) +
@@ -457,7 +460,7 @@ class CostModel {
   double fp8_scratch_bytes() const {
     ActivationShape q = shape(Recompute::None);
     q.fp8 = true;
-    return hw_.fp8_element_bytes() * static_cast<double>(fp8_scratch_elements(local_, q, l_.ep));
+    return hw_.fp8_element_bytes() * static_cast<double>(fp8_scratch_elements(local_, q));
   }
 
   // The model's layers among chunk c's whose linear GEMMs run in FP8.
@@ -505,8 +508,10 @@ class CostModel {
   // The trainer's ActivationShape of the layout under `recompute`; its rows come from
   // local_ (the rank's T/CP tokens of each sequence).
   ActivationShape shape(Recompute recompute) const {
-    return activation_shape(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
-                            l_.sequence_parallel, recompute, e_);
+    ActivationShape s = activation_shape(m_, p_.materialized_attention(), l_.micro_batch, l_.tp,
+                                         l_.sequence_parallel, recompute, e_);
+    s.expert_parallel = l_.ep;
+    return s;
   }
   const ModelConfig& local() const { return local_; }
 
@@ -639,33 +644,14 @@ class CostModel {
     return bytes;
   }
 
-  // A MoE layer's stash beyond a dense layer's: moe_layer_extra_bytes, whose expert-side rows
-  // (the experts' input, pre-activation, activation and output, N K rows each) are sized for
-  // N K EP under expert parallelism, the most a rank's experts can receive (docs/moe.md).
+  // A MoE layer's stash beyond a dense layer's (its expert-side rows sized for the most a
+  // rank's experts can receive under EP, docs/moe.md), and the MoE block's buffers held once:
+  // model_stats' counts, the trainer's own.
   double moe_extra_bytes(const ActivationShape& shape) const {
-    double bytes = static_cast<double>(moe_layer_extra_bytes(local_, shape));
-    if (bytes == 0.0 || l_.ep == 1) return bytes;
-    const double C = static_cast<double>(m_.width), F = static_cast<double>(m_.ffn_size()) / t_;
-    const double U = m_.is_llama() ? 2.0 * F : F;
-    const double NK = n_ * static_cast<double>(m_.moe_top_k);
-    return bytes + static_cast<double>(l_.ep - 1) * e_ * NK * (2.0 * C + U + F);
+    return static_cast<double>(moe_layer_extra_bytes(local_, shape));
   }
-
-  // The MoE block's buffers, held once by a rank with MoE layers (model/moe.hpp, shared by
-  // its MoE layers): the backward's output-gradient and input-gradient rows [NK, C], the
-  // expert-side gradients [R, Fl] and [R, Ul], the gate weights' [NK], the router's
-  // probabilities' and logits' [N, E], the router's and the norm's input gradients [N, C], the
-  // aux losses' [B]; under EP the arrivals, expert outputs and both gradients [R, C]. R = NK EP,
-  // the most rows the rank's experts may receive.
   double moe_buffer_bytes() const {
-    if (m_.moe_experts == 0) return 0.0;
-    const double C = static_cast<double>(m_.width), E = static_cast<double>(m_.moe_experts);
-    const double Fl = static_cast<double>(m_.ffn_size()) / t_, Ul = m_.is_llama() ? 2.0 * Fl : Fl;
-    const double NK = n_ * static_cast<double>(m_.moe_top_k);
-    const double R = NK * static_cast<double>(l_.ep);
-    const double ep_rows = l_.ep > 1 ? 4.0 * R * C : 0.0;
-    return e_ * (2.0 * NK * C + R * (Fl + Ul) + NK + 2.0 * n_ * E + 2.0 * n_ * C + ep_rows) +
-           4.0 * static_cast<double>(l_.micro_batch);
+    return static_cast<double>(trident::moe_buffer_bytes(local_, shape(Recompute::None)));
   }
 
   double tp_seconds(Collective c, double bytes) const {
@@ -1253,12 +1239,6 @@ Prediction predict_with(const PlanProblem& p, const Layout& l, PredictCache* cac
     // What the rank recomputes in (one layer's worth, held once).
     const ActivationShape shape = model.shape(l.recompute);
     mem.activations += static_cast<double>(recompute_workspace_bytes(model.local(), shape));
-    if (l.recompute == Recompute::Full && m.moe_experts > 0) {  // its MoE extra, EP-sized
-      ActivationShape kept = shape;
-      kept.recompute = Recompute::None;
-      mem.activations += model.moe_extra_bytes(kept) -
-                         static_cast<double>(moe_layer_extra_bytes(model.local(), kept));
-    }
     // + the model's loss accumulator (one fp64, Transformer::loss_sum_).
     mem.buffers = reserved + scratch + ring_buffers + zero1_staging(p, l, stage.flat) + 8.0;
     double stage_fp8 = 0.0;

@@ -196,13 +196,20 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.split_backward = splits_backward(schedule);
   shape.element_bytes = static_cast<int64_t>(act);
   shape.attention_saved_per_row = 1;
-  // FP8's quantised copies: only a stage with a layer in FP8 ever makes them.
+  shape.expert_parallel = std::max(1, shard.ep_size);
+  // FP8's quantised copies: only a stage with a layer in FP8 ever makes them. A MoE layer
+  // keeps its router's and experts' rows beyond a dense layer's stash.
+  double moe_layers = 0;
   for (const auto& [begin, end] : shard.layer_chunks())
-    for (int64_t l = begin; l < end; ++l) shape.fp8 = shape.fp8 || shard.fp8.covers(l, m.layers);
+    for (int64_t l = begin; l < end; ++l) {
+      shape.fp8 = shape.fp8 || shard.fp8.covers(l, m.layers);
+      if (m.is_moe_layer(l)) moe_layers += 1;
+    }
   // One micro-batch's stash: every layer's saved tensors, the stage's input and, on the last
   // stage, the final norm's output.
-  double stash =
-      layers * static_cast<double>(layer_activation_bytes(local, shape)) + act * rows * C;
+  double stash = layers * static_cast<double>(layer_activation_bytes(local, shape)) +
+                 moe_layers * static_cast<double>(moe_layer_extra_bytes(local, shape)) +
+                 act * rows * C;
   // The micro-batch's token and target ids; on the last stage the final norm's output and the
   // loss statistics (Transformer::activation_bytes).
   stash += 8.0 * N;
@@ -218,11 +225,12 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
                              config.num_microbatches(), static_cast<int>(v)) /
              v);
   r.activation_bytes = static_cast<double>(r.micro_batches_held) * stash;
-  // Held once: what the rank recomputes in, the backward's scratch, the context ring's four
-  // key/value blocks (model/context_parallel.hpp), and the LM head's logits, one chunk of rows
-  // at a time.
+  // Held once: what the rank recomputes in, the backward's scratch, the MoE block's buffers,
+  // the context ring's four key/value blocks (model/context_parallel.hpp), and the LM head's
+  // logits, one chunk of rows at a time.
   r.activation_bytes += static_cast<double>(recompute_workspace_bytes(local, shape));
   r.activation_bytes += static_cast<double>(backward_scratch_bytes(local, shape));
+  if (moe_layers > 0) r.activation_bytes += static_cast<double>(moe_buffer_bytes(local, shape));
   if (shard.cp_size > 1)
     r.activation_bytes += 4.0 * act * N * 2.0 * static_cast<double>(m.kv_head_count()) / tp *
                           static_cast<double>(m.head_size());
