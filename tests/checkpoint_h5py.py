@@ -78,9 +78,26 @@ def attributes_checksum(attrs):
     return h
 
 
+def model_config(attrs):
+    """The [model] table of the run's resolved config (the root's `config` attribute)."""
+    config = attrs["config"] if "config" in attrs else b""
+    text = config.decode() if isinstance(config, bytes) else str(config)
+    return tomllib.loads(text).get("model", {}) if text else {}
+
+
+def moe_layers(attrs):
+    """{layer: experts} of a mixture of experts: every model.moe_layer_interval-th layer."""
+    model = model_config(attrs)
+    experts, interval = int(model.get("moe_experts", 0)), int(model.get("moe_layer_interval", 1))
+    if experts == 0:
+        return {}
+    return {layer: experts for layer in range(int(attrs["model_layers"])) if layer % interval == 0}
+
+
 def expected_shapes(attrs):
     """Every parameter's global shape, from the model attributes of the root (checkpoints
-    written before the architecture keys existed are gpt2 with its defaults)."""
+    written before the architecture keys existed are gpt2 with its defaults), a mixture of
+    experts' from the config's model table."""
     layers, width = int(attrs["model_layers"]), int(attrs["model_width"])
     vocab, seq, heads = int(attrs["model_vocab_size"]), int(attrs["model_seq_len"]), int(attrs["model_heads"])
     arch = attrs["model_arch"] if "model_arch" in attrs else "gpt2"
@@ -97,6 +114,7 @@ def expected_shapes(attrs):
                        "final_ln/weight": (width,), "final_ln/bias": (width,)})
     else:
         shapes["final_norm/weight"] = (width,)
+    moe = moe_layers(attrs)
     for layer in range(layers):
         p = "layers/%03d/" % layer
         if arch == "gpt2":
@@ -117,6 +135,22 @@ def expected_shapes(attrs):
                 p + "mlp/gate_up/weight": (2 * ffn, width),
                 p + "mlp/down/weight": (width, ffn),
             })
+        if layer in moe:  # the router and the stacked experts in place of the MLP
+            e = moe[layer]
+            for name in list(shapes):
+                if name.startswith(p + "mlp/"):
+                    del shapes[name]
+            shapes[p + "mlp/router/weight"] = (e, width)
+            if arch == "gpt2":
+                shapes.update({
+                    p + "mlp/experts/fc1/weight": (e * ffn, width), p + "mlp/experts/fc1/bias": (e * ffn,),
+                    p + "mlp/experts/fc2/weight": (e * width, ffn), p + "mlp/experts/fc2/bias": (e * width,),
+                })
+            else:
+                shapes.update({
+                    p + "mlp/experts/gate_up/weight": (2 * e * ffn, width),
+                    p + "mlp/experts/down/weight": (e * width, ffn),
+                })
     return shapes
 
 
@@ -124,7 +158,8 @@ def fp8_state_shapes(attrs):
     """The FP8 scaling state's datasets of a run with train.precision = "fp8" and
     train.fp8_recipe = "delayed" (docs/checkpoint-format.md): one per layer whose linear layers
     run in FP8, 12 rows (qkv, proj, up, down; each x, w, dy) of the scale, the steps recorded
-    and the amax history."""
+    and the amax history; a MoE layer's 6 + 6 E rows (qkv, proj, every expert's up, then every
+    expert's down)."""
     config = attrs["config"]
     train = tomllib.loads(config.decode() if isinstance(config, bytes) else str(config))["train"]
     if train.get("precision") != "fp8" or train.get("fp8_recipe", "current") != "delayed":
@@ -133,7 +168,8 @@ def fp8_state_shapes(attrs):
     first = int(train.get("fp8_skip_first_layers", 1))
     last = int(train.get("fp8_skip_last_layers", 1))
     history = int(train.get("fp8_amax_history", 1024))
-    return {"fp8/layers/%03d" % layer: (12, 2 + history)
+    moe = moe_layers(attrs)
+    return {"fp8/layers/%03d" % layer: (3 * (2 + 2 * moe[layer]) if layer in moe else 12, 2 + history)
             for layer in range(layers) if first <= layer < layers - last}
 
 

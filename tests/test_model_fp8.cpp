@@ -138,7 +138,7 @@ TEST(Fp8DelayedRecipe, SavedStateContinuesAsAnUnbrokenRunOnAnyLayout) {
   EXPECT_EQ(saved.layer_state(5), whole.layer_state(5)) << "the saved state is layout-free";
   EXPECT_EQ(saved.gemm(5, Fp8Gemm::Up).dy.local_scale(), whole.gemm(5, Fp8Gemm::Up).dy.scale() / 2);
   const std::vector<float> rows = saved.layer_state(5);
-  ASSERT_EQ(rows.size(), static_cast<size_t>(Fp8DelayedRecipe::kRows * 6));
+  ASSERT_EQ(rows.size(), static_cast<size_t>(Fp8DelayedRecipe::layer_rows(0) * 6));
   Fp8DelayedRecipe same(Fp8Format::E5M2, 4, 0), shorter(Fp8Format::E5M2, 2, 0);
   for (Fp8DelayedRecipe* r : {&same, &shorter}) {
     r->add_layer(5);
@@ -325,9 +325,9 @@ TEST(Fp8Linear, ExpertBlocksAreTheDenseLayerOnEachBlockAlone) {
   const ExpertBlocks blocks{offsets.data(), E, sources};
   Fp8Linear<CpuKernels<float>> experts(settings, *self), dense(settings, *self);
   std::vector<float> out(R * OC), dx(R * C), dw(E * OC * C, 0.5f), db(E * OC, 0.25f);
-  experts.experts_forward(k, out.data(), x.data(), w.data(), b.data(), blocks, C, OC);
-  experts.experts_backward(k, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                           blocks, C, OC);
+  experts.experts_forward(k, nullptr, out.data(), x.data(), w.data(), b.data(), blocks, C, OC);
+  experts.experts_backward(k, nullptr, dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                           w.data(), blocks, C, OC);
   std::vector<float> want_out(R * OC), want_dx(R * C), want_dw(E * OC * C, 0.5f),
       want_db(E * OC, 0.25f);
   int64_t blocks_run = 0;
@@ -349,9 +349,63 @@ TEST(Fp8Linear, ExpertBlocksAreTheDenseLayerOnEachBlockAlone) {
   // The blocks were scaled apart: one scale for the whole of an expert's rows gives others.
   std::vector<float> together(R * OC);
   const std::vector<int64_t> merged = {0, 5, 15};  // one source: each expert's rows as one
-  experts.experts_forward(k, together.data(), x.data(), w.data(), b.data(),
+  experts.experts_forward(k, nullptr, together.data(), x.data(), w.data(), b.data(),
                           ExpertBlocks{merged.data(), E, 1}, C, OC);
   EXPECT_NE(together, out);
+}
+
+// A MoE layer's delayed state: qkv's and the attention output's GEMMs, then every expert's up
+// and down GEMMs (layer_rows(E) rows), saved and restored like a dense layer's; its MLP's states
+// are the experts' (gemm() refuses Up and Down there). Under Fp8Linear's experts_*: without a
+// history the blocks scale as the current recipe does and each expert's state records the
+// largest amax of its blocks; with one, every block of expert e takes e's scale of the step.
+TEST(Fp8DelayedRecipe, ExpertsHaveAStateEachAndTheirBlocksShareIt) {
+  const int64_t E = 2, sources = 2, C = 8, OC = 6;
+  Fp8DelayedRecipe recipe(Fp8Format::E5M2, 3, 0);
+  recipe.add_layer(2, E);
+  EXPECT_EQ(recipe.layer_state(2).size(), static_cast<size_t>((3 * (2 + 2 * E)) * 5));
+  EXPECT_THROW(recipe.gemm(2, Fp8Gemm::Up), Error);
+  EXPECT_THROW(recipe.experts(2, Fp8Gemm::Qkv), Error);
+  Fp8GemmScaling* up = recipe.experts(2, Fp8Gemm::Up);
+  EXPECT_EQ(recipe.experts(2, Fp8Gemm::Down), up + E);
+  EXPECT_EQ(&recipe.gemm(2, Fp8Gemm::Proj) + 1, up) << "the checkpoint's row order";
+
+  const std::vector<int64_t> offsets = {0, 3, 5, 9, 10};  // expert 0: 3 + 2 rows, 1: 4 + 1
+  const int64_t R = offsets.back();
+  std::vector<float> x(R * C), w(E * OC * C), b(E * OC, 0.f), out(R * OC), want(R * OC);
+  for (int64_t i = 0; i < R * C; ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * (1 + i / 20);
+  for (int64_t i = 0; i < E * OC * C; ++i) w[i] = 0.1f * std::cos(1.3f * static_cast<float>(i));
+  auto self = make_self_communicator("tensor");
+  CpuKernels<float> k;
+  Fp8Settings settings;
+  settings.enabled = true;
+  Fp8Linear<CpuKernels<float>> fp8(settings, *self);
+  const ExpertBlocks blocks{offsets.data(), E, sources};
+  fp8.experts_forward(k, up, out.data(), x.data(), w.data(), b.data(), blocks, C, OC);
+  fp8.experts_forward(k, nullptr, want.data(), x.data(), w.data(), b.data(), blocks, C, OC);
+  EXPECT_EQ(out, want) << "no history yet: current scaling";
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = offsets[e * sources], r1 = offsets[(e + 1) * sources];
+    EXPECT_EQ(up[e].x.step_amax(), cpu::abs_max(x.data() + r0 * C, (r1 - r0) * C)) << e;
+    EXPECT_EQ(up[e].w.step_amax(), cpu::abs_max(w.data() + e * OC * C, OC * C)) << e;
+  }
+  // A step ends (one rank: nothing to reduce); the experts' states now scale the next one.
+  recipe.end_step({self.get()});
+  Fp8DelayedRecipe twin(Fp8Format::E5M2, 3, 0);
+  twin.add_layer(2, E);
+  twin.restore_layer(2, recipe.layer_state(2), 3);
+  fp8.experts_forward(k, up, out.data(), x.data(), w.data(), b.data(), blocks, C, OC);
+  Fp8Linear<CpuKernels<float>> dense(settings, *self);
+  int64_t compared = 0;
+  for (int64_t s = 0; s < blocks.count(); ++s) {
+    const int64_t r0 = offsets[s], rows = offsets[s + 1] - offsets[s], e = s / sources;
+    dense.forward(k, twin.experts(2, Fp8Gemm::Up) + e, want.data() + r0 * OC, x.data() + r0 * C,
+                  w.data() + e * OC * C, b.data() + e * OC, rows, C, OC);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 4);
+  EXPECT_EQ(out, want) << "each block with its expert's scale of the step";
+  EXPECT_NE(up[0].x.scale(), up[1].x.scale());
 }
 
 }  // namespace

@@ -253,8 +253,7 @@ const Key kKeys[] = {
    "gradients `train.fp8_grad_format`, each tensor scaled per `train.fp8_recipe`, fp32 "
    "accumulation; everything else, the master weights, "
    "gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
-   "fp8: `train.device = \"cpu\"`; with `model.moe_experts > 0`, `train.fp8_recipe = "
-   "\"current\"`"},
+   "fp8: `train.device = \"cpu\"`"},
   {TRIDENT_KEY(train, cpu_bf16_gemm), one_of({"auto", "fma", "onednn"}),
    "train.precision = \"bf16\" on the CPU: what multiplies the bf16 operands (fp32 sums "
    "either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 GEMM's "
@@ -275,8 +274,7 @@ const Key kKeys[] = {
    "Engine's DelayedScaling, amax_compute_algo \"max\"): the largest amax of the last "
    "`train.fp8_amax_history` steps, fixed for the step; the step's amaxes, reduced over the "
    "ranks, join the history when it ends (the first step, with none yet, scales as current "
-   "does). The histories and scales are saved in checkpoints (docs/checkpoint-format.md).",
-   "delayed: `model.moe_experts = 0` (the experts' GEMMs scale per expert and micro-batch)"},
+   "does). The histories and scales are saved in checkpoints (docs/checkpoint-format.md)."},
   {TRIDENT_KEY(train, fp8_amax_history), between(1, 65536),
    "train.fp8_recipe = \"delayed\": the number of steps whose amaxes set a tensor's scale "
    "(Transformer Engine's amax_history_len)."},
@@ -957,19 +955,13 @@ void check_context(const Config& c, const std::string& source) {
                      "ring have not yet been checked on a GPU (use train.device = \"cpu\")");
 }
 
-// train.precision = "fp8": the CPU reference only; mixtures of experts with current scaling.
+// train.precision = "fp8": the CPU reference only (so far).
 void check_fp8(const Config& c, const std::string& source) {
   if (c.train.precision != "fp8") return;
   if (c.train.device != "cpu")
     fail(source, "train.precision = \"fp8\" with train.device = \"" + c.train.device +
                      "\": the GPU's FP8 GEMMs are not built yet; the CPU reference is "
                      "(train.device = \"cpu\")");
-  if (c.model.moe_experts > 0 && c.train.fp8_recipe == "delayed")
-    fail(source, "train.fp8_recipe = \"delayed\" with model.moe_experts (" +
-                     int_text(c.model.moe_experts) +
-                     ") > 0: the experts' FP8 GEMMs scale per expert and micro-batch (the "
-                     "current recipe) only; no amax history per expert is kept yet (use "
-                     "train.fp8_recipe = \"current\")");
 }
 
 // Packed documents (data.document_mask, model.position_reset).

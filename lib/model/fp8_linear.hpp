@@ -91,18 +91,21 @@ class Fp8Linear {
                           1.0f / (sg * sx));
   }
 
-  // The expert GEMMs of a mixture-of-experts layer (current scaling): x [R,C] in `blocks`,
-  // w [E,OC,C] and b [E,OC] the stacked experts (E = blocks.experts), out [R,OC] (overwrite).
-  // Each block is quantised as a tensor of its own (its amax over the tensor and context
-  // groups, as a dense layer's activation) and each expert's weight as its own (over the tensor
-  // group); so a block's GEMM is the one a single rank computes for that expert on that
-  // micro-batch, whichever rank holds the expert (expert parallelism gathers several
+  // The expert GEMMs of a mixture-of-experts layer: x [R,C] in `blocks`, w [E,OC,C] and
+  // b [E,OC] the stacked experts (E = blocks.experts), out [R,OC] (overwrite). Current
+  // scaling: each block is quantised as a tensor of its own (its amax over the tensor and
+  // context groups, as a dense layer's activation) and each expert's weight as its own (over
+  // the tensor group); so a block's GEMM is the one a single rank computes for that expert on
+  // that micro-batch, whichever rank holds the expert (expert parallelism gathers several
   // micro-batches' rows on it). Transformer Engine's grouped linear layers also scale each
-  // expert's GEMM apart.
-  void experts_forward(K& k, T* out, const T* x, const T* w, const T* b,
-                       const ExpertBlocks& blocks, int64_t C, int64_t OC) {
-    block_scales(k, sx_, x, blocks, C, Fp8Format::E4M3);
-    expert_scales(k, sw_, w, blocks.experts, OC * C);
+  // expert's GEMM apart. Delayed: `delayed` [E] are the experts' states (nullptr: current
+  // scaling); once they have a history every block of expert e takes its state's scale of the
+  // step (the global batch's, so one rank's on every layout) and the state records the local
+  // amax of the expert's rows.
+  void experts_forward(K& k, Fp8GemmScaling* delayed, T* out, const T* x, const T* w,
+                       const T* b, const ExpertBlocks& blocks, int64_t C, int64_t OC) {
+    block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
+    expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
     T* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
     T* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
     for (int64_t s = 0; s < blocks.count(); ++s) {
@@ -114,18 +117,19 @@ class Fp8Linear {
   }
   // dx [R,C] (overwrite), dw [E,OC,C] +=, db [E,OC] += from dy [R,OC], as experts_forward
   // scales them (dy's blocks in train.fp8_grad_format); dx or dw and db may be nullptr.
-  void experts_backward(K& k, T* dx, G* dw, G* db, const T* dy, const T* x, const T* w,
-                        const ExpertBlocks& blocks, int64_t C, int64_t OC) {
-    block_scales(k, sg_, dy, blocks, OC, s_.grad_format);
+  void experts_backward(K& k, Fp8GemmScaling* delayed, T* dx, G* dw, G* db, const T* dy,
+                        const T* x, const T* w, const ExpertBlocks& blocks, int64_t C,
+                        int64_t OC) {
+    block_scales(k, delayed, &Fp8GemmScaling::dy, sg_, dy, blocks, OC, s_.grad_format);
     T* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
     T* xq = nullptr;
     T* wq = nullptr;
     if (dw) {
-      block_scales(k, sx_, x, blocks, C, Fp8Format::E4M3);
+      block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
       xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
     }
     if (dx) {
-      expert_scales(k, sw_, w, blocks.experts, OC * C);
+      expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
       wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
     }
     for (int64_t s = 0; s < blocks.count(); ++s) {
@@ -140,23 +144,51 @@ class Fp8Linear {
   }
 
  private:
-  // The scale of each block of v (rows of `width`): its amax over the tensor and context groups
-  // (one reduction of all blocks' amaxes each).
-  void block_scales(K& k, std::vector<float>& scales, const T* v, const ExpertBlocks& blocks,
+  // The scale of each block of v (rows of `width`): under the delayed recipe with a history,
+  // its expert's state's (which records the block's local amax); else its amax over the tensor
+  // and context groups (one reduction of all blocks' amaxes).
+  void block_scales(K& k, Fp8GemmScaling* delayed, Fp8DelayedScaling Fp8GemmScaling::*operand,
+                    std::vector<float>& scales, const T* v, const ExpertBlocks& blocks,
                     int64_t width, Fp8Format format) {
     scales.assign(static_cast<size_t>(blocks.count()), 0.0f);
     for (int64_t s = 0; s < blocks.count(); ++s)
       if (blocks.rows(s) > 0)
         scales[s] = k.abs_max(v + blocks.first(s) * width, blocks.rows(s) * width);
+    if (delayed) {
+      for (int64_t s = 0; s < blocks.count(); ++s)
+        (delayed[blocks.expert(s)].*operand).observe(scales[s]);
+      if (has_history(delayed, operand, blocks.experts)) {
+        for (int64_t s = 0; s < blocks.count(); ++s)
+          scales[s] = (delayed[blocks.expert(s)].*operand).local_scale();
+        return;
+      }
+    }
     reduce_max(scales, context_);
     for (float& s : scales) s = fp8_scale(s, 1.0f, format, s_.margin);
   }
-  // The scale of each of `experts` weights of n values: its amax over the tensor group.
-  void expert_scales(K& k, std::vector<float>& scales, const T* w, int64_t experts, int64_t n) {
+  // The scale of each of `experts` weights of n values: under the delayed recipe with a
+  // history, its state's; else its amax over the tensor group.
+  void expert_scales(K& k, Fp8GemmScaling* delayed, std::vector<float>& scales, const T* w,
+                     int64_t experts, int64_t n) {
     scales.assign(static_cast<size_t>(experts), 0.0f);
     for (int64_t e = 0; e < experts; ++e) scales[e] = k.abs_max(w + e * n, n);
+    if (delayed) {
+      for (int64_t e = 0; e < experts; ++e) delayed[e].w.observe(scales[e]);
+      if (has_history(delayed, &Fp8GemmScaling::w, experts)) {
+        for (int64_t e = 0; e < experts; ++e) scales[e] = delayed[e].w.local_scale();
+        return;
+      }
+    }
     reduce_max(scales, nullptr);
     for (float& s : scales) s = fp8_scale(s, 1.0f, Fp8Format::E4M3, s_.margin);
+  }
+  // Whether every expert's state has a history (they start and are restored together, and
+  // the same on every rank: the choice, and the collective it makes or not, is the group's).
+  static bool has_history(const Fp8GemmScaling* delayed,
+                          Fp8DelayedScaling Fp8GemmScaling::*operand, int64_t experts) {
+    for (int64_t e = 0; e < experts; ++e)
+      if ((delayed[e].*operand).recorded() == 0) return false;
+    return true;
   }
   void reduce_max(std::vector<float>& amax, Communicator* rows) {
     const int64_t n = static_cast<int64_t>(amax.size());

@@ -73,18 +73,34 @@ Fp8DelayedRecipe::Fp8DelayedRecipe(Fp8Format grad_format, int history, int margi
   (void)Fp8DelayedScaling(grad_format, history, margin);  // the arguments' checks
 }
 
-void Fp8DelayedRecipe::add_layer(int64_t layer) {
-  std::vector<Fp8GemmScaling> gemms;
-  for (int g = 0; g < kFp8GemmCount; ++g)
-    gemms.push_back({{Fp8Format::E4M3, history_, margin_},
-                     {Fp8Format::E4M3, history_, margin_},
-                     {grad_format_, history_, margin_}});
-  for (Fp8GemmScaling& g : gemms) g.dy.set_local_factor(static_cast<float>(gradient_replicas_));
-  layers_.insert_or_assign(layer, std::move(gemms));
+void Fp8DelayedRecipe::add_layer(int64_t layer, int64_t experts) {
+  if (experts < 0)
+    throw Error("FP8 delayed scaling: layer " + std::to_string(layer) + " with " +
+                std::to_string(experts) + " experts");
+  LayerStates l;
+  l.experts = experts;
+  for (int64_t g = 0; g < layer_rows(experts) / 3; ++g)
+    l.gemms.push_back({{Fp8Format::E4M3, history_, margin_},
+                       {Fp8Format::E4M3, history_, margin_},
+                       {grad_format_, history_, margin_}});
+  for (Fp8GemmScaling& g : l.gemms) g.dy.set_local_factor(static_cast<float>(gradient_replicas_));
+  layers_.insert_or_assign(layer, std::move(l));
 }
 
 Fp8GemmScaling& Fp8DelayedRecipe::gemm(int64_t layer, Fp8Gemm kind) {
-  return gemm_states(layer)[static_cast<size_t>(kind)];
+  LayerStates& l = states(layer);
+  if (l.experts > 0 && (kind == Fp8Gemm::Up || kind == Fp8Gemm::Down))
+    throw Error("FP8 delayed scaling: layer " + std::to_string(layer) +
+                "'s MLP is its experts' (Fp8DelayedRecipe::experts)");
+  return l.gemms[static_cast<size_t>(kind)];
+}
+
+Fp8GemmScaling* Fp8DelayedRecipe::experts(int64_t layer, Fp8Gemm kind) {
+  LayerStates& l = states(layer);
+  if (l.experts == 0 || (kind != Fp8Gemm::Up && kind != Fp8Gemm::Down))
+    throw Error("FP8 delayed scaling: layer " + std::to_string(layer) +
+                " has no experts' GEMMs of that kind");
+  return l.gemms.data() + 2 + (kind == Fp8Gemm::Down ? l.experts : 0);
 }
 
 namespace {
@@ -100,17 +116,19 @@ void for_each_state(std::vector<Fp8GemmScaling>& gemms, F&& f) {
 void Fp8DelayedRecipe::set_gradient_replicas(int replicas) {
   gradient_replicas_ = replicas;
   for (auto& entry : layers_)
-    for (Fp8GemmScaling& g : entry.second) g.dy.set_local_factor(static_cast<float>(replicas));
+    for (Fp8GemmScaling& g : entry.second.gemms)
+      g.dy.set_local_factor(static_cast<float>(replicas));
 }
 
 void Fp8DelayedRecipe::begin_step() {
-  for (auto& entry : layers_) for_each_state(entry.second, [](auto& s) { s.discard_step(); });
+  for (auto& entry : layers_)
+    for_each_state(entry.second.gemms, [](auto& s) { s.discard_step(); });
 }
 
 void Fp8DelayedRecipe::end_step(std::initializer_list<Communicator*> groups) {
   std::vector<float> amax;
   for (auto& entry : layers_)
-    for_each_state(entry.second, [&](auto& s) {
+    for_each_state(entry.second.gemms, [&](auto& s) {
       const float a = s.step_amax();
       amax.push_back(std::isnan(a) ? INFINITY : a);  // MPI's max may drop a NaN
     });
@@ -119,13 +137,15 @@ void Fp8DelayedRecipe::end_step(std::initializer_list<Communicator*> groups) {
       group->all_reduce(amax.data(), static_cast<int64_t>(amax.size()), DType::F32,
                         ReduceOp::Max);
   size_t i = 0;
-  for (auto& entry : layers_) for_each_state(entry.second, [&](auto& s) { s.end_step(amax[i++]); });
+  for (auto& entry : layers_)
+    for_each_state(entry.second.gemms, [&](auto& s) { s.end_step(amax[i++]); });
 }
 
 std::vector<float> Fp8DelayedRecipe::layer_state(int64_t layer) const {
-  std::vector<float> rows(static_cast<size_t>(kRows * row_length()), 0.0f);
+  const LayerStates& l = states(layer);
+  std::vector<float> rows(static_cast<size_t>(layer_rows(l.experts) * row_length()), 0.0f);
   size_t row = 0;
-  for (const Fp8GemmScaling& g : gemm_states(layer))
+  for (const Fp8GemmScaling& g : l.gemms)
     for (const Fp8DelayedScaling* s : {&g.x, &g.w, &g.dy}) {
       float* out = rows.data() + row++ * static_cast<size_t>(row_length());
       const std::vector<float> history = s->history();
@@ -139,12 +159,14 @@ std::vector<float> Fp8DelayedRecipe::layer_state(int64_t layer) const {
 void Fp8DelayedRecipe::restore_layer(int64_t layer, std::span<const float> rows,
                                      int64_t stored_history) {
   const auto length = static_cast<size_t>(stored_history + 2);
-  if (stored_history < 1 || rows.size() != kRows * length)
+  LayerStates& l = states(layer);
+  const auto expected_rows = static_cast<size_t>(layer_rows(l.experts));
+  if (stored_history < 1 || rows.size() != expected_rows * length)
     throw Error("FP8 delayed scaling: layer " + std::to_string(layer) + "'s saved state has " +
-                std::to_string(rows.size()) + " values, not " + std::to_string(kRows) +
+                std::to_string(rows.size()) + " values, not " + std::to_string(expected_rows) +
                 " rows of an amax history + 2");
   size_t row = 0;
-  for (Fp8GemmScaling& g : gemm_states(layer))
+  for (Fp8GemmScaling& g : l.gemms)
     for (Fp8DelayedScaling* s : {&g.x, &g.w, &g.dy}) {
       const float* in = rows.data() + row++ * length;
       const float recorded = in[1];
@@ -159,7 +181,7 @@ void Fp8DelayedRecipe::restore_layer(int64_t layer, std::span<const float> rows,
     }
 }
 
-const std::vector<Fp8GemmScaling>& Fp8DelayedRecipe::gemm_states(int64_t layer) const {
+const Fp8DelayedRecipe::LayerStates& Fp8DelayedRecipe::states(int64_t layer) const {
   auto it = layers_.find(layer);
   if (it == layers_.end())
     throw Error("FP8 delayed scaling: layer " + std::to_string(layer) + " has no FP8 GEMMs here");

@@ -77,11 +77,21 @@ struct Fp8GemmScaling {
 // indices). A step: begin_step(), the GEMMs observe their local amaxes, end_step() reduces
 // them over the ranks that hold the other parts of each tensor and of the global batch, and
 // every state takes the same reduced amax, so every layout scales as one rank does.
+// A mixture-of-experts layer has, in place of the MLP's two GEMMs, each expert's up and down
+// GEMMs, every expert's on every rank of the stage whichever experts it holds (a rank observes
+// its own experts'; the reduction over the data x context ranks, which take in every expert
+// group, gives each expert the global batch's amax): a few floats an expert, and one state
+// whatever the layout.
 class Fp8DelayedRecipe {
  public:
   Fp8DelayedRecipe(Fp8Format grad_format, int history, int margin);
-  void add_layer(int64_t layer);  // its kFp8GemmCount GEMMs, fresh
+  // A layer's GEMMs, fresh: the four of a dense layer, or (experts > 0) qkv, the attention
+  // output, and the experts' up and down GEMMs.
+  void add_layer(int64_t layer, int64_t experts = 0);
+  // A GEMM of a dense layer, or the attention's (Qkv, Proj) of a MoE layer.
   Fp8GemmScaling& gemm(int64_t layer, Fp8Gemm kind);
+  // A MoE layer's experts' states for `kind` (Up or Down), expert e at [e].
+  Fp8GemmScaling* experts(int64_t layer, Fp8Gemm kind);
   bool has_layer(int64_t layer) const { return layers_.count(layer) > 0; }
   int history() const { return history_; }
 
@@ -94,10 +104,13 @@ class Fp8DelayedRecipe {
   // as 0), then end_step on every state.
   void end_step(std::initializer_list<Communicator*> groups);
 
-  // A layer's state as a checkpoint holds it: kRows rows (GEMM-major: qkv x, w, dy, proj x,
-  // ...) of row_length() floats each: the scale, the steps recorded, then the amax history
+  // A layer's state as a checkpoint holds it: layer_rows(experts) rows (GEMM-major: qkv x, w,
+  // dy, proj x, ..., then a MoE layer's experts' up GEMMs in expert order, then their down
+  // GEMMs) of row_length() floats each: the scale, the steps recorded, then the amax history
   // oldest first, zero-padded at the end.
-  static constexpr int kRows = 3 * kFp8GemmCount;
+  static constexpr int64_t layer_rows(int64_t experts) {
+    return 3 * (experts > 0 ? 2 + 2 * experts : kFp8GemmCount);
+  }
   int64_t row_length() const { return 2 + history_; }
   std::vector<float> layer_state(int64_t layer) const;
   // The inverse, from rows of `stored_history` + 2 floats (another history length: the newest
@@ -105,15 +118,19 @@ class Fp8DelayedRecipe {
   void restore_layer(int64_t layer, std::span<const float> rows, int64_t stored_history);
 
  private:
-  const std::vector<Fp8GemmScaling>& gemm_states(int64_t layer) const;
-  std::vector<Fp8GemmScaling>& gemm_states(int64_t layer) {
-    return const_cast<std::vector<Fp8GemmScaling>&>(std::as_const(*this).gemm_states(layer));
+  struct LayerStates {
+    int64_t experts = 0;                // 0: a dense layer
+    std::vector<Fp8GemmScaling> gemms;  // in the checkpoint's order
+  };
+  const LayerStates& states(int64_t layer) const;
+  LayerStates& states(int64_t layer) {
+    return const_cast<LayerStates&>(std::as_const(*this).states(layer));
   }
 
   Fp8Format grad_format_;
   int history_, margin_;
   int gradient_replicas_ = 1;
-  std::map<int64_t, std::vector<Fp8GemmScaling>> layers_;  // layer -> its GEMMs by kind
+  std::map<int64_t, LayerStates> layers_;
 };
 
 }  // namespace trident

@@ -285,14 +285,17 @@ class MoeMlp {
   void expert_forward(K& k, const LinearParams<K>& p, const MoeActs<K>& m, T* out, const T* x,
                       const T* b, const int64_t* offsets, int64_t Cin, int64_t Cout) {
     if constexpr (kernels_have_fp8<K>)
-      if (p.fp8) return p.fp8->experts_forward(k, out, x, p.w, b, fp8_blocks(m), Cin, Cout);
+      if (p.fp8)
+        return p.fp8->experts_forward(k, p.fp8_delayed, out, x, p.w, b, fp8_blocks(m), Cin,
+                                      Cout);
     k.moe_expert_linear_forward(out, x, p.w, b, offsets, El_, Cin, Cout);
   }
   void expert_backward(K& k, const LinearParams<K>& p, const MoeActs<K>& m, T* dx, const T* dy,
                        const T* x, const int64_t* offsets, int64_t Cin, int64_t Cout) {
     if constexpr (kernels_have_fp8<K>)
       if (p.fp8)
-        return p.fp8->experts_backward(k, dx, p.dw, p.db, dy, x, p.w, fp8_blocks(m), Cin, Cout);
+        return p.fp8->experts_backward(k, p.fp8_delayed, dx, p.dw, p.db, dy, x, p.w,
+                                       fp8_blocks(m), Cin, Cout);
     k.moe_expert_linear_backward(dx, p.dw, p.db, dy, x, p.w, offsets, El_, Cin, Cout);
   }
   ExpertBlocks fp8_blocks(const MoeActs<K>& m) const {

@@ -350,7 +350,8 @@ class Transformer {
   void moe_forward(size_t i, LayerActs& la, T* norm2, T* output, int64_t B);
   const T* moe_backward(size_t i, LayerActs& la, const T* norm2, const T* d, int64_t B);
   // Block i's router and experts, the experts' GEMMs in FP8 where train.precision = "fp8"
-  // covers the block's layer (current scaling, per expert and micro-batch: Fp8Linear).
+  // covers the block's layer (Fp8Linear's experts_*), with their delayed scaling states under
+  // that recipe.
   MoeParams<K> moe_params(size_t i);
   // The forward tensors not kept in the stash, recomputed from what is: a norm's output [N,C]
   // (all rows, gathered under sequence parallelism) into `out` from its input rows [Ns,C], its

@@ -67,14 +67,12 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
       throw Error("train.precision = \"fp8\": this kernel set has no FP8 GEMMs (the CPU's "
                   "reference has them)");
     if (shard.fp8.delayed) {
-      if (config.moe_experts > 0)
-        throw Error("train.fp8_recipe = \"delayed\" with model.moe_experts > 0: the experts' "
-                    "FP8 GEMMs have no delayed scaling state (use the current recipe)");
       fp8_delayed_ = std::make_unique<Fp8DelayedRecipe>(shard.fp8.grad_format,
                                                         shard.fp8.history, shard.fp8.margin);
       for (size_t i = 0; i < layout_.blocks.size(); ++i)
         if (shard.fp8.covers(block_layer(i), config.layers))
-          fp8_delayed_->add_layer(block_layer(i));
+          fp8_delayed_->add_layer(block_layer(i),
+                                  layout_.blocks[i].moe() ? config.moe_experts : 0);
     }
   }
   whole_ = FlatStore::whole(layout_.flat_size);
@@ -642,8 +640,14 @@ MoeParams<K> Transformer<K>::moe_params(size_t i) {
   const BlockParams& p = layout_.blocks[i];
   MoeParams<K> mp{w(p.router_w), g(p.router_w), linear(p.up_w, p.up_b),
                   linear(p.down_w, p.down_b)};
-  if (fp8_ && shard_.fp8.covers(block_layer(i), config_.layers))
-    mp.up.fp8 = mp.down.fp8 = fp8_.get();
+  const int64_t layer = block_layer(i);
+  if (!fp8_ || !shard_.fp8.covers(layer, config_.layers)) return mp;
+  mp.up.fp8 = mp.down.fp8 = fp8_.get();
+  if (fp8_delayed_) {  // the states of this rank's experts, from its first
+    const int64_t first = static_cast<int64_t>(shard_.ep_rank) * moe_.local_experts();
+    mp.up.fp8_delayed = fp8_delayed_->experts(layer, Fp8Gemm::Up) + first;
+    mp.down.fp8_delayed = fp8_delayed_->experts(layer, Fp8Gemm::Down) + first;
+  }
   return mp;
 }
 

@@ -261,13 +261,7 @@ class CostModel {
         peak_(hw_.peak_flops(p.precision)),
         fp8_peak_(p.fp8() ? hw_.fp8_gemm_flops() : 0.0),
         n_(static_cast<double>(l.micro_batch * local_.seq_len)),
-        t_(static_cast<double>(l.tp)) {
-    if (p.fp8() && p.fp8_delayed && m_.moe_experts > 0)
-      throw Error("train.fp8_recipe = \"delayed\" with model.moe_experts (" +
-                  std::to_string(m_.moe_experts) +
-                  ") > 0: the experts' FP8 GEMMs scale per expert and micro-batch only (the "
-                  "trainer refuses it too)");
-  }
+        t_(static_cast<double>(l.tp)) {}
 
   // One transformer layer, one micro-batch, one tensor rank: a dense one, or (`moe`) one
   // whose MLP is the experts behind the router; (`fp8`) its linear layers (the experts', not

@@ -32,9 +32,12 @@ std::vector<Fp8StateDataset> fp8_state_datasets(const Config& config) {
   std::vector<Fp8StateDataset> out;
   if (!fp8.delayed) return out;
   for (int64_t layer = 0; layer < config.model.layers; ++layer)
-    if (fp8.covers(layer, config.model.layers))
+    if (fp8.covers(layer, config.model.layers)) {
+      const int64_t experts = config.model.is_moe_layer(layer) ? config.model.moe_experts : 0;
       out.push_back({layer, dataset_path(kFp8Root, "layers." + std::to_string(layer)),
-                     {Fp8DelayedRecipe::kRows, 2 + static_cast<int64_t>(fp8.history)}});
+                     {Fp8DelayedRecipe::layer_rows(experts),
+                      2 + static_cast<int64_t>(fp8.history)}});
+    }
   return out;
 }
 

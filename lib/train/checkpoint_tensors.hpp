@@ -19,7 +19,7 @@ namespace trident {
 
 // train.fp8_recipe = "delayed": the scaling state of the FP8 GEMMs, one dataset per layer whose
 // linear layers run in FP8 ("/fp8/layers/003"), of Fp8DelayedRecipe::layer_state's
-// [kRows, 2 + history] floats. A checkpoint holds all of them or none (another precision or
+// [layer_rows(experts), 2 + history] floats (a MoE layer's with its experts' rows). A checkpoint holds all of them or none (another precision or
 // recipe, `trident import`): a run then starts the state afresh.
 inline constexpr const char* kFp8Root = "/fp8";
 struct Fp8StateDataset {

@@ -99,27 +99,31 @@ void read_fp8_state(CheckpointReader& reader, const Config& c, const Checkpointe
                     MPI_Comm comm, bool report) {
   Fp8DelayedRecipe* fp8 = s.model.fp8_delayed();
   const std::vector<Fp8StateDataset> datasets = fp8_state_datasets(c);
-  std::vector<std::pair<const Fp8StateDataset*, std::vector<float>>> held;
+  // Each held dataset's layer, its stored history length and its rows.
+  struct Held {
+    int64_t layer, history;
+    std::vector<float> rows;
+  };
+  std::vector<Held> held;
   int64_t fresh = 0;
   for (const Fp8StateDataset& d : datasets) {
     if (!reader.has_dataset(d.name)) {
       ++fresh;
       continue;
     }
-    const std::vector<int64_t> shape = reader.shape(d.name);  // check_schema's: [kRows, >= 3]
+    // check_schema's: [layer_rows, >= 3]
+    const std::vector<int64_t> shape = reader.shape(d.name);
     const bool holds = fp8 && fp8->has_layer(d.layer);
     std::vector<float> rows(holds ? static_cast<size_t>(shape[0] * shape[1]) : 0);
     const auto n = static_cast<int64_t>(rows.size());
     reader.read_tensor(d.name, shape, holds ? std::vector<Run>{{0, 0, n}} : std::vector<Run>{},
                        rows, counted_if(writes_fp8_layer(s, d.layer)));
-    if (holds) held.emplace_back(&d, std::move(rows));
+    if (holds) held.push_back({d.layer, shape[1] - 2, std::move(rows)});
   }
   reader.finish();  // checksums and values (finite, >= 0) agreed before the rows are used
   std::string error;  // what restore_layer refuses (a scale of 0), agreed on by every rank
   try {
-    for (const auto& [d, rows] : held)
-      fp8->restore_layer(d->layer, rows, static_cast<int64_t>(rows.size()) /
-                                             Fp8DelayedRecipe::kRows - 2);
+    for (const Held& h : held) fp8->restore_layer(h.layer, h.rows, h.history);
   } catch (const Error& e) {
     error = "checkpoint '" + reader.path() + "': " + e.what();
   }
