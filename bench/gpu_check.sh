@@ -77,6 +77,10 @@
 #   s. checkpoints: f's shape for 9 steps without saves, with a synchronous and with an
 #      asynchronous save every 3 steps, against `trident plan`'s wait a save from n's measured
 #      file (bench-hw measures the storage there), reported              [H100 est. ~50 s]
+#   t. FP8 (train.precision = "fp8", cuBLASLt's FP8 GEMMs): e's FP8 GEMM ceiling beside its
+#      bf16 one, and p's Llama 3.2 1B shapes in fp8 beside p's bf16 tokens/s (target >= 1.3x);
+#      the correctness rows are b's (CudaFp8.*, CudaFp8Linear, GpuTrainer.Fp8TracksTheCpuReference)
+#                                                                          [H100 est. ~40 s]
 #
 # Every step runs under its own `timeout`, the whole under a budget (GPU_CHECK_BUDGET, default
 # 530 s: each step's limit is cut so that the later steps keep their minimum; h-l come after
@@ -109,7 +113,7 @@ mode=auto
 PACK="$repo/gpu_pack"
 OUT=${OUT:-$repo/build-gpu/gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET:-530}
-STEPS="a b c d e f g h i j k l m n o p q r s"
+STEPS="a b c d e f g h i j k l m n o p q r s t"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) mode=dry; shift ;;
@@ -1476,6 +1480,49 @@ if want s; then
           "plan $pred s vs measured $meas s ($what)" "$([[ $DRY == 1 ]] && echo DRY || echo INFO)"
     fi
   done
+fi
+
+# ================================================================ t. FP8 on the GPU
+# Issue 53: cuBLASLt's FP8 GEMM rate beside the bf16 one (e's gemm.json, its "fp8" entries),
+# and p's Llama 3.2 1B shapes with train.precision = "fp8" (every layer but the first and the
+# last, the current recipe) beside p's bf16 run: tokens/s ratio >= 1.3. A GPU without FP8 tensor
+# cores is refused at start-up in one line (reported as such).
+if want t; then
+  say "t. FP8: the GEMM ceiling (e's gemm.json) and p's Llama shapes in fp8"
+  fp8c=$("$PY" -c 'import json, sys
+g = json.load(open(sys.argv[1]))
+f = g.get("fp8")
+if not isinstance(f, list): print("not measured: %s" % (f or {}).get("skipped", g.get("skipped", "no fp8 entry"))); sys.exit()
+sq = [r for r in g.get("results", []) if r["name"].startswith("square")]
+bf = max((r["tflops"] for r in sq), default=0)
+print("; ".join("%s %.1f TFLOP/s" % (r["name"], r["tflops"]) for r in f) + ("; bf16 square best %.1f: fp8/bf16 %.2f" % (bf, max(r["tflops"] for r in f) / bf) if bf else ""))'       "$LOGS/gemm.json" 2>&1 | tail -1)
+  row t "FP8 GEMM ceiling (cuBLASLt, TN) beside bf16" "measured" "${fp8c:-gemm.json missing (run e)}" \
+      "$([[ $DRY == 1 ]] && echo DRY || echo INFO)"
+  if [[ -z ${lcommon+x} ]]; then
+    cfg=configs/llama_3.2_1b.toml LB=4 LN=12 LSKIP=3
+    lcommon=(--set model.vocab_size=50304 --set data.train=gpu_pack/data/random_50304.bin
+             --set data.val= --set parallel.tensor=1 --set parallel.data=1 --set optim.zero_stage=0
+             --set eval.interval=0 --set checkpoint.dir= --set log.interval=1
+             --set train.micro_batch=$LB --set train.global_batch=$LB)
+  fi
+  gpu_run llama-1b-fp8 configs/llama_3.2_1b.toml "$(limit 90 30)" 1 "${lcommon[@]}" \
+      --set train.steps=${LN:-12} --set train.device=cuda --set train.precision=fp8
+  rc=$?
+  res=$(gc throughput "$RUNS/llama-1b-fp8/metrics.jsonl" "${LSKIP:-3}" 1 1 1 1 "${LB:-4}" 2>&1)
+  IFS=$'\x1f' read -r ftps fms err <<<"$(get "$res" tokens_per_s ms_per_step error)"
+  if [[ $rc != 0 || -n $err || -z $ftps ]]; then
+    row t "Trident Llama 1B shapes, fp8: tokens/s" ">= 1.3x bf16 (p)" \
+        "failed (rc $rc): ${err:-$(errline "$LOGS/llama-1b-fp8.log")}" ERROR
+  elif [[ -z ${ltps:-} ]]; then
+    row t "Trident Llama 1B shapes, fp8: tokens/s" ">= 1.3x bf16 (p)" \
+        "$ftps tok/s, $fms ms/step; no bf16 figure (run p)" "$([[ $DRY == 1 ]] && echo DRY || echo INFO)"
+  else
+    ratio=$("$PY" -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$ftps" "$ltps")
+    tv=$("$PY" -c 'import sys; print("PASS" if float(sys.argv[1]) >= 1.3 else "FAIL")' "$ratio")
+    [[ $DRY == 1 ]] && tv=DRY
+    row t "Trident Llama 1B shapes, fp8 / bf16 tokens/s" ">= 1.3" \
+        "$ftps vs $ltps tok/s: $ratio ($fms ms/step)" "$tv"
+  fi
 fi
 }
 

@@ -1,12 +1,17 @@
 // cuBLAS(Lt) bf16 GEMM throughput (fp32 accumulation) through trident::cuda::gemm: the square
-// 8192^3 ceiling and the GEMMs of a GPT-2 124M training step (tokens = 1024 * B). Prints one
-// JSON object on stdout; without a CUDA device prints {"skipped": ...} and exits 0.
+// 8192^3 ceiling and the GEMMs of a GPT-2 124M training step (tokens = 1024 * B); and beside it
+// ("fp8") cuBLASLt's FP8 GEMM through trident::cuda::fp8_gemm (train.precision = "fp8"; TN,
+// fp32 accumulation) at the square shape and a GPT-2 forward shape, on a GPU with FP8 tensor
+// cores (else "fp8": {"skipped": ...}). Prints one JSON object on stdout; without a CUDA device
+// prints {"skipped": ...} and exits 0.
 //
 //   gpu_gemm_ceiling [B=8] [iters=20]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -25,6 +30,75 @@ struct Shape {
   int64_t M, N, K;
   bool f32_out;  // C in fp32 (the fp32 parameter-gradient GEMMs)
 };
+
+// "fp8": [...] entries (each a JSON object, as the bf16 ones), or {"skipped": ...}: operands
+// are bf16 uniform values quantised to codes (E4M3 at scale 256, E5M2 at 4096).
+void fp8_results(trident::cuda::CublasContext& ctx, int64_t Tok, int64_t D, int iters,
+                 cudaEvent_t e0, cudaEvent_t e1) {
+  using trident::Fp8Format;
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major * 10 + prop.minor < 89) {
+    std::printf("  \"fp8\": {\"skipped\": \"compute capability %d.%d: no FP8 tensor cores\"},\n",
+                prop.major, prop.minor);
+    return;
+  }
+  struct Fp8Shape {
+    const char* name;
+    Fp8Format fa, fb;
+    int64_t M, N, K;
+    bool f32_out;
+  };
+  const Fp8Shape shapes[] = {
+      {"fp8_square_8192_TN", Fp8Format::E4M3, Fp8Format::E4M3, 8192, 8192, 8192, false},
+      {"fp8_square_8192_TN_e5m2_f32", Fp8Format::E5M2, Fp8Format::E4M3, 8192, 8192, 8192, true},
+      {"fp8_fwd_fc", Fp8Format::E4M3, Fp8Format::E4M3, Tok, 4 * D, D, false}};
+  std::printf("  \"fp8\": [\n");
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    const Fp8Shape& s = shapes[i];
+    const int64_t a_elems = s.M * s.K, b_elems = s.N * s.K, c_elems = s.M * s.N;
+    bf16* staging = nullptr;
+    uint8_t *A = nullptr, *Bm = nullptr;
+    void* Cm = nullptr;
+    CUDA_CHECK(cudaMalloc(&staging, std::max(a_elems, b_elems) * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&A, a_elems));
+    CUDA_CHECK(cudaMalloc(&Bm, b_elems));
+    CUDA_CHECK(cudaMalloc(&Cm, c_elems * (s.f32_out ? 4 : 2)));
+    CUDA_CHECK(cudaMemset(Cm, 0, c_elems * (s.f32_out ? 4 : 2)));
+    auto codes = [&](uint8_t* out, int64_t n, Fp8Format f, uint32_t seed) {
+      fill_uniform<<<4096, 256>>>(staging, n, seed);
+      CUDA_CHECK(cudaGetLastError());
+      trident::cuda::fp8_quantize<bf16>(out, staging, n, f == Fp8Format::E4M3 ? 256.f : 4096.f, f);
+    };
+    codes(A, a_elems, s.fa, 4321u + static_cast<uint32_t>(i));
+    codes(Bm, b_elems, s.fb, 8765u + static_cast<uint32_t>(i));
+    auto run = [&] {
+      trident::cuda::fp8_gemm(ctx, s.fa, s.fb,
+                              s.f32_out ? trident::cuda::DType::F32 : trident::cuda::DType::BF16,
+                              s.M, s.N, s.K, 1.0f / 65536.0f, A, Bm, s.f32_out ? 1.f : 0.f, Cm,
+                              nullptr);
+    };
+    for (int w = 0; w < 3; w++) run();
+    CUDA_CHECK(cudaEventRecord(e0));
+    for (int it = 0; it < iters; it++) run();
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    ms /= iters;
+    const double flop = 2.0 * s.M * s.N * s.K;
+    std::printf("    {\"name\": \"%s\", \"op\": \"TN\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "
+                "\"out\": \"%s\", \"ms\": %.4f, \"tflops\": %.1f}%s\n",
+                s.name, static_cast<long long>(s.M), static_cast<long long>(s.N),
+                static_cast<long long>(s.K), s.f32_out ? "fp32" : "bf16", ms,
+                flop / (ms * 1e-3) * 1e-12, i + 1 < std::size(shapes) ? "," : "");
+    CUDA_CHECK(cudaFree(staging));
+    CUDA_CHECK(cudaFree(A));
+    CUDA_CHECK(cudaFree(Bm));
+    CUDA_CHECK(cudaFree(Cm));
+  }
+  std::printf("  ],\n");
+}
 
 }  // namespace
 
@@ -115,8 +189,10 @@ int main(int argc, char** argv) {
       CUDA_CHECK(cudaFree(Bm));
       CUDA_CHECK(cudaFree(Cm));
     }
+    std::printf("  ],\n");
+    fp8_results(ctx, Tok, D, iters, e0, e1);
     // One transformer layer's 12 GEMMs (forward, dinp, dweight) plus the LM head's 3.
-    std::printf("  ],\n  \"gpt2_layer_plus_head_gemms_ms\": %.4f,\n"
+    std::printf("  \"gpt2_layer_plus_head_gemms_ms\": %.4f,\n"
                 "  \"gpt2_layer_plus_head_gemms_tflops\": %.1f\n}\n",
                 total_ms, total_flop / (total_ms * 1e-3) * 1e-12);
     cudaEventDestroy(e0);

@@ -1,7 +1,7 @@
 // `trident train` with train.precision = "fp8" on the CPU (the FP8 reference;
 // model/fp8_linear.hpp), with either scaling recipe: it tracks fp32, every layout stays within
 // the bound of one rank, a resume is bitwise (the delayed recipe's state saved and restored,
-// from any layout, and across precisions), and what it cannot run yet is refused naming the key.
+// from any layout, and across precisions), and what the GPU cannot run is refused naming the key.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -292,12 +292,25 @@ INSTANTIATE_TEST_SUITE_P(Recipes, Fp8MoeRecipe, ::testing::Values("current", "de
 
 TEST(Fp8App, WhatIsNotBuiltIsRefusedNamingTheKey) {
   const auto dir = scratch_dir("fp8_bad");
-  const auto cuda = run_command(trident_cmd(small_llama_args(
-      dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\"")));
-  EXPECT_NE(cuda.exit_code, 0) << cuda.output;
-  EXPECT_NE(cuda.output.find("train.precision = \"fp8\" with train.device = \"cuda\""),
+  // On the GPU each FP8 GEMM's contraction must be a multiple of 16 (here a micro-batch's 40
+  // rows, the weight gradient's), and a mixture of experts is fp32 only: both refused when the
+  // config loads, with or without a GPU.
+  const auto rows = run_command(trident_cmd(small_llama_args(
+      dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\" "
+           "--set model.seq_len=20")));
+  EXPECT_NE(rows.exit_code, 0) << rows.output;
+  EXPECT_NE(rows.output.find("train.micro_batch x model.seq_len / parallel.context = 40 must be "
+                             "a multiple of 16"),
             std::string::npos)
-      << cuda.output;
+      << rows.output;
+  const auto moe = run_command(trident_cmd(small_llama_args(
+      dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\" "
+           "--set model.moe_experts=2")));
+  EXPECT_NE(moe.exit_code, 0) << moe.output;
+  EXPECT_NE(moe.output.find("model.moe_experts (2) > 0 with train.device = \"cuda\" needs "
+                            "train.precision = \"fp32\""),
+            std::string::npos)
+      << moe.output;
   const auto format = run_command(
       trident_cmd(small_llama_args(dir, "--set train.fp8_grad_format=\\\"e3m4\\\"")));
   EXPECT_NE(format.exit_code, 0) << format.output;

@@ -1344,6 +1344,107 @@ TEST(CudaFp8, AbsMaxIsTheHostsWithNaNAndInfinity) {
   EXPECT_EQ(amax.download_raw()[0], cpu::abs_max<float>(q.data(), static_cast<int64_t>(q.size())));
 }
 
+// gpu::fp8_transpose moves every byte where a host transpose does: shapes from one element
+// to several 32 x 32 tiles with ragged edges.
+TEST(CudaFp8, TransposeIsExact) {
+  REQUIRE_CUDA_DEVICE();
+  std::mt19937_64 rng(55);
+  int64_t compared = 0;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {1, 77}, {33, 65},
+                                   {100, 37}, {256, 512}}) {
+    std::vector<uint8_t> in(static_cast<size_t>(rows * cols));
+    for (uint8_t& b : in) b = static_cast<uint8_t>(rng());
+    DevBuf<uint8_t> d_in(in.size()), d_out(in.size());
+    d_in.upload_raw(in);
+    gpu::fp8_transpose(d_out.get(), d_in.get(), rows, cols);
+    const std::vector<uint8_t> out = d_out.download_raw();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c, ++compared)
+        ASSERT_EQ(out[c * rows + r], in[r * cols + c]) << rows << " x " << cols;
+  }
+  EXPECT_EQ(compared, 1 + 77 + 33 * 65 + 100 * 37 + 256 * 512);
+}
+
+// Random finite FP8 codes of a format (no NaN; every finite code may come).
+std::vector<uint8_t> random_codes(std::mt19937_64& rng, size_t n, trident::Fp8Format f) {
+  std::vector<uint8_t> v(n);
+  for (uint8_t& b : v) {
+    do b = static_cast<uint8_t>(rng());
+    while (!std::isfinite(trident::fp8_to_float(b, f)));
+  }
+  return v;
+}
+
+// gpu::fp8_gemm against the host's double sums of the decoded codes: C = alpha A B^T + bias in
+// bf16 (E4M3 x E4M3, the forward's) and C += alpha A B^T in f32 (E5M2 x E4M3, the weight
+// gradient's), at shapes of the linear layers (K a multiple of 16). The bounds, against the sum
+// of the products' magnitudes: 5e-3 with a bf16 output (its rounding, 2^-8 of the value), 1e-3
+// in f32 (the FP8 tensor cores sum in less than fp32 between cuBLAS's promotions to fp32); a
+// wrong layout, transpose or scale is off by the whole value.
+TEST(CudaFp8, GemmIsTheHostsSumOfTheDecodedCodes) {
+  REQUIRE_CUDA_DEVICE();
+  using trident::Fp8Format;
+  gpu::CublasContext ctx;
+  std::mt19937_64 rng(56);
+  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{64, 48, 32},
+                                {256, 768, 768}, {100, 200, 3072}}) {
+    for (const bool f32 : {false, true}) {
+      const Fp8Format fa = f32 ? Fp8Format::E5M2 : Fp8Format::E4M3, fb = Fp8Format::E4M3;
+      const std::vector<uint8_t> a = random_codes(rng, M * K, fa), b = random_codes(rng, N * K, fb);
+      const std::vector<float> bias = quantize<bf16>(random_vec(rng, N, -2.f, 2.f));
+      const std::vector<float> c0 = random_vec(rng, M * N, -1.f, 1.f);
+      const float alpha = 1.0f / 4096.0f;
+      DevBuf<uint8_t> da(a.size()), db(b.size());
+      da.upload_raw(a);
+      db.upload_raw(b);
+      DevBuf<bf16> dbias(N), c16(M * N);
+      DevBuf<float> c32(M * N);
+      dbias.upload(bias);
+      c32.upload(c0);
+      if (f32)
+        gpu::fp8_gemm(ctx, fa, fb, gpu::DType::F32, M, N, K, alpha, da.get(), db.get(), 1.0f,
+                      c32.get(), nullptr);
+      else
+        gpu::fp8_gemm(ctx, fa, fb, gpu::DType::BF16, M, N, K, alpha, da.get(), db.get(), 0.0f,
+                      c16.get(), dbias.get());
+      const std::vector<float> got = f32 ? c32.download() : c16.download();
+      double worst = 0;
+      int64_t compared = 0;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double sum = 0, mag = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double p = double(trident::fp8_to_float(a[m * K + k], fa)) *
+                             trident::fp8_to_float(b[n * K + k], fb);
+            sum += p;
+            mag += std::fabs(p);
+          }
+          const double want = alpha * sum + (f32 ? c0[m * N + n] : bias[n]);
+          const double scale = alpha * mag + std::fabs(want) + 1e-30;
+          worst = std::max(worst, std::fabs(got[m * N + n] - want) / scale);
+          ++compared;
+        }
+      EXPECT_EQ(compared, M * N);
+      EXPECT_LE(worst, f32 ? 1e-3 : 5e-3)
+          << M << " x " << N << " x " << K << (f32 ? " f32" : " bf16");
+      std::printf("[ measured ] fp8_gemm %lld x %lld x %lld (%s): worst %.2e of the sum's scale\n",
+                  static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                  f32 ? "E5M2 x E4M3, f32 +=" : "E4M3 x E4M3, bf16 + bias", worst);
+    }
+  }
+  // What the FP8 tensor cores cannot take is one line naming it.
+  DevBuf<uint8_t> x(64);
+  DevBuf<bf16> out(16);
+  EXPECT_THROW(gpu::fp8_gemm(ctx, Fp8Format::E4M3, Fp8Format::E4M3, gpu::DType::BF16, 4, 4, 12,
+                             1.0f, x.get(), x.get(), 0.0f, out.get(), nullptr),
+               trident::Error)
+      << "K = 12: not a multiple of 16";
+  EXPECT_THROW(gpu::fp8_gemm(ctx, Fp8Format::E5M2, Fp8Format::E5M2, gpu::DType::BF16, 4, 4, 16,
+                             1.0f, x.get(), x.get(), 0.0f, out.get(), nullptr),
+               trident::Error)
+      << "E5M2 x E5M2";
+}
+
 }  // namespace
 
 #endif  // TRIDENT_TEST_CUDA

@@ -1587,7 +1587,8 @@ TEST(PlanFp8, CoveredLayersGemmsAtTheFp8RateTheRestAtBf16) {
 
 // A stage whose layers are all skipped runs in bf16 and holds no quantised copies (the trainer
 // allocates them on a covered layer's first GEMM); the scratch is model_stats.hpp's fp8 count
-// at one byte an element: the largest input, weight and output gradient.
+// at one byte an element: the largest input, weight and output gradient, and on a GPU their
+// transposes (the backward's operands) as many bytes again.
 TEST(PlanFp8, SkippedStagesHoldNoScratchAndTheScratchIsTheTrainersCount) {
   const ModelConfig m = small_gpt();  // 8 layers, 4 a stage over PP 2
   PlanProblem fp8 = fp8_problem(m);
@@ -1605,9 +1606,9 @@ TEST(PlanFp8, SkippedStagesHoldNoScratchAndTheScratchIsTheTrainersCount) {
   const Prediction early = predict(fp8, l);
   EXPECT_EQ(early.fullest_stage, 0);
   // N = 16 rows; gpt2 C 64: the largest input F = 256, output gradient F = 256 (QKV 192), weight
-  // F x C; one byte each.
+  // F x C; one byte each, twice.
   const double N = 16, C = 64, F = 256;
-  EXPECT_DOUBLE_EQ(early.fp8_scratch_bytes, N * (F + F) + F * C);
+  EXPECT_DOUBLE_EQ(early.fp8_scratch_bytes, 2 * (N * (F + F) + F * C));
   EXPECT_DOUBLE_EQ(early.memory.total() - base.memory.total(), early.fp8_scratch_bytes);
 }
 
@@ -1794,7 +1795,8 @@ TEST(PlanFp8, MixtureOfExpertsGemmsAtTheFp8RateButTheRouter) {
                 b.time.compute - flops * (1 / 100e12 - 1 / 400e12) + r.fp8_quantise_seconds,
                 1e-9 * b.time.compute)
         << to_string(l);
-    EXPECT_DOUBLE_EQ(r.fp8_scratch_bytes, 2 * R * F + E * F * C) << "N K rows, E experts";
+    EXPECT_DOUBLE_EQ(r.fp8_scratch_bytes, 2 * (2 * R * F + E * F * C))
+        << "N K rows, E experts; codes and their transposes";
     ++compared;
   }
   EXPECT_EQ(compared, 2);
@@ -1802,7 +1804,7 @@ TEST(PlanFp8, MixtureOfExpertsGemmsAtTheFp8RateButTheRouter) {
   ep.ep = 2;
   PlanProblem two = fp8;
   two.hw.devices_per_node = 2;
-  EXPECT_DOUBLE_EQ(predict(two, ep).fp8_scratch_bytes, 2 * 2 * R * F + E / 2 * F * C)
+  EXPECT_DOUBLE_EQ(predict(two, ep).fp8_scratch_bytes, 2 * (2 * 2 * R * F + E / 2 * F * C))
       << "N K EP rows, E/EP experts";
   ActivationShape s;
   s.micro_batch = 4;

@@ -246,14 +246,17 @@ const Key kKeys[] = {
    "Compute precision. bf16: bf16 activations and GEMM inputs with fp32 accumulation, fp32 "
    "master weights, gradients and optimizer state; on the CPU the reference of the GPU's bf16 "
    "path, its bf16 values held in fp32 storage (memory as fp32's), products per "
-   "`train.cpu_bf16_gemm` (docs/gemm.md \"bf16 on the CPU\"). fp8 (cpu only so far: "
-   "the reference of the GPU's FP8 path): the linear layers of the blocks (qkv, attention "
-   "output, MLP in and out, and a mixture's experts, each expert scaled apart) multiply "
-   "operands quantised to FP8, activations and weights E4M3, "
+   "`train.cpu_bf16_gemm` (docs/gemm.md \"bf16 on the CPU\"). fp8: the linear layers of "
+   "the blocks (qkv, attention output, MLP in and out, and a mixture's experts, each expert "
+   "scaled apart) multiply operands quantised to FP8, activations and weights E4M3, "
    "gradients `train.fp8_grad_format`, each tensor scaled per `train.fp8_recipe`, fp32 "
-   "accumulation; everything else, the master weights, "
-   "gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
-   "fp8: `train.device = \"cpu\"`"},
+   "accumulation; everything else in the base precision (bf16 on the GPU, through cuBLASLt's "
+   "FP8 GEMMs: written, not yet run on a GPU; fp32 on the CPU, the reference), the master "
+   "weights, gradients and optimizer state in fp32. See docs/gpu.md \"FP8\".",
+   "fp8 with `train.device = \"cuda\"`: a GPU of compute capability 8.9 or later (refused "
+   "at start-up otherwise), `model.moe_experts = 0`, and each FP8 GEMM's contraction a "
+   "multiple of 16 (the width, the attention, qkv and MLP widths per tensor rank, and "
+   "`train.micro_batch` x `model.seq_len` per context rank)"},
   {TRIDENT_KEY(train, cpu_bf16_gemm), one_of({"auto", "fma", "onednn"}),
    "train.precision = \"bf16\" on the CPU: what multiplies the bf16 operands (fp32 sums "
    "either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 GEMM's "
@@ -955,15 +958,6 @@ void check_context(const Config& c, const std::string& source) {
                      "ring have not yet been checked on a GPU (use train.device = \"cpu\")");
 }
 
-// train.precision = "fp8": the CPU reference only (so far).
-void check_fp8(const Config& c, const std::string& source) {
-  if (c.train.precision != "fp8") return;
-  if (c.train.device != "cpu")
-    fail(source, "train.precision = \"fp8\" with train.device = \"" + c.train.device +
-                     "\": the GPU's FP8 GEMMs are not built yet; the CPU reference is "
-                     "(train.device = \"cpu\")");
-}
-
 // Packed documents (data.document_mask, model.position_reset).
 void check_documents(const Config& c, const std::string& source) {
   const DataConfig& d = c.data;
@@ -977,6 +971,32 @@ void check_documents(const Config& c, const std::string& source) {
   if (d.eod_id >= c.model.vocab_size)
     fail(source, "data.eod_id (" + int_text(d.eod_id) + ") must be < model.vocab_size (" +
                      int_text(c.model.vocab_size) + ")");
+}
+
+// train.precision = "fp8" on the GPU: the FP8 tensor cores take rows of 16-byte multiples
+// along the contraction, so every FP8 GEMM's contraction length must be a multiple of 16: the
+// forward's (the width, the attention and MLP widths per tensor rank), the input gradient's
+// (the qkv, MLP and output widths per tensor rank), the weight gradient's (a micro-batch's rows
+// on a rank). Checked when the config loads, not mid-run.
+void check_fp8_gpu(const Config& c, const std::string& source) {
+  if (c.train.precision != "fp8" || c.train.device != "cuda") return;
+  const ModelConfig& m = c.model;
+  const int64_t tp = c.parallel.tensor, cp = c.parallel.context;
+  const int64_t hs = m.head_size(), F = m.ffn_size();
+  const std::pair<const char*, int64_t> lengths[] = {
+      {"model.width", m.width},
+      {"model.heads x head size / parallel.tensor", m.heads * hs / tp},
+      {"(model.heads + 2 kv heads) x head size / parallel.tensor",
+       (m.heads + 2 * m.kv_head_count()) * hs / tp},
+      {"the MLP width / parallel.tensor", F / tp},
+      {"train.micro_batch x model.seq_len / parallel.context",
+       c.train.micro_batch * m.seq_len / cp}};
+  for (const auto& [what, length] : lengths)
+    if (length % 16 != 0)
+      fail(source, "train.precision = \"fp8\" with train.device = \"cuda\": " +
+                       std::string(what) + " = " + int_text(length) +
+                       " must be a multiple of 16 (each FP8 GEMM's contraction: the FP8 tensor "
+                       "cores' 16-byte rows)");
 }
 
 // Constraints between keys (each is described in the `relations` text of its key).
@@ -1001,7 +1021,7 @@ void check_relations(const Config& c, const std::string& source) {
   check_moe(c, source);
   check_context(c, source);
   check_documents(c, source);
-  check_fp8(c, source);
+  check_fp8_gpu(c, source);
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;

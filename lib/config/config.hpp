@@ -83,6 +83,11 @@ struct TrainConfig {
   int64_t threads = 0;              // 0: cores available to this rank
   std::string device = "cpu";       // "cpu" | "cuda"
   std::string precision = "fp32";   // "fp32" | "bf16" | "fp8"
+  // Activations and the weights' compute copy in bf16: precision "bf16", and "fp8" on the GPU
+  // (its base precision; the CPU reference's is fp32).
+  bool bf16_activations() const {
+    return precision == "bf16" || (precision == "fp8" && device == "cuda");
+  }
   std::string cpu_bf16_gemm = "auto";  // "auto" | "fma" | "onednn": the CPU's bf16 products
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
   bool deterministic = true;  // false: the GPU's bf16 attention backward accumulates dQ atomically

@@ -45,13 +45,14 @@ void copy_text(char* dst, size_t size, const std::string& src) {
 }
 
 // The GPU of this rank: chosen from the node-local rank (the grid's), then checked against the
-// GPUs every other rank chose (one all-gather over `world`). The same error on every rank.
+// GPUs every other rank chose (one all-gather over `world`), and for `needs_fp8` that it has FP8
+// tensor cores. The same error on every rank.
 struct Choice {
   int ordinal = 0;
   std::string identity;  // "GPU-..., own GPU"
 };
 
-Choice choose_gpu(MPI_Comm world, const NodePlacement& place, bool nccl) {
+Choice choose_gpu(MPI_Comm world, const NodePlacement& place, bool nccl, bool needs_fp8) {
   int rank = 0, size = 1;
   check_mpi(MPI_Comm_rank(world, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(world, &size), "MPI_Comm_size");
@@ -71,6 +72,12 @@ Choice choose_gpu(MPI_Comm world, const NodePlacement& place, bool nccl) {
       cudaGetLastError();
       throw Error("cannot read the properties of CUDA device " + std::to_string(mine.ordinal));
     }
+    // FP8 tensor cores: compute capability 8.9 (Ada) and later (Hopper 9.0, ...).
+    if (needs_fp8 && prop.major * 10 + prop.minor < 89)
+      throw Error("train.precision = \"fp8\" needs FP8 tensor cores (compute capability 8.9 "
+                  "or later), but CUDA device " + std::to_string(mine.ordinal) + " (" +
+                  prop.name + ") is " + std::to_string(prop.major) + "." +
+                  std::to_string(prop.minor) + " (use train.precision = \"bf16\")");
     copy_text(mine.uuid, sizeof mine.uuid,
               format_gpu_uuid(reinterpret_cast<const unsigned char*>(prop.uuid.bytes)));
     copy_text(mine.pci, sizeof mine.pci, pci);
@@ -107,7 +114,8 @@ Backend make_cuda_backend(const Config& config, const ParallelDims& dims,
   const bool nccl = config.parallel.comm == "nccl";
   Choice gpu_choice;
   try {
-    gpu_choice = choose_gpu(dims.mpi_world, dims.placement, nccl);
+    gpu_choice = choose_gpu(dims.mpi_world, dims.placement, nccl,
+                            config.train.precision == "fp8");
   } catch (const Error& e) {
     throw Error(config.source + ": train.device = \"cuda\": " + e.what());
   }
@@ -137,7 +145,7 @@ Backend make_cuda_backend(const Config& config, const ParallelDims& dims,
     return b.owned.back().get();
   });
   b.model = make_cuda_stage_model(config.model, shard, *b.comm(Dim::Tensor), gpu,
-                                  config.train.precision == "bf16");
+                                  config.train.bf16_activations());
   return b;
 }
 

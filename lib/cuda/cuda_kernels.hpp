@@ -10,6 +10,8 @@
 //    cross-entropy statistics in fp32. Master weights and gradients are fp32 (G = float): the
 //    model keeps a bf16 compute copy (convert).
 // Mixture of experts (has_moe): fp32 only (kernels/cuda/moe.cu).
+// FP8 linear layers (has_fp8, train.precision = "fp8"): bf16 only, on GPUs with FP8 tensor cores
+// (compute capability 8.9 or later; cuBLASLt's FP8 GEMMs, kernels/cuda/gemm.cu).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -93,6 +95,54 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   void linear_forward(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
                       int64_t OC) {
     cuda::linear_forward(dev_.blas(), out, inp, w, b, N, C, OC, s());
+  }
+
+  // FP8 linear layers (model/fp8_linear.hpp), the CPU reference's twins on FP8 codes (Q). The
+  // amax comes to the host (the scale is computed there, as on the CPU): a wait for the stream
+  // per quantised tensor. The backward's operands are contracted along the forward's rows, and
+  // the FP8 tensor cores take both operands contiguous along the contraction, so it transposes
+  // the codes (wq for dX; dyq and xq for dW) into scratch of the same sizes first.
+  static constexpr bool has_fp8 = std::is_same_v<Tx, cuda::bf16>;
+  using Q = uint8_t;  // an FP8 code
+  float abs_max(const T* x, int64_t n) {
+    if (amax_.size() == 0) amax_ = DeviceArray<float>(dev_, 1);
+    cuda::abs_max(amax_.data(), x, n, s());
+    float host = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&host, amax_.data(), sizeof(float), cudaMemcpyDeviceToHost, s()));
+    CUDA_CHECK(cudaStreamSynchronize(s()));
+    return host;
+  }
+  void fp8_quantize(Q* q, const T* x, int64_t n, float scale, Fp8Format format) {
+    cuda::fp8_quantize(q, x, n, scale, format, s());
+  }
+  void fp8_linear_forward(T* out, const Q* xq, const Q* wq, const T* b, int64_t N, int64_t C,
+                          int64_t OC, float inv_scale)
+    requires std::is_same_v<Tx, cuda::bf16>
+  {
+    cuda::fp8_gemm(dev_.blas(), Fp8Format::E4M3, Fp8Format::E4M3, cuda::DType::BF16, N, OC, C,
+                   inv_scale, xq, wq, 0.0f, out, b, s());
+  }
+  void fp8_linear_backward(T* dinp, G* dw, G* db, const T* dout, const Q* dyq, const Q* xq,
+                           const Q* wq, int64_t N, int64_t C, int64_t OC, float inv_dinp,
+                           float inv_dw, Fp8Format dy_format)
+    requires std::is_same_v<Tx, cuda::bf16>
+  {
+    if (db) cuda::bias_grad_accumulate<T>(db, dout, N, OC, s(),
+                                          workspace(cuda::bias_grad_workspace_bytes(N, OC)));
+    if (dinp) {  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
+      Q* wt = fp8_transposed(0, OC * C);
+      cuda::fp8_transpose(wt, wq, OC, C, s());
+      cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::BF16, N, C, OC, inv_dinp,
+                     dyq, wt, 0.0f, dinp, nullptr, s());
+    }
+    if (dw) {  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
+      Q* dyt = fp8_transposed(1, N * OC);
+      Q* xt = fp8_transposed(2, N * C);
+      cuda::fp8_transpose(dyt, dyq, N, OC, s());
+      cuda::fp8_transpose(xt, xq, N, C, s());
+      cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::F32, OC, C, N,
+                     inv_dw, dyt, xt, 1.0f, dw, nullptr, s());
+    }
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
                        int64_t C, int64_t OC) {
@@ -421,6 +471,16 @@ class CudaKernels : public CudaMoeSupport<Tx> {
       workspace_ = DeviceArray<unsigned char>(dev_, static_cast<int64_t>(bytes));
     return workspace_.data();
   }
+  // The FP8 backward's transposed codes (0: the weight's, 1: the output gradient's, 2: the
+  // input's), each grown to the largest call.
+  uint8_t* fp8_transposed(int which, int64_t n) {
+    DeviceArray<uint8_t>& buf = fp8_transposed_[static_cast<size_t>(which)];
+    if (n > buf.size()) {
+      buf = DeviceArray<uint8_t>();
+      buf = DeviceArray<uint8_t>(dev_, n);
+    }
+    return buf.data();
+  }
 
   // Whether p points into device (or managed) memory rather than host memory.
   static bool is_device_memory(const void* p) {
@@ -484,6 +544,8 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   std::vector<int64_t> host_offsets_;        // host_offsets' copy
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy
   DeviceArray<double> mean_scratch_;         // accumulate_mean into a host accumulator
+  DeviceArray<float> amax_;                  // abs_max's device result
+  std::array<DeviceArray<uint8_t>, 3> fp8_transposed_;  // fp8_transposed's buffers
   // Tokens and targets of two micro-batches in flight.
   std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
   size_t next_staging_ = 0;

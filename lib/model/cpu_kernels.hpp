@@ -97,20 +97,21 @@ class CpuKernels {
   // The FP8 reference (train.precision = "fp8"; model/fp8_linear.hpp): quantisation and the
   // linear layer's GEMMs on quantised operands.
   static constexpr bool has_fp8 = true;
+  using Q = T;  // a quantised value: the FP8 code's value, held in T (the GPU's holds codes)
   float abs_max(const T* x, int64_t n) { return static_cast<float>(cpu::abs_max(x, n)); }
   void fp8_quantize(T* q, const T* x, int64_t n, float scale, Fp8Format format) {
     cpu::fp8_quantize(q, x, n, scale, format);
   }
-  // The linear layer on quantised operands (xq[N,C], wq[OC,C], dyq[N,OC]), each product's sum
-  // times its inverse scales, as an FP8 tensor core's output; the bias gradient from the
-  // unquantised dout.
+  // The linear layer on quantised operands (xq[N,C], wq[OC,C], dyq[N,OC] in `dy_format`, which
+  // the values need not be told), each product's sum times its inverse scales, as an FP8 tensor
+  // core's output; the bias gradient from the unquantised dout.
   void fp8_linear_forward(T* out, const T* xq, const T* wq, const T* b, int64_t N, int64_t C,
                           int64_t OC, float inv_scale) {
     cpu::linear_forward(out, xq, wq, b, N, C, OC, static_cast<T>(inv_scale));
   }
   void fp8_linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* dyq, const T* xq,
                            const T* wq, int64_t N, int64_t C, int64_t OC, float inv_dinp,
-                           float inv_dw) {
+                           float inv_dw, Fp8Format /*dy_format*/) {
     if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
     cpu::linear_backward<T>(dinp, dw, nullptr, dyq, xq, wq, N, C, OC, static_cast<T>(inv_dinp),
                             static_cast<T>(inv_dw));

@@ -1,8 +1,9 @@
 #pragma once
-// FP8 linear layers (train.precision = "fp8", current scaling): the GEMMs of a transformer
-// block's linear layers (qkv, attention output, MLP in and out) on operands quantised to FP8,
-// as Hopper's FP8 tensor cores take them, on a kernel set that has the FP8 reference kernels
-// (the CPU's: kernels/cpu/ops.hpp "FP8 quantisation"; kernels_have_fp8).
+// FP8 linear layers (train.precision = "fp8"): the GEMMs of a transformer block's linear layers
+// (qkv, attention output, MLP in and out, a mixture's experts) on operands quantised to FP8,
+// as Hopper's FP8 tensor cores take them, on a kernel set with FP8 GEMMs (kernels_have_fp8: the
+// CPU reference's, fp32 GEMMs on the quantised values held as floats; the GPU's bf16 set,
+// cuBLASLt's FP8 GEMMs on one-byte codes, K::Q).
 //
 //   forward   out  = (fp8(x sx) fp8(w sw)^T) / (sx sw) + b          x, w: E4M3
 //   backward  dx   = (fp8(dy sg) fp8(w sw)) / (sg sw)               dy: the gradient format
@@ -49,6 +50,7 @@ class Fp8Linear {
  public:
   using T = typename K::T;
   using G = typename K::G;
+  using Q = typename K::Q;  // a quantised element: a value (the CPU reference) or an FP8 code
 
   Fp8Linear(const Fp8Settings& settings, Communicator& tensor) : s_(settings), tensor_(&tensor) {}
   // Context parallelism: the group whose ranks hold the other rows of every activation.
@@ -60,8 +62,8 @@ class Fp8Linear {
     const float sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C,
                                       Fp8Format::E4M3);
     const float sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
-    T* xq = scratch(k, xq_, N * C);
-    T* wq = scratch(k, wq_, OC * C);
+    Q* xq = scratch(k, xq_, N * C);
+    Q* wq = scratch(k, wq_, OC * C);
     k.fp8_quantize(xq, x, N * C, sx, Fp8Format::E4M3);
     k.fp8_quantize(wq, w, OC * C, sw, Fp8Format::E4M3);
     k.fp8_linear_forward(out, xq, wq, b, N, C, OC, 1.0f / (sx * sw));
@@ -72,11 +74,11 @@ class Fp8Linear {
                 const T* w, int64_t N, int64_t C, int64_t OC) {
     const float sg = activation_scale(k, state(delayed, &Fp8GemmScaling::dy), dy, N * OC,
                                       s_.grad_format);
-    T* dyq = scratch(k, dyq_, N * OC);
+    Q* dyq = scratch(k, dyq_, N * OC);
     k.fp8_quantize(dyq, dy, N * OC, sg, s_.grad_format);
     float sx = 1.0f, sw = 1.0f;
-    T* xq = nullptr;
-    T* wq = nullptr;
+    Q* xq = nullptr;
+    Q* wq = nullptr;
     if (dw) {
       sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C, Fp8Format::E4M3);
       xq = scratch(k, xq_, N * C);
@@ -88,7 +90,7 @@ class Fp8Linear {
       k.fp8_quantize(wq, w, OC * C, sw, Fp8Format::E4M3);
     }
     k.fp8_linear_backward(dx, dw, db, dy, dyq, xq, wq, N, C, OC, 1.0f / (sg * sw),
-                          1.0f / (sg * sx));
+                          1.0f / (sg * sx), s_.grad_format);
   }
 
   // The expert GEMMs of a mixture-of-experts layer: x [R,C] in `blocks`, w [E,OC,C] and
@@ -106,8 +108,8 @@ class Fp8Linear {
                        const T* b, const ExpertBlocks& blocks, int64_t C, int64_t OC) {
     block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
     expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
-    T* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
-    T* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
+    Q* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
+    Q* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
     for (int64_t s = 0; s < blocks.count(); ++s) {
       if (blocks.rows(s) == 0) continue;
       const int64_t e = blocks.expert(s), r0 = blocks.first(s);
@@ -121,9 +123,9 @@ class Fp8Linear {
                         const T* x, const T* w, const ExpertBlocks& blocks, int64_t C,
                         int64_t OC) {
     block_scales(k, delayed, &Fp8GemmScaling::dy, sg_, dy, blocks, OC, s_.grad_format);
-    T* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
-    T* xq = nullptr;
-    T* wq = nullptr;
+    Q* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
+    Q* xq = nullptr;
+    Q* wq = nullptr;
     if (dw) {
       block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
       xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
@@ -139,7 +141,7 @@ class Fp8Linear {
                             db ? db + e * OC : nullptr, dy + r0 * OC, dyq + r0 * OC,
                             xq ? xq + r0 * C : nullptr, wq ? wq + e * OC * C : nullptr,
                             blocks.rows(s), C, OC, dx ? 1.0f / (sg_[s] * sw_[e]) : 1.0f,
-                            dw ? 1.0f / (sg_[s] * sx_[s]) : 1.0f);
+                            dw ? 1.0f / (sg_[s] * sx_[s]) : 1.0f, s_.grad_format);
     }
   }
 
@@ -163,7 +165,7 @@ class Fp8Linear {
         return;
       }
     }
-    reduce_max(scales, context_);
+    reduce_max(k, scales, context_);
     for (float& s : scales) s = fp8_scale(s, 1.0f, format, s_.margin);
   }
   // The scale of each of `experts` weights of n values: under the delayed recipe with a
@@ -179,7 +181,7 @@ class Fp8Linear {
         return;
       }
     }
-    reduce_max(scales, nullptr);
+    reduce_max(k, scales, nullptr);
     for (float& s : scales) s = fp8_scale(s, 1.0f, Fp8Format::E4M3, s_.margin);
   }
   // Whether every expert's state has a history (they start and are restored together, and
@@ -190,14 +192,27 @@ class Fp8Linear {
       if ((delayed[e].*operand).recorded() == 0) return false;
     return true;
   }
-  void reduce_max(std::vector<float>& amax, Communicator* rows) {
-    const int64_t n = static_cast<int64_t>(amax.size());
-    tensor_->all_reduce(amax.data(), n, DType::F32, ReduceOp::Max);
-    if (rows) rows->all_reduce(amax.data(), n, DType::F32, ReduceOp::Max);
+  // amax[i] = its maximum over the tensor group and `rows` (nullptr: none). The communicators
+  // take device memory (a GPU's are NCCL or staged), so on a GPU the values travel through a
+  // device buffer; the CPU's device memory is host memory.
+  void reduce_max(K& k, std::vector<float>& amax, Communicator* rows) {
+    reduce_max(k, amax.data(), static_cast<int64_t>(amax.size()), rows);
   }
-  T* quantize_blocks(K& k, DeviceArray<T>& buf, const T* v, const ExpertBlocks& blocks,
+  void reduce_max(K& k, float* amax, int64_t n, Communicator* rows) {
+    Device& dev = k.device();
+    float* values = amax;
+    if (!dev.is_host()) {
+      if (amax_device_.size() < n) amax_device_ = DeviceArray<float>(dev, n);
+      values = amax_device_.data();
+      dev.from_host(values, amax, n * static_cast<int64_t>(sizeof(float)));
+    }
+    tensor_->all_reduce(values, n, DType::F32, ReduceOp::Max);
+    if (rows) rows->all_reduce(values, n, DType::F32, ReduceOp::Max);
+    if (!dev.is_host()) dev.to_host(amax, values, n * static_cast<int64_t>(sizeof(float)));
+  }
+  Q* quantize_blocks(K& k, DeviceArray<Q>& buf, const T* v, const ExpertBlocks& blocks,
                      int64_t width, const std::vector<float>& scales, Fp8Format format) {
-    T* q = scratch(k, buf, blocks.offsets[blocks.count()] * width);
+    Q* q = scratch(k, buf, blocks.offsets[blocks.count()] * width);
     for (int64_t s = 0; s < blocks.count(); ++s) {
       const int64_t at = blocks.first(s) * width;
       if (blocks.rows(s) > 0)
@@ -205,9 +220,9 @@ class Fp8Linear {
     }
     return q;
   }
-  T* quantize_experts(K& k, DeviceArray<T>& buf, const T* w, int64_t experts, int64_t n,
+  Q* quantize_experts(K& k, DeviceArray<Q>& buf, const T* w, int64_t experts, int64_t n,
                       const std::vector<float>& scales) {
-    T* q = scratch(k, buf, experts * n);
+    Q* q = scratch(k, buf, experts * n);
     for (int64_t e = 0; e < experts; ++e)
       k.fp8_quantize(q + e * n, w + e * n, n, scales[e], Fp8Format::E4M3);
     return q;
@@ -235,16 +250,15 @@ class Fp8Linear {
       delayed->observe(amax);
       if (delayed->recorded() > 0) return delayed->local_scale();
     }
-    tensor_->all_reduce(&amax, 1, DType::F32, ReduceOp::Max);
-    if (rows) rows->all_reduce(&amax, 1, DType::F32, ReduceOp::Max);
+    reduce_max(k, &amax, 1, rows);
     return fp8_scale(amax, 1.0f, format, s_.margin);
   }
   // Grown to the largest call's size; the old buffer is freed first (its contents are not
   // needed), so growing never holds both.
-  T* scratch(K& k, DeviceArray<T>& buf, int64_t n) {
+  Q* scratch(K& k, DeviceArray<Q>& buf, int64_t n) {
     if (buf.size() < n) {
-      buf = DeviceArray<T>();
-      buf = DeviceArray<T>(k.device(), n);
+      buf = DeviceArray<Q>();
+      buf = DeviceArray<Q>(k.device(), n);
     }
     return buf.data();
   }
@@ -252,8 +266,9 @@ class Fp8Linear {
   Fp8Settings s_;
   Communicator* tensor_;
   Communicator* context_ = nullptr;
-  DeviceArray<T> xq_, wq_, dyq_;
+  DeviceArray<Q> xq_, wq_, dyq_;
   std::vector<float> sx_, sw_, sg_;  // the expert GEMMs' scales (experts_forward/backward)
+  DeviceArray<float> amax_device_;    // reduce_max's buffer on a GPU
 };
 
 }  // namespace trident

@@ -149,7 +149,9 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 // N*(max(C, Hl, Fl) + max(QKVl, C, Ul)) + max(QKVl*C, C*Hl, Ul*C, C*Fl), and with MoE layers
 // the experts' where larger: R = N*K*EP rows at most (what MoeActs is sized for) of inputs
 // max(C, Fl) and gradients max(Ul, C), and the E/EP local experts' stacked weights
-// E/EP * max(Ul*C, C*Fl). 0 unless s.fp8.
+// E/EP * max(Ul*C, C*Fl). 0 unless s.fp8. backward_scratch_bytes counts them at the
+// activation's element size: the CPU reference's fp32 values (4 bytes), or the GPU's one-byte
+// codes and their transposes for the backward (2 x 1 byte, as bf16's 2).
 int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s);
 
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the

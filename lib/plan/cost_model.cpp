@@ -450,11 +450,14 @@ class CostModel {
 
   // The quantised copies' scratch an FP8 rank holds once (the largest input, weight and
   // output gradient of its GEMMs, the experts' at the most rows they may receive): model_stats'
-  // count, the trainer's own, at the device's quantised element.
+  // count, the trainer's own, at the device's quantised element; a GPU also holds their
+  // transposes (the backward's operands, cuda/cuda_kernels.hpp), as many bytes again.
   double fp8_scratch_bytes() const {
     ActivationShape q = shape(Recompute::None);
     q.fp8 = true;
-    return hw_.fp8_element_bytes() * static_cast<double>(fp8_scratch_elements(local_, q));
+    const double copies = hw_.device.kind == "gpu" ? 2.0 : 1.0;
+    return copies * hw_.fp8_element_bytes() *
+           static_cast<double>(fp8_scratch_elements(local_, q));
   }
 
   // The model's layers among chunk c's whose linear GEMMs run in FP8.

@@ -94,7 +94,7 @@ double async_staging_bytes(const Config& config, const ModelStateBytes& state) {
 // Bytes of one stored activation or compute weight: bf16's 2 on the GPU; 4 on the CPU, whose
 // bf16 precision holds bf16 values in fp32 storage (model/cpu_bf16_kernels.hpp).
 double activation_element_bytes(const TrainConfig& train) {
-  return train.precision == "bf16" && train.device == "cuda" ? 2.0 : 4.0;
+  return train.bf16_activations() && train.device == "cuda" ? 2.0 : 4.0;
 }
 }  // namespace
 
@@ -104,7 +104,7 @@ ModelStateBytes estimate_model_state(const Config& config, const ModelShard& sha
   const double P = s.parameters, L = s.largest_unit;
   const int stage = static_cast<int>(config.optim.zero_stage);
   const double d = stage >= 1 ? std::max(1, dp_size) : 1;
-  const bool bf16 = config.train.precision == "bf16";
+  const bool bf16 = config.train.bf16_activations();
   const double compute_element = activation_element_bytes(config.train);
   double gather = 0;
   if ((stage == 1 || stage == 2) && d > 1) {  // the largest bucket's staging (stage 2: a unit)

@@ -16,6 +16,8 @@
 //    configuration refuses CP on the GPU).
 //  * Packed documents (both architectures): fp32 and bf16 against the CPU, PP=2 over MPI.
 //  * train.deterministic = false (the bf16 attention backward's atomic dQ) against the CPU.
+//  * train.precision = "fp8" (cuBLASLt's FP8 GEMMs, bf16 base) against the CPU's FP8 reference
+//    (fp32 base), both recipes; skipped on a GPU without FP8 tensor cores.
 // Every test skips on a machine without a GPU (CI), with a message saying so.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -28,6 +30,8 @@
 #include "parity.hpp"
 
 #ifdef TRIDENT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda/ops.hpp"
 #endif
 
@@ -189,6 +193,55 @@ const std::vector<std::string> kLlama = {"model.arch=llama", "model.kv_heads=1",
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// Whether GPU 0 has FP8 tensor cores (compute capability 8.9 or later).
+bool gpu_has_fp8() {
+#ifdef TRIDENT_HAVE_CUDA
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major * 10 + prop.minor >= 89;
+#else
+  return false;
+#endif
+}
+
+// train.precision = "fp8" on the GPU (cuBLASLt's FP8 GEMMs on codes quantised from bf16, bf16
+// everything else) against the CPU's FP8 reference (the same quantisation from fp32), every
+// layer in FP8, both recipes, GPT-2 and Llama: the same scales and codes where the bf16 and
+// fp32 inputs round alike, so losses within 2e-2 of the reference (the bound of the GPU's bf16
+// against the CPU's fp32: the base precision is what differs), falling, and not the GPU's bf16
+// run's (the FP8 GEMMs ran).
+TEST(GpuTrainer, Fp8TracksTheCpuReference) {
+  REQUIRE_GPU();
+  if (!gpu_has_fp8()) GTEST_SKIP() << "GPU 0 has no FP8 tensor cores (compute capability < 8.9)";
+  const std::vector<std::string> every_layer = {"train.precision=fp8",
+                                                "train.fp8_skip_first_layers=0",
+                                                "train.fp8_skip_last_layers=0"};
+  int compared = 0;
+  for (const bool llama : {false, true})
+    for (const std::string recipe : {"current", "delayed"}) {
+      const std::string label = std::string(llama ? "llama" : "gpt2") + "-fp8-" + recipe;
+      const auto dir = shared_corpus("gpu_" + label);
+      std::vector<std::string> fp8 = with(every_layer, {"train.fp8_recipe=" + recipe});
+      if (llama) fp8 = with(fp8, kLlama);
+      std::vector<std::string> bf16 = {"train.device=cuda", "train.precision=bf16"};
+      if (llama) bf16 = with(bf16, kLlama);
+      const Reference cpu = reference_run(gpu_config(dir, fp8), kSteps);
+      const Reference got =
+          reference_run(gpu_config(dir, with(fp8, {"train.device=cuda"})), kSteps);
+      const Reference plain = reference_run(gpu_config(dir, bf16), kSteps);
+      const double losses = worst_relative(got.losses, cpu.losses);
+      const double from_bf16 = worst_relative(got.losses, plain.losses);
+      std::printf("[ measured ] GPU %s vs the CPU's FP8 reference: losses %.3g over %lld steps "
+                  "(first %.6f vs %.6f, last %.6f vs %.6f); %.3g from the GPU's bf16\n",
+                  label.c_str(), losses, static_cast<long long>(kSteps), got.losses.front(),
+                  cpu.losses.front(), got.losses.back(), cpu.losses.back(), from_bf16);
+      EXPECT_LE(losses, 2e-2) << label;
+      EXPECT_LT(got.losses.back(), got.losses.front()) << label;
+      EXPECT_GT(from_bf16, 1e-6) << label << ": the GPU's bf16 losses: no FP8 GEMM ran";
+      ++compared;
+    }
+  EXPECT_EQ(compared, 4);
 }
 
 TEST(GpuTrainer, LlamaFp32MatchesTheCpu) {

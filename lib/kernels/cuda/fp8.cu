@@ -1,9 +1,11 @@
-// FP8 quantisation on the GPU (train.precision = "fp8", issue 53; not yet called by the CUDA
-// trainer): the amax a tensor's scale comes from, and the FP8 codes of x * scale that the FP8
-// GEMMs take. The conversion is the hardware's saturating one (__nv_cvt_float_to_fp8 with
+// FP8 quantisation on the GPU (train.precision = "fp8"): the amax a tensor's scale comes from,
+// the FP8 codes of x * scale that the FP8 GEMMs take, and their transposes for the backward.
+// The conversion is the hardware's saturating one (__nv_cvt_float_to_fp8 with
 // __NV_SATFINITE), which util/fp8.hpp's float_to_fp8 reproduces on the host for the CPU
 // reference; test_cuda_kernels' CudaFp8 cases hold the two to the same bits.
 #include <cuda_fp8.h>
+
+#include <climits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.hpp"
@@ -35,7 +37,35 @@ __global__ void fp8_quantize_kernel(uint8_t* __restrict__ out, const T* __restri
     out[i] = __nv_cvt_float_to_fp8(detail::to_f32(in[i]) * scale, __NV_SATFINITE, kind);
 }
 
+// 32 x 32 tiles through shared memory (a padded row: no bank conflicts), 32 x 8 threads each
+// moving four bytes of a tile's rows in and four of its columns out.
+__global__ void fp8_transpose_kernel(uint8_t* __restrict__ out, const uint8_t* __restrict__ in,
+                                     int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[32][33];
+  const int64_t c0 = blockIdx.x * 32LL, r0 = blockIdx.y * 32LL;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;  // out row c, column r
+    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 }  // namespace
+
+void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
+  detail::check_dims(rows >= 0 && cols >= 0, "fp8_transpose: negative size");
+  if (rows == 0 || cols == 0) return;
+  detail::check_dims((cols + 31) / 32 <= INT_MAX && (rows + 31) / 32 <= 65535,
+                     "fp8_transpose: too many rows (> 65535 * 32)");
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  fp8_transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(out, in, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
 
 template <typename T>
 void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream) {

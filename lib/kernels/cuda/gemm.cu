@@ -253,6 +253,106 @@ void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
   if (with_bias) launch_scale_add_bias(c, C, ldc, bias, 1.f, M, N, false, stream);
 }
 
+// ---------------------------------------------------------------- FP8 GEMM
+// Row-major C[M,N] = A[M,K] B[N,K]^T is the column-major C^T[N,M] = op(B) op(A) with B stored
+// column-major [K,N] (op = T) and A stored [K,M] (op = N): the TN form, the one FP8 tensor cores
+// take. No fast accumulation (the default): the
+// tensor core's partial sums are promoted to fp32 as they go, what the CPU reference's fp32
+// sums stand for.
+void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M, int64_t N,
+              int64_t K, float alpha, const uint8_t* A, const uint8_t* B, float beta, void* C,
+              const void* bias, cudaStream_t stream) {
+  using detail::check_dims;
+  check_dims(M >= 0 && N >= 0 && K >= 0, "fp8_gemm: negative size");
+  check_dims(!(fa == Fp8Format::E5M2 && fb == Fp8Format::E5M2),
+             "fp8_gemm: both operands E5M2 (cuBLASLt has no such FP8 GEMM)");
+  check_dims(c == DType::BF16 || bias == nullptr, "fp8_gemm: a bias needs a bf16 output");
+  if (M == 0 || N == 0) return;
+  check_dims(C != nullptr, "fp8_gemm: C is null");
+  if (K == 0) {
+    launch_scale_add_bias(c, C, N, bias, beta, M, N, true, stream);
+    return;
+  }
+  check_dims(A != nullptr && B != nullptr, "fp8_gemm: A or B is null");
+  if (K % 16 != 0)
+    throw Error("fp8_gemm: the contraction length " + std::to_string(K) +
+                " is not a multiple of 16 (the FP8 tensor cores' 16-byte rows)");
+  auto fp8_type = [](Fp8Format f) {
+    return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+  };
+  CublasContext::Impl& im = ctx.impl();
+  const cublasOperation_t op_first = CUBLAS_OP_T, op_second = CUBLAS_OP_N;
+  const uint32_t align_first = alignment_of(B, K, 1), align_second = alignment_of(A, K, 1);
+  const uint32_t align_c = alignment_of(C, N, type_size(c));
+  const bool with_bias = bias != nullptr;
+  // (A distinct first entry keeps these apart from gemm_ex's keys in the shared cache.)
+  const std::array<int64_t, 16> key = {-8,           int64_t(fa),   int64_t(fb), int64_t(c),
+                                       M,            N,             K,           with_bias,
+                                       align_first,  align_second,  align_c,     beta != 0.f,
+                                       int64_t(with_bias ? alignment_of(bias, 0, 2) : 0), 0, 0, 0};
+  LtDescs d;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                              sizeof(op_first)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                              sizeof(op_second)));
+  if (with_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  }
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), static_cast<uint64_t>(K),
+                                          static_cast<uint64_t>(N), K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), static_cast<uint64_t>(K),
+                                          static_cast<uint64_t>(M), K));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(c), static_cast<uint64_t>(N),
+                                          static_cast<uint64_t>(M), N));
+  LtAlgo algo;
+  {
+    std::lock_guard<std::mutex> lock(im.mutex);
+    auto it = im.cache.find(key);
+    if (it != im.cache.end()) {
+      algo = it->second;
+    } else {
+      cublasLtMatmulPreference_t pref = nullptr;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = im.workspace_bytes;
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                           sizeof(ws));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                           &align_first, sizeof(align_first));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                           &align_second, sizeof(align_second));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &align_c, sizeof(align_c));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                           &align_c, sizeof(align_c));
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im.lt, d.op, d.a, d.b, d.c, d.c,
+                                                               pref, 1, &result, &returned);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+        algo.found = true;
+        algo.algo = result.algo;
+      }
+      im.cache.emplace(key, algo);
+    }
+  }
+  // No fallback: cublasGemmEx has no FP8 form. What cuBLASLt cannot run is one line.
+  if (!algo.found)
+    throw Error("fp8_gemm: cuBLASLt has no FP8 kernel for " + std::to_string(M) + " x " +
+                std::to_string(N) + " x " + std::to_string(K) + " (" +
+                (fa == Fp8Format::E4M3 ? "E4M3" : "E5M2") + " x " +
+                (fb == Fp8Format::E4M3 ? "E4M3" : "E5M2") + ", " +
+                (c == DType::F32 ? "f32" : "bf16") +
+                " out) on this GPU (FP8 GEMMs need compute capability 8.9 or later)");
+  CUBLAS_CHECK(cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+                              &algo.algo, im.workspace, im.workspace_bytes, stream));
+}
+
 // ---------------------------------------------------------------- bias gradient
 namespace {
 constexpr int kBiasRows = 256;  // rows per partial sum (fixed: the result depends on shapes only)

@@ -432,10 +432,11 @@ void grad_square_sum(double* result, const float* g, int64_t n, bool accumulate 
                      cudaStream_t stream = nullptr, void* workspace = nullptr);
 size_t grad_square_sum_workspace_bytes();
 
-// ---------------------------------------------------------------- FP8 quantisation
-// train.precision = "fp8"'s operands on the GPU (issue 53; the CUDA trainer does not call these
-// yet). *amax (a device float) = max |in[i]| over n values: 0 for n = 0, NaN if any value is
-// NaN, as cpu::abs_max (an integer max over the bits: order-independent, deterministic).
+// ---------------------------------------------------------------- FP8
+// train.precision = "fp8"'s operands and GEMMs on the GPU (sm_89 and later; the bf16 kernel
+// set's FP8 linear layers, cuda/cuda_kernels.hpp). *amax (a device float) = max |in[i]| over n
+// values: 0 for n = 0, NaN if any value is NaN, as cpu::abs_max (an integer max over the bits:
+// order-independent, deterministic).
 template <typename T>
 void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream = nullptr);
 // out[i] = the FP8 code (util/fp8.hpp) of in[i] * scale in `format`: round to nearest even,
@@ -444,5 +445,18 @@ void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream = nullptr)
 template <typename T>
 void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
                   cudaStream_t stream = nullptr);
+// out[cols, rows] = in[rows, cols]^T, FP8 codes (bytes): the backward's operands, whose
+// contraction runs along the rows of the forward's (the FP8 tensor cores take both operands
+// contiguous along the contraction, the "TN" form).
+void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
+                   cudaStream_t stream = nullptr);
+// C[M,N] = alpha * A[M,K] B[N,K]^T + beta * C (+ bias[N]) through cuBLASLt's FP8 GEMM, fp32
+// accumulation: A and B FP8 codes of formats fa and fb (not both E5M2), row-major and
+// contiguous along K (the TN form the FP8 tensor cores take), K a multiple of 16 (their 16-byte
+// alignment); C row-major [M,N], bf16 (bias bf16, or nullptr) or f32 (no bias). Throws a
+// trident::Error naming the shape or cuBLAS's status when cuBLASLt has no kernel for it.
+void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M, int64_t N,
+              int64_t K, float alpha, const uint8_t* A, const uint8_t* B, float beta, void* C,
+              const void* bias, cudaStream_t stream = nullptr);
 
 }  // namespace trident::cuda
