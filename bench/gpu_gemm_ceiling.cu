@@ -31,6 +31,19 @@ struct Shape {
   bool f32_out;  // C in fp32 (the fp32 parameter-gradient GEMMs)
 };
 
+// Milliseconds a call of `run` takes: 3 warm-up calls, then the mean of `iters` between events.
+template <class F>
+double time_ms(F&& run, int iters, cudaEvent_t e0, cudaEvent_t e1) {
+  for (int w = 0; w < 3; w++) run();
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int it = 0; it < iters; it++) run();
+  CUDA_CHECK(cudaEventRecord(e1));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0.f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms / iters;
+}
+
 // "fp8": [...] entries (each a JSON object, as the bf16 ones), or {"skipped": ...}: operands
 // are bf16 uniform values quantised to codes (E4M3 at scale 256, E5M2 at 4096).
 void fp8_results(trident::cuda::CublasContext& ctx, int64_t Tok, int64_t D, int iters,
@@ -78,14 +91,7 @@ void fp8_results(trident::cuda::CublasContext& ctx, int64_t Tok, int64_t D, int 
                               s.M, s.N, s.K, 1.0f / 65536.0f, A, Bm, s.f32_out ? 1.f : 0.f, Cm,
                               nullptr);
     };
-    for (int w = 0; w < 3; w++) run();
-    CUDA_CHECK(cudaEventRecord(e0));
-    for (int it = 0; it < iters; it++) run();
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ms /= iters;
+    const double ms = time_ms(run, iters, e0, e1);
     const double flop = 2.0 * s.M * s.N * s.K;
     std::printf("    {\"name\": \"%s\", \"op\": \"TN\", \"M\": %lld, \"N\": %lld, \"K\": %lld, "
                 "\"out\": \"%s\", \"ms\": %.4f, \"tflops\": %.1f}%s\n",
@@ -166,14 +172,7 @@ int main(int argc, char** argv) {
                                           beta, static_cast<bf16*>(Cm), ldc, nullptr);
         }
       };
-      for (int w = 0; w < 3; w++) run();
-      CUDA_CHECK(cudaEventRecord(e0));
-      for (int it = 0; it < iters; it++) run();
-      CUDA_CHECK(cudaEventRecord(e1));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0.f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      ms /= iters;
+      const double ms = time_ms(run, iters, e0, e1);
       const double flop = 2.0 * s.M * s.N * s.K;
       if (s.name.rfind("square", 0) != 0) {
         total_ms += ms;

@@ -27,6 +27,35 @@ std::string fp8_on(const std::string& recipe) {
 
 class Fp8Recipe : public ::testing::TestWithParam<std::string> {};
 
+// A layout's 8 steps against one rank's: step 1's loss and gradient norm within 1e-6 (every rank
+// quantises with the whole tensors' scales, so one rank's to rounding), every step's loss
+// within 2e-3 (later steps drift: see EveryLayoutWithinTheBoundOfOneRank); printed after `tag`.
+void expect_within_the_bound_of_one_rank(const std::string& tag, const std::string& layout,
+                                         const RunLosses& got, const RunLosses& ref) {
+  ASSERT_EQ(got.loss.size(), 8u) << layout;
+  EXPECT_LE(rel(got.loss[0], ref.loss[0]), 1e-6) << layout << ": step 1's loss";
+  EXPECT_LE(rel(got.grad_norm[0], ref.grad_norm[0]), 1e-6) << layout << ": step 1's gradient";
+  double worst = 0;
+  for (size_t i = 0; i < 8; ++i) worst = std::max(worst, rel(got.loss[i], ref.loss[i]));
+  EXPECT_LE(worst, 2e-3) << layout;
+  std::printf("[%s] %s: step 1 loss %.1e, gradient norm %.1e; worst over 8 steps %.1e\n",
+              tag.c_str(), layout.c_str(), rel(got.loss[0], ref.loss[0]),
+              rel(got.grad_norm[0], ref.grad_norm[0]), worst);
+}
+
+// The delayed recipe's state in checkpoints a and b, value by value within 1e-5 (the
+// independent h5py reader, tests/checkpoint_h5py.py); its summary line printed after `tag`.
+void expect_same_fp8_state(const std::string& tag, const std::string& layout,
+                           const std::string& a, const std::string& b) {
+  const auto same = run_command("/usr/bin/python3 " + std::string(TRIDENT_SOURCE_DIR) +
+                                "/tests/checkpoint_h5py.py same-fp8-state " + a + " " + b +
+                                " 1e-5");
+  EXPECT_EQ(same.exit_code, 0) << layout << "\n" << same.output;
+  const size_t line = same.output.find("same FP8 state");
+  std::printf("[%s] %s: %s", tag.c_str(), layout.c_str(),
+              line == std::string::npos ? "\n" : same.output.substr(line).c_str());
+}
+
 }  // namespace
 
 // 30 steps of fp8 beside fp32 from the same weights and data: the training and validation
@@ -98,25 +127,9 @@ TEST_P(Fp8Recipe, EveryLayoutWithinTheBoundOfOneRank) {
                              " --set checkpoint.dir=" + (log / "ck").string();
     const auto r = run_command(std::string(TRIDENT_MPIEXEC) + " -n 2 " + trident_cmd(args));
     ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
-    const RunLosses got = read_losses(log);
-    ASSERT_EQ(got.loss.size(), 8u) << layout;
-    EXPECT_LE(rel(got.loss[0], ref.loss[0]), 1e-6) << layout << ": step 1's loss";
-    EXPECT_LE(rel(got.grad_norm[0], ref.grad_norm[0]), 1e-6) << layout << ": step 1's gradient";
-    double worst = 0;
-    for (size_t i = 0; i < 8; ++i) worst = std::max(worst, rel(got.loss[i], ref.loss[i]));
-    EXPECT_LE(worst, 2e-3) << layout;
-    if (GetParam() == "delayed") {
-      const auto same = run_command("/usr/bin/python3 " + std::string(TRIDENT_SOURCE_DIR) +
-                                    "/tests/checkpoint_h5py.py same-fp8-state " + step2(log) +
-                                    " " + step2(dir / "one") + " 1e-5");
-      EXPECT_EQ(same.exit_code, 0) << layout << "\n" << same.output;
-      const size_t line = same.output.find("same FP8 state");
-      std::printf("[fp8 delayed] %s: %s", layout.c_str(),
-                  line == std::string::npos ? "\n" : same.output.substr(line).c_str());
-    }
-    std::printf("[fp8 %s] %s: step 1 loss %.1e, gradient norm %.1e; worst over 8 steps %.1e\n",
-                GetParam().c_str(), layout.c_str(), rel(got.loss[0], ref.loss[0]),
-                rel(got.grad_norm[0], ref.grad_norm[0]), worst);
+    expect_within_the_bound_of_one_rank("fp8 " + GetParam(), layout, read_losses(log), ref);
+    if (GetParam() == "delayed")
+      expect_same_fp8_state("fp8 delayed", layout, step2(log), step2(dir / "one"));
   }
 }
 
@@ -255,25 +268,8 @@ TEST_P(Fp8MoeRecipe, TracksFp32AndEveryLayoutWithinTheBoundOfOneRank) {
         trident_cmd_on(2, common + fp8_on(GetParam()) + " " + layout + logged(log)));
     ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.output;
     const RunLosses got = read_losses(log);
-    ASSERT_EQ(got.loss.size(), 8u) << layout;
-    EXPECT_LE(rel(got.loss[0], ref.loss[0]), 1e-6) << layout << ": step 1's loss";
-    EXPECT_LE(rel(got.grad_norm[0], ref.grad_norm[0]), 1e-6) << layout << ": step 1's gradient";
-    double worst = 0;
-    for (size_t i = 0; i < 8; ++i) worst = std::max(worst, rel(got.loss[i], ref.loss[i]));
-    EXPECT_LE(worst, 2e-3) << layout;
-    std::printf("[fp8 moe %s] %s: step 1 loss %.1e, gradient norm %.1e; worst over 8 steps "
-                "%.1e\n",
-                GetParam().c_str(), layout.c_str(), rel(got.loss[0], ref.loss[0]),
-                rel(got.grad_norm[0], ref.grad_norm[0]), worst);
-    if (delayed) {
-      const auto same = run_command("/usr/bin/python3 " + std::string(TRIDENT_SOURCE_DIR) +
-                                    "/tests/checkpoint_h5py.py same-fp8-state " + step1(log) +
-                                    " " + step1(dir / "one") + " 1e-5");
-      EXPECT_EQ(same.exit_code, 0) << layout << "\n" << same.output;
-      const size_t line = same.output.find("same FP8 state");
-      std::printf("[fp8 moe delayed] %s: %s", layout.c_str(),
-                  line == std::string::npos ? "\n" : same.output.substr(line).c_str());
-    }
+    expect_within_the_bound_of_one_rank("fp8 moe " + GetParam(), layout, got, ref);
+    if (delayed) expect_same_fp8_state("fp8 moe delayed", layout, step1(log), step1(dir / "one"));
     if (layout != ep2) continue;
     // The same layout stopped after step 3 and resumed from its checkpoint.
     const fs::path resumed = dir / "ep2_resumed";

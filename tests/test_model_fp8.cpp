@@ -19,6 +19,14 @@ using namespace trident;
 
 namespace {
 
+// n draws of a normal distribution times `scale`.
+std::vector<float> normal_values(std::mt19937_64& rng, int64_t n, float scale) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = scale * normal(rng);
+  return v;
+}
+
 TEST(Fp8Quantize, ValuesLandOnTheScaledGridAndAmaxIsExact) {
   std::mt19937_64 rng(5);
   std::normal_distribution<float> normal(0.f, 3.f);
@@ -239,12 +247,7 @@ TEST(Fp8Linear, DelayedUsesTheStepsScaleAndRecordsTheAmax) {
 TEST(Fp8Linear, ForwardAndBackwardAreTheirFormulas) {
   const int64_t N = 37, C = 24, OC = 40;
   std::mt19937_64 rng(3);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  auto draw = [&](int64_t n, float s) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = s * normal(rng);
-    return v;
-  };
+  auto draw = [&](int64_t n, float s) { return normal_values(rng, n, s); };
   const auto x = draw(N * C, 2.f), w = draw(OC * C, 0.05f), b = draw(OC, 0.1f),
              dy = draw(N * OC, 1e-3f);
   auto self = make_self_communicator("tensor");
@@ -308,12 +311,7 @@ TEST(Fp8Linear, ExpertBlocksAreTheDenseLayerOnEachBlockAlone) {
   const std::vector<int64_t> offsets = {0, 5, 5, 12, 15};  // blocks of 5, 0, 7 and 3 rows
   const int64_t R = offsets.back();
   std::mt19937_64 rng(11);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  auto draw = [&](int64_t n, float s) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = s * normal(rng);
-    return v;
-  };
+  auto draw = [&](int64_t n, float s) { return normal_values(rng, n, s); };
   auto x = draw(R * C, 2.f), dy = draw(R * OC, 1e-3f);
   const auto w = draw(E * OC * C, 0.05f), b = draw(E * OC, 0.1f);
   for (int64_t i = 12 * C; i < 15 * C; ++i) x[i] *= 0.01f;  // block 3's inputs smaller

@@ -199,6 +199,7 @@ class Fp8Linear {
     reduce_max(k, amax.data(), static_cast<int64_t>(amax.size()), rows);
   }
   void reduce_max(K& k, float* amax, int64_t n, Communicator* rows) {
+    if (tensor_->size() == 1 && (!rows || rows->size() == 1)) return;  // nothing to reduce
     Device& dev = k.device();
     float* values = amax;
     if (!dev.is_host()) {

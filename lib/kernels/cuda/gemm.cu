@@ -116,6 +116,53 @@ struct CublasContext::Impl {
   std::map<std::array<int64_t, 16>, LtAlgo> cache;  // heuristic results per problem
 };
 
+namespace {
+
+// The heuristic's best algorithm for the descriptors d, cached per problem `key` (the heuristic
+// is not free): found or not, the answer is kept.
+LtAlgo cached_algo(CublasContext::Impl& im, const std::array<int64_t, 16>& key, const LtDescs& d,
+                   uint32_t align_first, uint32_t align_second, uint32_t align_c) {
+  std::lock_guard<std::mutex> lock(im.mutex);
+  auto it = im.cache.find(key);
+  if (it != im.cache.end()) return it->second;
+  LtAlgo algo;
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = im.workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                       &align_first, sizeof(align_first));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                       &align_second, sizeof(align_second));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                       sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                       sizeof(align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im.lt, d.op, d.a, d.b, d.c, d.c, pref,
+                                                           1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    algo.found = true;
+    algo.algo = result.algo;
+  }
+  im.cache.emplace(key, algo);
+  return algo;
+}
+
+// The bias epilogue: bias[N] (row-major columns) added to every row of the output.
+void set_bias_epilogue(cublasLtMatmulDesc_t op, const void* bias) {
+  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+}
+
+}  // namespace
+
+
 CublasContext::CublasContext(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
   Impl& im = *impl_;
   im.workspace_bytes = workspace_bytes;
@@ -190,50 +237,13 @@ void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
                                               sizeof(op_first)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                               sizeof(op_second)));
-  if (with_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                sizeof(bias)));
-  }
+  if (with_bias) set_bias_epilogue(d.op, bias);
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, tab, first_rows, first_cols, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, tab, second_rows, second_cols, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, tc, static_cast<uint64_t>(N),
                                           static_cast<uint64_t>(M), ldc));
 
-  LtAlgo algo;
-  {
-    std::lock_guard<std::mutex> lock(im.mutex);
-    auto it = im.cache.find(key);
-    if (it != im.cache.end()) {
-      algo = it->second;
-    } else {
-      cublasLtMatmulPreference_t pref = nullptr;
-      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t ws = im.workspace_bytes;
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof(ws));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                           &align_first, sizeof(align_first));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                           &align_second, sizeof(align_second));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &align_c, sizeof(align_c));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                           &align_c, sizeof(align_c));
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im.lt, d.op, d.a, d.b, d.c, d.c,
-                                                               pref, 1, &result, &returned);
-      cublasLtMatmulPreferenceDestroy(pref);
-      if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-        algo.found = true;
-        algo.algo = result.algo;
-      }
-      im.cache.emplace(key, algo);
-    }
-  }
+  const LtAlgo algo = cached_algo(im, key, d, align_first, align_second, align_c);
 
   if (algo.found) {
     CUBLAS_CHECK(cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
@@ -296,51 +306,14 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
                                               sizeof(op_first)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                               sizeof(op_second)));
-  if (with_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                sizeof(bias)));
-  }
+  if (with_bias) set_bias_epilogue(d.op, bias);
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), static_cast<uint64_t>(K),
                                           static_cast<uint64_t>(N), K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), static_cast<uint64_t>(K),
                                           static_cast<uint64_t>(M), K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, cuda_type(c), static_cast<uint64_t>(N),
                                           static_cast<uint64_t>(M), N));
-  LtAlgo algo;
-  {
-    std::lock_guard<std::mutex> lock(im.mutex);
-    auto it = im.cache.find(key);
-    if (it != im.cache.end()) {
-      algo = it->second;
-    } else {
-      cublasLtMatmulPreference_t pref = nullptr;
-      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t ws = im.workspace_bytes;
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof(ws));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                           &align_first, sizeof(align_first));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                           &align_second, sizeof(align_second));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &align_c, sizeof(align_c));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                           &align_c, sizeof(align_c));
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im.lt, d.op, d.a, d.b, d.c, d.c,
-                                                               pref, 1, &result, &returned);
-      cublasLtMatmulPreferenceDestroy(pref);
-      if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-        algo.found = true;
-        algo.algo = result.algo;
-      }
-      im.cache.emplace(key, algo);
-    }
-  }
+  const LtAlgo algo = cached_algo(im, key, d, align_first, align_second, align_c);
   // No fallback: cublasGemmEx has no FP8 form. What cuBLASLt cannot run is one line.
   if (!algo.found)
     throw Error("fp8_gemm: cuBLASLt has no FP8 kernel for " + std::to_string(M) + " x " +
