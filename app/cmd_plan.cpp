@@ -327,6 +327,13 @@ void check_precision(const PlanProblem& problem) {
 // train.precision = "fp8" in one sentence: the FP8 GEMMs' rate, the layers they cover, the
 // rest's precision and the peak MFU is against (the base precision's: "bf16-equivalent",
 // torchtitan's and Megatron-LM's convention for FP8 runs).
+// `value` as printf's `format` (one conversion of a double) prints it.
+std::string printed(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
 std::string fp8_text(const PlanProblem& problem) {
   const std::string base = problem.base_precision();
   char text[600];
@@ -506,18 +513,22 @@ void run_plan(const PlanOptions& options) {
     return;
   }
   const ModelConfig& m = c.model;
-  std::printf("model: %s (%s, %lld layers, width %lld, %lld heads, %lld kv heads, seq_len %lld), "
-              "%.3g B parameters\n",
-              c.source.c_str(), m.arch.c_str(), static_cast<long long>(m.layers),
-              static_cast<long long>(m.width), static_cast<long long>(m.heads),
-              static_cast<long long>(m.kv_head_count()), static_cast<long long>(m.seq_len),
-              static_cast<double>(parameter_count(m)) / 1e9);
+  // (Wrapped at the table's 120 columns: a config's path has any length.)
+  print_wrapped("model:", c.source + " (" + m.arch + ", " + std::to_string(m.layers) +
+                              " layers, width " + std::to_string(m.width) + ", " +
+                              std::to_string(m.heads) + " heads, " +
+                              std::to_string(m.kv_head_count()) + " kv heads, seq_len " +
+                              std::to_string(m.seq_len) + "), " +
+                              printed("%.3g", static_cast<double>(parameter_count(m)) / 1e9) +
+                              " B parameters");
   if (m.moe_experts > 0)
-    std::printf("mixture of experts: %lld of %lld layers with %lld experts, top-%lld, capacity "
-                "factor %g (0: dropless), %.3g B parameters active per token\n",
-                static_cast<long long>(moe_layer_count(m)), static_cast<long long>(m.layers),
-                static_cast<long long>(m.moe_experts), static_cast<long long>(m.moe_top_k),
-                m.moe_capacity_factor, static_cast<double>(active_parameter_count(m)) / 1e9);
+    print_wrapped("mixture of experts:",
+                  std::to_string(moe_layer_count(m)) + " of " + std::to_string(m.layers) +
+                      " layers with " + std::to_string(m.moe_experts) + " experts, top-" +
+                      std::to_string(m.moe_top_k) + ", capacity factor " +
+                      printed("%g", m.moe_capacity_factor) + " (0: dropless), " +
+                      printed("%.3g", static_cast<double>(active_parameter_count(m)) / 1e9) +
+                      " B parameters active per token");
   std::printf("cluster: %s: %lld node(s) x %lld = %lld devices, %.1f GiB each, peak %.4g "
               "TFLOP/s %s\n",
               problem.hw.name.c_str(), static_cast<long long>(problem.nodes),
