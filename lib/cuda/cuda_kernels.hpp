@@ -132,8 +132,8 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     if (dinp) {  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
       Q* wt = fp8_transposed(0, OC * C);
       cuda::fp8_transpose(wt, wq, OC, C, s());
-      cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::BF16, N, C, OC, inv_dinp,
-                     dyq, wt, 0.0f, dinp, nullptr, s());
+      cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::BF16, N, C, OC,
+                     inv_dinp, dyq, wt, 0.0f, dinp, nullptr, s());
     }
     if (dw) {  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
       Q* dyt = fp8_transposed(1, N * OC);

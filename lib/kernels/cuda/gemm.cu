@@ -152,12 +152,21 @@ LtAlgo cached_algo(CublasContext::Impl& im, const std::array<int64_t, 16>& key, 
   return algo;
 }
 
-// The bias epilogue: bias[N] (row-major columns) added to every row of the output.
-void set_bias_epilogue(cublasLtMatmulDesc_t op, const void* bias) {
+// d.op: a matmul of `compute` with fp32 scalars, the column-major operands' transposes, and
+// (bias not null) the bias epilogue: bias[N] (row-major columns) added to every output row.
+void create_op(LtDescs& d, cublasComputeType_t compute, cublasOperation_t op_first,
+               cublasOperation_t op_second, const void* bias) {
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                              sizeof(op_first)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                              sizeof(op_second)));
+  if (bias == nullptr) return;
   const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
 }
 
 }  // namespace
@@ -232,12 +241,7 @@ void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
                                        align_second, align_c,  tf32,         int64_t(with_bias ? alignment_of(bias, 0, type_size(c)) : 0)};
 
   LtDescs d;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                              sizeof(op_first)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                              sizeof(op_second)));
-  if (with_bias) set_bias_epilogue(d.op, bias);
+  create_op(d, compute, op_first, op_second, bias);
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, tab, first_rows, first_cols, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, tab, second_rows, second_cols, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, tc, static_cast<uint64_t>(N),
@@ -266,9 +270,8 @@ void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
 // ---------------------------------------------------------------- FP8 GEMM
 // Row-major C[M,N] = A[M,K] B[N,K]^T is the column-major C^T[N,M] = op(B) op(A) with B stored
 // column-major [K,N] (op = T) and A stored [K,M] (op = N): the TN form, the one FP8 tensor cores
-// take. No fast accumulation (the default): the
-// tensor core's partial sums are promoted to fp32 as they go, what the CPU reference's fp32
-// sums stand for.
+// take. No fast accumulation (the default): the tensor core's partial sums are promoted to fp32
+// as they go, what the CPU reference's fp32 sums stand for.
 void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M, int64_t N,
               int64_t K, float alpha, const uint8_t* A, const uint8_t* B, float beta, void* C,
               const void* bias, cudaStream_t stream) {
@@ -291,7 +294,6 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
     return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
   };
   CublasContext::Impl& im = ctx.impl();
-  const cublasOperation_t op_first = CUBLAS_OP_T, op_second = CUBLAS_OP_N;
   const uint32_t align_first = alignment_of(B, K, 1), align_second = alignment_of(A, K, 1);
   const uint32_t align_c = alignment_of(C, N, type_size(c));
   const bool with_bias = bias != nullptr;
@@ -301,12 +303,7 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
                                        align_first,  align_second,  align_c,     beta != 0.f,
                                        int64_t(with_bias ? alignment_of(bias, 0, 2) : 0), 0, 0, 0};
   LtDescs d;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                              sizeof(op_first)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                              sizeof(op_second)));
-  if (with_bias) set_bias_epilogue(d.op, bias);
+  create_op(d, CUBLAS_COMPUTE_32F, CUBLAS_OP_T, CUBLAS_OP_N, bias);
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), static_cast<uint64_t>(K),
                                           static_cast<uint64_t>(N), K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), static_cast<uint64_t>(K),
