@@ -156,17 +156,9 @@ class Fp8Linear {
     for (int64_t s = 0; s < blocks.count(); ++s)
       if (blocks.rows(s) > 0)
         scales[s] = k.abs_max(v + blocks.first(s) * width, blocks.rows(s) * width);
-    if (delayed) {
-      for (int64_t s = 0; s < blocks.count(); ++s)
-        (delayed[blocks.expert(s)].*operand).observe(scales[s]);
-      if (has_history(delayed, operand, blocks.experts)) {
-        for (int64_t s = 0; s < blocks.count(); ++s)
-          scales[s] = (delayed[blocks.expert(s)].*operand).local_scale();
-        return;
-      }
-    }
-    reduce_max(k, scales, context_);
-    for (float& s : scales) s = fp8_scale(s, 1.0f, format, s_.margin);
+    finish_scales(k, scales, context_, format, [&](int64_t s) {
+      return delayed ? &(delayed[blocks.expert(s)].*operand) : nullptr;
+    });
   }
   // The scale of each of `experts` weights of n values: under the delayed recipe with a
   // history, its state's; else its amax over the tensor group.
@@ -174,42 +166,48 @@ class Fp8Linear {
                      int64_t experts, int64_t n) {
     scales.assign(static_cast<size_t>(experts), 0.0f);
     for (int64_t e = 0; e < experts; ++e) scales[e] = k.abs_max(w + e * n, n);
-    if (delayed) {
-      for (int64_t e = 0; e < experts; ++e) delayed[e].w.observe(scales[e]);
-      if (has_history(delayed, &Fp8GemmScaling::w, experts)) {
-        for (int64_t e = 0; e < experts; ++e) scales[e] = delayed[e].w.local_scale();
-        return;
-      }
-    }
-    reduce_max(k, scales, nullptr);
-    for (float& s : scales) s = fp8_scale(s, 1.0f, Fp8Format::E4M3, s_.margin);
+    finish_scales(k, scales, nullptr, Fp8Format::E4M3,
+                  [&](int64_t e) { return delayed ? &delayed[e].w : nullptr; });
   }
-  // Whether every expert's state has a history (they start and are restored together, and
-  // the same on every rank: the choice, and the collective it makes or not, is the group's).
-  static bool has_history(const Fp8GemmScaling* delayed,
-                          Fp8DelayedScaling Fp8GemmScaling::*operand, int64_t experts) {
-    for (int64_t e = 0; e < experts; ++e)
-      if ((delayed[e].*operand).recorded() == 0) return false;
-    return true;
+  // scales: each unit's local amax on entry (a tensor, a block of rows, an expert's weight),
+  // its scale on return. `state(i)`: unit i's delayed state, or nullptr (current scaling). Once
+  // every unit's state has a history (they start and are restored together, and are the same
+  // on every rank: the choice, and the collective it makes or not, is the group's), the
+  // state's scale of the step, the state recording the local amax; else the amax reduced over
+  // the tensor group and `rows`.
+  template <class State>
+  void finish_scales(K& k, std::vector<float>& scales, Communicator* rows, Fp8Format format,
+                     State state) {
+    bool history = true;
+    for (size_t i = 0; i < scales.size(); ++i) {
+      Fp8DelayedScaling* d = state(static_cast<int64_t>(i));
+      if (d) d->observe(scales[i]);
+      history = history && d && d->recorded() > 0;
+    }
+    if (history && !scales.empty()) {
+      for (size_t i = 0; i < scales.size(); ++i)
+        scales[i] = state(static_cast<int64_t>(i))->local_scale();
+      return;
+    }
+    reduce_max(k, scales, rows);
+    for (float& s : scales) s = fp8_scale(s, 1.0f, format, s_.margin);
   }
   // amax[i] = its maximum over the tensor group and `rows` (nullptr: none). The communicators
   // take device memory (a GPU's are NCCL or staged), so on a GPU the values travel through a
   // device buffer; the CPU's device memory is host memory.
   void reduce_max(K& k, std::vector<float>& amax, Communicator* rows) {
-    reduce_max(k, amax.data(), static_cast<int64_t>(amax.size()), rows);
-  }
-  void reduce_max(K& k, float* amax, int64_t n, Communicator* rows) {
+    const int64_t n = static_cast<int64_t>(amax.size());
     if (tensor_->size() == 1 && (!rows || rows->size() == 1)) return;  // nothing to reduce
     Device& dev = k.device();
-    float* values = amax;
+    float* values = amax.data();
     if (!dev.is_host()) {
       if (amax_device_.size() < n) amax_device_ = DeviceArray<float>(dev, n);
       values = amax_device_.data();
-      dev.from_host(values, amax, n * static_cast<int64_t>(sizeof(float)));
+      dev.from_host(values, amax.data(), n * static_cast<int64_t>(sizeof(float)));
     }
     tensor_->all_reduce(values, n, DType::F32, ReduceOp::Max);
     if (rows) rows->all_reduce(values, n, DType::F32, ReduceOp::Max);
-    if (!dev.is_host()) dev.to_host(amax, values, n * static_cast<int64_t>(sizeof(float)));
+    if (!dev.is_host()) dev.to_host(amax.data(), values, n * static_cast<int64_t>(sizeof(float)));
   }
   Q* quantize_blocks(K& k, DeviceArray<Q>& buf, const T* v, const ExpertBlocks& blocks,
                      int64_t width, const std::vector<float>& scales, Fp8Format format) {
@@ -246,13 +244,9 @@ class Fp8Linear {
   }
   float scale(K& k, Fp8DelayedScaling* delayed, const T* v, int64_t n, Fp8Format format,
               Communicator* rows) {
-    float amax = k.abs_max(v, n);
-    if (delayed) {
-      delayed->observe(amax);
-      if (delayed->recorded() > 0) return delayed->local_scale();
-    }
-    reduce_max(k, &amax, 1, rows);
-    return fp8_scale(amax, 1.0f, format, s_.margin);
+    one_.assign(1, k.abs_max(v, n));
+    finish_scales(k, one_, rows, format, [&](int64_t) { return delayed; });
+    return one_[0];
   }
   // Grown to the largest call's size; the old buffer is freed first (its contents are not
   // needed), so growing never holds both.
@@ -269,6 +263,7 @@ class Fp8Linear {
   Communicator* context_ = nullptr;
   DeviceArray<Q> xq_, wq_, dyq_;
   std::vector<float> sx_, sw_, sg_;  // the expert GEMMs' scales (experts_forward/backward)
+  std::vector<float> one_;           // scale()'s one tensor
   DeviceArray<float> amax_device_;    // reduce_max's buffer on a GPU
 };
 
