@@ -513,6 +513,31 @@ TEST(ConfigReject, Choices) {
   EXPECT_EQ(c.train.precision, "bf16");
 }
 
+// train.precision = "fp8" must leave a layer in FP8: the default skips (first 1, last 1) take
+// both layers of a 2-layer model, which would train in the base precision under fp8's name.
+TEST(ConfigReject, Fp8LeavesALayerInFp8) {
+  EXPECT_ERROR("[train]\nprecision = \"fp8\"\n",
+               "train.precision = \"fp8\": train.fp8_skip_first_layers (1) + "
+               "train.fp8_skip_last_layers (1) leave none of model.layers (2) in FP8; lower them "
+               "(0 puts every layer in FP8)");
+  EXPECT_ERROR("[model]\nlayers = 4\n[train]\nprecision = \"fp8\"\n"
+               "fp8_skip_first_layers = 0\nfp8_skip_last_layers = 9223372036854775807\n",
+               "train.precision = \"fp8\": train.fp8_skip_first_layers (0) + "
+               "train.fp8_skip_last_layers (9223372036854775807) leave none of model.layers (4) "
+               "in FP8; lower them (0 puts every layer in FP8)");
+  EXPECT_ERROR("[model]\nlayers = 4\n[train]\nprecision = \"fp8\"\n"
+               "fp8_skip_first_layers = 9223372036854775807\n",
+               "train.precision = \"fp8\": train.fp8_skip_first_layers (9223372036854775807) + "
+               "train.fp8_skip_last_layers (1) leave none of model.layers (4) in FP8; lower them "
+               "(0 puts every layer in FP8)");
+  // One layer left in FP8 is enough; the skips mean nothing in the other precisions.
+  EXPECT_EQ(parse("[model]\nlayers = 3\n[train]\nprecision = \"fp8\"\n").train.precision, "fp8");
+  EXPECT_EQ(parse("[train]\nprecision = \"fp8\"\nfp8_skip_first_layers = 0\n")
+                .train.fp8_skip_last_layers,
+            1);
+  EXPECT_EQ(parse("[train]\nfp8_skip_first_layers = 5\n").train.precision, "fp32");
+}
+
 TEST(ConfigReject, BucketSize) {
   EXPECT_ERROR("[parallel]\ndp_bucket_mb = 0\n", "parallel.dp_bucket_mb (0.0) must be > 0");
   EXPECT_ERROR("[parallel]\ndp_bucket_mb = -2.5\n",

@@ -256,7 +256,9 @@ const Key kKeys[] = {
    "fp8 with `train.device = \"cuda\"`: a GPU of compute capability 8.9 or later (refused "
    "at start-up otherwise), `model.moe_experts = 0`, and each FP8 GEMM's contraction a "
    "multiple of 16 (the width, the attention, qkv and MLP widths per tensor rank, and "
-   "`train.micro_batch` x `model.seq_len` per context rank)"},
+   "`train.micro_batch` x `model.seq_len` per context rank); fp8 on any device: "
+   "`train.fp8_skip_first_layers` + `train.fp8_skip_last_layers` below `model.layers` (at "
+   "least one layer in FP8)"},
   {TRIDENT_KEY(train, cpu_bf16_gemm), one_of({"auto", "fma", "onednn"}),
    "train.precision = \"bf16\" on the CPU: what multiplies the bf16 operands (fp32 sums "
    "either way). fma: the fp32 GEMM on the bf16 values (exact products, so a bf16 GEMM's "
@@ -999,6 +1001,19 @@ void check_fp8_gpu(const Config& c, const std::string& source) {
                        "cores' 16-byte rows)");
 }
 
+// train.precision = "fp8" whose skipped first and last layers leave no layer in FP8 would train
+// in the base precision under the name fp8: refused (a 2-layer model needs the skips lowered).
+void check_fp8_layers(const Config& c, const std::string& source) {
+  if (c.train.precision != "fp8") return;
+  const int64_t layers = c.model.layers, first = c.train.fp8_skip_first_layers,
+                last = c.train.fp8_skip_last_layers;
+  if (first >= layers || last >= layers - first)
+    fail(source, "train.precision = \"fp8\": train.fp8_skip_first_layers (" + int_text(first) +
+                     ") + train.fp8_skip_last_layers (" + int_text(last) +
+                     ") leave none of model.layers (" + int_text(layers) +
+                     ") in FP8; lower them (0 puts every layer in FP8)");
+}
+
 // Constraints between keys (each is described in the `relations` text of its key).
 void check_relations(const Config& c, const std::string& source) {
   const ModelConfig& m = c.model;
@@ -1022,6 +1037,7 @@ void check_relations(const Config& c, const std::string& source) {
   check_context(c, source);
   check_documents(c, source);
   check_fp8_gpu(c, source);
+  check_fp8_layers(c, source);
 
   const TrainConfig& t = c.train;
   const __int128 per_step = static_cast<__int128>(t.micro_batch) * c.parallel.data;
