@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_numbers.hpp"
 #include "commands.hpp"
 #include "config/config.hpp"
 #include "model/model_stats.hpp"
@@ -28,7 +29,8 @@ void add_plan_command(CLI::App& app, PlanOptions& options) {
       ->required();
   cmd->add_option("--nodes", options.nodes, "Nodes of the cluster")->required();
   cmd->add_option("--global-batch", options.global_batch,
-                  "Sequences per step (default: the config's train.global_batch)");
+                  "Sequences per step (default: the config's train.global_batch)")
+      ->check(whole_number(1));
   cmd->add_option("--top", options.top, "Layouts to print (default 10)");
   cmd->add_flag("--json", options.json, "Print JSON instead of the table");
   cmd->add_flag("--wide", options.wide,

@@ -91,6 +91,9 @@ TEST(AppPlan, BadInputIsOneErrorLine) {
                              (dir / "bad.toml").string() + " --nodes 1"),
                         "bad.toml: device.memory_bandwdth_gbs is not a hardware key");
   expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 0"), "--nodes = 0 must be >= 1");
+  // 0 sequences is no batch (not "the config's": leaving the option out says that).
+  expect_one_error_line(plan(kLlama7bOnH100 + " --nodes 1 --global-batch 0"),
+                        "--global-batch: must be a whole number >= 1, got 0");
   // 24 devices, a batch of 1001 (DP 1 only) and 2 layers (PP <= 2): TP would be 12 > 8.
   expect_one_error_line(plan(kLlama7bOnH100 + " --set model.layers=2 --nodes 3 "
                                               "--global-batch 1001"),
