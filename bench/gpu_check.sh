@@ -871,26 +871,23 @@ if want f; then
       fi
     fi
   fi
-  # The LM head's chunks, side by side: the run above takes the device's default (GPU: 512 MiB
-  # of logits a chunk, 4 chunks of 4,096 rows at B = 16); 32 MiB gave 320-row chunks (52 of
-  # them), the default of the first H200 run (62.1 ms a step).
+  # The bias-GELU fusion, side by side (train.fused_bias_gelu, on in the run above: cuBLASLt's
+  # GELU_AUX_BIAS and DGELU epilogues): the separate GELU kernels, the same run otherwise. (The
+  # LM head's chunk size, compared here before, was measured at 1.17x: bench/README.md.)
   if [[ -n $tri_tps ]]; then
-    Nrows=$((B * T)) old_rows=$(( (32 << 20) / (V * 2) / 32 * 32 ))
-    [[ $DRY == 1 ]] && old_rows=$(( (32 << 20) / (V * 4) / 32 * 32 ))
-    ((old_rows > Nrows)) && old_rows=$Nrows
-    gpu_run gpt-b$B-rows$old_rows "$cfg" "$(limit 60 60)" 1 "${shape[@]}" --set train.steps=$((SKIP + 8)) \
+    gpu_run gpt-b$B-gelu-separate "$cfg" "$(limit 60 60)" 1 "${shape[@]}" --set train.steps=$((SKIP + 8)) \
         --set train.micro_batch=$B --set train.global_batch=$B --set train.device=cuda \
-        --set train.precision=bf16 --set train.lm_head_chunk_rows=$old_rows
+        --set train.precision=bf16 --set train.fused_bias_gelu=false
     rc=$?
-    res=$(gc throughput "$RUNS/gpt-b$B-rows$old_rows/metrics.jsonl" "$SKIP" "$L" "$C" "$V" "$T" "$B" 2>&1)
+    res=$(gc throughput "$RUNS/gpt-b$B-gelu-separate/metrics.jsonl" "$SKIP" "$L" "$C" "$V" "$T" "$B" 2>&1)
     IFS=$'\x1f' read -r otps oms err <<<"$(get "$res" tokens_per_s ms_per_step error)"
     v=INFO; [[ $DRY == 1 ]] && v=DRY
     if [[ $rc != 0 || -n $err || -z $otps ]]; then
-      row f "the same, LM head in chunks of $old_rows rows (32 MiB)" "reported" "failed (rc $rc): ${err:-$(errline "$LOGS/gpt-b$B-rows$old_rows.log")}" ERROR
+      row f "the same, train.fused_bias_gelu = false" "reported" "failed (rc $rc): ${err:-$(errline "$LOGS/gpt-b$B-gelu-separate.log")}" ERROR
     else
       ratio=$("$PY" -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.3f}')" "$tri_tps" "$otps")
-      row f "the same, LM head in chunks of $old_rows rows (32 MiB)" "reported" \
-          "$otps tok/s, $oms ms/step; the default chunks run $ratio x as fast" "$v"
+      row f "the same, train.fused_bias_gelu = false" "reported" \
+          "$otps tok/s, $oms ms/step; the fused epilogues run $ratio x as fast" "$v"
     fi
   fi
 fi

@@ -296,6 +296,72 @@ TEST(CudaLinear, Bf16) {
   run_linear<bf16>(128, 96, 40, false, 14);
 }
 
+// train.fused_bias_gelu: the up projection with cuBLASLt's GELU_AUX_BIAS epilogue and the down
+// projection's input gradient with DGELU, against the CPU's definition (the GELU of the fp32
+// product before its rounding, model/cpu_bf16_kernels.hpp; for fp32 the separate kernels): act,
+// the kept pre-activation, dpre, dW and db. OC a multiple of 8 takes the epilogues (checked:
+// gemm_gelu says whether cuBLASLt ran them); OC = 36 the separate kernels (cuBLASLt's GELU input
+// needs a leading dimension that is a multiple of 8).
+template <typename S>
+void run_linear_gelu(int64_t N, int64_t C, int64_t OC, uint64_t seed) {
+  constexpr bool kBf16 = !std::is_same_v<S, float>;
+  std::mt19937_64 rng(seed);
+  const auto inp = quantize<S>(random_vec(rng, N * C, -2.f, 2.f));
+  const auto w = quantize<S>(random_vec(rng, OC * C, -0.3f, 0.3f));
+  const auto b = quantize<S>(random_vec(rng, OC));
+  const auto wd = quantize<S>(random_vec(rng, C * OC, -0.3f, 0.3f));  // down: [C, OC]
+  const auto dout = quantize<S>(random_vec(rng, N * C));
+  std::vector<float> pre(N * OC), act(N * OC), dx(N * OC), dpre(N * OC), dw(C * OC, 0.f),
+      db(C, 0.f);
+  cpu::linear_forward<float>(pre.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  cpu::gelu_forward<float>(act.data(), pre.data(), N * OC, kBf16);
+  const std::vector<float> pre_kept = quantize<S>(pre);
+  cpu::linear_backward<float>(dx.data(), dw.data(), db.data(), dout.data(), act.data(), wd.data(),
+                              N, OC, C);
+  cpu::gelu_backward<float>(dpre.data(), pre_kept.data(), dx.data(), N * OC, kBf16);
+
+  DevBuf<S> d_inp(inp.size()), d_w(w.size()), d_b(b.size()), d_wd(wd.size()),
+      d_dout(dout.size()), d_pre(pre.size()), d_act(act.size()), d_dpre(dpre.size()),
+      d_probe(act.size());
+  DevBuf<float> d_dw(dw.size()), d_db(db.size());
+  d_inp.upload(inp);
+  d_w.upload(w);
+  d_b.upload(b);
+  d_wd.upload(wd);
+  d_dout.upload(dout);
+  d_dw.upload(std::vector<float>(dw.size(), 0.f));
+  d_db.upload(std::vector<float>(db.size(), 0.f));
+  gpu::CublasContext ctx;
+  const bool epilogue = gpu::gemm_gelu(ctx, gpu::dtype_of<S>::value, false, true, N, OC, C,
+                                       d_inp.get(), C, d_w.get(), C, d_probe.get(), OC,
+                                       d_b.get(), gpu::Gelu::Forward, d_pre.get(), nullptr);
+  if (OC % 8 == 0 && kBf16) EXPECT_TRUE(epilogue) << "cuBLASLt ran no GELU_AUX_BIAS epilogue";
+  if (OC % 8 != 0) EXPECT_FALSE(epilogue);
+  gpu::linear_gelu_forward<S>(ctx, d_act.get(), d_pre.get(), d_inp.get(), d_w.get(), d_b.get(),
+                              N, C, OC);
+  // The down projection's backward: its input was act (its weight gradient reads it).
+  gpu::linear_backward_dgelu<S>(ctx, d_dpre.get(), d_dw.get(), d_db.get(), d_dout.get(),
+                                d_act.get(), d_wd.get(), d_pre.get(), N, OC, C);
+  const std::string k = "linear+gelu " + std::to_string(N) + "x" + std::to_string(C) + "->" +
+                        std::to_string(OC) + (epilogue ? " (epilogue)" : " (separate)");
+  expect_close(k, "act", type_name<S>(), d_act.download(), act, tolerance<S>());
+  expect_close(k, "pre (kept)", type_name<S>(), d_pre.download(), pre_kept, tolerance<S>());
+  expect_close(k, "dpre", type_name<S>(), d_dpre.download(), dpre, tolerance<S>());
+  expect_close(k, "dweight(+=)", type_name<S>(), d_dw.download(), dw, 1e-4);
+  expect_close(k, "dbias(+=)", type_name<S>(), d_db.download(), db, 1e-4);
+}
+
+TEST(CudaLinearGelu, Fp32) {
+  REQUIRE_CUDA_DEVICE();
+  run_linear_gelu<float>(256, 64, 192, 21);
+  run_linear_gelu<float>(130, 48, 36, 22);
+}
+TEST(CudaLinearGelu, Bf16) {
+  REQUIRE_CUDA_DEVICE();
+  run_linear_gelu<bf16>(256, 64, 192, 23);
+  run_linear_gelu<bf16>(130, 48, 36, 24);
+}
+
 // ================================================================ embeddings
 template <typename S>
 void run_embedding(int64_t B, int64_t T, int64_t C, int64_t vocab_begin, int64_t rows,

@@ -336,6 +336,95 @@ TEST(Bf16OneDnnAttention, TracksTheFmaEngineAndDouble) {
   EXPECT_EQ(compared, 2 * B * T * (C + NH + CQ));
 }
 
+namespace {
+
+// GELU (tanh form) and its derivative in double.
+double gelu_d(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+double gelu_grad_d(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  const double t = std::tanh(u);
+  return 0.5 * (1.0 + t) +
+         0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+// |got - exact| in units of the last place of bf16 at `exact`.
+double bf16_ulps(float got, double exact) {
+  if (exact == 0.0) return got == 0.0f ? 0.0 : 1e9;
+  return std::fabs(got - exact) / std::ldexp(1.0, std::ilogb(exact) - 7);
+}
+std::vector<float> bf16_normals(int64_t n, float sd, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16_to_float(float_to_bf16(normal(rng)));
+  return v;
+}
+
+}  // namespace
+
+// train.fused_bias_gelu on the bf16 kernel set (the GPU's cuBLASLt GELU_AUX_BIAS and DGELU
+// epilogues' reference), on each engine: act is the GELU of the product before its rounding and
+// dpre the GELU's gradient times the input gradient before its rounding, each rounded once:
+// within 0.51 of bf16's last place of the double-precision values (0.5: the rounding; the rest
+// the fp32 sums and exp), where the separate kernels, rounding the product (or dX) first, miss
+// by more. pre is what linear_forward stores; dW and db are linear_backward's, bit for bit.
+TEST(Bf16FusedGelu, RoundsTheGeluOfTheProductOnce) {
+  const int64_t N = 64, C = 96, OC = 80;
+  const std::vector<float> inp = bf16_normals(N * C, 1.0f, 1), w = bf16_normals(OC * C, 0.15f, 2),
+                           b = bf16_normals(OC, 0.5f, 3), dout = bf16_normals(N * C, 1.0f, 4),
+                           dact = bf16_normals(N * OC, 1.0f, 5);
+  auto host = make_cpu_device();
+  std::vector<Bf16Gemm> engines = {Bf16Gemm::Fma};
+  if (cpu::bf16_gemm_available()) engines.push_back(Bf16Gemm::OneDnn);
+  for (const Bf16Gemm engine : engines) {
+    CpuBf16Kernels k(*host, engine);
+    std::vector<float> act(N * OC), pre(N * OC), pre_alone(N * OC), act_alone(N * OC);
+    k.linear_gelu_forward(act.data(), pre.data(), inp.data(), w.data(), b.data(), N, C, OC);
+    k.linear_forward(pre_alone.data(), inp.data(), w.data(), b.data(), N, C, OC);
+    k.gelu_forward(act_alone.data(), pre_alone.data(), N * OC);
+    EXPECT_EQ(std::memcmp(pre.data(), pre_alone.data(), sizeof(float) * N * OC), 0);
+    double fused = 0, alone = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < OC; ++o) {
+        double p = b[o];
+        for (int64_t c = 0; c < C; ++c) p += static_cast<double>(inp[n * C + c]) * w[o * C + c];
+        fused = std::max(fused, bf16_ulps(act[n * OC + o], gelu_d(p)));
+        alone = std::max(alone, bf16_ulps(act_alone[n * OC + o], gelu_d(p)));
+      }
+    EXPECT_LE(fused, 0.51);
+    EXPECT_GT(alone, 0.51) << "the separate kernels round twice";
+
+    // Backward: the input gradient of a down projection [N, OC] -> [N, C] (weights [C, OC])
+    // whose input was act = gelu(pre).
+    const std::vector<float> wd = bf16_normals(C * OC, 0.15f, 6);
+    std::vector<float> dpre(N * OC), dact_alone(N * OC), dpre_alone(N * OC);
+    std::vector<float> dw(C * OC, 0.f), db(C, 0.f), dw_alone(C * OC, 0.f), db_alone(C, 0.f);
+    k.linear_backward_dgelu(dpre.data(), dw.data(), db.data(), dout.data(), act.data(),
+                            wd.data(), pre.data(), N, OC, C);
+    k.linear_backward(dact_alone.data(), dw_alone.data(), db_alone.data(), dout.data(),
+                      act.data(), wd.data(), N, OC, C);
+    k.gelu_backward(dpre_alone.data(), pre.data(), dact_alone.data(), N * OC);
+    EXPECT_EQ(std::memcmp(dw.data(), dw_alone.data(), sizeof(float) * C * OC), 0);
+    EXPECT_EQ(std::memcmp(db.data(), db_alone.data(), sizeof(float) * C), 0);
+    double fused_grad = 0, alone_grad = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < OC; ++o) {
+        double dx = 0;
+        for (int64_t c = 0; c < C; ++c) dx += static_cast<double>(dout[n * C + c]) * wd[c * OC + o];
+        const double exact = dx * gelu_grad_d(pre[n * OC + o]);
+        fused_grad = std::max(fused_grad, bf16_ulps(dpre[n * OC + o], exact));
+        alone_grad = std::max(alone_grad, bf16_ulps(dpre_alone[n * OC + o], exact));
+      }
+    EXPECT_LE(fused_grad, 0.51);
+    EXPECT_GT(alone_grad, 0.51) << "the separate kernels round twice";
+    std::printf("[bf16 fused GELU, %s engine] act within %.3f of bf16's last place of the "
+                "double GELU (separate kernels %.3f); dpre %.3f (separate %.3f)\n",
+                engine == Bf16Gemm::Fma ? "fma" : "onednn", fused, alone, fused_grad, alone_grad);
+  }
+}
+
 // The rounding in place is util/bf16.hpp's, bit for bit, NaN kept NaN, on a team and inside a
 // parallel region alike.
 TEST(Bf16Round, InPlaceMatchesFloatToBf16) {

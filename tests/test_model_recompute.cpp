@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -14,6 +16,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "host_device.hpp"
+#include "model/cpu_bf16_kernels.hpp"
 #include "model/cpu_model.hpp"
 #include "model/model_stats.hpp"
 #include "util/error.hpp"
@@ -84,12 +87,13 @@ std::vector<int32_t> sequence(int64_t n, int64_t vocab, int64_t salt) {
 // micro-batch's stash is live while the others use the shared workspace), backwards in reverse
 // order; split: backward_input of each, then backward_weight of each in micro-batch order.
 // Returns the loss sum.
-double run_step(Model& model, int64_t B, int64_t M, bool split, int64_t step) {
+template <class TransformerModel>
+double run_step(TransformerModel& model, int64_t B, int64_t M, bool split, int64_t step) {
   const ModelConfig& m = model.config();
   const int64_t N = B * m.seq_len;
   model.zero_grads();
   const float scale = 1.0f / static_cast<float>(M);
-  std::vector<Model::Activations> acts;
+  std::vector<typename TransformerModel::Activations> acts;
   for (int64_t micro = 0; micro < M; ++micro) {
     const auto tokens = sequence(N, m.vocab_size, step * M + micro);
     const auto targets = sequence(N, m.vocab_size, step * M + micro + 17);
@@ -108,7 +112,8 @@ double run_step(Model& model, int64_t B, int64_t M, bool split, int64_t step) {
 }
 
 // Plain SGD on the flat buffer, the same on both models.
-void sgd(Model& model) {
+template <class TransformerModel>
+void sgd(TransformerModel& model) {
   for (int64_t i = 0; i < model.flat_size(); ++i) model.weights()[i] -= 0.05f * model.grads()[i];
   model.weights_changed();
 }
@@ -188,6 +193,123 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2-moe", Recompute::Full, true},
                       Case{"llama-moe", Recompute::Full, true}),
     case_name);
+
+namespace {
+
+ModelShard with_fused_gelu(const ModelConfig& m, Recompute r, bool fused) {
+  ModelShard s = shard_with(m, r);
+  s.fused_bias_gelu = fused;
+  return s;
+}
+
+// Gradients of `a` and `b` (same layout) that differ in their bits, counted over the whole
+// buffer into `compared`.
+template <class A, class B>
+int64_t differing_gradients(A& a, B& b, int64_t& compared) {
+  EXPECT_EQ(a.flat_size(), b.flat_size());
+  int64_t differing = 0;
+  for (int64_t i = 0; i < a.flat_size(); ++i, ++compared)
+    if (std::memcmp(&a.grads()[i], &b.grads()[i], sizeof(float)) != 0) ++differing;
+  return differing;
+}
+
+class FusedBiasGelu : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+// train.fused_bias_gelu on the fp32 CPU kernels: the up projection with its GELU in one call and
+// the GELU's gradient in the down projection's input gradient (the GPU's cuBLASLt epilogues)
+// compute what the separate calls compute, so a GPT-2 trains to the same bits with and without
+// it: 5 steps of 3 micro-batches, under each recomputation and the split backward (whose
+// input half takes the fused gradient and whose weight half reads the recomputed act).
+TEST_P(FusedBiasGelu, Fp32TrainsToTheBitsOfTheSeparateKernels) {
+  omp_set_num_threads(1);
+  const Case c = GetParam();
+  const ModelConfig m = small_model(c.arch);
+  auto comm = make_self_communicator("tensor");
+  Model separate(m, with_fused_gelu(m, c.mode, false), *comm, CpuKernels<float>());
+  Model fused(m, with_fused_gelu(m, c.mode, true), *comm, CpuKernels<float>());
+  separate.init_weights(5);
+  fused.init_weights(5);
+  const int64_t B = 2, M = 3, steps = 5;
+  int64_t compared = 0, differing = 0, losses_equal = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const double loss_separate = run_step(separate, B, M, c.split, step);
+    const double loss = run_step(fused, B, M, c.split, step);
+    if (std::memcmp(&loss_separate, &loss, sizeof loss) == 0) ++losses_equal;
+    differing += differing_gradients(separate, fused, compared);
+    sgd(separate);
+    sgd(fused);
+  }
+  EXPECT_EQ(compared, steps * fused.flat_size());
+  EXPECT_EQ(differing, 0) << "of " << compared << " gradients";
+  EXPECT_EQ(losses_equal, steps);
+  std::printf("[ measured ] fused bias-GELU, recompute=%s%s: %lld gradients over %lld steps, "
+              "%lld differing from the separate kernels; %lld of %lld losses equal\n",
+              to_string(c.mode).c_str(), c.split ? " (split backward)" : "",
+              static_cast<long long>(compared), static_cast<long long>(steps),
+              static_cast<long long>(differing), static_cast<long long>(losses_equal),
+              static_cast<long long>(steps));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FusedBiasGelu,
+                         ::testing::Values(Case{"gpt2", Recompute::None, false},
+                                           Case{"gpt2", Recompute::Full, false},
+                                           Case{"gpt2", Recompute::None, true},
+                                           Case{"gpt2", Recompute::Selective, true}),
+                         case_name);
+
+// In bf16 the fused GELU is taken of the product before its rounding (one rounding of act and
+// of its gradient where the separate kernels make two), as the GPU's epilogues take it: the
+// bits differ from the separate kernels' (so the fused path ran), by bf16's rounding only: the
+// two runs' gradients within 2e-2 relative L2 of each other over 3 steps (bf16 rounds at 2^-9
+// relative; tinier than the 5e-2 each keeps to the double model, Bf16Model), the losses within
+// 1e-3 relative. Recomputation stays bitwise with the fusion (full against none).
+TEST(FusedBiasGelu, Bf16RoundsOnceAndStaysWithinBf16OfTheSeparateKernels) {
+  omp_set_num_threads(1);
+  const ModelConfig m = small_model("gpt2");
+  auto comm = make_self_communicator("tensor");
+  auto host = make_cpu_device();
+  using Bf16 = Transformer<CpuBf16Kernels>;
+  Bf16 separate(m, with_fused_gelu(m, Recompute::None, false), *comm,
+                CpuBf16Kernels(*host, Bf16Gemm::Fma));
+  Bf16 fused(m, with_fused_gelu(m, Recompute::None, true), *comm,
+             CpuBf16Kernels(*host, Bf16Gemm::Fma));
+  Bf16 fused_full(m, with_fused_gelu(m, Recompute::Full, true), *comm,
+                  CpuBf16Kernels(*host, Bf16Gemm::Fma));
+  for (Bf16* model : {&separate, &fused, &fused_full}) model->init_weights(5);
+  const int64_t B = 2, M = 3, steps = 3;
+  int64_t compared = 0, differing = 0, compared_full = 0, differing_full = 0;
+  double worst_loss = 0, worst_grad = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const double loss_separate = run_step(separate, B, M, false, step);
+    const double loss = run_step(fused, B, M, false, step);
+    const double loss_full = run_step(fused_full, B, M, false, step);
+    EXPECT_EQ(std::memcmp(&loss, &loss_full, sizeof loss), 0) << "step " << step + 1;
+    worst_loss = std::max(worst_loss, std::fabs(loss - loss_separate) / loss_separate);
+    differing += differing_gradients(separate, fused, compared);
+    differing_full += differing_gradients(fused, fused_full, compared_full);
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < fused.flat_size(); ++i) {
+      const double d = static_cast<double>(fused.grads()[i]) - separate.grads()[i];
+      d2 += d * d;
+      r2 += static_cast<double>(separate.grads()[i]) * separate.grads()[i];
+    }
+    worst_grad = std::max(worst_grad, std::sqrt(d2 / r2));
+    for (Bf16* model : {&separate, &fused, &fused_full}) sgd(*model);
+  }
+  EXPECT_GT(differing, compared / 10) << "the fused GELU rounds once: other bits";
+  EXPECT_LE(worst_grad, 2e-2);
+  EXPECT_LE(worst_loss, 1e-3);
+  EXPECT_EQ(compared_full, compared);
+  EXPECT_EQ(differing_full, 0) << "full recomputation with the fusion: the same bits as none";
+  std::printf("[ measured ] bf16 fused bias-GELU against the separate kernels over %lld steps: "
+              "%lld of %lld gradients differ, worst relative L2 %.2e, worst loss %.2e; full "
+              "recomputation: %lld of %lld differ\n",
+              static_cast<long long>(steps), static_cast<long long>(differing),
+              static_cast<long long>(compared), worst_grad, worst_loss,
+              static_cast<long long>(differing_full), static_cast<long long>(compared_full));
+}
 
 namespace {
 

@@ -298,6 +298,15 @@ const Key kKeys[] = {
    "atomic adds in its dK/dV pass instead of a second pass over the keys (faster; dQ's last "
    "bits, and so the run's, vary between runs). The CPU's kernels and the GPU's fp32 ones are "
    "deterministic either way. See docs/gpu.md."},
+  {TRIDENT_KEY(train, fused_bias_gelu), any(),
+   "GPT-2's MLP (model.arch = \"gpt2\"): the up projection's GEMM adds the bias and applies "
+   "the GELU in its epilogue, keeping the pre-activation for backward, and the down "
+   "projection's input-gradient GEMM multiplies by the GELU's derivative in its own (true, "
+   "the default; cuBLASLt's GELU_AUX_BIAS and DGELU epilogues on the GPU): two passes over the "
+   "MLP's widest tensor fewer a layer each way (Megatron-LM's bias-GELU fusion). The GELU is "
+   "then taken of the product before its rounding, so in bf16 the bits differ from false's "
+   "(the separate GELU kernels, which read the rounded pre-activation); in fp32 on the CPU "
+   "they are the same. Layers in FP8 keep the separate kernels."},
   {TRIDENT_KEY(train, recompute), one_of({"none", "selective", "full"}),
    "Activation recomputation (Korthikanti et al., arXiv 2205.05198): what a layer keeps from "
    "its forward to its backward. none: everything its backward reads. selective: all but "

@@ -150,6 +150,20 @@ class CudaKernels : public CudaMoeSupport<Tx> {
                           workspace(cuda::bias_grad_workspace_bytes(N, OC)));
   }
 
+  // A GPT-2 MLP's up projection with its GELU, and the GELU's gradient in the down projection's
+  // input gradient (train.fused_bias_gelu): cuBLASLt's GELU_AUX_BIAS and DGELU epilogues
+  // (kernels/cuda/gemm.cu), the CPU sets' twins (model/cpu_kernels.hpp).
+  static constexpr bool has_fused_linear_gelu = true;
+  void linear_gelu_forward(T* act, T* pre, const T* inp, const T* w, const T* b, int64_t N,
+                           int64_t C, int64_t OC) {
+    cuda::linear_gelu_forward(dev_.blas(), act, pre, inp, w, b, N, C, OC, s());
+  }
+  void linear_backward_dgelu(T* dpre, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                             const T* pre, int64_t N, int64_t C, int64_t OC) {
+    cuda::linear_backward_dgelu(dev_.blas(), dpre, dw, db, dout, inp, w, pre, N, C, OC, s(),
+                                workspace(cuda::bias_grad_workspace_bytes(N, OC)));
+  }
+
   void layernorm_forward(T* out, S* mean, S* rstd, const T* inp, const T* w, const T* b,
                          int64_t N, int64_t C) {
     cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, s());

@@ -115,6 +115,9 @@ struct ModelShard {
   // train.deterministic: false lets a kernel set trade bitwise reproducibility for speed (the
   // GPU's bf16 attention backward: atomic dQ); the CPU's kernels ignore it.
   bool deterministic = true;
+  // train.fused_bias_gelu: a GPT-2 MLP's GELU in its GEMMs' epilogues where the kernel set
+  // has them (kernels_fuse_linear_gelu).
+  bool fused_bias_gelu = true;
   Fp8Settings fp8;  // train.precision = "fp8"
   // ZeRO stage (optim.zero_stage; model/zero_shards.hpp): from 2 the model never allocates the
   // whole gradient buffer, from 3 nor the whole weights (its shards hold slices; set_zero).

@@ -97,14 +97,23 @@ class CpuBf16Kernels : public CpuKernels<float> {
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
                        int64_t C, int64_t OC) {
-    if (gemm_ == Bf16Gemm::OneDnn) {
-      if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
-      cpu::linear_backward_bf16(dinp, dw, dout, head_grad_bits(dout, N * OC), inp, w,
-                                dinp ? packed(w) : nullptr, N, C, OC);
-    } else {
-      Base::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
-    }
+    unrounded_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     if (dinp) round(dinp, N * C);
+  }
+  // The fused GELU as the GPU's cuBLASLt epilogues compute it: from the product in fp32, before
+  // the rounding the separate calls store (one rounding of act and of dpre, not two), pre
+  // rounded as linear_forward rounds it. The backward's recomputation of act (Transformer's
+  // recomputed_act) takes the GELU of the rounded pre, as the GPU's does.
+  void linear_gelu_forward(T* act, T* pre, const T* inp, const T* w, const T* b, int64_t N,
+                           int64_t C, int64_t OC) {
+    product(pre, inp, w, b, N, C, OC);
+    cpu::gelu_forward(act, pre, N * OC, true);
+    round(pre, N * OC);
+  }
+  void linear_backward_dgelu(T* dpre, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                             const T* pre, int64_t N, int64_t C, int64_t OC) {
+    unrounded_backward(dpre, dw, db, dout, inp, w, N, C, OC);
+    if (dpre) cpu::gelu_backward(dpre, pre, dpre, N * C, true);  // elementwise: in place
   }
 
   void layernorm_forward(T* out, S* mean, S* rstd, const T* inp, const T* w, const T* b,
@@ -328,6 +337,18 @@ class CpuBf16Kernels : public CpuKernels<float> {
 
  private:
   // out[N, OC] = inp W^T (+ b) in fp32 from the bf16 operands, by the engine.
+  // linear_backward with dinp left in fp32 (the callers round it, or take the GELU's gradient
+  // of it first).
+  void unrounded_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                          int64_t N, int64_t C, int64_t OC) {
+    if (gemm_ == Bf16Gemm::OneDnn) {
+      if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
+      cpu::linear_backward_bf16(dinp, dw, dout, head_grad_bits(dout, N * OC), inp, w,
+                                dinp ? packed(w) : nullptr, N, C, OC);
+    } else {
+      Base::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    }
+  }
   void product(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C, int64_t OC) {
     if (gemm_ == Bf16Gemm::Fma) return Base::linear_forward(out, inp, w, b, N, C, OC);
     // The bias is added in the product's epilogue (not copied into every row first).

@@ -56,6 +56,22 @@ class CpuKernels {
                        int64_t C, int64_t OC) {
     cpu::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
   }
+  // A GPT-2 MLP's up projection with its GELU (train.fused_bias_gelu; the GPU's cuBLASLt
+  // epilogue): pre = inp w^T + b, act = gelu(pre). And the input gradient through the GELU:
+  // dpre = (dout w) * gelu'(pre), dW and db accumulated as linear_backward does (dpre null: those
+  // alone). In fp32 the two steps of the separate calls, so the same bits; the bf16 set and the
+  // GPU take the GELU of the product before it is rounded (model/cpu_bf16_kernels.hpp).
+  static constexpr bool has_fused_linear_gelu = true;
+  void linear_gelu_forward(T* act, T* pre, const T* inp, const T* w, const T* b, int64_t N,
+                           int64_t C, int64_t OC) {
+    cpu::linear_forward(pre, inp, w, b, N, C, OC);
+    cpu::gelu_forward(act, pre, N * OC);
+  }
+  void linear_backward_dgelu(T* dpre, G* dw, G* db, const T* dout, const T* inp, const T* w,
+                             const T* pre, int64_t N, int64_t C, int64_t OC) {
+    cpu::linear_backward(dpre, dw, db, dout, inp, w, N, C, OC);
+    if (dpre) cpu::gelu_backward(dpre, pre, dpre, N * C);  // elementwise: in place
+  }
 
   void layernorm_forward(T* out, S* mean, S* rstd, const T* inp, const T* w, const T* b,
                          int64_t N, int64_t C) {

@@ -12,6 +12,11 @@ namespace trident {
 template <class K>
 constexpr bool kernels_have_fp8 = requires { requires K::has_fp8; };
 
+// A GPT-2 MLP's up projection and GELU in one call, and the GELU's gradient in its input
+// gradient (K::linear_gelu_forward, K::linear_backward_dgelu; train.fused_bias_gelu).
+template <class K>
+constexpr bool kernels_fuse_linear_gelu = requires { requires K::has_fused_linear_gelu; };
+
 // T holds bf16 values in fp32 storage (the CPU's bf16 precision): a tensor-group sum of them is
 // rounded after the reduction (K::round_sum) and the weights have a rounded compute copy.
 template <class K>

@@ -196,6 +196,13 @@ struct ColumnParallelLinear {
     tp.gather_input(x, N, in);
     linear_forward(k, p, y, x, p.b, N, in, out_local);
   }
+  // forward() with the GELU after it (a GPT-2 MLP's up projection, not in FP8; K has
+  // linear_gelu_forward): y = the pre-activation, kept for backward, act = gelu(y).
+  void forward_gelu(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* y, T* act, T* x,
+                    int64_t N) const {
+    tp.gather_input(x, N, in);
+    k.linear_gelu_forward(act, y, x, p.w, p.b, N, in, out_local);
+  }
   // Accumulates dW, db; returns the rank's rows of dL/dX (in dx_partial [N, in] or scratch).
   // x[N, in] as forward() takes it: this rank's rows at first_row(N) on entry (a norm output
   // recomputed in backward), all rows on return. dX first, as Megatron-LM orders it: under SP
@@ -261,6 +268,20 @@ struct RowParallelLinear {
   void weight_backward(K& k, const LinearParams<K>& p, const T* dy_kept, const T* x,
                        int64_t N) const {
     linear_backward(k, p, nullptr, p.dw, p.db, dy_kept, x, N, in_local, out);
+  }
+  // backward() and input_backward() of a layer whose input is gelu(pre) (a GPT-2 MLP's down
+  // projection, not in FP8; K has linear_backward_dgelu): the input gradient through the GELU,
+  // dpre [N, in_local] = dL/dx * gelu'(pre), in place of dL/dx. dpre must not alias x.
+  void backward_dgelu(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dpre,
+                      const T* dy_rows, const T* x, const T* pre, int64_t N) const {
+    k.linear_backward_dgelu(dpre, p.dw, p.db, tp.gather_output_grad(dy_rows, N, out), x, p.w,
+                            pre, N, in_local, out);
+  }
+  void input_backward_dgelu(TensorParallel<K>& tp, K& k, const LinearParams<K>& p, T* dpre,
+                            const T* dy_rows, T* dy_kept, const T* pre, int64_t N) const {
+    k.copy(dy_kept, tp.gather_output_grad(dy_rows, N, out), N * out);
+    k.linear_backward_dgelu(dpre, nullptr, nullptr, dy_kept, nullptr, p.w, pre, N, in_local,
+                            out);
   }
 };
 

@@ -368,6 +368,11 @@ class Transformer {
                       NormRows rows = NormRows::Gathered);
   T* recomputed_act(const LayerActs& la, T* out, int64_t B);
   void act_forward(T* act, const T* up, int64_t N);
+  // The MLP's up projection into `up` and its activation into `act` (one call where fuses_gelu).
+  void up_and_act(TensorParallel<K>& tp, size_t i, T* up, T* act, T* norm2, int64_t N);
+  // A GPT-2 MLP whose up and down GEMMs are `p`'s kind carries its GELU in their epilogues
+  // (train.fused_bias_gelu, a kernel set with kernels_fuse_linear_gelu, not in FP8).
+  bool fuses_gelu(const LinearParams<K>& p) const;
   // The LM head and the vocab-parallel loss over chunks of head_chunk_rows(N) rows; the chunk's
   // logits [R, Vl] in head_logits_ (held once); with loss_scale > 0 also the head's gradients.
   void head_forward(Activations& a, const int32_t* targets, S loss_scale);

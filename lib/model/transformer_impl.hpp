@@ -627,9 +627,8 @@ void Transformer<K>::layer_forward(size_t i, LayerActs& la, const T* input, T* o
   if (p.moe()) {
     moe_forward(i, la, norm2, output, B);
   } else {
-    up_.forward(tp_, k_, dense(i, Fp8Gemm::Up), la.up.data(), norm2, N);
     T* act = act_scratch();
-    act_forward(act, la.up.data(), N);
+    up_and_act(tp_, i, la.up.data(), act, norm2, N);
     down_.forward(tp_, k_, dense(i, Fp8Gemm::Down), output, act, N);
   }
   k_.add_inplace(output, la.residual1.data(), Ns * C);
@@ -666,6 +665,21 @@ const typename K::T* Transformer<K>::moe_backward(size_t i, LayerActs& la, const
   if constexpr (kernels_have_moe<K>)
     return moe_.backward(tp_, k_, moe_params(i), la.moe, d, norm2, B, loss_scale_);
   return nullptr;
+}
+
+template <class K>
+bool Transformer<K>::fuses_gelu(const LinearParams<K>& p) const {
+  return kernels_fuse_linear_gelu<K> && shard_.fused_bias_gelu && !llama_ && p.fp8 == nullptr;
+}
+
+template <class K>
+void Transformer<K>::up_and_act(TensorParallel<K>& tp, size_t i, T* up, T* act, T* norm2,
+                                int64_t N) {
+  const LinearParams<K> p = dense(i, Fp8Gemm::Up);
+  if constexpr (kernels_fuse_linear_gelu<K>)
+    if (fuses_gelu(p)) return up_.forward_gelu(tp, k_, p, up, act, norm2, N);
+  up_.forward(tp, k_, p, up, norm2, N);
+  act_forward(act, up, N);
 }
 
 template <class K>
@@ -907,18 +921,29 @@ void Transformer<K>::layer_backward(size_t i, LayerActs& la, LayerActs& kept, T*
   if (p.moe()) {
     d_norm2 = moe_backward(i, la, recomputed_norm2(la, norm_scratch(), i, B), d, B);
   } else {
-    if (defer_weights) {
-      if (keeps_copies) recomputed_act(la, kept.act.data(), B);
-      down_.input_backward(tp_, k_, dense(i, Fp8Gemm::Down), d_act_.data(), d, nullptr,
-                           kept.d_down.data(), N);
+    const LinearParams<K> down = dense(i, Fp8Gemm::Down);
+    if (defer_weights && keeps_copies) recomputed_act(la, kept.act.data(), B);
+    if (fuses_gelu(down)) {
+      // The GELU's gradient in the input-gradient GEMM: d_up directly, no d_act. The recomputed
+      // act goes to d_act_'s buffer, not act_scratch() (d_up's own here).
+      if constexpr (kernels_fuse_linear_gelu<K>) {
+        if (defer_weights)
+          down_.input_backward_dgelu(tp_, k_, down, d_up, d, kept.d_down.data(), la.up.data(), N);
+        else
+          down_.backward_dgelu(tp_, k_, down, d_up, d, recomputed_act(la, d_act_.data(), B),
+                               la.up.data(), N);
+      }
     } else {
-      down_.backward(tp_, k_, dense(i, Fp8Gemm::Down), d_act_.data(), d,
-                     recomputed_act(la, act_scratch(), B), N);
+      if (defer_weights)
+        down_.input_backward(tp_, k_, down, d_act_.data(), d, nullptr, kept.d_down.data(), N);
+      else
+        down_.backward(tp_, k_, down, d_act_.data(), d, recomputed_act(la, act_scratch(), B),
+                       N);
+      if (llama_)
+        k_.swiglu_backward(d_up, d_act_.data(), la.up.data(), N, Fl_);
+      else
+        k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
     }
-    if (llama_)
-      k_.swiglu_backward(d_up, d_act_.data(), la.up.data(), N, Fl_);
-    else
-      k_.gelu_backward(d_up, la.up.data(), d_act_.data(), N * Fl_);
     if (defer_weights) {
       if (keeps_copies) recomputed_norm2(la, kept.norm2.data(), i, B);
       d_norm2 = up_.input_backward(tp_, k_, dense(i, Fp8Gemm::Up), d_norm_.data(), d_up,
@@ -1142,8 +1167,7 @@ void Transformer<K>::layer_decode(size_t i, KvCache& c) {
   proj_.forward(tp, k_, dense(i, Fp8Gemm::Proj), c.residual.data(), c.atty.data(), B);
   add_norm_forward(c.norm.data(), c.mean.data(), c.rstd.data(), c.residual.data(), x,
                    p.norm2_w, p.norm2_b, B);
-  up_.forward(tp, k_, dense(i, Fp8Gemm::Up), c.up.data(), c.norm.data(), B);
-  act_forward(c.act.data(), c.up.data(), B);
+  up_and_act(tp, i, c.up.data(), c.act.data(), c.norm.data(), B);
   down_.forward(tp, k_, dense(i, Fp8Gemm::Down), x, c.act.data(), B);  // x is free again
   k_.add_inplace(x, c.residual.data(), B * C_);
 }

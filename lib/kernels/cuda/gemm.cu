@@ -113,14 +113,14 @@ struct CublasContext::Impl {
   size_t workspace_bytes = 0;
   bool allow_tf32 = false;
   std::mutex mutex;
-  std::map<std::array<int64_t, 16>, LtAlgo> cache;  // heuristic results per problem
+  std::map<std::array<int64_t, 18>, LtAlgo> cache;  // heuristic results per problem
 };
 
 namespace {
 
 // The heuristic's best algorithm for the descriptors d, cached per problem `key` (the heuristic
 // is not free): found or not, the answer is kept.
-LtAlgo cached_algo(CublasContext::Impl& im, const std::array<int64_t, 16>& key, const LtDescs& d,
+LtAlgo cached_algo(CublasContext::Impl& im, const std::array<int64_t, 18>& key, const LtDescs& d,
                    uint32_t align_first, uint32_t align_second, uint32_t align_c) {
   std::lock_guard<std::mutex> lock(im.mutex);
   auto it = im.cache.find(key);
@@ -152,21 +152,42 @@ LtAlgo cached_algo(CublasContext::Impl& im, const std::array<int64_t, 16>& key, 
   return algo;
 }
 
-// d.op: a matmul of `compute` with fp32 scalars, the column-major operands' transposes, and
-// (bias not null) the bias epilogue: bias[N] (row-major columns) added to every output row.
+// What a matmul's epilogue does to alpha op(A) op(B) + beta C (row-major C[M,N]) before it is
+// stored, in fp32.
+struct Epilogue {
+  const void* bias = nullptr;  // bias[N] added to every row
+  Gelu gelu = Gelu::None;
+  // Gelu::Forward: the GELU's input (after the bias) written here; Gelu::Backward: read from
+  // here. Row-major [M, N] with C's leading dimension (cuBLASLt: a multiple of 8).
+  const void* aux = nullptr;
+};
+
+// d.op: a matmul of `compute` with fp32 scalars, the column-major operands' transposes, and the
+// epilogue e: the bias (CUBLASLT_EPILOGUE_BIAS), or the GELU with the bias or without it and
+// its input kept (GELU_AUX_BIAS, GELU_AUX), or the GELU's derivative at the kept input
+// multiplied in (DGELU). ldc: C's leading dimension, the GELU input's too.
 void create_op(LtDescs& d, cublasComputeType_t compute, cublasOperation_t op_first,
-               cublasOperation_t op_second, const void* bias) {
+               cublasOperation_t op_second, const Epilogue& e, int64_t ldc = 0) {
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
                                               sizeof(op_first)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                               sizeof(op_second)));
-  if (bias == nullptr) return;
-  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epi = e.bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (e.gelu == Gelu::Forward)
+    epi = e.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (e.gelu == Gelu::Backward) epi = CUBLASLT_EPILOGUE_DGELU;
+  if (epi == CUBLASLT_EPILOGUE_DEFAULT) return;
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (e.bias != nullptr)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias,
+                                                sizeof(e.bias)));
+  if (e.gelu == Gelu::None) return;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &e.aux, sizeof(e.aux)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldc,
+                                              sizeof(ldc)));
 }
 
 }  // namespace
@@ -203,25 +224,14 @@ CublasContext::~CublasContext() {
 void CublasContext::set_allow_tf32(bool allow) { impl_->allow_tf32 = allow; }
 bool CublasContext::allow_tf32() const { return impl_->allow_tf32; }
 
-void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, int64_t M,
-             int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
-             int64_t ldb, float beta, void* C, int64_t ldc, const void* bias,
-             cudaStream_t stream) {
-  using detail::check_dims;
-  check_dims(M >= 0 && N >= 0 && K >= 0, "gemm: negative size");
-  check_dims(ab == c || (ab == DType::BF16 && c == DType::F32),
-             "gemm: supported (A/B, C) types are (f32, f32), (bf16, bf16), (bf16, f32)");
-  if (M == 0 || N == 0) return;
-  check_dims(C != nullptr, "gemm: C is null");
-  check_dims(ldc >= N, "gemm: ldc < N");
-  if (K == 0) {  // C = beta C (+ bias)
-    launch_scale_add_bias(c, C, ldc, bias, beta, M, N, true, stream);
-    return;
-  }
-  check_dims(A != nullptr && B != nullptr, "gemm: A or B is null");
-  check_dims(lda >= (trans_a ? M : K), "gemm: lda too small");
-  check_dims(ldb >= (trans_b ? K : N), "gemm: ldb too small");
+namespace {
 
+// C = alpha op(A) op(B) + beta C through cuBLASLt with the epilogue e (row-major, the sizes
+// checked by the caller, K > 0); false where cuBLASLt has no algorithm for it.
+bool lt_gemm(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, int64_t M,
+             int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+             int64_t ldb, float beta, void* C, int64_t ldc, const Epilogue& e,
+             cudaStream_t stream) {
   CublasContext::Impl& im = ctx.impl();
   const bool tf32 = ab == DType::F32 && im.allow_tf32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -234,37 +244,86 @@ void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
   const uint32_t align_first = alignment_of(B, ldb, type_size(ab));
   const uint32_t align_second = alignment_of(A, lda, type_size(ab));
   const uint32_t align_c = alignment_of(C, ldc, type_size(c));
-  const bool with_bias = bias != nullptr;
-  const std::array<int64_t, 16> key = {int64_t(ab), int64_t(c),  trans_a,      trans_b,
-                                       M,          N,          K,            lda,
-                                       ldb,        ldc,        with_bias,    align_first,
-                                       align_second, align_c,  tf32,         int64_t(with_bias ? alignment_of(bias, 0, type_size(c)) : 0)};
+  const bool with_bias = e.bias != nullptr;
+  const std::array<int64_t, 18> key = {
+      int64_t(ab),  int64_t(c), trans_a,  trans_b,     M,           N,
+      K,            lda,        ldb,      ldc,         with_bias,   align_first,
+      align_second, align_c,    tf32,     int64_t(with_bias ? alignment_of(e.bias, 0, type_size(c)) : 0),
+      int64_t(e.gelu), int64_t(e.aux != nullptr ? alignment_of(e.aux, ldc, type_size(c)) : 0)};
 
   LtDescs d;
-  create_op(d, compute, op_first, op_second, bias);
+  create_op(d, compute, op_first, op_second, e, ldc);
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, tab, first_rows, first_cols, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, tab, second_rows, second_cols, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, tc, static_cast<uint64_t>(N),
                                           static_cast<uint64_t>(M), ldc));
-
   const LtAlgo algo = cached_algo(im, key, d, align_first, align_second, align_c);
+  if (!algo.found) return false;
+  CUBLAS_CHECK(cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+                              &algo.algo, im.workspace, im.workspace_bytes, stream));
+  return true;
+}
 
-  if (algo.found) {
-    CUBLAS_CHECK(cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
-                                &algo.algo, im.workspace, im.workspace_bytes, stream));
+void check_gemm_sizes(DType ab, DType c, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                      int64_t K, int64_t lda, int64_t ldb, int64_t ldc) {
+  using detail::check_dims;
+  check_dims(M >= 0 && N >= 0 && K >= 0, "gemm: negative size");
+  check_dims(ab == c || (ab == DType::BF16 && c == DType::F32),
+             "gemm: supported (A/B, C) types are (f32, f32), (bf16, bf16), (bf16, f32)");
+  check_dims(ldc >= N, "gemm: ldc < N");
+  check_dims(lda >= (trans_a ? M : K), "gemm: lda too small");
+  check_dims(ldb >= (trans_b ? K : N), "gemm: ldb too small");
+}
+
+}  // namespace
+
+void gemm_ex(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, int64_t M,
+             int64_t N, int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+             int64_t ldb, float beta, void* C, int64_t ldc, const void* bias,
+             cudaStream_t stream) {
+  using detail::check_dims;
+  check_gemm_sizes(ab, c, trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  check_dims(C != nullptr, "gemm: C is null");
+  if (K == 0) {  // C = beta C (+ bias)
+    launch_scale_add_bias(c, C, ldc, bias, beta, M, N, true, stream);
     return;
   }
+  check_dims(A != nullptr && B != nullptr, "gemm: A or B is null");
+  if (lt_gemm(ctx, ab, c, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+              Epilogue{bias}, stream))
+    return;
   // Fallback: cublasGemmEx (int sizes), then the bias.
+  CublasContext::Impl& im = ctx.impl();
+  const bool tf32 = ab == DType::F32 && im.allow_tf32;
+  const cudaDataType_t tab = cuda_type(ab), tc = cuda_type(c);
   check_dims(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
                  ldc <= INT_MAX,
              "gemm: sizes exceed int range of the cublasGemmEx fallback");
   CUBLAS_CHECK(cublasSetStream(im.blas, stream));
   CUBLAS_CHECK(cublasSetMathMode(im.blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  CUBLAS_CHECK(cublasGemmEx(im.blas, op_first, op_second, static_cast<int>(N),
+  CUBLAS_CHECK(cublasGemmEx(im.blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
                             static_cast<int>(M), static_cast<int>(K), &alpha, B, tab,
                             static_cast<int>(ldb), A, tab, static_cast<int>(lda), &beta, C, tc,
-                            static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT));
-  if (with_bias) launch_scale_add_bias(c, C, ldc, bias, 1.f, M, N, false, stream);
+                            static_cast<int>(ldc),
+                            tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+  if (bias != nullptr) launch_scale_add_bias(c, C, ldc, bias, 1.f, M, N, false, stream);
+}
+
+bool gemm_gelu(CublasContext& ctx, DType t, bool trans_a, bool trans_b, int64_t M, int64_t N,
+               int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, void* C,
+               int64_t ldc, const void* bias, Gelu gelu, const void* aux, cudaStream_t stream) {
+  using detail::check_dims;
+  check_gemm_sizes(t, t, trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  check_dims(gelu != Gelu::None && aux != nullptr, "gemm_gelu: no GELU or no GELU input");
+  check_dims(gelu == Gelu::Forward || bias == nullptr, "gemm_gelu: a bias in the GELU's backward");
+  // cuBLASLt's GELU input has C's leading dimension, which must be a multiple of 8.
+  if (M == 0 || N == 0 || K == 0 || ldc % 8 != 0) return false;
+  check_dims(A != nullptr && B != nullptr && C != nullptr, "gemm_gelu: A, B or C is null");
+  return lt_gemm(ctx, t, t, trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc,
+                 Epilogue{bias, gelu, aux}, stream);
 }
 
 // ---------------------------------------------------------------- FP8 GEMM
@@ -298,12 +357,13 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
   const uint32_t align_c = alignment_of(C, N, type_size(c));
   const bool with_bias = bias != nullptr;
   // (A distinct first entry keeps these apart from gemm_ex's keys in the shared cache.)
-  const std::array<int64_t, 16> key = {-8,           int64_t(fa),   int64_t(fb), int64_t(c),
+  const std::array<int64_t, 18> key = {-8,           int64_t(fa),   int64_t(fb), int64_t(c),
                                        M,            N,             K,           with_bias,
                                        align_first,  align_second,  align_c,     beta != 0.f,
-                                       int64_t(with_bias ? alignment_of(bias, 0, 2) : 0), 0, 0, 0};
+                                       int64_t(with_bias ? alignment_of(bias, 0, 2) : 0), 0, 0, 0,
+                                       0,            0};
   LtDescs d;
-  create_op(d, CUBLAS_COMPUTE_32F, CUBLAS_OP_T, CUBLAS_OP_N, bias);
+  create_op(d, CUBLAS_COMPUTE_32F, CUBLAS_OP_T, CUBLAS_OP_N, Epilogue{bias});
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), static_cast<uint64_t>(K),
                                           static_cast<uint64_t>(N), K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), static_cast<uint64_t>(K),
@@ -402,7 +462,43 @@ void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, 
     gemm<T, T>(ctx, false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C, stream);
 }
 
+// act = gelu(inp weight^T + bias) with pre = inp weight^T + bias kept: one GEMM with cuBLASLt's
+// GELU_AUX_BIAS epilogue (the GELU of the fp32 sum, before the output's rounding); where
+// cuBLASLt has none for the shapes (OC not a multiple of 8, or no algorithm), the GEMM with its
+// bias, then the GELU kernel (which reads the rounded pre).
+template <typename T>
+void linear_gelu_forward(CublasContext& ctx, T* act, T* pre, const T* inp, const T* weight,
+                         const T* bias, int64_t N, int64_t C, int64_t OC, cudaStream_t stream) {
+  if (gemm_gelu(ctx, dtype_of<T>::value, false, true, N, OC, C, inp, C, weight, C, act, OC, bias,
+                Gelu::Forward, pre, stream))
+    return;
+  linear_forward(ctx, pre, inp, weight, bias, N, C, OC, stream);
+  gelu_forward(act, pre, N * OC, stream);
+}
+
+// linear_backward with the input gradient through the GELU whose input was pre [N, C]: dpre =
+// (dout weight) * gelu'(pre), in the dX GEMM's DGELU epilogue (else the GEMM, then the GELU's
+// backward kernel in place). dW and db first: dpre may alias nothing they read.
+template <typename T>
+void linear_backward_dgelu(CublasContext& ctx, T* dpre, float* dweight, float* dbias,
+                           const T* dout, const T* inp, const T* weight, const T* pre, int64_t N,
+                           int64_t C, int64_t OC, cudaStream_t stream, void* workspace) {
+  linear_backward(ctx, static_cast<T*>(nullptr), dweight, dbias, dout, inp, weight, N, C, OC,
+                  stream, workspace);
+  if (dpre == nullptr) return;
+  if (gemm_gelu(ctx, dtype_of<T>::value, false, false, N, C, OC, dout, OC, weight, C, dpre, C,
+                nullptr, Gelu::Backward, pre, stream))
+    return;
+  gemm<T, T>(ctx, false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dpre, C, stream);
+  gelu_backward(dpre, pre, dpre, N * C, stream);
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                   \
+  template void linear_gelu_forward<T>(CublasContext&, T*, T*, const T*, const T*, const T*,    \
+                                       int64_t, int64_t, int64_t, cudaStream_t);                \
+  template void linear_backward_dgelu<T>(CublasContext&, T*, float*, float*, const T*,          \
+                                         const T*, const T*, const T*, int64_t, int64_t,        \
+                                         int64_t, cudaStream_t, void*);                         \
   template void bias_grad_accumulate<T>(float*, const T*, int64_t, int64_t, cudaStream_t,       \
                                         void*);                                                  \
   template void linear_forward<T>(CublasContext&, T*, const T*, const T*, const T*, int64_t,    \

@@ -112,6 +112,17 @@ inline void gemm(CublasContext& ctx, bool trans_a, bool trans_b, int64_t M, int6
           lda, B, ldb, beta, C, ldc, bias, stream);
 }
 
+// What a GEMM's epilogue does with the GELU (gemm_gelu).
+enum class Gelu { None, Forward, Backward };
+// Row-major C[M,N] = gelu(op(A) op(B) + bias) with the GELU's input written to aux [M,N]
+// (Gelu::Forward: cuBLASLt's GELU_AUX_BIAS), or C = (op(A) op(B)) * gelu'(aux) (Gelu::Backward:
+// DGELU, no bias); A, B, C, bias and aux of type t, the GELU taken in fp32 before C is rounded,
+// aux with C's leading dimension. false, doing nothing, where cuBLASLt cannot (ldc not a multiple
+// of 8, K = 0, or no algorithm for the shapes): the caller runs the GEMM and the GELU kernel.
+bool gemm_gelu(CublasContext& ctx, DType t, bool trans_a, bool trans_b, int64_t M, int64_t N,
+               int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb, void* C,
+               int64_t ldc, const void* bias, Gelu gelu, const void* aux, cudaStream_t stream);
+
 // ---------------------------------------------------------------- linear (torch layout)
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]   (bias may be nullptr; fused epilogue)
 template <typename T>
@@ -125,6 +136,21 @@ template <typename T>
 void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
                      cudaStream_t stream = nullptr, void* workspace = nullptr);
+// A GPT-2 MLP's up projection and GELU (train.fused_bias_gelu): pre[N,OC] = inp weight^T + bias
+// (kept for backward), act[N,OC] = gelu(pre), the GELU in the GEMM's epilogue where cuBLASLt
+// has one (gemm_gelu).
+template <typename T>
+void linear_gelu_forward(CublasContext& ctx, T* act, T* pre, const T* inp, const T* weight,
+                         const T* bias, int64_t N, int64_t C, int64_t OC,
+                         cudaStream_t stream = nullptr);
+// linear_backward of a layer whose input was gelu(pre[N,C]), with the input gradient through
+// the GELU: dpre[N,C] = (dout weight) * gelu'(pre) (overwrite; skipped when nullptr); dweight,
+// dbias as linear_backward, computed first.
+template <typename T>
+void linear_backward_dgelu(CublasContext& ctx, T* dpre, float* dweight, float* dbias,
+                           const T* dout, const T* inp, const T* weight, const T* pre, int64_t N,
+                           int64_t C, int64_t OC, cudaStream_t stream = nullptr,
+                           void* workspace = nullptr);
 // dbias[OC] += sum over N rows of dout[N,OC]; workspace: bias_grad_workspace_bytes(N, OC).
 template <typename T>
 void bias_grad_accumulate(float* dbias, const T* dout, int64_t N, int64_t OC,
