@@ -728,6 +728,69 @@ TEST(CudaCrossEntropy, Bf16) {
   run_cross_entropy<bf16>(16, 1003, 1003, 1, 58);  // rows not 16-byte aligned: the scalar path
 }
 
+// cross_entropy_fused_grad (the LM head's loss with its gradient in one launch, the row held in
+// shared memory) against cross_entropy_forward_fused and cross_entropy_backward on the same
+// logits: losses, the row statistics and the gradient bit for bit, in place and not, on the
+// 16-byte pack path (a GPT-2 vocabulary padded to 50304, 50257 valid), the scalar path (rows not
+// aligned) and, in fp32, a row past the shared memory (the two kernels then).
+template <typename S>
+void run_cross_entropy_fused_grad(int64_t N, int64_t Vl, int64_t vocab_size, bool in_place,
+                                  uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto logits = quantize<S>(random_vec(rng, N * Vl, -6.f, 6.f));
+  std::vector<int32_t> targets(N);
+  std::uniform_int_distribution<int32_t> ut(0, static_cast<int32_t>(vocab_size - 1));
+  for (auto& t : targets) t = ut(rng);
+  targets[0] = -1;  // a row without a target (masked)
+  DevBuf<int32_t> d_targets(N);
+  d_targets.upload_raw(targets);
+  DevBuf<float> d_dloss(N);
+  d_dloss.upload(std::vector<float>(N, 0.37f / static_cast<float>(N)));
+  struct Out {
+    std::vector<float> losses, row_max, sums, dlogits;
+  };
+  auto run = [&](bool fused) {
+    DevBuf<S> d_logits(N * Vl), d_out(N * Vl);
+    d_logits.upload(logits);
+    DevBuf<float> d_max(N), d_sums(2 * N), d_loss(N);
+    S* out = in_place ? d_logits.get() : d_out.get();
+    if (fused) {
+      gpu::cross_entropy_fused_grad<S>(d_loss.get(), d_max.get(), d_sums.get(), out,
+                                       d_logits.get(), d_targets.get(), d_dloss.get(), N, Vl,
+                                       vocab_size);
+    } else {
+      gpu::cross_entropy_forward_fused<S>(d_loss.get(), d_max.get(), d_sums.get(),
+                                          d_logits.get(), d_targets.get(), N, Vl, vocab_size);
+      gpu::cross_entropy_backward<S>(out, d_logits.get(), d_targets.get(), d_max.get(),
+                                     d_sums.get(), d_dloss.get(), N, Vl, 0, vocab_size);
+    }
+    return Out{d_loss.download(), d_max.download(), d_sums.download(),
+               in_place ? d_logits.download() : d_out.download()};
+  };
+  const Out fused = run(true), apart = run(false);
+  EXPECT_TRUE(bitwise_equal(fused.losses, apart.losses));
+  EXPECT_TRUE(bitwise_equal(fused.row_max, apart.row_max));
+  EXPECT_TRUE(bitwise_equal(fused.sums, apart.sums));
+  EXPECT_TRUE(bitwise_equal(fused.dlogits, apart.dlogits));
+  double total = 0;
+  for (float x : fused.dlogits) total += std::fabs(x);
+  EXPECT_GT(total, 0.0) << "a gradient was written";
+  std::printf("[ cuda ] xent fused grad %s N=%lld Vl=%lld valid %lld%s: %zu gradients and %lld "
+              "losses bitwise the two kernels'\n",
+              type_name<S>(), static_cast<long long>(N), static_cast<long long>(Vl),
+              static_cast<long long>(vocab_size), in_place ? " in place" : "",
+              fused.dlogits.size(), static_cast<long long>(N));
+}
+
+TEST(CudaCrossEntropy, FusedGradIsTheTwoKernelsBitForBit) {
+  REQUIRE_CUDA_DEVICE();
+  run_cross_entropy_fused_grad<bf16>(37, 50304, 50257, true, 61);
+  run_cross_entropy_fused_grad<bf16>(37, 50304, 50257, false, 62);
+  run_cross_entropy_fused_grad<bf16>(9, 1003, 1003, true, 63);  // rows not 16-byte aligned
+  run_cross_entropy_fused_grad<float>(21, 50304, 50257, true, 64);
+  run_cross_entropy_fused_grad<float>(5, 70000, 69990, true, 65);  // 280 KB: past shared memory
+}
+
 // ================================================================ AdamW, grad norm
 // The CPU AdamW formula (CpuDevice::adamw) on [lo, hi) of w, m, v with one weight decay.
 void cpu_adamw(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m,

@@ -327,12 +327,21 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     cuda::position_embedding_backward(dwpe, dout, B, Tn, C, s());
   }
 
-  // One read of the logits (online softmax) when the vocabulary is not split.
+  // One read of the logits (online softmax) when the vocabulary is not split, and with the
+  // gradient one read and one write (the row held in shared memory). A split vocabulary's
+  // backward recomputes the exps rather than keeping them (they would be rounded to T).
   static constexpr bool has_fused_cross_entropy = true;
-  static constexpr bool has_fused_cross_entropy_grad = false;  // forward, then backward
+  static constexpr bool has_fused_cross_entropy_grad = true;
+  static constexpr bool cross_entropy_keeps_exps = false;
   void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
                                    const int32_t* targets, int64_t N, int64_t Vl, int64_t V) {
     cuda::cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, Vl, V, s());
+  }
+  void cross_entropy_fused_grad(S* losses, S* row_max, S* sums, T* dlogits, const T* logits,
+                                const int32_t* targets, const S* dloss, int64_t N, int64_t Vl,
+                                int64_t V) {
+    cuda::cross_entropy_fused_grad(losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl,
+                                   V, s());
   }
   void cross_entropy_local_max(S* row_max, const T* logits, int64_t N, int64_t Vl,
                                int64_t vocab_begin, int64_t V) {

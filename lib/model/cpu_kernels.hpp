@@ -243,6 +243,7 @@ class CpuKernels {
   // keeps the exponentials of its second pass for the gradient (one exp per column).
   static constexpr bool has_fused_cross_entropy = true;
   static constexpr bool has_fused_cross_entropy_grad = true;
+  static constexpr bool cross_entropy_keeps_exps = true;
   void cross_entropy_forward_fused(S* losses, S* row_max, S* sums, const T* logits,
                                    const int32_t* targets, int64_t N, int64_t Vl, int64_t V) {
     cpu::cross_entropy_fused<T>(losses, row_max, sums, nullptr, logits, targets, nullptr, N, Vl,

@@ -329,8 +329,8 @@ struct VocabParallelCrossEntropy {
   }
   // forward, then dlogits[N, local] = (softmax - onehot) * dloss[n] in place of the logits.
   // Where the kernel set has it: in one pass over each row when the vocabulary is not split;
-  // when it is, the sums' pass leaves exp(logit - max) in place of the logits for the gradient
-  // to scale (one exp per column, not two; the same bits).
+  // when it is, and the set keeps them (the CPU's), the sums' pass leaves exp(logit - max) in
+  // place of the logits for the gradient to scale (one exp per column, not two; the same bits).
   void forward_backward(TensorParallel<K>& tp, K& k, S* losses, S* row_max, S* sums, T* logits,
                         const int32_t* targets, const S* dloss, int64_t N) const {
     if constexpr (K::has_fused_cross_entropy_grad) {
@@ -339,13 +339,15 @@ struct VocabParallelCrossEntropy {
                                    local, vocab_size);
         return;
       }
-      split_passes(tp, k, losses, row_max, sums, logits, N, [&] {
-        k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin,
-                                   vocab_size, logits);  // the exps in place of the logits
-      });
-      k.cross_entropy_backward_kept(logits, logits, targets, sums, dloss, N, local, vocab_begin,
-                                    vocab_size);
-      return;
+      if constexpr (K::cross_entropy_keeps_exps) {
+        split_passes(tp, k, losses, row_max, sums, logits, N, [&] {
+          k.cross_entropy_local_sums(sums, logits, targets, row_max, N, local, vocab_begin,
+                                     vocab_size, logits);  // the exps in place of the logits
+        });
+        k.cross_entropy_backward_kept(logits, logits, targets, sums, dloss, N, local,
+                                      vocab_begin, vocab_size);
+        return;
+      }
     }
     forward(tp, k, losses, row_max, sums, logits, targets, N);
     backward(k, logits, logits, targets, row_max, sums, dloss, N);

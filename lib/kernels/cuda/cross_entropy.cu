@@ -1,8 +1,10 @@
 // Vocab-parallel softmax cross-entropy: the CPU's three local passes and the in-place backward,
-// plus a fused single-rank forward (online softmax: one read of the logits). One block per row,
+// plus a fused single-rank forward (online softmax: one read of the logits) and the same with
+// the gradient written in the same launch (one read and one write). One block per row,
 // fp32 statistics (exp sums reduced across the block in fp64), fixed reduction trees. The fused
 // forward and the backward read (and write) rows in 16-byte packs when every row starts
 // 16-byte aligned: they stream the LM head's logits, the largest tensor of a step.
+#include <atomic>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -155,6 +157,121 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* _
   }
 }
 
+// The fused forward with the gradient in the same launch (one tensor rank): the block streams
+// its row [0, valid) into shared memory as it takes the online softmax, each thread the columns
+// ce_fused_forward_kernel gives it in the same order (so the same statistics, bit for bit), then
+// writes dlogits from there with ce_backward_kernel's formula (the same gradient, bit for bit):
+// one read of the logits and one write, where the forward and the backward kernels read them
+// twice. The row's loads are issued kBatch packs at a time, to keep enough bytes in flight at
+// the occupancy the shared row leaves (two blocks of a GPT-2 vocabulary's bf16 row per SM).
+// kVector as in ce_backward_kernel. dlogits may alias logits: every column is read before the
+// barrier that precedes the first write.
+template <typename T, bool kVector>
+__global__ void ce_fused_grad_kernel(float* __restrict__ losses, float* __restrict__ row_max,
+                                     float* __restrict__ sums, T* dlogits, const T* logits,
+                                     const int32_t* __restrict__ targets,
+                                     const float* __restrict__ dloss, int64_t N, int64_t Vl,
+                                     int64_t valid) {
+  extern __shared__ __align__(16) unsigned char ce_row_bytes[];
+  T* row = reinterpret_cast<T*>(ce_row_bytes);
+  __shared__ float shf[33];
+  __shared__ double shd[33];
+  __shared__ float stats[2];  // the row's max and exp sum
+  const int64_t n = blockIdx.x;
+  const T* l = logits + n * Vl;
+  OnlineSoftmax part;
+  int64_t scalar_begin = 0;
+  if constexpr (kVector) {
+    using P = detail::Pack<T>;
+    constexpr int kBatch = 4;
+    const int64_t packs = valid / P::kSize;
+    const P* lp = reinterpret_cast<const P*>(l);
+    P* rp = reinterpret_cast<P*>(row);
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kBatch * int64_t(blockDim.x)) {
+      P in[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; b++) {
+        const int64_t p = p0 + b * int64_t(blockDim.x);
+        if (p < packs) in[b] = lp[p];
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; b++) {
+        const int64_t p = p0 + b * int64_t(blockDim.x);
+        if (p >= packs) break;
+        rp[p] = in[b];
+#pragma unroll
+        for (int k = 0; k < P::kSize; k++) part.add(detail::to_f32(in[b].v[k]));
+      }
+    }
+    scalar_begin = packs * P::kSize;
+  }
+  for (int64_t v = scalar_begin + threadIdx.x; v < valid; v += blockDim.x) {
+    const T x = l[v];
+    row[v] = x;
+    part.add(detail::to_f32(x));
+  }
+  const float m = part.m, s = part.s;
+  const float M = detail::block_reduce(m, shf, detail::MaxOp{}, -INFINITY);
+  const float scaled = (m == -INFINITY) ? 0.f : s * expf(m - M);
+  const double total = detail::block_reduce(static_cast<double>(scaled), shd, detail::SumOp{}, 0.0);
+  const int64_t tl = local_target(targets[n], 0, valid);
+  if (threadIdx.x == 0) {
+    const float sum = static_cast<float>(total);
+    const float tlogit = tl >= 0 ? detail::to_f32(row[tl]) : 0.f;
+    row_max[n] = M;
+    sums[n] = sum;
+    sums[N + n] = tlogit;
+    losses[n] = logf(sum) + M - tlogit;
+    stats[0] = M;
+    stats[1] = sum;
+  }
+  __syncthreads();
+  const float g = dloss[n];
+  const float mx = stats[0], scale = g / stats[1];
+  T* d = dlogits + n * Vl;
+  auto grad = [&](int64_t v) {
+    return ce_grad(v < valid ? detail::to_f32(row[v]) : 0.f, v, valid, tl, mx, scale, g);
+  };
+  if constexpr (kVector) {
+    using P = detail::Pack<T>;
+    P* dp = reinterpret_cast<P*>(d);
+    for (int64_t p = threadIdx.x; p < Vl / P::kSize; p += blockDim.x) {
+      P out;
+#pragma unroll
+      for (int k = 0; k < P::kSize; k++) out.v[k] = detail::from_f32<T>(grad(p * P::kSize + k));
+      dp[p] = out;
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) d[v] = detail::from_f32<T>(grad(v));
+  }
+}
+
+// The exps' pass over a split vocabulary (cross_entropy_local_sums with exps: kept for
+// cross_entropy_backward_kept) is the CPU's; the GPU recomputes exp in its backward instead
+// (CudaKernels::cross_entropy_keeps_exps is false), as its exps would be rounded to T.
+
+// Bytes of shared memory ce_fused_grad_kernel<T, kVector> may take beside its own, on the
+// current device (the opt-in maximum), its limit raised to that once per kernel and device.
+template <typename T, bool kVector>
+int64_t fused_grad_smem_limit() {
+  static std::atomic<int64_t> limit[64] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return 0;
+  if (limit[dev].load() == 0) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaFuncAttributes attr{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, ce_fused_grad_kernel<T, kVector>));
+    const int64_t dynamic = static_cast<int64_t>(optin) - static_cast<int64_t>(attr.sharedSizeBytes);
+    CUDA_CHECK(cudaFuncSetAttribute(ce_fused_grad_kernel<T, kVector>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(dynamic)));
+    limit[dev].store(dynamic);
+  }
+  return limit[dev].load();
+}
+
 void check_ce(int64_t N, int64_t Vl, const char* what) {
   detail::check_dims(N >= 0 && Vl >= 0, what);
   detail::check_dims(N <= INT32_MAX, what);
@@ -228,7 +345,37 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename T>
+void cross_entropy_fused_grad(float* losses, float* row_max, float* sums, T* dlogits,
+                              const T* logits, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t Vl, int64_t vocab_size, cudaStream_t stream) {
+  check_ce(N, Vl, "cross_entropy_fused_grad: bad sizes");
+  if (N == 0) return;
+  const int64_t valid = valid_columns(Vl, 0, vocab_size);
+  const int64_t bytes = (valid * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+  const bool vector = detail::rows_aligned16<T>(Vl, logits, dlogits);
+  const int64_t limit =
+      vector ? fused_grad_smem_limit<T, true>() : fused_grad_smem_limit<T, false>();
+  if (Vl == 0 || bytes > limit) {  // the row does not fit one block's shared memory
+    cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, Vl, vocab_size, stream);
+    cross_entropy_backward(dlogits, logits, targets, row_max, sums, dloss, N, Vl, 0, vocab_size,
+                           stream);
+    return;
+  }
+  if (vector) {
+    ce_fused_grad_kernel<T, true><<<static_cast<unsigned>(N), kThreads, bytes, stream>>>(
+        losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, valid);
+  } else {
+    ce_fused_grad_kernel<T, false><<<static_cast<unsigned>(N), kThreads, bytes, stream>>>(
+        losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, valid);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                                 \
+  template void cross_entropy_fused_grad<T>(float*, float*, float*, T*, const T*,             \
+                                            const int32_t*, const float*, int64_t, int64_t,    \
+                                            int64_t, cudaStream_t);                            \
   template void cross_entropy_local_max<T>(float*, const T*, int64_t, int64_t, int64_t,       \
                                            int64_t, cudaStream_t);                             \
   template void cross_entropy_local_sums<T>(float*, const T*, const int32_t*, const float*,   \

@@ -244,6 +244,14 @@ template <typename T>
 void cross_entropy_forward_fused(float* losses, float* row_max, float* sums, const T* logits,
                                  const int32_t* targets, int64_t N, int64_t Vl,
                                  int64_t vocab_size, cudaStream_t stream = nullptr);
+// cross_entropy_forward_fused and cross_entropy_backward (vocab_begin 0) in one launch, the
+// same bits: each row read once into shared memory and the gradient written from there (the
+// two kernels where a row does not fit the block's shared memory). dlogits may alias logits.
+template <typename T>
+void cross_entropy_fused_grad(float* losses, float* row_max, float* sums, T* dlogits,
+                              const T* logits, const int32_t* targets, const float* dloss,
+                              int64_t N, int64_t Vl, int64_t vocab_size,
+                              cudaStream_t stream = nullptr);
 // dlogits = (softmax - onehot(target)) * dloss[n]; padding columns 0; may alias logits.
 template <typename T>
 void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
