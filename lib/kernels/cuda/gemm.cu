@@ -160,6 +160,9 @@ struct Epilogue {
   // Gelu::Forward: the GELU's input (after the bias) written here; Gelu::Backward: read from
   // here. Row-major [M, N] with C's leading dimension (cuBLASLt: a multiple of 8).
   const void* aux = nullptr;
+  // CUBLASLT_EPILOGUE_BGRADB: bias_grad[N] = the sums of op(B) over the contraction (the rows
+  // of op(B)), written (not accumulated), C's type. Not with a bias or a GELU.
+  void* bias_grad = nullptr;
 };
 
 // d.op: a matmul of `compute` with fp32 scalars, the column-major operands' transposes, and the
@@ -177,12 +180,14 @@ void create_op(LtDescs& d, cublasComputeType_t compute, cublasOperation_t op_fir
   if (e.gelu == Gelu::Forward)
     epi = e.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
   if (e.gelu == Gelu::Backward) epi = CUBLASLT_EPILOGUE_DGELU;
+  if (e.bias_grad != nullptr) epi = CUBLASLT_EPILOGUE_BGRADB;
   if (epi == CUBLASLT_EPILOGUE_DEFAULT) return;
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-  if (e.bias != nullptr)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias,
-                                                sizeof(e.bias)));
+  const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
+  if (vector != nullptr)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector,
+                                                sizeof(vector)));
   if (e.gelu == Gelu::None) return;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &e.aux, sizeof(e.aux)));
@@ -244,11 +249,13 @@ bool lt_gemm(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
   const uint32_t align_first = alignment_of(B, ldb, type_size(ab));
   const uint32_t align_second = alignment_of(A, lda, type_size(ab));
   const uint32_t align_c = alignment_of(C, ldc, type_size(c));
-  const bool with_bias = e.bias != nullptr;
+  const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
+  // (with_bias: 1 a bias, 2 a bias gradient.)
+  const int64_t with_bias = e.bias_grad != nullptr ? 2 : e.bias != nullptr ? 1 : 0;
   const std::array<int64_t, 18> key = {
       int64_t(ab),  int64_t(c), trans_a,  trans_b,     M,           N,
       K,            lda,        ldb,      ldc,         with_bias,   align_first,
-      align_second, align_c,    tf32,     int64_t(with_bias ? alignment_of(e.bias, 0, type_size(c)) : 0),
+      align_second, align_c,    tf32,     int64_t(vector ? alignment_of(vector, 0, type_size(c)) : 0),
       int64_t(e.gelu), int64_t(e.aux != nullptr ? alignment_of(e.aux, ldc, type_size(c)) : 0)};
 
   LtDescs d;
@@ -424,6 +431,36 @@ size_t bias_grad_workspace_bytes(int64_t N, int64_t OC) {
   return static_cast<size_t>(chunks * OC) * sizeof(float);
 }
 
+namespace {
+
+__global__ void add_f32_kernel(float* __restrict__ acc, const float* __restrict__ x, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
+
+// dweight[OC,C] += dout[N,OC]^T inp[N,C] with dbias[OC] += the column sums of dout taken by the
+// same GEMM (cuBLASLt's BGRADB epilogue over the rows it reads anyway: no pass of its own over
+// dout), into scratch then added (the epilogue writes, the gradients accumulate); false, doing
+// nothing, where cuBLASLt has no algorithm for it.
+template <typename T>
+bool weight_and_bias_grad(CublasContext& ctx, float* dweight, float* dbias, const T* dout,
+                          const T* inp, int64_t N, int64_t C, int64_t OC, cudaStream_t stream,
+                          void* workspace) {
+  if (N == 0 || C == 0 || OC == 0) return false;
+  detail::Scratch scratch(workspace, bias_grad_workspace_bytes(N, OC), stream);
+  float* sums = scratch.as<float>();
+  Epilogue e;
+  e.bias_grad = sums;
+  if (!lt_gemm(ctx, dtype_of<T>::value, DType::F32, true, false, OC, C, N, 1.f, dout, OC, inp, C,
+               1.f, dweight, C, e, stream))
+    return false;
+  add_f32_kernel<<<detail::grid_for(OC, 256), 256, 0, stream>>>(dbias, sums, OC);
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+}  // namespace
+
 template <typename T>
 void bias_grad_accumulate(float* dbias, const T* dout, int64_t N, int64_t OC, cudaStream_t stream,
                           void* workspace) {
@@ -452,11 +489,18 @@ template <typename T>
 void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
                      cudaStream_t stream, void* workspace) {
-  if (dbias != nullptr) bias_grad_accumulate<T>(dbias, dout, N, OC, stream, workspace);
-  // dweight[OC,C] += dout[N,OC]^T inp[N,C]. Any of dinp, dweight, dbias may be nullptr (the
-  // split backward of the zero-bubble schedules: dinp first, dweight and dbias later).
-  if (dweight != nullptr)
-    gemm<T, float>(ctx, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C, stream);
+  // dweight[OC,C] += dout[N,OC]^T inp[N,C], dbias[OC] += sum_n dout: in one GEMM where
+  // cuBLASLt can (its BGRADB epilogue), else the GEMM and the bias kernel. Any of dinp,
+  // dweight, dbias may be nullptr (the split backward of the zero-bubble schedules: dinp first,
+  // dweight and dbias later).
+  const bool together = dweight != nullptr && dbias != nullptr &&
+                        weight_and_bias_grad(ctx, dweight, dbias, dout, inp, N, C, OC, stream,
+                                             workspace);
+  if (!together) {
+    if (dbias != nullptr) bias_grad_accumulate<T>(dbias, dout, N, OC, stream, workspace);
+    if (dweight != nullptr)
+      gemm<T, float>(ctx, true, false, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C, stream);
+  }
   // dinp[N,C] = dout[N,OC] weight[OC,C]
   if (dinp != nullptr)
     gemm<T, T>(ctx, false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C, stream);
