@@ -118,6 +118,41 @@ void sgd(TransformerModel& model) {
   model.weights_changed();
 }
 
+// Two models trained side by side from the same weights: their losses and gradients compared
+// bit for bit after each step (before the SGD update).
+struct SideBySide {
+  int64_t compared = 0, differing = 0, nonzero = 0, losses_equal = 0;
+  double worst_loss = 0, worst_grad = 0;  // relative: |b - a| / |a|, gradients in L2
+};
+
+// `steps` steps of 3 micro-batches of 2 on `a` (the reference) and `b`; `each_step(step)`
+// runs after each step's backward, before the update.
+template <class A, class B, class EachStep>
+SideBySide train_side_by_side(A& a, B& b, int64_t steps, bool split, EachStep each_step) {
+  SideBySide r;
+  const int64_t Bsz = 2, M = 3;
+  for (int64_t step = 0; step < steps; ++step) {
+    const double loss_a = run_step(a, Bsz, M, split, step);
+    const double loss_b = run_step(b, Bsz, M, split, step);
+    if (std::memcmp(&loss_a, &loss_b, sizeof loss_a) == 0) ++r.losses_equal;
+    r.worst_loss = std::max(r.worst_loss, std::fabs(loss_b - loss_a) / std::fabs(loss_a));
+    each_step(step);
+    EXPECT_EQ(a.flat_size(), b.flat_size());
+    double d2 = 0, a2 = 0;
+    for (int64_t i = 0; i < a.flat_size(); ++i, ++r.compared) {
+      const float ga = a.grads()[i], gb = b.grads()[i];
+      if (std::memcmp(&ga, &gb, sizeof ga) != 0) ++r.differing;
+      if (ga != 0.0f) ++r.nonzero;
+      d2 += (static_cast<double>(gb) - ga) * (static_cast<double>(gb) - ga);
+      a2 += static_cast<double>(ga) * ga;
+    }
+    r.worst_grad = std::max(r.worst_grad, std::sqrt(d2 / a2));
+    sgd(a);
+    sgd(b);
+  }
+  return r;
+}
+
 struct Case {
   std::string arch;
   Recompute mode;
@@ -146,29 +181,18 @@ TEST_P(RecomputeParity, LossesAndGradientsBitwiseLikeNone) {
   Model recomputed(m, shard_with(m, c.mode), *comm, CpuKernels<float>());
   none.init_weights(11);
   recomputed.init_weights(11);
-  const int64_t B = 2, M = 3, steps = 5;
-  int64_t compared = 0, differing = 0, nonzero = 0, losses_equal = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    const double loss_none = run_step(none, B, M, c.split, step);
-    const double loss = run_step(recomputed, B, M, c.split, step);
-    if (std::memcmp(&loss_none, &loss, sizeof loss) == 0) ++losses_equal;
-    else ADD_FAILURE() << "step " << step + 1 << " loss " << loss << " vs none " << loss_none;
+  const int64_t steps = 5;
+  const SideBySide r = train_side_by_side(none, recomputed, steps, c.split, [&](int64_t step) {
     // A MoE layer's forward rerun for the recomputation is not counted a second time.
     const MoeStats moe_none = none.take_moe_stats(), moe = recomputed.take_moe_stats();
     EXPECT_EQ(moe.load, moe_none.load) << "step " << step + 1;
     EXPECT_EQ(moe.aux_loss_sum, moe_none.aux_loss_sum) << "step " << step + 1;
-    ASSERT_EQ(none.flat_size(), recomputed.flat_size());
-    for (int64_t i = 0; i < none.flat_size(); ++i, ++compared) {
-      if (std::memcmp(&none.grads()[i], &recomputed.grads()[i], sizeof(float)) != 0) ++differing;
-      if (none.grads()[i] != 0.0f) ++nonzero;
-    }
-    sgd(none);
-    sgd(recomputed);
-  }
+  });
+  const int64_t compared = r.compared, differing = r.differing, losses_equal = r.losses_equal;
   EXPECT_EQ(compared, steps * none.flat_size());
   EXPECT_EQ(differing, 0) << "of " << compared << " gradients";
-  EXPECT_GT(nonzero, compared / 2) << "most gradients carry a contribution";
-  EXPECT_EQ(losses_equal, steps);
+  EXPECT_GT(r.nonzero, compared / 2) << "most gradients carry a contribution";
+  EXPECT_EQ(losses_equal, steps) << "worst loss difference " << r.worst_loss;
   std::printf("[ measured ] %s recompute=%s%s: %lld gradients over %lld steps bitwise equal to "
               "none (%lld differing), %lld of %lld losses equal\n",
               c.arch.c_str(), to_string(c.mode).c_str(), c.split ? " (split backward)" : "",
@@ -202,17 +226,6 @@ ModelShard with_fused_gelu(const ModelConfig& m, Recompute r, bool fused) {
   return s;
 }
 
-// Gradients of `a` and `b` (same layout) that differ in their bits, counted over the whole
-// buffer into `compared`.
-template <class A, class B>
-int64_t differing_gradients(A& a, B& b, int64_t& compared) {
-  EXPECT_EQ(a.flat_size(), b.flat_size());
-  int64_t differing = 0;
-  for (int64_t i = 0; i < a.flat_size(); ++i, ++compared)
-    if (std::memcmp(&a.grads()[i], &b.grads()[i], sizeof(float)) != 0) ++differing;
-  return differing;
-}
-
 class FusedBiasGelu : public ::testing::TestWithParam<Case> {};
 
 }  // namespace
@@ -231,18 +244,12 @@ TEST_P(FusedBiasGelu, Fp32TrainsToTheBitsOfTheSeparateKernels) {
   Model fused(m, with_fused_gelu(m, c.mode, true), *comm, CpuKernels<float>());
   separate.init_weights(5);
   fused.init_weights(5);
-  const int64_t B = 2, M = 3, steps = 5;
-  int64_t compared = 0, differing = 0, losses_equal = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    const double loss_separate = run_step(separate, B, M, c.split, step);
-    const double loss = run_step(fused, B, M, c.split, step);
-    if (std::memcmp(&loss_separate, &loss, sizeof loss) == 0) ++losses_equal;
-    differing += differing_gradients(separate, fused, compared);
-    sgd(separate);
-    sgd(fused);
-  }
+  const int64_t steps = 5;
+  const SideBySide r = train_side_by_side(separate, fused, steps, c.split, [](int64_t) {});
+  const int64_t compared = r.compared, differing = r.differing, losses_equal = r.losses_equal;
   EXPECT_EQ(compared, steps * fused.flat_size());
   EXPECT_EQ(differing, 0) << "of " << compared << " gradients";
+  EXPECT_GT(r.nonzero, compared / 2) << "most gradients carry a contribution";
   EXPECT_EQ(losses_equal, steps);
   std::printf("[ measured ] fused bias-GELU, recompute=%s%s: %lld gradients over %lld steps, "
               "%lld differing from the separate kernels; %lld of %lld losses equal\n",
@@ -271,44 +278,30 @@ TEST(FusedBiasGelu, Bf16RoundsOnceAndStaysWithinBf16OfTheSeparateKernels) {
   auto comm = make_self_communicator("tensor");
   auto host = make_cpu_device();
   using Bf16 = Transformer<CpuBf16Kernels>;
-  Bf16 separate(m, with_fused_gelu(m, Recompute::None, false), *comm,
-                CpuBf16Kernels(*host, Bf16Gemm::Fma));
-  Bf16 fused(m, with_fused_gelu(m, Recompute::None, true), *comm,
-             CpuBf16Kernels(*host, Bf16Gemm::Fma));
-  Bf16 fused_full(m, with_fused_gelu(m, Recompute::Full, true), *comm,
-                  CpuBf16Kernels(*host, Bf16Gemm::Fma));
-  for (Bf16* model : {&separate, &fused, &fused_full}) model->init_weights(5);
-  const int64_t B = 2, M = 3, steps = 3;
-  int64_t compared = 0, differing = 0, compared_full = 0, differing_full = 0;
-  double worst_loss = 0, worst_grad = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    const double loss_separate = run_step(separate, B, M, false, step);
-    const double loss = run_step(fused, B, M, false, step);
-    const double loss_full = run_step(fused_full, B, M, false, step);
-    EXPECT_EQ(std::memcmp(&loss, &loss_full, sizeof loss), 0) << "step " << step + 1;
-    worst_loss = std::max(worst_loss, std::fabs(loss - loss_separate) / loss_separate);
-    differing += differing_gradients(separate, fused, compared);
-    differing_full += differing_gradients(fused, fused_full, compared_full);
-    double d2 = 0, r2 = 0;
-    for (int64_t i = 0; i < fused.flat_size(); ++i) {
-      const double d = static_cast<double>(fused.grads()[i]) - separate.grads()[i];
-      d2 += d * d;
-      r2 += static_cast<double>(separate.grads()[i]) * separate.grads()[i];
-    }
-    worst_grad = std::max(worst_grad, std::sqrt(d2 / r2));
-    for (Bf16* model : {&separate, &fused, &fused_full}) sgd(*model);
-  }
-  EXPECT_GT(differing, compared / 10) << "the fused GELU rounds once: other bits";
-  EXPECT_LE(worst_grad, 2e-2);
-  EXPECT_LE(worst_loss, 1e-3);
-  EXPECT_EQ(compared_full, compared);
-  EXPECT_EQ(differing_full, 0) << "full recomputation with the fusion: the same bits as none";
+  auto model = [&](Recompute mode, bool fused) {
+    auto t = std::make_unique<Bf16>(m, with_fused_gelu(m, mode, fused), *comm,
+                                    CpuBf16Kernels(*host, Bf16Gemm::Fma));
+    t->init_weights(5);
+    return t;
+  };
+  const int64_t steps = 3;
+  auto separate = model(Recompute::None, false), fused = model(Recompute::None, true);
+  const SideBySide r = train_side_by_side(*separate, *fused, steps, false, [](int64_t) {});
+  auto fused_again = model(Recompute::None, true), fused_full = model(Recompute::Full, true);
+  const SideBySide full = train_side_by_side(*fused_again, *fused_full, steps, false,
+                                             [](int64_t) {});
+  EXPECT_GT(r.differing, r.compared / 10) << "the fused GELU rounds once: other bits";
+  EXPECT_LE(r.worst_grad, 2e-2);
+  EXPECT_LE(r.worst_loss, 1e-3);
+  EXPECT_EQ(full.compared, r.compared);
+  EXPECT_EQ(full.differing, 0) << "full recomputation with the fusion: the same bits as none";
+  EXPECT_EQ(full.losses_equal, steps);
   std::printf("[ measured ] bf16 fused bias-GELU against the separate kernels over %lld steps: "
               "%lld of %lld gradients differ, worst relative L2 %.2e, worst loss %.2e; full "
               "recomputation: %lld of %lld differ\n",
-              static_cast<long long>(steps), static_cast<long long>(differing),
-              static_cast<long long>(compared), worst_grad, worst_loss,
-              static_cast<long long>(differing_full), static_cast<long long>(compared_full));
+              static_cast<long long>(steps), static_cast<long long>(r.differing),
+              static_cast<long long>(r.compared), r.worst_grad, r.worst_loss,
+              static_cast<long long>(full.differing), static_cast<long long>(full.compared));
 }
 
 namespace {

@@ -75,47 +75,6 @@ struct OnlineSoftmax {
   }
 };
 
-// kVector: columns [0, valid) in 16-byte packs as far as whole packs reach, the rest one by
-// one (every row 16-byte aligned: the launcher checks).
-template <typename T, bool kVector>
-__global__ void ce_fused_forward_kernel(float* __restrict__ losses, float* __restrict__ row_max,
-                                        float* __restrict__ sums, const T* __restrict__ logits,
-                                        const int32_t* __restrict__ targets, int64_t N, int64_t Vl,
-                                        int64_t valid) {
-  __shared__ float shf[33];
-  __shared__ double shd[33];
-  const int64_t n = blockIdx.x;
-  const T* l = logits + n * Vl;
-  OnlineSoftmax part;
-  int64_t scalar_begin = 0;
-  if constexpr (kVector) {
-    using P = detail::Pack<T>;
-    const int64_t packs = valid / P::kSize;
-    const P* lp = reinterpret_cast<const P*>(l);
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      const P in = lp[p];
-#pragma unroll
-      for (int k = 0; k < P::kSize; k++) part.add(detail::to_f32(in.v[k]));
-    }
-    scalar_begin = packs * P::kSize;
-  }
-  for (int64_t v = scalar_begin + threadIdx.x; v < valid; v += blockDim.x)
-    part.add(detail::to_f32(l[v]));
-  const float m = part.m, s = part.s;
-  const float M = detail::block_reduce(m, shf, detail::MaxOp{}, -INFINITY);
-  const float scaled = (m == -INFINITY) ? 0.f : s * expf(m - M);
-  const double total = detail::block_reduce(static_cast<double>(scaled), shd, detail::SumOp{}, 0.0);
-  if (threadIdx.x == 0) {
-    const float sum = static_cast<float>(total);
-    const int64_t tl = local_target(targets[n], 0, valid);
-    const float tlogit = tl >= 0 ? detail::to_f32(l[tl]) : 0.f;
-    row_max[n] = M;
-    sums[n] = sum;
-    sums[N + n] = tlogit;
-    losses[n] = logf(sum) + M - tlogit;
-  }
-}
-
 // Each column is read and then written by the same thread (kVector: each pack): dlogits may
 // alias logits. kVector needs every row 16-byte aligned and Vl a whole number of packs.
 __device__ __forceinline__ float ce_grad(float x, int64_t v, int64_t valid, int64_t tl, float m,
@@ -157,21 +116,47 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* _
   }
 }
 
-// The fused forward with the gradient in the same launch (one tensor rank): the block streams
-// its row [0, valid) into shared memory as it takes the online softmax, each thread the columns
-// ce_fused_forward_kernel gives it in the same order (so the same statistics, bit for bit), then
-// writes dlogits from there with ce_backward_kernel's formula (the same gradient, bit for bit):
-// one read of the logits and one write, where the forward and the backward kernels read them
-// twice. The row's loads are issued kBatch packs at a time, to keep enough bytes in flight at
-// the occupancy the shared row leaves (two blocks of a GPT-2 vocabulary's bf16 row per SM).
-// kVector as in ce_backward_kernel. dlogits may alias logits: every column is read before the
-// barrier that precedes the first write.
+// d[0, Vl) = the gradient of a row whose valid columns are in shared memory (`row`) and whose
+// max and exp sum are stats[0], stats[1] (written by thread 0: the block synchronises first),
+// with ce_backward_kernel's formula; g = dloss of the row, tl its local target.
 template <typename T, bool kVector>
-__global__ void ce_fused_grad_kernel(float* __restrict__ losses, float* __restrict__ row_max,
-                                     float* __restrict__ sums, T* dlogits, const T* logits,
-                                     const int32_t* __restrict__ targets,
-                                     const float* __restrict__ dloss, int64_t N, int64_t Vl,
-                                     int64_t valid) {
+__device__ void ce_row_gradient(T* d, const T* row, const float* stats, float g, int64_t tl,
+                                int64_t Vl, int64_t valid) {
+  __syncthreads();
+  const float mx = stats[0], scale = g / stats[1];
+  auto grad = [&](int64_t v) {
+    return ce_grad(v < valid ? detail::to_f32(row[v]) : 0.f, v, valid, tl, mx, scale, g);
+  };
+  if constexpr (kVector) {
+    using P = detail::Pack<T>;
+    P* dp = reinterpret_cast<P*>(d);
+    for (int64_t p = threadIdx.x; p < Vl / P::kSize; p += blockDim.x) {
+      P out;
+#pragma unroll
+      for (int k = 0; k < P::kSize; k++) out.v[k] = detail::from_f32<T>(grad(p * P::kSize + k));
+      dp[p] = out;
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) d[v] = detail::from_f32<T>(grad(v));
+  }
+}
+
+// The single-rank loss in one pass over each row (online softmax: one read of the logits), and
+// with kGrad its gradient in the same launch: the block then keeps its row [0, valid) in shared
+// memory as it reads it, and writes dlogits from there with ce_backward_kernel's formula (the
+// same gradient, bit for bit: one read of the logits and one write, where the loss and the
+// backward kernels read them twice). Each thread takes the same columns in the same order
+// either way (so the same statistics), loading kBatch packs at a time to keep bytes in flight at
+// the occupancy the shared row leaves (two blocks of a GPT-2 vocabulary's bf16 row per SM).
+// kVector: columns [0, valid) in 16-byte packs as far as whole packs reach, the rest one by one
+// (every row 16-byte aligned and Vl a whole number of packs: the launchers check). dlogits may
+// alias logits: every column is read before the barrier that precedes the first write.
+template <typename T, bool kVector, bool kGrad>
+__global__ void ce_fused_kernel(float* __restrict__ losses, float* __restrict__ row_max,
+                                float* __restrict__ sums, T* dlogits, const T* logits,
+                                const int32_t* __restrict__ targets,
+                                const float* __restrict__ dloss, int64_t N, int64_t Vl,
+                                int64_t valid) {
   extern __shared__ __align__(16) unsigned char ce_row_bytes[];
   T* row = reinterpret_cast<T*>(ce_row_bytes);
   __shared__ float shf[33];
@@ -198,7 +183,7 @@ __global__ void ce_fused_grad_kernel(float* __restrict__ losses, float* __restri
       for (int b = 0; b < kBatch; b++) {
         const int64_t p = p0 + b * int64_t(blockDim.x);
         if (p >= packs) break;
-        rp[p] = in[b];
+        if constexpr (kGrad) rp[p] = in[b];
 #pragma unroll
         for (int k = 0; k < P::kSize; k++) part.add(detail::to_f32(in[b].v[k]));
       }
@@ -207,7 +192,7 @@ __global__ void ce_fused_grad_kernel(float* __restrict__ losses, float* __restri
   }
   for (int64_t v = scalar_begin + threadIdx.x; v < valid; v += blockDim.x) {
     const T x = l[v];
-    row[v] = x;
+    if constexpr (kGrad) row[v] = x;
     part.add(detail::to_f32(x));
   }
   const float m = part.m, s = part.s;
@@ -217,7 +202,7 @@ __global__ void ce_fused_grad_kernel(float* __restrict__ losses, float* __restri
   const int64_t tl = local_target(targets[n], 0, valid);
   if (threadIdx.x == 0) {
     const float sum = static_cast<float>(total);
-    const float tlogit = tl >= 0 ? detail::to_f32(row[tl]) : 0.f;
+    const float tlogit = tl >= 0 ? detail::to_f32(l[tl]) : 0.f;
     row_max[n] = M;
     sums[n] = sum;
     sums[N + n] = tlogit;
@@ -225,32 +210,15 @@ __global__ void ce_fused_grad_kernel(float* __restrict__ losses, float* __restri
     stats[0] = M;
     stats[1] = sum;
   }
-  __syncthreads();
-  const float g = dloss[n];
-  const float mx = stats[0], scale = g / stats[1];
-  T* d = dlogits + n * Vl;
-  auto grad = [&](int64_t v) {
-    return ce_grad(v < valid ? detail::to_f32(row[v]) : 0.f, v, valid, tl, mx, scale, g);
-  };
-  if constexpr (kVector) {
-    using P = detail::Pack<T>;
-    P* dp = reinterpret_cast<P*>(d);
-    for (int64_t p = threadIdx.x; p < Vl / P::kSize; p += blockDim.x) {
-      P out;
-#pragma unroll
-      for (int k = 0; k < P::kSize; k++) out.v[k] = detail::from_f32<T>(grad(p * P::kSize + k));
-      dp[p] = out;
-    }
-  } else {
-    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) d[v] = detail::from_f32<T>(grad(v));
-  }
+  if constexpr (kGrad)
+    ce_row_gradient<T, kVector>(dlogits + n * Vl, row, stats, dloss[n], tl, Vl, valid);
 }
 
 // The exps' pass over a split vocabulary (cross_entropy_local_sums with exps: kept for
 // cross_entropy_backward_kept) is the CPU's; the GPU recomputes exp in its backward instead
 // (CudaKernels::cross_entropy_keeps_exps is false), as its exps would be rounded to T.
 
-// Bytes of shared memory ce_fused_grad_kernel<T, kVector> may take beside its own, on the
+// Bytes of shared memory ce_fused_kernel<T, kVector, true> may take beside its own, on the
 // current device (the opt-in maximum), its limit raised to that once per kernel and device.
 template <typename T, bool kVector>
 int64_t fused_grad_smem_limit() {
@@ -262,9 +230,9 @@ int64_t fused_grad_smem_limit() {
     int optin = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, ce_fused_grad_kernel<T, kVector>));
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, ce_fused_kernel<T, kVector, true>));
     const int64_t dynamic = static_cast<int64_t>(optin) - static_cast<int64_t>(attr.sharedSizeBytes);
-    CUDA_CHECK(cudaFuncSetAttribute(ce_fused_grad_kernel<T, kVector>,
+    CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<T, kVector, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(dynamic)));
     limit[dev].store(dynamic);
@@ -318,11 +286,11 @@ void cross_entropy_forward_fused(float* losses, float* row_max, float* sums, con
   if (N == 0) return;
   const int64_t valid = valid_columns(Vl, 0, vocab_size);
   if (detail::rows_aligned16<T>(Vl, logits)) {
-    ce_fused_forward_kernel<T, true><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-        losses, row_max, sums, logits, targets, N, Vl, valid);
+    ce_fused_kernel<T, true, false><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        losses, row_max, sums, nullptr, logits, targets, nullptr, N, Vl, valid);
   } else {
-    ce_fused_forward_kernel<T, false><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-        losses, row_max, sums, logits, targets, N, Vl, valid);
+    ce_fused_kernel<T, false, false><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+        losses, row_max, sums, nullptr, logits, targets, nullptr, N, Vl, valid);
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -363,10 +331,10 @@ void cross_entropy_fused_grad(float* losses, float* row_max, float* sums, T* dlo
     return;
   }
   if (vector) {
-    ce_fused_grad_kernel<T, true><<<static_cast<unsigned>(N), kThreads, bytes, stream>>>(
+    ce_fused_kernel<T, true, true><<<static_cast<unsigned>(N), kThreads, bytes, stream>>>(
         losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, valid);
   } else {
-    ce_fused_grad_kernel<T, false><<<static_cast<unsigned>(N), kThreads, bytes, stream>>>(
+    ce_fused_kernel<T, false, true><<<static_cast<unsigned>(N), kThreads, bytes, stream>>>(
         losses, row_max, sums, dlogits, logits, targets, dloss, N, Vl, valid);
   }
   CUDA_CHECK_LAUNCH();
