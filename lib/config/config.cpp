@@ -302,11 +302,11 @@ const Key kKeys[] = {
    "GPT-2's MLP (model.arch = \"gpt2\"): the up projection's GEMM adds the bias and applies "
    "the GELU in its epilogue, keeping the pre-activation for backward, and the down "
    "projection's input-gradient GEMM multiplies by the GELU's derivative in its own (true, "
-   "the default; cuBLASLt's GELU_AUX_BIAS and DGELU epilogues on the GPU): two passes over the "
-   "MLP's widest tensor fewer a layer each way (Megatron-LM's bias-GELU fusion). The GELU is "
-   "then taken of the product before its rounding, so in bf16 the bits differ from false's "
-   "(the separate GELU kernels, which read the rounded pre-activation); in fp32 on the CPU "
-   "they are the same. Layers in FP8 keep the separate kernels."},
+   "the default; cuBLASLt's GELU_AUX_BIAS and DGELU epilogues on the GPU in bf16): fewer "
+   "passes over the MLP's widest tensor, each way (Megatron-LM's bias-GELU fusion). The GELU "
+   "is then taken of the product before its rounding, so in bf16 the bits differ from false's "
+   "(the separate GELU kernels, which read the rounded pre-activation); in fp32 they are the "
+   "same (the GPU's fp32 path keeps the separate kernels). Layers in FP8 keep them too."},
   {TRIDENT_KEY(train, recompute), one_of({"none", "selective", "full"}),
    "Activation recomputation (Korthikanti et al., arXiv 2205.05198): what a layer keeps from "
    "its forward to its backward. none: everything its backward reads. selective: all but "

@@ -151,8 +151,9 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   }
 
   // A GPT-2 MLP's up projection with its GELU, and the GELU's gradient in the down projection's
-  // input gradient (train.fused_bias_gelu): cuBLASLt's GELU_AUX_BIAS and DGELU epilogues
-  // (kernels/cuda/gemm.cu), the CPU sets' twins (model/cpu_kernels.hpp).
+  // input gradient (train.fused_bias_gelu): in bf16 cuBLASLt's GELU_AUX_BIAS and DGELU epilogues
+  // (kernels/cuda/gemm.cu), in fp32 the separate kernels; the CPU sets' twins
+  // (model/cpu_kernels.hpp).
   static constexpr bool has_fused_linear_gelu = true;
   void linear_gelu_forward(T* act, T* pre, const T* inp, const T* w, const T* b, int64_t N,
                            int64_t C, int64_t OC) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -506,14 +507,16 @@ void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, 
     gemm<T, T>(ctx, false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C, stream);
 }
 
-// act = gelu(inp weight^T + bias) with pre = inp weight^T + bias kept: one GEMM with cuBLASLt's
-// GELU_AUX_BIAS epilogue (the GELU of the fp32 sum, before the output's rounding); where
-// cuBLASLt has none for the shapes (OC not a multiple of 8, or no algorithm), the GEMM with its
-// bias, then the GELU kernel (which reads the rounded pre).
+// act = gelu(inp weight^T + bias) with pre = inp weight^T + bias kept. bf16: one GEMM with
+// cuBLASLt's GELU_AUX_BIAS epilogue (the GELU of the fp32 sum, before the output's rounding);
+// where cuBLASLt has none for the shapes (OC not a multiple of 8, or no algorithm), and always
+// in fp32 (the parity path, held to the CPU within 1e-5: cuBLASLt's GELU need not be the GELU
+// kernel's to fp32's last bits), the GEMM with its bias, then the GELU kernel.
 template <typename T>
 void linear_gelu_forward(CublasContext& ctx, T* act, T* pre, const T* inp, const T* weight,
                          const T* bias, int64_t N, int64_t C, int64_t OC, cudaStream_t stream) {
-  if (gemm_gelu(ctx, dtype_of<T>::value, false, true, N, OC, C, inp, C, weight, C, act, OC, bias,
+  if (std::is_same_v<T, bf16> &&
+      gemm_gelu(ctx, dtype_of<T>::value, false, true, N, OC, C, inp, C, weight, C, act, OC, bias,
                 Gelu::Forward, pre, stream))
     return;
   linear_forward(ctx, pre, inp, weight, bias, N, C, OC, stream);
@@ -521,8 +524,9 @@ void linear_gelu_forward(CublasContext& ctx, T* act, T* pre, const T* inp, const
 }
 
 // linear_backward with the input gradient through the GELU whose input was pre [N, C]: dpre =
-// (dout weight) * gelu'(pre), in the dX GEMM's DGELU epilogue (else the GEMM, then the GELU's
-// backward kernel in place). dW and db first: dpre may alias nothing they read.
+// (dout weight) * gelu'(pre), in bf16 in the dX GEMM's DGELU epilogue (else, and in fp32, the
+// GEMM, then the GELU's backward kernel in place). dW and db first: dpre may alias nothing
+// they read.
 template <typename T>
 void linear_backward_dgelu(CublasContext& ctx, T* dpre, float* dweight, float* dbias,
                            const T* dout, const T* inp, const T* weight, const T* pre, int64_t N,
@@ -530,7 +534,8 @@ void linear_backward_dgelu(CublasContext& ctx, T* dpre, float* dweight, float* d
   linear_backward(ctx, static_cast<T*>(nullptr), dweight, dbias, dout, inp, weight, N, C, OC,
                   stream, workspace);
   if (dpre == nullptr) return;
-  if (gemm_gelu(ctx, dtype_of<T>::value, false, false, N, C, OC, dout, OC, weight, C, dpre, C,
+  if (std::is_same_v<T, bf16> &&
+      gemm_gelu(ctx, dtype_of<T>::value, false, false, N, C, OC, dout, OC, weight, C, dpre, C,
                 nullptr, Gelu::Backward, pre, stream))
     return;
   gemm<T, T>(ctx, false, false, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dpre, C, stream);
