@@ -44,7 +44,8 @@ void add_generate_command(CLI::App& app, GenerateOptions& options) {
   cmd->add_option("--ckpt", options.checkpoint, "checkpoint file (any layout wrote it)")
       ->required();
   cmd->add_option("--tokenizer", options.tokenizer,
-                  "Hugging Face tokenizer.json; default: byte-level (ids 0..255)");
+                  "Hugging Face tokenizer.json; default: byte-level (ids 0..255; a model of "
+                  "model.vocab_size = 256 only)");
   auto* prompt = cmd->add_option("--prompt", options.prompt, "prompt text");
   auto* file = cmd->add_option("--prompt-file", options.prompt_file, "prompt text from a file");
   auto* prompts = cmd->add_option("--prompts", options.prompts_file,
@@ -183,6 +184,12 @@ void run_generate(const GenerateOptions& options) {
     throw Error("generate: checkpoint '" + options.checkpoint + "' has model.moe_experts = " +
                 std::to_string(m.moe_experts) +
                 ": the key/value-cache decoder has no mixture of experts yet (docs/moe.md)");
+  // Bytes on a model of another vocabulary (a BPE one's) would decode nonsense, silently.
+  if (options.tokenizer.empty() && m.vocab_size != tokenizer.vocab_size())
+    throw Error("generate: checkpoint '" + options.checkpoint + "' has model.vocab_size = " +
+                std::to_string(m.vocab_size) + " but no --tokenizer was given: the default, " +
+                "byte-level (256 ids), is a 256-id model's; pass the tokenizer.json its data " +
+                "was made with");
   if (tokenizer.vocab_size() > m.vocab_size)
     throw Error("generate: the tokenizer has " + std::to_string(tokenizer.vocab_size()) +
                 " ids but the checkpoint's model.vocab_size is " + std::to_string(m.vocab_size));

@@ -254,6 +254,30 @@ TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
+// A checkpoint whose vocabulary is not the byte-level one (a BPE model's) without --tokenizer
+// is refused in one line naming the key: the bytes would have decoded nonsense.
+TEST(GenerateTokenizer, AnotherVocabularyWithoutTokenizerIsOneErrorLine) {
+  const fs::path dir = scratch_dir("generate_vocab");
+  const fs::path config = make_tiny_run(dir);
+  const auto trained = run_command(trident_cmd(
+      "train --config " + config.string() + " --set train.steps=1 --set eval.interval=0" +
+      " --set model.vocab_size=320 --set checkpoint.dir=" + (dir / "ckpt").string() +
+      " --set log.dir=" + (dir / "run").string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string ckpt = (dir / "ckpt" / "step_00000001.h5").string();
+  const auto r = run_command(trident_cmd("generate --ckpt " + ckpt + " --prompt a"), 60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const size_t pos = r.output.find("trident: error");
+  ASSERT_NE(pos, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("trident: error", pos + 1), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.substr(pos, r.output.find('\n', pos) - pos),
+            "trident: error: generate: checkpoint '" + ckpt +
+                "' has model.vocab_size = 320 but no --tokenizer was given: the default, "
+                "byte-level (256 ids), is a 256-id model's; pass the tokenizer.json its data was "
+                "made with");
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
 // Issue 56 item 2: a FIFO as --prompt-file or --tokenizer blocked for ever, /dev/zero was read
 // until the kernel's OOM killer came. Every file argument is checked as a config file is: a
 // regular file of bounded size, refused before it is read (and before the checkpoint is). Each
