@@ -84,25 +84,19 @@ __device__ __forceinline__ float ce_grad(float x, int64_t v, int64_t valid, int6
   return v == tl ? out - g : out;
 }
 
+// d[0, Vl) = (softmax - onehot) * g of the row x[0, Vl) whose max is m and exp sum g / scale
+// (columns from `valid` on are padding: gradient 0), tl its local target. x is the logits in
+// global memory (ce_backward_kernel) or the row kept in shared memory (ce_fused_kernel): the
+// same code, so the same bits.
 template <typename T, bool kVector>
-__global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* __restrict__ targets,
-                                   const float* __restrict__ row_max,
-                                   const float* __restrict__ sums,
-                                   const float* __restrict__ dloss, int64_t Vl,
-                                   int64_t vocab_begin, int64_t valid) {
-  const int64_t n = blockIdx.x;
-  const T* l = logits + n * Vl;
-  T* d = dlogits + n * Vl;
-  const float m = row_max[n];
-  const float g = dloss[n];
-  const float scale = g / sums[n];
-  const int64_t tl = local_target(targets[n], vocab_begin, valid);
+__device__ __forceinline__ void ce_gradient_row(T* d, const T* x, float m, float scale, float g,
+                                                int64_t tl, int64_t Vl, int64_t valid) {
   if constexpr (kVector) {
     using P = detail::Pack<T>;
-    const P* lp = reinterpret_cast<const P*>(l);
+    const P* xp = reinterpret_cast<const P*>(x);
     P* dp = reinterpret_cast<P*>(d);
     for (int64_t p = threadIdx.x; p < Vl / P::kSize; p += blockDim.x) {
-      const P in = lp[p];
+      const P in = xp[p];
       P out;
 #pragma unroll
       for (int k = 0; k < P::kSize; k++)
@@ -112,39 +106,27 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* _
     }
   } else {
     for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x)
-      d[v] = detail::from_f32<T>(ce_grad(detail::to_f32(l[v]), v, valid, tl, m, scale, g));
+      d[v] = detail::from_f32<T>(ce_grad(detail::to_f32(x[v]), v, valid, tl, m, scale, g));
   }
 }
 
-// d[0, Vl) = the gradient of a row whose valid columns are in shared memory (`row`) and whose
-// max and exp sum are stats[0], stats[1] (written by thread 0: the block synchronises first),
-// with ce_backward_kernel's formula; g = dloss of the row, tl its local target.
 template <typename T, bool kVector>
-__device__ void ce_row_gradient(T* d, const T* row, const float* stats, float g, int64_t tl,
-                                int64_t Vl, int64_t valid) {
-  __syncthreads();
-  const float mx = stats[0], scale = g / stats[1];
-  auto grad = [&](int64_t v) {
-    return ce_grad(v < valid ? detail::to_f32(row[v]) : 0.f, v, valid, tl, mx, scale, g);
-  };
-  if constexpr (kVector) {
-    using P = detail::Pack<T>;
-    P* dp = reinterpret_cast<P*>(d);
-    for (int64_t p = threadIdx.x; p < Vl / P::kSize; p += blockDim.x) {
-      P out;
-#pragma unroll
-      for (int k = 0; k < P::kSize; k++) out.v[k] = detail::from_f32<T>(grad(p * P::kSize + k));
-      dp[p] = out;
-    }
-  } else {
-    for (int64_t v = threadIdx.x; v < Vl; v += blockDim.x) d[v] = detail::from_f32<T>(grad(v));
-  }
+__global__ void ce_backward_kernel(T* dlogits, const T* logits, const int32_t* __restrict__ targets,
+                                   const float* __restrict__ row_max,
+                                   const float* __restrict__ sums,
+                                   const float* __restrict__ dloss, int64_t Vl,
+                                   int64_t vocab_begin, int64_t valid) {
+  const int64_t n = blockIdx.x;
+  const float g = dloss[n];
+  ce_gradient_row<T, kVector>(dlogits + n * Vl, logits + n * Vl, row_max[n], g / sums[n], g,
+                              local_target(targets[n], vocab_begin, valid), Vl, valid);
 }
 
 // The single-rank loss in one pass over each row (online softmax: one read of the logits), and
-// with kGrad its gradient in the same launch: the block then keeps its row [0, valid) in shared
-// memory as it reads it, and writes dlogits from there with ce_backward_kernel's formula (the
-// same gradient, bit for bit: one read of the logits and one write, where the loss and the
+// with kGrad its gradient in the same launch: the block then keeps its row [0, Vl) in shared
+// memory as it reads it (the padding columns from `valid` on as zeros: never read from the
+// logits), and writes dlogits from there with ce_backward_kernel's code (the same gradient, bit
+// for bit: one read of the logits and one write, where the loss and the
 // backward kernels read them twice). Each thread takes the same columns in the same order
 // either way (so the same statistics), loading kBatch packs at a time to keep bytes in flight at
 // the occupancy the shared row leaves (two blocks of a GPT-2 vocabulary's bf16 row per SM).
@@ -195,6 +177,9 @@ __global__ void ce_fused_kernel(float* __restrict__ losses, float* __restrict__ 
     if constexpr (kGrad) row[v] = x;
     part.add(detail::to_f32(x));
   }
+  if constexpr (kGrad)
+    for (int64_t v = valid + threadIdx.x; v < Vl; v += blockDim.x)
+      row[v] = detail::from_f32<T>(0.f);
   const float m = part.m, s = part.s;
   const float M = detail::block_reduce(m, shf, detail::MaxOp{}, -INFINITY);
   const float scaled = (m == -INFINITY) ? 0.f : s * expf(m - M);
@@ -210,8 +195,11 @@ __global__ void ce_fused_kernel(float* __restrict__ losses, float* __restrict__ 
     stats[0] = M;
     stats[1] = sum;
   }
-  if constexpr (kGrad)
-    ce_row_gradient<T, kVector>(dlogits + n * Vl, row, stats, dloss[n], tl, Vl, valid);
+  if constexpr (kGrad) {
+    __syncthreads();  // the row and the statistics
+    const float g = dloss[n];
+    ce_gradient_row<T, kVector>(dlogits + n * Vl, row, stats[0], g / stats[1], g, tl, Vl, valid);
+  }
 }
 
 // The exps' pass over a split vocabulary (cross_entropy_local_sums with exps: kept for
@@ -231,7 +219,8 @@ int64_t fused_grad_smem_limit() {
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cudaFuncAttributes attr{};
     CUDA_CHECK(cudaFuncGetAttributes(&attr, ce_fused_kernel<T, kVector, true>));
-    const int64_t dynamic = static_cast<int64_t>(optin) - static_cast<int64_t>(attr.sharedSizeBytes);
+    const int64_t dynamic =
+        static_cast<int64_t>(optin) - static_cast<int64_t>(attr.sharedSizeBytes);
     CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<T, kVector, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(dynamic)));
@@ -320,7 +309,7 @@ void cross_entropy_fused_grad(float* losses, float* row_max, float* sums, T* dlo
   check_ce(N, Vl, "cross_entropy_fused_grad: bad sizes");
   if (N == 0) return;
   const int64_t valid = valid_columns(Vl, 0, vocab_size);
-  const int64_t bytes = (valid * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
+  const int64_t bytes = (Vl * static_cast<int64_t>(sizeof(T)) + 15) / 16 * 16;
   const bool vector = detail::rows_aligned16<T>(Vl, logits, dlogits);
   const int64_t limit =
       vector ? fused_grad_smem_limit<T, true>() : fused_grad_smem_limit<T, false>();

@@ -253,11 +253,12 @@ bool lt_gemm(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
   const void* vector = e.bias_grad != nullptr ? e.bias_grad : e.bias;
   // (with_bias: 1 a bias, 2 a bias gradient.)
   const int64_t with_bias = e.bias_grad != nullptr ? 2 : e.bias != nullptr ? 1 : 0;
+  const int64_t align_vector = vector ? alignment_of(vector, 0, type_size(c)) : 0;
+  const int64_t align_aux = e.aux != nullptr ? alignment_of(e.aux, ldc, type_size(c)) : 0;
   const std::array<int64_t, 18> key = {
-      int64_t(ab),  int64_t(c), trans_a,  trans_b,     M,           N,
-      K,            lda,        ldb,      ldc,         with_bias,   align_first,
-      align_second, align_c,    tf32,     int64_t(vector ? alignment_of(vector, 0, type_size(c)) : 0),
-      int64_t(e.gelu), int64_t(e.aux != nullptr ? alignment_of(e.aux, ldc, type_size(c)) : 0)};
+      int64_t(ab), int64_t(c),   trans_a,      trans_b, M,    N,
+      K,           lda,          ldb,          ldc,     with_bias, align_first,
+      align_second, align_c,     tf32,         align_vector, int64_t(e.gelu), align_aux};
 
   LtDescs d;
   create_op(d, compute, op_first, op_second, e, ldc);
