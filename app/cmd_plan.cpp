@@ -326,9 +326,6 @@ void check_precision(const PlanProblem& problem) {
   if (problem.fp8()) problem.hw.fp8_gemm_flops();
 }
 
-// train.precision = "fp8" in one sentence: the FP8 GEMMs' rate, the layers they cover, the
-// rest's precision and the peak MFU is against (the base precision's: "bf16-equivalent",
-// torchtitan's and Megatron-LM's convention for FP8 runs).
 // `value` as printf's `format` (one conversion of a double) prints it.
 std::string printed(const char* format, double value) {
   char text[64];
@@ -336,6 +333,9 @@ std::string printed(const char* format, double value) {
   return text;
 }
 
+// train.precision = "fp8" in one sentence: the FP8 GEMMs' rate, the layers they cover, the
+// rest's precision and the peak MFU is against (the base precision's: "bf16-equivalent",
+// torchtitan's and Megatron-LM's convention for FP8 runs).
 std::string fp8_text(const PlanProblem& problem) {
   const std::string base = problem.base_precision();
   char text[600];

@@ -291,24 +291,17 @@ TEST(Fp8App, WhatIsNotBuiltIsRefusedNamingTheKey) {
   // On the GPU each FP8 GEMM's contraction must be a multiple of 16 (here a micro-batch's 40
   // rows, the weight gradient's), and a mixture of experts is fp32 only: both refused when the
   // config loads, with or without a GPU.
-  const auto rows = run_command(trident_cmd(small_llama_args(
-      dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\" "
-           "--set model.seq_len=20")));
-  EXPECT_NE(rows.exit_code, 0) << rows.output;
-  EXPECT_NE(rows.output.find("train.micro_batch x model.seq_len / parallel.context = 40 must be "
-                             "a multiple of 16"),
-            std::string::npos)
-      << rows.output;
-  const auto moe = run_command(trident_cmd(small_llama_args(
-      dir, "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\" "
-           "--set model.moe_experts=2")));
-  EXPECT_NE(moe.exit_code, 0) << moe.output;
-  EXPECT_NE(moe.output.find("model.moe_experts (2) > 0 with train.device = \"cuda\" needs "
-                            "train.precision = \"fp32\""),
-            std::string::npos)
-      << moe.output;
-  const auto format = run_command(
-      trident_cmd(small_llama_args(dir, "--set train.fp8_grad_format=\\\"e3m4\\\"")));
-  EXPECT_NE(format.exit_code, 0) << format.output;
-  EXPECT_NE(format.output.find("train.fp8_grad_format"), std::string::npos) << format.output;
+  const std::string on_gpu = "--set train.precision=\\\"fp8\\\" --set train.device=\\\"cuda\\\" ";
+  const std::pair<std::string, std::string> cases[] = {
+      {on_gpu + "--set model.seq_len=20",
+       "train.micro_batch x model.seq_len / parallel.context = 40 must be a multiple of 16"},
+      {on_gpu + "--set model.moe_experts=2",
+       "model.moe_experts (2) > 0 with train.device = \"cuda\" needs train.precision = "
+       "\"fp32\""},
+      {"--set train.fp8_grad_format=\\\"e3m4\\\"", "train.fp8_grad_format"}};
+  for (const auto& [args, message] : cases) {
+    const auto r = run_command(trident_cmd(small_llama_args(dir, args)));
+    EXPECT_NE(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
 }

@@ -336,7 +336,6 @@ class CpuBf16Kernels : public CpuKernels<float> {
   }
 
  private:
-  // out[N, OC] = inp W^T (+ b) in fp32 from the bf16 operands, by the engine.
   // linear_backward with dinp left in fp32 (the callers round it, or take the GELU's gradient
   // of it first).
   void unrounded_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w,
@@ -349,6 +348,7 @@ class CpuBf16Kernels : public CpuKernels<float> {
       Base::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     }
   }
+  // out[N, OC] = inp W^T (+ b) in fp32 from the bf16 operands, by the engine.
   void product(T* out, const T* inp, const T* w, const T* b, int64_t N, int64_t C, int64_t OC) {
     if (gemm_ == Bf16Gemm::Fma) return Base::linear_forward(out, inp, w, b, N, C, OC);
     // The bias is added in the product's epilogue (not copied into every row first).
