@@ -3,8 +3,11 @@
 // (bench/attention_sdpa.py prints the same fields). One JSON object per shape on stdout;
 // without a CUDA device prints {"skipped": ...} and exits 0.
 //
-//   gpu_attention [--dtype bf16|fp32] [--iters N] [--documents LEN] [B:T:NH:KVH:HS ...]
+//   gpu_attention [--dtype bf16|fp32] [--iters N] [--documents LEN]
+//                 [--kernel auto|mma_sync|wgmma] [B:T:NH:KVH:HS ...]
 //
+// --kernel: the bf16 forward (train.attention_kernel; "kernel" in the JSON names the one that
+// ran: wgmma, mma_sync, or simt for fp32). The backward is the same kernel either way.
 // Without shapes: GPT-2 124M's (16:1024:12:12:64) and a Llama's (2:4096:32:8:128).
 // FLOPs are the useful ones of causal attention (FlashAttention's convention): forward
 // 4 * B * NH * T^2 * HS / 2 (two GEMMs, half the matrix), backward 2.5 x the forward.
@@ -18,6 +21,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -61,8 +65,17 @@ double median_ms(int iters, Fn fn) {
   return ms[ms.size() / 2];
 }
 
+using trident::cuda::AttentionKernel;
+
+const char* kernel_name(AttentionKernel k, bool bf16_inputs, int64_t HS) {
+  if (!bf16_inputs) return "simt";
+  if (k == AttentionKernel::automatic)
+    return trident::cuda::attention_wgmma_available(HS) ? "wgmma" : "mma_sync";
+  return k == AttentionKernel::wgmma ? "wgmma" : "mma_sync";
+}
+
 template <typename S>
-void run(const Shape& s, int iters, int64_t doc_len, const char* dtype) {
+void run(const Shape& s, int iters, int64_t doc_len, const char* dtype, AttentionKernel kernel) {
   const int64_t C3 = (s.NH + 2 * s.KVH) * s.HS, C = s.NH * s.HS, rows = s.B * s.T;
   S *qkv, *out, *dout, *dqkv;
   float *lse, *ws;
@@ -85,18 +98,19 @@ void run(const Shape& s, int iters, int64_t doc_len, const char* dtype) {
   CHECK(cudaDeviceSynchronize());
   const double fwd = median_ms(iters, [&] {
     trident::cuda::attention_forward<S>(out, lse, qkv, s.B, s.T, s.NH, s.KVH, s.HS, nullptr,
-                                        docs);
+                                        docs, kernel);
   });
   const double bwd = median_ms(iters, [&] {
     trident::cuda::attention_backward<S>(dqkv, dout, qkv, out, lse, s.B, s.T, s.NH, s.KVH, s.HS,
                                          nullptr, ws, docs);
   });
   const double fwd_flops = 4.0 * s.B * s.NH * double(s.T) * s.T * s.HS / 2.0;
-  std::printf("{\"impl\": \"trident\", \"dtype\": \"%s\", \"B\": %lld, \"T\": %lld, "
+  std::printf("{\"impl\": \"trident\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"B\": %lld, "
+              "\"T\": %lld, "
               "\"NH\": %lld, \"KVH\": %lld, \"HS\": %lld, \"documents\": %lld, "
               "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
               "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f}\n",
-              dtype, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.KVH,
+              kernel_name(kernel, sizeof(S) == 2, s.HS), dtype, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.KVH,
               (long long)s.HS, (long long)doc_len, fwd, bwd, fwd + bwd,
               fwd_flops / fwd * 1e-9, 2.5 * fwd_flops / bwd * 1e-9,
               3.5 * fwd_flops / (fwd + bwd) * 1e-9);
@@ -113,6 +127,7 @@ int main(int argc, char** argv) {
   std::string dtype = "bf16";
   int iters = 20;
   int64_t doc_len = 0;
+  std::string kernel = "auto";
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
@@ -120,6 +135,8 @@ int main(int argc, char** argv) {
       dtype = argv[++i];
     } else if (a == "--iters" && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
+    } else if (a == "--kernel" && i + 1 < argc) {
+      kernel = argv[++i];
     } else if (a == "--documents" && i + 1 < argc) {
       doc_len = std::atoll(argv[++i]);
     } else {
@@ -132,9 +149,10 @@ int main(int argc, char** argv) {
     }
   }
   if (shapes.empty()) shapes = {{16, 1024, 12, 12, 64}, {2, 4096, 32, 8, 128}};  // GPT-2, Llama
-  if ((dtype != "bf16" && dtype != "fp32") || iters < 1 || doc_len < 0) {
+  if ((dtype != "bf16" && dtype != "fp32") || iters < 1 || doc_len < 0 ||
+      (kernel != "auto" && kernel != "mma_sync" && kernel != "wgmma")) {
     std::fprintf(stderr, "usage: gpu_attention [--dtype bf16|fp32] [--iters N] "
-                         "[--documents LEN] [B:T:NH:KVH:HS ...]\n");
+                         "[--documents LEN] [--kernel auto|mma_sync|wgmma] [B:T:NH:KVH:HS ...]\n");
     return 2;
   }
   int devices = 0;
@@ -145,11 +163,19 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::fprintf(stderr, "gpu_attention: %s\n", prop.name);
-  for (const Shape& s : shapes) {
-    if (dtype == "bf16")
-      run<bf16>(s, iters, doc_len, "bf16");
-    else
-      run<float>(s, iters, doc_len, "fp32");
+  const AttentionKernel k = kernel == "wgmma"      ? AttentionKernel::wgmma
+                            : kernel == "mma_sync" ? AttentionKernel::mma_sync
+                                                   : AttentionKernel::automatic;
+  try {
+    for (const Shape& s : shapes) {
+      if (dtype == "bf16")
+        run<bf16>(s, iters, doc_len, "bf16", k);
+      else
+        run<float>(s, iters, doc_len, "fp32", k);
+    }
+  } catch (const std::exception& e) {  // e.g. --kernel wgmma on a GPU that cannot run it
+    std::fprintf(stderr, "gpu_attention: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

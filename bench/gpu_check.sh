@@ -65,7 +65,8 @@
 #      GPU, bf16, micro-batch 4 x 2048 tokens, 12 steps: tokens/s, the trainer's TFLOP/s and
 #      their share of e's ceiling (target >= 65%); then ncu's kernel times of 3 steps
 #      ($OUT/kernels.txt), reported                                       [H200 est. ~60 s]
-#   q. attention beside PyTorch's SDPA: gpu_pack/bin/gpu_attention (Trident's bf16 kernels) and
+#   q. attention beside PyTorch's SDPA: gpu_pack/bin/gpu_attention (Trident's bf16 kernels: the
+#      default, wgmma's forward on an H100/H200, and again with --kernel mma_sync beside it) and
 #      bench/attention_sdpa.py (SDPA's flash and cuDNN backends) at the GPT-2 shape (B 16, 12
 #      heads, T 1024, d 64: forward + backward at or under cuDNN's time) and the Llama shape
 #      (B 2, T 4096, 32 query / 8 kv heads, d 128: forward >= 450 TFLOP/s); the GPT-2 shape
@@ -105,6 +106,7 @@
 # Environment: OUT, GPU_CHECK_BUDGET, GPU_BATCH (16), GPU_STEPS_124M (20), PYTHON (the
 #          interpreter with PyTorch; default: the first of python3, /usr/bin/python3 with torch)
 set -uo pipefail
+ATTENTION_SET=()  # b sets train.attention_kernel = mma_sync for the runs if wgmma's test fails
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -604,6 +606,14 @@ if want b; then
     # when it passes; a failed case can leave a rank waiting in a collective until the limit.
     gtest_row b "$b" "$(limit 60 230)"
   done
+  # The wgmma attention forward (train.attention_kernel's default on an H100/H200) failing its
+  # test would spoil every bf16 run after it: those then take mma_sync, and a row says so.
+  if grep -q '^\[  FAILED  \] CudaAttention.WgmmaMatchesMmaSyncAndTheCpu' \
+       "$LOGS/test_cuda_kernels.log" 2>/dev/null; then
+    ATTENTION_SET=(--set train.attention_kernel=mma_sync)
+    row b "the wgmma attention forward" "its test passes" \
+        "failed: the runs after b train with train.attention_kernel = mma_sync" FAIL
+  fi
 fi
 
 # ================================================================ m. mixture of experts
@@ -627,7 +637,7 @@ run_trident() {
   say "run $name: ${launch[*]} trident train --config $config $* (limit ${t}s)"
   local t0=$SECONDS
   tenv timeout -k 10 "$t" "${launch[@]}" "$BIN/trident" train --config "$config" \
-      --set log.dir="$RUNS/$name" "$@" >"$LOGS/$name.log" 2>&1
+      --set log.dir="$RUNS/$name" "${ATTENTION_SET[@]}" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   echo "[gpu_check: exit status $rc after $((SECONDS - t0)) s]" >>"$LOGS/$name.log"
   if [[ $rc != 0 ]]; then
@@ -1287,6 +1297,9 @@ if want q; then
   tenv timeout -k 5 "$(limit 30 20)" "$BIN/gpu_attention" --iters 20 --documents 256 "${qshapes[0]}" \
       >>"$LOGS/attention_trident.jsonl" 2>>"$LOGS/attention_trident.err"
   qrc=$((qrc | $?))
+  tenv timeout -k 5 "$(limit 60 20)" "$BIN/gpu_attention" --iters 20 --kernel mma_sync "${qshapes[@]}" \
+      >"$LOGS/attention_mma_sync.jsonl" 2>>"$LOGS/attention_trident.err"
+  qrc=$((qrc | $?))
   QPY=${PYT:-}
   if [[ -z $QPY ]]; then
     for p in ${PYTHON:-} python3 /usr/bin/python3; do
@@ -1299,7 +1312,8 @@ if want q; then
         --backends flash,cudnn --iters 20 "${qshapes[@]}" >"$LOGS/attention_sdpa.jsonl" 2>"$LOGS/attention_sdpa.err"
   fi
   # One row per comparison, from the two files (python: the JSON and the arithmetic).
-  "$PY" - "$LOGS/attention_trident.jsonl" "$LOGS/attention_sdpa.jsonl" "$DRY" "$qrc" >"$WORK/q_rows.tsv" <<'QEOF'
+  "$PY" - "$LOGS/attention_trident.jsonl" "$LOGS/attention_sdpa.jsonl" "$DRY" "$qrc" \
+      "$LOGS/attention_mma_sync.jsonl" >"$WORK/q_rows.tsv" <<'QEOF'
 import json, sys
 def lines(path):
     try:
@@ -1307,6 +1321,7 @@ def lines(path):
     except (OSError, ValueError):
         return []
 tri, sdpa, dry, rc = lines(sys.argv[1]), lines(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+mma = [r for r in lines(sys.argv[5]) if "fwd_ms" in r]
 key = lambda r: (r.get("B"), r.get("T"), r.get("NH"), r.get("KVH"), r.get("HS"))
 def shape_name(r):
     return f"B{r['B']} T{r['T']} {r['NH']}/{r['KVH']} heads d{r['HS']}"
@@ -1321,11 +1336,16 @@ for t in tri:
     if "fwd_ms" not in t:
         continue
     docs = f", documents of {t['documents']}" if t.get("documents") else ""
-    out.append(("q", f"Trident attention {shape_name(t)}{docs}", "measured",
+    out.append(("q", f"Trident attention {shape_name(t)}{docs}, forward {t.get('kernel', '?')}",
+                "measured",
                 f"fwd {t['fwd_ms']:.3f} ms ({t['fwd_tflops']} TFLOP/s), bwd {t['bwd_ms']:.3f} ms "
                 f"({t['bwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
     if t.get("documents"):
         continue
+    for m in [m for m in mma if key(m) == key(t) and t.get("kernel") != "mma_sync"]:
+        out.append(("q", f"the same, forward mma_sync: {t.get('kernel')} forward speed-up",
+                    "reported", f"{m['fwd_ms'] / t['fwd_ms']:.3f} x (mma_sync {m['fwd_ms']:.3f} ms, "
+                    f"{m['fwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
     same = [r for r in sdpa if key(r) == key(t) and "fwd_ms" in r]
     for r in same:
         out.append(("q", f"SDPA {r['backend']} {shape_name(r)}", "measured",

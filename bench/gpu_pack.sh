@@ -151,7 +151,7 @@ manifest="$tmp/MANIFEST.txt"
 {
   echo "gpu_pack: assembled by bench/gpu_pack.sh on $(date -u '+%Y-%m-%d %H:%M UTC') ($(hostname))"
   echo "source: $revision"
-  echo "build: $build (Release, TRIDENT_CUDA=ON, C++ -march=x86-64-v3; CUDA sm_80, sm_90, compute_90 PTX)"
+  echo "build: $build (Release, TRIDENT_CUDA=ON, C++ -march=x86-64-v3; CUDA sm_80, sm_90a, compute_90 PTX)"
   echo "nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version) | grep -o 'release [0-9.]*, V[0-9.]*')"
   echo "mpich: $(mpichversion 2>/dev/null | awk -F'\t' '/Version|Device/{printf "%s ", $NF}')"
   echo "test binaries: ${built_tests[*]:-none}; tools: ${built_tools[*]:-none}${failed_tests:+ (did not build: ${failed_tests[*]})}"

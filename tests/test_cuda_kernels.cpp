@@ -1165,6 +1165,86 @@ TEST(CudaAttention, DocumentsBf16) {
   run_document_attention<bf16>(8, 2, 128, {{130, 64, 64, 1, 253}}, 313);
 }
 
+// The Hopper forward (AttentionKernel::wgmma: wgmma, TMA, a producer warp) against the CPU's
+// fp32 attention and against the mma_sync kernel on the same bf16 inputs, every element written
+// (out and lse start as NaN). The shapes cross its tiles: 128 query rows a block, key tiles of
+// 128 (HS 64) and 64 (HS 128), T below one tile and not a multiple of either, GQA, packed
+// documents (the tiles before a document skipped, rows with no visible key in a tile).
+void compare_attention_kernels(int64_t NH, int64_t KVH, int64_t HS,
+                               const std::vector<std::vector<int32_t>>& lengths, bool docs,
+                               uint64_t seed) {
+  const int64_t B = static_cast<int64_t>(lengths.size());
+  int64_t T = 0;
+  for (int32_t len : lengths[0]) T += len;
+  const std::vector<int32_t> doc_start = trident::test::document_starts_of(lengths);
+  std::mt19937_64 rng(seed);
+  const int64_t C = NH * HS, C3 = C + 2 * KVH * HS;
+  const auto qkv = quantize<bf16>(random_vec(rng, B * T * C3));
+  std::vector<float> out(B * T * C), lse(B * NH * T);
+  cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS,
+                                docs ? doc_start.data() : nullptr);
+  DevBuf<bf16> d_qkv(qkv.size()), w_out(out.size()), m_out(out.size());
+  DevBuf<float> w_lse(lse.size()), m_lse(lse.size());
+  DevBuf<int32_t> d_docs(doc_start.size());
+  d_qkv.upload(qkv);
+  d_docs.upload_raw(doc_start);
+  const int32_t* starts = docs ? d_docs.get() : nullptr;
+  CUDA_CHECK(cudaMemset(w_out.get(), 0xff, w_out.size() * sizeof(bf16)));  // NaN: all written?
+  CUDA_CHECK(cudaMemset(w_lse.get(), 0xff, w_lse.size() * sizeof(float)));
+  gpu::attention_forward<bf16>(w_out.get(), w_lse.get(), d_qkv.get(), B, T, NH, KVH, HS, nullptr,
+                               starts, gpu::AttentionKernel::wgmma);
+  gpu::attention_forward<bf16>(m_out.get(), m_lse.get(), d_qkv.get(), B, T, NH, KVH, HS, nullptr,
+                               starts, gpu::AttentionKernel::mma_sync);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string k = std::string("attention wgmma") + (docs ? " (documents)" : "") +
+                        " B=" + std::to_string(B) + " T=" + std::to_string(T) + " NH=" +
+                        std::to_string(NH) + " KVH=" + std::to_string(KVH) +
+                        " HS=" + std::to_string(HS);
+  const auto got_out = w_out.download(), got_lse = w_lse.download();
+  expect_close(k, "out vs CPU", "bf16", got_out, out, tolerance<bf16>());
+  expect_close(k, "lse vs CPU", "bf16", got_lse, lse, 1e-3);
+  expect_close(k, "out vs mma_sync", "bf16", got_out, m_out.download(), tolerance<bf16>());
+  expect_close(k, "lse vs mma_sync", "bf16", got_lse, m_lse.download(), 1e-3);
+  // Deterministic: the same bits on a second run.
+  gpu::attention_forward<bf16>(m_out.get(), m_lse.get(), d_qkv.get(), B, T, NH, KVH, HS, nullptr,
+                               starts, gpu::AttentionKernel::wgmma);
+  EXPECT_TRUE(bitwise_equal(got_out, m_out.download())) << k << ": not deterministic";
+}
+
+TEST(CudaAttention, WgmmaMatchesMmaSyncAndTheCpu) {
+  REQUIRE_CUDA_DEVICE();
+  if (!gpu::attention_wgmma_available(64))
+    GTEST_SKIP() << "the wgmma attention runs on compute capability 9.0 (H100, H200) only";
+  compare_attention_kernels(4, 4, 64, {{1}, {1}}, false, 401);
+  compare_attention_kernels(4, 4, 64, {{100}, {100}}, false, 402);
+  compare_attention_kernels(4, 2, 64, {{300}, {300}}, false, 403);
+  compare_attention_kernels(12, 12, 64, {{1024}, {1024}}, false, 404);
+  compare_attention_kernels(4, 4, 128, {{200}, {200}}, false, 405);
+  compare_attention_kernels(8, 2, 128, {{1000}}, false, 406);
+  compare_attention_kernels(4, 2, 64, {{1, 40, 23, 100, 36}, {200}}, true, 407);
+  compare_attention_kernels(8, 2, 128, {{130, 64, 64, 1, 253}}, true, 408);
+  compare_attention_kernels(4, 1, 64, {{129, 127, 300}, {556}}, true, 409);
+}
+
+TEST(CudaAttention, WgmmaIsRefusedWhereItCannotRun) {
+  REQUIRE_CUDA_DEVICE();
+  DevBuf<float> f(3 * 64);
+  DevBuf<float> lse(1);
+  EXPECT_THROW(gpu::attention_forward<float>(f.get(), lse.get(), f.get(), 1, 1, 1, 1, 64, nullptr,
+                                             nullptr, gpu::AttentionKernel::wgmma),
+               trident::Error);
+  DevBuf<bf16> b(3 * 32);
+  EXPECT_THROW(gpu::attention_forward<bf16>(b.get(), lse.get(), b.get(), 1, 1, 1, 1, 32, nullptr,
+                                            nullptr, gpu::AttentionKernel::wgmma),
+               trident::Error);  // HS 32: mma_sync only
+  if (!gpu::attention_wgmma_available(64)) {
+    DevBuf<bf16> c(3 * 64);
+    EXPECT_THROW(gpu::attention_forward<bf16>(c.get(), lse.get(), c.get(), 1, 1, 1, 1, 64,
+                                              nullptr, nullptr, gpu::AttentionKernel::wgmma),
+                 trident::Error);
+  }
+}
+
 // Timings (informational): GPT-2 124M attention shape, B=8 T=1024 NH=12 HS=64.
 template <typename S>
 void time_attention() {

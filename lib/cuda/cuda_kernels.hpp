@@ -50,9 +50,11 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   static constexpr DType stat_dtype = DType::F32;
 
   // `deterministic` false: the attention backward accumulates dQ with atomics (bf16 only;
-  // train.deterministic, kernels/cuda/ops.hpp).
-  explicit CudaKernels(CudaDevice& device, bool deterministic = true)
-      : dev_(device), deterministic_(deterministic) {}
+  // train.deterministic, kernels/cuda/ops.hpp). `attention`: the bf16 attention forward
+  // (train.attention_kernel).
+  explicit CudaKernels(CudaDevice& device, bool deterministic = true,
+                       cuda::AttentionKernel attention = cuda::AttentionKernel::automatic)
+      : dev_(device), deterministic_(deterministic), attention_kernel_(attention) {}
   Device& device() { return dev_; }
   static int64_t attention_saved_size(int64_t B, int64_t Tn, int64_t NH) { return B * NH * Tn; }
 
@@ -208,7 +210,8 @@ class CudaKernels : public CudaMoeSupport<Tx> {
 
   void attention_forward(T* out, Saved* lse, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS, const int32_t* doc_start) {
-    cuda::attention_forward(out, lse, qkv, B, Tn, NH, KVH, HS, s(), doc_start);
+    cuda::attention_forward(out, lse, qkv, B, Tn, NH, KVH, HS, s(), doc_start,
+                            attention_kernel_);
   }
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const Saved* lse,
                           int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
@@ -564,6 +567,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
 
   CudaDevice& dev_;
   bool deterministic_ = true;
+  cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::automatic;
   DeviceArray<unsigned char> workspace_;
   std::vector<int64_t> host_offsets_;        // host_offsets' copy
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy

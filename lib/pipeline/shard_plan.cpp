@@ -36,6 +36,7 @@ ModelShard plan_model_shard(const Config& config, const ShardCoord& coord) {
   shard.cp_size = coord.cp_size;
   if (config.data.document_mask) shard.document_eod = static_cast<int32_t>(config.data.eod_id);
   shard.deterministic = config.train.deterministic;
+  shard.attention_kernel = config.train.attention_kernel;
   shard.fused_bias_gelu = config.train.fused_bias_gelu;
   shard.fp8 = fp8_settings(config.train);
   // Interleaved: the stage's model chunks (virtual stages) in place of one range.

@@ -49,12 +49,31 @@ size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH, int
   return static_cast<size_t>(delta + dq_accum) * sizeof(float);
 }
 
+bool attention_wgmma_available(int64_t HS) {
+  return (HS == 64 || HS == 128) && detail::attention_wgmma_supported(static_cast<int>(HS));
+}
+
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
-                       int64_t KVH, int64_t HS, cudaStream_t stream, const int32_t* doc_start) {
+                       int64_t KVH, int64_t HS, cudaStream_t stream, const int32_t* doc_start,
+                       AttentionKernel kernel) {
   detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(out, "out");
+  if constexpr (sizeof(T) == 2) {
+    const bool available = kernel != AttentionKernel::mma_sync && attention_wgmma_available(HS);
+    if (kernel == AttentionKernel::wgmma && !available)
+      throw Error("attention: the wgmma kernel runs on compute capability 9.0 (H100, H200) "
+                  "with head size 64 or 128 (here HS " + std::to_string(HS) + ")");
+    if (available) {
+      detail::attention_forward_sm90(out, lse, qkv, doc_start, static_cast<int>(B),
+                                     static_cast<int>(T_), static_cast<int>(NH),
+                                     static_cast<int>(KVH), static_cast<int>(HS), stream);
+      return;
+    }
+  } else if (kernel == AttentionKernel::wgmma) {
+    throw Error("attention: the wgmma kernel is bf16 only");
+  }
   detail::attention_forward_impl(out, lse, qkv, doc_start, static_cast<int>(B),
                                  static_cast<int>(T_),
                                  static_cast<int>(NH), static_cast<int>(KVH),
@@ -93,7 +112,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 
 #define TRIDENT_INSTANTIATE(T)                                                                 \
   template void attention_forward<T>(T*, float*, const T*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t, cudaStream_t, const int32_t*);                   \
+                                     int64_t, cudaStream_t, const int32_t*, AttentionKernel);  \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
                                       int64_t, int64_t, int64_t, int64_t, cudaStream_t, void*,  \
                                       const int32_t*, bool);

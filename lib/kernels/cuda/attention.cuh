@@ -49,6 +49,12 @@ void attention_backward_impl(float* dqkv, const float* dout, const float* qkv, c
 void attention_forward_impl(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
                             cudaStream_t stream);
+// Hopper forward (attention_sm90.cu): sm_90a code, run on compute capability 9.0 for HS 64 and
+// 128 only (attention_wgmma_supported).
+bool attention_wgmma_supported(int HS);
+void attention_forward_sm90(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
+                            const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
+                            cudaStream_t stream);
 // dq_accum (fp32 [B,T,NH,HS]; nullptr: the deterministic two-pass backward): dQ accumulated
 // with atomics in the dK/dV pass (train.deterministic = false).
 void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,

@@ -1,0 +1,146 @@
+// The Hopper attention's shared-memory addressing (kernels/cuda/gmma_layout.hpp), on the CPU:
+// every wgmma descriptor the kernel builds (Q and K as K-major operands, V as the MN-major B
+// operand, per k-step, warpgroup and head size) addresses the element TMA put there, and the
+// fragment maps (accumulators, the A operand in registers) agree with the packing of P. These
+// are the kernel's own constexpr functions under the PTX ISA's layouts as gmma_layout.hpp
+// writes them; whether the hardware reads those layouts is the GPU tests' question
+// (CudaAttention.WgmmaMatchesMmaSync*, skipped without an sm_90 GPU).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "kernels/cuda/gmma_layout.hpp"
+
+namespace gm = trident::cuda::gmma;
+
+namespace {
+
+constexpr uint32_t kBase = 7 * 1024;  // any 1024-aligned offset
+
+struct Counts {
+  int64_t compared = 0, differing = 0;
+};
+
+// Q (A operand) and K (B operand) of S = Q K^T: rows x HS tiles, k-steps of 16 over HS.
+Counts check_k_major(int rows, int row0, int mn_extent, int HS) {
+  Counts n;
+  for (int ks = 0; ks < HS / 16; ks++) {
+    const gm::SmemDesc d = gm::k_major_desc(kBase, rows, row0, ks);
+    for (int mn = 0; mn < mn_extent; mn++)
+      for (int k = 0; k < 16; k++) {
+        n.compared++;
+        if (gm::element_address(gm::Major::K, d, mn, k) !=
+            gm::tile_address(kBase, rows, row0 + mn, 16 * ks + k))
+          n.differing++;
+      }
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(GmmaLayout, SwizzlePermutesTheChunksOfEachRow) {
+  // Within each 1024-byte atom, every 128-byte row keeps its 8 chunks (a permutation), and
+  // every byte lands once.
+  std::set<uint32_t> seen;
+  for (uint32_t a = 0; a < 4 * gm::kAtomBytes; a++) {
+    const uint32_t s = gm::swizzle128(a);
+    EXPECT_EQ(s / gm::kRowBytes, a / gm::kRowBytes) << a;
+    EXPECT_EQ(s % 16, a % 16) << a;
+    seen.insert(s);
+  }
+  EXPECT_EQ(seen.size(), 4 * gm::kAtomBytes);
+  // Row 3's chunk 5 sits at chunk 5 ^ 3 = 6 (the CUDA guide's 128-byte swizzle).
+  EXPECT_EQ(gm::tma_sw128_address(0, 3, 5 * 8), 3 * 128 + 6 * 16u);
+}
+
+TEST(GmmaLayout, QAndKDescriptorsReadWhatTmaWrote) {
+  int64_t compared = 0;
+  for (int HS : {64, 128}) {
+    const int block_n = HS == 64 ? 128 : 64;  // attention_sm90.cu's key tile
+    for (int row0 : {0, 64}) {                // Q: the two consumer warpgroups' rows
+      const Counts q = check_k_major(128, row0, 64, HS);
+      EXPECT_EQ(q.differing, 0) << "Q, HS " << HS << ", rows from " << row0;
+      compared += q.compared;
+    }
+    const Counts k = check_k_major(block_n, 0, block_n, HS);
+    EXPECT_EQ(k.differing, 0) << "K, HS " << HS;
+    compared += k.compared;
+  }
+  std::printf("[gmma] Q and K descriptors: %lld element addresses compared\n",
+              static_cast<long long>(compared));
+  // (Q's two warpgroups + K) x k-steps x 64 or N rows x 16: HS 64, then HS 128.
+  EXPECT_EQ(compared, (2 * 4 * 64 * 16 + 4 * 128 * 16) + (2 * 8 * 64 * 16 + 8 * 64 * 16));
+}
+
+TEST(GmmaLayout, VDescriptorsReadWhatTmaWroteTransposed) {
+  int64_t compared = 0, differing = 0;
+  for (int HS : {64, 128}) {
+    const int block_n = HS == 64 ? 128 : 64;
+    for (int j = 0; j < block_n / 16; j++) {
+      const gm::SmemDesc d = gm::mn_major_desc(kBase, block_n, j);
+      for (int n = 0; n < HS; n++)    // head dimension
+        for (int k = 0; k < 16; k++) {  // key within the k-step
+          compared++;
+          if (gm::element_address(gm::Major::MN, d, n, k) !=
+              gm::tile_address(kBase, block_n, 16 * j + k, n))
+            differing++;
+        }
+    }
+  }
+  std::printf("[gmma] V descriptors: %lld element addresses compared, %lld differ\n",
+              static_cast<long long>(compared), static_cast<long long>(differing));
+  EXPECT_EQ(compared, 8 * 64 * 16 + 4 * 128 * 16);
+  EXPECT_EQ(differing, 0);
+}
+
+TEST(GmmaLayout, AMisplacedKStepIsSeen) {
+  // The check above sees a descriptor one k-step off (the counterfactual of an indexing slip).
+  int64_t differing = 0;
+  const gm::SmemDesc d = gm::k_major_desc(kBase, 128, 0, 1);
+  for (int mn = 0; mn < 64; mn++)
+    for (int k = 0; k < 16; k++)
+      differing += gm::element_address(gm::Major::K, d, mn, k) !=
+                   gm::tile_address(kBase, 128, mn, k);  // k-step 0's element
+  EXPECT_EQ(differing, 64 * 16);
+}
+
+TEST(GmmaLayout, DescriptorFieldsAreEncodedWhereThePtxIsaPutsThem) {
+  const gm::SmemDesc d{0x2F3A0, 16 * 1024, 1024};
+  const uint64_t e = gm::encode(d);
+  EXPECT_EQ(e & 0x3FFF, 0x2F3A0u >> 4);
+  EXPECT_EQ((e >> 16) & 0x3FFF, (16u * 1024) >> 4);
+  EXPECT_EQ((e >> 32) & 0x3FFF, 1024u >> 4);
+  EXPECT_EQ((e >> 49) & 0x7, 0u);  // base offset: atoms are 1024-aligned
+  EXPECT_EQ(e >> 62, 1u);          // SWIZZLE_128B
+  // Every start the kernel can form (shared memory below 228 KB) fits the 14-bit field.
+  EXPECT_LT((228u * 1024) >> 4, 1u << 14);
+}
+
+TEST(GmmaLayout, AccumulatorsAndTheRegisterAOperandTileTheirMatrices) {
+  // The accumulators of m64n128 cover the 64 x 128 tile once; the A registers of m64k16 cover
+  // 64 x 16 once; and packing P (accumulators of columns [16 j, 16 j + 16)) into A puts each
+  // value where the A operand expects it.
+  std::set<std::pair<int, int>> acc, a;
+  int64_t packed = 0, misplaced = 0;
+  for (int t = 0; t < 128; t++) {
+    for (int idx = 0; idx < 64; idx++)
+      acc.insert({gm::acc_row(t, idx % 4), gm::acc_col(t, idx / 4, idx % 4)});
+    for (int r = 0; r < 4; r++)
+      for (int h = 0; h < 2; h++) {
+        a.insert({gm::a_row(t, r), gm::a_col(t, r, h)});
+        for (int j = 0; j < 8; j++) {
+          const int idx = gm::acc_for_a(j, r, h);
+          packed++;
+          misplaced += gm::acc_row(t, idx % 4) != gm::a_row(t, r) ||
+                       gm::acc_col(t, idx / 4, idx % 4) != 16 * j + gm::a_col(t, r, h);
+        }
+      }
+  }
+  EXPECT_EQ(acc.size(), 64u * 128);
+  EXPECT_EQ(a.size(), 64u * 16);
+  EXPECT_EQ(packed, 128 * 4 * 2 * 8);
+  EXPECT_EQ(misplaced, 0);
+}
