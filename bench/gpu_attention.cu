@@ -6,8 +6,8 @@
 //   gpu_attention [--dtype bf16|fp32] [--iters N] [--documents LEN]
 //                 [--kernel auto|mma_sync|wgmma] [B:T:NH:KVH:HS ...]
 //
-// --kernel: the bf16 forward (train.attention_kernel; "kernel" in the JSON names the one that
-// ran: wgmma, mma_sync, or simt for fp32). The backward is the same kernel either way.
+// --kernel: the bf16 kernels, forward and (deterministic) backward (train.attention_kernel;
+// "kernel" in the JSON names the ones that ran: wgmma, mma_sync, or simt for fp32).
 // Without shapes: GPT-2 124M's (16:1024:12:12:64) and a Llama's (2:4096:32:8:128).
 // FLOPs are the useful ones of causal attention (FlashAttention's convention): forward
 // 4 * B * NH * T^2 * HS / 2 (two GEMMs, half the matrix), backward 2.5 x the forward.
@@ -102,7 +102,7 @@ void run(const Shape& s, int iters, int64_t doc_len, const char* dtype, Attentio
   });
   const double bwd = median_ms(iters, [&] {
     trident::cuda::attention_backward<S>(dqkv, dout, qkv, out, lse, s.B, s.T, s.NH, s.KVH, s.HS,
-                                         nullptr, ws, docs);
+                                         nullptr, ws, docs, true, kernel);
   });
   const double fwd_flops = 4.0 * s.B * s.NH * double(s.T) * s.T * s.HS / 2.0;
   std::printf("{\"impl\": \"trident\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"B\": %lld, "

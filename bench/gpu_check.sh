@@ -66,7 +66,7 @@
 #      their share of e's ceiling (target >= 65%); then ncu's kernel times of 3 steps
 #      ($OUT/kernels.txt), reported                                       [H200 est. ~60 s]
 #   q. attention beside PyTorch's SDPA: gpu_pack/bin/gpu_attention (Trident's bf16 kernels: the
-#      default, wgmma's forward on an H100/H200, and again with --kernel mma_sync beside it) and
+#      default, the wgmma kernels on an H100/H200, and again with --kernel mma_sync beside it) and
 #      bench/attention_sdpa.py (SDPA's flash and cuDNN backends) at the GPT-2 shape (B 16, 12
 #      heads, T 1024, d 64: forward + backward at or under cuDNN's time) and the Llama shape
 #      (B 2, T 4096, 32 query / 8 kv heads, d 128: forward >= 450 TFLOP/s); the GPT-2 shape
@@ -606,12 +606,12 @@ if want b; then
     # when it passes; a failed case can leave a rank waiting in a collective until the limit.
     gtest_row b "$b" "$(limit 60 230)"
   done
-  # The wgmma attention forward (train.attention_kernel's default on an H100/H200) failing its
-  # test would spoil every bf16 run after it: those then take mma_sync, and a row says so.
+  # The wgmma attention (train.attention_kernel's default on an H100/H200) failing its test
+  # would spoil every bf16 run after it: those then take mma_sync, and a row says so.
   if grep -q '^\[  FAILED  \] CudaAttention.WgmmaMatchesMmaSyncAndTheCpu' \
        "$LOGS/test_cuda_kernels.log" 2>/dev/null; then
     ATTENTION_SET=(--set train.attention_kernel=mma_sync)
-    row b "the wgmma attention forward" "its test passes" \
+    row b "the wgmma attention kernels" "their test passes" \
         "failed: the runs after b train with train.attention_kernel = mma_sync" FAIL
   fi
 fi
@@ -1336,16 +1336,17 @@ for t in tri:
     if "fwd_ms" not in t:
         continue
     docs = f", documents of {t['documents']}" if t.get("documents") else ""
-    out.append(("q", f"Trident attention {shape_name(t)}{docs}, forward {t.get('kernel', '?')}",
+    out.append(("q", f"Trident attention {shape_name(t)}{docs}, {t.get('kernel', '?')}",
                 "measured",
                 f"fwd {t['fwd_ms']:.3f} ms ({t['fwd_tflops']} TFLOP/s), bwd {t['bwd_ms']:.3f} ms "
                 f"({t['bwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
     if t.get("documents"):
         continue
     for m in [m for m in mma if key(m) == key(t) and t.get("kernel") != "mma_sync"]:
-        out.append(("q", f"the same, forward mma_sync: {t.get('kernel')} forward speed-up",
-                    "reported", f"{m['fwd_ms'] / t['fwd_ms']:.3f} x (mma_sync {m['fwd_ms']:.3f} ms, "
-                    f"{m['fwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
+        out.append(("q", f"the same, mma_sync: {t.get('kernel')}'s speed-up", "reported",
+                    f"forward {m['fwd_ms'] / t['fwd_ms']:.3f} x, backward "
+                    f"{m['bwd_ms'] / t['bwd_ms']:.3f} x (mma_sync {m['fwd_ms']:.3f} + "
+                    f"{m['bwd_ms']:.3f} ms)", "DRY" if dry else "INFO"))
     same = [r for r in sdpa if key(r) == key(t) and "fwd_ms" in r]
     for r in same:
         out.append(("q", f"SDPA {r['backend']} {shape_name(r)}", "measured",

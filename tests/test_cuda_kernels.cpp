@@ -1165,10 +1165,12 @@ TEST(CudaAttention, DocumentsBf16) {
   run_document_attention<bf16>(8, 2, 128, {{130, 64, 64, 1, 253}}, 313);
 }
 
-// The Hopper forward (AttentionKernel::wgmma: wgmma, TMA, a producer warp) against the CPU's
-// fp32 attention and against the mma_sync kernel on the same bf16 inputs, every element written
-// (out and lse start as NaN). The shapes cross its tiles: 128 query rows a block, key tiles of
-// 128 (HS 64) and 64 (HS 128), T below one tile and not a multiple of either, GQA, packed
+// The Hopper kernels (AttentionKernel::wgmma: wgmma, TMA, a producer warp; the forward and the
+// deterministic backward) against the CPU's fp32 attention and against the mma_sync kernels on
+// the same bf16 inputs, every element written (out, lse and dqkv start as NaN), and the same
+// bits on a second run. The shapes cross their tiles: 128 query rows a forward / dQ block, key
+// tiles of 128 (HS 64) and 64 (HS 128), 128 keys a dK/dV block over query tiles of 64, T below
+// one tile and not a multiple of any, GQA (dK/dV summed over the group's heads), packed
 // documents (the tiles before a document skipped, rows with no visible key in a tile).
 void compare_attention_kernels(int64_t NH, int64_t KVH, int64_t HS,
                                const std::vector<std::vector<int32_t>>& lengths, bool docs,
@@ -1180,13 +1182,18 @@ void compare_attention_kernels(int64_t NH, int64_t KVH, int64_t HS,
   std::mt19937_64 rng(seed);
   const int64_t C = NH * HS, C3 = C + 2 * KVH * HS;
   const auto qkv = quantize<bf16>(random_vec(rng, B * T * C3));
-  std::vector<float> out(B * T * C), lse(B * NH * T);
+  const auto dout = quantize<bf16>(random_vec(rng, B * T * C));
+  std::vector<float> out(B * T * C), lse(B * NH * T), dqkv(B * T * C3);
   cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS,
                                 docs ? doc_start.data() : nullptr);
-  DevBuf<bf16> d_qkv(qkv.size()), w_out(out.size()), m_out(out.size());
+  cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                 T, NH, KVH, HS, docs ? doc_start.data() : nullptr);
+  DevBuf<bf16> d_qkv(qkv.size()), w_out(out.size()), m_out(out.size()), d_dout(dout.size());
+  DevBuf<bf16> w_dqkv(dqkv.size()), m_dqkv(dqkv.size());
   DevBuf<float> w_lse(lse.size()), m_lse(lse.size());
   DevBuf<int32_t> d_docs(doc_start.size());
   d_qkv.upload(qkv);
+  d_dout.upload(dout);
   d_docs.upload_raw(doc_start);
   const int32_t* starts = docs ? d_docs.get() : nullptr;
   CUDA_CHECK(cudaMemset(w_out.get(), 0xff, w_out.size() * sizeof(bf16)));  // NaN: all written?
@@ -1205,10 +1212,39 @@ void compare_attention_kernels(int64_t NH, int64_t KVH, int64_t HS,
   expect_close(k, "lse vs CPU", "bf16", got_lse, lse, 1e-3);
   expect_close(k, "out vs mma_sync", "bf16", got_out, m_out.download(), tolerance<bf16>());
   expect_close(k, "lse vs mma_sync", "bf16", got_lse, m_lse.download(), 1e-3);
+  // The backward of each kernel set from its own forward's out and lse.
+  CUDA_CHECK(cudaMemset(w_dqkv.get(), 0xff, w_dqkv.size() * sizeof(bf16)));
+  gpu::attention_backward<bf16>(w_dqkv.get(), d_dout.get(), d_qkv.get(), w_out.get(), w_lse.get(),
+                                B, T, NH, KVH, HS, nullptr, nullptr, starts, true,
+                                gpu::AttentionKernel::wgmma);
+  gpu::attention_backward<bf16>(m_dqkv.get(), d_dout.get(), d_qkv.get(), m_out.get(), m_lse.get(),
+                                B, T, NH, KVH, HS, nullptr, nullptr, starts, true,
+                                gpu::AttentionKernel::mma_sync);
+  const auto got = w_dqkv.download(), mma = m_dqkv.download();
+  const int64_t rows = B * T, Ckv = KVH * HS;
+  double dv_scale = 0.0;  // the natural gradient scale (dq, dk are exactly 0 at T = 1)
+  for (float x : cols_of(dqkv, rows, C3, C + Ckv, Ckv))
+    dv_scale = std::max(dv_scale, std::abs(static_cast<double>(x)));
+  const double floor = T == 1 ? dv_scale : 0.0;
+  const struct {
+    const char* name;
+    int64_t col, width;
+  } parts[] = {{"dq", 0, C}, {"dk", C, Ckv}, {"dv", C + Ckv, Ckv}};
+  for (const auto& part : parts) {
+    const auto g = cols_of(got, rows, C3, part.col, part.width);
+    expect_close(k, std::string(part.name) + " vs CPU", "bf16", g,
+                 cols_of(dqkv, rows, C3, part.col, part.width), tolerance<bf16>(), floor);
+    expect_close(k, std::string(part.name) + " vs mma_sync", "bf16", g,
+                 cols_of(mma, rows, C3, part.col, part.width), tolerance<bf16>(), floor);
+  }
   // Deterministic: the same bits on a second run.
   gpu::attention_forward<bf16>(m_out.get(), m_lse.get(), d_qkv.get(), B, T, NH, KVH, HS, nullptr,
                                starts, gpu::AttentionKernel::wgmma);
-  EXPECT_TRUE(bitwise_equal(got_out, m_out.download())) << k << ": not deterministic";
+  EXPECT_TRUE(bitwise_equal(got_out, m_out.download())) << k << ": forward not deterministic";
+  gpu::attention_backward<bf16>(m_dqkv.get(), d_dout.get(), d_qkv.get(), w_out.get(), w_lse.get(),
+                                B, T, NH, KVH, HS, nullptr, nullptr, starts, true,
+                                gpu::AttentionKernel::wgmma);
+  EXPECT_TRUE(bitwise_equal(got, m_dqkv.download())) << k << ": backward not deterministic";
 }
 
 TEST(CudaAttention, WgmmaMatchesMmaSyncAndTheCpu) {
@@ -1232,6 +1268,10 @@ TEST(CudaAttention, WgmmaIsRefusedWhereItCannotRun) {
   DevBuf<float> lse(1);
   EXPECT_THROW(gpu::attention_forward<float>(f.get(), lse.get(), f.get(), 1, 1, 1, 1, 64, nullptr,
                                              nullptr, gpu::AttentionKernel::wgmma),
+               trident::Error);
+  EXPECT_THROW(gpu::attention_backward<float>(f.get(), f.get(), f.get(), f.get(), lse.get(), 1, 1,
+                                              1, 1, 64, nullptr, nullptr, nullptr, true,
+                                              gpu::AttentionKernel::wgmma),
                trident::Error);
   DevBuf<bf16> b(3 * 32);
   EXPECT_THROW(gpu::attention_forward<bf16>(b.get(), lse.get(), b.get(), 1, 1, 1, 1, 32, nullptr,

@@ -1,15 +1,17 @@
 // The Hopper attention's shared-memory addressing (kernels/cuda/gmma_layout.hpp), on the CPU:
-// every wgmma descriptor the kernel builds (Q and K as K-major operands, V as the MN-major B
-// operand, per k-step, warpgroup and head size) addresses the element TMA put there, and the
-// fragment maps (accumulators, the A operand in registers) agree with the packing of P. These
-// are the kernel's own constexpr functions under the PTX ISA's layouts as gmma_layout.hpp
-// writes them; whether the hardware reads those layouts is the GPU tests' question
-// (CudaAttention.WgmmaMatchesMmaSync*, skipped without an sm_90 GPU).
+// every wgmma descriptor the forward and backward kernels build (Q, K, V, dO as K-major
+// operands; V, K, dO, Q as MN-major B operands; per k-step, warpgroup, tile and head size)
+// addresses the element TMA put there, and the fragment maps (accumulators, the A operand in
+// registers) agree with the packing of P and dS. These are the kernels' own constexpr functions
+// under the PTX ISA's layouts as gmma_layout.hpp writes them; whether the hardware reads those
+// layouts is the GPU test's question (CudaAttention.WgmmaMatchesMmaSyncAndTheCpu, skipped
+// without an sm_90 GPU).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/gmma_layout.hpp"
 
@@ -56,43 +58,58 @@ TEST(GmmaLayout, SwizzlePermutesTheChunksOfEachRow) {
   EXPECT_EQ(gm::tma_sw128_address(0, 3, 5 * 8), 3 * 128 + 6 * 16u);
 }
 
-TEST(GmmaLayout, QAndKDescriptorsReadWhatTmaWrote) {
-  int64_t compared = 0;
-  for (int HS : {64, 128}) {
-    const int block_n = HS == 64 ? 128 : 64;  // attention_sm90.cu's key tile
-    for (int row0 : {0, 64}) {                // Q: the two consumer warpgroups' rows
-      const Counts q = check_k_major(128, row0, 64, HS);
-      EXPECT_EQ(q.differing, 0) << "Q, HS " << HS << ", rows from " << row0;
-      compared += q.compared;
-    }
-    const Counts k = check_k_major(block_n, 0, block_n, HS);
-    EXPECT_EQ(k.differing, 0) << "K, HS " << HS;
-    compared += k.compared;
-  }
-  std::printf("[gmma] Q and K descriptors: %lld element addresses compared\n",
-              static_cast<long long>(compared));
-  // (Q's two warpgroups + K) x k-steps x 64 or N rows x 16: HS 64, then HS 128.
-  EXPECT_EQ(compared, (2 * 4 * 64 * 16 + 4 * 128 * 16) + (2 * 8 * 64 * 16 + 8 * 64 * 16));
+// Every K-major operand the kernels read: (tile rows, first row of the operand, its rows).
+struct KMajorUse {
+  const char* what;
+  int rows, row0, extent;
+};
+std::vector<KMajorUse> k_major_uses(int HS) {
+  const int bn = HS == 64 ? 128 : 64;  // the forward's and the dQ pass's key tile
+  return {{"forward / dQ pass: Q, dO (A), warpgroup 1", 128, 0, 64},
+          {"forward / dQ pass: Q, dO (A), warpgroup 2", 128, 64, 64},
+          {"forward / dQ pass: K, V (B)", bn, 0, bn},
+          {"dK/dV pass: K, V (A), warpgroup 1", 128, 0, 64},
+          {"dK/dV pass: K, V (A), warpgroup 2", 128, 64, 64},
+          {"dK/dV pass: Q, dO (B)", 64, 0, 64}};
 }
 
-TEST(GmmaLayout, VDescriptorsReadWhatTmaWroteTransposed) {
-  int64_t compared = 0, differing = 0;
-  for (int HS : {64, 128}) {
-    const int block_n = HS == 64 ? 128 : 64;
-    for (int j = 0; j < block_n / 16; j++) {
-      const gm::SmemDesc d = gm::mn_major_desc(kBase, block_n, j);
-      for (int n = 0; n < HS; n++)    // head dimension
-        for (int k = 0; k < 16; k++) {  // key within the k-step
-          compared++;
-          if (gm::element_address(gm::Major::MN, d, n, k) !=
-              gm::tile_address(kBase, block_n, 16 * j + k, n))
-            differing++;
-        }
+TEST(GmmaLayout, KMajorDescriptorsReadWhatTmaWrote) {
+  int64_t compared = 0, expected = 0;
+  for (int HS : {64, 128})
+    for (const KMajorUse& use : k_major_uses(HS)) {
+      const Counts n = check_k_major(use.rows, use.row0, use.extent, HS);
+      EXPECT_EQ(n.differing, 0) << use.what << ", HS " << HS;
+      compared += n.compared;
+      expected += int64_t(HS / 16) * use.extent * 16;
     }
-  }
-  std::printf("[gmma] V descriptors: %lld element addresses compared, %lld differ\n",
-              static_cast<long long>(compared), static_cast<long long>(differing));
-  EXPECT_EQ(compared, 8 * 64 * 16 + 4 * 128 * 16);
+  std::printf("[gmma] K-major descriptors (Q, K, V, dO): %lld element addresses compared\n",
+              static_cast<long long>(compared));
+  EXPECT_EQ(compared, expected);
+  EXPECT_GT(compared, 0);
+}
+
+TEST(GmmaLayout, MnMajorDescriptorsReadWhatTmaWroteTransposed) {
+  // V in O = P V and K in dQ = dS K (tiles of the key tile's rows), dO and Q in dV = P^T dO and
+  // dK = dS^T Q (tiles of 64 queries): k = the tile's row, n = the head dimension.
+  int64_t compared = 0, differing = 0, expected = 0;
+  for (int HS : {64, 128})
+    for (int rows : {HS == 64 ? 128 : 64, 64}) {
+      for (int j = 0; j < rows / 16; j++) {
+        const gm::SmemDesc d = gm::mn_major_desc(kBase, rows, j);
+        for (int n = 0; n < HS; n++)
+          for (int k = 0; k < 16; k++) {
+            compared++;
+            if (gm::element_address(gm::Major::MN, d, n, k) !=
+                gm::tile_address(kBase, rows, 16 * j + k, n))
+              differing++;
+          }
+      }
+      expected += int64_t(rows / 16) * HS * 16;
+    }
+  std::printf("[gmma] MN-major descriptors (V, K, dO, Q): %lld element addresses compared, "
+              "%lld differ\n", static_cast<long long>(compared), static_cast<long long>(differing));
+  EXPECT_EQ(compared, expected);
+  EXPECT_GT(compared, 0);
   EXPECT_EQ(differing, 0);
 }
 

@@ -91,7 +91,7 @@ struct TrainConfig {
   std::string cpu_bf16_gemm = "auto";  // "auto" | "fma" | "onednn": the CPU's bf16 products
   std::string recompute = "none";   // "none" | "selective" | "full" (model/architecture.hpp)
   bool deterministic = true;  // false: the GPU's bf16 attention backward accumulates dQ atomically
-  std::string attention_kernel = "auto";  // "auto" | "mma_sync" | "wgmma": the GPU's bf16 forward
+  std::string attention_kernel = "auto";  // "auto" | "mma_sync" | "wgmma": the GPU's bf16 kernels
   bool fused_bias_gelu = true;  // GPT-2's MLP: the GELU in the up projection's GEMM epilogue
   // train.precision = "fp8" (model/fp8_linear.hpp): the gradients' format, the scales' margin
   // (powers of two of headroom) and the layers at each end kept in high precision.

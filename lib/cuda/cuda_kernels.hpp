@@ -50,7 +50,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   static constexpr DType stat_dtype = DType::F32;
 
   // `deterministic` false: the attention backward accumulates dQ with atomics (bf16 only;
-  // train.deterministic, kernels/cuda/ops.hpp). `attention`: the bf16 attention forward
+  // train.deterministic, kernels/cuda/ops.hpp). `attention`: the bf16 attention kernels
   // (train.attention_kernel).
   explicit CudaKernels(CudaDevice& device, bool deterministic = true,
                        cuda::AttentionKernel attention = cuda::AttentionKernel::automatic)
@@ -219,7 +219,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     cuda::attention_backward(
         dqkv, dout, qkv, out, lse, B, Tn, NH, KVH, HS, s(),
         workspace(cuda::attention_backward_workspace_bytes(B, Tn, NH, HS, deterministic_)),
-        doc_start, deterministic_);
+        doc_start, deterministic_, attention_kernel_);
   }
   void rope_forward(T* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t KVH, int64_t HS,
                     double theta) {

@@ -115,7 +115,7 @@ struct ModelShard {
   // train.deterministic: false lets a kernel set trade bitwise reproducibility for speed (the
   // GPU's bf16 attention backward: atomic dQ); the CPU's kernels ignore it.
   bool deterministic = true;
-  // train.attention_kernel: which bf16 attention forward the GPU's kernel set runs ("auto",
+  // train.attention_kernel: which bf16 attention kernels the GPU's kernel set runs ("auto",
   // "mma_sync", "wgmma"); the CPU's ignore it.
   std::string attention_kernel = "auto";
   // train.fused_bias_gelu: a GPT-2 MLP's GELU in its GEMMs' epilogues where the kernel set

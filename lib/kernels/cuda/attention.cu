@@ -53,6 +53,25 @@ bool attention_wgmma_available(int64_t HS) {
   return (HS == 64 || HS == 128) && detail::attention_wgmma_supported(static_cast<int>(HS));
 }
 
+namespace {
+
+// Whether `kernel` runs the wgmma kernels for T and HS; wgmma asked for where it cannot run
+// is an error.
+template <typename T>
+bool use_wgmma(AttentionKernel kernel, int64_t HS) {
+  if (sizeof(T) != 2) {
+    if (kernel == AttentionKernel::wgmma) throw Error("attention: the wgmma kernel is bf16 only");
+    return false;
+  }
+  const bool available = kernel != AttentionKernel::mma_sync && attention_wgmma_available(HS);
+  if (kernel == AttentionKernel::wgmma && !available)
+    throw Error("attention: the wgmma kernel runs on compute capability 9.0 (H100, H200) with "
+                "head size 64 or 128 (here HS " + std::to_string(HS) + ")");
+  return available;
+}
+
+}  // namespace
+
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, int64_t NH,
                        int64_t KVH, int64_t HS, cudaStream_t stream, const int32_t* doc_start,
@@ -60,19 +79,13 @@ void attention_forward(T* out, float* lse, const T* qkv, int64_t B, int64_t T_, 
   detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(out, "out");
-  if constexpr (sizeof(T) == 2) {
-    const bool available = kernel != AttentionKernel::mma_sync && attention_wgmma_available(HS);
-    if (kernel == AttentionKernel::wgmma && !available)
-      throw Error("attention: the wgmma kernel runs on compute capability 9.0 (H100, H200) "
-                  "with head size 64 or 128 (here HS " + std::to_string(HS) + ")");
-    if (available) {
+  if (use_wgmma<T>(kernel, HS)) {
+    if constexpr (sizeof(T) == 2) {
       detail::attention_forward_sm90(out, lse, qkv, doc_start, static_cast<int>(B),
                                      static_cast<int>(T_), static_cast<int>(NH),
                                      static_cast<int>(KVH), static_cast<int>(HS), stream);
       return;
     }
-  } else if (kernel == AttentionKernel::wgmma) {
-    throw Error("attention: the wgmma kernel is bf16 only");
   }
   detail::attention_forward_impl(out, lse, qkv, doc_start, static_cast<int>(B),
                                  static_cast<int>(T_),
@@ -84,13 +97,15 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
                         cudaStream_t stream, void* workspace, const int32_t* doc_start,
-                        bool deterministic) {
+                        bool deterministic, AttentionKernel kernel) {
   detail::check_attention_dims(B, T_, NH, KVH, HS);
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(dqkv, "dqkv");
   check_alignment<T>(dout, "dout");
-  // fp32 is always deterministic (the parity path): only bf16 takes the atomic dQ.
+  // fp32 is always deterministic (the parity path): only bf16 takes the atomic dQ, which only
+  // the mma.sync kernels have.
   const bool atomic_dq = !deterministic && sizeof(T) == 2;
+  const bool wgmma = use_wgmma<T>(kernel, HS) && !atomic_dq;
   detail::Scratch scratch(workspace,
                           attention_backward_workspace_bytes(B, T_, NH, HS, !atomic_dq), stream);
   float* delta = scratch.as<float>();
@@ -102,12 +117,17 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   CUDA_CHECK_LAUNCH();
   const int b = static_cast<int>(B), t = static_cast<int>(T_), nh = static_cast<int>(NH);
   const int kvh = static_cast<int>(KVH), hs = static_cast<int>(HS);
-  if constexpr (sizeof(T) == 2)
-    detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, b, t, nh,
-                                    kvh, hs, stream);
-  else
+  if constexpr (sizeof(T) == 2) {
+    if (wgmma)
+      detail::attention_backward_sm90(dqkv, dout, qkv, lse, delta, doc_start, b, t, nh, kvh, hs,
+                                      stream);
+    else
+      detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, b, t, nh,
+                                      kvh, hs, stream);
+  } else {
     detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, b, t, nh, kvh, hs,
                                     stream);
+  }
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                                 \
@@ -115,7 +135,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                                      int64_t, cudaStream_t, const int32_t*, AttentionKernel);  \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const float*, int64_t, \
                                       int64_t, int64_t, int64_t, int64_t, cudaStream_t, void*,  \
-                                      const int32_t*, bool);
+                                      const int32_t*, bool, AttentionKernel);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -55,6 +55,11 @@ bool attention_wgmma_supported(int HS);
 void attention_forward_sm90(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
                             cudaStream_t stream);
+// Hopper backward (attention_sm90_bwd.cu): the deterministic two passes on wgmma, HS 64 or 128.
+void attention_backward_sm90(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
+                             const __nv_bfloat16* qkv, const float* lse, const float* delta,
+                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
+                             cudaStream_t stream);
 // dq_accum (fp32 [B,T,NH,HS]; nullptr: the deterministic two-pass backward): dQ accumulated
 // with atomics in the dK/dV pass (train.deterministic = false).
 void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,

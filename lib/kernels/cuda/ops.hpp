@@ -271,10 +271,10 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
 //               Requires 16-byte aligned qkv/out/dout/dqkv (cudaMalloc'd buffers are).
 // Packed documents: doc_start[B,T] (device memory; nullptr: none), as the CPU's: row t attends
 // to keys [doc_start[t], t], doc_start non-decreasing along a sequence.
-// `kernel` (train.attention_kernel) picks the bf16 forward: mma_sync (the kernels above, any
+// `kernel` (train.attention_kernel) picks the bf16 kernels: mma_sync (the kernels above, any
 // sm_80+ GPU), wgmma (Hopper: wgmma, TMA and a producer warp; compute capability 9.0, HS 64 or
 // 128), automatic (wgmma where it runs, else mma_sync). fp32 takes the SIMT kernels and refuses
-// wgmma. The backward is mma_sync's either way.
+// wgmma. The atomic-dQ backward (deterministic = false) is mma_sync's whatever the choice.
 enum class AttentionKernel { automatic, mma_sync, wgmma };
 // Whether the wgmma forward runs here for head size HS (the current device is 9.0).
 bool attention_wgmma_available(int64_t HS);
@@ -294,7 +294,8 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                         int64_t B, int64_t T_, int64_t NH, int64_t KVH, int64_t HS,
                         cudaStream_t stream = nullptr, void* workspace = nullptr,
-                        const int32_t* doc_start = nullptr, bool deterministic = true);
+                        const int32_t* doc_start = nullptr, bool deterministic = true,
+                        AttentionKernel kernel = AttentionKernel::automatic);
 size_t attention_backward_workspace_bytes(int64_t B, int64_t T_, int64_t NH, int64_t HS = 0,
                                           bool deterministic = true);
 

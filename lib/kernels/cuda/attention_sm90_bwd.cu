@@ -1,0 +1,407 @@
+// Causal (grouped-query) attention backward for Hopper (sm_90a): the deterministic two passes
+// of attention_bf16.cu (no atomics; the same mathematics, P and dS rounded to bf16 as the A
+// operands of the second GEMMs) on wgmma with TMA loads and a producer warp, as the forward in
+// attention_sm90.cu. The atomic-dQ backward (train.deterministic = false) stays mma.sync's.
+//
+//  * dK/dV pass, block = 128 keys of one (b, kv head): warpgroup 0 loads K and V once and then,
+//    for each query head of the kv head in head order and each query tile of 64 that can see
+//    the keys, Q and dO into one of kStages buffers (TMA); warpgroups 1 and 2 own 64 keys each:
+//    S^T = K Q^T and dP^T = V dO^T (wgmma, shared-memory operands, K-major), P^T and
+//    dS^T = P^T (dP^T - delta) in registers, then dV += P^T dO and dK += dS^T Q with P^T and
+//    dS^T as register A operands and dO, Q read MN-major (transposed B). dK and dV stay in
+//    registers over all the query heads (a fixed order) and are written once.
+//  * dQ pass, block = 128 query rows of one (b, head): Q and dO loaded once, each key tile up to
+//    the diagonal into kStages buffers; per tile S = Q K^T, dP = dO V^T, dS in registers, and
+//    dQ += dS K (K MN-major), written once.
+// Query tiles (dK/dV) or key tiles (dQ) wholly on the masked side of a warpgroup's rows are
+// skipped by it. Packed documents: the dQ pass starts at the block's first document, the dK/dV
+// pass masks (as attention_bf16.cu).
+#include <cstdint>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/sm90.cuh"
+
+namespace trident::cuda::detail {
+
+namespace {
+
+using namespace sm90;
+
+constexpr int kThreads = 3 * 128;  // producer warpgroup + 2 consumer warpgroups (as the forward)
+constexpr int kStages = 2;
+constexpr int kKeys = 128;     // dK/dV pass: keys per block (64 per consumer warpgroup)
+constexpr int kQueries = 64;   // dK/dV pass: queries per tile
+constexpr int kRows = 128;     // dQ pass: query rows per block
+template <int HS>
+__host__ __device__ constexpr int dq_block_n() {  // dQ pass: keys per tile (registers, as fwd)
+  return HS == 64 ? 128 : 64;
+}
+__host__ __device__ constexpr uint32_t tile_bytes(int rows, int HS) {
+  return uint32_t(rows) * HS * 2;
+}
+// dK/dV pass shared memory: K | V | Q[kStages] | dO[kStages] | barriers (1024-aligned base).
+template <int HS>
+__host__ __device__ constexpr uint32_t dkdv_barriers_at() {
+  return 2 * tile_bytes(kKeys, HS) + 2 * kStages * tile_bytes(kQueries, HS);
+}
+// dQ pass: Q | dO | K[kStages] | V[kStages] | barriers.
+template <int HS>
+__host__ __device__ constexpr uint32_t dq_barriers_at() {
+  return 2 * tile_bytes(kRows, HS) + 2 * kStages * tile_bytes(dq_block_n<HS>(), HS);
+}
+// Barriers: one "loaded once" barrier, then full and empty per stage.
+constexpr uint32_t kBarrierBytes = 8 * (1 + 2 * kStages);
+
+// ------------------------------------------------------------------ backward: dK and dV
+template <int HS, bool kDocs>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_bwd_dkdv_sm90_kernel(const __grid_constant__ CUtensorMap qkv_map,
+                              const __grid_constant__ CUtensorMap dout_map,
+                              bf16_t* __restrict__ dqkv, const float* __restrict__ lse,
+                              const float* __restrict__ delta,
+                              const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
+#if TRIDENT_SM90A
+  constexpr int NS = kQueries / 2, NA = HS / 2;  // accumulators a thread: S^T (dP^T), dK (dV)
+  constexpr uint32_t KV = tile_bytes(kKeys, HS), QT = tile_bytes(kQueries, HS);
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t k_s = base, v_s = base + KV, q_s = base + 2 * KV;
+  const uint32_t do_s = q_s + kStages * QT;
+  const uint32_t bars = base + dkdv_barriers_at<HS>();
+  const uint32_t full_kv = bars;
+  auto full = [&](int s) { return bars + 8u * (1 + s); };
+  auto empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
+
+  const int b = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
+  const int heads = NH / KVH;
+  const int k0 = blockIdx.y * kKeys;  // small key tiles (most work) first
+  const int nqt = (T + kQueries - 1) / kQueries, qt_first = k0 / kQueries;
+  const int per_head = nqt - qt_first, iters = heads * per_head;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(full_kv, 1);
+    for (int s = 0; s < kStages; s++) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(full_kv, 2 * KV);
+      tma_load_tile<HS>(k_s, &qkv_map, kKeys, (NH + kvh) * HS, k0, b, full_kv);
+      tma_load_tile<HS>(v_s, &qkv_map, kKeys, (NH + KVH + kvh) * HS, k0, b, full_kv);
+      for (int it = 0; it < iters; it++) {
+        const int s = it % kStages, h = kvh * heads + it / per_head;
+        const int q0 = (qt_first + it % per_head) * kQueries;
+        if (it >= kStages) mbar_wait(empty(s), uint32_t(it / kStages - 1) & 1u);
+        mbar_expect_tx(full(s), 2 * QT);
+        tma_load_tile<HS>(q_s + s * QT, &qkv_map, kQueries, h * HS, q0, b, full(s));
+        tma_load_tile<HS>(do_s + s * QT, &dout_map, kQueries, h * HS, q0, b, full(s));
+      }
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int cw = wg - 1;  // keys [64 cw, 64 cw + 64) of the block
+  const int tw = threadIdx.x % 128, lane = tw % 32;
+  const int key0 = k0 + 64 * cw + gm::acc_row(tw, 0), key1 = k0 + 64 * cw + gm::acc_row(tw, 2);
+  const float scale = rsqrtf(static_cast<float>(HS));
+  const float scale_log2 = scale * kLog2e;
+  const int64_t doc_row = int64_t(b) * T;
+
+  float dk[NA], dv[NA], sT[NS], dpT[NS];
+#pragma unroll
+  for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NS; i++) sT[i] = dpT[i] = 0.f;
+  mbar_wait(full_kv, 0);
+
+  for (int it = 0; it < iters; it++) {
+    const int s = it % kStages, h = kvh * heads + it / per_head;
+    const int q0 = (qt_first + it % per_head) * kQueries;
+    const uint32_t phase = uint32_t(it / kStages) & 1u;
+    if (q0 + kQueries - 1 < k0 + 64 * cw) {  // every query of the tile is before these keys
+      if (lane == 0) mbar_arrive(empty(s));
+      continue;
+    }
+    const uint32_t qt_s = q_s + s * QT, dot_s = do_s + s * QT;
+    mbar_wait(full(s), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+      wgmma_ss<kQueries>(sT, gm::encode(gm::k_major_desc(k_s, kKeys, 64 * cw, ks)),
+                         gm::encode(gm::k_major_desc(qt_s, kQueries, 0, ks)), ks > 0);
+      wgmma_ss<kQueries>(dpT, gm::encode(gm::k_major_desc(v_s, kKeys, 64 * cw, ks)),
+                         gm::encode(gm::k_major_desc(dot_s, kQueries, 0, ks)), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_regs(sT);
+    fence_regs(dpT);
+    // P^T and dS^T = P^T (dP^T - delta): queries before the key, past T (lse = inf) and whose
+    // document starts after the key give 0.
+    const int64_t bh = int64_t(b) * NH + h;
+#pragma unroll
+    for (int i = 0; i < NS / 4; i++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int t = q0 + gm::acc_col(tw, i, e);
+        const float L = t < T ? lse[bh * T + t] * kLog2e : INFINITY;
+        const float D = t < T ? delta[bh * T + t] : 0.f;
+        const int first = kDocs && t < T ? doc_start[doc_row + t] : 0;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {  // rows key0 (e), key1 (e + 2)
+          const int idx = 4 * i + e + 2 * r, key = r == 0 ? key0 : key1;
+          const bool visible = t >= key && (!kDocs || key >= first);
+          const float p = visible ? exp2f(sT[idx] * scale_log2 - L) : 0.f;
+          sT[idx] = p;
+          dpT[idx] = p * (dpT[idx] - D);
+        }
+      }
+    }
+    uint32_t pa[kQueries / 16][4], da[kQueries / 16][4];
+#pragma unroll
+    for (int j = 0; j < kQueries / 16; j++)
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        pa[j][r] = pack_bf16(sT[gm::acc_for_a(j, r, 0)], sT[gm::acc_for_a(j, r, 1)]);
+        da[j][r] = pack_bf16(dpT[gm::acc_for_a(j, r, 0)], dpT[gm::acc_for_a(j, r, 1)]);
+      }
+    // dV += P^T dO and dK += dS^T Q (dO and Q [query][d]: MN-major B operands).
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kQueries / 16; j++) {
+      wgmma_rs<HS>(dv, pa[j], gm::encode(gm::mn_major_desc(dot_s, kQueries, j)));
+      wgmma_rs<HS>(dk, da[j], gm::encode(gm::mn_major_desc(qt_s, kQueries, j)));
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(pa);
+    fence_regs(da);
+    if (lane == 0) mbar_arrive(empty(s));
+  }
+
+  const int64_t C3 = int64_t(NH + 2 * KVH) * HS;
+  const int64_t dk_col = int64_t(NH + kvh) * HS, dv_col = int64_t(NH + KVH + kvh) * HS;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int key = r == 0 ? key0 : key1;
+    if (key >= T) continue;
+    bf16_t* row = dqkv + (int64_t(b) * T + key) * C3;
+#pragma unroll
+    for (int i = 0; i < NA / 4; i++) {
+      const int col = gm::acc_col(tw, i, 0), idx = 4 * i + 2 * r;
+      *reinterpret_cast<uint32_t*>(row + dk_col + col) =
+          pack_bf16(dk[idx] * scale, dk[idx + 1] * scale);
+      *reinterpret_cast<uint32_t*>(row + dv_col + col) = pack_bf16(dv[idx], dv[idx + 1]);
+    }
+  }
+#else
+  (void)dqkv, (void)lse, (void)delta, (void)doc_start, (void)T, (void)NH, (void)KVH;
+  __trap();  // not built for this architecture; attention_wgmma_available() said no
+#endif
+}
+
+// ------------------------------------------------------------------------ backward: dQ
+template <int HS, bool kDocs>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_bwd_dq_sm90_kernel(const __grid_constant__ CUtensorMap qkv_map,
+                            const __grid_constant__ CUtensorMap dout_map,
+                            bf16_t* __restrict__ dqkv, const float* __restrict__ lse,
+                            const float* __restrict__ delta, const int32_t* __restrict__ doc_start,
+                            int T, int NH, int KVH) {
+#if TRIDENT_SM90A
+  constexpr int BN = dq_block_n<HS>();
+  constexpr int NS = BN / 2, NQ = HS / 2;  // accumulators a thread: S (dP), dQ
+  constexpr uint32_t QT = tile_bytes(kRows, HS), KT = tile_bytes(BN, HS);
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t q_s = base, do_s = base + QT, k_s = base + 2 * QT;
+  const uint32_t v_s = k_s + kStages * KT;
+  const uint32_t bars = base + dq_barriers_at<HS>();
+  const uint32_t full_q = bars;
+  auto full = [&](int s) { return bars + 8u * (1 + s); };
+  auto empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
+
+  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+  const int kvh = h / (NH / KVH);
+  const int tile = gridDim.y - 1 - blockIdx.y;  // largest tiles first
+  const int q0 = tile * kRows;
+  const int64_t doc_row = int64_t(b) * T;
+  const int kt_first = kDocs ? doc_start[doc_row + q0] / BN : 0;
+  const int kt_last = min(q0 + kRows - 1, T - 1) / BN;
+  const int tiles = kt_last - kt_first + 1;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(full_q, 1);
+    for (int s = 0; s < kStages; s++) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(full_q, 2 * QT);
+      tma_load_tile<HS>(q_s, &qkv_map, kRows, h * HS, q0, b, full_q);
+      tma_load_tile<HS>(do_s, &dout_map, kRows, h * HS, q0, b, full_q);
+      for (int it = 0; it < tiles; it++) {
+        const int s = it % kStages, kt0 = (kt_first + it) * BN;
+        if (it >= kStages) mbar_wait(empty(s), uint32_t(it / kStages - 1) & 1u);
+        mbar_expect_tx(full(s), 2 * KT);
+        tma_load_tile<HS>(k_s + s * KT, &qkv_map, BN, (NH + kvh) * HS, kt0, b, full(s));
+        tma_load_tile<HS>(v_s + s * KT, &qkv_map, BN, (NH + KVH + kvh) * HS, kt0, b, full(s));
+      }
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int cw = wg - 1;
+  const int tw = threadIdx.x % 128, lane = tw % 32;
+  const int row0 = 64 * cw;
+  const int t0 = q0 + gm::acc_row(tw, 0), t1 = q0 + gm::acc_row(tw, 2);
+  const int wg_last = q0 + row0 + 63;
+  const float scale = rsqrtf(static_cast<float>(HS));
+  const float scale_log2 = scale * kLog2e;
+  const int first0 = kDocs && t0 < T ? doc_start[doc_row + t0] : 0;
+  const int first1 = kDocs && t1 < T ? doc_start[doc_row + t1] : 0;
+  const float L0 = t0 < T ? lse[int64_t(bh) * T + t0] * kLog2e : INFINITY;
+  const float L1 = t1 < T ? lse[int64_t(bh) * T + t1] * kLog2e : INFINITY;
+  const float D0 = t0 < T ? delta[int64_t(bh) * T + t0] : 0.f;
+  const float D1 = t1 < T ? delta[int64_t(bh) * T + t1] : 0.f;
+
+  float dq[NQ], sc[NS], dp[NS];
+#pragma unroll
+  for (int i = 0; i < NQ; i++) dq[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NS; i++) sc[i] = dp[i] = 0.f;
+  mbar_wait(full_q, 0);
+
+  for (int it = 0; it < tiles; it++) {
+    const int s = it % kStages, kt0 = (kt_first + it) * BN;
+    const uint32_t phase = uint32_t(it / kStages) & 1u;
+    if (kt0 > wg_last) {  // every key of the tile is after this warpgroup's rows
+      if (lane == 0) mbar_arrive(empty(s));
+      continue;
+    }
+    const uint32_t kt_s = k_s + s * KT, vt_s = v_s + s * KT;
+    mbar_wait(full(s), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) {
+      wgmma_ss<BN>(sc, gm::encode(gm::k_major_desc(q_s, kRows, row0, ks)),
+                   gm::encode(gm::k_major_desc(kt_s, BN, 0, ks)), ks > 0);
+      wgmma_ss<BN>(dp, gm::encode(gm::k_major_desc(do_s, kRows, row0, ks)),
+                   gm::encode(gm::k_major_desc(vt_s, BN, 0, ks)), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_regs(sc);
+    fence_regs(dp);
+#pragma unroll
+    for (int i = 0; i < NS / 4; i++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = kt0 + gm::acc_col(tw, i, e);
+        const int t = e < 2 ? t0 : t1;
+        const bool visible = key <= t && key >= (e < 2 ? first0 : first1);
+        const float p = visible ? exp2f(sc[4 * i + e] * scale_log2 - (e < 2 ? L0 : L1)) : 0.f;
+        dp[4 * i + e] = p * (dp[4 * i + e] - (e < 2 ? D0 : D1));
+      }
+    }
+    uint32_t da[BN / 16][4];
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++)
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+        da[j][r] = pack_bf16(dp[gm::acc_for_a(j, r, 0)], dp[gm::acc_for_a(j, r, 1)]);
+    // dQ += dS K (K [key][d]: the MN-major B operand).
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++)
+      wgmma_rs<HS>(dq, da[j], gm::encode(gm::mn_major_desc(kt_s, BN, j)));
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_regs(dq);
+    fence_regs(da);
+    if (lane == 0) mbar_arrive(empty(s));
+  }
+
+  const int64_t C3 = int64_t(NH + 2 * KVH) * HS;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int t = r == 0 ? t0 : t1;
+    if (t >= T) continue;
+    bf16_t* row = dqkv + (int64_t(b) * T + t) * C3 + int64_t(h) * HS;
+#pragma unroll
+    for (int i = 0; i < NQ / 4; i++) {
+      const int idx = 4 * i + 2 * r;
+      *reinterpret_cast<uint32_t*>(row + gm::acc_col(tw, i, 0)) =
+          pack_bf16(dq[idx] * scale, dq[idx + 1] * scale);
+    }
+  }
+#else
+  (void)dqkv, (void)lse, (void)delta, (void)doc_start, (void)T, (void)NH, (void)KVH;
+  __trap();
+#endif
+}
+
+template <int HS>
+void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,
+                      const float* delta, const int32_t* doc_start, int B, int T, int NH,
+                      int KVH, cudaStream_t stream) {
+  const CUtensorMap qkv_map = bf16_tensor_map(qkv, B, T, int64_t(NH + 2 * KVH) * HS);
+  const CUtensorMap dout_map = bf16_tensor_map(dout, B, T, int64_t(NH) * HS);
+  const size_t smem1 = dkdv_barriers_at<HS>() + kBarrierBytes + 1024;  // + alignment room
+  const auto dkdv = doc_start ? attn_bwd_dkdv_sm90_kernel<HS, true>
+                              : attn_bwd_dkdv_sm90_kernel<HS, false>;
+  prepare_smem(dkdv, smem1);
+  const dim3 grid_kv(static_cast<unsigned>(B * KVH), static_cast<unsigned>((T + kKeys - 1) / kKeys));
+  dkdv<<<grid_kv, kThreads, smem1, stream>>>(qkv_map, dout_map, dqkv, lse, delta, doc_start, T,
+                                              NH, KVH);
+  CUDA_CHECK_LAUNCH();
+  const size_t smem2 = dq_barriers_at<HS>() + kBarrierBytes + 1024;
+  const auto dq =
+      doc_start ? attn_bwd_dq_sm90_kernel<HS, true> : attn_bwd_dq_sm90_kernel<HS, false>;
+  prepare_smem(dq, smem2);
+  const dim3 grid_q(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kRows - 1) / kRows));
+  dq<<<grid_q, kThreads, smem2, stream>>>(qkv_map, dout_map, dqkv, lse, delta, doc_start, T, NH,
+                                          KVH);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void attention_backward_sm90(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
+                             const float* lse, const float* delta, const int32_t* doc_start,
+                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
+  check_dims((T + kKeys - 1) / kKeys <= 65535, "attention: T too large");
+  switch (HS) {
+    case 64:
+      backward_sm90_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
+    case 128:
+      backward_sm90_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      break;
+    default: check_dims(false, "attention (sm90): HS must be 64 or 128");
+  }
+}
+
+}  // namespace trident::cuda::detail
