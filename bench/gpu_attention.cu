@@ -106,13 +106,12 @@ void run(const Shape& s, int iters, int64_t doc_len, const char* dtype, Attentio
   });
   const double fwd_flops = 4.0 * s.B * s.NH * double(s.T) * s.T * s.HS / 2.0;
   std::printf("{\"impl\": \"trident\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"B\": %lld, "
-              "\"T\": %lld, "
-              "\"NH\": %lld, \"KVH\": %lld, \"HS\": %lld, \"documents\": %lld, "
+              "\"T\": %lld, \"NH\": %lld, \"KVH\": %lld, \"HS\": %lld, \"documents\": %lld, "
               "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
               "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f}\n",
-              kernel_name(kernel, sizeof(S) == 2, s.HS), dtype, (long long)s.B, (long long)s.T, (long long)s.NH, (long long)s.KVH,
-              (long long)s.HS, (long long)doc_len, fwd, bwd, fwd + bwd,
-              fwd_flops / fwd * 1e-9, 2.5 * fwd_flops / bwd * 1e-9,
+              kernel_name(kernel, sizeof(S) == 2, s.HS), dtype, (long long)s.B, (long long)s.T,
+              (long long)s.NH, (long long)s.KVH, (long long)s.HS, (long long)doc_len, fwd, bwd,
+              fwd + bwd, fwd_flops / fwd * 1e-9, 2.5 * fwd_flops / bwd * 1e-9,
               3.5 * fwd_flops / (fwd + bwd) * 1e-9);
   std::fflush(stdout);
   for (void* p : {static_cast<void*>(qkv), static_cast<void*>(dqkv), static_cast<void*>(out),

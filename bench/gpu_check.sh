@@ -10,7 +10,9 @@
 #      (context parallelism: test_cuda_context_attention, the ring kernels against the CPU's;
 #      test_cuda_train_np2's GpuTrainer.ContextParallelOverMpiMatchesOneGpu, CP 2 on the 2 ranks
 #      sharing the GPU over MPI vs CP 1, fp32 <= 1e-5, which skips while config.cpp's
-#      check_context refuses parallel.context > 1 with train.device = "cuda")
+#      check_context refuses parallel.context > 1 with train.device = "cuda"; the wgmma
+#      attention: test_cuda_wgmma's probes of TMA's swizzle and of the two wgmma operand forms,
+#      one assumption each, then CudaAttention.WgmmaMatchesMmaSyncAndTheCpu in test_cuda_kernels)
 #   c. parity: configs/gpu_parity.toml (2 layers, width 128, seq 128, vocab 256), 10 steps,
 #      train.device = cpu vs cuda fp32 (worst relative loss difference <= 1e-5) and cuda bf16
 #      (<= 2e-2), and cuda bf16 vs cpu bf16 (<= 5e-3: the CPU's bf16 rounds what the GPU

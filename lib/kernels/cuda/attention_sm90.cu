@@ -261,7 +261,8 @@ void forward_sm90_hs(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* 
   const auto kernel =
       doc_start ? attn_fwd_sm90_kernel<HS, true> : attn_fwd_sm90_kernel<HS, false>;
   prepare_smem(kernel, smem_bytes<HS>());
-  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kBlockM - 1) / kBlockM));
+  const dim3 grid(static_cast<unsigned>(B * NH),
+                  static_cast<unsigned>((T + kBlockM - 1) / kBlockM));
   kernel<<<grid, kThreads, smem_bytes<HS>(), stream>>>(map, out, lse, doc_start, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
 }

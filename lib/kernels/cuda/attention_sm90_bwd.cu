@@ -373,7 +373,8 @@ void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const
   const auto dkdv = doc_start ? attn_bwd_dkdv_sm90_kernel<HS, true>
                               : attn_bwd_dkdv_sm90_kernel<HS, false>;
   prepare_smem(dkdv, smem1);
-  const dim3 grid_kv(static_cast<unsigned>(B * KVH), static_cast<unsigned>((T + kKeys - 1) / kKeys));
+  const dim3 grid_kv(static_cast<unsigned>(B * KVH),
+                     static_cast<unsigned>((T + kKeys - 1) / kKeys));
   dkdv<<<grid_kv, kThreads, smem1, stream>>>(qkv_map, dout_map, dqkv, lse, delta, doc_start, T,
                                               NH, KVH);
   CUDA_CHECK_LAUNCH();
