@@ -961,7 +961,8 @@ void expect_atomic_dq_backward(const std::string& k, const std::vector<float>& d
   DevBuf<S> a_dqkv(static_cast<size_t>(rows * C3));
   CUDA_CHECK(cudaMemset(a_dqkv.get(), 0xff, a_dqkv.size() * sizeof(S)));  // NaN: all written?
   gpu::attention_backward<S>(a_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B,
-                             T, NH, KVH, HS, nullptr, nullptr, d_docs, false);
+                             T, NH, KVH, HS, nullptr, nullptr, d_docs, false,
+                             gpu::AttentionKernel::mma_sync);
   const auto got = a_dqkv.download();
   const std::string ka = k + " (atomic dQ)";
   expect_close(ka, "dq", type_name<S>(), cols_of(got, rows, C3, 0, C), ref_dq, tolerance<S>(),
@@ -1171,10 +1172,10 @@ TEST(CudaAttention, DocumentsBf16) {
   run_document_attention<bf16>(8, 2, 128, {{130, 64, 64, 1, 253}}, 313);
 }
 
-// The Hopper kernels (AttentionKernel::wgmma: wgmma, TMA, a producer warp; the forward and the
-// deterministic backward) against the CPU's fp32 attention and against the mma_sync kernels on
-// the same bf16 inputs, every element written (out, lse and dqkv start as NaN), and the same
-// bits on a second run. The shapes cross their tiles: 128 query rows a forward / dQ block, key
+// The Hopper kernels (AttentionKernel::wgmma: wgmma, TMA, a producer warp; the forward, the
+// deterministic backward and the atomic-dQ one) against the CPU's fp32 attention and against
+// the mma_sync kernels on the same bf16 inputs, every element written (out, lse and dqkv start
+// as NaN), and the same bits on a second run (the atomic dQ: dK and dV). The shapes cross their tiles: 128 query rows a forward / dQ block, key
 // tiles of 128 (HS 64) and 64 (HS 128), 128 keys a dK/dV block over query tiles of 64, T below
 // one tile and not a multiple of any, GQA (dK/dV summed over the group's heads), packed
 // documents (the tiles before a document skipped, rows with no visible key in a tile).
@@ -1243,6 +1244,18 @@ void compare_attention_kernels(int64_t NH, int64_t KVH, int64_t HS,
     expect_close(k, std::string(part.name) + " vs mma_sync", "bf16", g,
                  cols_of(mma, rows, C3, part.col, part.width), tolerance<bf16>(), floor);
   }
+  // The atomic dQ (deterministic = false): dQ against the CPU, dK and dV the deterministic
+  // backward's bit for bit (the same code computes them).
+  CUDA_CHECK(cudaMemset(m_dqkv.get(), 0xff, m_dqkv.size() * sizeof(bf16)));
+  gpu::attention_backward<bf16>(m_dqkv.get(), d_dout.get(), d_qkv.get(), w_out.get(), w_lse.get(),
+                                B, T, NH, KVH, HS, nullptr, nullptr, starts, false,
+                                gpu::AttentionKernel::wgmma);
+  const auto atomic = m_dqkv.download();
+  expect_close(k + " (atomic dQ)", "dq vs CPU", "bf16", cols_of(atomic, rows, C3, 0, C),
+               cols_of(dqkv, rows, C3, 0, C), tolerance<bf16>(), floor);
+  EXPECT_TRUE(bitwise_equal(cols_of(atomic, rows, C3, C, 2 * Ckv),
+                            cols_of(got, rows, C3, C, 2 * Ckv)))
+      << k << " (atomic dQ): dk, dv differ from the deterministic backward's";
   // Deterministic: the same bits on a second run.
   gpu::attention_forward<bf16>(m_out.get(), m_lse.get(), d_qkv.get(), B, T, NH, KVH, HS, nullptr,
                                starts, gpu::AttentionKernel::wgmma);

@@ -90,7 +90,8 @@ TEST(GmmaLayout, KMajorDescriptorsReadWhatTmaWrote) {
 
 TEST(GmmaLayout, MnMajorDescriptorsReadWhatTmaWroteTransposed) {
   // V in O = P V and K in dQ = dS K (tiles of the key tile's rows), dO and Q in dV = P^T dO and
-  // dK = dS^T Q (tiles of 64 queries): k = the tile's row, n = the head dimension.
+  // dK = dS^T Q (tiles of 64 queries), and the atomic dQ's dS^T [64 keys][64 queries] as its A:
+  // k = the tile's row, n (or m) = the head dimension (or the query).
   int64_t compared = 0, differing = 0, expected = 0;
   for (int HS : {64, 128})
     for (int rows : {HS == 64 ? 128 : 64, 64}) {
@@ -106,7 +107,21 @@ TEST(GmmaLayout, MnMajorDescriptorsReadWhatTmaWroteTransposed) {
       }
       expected += int64_t(rows / 16) * HS * 16;
     }
-  std::printf("[gmma] MN-major descriptors (V, K, dO, Q): %lld element addresses compared, "
+  // The atomic dQ's B: a consumer warpgroup's 64 keys (rows 64 cw ..) of the 128-key K tile.
+  for (int HS : {64, 128})
+    for (int cw : {0, 1})
+      for (int j = 0; j < 64 / 16; j++) {
+        const gm::SmemDesc d = gm::mn_major_desc(kBase + 64 * cw * gm::kRowBytes, 128, j);
+        for (int n = 0; n < HS; n++)
+          for (int k = 0; k < 16; k++) {
+            compared++;
+            if (gm::element_address(gm::Major::MN, d, n, k) !=
+                gm::tile_address(kBase, 128, 64 * cw + 16 * j + k, n))
+              differing++;
+          }
+        expected += int64_t(HS) * 16;
+      }
+  std::printf("[gmma] MN-major descriptors (V, K, dO, Q, dS): %lld element addresses compared, "
               "%lld differ\n", static_cast<long long>(compared), static_cast<long long>(differing));
   EXPECT_EQ(compared, expected);
   EXPECT_GT(compared, 0);

@@ -302,9 +302,9 @@ const Key kKeys[] = {
    "The GPU's bf16 attention kernels. mma_sync: the FlashAttention-2-style kernels (mma.sync "
    "tensor cores, any sm_80+ GPU). wgmma: Hopper's (wgmma, TMA loads and a producer warp; "
    "compute capability 9.0, head size 64 or 128; refused elsewhere). auto (the default): wgmma "
-   "where it runs, else mma_sync. The atomic-dQ backward of `train.deterministic = false` is "
-   "mma_sync's either way, the GPU's fp32 path the SIMT kernels; the CPU ignores the key. See "
-   "docs/gpu.md."},
+   "where it runs, else mma_sync. Both have the deterministic backward and the atomic-dQ one of "
+   "`train.deterministic = false`. The GPU's fp32 path is the SIMT kernels; the CPU ignores the "
+   "key. See docs/gpu.md."},
   {TRIDENT_KEY(train, fused_bias_gelu), any(),
    "GPT-2's MLP (model.arch = \"gpt2\"): the up projection's GEMM adds the bias and applies "
    "the GELU in its epilogue, keeping the pre-activation for backward, and the down "

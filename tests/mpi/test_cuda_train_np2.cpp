@@ -274,13 +274,16 @@ TEST(GpuTrainer, PackedDocumentsBf16TrackTheCpu) {
 }
 
 // train.deterministic = false: the bf16 attention backward's atomic dQ tracks the CPU as the
-// deterministic one does (both architectures; packed documents too).
+// deterministic one does (both architectures; packed documents too): the default kernels (wgmma
+// on an H100/H200), and the mma_sync ones named.
 TEST(GpuTrainer, NonDeterministicBf16TracksTheCpu) {
   REQUIRE_GPU();
-  check_against_cpu("gpt2-atomic-dq", {"train.deterministic=false"}, true);
-  check_against_cpu("llama-atomic-dq", with(kLlama, {"train.deterministic=false"}), true);
-  check_against_cpu("llama-documents-atomic-dq",
-                    with(with(kLlama, kDocuments), {"train.deterministic=false"}), true);
+  const std::vector<std::string> atomic = {"train.deterministic=false"};
+  check_against_cpu("gpt2-atomic-dq", atomic, true);
+  check_against_cpu("llama-atomic-dq", with(kLlama, atomic), true);
+  check_against_cpu("llama-documents-atomic-dq", with(with(kLlama, kDocuments), atomic), true);
+  check_against_cpu("gpt2-atomic-dq-mma-sync", with(atomic, {"train.attention_kernel=mma_sync"}),
+                    true);
 }
 
 TEST(GpuTrainer, PackedDocumentsPipelineOverMpiMatchesOneGpu) {

@@ -102,10 +102,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   check_alignment<T>(qkv, "qkv");
   check_alignment<T>(dqkv, "dqkv");
   check_alignment<T>(dout, "dout");
-  // fp32 is always deterministic (the parity path): only bf16 takes the atomic dQ, which only
-  // the mma.sync kernels have.
+  // fp32 is always deterministic (the parity path): only bf16 takes the atomic dQ.
+  const bool wgmma = use_wgmma<T>(kernel, HS);
   const bool atomic_dq = !deterministic && sizeof(T) == 2;
-  const bool wgmma = use_wgmma<T>(kernel, HS) && !atomic_dq;
   detail::Scratch scratch(workspace,
                           attention_backward_workspace_bytes(B, T_, NH, HS, !atomic_dq), stream);
   float* delta = scratch.as<float>();
@@ -119,8 +118,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   const int kvh = static_cast<int>(KVH), hs = static_cast<int>(HS);
   if constexpr (sizeof(T) == 2) {
     if (wgmma)
-      detail::attention_backward_sm90(dqkv, dout, qkv, lse, delta, doc_start, b, t, nh, kvh, hs,
-                                      stream);
+      detail::attention_backward_sm90(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, b, t, nh,
+                                      kvh, hs, stream);
     else
       detail::attention_backward_impl(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, b, t, nh,
                                       kvh, hs, stream);

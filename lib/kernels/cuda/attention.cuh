@@ -55,11 +55,15 @@ bool attention_wgmma_supported(int HS);
 void attention_forward_sm90(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
                             cudaStream_t stream);
-// Hopper backward (attention_sm90_bwd.cu): the deterministic two passes on wgmma, HS 64 or 128.
+// Hopper backward (attention_sm90_bwd.cu) on wgmma, HS 64 or 128; dq_accum as below.
 void attention_backward_sm90(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,
                              const __nv_bfloat16* qkv, const float* lse, const float* delta,
-                             const int32_t* doc_start, int B, int T, int NH, int KVH, int HS,
-                             cudaStream_t stream);
+                             const int32_t* doc_start, float* dq_accum, int B, int T, int NH,
+                             int KVH, int HS, cudaStream_t stream);
+// The atomic backward's last step: dqkv's q columns [rows][C] of row pitch C3 = scale * acc
+// [rows][C] (fp32, the dQ accumulator), rounded to bf16.
+void dq_from_accum(__nv_bfloat16* dqkv, const float* acc, int64_t rows, int64_t C, int64_t C3,
+                   float scale, cudaStream_t stream);
 // dq_accum (fp32 [B,T,NH,HS]; nullptr: the deterministic two-pass backward): dQ accumulated
 // with atomics in the dK/dV pass (train.deterministic = false).
 void attention_backward_impl(__nv_bfloat16* dqkv, const __nv_bfloat16* dout,

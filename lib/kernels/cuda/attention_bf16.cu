@@ -661,10 +661,8 @@ void backward_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const floa
                                              NH, KVH);
   CUDA_CHECK_LAUNCH();
   if (dq_accum) {
-    const int64_t rows = int64_t(B) * T, C = int64_t(NH) * HS;
-    dq_from_accum_kernel<<<grid_for(rows * C, 256), 256, 0, stream>>>(
-        dqkv, dq_accum, rows, C, int64_t(NH + 2 * KVH) * HS, rsqrtf(static_cast<float>(HS)));
-    CUDA_CHECK_LAUNCH();
+    dq_from_accum(dqkv, dq_accum, int64_t(B) * T, int64_t(NH) * HS, int64_t(NH + 2 * KVH) * HS,
+                  rsqrtf(static_cast<float>(HS)), stream);
     return;
   }
   const size_t smem2 = 6 * tile_bytes<HS>();  // Q, dO + 2 stages of K, V
@@ -676,6 +674,13 @@ void backward_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const floa
 }
 
 }  // namespace
+
+void dq_from_accum(bf16_t* dqkv, const float* acc, int64_t rows, int64_t C, int64_t C3,
+                   float scale, cudaStream_t stream) {
+  dq_from_accum_kernel<<<grid_for(rows * C, 256), 256, 0, stream>>>(dqkv, acc, rows, C, C3,
+                                                                    scale);
+  CUDA_CHECK_LAUNCH();
+}
 
 void attention_forward_impl(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* doc_start,
                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {

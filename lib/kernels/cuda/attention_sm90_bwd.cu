@@ -1,7 +1,7 @@
-// Causal (grouped-query) attention backward for Hopper (sm_90a): the deterministic two passes
-// of attention_bf16.cu (no atomics; the same mathematics, P and dS rounded to bf16 as the A
-// operands of the second GEMMs) on wgmma with TMA loads and a producer warp, as the forward in
-// attention_sm90.cu. The atomic-dQ backward (train.deterministic = false) stays mma.sync's.
+// Causal (grouped-query) attention backward for Hopper (sm_90a): attention_bf16.cu's backward
+// (the same mathematics, P and dS rounded to bf16 as the A operands of the second GEMMs) on
+// wgmma with TMA loads and a producer warp, as the forward in attention_sm90.cu: the
+// deterministic two passes, and the atomic-dQ form (train.deterministic = false).
 //
 //  * dK/dV pass, block = 128 keys of one (b, kv head): warpgroup 0 loads K and V once and then,
 //    for each query head of the kv head in head order and each query tile of 64 that can see
@@ -13,6 +13,11 @@
 //  * dQ pass, block = 128 query rows of one (b, head): Q and dO loaded once, each key tile up to
 //    the diagonal into kStages buffers; per tile S = Q K^T, dP = dO V^T, dS in registers, and
 //    dQ += dS K (K MN-major), written once.
+//  * atomic dQ (kAtomicDq): the dK/dV pass also stores its dS^T (bf16, as dK's A operand) to
+//    shared memory in the MN-major layout, multiplies dQ_part = dS K over its 64 keys (wgmma
+//    with both operands transposed) and adds dQ_part to the fp32 accumulator [B,T,NH,HS] with
+//    atomicAdd; a conversion scales it into dqkv, and there is no dQ pass. The order the adds
+//    land in varies, so dQ's last bits do; dK and dV are the deterministic pass's bit for bit.
 // Query tiles (dK/dV) or key tiles (dQ) wholly on the masked side of a warpgroup's rows are
 // skipped by it. Packed documents: the dQ pass starts at the block's first document, the dK/dV
 // pass masks (as attention_bf16.cu).
@@ -39,10 +44,16 @@ __host__ __device__ constexpr int dq_block_n() {  // dQ pass: keys per tile (reg
 __host__ __device__ constexpr uint32_t tile_bytes(int rows, int HS) {
   return uint32_t(rows) * HS * 2;
 }
-// dK/dV pass shared memory: K | V | Q[kStages] | dO[kStages] | barriers (1024-aligned base).
+// dK/dV pass shared memory: K | V | Q[kStages] | dO[kStages] | dS^T[2 warpgroups] (the atomic
+// dQ's) | barriers (1024-aligned base).
+constexpr uint32_t kDsBytes = uint32_t(64) * kQueries * 2;  // a warpgroup's 64 keys x 64 queries
+template <int HS>
+__host__ __device__ constexpr uint32_t dkdv_ds_at() {
+  return 2 * tile_bytes(kKeys, HS) + 2 * kStages * tile_bytes(kQueries, HS);
+}
 template <int HS>
 __host__ __device__ constexpr uint32_t dkdv_barriers_at() {
-  return 2 * tile_bytes(kKeys, HS) + 2 * kStages * tile_bytes(kQueries, HS);
+  return dkdv_ds_at<HS>() + 2 * kDsBytes;
 }
 // dQ pass: Q | dO | K[kStages] | V[kStages] | barriers.
 template <int HS>
@@ -53,13 +64,14 @@ __host__ __device__ constexpr uint32_t dq_barriers_at() {
 constexpr uint32_t kBarrierBytes = 8 * (1 + 2 * kStages);
 
 // ------------------------------------------------------------------ backward: dK and dV
-template <int HS, bool kDocs>
+template <int HS, bool kDocs, bool kAtomicDq>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_bwd_dkdv_sm90_kernel(const __grid_constant__ CUtensorMap qkv_map,
                               const __grid_constant__ CUtensorMap dout_map,
                               bf16_t* __restrict__ dqkv, const float* __restrict__ lse,
                               const float* __restrict__ delta,
-                              const int32_t* __restrict__ doc_start, int T, int NH, int KVH) {
+                              const int32_t* __restrict__ doc_start, float* __restrict__ dq_accum,
+                              int T, int NH, int KVH) {
 #if TRIDENT_SM90A
   constexpr int NS = kQueries / 2, NA = HS / 2;  // accumulators a thread: S^T (dP^T), dK (dV)
   constexpr uint32_t KV = tile_bytes(kKeys, HS), QT = tile_bytes(kQueries, HS);
@@ -118,8 +130,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t doc_row = int64_t(b) * T;
 
   float dk[NA], dv[NA], sT[NS], dpT[NS];
+  float dq[kAtomicDq ? NA : 1];  // the atomic dQ's product, [64 queries][HS]
+  const uint32_t ds_s = base + dkdv_ds_at<HS>() + cw * kDsBytes;
 #pragma unroll
   for (int i = 0; i < NA; i++) dk[i] = dv[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < (kAtomicDq ? NA : 1); i++) dq[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < NS; i++) sT[i] = dpT[i] = 0.f;
   mbar_wait(full_kv, 0);
@@ -175,6 +191,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         pa[j][r] = pack_bf16(sT[gm::acc_for_a(j, r, 0)], sT[gm::acc_for_a(j, r, 1)]);
         da[j][r] = pack_bf16(dpT[gm::acc_for_a(j, r, 0)], dpT[gm::acc_for_a(j, r, 1)]);
       }
+    if constexpr (kAtomicDq) {
+      // dS^T [64 keys][64 queries] into this warpgroup's buffer (key = row, so wgmma reads it
+      // as the MN-major A of dQ = dS K); the previous tile's dQ product has read it (waited).
+      warpgroup_barrier(1 + cw);
+#pragma unroll
+      for (int j = 0; j < kQueries / 16; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+          *reinterpret_cast<uint32_t*>(
+              smem_raw + (ds_s - raw) +
+              gm::tile_address(0, 64, gm::a_row(tw, r), 16 * j + gm::a_col(tw, r, 0))) =
+              da[j][r];
+      fence_async_shared();
+      warpgroup_barrier(1 + cw);
+    }
     // dV += P^T dO and dK += dS^T Q (dO and Q [query][d]: MN-major B operands).
     wgmma_fence();
 #pragma unroll
@@ -189,6 +220,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(pa);
     fence_regs(da);
     if (lane == 0) mbar_arrive(empty(s));
+    if constexpr (kAtomicDq) {
+      // dQ_part [64 queries][HS] = dS [queries][64 keys] K [64 keys][HS] (A = dS^T's buffer,
+      // B = this warpgroup's rows of K, both MN-major), after dK and dV so that P's and dS's
+      // registers are free for its accumulators.
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 64 / 16; j++)
+        wgmma_ss_tt<HS>(dq, gm::encode(gm::mn_major_desc(ds_s, 64, j)),
+                        gm::encode(gm::mn_major_desc(k_s + 64 * cw * gm::kRowBytes, kKeys, j)),
+                        j > 0);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_regs(dq);
+      // Unscaled (the conversion scales), rows past T dropped.
+      float* acc = dq_accum + int64_t(b) * T * NH * HS + int64_t(h) * HS;
+#pragma unroll
+      for (int i = 0; i < HS / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int t = q0 + gm::acc_row(tw, e);
+          if (t < T) atomicAdd(acc + int64_t(t) * NH * HS + gm::acc_col(tw, i, e), dq[4 * i + e]);
+        }
+    }
   }
 
   const int64_t C3 = int64_t(NH + 2 * KVH) * HS;
@@ -207,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 #else
-  (void)dqkv, (void)lse, (void)delta, (void)doc_start, (void)T, (void)NH, (void)KVH;
+  (void)dqkv, (void)lse, (void)delta, (void)doc_start, (void)dq_accum, (void)T, (void)NH,
+      (void)KVH;
   __trap();  // not built for this architecture; attention_wgmma_available() said no
 #endif
 }
@@ -363,21 +418,34 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+template <int HS, bool kAtomicDq>
+auto dkdv_kernel(bool docs) {
+  return docs ? attn_bwd_dkdv_sm90_kernel<HS, true, kAtomicDq>
+              : attn_bwd_dkdv_sm90_kernel<HS, false, kAtomicDq>;
+}
+
 template <int HS>
 void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const float* lse,
-                      const float* delta, const int32_t* doc_start, int B, int T, int NH,
-                      int KVH, cudaStream_t stream) {
+                      const float* delta, const int32_t* doc_start, float* dq_accum, int B, int T,
+                      int NH, int KVH, cudaStream_t stream) {
   const CUtensorMap qkv_map = bf16_tensor_map(qkv, B, T, int64_t(NH + 2 * KVH) * HS);
   const CUtensorMap dout_map = bf16_tensor_map(dout, B, T, int64_t(NH) * HS);
   const size_t smem1 = dkdv_barriers_at<HS>() + kBarrierBytes + 1024;  // + alignment room
-  const auto dkdv = doc_start ? attn_bwd_dkdv_sm90_kernel<HS, true>
-                              : attn_bwd_dkdv_sm90_kernel<HS, false>;
+  const auto dkdv = dq_accum ? dkdv_kernel<HS, true>(doc_start != nullptr)
+                             : dkdv_kernel<HS, false>(doc_start != nullptr);
   prepare_smem(dkdv, smem1);
   const dim3 grid_kv(static_cast<unsigned>(B * KVH),
                      static_cast<unsigned>((T + kKeys - 1) / kKeys));
-  dkdv<<<grid_kv, kThreads, smem1, stream>>>(qkv_map, dout_map, dqkv, lse, delta, doc_start, T,
-                                              NH, KVH);
+  if (dq_accum)
+    CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, sizeof(float) * B * T * NH * HS, stream));
+  dkdv<<<grid_kv, kThreads, smem1, stream>>>(qkv_map, dout_map, dqkv, lse, delta, doc_start,
+                                              dq_accum, T, NH, KVH);
   CUDA_CHECK_LAUNCH();
+  if (dq_accum) {
+    dq_from_accum(dqkv, dq_accum, int64_t(B) * T, int64_t(NH) * HS, int64_t(NH + 2 * KVH) * HS,
+                  rsqrtf(static_cast<float>(HS)), stream);
+    return;
+  }
   const size_t smem2 = dq_barriers_at<HS>() + kBarrierBytes + 1024;
   const auto dq =
       doc_start ? attn_bwd_dq_sm90_kernel<HS, true> : attn_bwd_dq_sm90_kernel<HS, false>;
@@ -392,14 +460,17 @@ void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const
 
 void attention_backward_sm90(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv,
                              const float* lse, const float* delta, const int32_t* doc_start,
-                             int B, int T, int NH, int KVH, int HS, cudaStream_t stream) {
+                             float* dq_accum, int B, int T, int NH, int KVH, int HS,
+                             cudaStream_t stream) {
   check_dims((T + kKeys - 1) / kKeys <= 65535, "attention: T too large");
   switch (HS) {
     case 64:
-      backward_sm90_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      backward_sm90_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, B, T, NH, KVH,
+                           stream);
       break;
     case 128:
-      backward_sm90_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, NH, KVH, stream);
+      backward_sm90_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, dq_accum, B, T, NH, KVH,
+                            stream);
       break;
     default: check_dims(false, "attention (sm90): HS must be 64 or 128");
   }

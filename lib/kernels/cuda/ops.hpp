@@ -274,7 +274,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
 // `kernel` (train.attention_kernel) picks the bf16 kernels: mma_sync (the kernels above, any
 // sm_80+ GPU), wgmma (Hopper: wgmma, TMA and a producer warp; compute capability 9.0, HS 64 or
 // 128), automatic (wgmma where it runs, else mma_sync). fp32 takes the SIMT kernels and refuses
-// wgmma. The atomic-dQ backward (deterministic = false) is mma_sync's whatever the choice.
+// wgmma. Both kernel sets have the deterministic backward and the atomic-dQ one.
 enum class AttentionKernel { automatic, mma_sync, wgmma };
 // Whether the wgmma forward runs here for head size HS (the current device is 9.0).
 bool attention_wgmma_available(int64_t HS);
