@@ -63,11 +63,6 @@ __device__ __forceinline__ uint32_t ld32(const bf16_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a row-major tile with pitch P.
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* tile, int P, int r0,
                                        int k0, int g, int c) {
@@ -133,15 +128,6 @@ __device__ __forceinline__ void ldsm_b_pair_trans(uint32_t (&b)[4], const bf16_t
                : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(smem_addr(p))
                : "memory");
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // ------------------------------------------------------------------------------- forward

@@ -55,12 +55,11 @@ template <int HS>
 __host__ __device__ constexpr uint32_t barrier_offset() {
   return q_bytes<HS>() + 2 * kStages * kv_bytes<HS>();
 }
-constexpr uint32_t kBarriers = 1 + 3 * kStages;  // full Q; full K, full V, empty per stage
+using Barriers = Pipeline<kStages, 2>;  // loaded: Q; full: K (0) and V (1) apart
 template <int HS>
 __host__ __device__ constexpr size_t smem_bytes() {
-  return barrier_offset<HS>() + 8 * kBarriers + 1024;  // + room to align the base
+  return barrier_offset<HS>() + Barriers::kBytes + 1024;  // + room to align the base
 }
-
 
 // ------------------------------------------------------------------------------- forward
 template <int HS, bool kDocs>
@@ -76,56 +75,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t q_s = base, k_s = base + q_bytes<HS>();
   const uint32_t v_s = k_s + kStages * kv_bytes<HS>();
-  const uint32_t bars = base + barrier_offset<HS>();
-  const uint32_t full_q = bars;
-  auto full_k = [&](int s) { return bars + 8u * (1 + s); };
-  auto full_v = [&](int s) { return bars + 8u * (1 + kStages + s); };
-  auto empty = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
+  const Barriers bars{base + barrier_offset<HS>()};
 
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-  const int kvh = h / (NH / KVH);
-  const int tile = gridDim.y - 1 - blockIdx.y;  // largest tiles first
-  const int q0 = tile * kBlockM;
-  const int64_t doc_row = int64_t(b) * T;
-  const int kt_first = kDocs ? doc_start[doc_row + q0] / BN : 0;
-  const int kt_last = min(q0 + kBlockM - 1, T - 1) / BN;
-  const int tiles = kt_last - kt_first + 1;
+  const auto [b, h, kvh, q0, kt_first, tiles, doc_row] =
+      QueryBlock::at<kDocs>(kBlockM, BN, T, NH, KVH, doc_start);
+  const int bh = b * NH + h;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    mbar_init(full_q, 1);
-    for (int s = 0; s < kStages; s++) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
-      mbar_init(empty(s), 8);  // one arrival per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  bars.init();
 
   if (wg == 0) {  // ------------------------------------------------ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    become_producer();
     if (threadIdx.x == 0) {
       const int q_col = h * HS, k_col = (NH + kvh) * HS, v_col = (NH + KVH + kvh) * HS;
-      mbar_expect_tx(full_q, q_bytes<HS>());
-      tma_load_tile<HS>(q_s, &qkv_map, kBlockM, q_col, q0, b, full_q);
+      mbar_expect_tx(bars.loaded(), q_bytes<HS>());
+      tma_load_tile<HS>(q_s, &qkv_map, kBlockM, q_col, q0, b, bars.loaded());
       for (int it = 0; it < tiles; it++) {
-        const int s = it % kStages, k0 = (kt_first + it) * BN;
-        if (it >= kStages) mbar_wait(empty(s), uint32_t(it / kStages - 1) & 1u);
-        mbar_expect_tx(full_k(s), kv_bytes<HS>());
-        tma_load_tile<HS>(k_s + s * kv_bytes<HS>(), &qkv_map, BN, k_col, k0, b, full_k(s));
-        mbar_expect_tx(full_v(s), kv_bytes<HS>());
-        tma_load_tile<HS>(v_s + s * kv_bytes<HS>(), &qkv_map, BN, v_col, k0, b, full_v(s));
+        const int s = Barriers::stage(it), k0 = (kt_first + it) * BN;
+        bars.acquire(it);
+        mbar_expect_tx(bars.full(s, 0), kv_bytes<HS>());
+        tma_load_tile<HS>(k_s + s * kv_bytes<HS>(), &qkv_map, BN, k_col, k0, b, bars.full(s, 0));
+        mbar_expect_tx(bars.full(s, 1), kv_bytes<HS>());
+        tma_load_tile<HS>(v_s + s * kv_bytes<HS>(), &qkv_map, BN, v_col, k0, b, bars.full(s, 1));
       }
     }
     return;
   }
 
   // ---------------------------------------------------------------- consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  become_consumer();
   const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the block
-  const int tw = threadIdx.x % 128, lane = tw % 32;
-  const int c = lane & 3;
+  const int tw = threadIdx.x % 128, c = tw % 4;
   const int row0 = 64 * cw;  // first row of the warpgroup in the tile
   const int t0 = q0 + gm::acc_row(tw, 0), t1 = q0 + gm::acc_row(tw, 2);
   const int wg_last = q0 + row0 + 63;  // the warpgroup's last row
@@ -140,18 +120,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < NS; i++) s[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  mbar_wait(full_q, 0);
+  mbar_wait(bars.loaded(), 0);
 
   for (int it = 0; it < tiles; it++) {
-    const int st = it % kStages, k0 = (kt_first + it) * BN;
-    const uint32_t phase = uint32_t(it / kStages) & 1u;
+    const int st = Barriers::stage(it), k0 = (kt_first + it) * BN;
     const uint32_t kt_s = k_s + st * kv_bytes<HS>(), vt_s = v_s + st * kv_bytes<HS>();
     if (k0 > wg_last) {  // every key of the tile is after this warpgroup's rows
-      if (lane == 0) mbar_arrive(empty(st));
+      bars.release(it);
       continue;
     }
     // S = Q K^T
-    mbar_wait(full_k(st), phase);
+    mbar_wait(bars.full(st, 0), Barriers::phase(it));
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < HS / 16; ks++)
@@ -216,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 4; r++)
         pa[j][r] = pack_bf16(s[gm::acc_for_a(j, r, 0)], s[gm::acc_for_a(j, r, 1)]);
-    mbar_wait(full_v(st), phase);
+    mbar_wait(bars.full(st, 1), Barriers::phase(it));
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < BN / 16; j++)
@@ -225,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait_all();
     fence_regs(o);
     fence_regs(pa);
-    if (lane == 0) mbar_arrive(empty(st));  // this warp is done with the stage's K and V
+    bars.release(it);  // this warp is done with the stage's K and V
   }
 
   l0 = quad_sum(l0);

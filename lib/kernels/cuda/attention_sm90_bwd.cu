@@ -60,8 +60,8 @@ template <int HS>
 __host__ __device__ constexpr uint32_t dq_barriers_at() {
   return 2 * tile_bytes(kRows, HS) + 2 * kStages * tile_bytes(dq_block_n<HS>(), HS);
 }
-// Barriers: one "loaded once" barrier, then full and empty per stage.
-constexpr uint32_t kBarrierBytes = 8 * (1 + 2 * kStages);
+// loaded: K and V (dK/dV pass) or Q and dO (dQ pass); full: the stage's two tiles together.
+using Barriers = Pipeline<kStages, 1>;
 
 // ------------------------------------------------------------------ backward: dK and dV
 template <int HS, bool kDocs, bool kAtomicDq>
@@ -80,10 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t k_s = base, v_s = base + KV, q_s = base + 2 * KV;
   const uint32_t do_s = q_s + kStages * QT;
-  const uint32_t bars = base + dkdv_barriers_at<HS>();
-  const uint32_t full_kv = bars;
-  auto full = [&](int s) { return bars + 8u * (1 + s); };
-  auto empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
+  const Barriers bars{base + dkdv_barriers_at<HS>()};
 
   const int b = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
   const int heads = NH / KVH;
@@ -92,38 +89,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int per_head = nqt - qt_first, iters = heads * per_head;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    mbar_init(full_kv, 1);
-    for (int s = 0; s < kStages; s++) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), 8);  // one arrival per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  bars.init();
 
   if (wg == 0) {  // ------------------------------------------------ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    become_producer();
     if (threadIdx.x == 0) {
-      mbar_expect_tx(full_kv, 2 * KV);
-      tma_load_tile<HS>(k_s, &qkv_map, kKeys, (NH + kvh) * HS, k0, b, full_kv);
-      tma_load_tile<HS>(v_s, &qkv_map, kKeys, (NH + KVH + kvh) * HS, k0, b, full_kv);
+      mbar_expect_tx(bars.loaded(), 2 * KV);
+      tma_load_tile<HS>(k_s, &qkv_map, kKeys, (NH + kvh) * HS, k0, b, bars.loaded());
+      tma_load_tile<HS>(v_s, &qkv_map, kKeys, (NH + KVH + kvh) * HS, k0, b, bars.loaded());
       for (int it = 0; it < iters; it++) {
-        const int s = it % kStages, h = kvh * heads + it / per_head;
+        const int s = Barriers::stage(it), h = kvh * heads + it / per_head;
         const int q0 = (qt_first + it % per_head) * kQueries;
-        if (it >= kStages) mbar_wait(empty(s), uint32_t(it / kStages - 1) & 1u);
-        mbar_expect_tx(full(s), 2 * QT);
-        tma_load_tile<HS>(q_s + s * QT, &qkv_map, kQueries, h * HS, q0, b, full(s));
-        tma_load_tile<HS>(do_s + s * QT, &dout_map, kQueries, h * HS, q0, b, full(s));
+        bars.acquire(it);
+        mbar_expect_tx(bars.full(s), 2 * QT);
+        tma_load_tile<HS>(q_s + s * QT, &qkv_map, kQueries, h * HS, q0, b, bars.full(s));
+        tma_load_tile<HS>(do_s + s * QT, &dout_map, kQueries, h * HS, q0, b, bars.full(s));
       }
     }
     return;
   }
 
   // ---------------------------------------------------------------- consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  become_consumer();
   const int cw = wg - 1;  // keys [64 cw, 64 cw + 64) of the block
-  const int tw = threadIdx.x % 128, lane = tw % 32;
+  const int tw = threadIdx.x % 128;
   const int key0 = k0 + 64 * cw + gm::acc_row(tw, 0), key1 = k0 + 64 * cw + gm::acc_row(tw, 2);
   const float scale = rsqrtf(static_cast<float>(HS));
   const float scale_log2 = scale * kLog2e;
@@ -138,18 +127,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < (kAtomicDq ? NA : 1); i++) dq[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < NS; i++) sT[i] = dpT[i] = 0.f;
-  mbar_wait(full_kv, 0);
+  mbar_wait(bars.loaded(), 0);
 
   for (int it = 0; it < iters; it++) {
-    const int s = it % kStages, h = kvh * heads + it / per_head;
+    const int s = Barriers::stage(it), h = kvh * heads + it / per_head;
     const int q0 = (qt_first + it % per_head) * kQueries;
-    const uint32_t phase = uint32_t(it / kStages) & 1u;
     if (q0 + kQueries - 1 < k0 + 64 * cw) {  // every query of the tile is before these keys
-      if (lane == 0) mbar_arrive(empty(s));
+      bars.release(it);
       continue;
     }
     const uint32_t qt_s = q_s + s * QT, dot_s = do_s + s * QT;
-    mbar_wait(full(s), phase);
+    mbar_wait(bars.full(s), Barriers::phase(it));
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < HS / 16; ks++) {
@@ -219,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_regs(dk);
     fence_regs(pa);
     fence_regs(da);
-    if (lane == 0) mbar_arrive(empty(s));
+    bars.release(it);
     if constexpr (kAtomicDq) {
       // dQ_part [64 queries][HS] = dS [queries][64 keys] K [64 keys][HS] (A = dS^T's buffer,
       // B = this warpgroup's rows of K, both MN-major), after dK and dV so that P's and dS's
@@ -284,52 +272,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t q_s = base, do_s = base + QT, k_s = base + 2 * QT;
   const uint32_t v_s = k_s + kStages * KT;
-  const uint32_t bars = base + dq_barriers_at<HS>();
-  const uint32_t full_q = bars;
-  auto full = [&](int s) { return bars + 8u * (1 + s); };
-  auto empty = [&](int s) { return bars + 8u * (1 + kStages + s); };
+  const Barriers bars{base + dq_barriers_at<HS>()};
 
-  const int bh = blockIdx.x, b = bh / NH, h = bh % NH;
-  const int kvh = h / (NH / KVH);
-  const int tile = gridDim.y - 1 - blockIdx.y;  // largest tiles first
-  const int q0 = tile * kRows;
-  const int64_t doc_row = int64_t(b) * T;
-  const int kt_first = kDocs ? doc_start[doc_row + q0] / BN : 0;
-  const int kt_last = min(q0 + kRows - 1, T - 1) / BN;
-  const int tiles = kt_last - kt_first + 1;
+  const auto [b, h, kvh, q0, kt_first, tiles, doc_row] =
+      QueryBlock::at<kDocs>(kRows, BN, T, NH, KVH, doc_start);
+  const int bh = b * NH + h;
   const int wg = threadIdx.x / 128;
 
-  if (threadIdx.x == 0) {
-    mbar_init(full_q, 1);
-    for (int s = 0; s < kStages; s++) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  bars.init();
 
   if (wg == 0) {  // ------------------------------------------------ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    become_producer();
     if (threadIdx.x == 0) {
-      mbar_expect_tx(full_q, 2 * QT);
-      tma_load_tile<HS>(q_s, &qkv_map, kRows, h * HS, q0, b, full_q);
-      tma_load_tile<HS>(do_s, &dout_map, kRows, h * HS, q0, b, full_q);
+      mbar_expect_tx(bars.loaded(), 2 * QT);
+      tma_load_tile<HS>(q_s, &qkv_map, kRows, h * HS, q0, b, bars.loaded());
+      tma_load_tile<HS>(do_s, &dout_map, kRows, h * HS, q0, b, bars.loaded());
       for (int it = 0; it < tiles; it++) {
-        const int s = it % kStages, kt0 = (kt_first + it) * BN;
-        if (it >= kStages) mbar_wait(empty(s), uint32_t(it / kStages - 1) & 1u);
-        mbar_expect_tx(full(s), 2 * KT);
-        tma_load_tile<HS>(k_s + s * KT, &qkv_map, BN, (NH + kvh) * HS, kt0, b, full(s));
-        tma_load_tile<HS>(v_s + s * KT, &qkv_map, BN, (NH + KVH + kvh) * HS, kt0, b, full(s));
+        const int s = Barriers::stage(it), kt0 = (kt_first + it) * BN;
+        bars.acquire(it);
+        mbar_expect_tx(bars.full(s), 2 * KT);
+        tma_load_tile<HS>(k_s + s * KT, &qkv_map, BN, (NH + kvh) * HS, kt0, b, bars.full(s));
+        tma_load_tile<HS>(v_s + s * KT, &qkv_map, BN, (NH + KVH + kvh) * HS, kt0, b,
+                          bars.full(s));
       }
     }
     return;
   }
 
   // ---------------------------------------------------------------- consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  become_consumer();
   const int cw = wg - 1;
-  const int tw = threadIdx.x % 128, lane = tw % 32;
+  const int tw = threadIdx.x % 128;
   const int row0 = 64 * cw;
   const int t0 = q0 + gm::acc_row(tw, 0), t1 = q0 + gm::acc_row(tw, 2);
   const int wg_last = q0 + row0 + 63;
@@ -347,17 +320,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < NQ; i++) dq[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < NS; i++) sc[i] = dp[i] = 0.f;
-  mbar_wait(full_q, 0);
+  mbar_wait(bars.loaded(), 0);
 
   for (int it = 0; it < tiles; it++) {
-    const int s = it % kStages, kt0 = (kt_first + it) * BN;
-    const uint32_t phase = uint32_t(it / kStages) & 1u;
+    const int s = Barriers::stage(it), kt0 = (kt_first + it) * BN;
     if (kt0 > wg_last) {  // every key of the tile is after this warpgroup's rows
-      if (lane == 0) mbar_arrive(empty(s));
+      bars.release(it);
       continue;
     }
     const uint32_t kt_s = k_s + s * KT, vt_s = v_s + s * KT;
-    mbar_wait(full(s), phase);
+    mbar_wait(bars.full(s), Barriers::phase(it));
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < HS / 16; ks++) {
@@ -396,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait_all();
     fence_regs(dq);
     fence_regs(da);
-    if (lane == 0) mbar_arrive(empty(s));
+    bars.release(it);
   }
 
   const int64_t C3 = int64_t(NH + 2 * KVH) * HS;
@@ -430,7 +402,7 @@ void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const
                       int NH, int KVH, cudaStream_t stream) {
   const CUtensorMap qkv_map = bf16_tensor_map(qkv, B, T, int64_t(NH + 2 * KVH) * HS);
   const CUtensorMap dout_map = bf16_tensor_map(dout, B, T, int64_t(NH) * HS);
-  const size_t smem1 = dkdv_barriers_at<HS>() + kBarrierBytes + 1024;  // + alignment room
+  const size_t smem1 = dkdv_barriers_at<HS>() + Barriers::kBytes + 1024;  // + alignment room
   const auto dkdv = dq_accum ? dkdv_kernel<HS, true>(doc_start != nullptr)
                              : dkdv_kernel<HS, false>(doc_start != nullptr);
   prepare_smem(dkdv, smem1);
@@ -446,7 +418,7 @@ void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const
                   rsqrtf(static_cast<float>(HS)), stream);
     return;
   }
-  const size_t smem2 = dq_barriers_at<HS>() + kBarrierBytes + 1024;
+  const size_t smem2 = dq_barriers_at<HS>() + Barriers::kBytes + 1024;
   const auto dq =
       doc_start ? attn_bwd_dq_sm90_kernel<HS, true> : attn_bwd_dq_sm90_kernel<HS, false>;
   prepare_smem(dq, smem2);

@@ -131,6 +131,13 @@ __device__ __forceinline__ void add_row(T* residual, const T* x, int64_t C, int 
     residual[c] = from_f32<T>(to_f32(residual[c]) + to_f32(x[c]));
 }
 
+// Two floats rounded to bf16 in one 32-bit register, lo in the low half: a bf16 pair of an
+// mma / wgmma A fragment, or two adjacent columns stored at once.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // ---------------------------------------------------------------- reductions
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -141,6 +148,16 @@ __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+// Over the 4 lanes of a quad (lane / 4 the same): the row statistics of an mma / wgmma
+// accumulator fragment, whose 4 threads of a quad hold one row's columns.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

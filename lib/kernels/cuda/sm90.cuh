@@ -26,6 +26,35 @@ namespace gm = gmma;
 
 constexpr int kBox = 64;  // TMA box: 64 rows x 64 columns (128-byte rows, the swizzle's width)
 
+// The mbarriers of a producer/consumer pipeline of kStages buffers in shared memory at `base`:
+// `loaded` (what is loaded once: Q, or K and V), kFull "full" barriers a stage (the loads of
+// that stage's buffers complete on them: one, or K and V apart) and one `empty` a stage (one
+// arrival from each of the 8 consumer warps frees it). The producer waits for the buffer's
+// previous use to be freed before it refills it; use u of a stage completes phase u of its
+// barriers, so the waits alternate parity.
+template <int kStages, int kFull>
+struct Pipeline {
+  static constexpr uint32_t kBytes = 8 * (1 + (kFull + 1) * kStages);
+  uint32_t base;
+  __host__ __device__ uint32_t loaded() const { return base; }
+  __host__ __device__ uint32_t full(int s, int which = 0) const {
+    return base + 8u * uint32_t(1 + which * kStages + s);
+  }
+  __host__ __device__ uint32_t empty(int s) const {
+    return base + 8u * uint32_t(1 + kFull * kStages + s);
+  }
+  static __host__ __device__ int stage(int it) { return it % kStages; }
+  static __host__ __device__ uint32_t phase(int it) { return uint32_t(it / kStages) & 1u; }
+#if TRIDENT_SM90A
+  // Thread 0 initialises the barriers; every thread of the block calls it (a __syncthreads).
+  __device__ void init() const;
+  // Producer, before it loads iteration `it` into its stage: that stage's previous use freed.
+  __device__ void acquire(int it) const;
+  // Consumer warp, done with iteration `it`'s stage.
+  __device__ void release(int it) const;
+#endif
+};
+
 #if TRIDENT_SM90A
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -80,6 +109,57 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap* m
                row0 + rb * kBox, batch, bar);
 }
 
+template <int kStages, int kFull>
+__device__ __forceinline__ void Pipeline<kStages, kFull>::init() const {
+  if (threadIdx.x == 0) {
+    mbar_init(loaded(), 1);
+    for (int s = 0; s < kStages; s++) {
+      for (int w = 0; w < kFull; w++) mbar_init(full(s, w), 1);
+      mbar_init(empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
+template <int kStages, int kFull>
+__device__ __forceinline__ void Pipeline<kStages, kFull>::acquire(int it) const {
+  if (it >= kStages) mbar_wait(empty(stage(it)), uint32_t(it / kStages - 1) & 1u);
+}
+template <int kStages, int kFull>
+__device__ __forceinline__ void Pipeline<kStages, kFull>::release(int it) const {
+  if (threadIdx.x % 32 == 0) mbar_arrive(empty(stage(it)));
+}
+
+// A block of `rows` query rows of one (b, head) and the key tiles of `bn` keys it visits: from
+// the tile of its first row's document start (packed documents, kDocs) to the tile of its last
+// row. Grid: x = b NH + h, y = the row tile counted from the end (the largest blocks first).
+struct QueryBlock {
+  int b, h, kvh, q0, kt_first, tiles;
+  int64_t doc_row;  // b T: the block's sequence in doc_start
+  template <bool kDocs>
+  __device__ static QueryBlock at(int rows, int bn, int T, int NH, int KVH,
+                                  const int32_t* doc_start) {
+    QueryBlock q;
+    q.b = int(blockIdx.x) / NH;
+    q.h = int(blockIdx.x) % NH;
+    q.kvh = q.h / (NH / KVH);
+    q.q0 = int(gridDim.y - 1 - blockIdx.y) * rows;
+    q.doc_row = int64_t(q.b) * T;
+    q.kt_first = kDocs ? doc_start[q.doc_row + q.q0] / bn : 0;
+    q.tiles = min(q.q0 + rows - 1, T - 1) / bn - q.kt_first + 1;
+    return q;
+  }
+};
+
+// Warp specialisation: the producer warpgroup gives its registers to the two consumers
+// (24 + 2 x 240 a thread for 384 threads: the whole register file, one block per SM).
+__device__ __forceinline__ void become_producer() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+}
+__device__ __forceinline__ void become_consumer() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+}
+
 // ---------------------------------------------------------------- wgmma
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -105,134 +185,61 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N][4]) {
     for (int r = 0; r < 4; r++) asm volatile("" : "+r"(a[i][r])::"memory");
 }
 
-// D[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                              int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// D[64 x 64] += A[64 x 16] B[16 x 64]; A in registers, B MN-major in shared memory.
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4],
-                                              uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// D[64 x 128] (+)= A[64 x 16] B[16 x 128]; A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                              int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// D[64 x 128] += A[64 x 16] B[16 x 128]; A in registers, B MN-major in shared memory.
-__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const uint32_t (&a)[4],
-                                              uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// D[64 x 64] (+)= A[64 x 16] B[16 x 64]; A and B MN-major in shared memory (transposed).
-__device__ __forceinline__ void wgmma_ss_tt_n64(float (&d)[32], uint64_t desc_a,
-                                                 uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// D[64 x 128] (+)= A[64 x 16] B[16 x 128]; A and B MN-major in shared memory (transposed).
-__device__ __forceinline__ void wgmma_ss_tt_n128(float (&d)[64], uint64_t desc_a,
-                                                 uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
+// The wgmma forms the kernels use, m64nNk16 with fp32 accumulators (N / 2 registers a thread,
+// gmma_layout.hpp's map), bf16 operands:
+//   wgmma_ss_n<N>:    D (+)= A B, A and B K-major in shared memory (S = Q K^T);
+//   wgmma_ss_tt_n<N>: D (+)= A B, A and B MN-major in shared memory (the atomic dQ = dS K);
+//   wgmma_rs_n<N>:    D += A B, A in four registers, B MN-major in shared memory (O += P V).
+// (+)=: `accumulate` 0 overwrites D. The operand lists are spelled by the macros below.
+#define TRIDENT_ACC8(d, i)                                                                  \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TRIDENT_ACC32(d) \
+  TRIDENT_ACC8(d, 0), TRIDENT_ACC8(d, 8), TRIDENT_ACC8(d, 16), TRIDENT_ACC8(d, 24)
+#define TRIDENT_ACC64(d)                                                         \
+  TRIDENT_ACC32(d), TRIDENT_ACC8(d, 32), TRIDENT_ACC8(d, 40), TRIDENT_ACC8(d, 48), \
+      TRIDENT_ACC8(d, 56)
+#define TRIDENT_REGS32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TRIDENT_REGS64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+// Shared-memory A and B (descriptors %A, %B), scale-d from %P, transposes TA, TB (0 or 1).
+#define TRIDENT_WGMMA_SS(name, n, regs, acc, A, B, P, TA, TB)                                   \
+  __device__ __forceinline__ void name(float (&d)[n / 2], uint64_t desc_a, uint64_t desc_b,     \
+                                       int accumulate) {                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                              \
+                 "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 " regs ", %" #A       \
+                 ", %" #B ", p, 1, 1, " #TA ", " #TB ";\n}\n"                                    \
+                 : acc(d)                                                                       \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                  \
+  }
+// Register A (%A0 .. %A0 + 3), shared-memory B transposed (%B), accumulating (%P holds 1).
+#define TRIDENT_WGMMA_RS(name, n, regs, acc, A0, A1, A2, A3, B, P)                              \
+  __device__ __forceinline__ void name(float (&d)[n / 2], const uint32_t (&a)[4],               \
+                                       uint64_t desc_b) {                                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                              \
+                 "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 " regs               \
+                 ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, 1;\n}\n"          \
+                 : acc(d)                                                                       \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));            \
+  }
+TRIDENT_WGMMA_SS(wgmma_ss_n64, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 0, 0)
+TRIDENT_WGMMA_SS(wgmma_ss_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 0, 0)
+TRIDENT_WGMMA_SS(wgmma_ss_tt_n64, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 1, 1)
+TRIDENT_WGMMA_SS(wgmma_ss_tt_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 1, 1)
+TRIDENT_WGMMA_RS(wgmma_rs_n64, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 35, 36, 37)
+TRIDENT_WGMMA_RS(wgmma_rs_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 67, 68, 69)
+#undef TRIDENT_WGMMA_RS
+#undef TRIDENT_WGMMA_SS
+#undef TRIDENT_REGS64
+#undef TRIDENT_REGS32
+#undef TRIDENT_ACC64
+#undef TRIDENT_ACC32
+#undef TRIDENT_ACC8
 
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int acc) {
@@ -267,19 +274,6 @@ __device__ __forceinline__ void fence_async_shared() {
 }
 __device__ __forceinline__ void warpgroup_barrier(int id) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 #endif  // TRIDENT_SM90A
 

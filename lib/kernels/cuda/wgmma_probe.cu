@@ -9,6 +9,7 @@ namespace trident::cuda {
 namespace {
 
 using namespace detail::sm90;
+using detail::pack_bf16;
 
 constexpr int kTileBytes = 128 * 128 * 2;  // the largest probe tile
 
@@ -30,6 +31,16 @@ __device__ void load_and_wait(uint32_t dst, const CUtensorMap* map, int rows, in
 }
 __device__ uint32_t aligned_base(unsigned char* smem) {
   return (smem_addr(smem) + 1023u) & ~1023u;
+}
+// The warpgroup's accumulators of an m64nN product into out[64][N] (row-major).
+template <int N>
+__device__ void store_accumulators(float* out, const float (&d)[N / 2]) {
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < N / 8; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      out[gmma::acc_row(t, e) * N + gmma::acc_col(t, i, e)] = d[4 * i + e];
 }
 #endif
 
@@ -68,12 +79,7 @@ __global__ void ss_probe_kernel(const __grid_constant__ CUtensorMap a_map,
   wgmma_commit();
   wgmma_wait_all();
   fence_regs(d);
-  const int t = threadIdx.x;
-#pragma unroll
-  for (int i = 0; i < N / 8; i++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      out[gmma::acc_row(t, e) * N + gmma::acc_col(t, i, e)] = d[4 * i + e];
+  store_accumulators<N>(out, d);
 #else
   (void)out, (void)a_row0;
   __trap();
@@ -107,11 +113,7 @@ __global__ void rs_probe_kernel(const __grid_constant__ CUtensorMap v_map, const
   wgmma_wait_all();
   fence_regs(d);
   fence_regs(a);
-#pragma unroll
-  for (int i = 0; i < N / 8; i++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      out[gmma::acc_row(t, e) * N + gmma::acc_col(t, i, e)] = d[4 * i + e];
+  store_accumulators<N>(out, d);
 #else
   (void)p, (void)out;
   __trap();
