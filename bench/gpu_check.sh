@@ -453,8 +453,8 @@ ncu_row() {
   say "ncu ($what): $ncu (limit ${t}s)"
   tenv timeout -k 10 "$t" "$ncu" --clock-control none --cache-control none \
       --metrics gpu__time_duration.sum -f -o "$WORK/$name" \
-      "$BIN/trident" train --config "$config" --set log.dir="$RUNS/ncu-$name" "$@" \
-      --set train.steps=3 >"$LOGS/ncu-$name-run.log" 2>&1
+      "$BIN/trident" train --config "$config" --set log.dir="$RUNS/ncu-$name" \
+      "${ATTENTION_SET[@]}" "$@" --set train.steps=3 >"$LOGS/ncu-$name-run.log" 2>&1
   rc=$?
   "$ncu" -i "$WORK/$name.ncu-rep" --csv --page raw --print-kernel-base function \
       --print-units base >"$LOGS/ncu-$name.csv" 2>"$LOGS/ncu-$name-import.err"
