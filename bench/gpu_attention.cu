@@ -7,7 +7,10 @@
 //                 [--kernel auto|mma_sync|wgmma] [B:T:NH:KVH:HS ...]
 //
 // --kernel: the bf16 kernels, forward and (deterministic) backward (train.attention_kernel;
-// "kernel" in the JSON names the ones that ran: wgmma, mma_sync, or simt for fp32).
+// "kernel" in the JSON names the ones that ran: wgmma, mma_sync, or simt for fp32). When the
+// wgmma kernels ran, their out and dqkv at the shape are compared with the mma_sync kernels'
+// ("out_vs_mma_sync", "dqkv_vs_mma_sync": largest difference over the largest value; -1 when
+// not compared).
 // Without shapes: GPT-2 124M's (16:1024:12:12:64) and a Llama's (2:4096:32:8:128).
 // FLOPs are the useful ones of causal attention (FlashAttention's convention): forward
 // 4 * B * NH * T^2 * HS / 2 (two GEMMs, half the matrix), backward 2.5 x the forward.
@@ -20,8 +23,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -74,6 +79,45 @@ const char* kernel_name(AttentionKernel k, bool bf16_inputs, int64_t HS) {
   return k == AttentionKernel::wgmma ? "wgmma" : "mma_sync";
 }
 
+// Largest |a - b| over the largest |b| of two device bf16 arrays of n elements.
+double relative_difference(const bf16* a, const bf16* b, int64_t n) {
+  std::vector<bf16> ha(static_cast<size_t>(n)), hb(static_cast<size_t>(n));
+  CHECK(cudaMemcpy(ha.data(), a, sizeof(bf16) * n, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(hb.data(), b, sizeof(bf16) * n, cudaMemcpyDeviceToHost));
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < ha.size(); i++) {
+    const double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
+    diff = std::max(diff, std::abs(x - y));
+    scale = std::max(scale, std::abs(y));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// The wgmma kernels' out and dqkv at this shape against the mma_sync kernels' (each backward
+// from its own forward): {out, dqkv} relative differences.
+std::pair<double, double> against_mma_sync(const Shape& s, const bf16* qkv, const bf16* dout,
+                                           const bf16* out, const bf16* dqkv, float* ws,
+                                           const int32_t* docs) {
+  const int64_t C3 = (s.NH + 2 * s.KVH) * s.HS, C = s.NH * s.HS, rows = s.B * s.T;
+  bf16 *m_out, *m_dqkv;
+  float* m_lse;
+  CHECK(cudaMalloc(&m_out, sizeof(bf16) * rows * C));
+  CHECK(cudaMalloc(&m_dqkv, sizeof(bf16) * rows * C3));
+  CHECK(cudaMalloc(&m_lse, sizeof(float) * s.B * s.NH * s.T));
+  trident::cuda::attention_forward<bf16>(m_out, m_lse, qkv, s.B, s.T, s.NH, s.KVH, s.HS, nullptr,
+                                         docs, AttentionKernel::mma_sync);
+  trident::cuda::attention_backward<bf16>(m_dqkv, dout, qkv, m_out, m_lse, s.B, s.T, s.NH, s.KVH,
+                                          s.HS, nullptr, ws, docs, true,
+                                          AttentionKernel::mma_sync);
+  CHECK(cudaDeviceSynchronize());
+  const std::pair<double, double> r = {relative_difference(out, m_out, rows * C),
+                                       relative_difference(dqkv, m_dqkv, rows * C3)};
+  cudaFree(m_out);
+  cudaFree(m_dqkv);
+  cudaFree(m_lse);
+  return r;
+}
+
 template <typename S>
 void run(const Shape& s, int iters, int64_t doc_len, const char* dtype, AttentionKernel kernel) {
   const int64_t C3 = (s.NH + 2 * s.KVH) * s.HS, C = s.NH * s.HS, rows = s.B * s.T;
@@ -105,14 +149,19 @@ void run(const Shape& s, int iters, int64_t doc_len, const char* dtype, Attentio
                                          nullptr, ws, docs, true, kernel);
   });
   const double fwd_flops = 4.0 * s.B * s.NH * double(s.T) * s.T * s.HS / 2.0;
+  const char* ran = kernel_name(kernel, sizeof(S) == 2, s.HS);
+  std::pair<double, double> vs_mma = {-1.0, -1.0};  // -1: not compared (not the wgmma kernels)
+  if constexpr (sizeof(S) == 2)
+    if (std::string(ran) == "wgmma") vs_mma = against_mma_sync(s, qkv, dout, out, dqkv, ws, docs);
   std::printf("{\"impl\": \"trident\", \"kernel\": \"%s\", \"dtype\": \"%s\", \"B\": %lld, "
               "\"T\": %lld, \"NH\": %lld, \"KVH\": %lld, \"HS\": %lld, \"documents\": %lld, "
               "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
-              "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f}\n",
-              kernel_name(kernel, sizeof(S) == 2, s.HS), dtype, (long long)s.B, (long long)s.T,
+              "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f, "
+              "\"out_vs_mma_sync\": %.3e, \"dqkv_vs_mma_sync\": %.3e}\n",
+              ran, dtype, (long long)s.B, (long long)s.T,
               (long long)s.NH, (long long)s.KVH, (long long)s.HS, (long long)doc_len, fwd, bwd,
               fwd + bwd, fwd_flops / fwd * 1e-9, 2.5 * fwd_flops / bwd * 1e-9,
-              3.5 * fwd_flops / (fwd + bwd) * 1e-9);
+              3.5 * fwd_flops / (fwd + bwd) * 1e-9, vs_mma.first, vs_mma.second);
   std::fflush(stdout);
   for (void* p : {static_cast<void*>(qkv), static_cast<void*>(dqkv), static_cast<void*>(out),
                   static_cast<void*>(dout), static_cast<void*>(lse), static_cast<void*>(ws),

@@ -68,7 +68,8 @@
 #      their share of e's ceiling (target >= 65%); then ncu's kernel times of 3 steps
 #      ($OUT/kernels.txt), reported                                       [H200 est. ~60 s]
 #   q. attention beside PyTorch's SDPA: gpu_pack/bin/gpu_attention (Trident's bf16 kernels: the
-#      default, the wgmma kernels on an H100/H200, and again with --kernel mma_sync beside it) and
+#      default, the wgmma kernels on an H100/H200, whose out and dqkv it compares with the mma_sync
+#      kernels' at the shape, <= 2e-2; and again with --kernel mma_sync beside it) and
 #      bench/attention_sdpa.py (SDPA's flash and cuDNN backends) at the GPT-2 shape (B 16, 12
 #      heads, T 1024, d 64: forward + backward at or under cuDNN's time) and the Llama shape
 #      (B 2, T 4096, 32 query / 8 kv heads, d 128: forward >= 450 TFLOP/s); the GPT-2 shape
@@ -1342,6 +1343,11 @@ for t in tri:
                 "measured",
                 f"fwd {t['fwd_ms']:.3f} ms ({t['fwd_tflops']} TFLOP/s), bwd {t['bwd_ms']:.3f} ms "
                 f"({t['bwd_tflops']} TFLOP/s)", "DRY" if dry else "INFO"))
+    if t.get("out_vs_mma_sync", -1) >= 0:  # the wgmma kernels against mma_sync at this shape
+        worst = max(t["out_vs_mma_sync"], t["dqkv_vs_mma_sync"])
+        out.append(("q", f"the same: wgmma against mma_sync (largest difference / largest value)",
+                    "<= 2e-2", f"out {t['out_vs_mma_sync']:.2e}, dqkv {t['dqkv_vs_mma_sync']:.2e}",
+                    verdict(worst <= 2e-2)))
     if t.get("documents"):
         continue
     for m in [m for m in mma if key(m) == key(t) and t.get("kernel") != "mma_sync"]:
