@@ -14,8 +14,8 @@
 //    as the A operand of O += P V (V MN-major, wgmma's transposed B), then the buffer's `empty`
 //    barrier.
 // TMA writes each tile as boxes of 64 rows x 64 columns with the 128-byte swizzle, the layout the
-// descriptors read (gmma_layout.hpp; tests/test_gmma_layout.cpp checks the two against each
-// other); rows past T come in as zeros. Tiles of keys: 128 (HS 64) or 64 (HS 128, so that S, P
+// descriptors read (gmma_layout.hpp; tests/test_kernels_gmma_layout.cpp checks the two against
+// each other); rows past T come in as zeros. Tiles of keys: 128 (HS 64) or 64 (HS 128, so that S, P
 // and O fit the consumers' registers). Key tiles wholly after a warpgroup's last row are
 // skipped by it; the diagonal tiles (and every tile with packed documents) are masked.
 // The wgmma code is compiled for sm_90a only (the other targets get a trap); the host runs it

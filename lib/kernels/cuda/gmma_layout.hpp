@@ -1,8 +1,8 @@
 #pragma once
-// Shared-memory layouts of the Hopper attention kernels (attention_sm90.cu): where TMA puts a
-// tile, how a wgmma descriptor addresses it, and which accumulator a thread holds. Plain C++
-// (host and device) so the CPU tests check the kernel's own descriptors and fragment maps
-// (tests/test_gmma_layout.cpp) without a GPU.
+// Shared-memory layouts of the Hopper attention kernels (attention_sm90.cu, attention_sm90_bwd.cu):
+// where TMA puts a tile, how a wgmma descriptor addresses it, and which accumulator a thread
+// holds. Plain C++ (host and device) so the CPU tests check the kernels' own descriptors and
+// fragment maps (tests/test_kernels_gmma_layout.cpp) without a GPU.
 //
 // Conventions (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"; CUTLASS's
 // cute/atom/mma_traits_sm90_gmma.hpp writes the same canonical layouts), bf16 operands:
