@@ -229,28 +229,45 @@ TEST_P(GenerateApp, TensorParallelTrainingsSamplesAndCheckpointAgreeWithOneRank)
   EXPECT_EQ(g.output, nlohmann::json::parse(json).get<std::string>() + "\n");
 }
 
-// A MoE checkpoint (docs/moe.md) is refused in one line naming the key, before any decoding.
-TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
-  const fs::path dir = scratch_dir("generate_moe");
+// `trident generate --prompt a` on the checkpoint of one training step of the tiny run with
+// `setting` (a --set), for the refusal tests below: the run's exit status, output and error line,
+// which must be the only one ("" when there is none; the expectations here then fail).
+namespace {
+struct Refusal {
+  int exit_code = 0;
+  std::string ckpt, output, line;
+};
+Refusal generate_on_one_step(const fs::path& dir, const std::string& setting) {
   const fs::path config = make_tiny_run(dir);
   const auto trained = run_command(trident_cmd(
       "train --config " + config.string() + " --set train.steps=1 --set eval.interval=0" +
-      " --set model.moe_experts=4 --set checkpoint.dir=" + (dir / "ckpt").string() +
+      " --set " + setting + " --set checkpoint.dir=" + (dir / "ckpt").string() +
       " --set log.dir=" + (dir / "run").string()));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  const auto r = run_command(
-      trident_cmd("generate --ckpt " + (dir / "ckpt" / "step_00000001.h5").string() +
-                  " --prompt a"),
-      60);
-  EXPECT_NE(r.exit_code, 0) << r.output;
+  Refusal refusal;
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+  if (trained.exit_code != 0) return refusal;
+  refusal.ckpt = (dir / "ckpt" / "step_00000001.h5").string();
+  const auto r = run_command(trident_cmd("generate --ckpt " + refusal.ckpt + " --prompt a"), 60);
+  refusal.exit_code = r.exit_code;
+  refusal.output = r.output;
   const size_t pos = r.output.find("trident: error");
-  ASSERT_NE(pos, std::string::npos) << r.output;
+  EXPECT_NE(pos, std::string::npos) << r.output;
+  if (pos == std::string::npos) return refusal;
   EXPECT_EQ(r.output.find("trident: error", pos + 1), std::string::npos) << r.output;
-  const std::string line = r.output.substr(pos, r.output.find('\n', pos) - pos);
-  EXPECT_NE(line.find("model.moe_experts = 4: the key/value-cache decoder has no mixture of "
-                      "experts yet"),
+  refusal.line = r.output.substr(pos, r.output.find('\n', pos) - pos);
+  return refusal;
+}
+}  // namespace
+
+// A MoE checkpoint (docs/moe.md) is refused in one line naming the key, before any decoding.
+TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
+  const fs::path dir = scratch_dir("generate_moe");
+  const Refusal r = generate_on_one_step(dir, "model.moe_experts=4");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.line.find("model.moe_experts = 4: the key/value-cache decoder has no mixture of "
+                        "experts yet"),
             std::string::npos)
-      << line;
+      << r.line;
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
@@ -258,23 +275,12 @@ TEST(GenerateMoe, MixtureOfExpertsCheckpointIsOneErrorLine) {
 // is refused in one line naming the key: the bytes would have decoded nonsense.
 TEST(GenerateTokenizer, AnotherVocabularyWithoutTokenizerIsOneErrorLine) {
   const fs::path dir = scratch_dir("generate_vocab");
-  const fs::path config = make_tiny_run(dir);
-  const auto trained = run_command(trident_cmd(
-      "train --config " + config.string() + " --set train.steps=1 --set eval.interval=0" +
-      " --set model.vocab_size=320 --set checkpoint.dir=" + (dir / "ckpt").string() +
-      " --set log.dir=" + (dir / "run").string()));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  const std::string ckpt = (dir / "ckpt" / "step_00000001.h5").string();
-  const auto r = run_command(trident_cmd("generate --ckpt " + ckpt + " --prompt a"), 60);
+  const Refusal r = generate_on_one_step(dir, "model.vocab_size=320");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  const size_t pos = r.output.find("trident: error");
-  ASSERT_NE(pos, std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("trident: error", pos + 1), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.substr(pos, r.output.find('\n', pos) - pos),
-            "trident: error: generate: checkpoint '" + ckpt +
-                "' has model.vocab_size = 320 but no --tokenizer was given: the default, "
-                "byte-level (256 ids), is a 256-id model's; pass the tokenizer.json its data was "
-                "made with");
+  EXPECT_EQ(r.line, "trident: error: generate: checkpoint '" + r.ckpt +
+                        "' has model.vocab_size = 320 but no --tokenizer was given: the default, "
+                        "byte-level (256 ids), is a 256-id model's; pass the tokenizer.json its "
+                        "data was made with");
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 

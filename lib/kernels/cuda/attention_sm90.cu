@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int BN = block_n<HS>();
   constexpr int NS = BN / 2, NO = HS / 2;  // accumulators per thread: S, O
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t base = aligned_smem_base(smem_raw);
   const uint32_t q_s = base, k_s = base + q_bytes<HS>();
   const uint32_t v_s = k_s + kStages * kv_bytes<HS>();
   const Barriers bars{base + barrier_offset<HS>()};

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NS = kQueries / 2, NA = HS / 2;  // accumulators a thread: S^T (dP^T), dK (dV)
   constexpr uint32_t KV = tile_bytes(kKeys, HS), QT = tile_bytes(kQueries, HS);
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t raw = smem_addr(smem_raw);  // (the dS stores' generic pointers)
+  const uint32_t base = aligned_smem_base(smem_raw);
   const uint32_t k_s = base, v_s = base + KV, q_s = base + 2 * KV;
   const uint32_t do_s = q_s + kStages * QT;
   const Barriers bars{base + dkdv_barriers_at<HS>()};
@@ -268,8 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int NS = BN / 2, NQ = HS / 2;  // accumulators a thread: S (dP), dQ
   constexpr uint32_t QT = tile_bytes(kRows, HS), KT = tile_bytes(BN, HS);
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t base = aligned_smem_base(smem_raw);
   const uint32_t q_s = base, do_s = base + QT, k_s = base + 2 * QT;
   const uint32_t v_s = k_s + kStages * KT;
   const Barriers bars{base + dq_barriers_at<HS>()};

@@ -435,11 +435,6 @@ size_t bias_grad_workspace_bytes(int64_t N, int64_t OC) {
 
 namespace {
 
-__global__ void add_f32_kernel(float* __restrict__ acc, const float* __restrict__ x, int64_t n) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) acc[i] += x[i];
-}
-
 // dweight[OC,C] += dout[N,OC]^T inp[N,C] with dbias[OC] += the column sums of dout taken by the
 // same GEMM (cuBLASLt's BGRADB epilogue over the rows it reads anyway: no pass of its own over
 // dout), into scratch then added (the epilogue writes, the gradients accumulate); false, doing
@@ -456,8 +451,7 @@ bool weight_and_bias_grad(CublasContext& ctx, float* dweight, float* dbias, cons
   if (!lt_gemm(ctx, dtype_of<T>::value, DType::F32, true, false, OC, C, N, 1.f, dout, OC, inp, C,
                1.f, dweight, C, e, stream))
     return false;
-  add_f32_kernel<<<detail::grid_for(OC, 256), 256, 0, stream>>>(dbias, sums, OC);
-  CUDA_CHECK_LAUNCH();
+  add_inplace<float>(dbias, sums, OC, stream);
   return true;
 }
 

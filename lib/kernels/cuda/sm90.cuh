@@ -62,6 +62,11 @@ constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// The first 1024-aligned shared-memory address at or after `smem` (the swizzle's atoms must be
+// 1024-aligned; the kernels ask for 1024 bytes more than they use).
+__device__ __forceinline__ uint32_t aligned_smem_base(const void* smem) {
+  return (smem_addr(smem) + 1023u) & ~1023u;
+}
 
 // ---------------------------------------------------------------- mbarriers and TMA
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -187,10 +192,18 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N][4]) {
 
 // The wgmma forms the kernels use, m64nNk16 with fp32 accumulators (N / 2 registers a thread,
 // gmma_layout.hpp's map), bf16 operands:
-//   wgmma_ss_n<N>:    D (+)= A B, A and B K-major in shared memory (S = Q K^T);
-//   wgmma_ss_tt_n<N>: D (+)= A B, A and B MN-major in shared memory (the atomic dQ = dS K);
-//   wgmma_rs_n<N>:    D += A B, A in four registers, B MN-major in shared memory (O += P V).
-// (+)=: `accumulate` 0 overwrites D. The operand lists are spelled by the macros below.
+//   wgmma_ss<N>:    D (+)= A B, A and B K-major in shared memory (S = Q K^T);
+//   wgmma_ss_tt<N>: D (+)= A B, A and B MN-major in shared memory (the atomic dQ = dS K);
+//   wgmma_rs<N>:    D += A B, A in four registers, B MN-major in shared memory (O += P V);
+// N = 64 or 128, one specialisation each. (+)=: `accumulate` 0 overwrites D. The operand lists
+// are spelled by the macros below.
+template <int N>
+__device__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
+template <int N>
+__device__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                            int accumulate);
+template <int N>
+__device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
 #define TRIDENT_ACC8(d, i)                                                                  \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -209,8 +222,9 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N][4]) {
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 // Shared-memory A and B (descriptors %A, %B), scale-d from %P, transposes TA, TB (0 or 1).
 #define TRIDENT_WGMMA_SS(name, n, regs, acc, A, B, P, TA, TB)                                   \
-  __device__ __forceinline__ void name(float (&d)[n / 2], uint64_t desc_a, uint64_t desc_b,     \
-                                       int accumulate) {                                        \
+  template <>                                                                                   \
+  __device__ __forceinline__ void name<n>(float (&d)[n / 2], uint64_t desc_a, uint64_t desc_b,  \
+                                          int accumulate) {                                     \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                              \
                  "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 " regs ", %" #A       \
                  ", %" #B ", p, 1, 1, " #TA ", " #TB ";\n}\n"                                    \
@@ -219,20 +233,21 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[N][4]) {
   }
 // Register A (%A0 .. %A0 + 3), shared-memory B transposed (%B), accumulating (%P holds 1).
 #define TRIDENT_WGMMA_RS(name, n, regs, acc, A0, A1, A2, A3, B, P)                              \
-  __device__ __forceinline__ void name(float (&d)[n / 2], const uint32_t (&a)[4],               \
-                                       uint64_t desc_b) {                                       \
+  template <>                                                                                   \
+  __device__ __forceinline__ void name<n>(float (&d)[n / 2], const uint32_t (&a)[4],            \
+                                          uint64_t desc_b) {                                    \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                              \
                  "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 " regs               \
                  ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1, 1;\n}\n"          \
                  : acc(d)                                                                       \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));            \
   }
-TRIDENT_WGMMA_SS(wgmma_ss_n64, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 0, 0)
-TRIDENT_WGMMA_SS(wgmma_ss_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 0, 0)
-TRIDENT_WGMMA_SS(wgmma_ss_tt_n64, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 1, 1)
-TRIDENT_WGMMA_SS(wgmma_ss_tt_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 1, 1)
-TRIDENT_WGMMA_RS(wgmma_rs_n64, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 35, 36, 37)
-TRIDENT_WGMMA_RS(wgmma_rs_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 67, 68, 69)
+TRIDENT_WGMMA_SS(wgmma_ss, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 0, 0)
+TRIDENT_WGMMA_SS(wgmma_ss, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 0, 0)
+TRIDENT_WGMMA_SS(wgmma_ss_tt, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 1, 1)
+TRIDENT_WGMMA_SS(wgmma_ss_tt, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 1, 1)
+TRIDENT_WGMMA_RS(wgmma_rs, 64, TRIDENT_REGS32, TRIDENT_ACC32, 32, 33, 34, 35, 36, 37)
+TRIDENT_WGMMA_RS(wgmma_rs, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 67, 68, 69)
 #undef TRIDENT_WGMMA_RS
 #undef TRIDENT_WGMMA_SS
 #undef TRIDENT_REGS64
@@ -240,31 +255,6 @@ TRIDENT_WGMMA_RS(wgmma_rs_n128, 128, TRIDENT_REGS64, TRIDENT_ACC64, 64, 65, 66, 
 #undef TRIDENT_ACC64
 #undef TRIDENT_ACC32
 #undef TRIDENT_ACC8
-
-template <int N>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int acc) {
-  if constexpr (N == 64) {
-    wgmma_ss_n64(d, da, db, acc);
-  } else {
-    wgmma_ss_n128(d, da, db, acc);
-  }
-}
-template <int N>
-__device__ __forceinline__ void wgmma_ss_tt(float (&d)[N / 2], uint64_t da, uint64_t db, int acc) {
-  if constexpr (N == 64) {
-    wgmma_ss_tt_n64(d, da, db, acc);
-  } else {
-    wgmma_ss_tt_n128(d, da, db, acc);
-  }
-}
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (N == 64) {
-    wgmma_rs_n64(d, a, db);
-  } else {
-    wgmma_rs_n128(d, a, db);
-  }
-}
 
 // Ordinary stores to shared memory made visible to the wgmma that reads them next (the async
 // proxy), and the 128 threads of a warpgroup met at named barrier `id` (1 + the warpgroup: 0 is

@@ -15,22 +15,17 @@ constexpr int kTileBytes = 128 * 128 * 2;  // the largest probe tile
 
 #if TRIDENT_SM90A
 // Thread 0 loads a rows x COLS tile at (row0, col0) into dst and every thread waits for it.
+// (A pipeline of no stages: its `loaded` barrier only, at `bar`.)
 template <int COLS>
 __device__ void load_and_wait(uint32_t dst, const CUtensorMap* map, int rows, int row0, int col0,
                               uint32_t bar) {
+  const Pipeline<0, 0> once{bar};
+  once.init();
   if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_expect_tx(once.loaded(), uint32_t(rows) * COLS * 2);
+    tma_load_tile<COLS>(dst, map, rows, col0, row0, 0, once.loaded());
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    mbar_expect_tx(bar, uint32_t(rows) * COLS * 2);
-    tma_load_tile<COLS>(dst, map, rows, col0, row0, 0, bar);
-  }
-  mbar_wait(bar, 0);
-}
-__device__ uint32_t aligned_base(unsigned char* smem) {
-  return (smem_addr(smem) + 1023u) & ~1023u;
+  mbar_wait(once.loaded(), 0);
 }
 // The warpgroup's accumulators of an m64nN product into out[64][N] (row-major).
 template <int N>
@@ -49,7 +44,7 @@ __global__ void tma_probe_kernel(const __grid_constant__ CUtensorMap map, unsign
                                  int rows, int row0, int col0) {
 #if TRIDENT_SM90A
   extern __shared__ unsigned char smem[];
-  const uint32_t base = aligned_base(smem);
+  const uint32_t base = aligned_smem_base(smem);
   load_and_wait<COLS>(base, &map, rows, row0, col0, base + kTileBytes);
   const unsigned char* tile = smem + (base - smem_addr(smem));
   for (int i = threadIdx.x; i < rows * COLS * 2; i += blockDim.x) out[i] = tile[i];
@@ -65,7 +60,7 @@ __global__ void ss_probe_kernel(const __grid_constant__ CUtensorMap a_map,
                                 int a_row0) {
 #if TRIDENT_SM90A
   extern __shared__ unsigned char smem[];
-  const uint32_t a_s = aligned_base(smem), b_s = a_s + kTileBytes;
+  const uint32_t a_s = aligned_smem_base(smem), b_s = a_s + kTileBytes;
   load_and_wait<K>(a_s, &a_map, 128, 0, 0, b_s + kTileBytes);
   load_and_wait<K>(b_s, &b_map, N, 0, 0, b_s + kTileBytes + 8);
   float d[N / 2];
@@ -91,7 +86,7 @@ __global__ void rs_probe_kernel(const __grid_constant__ CUtensorMap v_map, const
                                 float* out) {
 #if TRIDENT_SM90A
   extern __shared__ unsigned char smem[];
-  const uint32_t v_s = aligned_base(smem);
+  const uint32_t v_s = aligned_smem_base(smem);
   load_and_wait<N>(v_s, &v_map, K, 0, 0, v_s + kTileBytes);
   const int t = threadIdx.x;
   uint32_t a[K / 16][4];
