@@ -1613,6 +1613,50 @@ TEST(CudaFp8, AbsMaxIsTheHostsWithNaNAndInfinity) {
   EXPECT_EQ(amax.download_raw()[0], cpu::abs_max<float>(q.data(), static_cast<int64_t>(q.size())));
 }
 
+// gpu::fp8_quantize's fused amax (the delayed recipe's device slots): the same codes as without
+// it, and the slot becomes max(its value, abs_max of the input) by bit pattern: accumulated
+// over calls (not reset), a NaN anywhere dominating, bf16 input; nullptr leaves it alone.
+TEST(CudaFp8, QuantizeTakesTheAmaxIntoItsSlot) {
+  REQUIRE_CUDA_DEVICE();
+  std::mt19937_64 rng(56);
+  const trident::Fp8Format f = trident::Fp8Format::E4M3;
+  DevBuf<float> slot(1);
+  int64_t compared = 0;
+  for (const size_t n : {size_t{1}, size_t{33}, size_t{1} << 20}) {
+    std::vector<float> v = random_vec(rng, n, -3.f, 3.f), v2 = random_vec(rng, n, -1.f, 1.f);
+    v[n / 2] = -7.25f;
+    DevBuf<float> d(n), d2(n);
+    d.upload_raw(v);
+    d2.upload_raw(v2);
+    DevBuf<uint8_t> with(n), without(n);
+    slot.upload_raw(std::vector<float>{0.5f});
+    gpu::fp8_quantize<float>(with.get(), d.get(), static_cast<int64_t>(n), 20.f, f, nullptr,
+                             slot.get());
+    gpu::fp8_quantize<float>(without.get(), d.get(), static_cast<int64_t>(n), 20.f, f);
+    EXPECT_EQ(with.download_raw(), without.download_raw()) << n;
+    compared += static_cast<int64_t>(n);
+    EXPECT_EQ(slot.download_raw()[0], 7.25f) << n;
+    gpu::fp8_quantize<float>(with.get(), d2.get(), static_cast<int64_t>(n), 20.f, f, nullptr,
+                             slot.get());
+    EXPECT_EQ(slot.download_raw()[0], 7.25f) << n << ": a smaller tensor keeps the slot's";
+    gpu::fp8_quantize<float>(with.get(), d.get(), static_cast<int64_t>(n), 20.f, f);
+    v2[n - 1] = std::numeric_limits<float>::quiet_NaN();
+    d2.upload_raw(v2);
+    gpu::fp8_quantize<float>(with.get(), d2.get(), static_cast<int64_t>(n), 20.f, f, nullptr,
+                             slot.get());
+    EXPECT_TRUE(std::isnan(slot.download_raw()[0])) << n;
+  }
+  const std::vector<float> q = quantize<bf16>(random_vec(rng, 4097, -5.f, 5.f));
+  DevBuf<bf16> d16(q.size());
+  d16.upload(q);
+  DevBuf<uint8_t> out16(q.size());
+  slot.upload_raw(std::vector<float>{0.f});
+  gpu::fp8_quantize<bf16>(out16.get(), d16.get(), static_cast<int64_t>(q.size()), 20.f, f,
+                          nullptr, slot.get());
+  EXPECT_EQ(slot.download_raw()[0], cpu::abs_max<float>(q.data(), static_cast<int64_t>(q.size())));
+  EXPECT_EQ(compared, 1 + 33 + (1 << 20));
+}
+
 // gpu::fp8_transpose moves every byte where a host transpose does: shapes from one element
 // to several 32 x 32 tiles with ragged edges.
 TEST(CudaFp8, TransposeIsExact) {

@@ -3,6 +3,7 @@
 // delayed recipes (model/fp8_scaling.hpp).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -239,6 +240,83 @@ TEST(Fp8Linear, DelayedUsesTheStepsScaleAndRecordsTheAmax) {
   EXPECT_LE(worst, 1e-6);
   EXPECT_NE(out, ref) << "the history's scale, not the current amax's";
   EXPECT_EQ(g.x.step_amax(), cpu::abs_max(x.data(), N * C)) << "the step's own amax recorded";
+}
+
+// The delayed recipe with its amaxes kept in device slots (Fp8DelayedRecipe::keep_amaxes_on,
+// what the trainer uses: the quantise pass takes the amax, the host reads the slots back once a
+// step) against observing each use on the host (an abs_max pass per tensor): the same outputs,
+// gradients, histories and scales, step after step, for a dense GEMM and the expert GEMMs;
+// with a NaN in one step's input (recorded as 0 in both) and an evaluation's forward between
+// steps (its amaxes dropped by begin_step in both). The slots are seen to be used: mid-step
+// the slotted recipe's states have observed nothing, the other's have.
+TEST(Fp8DelayedRecipe, AmaxesInDeviceSlotsAreTheHostObservedOnes) {
+  const int64_t N = 6, C = 16, OC = 8, E = 2, sources = 1;
+  const std::vector<int64_t> offsets = {0, 4, 6};  // expert 0: 4 rows, expert 1: 2
+  auto self = make_self_communicator("tensor");
+  CpuKernels<float> k;
+  Fp8Settings settings;
+  settings.enabled = true;
+  Fp8DelayedRecipe slotted(Fp8Format::E5M2, 3, 0), host(Fp8Format::E5M2, 3, 0);
+  for (Fp8DelayedRecipe* r : {&slotted, &host}) r->add_layer(0, E);
+  slotted.keep_amaxes_on(k.device());
+  EXPECT_NE(slotted.gemm(0, Fp8Gemm::Qkv).x.amax_slot(), nullptr);
+  EXPECT_EQ(host.gemm(0, Fp8Gemm::Qkv).x.amax_slot(), nullptr);
+  Fp8Linear<CpuKernels<float>> a(settings, *self), b(settings, *self);
+  const ExpertBlocks blocks{offsets.data(), E, sources};
+  std::mt19937_64 rng(17);
+  int64_t compared = 0, slotted_uses = 0;
+  for (int step = 0; step < 6; ++step) {
+    const float grow = 1.0f + 0.5f * static_cast<float>(step);  // amaxes that change
+    auto x = normal_values(rng, N * C, grow), dy = normal_values(rng, N * OC, 1e-3f * grow);
+    const auto w = normal_values(rng, OC * C, 0.05f), we = normal_values(rng, E * OC * C, 0.05f);
+    if (step == 3) x[5] = std::nanf("");
+    for (Fp8DelayedRecipe* r : {&slotted, &host}) r->begin_step();
+    std::vector<float> outs[2], grads[2];
+    int i = 0;
+    for (auto* pair : {&a, &b}) {
+      Fp8DelayedRecipe& r = i == 0 ? slotted : host;
+      Fp8GemmScaling& g = r.gemm(0, Fp8Gemm::Qkv);
+      std::vector<float> out(N * OC), dx(N * C), dw(OC * C, 0.f), db(OC, 0.f), eo(N * OC),
+          edx(N * C), edw(E * OC * C, 0.f), edb(E * OC, 0.f);
+      pair->forward(k, &g, out.data(), x.data(), w.data(), nullptr, N, C, OC);
+      pair->backward(k, &g, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N,
+                     C, OC);
+      Fp8GemmScaling* up = r.experts(0, Fp8Gemm::Up);
+      pair->experts_forward(k, up, eo.data(), x.data(), we.data(), nullptr, blocks, C, OC);
+      pair->experts_backward(k, up, edx.data(), edw.data(), edb.data(), dy.data(), x.data(),
+                             we.data(), blocks, C, OC);
+      if (i == 0 && step > 0) slotted_uses += g.x.step_amax() == 0.f && up[1].w.step_amax() == 0.f;
+      for (auto* v : {&out, &eo}) outs[i].insert(outs[i].end(), v->begin(), v->end());
+      for (auto* v : {&dx, &dw, &db, &edx, &edw, &edb})
+        grads[i].insert(grads[i].end(), v->begin(), v->end());
+      ++i;
+    }
+    if (step > 0) EXPECT_NE(host.gemm(0, Fp8Gemm::Qkv).x.step_amax(), 0.f) << step;
+    // NaN compares unequal: compare the bits.
+    auto bits = [](const std::vector<float>& v) {
+      std::vector<uint32_t> u(v.size());
+      for (size_t j = 0; j < v.size(); ++j) u[j] = std::bit_cast<uint32_t>(v[j]);
+      return u;
+    };
+    EXPECT_EQ(bits(outs[0]), bits(outs[1])) << "step " << step;
+    EXPECT_EQ(bits(grads[0]), bits(grads[1])) << "step " << step;
+    compared += static_cast<int64_t>(outs[0].size() + grads[0].size());
+    for (Fp8DelayedRecipe* r : {&slotted, &host}) r->end_step({self.get()});
+    EXPECT_EQ(slotted.layer_state(0), host.layer_state(0)) << "step " << step;
+    if (step == 3)
+      EXPECT_EQ(slotted.gemm(0, Fp8Gemm::Qkv).x.history().back(), 0.f) << "the NaN step: 0";
+    if (step == 1) {  // an evaluation's forward: observed, then dropped by the next begin_step
+      std::vector<float> out(N * OC);
+      const auto big = normal_values(rng, N * C, 1e4f);
+      a.forward(k, &slotted.gemm(0, Fp8Gemm::Qkv), out.data(), big.data(), w.data(), nullptr, N,
+                C, OC);
+      b.forward(k, &host.gemm(0, Fp8Gemm::Qkv), out.data(), big.data(), w.data(), nullptr, N,
+                C, OC);
+    }
+  }
+  EXPECT_EQ(slotted_uses, 5) << "with a history, the slotted states observed nothing mid-step";
+  EXPECT_GT(compared, 0);
+  EXPECT_EQ(compared, 6 * (N * OC * 2 + N * C * 2 + OC * C + OC + E * OC * C + E * OC));
 }
 
 // Fp8Linear on one rank against its formulas evaluated in double on the quantised values:

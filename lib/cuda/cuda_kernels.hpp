@@ -99,10 +99,12 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     cuda::linear_forward(dev_.blas(), out, inp, w, b, N, C, OC, s());
   }
 
-  // FP8 linear layers (model/fp8_linear.hpp), the CPU reference's twins on FP8 codes (Q). The
-  // amax comes to the host (the scale is computed there, as on the CPU): a wait for the stream
-  // per quantised tensor. The backward's operands are contracted along the forward's rows, and
-  // the FP8 tensor cores take both operands contiguous along the contraction, so it transposes
+  // FP8 linear layers (model/fp8_linear.hpp), the CPU reference's twins on FP8 codes (Q). An amax
+  // the scale needs first comes to the host (the scale is computed there, as on the CPU): a wait
+  // for the stream per quantised tensor under the current recipe (and the delayed one's first
+  // step); once the delayed recipe has a history the quantise pass takes the amax into the state's
+  // device slot and nothing waits. The backward's operands are contracted along the forward's rows,
+  // and the FP8 tensor cores take both operands contiguous along the contraction, so it transposes
   // the codes (wq for dX; dyq and xq for dW) into scratch of the same sizes first.
   static constexpr bool has_fp8 = std::is_same_v<Tx, cuda::bf16>;
   using Q = uint8_t;  // an FP8 code
@@ -114,8 +116,9 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     CUDA_CHECK(cudaStreamSynchronize(s()));
     return host;
   }
-  void fp8_quantize(Q* q, const T* x, int64_t n, float scale, Fp8Format format) {
-    cuda::fp8_quantize(q, x, n, scale, format, s());
+  void fp8_quantize(Q* q, const T* x, int64_t n, float scale, Fp8Format format,
+                    float* amax = nullptr) {
+    cuda::fp8_quantize(q, x, n, scale, format, s(), amax);
   }
   void fp8_linear_forward(T* out, const Q* xq, const Q* wq, const T* b, int64_t N, int64_t C,
                           int64_t OC, float inv_scale)

@@ -4,6 +4,7 @@
 // training, double for the finite-difference gradient tests). The CUDA kernel set
 // (cuda/cuda_kernels.hpp) implements the same member functions with the same shapes and the
 // same accumulate/overwrite rules; kernels/cpu/ops.hpp documents each one.
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -109,14 +110,20 @@ class CpuKernels {
     cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
   }
 
-  // doc_start [B,Tn] (K's memory, through upload_ids; nullptr: no documents).
   // The FP8 reference (train.precision = "fp8"; model/fp8_linear.hpp): quantisation and the
   // linear layer's GEMMs on quantised operands.
   static constexpr bool has_fp8 = true;
   using Q = T;  // a quantised value: the FP8 code's value, held in T (the GPU's holds codes)
   float abs_max(const T* x, int64_t n) { return static_cast<float>(cpu::abs_max(x, n)); }
-  void fp8_quantize(T* q, const T* x, int64_t n, float scale, Fp8Format format) {
+  // amax: nullptr, or a float of K's memory that becomes the larger of itself and max |x|,
+  // as the GPU's quantise pass takes it (Fp8DelayedScaling::amax_slot): by bit pattern, the
+  // float order of non-negative values with a NaN above infinity.
+  void fp8_quantize(T* q, const T* x, int64_t n, float scale, Fp8Format format,
+                    float* amax = nullptr) {
     cpu::fp8_quantize(q, x, n, scale, format);
+    if (!amax) return;
+    const float a = abs_max(x, n);
+    if (std::bit_cast<uint32_t>(a) > std::bit_cast<uint32_t>(*amax)) *amax = a;
   }
   // The linear layer on quantised operands (xq[N,C], wq[OC,C], dyq[N,OC] in `dy_format`, which
   // the values need not be told), each product's sum times its inverse scales, as an FP8 tensor
@@ -133,6 +140,7 @@ class CpuKernels {
                             static_cast<T>(inv_dw));
   }
 
+  // doc_start [B,Tn] (K's memory, through upload_ids; nullptr: no documents).
   void attention_forward(T* out, Saved* saved, const T* qkv, int64_t B, int64_t Tn, int64_t NH,
                          int64_t KVH, int64_t HS, const int32_t* doc_start) {
     cpu::attention_forward(out, saved, qkv, B, Tn, NH, KVH, HS, doc_start);

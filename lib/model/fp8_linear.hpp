@@ -10,17 +10,17 @@
 //             dw  += (fp8(dy sg)^T fp8(x sx)) / (sg sx)             (E5M2 by default)
 //             db  += sum_n dy                                       (unquantised)
 // with each scale s = fp8_scale(amax) (model/fp8_scaling.hpp), from the tensor's amax as it is
-// quantised ("current" scaling) or, under the delayed recipe, the GEMM's Fp8GemmScaling: the
-// scale of the step, fixed before it from the amax history (the first step, with no history
-// yet, scales as the current recipe does: Transformer Engine starts from 1, which flushes the
-// first step's gradients below E5M2's smallest subnormal), while the GEMM records its local
-// amaxes for the step's reduction (Fp8DelayedRecipe::end_step). The amax is that of the whole
-// tensor, whatever the layout:
-// a weight's over the tensor group (its shards), an activation's or gradient's over the tensor
-// and the context groups (its columns and its rows), so that every layout quantises with the
-// same scales as one rank and stays within rounding of it. The quantised copies live in scratch
-// held once; nothing is kept between forward and backward (the backward quantises again from the
-// same tensors with the same scales, so the same values).
+// quantised ("current" scaling) or, under the delayed recipe, the GEMM's Fp8GemmScaling: the scale
+// of the step, fixed before it from the amax history (the first step, with no history yet, scales
+// as the current recipe does: Transformer Engine starts from 1, which flushes the first step's
+// gradients below E5M2's smallest subnormal), while the GEMM records its local amaxes for the
+// step's reduction (Fp8DelayedRecipe::end_step), in the quantise pass itself where the recipe keeps
+// them in device slots (keep_amaxes_on). The amax is that of the whole tensor, whatever the layout:
+// a weight's over the tensor group (its shards), an activation's or gradient's over the tensor and
+// the context groups (its columns and its rows), so that every layout quantises with the same
+// scales as one rank and stays within rounding of it. The quantised copies live in scratch held
+// once; nothing is kept between forward and backward (the backward quantises again from the same
+// tensors with the same scales, so the same values).
 #include <cstdint>
 #include <vector>
 
@@ -59,38 +59,33 @@ class Fp8Linear {
   // `delayed`: the GEMM's state under the delayed recipe; nullptr for current scaling.
   void forward(K& k, Fp8GemmScaling* delayed, T* out, const T* x, const T* w, const T* b,
                int64_t N, int64_t C, int64_t OC) {
-    const float sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C,
+    const Scale sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C,
                                       Fp8Format::E4M3);
-    const float sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
-    Q* xq = scratch(k, xq_, N * C);
-    Q* wq = scratch(k, wq_, OC * C);
-    k.fp8_quantize(xq, x, N * C, sx, Fp8Format::E4M3);
-    k.fp8_quantize(wq, w, OC * C, sw, Fp8Format::E4M3);
-    k.fp8_linear_forward(out, xq, wq, b, N, C, OC, 1.0f / (sx * sw));
+    const Scale sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
+    const Q* xq = quantize(k, xq_, x, N * C, sx, Fp8Format::E4M3);
+    const Q* wq = quantize(k, wq_, w, OC * C, sw, Fp8Format::E4M3);
+    k.fp8_linear_forward(out, xq, wq, b, N, C, OC, 1.0f / (sx.value * sw.value));
   }
   // Any of dx, dw, db may be nullptr (the split backward), as in K::linear_backward; x is only
   // read for dw, w only for dx.
   void backward(K& k, Fp8GemmScaling* delayed, T* dx, G* dw, G* db, const T* dy, const T* x,
                 const T* w, int64_t N, int64_t C, int64_t OC) {
-    const float sg = activation_scale(k, state(delayed, &Fp8GemmScaling::dy), dy, N * OC,
+    const Scale sg = activation_scale(k, state(delayed, &Fp8GemmScaling::dy), dy, N * OC,
                                       s_.grad_format);
-    Q* dyq = scratch(k, dyq_, N * OC);
-    k.fp8_quantize(dyq, dy, N * OC, sg, s_.grad_format);
-    float sx = 1.0f, sw = 1.0f;
-    Q* xq = nullptr;
-    Q* wq = nullptr;
+    const Q* dyq = quantize(k, dyq_, dy, N * OC, sg, s_.grad_format);
+    Scale sx, sw;
+    const Q* xq = nullptr;
+    const Q* wq = nullptr;
     if (dw) {
       sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C, Fp8Format::E4M3);
-      xq = scratch(k, xq_, N * C);
-      k.fp8_quantize(xq, x, N * C, sx, Fp8Format::E4M3);
+      xq = quantize(k, xq_, x, N * C, sx, Fp8Format::E4M3);
     }
     if (dx) {
       sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
-      wq = scratch(k, wq_, OC * C);
-      k.fp8_quantize(wq, w, OC * C, sw, Fp8Format::E4M3);
+      wq = quantize(k, wq_, w, OC * C, sw, Fp8Format::E4M3);
     }
-    k.fp8_linear_backward(dx, dw, db, dy, dyq, xq, wq, N, C, OC, 1.0f / (sg * sw),
-                          1.0f / (sg * sx), s_.grad_format);
+    k.fp8_linear_backward(dx, dw, db, dy, dyq, xq, wq, N, C, OC, 1.0f / (sg.value * sw.value),
+                          1.0f / (sg.value * sx.value), s_.grad_format);
   }
 
   // The expert GEMMs of a mixture-of-experts layer: x [R,C] in `blocks`, w [E,OC,C] and
@@ -108,13 +103,13 @@ class Fp8Linear {
                        const T* b, const ExpertBlocks& blocks, int64_t C, int64_t OC) {
     block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
     expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
-    Q* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
-    Q* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
+    const Q* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
+    const Q* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
     for (int64_t s = 0; s < blocks.count(); ++s) {
       if (blocks.rows(s) == 0) continue;
       const int64_t e = blocks.expert(s), r0 = blocks.first(s);
       k.fp8_linear_forward(out + r0 * OC, xq + r0 * C, wq + e * OC * C, b ? b + e * OC : nullptr,
-                           blocks.rows(s), C, OC, 1.0f / (sx_[s] * sw_[e]));
+                           blocks.rows(s), C, OC, 1.0f / (sx_[s].value * sw_[e].value));
     }
   }
   // dx [R,C] (overwrite), dw [E,OC,C] +=, db [E,OC] += from dy [R,OC], as experts_forward
@@ -123,9 +118,9 @@ class Fp8Linear {
                         const T* x, const T* w, const ExpertBlocks& blocks, int64_t C,
                         int64_t OC) {
     block_scales(k, delayed, &Fp8GemmScaling::dy, sg_, dy, blocks, OC, s_.grad_format);
-    Q* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
-    Q* xq = nullptr;
-    Q* wq = nullptr;
+    const Q* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
+    const Q* xq = nullptr;
+    const Q* wq = nullptr;
     if (dw) {
       block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
       xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
@@ -140,34 +135,69 @@ class Fp8Linear {
       k.fp8_linear_backward(dx ? dx + r0 * C : nullptr, dw ? dw + e * OC * C : nullptr,
                             db ? db + e * OC : nullptr, dy + r0 * OC, dyq + r0 * OC,
                             xq ? xq + r0 * C : nullptr, wq ? wq + e * OC * C : nullptr,
-                            blocks.rows(s), C, OC, dx ? 1.0f / (sg_[s] * sw_[e]) : 1.0f,
-                            dw ? 1.0f / (sg_[s] * sx_[s]) : 1.0f, s_.grad_format);
+                            blocks.rows(s), C, OC,
+                            dx ? 1.0f / (sg_[s].value * sw_[e].value) : 1.0f,
+                            dw ? 1.0f / (sg_[s].value * sx_[s].value) : 1.0f, s_.grad_format);
     }
   }
 
  private:
+  // A tensor's scale and where its quantise pass records its amax: the delayed state's device
+  // slot (Fp8DelayedRecipe::keep_amaxes_on) once the state has a history; else nullptr (the
+  // amax was taken before the scale, by a pass of its own).
+  struct Scale {
+    float value = 1.0f;
+    float* amax = nullptr;
+  };
+
   // The scale of each block of v (rows of `width`): under the delayed recipe with a history,
   // its expert's state's (which records the block's local amax); else its amax over the tensor
   // and context groups (one reduction of all blocks' amaxes).
   void block_scales(K& k, Fp8GemmScaling* delayed, Fp8DelayedScaling Fp8GemmScaling::*operand,
-                    std::vector<float>& scales, const T* v, const ExpertBlocks& blocks,
+                    std::vector<Scale>& scales, const T* v, const ExpertBlocks& blocks,
                     int64_t width, Fp8Format format) {
-    scales.assign(static_cast<size_t>(blocks.count()), 0.0f);
-    for (int64_t s = 0; s < blocks.count(); ++s)
-      if (blocks.rows(s) > 0)
-        scales[s] = k.abs_max(v + blocks.first(s) * width, blocks.rows(s) * width);
-    finish_scales(k, scales, context_, format, [&](int64_t s) {
-      return delayed ? &(delayed[blocks.expert(s)].*operand) : nullptr;
-    });
+    scales_of(
+        k, blocks.count(),
+        [&](int64_t s) { return delayed ? &(delayed[blocks.expert(s)].*operand) : nullptr; },
+        [&](int64_t s) {
+          return blocks.rows(s) > 0
+                     ? k.abs_max(v + blocks.first(s) * width, blocks.rows(s) * width)
+                     : 0.0f;
+        },
+        context_, format, scales);
   }
   // The scale of each of `experts` weights of n values: under the delayed recipe with a
   // history, its state's; else its amax over the tensor group.
-  void expert_scales(K& k, Fp8GemmScaling* delayed, std::vector<float>& scales, const T* w,
+  void expert_scales(K& k, Fp8GemmScaling* delayed, std::vector<Scale>& scales, const T* w,
                      int64_t experts, int64_t n) {
-    scales.assign(static_cast<size_t>(experts), 0.0f);
-    for (int64_t e = 0; e < experts; ++e) scales[e] = k.abs_max(w + e * n, n);
-    finish_scales(k, scales, nullptr, Fp8Format::E4M3,
-                  [&](int64_t e) { return delayed ? &delayed[e].w : nullptr; });
+    scales_of(
+        k, experts, [&](int64_t e) { return delayed ? &delayed[e].w : nullptr; },
+        [&](int64_t e) { return k.abs_max(w + e * n, n); }, nullptr, Fp8Format::E4M3, scales);
+  }
+  // The scales of `units` tensors (a tensor, the blocks of rows, the experts' weights);
+  // `state(i)`: unit i's delayed state, or nullptr (current scaling); `amax_of(i)`: unit i's
+  // local amax, by a pass of its own. Once every unit's state has a history and a device slot,
+  // the states' scales of the step, their amaxes left to the quantise passes; else the amaxes
+  // now, through finish_scales.
+  template <class State, class Amax>
+  void scales_of(K& k, int64_t units, State state, Amax amax_of, Communicator* rows,
+                 Fp8Format format, std::vector<Scale>& scales) {
+    scales.assign(static_cast<size_t>(units), Scale{});
+    bool fused = units > 0;
+    for (int64_t i = 0; i < units && fused; ++i) {
+      const Fp8DelayedScaling* d = state(i);
+      fused = d && d->amax_slot() && d->recorded() > 0;
+    }
+    if (fused) {
+      for (int64_t i = 0; i < units; ++i)
+        scales[static_cast<size_t>(i)] = {state(i)->local_scale(), state(i)->amax_slot()};
+      return;
+    }
+    amax_.assign(static_cast<size_t>(units), 0.0f);
+    for (int64_t i = 0; i < units; ++i) amax_[static_cast<size_t>(i)] = amax_of(i);
+    finish_scales(k, amax_, rows, format, state);
+    for (int64_t i = 0; i < units; ++i)
+      scales[static_cast<size_t>(i)].value = amax_[static_cast<size_t>(i)];
   }
   // scales: each unit's local amax on entry (a tensor, a block of rows, an expert's weight),
   // its scale on return. `state(i)`: unit i's delayed state, or nullptr (current scaling). Once
@@ -209,21 +239,31 @@ class Fp8Linear {
     if (rows) rows->all_reduce(values, n, DType::F32, ReduceOp::Max);
     if (!dev.is_host()) dev.to_host(amax.data(), values, n * static_cast<int64_t>(sizeof(float)));
   }
+  // v's n values quantised with `scale` into `buf` (its amax recorded where scale says).
+  Q* quantize(K& k, DeviceArray<Q>& buf, const T* v, int64_t n, const Scale& scale,
+              Fp8Format format) {
+    Q* q = scratch(k, buf, n);
+    k.fp8_quantize(q, v, n, scale.value, format, scale.amax);
+    return q;
+  }
   Q* quantize_blocks(K& k, DeviceArray<Q>& buf, const T* v, const ExpertBlocks& blocks,
-                     int64_t width, const std::vector<float>& scales, Fp8Format format) {
+                     int64_t width, const std::vector<Scale>& scales, Fp8Format format) {
     Q* q = scratch(k, buf, blocks.offsets[blocks.count()] * width);
     for (int64_t s = 0; s < blocks.count(); ++s) {
       const int64_t at = blocks.first(s) * width;
+      const Scale& scale = scales[static_cast<size_t>(s)];
       if (blocks.rows(s) > 0)
-        k.fp8_quantize(q + at, v + at, blocks.rows(s) * width, scales[s], format);
+        k.fp8_quantize(q + at, v + at, blocks.rows(s) * width, scale.value, format, scale.amax);
     }
     return q;
   }
   Q* quantize_experts(K& k, DeviceArray<Q>& buf, const T* w, int64_t experts, int64_t n,
-                      const std::vector<float>& scales) {
+                      const std::vector<Scale>& scales) {
     Q* q = scratch(k, buf, experts * n);
-    for (int64_t e = 0; e < experts; ++e)
-      k.fp8_quantize(q + e * n, w + e * n, n, scales[e], Fp8Format::E4M3);
+    for (int64_t e = 0; e < experts; ++e) {
+      const Scale& scale = scales[static_cast<size_t>(e)];
+      k.fp8_quantize(q + e * n, w + e * n, n, scale.value, Fp8Format::E4M3, scale.amax);
+    }
     return q;
   }
 
@@ -232,20 +272,21 @@ class Fp8Linear {
     return gemm ? &(gemm->*operand) : nullptr;
   }
   // The scale of a tensor: its delayed state's, once that has a history (the state observes
-  // the local amax for the step's reduction); else from the whole tensor's amax, a weight's
-  // over the tensor group, an activation's over the tensor and context groups (max of equal
-  // values where a group holds copies).
-  float weight_scale(K& k, Fp8DelayedScaling* delayed, const T* w, int64_t n) {
+  // the local amax for the step's reduction, or its quantise pass records it); else from the
+  // whole tensor's amax, a weight's over the tensor group, an activation's over the tensor and
+  // context groups (max of equal values where a group holds copies).
+  Scale weight_scale(K& k, Fp8DelayedScaling* delayed, const T* w, int64_t n) {
     return scale(k, delayed, w, n, Fp8Format::E4M3, nullptr);
   }
-  float activation_scale(K& k, Fp8DelayedScaling* delayed, const T* x, int64_t n,
+  Scale activation_scale(K& k, Fp8DelayedScaling* delayed, const T* x, int64_t n,
                          Fp8Format format) {
     return scale(k, delayed, x, n, format, context_);
   }
-  float scale(K& k, Fp8DelayedScaling* delayed, const T* v, int64_t n, Fp8Format format,
+  Scale scale(K& k, Fp8DelayedScaling* delayed, const T* v, int64_t n, Fp8Format format,
               Communicator* rows) {
-    one_.assign(1, k.abs_max(v, n));
-    finish_scales(k, one_, rows, format, [&](int64_t) { return delayed; });
+    scales_of(
+        k, 1, [&](int64_t) { return delayed; }, [&](int64_t) { return k.abs_max(v, n); }, rows,
+        format, one_);
     return one_[0];
   }
   // Grown to the largest call's size; the old buffer is freed first (its contents are not
@@ -262,8 +303,9 @@ class Fp8Linear {
   Communicator* tensor_;
   Communicator* context_ = nullptr;
   DeviceArray<Q> xq_, wq_, dyq_;
-  std::vector<float> sx_, sw_, sg_;  // the expert GEMMs' scales (experts_forward/backward)
-  std::vector<float> one_;           // scale()'s one tensor
+  std::vector<Scale> sx_, sw_, sg_;  // the expert GEMMs' scales (experts_forward/backward)
+  std::vector<Scale> one_;           // scale()'s one tensor
+  std::vector<float> amax_;          // scales_of()'s amaxes
   DeviceArray<float> amax_device_;    // reduce_max's buffer on a GPU
 };
 

@@ -85,6 +85,7 @@ void Fp8DelayedRecipe::add_layer(int64_t layer, int64_t experts) {
                        {grad_format_, history_, margin_}});
   for (Fp8GemmScaling& g : l.gemms) g.dy.set_local_factor(static_cast<float>(gradient_replicas_));
   layers_.insert_or_assign(layer, std::move(l));
+  if (device_) assign_amax_slots();
 }
 
 Fp8GemmScaling& Fp8DelayedRecipe::gemm(int64_t layer, Fp8Gemm kind) {
@@ -120,12 +121,39 @@ void Fp8DelayedRecipe::set_gradient_replicas(int replicas) {
       g.dy.set_local_factor(static_cast<float>(replicas));
 }
 
+void Fp8DelayedRecipe::keep_amaxes_on(Device& device) {
+  device_ = &device;
+  assign_amax_slots();
+}
+
+void Fp8DelayedRecipe::assign_amax_slots() {
+  int64_t n = 0;
+  for (auto& entry : layers_) n += static_cast<int64_t>(3 * entry.second.gemms.size());
+  amaxes_ = n > 0 ? DeviceArray<float>(*device_, n) : DeviceArray<float>();
+  if (n > 0) device_->fill_zero(amaxes_.data(), amaxes_.bytes());
+  float* slot = amaxes_.data();
+  for (auto& entry : layers_)
+    for_each_state(entry.second.gemms, [&](auto& s) { s.set_amax_slot(slot++); });
+}
+
+void Fp8DelayedRecipe::take_device_amaxes() {
+  if (amaxes_.size() == 0) return;
+  std::vector<float> amax(static_cast<size_t>(amaxes_.size()));
+  device_->to_host(amax.data(), amaxes_.data(), amaxes_.bytes());
+  size_t i = 0;
+  for (auto& entry : layers_)
+    for_each_state(entry.second.gemms, [&](auto& s) { s.observe(amax[i++]); });
+  device_->fill_zero(amaxes_.data(), amaxes_.bytes());
+}
+
 void Fp8DelayedRecipe::begin_step() {
+  if (amaxes_.size() > 0) device_->fill_zero(amaxes_.data(), amaxes_.bytes());  // evaluation's
   for (auto& entry : layers_)
     for_each_state(entry.second.gemms, [](auto& s) { s.discard_step(); });
 }
 
 void Fp8DelayedRecipe::end_step(std::initializer_list<Communicator*> groups) {
+  take_device_amaxes();
   std::vector<float> amax;
   for (auto& entry : layers_)
     for_each_state(entry.second.gemms, [&](auto& s) {

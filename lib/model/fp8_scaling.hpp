@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "tensor/device.hpp"
 #include "util/fp8.hpp"
 
 namespace trident {
@@ -41,6 +42,11 @@ class Fp8DelayedScaling {
   float local_scale() const { return scale_ / factor_; }
   // A use in the current step (this rank's amax): the step's amax is the largest of its uses'.
   void observe(float amax);
+  // Where a quantise pass may record this rank's amax of a use on the device instead
+  // (Fp8DelayedRecipe::keep_amaxes_on; the pass's fused maximum, taken in as observe() at
+  // end_step), or nullptr: the uses are observe()d on the host.
+  float* amax_slot() const { return amax_slot_; }
+  void set_amax_slot(float* slot) { amax_slot_ = slot; }
   float step_amax() const { return step_amax_; }
   // Steps in the history (at most `history`): 0 before the first step ends.
   int64_t recorded() const { return static_cast<int64_t>(ring_.size()); }
@@ -62,6 +68,7 @@ class Fp8DelayedScaling {
   float scale_ = 1.0f;
   float step_amax_ = 0.0f;
   float factor_ = 1.0f;
+  float* amax_slot_ = nullptr;
 };
 
 // The GEMMs of a transformer block that run in FP8, in the order of a checkpoint's rows.
@@ -98,6 +105,12 @@ class Fp8DelayedRecipe {
   // The output gradients' local factor (Fp8DelayedScaling::set_local_factor): the number of
   // data x context replicas that average their own shares of the global batch.
   void set_gradient_replicas(int replicas);
+  // The step's amaxes kept on `device`, one float per state (Fp8DelayedScaling::amax_slot):
+  // once a state has a history its scale is known before the pass, so the quantise pass takes
+  // the amax as it goes, instead of a pass of its own whose result the host waits for (one wait
+  // per quantised tensor on a GPU); end_step reads them all back at once. The same values, so
+  // the same scales and histories, as observing each use on the host.
+  void keep_amaxes_on(Device& device);
   void begin_step();
   // Collective over each non-null group, in order (every rank of a group holds the same
   // layers): the maximum of the step's amaxes (not finite: +inf, which the history records
@@ -126,11 +139,18 @@ class Fp8DelayedRecipe {
   LayerStates& states(int64_t layer) {
     return const_cast<LayerStates&>(std::as_const(*this).states(layer));
   }
+  // Every state's slot in amaxes_ (zeroed), in the checkpoint's order.
+  void assign_amax_slots();
+  // The slots' values observed by their states (a use the host observed is not in them), then
+  // the slots zeroed.
+  void take_device_amaxes();
 
   Fp8Format grad_format_;
   int history_, margin_;
   int gradient_replicas_ = 1;
   std::map<int64_t, LayerStates> layers_;
+  Device* device_ = nullptr;  // keep_amaxes_on's
+  DeviceArray<float> amaxes_;
 };
 
 }  // namespace trident

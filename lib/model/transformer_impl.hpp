@@ -73,6 +73,7 @@ Transformer<K>::Transformer(const ModelConfig& config, const ModelShard& shard,
         if (shard.fp8.covers(block_layer(i), config.layers))
           fp8_delayed_->add_layer(block_layer(i),
                                   layout_.blocks[i].moe() ? config.moe_experts : 0);
+      fp8_delayed_->keep_amaxes_on(dev);  // the quantise passes take the step's amaxes
     }
   }
   whole_ = FlatStore::whole(layout_.flat_size);

@@ -17,6 +17,13 @@ namespace {
 // Non-negative floats order as their bit patterns do, and a NaN's |x| (sign cleared) has bits
 // above +infinity's: an integer max over the bits is the float max with NaN dominating, and it
 // does not depend on the order the threads meet (no float atomics: deterministic).
+// The larger of *amax_bits and a warp's m, by one atomic from its first lane.
+__device__ __forceinline__ void warp_max_into(unsigned* amax_bits, unsigned m) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+}
+
 template <typename T>
 __global__ void abs_max_kernel(unsigned* __restrict__ amax_bits, const T* __restrict__ in,
                                int64_t n) {
@@ -24,17 +31,22 @@ __global__ void abs_max_kernel(unsigned* __restrict__ amax_bits, const T* __rest
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     m = max(m, __float_as_uint(fabsf(detail::to_f32(in[i]))));
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
+  warp_max_into(amax_bits, m);
 }
 
+// amax_bits nullptr: no amax (the scale came from it already, or from a delayed history).
 template <typename T>
 __global__ void fp8_quantize_kernel(uint8_t* __restrict__ out, const T* __restrict__ in,
-                                    int64_t n, float scale, __nv_fp8_interpretation_t kind) {
+                                    int64_t n, float scale, __nv_fp8_interpretation_t kind,
+                                    unsigned* __restrict__ amax_bits) {
+  unsigned m = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = __nv_cvt_float_to_fp8(detail::to_f32(in[i]) * scale, __NV_SATFINITE, kind);
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = detail::to_f32(in[i]);
+    m = max(m, __float_as_uint(fabsf(v)));
+    out[i] = __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind);
+  }
+  if (amax_bits) warp_max_into(amax_bits, m);
 }
 
 // 32 x 32 tiles through shared memory (a padded row: no bank conflicts), 32 x 8 threads each
@@ -79,17 +91,19 @@ void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream) {
 
 template <typename T>
 void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, float* amax) {
   detail::check_dims(n >= 0, "fp8_quantize: n < 0");
   if (n == 0) return;
   const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
-  fp8_quantize_kernel<T><<<detail::grid_for(n, 256), 256, 0, stream>>>(out, in, n, scale, kind);
+  fp8_quantize_kernel<T><<<detail::grid_for(n, 256), 256, 0, stream>>>(
+      out, in, n, scale, kind, reinterpret_cast<unsigned*>(amax));
   CUDA_CHECK_LAUNCH();
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                              \
   template void abs_max<T>(float*, const T*, int64_t, cudaStream_t);                        \
-  template void fp8_quantize<T>(uint8_t*, const T*, int64_t, float, Fp8Format, cudaStream_t);
+  template void fp8_quantize<T>(uint8_t*, const T*, int64_t, float, Fp8Format, cudaStream_t, \
+                                float*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -484,10 +484,12 @@ template <typename T>
 void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream = nullptr);
 // out[i] = the FP8 code (util/fp8.hpp) of in[i] * scale in `format`: round to nearest even,
 // saturating at the largest finite value (the hardware's __NV_SATFINITE conversion), NaN to the
-// canonical NaN; float_to_fp8 on the host gives the same bits (CudaFp8 tests).
+// canonical NaN; float_to_fp8 on the host gives the same bits (CudaFp8 tests). amax (a device
+// float, or nullptr) becomes the larger of itself and max |in[i]| in the same pass, as abs_max
+// takes it (not reset first: the uses of a tensor in a step accumulate into one).
 template <typename T>
 void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
-                  cudaStream_t stream = nullptr);
+                  cudaStream_t stream = nullptr, float* amax = nullptr);
 // out[cols, rows] = in[rows, cols]^T, FP8 codes (bytes): the backward's operands, whose
 // contraction runs along the rows of the forward's (the FP8 tensor cores take both operands
 // contiguous along the contraction, the "TN" form).
