@@ -1657,25 +1657,47 @@ TEST(CudaFp8, QuantizeTakesTheAmaxIntoItsSlot) {
   EXPECT_EQ(compared, 1 + 33 + (1 << 20));
 }
 
-// gpu::fp8_transpose moves every byte where a host transpose does: shapes from one element
-// to several 32 x 32 tiles with ragged edges.
-TEST(CudaFp8, TransposeIsExact) {
+// gpu::fp8_quantize_transposed (the backward's cast-transpose): every code where the host's
+// float_to_fp8 and a host transpose put it, transposed and (when asked) row-major in the same
+// pass, shapes from one element to several 32 x 32 tiles with ragged edges, float and bf16
+// inputs, both formats; the amax as fp8_quantize's (into the slot, not reset).
+TEST(CudaFp8, QuantizeTransposedIsTheHostsCodesTransposed) {
   REQUIRE_CUDA_DEVICE();
   std::mt19937_64 rng(55);
-  int64_t compared = 0;
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {1, 77}, {33, 65},
-                                   {100, 37}, {256, 512}}) {
-    std::vector<uint8_t> in(static_cast<size_t>(rows * cols));
-    for (uint8_t& b : in) b = static_cast<uint8_t>(rng());
-    DevBuf<uint8_t> d_in(in.size()), d_out(in.size());
-    d_in.upload_raw(in);
-    gpu::fp8_transpose(d_out.get(), d_in.get(), rows, cols);
-    const std::vector<uint8_t> out = d_out.download_raw();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c, ++compared)
-        ASSERT_EQ(out[c * rows + r], in[r * cols + c]) << rows << " x " << cols;
-  }
-  EXPECT_EQ(compared, 1 + 77 + 33 * 65 + 100 * 37 + 256 * 512);
+  int64_t compared = 0, differ = 0;
+  DevBuf<float> slot(1);
+  for (const trident::Fp8Format f : {trident::Fp8Format::E4M3, trident::Fp8Format::E5M2})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {1, 77}, {33, 65},
+                                     {100, 37}, {256, 512}}) {
+      const size_t n = static_cast<size_t>(rows * cols);
+      const std::vector<float> in = quantize<bf16>(random_vec(rng, n, -300.f, 300.f));
+      DevBuf<float> d_in(n);
+      d_in.upload_raw(in);
+      DevBuf<bf16> d16(n);
+      d16.upload(in);
+      DevBuf<uint8_t> t(n), t16(n), rowmajor(n);
+      slot.upload_raw(std::vector<float>{0.f});
+      const float scale = 1.5f;
+      gpu::fp8_quantize_transposed<float>(t.get(), rowmajor.get(), d_in.get(), rows, cols, scale,
+                                          f, nullptr, slot.get());
+      gpu::fp8_quantize_transposed<bf16>(t16.get(), nullptr, d16.get(), rows, cols, scale, f);
+      const std::vector<uint8_t> got_t = t.download_raw(), got_t16 = t16.download_raw(),
+                                 got_r = rowmajor.download_raw();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint8_t want = trident::float_to_fp8(in[r * cols + c] * scale, f);
+          const auto at_t = static_cast<size_t>(c * rows + r),
+                     at = static_cast<size_t>(r * cols + c);
+          if (got_t[at_t] != want || got_t16[at_t] != want || got_r[at] != want) ++differ;
+          compared += 3;
+        }
+      EXPECT_EQ(slot.download_raw()[0], cpu::abs_max<float>(in.data(), static_cast<int64_t>(n)))
+          << rows << " x " << cols;
+    }
+  std::printf("[ measured ] fp8_quantize_transposed: %lld codes compared, %lld differ\n",
+              static_cast<long long>(compared), static_cast<long long>(differ));
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(compared, 2 * 3 * (1 + 77 + 33 * 65 + 100 * 37 + 256 * 512));
 }
 
 // Random finite FP8 codes of a format (no NaN; every finite code may come).

@@ -3,6 +3,7 @@
 // delayed recipes (model/fp8_scaling.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -317,6 +318,108 @@ TEST(Fp8DelayedRecipe, AmaxesInDeviceSlotsAreTheHostObservedOnes) {
   EXPECT_EQ(slotted_uses, 5) << "with a history, the slotted states observed nothing mid-step";
   EXPECT_GT(compared, 0);
   EXPECT_EQ(compared, 6 * (N * OC * 2 + N * C * 2 + OC * C + OC + E * OC * C + E * OC));
+}
+
+// The CPU reference with the GPU kernel set's backward layouts (kernels_fp8_transposed_backward):
+// the input and the weight quantised transposed, the output gradient row-major and transposed
+// in one call; its backward turns them back and runs the reference's. What it proves is
+// Fp8Linear's plumbing of those layouts (which buffer, which offset, which block of rows).
+struct TransposingFp8Kernels : CpuKernels<float> {
+  static constexpr bool fp8_backward_transposed = true;
+  int64_t transposed_calls = 0;
+  static std::vector<float> transposed(const float* v, int64_t rows, int64_t cols) {
+    std::vector<float> t(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) t[static_cast<size_t>(c * rows + r)] = v[r * cols + c];
+    return t;
+  }
+  void fp8_quantize_transposed(float* out_t, float* rowmajor, const float* x, int64_t rows,
+                               int64_t cols, float scale, Fp8Format format, float* amax) {
+    std::vector<float> q(static_cast<size_t>(rows * cols));
+    fp8_quantize(q.data(), x, rows * cols, scale, format, amax);
+    const std::vector<float> t = transposed(q.data(), rows, cols);
+    std::copy(t.begin(), t.end(), out_t);
+    if (rowmajor) std::copy(q.begin(), q.end(), rowmajor);
+    ++transposed_calls;
+  }
+  void fp8_linear_backward_transposed(float* dx, float* dw, float* db, const float* dy,
+                                      const float* dyq, const float* dyt, const float* xt,
+                                      const float* wt, int64_t N, int64_t C, int64_t OC,
+                                      float inv_dx, float inv_dw, Fp8Format format) {
+    if (dx) {
+      const std::vector<float> w = transposed(wt, C, OC);
+      fp8_linear_backward(dx, nullptr, db, dy, dyq, nullptr, w.data(), N, C, OC, inv_dx, inv_dw,
+                          format);
+    }
+    if (dw) {
+      const std::vector<float> x = transposed(xt, C, N), g = transposed(dyt, OC, N);
+      fp8_linear_backward(nullptr, dw, dx ? nullptr : db, dy, g.data(), x.data(), nullptr, N, C,
+                          OC, inv_dx, inv_dw, format);
+    }
+  }
+};
+
+// Fp8Linear on the transposing kernel set gives the reference's bits: dense and expert GEMMs,
+// the whole backward and each half of the split one (dx only, dw and db only), current scaling
+// and the delayed recipe with its device slots, three steps.
+TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
+  const int64_t N = 7, C = 16, OC = 24, E = 2, sources = 2;
+  const std::vector<int64_t> offsets = {0, 3, 3, 9, 11};  // an empty block among them
+  const int64_t R = offsets.back();
+  auto self = make_self_communicator("tensor");
+  Fp8Settings settings;
+  settings.enabled = true;
+  const ExpertBlocks blocks{offsets.data(), E, sources};
+  std::mt19937_64 rng(23);
+  int64_t compared = 0;
+  for (const bool delayed : {false, true}) {
+    CpuKernels<float> ref_k;
+    TransposingFp8Kernels k;
+    Fp8DelayedRecipe ref_recipe(Fp8Format::E5M2, 2, 0), recipe(Fp8Format::E5M2, 2, 0);
+    ref_recipe.add_layer(0, E);
+    recipe.add_layer(0, E);
+    ref_recipe.keep_amaxes_on(ref_k.device());
+    recipe.keep_amaxes_on(k.device());
+    Fp8Linear<CpuKernels<float>> ref(settings, *self);
+    Fp8Linear<TransposingFp8Kernels> fp8(settings, *self);
+    for (int step = 0; step < 3; ++step) {
+      const auto x = normal_values(rng, R * C, 2.f), dy = normal_values(rng, R * OC, 1e-3f);
+      const auto w = normal_values(rng, E * OC * C, 0.05f);
+      for (Fp8DelayedRecipe* r : {&ref_recipe, &recipe}) r->begin_step();
+      for (const int halves : {3, 1, 2}) {  // 1: dx only, 2: dw and db only, 3: both
+        const bool want_dx = halves & 1, want_dw = halves & 2;
+        std::vector<float> got[2];
+        for (int which = 0; which < 2; ++which) {
+          std::vector<float> dx(R * C, 0.f), dw(E * OC * C, 0.f), db(E * OC, 0.f), edx(R * C, 0.f),
+              edw(E * OC * C, 0.f), edb(E * OC, 0.f);
+          Fp8DelayedRecipe& r = which == 0 ? ref_recipe : recipe;
+          Fp8GemmScaling* g = delayed ? &r.gemm(0, Fp8Gemm::Qkv) : nullptr;
+          Fp8GemmScaling* down = delayed ? r.experts(0, Fp8Gemm::Down) : nullptr;
+          auto run = [&](auto& layer, auto& kernels) {
+            layer.backward(kernels, g, want_dx ? dx.data() : nullptr,
+                           want_dw ? dw.data() : nullptr, want_dw ? db.data() : nullptr,
+                           dy.data(), x.data(), w.data(), N, C, OC);
+            layer.experts_backward(kernels, down, want_dx ? edx.data() : nullptr,
+                                   want_dw ? edw.data() : nullptr, want_dw ? edb.data() : nullptr,
+                                   dy.data(), x.data(), w.data(), blocks, C, OC);
+          };
+          if (which == 0)
+            run(ref, ref_k);
+          else
+            run(fp8, k);
+          for (auto* v : {&dx, &dw, &db, &edx, &edw, &edb})
+            got[which].insert(got[which].end(), v->begin(), v->end());
+        }
+        EXPECT_EQ(got[1], got[0]) << "delayed " << delayed << " step " << step << " halves "
+                                  << halves;
+        compared += static_cast<int64_t>(got[0].size());
+      }
+      for (Fp8DelayedRecipe* r : {&ref_recipe, &recipe}) r->end_step({self.get()});
+      EXPECT_EQ(recipe.layer_state(0), ref_recipe.layer_state(0)) << step;
+    }
+    EXPECT_GT(k.transposed_calls, 0);
+  }
+  EXPECT_EQ(compared, 2 * 3 * 3 * (2 * R * C + 2 * (E * OC * C + E * OC)));
 }
 
 // Fp8Linear on one rank against its formulas evaluated in double on the quantised values:

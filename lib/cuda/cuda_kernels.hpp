@@ -103,9 +103,10 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   // the scale needs first comes to the host (the scale is computed there, as on the CPU): a wait
   // for the stream per quantised tensor under the current recipe (and the delayed one's first
   // step); once the delayed recipe has a history the quantise pass takes the amax into the state's
-  // device slot and nothing waits. The backward's operands are contracted along the forward's rows,
-  // and the FP8 tensor cores take both operands contiguous along the contraction, so it transposes
-  // the codes (wq for dX; dyq and xq for dW) into scratch of the same sizes first.
+  // device slot and nothing waits. The backward's GEMMs contract along the forward's rows, and
+  // the FP8 tensor cores take both operands contiguous along the contraction, so the backward's
+  // operands are quantised straight into that layout, each in one pass (Transformer Engine's
+  // cast-transpose): w for dX and x for dW transposed, dy row-major for dX and transposed for dW.
   static constexpr bool has_fp8 = std::is_same_v<Tx, cuda::bf16>;
   using Q = uint8_t;  // an FP8 code
   float abs_max(const T* x, int64_t n) {
@@ -127,27 +128,28 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     cuda::fp8_gemm(dev_.blas(), Fp8Format::E4M3, Fp8Format::E4M3, cuda::DType::BF16, N, OC, C,
                    inv_scale, xq, wq, 0.0f, out, b, s());
   }
-  void fp8_linear_backward(T* dinp, G* dw, G* db, const T* dout, const Q* dyq, const Q* xq,
-                           const Q* wq, int64_t N, int64_t C, int64_t OC, float inv_dinp,
-                           float inv_dw, Fp8Format dy_format)
+  // The backward's operands quantised straight into the layout its GEMMs take (out_t [cols,
+  // rows]; rowmajor, or nullptr, [rows, cols] in the same pass; kernels_fp8_transposed_backward).
+  static constexpr bool fp8_backward_transposed = true;
+  void fp8_quantize_transposed(Q* out_t, Q* rowmajor, const T* x, int64_t rows, int64_t cols,
+                               float scale, Fp8Format format, float* amax) {
+    cuda::fp8_quantize_transposed(out_t, rowmajor, x, rows, cols, scale, format, s(), amax);
+  }
+  // dyq [N,OC] row-major (for dX), dyt [OC,N], xt [C,N] and wt [C,OC] transposed.
+  void fp8_linear_backward_transposed(T* dinp, G* dw, G* db, const T* dout, const Q* dyq,
+                                      const Q* dyt, const Q* xt, const Q* wt, int64_t N,
+                                      int64_t C, int64_t OC, float inv_dinp, float inv_dw,
+                                      Fp8Format dy_format)
     requires std::is_same_v<Tx, cuda::bf16>
   {
     if (db) cuda::bias_grad_accumulate<T>(db, dout, N, OC, s(),
                                           workspace(cuda::bias_grad_workspace_bytes(N, OC)));
-    if (dinp) {  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
-      Q* wt = fp8_transposed(0, OC * C);
-      cuda::fp8_transpose(wt, wq, OC, C, s());
+    if (dinp)  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
       cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::BF16, N, C, OC,
                      inv_dinp, dyq, wt, 0.0f, dinp, nullptr, s());
-    }
-    if (dw) {  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
-      Q* dyt = fp8_transposed(1, N * OC);
-      Q* xt = fp8_transposed(2, N * C);
-      cuda::fp8_transpose(dyt, dyq, N, OC, s());
-      cuda::fp8_transpose(xt, xq, N, C, s());
+    if (dw)  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
       cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::F32, OC, C, N,
                      inv_dw, dyt, xt, 1.0f, dw, nullptr, s());
-    }
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
                        int64_t C, int64_t OC) {
@@ -501,17 +503,6 @@ class CudaKernels : public CudaMoeSupport<Tx> {
       workspace_ = DeviceArray<unsigned char>(dev_, static_cast<int64_t>(bytes));
     return workspace_.data();
   }
-  // The FP8 backward's transposed codes (0: the weight's, 1: the output gradient's, 2: the
-  // input's), each grown to the largest call.
-  uint8_t* fp8_transposed(int which, int64_t n) {
-    DeviceArray<uint8_t>& buf = fp8_transposed_[static_cast<size_t>(which)];
-    if (n > buf.size()) {
-      buf = DeviceArray<uint8_t>();
-      buf = DeviceArray<uint8_t>(dev_, n);
-    }
-    return buf.data();
-  }
-
   // Whether p points into device (or managed) memory rather than host memory.
   static bool is_device_memory(const void* p) {
     cudaPointerAttributes attr{};
@@ -576,7 +567,6 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy
   DeviceArray<double> mean_scratch_;         // accumulate_mean into a host accumulator
   DeviceArray<float> amax_;                  // abs_max's device result
-  std::array<DeviceArray<uint8_t>, 3> fp8_transposed_;  // fp8_transposed's buffers
   // Tokens and targets of two micro-batches in flight.
   std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
   size_t next_staging_ = 0;

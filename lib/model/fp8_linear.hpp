@@ -72,20 +72,24 @@ class Fp8Linear {
                 const T* w, int64_t N, int64_t C, int64_t OC) {
     const Scale sg = activation_scale(k, state(delayed, &Fp8GemmScaling::dy), dy, N * OC,
                                       s_.grad_format);
-    const Q* dyq = quantize(k, dyq_, dy, N * OC, sg, s_.grad_format);
+    Q* dyq = scratch(k, dyq_, dy_copies(dx, dw) * N * OC);
+    quantize_gradient(k, dyq, dy, N, OC, sg, dx, dw);
     Scale sx, sw;
-    const Q* xq = nullptr;
-    const Q* wq = nullptr;
+    Q* xq = nullptr;
+    Q* wq = nullptr;
     if (dw) {
       sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C, Fp8Format::E4M3);
-      xq = quantize(k, xq_, x, N * C, sx, Fp8Format::E4M3);
+      xq = scratch(k, xq_, N * C);
+      quantize_operand(k, xq, x, N, C, sx);
     }
     if (dx) {
       sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
-      wq = quantize(k, wq_, w, OC * C, sw, Fp8Format::E4M3);
+      wq = scratch(k, wq_, OC * C);
+      quantize_operand(k, wq, w, OC, C, sw);
     }
-    k.fp8_linear_backward(dx, dw, db, dy, dyq, xq, wq, N, C, OC, 1.0f / (sg.value * sw.value),
-                          1.0f / (sg.value * sx.value), s_.grad_format);
+    const Q* dyt = dy_copies(dx, dw) == 2 ? dyq + N * OC : dyq;
+    linear_backward(k, dx, dw, db, dy, dyq, dyt, xq, wq, N, C, OC, 1.0f / (sg.value * sw.value),
+                    1.0f / (sg.value * sx.value));
   }
 
   // The expert GEMMs of a mixture-of-experts layer: x [R,C] in `blocks`, w [E,OC,C] and
@@ -117,27 +121,40 @@ class Fp8Linear {
   void experts_backward(K& k, Fp8GemmScaling* delayed, T* dx, G* dw, G* db, const T* dy,
                         const T* x, const T* w, const ExpertBlocks& blocks, int64_t C,
                         int64_t OC) {
+    const int64_t R = blocks.offsets[blocks.count()];
+    // dy's second layout (both wanted) after all of the first: block s's at second + its rows.
+    const int64_t second = dy_copies(dx, dw) == 2 ? R * OC : 0;
     block_scales(k, delayed, &Fp8GemmScaling::dy, sg_, dy, blocks, OC, s_.grad_format);
-    const Q* dyq = quantize_blocks(k, dyq_, dy, blocks, OC, sg_, s_.grad_format);
-    const Q* xq = nullptr;
-    const Q* wq = nullptr;
+    Q* dyq = scratch(k, dyq_, dy_copies(dx, dw) * R * OC);
+    for (int64_t s = 0; s < blocks.count(); ++s)
+      if (blocks.rows(s) > 0)
+        quantize_gradient(k, dyq + blocks.first(s) * OC, dy + blocks.first(s) * OC,
+                          blocks.rows(s), OC, sg_[static_cast<size_t>(s)], dx, dw, second);
+    Q* xq = nullptr;
+    Q* wq = nullptr;
     if (dw) {
       block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
-      xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
+      xq = scratch(k, xq_, R * C);
+      for (int64_t s = 0; s < blocks.count(); ++s)
+        if (blocks.rows(s) > 0)
+          quantize_operand(k, xq + blocks.first(s) * C, x + blocks.first(s) * C, blocks.rows(s),
+                           C, sx_[static_cast<size_t>(s)]);
     }
     if (dx) {
       expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
-      wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
+      wq = scratch(k, wq_, blocks.experts * OC * C);
+      for (int64_t e = 0; e < blocks.experts; ++e)
+        quantize_operand(k, wq + e * OC * C, w + e * OC * C, OC, C, sw_[static_cast<size_t>(e)]);
     }
     for (int64_t s = 0; s < blocks.count(); ++s) {
       if (blocks.rows(s) == 0) continue;
       const int64_t e = blocks.expert(s), r0 = blocks.first(s);
-      k.fp8_linear_backward(dx ? dx + r0 * C : nullptr, dw ? dw + e * OC * C : nullptr,
-                            db ? db + e * OC : nullptr, dy + r0 * OC, dyq + r0 * OC,
-                            xq ? xq + r0 * C : nullptr, wq ? wq + e * OC * C : nullptr,
-                            blocks.rows(s), C, OC,
-                            dx ? 1.0f / (sg_[s].value * sw_[e].value) : 1.0f,
-                            dw ? 1.0f / (sg_[s].value * sx_[s].value) : 1.0f, s_.grad_format);
+      linear_backward(k, dx ? dx + r0 * C : nullptr, dw ? dw + e * OC * C : nullptr,
+                      db ? db + e * OC : nullptr, dy + r0 * OC, dyq + r0 * OC,
+                      dyq + second + r0 * OC, xq ? xq + r0 * C : nullptr,
+                      wq ? wq + e * OC * C : nullptr, blocks.rows(s), C, OC,
+                      dx ? 1.0f / (sg_[s].value * sw_[e].value) : 1.0f,
+                      dw ? 1.0f / (sg_[s].value * sx_[s].value) : 1.0f);
     }
   }
 
@@ -238,6 +255,47 @@ class Fp8Linear {
     tensor_->all_reduce(values, n, DType::F32, ReduceOp::Max);
     if (rows) rows->all_reduce(values, n, DType::F32, ReduceOp::Max);
     if (!dev.is_host()) dev.to_host(amax.data(), values, n * static_cast<int64_t>(sizeof(float)));
+  }
+  // The backward's operands in the layout K's FP8 GEMMs take (kernels_fp8_transposed_backward):
+  // row-major, as the forward's; or the input and the weight transposed ([cols, rows]) and the
+  // output gradient row-major for dX and transposed for dW, each from one pass over v.
+  static constexpr bool kTransposed = kernels_fp8_transposed_backward<K>;
+  // The output gradient's copies: two where both layouts are wanted (both halves, on a kernel
+  // set that transposes), one else.
+  static int64_t dy_copies(const T* dx, const G* dw) { return kTransposed && dx && dw ? 2 : 1; }
+  // v [rows, cols] (an input or a weight) quantised into q in the backward's layout.
+  void quantize_operand(K& k, Q* q, const T* v, int64_t rows, int64_t cols, const Scale& scale) {
+    if constexpr (kTransposed)
+      k.fp8_quantize_transposed(q, nullptr, v, rows, cols, scale.value, Fp8Format::E4M3,
+                                scale.amax);
+    else
+      k.fp8_quantize(q, v, rows * cols, scale.value, Fp8Format::E4M3, scale.amax);
+  }
+  // The output gradient dy [rows, cols] into q: row-major (for dX) at q and, on a kernel set
+  // that transposes, transposed (for dW) at q + second where both are wanted, else at q.
+  void quantize_gradient(K& k, Q* q, const T* dy, int64_t rows, int64_t cols, const Scale& scale,
+                         const T* dx, const G* dw, int64_t second = -1) {
+    if (second < 0) second = rows * cols;
+    const Fp8Format f = s_.grad_format;
+    if constexpr (kTransposed) {
+      if (dw) {
+        k.fp8_quantize_transposed(dx ? q + second : q, dx ? q : nullptr, dy, rows, cols,
+                                  scale.value, f, scale.amax);
+        return;
+      }
+    }
+    k.fp8_quantize(q, dy, rows * cols, scale.value, f, scale.amax);
+  }
+  // K's FP8 backward on operands in its layout (dyt: dy's transposed codes, or dyq again).
+  void linear_backward(K& k, T* dx, G* dw, G* db, const T* dy, const Q* dyq, const Q* dyt,
+                       const Q* xq, const Q* wq, int64_t N, int64_t C, int64_t OC, float inv_dx,
+                       float inv_dw) {
+    if constexpr (kTransposed)
+      k.fp8_linear_backward_transposed(dx, dw, db, dy, dyq, dyt, xq, wq, N, C, OC, inv_dx,
+                                       inv_dw, s_.grad_format);
+    else
+      k.fp8_linear_backward(dx, dw, db, dy, dyq, xq, wq, N, C, OC, inv_dx, inv_dw,
+                            s_.grad_format);
   }
   // v's n values quantised with `scale` into `buf` (its amax recorded where scale says).
   Q* quantize(K& k, DeviceArray<Q>& buf, const T* v, int64_t n, const Scale& scale,

@@ -12,6 +12,14 @@ namespace trident {
 template <class K>
 constexpr bool kernels_have_fp8 = requires { requires K::has_fp8; };
 
+// The FP8 backward's GEMMs contract both operands along contiguous rows (the GPU's FP8 tensor
+// cores): its operands are quantised straight into that layout, the input and the weight
+// transposed, the output gradient in both (K::fp8_quantize_transposed,
+// K::fp8_linear_backward_transposed); else row-major, as the forward's (the CPU reference).
+template <class K>
+constexpr bool kernels_fp8_transposed_backward =
+    requires { requires K::fp8_backward_transposed; };
+
 // A GPT-2 MLP's up projection and GELU in one call, and the GELU's gradient in its input
 // gradient (K::linear_gelu_forward, K::linear_backward_dgelu; train.fused_bias_gelu).
 template <class K>

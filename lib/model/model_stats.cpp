@@ -215,22 +215,44 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s) {
   const LayerWidths w = layer_widths(m, s);
   int64_t bytes = s.element_bytes * w.N * (3 * w.C + w.QKVl + w.Hl + w.Ul + w.Fl);
   if (s.sequence_parallel && s.tp > 1) bytes += s.element_bytes * (2 * w.N + w.Ns) * w.C;
-  return bytes + s.element_bytes * fp8_scratch_elements(m, s);
+  return bytes + fp8_scratch_bytes(m, s);
 }
 
-int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s) {
-  if (!s.fp8) return 0;
+namespace {
+
+// fp8_scratch_elements' three terms: the largest input, output gradient and weight.
+struct Fp8ScratchTerms {
+  int64_t input = 0, output = 0, weight = 0;
+};
+
+Fp8ScratchTerms fp8_scratch_terms(const ModelConfig& m, const ActivationShape& s) {
+  if (!s.fp8) return {};
   const LayerWidths w = layer_widths(m, s);
-  int64_t input = w.N * std::max({w.C, w.Hl, w.Fl}), output = w.N * std::max({w.QKVl, w.C, w.Ul});
-  int64_t weight = std::max({w.QKVl * w.C, w.C * w.Hl, w.Ul * w.C, w.C * w.Fl});
+  Fp8ScratchTerms t;
+  t.input = w.N * std::max({w.C, w.Hl, w.Fl});
+  t.output = w.N * std::max({w.QKVl, w.C, w.Ul});
+  t.weight = std::max({w.QKVl * w.C, w.C * w.Hl, w.Ul * w.C, w.C * w.Fl});
   if (m.moe_experts > 0) {
     const int64_t ep = s.expert_parallel;
     const int64_t R = w.N * m.moe_top_k * ep, experts = m.moe_experts / ep;
-    input = std::max(input, R * std::max(w.C, w.Fl));
-    output = std::max(output, R * std::max(w.Ul, w.C));
-    weight = std::max(weight, experts * std::max(w.Ul * w.C, w.C * w.Fl));
+    t.input = std::max(t.input, R * std::max(w.C, w.Fl));
+    t.output = std::max(t.output, R * std::max(w.Ul, w.C));
+    t.weight = std::max(t.weight, experts * std::max(w.Ul * w.C, w.C * w.Fl));
   }
-  return input + output + weight;
+  return t;
+}
+
+}  // namespace
+
+int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s) {
+  const Fp8ScratchTerms t = fp8_scratch_terms(m, s);
+  return t.input + t.output + t.weight;
+}
+
+int64_t fp8_scratch_bytes(const ModelConfig& m, const ActivationShape& s) {
+  const Fp8ScratchTerms t = fp8_scratch_terms(m, s);
+  return s.fp8_codes ? t.input + 2 * t.output + t.weight
+                     : s.element_bytes * (t.input + t.output + t.weight);
 }
 
 int64_t recompute_workspace_bytes(const ModelConfig& m, const ActivationShape& s) {

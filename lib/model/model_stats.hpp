@@ -73,8 +73,11 @@ struct ActivationShape {
   int64_t attention_saved_per_row = 1;
   int64_t attention_saved_bytes = 4;
   // train.precision = "fp8": the linear layers quantise their operands into scratch
-  // (model/fp8_linear.hpp), counted in backward_scratch_bytes.
+  // (model/fp8_linear.hpp), counted in backward_scratch_bytes (fp8_scratch_bytes): values at
+  // element_bytes (the CPU reference's), or (fp8_codes, the GPU's) one-byte codes, the output
+  // gradient's in two layouts (the backward's transposed operands).
   bool fp8 = false;
+  bool fp8_codes = false;
   // parallel.expert: a MoE layer's expert-side rows are sized for the most its rank's experts
   // may receive, N K EP (model/moe.hpp).
   int64_t expert_parallel = 1;
@@ -149,10 +152,13 @@ int64_t backward_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 // N*(max(C, Hl, Fl) + max(QKVl, C, Ul)) + max(QKVl*C, C*Hl, Ul*C, C*Fl), and with MoE layers
 // the experts' where larger: R = N*K*EP rows at most (what MoeActs is sized for) of inputs
 // max(C, Fl) and gradients max(Ul, C), and the E/EP local experts' stacked weights
-// E/EP * max(Ul*C, C*Fl). 0 unless s.fp8. backward_scratch_bytes counts them at the
-// activation's element size: the CPU reference's fp32 values (4 bytes), or the GPU's one-byte
-// codes and their transposes for the backward (2 x 1 byte, as bf16's 2).
+// E/EP * max(Ul*C, C*Fl). 0 unless s.fp8.
 int64_t fp8_scratch_elements(const ModelConfig& m, const ActivationShape& s);
+// Their bytes (backward_scratch_bytes counts them): each element at s.element_bytes (the CPU
+// reference's fp32 values), or under s.fp8_codes (the GPU's) one byte, the output gradient's
+// term twice (its row-major codes for dX and its transposed ones for dW, the input's and the
+// weight's transposed only).
+int64_t fp8_scratch_bytes(const ModelConfig& m, const ActivationShape& s);
 
 // The LM head and its cross-entropy run over chunks of rows of the micro-batch (the
 // Transformer's head_forward/head_backward), so the logits [N, Vl] are never whole in memory:

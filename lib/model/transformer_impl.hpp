@@ -453,6 +453,7 @@ ActivationShape Transformer<K>::activation_shape(int64_t B, bool split_backward)
   s.attention_saved_per_row = K::attention_saved_size(1, T_, 1) / T_;
   s.attention_saved_bytes = sizeof(Saved);
   s.fp8 = shard_.fp8.enabled;
+  s.fp8_codes = kernels_fp8_transposed_backward<K>;
   s.expert_parallel = shard_.ep_size;
   return s;
 }

@@ -248,6 +248,7 @@ struct Fp8Traffic {
   double backward = 0;  // dy, x and w: sum N OC + N Cin + OC Cin
   double weight = 0;    // what the split backward's weight half quantises: dy and x
   double dy = 0;        // sum N OC: the split backward's second dy
+  double gradient = 0;  // sum N OC over the four (the experts' too): the output gradients
 };
 
 class CostModel {
@@ -341,8 +342,14 @@ class CostModel {
       r.bwd_compute += per_element * (q.backward + (split ? q.dy : 0.0)) / bw;
       if (split) r.weight += per_element * q.weight / bw;
       if (l_.recompute == Recompute::Full) elements += q.forward;  // the rerun forward's
+      // A GPU writes the output gradient's codes in two layouts in the one pass where a
+      // backward takes both halves (row-major for dX, transposed for dW: model/fp8_linear.hpp);
+      // the split backward's halves quantise it once each (counted above).
+      const double second_layout =
+          hw_.device.kind == "gpu" && !split ? hw_.fp8_element_bytes() * q.gradient : 0.0;
+      r.bwd_compute += second_layout / bw;
       r.fp8_gemm = linear - router;
-      r.fp8_quantise_bytes = per_element * elements;
+      r.fp8_quantise_bytes = per_element * elements + second_layout;
       r.fp8_quantise = r.fp8_quantise_bytes / bw;
     }
     // Dropout on materialized probabilities (PlanProblem::attention_dropout, another system's;
@@ -418,6 +425,7 @@ class CostModel {
       const double x = g.rows * g.in, w = g.weights * g.out * g.in, dy = g.rows * g.out;
       t.forward += x + w;
       t.backward += dy + x + w;
+      t.gradient += dy;
       if (!g.deferred) continue;
       t.weight += dy + x;
       t.dy += dy;
@@ -449,15 +457,15 @@ class CostModel {
   }
 
   // The quantised copies' scratch an FP8 rank holds once (the largest input, weight and
-  // output gradient of its GEMMs, the experts' at the most rows they may receive): model_stats'
-  // count, the trainer's own, at the device's quantised element; a GPU also holds their
-  // transposes (the backward's operands, cuda/cuda_kernels.hpp), as many bytes again.
+  // output gradient of its GEMMs, the experts' at the most rows they may receive):
+  // model_stats' count, the trainer's own: the CPU reference's values, or a GPU's one-byte
+  // codes with the output gradient's in two layouts (the backward's transposed operands).
   double fp8_scratch_bytes() const {
     ActivationShape q = shape(Recompute::None);
     q.fp8 = true;
-    const double copies = hw_.device.kind == "gpu" ? 2.0 : 1.0;
-    return copies * hw_.fp8_element_bytes() *
-           static_cast<double>(fp8_scratch_elements(local_, q));
+    q.fp8_codes = hw_.device.kind == "gpu";
+    q.element_bytes = static_cast<int64_t>(hw_.fp8_element_bytes());
+    return static_cast<double>(trident::fp8_scratch_bytes(local_, q));
   }
 
   // The model's layers among chunk c's whose linear GEMMs run in FP8.

@@ -197,6 +197,7 @@ RankMemory estimate_rank_memory(const Config& config, const ModelShard& shard, i
   shape.element_bytes = static_cast<int64_t>(act);
   shape.attention_saved_per_row = 1;
   shape.expert_parallel = std::max(1, shard.ep_size);
+  shape.fp8_codes = config.train.device == "cuda";  // the GPU's kernel set (one-byte codes)
   // FP8's quantised copies: only a stage with a layer in FP8 ever makes them. A MoE layer
   // keeps its router's and experts' rows beyond a dense layer's stash.
   double moe_layers = 0;

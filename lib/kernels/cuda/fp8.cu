@@ -1,5 +1,6 @@
 // FP8 quantisation on the GPU (train.precision = "fp8"): the amax a tensor's scale comes from,
-// the FP8 codes of x * scale that the FP8 GEMMs take, and their transposes for the backward.
+// the FP8 codes of x * scale that the FP8 GEMMs take, and for the backward the codes written
+// transposed in the same pass (Transformer Engine's cast-transpose).
 // The conversion is the hardware's saturating one (__nv_cvt_float_to_fp8 with
 // __NV_SATFINITE), which util/fp8.hpp's float_to_fp8 reproduces on the host for the CPU
 // reference; test_cuda_kernels' CudaFp8 cases hold the two to the same bits.
@@ -49,35 +50,39 @@ __global__ void fp8_quantize_kernel(uint8_t* __restrict__ out, const T* __restri
   if (amax_bits) warp_max_into(amax_bits, m);
 }
 
-// 32 x 32 tiles through shared memory (a padded row: no bank conflicts), 32 x 8 threads each
-// moving four bytes of a tile's rows in and four of its columns out.
-__global__ void fp8_transpose_kernel(uint8_t* __restrict__ out, const uint8_t* __restrict__ in,
-                                     int64_t rows, int64_t cols) {
+// The codes of in[rows, cols] * scale written transposed, out_t[cols, rows], and (out, or
+// nullptr) row-major in the same pass: 32 x 32 tiles through shared memory (a padded row: no
+// bank conflicts), 32 x 8 threads each reading four values of a tile's rows and writing four
+// codes of its columns; the amax as fp8_quantize_kernel takes it.
+template <typename T>
+__global__ void fp8_quantize_transposed_kernel(uint8_t* __restrict__ out_t,
+                                               uint8_t* __restrict__ out,
+                                               const T* __restrict__ in, int64_t rows,
+                                               int64_t cols, float scale,
+                                               __nv_fp8_interpretation_t kind,
+                                               unsigned* __restrict__ amax_bits) {
   __shared__ uint8_t tile[32][33];
   const int64_t c0 = blockIdx.x * 32LL, r0 = blockIdx.y * 32LL;
+  unsigned m = 0;
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * cols + c];
+    if (r < rows && c < cols) {
+      const float v = detail::to_f32(in[r * cols + c]);
+      m = max(m, __float_as_uint(fabsf(v)));
+      const uint8_t code = __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind);
+      tile[i][threadIdx.x] = code;
+      if (out) out[r * cols + c] = code;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += 8) {
-    const int64_t c = c0 + i, r = r0 + threadIdx.x;  // out row c, column r
-    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][i];
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;  // out_t row c, column r
+    if (c < cols && r < rows) out_t[c * rows + r] = tile[threadIdx.x][i];
   }
+  if (amax_bits) warp_max_into(amax_bits, m);
 }
 
 }  // namespace
-
-void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
-                   cudaStream_t stream) {
-  detail::check_dims(rows >= 0 && cols >= 0, "fp8_transpose: negative size");
-  if (rows == 0 || cols == 0) return;
-  detail::check_dims((cols + 31) / 32 <= INT_MAX && (rows + 31) / 32 <= 65535,
-                     "fp8_transpose: too many rows (> 65535 * 32)");
-  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
-  fp8_transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(out, in, rows, cols);
-  CUDA_CHECK_LAUNCH();
-}
 
 template <typename T>
 void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream) {
@@ -100,10 +105,27 @@ void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format f
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename T>
+void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t rows,
+                             int64_t cols, float scale, Fp8Format format, cudaStream_t stream,
+                             float* amax) {
+  detail::check_dims(rows >= 0 && cols >= 0, "fp8_quantize_transposed: negative size");
+  if (rows == 0 || cols == 0) return;
+  detail::check_dims((cols + 31) / 32 <= INT_MAX && (rows + 31) / 32 <= 65535,
+                     "fp8_quantize_transposed: too many rows (> 65535 * 32)");
+  const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  fp8_quantize_transposed_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(
+      out_t, out, in, rows, cols, scale, kind, reinterpret_cast<unsigned*>(amax));
+  CUDA_CHECK_LAUNCH();
+}
+
 #define TRIDENT_INSTANTIATE(T)                                                              \
   template void abs_max<T>(float*, const T*, int64_t, cudaStream_t);                        \
   template void fp8_quantize<T>(uint8_t*, const T*, int64_t, float, Fp8Format, cudaStream_t, \
-                                float*);
+                                float*);                                                    \
+  template void fp8_quantize_transposed<T>(uint8_t*, uint8_t*, const T*, int64_t, int64_t,   \
+                                           float, Fp8Format, cudaStream_t, float*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

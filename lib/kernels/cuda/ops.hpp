@@ -490,11 +490,14 @@ void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream = nullptr)
 template <typename T>
 void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
                   cudaStream_t stream = nullptr, float* amax = nullptr);
-// out[cols, rows] = in[rows, cols]^T, FP8 codes (bytes): the backward's operands, whose
+// out_t[cols, rows] = the codes of (in[rows, cols] * scale)^T, as fp8_quantize's, and (out, or
+// nullptr) the row-major codes out[rows, cols] in the same pass: the backward's operands, whose
 // contraction runs along the rows of the forward's (the FP8 tensor cores take both operands
-// contiguous along the contraction, the "TN" form).
-void fp8_transpose(uint8_t* out, const uint8_t* in, int64_t rows, int64_t cols,
-                   cudaStream_t stream = nullptr);
+// contiguous along the contraction, the "TN" form); amax as fp8_quantize's. rows <= 65535 * 32.
+template <typename T>
+void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t rows,
+                             int64_t cols, float scale, Fp8Format format,
+                             cudaStream_t stream = nullptr, float* amax = nullptr);
 // C[M,N] = alpha * A[M,K] B[N,K]^T + beta * C (+ bias[N]) through cuBLASLt's FP8 GEMM, fp32
 // accumulation: A and B FP8 codes of formats fa and fb (not both E5M2), row-major and
 // contiguous along K (the TN form the FP8 tensor cores take), K a multiple of 16 (their 16-byte
