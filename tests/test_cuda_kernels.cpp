@@ -21,6 +21,7 @@ TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests no
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -1698,6 +1699,85 @@ TEST(CudaFp8, QuantizeTransposedIsTheHostsCodesTransposed) {
               static_cast<long long>(compared), static_cast<long long>(differ));
   EXPECT_EQ(differ, 0);
   EXPECT_EQ(compared, 2 * 3 * (1 + 77 + 33 * 65 + 100 * 37 + 256 * 512));
+}
+
+// The current recipe's scales formed on the device (kernels_fp8_device_scales): gpu::fp8_scales
+// is the host's fp8_scale to the bit (amaxes over the whole float range, 0, subnormals, infinity,
+// NaN; margins 0 and 2; both formats), gpu::fp8_dequant is 1.0f / (a * b) to the bit, a
+// quantisation reading its scale from the device gives the codes of the same scale passed by
+// value, and fp8_gemm's device factor scales the product as alpha does (the same bits).
+TEST(CudaFp8, ScalesFormedOnTheDeviceAreTheHosts) {
+  REQUIRE_CUDA_DEVICE();
+  using trident::Fp8Format;
+  std::mt19937_64 rng(57);
+  std::vector<float> amax = {0.f, 1e-45f, 1e-40f, 1.17549435e-38f, 3e-38f, 1e-30f, 1.f, 448.f,
+                             57344.f, 3.4e38f, std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN()};
+  std::uniform_real_distribution<float> exponent(-44.f, 38.f);
+  for (int i = 0; i < 2000; ++i) amax.push_back(std::pow(10.f, exponent(rng)));
+  DevBuf<float> d_amax(amax.size()), d_scale(amax.size());
+  d_amax.upload_raw(amax);
+  int64_t compared = 0, differ = 0;
+  for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2})
+    for (const int margin : {0, 2}) {
+      gpu::fp8_scales(d_scale.get(), d_amax.get(), static_cast<int64_t>(amax.size()), f, margin);
+      const std::vector<float> got = d_scale.download_raw();
+      for (size_t i = 0; i < amax.size(); ++i, ++compared) {
+        const float want = trident::fp8_scale(amax[i], 1.0f, f, margin);
+        if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want) && differ++ < 5)
+          ADD_FAILURE() << "amax " << amax[i] << " margin " << margin << ": " << got[i]
+                        << " vs host " << want;
+      }
+    }
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(compared, 4 * static_cast<int64_t>(amax.size()));
+  // The output factor, and the quantisation through the device scale.
+  DevBuf<float> a(1), b(1), factor(1);
+  for (const auto& [sa, sb] : {std::pair{448.f / 3.f, 57344.f / 1e-3f}, {1.f, 1.f},
+                               {3.0e4f, 7.5e-6f}}) {
+    a.upload_raw(std::vector<float>{sa});
+    b.upload_raw(std::vector<float>{sb});
+    gpu::fp8_dequant(factor.get(), a.get(), b.get());
+    EXPECT_EQ(factor.download_raw()[0], 1.0f / (sa * sb)) << sa << " " << sb;
+  }
+  const size_t n = 4099;
+  const std::vector<float> x = random_vec(rng, n, -300.f, 300.f);
+  DevBuf<float> dx(n);
+  dx.upload_raw(x);
+  DevBuf<uint8_t> by_value(n), by_pointer(n), t_value(n), t_pointer(n);
+  a.upload_raw(std::vector<float>{1.37f});
+  gpu::fp8_quantize<float>(by_value.get(), dx.get(), static_cast<int64_t>(n), 1.37f,
+                           Fp8Format::E4M3);
+  gpu::fp8_quantize<float>(by_pointer.get(), dx.get(), static_cast<int64_t>(n), 99.f,
+                           Fp8Format::E4M3, nullptr, nullptr, a.get());
+  EXPECT_EQ(by_pointer.download_raw(), by_value.download_raw());
+  gpu::fp8_quantize_transposed<float>(t_value.get(), nullptr, dx.get(), 1,
+                                      static_cast<int64_t>(n), 1.37f, Fp8Format::E4M3);
+  gpu::fp8_quantize_transposed<float>(t_pointer.get(), nullptr, dx.get(), 1,
+                                      static_cast<int64_t>(n), 99.f, Fp8Format::E4M3, nullptr,
+                                      nullptr, a.get());
+  EXPECT_EQ(t_pointer.download_raw(), t_value.download_raw());
+  // fp8_gemm: alpha = 1/4096 against alpha = 1 with the factor 1/4096 on the device.
+  gpu::CublasContext ctx;
+  const int64_t M = 64, N = 48, K = 64;
+  std::vector<uint8_t> ca(M * K), cb(N * K);
+  std::uniform_real_distribution<float> small(-4.f, 4.f);
+  for (uint8_t& c : ca) c = trident::float_to_fp8(small(rng), Fp8Format::E4M3);
+  for (uint8_t& c : cb) c = trident::float_to_fp8(small(rng), Fp8Format::E4M3);
+  DevBuf<uint8_t> da(ca.size()), db(cb.size());
+  da.upload_raw(ca);
+  db.upload_raw(cb);
+  DevBuf<bf16> c_alpha(M * N), c_factor(M * N);
+  factor.upload_raw(std::vector<float>{1.0f / 4096.0f});
+  gpu::fp8_gemm(ctx, Fp8Format::E4M3, Fp8Format::E4M3, gpu::DType::BF16, M, N, K,
+                1.0f / 4096.0f, da.get(), db.get(), 0.0f, c_alpha.get(), nullptr);
+  gpu::fp8_gemm(ctx, Fp8Format::E4M3, Fp8Format::E4M3, gpu::DType::BF16, M, N, K, 1.0f,
+                da.get(), db.get(), 0.0f, c_factor.get(), nullptr, nullptr, factor.get());
+  const std::vector<float> want = c_alpha.download(), got = c_factor.download();
+  EXPECT_EQ(got, want) << "the device factor scales the product as alpha does";
+  double largest = 0;
+  for (const float v : want) largest = std::max(largest, double(std::fabs(v)));
+  EXPECT_GT(largest, 0.0) << "a product to compare";
 }
 
 // Random finite FP8 codes of a format (no NaN; every finite code may come).

@@ -334,7 +334,7 @@ struct TransposingFp8Kernels : CpuKernels<float> {
     return t;
   }
   void fp8_quantize_transposed(float* out_t, float* rowmajor, const float* x, int64_t rows,
-                               int64_t cols, float scale, Fp8Format format, float* amax) {
+                               int64_t cols, Fp8Scale scale, Fp8Format format, float* amax) {
     std::vector<float> q(static_cast<size_t>(rows * cols));
     fp8_quantize(q.data(), x, rows * cols, scale, format, amax);
     const std::vector<float> t = transposed(q.data(), rows, cols);
@@ -345,7 +345,7 @@ struct TransposingFp8Kernels : CpuKernels<float> {
   void fp8_linear_backward_transposed(float* dx, float* dw, float* db, const float* dy,
                                       const float* dyq, const float* dyt, const float* xt,
                                       const float* wt, int64_t N, int64_t C, int64_t OC,
-                                      float inv_dx, float inv_dw, Fp8Format format) {
+                                      Fp8Dequant inv_dx, Fp8Dequant inv_dw, Fp8Format format) {
     if (dx) {
       const std::vector<float> w = transposed(wt, C, OC);
       fp8_linear_backward(dx, nullptr, db, dy, dyq, nullptr, w.data(), N, C, OC, inv_dx, inv_dw,
@@ -359,10 +359,24 @@ struct TransposingFp8Kernels : CpuKernels<float> {
   }
 };
 
-// Fp8Linear on the transposing kernel set gives the reference's bits: dense and expert GEMMs,
-// the whole backward and each half of the split one (dx only, dw and db only), current scaling
-// and the delayed recipe with its device slots, three steps.
-TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
+// The GPU kernel set's other difference, on top of its layouts (what the GPU runs): the current
+// recipe's amaxes and scales formed in the kernel set's memory (kernels_fp8_device_scales; host
+// memory here), the quantise passes and GEMMs reading the scales from there.
+struct GpuLikeFp8Kernels : TransposingFp8Kernels {
+  static constexpr bool fp8_scales_on_device = true;
+  int64_t scales_formed = 0;
+  void abs_max_into(float* amax, const float* x, int64_t n) { *amax = abs_max(x, n); }
+  void fp8_scales(float* scale, const float* amax, int64_t n, Fp8Format format, int margin) {
+    for (int64_t i = 0; i < n; ++i) scale[i] = fp8_scale(amax[i], 1.0f, format, margin);
+    scales_formed += n;
+  }
+};
+
+// Fp8Linear on kernel set K against the reference's bits: dense and expert GEMMs, forward, the
+// whole backward and each half of the split one (dx only, dw and db only), current scaling and
+// the delayed recipe with its device slots, three steps. Returns the values compared.
+template <class K>
+int64_t expect_the_references_bits(K& k) {
   const int64_t N = 7, C = 16, OC = 24, E = 2, sources = 2;
   const std::vector<int64_t> offsets = {0, 3, 3, 9, 11};  // an empty block among them
   const int64_t R = offsets.back();
@@ -374,14 +388,13 @@ TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
   int64_t compared = 0;
   for (const bool delayed : {false, true}) {
     CpuKernels<float> ref_k;
-    TransposingFp8Kernels k;
     Fp8DelayedRecipe ref_recipe(Fp8Format::E5M2, 2, 0), recipe(Fp8Format::E5M2, 2, 0);
     ref_recipe.add_layer(0, E);
     recipe.add_layer(0, E);
     ref_recipe.keep_amaxes_on(ref_k.device());
     recipe.keep_amaxes_on(k.device());
     Fp8Linear<CpuKernels<float>> ref(settings, *self);
-    Fp8Linear<TransposingFp8Kernels> fp8(settings, *self);
+    Fp8Linear<K> fp8(settings, *self);
     for (int step = 0; step < 3; ++step) {
       const auto x = normal_values(rng, R * C, 2.f), dy = normal_values(rng, R * OC, 1e-3f);
       const auto w = normal_values(rng, E * OC * C, 0.05f);
@@ -390,15 +403,18 @@ TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
         const bool want_dx = halves & 1, want_dw = halves & 2;
         std::vector<float> got[2];
         for (int which = 0; which < 2; ++which) {
-          std::vector<float> dx(R * C, 0.f), dw(E * OC * C, 0.f), db(E * OC, 0.f), edx(R * C, 0.f),
-              edw(E * OC * C, 0.f), edb(E * OC, 0.f);
+          std::vector<float> out(N * OC), eout(R * OC), dx(R * C, 0.f), dw(E * OC * C, 0.f),
+              db(E * OC, 0.f), edx(R * C, 0.f), edw(E * OC * C, 0.f), edb(E * OC, 0.f);
           Fp8DelayedRecipe& r = which == 0 ? ref_recipe : recipe;
           Fp8GemmScaling* g = delayed ? &r.gemm(0, Fp8Gemm::Qkv) : nullptr;
           Fp8GemmScaling* down = delayed ? r.experts(0, Fp8Gemm::Down) : nullptr;
           auto run = [&](auto& layer, auto& kernels) {
+            layer.forward(kernels, g, out.data(), x.data(), w.data(), nullptr, N, C, OC);
             layer.backward(kernels, g, want_dx ? dx.data() : nullptr,
                            want_dw ? dw.data() : nullptr, want_dw ? db.data() : nullptr,
                            dy.data(), x.data(), w.data(), N, C, OC);
+            layer.experts_forward(kernels, down, eout.data(), x.data(), w.data(), nullptr,
+                                  blocks, C, OC);
             layer.experts_backward(kernels, down, want_dx ? edx.data() : nullptr,
                                    want_dw ? edw.data() : nullptr, want_dw ? edb.data() : nullptr,
                                    dy.data(), x.data(), w.data(), blocks, C, OC);
@@ -407,7 +423,7 @@ TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
             run(ref, ref_k);
           else
             run(fp8, k);
-          for (auto* v : {&dx, &dw, &db, &edx, &edw, &edb})
+          for (auto* v : {&out, &eout, &dx, &dw, &db, &edx, &edw, &edb})
             got[which].insert(got[which].end(), v->begin(), v->end());
         }
         EXPECT_EQ(got[1], got[0]) << "delayed " << delayed << " step " << step << " halves "
@@ -417,9 +433,25 @@ TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
       for (Fp8DelayedRecipe* r : {&ref_recipe, &recipe}) r->end_step({self.get()});
       EXPECT_EQ(recipe.layer_state(0), ref_recipe.layer_state(0)) << step;
     }
-    EXPECT_GT(k.transposed_calls, 0);
   }
-  EXPECT_EQ(compared, 2 * 3 * 3 * (2 * R * C + 2 * (E * OC * C + E * OC)));
+  EXPECT_EQ(compared, 2 * 3 * 3 * (N * OC + R * OC + 2 * R * C + 2 * (E * OC * C + E * OC)));
+  return compared;
+}
+
+// Fp8Linear on the transposing kernel set gives the reference's bits.
+TEST(Fp8Linear, TheBackwardsTransposedOperandsAreTheReferencesBitForBit) {
+  TransposingFp8Kernels k;
+  EXPECT_GT(expect_the_references_bits(k), 0);
+  EXPECT_GT(k.transposed_calls, 0);
+}
+
+// ... and with the current recipe's scales formed in the kernel set's memory as well (the GPU's
+// two differences together): the same scales (fp8_scale of the same amaxes), so the same bits.
+TEST(Fp8Linear, ScalesFormedInTheKernelSetsMemoryAreTheReferencesBitForBit) {
+  GpuLikeFp8Kernels k;
+  EXPECT_GT(expect_the_references_bits(k), 0);
+  EXPECT_GT(k.scales_formed, 0);
+  EXPECT_GT(k.transposed_calls, 0);
 }
 
 // Fp8Linear on one rank against its formulas evaluated in double on the quantised values:

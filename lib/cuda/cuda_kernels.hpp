@@ -99,14 +99,15 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     cuda::linear_forward(dev_.blas(), out, inp, w, b, N, C, OC, s());
   }
 
-  // FP8 linear layers (model/fp8_linear.hpp), the CPU reference's twins on FP8 codes (Q). An amax
-  // the scale needs first comes to the host (the scale is computed there, as on the CPU): a wait
-  // for the stream per quantised tensor under the current recipe (and the delayed one's first
-  // step); once the delayed recipe has a history the quantise pass takes the amax into the state's
-  // device slot and nothing waits. The backward's GEMMs contract along the forward's rows, and
-  // the FP8 tensor cores take both operands contiguous along the contraction, so the backward's
-  // operands are quantised straight into that layout, each in one pass (Transformer Engine's
-  // cast-transpose): w for dX and x for dW transposed, dy row-major for dX and transposed for dW.
+  // FP8 linear layers (model/fp8_linear.hpp), the CPU reference's twins on FP8 codes (Q). The host
+  // does not wait for the stream per quantised tensor: the current recipe's amaxes, scales and GEMM
+  // output factors are formed on the device (fp8_scales_on_device; a staged MPI communicator's
+  // reduction still goes through the host), and the delayed recipe's quantise passes take the
+  // amaxes into the states' device slots (its first step alone brings them to the host, through
+  // abs_max). The backward's GEMMs contract along the forward's rows, and the FP8 tensor cores take
+  // both operands contiguous along the contraction, so the backward's operands are quantised
+  // straight into that layout, each in one pass (Transformer Engine's cast-transpose): w for dX and
+  // x for dW transposed, dy row-major for dX and transposed for dW.
   static constexpr bool has_fp8 = std::is_same_v<Tx, cuda::bf16>;
   using Q = uint8_t;  // an FP8 code
   float abs_max(const T* x, int64_t n) {
@@ -117,39 +118,51 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     CUDA_CHECK(cudaStreamSynchronize(s()));
     return host;
   }
-  void fp8_quantize(Q* q, const T* x, int64_t n, float scale, Fp8Format format,
+  void fp8_quantize(Q* q, const T* x, int64_t n, Fp8Scale scale, Fp8Format format,
                     float* amax = nullptr) {
-    cuda::fp8_quantize(q, x, n, scale, format, s(), amax);
+    cuda::fp8_quantize(q, x, n, scale.value, format, s(), amax, scale.device);
+  }
+  // The current recipe's scales kept on the device (kernels_fp8_device_scales).
+  static constexpr bool fp8_scales_on_device = true;
+  void abs_max_into(float* amax, const T* x, int64_t n) { cuda::abs_max(amax, x, n, s()); }
+  void fp8_scales(float* scale, const float* amax, int64_t n, Fp8Format format, int margin) {
+    cuda::fp8_scales(scale, amax, n, format, margin, s());
   }
   void fp8_linear_forward(T* out, const Q* xq, const Q* wq, const T* b, int64_t N, int64_t C,
-                          int64_t OC, float inv_scale)
+                          int64_t OC, Fp8Dequant inv_scale)
     requires std::is_same_v<Tx, cuda::bf16>
   {
+    const float* factor = dequant_factor(0, inv_scale);
     cuda::fp8_gemm(dev_.blas(), Fp8Format::E4M3, Fp8Format::E4M3, cuda::DType::BF16, N, OC, C,
-                   inv_scale, xq, wq, 0.0f, out, b, s());
+                   factor ? 1.0f : inv_scale.get(), xq, wq, 0.0f, out, b, s(), factor);
   }
   // The backward's operands quantised straight into the layout its GEMMs take (out_t [cols,
   // rows]; rowmajor, or nullptr, [rows, cols] in the same pass; kernels_fp8_transposed_backward).
   static constexpr bool fp8_backward_transposed = true;
   void fp8_quantize_transposed(Q* out_t, Q* rowmajor, const T* x, int64_t rows, int64_t cols,
-                               float scale, Fp8Format format, float* amax) {
-    cuda::fp8_quantize_transposed(out_t, rowmajor, x, rows, cols, scale, format, s(), amax);
+                               Fp8Scale scale, Fp8Format format, float* amax) {
+    cuda::fp8_quantize_transposed(out_t, rowmajor, x, rows, cols, scale.value, format, s(), amax,
+                                  scale.device);
   }
   // dyq [N,OC] row-major (for dX), dyt [OC,N], xt [C,N] and wt [C,OC] transposed.
   void fp8_linear_backward_transposed(T* dinp, G* dw, G* db, const T* dout, const Q* dyq,
                                       const Q* dyt, const Q* xt, const Q* wt, int64_t N,
-                                      int64_t C, int64_t OC, float inv_dinp, float inv_dw,
-                                      Fp8Format dy_format)
+                                      int64_t C, int64_t OC, Fp8Dequant inv_dinp,
+                                      Fp8Dequant inv_dw, Fp8Format dy_format)
     requires std::is_same_v<Tx, cuda::bf16>
   {
     if (db) cuda::bias_grad_accumulate<T>(db, dout, N, OC, s(),
                                           workspace(cuda::bias_grad_workspace_bytes(N, OC)));
-    if (dinp)  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
+    if (dinp) {  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
+      const float* factor = dequant_factor(0, inv_dinp);
       cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::BF16, N, C, OC,
-                     inv_dinp, dyq, wt, 0.0f, dinp, nullptr, s());
-    if (dw)  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
+                     factor ? 1.0f : inv_dinp.get(), dyq, wt, 0.0f, dinp, nullptr, s(), factor);
+    }
+    if (dw) {  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
+      const float* factor = dequant_factor(1, inv_dw);
       cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::F32, OC, C, N,
-                     inv_dw, dyt, xt, 1.0f, dw, nullptr, s());
+                     factor ? 1.0f : inv_dw.get(), dyt, xt, 1.0f, dw, nullptr, s(), factor);
+    }
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
                        int64_t C, int64_t OC) {
@@ -503,6 +516,16 @@ class CudaKernels : public CudaMoeSupport<Tx> {
       workspace_ = DeviceArray<unsigned char>(dev_, static_cast<int64_t>(bytes));
     return workspace_.data();
   }
+  // An FP8 GEMM's output factor formed on the device from its operands' scales there (slot 0:
+  // the forward's and dX's, 1: dW's), or nullptr where the host knows it (Fp8Dequant::get).
+  const float* dequant_factor(int slot, const Fp8Dequant& d) {
+    if (!d.on_device()) return nullptr;
+    if (fp8_factors_.size() == 0) fp8_factors_ = DeviceArray<float>(dev_, 2);
+    float* out = fp8_factors_.data() + slot;
+    cuda::fp8_dequant(out, d.a.device, d.b.device, s());
+    return out;
+  }
+
   // Whether p points into device (or managed) memory rather than host memory.
   static bool is_device_memory(const void* p) {
     cudaPointerAttributes attr{};
@@ -567,6 +590,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy
   DeviceArray<double> mean_scratch_;         // accumulate_mean into a host accumulator
   DeviceArray<float> amax_;                  // abs_max's device result
+  DeviceArray<float> fp8_factors_;           // dequant_factor's two
   // Tokens and targets of two micro-batches in flight.
   std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
   size_t next_staging_ = 0;

@@ -118,9 +118,9 @@ class CpuKernels {
   // amax: nullptr, or a float of K's memory that becomes the larger of itself and max |x|,
   // as the GPU's quantise pass takes it (Fp8DelayedScaling::amax_slot): by bit pattern, the
   // float order of non-negative values with a NaN above infinity.
-  void fp8_quantize(T* q, const T* x, int64_t n, float scale, Fp8Format format,
+  void fp8_quantize(T* q, const T* x, int64_t n, Fp8Scale scale, Fp8Format format,
                     float* amax = nullptr) {
-    cpu::fp8_quantize(q, x, n, scale, format);
+    cpu::fp8_quantize(q, x, n, scale.get(), format);
     if (!amax) return;
     const float a = abs_max(x, n);
     if (std::bit_cast<uint32_t>(a) > std::bit_cast<uint32_t>(*amax)) *amax = a;
@@ -129,15 +129,16 @@ class CpuKernels {
   // the values need not be told), each product's sum times its inverse scales, as an FP8 tensor
   // core's output; the bias gradient from the unquantised dout.
   void fp8_linear_forward(T* out, const T* xq, const T* wq, const T* b, int64_t N, int64_t C,
-                          int64_t OC, float inv_scale) {
-    cpu::linear_forward(out, xq, wq, b, N, C, OC, static_cast<T>(inv_scale));
+                          int64_t OC, Fp8Dequant inv_scale) {
+    cpu::linear_forward(out, xq, wq, b, N, C, OC, static_cast<T>(inv_scale.get()));
   }
   void fp8_linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* dyq, const T* xq,
-                           const T* wq, int64_t N, int64_t C, int64_t OC, float inv_dinp,
-                           float inv_dw, Fp8Format /*dy_format*/) {
+                           const T* wq, int64_t N, int64_t C, int64_t OC, Fp8Dequant inv_dinp,
+                           Fp8Dequant inv_dw, Fp8Format /*dy_format*/) {
     if (db) cpu::linear_backward<T>(nullptr, nullptr, db, dout, nullptr, nullptr, N, C, OC);
-    cpu::linear_backward<T>(dinp, dw, nullptr, dyq, xq, wq, N, C, OC, static_cast<T>(inv_dinp),
-                            static_cast<T>(inv_dw));
+    cpu::linear_backward<T>(dinp, dw, nullptr, dyq, xq, wq, N, C, OC,
+                            static_cast<T>(dinp ? inv_dinp.get() : 1.0f),
+                            static_cast<T>(dw ? inv_dw.get() : 1.0f));
   }
 
   // doc_start [B,Tn] (K's memory, through upload_ids; nullptr: no documents).

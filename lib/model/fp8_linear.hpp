@@ -22,6 +22,7 @@
 // once; nothing is kept between forward and backward (the backward quantises again from the same
 // tensors with the same scales, so the same values).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -29,6 +30,7 @@
 #include "model/fp8_scaling.hpp"
 #include "model/kernel_traits.hpp"
 #include "tensor/device.hpp"
+#include "util/error.hpp"
 
 namespace trident {
 
@@ -59,17 +61,19 @@ class Fp8Linear {
   // `delayed`: the GEMM's state under the delayed recipe; nullptr for current scaling.
   void forward(K& k, Fp8GemmScaling* delayed, T* out, const T* x, const T* w, const T* b,
                int64_t N, int64_t C, int64_t OC) {
+    begin_scales(k, 2);
     const Scale sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C,
                                       Fp8Format::E4M3);
     const Scale sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
     const Q* xq = quantize(k, xq_, x, N * C, sx, Fp8Format::E4M3);
     const Q* wq = quantize(k, wq_, w, OC * C, sw, Fp8Format::E4M3);
-    k.fp8_linear_forward(out, xq, wq, b, N, C, OC, 1.0f / (sx.value * sw.value));
+    k.fp8_linear_forward(out, xq, wq, b, N, C, OC, dequant(sx, sw));
   }
   // Any of dx, dw, db may be nullptr (the split backward), as in K::linear_backward; x is only
   // read for dw, w only for dx.
   void backward(K& k, Fp8GemmScaling* delayed, T* dx, G* dw, G* db, const T* dy, const T* x,
                 const T* w, int64_t N, int64_t C, int64_t OC) {
+    begin_scales(k, 3);
     const Scale sg = activation_scale(k, state(delayed, &Fp8GemmScaling::dy), dy, N * OC,
                                       s_.grad_format);
     Q* dyq = scratch(k, dyq_, dy_copies(dx, dw) * N * OC);
@@ -88,8 +92,8 @@ class Fp8Linear {
       quantize_operand(k, wq, w, OC, C, sw);
     }
     const Q* dyt = dy_copies(dx, dw) == 2 ? dyq + N * OC : dyq;
-    linear_backward(k, dx, dw, db, dy, dyq, dyt, xq, wq, N, C, OC, 1.0f / (sg.value * sw.value),
-                    1.0f / (sg.value * sx.value));
+    linear_backward(k, dx, dw, db, dy, dyq, dyt, xq, wq, N, C, OC, dequant(sg, sw),
+                    dequant(sg, sx));
   }
 
   // The expert GEMMs of a mixture-of-experts layer: x [R,C] in `blocks`, w [E,OC,C] and
@@ -105,6 +109,7 @@ class Fp8Linear {
   // amax of the expert's rows.
   void experts_forward(K& k, Fp8GemmScaling* delayed, T* out, const T* x, const T* w,
                        const T* b, const ExpertBlocks& blocks, int64_t C, int64_t OC) {
+    begin_scales(k, blocks.count() + blocks.experts);
     block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
     expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
     const Q* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
@@ -113,7 +118,7 @@ class Fp8Linear {
       if (blocks.rows(s) == 0) continue;
       const int64_t e = blocks.expert(s), r0 = blocks.first(s);
       k.fp8_linear_forward(out + r0 * OC, xq + r0 * C, wq + e * OC * C, b ? b + e * OC : nullptr,
-                           blocks.rows(s), C, OC, 1.0f / (sx_[s].value * sw_[e].value));
+                           blocks.rows(s), C, OC, dequant(sx_[s], sw_[e]));
     }
   }
   // dx [R,C] (overwrite), dw [E,OC,C] +=, db [E,OC] += from dy [R,OC], as experts_forward
@@ -121,6 +126,7 @@ class Fp8Linear {
   void experts_backward(K& k, Fp8GemmScaling* delayed, T* dx, G* dw, G* db, const T* dy,
                         const T* x, const T* w, const ExpertBlocks& blocks, int64_t C,
                         int64_t OC) {
+    begin_scales(k, 2 * blocks.count() + blocks.experts);
     const int64_t R = blocks.offsets[blocks.count()];
     // dy's second layout (both wanted) after all of the first: block s's at second + its rows.
     const int64_t second = dy_copies(dx, dw) == 2 ? R * OC : 0;
@@ -153,8 +159,7 @@ class Fp8Linear {
                       db ? db + e * OC : nullptr, dy + r0 * OC, dyq + r0 * OC,
                       dyq + second + r0 * OC, xq ? xq + r0 * C : nullptr,
                       wq ? wq + e * OC * C : nullptr, blocks.rows(s), C, OC,
-                      dx ? 1.0f / (sg_[s].value * sw_[e].value) : 1.0f,
-                      dw ? 1.0f / (sg_[s].value * sx_[s].value) : 1.0f);
+                      dequant(sg_[s], sw_[e]), dequant(sg_[s], sx_[s]));
     }
   }
 
@@ -164,7 +169,16 @@ class Fp8Linear {
   // amax was taken before the scale, by a pass of its own).
   struct Scale {
     float value = 1.0f;
+    const float* device = nullptr;  // the scale in K's memory instead (kDeviceScales)
     float* amax = nullptr;
+    Fp8Scale ref() const { return {value, device}; }
+  };
+  static Fp8Dequant dequant(const Scale& a, const Scale& b) { return {a.ref(), b.ref()}; }
+
+  // One unit's values (a tensor, a block of rows, an expert's weight).
+  struct Values {
+    const T* v;
+    int64_t n;
   };
 
   // The scale of each block of v (rows of `width`): under the delayed recipe with a history,
@@ -176,11 +190,7 @@ class Fp8Linear {
     scales_of(
         k, blocks.count(),
         [&](int64_t s) { return delayed ? &(delayed[blocks.expert(s)].*operand) : nullptr; },
-        [&](int64_t s) {
-          return blocks.rows(s) > 0
-                     ? k.abs_max(v + blocks.first(s) * width, blocks.rows(s) * width)
-                     : 0.0f;
-        },
+        [&](int64_t s) { return Values{v + blocks.first(s) * width, blocks.rows(s) * width}; },
         context_, format, scales);
   }
   // The scale of each of `experts` weights of n values: under the delayed recipe with a
@@ -189,32 +199,79 @@ class Fp8Linear {
                      int64_t experts, int64_t n) {
     scales_of(
         k, experts, [&](int64_t e) { return delayed ? &delayed[e].w : nullptr; },
-        [&](int64_t e) { return k.abs_max(w + e * n, n); }, nullptr, Fp8Format::E4M3, scales);
+        [&](int64_t e) { return Values{w + e * n, n}; }, nullptr, Fp8Format::E4M3, scales);
   }
-  // The scales of `units` tensors (a tensor, the blocks of rows, the experts' weights);
-  // `state(i)`: unit i's delayed state, or nullptr (current scaling); `amax_of(i)`: unit i's
-  // local amax, by a pass of its own. Once every unit's state has a history and a device slot,
-  // the states' scales of the step, their amaxes left to the quantise passes; else the amaxes
-  // now, through finish_scales.
-  template <class State, class Amax>
-  void scales_of(K& k, int64_t units, State state, Amax amax_of, Communicator* rows,
+  // The scales of `units` tensors; `state(i)`: unit i's delayed state, or nullptr (current
+  // scaling); `values(i)`: unit i's values. Three ways:
+  //   * every unit's state has a history and a device slot: the states' scales of the step,
+  //     the amaxes left to the quantise passes (Fp8DelayedRecipe::keep_amaxes_on);
+  //   * current scaling on a kernel set that keeps its scales (kDeviceScales): the amaxes,
+  //     their reduction over the tensor group and `rows`, and the scales, all in K's memory;
+  //   * else the amaxes to the host, through finish_scales.
+  template <class State, class Unit>
+  void scales_of(K& k, int64_t units, State state, Unit values, Communicator* rows,
                  Fp8Format format, std::vector<Scale>& scales) {
     scales.assign(static_cast<size_t>(units), Scale{});
-    bool fused = units > 0;
-    for (int64_t i = 0; i < units && fused; ++i) {
+    bool fused = units > 0, current = true;
+    for (int64_t i = 0; i < units; ++i) {
       const Fp8DelayedScaling* d = state(i);
-      fused = d && d->amax_slot() && d->recorded() > 0;
+      fused = fused && d && d->amax_slot() && d->recorded() > 0;
+      current = current && !d;
     }
     if (fused) {
       for (int64_t i = 0; i < units; ++i)
-        scales[static_cast<size_t>(i)] = {state(i)->local_scale(), state(i)->amax_slot()};
+        scales[static_cast<size_t>(i)] = {state(i)->local_scale(), nullptr, state(i)->amax_slot()};
       return;
     }
+    if constexpr (kDeviceScales) {
+      if (current && units > 0) {
+        device_scales(k, units, values, rows, format, scales);
+        return;
+      }
+    }
     amax_.assign(static_cast<size_t>(units), 0.0f);
-    for (int64_t i = 0; i < units; ++i) amax_[static_cast<size_t>(i)] = amax_of(i);
+    for (int64_t i = 0; i < units; ++i) {
+      const Values u = values(i);
+      amax_[static_cast<size_t>(i)] = u.n > 0 ? k.abs_max(u.v, u.n) : 0.0f;
+    }
     finish_scales(k, amax_, rows, format, state);
     for (int64_t i = 0; i < units; ++i)
       scales[static_cast<size_t>(i)].value = amax_[static_cast<size_t>(i)];
+  }
+  // The current recipe's scales in K's memory: the next `units` of the call's amaxes and
+  // scales (begin_scales), nothing read back.
+  template <class Unit>
+  void device_scales(K& k, int64_t units, Unit values, Communicator* rows, Fp8Format format,
+                     std::vector<Scale>& scales) {
+    if (next_scale_ + units > scale_capacity_)
+      throw Error("FP8: " + std::to_string(next_scale_ + units) + " scales in one call, " +
+                  std::to_string(scale_capacity_) + " reserved (Fp8Linear::begin_scales)");
+    float* amax = amaxes_.data() + next_scale_;
+    float* scale = scales_.data() + next_scale_;
+    next_scale_ += units;
+    for (int64_t i = 0; i < units; ++i) {
+      const Values u = values(i);
+      k.abs_max_into(amax + i, u.v, u.n);
+    }
+    if (tensor_->size() > 1 || (rows && rows->size() > 1)) {
+      tensor_->all_reduce(amax, units, DType::F32, ReduceOp::Max);
+      if (rows) rows->all_reduce(amax, units, DType::F32, ReduceOp::Max);
+    }
+    k.fp8_scales(scale, amax, units, format, s_.margin);
+    for (int64_t i = 0; i < units; ++i) scales[static_cast<size_t>(i)] = {1.0f, scale + i, nullptr};
+  }
+  // A call's scales in K's memory (kDeviceScales): room for `units` of them, taken in order by
+  // device_scales; every GEMM of the call reads its own (a later call's kernels run after it).
+  void begin_scales(K& k, int64_t units) {
+    if constexpr (kDeviceScales) {
+      next_scale_ = 0;
+      if (units <= scale_capacity_) return;
+      amaxes_ = DeviceArray<float>();
+      scales_ = DeviceArray<float>();
+      amaxes_ = DeviceArray<float>(k.device(), units);
+      scales_ = DeviceArray<float>(k.device(), units);
+      scale_capacity_ = units;
+    }
   }
   // scales: each unit's local amax on entry (a tensor, a block of rows, an expert's weight),
   // its scale on return. `state(i)`: unit i's delayed state, or nullptr (current scaling). Once
@@ -260,16 +317,17 @@ class Fp8Linear {
   // row-major, as the forward's; or the input and the weight transposed ([cols, rows]) and the
   // output gradient row-major for dX and transposed for dW, each from one pass over v.
   static constexpr bool kTransposed = kernels_fp8_transposed_backward<K>;
+  static constexpr bool kDeviceScales = kernels_fp8_device_scales<K>;
   // The output gradient's copies: two where both layouts are wanted (both halves, on a kernel
   // set that transposes), one else.
   static int64_t dy_copies(const T* dx, const G* dw) { return kTransposed && dx && dw ? 2 : 1; }
   // v [rows, cols] (an input or a weight) quantised into q in the backward's layout.
   void quantize_operand(K& k, Q* q, const T* v, int64_t rows, int64_t cols, const Scale& scale) {
     if constexpr (kTransposed)
-      k.fp8_quantize_transposed(q, nullptr, v, rows, cols, scale.value, Fp8Format::E4M3,
+      k.fp8_quantize_transposed(q, nullptr, v, rows, cols, scale.ref(), Fp8Format::E4M3,
                                 scale.amax);
     else
-      k.fp8_quantize(q, v, rows * cols, scale.value, Fp8Format::E4M3, scale.amax);
+      k.fp8_quantize(q, v, rows * cols, scale.ref(), Fp8Format::E4M3, scale.amax);
   }
   // The output gradient dy [rows, cols] into q: row-major (for dX) at q and, on a kernel set
   // that transposes, transposed (for dW) at q + second where both are wanted, else at q.
@@ -280,16 +338,16 @@ class Fp8Linear {
     if constexpr (kTransposed) {
       if (dw) {
         k.fp8_quantize_transposed(dx ? q + second : q, dx ? q : nullptr, dy, rows, cols,
-                                  scale.value, f, scale.amax);
+                                  scale.ref(), f, scale.amax);
         return;
       }
     }
-    k.fp8_quantize(q, dy, rows * cols, scale.value, f, scale.amax);
+    k.fp8_quantize(q, dy, rows * cols, scale.ref(), f, scale.amax);
   }
   // K's FP8 backward on operands in its layout (dyt: dy's transposed codes, or dyq again).
   void linear_backward(K& k, T* dx, G* dw, G* db, const T* dy, const Q* dyq, const Q* dyt,
-                       const Q* xq, const Q* wq, int64_t N, int64_t C, int64_t OC, float inv_dx,
-                       float inv_dw) {
+                       const Q* xq, const Q* wq, int64_t N, int64_t C, int64_t OC,
+                       const Fp8Dequant& inv_dx, const Fp8Dequant& inv_dw) {
     if constexpr (kTransposed)
       k.fp8_linear_backward_transposed(dx, dw, db, dy, dyq, dyt, xq, wq, N, C, OC, inv_dx,
                                        inv_dw, s_.grad_format);
@@ -301,7 +359,7 @@ class Fp8Linear {
   Q* quantize(K& k, DeviceArray<Q>& buf, const T* v, int64_t n, const Scale& scale,
               Fp8Format format) {
     Q* q = scratch(k, buf, n);
-    k.fp8_quantize(q, v, n, scale.value, format, scale.amax);
+    k.fp8_quantize(q, v, n, scale.ref(), format, scale.amax);
     return q;
   }
   Q* quantize_blocks(K& k, DeviceArray<Q>& buf, const T* v, const ExpertBlocks& blocks,
@@ -311,7 +369,7 @@ class Fp8Linear {
       const int64_t at = blocks.first(s) * width;
       const Scale& scale = scales[static_cast<size_t>(s)];
       if (blocks.rows(s) > 0)
-        k.fp8_quantize(q + at, v + at, blocks.rows(s) * width, scale.value, format, scale.amax);
+        k.fp8_quantize(q + at, v + at, blocks.rows(s) * width, scale.ref(), format, scale.amax);
     }
     return q;
   }
@@ -320,7 +378,7 @@ class Fp8Linear {
     Q* q = scratch(k, buf, experts * n);
     for (int64_t e = 0; e < experts; ++e) {
       const Scale& scale = scales[static_cast<size_t>(e)];
-      k.fp8_quantize(q + e * n, w + e * n, n, scale.value, Fp8Format::E4M3, scale.amax);
+      k.fp8_quantize(q + e * n, w + e * n, n, scale.ref(), Fp8Format::E4M3, scale.amax);
     }
     return q;
   }
@@ -343,7 +401,7 @@ class Fp8Linear {
   Scale scale(K& k, Fp8DelayedScaling* delayed, const T* v, int64_t n, Fp8Format format,
               Communicator* rows) {
     scales_of(
-        k, 1, [&](int64_t) { return delayed; }, [&](int64_t) { return k.abs_max(v, n); }, rows,
+        k, 1, [&](int64_t) { return delayed; }, [&](int64_t) { return Values{v, n}; }, rows,
         format, one_);
     return one_[0];
   }
@@ -363,7 +421,9 @@ class Fp8Linear {
   DeviceArray<Q> xq_, wq_, dyq_;
   std::vector<Scale> sx_, sw_, sg_;  // the expert GEMMs' scales (experts_forward/backward)
   std::vector<Scale> one_;           // scale()'s one tensor
-  std::vector<float> amax_;          // scales_of()'s amaxes
+  std::vector<float> amax_;          // scales_of()'s amaxes on the host
+  DeviceArray<float> amaxes_, scales_;  // device_scales()'s, scale_capacity_ a call
+  int64_t scale_capacity_ = 0, next_scale_ = 0;
   DeviceArray<float> amax_device_;    // reduce_max's buffer on a GPU
 };
 

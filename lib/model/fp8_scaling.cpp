@@ -9,12 +9,6 @@
 
 namespace trident {
 
-float fp8_scale(float amax, float previous, Fp8Format format, int margin) {
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return previous;
-  const float scale = fp8_spec(format).max_finite / amax / std::ldexp(1.0f, margin);
-  return std::isfinite(scale) ? scale : previous;  // a subnormal amax would overflow it
-}
-
 Fp8DelayedScaling::Fp8DelayedScaling(Fp8Format format, int history, int margin)
     : format_(format), capacity_(history), margin_(margin) {
   if (history < 1) throw Error("FP8 delayed scaling: an amax history of " +

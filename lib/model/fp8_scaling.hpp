@@ -25,8 +25,6 @@
 
 namespace trident {
 
-float fp8_scale(float amax, float previous, Fp8Format format, int margin);
-
 // The delayed recipe's state of one tensor: its amax history (a ring of `history` steps) and
 // the scale of the current step. Pure: the caller reduces step_amax() over its ranks.
 class Fp8DelayedScaling {

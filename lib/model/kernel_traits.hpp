@@ -20,6 +20,13 @@ template <class K>
 constexpr bool kernels_fp8_transposed_backward =
     requires { requires K::fp8_backward_transposed; };
 
+// The current recipe's scales formed in the kernel set's memory (the GPU's): each amax taken
+// there (K::abs_max_into), reduced over the groups there, turned into its scale there
+// (K::fp8_scales), read by the quantise passes and the GEMMs from there (Fp8Scale::device):
+// nothing waits for the stream; else the amax comes to the host (K::abs_max).
+template <class K>
+constexpr bool kernels_fp8_device_scales = requires { requires K::fp8_scales_on_device; };
+
 // A GPT-2 MLP's up projection and GELU in one call, and the GELU's gradient in its input
 // gradient (K::linear_gelu_forward, K::linear_backward_dgelu; train.fused_bias_gelu).
 template <class K>

@@ -45,6 +45,33 @@ inline const char* fp8_name(Fp8Format format) {
 
 constexpr uint8_t kFp8NaN = 0x7F;
 
+// The per-tensor scale of FP8 training (model/fp8_scaling.hpp): max_finite / amax / 2^margin,
+// so that the tensor's largest magnitude lands 2^margin below the format's largest value; an
+// amax of 0, not finite, or so small that the scale overflows keeps `previous`.
+inline float fp8_scale(float amax, float previous, Fp8Format format, int margin) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return previous;
+  const float scale = fp8_spec(format).max_finite / amax / std::ldexp(1.0f, margin);
+  return std::isfinite(scale) ? scale : previous;  // a subnormal amax would overflow it
+}
+
+// A tensor's FP8 scale as a kernel set takes it (model/fp8_linear.hpp): `value` where the host
+// knows it (the delayed recipe's), or `device`, where the kernel set formed it in its own
+// memory (the current recipe's: no wait for the amax), `value` then unused.
+struct Fp8Scale {
+  float value = 1.0f;
+  const float* device = nullptr;
+  float get() const { return device ? *device : value; }  // where device is host memory
+};
+
+// The factor an FP8 GEMM multiplies its product by: 1 / (a b) of its operands' scales, formed
+// where they are (the same expression, 1.0f / (a * b), on the host or in the kernel set's
+// memory).
+struct Fp8Dequant {
+  Fp8Scale a, b;
+  bool on_device() const { return a.device != nullptr; }
+  float get() const { return 1.0f / (a.get() * b.get()); }  // where device is host memory
+};
+
 inline uint8_t float_to_fp8(float x, Fp8Format format) {
   const Fp8Spec s = fp8_spec(format);
   if (std::isnan(x)) return kFp8NaN;

@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include <climits>
+#include <cmath>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.hpp"
@@ -35,11 +36,14 @@ __global__ void abs_max_kernel(unsigned* __restrict__ amax_bits, const T* __rest
   warp_max_into(amax_bits, m);
 }
 
-// amax_bits nullptr: no amax (the scale came from it already, or from a delayed history).
+// amax_bits nullptr: no amax (the scale came from it already, or from a delayed history);
+// scale_ptr (or nullptr: `scale`): the scale in device memory, the current recipe's.
 template <typename T>
 __global__ void fp8_quantize_kernel(uint8_t* __restrict__ out, const T* __restrict__ in,
-                                    int64_t n, float scale, __nv_fp8_interpretation_t kind,
+                                    int64_t n, float scale, const float* __restrict__ scale_ptr,
+                                    __nv_fp8_interpretation_t kind,
                                     unsigned* __restrict__ amax_bits) {
+  if (scale_ptr) scale = *scale_ptr;
   unsigned m = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -59,9 +63,11 @@ __global__ void fp8_quantize_transposed_kernel(uint8_t* __restrict__ out_t,
                                                uint8_t* __restrict__ out,
                                                const T* __restrict__ in, int64_t rows,
                                                int64_t cols, float scale,
+                                               const float* __restrict__ scale_ptr,
                                                __nv_fp8_interpretation_t kind,
                                                unsigned* __restrict__ amax_bits) {
   __shared__ uint8_t tile[32][33];
+  if (scale_ptr) scale = *scale_ptr;
   const int64_t c0 = blockIdx.x * 32LL, r0 = blockIdx.y * 32LL;
   unsigned m = 0;
   for (int i = threadIdx.y; i < 32; i += 8) {
@@ -82,7 +88,42 @@ __global__ void fp8_quantize_transposed_kernel(uint8_t* __restrict__ out_t,
   if (amax_bits) warp_max_into(amax_bits, m);
 }
 
+// scale[i] = fp8_scale(amax[i], 1, format, margin) (model/fp8_scaling.cpp), the same IEEE
+// operations: max_finite / amax / 2^margin where amax > 0 and finite and the quotient finite,
+// else 1 (the current recipe has no previous scale).
+__global__ void fp8_scales_kernel(float* __restrict__ scale, const float* __restrict__ amax,
+                                  int64_t n, float max_finite, float two_to_margin) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float a = amax[i];
+  float s = 1.0f;
+  if (a > 0.0f && isfinite(a)) {
+    const float q = __fdiv_rn(__fdiv_rn(max_finite, a), two_to_margin);
+    if (isfinite(q)) s = q;
+  }
+  scale[i] = s;
+}
+
+// *out = 1 / (*a * *b): an FP8 GEMM's output factor from its operands' scales.
+__global__ void fp8_dequant_kernel(float* out, const float* a, const float* b) {
+  *out = __fdiv_rn(1.0f, __fmul_rn(*a, *b));
+}
+
 }  // namespace
+
+void fp8_scales(float* scale, const float* amax, int64_t n, Fp8Format format, int margin,
+                cudaStream_t stream) {
+  detail::check_dims(n >= 0 && margin >= 0 && margin < 64, "fp8_scales: n < 0 or a bad margin");
+  if (n == 0) return;
+  fp8_scales_kernel<<<detail::grid_for(n, 256), 256, 0, stream>>>(
+      scale, amax, n, fp8_spec(format).max_finite, std::ldexp(1.0f, margin));
+  CUDA_CHECK_LAUNCH();
+}
+
+void fp8_dequant(float* out, const float* a, const float* b, cudaStream_t stream) {
+  fp8_dequant_kernel<<<1, 1, 0, stream>>>(out, a, b);
+  CUDA_CHECK_LAUNCH();
+}
 
 template <typename T>
 void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream) {
@@ -96,19 +137,19 @@ void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream) {
 
 template <typename T>
 void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
-                  cudaStream_t stream, float* amax) {
+                  cudaStream_t stream, float* amax, const float* scale_ptr) {
   detail::check_dims(n >= 0, "fp8_quantize: n < 0");
   if (n == 0) return;
   const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
   fp8_quantize_kernel<T><<<detail::grid_for(n, 256), 256, 0, stream>>>(
-      out, in, n, scale, kind, reinterpret_cast<unsigned*>(amax));
+      out, in, n, scale, scale_ptr, kind, reinterpret_cast<unsigned*>(amax));
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t rows,
                              int64_t cols, float scale, Fp8Format format, cudaStream_t stream,
-                             float* amax) {
+                             float* amax, const float* scale_ptr) {
   detail::check_dims(rows >= 0 && cols >= 0, "fp8_quantize_transposed: negative size");
   if (rows == 0 || cols == 0) return;
   detail::check_dims((cols + 31) / 32 <= INT_MAX && (rows + 31) / 32 <= 65535,
@@ -116,16 +157,17 @@ void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t 
   const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
   fp8_quantize_transposed_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(
-      out_t, out, in, rows, cols, scale, kind, reinterpret_cast<unsigned*>(amax));
+      out_t, out, in, rows, cols, scale, scale_ptr, kind, reinterpret_cast<unsigned*>(amax));
   CUDA_CHECK_LAUNCH();
 }
 
 #define TRIDENT_INSTANTIATE(T)                                                              \
   template void abs_max<T>(float*, const T*, int64_t, cudaStream_t);                        \
   template void fp8_quantize<T>(uint8_t*, const T*, int64_t, float, Fp8Format, cudaStream_t, \
-                                float*);                                                    \
+                                float*, const float*);                                      \
   template void fp8_quantize_transposed<T>(uint8_t*, uint8_t*, const T*, int64_t, int64_t,   \
-                                           float, Fp8Format, cudaStream_t, float*);
+                                           float, Fp8Format, cudaStream_t, float*,           \
+                                           const float*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

@@ -342,7 +342,7 @@ bool gemm_gelu(CublasContext& ctx, DType t, bool trans_a, bool trans_b, int64_t 
 // as they go, what the CPU reference's fp32 sums stand for.
 void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M, int64_t N,
               int64_t K, float alpha, const uint8_t* A, const uint8_t* B, float beta, void* C,
-              const void* bias, cudaStream_t stream) {
+              const void* bias, cudaStream_t stream, const float* factor) {
   using detail::check_dims;
   check_dims(M >= 0 && N >= 0 && K >= 0, "fp8_gemm: negative size");
   check_dims(!(fa == Fp8Format::E5M2 && fb == Fp8Format::E5M2),
@@ -369,10 +369,14 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
   const std::array<int64_t, 18> key = {-8,           int64_t(fa),   int64_t(fb), int64_t(c),
                                        M,            N,             K,           with_bias,
                                        align_first,  align_second,  align_c,     beta != 0.f,
-                                       int64_t(with_bias ? alignment_of(bias, 0, 2) : 0), 0, 0, 0,
+                                       int64_t(with_bias ? alignment_of(bias, 0, 2) : 0),
+                                       factor != nullptr, 0, 0,
                                        0,            0};
   LtDescs d;
   create_op(d, CUBLAS_COMPUTE_32F, CUBLAS_OP_T, CUBLAS_OP_N, Epilogue{bias});
+  if (factor)  // D = alpha * scale_a * scale_b * (A B) + ...: the factor as cuBLASLt's A scale
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &factor, sizeof(factor)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), static_cast<uint64_t>(K),
                                           static_cast<uint64_t>(N), K));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), static_cast<uint64_t>(K),

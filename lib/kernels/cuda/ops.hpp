@@ -486,10 +486,12 @@ void abs_max(float* amax, const T* in, int64_t n, cudaStream_t stream = nullptr)
 // saturating at the largest finite value (the hardware's __NV_SATFINITE conversion), NaN to the
 // canonical NaN; float_to_fp8 on the host gives the same bits (CudaFp8 tests). amax (a device
 // float, or nullptr) becomes the larger of itself and max |in[i]| in the same pass, as abs_max
-// takes it (not reset first: the uses of a tensor in a step accumulate into one).
+// takes it (not reset first: the uses of a tensor in a step accumulate into one). scale_ptr (a
+// device float, or nullptr: `scale`): the scale where fp8_scales formed it.
 template <typename T>
 void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format format,
-                  cudaStream_t stream = nullptr, float* amax = nullptr);
+                  cudaStream_t stream = nullptr, float* amax = nullptr,
+                  const float* scale_ptr = nullptr);
 // out_t[cols, rows] = the codes of (in[rows, cols] * scale)^T, as fp8_quantize's, and (out, or
 // nullptr) the row-major codes out[rows, cols] in the same pass: the backward's operands, whose
 // contraction runs along the rows of the forward's (the FP8 tensor cores take both operands
@@ -497,14 +499,23 @@ void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format f
 template <typename T>
 void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t rows,
                              int64_t cols, float scale, Fp8Format format,
-                             cudaStream_t stream = nullptr, float* amax = nullptr);
+                             cudaStream_t stream = nullptr, float* amax = nullptr,
+                             const float* scale_ptr = nullptr);
+// The current recipe's scales on the device (device floats): scale[i] = fp8_scale(amax[i], 1,
+// format, margin) of model/fp8_scaling.hpp, to the bit (correctly rounded divisions).
+void fp8_scales(float* scale, const float* amax, int64_t n, Fp8Format format, int margin,
+                cudaStream_t stream = nullptr);
+// *out = 1 / (*a * *b) (device floats): an FP8 GEMM's output factor from its operands' scales.
+void fp8_dequant(float* out, const float* a, const float* b, cudaStream_t stream = nullptr);
 // C[M,N] = alpha * A[M,K] B[N,K]^T + beta * C (+ bias[N]) through cuBLASLt's FP8 GEMM, fp32
 // accumulation: A and B FP8 codes of formats fa and fb (not both E5M2), row-major and
 // contiguous along K (the TN form the FP8 tensor cores take), K a multiple of 16 (their 16-byte
 // alignment); C row-major [M,N], bf16 (bias bf16, or nullptr) or f32 (no bias). Throws a
 // trident::Error naming the shape or cuBLAS's status when cuBLASLt has no kernel for it.
+// factor (a device float, or nullptr): multiplies the product too (alpha * *factor * A B^T;
+// cuBLASLt's scale pointer of its first operand), an output factor formed on the device.
 void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M, int64_t N,
               int64_t K, float alpha, const uint8_t* A, const uint8_t* B, float beta, void* C,
-              const void* bias, cudaStream_t stream = nullptr);
+              const void* bias, cudaStream_t stream = nullptr, const float* factor = nullptr);
 
 }  // namespace trident::cuda
