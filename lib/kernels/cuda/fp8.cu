@@ -16,13 +16,14 @@ namespace trident::cuda {
 
 namespace {
 
-// Non-negative floats order as their bit patterns do, and a NaN's |x| (sign cleared) has bits
-// above +infinity's: an integer max over the bits is the float max with NaN dominating, and it
-// does not depend on the order the threads meet (no float atomics: deterministic).
-// The larger of *amax_bits and a warp's m, by one atomic from its first lane.
+// *amax_bits = the larger of itself and a warp's m, by one atomic from its first lane: m the
+// bits of |x| values. Non-negative floats order as their bit patterns do, and a NaN's |x| (sign
+// cleared) has bits above +infinity's: an integer max over the bits is the float max with NaN
+// dominating, and it does not depend on the order the threads meet (deterministic).
 __device__ __forceinline__ void warp_max_into(unsigned* amax_bits, unsigned m) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, offset));
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(amax_bits, m);
 }
 
