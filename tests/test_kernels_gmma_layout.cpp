@@ -151,6 +151,27 @@ TEST(GmmaLayout, DescriptorFieldsAreEncodedWhereThePtxIsaPutsThem) {
   EXPECT_LT((228u * 1024) >> 4, 1u << 14);
 }
 
+// The rows the two consumer warpgroups of an attention block own (block_acc_row, the query
+// rows of the forward and dQ kernels, the dK/dV pass's keys): the 128 rows of the block, each by
+// the four threads of a quad, e = 0 and 2 being the thread's two rows (e = 1, 3 their second
+// columns). A warpgroup offset left out puts both warpgroups on rows 0-63.
+TEST(GmmaLayout, TheConsumerWarpgroupsTakeTheBlocksRowsOnce) {
+  std::vector<int> owners(128, 0);
+  int64_t outside = 0;
+  for (int cw = 0; cw < 2; cw++)
+    for (int t = 0; t < 128; t++)
+      for (const int e : {0, 2}) {
+        const int row = gm::block_acc_row(cw, t, e);
+        if (row < 64 * cw || row >= 64 * cw + 64) ++outside;
+        if (row >= 0 && row < 128) ++owners[static_cast<size_t>(row)];
+      }
+  EXPECT_EQ(outside, 0) << "every row inside its warpgroup's 64";
+  EXPECT_EQ(owners, std::vector<int>(128, 4)) << "each row by one quad";
+  for (int t = 0; t < 128; t++)
+    for (int e = 0; e < 4; e++)
+      EXPECT_EQ(gm::block_acc_row(1, t, e) - gm::block_acc_row(0, t, e), 64);
+}
+
 TEST(GmmaLayout, AccumulatorsAndTheRegisterAOperandTileTheirMatrices) {
   // The accumulators of m64n128 cover the 64 x 128 tile once; the A registers of m64k16 cover
   // 64 x 16 once; and packing P (accumulators of columns [16 j, 16 j + 16)) into A puts each

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the block
   const int tw = threadIdx.x % 128, c = tw % 4;
   const int row0 = 64 * cw;  // first row of the warpgroup in the tile
-  const int t0 = q0 + gm::acc_row(tw, 0), t1 = q0 + gm::acc_row(tw, 2);
+  const int t0 = q0 + gm::block_acc_row(cw, tw, 0), t1 = q0 + gm::block_acc_row(cw, tw, 2);
   const int wg_last = q0 + row0 + 63;  // the warpgroup's last row
   const float scale_log2 = rsqrtf(static_cast<float>(HS)) * kLog2e;
   const int first0 = kDocs && t0 < T ? doc_start[doc_row + t0] : 0;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int st = Barriers::stage(it), k0 = (kt_first + it) * BN;
     const uint32_t kt_s = k_s + st * kv_bytes<HS>(), vt_s = v_s + st * kv_bytes<HS>();
     if (k0 > wg_last) {  // every key of the tile is after this warpgroup's rows
-      bars.release(it);
+      skip(bars, it);
       continue;
     }
     // S = Q K^T

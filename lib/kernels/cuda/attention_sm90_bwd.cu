@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   become_consumer();
   const int cw = wg - 1;  // keys [64 cw, 64 cw + 64) of the block
   const int tw = threadIdx.x % 128;
-  const int key0 = k0 + 64 * cw + gm::acc_row(tw, 0), key1 = k0 + 64 * cw + gm::acc_row(tw, 2);
+  const int key0 = k0 + gm::block_acc_row(cw, tw, 0), key1 = k0 + gm::block_acc_row(cw, tw, 2);
   const float scale = rsqrtf(static_cast<float>(HS));
   const float scale_log2 = scale * kLog2e;
   const int64_t doc_row = int64_t(b) * T;
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = Barriers::stage(it), h = kvh * heads + it / per_head;
     const int q0 = (qt_first + it % per_head) * kQueries;
     if (q0 + kQueries - 1 < k0 + 64 * cw) {  // every query of the tile is before these keys
-      bars.release(it);
+      skip(bars, it);
       continue;
     }
     const uint32_t qt_s = q_s + s * QT, dot_s = do_s + s * QT;
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cw = wg - 1;
   const int tw = threadIdx.x % 128;
   const int row0 = 64 * cw;
-  const int t0 = q0 + gm::acc_row(tw, 0), t1 = q0 + gm::acc_row(tw, 2);
+  const int t0 = q0 + gm::block_acc_row(cw, tw, 0), t1 = q0 + gm::block_acc_row(cw, tw, 2);
   const int wg_last = q0 + row0 + 63;
   const float scale = rsqrtf(static_cast<float>(HS));
   const float scale_log2 = scale * kLog2e;
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < tiles; it++) {
     const int s = Barriers::stage(it), kt0 = (kt_first + it) * BN;
     if (kt0 > wg_last) {  // every key of the tile is after this warpgroup's rows
-      bars.release(it);
+      skip(bars, it);
       continue;
     }
     const uint32_t kt_s = k_s + s * KT, vt_s = v_s + s * KT;

@@ -104,6 +104,12 @@ constexpr TRIDENT_GMMA_HD int acc_row(int thread, int e) {
 constexpr TRIDENT_GMMA_HD int acc_col(int thread, int i, int e) {
   return 8 * i + 2 * (thread % 4) + (e % 2);
 }
+// The same row in a block whose consumer warpgroups take 64 rows each: warpgroup cw's
+// accumulators hold rows [64 cw, 64 cw + 64) of the block's 128 (the attention kernels' query
+// rows, or the dK/dV pass's keys).
+constexpr TRIDENT_GMMA_HD int block_acc_row(int cw, int thread, int e) {
+  return 64 * cw + acc_row(thread, e);
+}
 // A operand in registers (m64k16 bf16): row and column of half h (0 low, 1 high) of a[r].
 constexpr TRIDENT_GMMA_HD int a_row(int thread, int r) {
   return 16 * (thread / 32) + (thread % 32) / 4 + 8 * (r % 2);

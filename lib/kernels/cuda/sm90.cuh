@@ -135,6 +135,20 @@ __device__ __forceinline__ void Pipeline<kStages, kFull>::release(int it) const 
   if (threadIdx.x % 32 == 0) mbar_arrive(empty(stage(it)));
 }
 
+// A consumer warpgroup passing over tile `it` without using it: it waits for the tile to be
+// loaded before releasing its buffer. A release without that wait could run ahead: a
+// warpgroup that skips tiles could arrive for the stage's next use before the other one has
+// arrived for this use, and its arrivals would complete the empty barrier's phase on their
+// own, letting the producer overwrite a buffer the other warpgroup still reads. Waiting for
+// `full` orders every arrival for a use after the producer's acquire of it, so each phase of
+// `empty` counts one use's arrivals.
+template <int kStages, int kFull>
+__device__ __forceinline__ void skip(const Pipeline<kStages, kFull>& bars, int it) {
+#pragma unroll
+  for (int f = 0; f < kFull; f++) mbar_wait(bars.full(bars.stage(it), f), bars.phase(it));
+  bars.release(it);
+}
+
 // A block of `rows` query rows of one (b, head) and the key tiles of `bn` keys it visits: from
 // the tile of its first row's document start (packed documents, kDocs) to the tile of its last
 // row. Grid: x = b NH + h, y = the row tile counted from the end (the largest blocks first).
