@@ -71,6 +71,9 @@ T* upload(const std::vector<float>& h) {
   T* d = nullptr;
   CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(s.size(), 1) * sizeof(T)));
   CUDA_CHECK(cudaMemcpy(d, s.data(), s.size() * sizeof(T), cudaMemcpyHostToDevice));
+  // The kernel set runs on a non-blocking stream, which a pageable copy on the legacy stream
+  // does not order: done before it is read.
+  CUDA_CHECK(cudaDeviceSynchronize());
   return d;
 }
 

@@ -161,8 +161,9 @@ struct Epilogue {
   // Gelu::Forward: the GELU's input (after the bias) written here; Gelu::Backward: read from
   // here. Row-major [M, N] with C's leading dimension (cuBLASLt: a multiple of 8).
   const void* aux = nullptr;
-  // CUBLASLT_EPILOGUE_BGRADB: bias_grad[N] = the sums of op(B) over the contraction (the rows
-  // of op(B)), written (not accumulated), C's type. Not with a bias or a GELU.
+  // CUBLASLT_EPILOGUE_BGRADB: bias_grad[M] = the sums of op(A)'s rows over the contraction
+  // (cuBLASLt's B is this A: row-major C = op(A) op(B) is its column-major C^T = op(B)^T
+  // op(A)^T), written (not accumulated), C's type. Not with a bias or a GELU.
   void* bias_grad = nullptr;
 };
 
@@ -268,8 +269,17 @@ bool lt_gemm(CublasContext& ctx, DType ab, DType c, bool trans_a, bool trans_b, 
                                           static_cast<uint64_t>(M), ldc));
   const LtAlgo algo = cached_algo(im, key, d, align_first, align_second, align_c);
   if (!algo.found) return false;
-  CUBLAS_CHECK(cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
-                              &algo.algo, im.workspace, im.workspace_bytes, stream));
+  const cublasStatus_t st = cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c,
+                                           C, d.c, &algo.algo, im.workspace, im.workspace_bytes,
+                                           stream);
+  // An epilogue the heuristic offered but the matmul refuses (checked before it launches:
+  // nothing written) takes the caller's separate kernels, from now on for this key.
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && (e.gelu != Gelu::None || e.bias_grad != nullptr)) {
+    std::lock_guard<std::mutex> lock(im.mutex);
+    im.cache[key].found = false;
+    return false;
+  }
+  CUBLAS_CHECK(st);
   return true;
 }
 
@@ -437,14 +447,12 @@ size_t bias_grad_workspace_bytes(int64_t N, int64_t OC) {
   return static_cast<size_t>(chunks * OC) * sizeof(float);
 }
 
-namespace {
-
 // dweight[OC,C] += dout[N,OC]^T inp[N,C] with dbias[OC] += the column sums of dout taken by the
 // same GEMM (cuBLASLt's BGRADB epilogue over the rows it reads anyway: no pass of its own over
 // dout), into scratch then added (the epilogue writes, the gradients accumulate); false, doing
 // nothing, where cuBLASLt has no algorithm for it.
 template <typename T>
-bool weight_and_bias_grad(CublasContext& ctx, float* dweight, float* dbias, const T* dout,
+bool linear_weight_bias_grad(CublasContext& ctx, float* dweight, float* dbias, const T* dout,
                           const T* inp, int64_t N, int64_t C, int64_t OC, cudaStream_t stream,
                           void* workspace) {
   if (N == 0 || C == 0 || OC == 0) return false;
@@ -458,8 +466,6 @@ bool weight_and_bias_grad(CublasContext& ctx, float* dweight, float* dbias, cons
   add_inplace<float>(dbias, sums, OC, stream);
   return true;
 }
-
-}  // namespace
 
 template <typename T>
 void bias_grad_accumulate(float* dbias, const T* dout, int64_t N, int64_t OC, cudaStream_t stream,
@@ -494,7 +500,7 @@ void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, 
   // dweight, dbias may be nullptr (the split backward of the zero-bubble schedules: dinp first,
   // dweight and dbias later).
   const bool together = dweight != nullptr && dbias != nullptr &&
-                        weight_and_bias_grad(ctx, dweight, dbias, dout, inp, N, C, OC, stream,
+                        linear_weight_bias_grad(ctx, dweight, dbias, dout, inp, N, C, OC, stream,
                                              workspace);
   if (!together) {
     if (dbias != nullptr) bias_grad_accumulate<T>(dbias, dout, N, OC, stream, workspace);
@@ -552,7 +558,9 @@ void linear_backward_dgelu(CublasContext& ctx, T* dpre, float* dweight, float* d
   template void linear_forward<T>(CublasContext&, T*, const T*, const T*, const T*, int64_t,    \
                                   int64_t, int64_t, cudaStream_t);                               \
   template void linear_backward<T>(CublasContext&, T*, float*, float*, const T*, const T*,      \
-                                   const T*, int64_t, int64_t, int64_t, cudaStream_t, void*);
+                                   const T*, int64_t, int64_t, int64_t, cudaStream_t, void*);  \
+  template bool linear_weight_bias_grad<T>(CublasContext&, float*, float*, const T*, const T*,  \
+                                           int64_t, int64_t, int64_t, cudaStream_t, void*);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(bf16)
 #undef TRIDENT_INSTANTIATE

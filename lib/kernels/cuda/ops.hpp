@@ -131,11 +131,20 @@ void linear_forward(CublasContext& ctx, T* out, const T* inp, const T* weight, c
 // dinp[N,C] = dout @ weight (overwrite; skipped when nullptr);
 // dweight[OC,C] += dout^T @ inp (fp32, accumulated by the GEMM with beta = 1; skipped when
 // nullptr);
-// dbias[OC] += sum_n dout (fp32, deterministic two-pass column reduction; skipped when nullptr).
+// dbias[OC] += sum_n dout (fp32; skipped when nullptr): with dweight, in the same GEMM where
+// cuBLASLt has an algorithm for its BGRADB epilogue (deterministic as the GEMM is: its sums'
+// order is the algorithm's), else the deterministic two-pass column reduction.
 template <typename T>
 void linear_backward(CublasContext& ctx, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
                      cudaStream_t stream = nullptr, void* workspace = nullptr);
+// linear_backward's fused half: dweight += dout^T @ inp and dbias += sum_n dout in one GEMM
+// (cuBLASLt's BGRADB epilogue, the sums into workspace scratch then added); false, doing
+// nothing, where cuBLASLt has no algorithm for it (linear_backward then runs the two).
+template <typename T>
+bool linear_weight_bias_grad(CublasContext& ctx, float* dweight, float* dbias, const T* dout,
+                             const T* inp, int64_t N, int64_t C, int64_t OC,
+                             cudaStream_t stream = nullptr, void* workspace = nullptr);
 // A GPT-2 MLP's up projection and GELU (train.fused_bias_gelu): pre[N,OC] = inp weight^T + bias
 // (kept for backward), act[N,OC] = gelu(pre), the GELU in the GEMM's epilogue where cuBLASLt
 // has one (gemm_gelu).
