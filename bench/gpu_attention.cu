@@ -79,7 +79,16 @@ const char* kernel_name(AttentionKernel k, bool bf16_inputs, int64_t HS) {
   return k == AttentionKernel::wgmma ? "wgmma" : "mma_sync";
 }
 
-// Largest |a - b| over the largest |b| of two device bf16 arrays of n elements.
+// v as a JSON number for Python's json module: "%.3e", or Infinity (not finite values).
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "Infinity";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3e", v);
+  return buf;
+}
+
+// Largest |a - b| over the largest |b| of two device bf16 arrays of n elements; infinity where
+// either holds a value that is not finite (a NaN would drop out of the maxima unseen).
 double relative_difference(const bf16* a, const bf16* b, int64_t n) {
   std::vector<bf16> ha(static_cast<size_t>(n)), hb(static_cast<size_t>(n));
   CHECK(cudaMemcpy(ha.data(), a, sizeof(bf16) * n, cudaMemcpyDeviceToHost));
@@ -87,6 +96,7 @@ double relative_difference(const bf16* a, const bf16* b, int64_t n) {
   double diff = 0, scale = 0;
   for (size_t i = 0; i < ha.size(); i++) {
     const double x = __bfloat162float(ha[i]), y = __bfloat162float(hb[i]);
+    if (!std::isfinite(x) || !std::isfinite(y)) return INFINITY;
     diff = std::max(diff, std::abs(x - y));
     scale = std::max(scale, std::abs(y));
   }
@@ -157,11 +167,12 @@ void run(const Shape& s, int iters, int64_t doc_len, const char* dtype, Attentio
               "\"T\": %lld, \"NH\": %lld, \"KVH\": %lld, \"HS\": %lld, \"documents\": %lld, "
               "\"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, "
               "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f, "
-              "\"out_vs_mma_sync\": %.3e, \"dqkv_vs_mma_sync\": %.3e}\n",
+              "\"out_vs_mma_sync\": %s, \"dqkv_vs_mma_sync\": %s}\n",
               ran, dtype, (long long)s.B, (long long)s.T,
               (long long)s.NH, (long long)s.KVH, (long long)s.HS, (long long)doc_len, fwd, bwd,
               fwd + bwd, fwd_flops / fwd * 1e-9, 2.5 * fwd_flops / bwd * 1e-9,
-              3.5 * fwd_flops / (fwd + bwd) * 1e-9, vs_mma.first, vs_mma.second);
+              3.5 * fwd_flops / (fwd + bwd) * 1e-9, json_number(vs_mma.first).c_str(),
+              json_number(vs_mma.second).c_str());
   std::fflush(stdout);
   for (void* p : {static_cast<void*>(qkv), static_cast<void*>(dqkv), static_cast<void*>(out),
                   static_cast<void*>(dout), static_cast<void*>(lse), static_cast<void*>(ws),

