@@ -632,16 +632,20 @@ fi
 # ================================================================ b. GPU unit tests
 # gtest_row STEP BINARY LIMIT: one GoogleTest binary of the pack (under mpiexec -n N for _npN)
 # as one row of STEP.
+# gtest_row STEP BINARY LIMIT [FILTER LABEL]: one row for the binary's cases (those FILTER
+# selects, --gtest_filter, as LABEL; logs $LOGS/LABEL.*); the verdict also in LAST_VERDICT.
 gtest_row() {
-  local step=$1 b=$2 t=$3 name launch t0 rc dt res measured v
+  local step=$1 b=$2 t=$3 filter=${4:-} name launch t0 rc dt res measured v
   local n_tests n_pass n_fail n_skip names
-  name=$(basename "$b")
+  name=${5:-$(basename "$b")}
   launch=()
-  [[ $name =~ _np([0-9]+)$ ]] && launch=("${MPIEXEC[@]}" -n "${BASH_REMATCH[1]}")
+  [[ $(basename "$b") =~ _np([0-9]+)$ ]] && launch=("${MPIEXEC[@]}" -n "${BASH_REMATCH[1]}")
+  LAST_VERDICT=ERROR
   if ((t < 10)); then row "$step" "$name" "0 failures" "not run: no time left" ERROR; return; fi
   say "$step. $name (limit ${t}s)"
   t0=$SECONDS
-  tenv timeout -k 10 "$t" "${launch[@]}" "$b" --gtest_output="json:$LOGS/$name.json" >"$LOGS/$name.log" 2>&1
+  tenv timeout -k 10 "$t" "${launch[@]}" "$b" ${filter:+--gtest_filter="$filter"} \
+      --gtest_output="json:$LOGS/$name.json" >"$LOGS/$name.log" 2>&1
   rc=$?
   dt=$((SECONDS - t0))
   res=$(gc gtest "$LOGS/$name.json" "$LOGS/$name.log")
@@ -656,24 +660,48 @@ gtest_row() {
     v=SKIP; [[ ($rc == 0 || $rc == 77) && ${n_fail:-1} == 0 ]] || v=ERROR
   elif [[ $rc == 0 && ${n_fail:-1} == 0 && ${n_tests:-0} -gt 0 && ${n_skip:-0} -lt ${n_tests:-0} ]]; then v=PASS
   else v=FAIL; fi
+  LAST_VERDICT=$v  # SKIP where every case skipped cleanly (the row's verdict says FAIL there)
+  [[ $rc == 0 && ${n_fail:-1} == 0 && ${n_skip:-0} -ge ${n_tests:-1} ]] && LAST_VERDICT=SKIP
   row "$step" "$name" "0 failures" "$measured" "$v"
 }
 if want b; then
   compgen -G "$BIN/test_cuda_*" >/dev/null || row b "test_cuda_*" "0 failures" "no test binary in the pack" ERROR
+  # The Hopper attention first, each of its never-run pieces in a process of its own under a
+  # short limit: a kernel fault leaves the CUDA context unusable for the rest of its process,
+  # and a wait that never completes (an mbarrier) hangs until the limit. The wgmma probes, one
+  # assumption each, then the kernels' own test.
+  if [[ -x $BIN/test_cuda_wgmma ]]; then
+    for probe in TmaWrites SharedMemoryOperands RegisterAAndMnMajorB; do
+      gtest_row b "$BIN/test_cuda_wgmma" "$(limit 30 260)" "CudaWgmma.$probe*" \
+          "test_cuda_wgmma ($probe)"
+    done
+  fi
+  wgmma_ok=1
+  if [[ -x $BIN/test_cuda_kernels ]]; then
+    gtest_row b "$BIN/test_cuda_kernels" "$(limit 45 250)" "CudaAttention.Wgmma*" \
+        "test_cuda_kernels (wgmma attention)"
+    wgmma_verdict=$LAST_VERDICT
+    [[ $wgmma_verdict == PASS || $wgmma_verdict == SKIP ]] || wgmma_ok=0
+  fi
   for b in "$BIN"/test_cuda_*; do
     [[ -x $b ]] || continue
-    [[ $(basename "$b") == test_cuda_moe ]] && want m && continue  # its own row, m
+    case $(basename "$b") in
+      test_cuda_moe) want m && continue ;;  # its own row, m
+      test_cuda_wgmma) continue ;;          # above
+    esac
+    filter=""
+    [[ $(basename "$b") == test_cuda_kernels ]] && filter="-CudaAttention.Wgmma*"
     # 60 s each: on the H200 the slowest binary took 12 s (test_cuda_kernels), the MPI one 5 s
     # when it passes; a failed case can leave a rank waiting in a collective until the limit.
-    gtest_row b "$b" "$(limit 60 230)"
+    gtest_row b "$b" "$(limit 60 230)" "$filter" "$(basename "$b")"
   done
   # The wgmma attention (train.attention_kernel's default on an H100/H200) failing its test
-  # would spoil every bf16 run after it: those then take mma_sync, and a row says so.
-  if grep -q '^\[  FAILED  \] CudaAttention.WgmmaMatchesMmaSyncAndTheCpu' \
-       "$LOGS/test_cuda_kernels.log" 2>/dev/null; then
+  # (or crashing, or timing out) would spoil every bf16 run after it: those then take mma_sync,
+  # and a row says so.
+  if [[ $wgmma_ok == 0 ]]; then
     ATTENTION_SET=(--set train.attention_kernel=mma_sync)
     row b "the wgmma attention kernels" "their test passes" \
-        "failed: the runs after b train with train.attention_kernel = mma_sync" FAIL
+        "$wgmma_verdict above: the runs after b train with train.attention_kernel = mma_sync" FAIL
   fi
 fi
 
