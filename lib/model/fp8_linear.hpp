@@ -65,8 +65,8 @@ class Fp8Linear {
     const Scale sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C,
                                       Fp8Format::E4M3);
     const Scale sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
-    const Q* xq = quantize(k, xq_, x, N * C, sx, Fp8Format::E4M3);
-    const Q* wq = quantize(k, wq_, w, OC * C, sw, Fp8Format::E4M3);
+    const Q* xq = quantize_operand(k, xq_, x, N, C, sx, Pass::Forward);
+    const Q* wq = quantize_operand(k, wq_, w, OC, C, sw, Pass::Forward);
     k.fp8_linear_forward(out, xq, wq, b, N, C, OC, dequant(sx, sw));
   }
   // Any of dx, dw, db may be nullptr (the split backward), as in K::linear_backward; x is only
@@ -83,13 +83,11 @@ class Fp8Linear {
     Q* wq = nullptr;
     if (dw) {
       sx = activation_scale(k, state(delayed, &Fp8GemmScaling::x), x, N * C, Fp8Format::E4M3);
-      xq = scratch(k, xq_, N * C);
-      quantize_operand(k, xq, x, N, C, sx);
+      xq = quantize_operand(k, xq_, x, N, C, sx, Pass::Backward);
     }
     if (dx) {
       sw = weight_scale(k, state(delayed, &Fp8GemmScaling::w), w, OC * C);
-      wq = scratch(k, wq_, OC * C);
-      quantize_operand(k, wq, w, OC, C, sw);
+      wq = quantize_operand(k, wq_, w, OC, C, sw, Pass::Backward);
     }
     const Q* dyt = dy_copies(dx, dw) == 2 ? dyq + N * OC : dyq;
     linear_backward(k, dx, dw, db, dy, dyq, dyt, xq, wq, N, C, OC, dequant(sg, sw),
@@ -112,8 +110,8 @@ class Fp8Linear {
     begin_scales(k, blocks.count() + blocks.experts);
     block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
     expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
-    const Q* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Fp8Format::E4M3);
-    const Q* wq = quantize_experts(k, wq_, w, blocks.experts, OC * C, sw_);
+    const Q* xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Pass::Forward);
+    const Q* wq = quantize_experts(k, wq_, w, blocks.experts, OC, C, sw_, Pass::Forward);
     for (int64_t s = 0; s < blocks.count(); ++s) {
       if (blocks.rows(s) == 0) continue;
       const int64_t e = blocks.expert(s), r0 = blocks.first(s);
@@ -140,17 +138,11 @@ class Fp8Linear {
     Q* wq = nullptr;
     if (dw) {
       block_scales(k, delayed, &Fp8GemmScaling::x, sx_, x, blocks, C, Fp8Format::E4M3);
-      xq = scratch(k, xq_, R * C);
-      for (int64_t s = 0; s < blocks.count(); ++s)
-        if (blocks.rows(s) > 0)
-          quantize_operand(k, xq + blocks.first(s) * C, x + blocks.first(s) * C, blocks.rows(s),
-                           C, sx_[static_cast<size_t>(s)]);
+      xq = quantize_blocks(k, xq_, x, blocks, C, sx_, Pass::Backward);
     }
     if (dx) {
       expert_scales(k, delayed, sw_, w, blocks.experts, OC * C);
-      wq = scratch(k, wq_, blocks.experts * OC * C);
-      for (int64_t e = 0; e < blocks.experts; ++e)
-        quantize_operand(k, wq + e * OC * C, w + e * OC * C, OC, C, sw_[static_cast<size_t>(e)]);
+      wq = quantize_experts(k, wq_, w, blocks.experts, OC, C, sw_, Pass::Backward);
     }
     for (int64_t s = 0; s < blocks.count(); ++s) {
       if (blocks.rows(s) == 0) continue;
@@ -321,13 +313,28 @@ class Fp8Linear {
   // The output gradient's copies: two where both layouts are wanted (both halves, on a kernel
   // set that transposes), one else.
   static int64_t dy_copies(const T* dx, const G* dw) { return kTransposed && dx && dw ? 2 : 1; }
-  // v [rows, cols] (an input or a weight) quantised into q in the backward's layout.
-  void quantize_operand(K& k, Q* q, const T* v, int64_t rows, int64_t cols, const Scale& scale) {
-    if constexpr (kTransposed)
-      k.fp8_quantize_transposed(q, nullptr, v, rows, cols, scale.ref(), Fp8Format::E4M3,
-                                scale.amax);
-    else
-      k.fp8_quantize(q, v, rows * cols, scale.ref(), Fp8Format::E4M3, scale.amax);
+  // Which GEMMs an operand is quantised for: the forward's (row-major) or the backward's (in
+  // the layout K's backward takes).
+  enum class Pass { Forward, Backward };
+  // v [rows, cols] (an input or a weight, E4M3) quantised into q for `pass`, its amax recorded
+  // where the scale says.
+  void quantize_operand(K& k, Q* q, const T* v, int64_t rows, int64_t cols, const Scale& scale,
+                        Pass pass) {
+    if constexpr (kTransposed) {
+      if (pass == Pass::Backward) {
+        k.fp8_quantize_transposed(q, nullptr, v, rows, cols, scale.ref(), Fp8Format::E4M3,
+                                  scale.amax);
+        return;
+      }
+    }
+    k.fp8_quantize(q, v, rows * cols, scale.ref(), Fp8Format::E4M3, scale.amax);
+  }
+  // The same into `buf` (grown as needed).
+  Q* quantize_operand(K& k, DeviceArray<Q>& buf, const T* v, int64_t rows, int64_t cols,
+                      const Scale& scale, Pass pass) {
+    Q* q = scratch(k, buf, rows * cols);
+    quantize_operand(k, q, v, rows, cols, scale, pass);
+    return q;
   }
   // The output gradient dy [rows, cols] into q: row-major (for dX) at q and, on a kernel set
   // that transposes, transposed (for dW) at q + second where both are wanted, else at q.
@@ -355,31 +362,26 @@ class Fp8Linear {
       k.fp8_linear_backward(dx, dw, db, dy, dyq, xq, wq, N, C, OC, inv_dx, inv_dw,
                             s_.grad_format);
   }
-  // v's n values quantised with `scale` into `buf` (its amax recorded where scale says).
-  Q* quantize(K& k, DeviceArray<Q>& buf, const T* v, int64_t n, const Scale& scale,
-              Fp8Format format) {
-    Q* q = scratch(k, buf, n);
-    k.fp8_quantize(q, v, n, scale.ref(), format, scale.amax);
-    return q;
-  }
+  // The blocks of rows of v [R, width] into `buf`, each as an operand of its own with its
+  // scale (a block's codes at its rows' offset, [rows, width] or transposed [width, rows]).
   Q* quantize_blocks(K& k, DeviceArray<Q>& buf, const T* v, const ExpertBlocks& blocks,
-                     int64_t width, const std::vector<Scale>& scales, Fp8Format format) {
+                     int64_t width, const std::vector<Scale>& scales, Pass pass) {
     Q* q = scratch(k, buf, blocks.offsets[blocks.count()] * width);
     for (int64_t s = 0; s < blocks.count(); ++s) {
       const int64_t at = blocks.first(s) * width;
-      const Scale& scale = scales[static_cast<size_t>(s)];
       if (blocks.rows(s) > 0)
-        k.fp8_quantize(q + at, v + at, blocks.rows(s) * width, scale.ref(), format, scale.amax);
+        quantize_operand(k, q + at, v + at, blocks.rows(s), width,
+                         scales[static_cast<size_t>(s)], pass);
     }
     return q;
   }
-  Q* quantize_experts(K& k, DeviceArray<Q>& buf, const T* w, int64_t experts, int64_t n,
-                      const std::vector<Scale>& scales) {
-    Q* q = scratch(k, buf, experts * n);
-    for (int64_t e = 0; e < experts; ++e) {
-      const Scale& scale = scales[static_cast<size_t>(e)];
-      k.fp8_quantize(q + e * n, w + e * n, n, scale.ref(), Fp8Format::E4M3, scale.amax);
-    }
+  // The experts' stacked weights w [E, OC, C] into `buf`, each with its scale.
+  Q* quantize_experts(K& k, DeviceArray<Q>& buf, const T* w, int64_t experts, int64_t OC,
+                      int64_t C, const std::vector<Scale>& scales, Pass pass) {
+    Q* q = scratch(k, buf, experts * OC * C);
+    for (int64_t e = 0; e < experts; ++e)
+      quantize_operand(k, q + e * OC * C, w + e * OC * C, OC, C, scales[static_cast<size_t>(e)],
+                       pass);
     return q;
   }
 
