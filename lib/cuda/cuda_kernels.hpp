@@ -132,9 +132,9 @@ class CudaKernels : public CudaMoeSupport<Tx> {
                           int64_t OC, Fp8Dequant inv_scale)
     requires std::is_same_v<Tx, cuda::bf16>
   {
-    const float* factor = dequant_factor(0, inv_scale);
+    const GemmScale g = gemm_scale(0, inv_scale);
     cuda::fp8_gemm(dev_.blas(), Fp8Format::E4M3, Fp8Format::E4M3, cuda::DType::BF16, N, OC, C,
-                   factor ? 1.0f : inv_scale.get(), xq, wq, 0.0f, out, b, s(), factor);
+                   g.alpha, xq, wq, 0.0f, out, b, s(), g.factor);
   }
   // The backward's operands quantised straight into the layout its GEMMs take (out_t [cols,
   // rows]; rowmajor, or nullptr, [rows, cols] in the same pass; kernels_fp8_transposed_backward).
@@ -154,14 +154,14 @@ class CudaKernels : public CudaMoeSupport<Tx> {
     if (db) cuda::bias_grad_accumulate<T>(db, dout, N, OC, s(),
                                           workspace(cuda::bias_grad_workspace_bytes(N, OC)));
     if (dinp) {  // dX[N,C] = dy[N,OC] w[OC,C]: w^T [C,OC]
-      const float* factor = dequant_factor(0, inv_dinp);
+      const GemmScale g = gemm_scale(0, inv_dinp);
       cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::BF16, N, C, OC,
-                     factor ? 1.0f : inv_dinp.get(), dyq, wt, 0.0f, dinp, nullptr, s(), factor);
+                     g.alpha, dyq, wt, 0.0f, dinp, nullptr, s(), g.factor);
     }
     if (dw) {  // dW[OC,C] += dy^T x: dy^T [OC,N], x^T [C,N]
-      const float* factor = dequant_factor(1, inv_dw);
+      const GemmScale g = gemm_scale(1, inv_dw);
       cuda::fp8_gemm(dev_.blas(), dy_format, Fp8Format::E4M3, cuda::DType::F32, OC, C, N,
-                     factor ? 1.0f : inv_dw.get(), dyt, xt, 1.0f, dw, nullptr, s(), factor);
+                     g.alpha, dyt, xt, 1.0f, dw, nullptr, s(), g.factor);
     }
   }
   void linear_backward(T* dinp, G* dw, G* db, const T* dout, const T* inp, const T* w, int64_t N,
@@ -516,14 +516,19 @@ class CudaKernels : public CudaMoeSupport<Tx> {
       workspace_ = DeviceArray<unsigned char>(dev_, static_cast<int64_t>(bytes));
     return workspace_.data();
   }
-  // An FP8 GEMM's output factor formed on the device from its operands' scales there (slot 0:
-  // the forward's and dX's, 1: dW's), or nullptr where the host knows it (Fp8Dequant::get).
-  const float* dequant_factor(int slot, const Fp8Dequant& d) {
-    if (!d.on_device()) return nullptr;
+  // An FP8 GEMM's output factor as fp8_gemm takes it: alpha where the host knows it
+  // (Fp8Dequant::get), else alpha 1 and the factor formed on the device from its operands'
+  // scales there (slot 0: the forward's and dX's, 1: dW's).
+  struct GemmScale {
+    float alpha;
+    const float* factor;
+  };
+  GemmScale gemm_scale(int slot, const Fp8Dequant& d) {
+    if (!d.on_device()) return {d.get(), nullptr};
     if (fp8_factors_.size() == 0) fp8_factors_ = DeviceArray<float>(dev_, 2);
     float* out = fp8_factors_.data() + slot;
     cuda::fp8_dequant(out, d.a.device, d.b.device, s());
-    return out;
+    return {1.0f, out};
   }
 
   // Whether p points into device (or managed) memory rather than host memory.
@@ -590,7 +595,7 @@ class CudaKernels : public CudaMoeSupport<Tx> {
   DeviceArray<int64_t> uploaded_indices_;    // device_indices' copy
   DeviceArray<double> mean_scratch_;         // accumulate_mean into a host accumulator
   DeviceArray<float> amax_;                  // abs_max's device result
-  DeviceArray<float> fp8_factors_;           // dequant_factor's two
+  DeviceArray<float> fp8_factors_;           // gemm_scale's two
   // Tokens and targets of two micro-batches in flight.
   std::array<std::unique_ptr<PinnedStaging>, 4> staging_ = make_staging();
   size_t next_staging_ = 0;

@@ -37,6 +37,19 @@ __global__ void abs_max_kernel(unsigned* __restrict__ amax_bits, const T* __rest
   warp_max_into(amax_bits, m);
 }
 
+// One element's code, x * scale in `kind` (the hardware's saturating conversion), with |x|'s
+// bits taken into the thread's running amax m.
+__device__ __forceinline__ uint8_t quantize_one(float x, float scale,
+                                                __nv_fp8_interpretation_t kind, unsigned& m) {
+  m = max(m, __float_as_uint(fabsf(x)));
+  return __nv_cvt_float_to_fp8(x * scale, __NV_SATFINITE, kind);
+}
+
+// The hardware conversion's name of a format.
+__nv_fp8_interpretation_t nv_kind(Fp8Format format) {
+  return format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+}
+
 // amax_bits nullptr: no amax (the scale came from it already, or from a delayed history);
 // scale_ptr (or nullptr: `scale`): the scale in device memory, the current recipe's.
 template <typename T>
@@ -47,11 +60,8 @@ __global__ void fp8_quantize_kernel(uint8_t* __restrict__ out, const T* __restri
   if (scale_ptr) scale = *scale_ptr;
   unsigned m = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = detail::to_f32(in[i]);
-    m = max(m, __float_as_uint(fabsf(v)));
-    out[i] = __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind);
-  }
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = quantize_one(detail::to_f32(in[i]), scale, kind, m);
   if (amax_bits) warp_max_into(amax_bits, m);
 }
 
@@ -74,9 +84,7 @@ __global__ void fp8_quantize_transposed_kernel(uint8_t* __restrict__ out_t,
   for (int i = threadIdx.y; i < 32; i += 8) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float v = detail::to_f32(in[r * cols + c]);
-      m = max(m, __float_as_uint(fabsf(v)));
-      const uint8_t code = __nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind);
+      const uint8_t code = quantize_one(detail::to_f32(in[r * cols + c]), scale, kind, m);
       tile[i][threadIdx.x] = code;
       if (out) out[r * cols + c] = code;
     }
@@ -89,7 +97,7 @@ __global__ void fp8_quantize_transposed_kernel(uint8_t* __restrict__ out_t,
   if (amax_bits) warp_max_into(amax_bits, m);
 }
 
-// scale[i] = fp8_scale(amax[i], 1, format, margin) (model/fp8_scaling.cpp), the same IEEE
+// scale[i] = fp8_scale(amax[i], 1, format, margin) (util/fp8.hpp), the same IEEE
 // operations: max_finite / amax / 2^margin where amax > 0 and finite and the quotient finite,
 // else 1 (the current recipe has no previous scale).
 __global__ void fp8_scales_kernel(float* __restrict__ scale, const float* __restrict__ amax,
@@ -141,9 +149,8 @@ void fp8_quantize(uint8_t* out, const T* in, int64_t n, float scale, Fp8Format f
                   cudaStream_t stream, float* amax, const float* scale_ptr) {
   detail::check_dims(n >= 0, "fp8_quantize: n < 0");
   if (n == 0) return;
-  const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
   fp8_quantize_kernel<T><<<detail::grid_for(n, 256), 256, 0, stream>>>(
-      out, in, n, scale, scale_ptr, kind, reinterpret_cast<unsigned*>(amax));
+      out, in, n, scale, scale_ptr, nv_kind(format), reinterpret_cast<unsigned*>(amax));
   CUDA_CHECK_LAUNCH();
 }
 
@@ -155,10 +162,10 @@ void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t 
   if (rows == 0 || cols == 0) return;
   detail::check_dims((cols + 31) / 32 <= INT_MAX && (rows + 31) / 32 <= 65535,
                      "fp8_quantize_transposed: too many rows (> 65535 * 32)");
-  const __nv_fp8_interpretation_t kind = format == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
   fp8_quantize_transposed_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(
-      out_t, out, in, rows, cols, scale, scale_ptr, kind, reinterpret_cast<unsigned*>(amax));
+      out_t, out, in, rows, cols, scale, scale_ptr, nv_kind(format),
+      reinterpret_cast<unsigned*>(amax));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -511,7 +511,7 @@ void fp8_quantize_transposed(uint8_t* out_t, uint8_t* out, const T* in, int64_t 
                              cudaStream_t stream = nullptr, float* amax = nullptr,
                              const float* scale_ptr = nullptr);
 // The current recipe's scales on the device (device floats): scale[i] = fp8_scale(amax[i], 1,
-// format, margin) of model/fp8_scaling.hpp, to the bit (correctly rounded divisions).
+// format, margin) of util/fp8.hpp, to the bit (correctly rounded divisions).
 void fp8_scales(float* scale, const float* amax, int64_t n, Fp8Format format, int margin,
                 cudaStream_t stream = nullptr);
 // *out = 1 / (*a * *b) (device floats): an FP8 GEMM's output factor from its operands' scales.
