@@ -124,7 +124,7 @@ void Fp8DelayedRecipe::assign_amax_slots() {
   int64_t n = 0;
   for (auto& entry : layers_) n += static_cast<int64_t>(3 * entry.second.gemms.size());
   amaxes_ = n > 0 ? DeviceArray<float>(*device_, n) : DeviceArray<float>();
-  if (n > 0) device_->fill_zero(amaxes_.data(), amaxes_.bytes());
+  zero_amax_slots();
   float* slot = amaxes_.data();
   for (auto& entry : layers_)
     for_each_state(entry.second.gemms, [&](auto& s) { s.set_amax_slot(slot++); });
@@ -137,11 +137,15 @@ void Fp8DelayedRecipe::take_device_amaxes() {
   size_t i = 0;
   for (auto& entry : layers_)
     for_each_state(entry.second.gemms, [&](auto& s) { s.observe(amax[i++]); });
-  device_->fill_zero(amaxes_.data(), amaxes_.bytes());
+  zero_amax_slots();
+}
+
+void Fp8DelayedRecipe::zero_amax_slots() {
+  if (amaxes_.size() > 0) device_->fill_zero(amaxes_.data(), amaxes_.bytes());
 }
 
 void Fp8DelayedRecipe::begin_step() {
-  if (amaxes_.size() > 0) device_->fill_zero(amaxes_.data(), amaxes_.bytes());  // evaluation's
+  zero_amax_slots();  // an evaluation's uses
   for (auto& entry : layers_)
     for_each_state(entry.second.gemms, [](auto& s) { s.discard_step(); });
 }

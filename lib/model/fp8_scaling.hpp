@@ -142,6 +142,7 @@ class Fp8DelayedRecipe {
   // The slots' values observed by their states (a use the host observed is not in them), then
   // the slots zeroed.
   void take_device_amaxes();
+  void zero_amax_slots();
 
   Fp8Format grad_format_;
   int history_, margin_;
