@@ -245,10 +245,7 @@ class Fp8Linear {
       const Values u = values(i);
       k.abs_max_into(amax + i, u.v, u.n);
     }
-    if (tensor_->size() > 1 || (rows && rows->size() > 1)) {
-      tensor_->all_reduce(amax, units, DType::F32, ReduceOp::Max);
-      if (rows) rows->all_reduce(amax, units, DType::F32, ReduceOp::Max);
-    }
+    if (reduces(rows)) max_over_groups(amax, units, rows);
     k.fp8_scales(scale, amax, units, format, s_.margin);
     for (int64_t i = 0; i < units; ++i) scales[static_cast<size_t>(i)] = {1.0f, scale + i, nullptr};
   }
@@ -293,7 +290,7 @@ class Fp8Linear {
   // device buffer; the CPU's device memory is host memory.
   void reduce_max(K& k, std::vector<float>& amax, Communicator* rows) {
     const int64_t n = static_cast<int64_t>(amax.size());
-    if (tensor_->size() == 1 && (!rows || rows->size() == 1)) return;  // nothing to reduce
+    if (!reduces(rows)) return;
     Device& dev = k.device();
     float* values = amax.data();
     if (!dev.is_host()) {
@@ -301,9 +298,18 @@ class Fp8Linear {
       values = amax_device_.data();
       dev.from_host(values, amax.data(), n * static_cast<int64_t>(sizeof(float)));
     }
+    max_over_groups(values, n, rows);
+    if (!dev.is_host()) dev.to_host(amax.data(), values, n * static_cast<int64_t>(sizeof(float)));
+  }
+  // Whether an amax has other ranks' parts to take in (the same answer on every rank of the
+  // groups, so the collectives below are made by all of them or by none).
+  bool reduces(const Communicator* rows) const {
+    return tensor_->size() > 1 || (rows && rows->size() > 1);
+  }
+  // values[0, n) (K's memory) = their maxima over the tensor group and `rows` (nullptr: none).
+  void max_over_groups(float* values, int64_t n, Communicator* rows) {
     tensor_->all_reduce(values, n, DType::F32, ReduceOp::Max);
     if (rows) rows->all_reduce(values, n, DType::F32, ReduceOp::Max);
-    if (!dev.is_host()) dev.to_host(amax.data(), values, n * static_cast<int64_t>(sizeof(float)));
   }
   // The backward's operands in the layout K's FP8 GEMMs take (kernels_fp8_transposed_backward):
   // row-major, as the forward's; or the input and the weight transposed ([cols, rows]) and the
