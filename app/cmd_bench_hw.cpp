@@ -31,6 +31,7 @@
 #include "cuda/cuda_bench_hw.hpp"
 #endif
 #include "grid/process_grid.hpp"
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/blas.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "plan/hardware.hpp"
@@ -123,6 +124,47 @@ std::vector<MeasuredGemm> measure_sgemm(int threads) {
     points.push_back({static_cast<double>(n), flops * inner / t / 1e9});
   }
   return points;
+}
+
+// The bf16 GEMM's best GFLOP/s on the same cubes' larger half, operands in bf16 bits (the
+// packed weights' form), through oneDNN's matmul: train.cpu_bf16_gemm = "auto"'s engine on a
+// core where it outruns the fp32 GEMM (cpu::bf16_gemm_outpaces_fp32), so the hardware file's
+// bf16 peak is what such a run multiplies at. 0 where that engine is not auto's here.
+double measure_bf16_gemm(int threads) {
+  // Every rank times together (best_time's barriers): all measure, or none.
+  int outpaces = cpu::bf16_gemm_outpaces_fp32() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &outpaces, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (outpaces == 0) return 0.0;
+  cpu::set_num_threads(threads);
+  double best = 0.0;
+  for (int n : {512, 768, 1024, 1536}) {
+    std::vector<uint16_t> a(static_cast<size_t>(n) * n, 0x3f00), b(a.size(), 0x3e80);
+    std::vector<float> c(a.size());
+    const double flops = 2.0 * n * static_cast<double>(n) * n;
+    const int inner = std::max(1, static_cast<int>(4e8 / flops));
+    const double t = best_time(
+        [&] {
+          for (int i = 0; i < inner; ++i)
+            cpu::gemm_bf16_rounded(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                                   c.data(), n);
+        },
+        kGemmRepetitions);
+    best = std::max(best, flops * inner / t / 1e9);
+  }
+  return best;
+}
+
+// The hardware file's line on its bf16 peak: where it comes from.
+std::string bf16_peak_text(double bf16_gflops, double fp32_gflops) {
+  if (bf16_gflops <= 0.0)
+    return "bf16 = fp32: train.precision = \"bf16\" multiplies its bf16 values with fp32 FMAs "
+           "here (train.cpu_bf16_gemm = \"auto\" runs \"fma\" on this core).";
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "bf16 = oneDNN's bf16 matmul on the cubes n = 512-1536, best %.1f GFLOP/s "
+                "(%.2fx the sgemm): train.cpu_bf16_gemm = \"auto\" runs \"onednn\" here.",
+                bf16_gflops, bf16_gflops / fp32_gflops);
+  return line;
 }
 
 // The efficiency curve's points: the GEMMs of a linear layer's training step as the trainer
@@ -695,6 +737,7 @@ void run_bench_hw(const BenchHwOptions& options) {
     for (size_t i = 0; i < shapes.size(); ++i) shapes[i][3] = std::max(shapes[i][3], r[i][3]);
   }
   const std::vector<MeasuredGemm> gemm = best_of_rounds(cube_rounds);
+  const double bf16_best = measure_bf16_gemm(threads);
   const std::vector<MeasuredGemm> training = best_of_rounds(training_rounds);
   const double copy_bandwidth = measure_copy_bandwidth();
   const double kernel_bandwidth = measure_kernel_bandwidth(threads);
@@ -709,7 +752,9 @@ void run_bench_hw(const BenchHwOptions& options) {
   // The peak is the best sgemm measured (a rank's cores at full load), not ISA width x clock:
   // the clock under an all-core AVX load is not knowable from /proc, the measured best is.
   hw.device.peak_tflops_fp32 = best / 1e3;
-  hw.device.peak_tflops_bf16 = best / 1e3;  // the CPU backend computes in fp32 only
+  // bf16: what train.cpu_bf16_gemm = "auto" multiplies at here: oneDNN's bf16 matmul where it
+  // outruns the sgemm (AMX, or dot products ahead of the FMAs), else fp32 FMAs on bf16 values.
+  hw.device.peak_tflops_bf16 = std::max(best, bf16_best) / 1e3;
   set_measured_curves(hw.device, best, training, attention, optimizer);
   set_shape_grid(hw.device, best, shapes);
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
@@ -743,9 +788,9 @@ void run_bench_hw(const BenchHwOptions& options) {
       "size s = a linear layer's three training GEMMs (s^3 and the MLP's thin shapes of that",
       "volume) over that best; gemm_efficiency_shapes: the same by rows x in x out (the",
       "trainer's linear_forward and linear_backward), which the plan uses in place of the",
-      "volume curve. bf16 = fp32: train.precision = \"bf16\" multiplies its bf16 values with",
-      "fp32 FMAs (train.cpu_bf16_gemm = \"fma\"; oneDNN's AMX engine is not measured here);",
-      "\"fp8\" multiplies its quantised operands at the fp32 rate too (no peak_tflops_fp8).",
+      "volume curve.",
+      bf16_peak_text(bf16_best, best),
+      "\"fp8\" multiplies its quantised operands at the fp32 rate (no peak_tflops_fp8).",
       "Memory: MemTotal / devices_per_node; reserved = this process's resident size;",
       "bandwidth: the trainer's GELU forward + backward over 16 Mi floats (bytes read +",
       "written), the rank's threads, all ranks at once (a 256 MiB memcpy: " +

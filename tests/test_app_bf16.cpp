@@ -211,6 +211,23 @@ TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
   EXPECT_NE(x.loss, y.loss) << "the oneDNN engine gave the FMA engine's bits: did it run?";
   std::printf("[bf16] oneDNN engine against the FMA engine: worst over 6 steps %.1e\n", worst);
 
+  // "auto" on this core: oneDNN on AMX, else as the dot products' measured lead over the FMAs
+  // says (cpu::kBf16DotLead), and the line gives the rate it decided on.
+  const auto automatic = run_command(trident_cmd(
+      common + " --set train.steps=1 --set log.dir=" + (dir / "auto_here").string()));
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.output;
+  const bool onednn = automatic.output.find("bf16 products: bf16 oneDNN") != std::string::npos;
+  const size_t at = automatic.output.find("its dot products at ");
+  if (automatic.output.find("(AMX)") != std::string::npos) {
+    EXPECT_TRUE(onednn) << automatic.output;
+  } else {
+    ASSERT_NE(at, std::string::npos) << automatic.output;
+    const double lead = std::stod(automatic.output.substr(at + 20));
+    EXPECT_EQ(onednn, lead >= 1.3) << automatic.output;
+    std::printf("[bf16] auto: dot products at %.2fx the FMAs: %s\n", lead,
+                onednn ? "onednn" : "fma");
+  }
+
   const std::string held = "ONEDNN_MAX_CPU_ISA=AVX512_CORE ";
   const auto refused = run_command(held + trident_cmd(
       common + " --set train.cpu_bf16_gemm=\\\"onednn\\\" --set log.dir=" +

@@ -331,6 +331,36 @@ TEST(Bf16Gemm, CacheEvictionAndParallelCallers) {
   EXPECT_EQ(per_thread[1], 3 * 34 * 65);
 }
 
+// train.cpu_bf16_gemm = "auto"'s rule: oneDNN's bf16 matmul where it runs natively and on
+// AMX tiles or dot products at least kBf16DotLead x the FMAs' rate. The two kinds measured
+// land on either side: an AVX512-BF16 Xeon without AMX (family 6 model 207, 0.5x) on the FMA
+// engine, Zen 5 (family 26 model 2, 1.84x) on oneDNN.
+TEST(Bf16GemmEngine, AutoTakesTheMatmulWhereItOutrunsTheFmas) {
+  const Bf16DotRate xeon{110.0, 220.0}, zen5{512.5, 278.6}, none{};
+  EXPECT_DOUBLE_EQ(xeon.ratio(), 0.5);
+  EXPECT_DOUBLE_EQ(none.ratio(), 0.0);
+  EXPECT_FALSE(bf16_products_outpace_fp32(true, false, xeon));
+  EXPECT_TRUE(bf16_products_outpace_fp32(true, false, zen5));
+  EXPECT_TRUE(bf16_products_outpace_fp32(true, true, xeon)) << "AMX: the tiles, whatever the dot";
+  EXPECT_TRUE(bf16_products_outpace_fp32(true, true, none));
+  EXPECT_FALSE(bf16_products_outpace_fp32(true, false, none));
+  EXPECT_TRUE(bf16_products_outpace_fp32(true, false, {130.0, 100.0}));
+  EXPECT_FALSE(bf16_products_outpace_fp32(true, false, {129.0, 100.0}));
+  // Not available (no instructions, or oneDNN held below them): never, whatever the rates.
+  EXPECT_FALSE(bf16_products_outpace_fp32(false, true, zen5));
+  EXPECT_FALSE(bf16_products_outpace_fp32(false, false, zen5));
+
+  // This core: the rule on its own measurement, which is kept (measured once).
+  const Bf16DotRate& rate = bf16_dot_rate();
+  EXPECT_EQ(&rate, &bf16_dot_rate());
+  if (rate.dot_gflops > 0.0) EXPECT_GT(rate.fma_gflops, 0.0);
+  EXPECT_EQ(bf16_gemm_outpaces_fp32(),
+            bf16_products_outpace_fp32(bf16_gemm_available(), bf16_gemm_has_amx(), rate));
+  std::printf("this core: %s; dot %.1f / FMA %.1f GFLOP/s = %.2fx: auto runs %s\n",
+              bf16_gemm_description().c_str(), rate.dot_gflops, rate.fma_gflops, rate.ratio(),
+              bf16_gemm_outpaces_fp32() ? "onednn" : "fma");
+}
+
 // Without AVX512-BF16 and AMX the call is refused with one line. On a core that has them,
 // this case runs itself again with oneDNN limited to AVX-512 without BF16
 // (ONEDNN_MAX_CPU_ISA=AVX512_CORE), where the refusal must happen.

@@ -19,7 +19,8 @@
 // fp32 sums computes what a bf16 GEMM with fp32 accumulation computes (up to the order of the
 // sums). Bf16Gemm::Fma runs them so, at the core's fp32 rate; Bf16Gemm::OneDnn runs the dense
 // linear layers and the LM head through oneDNN's bf16 matmul (kernels/cpu/bf16_gemm.hpp: AMX
-// tiles, or AVX512-BF16 dot products), which is faster only where the core has AMX (docs/gemm.md,
+// tiles, or AVX512-BF16 dot products), which is faster where the core has AMX or dot products
+// that outrun its FMAs (Zen 5; not Intel's without AMX: bf16_gemm_outpaces_fp32, docs/gemm.md,
 // "The trainer's bf16"), and the attention's products there too, a query block against up to
 // 1024 keys per call (kernels/cpu/attention_bf16.cpp: oneDNN's matmul on attention.cpp's
 // 128 x 128 x 64 blocks made the 124M step 20 % slower on an AMX core, its cost per call

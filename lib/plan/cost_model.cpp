@@ -37,7 +37,8 @@ double activation_element_bytes(const std::string& precision, const HardwareSpec
 // Bytes a parameter of the packed bf16 copy of the weights that the CPU's oneDNN engine of
 // train.precision = "bf16" reads its products' weights from (model/cpu_bf16_kernels.hpp):
 // train.cpu_bf16_gemm = "auto" runs that engine where the core multiplies bf16 faster than fp32
-// (AMX), i.e. where the hardware's bf16 peak is above its fp32 peak; else the FMA engine, none.
+// (AMX, or dot products that outrun the FMAs), i.e. where the hardware's bf16 peak is above its
+// fp32 peak (bench-hw measures it so on such a core); else the FMA engine, none.
 double packed_weight_bytes(const std::string& precision, const HardwareSpec& hw) {
   return precision == "bf16" && hw.device.kind == "cpu" &&
                  hw.device.peak_tflops_bf16 > hw.device.peak_tflops_fp32

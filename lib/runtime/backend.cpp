@@ -1,5 +1,7 @@
 #include "runtime/backend.hpp"
 
+#include <cstdio>
+
 #include "kernels/cpu/bf16_gemm.hpp"
 #include "util/error.hpp"
 
@@ -82,7 +84,7 @@ Backend make_backend(const Config& config, const ParallelDims& dims, const Model
 bool cpu_bf16_uses_onednn(const Config& config) {
   const std::string& choice = config.train.cpu_bf16_gemm;
   if (choice == "fma") return false;
-  if (choice == "auto") return cpu::bf16_gemm_has_amx();
+  if (choice == "auto") return cpu::bf16_gemm_outpaces_fp32();
   if (!cpu::bf16_gemm_available())
     throw Error(config.source + ": train.cpu_bf16_gemm = \"onednn\", but oneDNN has no bf16 "
                 "matmul on this core: " + cpu::bf16_gemm_description() +
@@ -91,7 +93,18 @@ bool cpu_bf16_uses_onednn(const Config& config) {
 }
 
 std::string cpu_bf16_gemm_text(const Config& config) {
-  const std::string core = cpu::bf16_gemm_description();
+  std::string core = cpu::bf16_gemm_description();
+  // What decided "auto" where the core has bf16 dot products but no tiles: their measured rate.
+  if (config.train.cpu_bf16_gemm == "auto" && cpu::bf16_gemm_available() &&
+      !cpu::bf16_gemm_has_amx()) {
+    const cpu::Bf16DotRate& r = cpu::bf16_dot_rate();
+    char rate[160];
+    std::snprintf(rate, sizeof rate,
+                  "; its dot products at %.2fx the fp32 FMAs' rate (%.0f against %.0f GFLOP/s a "
+                  "thread; oneDNN's bf16 matmul from %.1fx)",
+                  r.ratio(), r.dot_gflops, r.fma_gflops, cpu::kBf16DotLead);
+    core += rate;
+  }
   if (cpu_bf16_uses_onednn(config)) return core;
   return "fp32 FMA GEMMs on bf16 values (train.cpu_bf16_gemm = \"" +
          config.train.cpu_bf16_gemm + "\"; the core: " + core + ")";

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.hpp"
+#include "kernels/cpu/cpu_features.hpp"
 #include "kernels/cpu/scratch.hpp"
 #include "util/error.hpp"
 
@@ -171,6 +172,29 @@ bool bf16_gemm_available() {
 
 bool bf16_gemm_has_amx() {
   return dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+}
+
+const Bf16DotRate& bf16_dot_rate() {
+  // Thread CPU time: a rank sharing its core with busy-polling ranks at start-up measures the
+  // core, not its time slices. Both probes alike, so their ratio holds on a loaded machine.
+  static const Bf16DotRate rate = [] {
+    Bf16DotRate r;
+    r.dot_gflops = bf16_dot_peak_gflops(0.03, /*cpu_time=*/true);
+    if (r.dot_gflops > 0.0) r.fma_gflops = fma_peak_gflops(512, 0.03, /*cpu_time=*/true);
+    return r;
+  }();
+  return rate;
+}
+
+bool bf16_products_outpace_fp32(bool available, bool amx, const Bf16DotRate& rate) {
+  if (!available) return false;
+  return amx || rate.ratio() >= kBf16DotLead;
+}
+
+bool bf16_gemm_outpaces_fp32() {
+  if (!bf16_gemm_available()) return false;
+  if (bf16_gemm_has_amx()) return true;  // no probe needed: the tiles
+  return bf16_products_outpace_fp32(true, false, bf16_dot_rate());
 }
 
 void require_bf16_gemm() {

@@ -51,6 +51,29 @@ bool bf16_gemm_available();
 // True when that is AMX (oneDNN's effective ISA avx512_core_amx).
 bool bf16_gemm_has_amx();
 
+// How fast this core multiplies bf16 against fp32: the AVX512-BF16 dot product's peak
+// (vdpbf16ps, 4 FLOP an fp32 lane) and the fp32 FMA's (512-bit), each the best of short runs on
+// this thread's CPU time (cpu_features.hpp), in GFLOP/s; 0 and 0 without AVX512-BF16.
+struct Bf16DotRate {
+  double dot_gflops = 0.0, fma_gflops = 0.0;
+  double ratio() const { return fma_gflops > 0.0 ? dot_gflops / fma_gflops : 0.0; }
+};
+// Measured once per process (about 60 ms, on the first call) and kept: a property of the core.
+const Bf16DotRate& bf16_dot_rate();
+
+// The dot product's lead over the FMAs from which oneDNN's bf16 matmul outruns the fp32 GEMM
+// on bf16 values. Measured: 0.5x on an AVX512-BF16 Xeon without AMX (family 6 model 207; the
+// bf16 matmul at half the sgemm), 1.84x on Zen 5 (family 26 model 2; the matmul at 1.6-1.9x
+// the sgemm, the GPT-2 124M bf16 step 1.6x faster on it): 1.3 lies well apart from both.
+constexpr double kBf16DotLead = 1.3;
+
+// The rule train.cpu_bf16_gemm = "auto" follows, pure: oneDNN's bf16 matmul where it runs
+// natively (`available`) and either on AMX tiles or on dot products at least kBf16DotLead x
+// the FMAs' rate; else the FMA engine.
+bool bf16_products_outpace_fp32(bool available, bool amx, const Bf16DotRate& rate);
+// That rule on this core (its rate measured once, only when it decides).
+bool bf16_gemm_outpaces_fp32();
+
 // Throws trident::Error (one line: what the core lacks) unless bf16_gemm_available(): what every
 // bf16 product checks first, and what a kernel calling them from an OpenMP region checks before
 // it (an exception must not leave a parallel region).
