@@ -159,10 +159,12 @@ std::string bf16_peak_text(double bf16_gflops, double fp32_gflops) {
   if (bf16_gflops <= 0.0)
     return "bf16 = fp32: train.precision = \"bf16\" multiplies its bf16 values with fp32 FMAs "
            "here (train.cpu_bf16_gemm = \"auto\" runs \"fma\" on this core).";
-  char line[200];
+  char line[320];
   std::snprintf(line, sizeof line,
                 "bf16 = oneDNN's bf16 matmul on the cubes n = 512-1536, best %.1f GFLOP/s "
-                "(%.2fx the sgemm): train.cpu_bf16_gemm = \"auto\" runs \"onednn\" here.",
+                "(%.2fx the sgemm), its products' and attention's own curves "
+                "gemm_efficiency_shapes_bf16 and attention_efficiency_bf16: "
+                "train.cpu_bf16_gemm = \"auto\" runs \"onednn\" here.",
                 bf16_gflops, bf16_gflops / fp32_gflops);
   return line;
 }
@@ -209,39 +211,68 @@ std::vector<MeasuredGemm> measure_linear_training(int threads) {
 }
 
 // The shape grid of the GEMM efficiency (DeviceSpec::gemm_efficiency_shapes): a linear layer's
-// training step through the trainer's own calls (cpu::linear_forward with its column split,
-// cpu::linear_backward for both gradients; no bias: its sums are memory-bound work, which the
-// plan prices apart) at rows x in x out over a grid of sizes, GFLOP/s of the three GEMMs
-// together. The volume curve above ranks shapes by their FLOPs alone; a step's
-// products are as thin as 256 rows x 128 wide, which two threads split worse than a cube of
-// the same volume (docs/plan.md, "Third wave").
-std::vector<std::array<double, 4>> measure_linear_shapes(int threads) {
+// training step through the trainer's own calls at rows x in x out over a grid of sizes,
+// GFLOP/s of the three GEMMs together. The volume curve above ranks shapes by their FLOPs
+// alone; a step's products are as thin as 256 rows x 128 wide, which two threads split worse
+// than a cube of the same volume (docs/plan.md, "Third wave"). make_step(M, C, OC) returns
+// the step: a callable that owns its buffers and runs the forward and both gradients once.
+template <class MakeStep>
+std::vector<std::array<double, 4>> measure_shape_grid(int threads, MakeStep make_step) {
   cpu::set_num_threads(threads);
   constexpr int kSizes[] = {64, 256, 1024, 4096};
   std::vector<std::array<double, 4>> points;
   for (int M : kSizes)
     for (int C : kSizes)
       for (int OC : kSizes) {
-        std::vector<float> inp(static_cast<size_t>(M) * C, 0.5f), dinp(inp.size());
-        std::vector<float> w(static_cast<size_t>(OC) * C, 0.25f), dw(w.size());
-        std::vector<float> out(static_cast<size_t>(M) * OC);
+        auto step = make_step(M, C, OC);
         const double f = 3.0 * 2.0 * M * static_cast<double>(C) * OC;
         const int inner = std::max(1, static_cast<int>(2e7 / f));  // >= ~5 ms per timing
-        const double seconds =
-            best_time(
-                [&] {
-                  for (int i = 0; i < inner; ++i) {
-                    cpu::linear_forward<float>(out.data(), inp.data(), w.data(), nullptr, M, C, OC);
-                    cpu::linear_backward<float>(dinp.data(), dw.data(), nullptr, out.data(),
-                                                inp.data(), w.data(), M, C, OC);
-                  }
-                },
-                kGemmRepetitions) /
-            inner;
+        const double seconds = best_time(
+                                   [&] {
+                                     for (int i = 0; i < inner; ++i) step();
+                                   },
+                                   kGemmRepetitions) /
+                               inner;
         points.push_back({static_cast<double>(M), static_cast<double>(C),
                           static_cast<double>(OC), f / seconds / 1e9});
       }
   return points;
+}
+
+// fp32: cpu::linear_forward with its column split, cpu::linear_backward for both gradients; no
+// bias (its sums are memory-bound work, which the plan prices apart).
+std::vector<std::array<double, 4>> measure_linear_shapes(int threads) {
+  return measure_shape_grid(threads, [](int M, int C, int OC) {
+    return [inp = std::vector<float>(static_cast<size_t>(M) * C, 0.5f),
+            dinp = std::vector<float>(static_cast<size_t>(M) * C),
+            w = std::vector<float>(static_cast<size_t>(OC) * C, 0.25f),
+            dw = std::vector<float>(static_cast<size_t>(OC) * C),
+            out = std::vector<float>(static_cast<size_t>(M) * OC), M, C, OC]() mutable {
+      cpu::linear_forward<float>(out.data(), inp.data(), w.data(), nullptr, M, C, OC);
+      cpu::linear_backward<float>(dinp.data(), dw.data(), nullptr, out.data(), inp.data(),
+                                  w.data(), M, C, OC);
+    };
+  });
+}
+
+// bf16 through the CPU's oneDNN engine as train.precision = "bf16" calls it
+// (model/cpu_bf16_kernels.hpp): the forward on the packed weights' bits with the input
+// converted at the call (cpu::gemm_bf16_b_rounded), both gradients from one conversion of dY
+// (cpu::linear_backward_bf16). Its output roundings are memory-bound passes, priced apart.
+std::vector<std::array<double, 4>> measure_linear_shapes_bf16(int threads) {
+  return measure_shape_grid(threads, [](int M, int C, int OC) {
+    return [inp = std::vector<float>(static_cast<size_t>(M) * C, 0.5f),
+            dinp = std::vector<float>(static_cast<size_t>(M) * C),
+            w = std::vector<float>(static_cast<size_t>(OC) * C, 0.25f),
+            w_bits = std::vector<uint16_t>(static_cast<size_t>(OC) * C, 0x3e80),  // 0.25
+            dw = std::vector<float>(static_cast<size_t>(OC) * C),
+            out = std::vector<float>(static_cast<size_t>(M) * OC), M, C, OC]() mutable {
+      cpu::gemm_bf16_b_rounded(false, true, M, OC, C, 1.0f, inp.data(), C, w_bits.data(), C,
+                               0.0f, out.data(), OC);
+      cpu::linear_backward_bf16(dinp.data(), dw.data(), out.data(), nullptr, inp.data(),
+                                w.data(), w_bits.data(), M, C, OC);
+    };
+  });
 }
 
 // Bytes per second of a streaming copy of 256 MiB (read + write counted), per rank, all ranks
@@ -308,8 +339,9 @@ std::string gbs_text(double bytes_per_s) {
 // threads, all ranks at once: GFLOP/s counted as the plan counts attention (the full T x T:
 // 4*T*T*HS per head forward, three times that for training), so the causal half the kernel
 // skips shows as a rate above the GEMMs'. size = cbrt(T*T*HS). Heads and batch are chosen for
-// ~2 GFLOP of counted work a timing.
-std::vector<MeasuredAttention> measure_attention(int threads) {
+// ~2 GFLOP of counted work a timing. bf16_engine: the CPU's bf16 oneDNN engine's attention
+// (cpu::attention_forward_bf16 / backward_bf16) instead; the inputs are bf16 values either way.
+std::vector<MeasuredAttention> measure_attention(int threads, bool bf16_engine = false) {
   cpu::set_num_threads(threads);
   std::vector<MeasuredAttention> points;
   const int shapes[][2] = {{128, 16}, {256, 32}, {512, 64}, {1024, 64}, {2048, 128}};
@@ -322,14 +354,21 @@ std::vector<MeasuredAttention> measure_attention(int threads) {
     const int64_t NH = std::min<int64_t>(16, heads), B = (heads + NH - 1) / NH;
     const size_t rows = static_cast<size_t>(B * T);
     std::vector<float> qkv(rows * static_cast<size_t>(3 * NH * HS)), dqkv(qkv.size());
-    std::vector<float> out(rows * static_cast<size_t>(NH * HS)), dout(out.size(), 0.01f);
+    std::vector<float> out(rows * static_cast<size_t>(NH * HS)), dout(out.size(), 0.0078125f);
     std::vector<float> lse(static_cast<size_t>(B * NH * T));
-    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 61) / 61.0f - 0.5f;
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 61) / 64.0f - 0.5f;
     const double t = best_time(
         [&] {
-          cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
-          cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                  B, T, NH, NH, HS);
+          if (bf16_engine) {
+            cpu::attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS,
+                                        nullptr);
+            cpu::attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                         lse.data(), B, T, NH, NH, HS, nullptr);
+          } else {
+            cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
+            cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                    lse.data(), B, T, NH, NH, HS);
+          }
         },
         3);
     points.push_back({T, HS, per_head * static_cast<double>(B * NH) / t / 1e9});
@@ -585,13 +624,14 @@ std::string fit_line(const char* what, const LinkFit& f) {
   return line;
 }
 
-// device.gemm_efficiency_shapes from measured [rows, in, out, GFLOP/s] over the peak.
-void set_shape_grid(DeviceSpec& device, double peak_gflops,
-                    const std::vector<std::array<double, 4>>& measured) {
-  device.gemm_efficiency_shapes.clear();
+// A shape grid of the file (device.gemm_efficiency_shapes and _bf16) from measured [rows, in,
+// out, GFLOP/s] over the peak.
+std::vector<std::array<double, 4>> shape_grid(double peak_gflops,
+                                              const std::vector<std::array<double, 4>>& measured) {
+  std::vector<std::array<double, 4>> grid;
   for (const auto& s : measured)
-    device.gemm_efficiency_shapes.push_back(
-        {s[0], s[1], s[2], std::clamp(s[3] / peak_gflops, 1e-3, 1.0)});
+    grid.push_back({s[0], s[1], s[2], std::clamp(s[3] / peak_gflops, 1e-3, 1.0)});
+  return grid;
 }
 
 double best_gflops(const std::vector<MeasuredGemm>& points) {
@@ -650,7 +690,7 @@ void run_gpu_bench_hw(const BenchHwOptions& options) {
   hw.device.peak_tflops_bf16 = best16 / 1e3;
   hw.device.peak_tflops_fp32 = best_gflops(r.fp32) / 1e3;
   set_measured_curves(hw.device, best16, r.training, r.attention, r.optimizer);
-  set_shape_grid(hw.device, best16, r.shapes);
+  hw.device.gemm_efficiency_shapes = shape_grid(best16, r.shapes);
   hw.device.memory_gib = r.memory_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.reserved_gib = r.reserved_bytes / (1024.0 * 1024.0 * 1024.0);
   hw.device.memory_bandwidth_gbs = r.bandwidth / 1e9;
@@ -756,7 +796,16 @@ void run_bench_hw(const BenchHwOptions& options) {
   // outruns the sgemm (AMX, or dot products ahead of the FMAs), else fp32 FMAs on bf16 values.
   hw.device.peak_tflops_bf16 = std::max(best, bf16_best) / 1e3;
   set_measured_curves(hw.device, best, training, attention, optimizer);
-  set_shape_grid(hw.device, best, shapes);
+  hw.device.gemm_efficiency_shapes = shape_grid(best, shapes);
+  // Where auto's bf16 engine is oneDNN's, its products' own grid over its peak (one round:
+  // the fp32 grid's rounds already span the run's slow spells).
+  if (bf16_best > 0.0) {
+    const double bf16_peak = hw.device.peak_tflops_bf16 * 1e3;
+    hw.device.gemm_efficiency_shapes_bf16 =
+        shape_grid(bf16_peak, measure_linear_shapes_bf16(threads));
+    hw.device.attention_efficiency_bf16 =
+        attention_curve(bf16_peak, measure_attention(threads, /*bf16_engine=*/true));
+  }
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();
   hw.device.memory_bandwidth_gbs = kernel_bandwidth / 1e9;

@@ -2,8 +2,12 @@
 """`trident plan` against measured runs of the tiny model on this machine (docs/plan.md).
 
   bench/plan_vs_measured.py [--trident PATH] [--steps N] [--warmup N] [--passes N] [--out DIR]
-                            [--moe]
+                            [--moe] [--precision fp32|bf16]
 
+--precision bf16: every layout trained and planned with train.precision = "bf16" (on the CPU:
+docs/gemm.md "The trainer's bf16", its engine as train.cpu_bf16_gemm = "auto" picks it; the
+plan's GEMMs at the hardware file's bf16 peak and, where bench-hw measured it,
+gemm_efficiency_shapes_bf16).
 --moe: the mixture-of-experts rows instead (configs/moe_tiny.toml, 8 experts top-2 in every
 other layer, and a variant with 16 experts): 1 rank, DP 2, TP 2 and DP 2 with EP 2.
 
@@ -133,10 +137,15 @@ def bench_hw(args, ranks):
     return path
 
 
+def precision_sets(args):
+    """The overrides every run and plan takes: the precision (not shown in the layout column)."""
+    return ['train.precision="%s"' % args.precision]
+
+
 def predict(args, hw, nodes, layout, model_sets=()):
     cmd = [args.trident, "plan", "--config", args.config, "--hardware", hw,
            "--nodes", str(nodes), "--layout", layout, "--json", "--top", "1"]
-    for s in model_sets:
+    for s in list(model_sets) + precision_sets(args):
         cmd += ["--set", s]
     out = check_run(cmd, "trident plan --layout " + layout, 120)
     best = json.loads(out)["best"]
@@ -148,13 +157,13 @@ def predict(args, hw, nodes, layout, model_sets=()):
 MEMORY_LINE = re.compile(
     r"memory rank (\d+): parameters ([\d.]+) MB \| gradients ([\d.]+) MB \| optimizer state "
     r"([\d.]+) MB \| peak activations ([\d.]+) MB \| device allocated ([\d.]+) MB, peak "
-    r"([\d.]+) MB")
+    r"([\d.]+) MB \| compute copy ([\d.]+) MB")
 
 
 def train(args, ranks, prediction, name, tokens, model_sets=()):
     run_dir = os.path.join(args.out, "runs", name)
     subprocess.run(["rm", "-rf", run_dir], check=True)
-    sets = list(model_sets) + [s for s in prediction["set"]] + [
+    sets = list(model_sets) + precision_sets(args) + [s for s in prediction["set"]] + [
         "train.steps=%d" % args.steps, "log.interval=1", "eval.interval=0",
         "checkpoint.interval=0", "data.train=" + tokens, "data.val=" + tokens,
         "log.dir=" + run_dir]
@@ -173,10 +182,11 @@ def train(args, ranks, prediction, name, tokens, model_sets=()):
     if len(ranks_memory) != ranks:
         sys.exit("plan_vs_measured: %s printed %d 'memory rank' lines for %d ranks" %
                  (name, len(ranks_memory), ranks))
-    # Fullest rank: the largest device peak; its activations = peak - (weights, grads, moments).
-    params, grads, moments, _, _, peak = max(ranks_memory, key=lambda r: r[5])
+    # Fullest rank: the largest device peak; its activations = peak - (weights, grads, moments,
+    # and bf16's compute copy of the weights: the plan counts that with the weights).
+    params, grads, moments, _, _, peak, copy = max(ranks_memory, key=lambda r: r[5])
     return {"ms": statistics.median(times), "steps": len(times), "device_peak": peak,
-            "activations": peak - params - grads - moments}
+            "activations": peak - params - grads - moments - copy}
 
 
 def error(predicted, measured):
@@ -194,6 +204,8 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "build", "bench-plan"))
     p.add_argument("--moe", action="store_true",
                    help="the mixture-of-experts rows (configs/moe_tiny.toml) instead")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="train.precision of every run and plan (default fp32)")
     args = p.parse_args()
     if args.passes < 1:
         sys.exit("plan_vs_measured: --passes %d must be >= 1" % args.passes)
@@ -213,10 +225,10 @@ def main():
     tokens = os.path.join(args.out, "tokens.bin")
     write_tokens(tokens, 1 << 17)
 
-    print("plan vs measured: %s, %d cores, %d steps per run (median of the last %d), the "
+    print("plan vs measured: %s, %s, %d cores, %d steps per run (median of the last %d), the "
           "fastest of %d pass(es), load average %s before" %
-          (os.path.relpath(args.config, ROOT), CORES, args.steps, args.steps - args.warmup,
-           args.passes, load_before), flush=True)
+          (os.path.relpath(args.config, ROOT), args.precision, CORES, args.steps,
+           args.steps - args.warmup, args.passes, load_before), flush=True)
     # Per layout: its full layout, the ranks of the hardware file it is planned on (1 rank: the
     # 1-rank file; more: nodes of 2 devices, the 2-rank file) and the plan's prediction.
     planned = []

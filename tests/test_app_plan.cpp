@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "app_fixture.hpp"
+#include "plan/hardware.hpp"
 #include "sanitizer.hpp"
 
 using namespace trident::test;
@@ -216,12 +217,33 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   // The shape grid: 4 x 4 x 4 points, the plan reads them (a full grid, or it refuses).
   EXPECT_NE(text.find("gemm_efficiency_shapes = [\n  [64.0, 64.0, 64.0, "), std::string::npos)
       << text;
-  const size_t grid = text.find("gemm_efficiency_shapes = [");
-  int points = 0;
-  for (size_t at = text.find("\n  [", grid); grid != std::string::npos && at != std::string::npos;
-       at = text.find("\n  [", at + 1))
-    ++points;
-  EXPECT_EQ(points, 64) << text;
+  // Points of a grid: its lines up to its closing "]]" (the first "]\n" after its key).
+  auto grid_points = [&](const std::string& key) {
+    const size_t grid = text.find("\n" + key + " = [");
+    if (grid == std::string::npos) return -1;
+    const size_t end = text.find("]\n", grid);
+    int points = 0;
+    for (size_t at = text.find("\n  [", grid); at != std::string::npos && at < end;
+         at = text.find("\n  [", at + 1))
+      ++points;
+    return points;
+  };
+  EXPECT_EQ(grid_points("gemm_efficiency_shapes"), 64) << text;
+  // The bf16 engine's own grid, and a bf16 peak above fp32's, where "auto" runs that engine
+  // here (the file's comment says which); else neither.
+  const bool onednn = text.find("train.cpu_bf16_gemm = \"auto\" runs \"onednn\" here") !=
+                      std::string::npos;
+  EXPECT_NE(onednn, text.find("train.cpu_bf16_gemm = \"auto\" runs \"fma\" on this core") !=
+                        std::string::npos)
+      << text;
+  EXPECT_EQ(grid_points("gemm_efficiency_shapes_bf16"), onednn ? 64 : -1) << text;
+  EXPECT_EQ(text.find("attention_efficiency_bf16 = [[64.0, ") != std::string::npos, onednn)
+      << text;
+  const trident::HardwareSpec measured = trident::load_hardware(out.string());
+  EXPECT_EQ(measured.device.peak_tflops_bf16 > measured.device.peak_tflops_fp32, onednn);
+  std::printf("[bench-hw] bf16: %s (peak %.3f against fp32's %.3f TFLOP/s)\n",
+              onednn ? "oneDNN engine, its own grid" : "the FMA engine, fp32's grid",
+              measured.device.peak_tflops_bf16, measured.device.peak_tflops_fp32);
   r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
            " --nodes 1 --top 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -190,6 +190,69 @@ TEST(PlanHardware, ShapeGridTakesThePlaceOfTheVolumeCurve) {
   expect_error(replace(text, first, "[64.0, 64.0, 64.0]"), "[rows, in, out, fraction]");
 }
 
+// device.gemm_efficiency_shapes_bf16 is optional: the products train.precision = "bf16" runs
+// on the CPU's oneDNN engine have their own grid. gemm_efficiency(..., "bf16") reads it where
+// present and the fp32 grid where not; every other precision reads the fp32 grid. Written
+// back, and checked as the fp32 grid is (one line naming its own key).
+TEST(PlanHardware, Bf16ShapeGridServesBf16Only) {
+  auto grid_text = [](const std::string& key, double fraction) {
+    std::string g = key + " = [";
+    int points = 0;
+    for (double r : {64.0, 256.0})
+      for (double i : {64.0, 512.0})
+        for (double o : {64.0, 1024.0})
+          g += (points++ ? ", [" : "[") + toml_number(r) + ", " + toml_number(i) + ", " +
+               toml_number(o) + ", " + toml_number(fraction * (r == 64.0 ? 1.0 : 1.5)) + "]";
+    return g + "]\n";
+  };
+  const std::string fp32_grid = grid_text("gemm_efficiency_shapes", 0.5);
+  const std::string both = replace(ideal_hardware_text(), "memory_gib = 80.0",
+                                   fp32_grid + grid_text("gemm_efficiency_shapes_bf16", 0.25) +
+                                       "memory_gib = 80.0");
+  const HardwareSpec hw = parse_hardware(both, "hw.toml");
+  ASSERT_EQ(hw.device.gemm_efficiency_shapes_bf16.size(), 8u);
+  int compared = 0;
+  for (const auto& [r, i, o] : {std::tuple{64.0, 64.0, 64.0}, {256.0, 512.0, 1024.0}}) {
+    const double scale = r == 64.0 ? 1.0 : 1.5;
+    EXPECT_DOUBLE_EQ(hw.gemm_efficiency(r, i, o, "bf16"), 0.25 * scale);
+    EXPECT_DOUBLE_EQ(hw.gemm_efficiency(r, i, o, "fp32"), 0.5 * scale);
+    EXPECT_DOUBLE_EQ(hw.gemm_efficiency(r, i, o), 0.5 * scale);
+    EXPECT_DOUBLE_EQ(hw.gemm_efficiency(r, i, o, "fp8"), 0.5 * scale);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2);
+  // Without the bf16 grid, bf16 reads the fp32 one.
+  const HardwareSpec fp32_only = parse_hardware(
+      replace(ideal_hardware_text(), "memory_gib = 80.0", fp32_grid + "memory_gib = 80.0"),
+      "hw.toml");
+  EXPECT_TRUE(fp32_only.device.gemm_efficiency_shapes_bf16.empty());
+  EXPECT_DOUBLE_EQ(fp32_only.gemm_efficiency(64, 64, 64, "bf16"), 0.5);
+  const HardwareSpec again = parse_hardware(hardware_to_toml(hw, {}), "again.toml");
+  EXPECT_EQ(again.device.gemm_efficiency_shapes_bf16, hw.device.gemm_efficiency_shapes_bf16);
+  EXPECT_EQ(again.device.gemm_efficiency_shapes, hw.device.gemm_efficiency_shapes);
+  const std::string first = "gemm_efficiency_shapes_bf16 = [[64.0, 64.0, 64.0, 0.25], ";
+  ASSERT_NE(both.find(first), std::string::npos);
+  expect_error(replace(both, first, "gemm_efficiency_shapes_bf16 = ["),
+               "device.gemm_efficiency_shapes_bf16 is not a full grid");
+  expect_error(replace(both, first, "gemm_efficiency_shapes_bf16 = [[64.0, 64.0, 64.0, 2.5], "),
+               "device.gemm_efficiency_shapes_bf16 holds a fraction of 2.5");
+
+  // The attention's bf16 curve likewise: bf16 reads it, the rest the fp32 curve.
+  const std::string curves =
+      replace(both, "memory_gib = 80.0",
+              "attention_efficiency = [[64, 0.4], [512, 0.8]]\n"
+              "attention_efficiency_bf16 = [[64, 0.1], [512, 0.5]]\nmemory_gib = 80.0");
+  const HardwareSpec att = parse_hardware(curves, "hw.toml");
+  EXPECT_DOUBLE_EQ(att.attention_efficiency(64, 64, "bf16"), 0.1);  // cbrt(64^3) = 64
+  EXPECT_DOUBLE_EQ(att.attention_efficiency(512, 512, "bf16"), 0.5);
+  EXPECT_DOUBLE_EQ(att.attention_efficiency(64, 64, "fp32"), 0.4);
+  EXPECT_DOUBLE_EQ(att.attention_efficiency(64, 64), 0.4);
+  const HardwareSpec att_again = parse_hardware(hardware_to_toml(att, {}), "again.toml");
+  EXPECT_EQ(att_again.device.attention_efficiency_bf16, att.device.attention_efficiency_bf16);
+  expect_error(replace(curves, "[[64, 0.1], [512, 0.5]]", "[[64, 0.1], [512, 1.5]]"),
+               "device.attention_efficiency_bf16 point [512, 1.5]");
+}
+
 // device.optimizer_bandwidth_gbs is optional: absent, the optimizer pass streams at the memory
 // bandwidth; present, at its curve over the parameters a rank owns (interpolated in
 // log(parameters), flat beyond the ends), in GB/s, not a fraction; written back and checked.
@@ -1946,6 +2009,54 @@ TEST(PlanBf16, CpuMemoryIsWhatTheCpuBf16ModelAllocates) {
     }
   }
   EXPECT_GE(compared, 2);
+}
+
+// The CPU's bf16 products at their own grid: with gemm_efficiency_shapes_bf16 at half the
+// fp32 grid's fractions, a bf16 plan's layer GEMMs and LM head take twice the time they take
+// on the fp32 grid alone (the same bf16 peak), while an fp32 plan is untouched by it.
+TEST(PlanBf16, TheEnginesGridPricesTheBf16Gemms) {
+  auto flat_grid = [](double fraction) {
+    std::vector<std::array<double, 4>> g;
+    for (double r : {16.0, 4096.0})
+      for (double i : {16.0, 4096.0})
+        for (double o : {16.0, 65536.0}) g.push_back({r, i, o, fraction});
+    return g;
+  };
+  const ModelConfig m = small_gpt();
+  const Layout l = layout(1, 1, 1, 2);
+  PlanProblem p = problem(m);
+  p.hw.device.kind = "cpu";
+  p.hw.devices_per_node = 1;
+  p.hw.device.peak_tflops_bf16 = 2.0 * p.hw.device.peak_tflops_fp32;
+  p.hw.device.gemm_efficiency_shapes = flat_grid(0.8);
+  p.precision = "bf16";
+  const Prediction without = predict(p, l);
+  p.hw.device.gemm_efficiency_shapes_bf16 = flat_grid(0.4);
+  const Prediction with = predict(p, l);
+  EXPECT_NEAR(with.compute_gemm_seconds, 2.0 * without.compute_gemm_seconds,
+              1e-12 * with.compute_gemm_seconds);
+  EXPECT_GT(with.compute_head_seconds, without.compute_head_seconds);
+  // No attention curve in the file: the attention on the GEMM grid of its precision.
+  EXPECT_NEAR(with.compute_attention_seconds, 2.0 * without.compute_attention_seconds,
+              1e-12 * with.compute_attention_seconds);
+  // The engine's attention curve at half the fp32 one: its part twice as long.
+  p.hw.device.attention_efficiency = {{1.0, 0.6}, {1e5, 0.6}};
+  const Prediction fp32_curve = predict(p, l);
+  p.hw.device.attention_efficiency_bf16 = {{1.0, 0.3}, {1e5, 0.3}};
+  const Prediction bf16_curve = predict(p, l);
+  EXPECT_NEAR(bf16_curve.compute_attention_seconds, 2.0 * fp32_curve.compute_attention_seconds,
+              1e-12 * bf16_curve.compute_attention_seconds);
+  // (the memory part is the compute less the others: equal up to their sums' rounding)
+  EXPECT_NEAR(with.compute_memory_seconds, without.compute_memory_seconds,
+              1e-12 * with.time.compute);
+  p.precision = "fp32";
+  const Prediction fp32_with = predict(p, l);
+  p.hw.device.gemm_efficiency_shapes_bf16.clear();
+  p.hw.device.attention_efficiency_bf16.clear();
+  const Prediction fp32_without = predict(p, l);
+  EXPECT_DOUBLE_EQ(fp32_with.time.compute, fp32_without.time.compute);
+  std::printf("[ measured ] bf16 layer GEMMs %.3g s on the fp32 grid, %.3g s on the bf16 grid\n",
+              without.compute_gemm_seconds, with.compute_gemm_seconds);
 }
 
 // time.compute split into the layers' linear GEMMs, attention, memory-bound passes and the LM

@@ -256,7 +256,8 @@ class CostModel {
  public:
   CostModel(const PlanProblem& p, const Layout& l)
       : p_(p), l_(l), m_(p.model), local_(context_local(p.model, l.cp)), hw_(p.hw),
-        e_(activation_element_bytes(p.base_precision(), p.hw)),
+        base_(p.base_precision()),
+        e_(activation_element_bytes(base_, p.hw)),
         vp_(padded_vocab_size(m_, static_cast<int>(l.tp))),
         parts_(training_flops_parts(m_, vp_)),
         dense_linear_(training_flops_parts(dense_of(m_), vp_).layer_linear),
@@ -282,12 +283,12 @@ class CostModel {
     for (const auto& s : shapes) {
       const double f = s[0] * s[1] * s[2];
       flops += f;
-      time += f / hw_.gemm_efficiency(s[0], s[1], s[2]);
+      time += f / hw_.gemm_efficiency(s[0], s[1], s[2], base_);
     }
     const double eff_linear = flops / time;
     // Under CP a rank's attention is CP ring steps of T/CP query rows against T/CP keys.
     const double eff_attention =
-        hw_.attention_efficiency(T / static_cast<double>(l_.cp), HS);
+        hw_.attention_efficiency(T / static_cast<double>(l_.cp), HS, base_);
     // An FP8 layer's GEMMs (forward and both backward ones) at the FP8 rate on the same curve.
     const double linear_peak = fp8 ? fp8_peak_ : peak_;
     double linear = dense_linear_ * n_ / t_ / (linear_peak * eff_linear);
@@ -548,7 +549,7 @@ class CostModel {
   // Training seconds (3 x forward) of `count` GEMMs of m x k x n at their shape's efficiency
   // of `peak`.
   double gemm_seconds(double m, double k, double n, double count, double peak) const {
-    return 3.0 * 2.0 * m * k * n * count / (peak * hw_.gemm_efficiency(m, k, n));
+    return 3.0 * 2.0 * m * k * n * count / (peak * hw_.gemm_efficiency(m, k, n, base_));
   }
 
   // The expert group's link: EP data ranks of a (tp, cp, pp) column, TP x CP x PP apart
@@ -609,7 +610,7 @@ class CostModel {
     if (c.head) {
       const double V = static_cast<double>(vp_);
       const double head = parts_.head * n_ / t_ /
-                          (peak_ * hw_.gemm_efficiency(n_, C, V / t_));
+                          (peak_ * hw_.gemm_efficiency(n_, C, V / t_, base_));
       // A training forward runs the whole head (Transformer::head_forward), one chunk of rows
       // at a time: the logits GEMM, the softmax, and while the chunk's logits are there their
       // gradient (in place) and the input- and weight-gradient GEMMs; nothing of it is
@@ -680,6 +681,7 @@ class CostModel {
   const ModelConfig& m_;
   ModelConfig local_;  // m_ with the T/CP tokens a context rank holds of each sequence
   const HardwareSpec& hw_;
+  std::string base_;  // the precision of everything but FP8 GEMMs (its GEMM grid's)
   double e_;
   int64_t vp_;
   TrainingFlopsParts parts_;

@@ -74,7 +74,8 @@ const std::set<std::string>& known_keys() {
       "name", "devices_per_node",
       "device.kind", "device.peak_tflops_fp32", "device.peak_tflops_bf16",
       "device.peak_tflops_fp8", "device.gemm_efficiency", "device.gemm_efficiency_shapes",
-      "device.attention_efficiency",
+      "device.gemm_efficiency_shapes_bf16",
+      "device.attention_efficiency", "device.attention_efficiency_bf16",
       "device.memory_gib", "device.reserved_gib",
       "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs", "device.host_link_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
@@ -212,8 +213,13 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   hw.device.gemm_efficiency = read_curve(r, "device.gemm_efficiency");
   if (root.at_path("device.gemm_efficiency_shapes").node() != nullptr)
     hw.device.gemm_efficiency_shapes = read_shape_grid(r, "device.gemm_efficiency_shapes");
+  if (root.at_path("device.gemm_efficiency_shapes_bf16").node() != nullptr)
+    hw.device.gemm_efficiency_shapes_bf16 =
+        read_shape_grid(r, "device.gemm_efficiency_shapes_bf16");
   if (root.at_path("device.attention_efficiency").node() != nullptr)
     hw.device.attention_efficiency = read_curve(r, "device.attention_efficiency");
+  if (root.at_path("device.attention_efficiency_bf16").node() != nullptr)
+    hw.device.attention_efficiency_bf16 = read_curve(r, "device.attention_efficiency_bf16");
   hw.device.memory_gib = r.number("device.memory_gib", 0.0);
   hw.device.reserved_gib = r.non_negative("device.reserved_gib");
   if (hw.device.reserved_gib >= hw.device.memory_gib)
@@ -314,22 +320,38 @@ double grid_at(const std::vector<std::array<double, 4>>& grid, const std::array<
 }
 }  // namespace
 
-double HardwareSpec::gemm_efficiency(double rows, double in, double out) const {
+double HardwareSpec::gemm_efficiency(double rows, double in, double out,
+                                     const std::string& precision) const {
   rows = std::max(rows, 1.0), in = std::max(in, 1.0), out = std::max(out, 1.0);
+  if (precision == "bf16" && !device.gemm_efficiency_shapes_bf16.empty())
+    return grid_at(device.gemm_efficiency_shapes_bf16, {rows, in, out});
   if (device.gemm_efficiency_shapes.empty())
     return curve_at(device.gemm_efficiency, std::cbrt(rows * in * out));
   return grid_at(device.gemm_efficiency_shapes, {rows, in, out});
 }
 
-double HardwareSpec::attention_efficiency(double T, double HS) const {
-  if (device.attention_efficiency.empty()) return gemm_efficiency(T, HS, T);
-  return curve_at(device.attention_efficiency,
-                  std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0)));
+double HardwareSpec::attention_efficiency(double T, double HS,
+                                          const std::string& precision) const {
+  const double size = std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0));
+  if (precision == "bf16" && !device.attention_efficiency_bf16.empty())
+    return curve_at(device.attention_efficiency_bf16, size);
+  if (device.attention_efficiency.empty()) return gemm_efficiency(T, HS, T, precision);
+  return curve_at(device.attention_efficiency, size);
 }
 
 double HardwareSpec::optimizer_bytes_per_s(double parameters) const {
   if (device.optimizer_bandwidth_gbs.empty()) return device.memory_bandwidth_gbs * 1e9;
   return curve_at(device.optimizer_bandwidth_gbs, std::max(parameters, 1.0)) * 1e9;
+}
+
+std::vector<std::pair<double, double>> attention_curve(
+    double peak_gflops, const std::vector<MeasuredAttention>& attention) {
+  std::vector<std::pair<double, double>> curve;
+  for (const MeasuredAttention& p : attention)
+    curve.emplace_back(std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
+                                 static_cast<double>(p.head_size)),
+                       std::clamp(p.gflops / peak_gflops, 1e-3, 1.0));
+  return curve;
 }
 
 void set_measured_curves(DeviceSpec& device, double peak_gflops,
@@ -342,12 +364,7 @@ void set_measured_curves(DeviceSpec& device, double peak_gflops,
   device.gemm_efficiency.clear();
   for (const MeasuredGemm& p : training)
     device.gemm_efficiency.emplace_back(p.size, fraction(p.gflops));
-  device.attention_efficiency.clear();
-  for (const MeasuredAttention& p : attention)
-    device.attention_efficiency.emplace_back(
-        std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
-                  static_cast<double>(p.head_size)),
-        fraction(p.gflops));
+  device.attention_efficiency = attention_curve(peak_gflops, attention);
   device.optimizer_bandwidth_gbs.clear();
   for (const MeasuredOptimizer& p : optimizer)
     device.optimizer_bandwidth_gbs.emplace_back(static_cast<double>(p.parameters),
@@ -403,17 +420,20 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
     o << "]\n";
   };
   curve("gemm_efficiency", hw.device.gemm_efficiency);
-  if (!hw.device.gemm_efficiency_shapes.empty()) {
-    o << "gemm_efficiency_shapes = [";
-    for (size_t i = 0; i < hw.device.gemm_efficiency_shapes.size(); ++i) {
-      const auto& p = hw.device.gemm_efficiency_shapes[i];
-      o << (i ? ",\n  " : "\n  ") << "[" << num(p[0]) << ", " << num(p[1]) << ", " << num(p[2])
-        << ", " << num(p[3]) << "]";
-    }
+  auto grid = [&](const char* key, const std::vector<std::array<double, 4>>& g) {
+    if (g.empty()) return;
+    o << key << " = [";
+    for (size_t i = 0; i < g.size(); ++i)
+      o << (i ? ",\n  " : "\n  ") << "[" << num(g[i][0]) << ", " << num(g[i][1]) << ", "
+        << num(g[i][2]) << ", " << num(g[i][3]) << "]";
     o << "]\n";
-  }
+  };
+  grid("gemm_efficiency_shapes", hw.device.gemm_efficiency_shapes);
+  grid("gemm_efficiency_shapes_bf16", hw.device.gemm_efficiency_shapes_bf16);
   if (!hw.device.attention_efficiency.empty())
     curve("attention_efficiency", hw.device.attention_efficiency);
+  if (!hw.device.attention_efficiency_bf16.empty())
+    curve("attention_efficiency_bf16", hw.device.attention_efficiency_bf16);
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
   o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";

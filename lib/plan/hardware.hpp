@@ -51,11 +51,22 @@ struct DeviceSpec {
   // only its volume: thin products split over a rank's threads worse than a cube of the same
   // FLOPs (docs/plan.md, "Third wave"). bench-hw measures it on the CPU.
   std::vector<std::array<double, 4>> gemm_efficiency_shapes;
+  // Optional (empty: gemm_efficiency_shapes for bf16 too): the same grid through the products
+  // train.precision = "bf16" runs where they are not the fp32 GEMM's (a CPU's oneDNN bf16
+  // engine, train.cpu_bf16_gemm: its operands converted at each call, its own blocking), in
+  // fractions of peak_tflops_bf16. bench-hw measures it where "auto" runs that engine.
+  std::vector<std::array<double, 4>> gemm_efficiency_shapes_bf16;
   // Optional (empty: the GEMM curve at T x HS x T): (size, fraction of peak) the trainer's fused
   // attention forward and backward reach, counted as the plan counts attention's FLOPs (the
   // full T x T, three passes); size is the cube root of T*T*HS. bench-hw measures it on both
   // devices; on a CPU the blocked kernel's softmax and small GEMMs run far below the GEMM curve.
   std::vector<std::pair<double, double>> attention_efficiency;
+  // Optional (empty: attention_efficiency for bf16 too): the same curve for the attention
+  // train.precision = "bf16" runs where it is not fp32's kernel (a CPU's oneDNN bf16 engine:
+  // kernels/cpu/attention_bf16.cpp, a matmul call per query block, whose cost per call
+  // outweighs its speed on short heads), in fractions of peak_tflops_bf16. bench-hw measures it
+  // where train.cpu_bf16_gemm = "auto" runs that engine.
+  std::vector<std::pair<double, double>> attention_efficiency_bf16;
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
@@ -111,11 +122,14 @@ struct HardwareSpec {
   // log(size), flat beyond its ends.
   // A linear layer's GEMM of `rows` x `in` x `out` (forward; its gradients the same FLOPs):
   // gemm_efficiency_shapes interpolated where the file has it, else the volume curve at the
-  // cube root of rows in out.
-  double gemm_efficiency(double rows, double in, double out) const;
+  // cube root of rows in out. `precision` "bf16" takes gemm_efficiency_shapes_bf16 where the
+  // file has that grid.
+  double gemm_efficiency(double rows, double in, double out,
+                         const std::string& precision = "") const;
   // Fraction of peak the attention of sequence T and head size HS reaches: the attention curve
   // where the file has one (interpolated as gemm_efficiency), else gemm_efficiency(T, HS, T).
-  double attention_efficiency(double T, double HS) const;
+  // `precision` "bf16" takes attention_efficiency_bf16 where the file has that curve.
+  double attention_efficiency(double T, double HS, const std::string& precision = "") const;
   // Bytes per second of the optimizer pass over `parameters` owned elements: the optimizer
   // curve where the file has one (interpolated as gemm_efficiency), else the memory bandwidth.
   double optimizer_bytes_per_s(double parameters) const;
@@ -142,6 +156,9 @@ struct MeasuredOptimizer {
 // `training`'s rates over `peak_gflops` and the attention curve attention's (each fraction
 // clamped to [1e-3, 1]; attention's size the cube root of T T HS), the optimizer curve the rates
 // in GB/s. Empty `attention` or `optimizer`: that optional curve stays empty.
+// The attention curve (attention_efficiency and _bf16) of measured rates over a peak.
+std::vector<std::pair<double, double>> attention_curve(
+    double peak_gflops, const std::vector<MeasuredAttention>& attention);
 void set_measured_curves(DeviceSpec& device, double peak_gflops,
                          const std::vector<MeasuredGemm>& training,
                          const std::vector<MeasuredAttention>& attention,
