@@ -769,14 +769,21 @@ void run_bench_hw(const BenchHwOptions& options) {
   std::vector<std::string> notes;
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;
   std::vector<std::array<double, 4>> shapes;  // [rows, in, out, GFLOP/s], the best round's
-  double bf16_best = 0.0;  // oneDNN's bf16 matmul, where auto runs it: in the same rounds
+  // oneDNN's bf16 matmul and its engine's grid, where auto runs it: in the same rounds.
+  double bf16_best = 0.0;
+  std::vector<std::array<double, 4>> bf16_shapes;
+  // Each grid point's best rate over the rounds.
+  auto keep_best = [](std::vector<std::array<double, 4>>& best,
+                      const std::vector<std::array<double, 4>>& round) {
+    if (best.empty()) best = round;
+    for (size_t i = 0; i < best.size(); ++i) best[i][3] = std::max(best[i][3], round[i][3]);
+  };
   for (int round = 0; round < kGemmRounds; ++round) {
     cube_rounds.push_back(measure_sgemm(threads));
     bf16_best = std::max(bf16_best, measure_bf16_gemm(threads));
     training_rounds.push_back(measure_linear_training(threads));
-    const std::vector<std::array<double, 4>> r = measure_linear_shapes(threads);
-    if (shapes.empty()) shapes = r;
-    for (size_t i = 0; i < shapes.size(); ++i) shapes[i][3] = std::max(shapes[i][3], r[i][3]);
+    keep_best(shapes, measure_linear_shapes(threads));
+    if (bf16_best > 0.0) keep_best(bf16_shapes, measure_linear_shapes_bf16(threads));
   }
   const std::vector<MeasuredGemm> gemm = best_of_rounds(cube_rounds);
   const std::vector<MeasuredGemm> training = best_of_rounds(training_rounds);
@@ -798,12 +805,11 @@ void run_bench_hw(const BenchHwOptions& options) {
   hw.device.peak_tflops_bf16 = std::max(best, bf16_best) / 1e3;
   set_measured_curves(hw.device, best, training, attention, optimizer);
   hw.device.gemm_efficiency_shapes = shape_grid(best, shapes);
-  // Where auto's bf16 engine is oneDNN's, its products' own grid over its peak (one round:
-  // the fp32 grid's rounds already span the run's slow spells).
+  // Where auto's bf16 engine is oneDNN's, its products' own grid (best of the rounds) and its
+  // attention's curve over its peak.
   if (bf16_best > 0.0) {
     const double bf16_peak = hw.device.peak_tflops_bf16 * 1e3;
-    hw.device.gemm_efficiency_shapes_bf16 =
-        shape_grid(bf16_peak, measure_linear_shapes_bf16(threads));
+    hw.device.gemm_efficiency_shapes_bf16 = shape_grid(bf16_peak, bf16_shapes);
     hw.device.attention_efficiency_bf16 =
         attention_curve(bf16_peak, measure_attention(threads, /*bf16_engine=*/true));
   }
