@@ -128,13 +128,9 @@ std::vector<MeasuredGemm> measure_sgemm(int threads) {
 
 // The bf16 GEMM's best GFLOP/s on the same cubes' larger half, operands in bf16 bits (the
 // packed weights' form), through oneDNN's matmul: train.cpu_bf16_gemm = "auto"'s engine on a
-// core where it outruns the fp32 GEMM (cpu::bf16_gemm_outpaces_fp32), so the hardware file's
-// bf16 peak is what such a run multiplies at. 0 where that engine is not auto's here.
+// core where it outruns the fp32 GEMM (bf16_engine_everywhere), so the hardware file's bf16
+// peak is what such a run multiplies at.
 double measure_bf16_gemm(int threads) {
-  // Every rank times together (best_time's barriers): all measure, or none.
-  int outpaces = cpu::bf16_gemm_outpaces_fp32() ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &outpaces, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (outpaces == 0) return 0.0;
   cpu::set_num_threads(threads);
   double best = 0.0;
   for (int n : {512, 768, 1024, 1536}) {
@@ -152,6 +148,15 @@ double measure_bf16_gemm(int threads) {
     best = std::max(best, flops * inner / t / 1e9);
   }
   return best;
+}
+
+// Whether train.cpu_bf16_gemm = "auto" runs oneDNN's bf16 engine on every rank's core
+// (cpu::bf16_gemm_outpaces_fp32), decided once: every rank times the engine together
+// (best_time's barriers), so all measure it, or none.
+bool bf16_engine_everywhere() {
+  int outpaces = cpu::bf16_gemm_outpaces_fp32() ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &outpaces, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return outpaces == 1;
 }
 
 // The hardware file's line on its bf16 peak: where it comes from.
@@ -770,7 +775,8 @@ void run_bench_hw(const BenchHwOptions& options) {
   std::vector<std::vector<MeasuredGemm>> cube_rounds, training_rounds;
   std::vector<std::array<double, 4>> shapes;  // [rows, in, out, GFLOP/s], the best round's
   // oneDNN's bf16 matmul and its engine's grid, where auto runs it: in the same rounds.
-  double bf16_best = 0.0;
+  const bool bf16_engine = bf16_engine_everywhere();
+  double bf16_best = 0.0;  // 0: the FMA engine's, fp32's rate
   std::vector<std::array<double, 4>> bf16_shapes;
   // Each grid point's best rate over the rounds.
   auto keep_best = [](std::vector<std::array<double, 4>>& best,
@@ -780,10 +786,12 @@ void run_bench_hw(const BenchHwOptions& options) {
   };
   for (int round = 0; round < kGemmRounds; ++round) {
     cube_rounds.push_back(measure_sgemm(threads));
-    bf16_best = std::max(bf16_best, measure_bf16_gemm(threads));
     training_rounds.push_back(measure_linear_training(threads));
     keep_best(shapes, measure_linear_shapes(threads));
-    if (bf16_best > 0.0) keep_best(bf16_shapes, measure_linear_shapes_bf16(threads));
+    if (bf16_engine) {
+      bf16_best = std::max(bf16_best, measure_bf16_gemm(threads));
+      keep_best(bf16_shapes, measure_linear_shapes_bf16(threads));
+    }
   }
   const std::vector<MeasuredGemm> gemm = best_of_rounds(cube_rounds);
   const std::vector<MeasuredGemm> training = best_of_rounds(training_rounds);
@@ -807,7 +815,7 @@ void run_bench_hw(const BenchHwOptions& options) {
   hw.device.gemm_efficiency_shapes = shape_grid(best, shapes);
   // Where auto's bf16 engine is oneDNN's, its products' own grid (best of the rounds) and its
   // attention's curve over its peak.
-  if (bf16_best > 0.0) {
+  if (bf16_engine) {
     const double bf16_peak = hw.device.peak_tflops_bf16 * 1e3;
     hw.device.gemm_efficiency_shapes_bf16 = shape_grid(bf16_peak, bf16_shapes);
     hw.device.attention_efficiency_bf16 =
