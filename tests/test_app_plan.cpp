@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -239,11 +240,28 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   EXPECT_EQ(grid_points("gemm_efficiency_shapes_bf16"), onednn ? 64 : -1) << text;
   EXPECT_EQ(text.find("attention_efficiency_bf16 = [[64.0, ") != std::string::npos, onednn)
       << text;
+  // The bf16 peak is the better of the sgemm's best and the bf16 matmul's (the comment's
+  // figure), where that engine is measured; fp32's where it is not. Whether the matmul outran
+  // the sgemm in this run is printed, not asserted: auto's choice rests on the core's rates
+  // (cpu::bf16_dot_rate), and a slow spell of a shared machine during the bf16 rounds lowers
+  // only them.
   const trident::HardwareSpec measured = trident::load_hardware(out.string());
-  EXPECT_EQ(measured.device.peak_tflops_bf16 > measured.device.peak_tflops_fp32, onednn);
-  std::printf("[bench-hw] bf16: %s (peak %.3f against fp32's %.3f TFLOP/s)\n",
+  const double fp32_peak = measured.device.peak_tflops_fp32;
+  double bf16_matmul = 0.0;  // TFLOP/s, the comment's "best X GFLOP/s"
+  const size_t best_at =
+      text.find("# bf16 = oneDNN's bf16 matmul on the cubes n = 512-1536, best ");
+  EXPECT_EQ(best_at != std::string::npos, onednn) << text;
+  if (best_at != std::string::npos) {
+    bf16_matmul = std::strtod(text.c_str() + text.find(", best ", best_at) + 7, nullptr) / 1e3;
+    EXPECT_GT(bf16_matmul, 0.0) << text;
+  }
+  EXPECT_NEAR(measured.device.peak_tflops_bf16, std::max(fp32_peak, bf16_matmul), 1e-4) << text;
+  std::printf("[bench-hw] bf16: %s (peak %.3f against fp32's %.3f TFLOP/s%s)\n",
               onednn ? "oneDNN engine, its own grid" : "the FMA engine, fp32's grid",
-              measured.device.peak_tflops_bf16, measured.device.peak_tflops_fp32);
+              measured.device.peak_tflops_bf16, fp32_peak,
+              onednn && bf16_matmul <= fp32_peak
+                  ? "; NOTE: the bf16 matmul did not outrun the sgemm in this run"
+                  : "");
   r = plan("--config " + source("configs/tiny.toml") + " --hardware " + out.string() +
            " --nodes 1 --top 3");
   EXPECT_EQ(r.exit_code, 0) << r.output;

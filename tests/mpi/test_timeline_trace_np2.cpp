@@ -156,8 +156,9 @@ bool is_compute(PipeOpKind k) {
 
 struct BubbleResult {
   double measured = 0, simulated = 0;
-  // Per stage: mean seconds of each compute kind on each chunk, and of its messages' latency.
-  std::map<std::pair<int, PipeOpKind>, double> mean_seconds[2];  // (chunk, kind)
+  double step_seconds = 0;  // the median measured step's pipeline time, first op to last
+  // Per stage: median seconds of each compute kind on each chunk, and of its messages' latency.
+  std::map<std::pair<int, PipeOpKind>, double> op_seconds[2];  // (chunk, kind)
   double message_latency[2] = {0, 0};
 };
 
@@ -206,6 +207,12 @@ void add_latencies(const std::vector<Timed>& ops, std::vector<double> out[2]) {
 
 constexpr int64_t kSteps = 4;  // the first is a warmup, not measured
 
+// The upper median (the middle of an odd count).
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 // Sizes large enough that the ops take 10-50 ms (interleaved: 4 chunks of one layer, half a
 // stage's work each): with ops of a few ms, a message's latency on a loaded machine (1-2 ms,
 // twice as many messages under interleaved) outweighs what interleaving saves.
@@ -233,8 +240,8 @@ BubbleResult measure_bubble(const std::string& schedule) {
     for (step = 0; step < kSteps; ++step) t.train_step(step);
   });
   BubbleResult result;
-  std::vector<double> measured, latencies[2];
-  std::map<std::pair<int, PipeOpKind>, std::pair<double, int64_t>> sums[2];  // per stage
+  std::vector<double> measured, spans, latencies[2];
+  std::map<std::pair<int, PipeOpKind>, std::vector<double>> durations[2];  // per stage
   for (int64_t step = 1; step < kSteps; ++step) {
     const std::vector<Timed> all = gather_ops(steps[step]);
     if (world_rank() != 0) continue;
@@ -245,32 +252,34 @@ BubbleResult measure_bubble(const std::string& schedule) {
       first = std::min(first, t.start);
       last = std::max(last, t.end);
       busy += t.end - t.start;
-      auto& sum = sums[static_cast<int>(t.stage)][{static_cast<int>(t.chunk), kind}];
-      sum.first += t.end - t.start;
-      sum.second += 1;
+      durations[static_cast<int>(t.stage)][{static_cast<int>(t.chunk), kind}].push_back(
+          t.end - t.start);
     }
     measured.push_back(1.0 - busy / (2 * (last - first)));
+    spans.push_back(last - first);
     add_latencies(all, latencies);
   }
   if (world_rank() != 0) return result;
-  std::sort(measured.begin(), measured.end());
-  result.measured = measured[measured.size() / 2];  // the median step
-  // The simulator at each chunk's mean measured costs (one chunk but under interleaved).
+  result.measured = median(measured);  // the median step's
+  result.step_seconds = median(spans);
+  // The simulator at each chunk's median measured costs (one chunk but under interleaved):
+  // medians, as the bubble is the median step's, since one op preempted for a few scheduler
+  // ticks (a W at 17 ms against its 9, a message at 24 ms against 0.1) would move a mean by
+  // more than the tolerance.
   std::vector<std::vector<PipeSimCosts>> costs(2, std::vector<PipeSimCosts>(chunks));
   for (int stage = 0; stage < 2; ++stage) {
-    auto& mean = result.mean_seconds[stage];
-    for (const auto& [key, sum] : sums[stage]) mean[key] = sum.first / sum.second;
-    for (double l : latencies[stage])
-      result.message_latency[stage] += l / static_cast<double>(latencies[stage].size());
+    auto& typical = result.op_seconds[stage];
+    for (auto& [key, seconds] : durations[stage]) typical[key] = median(seconds);
+    if (!latencies[stage].empty()) result.message_latency[stage] = median(latencies[stage]);
     for (int chunk = 0; chunk < chunks; ++chunk) {
       PipeSimCosts& c = costs[stage][chunk];
-      c.forward = mean[{chunk, PipeOpKind::Forward}];
+      c.forward = typical[{chunk, PipeOpKind::Forward}];
       c.comm = result.message_latency[stage];
       if (splits_backward(parse_schedule_kind(schedule))) {
-        c.weight = mean[{chunk, PipeOpKind::BackwardWeight}];
-        c.backward = mean[{chunk, PipeOpKind::BackwardInput}] + c.weight;
+        c.weight = typical[{chunk, PipeOpKind::BackwardWeight}];
+        c.backward = typical[{chunk, PipeOpKind::BackwardInput}] + c.weight;
       } else {
-        c.backward = mean[{chunk, PipeOpKind::Backward}];
+        c.backward = typical[{chunk, PipeOpKind::Backward}];
         c.weight = 0;
       }
       EXPECT_GT(c.forward, 0) << schedule << " stage " << stage << " chunk " << chunk;
@@ -287,10 +296,11 @@ BubbleResult measure_bubble(const std::string& schedule) {
 }
 
 // The measured bubble may differ from the simulated one by this much (absolute fraction of the
-// pipeline's time). What the simulator leaves out: the spread of op times around their means
+// pipeline's time). What the simulator leaves out: the spread of op times around their medians
 // (on a loaded 2-core machine an op is preempted for whole scheduler ticks, 4 ms against ops
 // of 10-50 ms) and of the message latency, and the receive and send ops' own time. Observed on
-// the 2-core development machine under load: differences up to 0.045 over repeated runs. The
+// the 2-core development machine under load: differences up to 0.045 over repeated runs at the
+// ops' mean costs and one run a schedule; up to 0.012 at their medians, best of 3 runs. The
 // schedules differ by more: 0.20 (1F1B, GPipe) against 0.11 (interleaved, v = 2) and 0.08
 // (ZB-H1) in theory.
 constexpr double kBubbleTolerance = 0.06;
@@ -304,17 +314,31 @@ TEST(TimelineTrace, ZeroBubbleH2Pp2HasOneSlicePerScheduledOp) { check_trace("zb-
 // Slices named with their chunk ("F3:1"), one per op of each chunk.
 TEST(TimelineTrace, InterleavedPp2V2HasOneSlicePerScheduledOp) { check_trace("interleaved"); }
 
+// Each schedule is measured this many times and its fastest run kept (the shortest median
+// step), as a benchmark keeps the best of its repetitions: a slow spell of the machine (another
+// job's processes on these 2 cores, in CI) stretches every op of one run unevenly (a 1F1B
+// forward at 26 ms against its 10 ms, seen in CI) and the bubble with it, and a run it did not
+// touch is the one that measures the schedule. Chosen on time alone, never on the comparison.
+constexpr int kBubbleRuns = 3;
+
 TEST(MeasuredBubble, Pp2SchedulesOrderAsTheoryAndMatchTheSimulator) {
   std::map<std::string, BubbleResult> r;
+  std::map<std::string, std::vector<double>> run_seconds;
   for (const std::string schedule : {"1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2"})
-    r[schedule] = measure_bubble(schedule);
+    for (int run = 0; run < kBubbleRuns; ++run) {
+      BubbleResult b = measure_bubble(schedule);
+      run_seconds[schedule].push_back(b.step_seconds);
+      if (run == 0 || b.step_seconds < r[schedule].step_seconds) r[schedule] = std::move(b);
+    }
   if (world_rank() != 0) return;
   for (const auto& [schedule, b] : r) {
-    std::printf("[ bubble %-11s ] measured %.3f, simulator %.3f |", schedule.c_str(), b.measured,
-                b.simulated);
+    std::printf("[ bubble %-11s ] measured %.3f, simulator %.3f | step %.1f ms (runs:",
+                schedule.c_str(), b.measured, b.simulated, 1e3 * b.step_seconds);
+    for (double s : run_seconds[schedule]) std::printf(" %.1f", 1e3 * s);
+    std::printf(") |");
     for (int stage = 0; stage < 2; ++stage) {
       std::printf(" stage %d:", stage);
-      for (const auto& [key, seconds] : b.mean_seconds[stage])
+      for (const auto& [key, seconds] : b.op_seconds[stage])
         std::printf(" %s%s %.1f", to_string(key.second).c_str(),
                     key.first ? (":" + std::to_string(key.first)).c_str() : "", 1e3 * seconds);
       std::printf(" latency %.1f ms", 1e3 * b.message_latency[stage]);
