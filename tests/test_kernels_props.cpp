@@ -1083,6 +1083,40 @@ const char* const kOutputNames[] = {
     "dqkv",  "dln",  "dw",   "db",   "dx",   "dlnw",     "dlnb", "dwte",  "dwpe",   "row_max",
     "sums",  "loss", "dlogits"};
 
+// A layer wider out than in (OC > C) forms its weight gradient transposed, a block of output
+// columns at a time (kernels/cpu/linear.cpp, weight_grad_by_blocks): the blocks' edges (C 520:
+// blocks of 1024 columns, the last of 52), the transposed add's partial tiles (neither side a
+// multiple of 16) and the accumulation onto what dweight held, against the sums written out,
+// on the narrower side too (OC <= C, the plain product).
+template <typename T>
+void weight_gradient_against_the_sums(double tolerance) {
+  std::mt19937_64 rng(29);
+  for (const auto& [N, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{7, 520, 2100},
+                                 {5, 19, 37}, {6, 37, 19}, {3, 40, 40}}) {
+    const auto inp = random_vec<T>(rng, N * C), g = random_vec<T>(rng, N * OC);
+    const auto w = random_vec<T>(rng, OC * C), held = random_vec<T>(rng, OC * C);
+    auto dw = held;
+    linear_backward<T>(nullptr, dw.data(), nullptr, g.data(), inp.data(), w.data(), N, C, OC,
+                       T(1), T(0.5));
+    double worst = 0;
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        double sum = 0;
+        for (int64_t n = 0; n < N; ++n)
+          sum += static_cast<double>(g[n * OC + o]) * static_cast<double>(inp[n * C + c]);
+        const double want = static_cast<double>(held[o * C + c]) + 0.5 * sum;
+        worst = std::max(worst, std::abs(static_cast<double>(dw[o * C + c]) - want));
+      }
+    EXPECT_LE(worst, tolerance) << "N " << N << " C " << C << " OC " << OC;
+  }
+}
+TEST(KernelsLinear, WeightGradientIsTheSumsOnBothSidesFloat) {
+  weight_gradient_against_the_sums<float>(1e-5);
+}
+TEST(KernelsLinear, WeightGradientIsTheSumsOnBothSidesDouble) {
+  weight_gradient_against_the_sums<double>(1e-13);
+}
+
 TEST(KernelsDeterminism, FloatTwoThreadsBitwiseReproducible) {
   ThreadCount threads(2);
   ASSERT_EQ(num_threads(), 2);
