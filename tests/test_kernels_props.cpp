@@ -1083,11 +1083,8 @@ const char* const kOutputNames[] = {
     "dqkv",  "dln",  "dw",   "db",   "dx",   "dlnw",     "dlnb", "dwte",  "dwpe",   "row_max",
     "sums",  "loss", "dlogits"};
 
-// A layer wider out than in (OC > C) forms its weight gradient transposed, a block of output
-// columns at a time (kernels/cpu/linear.cpp, weight_grad_by_blocks): the blocks' edges (C 520:
-// blocks of 1024 columns, the last of 52), the transposed add's partial tiles (neither side a
-// multiple of 16) and the accumulation onto what dweight held, against the sums written out,
-// on the narrower side too (OC <= C, the plain product).
+// A linear layer's weight gradient, accumulated onto what dweight held, against the sums
+// written out: wider out than in and narrower, sizes that are no multiple of a kernel's tile.
 template <typename T>
 void weight_gradient_against_the_sums(double tolerance) {
   std::mt19937_64 rng(29);
