@@ -248,11 +248,11 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   const trident::HardwareSpec measured = trident::load_hardware(out.string());
   const double fp32_peak = measured.device.peak_tflops_fp32;
   double bf16_matmul = 0.0;  // TFLOP/s, the comment's "best X GFLOP/s"
-  const size_t best_at =
-      text.find("# bf16 = oneDNN's bf16 matmul on the cubes n = 512-1536, best ");
+  const std::string bf16_best = "# bf16 = oneDNN's bf16 matmul on the cubes n = 512-1536, best ";
+  const size_t best_at = text.find(bf16_best);
   EXPECT_EQ(best_at != std::string::npos, onednn) << text;
   if (best_at != std::string::npos) {
-    bf16_matmul = std::strtod(text.c_str() + text.find(", best ", best_at) + 7, nullptr) / 1e3;
+    bf16_matmul = std::strtod(text.c_str() + best_at + bf16_best.size(), nullptr) / 1e3;
     EXPECT_GT(bf16_matmul, 0.0) << text;
   }
   EXPECT_NEAR(measured.device.peak_tflops_bf16, std::max(fp32_peak, bf16_matmul), 1e-4) << text;

@@ -1083,8 +1083,9 @@ const char* const kOutputNames[] = {
     "dqkv",  "dln",  "dw",   "db",   "dx",   "dlnw",     "dlnb", "dwte",  "dwpe",   "row_max",
     "sums",  "loss", "dlogits"};
 
-// A linear layer's weight gradient, accumulated onto what dweight held, against the sums
-// written out: wider out than in and narrower, sizes that are no multiple of a kernel's tile.
+// A linear layer's weight gradient against the sums written out: the scale on the product
+// (dweight_scale) and the accumulation onto what dweight held, for layers wider out than in,
+// narrower, and square.
 template <typename T>
 void weight_gradient_against_the_sums(double tolerance) {
   std::mt19937_64 rng(29);

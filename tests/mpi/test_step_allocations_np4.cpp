@@ -149,8 +149,8 @@ TEST(StepAllocations, MoeExpertParallelTp2) {
 }
 // train.precision = "bf16" on its two CPU engines: the FMAs on bf16 values, and oneDNN's bf16
 // matmul. The latter's steps allocate inside oneDNN: its execute builds a map of the call's
-// arguments on the heap (5 allocations a call, about 3,500 a step here: printed, not asserted), so the
-// wrapper's own share is checked call by call below.
+// arguments on the heap (5 allocations a call, about 3,500 a step here: printed, not
+// asserted), so the wrapper's own share is checked call by call below.
 TEST(StepAllocations, OneRankBf16OnTheFmas) {
   expect_no_step_allocation({1, 1, 1},
                             {"train.precision=\"bf16\"", "train.cpu_bf16_gemm=\"fma\""},

@@ -56,7 +56,6 @@ class PrimitiveCache {
 
   PrimitiveCache() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
 
-  const dnnl::engine& engine() const { return engine_; }
   dnnl::stream& stream() { return stream_; }
 
   // A primitive with its execution arguments: memory objects made once, on no buffer, which a
