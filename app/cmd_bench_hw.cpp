@@ -635,7 +635,7 @@ std::vector<std::array<double, 4>> shape_grid(double peak_gflops,
                                               const std::vector<std::array<double, 4>>& measured) {
   std::vector<std::array<double, 4>> grid;
   for (const auto& s : measured)
-    grid.push_back({s[0], s[1], s[2], std::clamp(s[3] / peak_gflops, 1e-3, 1.0)});
+    grid.push_back({s[0], s[1], s[2], measured_efficiency(s[3], peak_gflops)});
   return grid;
 }
 

@@ -344,13 +344,17 @@ double HardwareSpec::optimizer_bytes_per_s(double parameters) const {
   return curve_at(device.optimizer_bandwidth_gbs, std::max(parameters, 1.0)) * 1e9;
 }
 
+double measured_efficiency(double gflops, double peak_gflops) {
+  return std::clamp(gflops / peak_gflops, 1e-3, 1.0);
+}
+
 std::vector<std::pair<double, double>> attention_curve(
     double peak_gflops, const std::vector<MeasuredAttention>& attention) {
   std::vector<std::pair<double, double>> curve;
   for (const MeasuredAttention& p : attention)
     curve.emplace_back(std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
                                  static_cast<double>(p.head_size)),
-                       std::clamp(p.gflops / peak_gflops, 1e-3, 1.0));
+                       measured_efficiency(p.gflops, peak_gflops));
   return curve;
 }
 
@@ -358,12 +362,9 @@ void set_measured_curves(DeviceSpec& device, double peak_gflops,
                          const std::vector<MeasuredGemm>& training,
                          const std::vector<MeasuredAttention>& attention,
                          const std::vector<MeasuredOptimizer>& optimizer) {
-  const auto fraction = [peak_gflops](double gflops) {
-    return std::clamp(gflops / peak_gflops, 1e-3, 1.0);
-  };
   device.gemm_efficiency.clear();
   for (const MeasuredGemm& p : training)
-    device.gemm_efficiency.emplace_back(p.size, fraction(p.gflops));
+    device.gemm_efficiency.emplace_back(p.size, measured_efficiency(p.gflops, peak_gflops));
   device.attention_efficiency = attention_curve(peak_gflops, attention);
   device.optimizer_bandwidth_gbs.clear();
   for (const MeasuredOptimizer& p : optimizer)

@@ -152,13 +152,18 @@ struct MeasuredOptimizer {
   double bytes_per_s = 0;
 };
 
-// Sets the device's measured curves from them, the same way for every device: the GEMM curve is
-// `training`'s rates over `peak_gflops` and the attention curve attention's (each fraction
-// clamped to [1e-3, 1]; attention's size the cube root of T T HS), the optimizer curve the rates
-// in GB/s. Empty `attention` or `optimizer`: that optional curve stays empty.
+// A measured rate as a fraction of the peak, as every measured curve and grid of a hardware
+// file holds it: clamped to [1e-3, 1].
+double measured_efficiency(double gflops, double peak_gflops);
+
 // The attention curve (attention_efficiency and _bf16) of measured rates over a peak.
 std::vector<std::pair<double, double>> attention_curve(
     double peak_gflops, const std::vector<MeasuredAttention>& attention);
+
+// Sets the device's measured curves from them, the same way for every device: the GEMM curve is
+// `training`'s rates over `peak_gflops` and the attention curve attention's (each fraction
+// measured_efficiency's; attention's size the cube root of T T HS), the optimizer curve the
+// rates in GB/s. Empty `attention` or `optimizer`: that optional curve stays empty.
 void set_measured_curves(DeviceSpec& device, double peak_gflops,
                          const std::vector<MeasuredGemm>& training,
                          const std::vector<MeasuredAttention>& attention,
