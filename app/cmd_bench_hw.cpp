@@ -346,6 +346,7 @@ std::string gbs_text(double bytes_per_s) {
 // skips shows as a rate above the GEMMs'. size = cbrt(T*T*HS). Heads and batch are chosen for
 // ~2 GFLOP of counted work a timing. bf16_engine: the CPU's bf16 oneDNN engine's attention
 // (cpu::attention_forward_bf16 / backward_bf16) instead; the inputs are bf16 values either way.
+// The forward is also timed alone: its share of the pair's time (what recomputation reruns).
 std::vector<MeasuredAttention> measure_attention(int threads, bool bf16_engine = false) {
   cpu::set_num_threads(threads);
   std::vector<MeasuredAttention> points;
@@ -362,21 +363,29 @@ std::vector<MeasuredAttention> measure_attention(int threads, bool bf16_engine =
     std::vector<float> out(rows * static_cast<size_t>(NH * HS)), dout(out.size(), 0.0078125f);
     std::vector<float> lse(static_cast<size_t>(B * NH * T));
     for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 61) / 64.0f - 0.5f;
+    auto forward = [&] {
+      if (bf16_engine)
+        cpu::attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS,
+                                    nullptr);
+      else
+        cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
+    };
+    auto backward = [&] {
+      if (bf16_engine)
+        cpu::attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                     lse.data(), B, T, NH, NH, HS, nullptr);
+      else
+        cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+                                T, NH, NH, HS);
+    };
     const double t = best_time(
         [&] {
-          if (bf16_engine) {
-            cpu::attention_forward_bf16(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS,
-                                        nullptr);
-            cpu::attention_backward_bf16(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                         lse.data(), B, T, NH, NH, HS, nullptr);
-          } else {
-            cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
-            cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                    lse.data(), B, T, NH, NH, HS);
-          }
+          forward();
+          backward();
         },
         3);
-    points.push_back({T, HS, per_head * static_cast<double>(B * NH) / t / 1e9});
+    const double t_forward = best_time(forward, 3);
+    points.push_back({T, HS, per_head * static_cast<double>(B * NH) / t / 1e9, t_forward / t});
   }
   return points;
 }
@@ -659,11 +668,13 @@ void append_curve_lines(std::vector<std::string>& comment,
     std::snprintf(line, sizeof line, "  s = %5.0f  %8.2f %s", p.size, p.gflops * scale, unit);
     comment.push_back(line);
   }
-  comment.push_back("attention (fused, forward + backward; FLOPs as the plan counts them):");
+  comment.push_back(
+      "attention (fused, forward + backward; FLOPs as the plan counts them; the forward's share "
+      "of the time):");
   for (const MeasuredAttention& p : attention) {
-    std::snprintf(line, sizeof line, "  T = %5lld, head size %4lld  %8.2f %s",
+    std::snprintf(line, sizeof line, "  T = %5lld, head size %4lld  %8.2f %s, forward %.2f",
                   static_cast<long long>(p.T), static_cast<long long>(p.head_size),
-                  p.gflops * scale, unit);
+                  p.gflops * scale, unit, p.forward_share);
     comment.push_back(line);
   }
   comment.push_back("optimizer pass (gradient norm, AdamW, zeroing; 36 bytes a parameter):");
@@ -814,12 +825,14 @@ void run_bench_hw(const BenchHwOptions& options) {
   set_measured_curves(hw.device, best, training, attention, optimizer);
   hw.device.gemm_efficiency_shapes = shape_grid(best, shapes);
   // Where auto's bf16 engine is oneDNN's, its products' own grid (best of the rounds) and its
-  // attention's curve over its peak.
+  // attention's curve over its peak, with its forward's shares.
   if (bf16_engine) {
     const double bf16_peak = hw.device.peak_tflops_bf16 * 1e3;
     hw.device.gemm_efficiency_shapes_bf16 = shape_grid(bf16_peak, bf16_shapes);
-    hw.device.attention_efficiency_bf16 =
-        attention_curve(bf16_peak, measure_attention(threads, /*bf16_engine=*/true));
+    const std::vector<MeasuredAttention> attention_bf16 =
+        measure_attention(threads, /*bf16_engine=*/true);
+    hw.device.attention_efficiency_bf16 = attention_curve(bf16_peak, attention_bf16);
+    hw.device.attention_forward_share_bf16 = attention_share_curve(attention_bf16);
   }
   hw.device.memory_gib = memory_total_gib() / static_cast<double>(hw.devices_per_node);
   hw.device.reserved_gib = resident_gib();

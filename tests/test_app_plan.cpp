@@ -240,12 +240,22 @@ TEST(AppBenchHw, OneRankWritesAFileThePlanReads) {
   EXPECT_EQ(grid_points("gemm_efficiency_shapes_bf16"), onednn ? 64 : -1) << text;
   EXPECT_EQ(text.find("attention_efficiency_bf16 = [[64.0, ") != std::string::npos, onednn)
       << text;
+  // Each attention curve with its forward's measured shares of the time, at the same sizes.
+  EXPECT_NE(text.find("attention_forward_share = [[64.0, "), std::string::npos) << text;
+  EXPECT_EQ(text.find("attention_forward_share_bf16 = [[64.0, ") != std::string::npos, onednn)
+      << text;
   // The bf16 peak is the better of the sgemm's best and the bf16 matmul's (the comment's
   // figure), where that engine is measured; fp32's where it is not. Whether the matmul outran
   // the sgemm in this run is printed, not asserted: auto's choice rests on the core's rates
   // (cpu::bf16_dot_rate), and a slow spell of a shared machine during the bf16 rounds lowers
   // only them.
   const trident::HardwareSpec measured = trident::load_hardware(out.string());
+  EXPECT_EQ(measured.device.attention_forward_share.size(),
+            measured.device.attention_efficiency.size());
+  for (const auto& [size, share] : measured.device.attention_forward_share) {
+    EXPECT_GE(share, 0.05) << size;  // the clamp's ends: a forward is neither free nor all
+    EXPECT_LE(share, 0.95) << size;
+  }
   const double fp32_peak = measured.device.peak_tflops_fp32;
   double bf16_matmul = 0.0;  // TFLOP/s, the comment's "best X GFLOP/s"
   const std::string bf16_best = "# bf16 = oneDNN's bf16 matmul on the cubes n = 512-1536, best ";
@@ -335,6 +345,7 @@ TEST(AppBenchHw, CudaMeasuresTheGpuOrSaysWhatIsMissing) {
     // (cube root 128), the optimizer pass from 1 Mi parameters.
     EXPECT_NE(text.find("gemm_efficiency = [[256.0, "), std::string::npos) << text;
     EXPECT_NE(text.find("attention_efficiency = [[128.0, "), std::string::npos) << text;
+    EXPECT_NE(text.find("attention_forward_share = [[128.0, "), std::string::npos) << text;
     EXPECT_NE(text.find("optimizer_bandwidth_gbs = [[1048576.0, "), std::string::npos) << text;
     EXPECT_EQ(plan("--config " + source("configs/gpu_124m.toml") + " --hardware " +
                    out.string() + " --nodes 1 --top 1")

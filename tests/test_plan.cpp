@@ -141,6 +141,64 @@ TEST(PlanHardware, AttentionCurveIsOptionalAndReadLikeTheGemmCurve) {
                "device.attention_efficiency point [512, 1.9]");
 }
 
+// device.attention_forward_share (and _bf16) are optional: absent, the forward takes 1/3 of the
+// attention's time (its share of the counted FLOPs); present, the curve at cbrt(T*T*HS),
+// interpolated as the efficiency curves are; the bf16 curve goes with the bf16 efficiency
+// curve (a bf16 plan without that curve reads the fp32 one's shares); written back; a share
+// of 1 or more, or of 0, is refused with one line naming the key.
+TEST(PlanHardware, AttentionForwardShareIsOptionalAndGoesWithItsEfficiencyCurve) {
+  const std::string base = ideal_hardware_text();
+  const HardwareSpec without = parse_hardware(base, "hw.toml");
+  EXPECT_TRUE(without.device.attention_forward_share.empty());
+  EXPECT_DOUBLE_EQ(without.attention_forward_share(1024, 64), 1.0 / 3.0);
+  EXPECT_DOUBLE_EQ(without.attention_forward_share(1024, 64, "bf16"), 1.0 / 3.0);
+  const std::string text =
+      replace(base, "memory_gib = 80.0",
+              "attention_efficiency = [[64, 0.4], [512, 0.8]]\n"
+              "attention_forward_share = [[64, 0.45], [512, 0.3]]\nmemory_gib = 80.0");
+  const HardwareSpec with = parse_hardware(text, "hw.toml");
+  EXPECT_DOUBLE_EQ(with.attention_forward_share(16, 16), 0.45);     // below the first size
+  EXPECT_DOUBLE_EQ(with.attention_forward_share(4096, 128), 0.3);   // beyond the last
+  const double mid = std::sqrt(64.0 * 512.0);
+  EXPECT_NEAR(with.attention_forward_share(mid, mid), 0.375, 1e-12);
+  // No bf16 efficiency curve: a bf16 plan's attention is the fp32 curve's, and so its shares.
+  EXPECT_DOUBLE_EQ(with.attention_forward_share(16, 16, "bf16"), 0.45);
+  const std::string bf16 =
+      replace(text, "memory_gib = 80.0",
+              "attention_efficiency_bf16 = [[64, 0.2], [512, 0.5]]\n"
+              "attention_forward_share_bf16 = [[64, 0.5], [512, 0.4]]\nmemory_gib = 80.0");
+  const HardwareSpec both = parse_hardware(bf16, "hw.toml");
+  EXPECT_DOUBLE_EQ(both.attention_forward_share(16, 16, "bf16"), 0.5);
+  EXPECT_DOUBLE_EQ(both.attention_forward_share(16, 16, "fp32"), 0.45);
+  // A bf16 efficiency curve without its shares: the bf16 attention's split is not the fp32
+  // kernel's, so it takes the FLOPs' third rather than another kernel's measurement.
+  const HardwareSpec bf16_only = parse_hardware(
+      replace(text, "memory_gib = 80.0",
+              "attention_efficiency_bf16 = [[64, 0.2], [512, 0.5]]\nmemory_gib = 80.0"),
+      "hw.toml");
+  EXPECT_DOUBLE_EQ(bf16_only.attention_forward_share(16, 16, "bf16"), 1.0 / 3.0);
+  const HardwareSpec again = parse_hardware(hardware_to_toml(both, {}), "again.toml");
+  EXPECT_EQ(again.device.attention_forward_share, both.device.attention_forward_share);
+  EXPECT_EQ(again.device.attention_forward_share_bf16, both.device.attention_forward_share_bf16);
+  expect_error(replace(text, "[[64, 0.45], [512, 0.3]]", "[[64, 0.45], [512, 1.0]]"),
+               "device.attention_forward_share point [512, 1]: a forward's share");
+  expect_error(replace(text, "[[64, 0.45], [512, 0.3]]", "[[64, 0.0], [512, 0.3]]"),
+               "device.attention_forward_share point [64, 0]");
+  expect_error(replace(text, "[[64, 0.45], [512, 0.3]]", "[[64, 0.45], [32, 0.3]]"),
+               "device.attention_forward_share sizes must increase");
+}
+
+// attention_share_curve: each point's measured share at the attention curve's sizes, clamped to
+// [0.05, 0.95]; none at all where a point was not measured.
+TEST(PlanHardware, AttentionShareCurveOfMeasuredPoints) {
+  const auto curve = attention_share_curve({{128, 16, 100.0, 0.45}, {1024, 64, 300.0, 0.99}});
+  ASSERT_EQ(curve.size(), 2u);
+  EXPECT_NEAR(curve[0].first, std::cbrt(128.0 * 128.0 * 16.0), 1e-9);
+  EXPECT_DOUBLE_EQ(curve[0].second, 0.45);
+  EXPECT_DOUBLE_EQ(curve[1].second, 0.95);
+  EXPECT_TRUE(attention_share_curve({{128, 16, 100.0, 0.45}, {1024, 64, 300.0, 0.0}}).empty());
+}
+
 // device.gemm_efficiency_shapes is optional: absent, the volume curve; present, a full grid of
 // [rows, in, out, fraction] that gemm_efficiency interpolates trilinearly in the logs of the
 // sizes (exact at the points, flat beyond the ends), in place of the curve; written back and
@@ -449,6 +507,44 @@ TEST(PlanPredict, MaterializedAttentionScorePassesAtMemoryBandwidth) {
               8.0 * micro * (attention_forward + 2.0 * scores / bw), 1e-9 * r.time.compute);
   EXPECT_NEAR(predict(fused, selective).time.compute - f.time.compute,
               8.0 * micro * attention_forward, 1e-9 * f.time.compute);
+}
+
+// The attention's forward share of its time (device.attention_forward_share): a layer's
+// attention seconds are split forward : backward as the share says, so recomputation, which
+// reruns the forward, adds the share's part of them (selective: the core's forward; full: the
+// whole forward), not a third; the step without recomputation is the same whatever the split.
+TEST(PlanPredict, RecomputationRerunsTheAttentionsMeasuredForwardShare) {
+  const ModelConfig m = small_gpt();
+  PlanProblem p = problem(m);
+  p.hw.devices_per_node = 1;
+  p.hw.device.attention_efficiency = {{1.0, 0.5}, {1e5, 0.5}};
+  const Layout none = layout(1, 1, 1, 4);
+  Layout selective = none, full = none;
+  selective.recompute = Recompute::Selective;
+  full.recompute = Recompute::Full;
+  const Prediction third = predict(p, none), third_selective = predict(p, selective);
+  EXPECT_NEAR(third_selective.compute_attention_seconds,
+              third.compute_attention_seconds * 4.0 / 3.0, 1e-12 * third.time.compute);
+  PlanProblem half = p;
+  half.hw.device.attention_forward_share = {{1.0, 0.5}, {1e5, 0.5}};
+  const Prediction h = predict(half, none);
+  EXPECT_NEAR(h.time.compute, third.time.compute, 1e-12 * third.time.compute);
+  const double attention = h.compute_attention_seconds;
+  const Prediction hs = predict(half, selective), hf = predict(half, full);
+  EXPECT_NEAR(hs.compute_attention_seconds, 1.5 * attention, 1e-12 * attention);
+  EXPECT_NEAR(hs.time.compute - h.time.compute, 0.5 * attention, 1e-9 * h.time.compute);
+  EXPECT_NEAR(hf.compute_attention_seconds, 1.5 * attention, 1e-12 * attention);
+  // Full: the selective difference (the attention's forward) plus the rest of the forward.
+  const Prediction tf = predict(p, full);
+  EXPECT_NEAR((hf.time.compute - h.time.compute) - (tf.time.compute - third.time.compute),
+              (0.5 - 1.0 / 3.0) * attention, 1e-9 * h.time.compute);
+  // bf16 takes the bf16 curve's shares where the file has the bf16 attention curve.
+  half.precision = "bf16";
+  half.hw.device.attention_efficiency_bf16 = {{1.0, 0.5}, {1e5, 0.5}};
+  half.hw.device.attention_forward_share_bf16 = {{1.0, 0.25}, {1e5, 0.25}};
+  const Prediction b = predict(half, none), bs = predict(half, selective);
+  EXPECT_NEAR(bs.compute_attention_seconds, 1.25 * b.compute_attention_seconds,
+              1e-12 * b.compute_attention_seconds);
 }
 
 // Another system's dropout on the materialized probabilities (Megatron-LM's attention

@@ -155,7 +155,7 @@ std::vector<std::array<double, 4>> linear_shape_grid(MPI_Comm comm, cudaStream_t
 // The bf16 fused attention, forward and backward, over (T, head size), as the CPU's: GFLOP/s
 // counted as the plan counts attention (the full T x T: 12 T T HS a head for training). Heads
 // for ~100 GFLOP of counted work a call (at least 32: the kernels' blocks are per head and
-// query block).
+// query block). The forward is also timed alone: its share of the pair's time.
 std::vector<MeasuredAttention> attention_curve(MPI_Comm comm, cudaStream_t stream) {
   std::vector<MeasuredAttention> points;
   const int64_t shapes[][2] = {{256, 32},   {512, 64},   {1024, 64},
@@ -174,16 +174,22 @@ std::vector<MeasuredAttention> attention_curve(MPI_Comm comm, cudaStream_t strea
     CUDA_CHECK(cudaMemsetAsync(dout.p, 0x3c, out_elems * sizeof(bf16), stream));
     const double work = per_head * static_cast<double>(B * NH);
     const int inner = calls_for(work, 300.0, 200);
+    auto forward = [&] {
+      cuda::attention_forward<bf16>(out.as<bf16>(), lse.as<float>(), qkv.as<bf16>(), B, T, NH,
+                                    NH, HS, stream);
+    };
     const double t = best_seconds(comm, stream, 3, [&] {
       for (int i = 0; i < inner; ++i) {
-        cuda::attention_forward<bf16>(out.as<bf16>(), lse.as<float>(), qkv.as<bf16>(), B, T, NH,
-                                      NH, HS, stream);
+        forward();
         cuda::attention_backward<bf16>(dqkv.as<bf16>(), dout.as<bf16>(), qkv.as<bf16>(),
                                        out.as<bf16>(), lse.as<float>(), B, T, NH, NH, HS, stream,
                                        workspace.p);
       }
     });
-    points.push_back({T, HS, work * inner / t / 1e9});
+    const double t_forward = best_seconds(comm, stream, 3, [&] {
+      for (int i = 0; i < inner; ++i) forward();
+    });
+    points.push_back({T, HS, work * inner / t / 1e9, t_forward / t});
   }
   return points;
 }

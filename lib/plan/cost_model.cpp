@@ -289,6 +289,10 @@ class CostModel {
     // Under CP a rank's attention is CP ring steps of T/CP query rows against T/CP keys.
     const double eff_attention =
         hw_.attention_efficiency(T / static_cast<double>(l_.cp), HS, base_);
+    // The part of the attention's time its forward takes (measured: not the FLOPs' third where
+    // the softmax's exponentials and per-call costs weigh, HardwareSpec::attention_forward_share).
+    const double fwd_share =
+        hw_.attention_forward_share(T / static_cast<double>(l_.cp), HS, base_);
     // An FP8 layer's GEMMs (forward and both backward ones) at the FP8 rate on the same curve.
     const double linear_peak = fp8 ? fp8_peak_ : peak_;
     double linear = dense_linear_ * n_ / t_ / (linear_peak * eff_linear);
@@ -325,8 +329,9 @@ class CostModel {
                               ? n_ * static_cast<double>(m_.heads) / t_ * T * 4.0
                               : 0.0;
     LayerModel r;
-    r.fwd_compute = (linear + attention) / 3.0 + (stash + scores) / bw;
-    r.bwd_compute = 2.0 * (linear + attention) / 3.0 + 2.0 * (stash + scores) / bw;
+    const double attention_fwd = attention * fwd_share;
+    r.fwd_compute = linear / 3.0 + attention_fwd + (stash + scores) / bw;
+    r.bwd_compute = 2.0 * linear / 3.0 + (attention - attention_fwd) + 2.0 * (stash + scores) / bw;
     r.weight = deferred;
     if (fp8) {
       // The quantisation passes at the memory bandwidth: an element costs e (the amax pass's
@@ -365,10 +370,10 @@ class CostModel {
     r.bwd_compute += dropout / bw;
     if (l_.recompute == Recompute::Selective) r.bwd_compute += dropout / bw;
     if (l_.recompute == Recompute::Full) r.bwd_compute += r.fwd_compute;
-    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention / 3.0 + 2.0 * scores / bw;
+    if (l_.recompute == Recompute::Selective) r.bwd_compute += attention_fwd + 2.0 * scores / bw;
     const bool full = l_.recompute == Recompute::Full;
     r.gemm = linear * (full ? 4.0 / 3.0 : 1.0);
-    r.attention = attention * (l_.recompute == Recompute::None ? 1.0 : 4.0 / 3.0);
+    r.attention = attention + (l_.recompute == Recompute::None ? 0.0 : attention_fwd);
     r.memory = r.fwd_compute + r.bwd_compute - r.gemm - r.attention;
     // Two all-reduces (or all-gather + reduce-scatter pairs under SP, the same bytes) of the
     // [N, C] stream in forward, two in backward; full recompute reruns forward's.
@@ -397,7 +402,7 @@ class CostModel {
       r.fwd_ep = 2.0 * a2a + counts;
       r.bwd_ep = 2.0 * a2a + (l_.recompute == Recompute::Full ? r.fwd_ep : 0.0);
     }
-    if (l_.cp > 1) ring(attention, r);
+    if (l_.cp > 1) ring(attention_fwd, attention - attention_fwd, r);
     if (fp8 && !p_.fp8_delayed) fp8_amax(r, moe);
     return r;
   }
@@ -477,8 +482,8 @@ class CostModel {
     return n;
   }
 
-  // The context ring of one layer (CP > 1) over `attention`, the seconds of the rank's
-  // attention (forward a third, backward two). Forward: CP steps, each the attention of the
+  // The context ring of one layer (CP > 1) over the seconds of the rank's attention forward and
+  // backward. Forward: CP steps, each the attention of the
   // local queries against one K/V block (the causal load balance makes them equal, the
   // diagonal one aside); during each of the first CP - 1 the next block arrives from the
   // previous rank, hidden where the step's attention covers it, the excess exposed.
@@ -486,11 +491,11 @@ class CostModel {
   // accumulator of the block just done travel together (two blocks), and the last
   // accumulator, which brings each block's dK/dV home, has no step left to hide behind.
   // Recomputation (selective or full) reruns the attention forward, its ring included.
-  void ring(double attention, LayerModel& r) const {
+  void ring(double attention_forward, double attention_backward, LayerModel& r) const {
     const double cp = static_cast<double>(l_.cp);
     const double block = collective_seconds(hw_, cp_link(), Collective::SendRecv, 2,
                                             ring_block_bytes());
-    const double step_forward = attention / 3.0 / cp, step_backward = 2.0 * attention / 3.0 / cp;
+    const double step_forward = attention_forward / cp, step_backward = attention_backward / cp;
     r.fwd_cp = (cp - 1.0) * std::max(0.0, block - step_forward);
     r.bwd_cp = (cp - 1.0) * std::max(0.0, 2.0 * block - step_backward) + block;
     r.cp_ring = (cp - 1.0) * block + (2.0 * cp - 1.0) * block;

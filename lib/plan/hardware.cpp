@@ -76,6 +76,7 @@ const std::set<std::string>& known_keys() {
       "device.peak_tflops_fp8", "device.gemm_efficiency", "device.gemm_efficiency_shapes",
       "device.gemm_efficiency_shapes_bf16",
       "device.attention_efficiency", "device.attention_efficiency_bf16",
+      "device.attention_forward_share", "device.attention_forward_share_bf16",
       "device.memory_gib", "device.reserved_gib",
       "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs", "device.host_link_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
@@ -127,6 +128,19 @@ std::vector<std::pair<double, double>> read_curve(const Reader& r, const std::st
                       Reader::text(curve.back().first) + ")");
     curve.emplace_back(size, frac);
   }
+  return curve;
+}
+
+// An optional forward-share curve: read_curve's points (empty where the key is absent), each
+// share below 1 (a backward takes time).
+std::vector<std::pair<double, double>> read_share_curve(const Reader& r, const toml::table& root,
+                                                        const std::string& key) {
+  if (root.at_path(key).node() == nullptr) return {};
+  std::vector<std::pair<double, double>> curve = read_curve(r, key);
+  for (const auto& [size, share] : curve)
+    if (share >= 1.0)
+      r.fail(key, "point [" + Reader::text(size) + ", " + Reader::text(share) +
+                      "]: a forward's share of forward + backward must be below 1");
   return curve;
 }
 
@@ -220,6 +234,9 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
     hw.device.attention_efficiency = read_curve(r, "device.attention_efficiency");
   if (root.at_path("device.attention_efficiency_bf16").node() != nullptr)
     hw.device.attention_efficiency_bf16 = read_curve(r, "device.attention_efficiency_bf16");
+  hw.device.attention_forward_share = read_share_curve(r, root, "device.attention_forward_share");
+  hw.device.attention_forward_share_bf16 =
+      read_share_curve(r, root, "device.attention_forward_share_bf16");
   hw.device.memory_gib = r.number("device.memory_gib", 0.0);
   hw.device.reserved_gib = r.non_negative("device.reserved_gib");
   if (hw.device.reserved_gib >= hw.device.memory_gib)
@@ -339,6 +356,16 @@ double HardwareSpec::attention_efficiency(double T, double HS,
   return curve_at(device.attention_efficiency, size);
 }
 
+double HardwareSpec::attention_forward_share(double T, double HS,
+                                             const std::string& precision) const {
+  const double size = std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0));
+  const bool bf16_curve = precision == "bf16" && !device.attention_efficiency_bf16.empty();
+  const auto& shares =
+      bf16_curve ? device.attention_forward_share_bf16 : device.attention_forward_share;
+  if (shares.empty()) return 1.0 / 3.0;
+  return curve_at(shares, size);
+}
+
 double HardwareSpec::optimizer_bytes_per_s(double parameters) const {
   if (device.optimizer_bandwidth_gbs.empty()) return device.memory_bandwidth_gbs * 1e9;
   return curve_at(device.optimizer_bandwidth_gbs, std::max(parameters, 1.0)) * 1e9;
@@ -358,6 +385,18 @@ std::vector<std::pair<double, double>> attention_curve(
   return curve;
 }
 
+std::vector<std::pair<double, double>> attention_share_curve(
+    const std::vector<MeasuredAttention>& attention) {
+  std::vector<std::pair<double, double>> curve;
+  for (const MeasuredAttention& p : attention) {
+    if (!(p.forward_share > 0.0)) return {};
+    curve.emplace_back(std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
+                                 static_cast<double>(p.head_size)),
+                       std::clamp(p.forward_share, 0.05, 0.95));
+  }
+  return curve;
+}
+
 void set_measured_curves(DeviceSpec& device, double peak_gflops,
                          const std::vector<MeasuredGemm>& training,
                          const std::vector<MeasuredAttention>& attention,
@@ -366,6 +405,7 @@ void set_measured_curves(DeviceSpec& device, double peak_gflops,
   for (const MeasuredGemm& p : training)
     device.gemm_efficiency.emplace_back(p.size, measured_efficiency(p.gflops, peak_gflops));
   device.attention_efficiency = attention_curve(peak_gflops, attention);
+  device.attention_forward_share = attention_share_curve(attention);
   device.optimizer_bandwidth_gbs.clear();
   for (const MeasuredOptimizer& p : optimizer)
     device.optimizer_bandwidth_gbs.emplace_back(static_cast<double>(p.parameters),
@@ -435,6 +475,10 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
     curve("attention_efficiency", hw.device.attention_efficiency);
   if (!hw.device.attention_efficiency_bf16.empty())
     curve("attention_efficiency_bf16", hw.device.attention_efficiency_bf16);
+  if (!hw.device.attention_forward_share.empty())
+    curve("attention_forward_share", hw.device.attention_forward_share);
+  if (!hw.device.attention_forward_share_bf16.empty())
+    curve("attention_forward_share_bf16", hw.device.attention_forward_share_bf16);
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
   o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";

@@ -67,6 +67,16 @@ struct DeviceSpec {
   // outweighs its speed on short heads), in fractions of peak_tflops_bf16. bench-hw measures it
   // where train.cpu_bf16_gemm = "auto" runs that engine.
   std::vector<std::pair<double, double>> attention_efficiency_bf16;
+  // Optional (empty: 1/3, the forward's share of the FLOPs the plan counts): (size, fraction of
+  // the attention's forward + backward time its forward takes), size as attention_efficiency's;
+  // fractions in (0, 1). What recomputation reruns and a pipeline stage's forward holds: the
+  // forward's share of the time is not its share of the FLOPs where the softmax's exponentials
+  // and the kernels' per-call costs weigh (short heads on a CPU: 0.40-0.48 at T 128, head size
+  // 16; 0.30-0.33 at T 1024, head size 64). bench-hw measures it with each attention curve.
+  std::vector<std::pair<double, double>> attention_forward_share;
+  // Optional: the same for the attention attention_efficiency_bf16 times. A bf16 plan reads it
+  // where it reads that curve (1/3 where this is empty), attention_forward_share otherwise.
+  std::vector<std::pair<double, double>> attention_forward_share_bf16;
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
@@ -130,6 +140,10 @@ struct HardwareSpec {
   // where the file has one (interpolated as gemm_efficiency), else gemm_efficiency(T, HS, T).
   // `precision` "bf16" takes attention_efficiency_bf16 where the file has that curve.
   double attention_efficiency(double T, double HS, const std::string& precision = "") const;
+  // The fraction of that attention's forward + backward time its forward takes: the share
+  // curve that goes with the efficiency curve attention_efficiency reads (interpolated as it
+  // is), else 1/3 (the forward's share of the FLOPs the plan counts).
+  double attention_forward_share(double T, double HS, const std::string& precision = "") const;
   // Bytes per second of the optimizer pass over `parameters` owned elements: the optimizer
   // curve where the file has one (interpolated as gemm_efficiency), else the memory bandwidth.
   double optimizer_bytes_per_s(double parameters) const;
@@ -146,6 +160,8 @@ struct MeasuredGemm {
 struct MeasuredAttention {
   int64_t T = 0, head_size = 0;
   double gflops = 0;
+  // The forward's best time over the forward + backward's best time (0: not measured).
+  double forward_share = 0;
 };
 struct MeasuredOptimizer {
   int64_t parameters = 0;
@@ -159,11 +175,16 @@ double measured_efficiency(double gflops, double peak_gflops);
 // The attention curve (attention_efficiency and _bf16) of measured rates over a peak.
 std::vector<std::pair<double, double>> attention_curve(
     double peak_gflops, const std::vector<MeasuredAttention>& attention);
+// The forward-share curve (attention_forward_share and _bf16) of the same measurements, each
+// share clamped to [0.05, 0.95]; empty where any point lacks its share.
+std::vector<std::pair<double, double>> attention_share_curve(
+    const std::vector<MeasuredAttention>& attention);
 
 // Sets the device's measured curves from them, the same way for every device: the GEMM curve is
 // `training`'s rates over `peak_gflops` and the attention curve attention's (each fraction
 // measured_efficiency's; attention's size the cube root of T T HS), the optimizer curve the
-// rates in GB/s. Empty `attention` or `optimizer`: that optional curve stays empty.
+// rates in GB/s, the attention's forward-share curve attention_share_curve's. Empty `attention`
+// or `optimizer`: that optional curve stays empty.
 void set_measured_curves(DeviceSpec& device, double peak_gflops,
                          const std::vector<MeasuredGemm>& training,
                          const std::vector<MeasuredAttention>& attention,
