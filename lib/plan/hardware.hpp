@@ -160,7 +160,8 @@ struct MeasuredGemm {
 struct MeasuredAttention {
   int64_t T = 0, head_size = 0;
   double gflops = 0;
-  // The forward's best time over the forward + backward's best time (0: not measured).
+  // The forward's best time over the sum of its and the backward's, each timed alone (0: not
+  // measured).
   double forward_share = 0;
 };
 struct MeasuredOptimizer {
