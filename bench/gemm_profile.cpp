@@ -1,6 +1,6 @@
 // Where a run's GEMM time goes, shape by shape, with nothing changed in Trident: preloaded
-// (LD_PRELOAD=libtrident_gemm_profile.so), this library stands in front of oneDNN's dnnl_sgemm
-// and OpenBLAS's cblas_sgemm, times each call, and at exit writes one table per process to
+// (LD_PRELOAD=libtrident_gemm_profile.so), this library stands in front of oneDNN's dnnl_sgemm,
+// its matmul primitives' execution (the bf16 products) and OpenBLAS's cblas_sgemm, times each call, and at exit writes one table per process to
 // stderr: for every (library, M x N x K, transposes, who threads it) the calls, the
 // milliseconds, the share of all GEMM time and the GFLOP/s (2·M·N·K a call). docs/gemm.md
 // ("Where a run's GEMM time goes") shows how to run it, bench/README.md what it measured.
@@ -177,6 +177,39 @@ void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE trans_
                  op_letter(row_major ? trans_a : trans_b), op_letter(row_major ? trans_b : trans_a),
                  team},
                 seconds);
+}
+
+// oneDNN's matmul primitives (the CPU bf16 engine's products, kernels/cpu/bf16_gemm.cpp), listed
+// as "bf16 mm" with the row-major product they compute: M x K source, K x N weights, their
+// transposes read off the descriptors' strides. Other primitives (reorders) pass untimed.
+dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t primitive, dnnl_stream_t stream,
+                                     int nargs, const dnnl_exec_arg_t* args) {
+  using Fn = dnnl_status_t (*)(const_dnnl_primitive_t, dnnl_stream_t, int,
+                               const dnnl_exec_arg_t*);
+  static const Fn real = next_symbol<Fn>("dnnl_primitive_execute");
+  const_dnnl_primitive_desc_t pd = nullptr;
+  dnnl_primitive_kind_t kind = dnnl_undefined_primitive;
+  if (dnnl_primitive_get_primitive_desc(primitive, &pd) != dnnl_success ||
+      dnnl_primitive_desc_query(pd, dnnl_query_primitive_kind, 0, &kind) != dnnl_success ||
+      kind != dnnl_matmul)
+    return real(primitive, stream, nargs, args);
+  const dnnl_memory_desc_t* src = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+  const dnnl_memory_desc_t* weights = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+  const int team = caller_team();
+  const auto t0 = Clock::now();
+  const dnnl_status_t status = real(primitive, stream, nargs, args);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (src == nullptr || weights == nullptr || src->ndims != 2 || weights->ndims != 2)
+    return status;
+  // A 2-D operand is transposed where its rows are the unit stride.
+  auto letter = [](const dnnl_memory_desc_t* md) {
+    const dnnl_dims_t& strides = md->format_desc.blocking.strides;
+    return strides[0] == 1 && md->dims[0] > 1 ? 'T' : 'N';
+  };
+  profile().add({"bf16 mm", src->dims[0], weights->dims[1], src->dims[1], letter(src),
+                 letter(weights), team},
+                seconds);
+  return status;
 }
 
 }  // extern "C"
