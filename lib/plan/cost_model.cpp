@@ -483,10 +483,10 @@ class CostModel {
   }
 
   // The context ring of one layer (CP > 1) over the seconds of the rank's attention forward and
-  // backward. Forward: CP steps, each the attention of the
-  // local queries against one K/V block (the causal load balance makes them equal, the
-  // diagonal one aside); during each of the first CP - 1 the next block arrives from the
-  // previous rank, hidden where the step's attention covers it, the excess exposed.
+  // backward. Forward: CP steps, each the attention of the local queries against one K/V block
+  // (the causal load balance makes them equal, the diagonal one aside); during each of the
+  // first CP - 1 the next block arrives from the previous rank, hidden where the step's
+  // attention covers it, the excess exposed.
   // Backward: CP steps; during each of the first CP - 1 the next K/V block and the dK/dV
   // accumulator of the block just done travel together (two blocks), and the last
   // accumulator, which brings each block's dK/dV home, has no step left to hide behind.

@@ -347,9 +347,16 @@ double HardwareSpec::gemm_efficiency(double rows, double in, double out,
   return grid_at(device.gemm_efficiency_shapes, {rows, in, out});
 }
 
+namespace {
+// Where the attention curves place (T, head size): the cube root of T T HS.
+double attention_curve_size(double T, double HS) {
+  return std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0));
+}
+}  // namespace
+
 double HardwareSpec::attention_efficiency(double T, double HS,
                                           const std::string& precision) const {
-  const double size = std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0));
+  const double size = attention_curve_size(T, HS);
   if (precision == "bf16" && !device.attention_efficiency_bf16.empty())
     return curve_at(device.attention_efficiency_bf16, size);
   if (device.attention_efficiency.empty()) return gemm_efficiency(T, HS, T, precision);
@@ -358,7 +365,7 @@ double HardwareSpec::attention_efficiency(double T, double HS,
 
 double HardwareSpec::attention_forward_share(double T, double HS,
                                              const std::string& precision) const {
-  const double size = std::cbrt(std::max(T, 1.0) * std::max(T, 1.0) * std::max(HS, 1.0));
+  const double size = attention_curve_size(T, HS);
   const bool bf16_curve = precision == "bf16" && !device.attention_efficiency_bf16.empty();
   const auto& shares =
       bf16_curve ? device.attention_forward_share_bf16 : device.attention_forward_share;
@@ -379,8 +386,8 @@ std::vector<std::pair<double, double>> attention_curve(
     double peak_gflops, const std::vector<MeasuredAttention>& attention) {
   std::vector<std::pair<double, double>> curve;
   for (const MeasuredAttention& p : attention)
-    curve.emplace_back(std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
-                                 static_cast<double>(p.head_size)),
+    curve.emplace_back(attention_curve_size(static_cast<double>(p.T),
+                                            static_cast<double>(p.head_size)),
                        measured_efficiency(p.gflops, peak_gflops));
   return curve;
 }
@@ -390,8 +397,8 @@ std::vector<std::pair<double, double>> attention_share_curve(
   std::vector<std::pair<double, double>> curve;
   for (const MeasuredAttention& p : attention) {
     if (!(p.forward_share > 0.0)) return {};
-    curve.emplace_back(std::cbrt(static_cast<double>(p.T) * static_cast<double>(p.T) *
-                                 static_cast<double>(p.head_size)),
+    curve.emplace_back(attention_curve_size(static_cast<double>(p.T),
+                                            static_cast<double>(p.head_size)),
                        std::clamp(p.forward_share, 0.05, 0.95));
   }
   return curve;
