@@ -180,21 +180,28 @@ void cblas_sgemm(const enum CBLAS_ORDER order, const enum CBLAS_TRANSPOSE trans_
 }
 
 // oneDNN's matmul primitives (the CPU bf16 engine's products, kernels/cpu/bf16_gemm.cpp), listed
-// as "bf16 mm" with the row-major product they compute: M x K source, K x N weights, their
+// as "matmul" with the row-major product they compute: M x K source, K x N weights, their
 // transposes read off the descriptors' strides. Other primitives (reorders) pass untimed.
 dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t primitive, dnnl_stream_t stream,
                                      int nargs, const dnnl_exec_arg_t* args) {
   using Fn = dnnl_status_t (*)(const_dnnl_primitive_t, dnnl_stream_t, int,
                                const dnnl_exec_arg_t*);
   static const Fn real = next_symbol<Fn>("dnnl_primitive_execute");
+  // The descriptor queries are oneDNN's too: found at run time, as the calls above are.
+  using GetDesc = dnnl_status_t (*)(const_dnnl_primitive_t, const_dnnl_primitive_desc_t*);
+  using Query = dnnl_status_t (*)(const_dnnl_primitive_desc_t, dnnl_query_t, int, void*);
+  using QueryMd =
+      const dnnl_memory_desc_t* (*)(const_dnnl_primitive_desc_t, dnnl_query_t, int);
+  static const GetDesc get_desc = next_symbol<GetDesc>("dnnl_primitive_get_primitive_desc");
+  static const Query query = next_symbol<Query>("dnnl_primitive_desc_query");
+  static const QueryMd query_md = next_symbol<QueryMd>("dnnl_primitive_desc_query_md");
   const_dnnl_primitive_desc_t pd = nullptr;
   dnnl_primitive_kind_t kind = dnnl_undefined_primitive;
-  if (dnnl_primitive_get_primitive_desc(primitive, &pd) != dnnl_success ||
-      dnnl_primitive_desc_query(pd, dnnl_query_primitive_kind, 0, &kind) != dnnl_success ||
-      kind != dnnl_matmul)
+  if (get_desc(primitive, &pd) != dnnl_success ||
+      query(pd, dnnl_query_primitive_kind, 0, &kind) != dnnl_success || kind != dnnl_matmul)
     return real(primitive, stream, nargs, args);
-  const dnnl_memory_desc_t* src = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-  const dnnl_memory_desc_t* weights = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+  const dnnl_memory_desc_t* src = query_md(pd, dnnl_query_src_md, 0);
+  const dnnl_memory_desc_t* weights = query_md(pd, dnnl_query_weights_md, 0);
   const int team = caller_team();
   const auto t0 = Clock::now();
   const dnnl_status_t status = real(primitive, stream, nargs, args);
@@ -206,7 +213,7 @@ dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t primitive, dnnl_stre
     const dnnl_dims_t& strides = md->format_desc.blocking.strides;
     return strides[0] == 1 && md->dims[0] > 1 ? 'T' : 'N';
   };
-  profile().add({"bf16 mm", src->dims[0], weights->dims[1], src->dims[1], letter(src),
+  profile().add({"matmul", src->dims[0], weights->dims[1], src->dims[1], letter(src),
                  letter(weights), team},
                 seconds);
   return status;

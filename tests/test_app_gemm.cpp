@@ -9,9 +9,11 @@
 
 #include <cctype>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "app_fixture.hpp"
+#include "kernels/cpu/bf16_gemm.hpp"
 #include "kernels/cpu/cpu_features.hpp"
 #include "sanitizer.hpp"
 
@@ -157,6 +159,7 @@ TEST_F(GemmApp, AUsersCoretypeIsKeptAndASlowGemmIsWarnedAbout) {
 struct ProfileTable {
   long long header_calls = -1, row_calls = 0;
   std::map<std::string, int> rows_by_library;
+  std::map<std::string, std::set<std::string>> ops_by_library;  // "NT", "TN", ...
   bool every_rate_positive = true;
 };
 std::map<std::string, ProfileTable> profile_tables(const std::string& output) {
@@ -185,6 +188,7 @@ std::map<std::string, ProfileTable> profile_tables(const std::string& output) {
     const double rate = std::stod(words.back());
     table->row_calls += calls;
     table->rows_by_library[library]++;
+    table->ops_by_library[library].insert(words[6]);
     if (!(rate > 0)) table->every_rate_positive = false;
   }
   return tables;
@@ -215,6 +219,30 @@ TEST_F(GemmApp, ThePreloadedProfileTablesEachRanksGemms) {
       EXPECT_TRUE(t.every_rate_positive) << r.output;
     }
   }
+}
+
+// The bf16 products of the CPU's oneDNN engine are oneDNN matmul primitives: the profile times
+// them at their execute and lists them as "matmul" rows (the forward NT, the input gradient NN,
+// the weight gradient TN among them), counted in the table's header like the sgemm calls.
+TEST_F(GemmApp, ThePreloadedProfileTablesTheBf16EnginesMatmuls) {
+  if (kUnderAddressSanitizer)
+    GTEST_SKIP() << "sanitized build: nothing can be preloaded before the sanitizer's runtime";
+  if (!cpu::bf16_gemm_available())
+    GTEST_SKIP() << "oneDNN has no bf16 matmul on this core: " << cpu::bf16_gemm_description();
+  const std::string preload = "LD_PRELOAD=" + std::string(TRIDENT_GEMM_PROFILE_LIBRARY) + " ";
+  const auto r = train(kClean + preload, std::string(TRIDENT_MPIEXEC) + " -n 1 ",
+                       " --set train.precision=\\\"bf16\\\" "
+                       "--set train.cpu_bf16_gemm=\\\"onednn\\\" --set train.threads=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto tables = profile_tables(r.output);
+  ASSERT_EQ(tables.size(), 1u) << r.output;
+  const ProfileTable& t = tables.begin()->second;
+  EXPECT_GT(t.header_calls, 0) << r.output;
+  EXPECT_EQ(t.row_calls, t.header_calls) << r.output;
+  ASSERT_GT(t.rows_by_library.count("matmul"), 0u) << r.output;
+  for (const std::string ops : {"NT", "NN", "TN"})
+    EXPECT_EQ(t.ops_by_library.at("matmul").count(ops), 1u) << ops << "\n" << r.output;
+  EXPECT_TRUE(t.every_rate_positive) << r.output;
 }
 
 }  // namespace
