@@ -1,8 +1,9 @@
 // Where a run's GEMM time goes, shape by shape, with nothing changed in Trident: preloaded
 // (LD_PRELOAD=libtrident_gemm_profile.so), this library stands in front of oneDNN's dnnl_sgemm,
 // its matmul primitives' execution (the bf16 products) and OpenBLAS's cblas_sgemm, times each
-// call, and at exit writes one table per process to stderr: for every (library, M x N x K, transposes, who threads it) the calls, the
-// milliseconds, the share of all GEMM time and the GFLOP/s (2·M·N·K a call). docs/gemm.md
+// call, and at exit writes one table per process to stderr: for every (library, M x N x K,
+// transposes, who threads it) the calls, the milliseconds, the share of all GEMM time and the
+// GFLOP/s (2·M·N·K a call). docs/gemm.md
 // ("Where a run's GEMM time goes") shows how to run it, bench/README.md what it measured.
 //
 // Who threads it: a call made outside an OpenMP parallel region is threaded by the library
