@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "config/config.hpp"
 #include "grid/process_grid.hpp"
+#include "runtime/backend.hpp"
 #include "train/checkpointing.hpp"
 #include "train/trainer.hpp"
 #include "util/error.hpp"
@@ -108,9 +109,10 @@ void run_eval(const EvalOptions& options) {
     CheckpointReader reader(options.checkpoint, MPI_COMM_WORLD, checkpoint_reader_options());
     stored_toml = check_checkpoint(reader).config.to_toml();
   }
-  const Config config = eval_config(options, stored_toml, world_size);
-  ProcessGrid grid(MPI_COMM_WORLD, config);
-  set_rank_threads(config, grid);
+  const Config stored = eval_config(options, stored_toml, world_size);
+  ProcessGrid grid(MPI_COMM_WORLD, stored);
+  set_rank_threads(stored, grid);
+  const Config config = agree_cpu_bf16_gemm(stored, MPI_COMM_WORLD, nullptr);
   Trainer trainer(config, grid.dims());
   const int64_t written_at = trainer.init_weights_from(options.checkpoint);
   const std::optional<double> loss = trainer.evaluate();

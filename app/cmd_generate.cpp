@@ -199,7 +199,8 @@ void run_generate(const GenerateOptions& options) {
   ModelShard shard = ModelShard::whole(m);
   shard.tp_rank = dims.tensor().index;
   shard.tp_size = dims.tensor().size;
-  Backend backend = make_backend(config, dims, shard);
+  const Config engine_config = agree_cpu_bf16_gemm(config, MPI_COMM_WORLD, nullptr);
+  Backend backend = make_backend(engine_config, dims, shard);
   StageModel& model = *backend.model;
   read_model_weights(reader, model, [](const ParamInfo&) { return true; });
   reader.close();  // checksums checked here

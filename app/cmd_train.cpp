@@ -210,14 +210,16 @@ int run_train(const TrainOptions& options) {
   };
   if (!options.hardware.empty() && options.plan.empty())
     throw Error("train --hardware " + options.hardware + " is only read with --plan auto");
-  const Config config = options.plan.empty() ? load_configs(options.configs, options.overrides)
+  const Config loaded = options.plan.empty() ? load_configs(options.configs, options.overrides)
                                               : load_planned_config(options);
-  if (stopped_in_start_up("after reading the config")) return stop_exit_code(config);
-  ProcessGrid grid(MPI_COMM_WORLD, config);
-  JobWatchdog watchdog(grid, config);
+  if (stopped_in_start_up("after reading the config")) return stop_exit_code(loaded);
+  ProcessGrid grid(MPI_COMM_WORLD, loaded);
+  JobWatchdog watchdog(grid, loaded);
 
   // train.threads, else OMP_NUM_THREADS, else the rank's share of its machine's cores.
-  const RankThreads threads = set_rank_threads(config, grid);
+  const RankThreads threads = set_rank_threads(loaded, grid);
+  std::string bf16_note;
+  const Config config = agree_cpu_bf16_gemm(loaded, MPI_COMM_WORLD, &bf16_note);
   const bool lead = grid.rank() == 0;
   const RankLog out(lead);
   if (lead) {
@@ -249,7 +251,8 @@ int run_train(const TrainOptions& options) {
                 ? (", device buffers over " + config.parallel.comm).c_str()
                 : "");
   if (config.train.device == "cpu" && config.train.precision == "bf16")
-    out.print("gemm: bf16 products: %s\n", cpu_bf16_gemm_text(config).c_str());
+    out.print("gemm: bf16 products: %s\n%s", cpu_bf16_gemm_text(config).c_str(),
+              bf16_note.empty() ? "" : (bf16_note + "\n").c_str());
   std::string resume_from;
   if (options.resume == "auto") {
     if (config.checkpoint.dir.empty())

@@ -246,6 +246,44 @@ TEST(Bf16App, BothGemmEnginesAgreeAndAMissingOneIsRefused) {
       << fallback.output;
 }
 
+// train.cpu_bf16_gemm = "auto" is one engine for the whole job. Where the ranks' cores disagree
+// (TRIDENT_TEST_BF16_SLOW_RANK=1 makes rank 1's say its bf16 matmul is no faster), every rank
+// runs the FMA engine and the start-up says so: the losses are those of "fma" on every rank, to
+// the bit, not those of oneDNN on rank 0 beside the FMAs on rank 1. Where they agree, no note.
+TEST(Bf16App, AutoIsOneEngineForTheWholeJob) {
+  const auto dir = scratch_dir("bf16_auto_agreed");
+  const std::string common =
+      small_llama_args(dir, "--set train.steps=3 --set eval.interval=0 --set parallel.data=2") +
+      kBf16;
+  const auto agreed =
+      run_command(trident_cmd_on(2, common + " --set log.dir=" + (dir / "auto").string()));
+  ASSERT_EQ(agreed.exit_code, 0) << agreed.output;
+  if (agreed.output.find("bf16 products: bf16 oneDNN") == std::string::npos)
+    GTEST_SKIP() << "\"auto\" runs the FMA engine on this core: no disagreement to make";
+  const std::string note = "note: train.cpu_bf16_gemm = \"auto\": oneDNN's bf16 matmul outruns "
+                           "the FMAs on 1 of 2 ranks' cores; every rank runs the FMA engine";
+  EXPECT_EQ(agreed.output.find("ranks' cores; every rank runs"), std::string::npos)
+      << agreed.output;
+  const auto fma = run_command(trident_cmd_on(
+      2, common + " --set train.cpu_bf16_gemm=\\\"fma\\\" --set log.dir=" + (dir / "fma").string()));
+  ASSERT_EQ(fma.exit_code, 0) << fma.output;
+  const auto split = run_command(
+      "TRIDENT_TEST_BF16_SLOW_RANK=1 " +
+      trident_cmd_on(2, common + " --set log.dir=" + (dir / "split").string()));
+  ASSERT_EQ(split.exit_code, 0) << split.output;
+  EXPECT_NE(split.output.find(note), std::string::npos) << split.output;
+  EXPECT_NE(split.output.find("fp32 FMA GEMMs on bf16 values (train.cpu_bf16_gemm = \"fma\""),
+            std::string::npos)
+      << split.output;
+  const RunLosses s = read_losses(dir / "split"), f = read_losses(dir / "fma"),
+                  o = read_losses(dir / "auto");
+  ASSERT_EQ(s.loss.size(), 3u);
+  ASSERT_EQ(f.loss.size(), 3u);
+  ASSERT_EQ(o.loss.size(), 3u);
+  EXPECT_EQ(s.loss, f.loss);
+  EXPECT_NE(o.loss, f.loss) << "oneDNN gave the FMA engine's bits: the comparison tells nothing";
+}
+
 // A bf16 checkpoint generates and evaluates in bf16 (the decoding path's kernels: rotary
 // embeddings at positions, the key/value cache's attention): the prompt's loss within 1e-2 of
 // the same checkpoint's in fp32, and not equal (bf16 ran).

@@ -268,7 +268,9 @@ const Key kKeys[] = {
    "fma), the weights read from a packed bf16 copy of them (2 bytes a parameter more). auto (the "
    "default): onednn where the core has AMX, or AVX512-BF16 dot products measured at 1.3x its "
    "fp32 FMAs' rate or more (Zen 5: 1.84x), else fma (an Intel core without AMX runs them at "
-   "half the FMA rate; docs/gemm.md). The start-up line names the choice and the rates."},
+   "half the FMA rate; docs/gemm.md), decided by all ranks together: one engine for the whole "
+   "job, fma where their cores disagree (a start-up note says so). The start-up line names "
+   "the choice and the rates."},
   {TRIDENT_KEY(train, fp8_grad_format), one_of({"e5m2", "e4m3"}),
    "train.precision = \"fp8\": the format of the output gradients in the backward GEMMs. "
    "e5m2 (the default, Transformer Engine's HYBRID recipe): 5 exponent bits, a range of "

@@ -1,9 +1,12 @@
 #include "runtime/backend.hpp"
 
+#include <mpi.h>
+
 #include <cstdio>
 
 #include "kernels/cpu/bf16_gemm.hpp"
 #include "util/error.hpp"
+#include "util/test_hooks.hpp"
 
 #ifdef TRIDENT_HAVE_CUDA
 #include <dlfcn.h>
@@ -108,6 +111,29 @@ std::string cpu_bf16_gemm_text(const Config& config) {
   if (cpu_bf16_uses_onednn(config)) return core;
   return "fp32 FMA GEMMs on bf16 values (train.cpu_bf16_gemm = \"" +
          config.train.cpu_bf16_gemm + "\"; the core: " + core + ")";
+}
+
+Config agree_cpu_bf16_gemm(const Config& config, MPI_Comm comm, std::string* note) {
+  if (config.train.device != "cpu" || config.train.precision != "bf16" ||
+      config.train.cpu_bf16_gemm != "auto")
+    return config;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const std::string slow = test_hook(TestHook::Bf16SlowRank);
+  const bool pretend_slow = !slow.empty() && std::atoi(slow.c_str()) == rank;
+  const int onednn = cpu_bf16_uses_onednn(config) && !pretend_slow ? 1 : 0;
+  int ranks_onednn = 0;
+  MPI_Allreduce(&onednn, &ranks_onednn, 1, MPI_INT, MPI_SUM, comm);
+  if (ranks_onednn == 0 || ranks_onednn == size) return config;
+  Config agreed = config;
+  agreed.train.cpu_bf16_gemm = "fma";
+  if (note != nullptr)
+    *note = "note: train.cpu_bf16_gemm = \"auto\": oneDNN's bf16 matmul outruns the FMAs on " +
+            std::to_string(ranks_onednn) + " of " + std::to_string(size) +
+            " ranks' cores; every rank runs the FMA engine (\"fma\"), so that one engine "
+            "computes the job's products";
+  return agreed;
 }
 
 }  // namespace trident

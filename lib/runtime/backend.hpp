@@ -99,6 +99,12 @@ bool cpu_bf16_uses_onednn(const Config& config);
 // The same choice in words, for the start-up line: what multiplies, and what the core has.
 std::string cpu_bf16_gemm_text(const Config& config);
 
+// train.cpu_bf16_gemm = "auto" decided by the ranks of `comm` together (collective: every rank
+// calls it), so that one engine computes the whole job's products, whatever each core measured:
+// the config as given where every rank's choice is the same, else with "fma" (the engine every
+// core runs) and `note` saying so; any other config unchanged, with no communication.
+Config agree_cpu_bf16_gemm(const Config& config, MPI_Comm comm, std::string* note);
+
 #ifdef TRIDENT_HAVE_CUDA
 // The C function `symbol` of the GPU module (<dir of the executable>/../lib/libtrident_cuda.so,
 // cuda/cuda_backend.hpp), loaded on first use and kept; a module that is missing, lacks the

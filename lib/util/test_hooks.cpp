@@ -35,6 +35,9 @@ constexpr std::array<TestHookSpec, kTestHookCount> kHooks = {{
      "machine (test_app_gemm)"},
     {TestHook::GemmWrong, "TRIDENT_TEST_GEMM_WRONG", "1",
      "pretends the forced GEMM kernel computed wrong results (test_app_gemm)"},
+    {TestHook::Bf16SlowRank, "TRIDENT_TEST_BF16_SLOW_RANK", "rank",
+     "world rank `rank` takes its core's bf16 matmul as no faster than its FMAs, so that "
+     "train.cpu_bf16_gemm = \"auto\" meets ranks that disagree on any machine (test_app_bf16)"},
 }};
 
 constexpr bool hooks_in_enum_order() {

@@ -24,8 +24,9 @@ enum class TestHook {
   CommitPauseMs,        // lib/checkpoint/commit.cpp
   GemmCorename,         // lib/kernels/cpu/blas.cpp
   GemmWrong,            // lib/kernels/cpu/blas.cpp
+  Bf16SlowRank,         // lib/runtime/backend.cpp
 };
-inline constexpr size_t kTestHookCount = 9;
+inline constexpr size_t kTestHookCount = 10;
 
 struct TestHookSpec {
   TestHook hook;
