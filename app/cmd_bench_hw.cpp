@@ -75,20 +75,24 @@ int world_size() {
   return n;
 }
 
-// Best seconds of `reps` timed runs of `f` after one warm-up, every rank running it at once
-// (the contention training sees); the slowest rank's time counts.
+// Seconds of one run of `f`, every rank running it at once (the contention training sees); the
+// slowest rank's time counts.
+template <class F>
+double timed_once(F&& f) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = now();
+  f();
+  double t = now() - t0;
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+// Best seconds of `reps` timed_once runs of `f` after one warm-up.
 template <class F>
 double best_time(F&& f, int reps) {
   f();
   double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = now();
-    f();
-    double t = now() - t0;
-    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    best = std::min(best, t);
-  }
+  for (int i = 0; i < reps; ++i) best = std::min(best, timed_once(f));
   return best;
 }
 
@@ -387,10 +391,11 @@ std::vector<MeasuredAttention> measure_attention(int threads, bool bf16_engine =
         3);
     // The share from the forward's and the backward's best times, each timed alone in the same
     // rounds, turn about: a slow spell of a shared machine then slows both, not one of them.
+    // (The pair above warmed both up.)
     double best_forward = 1e30, best_backward = 1e30;
     for (int round = 0; round < 3; ++round) {
-      best_forward = std::min(best_forward, best_time(forward, 1));
-      best_backward = std::min(best_backward, best_time(backward, 1));
+      best_forward = std::min(best_forward, timed_once(forward));
+      best_backward = std::min(best_backward, timed_once(backward));
     }
     points.push_back({T, HS, per_head * static_cast<double>(B * NH) / t / 1e9,
                       best_forward / (best_forward + best_backward)});
