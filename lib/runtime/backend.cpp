@@ -120,8 +120,15 @@ Config agree_cpu_bf16_gemm(const Config& config, MPI_Comm comm, std::string* not
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
+  // TRIDENT_TEST_BF16_SLOW_RANK = "rank", read as straggler.cpp reads its "rank:ms".
   const std::string slow = test_hook(TestHook::Bf16SlowRank);
-  const bool pretend_slow = !slow.empty() && std::atoi(slow.c_str()) == rank;
+  int slow_rank = -1;
+  char extra = 0;
+  if (!slow.empty() &&
+      (std::sscanf(slow.c_str(), "%d%c", &slow_rank, &extra) != 1 || slow_rank < 0))
+    throw Error(std::string(test_hook_variable(TestHook::Bf16SlowRank)) + "='" + slow +
+                "' is not a rank");
+  const bool pretend_slow = slow_rank == rank;
   const int onednn = cpu_bf16_uses_onednn(config) && !pretend_slow ? 1 : 0;
   int ranks_onednn = 0;
   MPI_Allreduce(&onednn, &ranks_onednn, 1, MPI_INT, MPI_SUM, comm);
