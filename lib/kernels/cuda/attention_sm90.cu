@@ -35,8 +35,8 @@ constexpr int kBlockM = 128;        // query rows per block: two consumer warpgr
 // K/V buffers: four keep TMA three tiles ahead; with Q, 144 KB (HS 64) or 160 KB (HS 128).
 constexpr int kStages = 4;
 // Producer warpgroup + 2 consumer warpgroups. Launched at 168 registers a thread (ptxas's
-// budget for 384 threads), 64,512 of the SM's 65,536: one block per SM, so setmaxnreg's
-// 24 + 2 x 240 (the whole register file) is always there to take.
+// budget for 384 threads; sm90::check_launch_registers), 64,512 of the SM's 65,536: one block
+// per SM, so setmaxnreg's 24 + 2 x 240 (the whole register file) is always there to take.
 constexpr int kThreads = 3 * 128;
 template <int HS>
 __host__ __device__ constexpr int block_n() {
@@ -195,6 +195,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int r = 0; r < 4; r++)
         pa[j][r] = pack_bf16(s[gm::acc_for_a(j, r, 0)], s[gm::acc_for_a(j, r, 1)]);
     mbar_wait(bars.full(st, 1), Barriers::phase(it));
+    // The rescaled O and the packed P are written before the fence (wgmma.fence orders a
+    // thread's register writes before the wgmma that reads them; the compiler must not sink
+    // the writes past it).
+    fence_regs(o);
+    fence_regs(pa);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < BN / 16; j++)
@@ -239,6 +244,7 @@ void forward_sm90_hs(bf16_t* out, float* lse, const bf16_t* qkv, const int32_t* 
   const auto kernel =
       doc_start ? attn_fwd_sm90_kernel<HS, true> : attn_fwd_sm90_kernel<HS, false>;
   prepare_smem(kernel, smem_bytes<HS>());
+  check_launch_registers(kernel, "the forward kernel");
   const dim3 grid(static_cast<unsigned>(B * NH),
                   static_cast<unsigned>((T + kBlockM - 1) / kBlockM));
   kernel<<<grid, kThreads, smem_bytes<HS>(), stream>>>(map, out, lse, doc_start, T, NH, KVH);

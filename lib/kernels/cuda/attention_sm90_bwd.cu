@@ -194,7 +194,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_async_shared();
       warpgroup_barrier(1 + cw);
     }
-    // dV += P^T dO and dK += dS^T Q (dO and Q [query][d]: MN-major B operands).
+    // dV += P^T dO and dK += dS^T Q (dO and Q [query][d]: MN-major B operands). Every register
+    // the products read is written before the fence (as in the forward).
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(pa);
+    fence_regs(da);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kQueries / 16; j++) {
@@ -212,6 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // dQ_part [64 queries][HS] = dS [queries][64 keys] K [64 keys][HS] (A = dS^T's buffer,
       // B = this warpgroup's rows of K, both MN-major), after dK and dV so that P's and dS's
       // registers are free for its accumulators.
+      fence_regs(dq);
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < 64 / 16; j++)
@@ -359,6 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int r = 0; r < 4; r++)
         da[j][r] = pack_bf16(dp[gm::acc_for_a(j, r, 0)], dp[gm::acc_for_a(j, r, 1)]);
     // dQ += dS K (K [key][d]: the MN-major B operand).
+    fence_regs(dq);
+    fence_regs(da);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < BN / 16; j++)
@@ -405,6 +413,7 @@ void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const
   const auto dkdv = dq_accum ? dkdv_kernel<HS, true>(doc_start != nullptr)
                              : dkdv_kernel<HS, false>(doc_start != nullptr);
   prepare_smem(dkdv, smem1);
+  check_launch_registers(dkdv, "the dK/dV kernel");
   const dim3 grid_kv(static_cast<unsigned>(B * KVH),
                      static_cast<unsigned>((T + kKeys - 1) / kKeys));
   if (dq_accum)
@@ -421,6 +430,7 @@ void backward_sm90_hs(bf16_t* dqkv, const bf16_t* dout, const bf16_t* qkv, const
   const auto dq =
       doc_start ? attn_bwd_dq_sm90_kernel<HS, true> : attn_bwd_dq_sm90_kernel<HS, false>;
   prepare_smem(dq, smem2);
+  check_launch_registers(dq, "the dQ kernel");
   const dim3 grid_q(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kRows - 1) / kRows));
   dq<<<grid_q, kThreads, smem2, stream>>>(qkv_map, dout_map, dqkv, lse, delta, doc_start, T, NH,
                                           KVH);

@@ -69,7 +69,9 @@ struct OnlineSoftmax {
     if (x > m) {
       s = s * expf(m - x) + 1.f;  // (m = -inf: exp(-inf) = 0)
       m = x;
-    } else {
+    } else if (x != -INFINITY) {
+      // A -inf logit adds exp(-inf) = 0; computed, it would be exp(-inf - -inf) = NaN while m is
+      // still -inf (the two-kernel path and the CPU's take the row's max first). NaN still adds.
       s += expf(x - m);
     }
   }
@@ -313,7 +315,11 @@ void cross_entropy_fused_grad(float* losses, float* row_max, float* sums, T* dlo
   const bool vector = detail::rows_aligned16<T>(Vl, logits, dlogits);
   const int64_t limit =
       vector ? fused_grad_smem_limit<T, true>() : fused_grad_smem_limit<T, false>();
-  if (Vl == 0 || bytes > limit) {  // the row does not fit one block's shared memory
+  // The loss's bits are cross_entropy_forward_fused's only where both read the logits the same
+  // way (packs or scalars: the columns each thread sums differ), and that one looks at the
+  // logits' alignment alone: a misaligned dlogits beside aligned logits takes the two kernels.
+  const bool same_reads = vector == detail::rows_aligned16<T>(Vl, logits);
+  if (Vl == 0 || bytes > limit || !same_reads) {  // (or the row does not fit shared memory)
     cross_entropy_forward_fused(losses, row_max, sums, logits, targets, N, Vl, vocab_size, stream);
     cross_entropy_backward(dlogits, logits, targets, row_max, sums, dloss, N, Vl, 0, vocab_size,
                            stream);

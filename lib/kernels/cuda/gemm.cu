@@ -91,6 +91,7 @@ void launch_scale_add_bias(DType c, void* C, int64_t ldc, const void* bias, floa
 struct LtAlgo {
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;  // the heuristic query's, where it failed
 };
 
 // RAII for the per-call cuBLASLt descriptors.
@@ -148,8 +149,14 @@ LtAlgo cached_algo(CublasContext::Impl& im, const std::array<int64_t, 18>& key, 
   if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     algo.found = true;
     algo.algo = result.algo;
+  } else {
+    algo.status = st != CUBLAS_STATUS_SUCCESS ? st
+                  : returned > 0              ? result.state
+                                              : CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  im.cache.emplace(key, algo);
+  // Kept found or not, unless the query itself failed (a bad descriptor is not an answer about
+  // the problem, and asking again costs nothing the failure did not).
+  if (st == CUBLAS_STATUS_SUCCESS) im.cache.emplace(key, algo);
   return algo;
 }
 
@@ -368,6 +375,16 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
   if (K % 16 != 0)
     throw Error("fp8_gemm: the contraction length " + std::to_string(K) +
                 " is not a multiple of 16 (the FP8 tensor cores' 16-byte rows)");
+  // cuBLASLt's FP8 kernels also need C's rows and every pointer 16-byte aligned (the cuBLAS
+  // documentation's FP8 requirements); without them the heuristic finds nothing.
+  if (N * static_cast<int64_t>(type_size(c)) % 16 != 0)
+    throw Error("fp8_gemm: the output's row of " + std::to_string(N) + " " +
+                (c == DType::F32 ? "f32" : "bf16") +
+                " elements is not a multiple of 16 bytes (cuBLASLt's FP8 GEMMs need it)");
+  auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (misaligned(A) || misaligned(B) || misaligned(C) || (bias && misaligned(bias)))
+    throw Error("fp8_gemm: an operand, the output or the bias is not 16-byte aligned "
+                "(cuBLASLt's FP8 GEMMs need it)");
   auto fp8_type = [](Fp8Format f) {
     return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
   };
@@ -400,8 +417,9 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
                 std::to_string(N) + " x " + std::to_string(K) + " (" +
                 (fa == Fp8Format::E4M3 ? "E4M3" : "E5M2") + " x " +
                 (fb == Fp8Format::E4M3 ? "E4M3" : "E5M2") + ", " +
-                (c == DType::F32 ? "f32" : "bf16") +
-                " out) on this GPU (FP8 GEMMs need compute capability 8.9 or later)");
+                (c == DType::F32 ? "f32" : "bf16") + " out) on this GPU (heuristic status " +
+                std::to_string(static_cast<int>(algo.status)) +
+                "; FP8 GEMMs need compute capability 8.9 or later)");
   CUBLAS_CHECK(cublasLtMatmul(im.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
                               &algo.algo, im.workspace, im.workspace_bytes, stream));
 }

@@ -519,8 +519,9 @@ void fp8_dequant(float* out, const float* a, const float* b, cudaStream_t stream
 // C[M,N] = alpha * A[M,K] B[N,K]^T + beta * C (+ bias[N]) through cuBLASLt's FP8 GEMM, fp32
 // accumulation: A and B FP8 codes of formats fa and fb (not both E5M2), row-major and
 // contiguous along K (the TN form the FP8 tensor cores take), K a multiple of 16 (their 16-byte
-// alignment); C row-major [M,N], bf16 (bias bf16, or nullptr) or f32 (no bias). Throws a
-// trident::Error naming the shape or cuBLAS's status when cuBLASLt has no kernel for it.
+// alignment); C row-major [M,N], bf16 (bias bf16, or nullptr) or f32 (no bias), its rows a
+// multiple of 16 bytes, every pointer 16-byte aligned. Throws a trident::Error naming what is
+// missing, or the shape and the heuristic's status when cuBLASLt has no kernel for it.
 // factor (a device float, or nullptr): multiplies the product too (alpha * *factor * A B^T;
 // cuBLASLt's scale pointer of its first operand), an output factor formed on the device.
 void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M, int64_t N,

@@ -26,6 +26,19 @@ namespace gm = gmma;
 
 constexpr int kBox = 64;  // TMA box: 64 rows x 64 columns (128-byte rows, the swizzle's width)
 
+// The warp-specialised kernels' registers a thread: launched at kLaunchRegisters (384 threads,
+// __launch_bounds__(384, 1)), the producer warpgroup drops to kProducerRegisters and the two
+// consumers rise to kConsumerRegisters. setmaxnreg.inc waits until the block's pool holds what
+// it asks for, so the producer's release must cover the consumers' rise: a kernel compiled to
+// fewer registers would wait for ever (check_launch_registers refuses it before its launch).
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240, kLaunchRegisters = 168;
+static_assert(128 * (kLaunchRegisters - kProducerRegisters) >=
+                  256 * (kConsumerRegisters - kLaunchRegisters),
+              "the producer's registers do not cover the consumers'");
+static_assert(384 * kLaunchRegisters <= 65536 && 128 * kProducerRegisters +
+                                                         256 * kConsumerRegisters <= 65536,
+              "more registers than an SM has");
+
 // The mbarriers of a producer/consumer pipeline of kStages buffers in shared memory at `base`:
 // `loaded` (what is loaded once: Q, or K and V), kFull "full" barriers a stage (the loads of
 // that stage's buffers complete on them: one, or K and V apart) and one `empty` a stage (one
@@ -173,10 +186,10 @@ struct QueryBlock {
 // Warp specialisation: the producer warpgroup gives its registers to the two consumers
 // (24 + 2 x 240 a thread for 384 threads: the whole register file, one block per SM).
 __device__ __forceinline__ void become_producer() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
 }
 __device__ __forceinline__ void become_consumer() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
 }
 
 // ---------------------------------------------------------------- wgmma
@@ -293,6 +306,20 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   return encode;
+}
+
+// Before a warp-specialised kernel's first launch: its compiled register count is the one
+// the setmaxnreg budget above assumes (another toolchain, -maxrregcount or -G could lower it,
+// and the consumers would then hang rather than fail).
+template <typename Kernel>
+void check_launch_registers(Kernel kernel, const char* name) {
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  if (attributes.numRegs < kLaunchRegisters)
+    throw Error(std::string("attention (sm90): ") + name + " was compiled to " +
+                std::to_string(attributes.numRegs) + " registers a thread, under the " +
+                std::to_string(kLaunchRegisters) +
+                " its warp specialisation needs (setmaxnreg would wait for ever)");
 }
 
 // A [B][T][C] bf16 tensor (qkv, C = C3; dout, C = NH HS) for TMA: boxes of 64 rows x 64
