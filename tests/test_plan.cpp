@@ -336,6 +336,62 @@ TEST(PlanHardware, OptimizerCurveIsOptionalInGigabytesPerSecond) {
                "device.optimizer_bandwidth_gbs sizes must increase");
 }
 
+// device.memory_efficiency: the share of the datasheet bandwidth the trainer's memory-bound
+// kernels reach. Absent it is 1 (a measured file's bandwidth is the trainer's own kernel's);
+// given, every memory-bound pass (the layers' activation traffic, the optimizer's pass where no
+// curve was measured) takes 1 / efficiency as long, and nothing else changes.
+TEST(PlanHardware, MemoryEfficiencyIsOptionalAndScalesEveryMemoryBoundPass) {
+  const std::string base = replace(ideal_hardware_text(), "memory_bandwidth_gbs = 1e12",
+                                   "memory_bandwidth_gbs = 1.0");
+  const HardwareSpec without = parse_hardware(base, "hw.toml");
+  EXPECT_EQ(without.device.memory_efficiency, 1.0);
+  EXPECT_DOUBLE_EQ(without.memory_bytes_per_s(), 1e9);
+  EXPECT_EQ(hardware_to_toml(without, {}).find("memory_efficiency"), std::string::npos);
+  const std::string text =
+      replace(base, "memory_bandwidth_gbs = 1.0",
+              "memory_bandwidth_gbs = 1.0\nmemory_efficiency = 0.5");
+  const HardwareSpec half = parse_hardware(text, "hw.toml");
+  EXPECT_EQ(half.device.memory_efficiency, 0.5);
+  EXPECT_DOUBLE_EQ(half.memory_bytes_per_s(), 0.5e9);
+  EXPECT_DOUBLE_EQ(half.optimizer_bytes_per_s(1e6), 0.5e9);
+  EXPECT_EQ(parse_hardware(hardware_to_toml(half, {}), "again.toml").device.memory_efficiency,
+            0.5);
+  // A measured optimizer curve is the pass's own rate: not scaled again.
+  const HardwareSpec curve = parse_hardware(
+      replace(text, "memory_efficiency = 0.5",
+              "memory_efficiency = 0.5\noptimizer_bandwidth_gbs = [[1e6, 40.0]]"),
+      "hw.toml");
+  EXPECT_DOUBLE_EQ(curve.optimizer_bytes_per_s(1e6), 40e9);
+  for (const char* bad : {"0.0", "1.5", "-0.5", "\"x\""})
+    expect_error(
+        replace(text, "memory_efficiency = 0.5", std::string("memory_efficiency = ") + bad),
+        "device.memory_efficiency");
+
+  // The step: GEMMs at the peak (the ideal file) plus the memory-bound time M at 1 GB/s; at
+  // efficiency 0.5 the same GEMMs plus 2 M, the optimizer's pass twice as long.
+  const ModelConfig m = small_gpt();
+  PlanProblem free_memory = problem(m), one = free_memory;
+  free_memory.hw.devices_per_node = one.hw.devices_per_node = 1;
+  one.hw.device.memory_bandwidth_gbs = 1.0;
+  PlanProblem slow = one;
+  slow.hw.device.memory_efficiency = 0.5;
+  int compared = 0;
+  for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    Layout l = layout(1, 1, 1, 4);
+    l.recompute = rc;
+    const Prediction g = predict(free_memory, l), a = predict(one, l), b = predict(slow, l);
+    const double memory = a.time.compute - g.time.compute;
+    EXPECT_GT(memory, 0.0) << to_string(rc);
+    EXPECT_NEAR(b.time.compute - g.time.compute, 2.0 * memory, 1e-9 * b.time.compute)
+        << to_string(rc);
+    EXPECT_NEAR(b.time.optimizer, 2.0 * a.time.optimizer, 1e-12 + 1e-9 * b.time.optimizer)
+        << to_string(rc);
+    EXPECT_GT(a.time.optimizer, 0.0);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 3);
+}
+
 // bench-hw's measured rates become the device's curves the same way on both devices: GEMM and
 // attention rates as fractions of the peak (clamped to [1e-3, 1]; attention at the cube root of
 // T T HS), the optimizer's bytes per second in GB/s; the old curves are replaced, not appended.

@@ -319,7 +319,7 @@ class CostModel {
       // The router's, the permutation's and the experts' rows: the trainer's own count.
       stash += static_cast<double>(moe_layer_extra_bytes(local_, none));
     }
-    const double bw = hw_.device.memory_bandwidth_gbs * 1e9;
+    const double bw = hw_.memory_bytes_per_s();
     // Materialized attention also streams its scores [N, NH/TP, T] (fp32, as the probabilities
     // are kept) through passes the stash does not count: the softmax reads the scores the
     // QK^T GEMM wrote (forward), the softmax backward reads dP and writes dS (backward); the
@@ -621,7 +621,7 @@ class CostModel {
       // gradient (in place) and the input- and weight-gradient GEMMs; nothing of it is
       // recomputed, and backward only takes the kept input gradient through the final norm.
       // The logits are written, read by the softmax and overwritten by their gradient.
-      const double logits = 3.0 * n_ * V / t_ * e_ / (hw_.device.memory_bandwidth_gbs * 1e9);
+      const double logits = 3.0 * n_ * V / t_ * e_ / hw_.memory_bytes_per_s();
       // The head's input is gathered under SP; the loss sums max, exp-sum and target logit
       // over TP; the input gradient is summed (reduce-scattered) over TP.
       const double comm = (l_.sequence_parallel ? tp_seconds(Collective::AllGather, stream)
@@ -1104,7 +1104,7 @@ void add_checkpoints(const PlanProblem& p, const SaveSize& save, Prediction& r) 
     // (read and written at the memory bandwidth).
     if (!p.checkpoint_async) r.checkpoint_staging_bytes = 0.0;
     r.checkpoint_staging_seconds =
-        2.0 * r.checkpoint_staging_bytes / (hw.device.memory_bandwidth_gbs * 1e9);
+        2.0 * r.checkpoint_staging_bytes / hw.memory_bytes_per_s();
   } else if (hw.device.host_link_gbs > 0.0) {
     r.checkpoint_staging_seconds = r.checkpoint_staging_bytes / (hw.device.host_link_gbs * 1e9);
   }

@@ -78,7 +78,8 @@ const std::set<std::string>& known_keys() {
       "device.attention_efficiency", "device.attention_efficiency_bf16",
       "device.attention_forward_share", "device.attention_forward_share_bf16",
       "device.memory_gib", "device.reserved_gib",
-      "device.memory_bandwidth_gbs", "device.optimizer_bandwidth_gbs", "device.host_link_gbs",
+      "device.memory_bandwidth_gbs", "device.memory_efficiency", "device.optimizer_bandwidth_gbs",
+      "device.host_link_gbs",
       "intra_node.bandwidth_gbs", "intra_node.efficiency", "intra_node.latency_us",
       "inter_node.bandwidth_gbs", "inter_node.efficiency", "inter_node.latency_us",
       "collectives.all_reduce", "collectives.all_gather", "collectives.reduce_scatter",
@@ -242,6 +243,8 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   if (hw.device.reserved_gib >= hw.device.memory_gib)
     r.fail("device.reserved_gib", "must be less than device.memory_gib");
   hw.device.memory_bandwidth_gbs = r.number("device.memory_bandwidth_gbs", 0.0);
+  if (root.at_path("device.memory_efficiency").node() != nullptr)
+    hw.device.memory_efficiency = r.fraction("device.memory_efficiency");
   if (root.at_path("device.optimizer_bandwidth_gbs").node() != nullptr)
     hw.device.optimizer_bandwidth_gbs = read_curve(r, "device.optimizer_bandwidth_gbs", true);
   hw.device.host_link_gbs = gpu_only_number(
@@ -373,8 +376,12 @@ double HardwareSpec::attention_forward_share(double T, double HS,
   return curve_at(shares, size);
 }
 
+double HardwareSpec::memory_bytes_per_s() const {
+  return device.memory_bandwidth_gbs * 1e9 * device.memory_efficiency;
+}
+
 double HardwareSpec::optimizer_bytes_per_s(double parameters) const {
-  if (device.optimizer_bandwidth_gbs.empty()) return device.memory_bandwidth_gbs * 1e9;
+  if (device.optimizer_bandwidth_gbs.empty()) return memory_bytes_per_s();
   return curve_at(device.optimizer_bandwidth_gbs, std::max(parameters, 1.0)) * 1e9;
 }
 
@@ -489,6 +496,8 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
   o << "memory_gib = " << num(hw.device.memory_gib) << "\n";
   o << "reserved_gib = " << num(hw.device.reserved_gib) << "\n";
   o << "memory_bandwidth_gbs = " << num(hw.device.memory_bandwidth_gbs) << "\n";
+  if (hw.device.memory_efficiency != 1.0)
+    o << "memory_efficiency = " << num(hw.device.memory_efficiency) << "\n";
   if (!hw.device.optimizer_bandwidth_gbs.empty())
     curve("optimizer_bandwidth_gbs", hw.device.optimizer_bandwidth_gbs);
   if (hw.device.host_link_gbs > 0.0)

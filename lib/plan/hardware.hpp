@@ -80,7 +80,13 @@ struct DeviceSpec {
   double memory_gib = 0.0;          // capacity, GiB
   double reserved_gib = 0.0;        // taken before training starts (context, workspaces)
   double memory_bandwidth_gbs = 0.0;
-  // Optional (empty: memory_bandwidth_gbs at every size): (parameters, GB/s) the trainer's
+  // Optional (absent: 1), in (0, 1]: the share of memory_bandwidth_gbs the trainer's
+  // memory-bound kernels (norms, activations, residual adds, the optimizer's pass, copies)
+  // stream at. A measured file's bandwidth is already that of the trainer's own kernel (1); a
+  // datasheet file's is the chip's peak, which such kernels do not reach (an H200's: 0.71,
+  // bench-hw --device cuda).
+  double memory_efficiency = 1.0;
+  // Optional (empty: memory_bytes_per_s() at every size): (parameters, GB/s) the trainer's
   // optimizer pass streams at over a rank's parameters (gradient norm, AdamW, gradient zeroing;
   // bytes as the plan counts them); sorted by parameters. bench-hw measures it on both devices;
   // on a CPU AdamW streams nearer a copy's rate than the GELU's and a small model's state sits
@@ -128,6 +134,9 @@ struct HardwareSpec {
   double fp8_gemm_flops() const;
   // Bytes of one quantised FP8 element: 1 on a GPU, the fp32 compute type's 4 on a CPU.
   double fp8_element_bytes() const;
+  // Bytes per second the trainer's memory-bound kernels stream at: memory_bandwidth_gbs times
+  // memory_efficiency.
+  double memory_bytes_per_s() const;
   // Fraction of peak a GEMM of m x n x k reaches: the curve linearly interpolated in
   // log(size), flat beyond its ends.
   // A linear layer's GEMM of `rows` x `in` x `out` (forward; its gradients the same FLOPs):
