@@ -20,6 +20,7 @@
 
 #include "config/config.hpp"
 #include "config/schema.hpp"
+#include "config/toml_nesting.hpp"
 #include "sanitizer.hpp"
 #include "util/error.hpp"
 
@@ -999,6 +1000,96 @@ TEST(ConfigFile, LoadsWithOverridesAndNamesFileInErrors) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()).rfind(path + ":4:", 0), 0u) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+// toml++ recurses once per nesting level: a table header of 50,000 dotted parts (100 KB)
+// overflowed its stack, a segfault (a hostile-input sweep found it). toml_nesting_past bounds
+// a text's dotted key parts per line and its open brackets and braces before it is parsed.
+namespace {
+std::string repeat(const std::string& part, int n, const std::string& sep) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += (i ? sep : "") + part;
+  return s;
+}
+}  // namespace
+
+TEST(TomlNesting, DottedPartsAndBracketsPastTheBoundAreFoundOutsideStringsAndComments) {
+  const int k = kMaxTomlNesting;
+  // A key of k + 1 parts has k dots: within; k + 2 parts, k + 1 dots: past, on its line.
+  EXPECT_EQ(toml_nesting_past("[" + repeat("a", k + 1, ".") + "]\n").line, 0);
+  const TomlNesting header = toml_nesting_past("x = 1\n\n[" + repeat("a", k + 2, ".") + "]\n");
+  EXPECT_EQ(header.line, 3);
+  EXPECT_NE(header.what.find("dotted parts"), std::string::npos) << header.what;
+  EXPECT_EQ(toml_nesting_past(repeat("a", k + 2, " . ") + " = 1").line, 1);
+  EXPECT_EQ(toml_nesting_past("t = {" + repeat("\"q\"", k + 2, ".") + " = 1}").line, 1);
+  EXPECT_EQ(toml_nesting_past(repeat("1", k + 2, ".") + " = 1").line, 1);  // bare digit parts
+  // Numbers' decimal points and dates' fractions are not key parts: 1,000 floats on one line.
+  EXPECT_EQ(
+      toml_nesting_past("v = [" + repeat("0.5", 1000, ", ") + "]\nd = 1979-05-27T07:32:00.999\n")
+          .line,
+      0);
+  // Dots inside strings and comments are not counted, and lines are counted through them.
+  const std::string dots = repeat("a", 1000, ".");
+  EXPECT_EQ(toml_nesting_past("s = \"" + dots + "\"\nl = '" + dots + "'\n# " + dots + "\n").line,
+            0);
+  // Multi-line strings (an escaped quote, closing quotes with two more before them), lines 1-7;
+  // valid TOML, as toml++ agrees.
+  const std::string multi = "m = \"\"\"\n" + dots + "\n\\\"\"\"\n\"\"\"\"\"\nn = '''\n" + dots +
+                            "\n'''''\n";
+  EXPECT_NO_THROW(toml::parse(multi));
+  EXPECT_EQ(toml_nesting_past(multi).line, 0);
+  EXPECT_EQ(toml_nesting_past(multi + repeat("b", k + 2, ".") + " = 1\n").line, 8);
+  // Brackets and braces: k deep is within, k + 1 past, counted across lines.
+  EXPECT_EQ(toml_nesting_past("v = " + std::string(k, '[') + std::string(k, ']')).line, 0);
+  const TomlNesting arrays =
+      toml_nesting_past("v = [\n" + std::string(k, '[') + std::string(k + 1, ']'));
+  EXPECT_EQ(arrays.line, 2);
+  EXPECT_NE(arrays.what.find("nested"), std::string::npos) << arrays.what;
+  EXPECT_EQ(
+      toml_nesting_past("v = " + repeat("{a = ", k + 1, "") + "1" + std::string(k + 1, '}')).line,
+      1);
+  // Every shipped config and hardware file is well within it.
+  int scanned = 0;
+  for (const char* dir : {"/configs", "/configs/hardware", "/configs/plan"})
+    for (const auto& entry :
+         std::filesystem::directory_iterator(std::string(TRIDENT_SOURCE_DIR) + dir)) {
+      if (entry.path().extension() != ".toml") continue;
+      std::ifstream f(entry.path());
+      std::stringstream text;
+      text << f.rdbuf();
+      EXPECT_EQ(toml_nesting_past(text.str()).line, 0) << entry.path();
+      ++scanned;
+    }
+  EXPECT_GE(scanned, 10);
+}
+
+TEST(ConfigFile, NestingPastTheParsersDepthIsOneErrorLine) {
+  const std::string path = temp_path("deep.toml");
+  {
+    std::ofstream(path) << "[model]\nlayers = 4\n[" << repeat("a", 50000, ".") << "]\n";
+  }
+  try {
+    load_config(path);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ":3: a key of more than 128 dotted parts (the parser "
+                                            "recurses once per level)");
+  }
+  // The same in an override's value.
+  {
+    std::ofstream(path) << "[model]\nlayers = 4\n";
+  }
+  try {
+    load_config(path, {"model.layers=" + std::string(100000, '[')});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("override 'model.layers': arrays and tables nested more "
+                                         "than 128 deep"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
   }
   std::filesystem::remove(path);
 }

@@ -460,6 +460,12 @@ TEST(PlanHardware, BadFilesAreOneLineNamingFileAndKey) {
   expect_error(replace(good, "devices_per_node = 8", "devices_per_node = 0"),
                "devices_per_node = 0 must be greater than 0");
   expect_error("name = ", "hw.toml: TOML syntax error at line 1");
+  // Nesting deeper than the parser's recursion takes (a segfault before the bound), after the
+  // good text's 23 lines.
+  std::string deep = "[a";
+  for (int i = 0; i < 50000; ++i) deep += ".a";
+  expect_error(good + deep + "]\n",
+               "hardware file hw.toml: line 24: a key of more than 128 dotted parts");
   EXPECT_THROW(load_hardware("/nonexistent/hw.toml"), Error);
 }
 

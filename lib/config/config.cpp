@@ -23,6 +23,7 @@
 #include <toml++/toml.h>
 
 #include "config/schema.hpp"
+#include "config/toml_nesting.hpp"
 #include "data/blend.hpp"
 #include "util/error.hpp"
 #include "util/input_file.hpp"
@@ -815,6 +816,8 @@ const Key* apply_override(const std::string& text, Config& c, const std::string&
   }
   const std::string value = trim(std::string_view(text).substr(eq + 1));
 
+  if (const TomlNesting deep = toml_nesting_past(value); deep.line > 0)
+    fail(source, "override '" + one_line(lhs) + "': " + deep.what + origin);
   std::optional<toml::table> parsed;
   try {
     const std::string doc = "v = " + value;
@@ -1175,6 +1178,9 @@ std::string read_config_file(const std::string& path, const std::string& shown) 
 }
 
 toml::table parse_toml(const std::string& toml_text, const std::string& source) {
+  if (const TomlNesting deep = toml_nesting_past(toml_text); deep.line > 0)
+    throw Error(one_line(source) + ":" + std::to_string(deep.line) + ": " + deep.what +
+                " (the parser recurses once per level)");
   try {
     return toml::parse(std::string_view(toml_text), std::string_view(source));
   } catch (const toml::parse_error& e) {

@@ -10,6 +10,7 @@
 
 #include <toml++/toml.h>
 
+#include "config/toml_nesting.hpp"
 #include "util/error.hpp"
 #include "util/input_file.hpp"
 
@@ -201,6 +202,9 @@ LinkSpec read_link(const Reader& r, const std::string& table) {
 
 HardwareSpec parse_hardware(const std::string& toml_text, const std::string& source) {
   toml::table root;
+  if (const TomlNesting deep = toml_nesting_past(toml_text); deep.line > 0)
+    throw Error("hardware file " + source + ": line " + std::to_string(deep.line) + ": " +
+                deep.what + " (the parser recurses once per level)");
   try {
     root = toml::parse(std::string_view(toml_text), std::string_view(source));
   } catch (const toml::parse_error& e) {
