@@ -119,9 +119,9 @@ TEST_F(Stop, FileSizeLimitIsOneErrorLine) {
             0u)
       << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
-  // 64 MiB lets MPI start; the checkpoint of 4.8 M parameters (weights and AdamW's two
+  // 64 MiB lets MPI start; the checkpoint of 6.4 M parameters (weights and AdamW's two
   // moments, about 77 MB) is larger.
-  r = train("--set train.steps=1 --set model.width=256 --set model.layers=6 "
+  r = train("--set train.steps=1 --set model.width=256 --set model.layers=8 "
             "--set checkpoint.dir=" + (dir_ / "ckpt").string(),
             "ulimit -f 65536;");
   EXPECT_EQ(r.exit_code, 1) << r.output;
