@@ -71,6 +71,19 @@ CLI::Validator finite_number(double min, double max) {
 void check_number_types(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
     const std::string type = option->get_type_name();
+    if (type == "INT" || type == "UINT") {
+      // First of all (transform puts it in front): the text rewritten as the plain decimal it
+      // reads as ("010" -> "10"). CLI11's own conversion reads a leading 0 as octal (--nodes
+      // 010 planned 8 nodes), so it must only see decimal text; what is no decimal number stays
+      // as it was, for the checks below to refuse.
+      option->transform(quiet([type](std::string& text) -> std::string {
+        int64_t v = 0;
+        uint64_t u = 0;
+        if (type == "INT" ? parse_whole(text, v) : parse_whole(text, u))
+          text = type == "INT" ? std::to_string(v) : std::to_string(u);
+        return "";
+      }));
+    }
     if (type == "INT") {
       option->check(quiet([](std::string& text) -> std::string {
         int64_t v = 0;
@@ -91,6 +104,16 @@ void check_number_types(CLI::App& app) {
     }
   }
   for (CLI::App* sub : app.get_subcommands({})) check_number_types(*sub);
+}
+
+void refuse_empty_text(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_type_name().rfind("TEXT", 0) != 0) continue;
+    option->check(quiet([](std::string& text) -> std::string {
+      return text.empty() ? "must not be empty" : "";
+    }));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) refuse_empty_text(*sub);
 }
 
 }  // namespace trident

@@ -1,5 +1,6 @@
 #pragma once
-// Checks of numeric command-line values, each failing in one short line that names the value.
+// Checks of numeric (and text) command-line values, each failing in one short line that names
+// the value.
 // CLI11 alone takes 99999999999999999999 for an int64 option as INT64_MAX (strtoll saturates),
 // lets nan through its range checks (every comparison with nan is false) and prints its
 // unbounded ranges' ends as 300-digit numbers.
@@ -20,5 +21,10 @@ CLI::Validator finite_number(double min, double max);
 // option's text must be a decimal number its type holds (no silent saturation, no octal "010"),
 // a floating-point option's a finite number.
 void check_number_types(CLI::App& app);
+
+// Every text option and argument of `app` and of its subcommands: an empty value is refused in
+// one line ("--resume: must not be empty"), never taken as the option not given (`--resume ''`
+// trained from scratch, `--stop ''` stopped nowhere, `--tokenizer ''` fell back to bytes).
+void refuse_empty_text(CLI::App& app);
 
 }  // namespace trident

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -44,12 +45,13 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   std::istringstream words(text);
   std::string word;
   while (words >> word) {
-    char* end = nullptr;
-    errno = 0;
-    const long long id = std::strtoll(word.c_str(), &end, 10);
-    if (*end != '\0' || errno != 0 || id < 0 || id > INT32_MAX)
-      throw Error("standard input: '" + word + "' is not a token id");
-    ids.push_back(static_cast<int32_t>(id));
+    // The whole word, NUL bytes included (strtoll stopped at a NUL: "65\0" "66" read as 65).
+    int32_t id = 0;
+    const char* end = word.data() + word.size();
+    const auto r = std::from_chars(word.data(), end, id, 10);
+    if (r.ec != std::errc() || r.ptr != end || id < 0)
+      throw Error("standard input: '" + printable_line(word) + "' is not a token id");
+    ids.push_back(id);
   }
   return ids;
 }

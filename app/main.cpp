@@ -45,7 +45,8 @@ int world_rank() {
   const int rank = world_rank();
   if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(3));
   std::fprintf(stderr, "trident: error%s: %s\n",
-               rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(), message.c_str());
+               rank == 0 ? "" : (" on rank " + std::to_string(rank)).c_str(),
+               trident::printable_line(message).c_str());
   std::fflush(stderr);
   trident::abort_job(code);
 }
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
   trident::TokenizeOptions tokenize_options;
   trident::add_tokenize_command(app, tokenize_options);
   trident::check_number_types(app);
+  trident::refuse_empty_text(app);
 
   try {
     app.parse(argc, argv);

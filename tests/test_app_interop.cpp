@@ -7,7 +7,9 @@
 // out and back as Mixtral (from an expert-parallel checkpoint too); what is no Mixtral is
 // refused in one line.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -490,6 +492,15 @@ TEST_F(ImportError, NonFiniteWeight) {
   expect_import_error("'" + (hf_ / "model.safetensors").string() + "': tensor '" + name +
                           "' holds nan at element 1000 (a checkpoint's weights are finite)",
                       2, "--chunk-elements 70");
+}
+
+// A FIFO where the weights should be (a sweep of hostile inputs: import waited for a writer
+// for ever, on 1 and 2 ranks): refused in one line, within the run's time limit.
+TEST_F(ImportError, SafetensorsThatIsAFifo) {
+  fs::remove(hf_ / "model.safetensors");
+  ASSERT_EQ(::mkfifo((hf_ / "model.safetensors").c_str(), 0600), 0) << std::strerror(errno);
+  expect_import_error("'" + (hf_ / "model.safetensors").string() + "': not a regular file");
+  expect_import_error("'" + (hf_ / "model.safetensors").string() + "': not a regular file", 1);
 }
 
 TEST_F(ImportError, ExistingOutputFile) {

@@ -104,9 +104,19 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& dir) {
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  std::ifstream in(join(dir, kLatest));
+  // Only a regular file is read (a FIFO would block the open, /dev/zero never end); anything
+  // else in its place is a pointer that names nothing, as garbage in it is: the newest file wins.
+  std::error_code regular_ec;
+  const bool regular = fs::is_regular_file(join(dir, kLatest), regular_ec);
   std::string name;
-  if (in && std::getline(in, name)) {
+  if (regular) {  // its first line, from at most 4 KiB: a checkpoint's name is far shorter
+    std::ifstream in(join(dir, kLatest), std::ios::binary);
+    name.resize(4096);
+    in.read(name.data(), static_cast<std::streamsize>(name.size()));
+    name.resize(static_cast<size_t>(in.gcount()));
+    name = name.substr(0, name.find('\n'));
+  }
+  if (!name.empty()) {
     while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
     std::error_code ec;
     if (checkpoint_step(name) && fs::is_regular_file(join(dir, name), ec)) return join(dir, name);

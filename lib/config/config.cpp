@@ -503,19 +503,7 @@ std::string full_name(const Key& k) {
 // Text helpers
 
 // s with control characters escaped (as in TOML strings), so that a message stays on one line.
-std::string one_line(std::string_view s) {
-  std::string out;
-  for (char ch : s) {
-    const auto u = static_cast<unsigned char>(ch);
-    if (u < 0x20 || u == 0x7F) {
-      const std::string q = config::toml_string(std::string_view(&ch, 1));
-      out += q.substr(1, q.size() - 2);
-    } else {
-      out += ch;
-    }
-  }
-  return out;
-}
+std::string one_line(std::string_view s) { return printable_line(s); }
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw Error(one_line(source) + ": " + what);

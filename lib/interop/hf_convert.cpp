@@ -493,9 +493,16 @@ class SourceFiles {
   // -1 and `error` set when the file cannot be opened.
   int fd(const std::string& path, std::string& error) {
     if (auto it = fds_.find(path); it != fds_.end()) return it->second;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO put in a checked file's place is refused, not waited on.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (error.empty()) error = "'" + path + "': cannot open: " + errno_text();
+      return -1;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      if (error.empty()) error = "'" + path + "': not a regular file";
       return -1;
     }
     fds_[path] = fd;

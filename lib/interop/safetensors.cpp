@@ -187,7 +187,8 @@ SafetensorsLayout plan_safetensors(std::vector<TensorSpec> tensors, TensorDType 
 }
 
 std::map<std::string, SafetensorsTensor> read_safetensors_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
   struct Closer {
     int fd;

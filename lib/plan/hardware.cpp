@@ -217,9 +217,16 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   HardwareSpec hw;
   hw.source = source;
   hw.name = r.string("name");
-  const double dpn = r.number("devices_per_node", 0.0);
-  if (dpn != std::floor(dpn)) r.fail("devices_per_node", "must be a whole number");
-  hw.devices_per_node = static_cast<int64_t>(dpn);
+  // A TOML integer, at most the 2^20 devices a plan models (kPlanMaxDevices): 1e300 or 2^63-1
+  // wrapped to a negative count in the nodes x devices product that --nodes was blamed for.
+  if (!root.at_path("devices_per_node").is_integer() && root.at_path("devices_per_node").node())
+    r.fail("devices_per_node", "must be a whole number (a TOML integer)");
+  r.number("devices_per_node", 0.0);  // present and > 0
+  const int64_t dpn = root.at_path("devices_per_node").value<int64_t>().value_or(0);
+  if (dpn > (int64_t{1} << 20))
+    r.fail("devices_per_node", "= " + std::to_string(dpn) +
+                                   " is more than the 1048576 devices a plan models");
+  hw.devices_per_node = dpn;
   hw.device.kind = r.string("device.kind");
   if (hw.device.kind != "gpu" && hw.device.kind != "cpu")
     r.fail("device.kind", "= \"" + hw.device.kind + "\" must be \"gpu\" or \"cpu\"");
