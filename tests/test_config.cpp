@@ -1222,7 +1222,10 @@ TEST(ConfigMoe, RejectsImpossibleRouting) {
                   "device = \"cuda\"\n")
                 .parallel.expert,
             2);
-  EXPECT_ERROR("[model]\nmoe_experts = -1\n", "model.moe_experts (-1) must be >= 0");
+  EXPECT_ERROR("[model]\nmoe_experts = -1\n", "model.moe_experts (-1) must be in [0, 65536]");
+  // A million experts took the plan 30 s (each expert's tensors are listed one by one).
+  EXPECT_ERROR("[model]\nmoe_experts = 65537\n",
+               "model.moe_experts (65537) must be in [0, 65536]");
   EXPECT_ERROR("[model]\nmoe_layer_interval = 0\n", "model.moe_layer_interval (0) must be >= 1");
   EXPECT_ERROR("[model]\nmoe_capacity_factor = -0.5\n",
                "model.moe_capacity_factor (-0.5) must be >= 0");

@@ -137,9 +137,11 @@ const Key kKeys[] = {
    "that ends the one before it (gpt2: the rows of the position table; llama: the RoPE "
    "angles), as Megatron-LM's --reset-position-ids.",
    "needs `data.document_mask = true`"},
-  {TRIDENT_KEY(model, moe_experts), at_least(0),
+  {TRIDENT_KEY(model, moe_experts), between(0, 65536),
    "Mixture of experts: experts per MoE layer, each a copy of the architecture's MLP (gpt2 "
-   "GELU, llama SwiGLU) behind a softmax top-k router; 0: dense MLPs. See docs/moe.md.",
+   "GELU, llama SwiGLU) behind a softmax top-k router; 0: dense MLPs. At most 65,536: every "
+   "expert's tensors are listed one by one (the flat buffers, the checkpoint, the plan, which "
+   "took 30 s at a million). See docs/moe.md.",
    "> 0: `model.moe_top_k` <= moe_experts, divisible by `parallel.expert`; with "
    "`train.device = \"cuda\"`: `train.precision = \"fp32\"` and `parallel.expert` = 1"},
   {TRIDENT_KEY(model, moe_top_k), at_least(1),

@@ -28,10 +28,16 @@ class Exact {
   }
   __int128 value() const { return v_; }
   [[noreturn]] void overflow() const {
-    throw Error("the parameter or FLOP count overflows: model.width = " +
-                std::to_string(m_->width) + " (model.layers = " + std::to_string(m_->layers) +
-                ", model.vocab_size = " + std::to_string(m_->vocab_size) + ", MLP size " +
-                std::to_string(m_->ffn_size()) + ") is too large");
+    // Every key the counts multiply, so that the one set too large is among them.
+    std::string keys = "model.width = " + std::to_string(m_->width) +
+                       ", model.layers = " + std::to_string(m_->layers) +
+                       ", model.vocab_size = " + std::to_string(m_->vocab_size) +
+                       ", model.seq_len = " + std::to_string(m_->seq_len) +
+                       (m_->ffn_width > 0 ? ", model.ffn_width = " + std::to_string(m_->ffn_width)
+                                          : ", MLP size " + std::to_string(m_->ffn_size()));
+    if (m_->moe_experts > 0) keys += ", model.moe_experts = " + std::to_string(m_->moe_experts);
+    throw Error("the parameter or FLOP count overflows: one of " + keys +
+                " is too large");
   }
 
  private:
