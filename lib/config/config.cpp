@@ -421,7 +421,8 @@ const Key kKeys[] = {
    "Print continuations of eval.sample_prompt from the live weights every this many steps "
    "(rank 0; the generation path of `trident generate`, docs/tokenizer.md); 0: never.",
    "needs parallel.pipeline = 1"},
-  {TRIDENT_KEY(eval, sample_prompt), any(), "The prompt of the samples (eval.sample_interval)."},
+  {TRIDENT_KEY(eval, sample_prompt), non_empty(),
+   "The prompt of the samples (eval.sample_interval)."},
   {TRIDENT_KEY(eval, sample_tokens), at_least(1), "New tokens per sample."},
   {TRIDENT_KEY(eval, sample_temperature), at_least(0),
    "Sampling temperature of the samples; 0: greedy (the most likely token). Seed: train.seed."},

@@ -252,10 +252,15 @@ StepMetrics Trainer::train_step(int64_t step) {
 
 std::string Trainer::sample_text() {
   const EvalConfig& e = config_.eval;
-  if (!sample_tokenizer_)
-    sample_tokenizer_ = std::make_shared<const BpeTokenizer>(
-        e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
-                                   : BpeTokenizer::from_file(e.sample_tokenizer));
+  if (!sample_tokenizer_) {
+    try {
+      sample_tokenizer_ = std::make_shared<const BpeTokenizer>(
+          e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
+                                     : BpeTokenizer::from_file(e.sample_tokenizer));
+    } catch (const Error& error) {  // the key that named the file, not generate's option
+      throw Error("eval.sample_tokenizer: " + std::string(error.what()));
+    }
+  }
   return sample_continuation(*model_, config_, *sample_tokenizer_);
 }
 
