@@ -1407,25 +1407,10 @@ std::string toml_float(double v) {
 
 std::string toml_string(std::string_view s) {
   std::string out = "\"";
-  for (char ch : s) {
-    const auto u = static_cast<unsigned char>(ch);
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\f': out += "\\f"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (u < 0x20 || u == 0x7F) {
-          char esc[8];
-          std::snprintf(esc, sizeof esc, "\\u%04X", u);
-          out += esc;
-        } else {
-          out += ch;
-        }
-    }
+  for (const char ch : s) {
+    if (ch == '"') out += "\\\"";
+    else if (ch == '\\') out += "\\\\";
+    else out += printable_line(std::string_view(&ch, 1));  // control characters escaped
   }
   return out + "\"";
 }
