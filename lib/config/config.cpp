@@ -505,11 +505,9 @@ std::string full_name(const Key& k) {
 // ---------------------------------------------------------------------------------------------
 // Text helpers
 
-// s with control characters escaped (as in TOML strings), so that a message stays on one line.
-std::string one_line(std::string_view s) { return printable_line(s); }
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
-  throw Error(one_line(source) + ": " + what);
+  throw Error(printable_line(source) + ": " + what);
 }
 
 std::string int_text(int64_t v) { return std::to_string(v); }
@@ -755,8 +753,8 @@ void read_document(const toml::table& root, Config& c, const std::string& source
       fail(source, "include: only a config file given with --config (or included by one) may "
                    "include others");
     if (!is_section(section)) {
-      if (section_node.is_table()) fail(source, "unknown section '" + one_line(section) + "'");
-      fail(source, "unknown key '" + one_line(section) + "'");
+      if (section_node.is_table()) fail(source, "unknown section '" + printable_line(section) + "'");
+      fail(source, "unknown key '" + printable_line(section) + "'");
     }
     const toml::table* table = section_node.as_table();
     if (!table)
@@ -764,7 +762,7 @@ void read_document(const toml::table& root, Config& c, const std::string& source
     for (auto&& [key_name, node] : *table) {
       const Key* key = find_key(section, key_name.str());
       if (!key)
-        fail(source, "unknown key '" + section + "." + one_line(key_name.str()) + "'");
+        fail(source, "unknown key '" + section + "." + printable_line(key_name.str()) + "'");
       assign(*key, node, c, source, "");
       c.provenance[full_name(*key)] = origin;
     }
@@ -790,14 +788,14 @@ bool is_bare_key(std::string_view s) {
 // non-string TOML value, such as a date-like or numeric path) the text itself. Returns the key
 // it set.
 const Key* apply_override(const std::string& text, Config& c, const std::string& source) {
-  const std::string origin = " (from --set " + one_line(text) + ")";
+  const std::string origin = " (from --set " + printable_line(text) + ")";
   const size_t eq = text.find('=');
   const std::string lhs = trim(std::string_view(text).substr(0, eq));
   const size_t dot = lhs.find('.');
   if (eq == std::string::npos || dot == std::string::npos ||
       !is_bare_key(std::string_view(lhs).substr(0, dot)) ||
       !is_bare_key(std::string_view(lhs).substr(dot + 1)))
-    fail(source, "malformed override '" + one_line(text) + "': expected section.key=value");
+    fail(source, "malformed override '" + printable_line(text) + "': expected section.key=value");
   const std::string section = lhs.substr(0, dot), name = lhs.substr(dot + 1);
   const Key* key = find_key(section, name);
   if (!key) {
@@ -808,7 +806,7 @@ const Key* apply_override(const std::string& text, Config& c, const std::string&
   const std::string value = trim(std::string_view(text).substr(eq + 1));
 
   if (const TomlNesting deep = toml_nesting_past(value); deep.line > 0)
-    fail(source, "override '" + one_line(lhs) + "': " + deep.what + origin);
+    fail(source, "override '" + printable_line(lhs) + "': " + deep.what + origin);
   std::optional<toml::table> parsed;
   try {
     const std::string doc = "v = " + value;
@@ -1142,7 +1140,7 @@ void check_blends(const Config& c, const std::string& source) {
     try {
       parse_blend(*entries, name);
     } catch (const Error& e) {
-      fail(source, one_line(e.what()));
+      fail(source, printable_line(e.what()));
     }
   }
 }
@@ -1164,20 +1162,19 @@ void validate(const Config& c, const std::string& source) {
 // A config file's text: a regular file of at most 16 MiB (util/input_file.hpp). `shown` names
 // the file in errors (with the chain of includes that led to it).
 std::string read_config_file(const std::string& path, const std::string& shown) {
-  return read_input_file(path, {one_line(shown), "config", int64_t{16} << 20,
+  return read_input_file(path, {printable_line(shown), "config", int64_t{16} << 20,
                                 "--config needs a TOML file"});
 }
 
 toml::table parse_toml(const std::string& toml_text, const std::string& source) {
   if (const TomlNesting deep = toml_nesting_past(toml_text); deep.line > 0)
-    throw Error(one_line(source) + ":" + std::to_string(deep.line) + ": " + deep.what +
-                " (the parser recurses once per level)");
+    throw Error(printable_line(source) + ":" + std::to_string(deep.line) + ": " + deep.what);
   try {
     return toml::parse(std::string_view(toml_text), std::string_view(source));
   } catch (const toml::parse_error& e) {
     const toml::source_position& at = e.source().begin;
-    throw Error(one_line(source) + ":" + std::to_string(at.line) + ":" +
-                std::to_string(at.column) + ": TOML syntax error: " + one_line(e.description()));
+    throw Error(printable_line(source) + ":" + std::to_string(at.line) + ":" +
+                std::to_string(at.column) + ": TOML syntax error: " + printable_line(e.description()));
   }
 }
 
@@ -1308,7 +1305,7 @@ std::string Config::to_toml() const {
 
 std::string Config::to_toml_with_provenance() const {
   std::string out = "# Resolved config: every key, defaults included; a comment names the file or\n"
-                    "# override that set a value. Sources: " + one_line(source) + "\n\n";
+                    "# override that set a value. Sources: " + printable_line(source) + "\n\n";
   const Config defaults;
   std::string_view section;
   for (const Key& key : kKeys) {
@@ -1321,7 +1318,7 @@ std::string Config::to_toml_with_provenance() const {
     out.append(key.name).append(" = ").append(value);
     const auto set_by = provenance.find(full_name(key));
     if (set_by != provenance.end()) {
-      out += set_by->second == kFromOverride ? "  # --set" : "  # from " + one_line(set_by->second);
+      out += set_by->second == kFromOverride ? "  # --set" : "  # from " + printable_line(set_by->second);
     } else if (value != visit_field(key, defaults, [](const auto& v) { return value_text(v); })) {
       out += "  # derived from other keys";
     }

@@ -32,7 +32,9 @@ TomlNesting toml_nesting_past(std::string_view text, int limit) {
   int64_t line = 1;
   int depth = 0, dots = 0;  // open brackets and braces; key dots on this line
   size_t run = std::string_view::npos;  // where the current run of bare characters began
-  auto past = [&](const std::string& what) { return TomlNesting{line, what}; };
+  auto past = [&](const std::string& what) {
+    return TomlNesting{line, what + " (the parser recurses once per level)"};
+  };
   auto triple = [&](size_t i, char q) {
     return i + 2 < text.size() && text[i + 1] == q && text[i + 2] == q;
   };

@@ -13,7 +13,7 @@ constexpr int kMaxTomlNesting = 128;
 
 struct TomlNesting {
   int64_t line = 0;  // 1-based line of the first excess; 0: within the bound
-  std::string what;  // what went past it, for the error line
+  std::string what;  // what went past it and why that matters, for the error line
 };
 
 // Scans `text` outside its strings and comments: on each line the dotted parts of keys (a dot

@@ -37,6 +37,14 @@ class Reader {
       fail(key, "= " + text(v) + " must be greater than " + text(min_exclusive));
     return v;
   }
+  int64_t integer(const std::string& key, int64_t min_exclusive) const {
+    const auto i = node(key).as_integer();
+    if (!i) fail(key, "must be a whole number (a TOML integer)");
+    if (i->get() <= min_exclusive)
+      fail(key, "= " + std::to_string(i->get()) + " must be greater than " +
+                    std::to_string(min_exclusive));
+    return i->get();
+  }
   double non_negative(const std::string& key) const {
     const toml::node& n = node(key);
     if (!n.is_number()) fail(key, "must be a number");
@@ -204,7 +212,7 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   toml::table root;
   if (const TomlNesting deep = toml_nesting_past(toml_text); deep.line > 0)
     throw Error("hardware file " + source + ": line " + std::to_string(deep.line) + ": " +
-                deep.what + " (the parser recurses once per level)");
+                deep.what);
   try {
     root = toml::parse(std::string_view(toml_text), std::string_view(source));
   } catch (const toml::parse_error& e) {
@@ -219,14 +227,10 @@ HardwareSpec parse_hardware(const std::string& toml_text, const std::string& sou
   hw.name = r.string("name");
   // A TOML integer, at most the 2^20 devices a plan models (kPlanMaxDevices): 1e300 or 2^63-1
   // wrapped to a negative count in the nodes x devices product that --nodes was blamed for.
-  if (!root.at_path("devices_per_node").is_integer() && root.at_path("devices_per_node").node())
-    r.fail("devices_per_node", "must be a whole number (a TOML integer)");
-  r.number("devices_per_node", 0.0);  // present and > 0
-  const int64_t dpn = root.at_path("devices_per_node").value<int64_t>().value_or(0);
-  if (dpn > (int64_t{1} << 20))
-    r.fail("devices_per_node", "= " + std::to_string(dpn) +
+  hw.devices_per_node = r.integer("devices_per_node", 0);
+  if (hw.devices_per_node > (int64_t{1} << 20))
+    r.fail("devices_per_node", "= " + std::to_string(hw.devices_per_node) +
                                    " is more than the 1048576 devices a plan models");
-  hw.devices_per_node = dpn;
   hw.device.kind = r.string("device.kind");
   if (hw.device.kind != "gpu" && hw.device.kind != "cpu")
     r.fail("device.kind", "= \"" + hw.device.kind + "\" must be \"gpu\" or \"cpu\"");
