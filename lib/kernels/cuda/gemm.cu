@@ -381,7 +381,7 @@ void fp8_gemm(CublasContext& ctx, Fp8Format fa, Fp8Format fb, DType c, int64_t M
     throw Error("fp8_gemm: the output's row of " + std::to_string(N) + " " +
                 (c == DType::F32 ? "f32" : "bf16") +
                 " elements is not a multiple of 16 bytes (cuBLASLt's FP8 GEMMs need it)");
-  auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  auto misaligned = [](const void* p) { return alignment_of(p, 0, 1) < 16; };  // the address
   if (misaligned(A) || misaligned(B) || misaligned(C) || (bias && misaligned(bias)))
     throw Error("fp8_gemm: an operand, the output or the bias is not 16-byte aligned "
                 "(cuBLASLt's FP8 GEMMs need it)");
