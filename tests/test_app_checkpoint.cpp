@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <random>
 
 #include "app_fixture.hpp"
@@ -295,8 +294,7 @@ class DamagedCheckpoint : public Checkpoint {
 // unused bytes) or one error line. (Not every byte is covered: the global heap holding the
 // variable-length strings has no checksum; docs/fuzzing.md.)
 TEST_F(DamagedCheckpoint, BitFlippedCopiesAreOneErrorLine) {
-  std::ifstream in(checkpoint(2), std::ios::binary);
-  const std::string original((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string original = read_file(checkpoint(2));
   ASSERT_GT(original.size(), 4096u);
   ASSERT_EQ(original.compare(0, 8, "\x89HDF\r\n\x1a\n"), 0) << "an HDF5 signature at offset 0";
   EXPECT_GE(static_cast<int>(original[8]), 2) << "superblock version: the checksummed format";
@@ -308,7 +306,7 @@ TEST_F(DamagedCheckpoint, BitFlippedCopiesAreOneErrorLine) {
     for (int i = 0; i < 20; ++i) bytes[rng() % bytes.size()] ^= static_cast<char>(1u << (rng() % 8));
     const size_t head = std::min<size_t>(bytes.size(), 65536);
     for (int i = 0; i < 5; ++i) bytes[8 + rng() % (head - 8)] = static_cast<char>(rng() % 256);
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    write_file(file, bytes);
     const RunResult r = run_command(trident_cmd("ckpt info --verify " + file.string()), 60);
     ++runs;
     ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 1) << "seed " << seed << ": exit "
