@@ -284,6 +284,43 @@ TEST(GenerateTokenizer, AnotherVocabularyWithoutTokenizerIsOneErrorLine) {
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
+// The trainer's samples read eval.sample_tokenizer and encode eval.sample_prompt at start-up: a
+// missing file, or a prompt whose tokens the model has no ids for, is one error line before
+// the first step, not at the first sample (here never reached: interval 1000, 2 steps).
+TEST(TrainerSamples, BadTokenizerOrPromptIsAnErrorAtStartUp) {
+  const fs::path dir = scratch_dir("trainer_sample_tokenizer");
+  const fs::path config = make_tiny_run(dir);
+  // The fuzz corpus's GPT-2-style tokenizer (its JSON up to the NUL, the fuzzer's text after):
+  // 256 byte tokens and merges up to "Ġwor" ("or" is id 257), past the tiny model's 256 ids.
+  const std::string seed =
+      read_file(fs::path(TRIDENT_SOURCE_DIR) / "tests/fuzz/corpus/tokenizer/gpt2_strings");
+  const fs::path tokenizer = dir / "tokenizer.json";
+  write_file(tokenizer, seed.substr(0, seed.find('\0')));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"eval.sample_tokenizer=\\\"" + (dir / "missing.json").string() + "\\\"",
+       "trident: error: eval.sample_tokenizer: "},
+      {"eval.sample_tokenizer=\\\"" + tokenizer.string() +
+           "\\\" --set eval.sample_prompt=\\\"world\\\"",
+       "trident: error: eval.sample_prompt: token id 257 of the tokenizer '" +
+           tokenizer.string() + "' is outside model.vocab_size (256)"},
+  };
+  for (const auto& [setting, message] : cases) {
+    const auto r = run_command(
+        trident_cmd("train --config " + config.string() +
+                    " --set train.steps=2 --set eval.interval=0 --set eval.sample_interval=1000"
+                    " --set log.dir=" + (dir / "run").string() + " --set " + setting),
+        60);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const size_t pos = r.output.find("trident: error");
+    ASSERT_NE(pos, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("trident: error", pos + 1), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(message), pos) << r.output;
+    EXPECT_EQ(r.output.find("step 1"), std::string::npos) << "trained before the error:\n"
+                                                          << r.output;
+  }
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
 // Issue 56 item 2: a FIFO as --prompt-file or --tokenizer blocked for ever, /dev/zero was read
 // until the kernel's OOM killer came. Every file argument is checked as a config file is: a
 // regular file of bounded size, refused before it is read (and before the checkpoint is). Each

@@ -22,6 +22,30 @@
 
 namespace trident {
 
+namespace {
+// eval.sample_tokenizer read and eval.sample_prompt encoded with it: at start-up, so that a bad
+// file or a prompt the model cannot read is an error then, not at the first sample.
+std::shared_ptr<const BpeTokenizer> load_sample_tokenizer(const Config& config) {
+  const EvalConfig& e = config.eval;
+  std::shared_ptr<const BpeTokenizer> tokenizer;
+  try {
+    tokenizer = std::make_shared<const BpeTokenizer>(
+        e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
+                                   : BpeTokenizer::from_file(e.sample_tokenizer));
+  } catch (const Error& error) {  // the key that named the file, not generate's option
+    throw Error("eval.sample_tokenizer: " + std::string(error.what()));
+  }
+  const int64_t vocab = config.model.vocab_size;
+  for (const int32_t id : tokenizer->encode(e.sample_prompt))
+    if (id >= vocab)
+      throw Error("eval.sample_prompt: token id " + std::to_string(id) + " of the tokenizer " +
+                  (e.sample_tokenizer.empty() ? std::string("(byte-level)")
+                                              : "'" + e.sample_tokenizer + "'") +
+                  " is outside model.vocab_size (" + std::to_string(vocab) + ")");
+  return tokenizer;
+}
+}  // namespace
+
 Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory& make)
     : config_(config),
       groups_(groups),
@@ -38,6 +62,7 @@ Trainer::Trainer(const Config& config, ParallelDims groups, const BackendFactory
   // at the first save, after training up to it) and a rank whose share of the model and
   // activations cannot fit in the node's memory (else std::bad_alloc, naming nothing).
   agree_start_up_checks(config, shard, groups);
+  if (config.eval.sample_interval > 0) sample_tokenizer_ = load_sample_tokenizer(config);
   backend_ = make(config, groups, shard);
   groups_.set_device(backend_.comms);
   model_ = backend_.model.get();
@@ -251,16 +276,7 @@ StepMetrics Trainer::train_step(int64_t step) {
 }
 
 std::string Trainer::sample_text() {
-  const EvalConfig& e = config_.eval;
-  if (!sample_tokenizer_) {
-    try {
-      sample_tokenizer_ = std::make_shared<const BpeTokenizer>(
-          e.sample_tokenizer.empty() ? BpeTokenizer::bytes()
-                                     : BpeTokenizer::from_file(e.sample_tokenizer));
-    } catch (const Error& error) {  // the key that named the file, not generate's option
-      throw Error("eval.sample_tokenizer: " + std::string(error.what()));
-    }
-  }
+  if (!sample_tokenizer_) sample_tokenizer_ = load_sample_tokenizer(config_);
   return sample_continuation(*model_, config_, *sample_tokenizer_);
 }
 
