@@ -74,8 +74,11 @@ class Checkpoint:
         self.path = path
         self.file = h5py.File(path, "r")
         self.step = int(self.file.attrs["step"])
-        self.layout = str(self.file.attrs.get("layout", "?"))
-        self.config = tomllib.loads(self.file.attrs["config"])
+        # Trident's string attributes are fixed-length (h5py: bytes); before 2026-12-07 they
+        # were variable-length (str).
+        text = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+        self.layout = text(self.file.attrs.get("layout", "?"))
+        self.config = tomllib.loads(text(self.file.attrs["config"]))
         self.used = set()
 
     def tensor(self, name, shape):

@@ -54,6 +54,12 @@ def checksum(values):
         return int(mix64(index * U(0x9E3779B97F4A7C15) ^ bits).sum(dtype=U))
 
 
+def text(value):
+    """A string attribute's text: h5py reads Trident's fixed-length strings as bytes
+    (docs/checkpoint-format.md), variable-length ones (files before 2026-12-07) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def attributes_checksum(attrs):
     """FNV-1a 64 over `name NUL kind NUL value NUL` of every attribute but attributes_checksum,
     in byte order of the names (docs/checkpoint-format.md, "Attributes")."""
@@ -63,16 +69,16 @@ def attributes_checksum(attrs):
             continue
         v = attrs[name]
         if isinstance(v, (bytes, str)):
-            kind, text = "s", v.decode() if isinstance(v, bytes) else v
+            kind, value = "s", text(v)
         elif isinstance(v, np.unsignedinteger) and v.dtype.itemsize == 8:
-            kind, text = "u", str(int(v))
+            kind, value = "u", str(int(v))
         elif isinstance(v, (np.integer, int)):
-            kind, text = "i", str(int(v))
+            kind, value = "i", str(int(v))
         elif isinstance(v, (np.floating, float)):
-            kind, text = "f", "%.17g" % float(v)
+            kind, value = "f", "%.17g" % float(v)
         else:
             raise ValueError("attribute %s of type %s" % (name, type(v)))
-        for field in (name, kind, text):
+        for field in (name, kind, value):
             for b in field.encode() + b"\0":
                 h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h
@@ -80,9 +86,8 @@ def attributes_checksum(attrs):
 
 def model_config(attrs):
     """The [model] table of the run's resolved config (the root's `config` attribute)."""
-    config = attrs["config"] if "config" in attrs else b""
-    text = config.decode() if isinstance(config, bytes) else str(config)
-    return tomllib.loads(text).get("model", {}) if text else {}
+    config = text(attrs["config"]) if "config" in attrs else ""
+    return tomllib.loads(config).get("model", {}) if config else {}
 
 
 def moe_layers(attrs):
@@ -100,8 +105,7 @@ def expected_shapes(attrs):
     experts' from the config's model table."""
     layers, width = int(attrs["model_layers"]), int(attrs["model_width"])
     vocab, seq, heads = int(attrs["model_vocab_size"]), int(attrs["model_seq_len"]), int(attrs["model_heads"])
-    arch = attrs["model_arch"] if "model_arch" in attrs else "gpt2"
-    arch = arch.decode() if isinstance(arch, bytes) else str(arch)
+    arch = text(attrs["model_arch"]) if "model_arch" in attrs else "gpt2"
     kv_heads = int(attrs["model_kv_heads"]) if "model_kv_heads" in attrs else heads
     ffn = int(attrs["model_ffn_width"]) if "model_ffn_width" in attrs else 4 * width
     tied = bool(int(attrs["model_tie_embeddings"])) if "model_tie_embeddings" in attrs else True
@@ -161,7 +165,7 @@ def fp8_state_shapes(attrs):
     and the amax history; a MoE layer's 6 + 6 E rows (qkv, proj, every expert's up, then every
     expert's down)."""
     config = attrs["config"]
-    train = tomllib.loads(config.decode() if isinstance(config, bytes) else str(config))["train"]
+    train = tomllib.loads(text(config))["train"]
     if train.get("precision") != "fp8" or train.get("fp8_recipe", "current") != "delayed":
         return {}
     layers = int(attrs["model_layers"])
@@ -212,7 +216,7 @@ def check(path):
         for line in problems:
             print(line)
         print("%d datasets checked, %d problems; step %d, layout %s" % (
-            len(found), len(problems), int(attrs["step"]), attrs["layout"]))
+            len(found), len(problems), int(attrs["step"]), text(attrs["layout"])))
         return 1 if problems else 0
 
 

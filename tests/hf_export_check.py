@@ -158,7 +158,8 @@ def main():
     args = ap.parse_args()
 
     with h5py.File(args.checkpoint, "r") as f:
-        cfg = tomllib.loads(f.attrs["config"])
+        config = f.attrs["config"]  # bytes: a fixed-length string (str before 2026-12-07)
+        cfg = tomllib.loads(config.decode() if isinstance(config, bytes) else config)
         want = expected_tensors(f, cfg)
     arch, L, C, NH, KVH, F, V, T, tied = model_shape(cfg)
 

@@ -291,8 +291,8 @@ class DamagedCheckpoint : public Checkpoint {
 // 1.6 format (the library's default) crashed `ckpt info` in H5Aiterate2 on a flipped attribute
 // message (a hostile-input sweep: 2 of 60 such files); the 1.8 format (superblock version 2 and
 // up) checksums its object headers, and each of these damaged copies is exit 0 (damage in
-// unused bytes) or one error line. (Not every byte is covered: the global heap holding the
-// variable-length strings has no checksum; docs/fuzzing.md.)
+// unused bytes) or one error line. (The strings are fixed-length attributes, inside those
+// headers: the global heap of variable-length ones has no checksum; docs/fuzzing.md.)
 TEST_F(DamagedCheckpoint, BitFlippedCopiesAreOneErrorLine) {
   const std::string original = read_file(checkpoint(2));
   ASSERT_GT(original.size(), 4096u);

@@ -260,7 +260,7 @@ std::string h5_path(const std::string& name) {
 
 struct CheckpointWriter::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
-  Hid file, dxpl, lcpl, dcpl, vlen_str;
+  Hid file, dxpl, lcpl, dcpl;
   bool collective = false;  // collective tensor transfers
   std::vector<float> staging;
   std::set<std::string> written;
@@ -388,9 +388,6 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
   H5Pset_layout(m.dcpl.get(), H5D_CONTIGUOUS);
   H5Pset_alloc_time(m.dcpl.get(), H5D_ALLOC_TIME_EARLY);
   H5Pset_fill_time(m.dcpl.get(), H5D_FILL_TIME_NEVER);
-  m.vlen_str = Hid(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(m.vlen_str.get(), H5T_VARIABLE);
-  H5Tset_cset(m.vlen_str.get(), H5T_CSET_UTF8);
 
   m.slow_ms = static_cast<int>(test_hook_int(TestHook::SlowCheckpointMs));
   // Test hook: a full disk without a small file system (which needs root to mount). Writes past
@@ -467,6 +464,18 @@ Hid open_or_create_object(hid_t file, hid_t lcpl, const std::string& object,
   Hid o(H5Oopen(file, object.c_str(), H5P_DEFAULT), H5Oclose);
   if (!o.valid()) throw Error(where + ": cannot open: " + h5_detail());
   return o;
+}
+
+// A UTF-8 string type of `bytes` bytes (at least 1: HDF5 has no empty fixed-length string),
+// padded with NULs: h5py reads it as numpy.bytes_ without the padding.
+Hid fixed_length_string(size_t bytes) {
+  Hid type(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (!type.valid() || H5Tset_size(type.get(), std::max<size_t>(bytes, 1)) < 0 ||
+      H5Tset_strpad(type.get(), H5T_STR_NULLPAD) < 0 ||
+      H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0)
+    throw Error("HDF5: cannot make a string type of " + std::to_string(bytes) +
+                " bytes: " + h5_detail());
+  return type;
 }
 
 void write_scalar_attribute(hid_t obj, const std::string& key, hid_t file_type, hid_t mem_type,
@@ -681,8 +690,11 @@ void CheckpointWriter::finish_pending() {
         write_scalar_attribute(o.get(), p.key, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &p.value.d,
                                where);
       } else {
-        const char* text = p.value.text.c_str();
-        write_scalar_attribute(o.get(), p.key, m.vlen_str.get(), m.vlen_str.get(), &text,
+        // Fixed-length, inside the attribute message that the 1.8 format checksums; a
+        // variable-length string lives in the global heap, which no HDF5 format checksums
+        // (damage there crashed the library's reader: docs/fuzzing.md).
+        const Hid type = fixed_length_string(p.value.text.size());
+        write_scalar_attribute(o.get(), p.key, type.get(), type.get(), p.value.text.data(),
                                where);
       }
       m.written_attributes[p.object][p.key] = p.value;

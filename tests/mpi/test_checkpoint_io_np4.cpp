@@ -41,6 +41,8 @@ using R = trident::Run;
 using Runs = std::vector<trident::Run>;
 
 constexpr int64_t kRows = 37, kCols = 10, kN = kRows * kCols;
+// A string attribute longer than an object header holds (64 KiB), with a multi-byte character.
+const std::string kLongText = std::string(100000, 'x') + "\u00fc";
 
 // A distinct, exactly representable value for every element of every tensor.
 float value(int tensor, int64_t i) { return static_cast<float>(tensor * 1000 + i) * 0.25f - 7.0f; }
@@ -74,6 +76,30 @@ class CkptIo : public ::testing::Test {
     if (r == 0) fs::remove_all(dir);
   }
   std::string path(const std::string& name) const { return (fs::path(dir) / name).string(); }
+  // The string attributes are fixed-length: inside the attribute messages that the 1.8 format
+  // checksums, not in the global heap that holds variable-length strings, which no HDF5 format
+  // checksums (a damaged one crashed the library's reader: docs/fuzzing.md).
+  static void expect_fixed_length_strings(
+      const std::string& file, const std::vector<std::pair<std::string, std::string>>& attrs) {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0) << file;
+    int checked = 0;
+    for (const auto& [object, key] : attrs) {
+      const hid_t a = H5Aopen_by_name(f, object.c_str(), key.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+      ASSERT_GE(a, 0) << object << " " << key;
+      const hid_t type = H5Aget_type(a);
+      EXPECT_EQ(H5Tget_class(type), H5T_STRING) << object << " " << key;
+      EXPECT_EQ(H5Tis_variable_str(type), 0) << object << " " << key;
+      EXPECT_EQ(H5Tget_cset(type), H5T_CSET_UTF8) << object << " " << key;
+      H5Tclose(type);
+      H5Aclose(a);
+      ++checked;
+    }
+    H5Fclose(f);
+    EXPECT_EQ(checked, static_cast<int>(attrs.size()));
+    EXPECT_GT(checked, 0);
+  }
+
   void round_trip(bool collective);
 
   // Runs of a row-block partition of the [37, 10] tensor; local = those rows.
@@ -162,6 +188,9 @@ void CkptIo::round_trip(bool collective) {
     w.set_attribute("/", "config", std::string("[model]\nn_layer = 2\nname = \"ünïcode\"\n"));
     w.set_attribute("/model/rows", "note", "by rows");
     w.set_attribute("/meta/run", "version", 3);  // int -> int64; creates /meta/run
+    w.set_attribute("/", "empty", std::string());
+    // Past an object header's 64 KiB: HDF5 keeps it in the group's dense attribute storage.
+    w.set_attribute("/meta/run", "long", kLongText);
     w.set_attribute("/", "step", int64_t{124});  // replaces
     w.set_attribute("/", "rank", r);               // rank 0's value is written
     EXPECT_EQ(w.data_bytes(), (4 * kN + 1000) * 4);
@@ -182,9 +211,12 @@ void CkptIo::round_trip(bool collective) {
   EXPECT_EQ(rd.attribute_string("/", "config"), "[model]\nn_layer = 2\nname = \"ünïcode\"\n");
   EXPECT_EQ(rd.attribute_string("/model/rows", "note"), "by rows");
   EXPECT_EQ(rd.attribute_int("/meta/run", "version"), 3);
+  EXPECT_EQ(rd.attribute_string("/", "empty"), "");
+  EXPECT_EQ(rd.attribute_string("/meta/run", "long"), kLongText);
   EXPECT_TRUE(rd.has_attribute("/model/cols", "checksum"));
   EXPECT_FALSE(rd.has_attribute("/", "nope"));
-  EXPECT_EQ(rd.attributes("/"), (std::vector<std::string>{"config", "lr", "rank", "step"}));
+  EXPECT_EQ(rd.attributes("/"),
+            (std::vector<std::string>{"config", "empty", "lr", "rank", "step"}));
 
   // rows-written tensor read by columns, columns-written by rows (rank 3 reads nothing).
   Runs cols = col_runs(part(kColBounds, r));
@@ -220,6 +252,8 @@ void CkptIo::round_trip(bool collective) {
   expect_holds(5, one, e);
   rd.verify_all(64);  // several rounds per dataset
   rd.close();
+  expect_fixed_length_strings(file, {{"/", "config"}, {"/", "empty"}, {"/model/rows", "note"},
+                                     {"/meta/run", "long"}});
 }
 
 TEST_F(CkptIo, ChecksumCatchesOneFlippedByte) {
