@@ -166,8 +166,10 @@ TEST(CommWatchdog, ThreadCallsOnTimeoutOnce) {
   world.set_watchdog(&dog);
   dog.start();
   {
-    Communicator::WaitScope w(world, kBarrier, world.post(kBarrier));
+    // Read before the scope starts the watchdog's clock: the timeout comes 0.2 s after it at
+    // the earliest, whatever stalls the thread between the two.
     const auto t0 = std::chrono::steady_clock::now();
+    Communicator::WaitScope w(world, kBarrier, world.post(kBarrier));
     while (calls == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const double waited =

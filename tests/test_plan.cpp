@@ -115,6 +115,17 @@ TEST(PlanHardware, EfficiencyIsInterpolatedInLogSizeAndFlatBeyondTheEnds) {
                                                                       464.158883), 1e-6);
 }
 
+// `trident bench-hw --name` writes any text as the file's name, and its comment lines may hold a
+// device's name: the file it writes reads back with the same name, one comment line each.
+TEST(PlanHardware, NameAndCommentsOfAnyTextReadBack) {
+  HardwareSpec hw = parse_hardware(ideal_hardware_text(), "hw.toml");
+  hw.name = "a \"quoted\" \\ name\nwith a newline\t\x01 and \u00fc";
+  const std::string text = hardware_to_toml(hw, {"measured on\nan odd \"device\""});
+  const HardwareSpec again = parse_hardware(text, "again.toml");
+  EXPECT_EQ(again.name, hw.name);
+  EXPECT_EQ(text.rfind("# measured on\\nan odd \"device\"\n", 0), 0u) << text;
+}
+
 // device.attention_efficiency is optional: absent, attention reaches the GEMM curve at
 // T x HS x T; present, its own curve at cbrt(T*T*HS), interpolated the same way; it is written
 // back by hardware_to_toml, and checked as the GEMM curve is.

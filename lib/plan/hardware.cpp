@@ -10,6 +10,7 @@
 
 #include <toml++/toml.h>
 
+#include "config/schema.hpp"
 #include "config/toml_nesting.hpp"
 #include "util/error.hpp"
 #include "util/input_file.hpp"
@@ -464,7 +465,8 @@ double all_to_all_seconds(const HardwareSpec& hw, const LinkSpec& link, int64_t 
 
 std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::string>& comment) {
   std::ostringstream o;
-  for (const std::string& line : comment) o << "# " << line << "\n";
+  // A comment line with a newline in it (a device's name) stays one line.
+  for (const std::string& line : comment) o << "# " << printable_line(line) << "\n";
   // Six digits (measured figures), but whole numbers (sizes, parameter counts) exactly.
   auto num = [](double v) {
     char b[40];
@@ -476,7 +478,7 @@ std::string hardware_to_toml(const HardwareSpec& hw, const std::vector<std::stri
     if (s.find_first_of(".e") == std::string::npos) s += ".0";
     return s;
   };
-  o << "name = \"" << hw.name << "\"\n";
+  o << "name = " << config::toml_string(hw.name) << "\n";  // bench-hw --name: any text
   o << "devices_per_node = " << hw.devices_per_node << "\n\n[device]\n";
   o << "kind = \"" << hw.device.kind << "\"\n";
   o << "peak_tflops_fp32 = " << num(hw.device.peak_tflops_fp32) << "\n";

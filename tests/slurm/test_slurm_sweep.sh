@@ -13,8 +13,12 @@
 # shellcheck source=common.sh
 source "$(dirname "$0")/common.sh"
 
-# Steps: enough that task 1 is still training when the signal arrives (a step takes a few ms;
-# the signal is sent once it has logged 3 steps and reaches trident within about a second).
+# Steps: enough that task 1 is still training when the signal arrives. The signal is sent once
+# it has logged 3 steps and reaches trident within about a second (slurmd, the batch shell,
+# srun); a step takes a few ms, so every task's rank sleeps 10 ms after each step
+# (TRIDENT_TEST_SLOW_RANK, train/straggler.hpp; it changes no result): the ~397 steps left
+# take at least 4 s, not 1-2, and a slow spell of the slurm daemons (seconds, on 2 vCPUs
+# shared with busy-polling ranks) does not let the task finish before the signal.
 steps=400
 exit_interval=250
 lrs=(0.01 0.003 0.001 0.0003)
@@ -56,7 +60,7 @@ pattern = "lr{optim.lr}"
 TOML
 
 sweep_dir=$ST_TMP/sweep
-out=$(cd "$ST_TMP" && TRIDENT_BIN=$ST_BIN TRIDENT_SWEEP_DIR=$sweep_dir timeout 60 \
+out=$(cd "$ST_TMP" && TRIDENT_BIN=$ST_BIN TRIDENT_SWEEP_DIR=$sweep_dir TRIDENT_TEST_SLOW_RANK=0:10 timeout 60 \
       "$ST_SRC/jobscripts/sweep.sh" sweep.toml --ntasks=1 --time=10 \
       --output="$ST_TMP/out/%x-%A_%a.out" 2>&1) || st_fail "sweep.sh failed: $out"
 st_log "$out"
