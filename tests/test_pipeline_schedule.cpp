@@ -335,6 +335,53 @@ TEST(pipeline_schedule, PerChunkCostsSimulateEachChunkAtItsOwnCosts) {
       << wrong.error;
 }
 
+// Each op at its own cost (a measured step's durations): the chunks' costs given per op are the
+// per-chunk simulation exactly, and one op made longer moves every op that waits on it.
+TEST(pipeline_schedule, PerOpCostsSimulateEachOpAtItsOwnCost) {
+  const PipeSimCosts unit{1, 2, 0.25, 1};
+  constexpr int kStages = 2, kChunks = 1;
+  constexpr int64_t kMicro = 4;
+  std::vector<std::vector<PipeOp>> ops;
+  for (int s = 0; s < kStages; ++s)
+    ops.push_back(pipeline_schedule(ScheduleKind::ZeroBubbleH1, s, kStages, kMicro, kChunks));
+  const std::vector<std::vector<PipeSimCosts>> costs(kStages,
+                                                      std::vector<PipeSimCosts>(kChunks, unit));
+  const auto chunk_cost = [&](int, const PipeOp& op) {
+    switch (op.kind) {
+      case PipeOpKind::Forward: return unit.forward;
+      case PipeOpKind::Backward: return unit.backward;
+      case PipeOpKind::BackwardInput: return unit.backward - unit.weight;
+      default: return unit.weight;
+    }
+  };
+  const PipeSimResult a = simulate_pipeline_per_chunk(ops, kMicro, costs, kChunks);
+  const PipeSimResult b = simulate_pipeline_per_op(ops, kMicro, costs, chunk_cost, kChunks);
+  ASSERT_TRUE(a.ok && b.ok) << a.error << b.error;
+  EXPECT_EQ(a.makespan, b.makespan);
+  EXPECT_EQ(a.busy, b.busy);
+  // Stage 1's forward of micro-batch 0 takes 5 more: its backward input gradient, stage 0's
+  // and everything after them start 5 later; nothing else on stage 0 changes before it.
+  const auto slow = [&](int stage, const PipeOp& op) {
+    const bool late = stage == 1 && op.kind == PipeOpKind::Forward && op.micro == 0;
+    return chunk_cost(stage, op) + (late ? 5.0 : 0.0);
+  };
+  const PipeSimResult r = simulate_pipeline_per_op(ops, kMicro, costs, slow, kChunks);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_DOUBLE_EQ(r.busy[1], a.busy[1] + 5.0);
+  EXPECT_DOUBLE_EQ(r.busy[0], a.busy[0]);
+  EXPECT_GT(r.makespan, a.makespan);
+  EXPECT_LE(r.makespan, a.makespan + 5.0);
+  int compared = 0;
+  for (size_t i = 0; i < r.timeline[1].size(); ++i) {
+    const PipeSimInterval& x = r.timeline[1][i];
+    if (x.op.kind == PipeOpKind::Forward && x.op.micro == 0) {
+      EXPECT_DOUBLE_EQ(x.end - x.start, unit.forward + 5.0);
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 1);
+}
+
 TEST(pipeline_schedule, PrintsTimelineAndBubbleTable) {
   for (ScheduleKind kind : kKinds) {
     const PipeSimResult r = simulate_pipeline(kind, 4, 8);

@@ -36,11 +36,14 @@ enum Direction { kForward = 0, kBackward = 1 };
 
 class Simulator {
  public:
-  // costs[s][c]: stage s's costs on its chunk c.
+  // costs[s][c]: stage s's costs on its chunk c; op_seconds, where given, each compute op's
+  // instead of its chunk's.
   Simulator(const std::vector<std::vector<PipeOp>>& ops, int64_t microbatches,
-            std::vector<std::vector<PipeSimCosts>> costs, int chunks)
+            std::vector<std::vector<PipeSimCosts>> costs, int chunks,
+            PipeOpSeconds op_seconds = nullptr)
       : ops_(ops), micro_(microbatches), chunk_costs_(std::move(costs)),
-        stages_(static_cast<int>(ops.size())), chunks_(chunks) {}
+        op_seconds_(std::move(op_seconds)), stages_(static_cast<int>(ops.size())),
+        chunks_(chunks) {}
 
   PipeSimResult run() {
     if (stages_ < 1) return fail("no stages to simulate");
@@ -164,7 +167,8 @@ class Simulator {
       flag = true;
       return true;
     };
-    auto compute = [&](double cost) {
+    auto compute = [&](double chunk_cost) {
+      const double cost = op_seconds_ ? op_seconds_(s, op) : chunk_cost;
       const double start = clock_[s];
       clock_[s] += cost;
       result_.busy[s] += cost;
@@ -257,6 +261,7 @@ class Simulator {
   const std::vector<std::vector<PipeOp>>& ops_;
   const int64_t micro_;
   const std::vector<std::vector<PipeSimCosts>> chunk_costs_;  // [stage][chunk]
+  const PipeOpSeconds op_seconds_;                            // empty: the chunks' costs
   const int stages_;
   const int chunks_;
   std::vector<size_t> next_;
@@ -290,6 +295,13 @@ PipeSimResult simulate_pipeline_per_chunk(
     const std::vector<std::vector<PipeOp>>& stage_ops, int64_t microbatches,
     const std::vector<std::vector<PipeSimCosts>>& chunk_costs, int virtual_stages) {
   return Simulator(stage_ops, microbatches, chunk_costs, virtual_stages).run();
+}
+
+PipeSimResult simulate_pipeline_per_op(const std::vector<std::vector<PipeOp>>& stage_ops,
+                                       int64_t microbatches,
+                                       const std::vector<std::vector<PipeSimCosts>>& chunk_costs,
+                                       const PipeOpSeconds& op_seconds, int virtual_stages) {
+  return Simulator(stage_ops, microbatches, chunk_costs, virtual_stages, op_seconds).run();
 }
 
 PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,

@@ -14,6 +14,7 @@
 // stage that does not exist, every channel empty at the end, every micro-batch of every chunk
 // forwarded and backwarded (whole, or input and weight parts) once on every stage.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,16 @@ PipeSimResult simulate_pipeline_per_stage(const std::vector<std::vector<PipeOp>>
 PipeSimResult simulate_pipeline_per_chunk(
     const std::vector<std::vector<PipeOp>>& stage_ops, int64_t microbatches,
     const std::vector<std::vector<PipeSimCosts>>& chunk_costs, int virtual_stages);
+
+// Seconds of one compute op (Forward, Backward, BackwardInput, BackwardWeight) of stage `stage`.
+using PipeOpSeconds = std::function<double(int stage, const PipeOp& op)>;
+
+// Every compute op at its own cost, op_seconds(stage, op) (e.g. what each op of one measured
+// step took), a send at its sender chunk's chunk_costs[s][c].comm (the other fields unused).
+PipeSimResult simulate_pipeline_per_op(const std::vector<std::vector<PipeOp>>& stage_ops,
+                                       int64_t microbatches,
+                                       const std::vector<std::vector<PipeSimCosts>>& chunk_costs,
+                                       const PipeOpSeconds& op_seconds, int virtual_stages);
 
 // All stages of one schedule, simulated.
 PipeSimResult simulate_pipeline(ScheduleKind kind, int stages, int64_t microbatches,
