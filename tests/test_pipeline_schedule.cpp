@@ -33,6 +33,13 @@ std::vector<int64_t> micros_of(const std::vector<PipeOp>& ops, PipeOpKind kind) 
   return v;
 }
 
+// Every stage's op list of one schedule.
+std::vector<std::vector<PipeOp>> stage_lists(ScheduleKind kind, int stages, int64_t m, int v) {
+  std::vector<std::vector<PipeOp>> ops;
+  for (int s = 0; s < stages; ++s) ops.push_back(pipeline_schedule(kind, s, stages, m, v));
+  return ops;
+}
+
 std::vector<int64_t> iota(int64_t n) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), 0);
@@ -307,9 +314,7 @@ TEST(pipeline_schedule, PerChunkCostsSimulateEachChunkAtItsOwnCosts) {
   const PipeSimCosts unit{1, 2, 0.25, 1};
   constexpr int kStages = 2, kChunks = 2;
   constexpr int64_t kMicro = 4;
-  std::vector<std::vector<PipeOp>> ops;
-  for (int s = 0; s < kStages; ++s)
-    ops.push_back(pipeline_schedule(ScheduleKind::Interleaved, s, kStages, kMicro, kChunks));
+  const auto ops = stage_lists(ScheduleKind::Interleaved, kStages, kMicro, kChunks);
   const std::vector<std::vector<PipeSimCosts>> same(kStages,
                                                      std::vector<PipeSimCosts>(kChunks, unit));
   const PipeSimResult a = simulate_pipeline_per_chunk(ops, kMicro, same, kChunks);
@@ -339,13 +344,9 @@ TEST(pipeline_schedule, PerChunkCostsSimulateEachChunkAtItsOwnCosts) {
 // per-chunk simulation exactly, and one op made longer moves every op that waits on it.
 TEST(pipeline_schedule, PerOpCostsSimulateEachOpAtItsOwnCost) {
   const PipeSimCosts unit{1, 2, 0.25, 1};
-  constexpr int kStages = 2, kChunks = 1;
-  constexpr int64_t kMicro = 4;
-  std::vector<std::vector<PipeOp>> ops;
-  for (int s = 0; s < kStages; ++s)
-    ops.push_back(pipeline_schedule(ScheduleKind::ZeroBubbleH1, s, kStages, kMicro, kChunks));
-  const std::vector<std::vector<PipeSimCosts>> costs(kStages,
-                                                      std::vector<PipeSimCosts>(kChunks, unit));
+  constexpr int64_t kMicro = 4;  // on 2 stages of one chunk each
+  const auto ops = stage_lists(ScheduleKind::ZeroBubbleH1, 2, kMicro, 1);
+  const std::vector<std::vector<PipeSimCosts>> costs(2, {unit});
   const auto chunk_cost = [&](int, const PipeOp& op) {
     switch (op.kind) {
       case PipeOpKind::Forward: return unit.forward;
@@ -354,18 +355,18 @@ TEST(pipeline_schedule, PerOpCostsSimulateEachOpAtItsOwnCost) {
       default: return unit.weight;
     }
   };
-  const PipeSimResult a = simulate_pipeline_per_chunk(ops, kMicro, costs, kChunks);
-  const PipeSimResult b = simulate_pipeline_per_op(ops, kMicro, costs, chunk_cost, kChunks);
+  const PipeSimResult a = simulate_pipeline_per_chunk(ops, kMicro, costs, 1);
+  const PipeSimResult b = simulate_pipeline_per_op(ops, kMicro, costs, chunk_cost, 1);
   ASSERT_TRUE(a.ok && b.ok) << a.error << b.error;
   EXPECT_EQ(a.makespan, b.makespan);
   EXPECT_EQ(a.busy, b.busy);
-  // Stage 1's forward of micro-batch 0 takes 5 more: its backward input gradient, stage 0's
-  // and everything after them start 5 later; nothing else on stage 0 changes before it.
+  // Stage 1's forward of micro-batch 0 takes 5 more: stage 1 is busy 5 longer, stage 0 not,
+  // and the step ends later by at most those 5 (stage 0 waits on that micro-batch's gradient).
   const auto slow = [&](int stage, const PipeOp& op) {
     const bool late = stage == 1 && op.kind == PipeOpKind::Forward && op.micro == 0;
     return chunk_cost(stage, op) + (late ? 5.0 : 0.0);
   };
-  const PipeSimResult r = simulate_pipeline_per_op(ops, kMicro, costs, slow, kChunks);
+  const PipeSimResult r = simulate_pipeline_per_op(ops, kMicro, costs, slow, 1);
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_DOUBLE_EQ(r.busy[1], a.busy[1] + 5.0);
   EXPECT_DOUBLE_EQ(r.busy[0], a.busy[0]);
