@@ -26,6 +26,8 @@ import h5py
 import numpy as np
 from safetensors.numpy import load_file
 
+from checkpoint_h5py import text  # a string attribute's text (bytes or str)
+
 problems = []
 
 
@@ -158,8 +160,7 @@ def main():
     args = ap.parse_args()
 
     with h5py.File(args.checkpoint, "r") as f:
-        config = f.attrs["config"]  # bytes: a fixed-length string (str before 2026-12-07)
-        cfg = tomllib.loads(config.decode() if isinstance(config, bytes) else config)
+        cfg = tomllib.loads(text(f.attrs["config"]))
         want = expected_tensors(f, cfg)
     arch, L, C, NH, KVH, F, V, T, tied = model_shape(cfg)
 

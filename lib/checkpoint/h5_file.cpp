@@ -357,7 +357,8 @@ CheckpointWriter::CheckpointWriter(const std::string& path, MPI_Comm comm,
   // The file format of HDF5 1.8 on: its object headers, B-trees and local heaps carry
   // checksums, so a damaged header or attribute message is a read error HDF5 reports; in the
   // 1.6 format (the default) the library read a bit-flipped attribute message and crashed in
-  // H5Aiterate2. (The global heap of the variable-length strings has none: docs/fuzzing.md.)
+  // H5Aiterate2. (The global heap, where variable-length strings live, has none: string
+  // attributes are written fixed-length, finish_pending; docs/fuzzing.md.)
   if (ok) ok = H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST) >= 0;
   if (ok) {
     m.file = Hid(H5Fcreate(path.c_str(), options.overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL,

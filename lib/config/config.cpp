@@ -505,7 +505,6 @@ std::string full_name(const Key& k) {
 // ---------------------------------------------------------------------------------------------
 // Text helpers
 
-
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw Error(printable_line(source) + ": " + what);
 }

@@ -276,7 +276,6 @@ StepMetrics Trainer::train_step(int64_t step) {
 }
 
 std::string Trainer::sample_text() {
-  if (!sample_tokenizer_) sample_tokenizer_ = load_sample_tokenizer(config_);
   return sample_continuation(*model_, config_, *sample_tokenizer_);
 }
 

@@ -209,7 +209,8 @@ class Trainer {
   Config config_;
   ParallelDims groups_;  // device communicators set once backend_ is built
   RankLog out_;          // the logging rank's lines on standard output
-  std::shared_ptr<const BpeTokenizer> sample_tokenizer_;  // eval.sample_interval > 0
+  // Loaded by the constructor where eval.sample_interval > 0 (sample_text's).
+  std::shared_ptr<const BpeTokenizer> sample_tokenizer_;
   Backend backend_;
   StageModel* model_ = nullptr;  // backend_.model
   std::unique_ptr<GradientSync> sync_;
